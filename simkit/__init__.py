@@ -1,0 +1,45 @@
+"""simkit: a simulation-first environment SDK and rollout server for reinforcement learning.
+
+The public API lives here; submodules with a leading underscore are implementation.
+"""
+
+from simkit import errors, randomization, snapshot
+from simkit._env import Env
+from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
+from simkit._multiagent import MultiAgentEnv
+from simkit._validation import ActionBounds, validate_action
+from simkit.randomization import Choice, Distribution, LogUniform, Normal, Uniform
+from simkit.registry import EnvKind, EnvSpec, env_ids, make, register, spec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # contracts
+    "Env",
+    "MultiAgentEnv",
+    "MujocoEnv",
+    "ModelField",
+    "PHYSICS_STATE",
+    "ActionBounds",
+    "validate_action",
+    # randomization
+    "Distribution",
+    "Uniform",
+    "LogUniform",
+    "Normal",
+    "Choice",
+    # registry
+    "EnvKind",
+    "EnvSpec",
+    "make",
+    "register",
+    "spec",
+    "env_ids",
+    # submodules
+    "errors",
+    "randomization",
+    "snapshot",
+    "__version__",
+]
+
+import simkit.envs

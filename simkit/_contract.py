@@ -1,0 +1,214 @@
+"""What every simkit contract shares: seeding, randomization, step counting and snapshots.
+
+:class:`ContractCore` is mixed into :class:`simkit.Env` and :class:`simkit.MultiAgentEnv`;
+it never touches spaces or the step signature, only the bookkeeping that makes an env
+deterministic, resettable and randomizable.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+from gymnasium.utils import seeding
+
+from simkit._validation import ActionBounds
+from simkit.errors import InvalidState, ResetNeeded
+from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
+from simkit.snapshot import rng_from_plain, rng_to_plain
+
+__all__ = ["STATE_FORMAT", "ContractCore"]
+
+STATE_FORMAT = 1
+"""Version of the snapshot layout produced by ``get_state``."""
+
+
+class ContractCore:
+    """Seeding, declared randomization, time limit and snapshot bookkeeping.
+
+    Class attributes an author sets:
+        randomization: parameter name to :class:`~simkit.randomization.Distribution`.
+        max_episode_steps: default time limit (``None`` for none).
+        state_attributes: names of instance attributes that hold the env's dynamic
+            state; the default ``get_env_state``/``set_env_state`` copy exactly these.
+    """
+
+    randomization: ClassVar[Mapping[str, Distribution]] = {}
+    max_episode_steps: int | None = None
+    state_attributes: ClassVar[tuple[str, ...] | None] = None
+    metadata: dict[str, Any]
+
+    _np_random: np.random.Generator | None
+    _np_random_seed: int | None
+    _env_overrides: dict[str, Any]
+    _params: Params
+    _elapsed_steps: int
+    _episode_active: bool
+    _has_reset: bool
+
+    def _init_contract(
+        self,
+        *,
+        max_episode_steps: int | None,
+        params: Mapping[str, Any] | None,
+        validate_actions: bool,
+    ) -> None:
+        if max_episode_steps is not None:
+            if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int):
+                raise TypeError(
+                    f"max_episode_steps must be an int or None, got {type(max_episode_steps).__name__}"
+                )
+            if max_episode_steps <= 0:
+                raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
+            self.max_episode_steps = max_episode_steps
+        resolve_overrides(self.randomization, params)  # validates names and domains now
+        self._env_overrides = dict(params or {})
+        self.validate_actions = validate_actions
+        self._params = {}
+        self._elapsed_steps = 0
+        self._episode_active = False
+        self._has_reset = False
+
+    @property
+    def action_bounds(self) -> ActionBounds:
+        """The declared out-of-bounds policy for continuous actions."""
+        mode = self.metadata.get("action_bounds", ActionBounds.CLIP)
+        if not isinstance(mode, ActionBounds):
+            raise TypeError(f"metadata['action_bounds'] must be an ActionBounds, got {mode!r}")
+        return mode
+
+    @property
+    def params(self) -> Params:
+        """The randomized parameter values of the current episode (a copy)."""
+        return copy.deepcopy(self._params)
+
+    @property
+    def elapsed_steps(self) -> int:
+        """Steps taken in the current episode."""
+        return self._elapsed_steps
+
+    def _seed_generator(self, seed: int | None) -> np.random.Generator:
+        if seed is not None:
+            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        elif getattr(self, "_np_random", None) is None:
+            self._np_random, self._np_random_seed = seeding.np_random()
+        assert self._np_random is not None
+        return self._np_random
+
+    def _begin_episode(
+        self, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[np.random.Generator, Params, dict[str, Any]]:
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
+        options = dict(options or {})
+        overrides = {**self._env_overrides, **dict(options.get("params") or {})}
+        resolved = resolve_overrides(self.randomization, overrides)
+        rng = self._seed_generator(seed)
+        self._params = sample_params(resolved, rng)
+        self._elapsed_steps = 0
+        self._episode_active = True
+        self._has_reset = True
+        return rng, self.params, options
+
+    def _count_step(self) -> bool:
+        """Advances the step counter; returns whether the time limit truncates now."""
+        self._elapsed_steps += 1
+        return self.max_episode_steps is not None and self._elapsed_steps >= self.max_episode_steps
+
+    def _require_active(self, what: str) -> None:
+        if not self._has_reset:
+            raise ResetNeeded(f"{what} called before reset(); call reset() first")
+        if not self._episode_active:
+            raise ResetNeeded(f"{what} called after the episode ended; call reset() first")
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _restore_extra_state(self, state: Mapping[str, Any]) -> None:
+        del state
+
+    def get_env_state(self) -> dict[str, Any]:
+        """The author's dynamic state as plain data; defaults to ``state_attributes``."""
+        names = self._declared_state_attributes("get_env_state")
+        return {name: copy.deepcopy(getattr(self, name)) for name in names}
+
+    def set_env_state(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
+        names = self._declared_state_attributes("set_env_state")
+        if set(state) != set(names):
+            raise InvalidState(
+                f"{type(self).__name__} state must hold {sorted(names)}, got {sorted(state)}"
+            )
+        for name in names:
+            setattr(self, name, copy.deepcopy(state[name]))
+
+    def _declared_state_attributes(self, hook: str) -> tuple[str, ...]:
+        if self.state_attributes is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must declare state_attributes or override {hook}()"
+            )
+        return self.state_attributes
+
+    def get_state(self) -> dict[str, Any]:
+        """A complete snapshot: RNG, randomized parameters, step counter and env state.
+
+        The result is plain data (see :mod:`simkit.snapshot`) and shares no memory with
+        the env. ``set_state`` on this or a fresh instance continues bit-identically.
+        """
+        if not self._has_reset:
+            raise ResetNeeded("get_state() called before reset(); call reset() first")
+        assert self._np_random is not None
+        return {
+            "format": STATE_FORMAT,
+            "env": _qualified_name(type(self)),
+            "rng": rng_to_plain(self._np_random),
+            "params": copy.deepcopy(self._params),
+            "elapsed_steps": self._elapsed_steps,
+            "max_episode_steps": self.max_episode_steps,
+            "episode_active": self._episode_active,
+            **self._extra_state(),
+            "data": self.get_env_state(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores a snapshot from :meth:`get_state` (of this or another instance).
+
+        Raises:
+            InvalidState: the snapshot is malformed or was taken from another env class.
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
+        missing = {
+            "format",
+            "env",
+            "rng",
+            "params",
+            "elapsed_steps",
+            "episode_active",
+            "data",
+        } - set(state)
+        if missing:
+            raise InvalidState(
+                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
+            )
+        if state["format"] != STATE_FORMAT:
+            raise InvalidState(f"state format must be {STATE_FORMAT}, got {state['format']!r}")
+        expected = _qualified_name(type(self))
+        if state["env"] != expected:
+            raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
+        self._np_random = rng_from_plain(state["rng"])
+        self._np_random_seed = -1  # as Gymnasium marks a generator set from outside
+        self._params = copy.deepcopy(dict(state["params"]))
+        self._elapsed_steps = int(state["elapsed_steps"])
+        if "max_episode_steps" in state:
+            self.max_episode_steps = state["max_episode_steps"]
+        self._episode_active = bool(state["episode_active"])
+        self._has_reset = True
+        self._restore_extra_state(state)
+        self.set_env_state(state["data"])
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"

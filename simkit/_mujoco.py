@@ -1,0 +1,195 @@
+"""``simkit.MujocoEnv``: MuJoCo as a first-class simkit backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import mujoco
+import numpy as np
+
+from simkit._env import ActType, Env, ObsType
+from simkit.errors import InvalidState, RenderUnavailable
+from simkit.randomization import Params
+
+__all__ = ["MujocoEnv", "ModelField", "PHYSICS_STATE"]
+
+PHYSICS_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
+"""What a snapshot stores of MjData: ``mjSTATE_FULLPHYSICS`` plus controls, applied
+forces and the solver warm-start, the minimum for a bit-identical continuation."""
+
+
+@dataclass(frozen=True)
+class ModelField:
+    """Where a randomized parameter is written into the ``MjModel``.
+
+    Args:
+        attribute: an ``MjModel`` array, e.g. ``"geom_friction"``, ``"body_mass"``,
+            ``"dof_damping"``, ``"actuator_gainprm"``, or ``"opt.gravity"``.
+        index: a numpy index into that array (``...`` for all of it).
+        op: ``"scale"`` multiplies the nominal value, ``"set"`` replaces it,
+            ``"add"`` offsets it. Always applied to the nominal model, so
+            episodes never drift.
+    """
+
+    attribute: str
+    index: Any = ...
+    op: Literal["scale", "set", "add"] = "scale"
+
+
+class MujocoEnv(Env[ObsType, ActType]):
+    """A single MJCF model stepped ``frame_skip`` times per env step.
+
+    Randomized model parameters are declared twice: the distribution in
+    ``randomization`` and where it lands in ``model_fields``. At every reset (and
+    every ``set_state``) those fields are restored from the nominal model and the
+    episode's values applied. Snapshots hold ``mj_getState(PHYSICS_STATE)`` plus the
+    author's ``state_attributes``.
+
+    Authors implement ``reset_episode`` (``self.data`` has just been reset with
+    ``mj_resetData``; set ``qpos``/``qvel`` and call :meth:`forward`) and
+    ``step_episode`` (usually :meth:`do_simulation` then compute obs/reward).
+
+    Args:
+        model: path to an MJCF file, an MJCF XML string, or an ``MjModel``.
+        frame_skip: physics steps per env step.
+        width, height: size of ``render()`` images.
+        **kwargs: passed to :class:`simkit.Env`.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}
+    model_fields: ClassVar[Mapping[str, ModelField]] = {}
+    state_attributes: ClassVar[tuple[str, ...] | None] = ()
+
+    def __init__(
+        self,
+        model: str | Path | mujoco.MjModel,
+        *,
+        frame_skip: int = 1,
+        width: int = 480,
+        height: int = 480,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if isinstance(frame_skip, bool) or not isinstance(frame_skip, int) or frame_skip < 1:
+            raise ValueError(f"frame_skip must be a positive int, got {frame_skip!r}")
+        self.model = _load_model(model)
+        self.data = mujoco.MjData(self.model)
+        self.frame_skip = frame_skip
+        self.width, self.height = width, height
+        unknown = set(self.model_fields) - set(self.randomization)
+        if unknown:
+            raise ValueError(
+                f"model_fields {sorted(unknown)} have no distribution in randomization"
+            )
+        self._nominal = {
+            f.attribute: np.array(_resolve(self.model, f.attribute), copy=True)
+            for f in self.model_fields.values()
+        }
+        self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
+        self._renderer: Any = None
+
+    @property
+    def dt(self) -> float:
+        """Simulated seconds per env step."""
+        return float(self.model.opt.timestep) * self.frame_skip
+
+    def apply_params(self, model: mujoco.MjModel, params: Params) -> None:
+        """Writes the episode's parameters into ``model``; override for custom fields."""
+        for name, field in self.model_fields.items():
+            target = _resolve(model, field.attribute)
+            nominal = self._nominal[field.attribute][field.index]
+            value = np.asarray(params[name], dtype=np.float64)
+            if field.op == "scale":
+                target[field.index] = nominal * value
+            elif field.op == "add":
+                target[field.index] = nominal + value
+            else:
+                target[field.index] = value
+
+    def _restore_model(self) -> None:
+        for attribute, nominal in self._nominal.items():
+            _resolve(self.model, attribute)[...] = nominal
+        self.apply_params(self.model, self._params)
+
+    def _prepare_episode(self, params: Params) -> None:
+        mujoco.mj_resetData(self.model, self.data)
+        self._restore_model()
+
+    def forward(self) -> None:
+        """Recomputes derived quantities (positions, sensors) after setting qpos/qvel."""
+        mujoco.mj_forward(self.model, self.data)
+
+    def do_simulation(self, ctrl: np.ndarray) -> None:
+        """Sets ``data.ctrl`` and advances ``frame_skip`` physics steps."""
+        self.data.ctrl[:] = ctrl
+        mujoco.mj_step(self.model, self.data, nstep=self.frame_skip)
+
+    def get_env_state(self) -> dict[str, Any]:
+        physics = np.empty(self._state_size, dtype=np.float64)
+        mujoco.mj_getState(self.model, self.data, physics, PHYSICS_STATE)
+        return {"physics": physics, "extra": super().get_env_state()}
+
+    def set_env_state(self, state: Mapping[str, Any]) -> None:
+        physics = state.get("physics") if isinstance(state, Mapping) else None
+        if not isinstance(physics, np.ndarray) or physics.shape != (self._state_size,):
+            got = getattr(physics, "shape", type(physics).__name__)
+            raise InvalidState(
+                f"MuJoCo physics state must be a float64 array of shape ({self._state_size},), "
+                f"got {got}"
+            )
+        self._restore_model()
+        mujoco.mj_setState(self.model, self.data, physics.astype(np.float64), PHYSICS_STATE)
+        self.forward()
+        super().set_env_state(state.get("extra", {}))
+
+    def render(self) -> np.ndarray | None:  # type: ignore[override]
+        """An RGB image ``(height, width, 3)`` uint8 of the current state."""
+        if self.render_mode != "rgb_array":
+            return None
+        if self._renderer is None:
+            try:
+                self._renderer = mujoco.Renderer(self.model, self.height, self.width)
+            except Exception as exc:
+                backend = os.environ.get("MUJOCO_GL", "<unset>")
+                raise RenderUnavailable(
+                    f"MuJoCo could not create an OpenGL context (MUJOCO_GL={backend}): {exc}. "
+                    "Set MUJOCO_GL=egl (GPU) or MUJOCO_GL=osmesa (CPU, needs libosmesa6)."
+                ) from exc
+        self._renderer.update_scene(self.data)
+        return np.asarray(self._renderer.render())
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        super().close()
+
+
+def _load_model(model: str | Path | mujoco.MjModel) -> mujoco.MjModel:
+    if isinstance(model, mujoco.MjModel):
+        return model
+    if isinstance(model, Path) or (isinstance(model, str) and not model.lstrip().startswith("<")):
+        path = Path(model)
+        if not path.is_file():
+            raise FileNotFoundError(f"MJCF model file not found: {path}")
+        return mujoco.MjModel.from_xml_path(str(path))
+    if isinstance(model, str):
+        return mujoco.MjModel.from_xml_string(model)
+    raise TypeError(
+        f"model must be a path, an XML string or an MjModel, got {type(model).__name__}"
+    )
+
+
+def _resolve(model: mujoco.MjModel, attribute: str) -> np.ndarray:
+    obj: Any = model
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"MjModel has no field {attribute!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, np.ndarray):
+        raise ValueError(f"MjModel field {attribute!r} is not an array")
+    return obj

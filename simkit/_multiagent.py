@@ -1,0 +1,155 @@
+"""``simkit.MultiAgentEnv``: a PettingZoo ``ParallelEnv`` with the simkit contract."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, SupportsFloat, TypeVar
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+from simkit._contract import ContractCore
+from simkit._validation import validate_action
+from simkit.errors import InvalidAction
+from simkit.randomization import Params
+
+__all__ = ["MultiAgentEnv"]
+
+AgentID = TypeVar("AgentID")
+ObsType = TypeVar("ObsType")
+ActType = TypeVar("ActType")
+
+
+class MultiAgentEnv(
+    ContractCore, ParallelEnv[AgentID, ObsType, ActType], Generic[AgentID, ObsType, ActType]
+):
+    """A deterministic, resettable, randomizable multi-agent env (PettingZoo Parallel API).
+
+    Authors set ``possible_agents``, ``observation_spaces`` and ``action_spaces`` (dicts
+    keyed by agent) in ``__init__`` and implement:
+
+    - :meth:`reset_episode` ``(rng, params, options) -> (observations, infos)``; on
+      entry ``self.agents`` is every possible agent, and the hook may narrow it.
+    - :meth:`step_episode` ``(actions, rng) -> (observations, rewards, terminations,
+      infos)`` keyed by the agents live at the start of the step (and any that join).
+
+    The base class validates actions (every live agent, no others), adds time-limit
+    truncations, and removes terminated or truncated agents from ``self.agents``.
+    ``infos[agent]["params"]`` at reset holds the episode's sampled parameters.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": [], "name": "simkit_multi_agent"}
+    observation_spaces: dict[AgentID, spaces.Space[Any]]
+    action_spaces: dict[AgentID, spaces.Space[Any]]
+
+    def __init__(
+        self,
+        *,
+        max_episode_steps: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        render_mode: str | None = None,
+        validate_actions: bool = True,
+    ) -> None:
+        modes = self.metadata.get("render_modes", [])
+        if render_mode is not None and render_mode not in modes:
+            raise ValueError(f"render_mode must be one of {modes} or None, got {render_mode!r}")
+        self.render_mode = render_mode
+        self.agents: list[AgentID] = []
+        self._np_random = None
+        self._np_random_seed = None
+        self._init_contract(
+            max_episode_steps=max_episode_steps, params=params, validate_actions=validate_actions
+        )
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        """The env's generator (created unseeded on first use, as in Gymnasium)."""
+        return self._seed_generator(None)
+
+    def observation_space(self, agent: AgentID) -> spaces.Space[Any]:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: AgentID) -> spaces.Space[Any]:
+        return self.action_spaces[agent]
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Params, options: dict[str, Any]
+    ) -> tuple[dict[AgentID, ObsType], dict[AgentID, dict[str, Any]]]:
+        """Starts an episode; returns observations and infos for ``self.agents``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reset_episode()")
+
+    def step_episode(
+        self, actions: dict[AgentID, ActType], rng: np.random.Generator
+    ) -> tuple[
+        dict[AgentID, ObsType],
+        dict[AgentID, SupportsFloat],
+        dict[AgentID, bool],
+        dict[AgentID, dict[str, Any]],
+    ]:
+        """Advances one step; returns ``(observations, rewards, terminations, infos)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step_episode()")
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[AgentID, ObsType], dict[AgentID, dict[str, Any]]]:
+        """Starts a new episode; the same ``seed`` always gives the same episode."""
+        rng, params, opts = self._begin_episode(seed, options)
+        self.agents = list(self.possible_agents)
+        observations, infos = self.reset_episode(rng, params, opts)
+        infos = {agent: {**infos.get(agent, {}), "params": params} for agent in observations}
+        return observations, infos
+
+    def step(
+        self, actions: dict[AgentID, ActType]
+    ) -> tuple[
+        dict[AgentID, ObsType],
+        dict[AgentID, float],
+        dict[AgentID, bool],
+        dict[AgentID, bool],
+        dict[AgentID, dict[str, Any]],
+    ]:
+        """Steps every live agent; raises ``InvalidAction`` naming missing/extra agents."""
+        self._require_active("step()")
+        if self.validate_actions:
+            actions = self._validate_actions(actions)
+        assert self._np_random is not None
+        observations, rewards, terminations, infos = self.step_episode(actions, self._np_random)
+        truncate = self._count_step()
+        rewards_out = {agent: float(rewards[agent]) for agent in observations}
+        terms_out = {agent: bool(terminations[agent]) for agent in observations}
+        truncs_out = {agent: truncate for agent in observations}
+        infos_out = {agent: infos.get(agent, {}) for agent in observations}
+        self.agents = [a for a in observations if not (terms_out[a] or truncs_out[a])]
+        if not self.agents:
+            self._episode_active = False
+        return observations, rewards_out, terms_out, truncs_out, infos_out
+
+    def _validate_actions(self, actions: Any) -> dict[AgentID, ActType]:
+        if not isinstance(actions, Mapping):
+            raise InvalidAction(
+                f"actions must be a dict keyed by agent, got {type(actions).__name__}"
+            )
+        live = set(self.agents)
+        missing = [a for a in self.agents if a not in actions]
+        extra = [a for a in actions if a not in live]
+        if missing or extra:
+            raise InvalidAction(
+                f"actions must cover exactly the live agents {list(self.agents)}; "
+                f"missing {missing}, not live {extra}"
+            )
+        return {
+            agent: validate_action(
+                self.action_spaces[agent],
+                actions[agent],
+                bounds=self.action_bounds,
+                name=f"action for {agent!r}",
+            )
+            for agent in self.agents
+        }
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"agents": list(self.agents)}
+
+    def _restore_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.agents = list(state.get("agents", []))

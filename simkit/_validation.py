@@ -1,0 +1,135 @@
+"""Action validation against Gymnasium spaces, shared by every simkit contract."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from simkit.errors import InvalidAction
+
+__all__ = ["ActionBounds", "validate_action"]
+
+
+class ActionBounds(enum.Enum):
+    """What an env does with a finite continuous action outside its ``Box`` bounds.
+
+    Declared in ``metadata["action_bounds"]``; the default is ``CLIP``, which matches
+    what MuJoCo does with ``ctrlrange`` and what most learners expect. ``RAISE`` turns
+    any out-of-bounds element into :class:`~simkit.errors.InvalidAction`.
+    """
+
+    CLIP = "clip"
+    RAISE = "raise"
+
+
+def validate_action(
+    space: spaces.Space[Any],
+    action: Any,
+    *,
+    bounds: ActionBounds = ActionBounds.CLIP,
+    name: str = "action",
+) -> Any:
+    """Checks ``action`` against ``space`` and returns it in canonical form.
+
+    Canonical form: ``Box`` actions are arrays of the space's dtype and shape (clipped
+    under ``ActionBounds.CLIP``); ``Discrete`` actions are Python ints; ``MultiDiscrete``
+    and ``MultiBinary`` actions are int64 arrays; ``Dict``/``Tuple`` recurse.
+
+    Raises:
+        InvalidAction: wrong type, shape or dtype kind, a NaN/inf, or out of range;
+            the message names ``name`` with expected and actual values.
+    """
+    if isinstance(space, spaces.Box):
+        return _box(space, action, bounds, name)
+    if isinstance(space, spaces.Discrete):
+        return _discrete(space, action, name)
+    if isinstance(space, spaces.MultiDiscrete):
+        arr = _int_array(action, space.shape, name)
+        if np.any(arr < space.start) or np.any(arr >= space.start + space.nvec):
+            raise InvalidAction(
+                f"{name} must satisfy start <= a < start + nvec with nvec={space.nvec.tolist()}, "
+                f"got {arr.tolist()}"
+            )
+        return arr
+    if isinstance(space, spaces.MultiBinary):
+        arr = _int_array(action, space.shape, name)
+        if np.any((arr != 0) & (arr != 1)):
+            raise InvalidAction(f"{name} must contain only 0 and 1, got {arr.tolist()}")
+        return arr.astype(np.int8)
+    if isinstance(space, spaces.Dict):
+        if not isinstance(action, dict) or set(action) != set(space.spaces):
+            got = sorted(action) if isinstance(action, dict) else type(action).__name__
+            raise InvalidAction(
+                f"{name} must be a dict with keys {sorted(space.spaces)}, got {got}"
+            )
+        return {
+            key: validate_action(sub, action[key], bounds=bounds, name=f"{name}[{key!r}]")
+            for key, sub in space.spaces.items()
+        }
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(action, tuple | list) or len(action) != len(space.spaces):
+            raise InvalidAction(
+                f"{name} must be a tuple of {len(space.spaces)} actions, got {type(action).__name__}"
+            )
+        return tuple(
+            validate_action(sub, a, bounds=bounds, name=f"{name}[{i}]")
+            for i, (sub, a) in enumerate(zip(space.spaces, action, strict=True))
+        )
+    if not space.contains(action):
+        raise InvalidAction(f"{name} {action!r} is not in {space}")
+    return action
+
+
+def _box(space: spaces.Box, action: Any, bounds: ActionBounds, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(action)
+    except (TypeError, ValueError) as exc:
+        raise InvalidAction(
+            f"{name} must be array-like with shape {space.shape}, got {action!r}"
+        ) from exc
+    if arr.dtype.kind not in "iuf":
+        raise InvalidAction(
+            f"{name} must be a numeric array of dtype {space.dtype} and shape {space.shape}, "
+            f"got dtype {arr.dtype}"
+        )
+    if arr.shape != space.shape:
+        raise InvalidAction(f"{name} must have shape {space.shape}, got shape {arr.shape}")
+    arr = arr.astype(space.dtype, copy=True)
+    if not np.all(np.isfinite(arr)):
+        raise InvalidAction(f"{name} must be finite (no NaN or inf), got {arr.tolist()}")
+    if bounds is ActionBounds.CLIP:
+        return np.clip(arr, space.low, space.high).astype(space.dtype, copy=False)
+    if np.any(arr < space.low) or np.any(arr > space.high):
+        raise InvalidAction(
+            f"{name} must lie in [{space.low.tolist()}, {space.high.tolist()}], got {arr.tolist()}"
+        )
+    return arr
+
+
+def _discrete(space: spaces.Discrete, action: Any, name: str) -> int:
+    arr = np.asarray(action)
+    if arr.shape != () or arr.dtype.kind not in "iu":
+        raise InvalidAction(
+            f"{name} must be an integer scalar in [{space.start}, {space.start + space.n}), "
+            f"got {action!r} (dtype {arr.dtype}, shape {arr.shape})"
+        )
+    value = int(arr)
+    if not space.start <= value < space.start + space.n:
+        raise InvalidAction(
+            f"{name} must be in [{space.start}, {space.start + space.n}), got {value}"
+        )
+    return value
+
+
+def _int_array(action: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    arr = np.asarray(action)
+    if arr.dtype.kind not in "iub":
+        raise InvalidAction(
+            f"{name} must be an integer array of shape {shape}, got dtype {arr.dtype}"
+        )
+    if arr.shape != shape:
+        raise InvalidAction(f"{name} must have shape {shape}, got shape {arr.shape}")
+    return arr.astype(np.int64)

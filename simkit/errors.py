@@ -1,0 +1,60 @@
+"""The simkit exception hierarchy.
+
+Every domain error raised by simkit derives from :class:`SimkitError`, so callers can
+catch the whole family with one ``except``. Errors about bad arguments also derive
+from the matching built-in (``ValueError``/``TypeError``) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SimkitError",
+    "InvalidAction",
+    "InvalidState",
+    "InvalidParameter",
+    "ResetNeeded",
+    "RenderUnavailable",
+    "MissingDependency",
+    "UnknownEnv",
+    "ConformanceError",
+]
+
+
+class SimkitError(Exception):
+    """Base class of every simkit domain error."""
+
+
+class InvalidAction(SimkitError, ValueError):
+    """An action does not fit the env's action space (shape, dtype, range or NaN)."""
+
+
+class InvalidState(SimkitError, ValueError):
+    """A snapshot passed to ``set_state`` is malformed or belongs to another env."""
+
+
+class InvalidParameter(SimkitError, ValueError):
+    """A randomization override names an unknown parameter or leaves its domain."""
+
+
+class ResetNeeded(SimkitError, RuntimeError):
+    """``step`` or ``get_state`` was called before ``reset`` or after the episode ended."""
+
+
+class RenderUnavailable(SimkitError, RuntimeError):
+    """Rendering was requested but no OpenGL backend could be created."""
+
+
+class MissingDependency(SimkitError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra."""
+
+
+class UnknownEnv(SimkitError, KeyError):
+    """An environment id is not in the registry."""
+
+    def __str__(self) -> str:
+        # KeyError's str() adds quotes around the message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class ConformanceError(SimkitError, AssertionError):
+    """An env broke the simkit contract; raised by :mod:`simkit.testing` checks."""

@@ -1,0 +1,171 @@
+"""The simkit environment registry: ``make``, ``register`` and third-party plugins.
+
+Every single-agent id is also registered with Gymnasium, so
+``gymnasium.make("simkit/CartPole-v0")`` works after ``import simkit``. Packages
+outside simkit publish envs through the ``simkit.envs`` entry-point group: the entry
+point's name is the env id and its value an env class (``"pkg.module:MyEnv"``) or a
+zero-argument function that calls :func:`register` itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import gymnasium
+
+from simkit.errors import UnknownEnv
+
+__all__ = ["EnvKind", "EnvSpec", "register", "make", "spec", "env_ids", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "simkit.envs"
+
+
+class EnvKind(enum.Enum):
+    """Which contract an env implements, and so which API it speaks."""
+
+    SINGLE = "single"
+    """``simkit.Env`` / ``gymnasium.Env``."""
+    MULTI_AGENT = "multi_agent"
+    """``simkit.MultiAgentEnv`` / ``pettingzoo.ParallelEnv``."""
+    BATCH = "batch"
+    """``simkit.BatchEnv``: N instances stepped as arrays."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A registered env: how to build it and which contract it speaks."""
+
+    id: str
+    entry_point: str | Callable[..., Any]
+    kind: EnvKind = EnvKind.SINGLE
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def load(self) -> Callable[..., Any]:
+        """Imports and returns the env constructor."""
+        if callable(self.entry_point):
+            return self.entry_point
+        module_name, _, attr = self.entry_point.partition(":")
+        if not attr:
+            raise ValueError(
+                f"entry_point for {self.id!r} must look like 'package.module:Class', "
+                f"got {self.entry_point!r}"
+            )
+        module = importlib.import_module(module_name)
+        try:
+            return getattr(module, attr)  # type: ignore[no-any-return]
+        except AttributeError as exc:
+            raise UnknownEnv(
+                f"{self.entry_point!r} for {self.id!r}: {module_name} has no {attr}"
+            ) from exc
+
+    def make(self, **kwargs: Any) -> Any:
+        """Builds an instance, call-site kwargs overriding the registered ones."""
+        return self.load()(**{**self.kwargs, **kwargs})
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+_plugins_loaded = False
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., Any],
+    *,
+    kind: EnvKind = EnvKind.SINGLE,
+    kwargs: dict[str, Any] | None = None,
+    description: str = "",
+    override: bool = False,
+) -> EnvSpec:
+    """Adds an env to the registry (and, if single-agent, to Gymnasium's).
+
+    Args:
+        id: ``"namespace/Name-vN"``, e.g. ``"simkit/CartPole-v0"``.
+        entry_point: ``"package.module:Class"`` or a callable returning the env.
+        kind: the contract the env implements.
+        kwargs: default constructor arguments.
+        description: one line for ``simkit list``.
+        override: replace an existing registration instead of raising.
+
+    Raises:
+        ValueError: the id is already registered and ``override`` is False.
+    """
+    if not isinstance(id, str) or not id:
+        raise TypeError(f"env id must be a non-empty str, got {id!r}")
+    if not isinstance(kind, EnvKind):
+        raise TypeError(f"kind must be an EnvKind, got {kind!r}")
+    if id in _REGISTRY and not override:
+        raise ValueError(f"env id {id!r} is already registered; pass override=True to replace it")
+    env_spec = EnvSpec(id, entry_point, kind, dict(kwargs or {}), description)
+    _REGISTRY[id] = env_spec
+    if kind is EnvKind.SINGLE:
+        if id in gymnasium.registry:
+            del gymnasium.registry[id]
+        # simkit envs own their time limit, so Gymnasium must not add a TimeLimit.
+        gymnasium.register(id=id, entry_point=entry_point, kwargs=dict(kwargs or {}))
+    return env_spec
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in _REGISTRY:
+            continue
+        target = entry.load()
+        if isinstance(target, type):
+            register(entry.name, target, kind=_kind_of(target))
+        elif callable(target):
+            target()
+        else:
+            raise TypeError(
+                f"entry point {entry.name!r} in group {ENTRY_POINT_GROUP!r} must be an env class "
+                f"or a registration function, got {type(target).__name__}"
+            )
+
+
+def _kind_of(cls: type) -> EnvKind:
+    from simkit._multiagent import MultiAgentEnv
+
+    if issubclass(cls, MultiAgentEnv):
+        return EnvKind.MULTI_AGENT
+    try:
+        from simkit._batch import BatchEnv
+    except ImportError:  # pragma: no cover - BatchEnv ships with simkit
+        return EnvKind.SINGLE
+    return EnvKind.BATCH if issubclass(cls, BatchEnv) else EnvKind.SINGLE
+
+
+def spec(id: str) -> EnvSpec:
+    """The registration of ``id``.
+
+    Raises:
+        UnknownEnv: ``id`` is not registered; the message lists close matches.
+    """
+    _load_plugins()
+    try:
+        return _REGISTRY[id]
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(id, list(_REGISTRY), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise UnknownEnv(f"no env registered as {id!r}{hint} (see simkit.env_ids())") from None
+
+
+def make(id: str, **kwargs: Any) -> Any:
+    """Builds the env registered as ``id`` (no wrappers: simkit envs own their contract)."""
+    return spec(id).make(**kwargs)
+
+
+def env_ids(kind: EnvKind | None = None) -> list[str]:
+    """Every registered id, sorted, optionally only those of one ``kind``."""
+    _load_plugins()
+    return sorted(i for i, s in _REGISTRY.items() if kind is None or s.kind is kind)

@@ -1,0 +1,146 @@
+"""Plain-data snapshots: encoding env state for msgpack, and comparing it exactly.
+
+A snapshot returned by ``get_state()`` is a tree of dicts (str keys), lists, str,
+int, float, bool, None, bytes and numpy arrays. :func:`dumps` turns it into bytes with
+msgpack alone: arrays become small maps carrying dtype, shape and raw bytes, and no
+ext types or pickle are ever used. :func:`loads` is its exact inverse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from simkit.errors import InvalidState
+
+__all__ = [
+    "dumps",
+    "loads",
+    "to_plain",
+    "from_plain",
+    "states_equal",
+    "rng_to_plain",
+    "rng_from_plain",
+]
+
+_ARRAY_KEY = "__ndarray__"
+
+
+def to_plain(obj: Any, path: str = "state") -> Any:
+    """Converts a snapshot tree into msgpack-native types (arrays become tagged maps)."""
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "biufc":
+            raise InvalidState(
+                f"{path}: only numeric/bool arrays can be snapshotted, got {obj.dtype}"
+            )
+        arr = np.ascontiguousarray(obj)
+        return {
+            _ARRAY_KEY: True,
+            "dtype": arr.dtype.str,
+            "shape": list(arr.shape),
+            "data": arr.tobytes(),
+        }
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise InvalidState(f"{path}: snapshot keys must be str, got {type(key).__name__}")
+            out[key] = to_plain(value, f"{path}.{key}")
+        return out
+    if isinstance(obj, list | tuple):
+        return [to_plain(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, bool | int | float | str | bytes):
+        if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
+            raise InvalidState(f"{path}: integer {obj} does not fit 64 bits; store it as str")
+        return obj
+    raise InvalidState(
+        f"{path}: snapshots hold dicts, lists, numbers, str, bytes and arrays, "
+        f"got {type(obj).__name__}"
+    )
+
+
+def from_plain(obj: Any) -> Any:
+    """Inverse of :func:`to_plain`: tagged maps become numpy arrays again."""
+    if isinstance(obj, dict):
+        if obj.get(_ARRAY_KEY) is True:
+            try:
+                dtype = np.dtype(obj["dtype"])
+                shape = tuple(int(s) for s in obj["shape"])
+                if dtype.kind not in "biufc":
+                    raise ValueError(f"dtype {dtype} is not numeric")
+                return np.frombuffer(obj["data"], dtype=dtype).reshape(shape).copy()
+            except (KeyError, TypeError, ValueError) as exc:
+                raise InvalidState(f"malformed array in snapshot: {exc}") from exc
+        return {k: from_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_plain(v) for v in obj]
+    return obj
+
+
+def dumps(state: Any) -> bytes:
+    """Encodes a snapshot to bytes (msgpack, no ext types, no pickle)."""
+    return msgpack.packb(to_plain(state), use_bin_type=True)
+
+
+def loads(data: bytes) -> Any:
+    """Decodes bytes from :func:`dumps` back into a snapshot."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise InvalidState(f"snapshot bytes are not valid msgpack: {exc}") from exc
+    return from_plain(obj)
+
+
+def states_equal(a: Any, b: Any) -> bool:
+    """Bit-exact equality of two snapshot trees (arrays by dtype, shape and bytes)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return np.float64(a).tobytes() == np.float64(b).tobytes()
+    return type(a) is type(b) and a == b
+
+
+def rng_to_plain(rng: np.random.Generator) -> dict[str, Any]:
+    """The generator's bit-generator state as msgpack-safe data (big ints as hex str)."""
+    return _ints_to_hex(rng.bit_generator.state)
+
+
+def rng_from_plain(state: Mapping[str, Any]) -> np.random.Generator:
+    """A new generator restored from :func:`rng_to_plain` output."""
+    try:
+        restored = _hex_to_ints(state)
+        bit_gen_cls = getattr(np.random, restored["bit_generator"])
+        bit_gen = bit_gen_cls()
+        bit_gen.state = restored
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidState(f"malformed rng state in snapshot: {exc!r}") from exc
+    return np.random.Generator(bit_gen)
+
+
+def _ints_to_hex(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _ints_to_hex(v) for k, v in obj.items()}
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**63:
+        return {"__int__": hex(obj)}
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    return obj
+
+
+def _hex_to_ints(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if set(obj) == {"__int__"}:
+            return int(obj["__int__"], 16)
+        return {k: _hex_to_ints(v) for k, v in obj.items()}
+    return obj
