@@ -42,4 +42,5 @@ __all__ = [
     "__version__",
 ]
 
-import simkit.envs
+# Registers the reference envs; cheap, as no env module is imported until make().
+import simkit.envs  # noqa: E402, F401

@@ -58,7 +58,7 @@ class EnvSpec:
             )
         module = importlib.import_module(module_name)
         try:
-            return getattr(module, attr)  # type: ignore[no-any-return]
+            constructor: Callable[..., Any] = getattr(module, attr)
         except AttributeError as exc:
             raise UnknownEnv(
                 f"{self.entry_point!r} for {self.id!r}: {module_name} has no {attr}"
@@ -132,15 +132,8 @@ def _load_plugins() -> None:
 
 
 def _kind_of(cls: type) -> EnvKind:
-    from simkit._multiagent import MultiAgentEnv
-
-    if issubclass(cls, MultiAgentEnv):
-        return EnvKind.MULTI_AGENT
-    try:
-        from simkit._batch import BatchEnv
-    except ImportError:  # pragma: no cover - BatchEnv ships with simkit
-        return EnvKind.SINGLE
-    return EnvKind.BATCH if issubclass(cls, BatchEnv) else EnvKind.SINGLE
+    kind = getattr(cls, "env_kind", EnvKind.SINGLE)
+    return kind if isinstance(kind, EnvKind) else EnvKind.SINGLE
 
 
 def spec(id: str) -> EnvSpec:
