@@ -13,7 +13,7 @@ from simkit.randomization import Params
 __all__ = ["CartPole"]
 
 
-class CartPole(simkit.Env[np.ndarray, int]):
+class CartPole(simkit.Env[np.ndarray, Any]):
     """Balance a pole hinged on a cart by pushing the cart left or right.
 
     The classic Barto-Sutton-Anderson task with Euler integration, as in Gymnasium's
@@ -61,7 +61,7 @@ class CartPole(simkit.Env[np.ndarray, int]):
         return self.state.astype(np.float32), {}
 
     def step_episode(
-        self, action: int, rng: np.random.Generator
+        self, action: Any, rng: np.random.Generator
     ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
         p = self._params
         x, x_dot, theta, theta_dot = self.state

@@ -43,4 +43,4 @@ __all__ = [
 ]
 
 # Registers the reference envs; cheap, as no env module is imported until make().
-import simkit.envs  # noqa: E402, F401
+import simkit.envs  # noqa: F401

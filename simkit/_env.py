@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Generic, SupportsFloat, TypeVar
+from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -11,6 +11,7 @@ import numpy as np
 from simkit._contract import ContractCore
 from simkit._validation import validate_action
 from simkit.randomization import Params
+from simkit.registry import EnvKind
 
 __all__ = ["Env"]
 
@@ -43,6 +44,7 @@ class Env(ContractCore, gym.Env[ObsType, ActType], Generic[ObsType, ActType]):
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
+    env_kind: ClassVar[EnvKind] = EnvKind.SINGLE
 
     def __init__(
         self,

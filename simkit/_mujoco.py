@@ -146,7 +146,7 @@ class MujocoEnv(Env[ObsType, ActType]):
         self.forward()
         super().set_env_state(state.get("extra", {}))
 
-    def render(self) -> np.ndarray | None:  # type: ignore[override]
+    def render(self) -> np.ndarray | None:
         """An RGB image ``(height, width, 3)`` uint8 of the current state."""
         if self.render_mode != "rgb_array":
             return None

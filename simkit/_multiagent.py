@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Generic, SupportsFloat, TypeVar
+from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar
 
 import numpy as np
 from gymnasium import spaces
@@ -13,6 +13,7 @@ from simkit._contract import ContractCore
 from simkit._validation import validate_action
 from simkit.errors import InvalidAction
 from simkit.randomization import Params
+from simkit.registry import EnvKind
 
 __all__ = ["MultiAgentEnv"]
 
@@ -40,6 +41,7 @@ class MultiAgentEnv(
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "name": "simkit_multi_agent"}
+    env_kind: ClassVar[EnvKind] = EnvKind.MULTI_AGENT
     observation_spaces: dict[AgentID, spaces.Space[Any]]
     action_spaces: dict[AgentID, spaces.Space[Any]]
 

@@ -63,6 +63,7 @@ class EnvSpec:
             raise UnknownEnv(
                 f"{self.entry_point!r} for {self.id!r}: {module_name} has no {attr}"
             ) from exc
+        return constructor
 
     def make(self, **kwargs: Any) -> Any:
         """Builds an instance, call-site kwargs overriding the registered ones."""
