@@ -5,9 +5,10 @@ Importing this package only registers ids; each env module is imported on first 
 | id | contract | task |
 |---|---|---|
 | ``simkit/CartPole-v0`` | Env, Discrete | balance a pole on a cart |
+| ``simkit/BatchCartPole-v0`` | BatchEnv, Discrete | N cart-poles as numpy/torch arrays |
 """
 
-from simkit.registry import register
+from simkit.registry import EnvKind, register
 
 __all__: list[str] = []
 
@@ -15,4 +16,11 @@ register(
     "simkit/CartPole-v0",
     "simkit.envs.cartpole:CartPole",
     description="balance a pole on a cart (discrete, randomized physics)",
+)
+
+register(
+    "simkit/BatchCartPole-v0",
+    "simkit.envs.batch_cartpole:BatchCartPole",
+    kind=EnvKind.BATCH,
+    description="N cart-poles stepped as arrays (bit-identical to N CartPole-v0)",
 )

@@ -4,6 +4,7 @@ The public API lives here; submodules with a leading underscore are implementati
 """
 
 from simkit import errors, randomization, snapshot
+from simkit._batch import BatchEnv
 from simkit._env import Env
 from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
 from simkit._multiagent import MultiAgentEnv
@@ -17,6 +18,7 @@ __all__ = [
     # contracts
     "Env",
     "MultiAgentEnv",
+    "BatchEnv",
     "MujocoEnv",
     "ModelField",
     "PHYSICS_STATE",

@@ -1,0 +1,109 @@
+"""Cart-pole written as a :class:`simkit.BatchEnv`: N carts stepped as numpy arrays.
+
+Bit-identical to N ``simkit/CartPole-v0`` instances given the same seeds and actions:
+the same float64 arithmetic in the same order, and the same draws from each
+instance's generator (parameters first, then the initial state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import simkit
+from simkit.envs.cartpole import CartPole
+from simkit.randomization import Params
+
+__all__ = ["BatchCartPole"]
+
+
+class BatchCartPole(simkit.BatchEnv):
+    """N cart-poles: the dynamics, spaces and randomization of :class:`CartPole`.
+
+    ``state`` is an ``(N, 4)`` float64 array (x, x_dot, theta, theta_dot).
+    With ``device`` set the same code runs on torch tensors (float64).
+    """
+
+    max_episode_steps = CartPole.max_episode_steps
+    randomization = CartPole.randomization
+    state_attributes = ("state",)
+
+    tau = CartPole.tau
+    x_threshold = CartPole.x_threshold
+    theta_threshold = CartPole.theta_threshold
+
+    def __init__(self, num_envs: int = 8, **kwargs: Any) -> None:
+        single = CartPole()
+        super().__init__(
+            num_envs,
+            single_observation_space=single.observation_space,
+            single_action_space=single.action_space,
+            **kwargs,
+        )
+        self.state: Any = self._zeros((self.num_envs, 4))
+        self._p: dict[str, Any] = {}
+
+    def _zeros(self, shape: tuple[int, ...]) -> Any:
+        if self.xp is np:
+            return np.zeros(shape, dtype=np.float64)
+        return self.xp.zeros(shape, dtype=self.xp.float64, device=self.device)
+
+    def _as(self, arr: np.ndarray) -> Any:
+        if self.xp is np:
+            return arr
+        return self.xp.as_tensor(arr, dtype=self.xp.float64, device=self.device)
+
+    def _observe(self, state: Any) -> Any:
+        if self.xp is np:
+            return state.astype(np.float32)
+        return state.to(self.xp.float32)
+
+    def _refresh_params(self) -> None:
+        self._p = {name: self._as(arr) for name, arr in self.param_arrays.items()}
+
+    def reset_instances(
+        self,
+        ids: np.ndarray,
+        rngs: Sequence[np.random.Generator],
+        params: Sequence[Params],
+        options: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        rows = np.stack([rng.uniform(-0.05, 0.05, size=4) for rng in rngs])
+        rows_x = self._as(rows)
+        idx = ids if self.xp is np else self.xp.as_tensor(ids, device=self.device)
+        self.state[idx] = rows_x
+        self._refresh_params()
+        return self._observe(rows_x), [{} for _ in ids]
+
+    def step_instances(
+        self, actions: Any, rngs: Sequence[np.random.Generator]
+    ) -> tuple[Any, Any, Any, None]:
+        xp, p = self.xp, self._p
+        x, x_dot, theta, theta_dot = (self.state[:, k] for k in range(4))
+        force = xp.where(actions == 1, p["force_mag"], -p["force_mag"])
+        total_mass = p["pole_mass"] + p["cart_mass"]
+        polemass_length = p["pole_mass"] * p["pole_length"]
+        cos, sin = xp.cos(theta), xp.sin(theta)
+        temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
+        theta_acc = (p["gravity"] * sin - cos * temp) / (
+            p["pole_length"] * (4.0 / 3.0 - p["pole_mass"] * cos**2 / total_mass)
+        )
+        x_acc = temp - polemass_length * theta_acc * cos / total_mass
+        x = x + self.tau * x_dot
+        x_dot = x_dot + self.tau * x_acc
+        theta = theta + self.tau * theta_dot
+        theta_dot = theta_dot + self.tau * theta_acc
+        self.state = xp.stack([x, x_dot, theta, theta_dot], **{_axis(xp): 1})
+        terminated = (xp.abs(x) > self.x_threshold) | (xp.abs(theta) > self.theta_threshold)
+        reward = xp.ones_like(x)
+        return self._observe(self.state), reward, terminated, None
+
+    def set_env_state(self, state: Any) -> None:
+        super().set_env_state(state)
+        self._refresh_params()
+
+
+def _axis(xp: Any) -> str:
+    return "axis" if xp is np else "dim"

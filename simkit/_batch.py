@@ -1,0 +1,694 @@
+"""``simkit.BatchEnv``: the author writes reset/step over arrays of N instances.
+
+A :class:`BatchEnv` is a ``gymnasium.vector.VectorEnv``: learners and Gymnasium vector
+wrappers take it directly. The base class owns the contract, per instance: one
+``np.random.Generator`` per instance and episode (seeded with
+:func:`simkit._seeding.episode_seed`), declared randomization, the time limit, typed
+autoreset and snapshots. So instance ``i`` of a batch behaves bit for bit like a
+single-instance env reset with ``episode_seed(root, i, k)`` for its ``k``-th episode.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._types import BatchStep
+from simkit._validation import ActionBounds, validate_action
+from simkit.errors import InvalidAction, InvalidState, ResetNeeded
+from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
+from simkit.registry import EnvKind
+from simkit.snapshot import rng_from_plain, rng_to_plain
+
+__all__ = ["BatchEnv", "BATCH_STATE_FORMAT"]
+
+BATCH_STATE_FORMAT = 1
+"""Version of the snapshot layout produced by :meth:`BatchEnv.get_state`."""
+
+_MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
+
+
+class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
+    """N instances of one environment, stepped as arrays by the author's code.
+
+    Authors call ``super().__init__(num_envs, single_observation_space=...,
+    single_action_space=..., **kwargs)`` and implement two hooks:
+
+    - :meth:`reset_instances` ``(ids, rngs, params, options) -> (obs_rows, infos)``
+    - :meth:`step_instances` ``(actions, rngs) -> (obs, reward, terminated, infos)``
+
+    plus either ``state_attributes`` (attributes holding per-instance arrays) or
+    ``get_env_state``/``set_env_state``. Arrays are numpy by default; with
+    ``device`` set, :attr:`xp` is ``torch`` and the author's arrays are tensors on
+    that device (observations stay tensors; rewards and flags come back as numpy).
+
+    Class attributes:
+        randomization: parameter name to :class:`~simkit.randomization.Distribution`,
+            sampled per instance per episode from that instance's generator.
+        max_episode_steps: default time limit (``None`` for none).
+        state_attributes: names of attributes holding the batch's dynamic state.
+
+    Args:
+        num_envs: N, the number of instances.
+        single_observation_space: the space of one instance's observation.
+        single_action_space: the space of one instance's action.
+        max_episode_steps: time limit per instance; defaults to the class attribute.
+        params: randomization overrides, one mapping for every instance or a sequence
+            of N mappings (one per instance).
+        autoreset_mode: ``SAME_STEP`` (default; final observation in the same step)
+            or ``NEXT_STEP`` (Gymnasium's default: reset on the following step).
+        validate_actions: check every batch of actions; ``False`` is the fast path
+            for trusted callers.
+        device: ``None`` for numpy, or a torch device (``"cpu"``, ``"cuda:0"``).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
+    env_kind: ClassVar[EnvKind] = EnvKind.BATCH
+    randomization: ClassVar[Mapping[str, Distribution]] = {}
+    max_episode_steps: int | None = None
+    state_attributes: ClassVar[tuple[str, ...] | None] = None
+
+    def __init__(
+        self,
+        num_envs: int,
+        *,
+        single_observation_space: spaces.Space[Any],
+        single_action_space: spaces.Space[Any],
+        max_episode_steps: int | None = None,
+        params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
+        validate_actions: bool = True,
+        device: Any = None,
+    ) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer):
+            raise TypeError(f"num_envs must be an int, got {type(num_envs).__name__}")
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if max_episode_steps is not None:
+            if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int):
+                raise TypeError(
+                    f"max_episode_steps must be an int or None, got {type(max_episode_steps).__name__}"
+                )
+            if max_episode_steps <= 0:
+                raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
+            self.max_episode_steps = max_episode_steps
+        mode = AutoresetMode(autoreset_mode)
+        if mode not in _MODES:
+            raise ValueError(f"autoreset_mode must be SAME_STEP or NEXT_STEP, got {mode}")
+        self.num_envs = int(num_envs)
+        self.autoreset_mode = mode
+        self.metadata = {**type(self).metadata, "autoreset_mode": mode}
+        self.single_observation_space = single_observation_space
+        self.single_action_space = single_action_space
+        self.observation_space = batch_space(single_observation_space, self.num_envs)
+        self.action_space = batch_space(single_action_space, self.num_envs)
+        self.validate_actions = validate_actions
+        self.device = device
+        self.xp: Any = np
+        if device is not None:
+            import torch
+
+            self.xp = torch
+            self.device = torch.device(device)
+        self._env_overrides = self._per_instance(params, "params")
+        for overrides in self._env_overrides:
+            resolve_overrides(self.randomization, overrides)  # validates names and domains
+        n = self.num_envs
+        self._root_seed: int | None = None
+        self._episode_index = np.full(n, -1, dtype=np.int64)
+        self._rngs: list[np.random.Generator | None] = [None] * n
+        self._params: list[Params] = [{} for _ in range(n)]
+        self.param_arrays: dict[str, np.ndarray] = {}
+        self._elapsed = np.zeros(n, dtype=np.int64)
+        self._pending_reset = np.zeros(n, dtype=np.bool_)
+        self._has_reset = False
+        self._obs: Any = None
+
+    # ----------------------------------------------------------------- author hooks
+
+    def reset_instances(
+        self,
+        ids: np.ndarray,
+        rngs: Sequence[np.random.Generator],
+        params: Sequence[Params],
+        options: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Starts an episode for the instances ``ids`` (sorted int64 indices).
+
+        ``rngs[k]`` and ``params[k]`` belong to instance ``ids[k]``; :attr:`param_arrays`
+        already holds the new values. Draw each instance's initial state from its own
+        generator, in the order a single-instance env would.
+
+        Returns:
+            ``(len(ids), *obs_shape)`` first observations and one info dict per row.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement reset_instances()")
+
+    def step_instances(
+        self, actions: Any, rngs: Sequence[np.random.Generator]
+    ) -> tuple[Any, Any, Any, list[dict[str, Any]] | None]:
+        """Advances every instance one step with validated ``actions`` (N rows).
+
+        Returns:
+            ``(obs, reward, terminated, infos)``: N-row arrays and one info dict per
+            row, or ``None`` for no infos. Truncation is the base class's job.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement step_instances()")
+
+    # ------------------------------------------------------------------- properties
+
+    @property
+    def params(self) -> list[Params]:
+        """Each instance's randomized parameters of its current episode (a copy)."""
+        return copy.deepcopy(self._params)
+
+    @property
+    def elapsed_steps(self) -> np.ndarray:
+        """Steps taken in each instance's current episode (a copy)."""
+        return self._elapsed.copy()
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        """Each instance's episode number under the current root seed (a copy)."""
+        return self._episode_index.copy()
+
+    @property
+    def root_seed(self) -> int | None:
+        """The root seed of the batch; instance seeds derive from it."""
+        return self._root_seed
+
+    @property
+    def action_bounds(self) -> ActionBounds:
+        """The declared out-of-bounds policy for continuous actions."""
+        mode = self.metadata.get("action_bounds", ActionBounds.CLIP)
+        if not isinstance(mode, ActionBounds):
+            raise TypeError(f"metadata['action_bounds'] must be an ActionBounds, got {mode!r}")
+        return mode
+
+    # ------------------------------------------------------------------------ reset
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets instances (all, or ``options["reset_mask"]``); Gymnasium-style infos.
+
+        Args:
+            seed: the root seed: instance ``i`` starts episode 0 with
+                ``episode_seed(seed, i, 0)``. ``None`` continues: each reset instance
+                starts its next episode.
+            options: ``{"params": overrides}`` (one mapping or N mappings) for this
+                reset, ``{"reset_mask": (N,) bool}`` to reset only some instances;
+                other keys are passed to :meth:`reset_instances`.
+        """
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
+        opts = dict(options or {})
+        mask = opts.pop("reset_mask", None)
+        if mask is None:
+            ids = np.arange(self.num_envs, dtype=np.int64)
+        else:
+            mask_arr = _to_numpy(mask)
+            if mask_arr.dtype != np.bool_ or mask_arr.shape != (self.num_envs,):
+                raise ValueError(
+                    f"reset_mask must be a bool array of shape ({self.num_envs},), "
+                    f"got dtype {mask_arr.dtype} and shape {mask_arr.shape}"
+                )
+            if not self._has_reset and not mask_arr.all():
+                raise ResetNeeded("the first reset() must reset every instance")
+            ids = np.flatnonzero(mask_arr).astype(np.int64)
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+                raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+            if not 0 <= seed <= MAX_ROOT_SEED:
+                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+            self._root_seed = int(seed)
+            self._episode_index[:] = -1
+            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
+        elif self._root_seed is None:
+            self._root_seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+        per_reset = self._per_instance(opts.pop("params", None), "options['params']")
+        obs_rows, infos = self._reset_ids(ids, per_reset, opts)
+        if self._obs is None or len(ids) == self.num_envs:
+            self._obs = obs_rows
+        else:
+            self._obs = _scatter(self._obs, ids, obs_rows)
+        self._pending_reset[ids] = False
+        self._has_reset = True
+        vector_info: dict[str, Any] = {}
+        for k, i in enumerate(ids):
+            vector_info = self._add_info(vector_info, infos[k], int(i))
+        return self._obs, vector_info
+
+    def _reset_ids(
+        self,
+        ids: np.ndarray,
+        per_reset: list[Mapping[str, Any]],
+        options: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        assert self._root_seed is not None
+        rngs: list[np.random.Generator] = []
+        params: list[Params] = []
+        for i in ids:
+            i = int(i)
+            self._episode_index[i] += 1
+            overrides = {**self._env_overrides[i], **per_reset[i]}
+            resolved = resolve_overrides(self.randomization, overrides)
+            rng, _ = seeding.np_random(
+                episode_seed(self._root_seed, i, int(self._episode_index[i]))
+            )
+            self._rngs[i] = rng
+            self._params[i] = sample_params(resolved, rng)
+            rngs.append(rng)
+            params.append(self._params[i])
+        self._elapsed[ids] = 0
+        self._update_param_arrays(ids)
+        obs_rows, infos = self.reset_instances(ids, rngs, params, options)
+        if len(infos) != len(ids):
+            raise ValueError(
+                f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts, "
+                f"got {len(infos)}"
+            )
+        out = []
+        for k, i in enumerate(ids):
+            info = dict(infos[k])
+            info["params"] = copy.deepcopy(self._params[int(i)])
+            out.append(info)
+        return obs_rows, out
+
+    def _update_param_arrays(self, ids: np.ndarray) -> None:
+        for name, dist in self.randomization.items():
+            sample = self._params[int(ids[0])][name] if len(ids) else None
+            if not isinstance(sample, int | float | np.ndarray) or isinstance(sample, bool):
+                continue
+            arr = self.param_arrays.get(name)
+            if arr is None:
+                arr = np.zeros((self.num_envs, *dist.shape), dtype=np.float64)
+                self.param_arrays[name] = arr
+            for i in ids:
+                arr[int(i)] = self._params[int(i)][name]
+
+    # ------------------------------------------------------------------------- step
+
+    def step_batch(self, actions: Any) -> BatchStep:
+        """Steps every instance; ended instances autoreset in the same step.
+
+        Returns:
+            A :class:`~simkit.BatchStep` whose ``final_obs`` rows are the observations
+            the actions led to and ``obs`` rows the ones to act on next.
+
+        Raises:
+            ResetNeeded: called before :meth:`reset`.
+            InvalidAction: the batch of actions does not fit ``action_space``.
+        """
+        if not self._has_reset:
+            raise ResetNeeded("step_batch() called before reset(); call reset() first")
+        if self.validate_actions:
+            actions = self.check_actions(actions)
+        final_obs, reward, terminated, infos = self._step_all(actions)
+        truncated = self._truncated()
+        done = terminated | truncated
+        obs = final_obs
+        if done.any():
+            ids = np.flatnonzero(done).astype(np.int64)
+            reset_rows, reset_infos = self._reset_ids(ids, self._no_overrides(), {})
+            obs = _scatter(final_obs, ids, reset_rows)
+            for k, i in enumerate(ids):
+                infos[int(i)] = {**infos[int(i)], "reset_info": reset_infos[k]}
+        self._obs = obs
+        return BatchStep(
+            obs=obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+            env_ids=np.arange(self.num_envs, dtype=np.int64),
+            infos=infos,
+        )
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Gymnasium's 5-tuple under ``metadata["autoreset_mode"]``.
+
+        ``SAME_STEP``: ended instances are reset now; their last observation is in
+        ``info["final_obs"]`` (masked by ``info["_final_obs"]``), the step's info in
+        ``info["final_info"]`` and the reset's info merged into ``info``, as
+        ``SyncVectorEnv`` does. ``NEXT_STEP``: an ended instance ignores its next
+        action and is reset instead (reward 0, flags False).
+        """
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            return self._step_next(actions)
+        result = self.step_batch(actions)
+        vector_info: dict[str, Any] = {}
+        done = result.done
+        for i, info in enumerate(result.infos):
+            if done[i]:
+                step_info = {k: v for k, v in info.items() if k != "reset_info"}
+                vector_info = self._add_info(
+                    vector_info,
+                    {"final_obs": result.final_obs[i], "final_info": step_info},
+                    i,
+                )
+                vector_info = self._add_info(vector_info, info["reset_info"], i)
+            elif info:
+                vector_info = self._add_info(vector_info, info, i)
+        return result.obs, result.reward, result.terminated, result.truncated, vector_info
+
+    def _step_next(
+        self, actions: Any
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if not self._has_reset:
+            raise ResetNeeded("step() called before reset(); call reset() first")
+        if self.validate_actions:
+            actions = self.check_actions(actions)
+        pending = self._pending_reset.copy()
+        obs, reward, terminated, infos = self._step_all(actions)
+        truncated = self._truncated()
+        if pending.any():
+            ids = np.flatnonzero(pending).astype(np.int64)
+            rows, reset_infos = self._reset_ids(ids, self._no_overrides(), {})
+            obs = _scatter(obs, ids, rows)
+            reward[ids] = 0.0
+            terminated[ids] = False
+            truncated[ids] = False
+            for k, j in enumerate(ids.tolist()):
+                infos[j] = reset_infos[k]
+        self._pending_reset = terminated | truncated
+        self._obs = obs
+        vector_info: dict[str, Any] = {}
+        for i, info in enumerate(infos):
+            if info:
+                vector_info = self._add_info(vector_info, info, i)
+        return obs, reward, terminated, truncated, vector_info
+
+    def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        rngs: list[np.random.Generator] = self._rngs  # type: ignore[assignment]
+        obs, reward, terminated, infos = self.step_instances(actions, rngs)
+        reward_np = _to_numpy(reward).astype(np.float64, copy=False)
+        term_np = _to_numpy(terminated).astype(np.bool_, copy=False)
+        n = self.num_envs
+        if reward_np.shape != (n,) or term_np.shape != (n,):
+            raise ValueError(
+                f"{type(self).__name__}.step_instances must return reward and terminated of "
+                f"shape ({n},), got {reward_np.shape} and {term_np.shape}"
+            )
+        if infos is None:
+            row_infos: list[dict[str, Any]] = [{} for _ in range(n)]
+        else:
+            if len(infos) != n:
+                raise ValueError(
+                    f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
+                    f"got {len(infos)}"
+                )
+            row_infos = [dict(info) for info in infos]
+        return obs, reward_np.copy(), term_np.copy(), row_infos
+
+    def _truncated(self) -> np.ndarray:
+        self._elapsed += 1
+        if self.max_episode_steps is None:
+            return np.zeros(self.num_envs, dtype=np.bool_)
+        return self._elapsed >= self.max_episode_steps
+
+    def _no_overrides(self) -> list[Mapping[str, Any]]:
+        return [{}] * self.num_envs
+
+    # ------------------------------------------------------------ action validation
+
+    def check_actions(self, actions: Any) -> Any:
+        """Validates a batch of actions and returns it in canonical form.
+
+        ``Box`` and ``Discrete`` single action spaces take a vectorised fast path
+        (numpy or torch); other spaces are checked row by row with
+        :func:`simkit.validate_action`.
+
+        Raises:
+            InvalidAction: wrong shape, dtype, a NaN/inf, or out of range; the message
+                names the offending rows.
+        """
+        space = self.single_action_space
+        n = self.num_envs
+        if self.xp is not np:
+            return self._check_torch(actions)
+        if isinstance(space, spaces.Box):
+            arr = _array_or_raise(actions, (n, *space.shape))
+            if arr.dtype.kind not in "iuf":
+                raise InvalidAction(
+                    f"actions must be a numeric array of shape {(n, *space.shape)}, "
+                    f"got dtype {arr.dtype}"
+                )
+            arr = arr.astype(space.dtype, copy=True)
+            finite = np.isfinite(arr).reshape(n, -1).all(axis=1)
+            if not finite.all():
+                raise InvalidAction(
+                    f"actions must be finite (no NaN or inf); rows {np.flatnonzero(~finite).tolist()} are not"
+                )
+            if self.action_bounds is ActionBounds.CLIP:
+                return np.clip(arr, space.low, space.high).astype(space.dtype, copy=False)
+            bad = ((arr < space.low) | (arr > space.high)).reshape(n, -1).any(axis=1)
+            if bad.any():
+                raise InvalidAction(
+                    f"actions must lie in [{space.low.tolist()}, {space.high.tolist()}]; "
+                    f"rows {np.flatnonzero(bad).tolist()} do not"
+                )
+            return arr
+        if isinstance(space, spaces.Discrete):
+            arr = _array_or_raise(actions, (n,))
+            if arr.dtype.kind not in "iu":
+                raise InvalidAction(
+                    f"actions must be an integer array of shape ({n},), got dtype {arr.dtype}"
+                )
+            lo, hi = int(space.start), int(space.start + space.n)
+            bad = (arr < lo) | (arr >= hi)
+            if bad.any():
+                raise InvalidAction(
+                    f"actions must be in [{lo}, {hi}); rows {np.flatnonzero(bad).tolist()} "
+                    f"are {arr[bad].tolist()}"
+                )
+            return arr.astype(np.int64)
+        rows = list(actions)
+        if len(rows) != n:
+            raise InvalidAction(f"actions must hold {n} rows, got {len(rows)}")
+        return [
+            validate_action(space, a, bounds=self.action_bounds, name=f"actions[{i}]")
+            for i, a in enumerate(rows)
+        ]
+
+    def _check_torch(self, actions: Any) -> Any:
+        torch = self.xp
+        space = self.single_action_space
+        n = self.num_envs
+        if not isinstance(actions, torch.Tensor):
+            actions = torch.as_tensor(np.asarray(actions), device=self.device)
+        if isinstance(space, spaces.Box):
+            if tuple(actions.shape) != (n, *space.shape):
+                raise InvalidAction(
+                    f"actions must have shape {(n, *space.shape)}, got shape {tuple(actions.shape)}"
+                )
+            if actions.dtype.is_complex or actions.dtype == torch.bool:
+                raise InvalidAction(f"actions must be numeric, got dtype {actions.dtype}")
+            arr = actions.to(device=self.device, dtype=_torch_dtype(torch, space.dtype))
+            if not bool(torch.isfinite(arr).all()):
+                raise InvalidAction("actions must be finite (no NaN or inf)")
+            low = torch.as_tensor(space.low, device=self.device, dtype=arr.dtype)
+            high = torch.as_tensor(space.high, device=self.device, dtype=arr.dtype)
+            if self.action_bounds is ActionBounds.CLIP:
+                return torch.clamp(arr, low, high)
+            if bool(((arr < low) | (arr > high)).any()):
+                raise InvalidAction(
+                    f"actions must lie in [{space.low.tolist()}, {space.high.tolist()}]"
+                )
+            return arr
+        if isinstance(space, spaces.Discrete):
+            if tuple(actions.shape) != (n,) or actions.dtype.is_floating_point:
+                raise InvalidAction(
+                    f"actions must be an integer tensor of shape ({n},), got "
+                    f"{actions.dtype} of shape {tuple(actions.shape)}"
+                )
+            lo, hi = int(space.start), int(space.start + space.n)
+            if bool(((actions < lo) | (actions >= hi)).any()):
+                raise InvalidAction(f"actions must be in [{lo}, {hi})")
+            return actions.to(device=self.device, dtype=torch.int64)
+        raise TypeError(
+            f"torch BatchEnvs support Box and Discrete action spaces, got {type(space).__name__}"
+        )
+
+    # -------------------------------------------------------------------- snapshots
+
+    def get_env_state(self) -> dict[str, Any]:
+        """The author's dynamic state as plain data; defaults to ``state_attributes``."""
+        names = self._declared_state_attributes("get_env_state")
+        return {name: _plain_copy(getattr(self, name)) for name in names}
+
+    def set_env_state(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
+        names = self._declared_state_attributes("set_env_state")
+        if set(state) != set(names):
+            raise InvalidState(
+                f"{type(self).__name__} state must hold {sorted(names)}, got {sorted(state)}"
+            )
+        for name in names:
+            setattr(self, name, self._restore_like(getattr(self, name, None), state[name]))
+
+    def _declared_state_attributes(self, hook: str) -> tuple[str, ...]:
+        if self.state_attributes is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} must declare state_attributes or override {hook}()"
+            )
+        return self.state_attributes
+
+    def _restore_like(self, current: Any, value: Any) -> Any:
+        if self.xp is not np and isinstance(current, self.xp.Tensor):
+            return self.xp.as_tensor(np.array(value), device=current.device, dtype=current.dtype)
+        return copy.deepcopy(value)
+
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of the whole batch: every instance's RNG, params, counters and state.
+
+        Plain data (msgpack-able with :mod:`simkit.snapshot`); ``set_state`` on this or
+        a fresh batch of the same class and size continues bit-identically.
+        """
+        if not self._has_reset:
+            raise ResetNeeded("get_state() called before reset(); call reset() first")
+        return {
+            "format": BATCH_STATE_FORMAT,
+            "env": f"{type(self).__module__}:{type(self).__qualname__}",
+            "num_envs": self.num_envs,
+            "root_seed": self._root_seed,
+            "episode_index": self._episode_index.copy(),
+            "rngs": [rng_to_plain(r) for r in self._rngs if r is not None],
+            "params": copy.deepcopy(self._params),
+            "elapsed_steps": self._elapsed.copy(),
+            "max_episode_steps": self.max_episode_steps,
+            "pending_reset": self._pending_reset.copy(),
+            "obs": _plain_copy(self._obs),
+            "data": self.get_env_state(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores a snapshot from :meth:`get_state`.
+
+        Raises:
+            InvalidState: malformed, from another class, or of another batch size.
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
+        fields = {
+            "format",
+            "env",
+            "num_envs",
+            "root_seed",
+            "episode_index",
+            "rngs",
+            "params",
+            "elapsed_steps",
+            "pending_reset",
+            "obs",
+            "data",
+        }
+        missing = fields - set(state)
+        if missing:
+            raise InvalidState(
+                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
+            )
+        if state["format"] != BATCH_STATE_FORMAT:
+            raise InvalidState(
+                f"state format must be {BATCH_STATE_FORMAT}, got {state['format']!r}"
+            )
+        expected = f"{type(self).__module__}:{type(self).__qualname__}"
+        if state["env"] != expected:
+            raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
+        if state["num_envs"] != self.num_envs or len(state["rngs"]) != self.num_envs:
+            raise InvalidState(
+                f"state holds {state['num_envs']} instances, this batch has {self.num_envs}"
+            )
+        self._root_seed = int(state["root_seed"])
+        self._episode_index = np.array(state["episode_index"], dtype=np.int64)
+        self._rngs = [rng_from_plain(r) for r in state["rngs"]]
+        self._params = [copy.deepcopy(dict(p)) for p in state["params"]]
+        self._elapsed = np.array(state["elapsed_steps"], dtype=np.int64)
+        if "max_episode_steps" in state:
+            self.max_episode_steps = state["max_episode_steps"]
+        self._pending_reset = np.array(state["pending_reset"], dtype=np.bool_)
+        self._update_param_arrays(np.arange(self.num_envs, dtype=np.int64))
+        self._obs = self._restore_like(self._obs, state["obs"])
+        self._has_reset = True
+        self.set_env_state(state["data"])
+
+    # ---------------------------------------------------------------------- helpers
+
+    def _per_instance(self, value: Any, what: str) -> list[Mapping[str, Any]]:
+        if value is None:
+            return [{}] * self.num_envs
+        if isinstance(value, Mapping):
+            return [dict(value)] * self.num_envs
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            if len(value) != self.num_envs or not all(isinstance(v, Mapping) for v in value):
+                raise ValueError(
+                    f"{what} must be one mapping or {self.num_envs} mappings (one per instance), "
+                    f"got a sequence of {len(value)}"
+                )
+            return [dict(v) for v in value]
+        raise TypeError(
+            f"{what} must be a mapping or a sequence of mappings, got {type(value).__name__}"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_envs={self.num_envs})"
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):
+        return np.asarray(x.detach().cpu().numpy())
+    return np.asarray(x)
+
+
+def _plain_copy(x: Any) -> Any:
+    if x is None:
+        return None
+    if hasattr(x, "detach"):
+        return np.array(x.detach().cpu().numpy(), copy=True)
+    return copy.deepcopy(x)
+
+
+def _scatter(full: Any, ids: np.ndarray, rows: Any) -> Any:
+    """A copy of ``full`` with rows ``ids`` replaced by ``rows`` (numpy or torch)."""
+    if isinstance(full, np.ndarray):
+        out = full.copy()
+        out[ids] = rows
+        return out
+    if hasattr(full, "clone"):
+        import torch
+
+        out = full.clone()
+        out[torch.as_tensor(ids, device=full.device)] = rows
+        return out
+    raise TypeError(
+        f"observations must be numpy arrays or torch tensors, got {type(full).__name__}"
+    )
+
+
+def _array_or_raise(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        arr = np.asarray(actions)
+    except (TypeError, ValueError) as exc:
+        raise InvalidAction(
+            f"actions must be array-like with shape {shape}, got {actions!r}"
+        ) from exc
+    if arr.shape != shape:
+        raise InvalidAction(f"actions must have shape {shape}, got shape {arr.shape}")
+    return arr
+
+
+def _torch_dtype(torch: Any, dtype: Any) -> Any:
+    return {np.float32: torch.float32, np.float64: torch.float64}.get(
+        np.dtype(dtype).type, torch.float32
+    )

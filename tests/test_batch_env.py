@@ -1,0 +1,250 @@
+"""simkit.BatchEnv: batched == N single instances bit for bit, snapshots, randomization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+from hypothesis import given
+from hypothesis import strategies as st
+
+import simkit
+from simkit._seeding import episode_seed
+from simkit.errors import InvalidAction, InvalidParameter, InvalidState, ResetNeeded
+from simkit.randomization import params_equal
+from simkit.snapshot import dumps, loads, states_equal
+
+
+def _singles(make_id: str, n: int, root: int, **kwargs: Any) -> tuple[list[Any], list[Any]]:
+    envs = [simkit.make(make_id, **kwargs) for _ in range(n)]
+    first = [env.reset(seed=episode_seed(root, i, 0)) for i, env in enumerate(envs)]
+    return envs, first
+
+
+def assert_batch_matches_singles(
+    batch: Any, single_id: str, root: int, actions: np.ndarray, **single_kwargs: Any
+) -> int:
+    """Steps ``batch`` and N single envs side by side; returns the number of episode ends."""
+    n = batch.num_envs
+    obs, _info = batch.reset(seed=root)
+    singles, first = _singles(single_id, n, root, **single_kwargs)
+    np.testing.assert_array_equal(obs, np.stack([o for o, _ in first]), strict=True)
+    for i, (_, sinfo) in enumerate(first):
+        assert params_equal(sinfo["params"], batch.params[i])
+    episodes = [0] * n
+    ends = 0
+    for a in actions:
+        res = batch.step_batch(a)
+        for i, env in enumerate(singles):
+            o, r, te, tr, _ = env.step(a[i].item() if a.ndim == 1 else a[i])
+            assert np.array_equal(o, res.final_obs[i])
+            assert (r, te, tr) == (res.reward[i], res.terminated[i], res.truncated[i])
+            if te or tr:
+                ends += 1
+                episodes[i] += 1
+                o, sinfo = env.reset(seed=episode_seed(root, i, episodes[i]))
+                assert params_equal(sinfo["params"], res.infos[i]["reset_info"]["params"])
+                assert params_equal(sinfo["params"], batch.params[i])
+            assert np.array_equal(o, res.obs[i])
+    return ends
+
+
+@given(
+    root=st.integers(0, 2**63 - 1),
+    n=st.integers(1, 4),
+    limit=st.integers(1, 30),
+    action_seed=st.integers(0, 2**32 - 1),
+)
+def test_batch_cartpole_equals_single_instances(
+    root: int, n: int, limit: int, action_seed: int
+) -> None:
+    batch = simkit.make("simkit/BatchCartPole-v0", num_envs=n, max_episode_steps=limit)
+    actions = np.random.default_rng(action_seed).integers(0, 2, size=(60, n))
+    ends = assert_batch_matches_singles(
+        batch, "simkit/CartPole-v0", root, actions, max_episode_steps=limit
+    )
+    assert ends >= n * (60 // limit) // 2  # autoresets were exercised
+
+
+def test_torch_batch_cartpole_equals_numpy() -> None:
+    torch = pytest.importorskip("torch")
+    ref = simkit.make("simkit/BatchCartPole-v0", num_envs=6, max_episode_steps=25)
+    tb = simkit.make("simkit/BatchCartPole-v0", num_envs=6, max_episode_steps=25, device="cpu")
+    assert tb.xp is torch
+    o1, _ = ref.reset(seed=3)
+    o2, _ = tb.reset(seed=3)
+    assert isinstance(o2, torch.Tensor)
+    np.testing.assert_array_equal(o1, o2.numpy())
+    rng = np.random.default_rng(0)
+    for _ in range(80):
+        a = rng.integers(0, 2, size=6)
+        r1, r2 = ref.step_batch(a), tb.step_batch(torch.as_tensor(a))
+        np.testing.assert_array_equal(r1.obs, r2.obs.numpy())
+        np.testing.assert_array_equal(r1.final_obs, r2.final_obs.numpy())
+        np.testing.assert_array_equal(r1.reward, r2.reward)
+        np.testing.assert_array_equal(r1.terminated, r2.terminated)
+    state = tb.get_state()
+    tb2 = simkit.make("simkit/BatchCartPole-v0", num_envs=6, max_episode_steps=25, device="cpu")
+    tb2.set_state(loads(dumps(state)))
+    a = torch.ones(6, dtype=torch.int64)
+    assert torch.equal(tb.step_batch(a).obs, tb2.step_batch(a).obs)
+    with pytest.raises(InvalidAction, match=r"actions must be in \[0, 2\)"):
+        tb.step_batch(torch.full((6,), 2))
+
+
+def test_is_a_gymnasium_vector_env_with_same_step_infos() -> None:
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=4)
+    assert isinstance(env, gym.vector.VectorEnv)
+    assert env.env_kind is simkit.EnvKind.BATCH
+    assert env.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+    assert env.action_space == gym.spaces.MultiDiscrete([2, 2, 2])
+    env = gym.wrappers.vector.RecordEpisodeStatistics(env)
+    env.reset(seed=0)
+    for _ in range(3):
+        _, _, _, trunc, info = env.step(np.zeros(3, dtype=np.int64))
+        assert not trunc.any()
+        assert "final_obs" not in info
+    obs, _, _, trunc, info = env.step(np.zeros(3, dtype=np.int64))
+    assert trunc.all()
+    assert info["_final_obs"].all()
+    assert info["final_obs"].shape == (3,)
+    assert info["final_obs"][0].shape == (4,)
+    assert not np.array_equal(info["final_obs"][0], obs[0])
+    assert info["_params"].all()
+    assert info["params"]["gravity"].shape == (3,)
+    assert info["episode"]["l"].tolist() == [4, 4, 4]
+
+
+def test_next_step_autoreset() -> None:
+    env = simkit.make(
+        "simkit/BatchCartPole-v0", num_envs=2, max_episode_steps=2, autoreset_mode="NextStep"
+    )
+    assert env.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+    env.reset(seed=11)
+    a = np.array([1, 0])
+    env.step(a)
+    _, _, _, trunc, _ = env.step(a)
+    assert trunc.all()
+    obs, rew, term, trunc, info = env.step(a)
+    single = simkit.make("simkit/CartPole-v0")
+    expected, _ = single.reset(seed=episode_seed(11, 1, 1))
+    np.testing.assert_array_equal(obs[1], expected)
+    assert rew.tolist() == [0.0, 0.0]
+    assert not term.any()
+    assert not trunc.any()
+    assert info["_params"].all()
+
+
+def test_snapshot_continues_bit_identically_and_reset_equals_fresh() -> None:
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=4, max_episode_steps=7)
+    first, _ = env.reset(seed=5)
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        env.step_batch(rng.integers(0, 2, size=4))
+    state = env.get_state()
+    restored = simkit.make("simkit/BatchCartPole-v0", num_envs=4, max_episode_steps=7)
+    restored.set_state(loads(dumps(state)))
+    assert states_equal(restored.get_state(), state)
+    for _ in range(12):
+        a = rng.integers(0, 2, size=4)
+        r1, r2 = env.step_batch(a), restored.step_batch(a)
+        np.testing.assert_array_equal(r1.obs, r2.obs)
+        np.testing.assert_array_equal(r1.truncated, r2.truncated)
+    again, _ = env.reset(seed=5)
+    np.testing.assert_array_equal(again, first)
+    with pytest.raises(InvalidState, match="holds 4 instances, this batch has 2"):
+        simkit.make("simkit/BatchCartPole-v0", num_envs=2).set_state(state)
+    with pytest.raises(InvalidState, match="missing fields"):
+        restored.set_state({"format": 1})
+
+
+def test_randomization_per_instance_and_per_reset() -> None:
+    env = simkit.make(
+        "simkit/BatchCartPole-v0",
+        num_envs=3,
+        params=[{"gravity": 9.5}, {}, {"gravity": simkit.Uniform(10.0, 10.1)}],
+    )
+    env.reset(seed=0)
+    g = [p["gravity"] for p in env.params]
+    assert g[0] == 9.5
+    assert 10.0 <= g[2] <= 10.1
+    np.testing.assert_array_equal(env.param_arrays["gravity"], g)
+    _, info = env.reset(options={"params": {"pole_mass": 0.1}})
+    assert [p["pole_mass"] for p in env.params] == [0.1] * 3
+    assert env.params[0]["gravity"] == 9.5
+    assert env.episode_index.tolist() == [1, 1, 1]
+    assert info["params"]["pole_mass"].tolist() == [0.1] * 3
+    with pytest.raises(InvalidParameter, match="unknown randomization parameter 'wind'"):
+        env.reset(options={"params": {"wind": 1.0}})
+    with pytest.raises(ValueError, match="one mapping or 3 mappings"):
+        simkit.make("simkit/BatchCartPole-v0", num_envs=3, params=[{}])
+
+
+def test_reset_mask_resets_only_masked_instances() -> None:
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
+    _obs, _ = env.reset(seed=2)
+    env.step_batch(np.ones(3, dtype=np.int64))
+    stepped = env.get_state()["data"]["state"]
+    obs2, info = env.reset(options={"reset_mask": np.array([False, True, False])})
+    assert env.episode_index.tolist() == [0, 1, 0]
+    np.testing.assert_array_equal(obs2[[0, 2]], stepped[[0, 2]].astype(np.float32))
+    assert info["_params"].tolist() == [False, True, False]
+    with pytest.raises(ValueError, match=r"reset_mask must be a bool array of shape \(3,\)"):
+        env.reset(options={"reset_mask": [1, 0, 1]})
+
+
+def test_action_validation_and_misuse_errors() -> None:
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
+    with pytest.raises(ResetNeeded, match="before reset"):
+        env.step_batch(np.zeros(3, dtype=np.int64))
+    env.reset(seed=0)
+    with pytest.raises(InvalidAction, match=r"shape \(3,\), got shape \(2,\)"):
+        env.step_batch(np.zeros(2, dtype=np.int64))
+    with pytest.raises(InvalidAction, match=r"rows \[1\] are \[5\]"):
+        env.step_batch(np.array([0, 5, 1]))
+    with pytest.raises(InvalidAction, match="integer array"):
+        env.step_batch(np.zeros(3))
+    with pytest.raises(ValueError, match="num_envs must be >= 1, got 0"):
+        simkit.make("simkit/BatchCartPole-v0", num_envs=0)
+    with pytest.raises(ValueError, match="autoreset_mode must be SAME_STEP or NEXT_STEP"):
+        simkit.make("simkit/BatchCartPole-v0", autoreset_mode="Disabled")
+
+
+class _BoxBatch(simkit.BatchEnv):
+    """A minimal Box-action BatchEnv: the state integrates the (clipped) action."""
+
+    state_attributes = ("pos",)
+    metadata = {**simkit.BatchEnv.metadata, "action_bounds": simkit.ActionBounds.RAISE}
+
+    def __init__(self, num_envs: int, **kwargs: Any) -> None:
+        box = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        super().__init__(num_envs, single_observation_space=box, single_action_space=box, **kwargs)
+        self.pos = np.zeros((num_envs, 2), dtype=np.float32)
+
+    def reset_instances(
+        self, ids: np.ndarray, rngs: Any, params: Any, options: dict[str, Any]
+    ) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        self.pos[ids] = np.stack([r.uniform(-0.1, 0.1, size=2) for r in rngs])
+        return self.pos[ids].copy(), [{"start": True} for _ in ids]
+
+    def step_instances(self, actions: Any, rngs: Any) -> tuple[Any, Any, Any, Any]:
+        self.pos = self.pos + 0.1 * actions
+        return self.pos.copy(), -np.abs(self.pos).sum(axis=1), np.zeros(self.num_envs), None
+
+
+def test_box_actions_fast_path_raise_and_trusted() -> None:
+    env = _BoxBatch(2, max_episode_steps=3)
+    env.reset(seed=0)
+    with pytest.raises(InvalidAction, match=r"rows \[1\] do not"):
+        env.step_batch(np.array([[0.0, 0.0], [2.0, 0.0]]))
+    with pytest.raises(InvalidAction, match=r"finite .* rows \[0\] are not"):
+        env.step_batch(np.array([[np.nan, 0.0], [0.0, 0.0]]))
+    res = env.step_batch(np.full((2, 2), 0.5))
+    assert res.reward.dtype == np.float64
+    assert res.reward.shape == (2,)
+    fast = _BoxBatch(2, validate_actions=False)
+    fast.reset(seed=0)
+    fast.step_batch(np.full((2, 2), 0.5))
