@@ -5,6 +5,7 @@ The public API lives here; submodules with a leading underscore are implementati
 
 from simkit import errors, randomization, snapshot
 from simkit._batch import BatchEnv
+from simkit._batch_mujoco import BatchMujocoEnv
 from simkit._env import Env
 from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
 from simkit._multiagent import MultiAgentEnv
@@ -19,6 +20,7 @@ __all__ = [
     "Env",
     "MultiAgentEnv",
     "BatchEnv",
+    "BatchMujocoEnv",
     "MujocoEnv",
     "ModelField",
     "PHYSICS_STATE",

@@ -164,6 +164,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement step_instances()")
 
+    def _prepare_instances(self, ids: np.ndarray) -> None:
+        """Runs before ``reset_instances``; simulator bases reset physics here."""
+        del ids
+
     # ------------------------------------------------------------------- properties
 
     @property
@@ -271,6 +275,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             params.append(self._params[i])
         self._elapsed[ids] = 0
         self._update_param_arrays(ids)
+        self._prepare_instances(ids)
         obs_rows, infos = self.reset_instances(ids, rngs, params, options)
         if len(infos) != len(ids):
             raise ValueError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -18,19 +19,19 @@ from simkit.randomization import params_equal
 from simkit.snapshot import dumps, loads, states_equal
 
 
-def _singles(make_id: str, n: int, root: int, **kwargs: Any) -> tuple[list[Any], list[Any]]:
-    envs = [simkit.make(make_id, **kwargs) for _ in range(n)]
+def _singles(make: Callable[[], Any], n: int, root: int) -> tuple[list[Any], list[Any]]:
+    envs = [make() for _ in range(n)]
     first = [env.reset(seed=episode_seed(root, i, 0)) for i, env in enumerate(envs)]
     return envs, first
 
 
 def assert_batch_matches_singles(
-    batch: Any, single_id: str, root: int, actions: np.ndarray, **single_kwargs: Any
+    batch: Any, make_single: Callable[[], Any], root: int, actions: np.ndarray
 ) -> int:
     """Steps ``batch`` and N single envs side by side; returns the number of episode ends."""
     n = batch.num_envs
     obs, _info = batch.reset(seed=root)
-    singles, first = _singles(single_id, n, root, **single_kwargs)
+    singles, first = _singles(make_single, n, root)
     np.testing.assert_array_equal(obs, np.stack([o for o, _ in first]), strict=True)
     for i, (_, sinfo) in enumerate(first):
         assert params_equal(sinfo["params"], batch.params[i])
@@ -64,7 +65,7 @@ def test_batch_cartpole_equals_single_instances(
     batch = simkit.make("simkit/BatchCartPole-v0", num_envs=n, max_episode_steps=limit)
     actions = np.random.default_rng(action_seed).integers(0, 2, size=(60, n))
     ends = assert_batch_matches_singles(
-        batch, "simkit/CartPole-v0", root, actions, max_episode_steps=limit
+        batch, lambda: simkit.make("simkit/CartPole-v0", max_episode_steps=limit), root, actions
     )
     assert ends >= n * (60 // limit) // 2  # autoresets were exercised
 
@@ -248,3 +249,92 @@ def test_box_actions_fast_path_raise_and_trusted() -> None:
     fast = _BoxBatch(2, validate_actions=False)
     fast.reset(seed=0)
     fast.step_batch(np.full((2, 2), 0.5))
+
+
+_ARM_XML = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1"/>
+<body name="arm" pos="0 0 .2"><joint name="slide" type="slide" axis="1 0 0"/>
+<joint name="hinge" type="hinge" axis="0 1 0"/><geom type="capsule" fromto="0 0 0 .4 0 0" size=".05"/>
+</body></worldbody><actuator><motor joint="slide" gear="5" ctrlrange="-1 1"/>
+<motor joint="hinge" gear="2" ctrlrange="-1 1"/></actuator></mujoco>"""
+_ARM_RANDOMIZATION = {"mass": simkit.Uniform(0.5, 2.0), "noise": simkit.Uniform(0.0, 0.1)}
+_ARM_FIELDS = {"mass": simkit.ModelField("body_mass", 1)}
+_ARM_OBS = gym.spaces.Box(-np.inf, np.inf, shape=(4,), dtype=np.float64)
+_ARM_ACT = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+
+
+class _Arm(simkit.MujocoEnv[np.ndarray, np.ndarray]):
+    randomization = _ARM_RANDOMIZATION
+    model_fields = _ARM_FIELDS
+    max_episode_steps = 15
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(_ARM_XML, frame_skip=3, **kwargs)
+        self.observation_space, self.action_space = _ARM_OBS, _ARM_ACT
+
+    def reset_episode(self, rng: Any, params: Any, options: Any) -> tuple[np.ndarray, dict]:
+        self.data.qpos[:] = rng.uniform(-params["noise"], params["noise"], size=2)
+        self.data.qvel[:] = rng.normal(0.0, 0.5, size=2)
+        self.forward()
+        return np.concatenate([self.data.qpos, self.data.qvel]), {}
+
+    def step_episode(self, action: Any, rng: Any) -> tuple[np.ndarray, float, bool, dict]:
+        x0 = self.data.qpos[0]
+        self.do_simulation(action)
+        reward = (self.data.qpos[0] - x0) / self.dt - 0.1 * np.sum(np.square(action))
+        terminated = bool(abs(self.data.qpos[1]) > 1.0)
+        return np.concatenate([self.data.qpos, self.data.qvel]), reward, terminated, {}
+
+
+class _BatchArm(simkit.BatchMujocoEnv):
+    randomization = _ARM_RANDOMIZATION
+    model_fields = _ARM_FIELDS
+    max_episode_steps = 15
+
+    def __init__(self, num_envs: int, **kwargs: Any) -> None:
+        super().__init__(
+            _ARM_XML,
+            num_envs,
+            frame_skip=3,
+            single_observation_space=_ARM_OBS,
+            single_action_space=_ARM_ACT,
+            **kwargs,
+        )
+
+    def reset_instances(
+        self, ids: np.ndarray, rngs: Any, params: Any, options: Any
+    ) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        for i, rng, p in zip(ids.tolist(), rngs, params, strict=True):
+            self.datas[i].qpos[:] = rng.uniform(-p["noise"], p["noise"], size=2)
+            self.datas[i].qvel[:] = rng.normal(0.0, 0.5, size=2)
+        self.forward(ids)
+        b = self.batch
+        return np.concatenate([b["qpos"][ids], b["qvel"][ids]], axis=1), [{} for _ in ids]
+
+    def step_instances(self, actions: Any, rngs: Any) -> tuple[Any, Any, Any, None]:
+        x0 = self.batch["qpos"][:, 0].copy()
+        self.do_simulation(actions)
+        qpos, qvel = self.batch["qpos"], self.batch["qvel"]
+        reward = (qpos[:, 0] - x0) / self.dt - 0.1 * np.sum(np.square(actions), axis=1)
+        obs = np.concatenate([qpos, qvel], axis=1)
+        return obs, reward, np.abs(qpos[:, 1]) > 1.0, None
+
+
+@pytest.mark.parametrize("backend", ["threads", "loop"])
+def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
+    batch = _BatchArm(3, backend=backend, nthread=2)
+    actions = np.random.default_rng(4).uniform(-1.5, 1.5, size=(40, 3, 2)).astype(np.float32)
+    ends = assert_batch_matches_singles(batch, _Arm, 9, actions)
+    assert ends >= 3
+    assert len({m.body_mass[1] for m in batch.models}) == 3  # per-instance model copies
+    state = batch.get_state()
+    other = _BatchArm(3, backend="loop")
+    other.set_state(loads(dumps(state)))
+    a = actions[0]
+    r1, r2 = batch.step_batch(a), other.step_batch(a)
+    np.testing.assert_array_equal(r1.obs, r2.obs)
+    np.testing.assert_array_equal(r1.reward, r2.reward)
+    with pytest.raises(InvalidState, match=r"shape \(3, \d+\), got \(2,\)"):
+        other.set_env_state({"physics": np.zeros(2), "extra": {}})
+    batch.close()
+    with pytest.raises(ValueError, match="backend must be 'threads' or 'loop', got 'gpu'"):
+        _BatchArm(2, backend="gpu")
