@@ -11,7 +11,7 @@ single-instance env reset with ``episode_seed(root, i, k)`` for its ``k``-th epi
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -25,7 +25,14 @@ from simkit._seeding import MAX_ROOT_SEED, episode_seed
 from simkit._types import BatchStep
 from simkit._validation import ActionBounds, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
-from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
+from simkit.randomization import (
+    Distribution,
+    LogUniform,
+    Params,
+    Uniform,
+    resolve_overrides,
+    sample_params,
+)
 from simkit.registry import EnvKind
 from simkit.snapshot import rng_from_plain, rng_to_plain
 
@@ -120,8 +127,14 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             self.xp = torch
             self.device = torch.device(device)
         self._env_overrides = self._per_instance(params, "params")
-        for overrides in self._env_overrides:
-            resolve_overrides(self.randomization, overrides)  # validates names and domains
+        compiled: dict[int, Callable[[np.random.Generator], Params]] = {}
+        self._samplers = [
+            compiled.setdefault(
+                id(overrides),
+                _compile_sampler(resolve_overrides(self.randomization, overrides)),
+            )
+            for overrides in self._env_overrides
+        ]
         n = self.num_envs
         self._root_seed: int | None = None
         self._episode_index = np.full(n, -1, dtype=np.int64)
@@ -239,7 +252,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         elif self._root_seed is None:
             self._root_seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
-        per_reset = self._per_instance(opts.pop("params", None), "options['params']")
+        reset_params = opts.pop("params", None)
+        per_reset = (
+            None if reset_params is None else self._per_instance(reset_params, "options['params']")
+        )
         obs_rows, infos = self._reset_ids(ids, per_reset, opts)
         if self._obs is None or len(ids) == self.num_envs:
             self._obs = obs_rows
@@ -255,24 +271,26 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _reset_ids(
         self,
         ids: np.ndarray,
-        per_reset: list[Mapping[str, Any]],
+        per_reset: list[Mapping[str, Any]] | None,
         options: dict[str, Any],
     ) -> tuple[Any, list[dict[str, Any]]]:
         assert self._root_seed is not None
         rngs: list[np.random.Generator] = []
         params: list[Params] = []
-        for i in ids:
-            i = int(i)
-            self._episode_index[i] += 1
-            overrides = {**self._env_overrides[i], **per_reset[i]}
-            resolved = resolve_overrides(self.randomization, overrides)
-            rng, _ = seeding.np_random(
-                episode_seed(self._root_seed, i, int(self._episode_index[i]))
-            )
+        root, index = self._root_seed, self._episode_index
+        index[ids] += 1
+        for i in ids.tolist():
+            # Generator(PCG64(seed)) is what gymnasium.utils.seeding.np_random(seed) builds.
+            rng = np.random.Generator(np.random.PCG64(episode_seed(root, i, int(index[i]))))
+            if per_reset is None or not per_reset[i]:
+                sampled = self._samplers[i](rng)
+            else:
+                overrides = {**self._env_overrides[i], **per_reset[i]}
+                sampled = sample_params(resolve_overrides(self.randomization, overrides), rng)
             self._rngs[i] = rng
-            self._params[i] = sample_params(resolved, rng)
+            self._params[i] = sampled
             rngs.append(rng)
-            params.append(self._params[i])
+            params.append(sampled)
         self._elapsed[ids] = 0
         self._update_param_arrays(ids)
         self._prepare_instances(ids)
@@ -283,23 +301,25 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 f"got {len(infos)}"
             )
         out = []
-        for k, i in enumerate(ids):
-            info = dict(infos[k])
-            info["params"] = copy.deepcopy(self._params[int(i)])
-            out.append(info)
+        for info, p in zip(infos, params, strict=True):
+            row = dict(info)
+            row["params"] = _copy_params(p)
+            out.append(row)
         return obs_rows, out
 
     def _update_param_arrays(self, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        first = self._params[int(ids[0])]
         for name, dist in self.randomization.items():
-            sample = self._params[int(ids[0])][name] if len(ids) else None
+            sample = first.get(name)
             if not isinstance(sample, int | float | np.ndarray) or isinstance(sample, bool):
                 continue
             arr = self.param_arrays.get(name)
             if arr is None:
                 arr = np.zeros((self.num_envs, *dist.shape), dtype=np.float64)
                 self.param_arrays[name] = arr
-            for i in ids:
-                arr[int(i)] = self._params[int(i)][name]
+            arr[ids] = [self._params[i][name] for i in ids.tolist()]
 
     # ------------------------------------------------------------------------- step
 
@@ -324,7 +344,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         obs = final_obs
         if done.any():
             ids = np.flatnonzero(done).astype(np.int64)
-            reset_rows, reset_infos = self._reset_ids(ids, self._no_overrides(), {})
+            reset_rows, reset_infos = self._reset_ids(ids, None, {})
             obs = _scatter(final_obs, ids, reset_rows)
             for k, i in enumerate(ids):
                 infos[int(i)] = {**infos[int(i)], "reset_info": reset_infos[k]}
@@ -378,7 +398,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         truncated = self._truncated()
         if pending.any():
             ids = np.flatnonzero(pending).astype(np.int64)
-            rows, reset_infos = self._reset_ids(ids, self._no_overrides(), {})
+            rows, reset_infos = self._reset_ids(ids, None, {})
             obs = _scatter(obs, ids, rows)
             reward[ids] = 0.0
             terminated[ids] = False
@@ -420,9 +440,6 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if self.max_episode_steps is None:
             return np.zeros(self.num_envs, dtype=np.bool_)
         return self._elapsed >= self.max_episode_steps
-
-    def _no_overrides(self) -> list[Mapping[str, Any]]:
-        return [{}] * self.num_envs
 
     # ------------------------------------------------------------ action validation
 
@@ -697,3 +714,42 @@ def _torch_dtype(torch: Any, dtype: Any) -> Any:
     return {np.float32: torch.float32, np.float64: torch.float64}.get(
         np.dtype(dtype).type, torch.float32
     )
+
+
+def _copy_params(params: Params) -> Params:
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in params.items()}
+
+
+def _compile_sampler(
+    resolved: Mapping[str, Distribution | Any],
+) -> Callable[[np.random.Generator], Params]:
+    """A sampler equal to ``sample_params(resolved, rng)`` draw for draw, bit for bit.
+
+    Scalar ``Uniform``/``LogUniform`` parameters skip the per-call array broadcasting
+    of :meth:`Distribution.sample` (the same generator calls on the same float64
+    bounds); anything else falls back to :func:`sample_params`.
+    """
+    plan: list[tuple[str, int, Any, Any]] = []
+    for name, spec in resolved.items():
+        if type(spec) is Uniform and spec.shape == ():
+            plan.append((name, 0, float(spec.low), float(spec.high)))  # type: ignore[arg-type]
+        elif type(spec) is LogUniform and spec.shape == ():
+            lo, hi = np.float64(spec.low), np.float64(spec.high)
+            plan.append((name, 1, np.log(lo), np.log(hi)))
+        elif isinstance(spec, Distribution | np.ndarray):
+            return lambda rng: sample_params(resolved, rng)
+        else:
+            plan.append((name, 2, spec, None))
+
+    def sample(rng: np.random.Generator) -> Params:
+        out: Params = {}
+        for name, kind, a, b in plan:
+            if kind == 0:
+                out[name] = float(rng.uniform(a, b))
+            elif kind == 1:
+                out[name] = float(np.exp(rng.uniform(a, b)))
+            else:
+                out[name] = a
+        return out
+
+    return sample
