@@ -1,0 +1,232 @@
+"""Hosts: N envs behind the :class:`simkit.protocol.Host` interface, with same-step autoreset.
+
+:class:`EnvListHost` steps a list of single-agent envs (simkit or plain Gymnasium) in
+one process. Seeding follows :class:`simkit.BatchEnv`: a root seed ``r`` gives env
+``i`` the seed ``episode_seed(r, i, k)`` for its ``k``-th episode, so remote data
+equals local data bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+import simkit
+from simkit._contract import ContractCore
+from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._types import BatchStep
+from simkit.errors import InvalidState, ResetNeeded
+from simkit.protocol import EnvFault, Unsupported, error_code_of
+
+__all__ = ["EnvListHost", "make_env_factory", "GYM_PREFIX"]
+
+GYM_PREFIX = "gym:"
+
+
+def make_env_factory(env_id: str, **kwargs: Any) -> Callable[[], gym.Env[Any, Any]]:
+    """A zero-argument constructor for ``env_id``.
+
+    ``"gym:CartPole-v1"`` builds the installed Gymnasium env; any other id is looked
+    up in the simkit registry (raising :class:`simkit.errors.UnknownEnv` now, not later).
+    """
+    if env_id.startswith(GYM_PREFIX):
+        gym_id = env_id[len(GYM_PREFIX) :]
+        gym.spec(gym_id)  # raises for unknown ids before any client connects
+        return lambda: gym.make(gym_id, **kwargs)
+    env_spec = simkit.spec(env_id)
+    if env_spec.kind is not simkit.EnvKind.SINGLE:
+        raise ValueError(
+            f"the rollout server hosts single-agent envs; {env_id!r} is {env_spec.kind.value}"
+        )
+    return lambda: env_spec.make(**kwargs)
+
+
+class EnvListHost:
+    """N single-agent envs stepped one after another, with per-env fault isolation.
+
+    Args:
+        envs: the env instances (all with equal spaces).
+    """
+
+    def __init__(self, envs: Sequence[gym.Env[Any, Any]]) -> None:
+        if not envs:
+            raise ValueError("a host needs at least one env, got none")
+        self.envs = list(envs)
+        self.num_envs = len(self.envs)
+        self.observation_space: spaces.Space[Any] = self.envs[0].observation_space
+        self.action_space: spaces.Space[Any] = self.envs[0].action_space
+        for env in self.envs[1:]:
+            if (
+                env.observation_space != self.observation_space
+                or env.action_space != self.action_space
+            ):
+                raise ValueError("every env of a host must have the same spaces")
+        self._batched_actions = batch_space(self.action_space, self.num_envs)
+        self._simkit = all(isinstance(e.unwrapped, ContractCore) for e in self.envs)
+        caps: set[str] = set()
+        if self._simkit:
+            caps.update({"state", "params"})
+            if getattr(self.envs[0].unwrapped, "randomization", None):
+                caps.add("randomization")
+        self.capabilities = frozenset(caps)
+        self._roots: list[int | None] = [None] * self.num_envs
+        self._episode = np.full(self.num_envs, -1, dtype=np.int64)
+        self._obs: list[Any] = [None] * self.num_envs
+        self._broken = np.zeros(self.num_envs, dtype=bool)
+
+    def _rows(self, items: list[Any]) -> Any:
+        out: Any = create_empty_array(self.observation_space, len(items))
+        return concatenate(self.observation_space, items, out)
+
+    def _reset_one(
+        self, i: int, params: Mapping[str, Any] | None, options: Mapping[str, Any] | None
+    ) -> tuple[Any, dict[str, Any]]:
+        root = self._roots[i]
+        if root is None:
+            root = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+            self._roots[i] = root
+        self._episode[i] += 1
+        opts = dict(options or {})
+        if params:
+            opts["params"] = {**dict(opts.get("params") or {}), **params}
+        seed = episode_seed(root, i, int(self._episode[i]))
+        obs, info = self.envs[i].reset(seed=seed, options=opts or None)
+        self._obs[i] = obs
+        self._broken[i] = False
+        return obs, dict(info)
+
+    def reset(
+        self,
+        env_ids: np.ndarray,
+        *,
+        seed: int | None,
+        seeds: list[int] | None,
+        options: dict[str, Any] | None,
+        params: list[dict[str, Any]] | None,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``env_ids``: ``seed`` restarts every env's episode count under a new root;
+        ``seeds`` restarts each listed env under its own root; neither continues each
+        listed env with its next episode."""
+        if ((options and "params" in options) or params) and "params" not in self.capabilities:
+            raise Unsupported(
+                "this env takes no randomization overrides", expected="no params", got="params"
+            )
+        if seed is not None:
+            self._roots = [seed] * self.num_envs
+            self._episode[:] = -1
+        obs_rows, infos = [], []
+        for k, i in enumerate(env_ids.tolist()):
+            if seeds is not None:
+                self._roots[i] = seeds[k]
+                self._episode[i] = -1
+            obs, info = self._reset_one(i, params[k] if params else None, options)
+            obs_rows.append(obs)
+            infos.append(info)
+        return self._rows(obs_rows), infos
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets."""
+        n = env_ids.size
+        never = [i for i in env_ids.tolist() if self._obs[i] is None]
+        if never:
+            raise ResetNeeded(f"envs {never} were never reset; send reset first")
+        batched = batch_space(self.action_space, n) if n != self.num_envs else self._batched_actions
+        per_env = list(iterate(batched, actions))
+        obs_rows, final_rows = [], []
+        reward = np.zeros(n, dtype=np.float64)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        infos: list[dict[str, Any]] = []
+        faults: list[EnvFault] = []
+        for k, i in enumerate(env_ids.tolist()):
+            env = self.envs[i]
+            if self._broken[i]:
+                faults.append(EnvFault(i, "reset_needed", f"env {i} failed to reset; reset it"))
+                obs_rows.append(self._obs[i])
+                final_rows.append(self._obs[i])
+                truncated[k] = True
+                infos.append({})
+                continue
+            try:
+                obs, r, term, trunc, info = env.step(per_env[k])
+                reward[k] = float(r)
+                terminated[k], truncated[k] = bool(term), bool(trunc)
+                info = dict(info)
+            except Exception as exc:  # fault isolation: this env's episode ends, others go on
+                faults.append(EnvFault(i, error_code_of(exc), f"{type(exc).__name__}: {exc}"))
+                obs, info = self._obs[i], {}
+                truncated[k] = True
+            final_rows.append(obs)
+            if terminated[k] or truncated[k]:
+                try:
+                    next_obs, reset_info = self._reset_one(i, None, None)
+                    info["reset_info"] = reset_info
+                except Exception as exc:
+                    faults.append(
+                        EnvFault(
+                            i, error_code_of(exc), f"reset failed: {type(exc).__name__}: {exc}"
+                        )
+                    )
+                    self._broken[i] = True
+                    next_obs = obs
+            else:
+                next_obs = obs
+                self._obs[i] = obs
+            obs_rows.append(next_obs)
+            infos.append(info)
+        step = BatchStep(
+            obs=self._rows(obs_rows),
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=self._rows(final_rows),
+            env_ids=env_ids.astype(np.int64),
+            infos=infos,
+        )
+        return step, faults
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """Snapshots of ``env_ids``: the env's own plus this host's seeding bookkeeping."""
+        if "state" not in self.capabilities:
+            raise Unsupported("this env has no snapshots", expected="state capability", got="none")
+        out = []
+        for i in env_ids.tolist():
+            if self._obs[i] is None:
+                raise ResetNeeded(f"env {i}: get_state before reset; reset first")
+            out.append(
+                {
+                    "env": self.envs[i].unwrapped.get_state(),
+                    "root_seed": self._roots[i],
+                    "episode_index": int(self._episode[i]),
+                    "obs": copy.deepcopy(self._obs[i]),
+                }
+            )
+        return out
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """Restores snapshots from :meth:`get_state`."""
+        if "state" not in self.capabilities:
+            raise Unsupported("this env has no snapshots", expected="state capability", got="none")
+        for i, state in zip(env_ids.tolist(), states, strict=True):
+            if not isinstance(state, Mapping) or {"env", "root_seed", "episode_index", "obs"} - set(
+                state
+            ):
+                raise InvalidState(
+                    "a host snapshot holds env, root_seed, episode_index and obs",
+                )
+            self.envs[i].unwrapped.set_state(state["env"])
+            self._roots[i] = state["root_seed"]
+            self._episode[i] = int(state["episode_index"])
+            self._obs[i] = state["obs"]
+            self._broken[i] = False
+
+    def close(self) -> None:
+        """Closes every env."""
+        for env in self.envs:
+            env.close()

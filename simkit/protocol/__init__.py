@@ -1,0 +1,105 @@
+"""simkit's wire protocol: messages, spaces codec and session state machines. No IO.
+
+See docs/protocol.md for the specification. Transports (``simkit.servers``,
+``simkit.clients``) move the frames this package builds and parses.
+"""
+
+from simkit.protocol._codec import (
+    INLINE_THRESHOLD,
+    PROTOCOL_VERSION,
+    Limits,
+    Message,
+    decode,
+    encode,
+    plain_safe,
+)
+from simkit.protocol._errors import (
+    ERROR_CODES,
+    InvalidDtype,
+    InvalidEnvIds,
+    InvalidField,
+    InvalidShape,
+    MalformedMessage,
+    MessageTooLarge,
+    NonFinite,
+    OutOfSpace,
+    ProtocolError,
+    RemoteError,
+    SessionStateError,
+    UnknownKind,
+    Unsupported,
+    UnsupportedSpace,
+    VersionMismatch,
+)
+from simkit.protocol._session import (
+    AUTORESET_SAME_STEP,
+    CAPABILITIES,
+    REQUEST_KINDS,
+    ClientSession,
+    EnvFault,
+    Host,
+    ResetResult,
+    ServerInfo,
+    ServerSession,
+    SessionState,
+    error_code_of,
+    error_reply,
+)
+from simkit.protocol._spaces import (
+    DTYPES,
+    batch_dtype,
+    check_batch,
+    flatten_batch,
+    space_from_plain,
+    space_to_plain,
+    unflatten_batch,
+)
+
+__all__ = [
+    # codec
+    "PROTOCOL_VERSION",
+    "INLINE_THRESHOLD",
+    "DTYPES",
+    "Limits",
+    "Message",
+    "encode",
+    "decode",
+    "plain_safe",
+    # spaces
+    "space_to_plain",
+    "space_from_plain",
+    "batch_dtype",
+    "flatten_batch",
+    "unflatten_batch",
+    "check_batch",
+    # sessions
+    "REQUEST_KINDS",
+    "CAPABILITIES",
+    "AUTORESET_SAME_STEP",
+    "Host",
+    "EnvFault",
+    "ServerInfo",
+    "SessionState",
+    "ServerSession",
+    "ClientSession",
+    "ResetResult",
+    "error_reply",
+    "error_code_of",
+    # errors
+    "ERROR_CODES",
+    "ProtocolError",
+    "MalformedMessage",
+    "VersionMismatch",
+    "UnknownKind",
+    "InvalidField",
+    "InvalidDtype",
+    "InvalidShape",
+    "NonFinite",
+    "InvalidEnvIds",
+    "OutOfSpace",
+    "MessageTooLarge",
+    "SessionStateError",
+    "Unsupported",
+    "UnsupportedSpace",
+    "RemoteError",
+]

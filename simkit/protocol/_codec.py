@@ -1,0 +1,400 @@
+"""Frames <-> messages: one msgpack header frame plus raw array frames. No IO.
+
+A message is ``[header, frame_1, ..., frame_k]``. The header is a msgpack map::
+
+    {"v": [major, minor], "id": int, "kind": str, "body": {...}, "arrays": [descriptor, ...]}
+
+and each array descriptor is ``{"name", "dtype", "shape"}`` plus either ``"data"``
+(the raw bytes, inline in the header, for small arrays) or ``"frame"`` (the index of
+the frame holding them, >= 1). Array bytes are C-order, little-endian.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from simkit.protocol._errors import (
+    InvalidDtype,
+    InvalidField,
+    InvalidShape,
+    MalformedMessage,
+    MessageTooLarge,
+    ProtocolError,
+    VersionMismatch,
+)
+from simkit.protocol._spaces import DTYPES
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "INLINE_THRESHOLD",
+    "Limits",
+    "Message",
+    "encode",
+    "decode",
+    "plain_safe",
+    "MAX_ID",
+]
+
+PROTOCOL_VERSION: tuple[int, int] = (1, 0)
+"""(major, minor): a different major is refused; minors only add optional fields."""
+
+INLINE_THRESHOLD = 16384
+"""Arrays of at most this many bytes travel inside the header (bench/bench_protocol.py)."""
+
+MAX_ID = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits a receiver enforces before and while unpacking.
+
+    Attributes:
+        max_message_bytes: total bytes of all frames.
+        max_header_bytes: bytes of the header frame.
+        max_frames: number of frames (header included).
+        max_arrays: array descriptors per message.
+        max_str_len: bytes of any msgpack string.
+        max_container_len: entries of any msgpack list or map.
+        max_ndim: dimensions of any array.
+    """
+
+    max_message_bytes: int = 256 * 2**20
+    max_header_bytes: int = 64 * 2**20
+    max_frames: int = 257
+    max_arrays: int = 256
+    max_str_len: int = 2**20
+    max_container_len: int = 2**20
+    max_ndim: int = 32
+
+
+@dataclass
+class Message:
+    """A decoded message.
+
+    Attributes:
+        kind: request or reply kind (``"step"``, ``"error"``, ...).
+        id: request id; a reply carries the id of its request.
+        body: plain msgpack data, kind-specific.
+        arrays: named arrays (zero-copy, read-only views where decoded from frames).
+        v: the protocol version of the sender.
+    """
+
+    kind: str
+    id: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    v: tuple[int, int] = PROTOCOL_VERSION
+
+
+def _wire_array(arr: Any, name: str) -> np.ndarray:
+    a = np.asarray(arr)
+    if a.dtype.name not in DTYPES:
+        raise InvalidDtype(
+            f"array {name!r} has a dtype off the whitelist", expected=list(DTYPES), got=a.dtype.name
+        )
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return a if a.flags.c_contiguous else a.copy(order="C")  # keeps 0-d arrays 0-d
+
+
+def encode(message: Message, *, inline_threshold: int = INLINE_THRESHOLD) -> list[Any]:
+    """Encodes ``message`` into frames: header bytes, then one buffer per large array.
+
+    Large arrays are returned as memoryviews over the (contiguous) array, so a
+    transport can send them without copying (``copy=False``).
+    """
+    descriptors: list[dict[str, Any]] = []
+    frames: list[Any] = [b""]
+    for name, value in message.arrays.items():
+        arr = _wire_array(value, name)
+        desc: dict[str, Any] = {"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)}
+        if arr.nbytes <= inline_threshold:
+            desc["data"] = arr.tobytes()
+        else:
+            desc["frame"] = len(frames)
+            frames.append(memoryview(arr.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
+        descriptors.append(desc)
+    header = {
+        "v": list(message.v),
+        "id": message.id,
+        "kind": message.kind,
+        "body": message.body,
+        "arrays": descriptors,
+    }
+    frames[0] = msgpack.packb(header, use_bin_type=True)
+    return frames
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise MalformedMessage(
+        "msgpack ext types are not allowed", expected="no ext types", got=f"ext type {code}"
+    )
+
+
+def _nbytes(frame: Any) -> int:
+    return memoryview(frame).nbytes
+
+
+def decode(frames: Sequence[Any], *, limits: Limits | None = None) -> Message:
+    """Decodes and validates frames into a :class:`Message`.
+
+    Checks sizes before unpacking, unpacks msgpack with size limits, no ext types and
+    str map keys, then validates the header and every array descriptor. Errors raised
+    after the header was read carry ``request_id`` and ``request_kind`` attributes.
+
+    Raises:
+        MessageTooLarge: a size limit is exceeded.
+        MalformedMessage: not msgpack, or the header misses or mistypes a field.
+        VersionMismatch: the sender's major version differs.
+        InvalidDtype / InvalidShape: an array descriptor disagrees with its data.
+    """
+    lim = limits or Limits()
+    if not frames:
+        raise MalformedMessage("empty message", expected="at least a header frame", got="0 frames")
+    if len(frames) > lim.max_frames:
+        raise MessageTooLarge("too many frames", expected=f"<= {lim.max_frames}", got=len(frames))
+    sizes = [_nbytes(f) for f in frames]
+    if sum(sizes) > lim.max_message_bytes:
+        raise MessageTooLarge(
+            "message too large",
+            expected=f"<= {lim.max_message_bytes} bytes",
+            got=f"{sum(sizes)} bytes",
+        )
+    if sizes[0] > lim.max_header_bytes:
+        raise MessageTooLarge(
+            "header too large", expected=f"<= {lim.max_header_bytes} bytes", got=f"{sizes[0]} bytes"
+        )
+    try:
+        header = msgpack.unpackb(
+            frames[0],
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_no_ext,
+            max_str_len=lim.max_str_len,
+            max_bin_len=lim.max_header_bytes,
+            max_array_len=lim.max_container_len,
+            max_map_len=lim.max_container_len,
+            max_ext_len=lim.max_header_bytes,
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises many types on garbage
+        raise MalformedMessage(
+            f"header is not valid msgpack: {exc}", expected="a msgpack map", got=type(exc).__name__
+        ) from exc
+    if not isinstance(header, dict):
+        raise MalformedMessage(
+            "header must be a msgpack map", expected="map", got=type(header).__name__
+        )
+    req_id = header.get("id")
+    kind = header.get("kind")
+    try:
+        return _decode_header(header, frames, lim)
+    except ProtocolError as exc:
+        exc.request_id = req_id if _is_id(req_id) else 0  # type: ignore[attr-defined]
+        exc.request_kind = kind if isinstance(kind, str) else None  # type: ignore[attr-defined]
+        raise
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
+
+
+def _decode_header(header: dict[str, Any], frames: Sequence[Any], lim: Limits) -> Message:
+    v = header.get("v")
+    if not (
+        isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    ):
+        raise MalformedMessage(
+            "header field 'v' must be [major, minor]", expected="[int, int]", got=repr(v)
+        )
+    if v[0] != PROTOCOL_VERSION[0]:
+        raise VersionMismatch(
+            f"protocol major version {v[0]} is not supported",
+            expected=f"major {PROTOCOL_VERSION[0]} (version {PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]})",
+            got=f"{v[0]}.{v[1]}",
+        )
+    if not _is_id(header.get("id")):
+        raise MalformedMessage(
+            "header field 'id' must be an int in [0, 2**63)",
+            expected="int",
+            got=repr(header.get("id")),
+        )
+    kind = header.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise MalformedMessage(
+            "header field 'kind' must be a non-empty str", expected="str", got=repr(kind)
+        )
+    body = header.get("body", {})
+    if not isinstance(body, dict):
+        raise MalformedMessage(
+            "header field 'body' must be a map", expected="map", got=type(body).__name__
+        )
+    descs = header.get("arrays", [])
+    if not isinstance(descs, list):
+        raise MalformedMessage(
+            "header field 'arrays' must be a list", expected="list", got=type(descs).__name__
+        )
+    if len(descs) > lim.max_arrays:
+        raise MessageTooLarge("too many arrays", expected=f"<= {lim.max_arrays}", got=len(descs))
+    arrays: dict[str, np.ndarray] = {}
+    used: set[int] = set()
+    for desc in descs:
+        name, arr, frame_index = _decode_array(desc, frames, lim)
+        if name in arrays:
+            raise MalformedMessage(
+                "array names must be unique", expected="unique names", got=f"{name!r} twice"
+            )
+        if frame_index is not None:
+            if frame_index in used:
+                raise MalformedMessage("two arrays reference one frame", got=f"frame {frame_index}")
+            used.add(frame_index)
+        arrays[name] = arr
+    if len(used) != len(frames) - 1:
+        raise MalformedMessage(
+            "every frame after the header must hold exactly one array",
+            expected=f"{len(used)} array frames",
+            got=f"{len(frames) - 1} frames",
+        )
+    return Message(kind=kind, id=header["id"], body=body, arrays=arrays, v=(v[0], v[1]))
+
+
+def _decode_array(
+    desc: Any, frames: Sequence[Any], lim: Limits
+) -> tuple[str, np.ndarray, int | None]:
+    if not isinstance(desc, dict):
+        raise MalformedMessage(
+            "an array descriptor must be a map", expected="map", got=type(desc).__name__
+        )
+    name = desc.get("name")
+    if not isinstance(name, str) or not name:
+        raise MalformedMessage(
+            "array descriptor needs a str 'name'", expected="str", got=repr(name)
+        )
+    dtype_name = desc.get("dtype")
+    if dtype_name not in DTYPES:
+        raise InvalidDtype(
+            f"array {name!r} dtype is not allowed", expected=list(DTYPES), got=repr(dtype_name)
+        )
+    shape = desc.get("shape")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= lim.max_ndim
+        and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**40 for s in shape)
+    ):
+        raise InvalidShape(
+            f"array {name!r} shape must be a list of non-negative ints",
+            expected=f"<= {lim.max_ndim} dims",
+            got=repr(shape),
+        )
+    dtype = np.dtype(dtype_name).newbyteorder("<")
+    count = math.prod(shape)
+    expected_bytes = count * dtype.itemsize
+    frame_index: int | None = None
+    if "data" in desc:
+        data = desc["data"]
+        if not isinstance(data, bytes):
+            raise MalformedMessage(
+                f"array {name!r} 'data' must be bin", expected="bin", got=type(data).__name__
+            )
+    elif "frame" in desc:
+        frame_index = desc["frame"]
+        if not (
+            isinstance(frame_index, int)
+            and not isinstance(frame_index, bool)
+            and 1 <= frame_index < len(frames)
+        ):
+            raise MalformedMessage(
+                f"array {name!r} references a missing frame",
+                expected=f"frame index in [1, {len(frames) - 1}]",
+                got=repr(frame_index),
+            )
+        data = memoryview(frames[frame_index]).cast("B")
+    else:
+        raise MalformedMessage(
+            f"array {name!r} has neither 'data' nor 'frame'", expected="data or frame"
+        )
+    if len(data) != expected_bytes:
+        raise InvalidShape(
+            f"array {name!r} data does not match its descriptor",
+            expected=f"{expected_bytes} bytes for {dtype_name}{shape}",
+            got=f"{len(data)} bytes",
+        )
+    arr = np.frombuffer(data, dtype=dtype, count=count).reshape(tuple(shape))
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return name, arr, frame_index
+
+
+def plain_safe(value: Any, _depth: int = 0) -> Any:
+    """A msgpack-able copy of ``value`` (used for infos).
+
+    Rules: None/bool/int (64-bit)/float/str/bytes pass; numpy scalars become Python
+    numbers; numpy arrays become ``{"__ndarray__": true, "dtype", "shape", "data"}``
+    maps (as in :mod:`simkit.snapshot`); dicts keep str keys (other keys are
+    stringified); lists and tuples become lists; anything else (and anything nested
+    deeper than 8 levels) becomes its ``str()``.
+    """
+    if value is None or isinstance(value, bool | float | str | bytes):
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**64 else str(value)
+    if isinstance(value, np.generic):
+        return plain_safe(value.item(), _depth)
+    if _depth > 8:
+        return str(value)
+    if isinstance(value, np.ndarray):
+        if value.dtype.name in DTYPES:
+            arr = _wire_array(value, "info")
+            return {
+                "__ndarray__": True,
+                "dtype": arr.dtype.name,
+                "shape": list(arr.shape),
+                "data": arr.tobytes(),
+            }
+        return str(value)
+    if isinstance(value, Mapping):
+        return {
+            (k if isinstance(k, str) else str(k)): plain_safe(v, _depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [plain_safe(v, _depth + 1) for v in value]
+    return str(value)
+
+
+def check_type(
+    body: Mapping[str, Any], key: str, types: type | tuple[type, ...], *, optional: bool = False
+) -> Any:
+    """``body[key]`` if it has one of ``types`` (bools are never ints).
+
+    Raises:
+        InvalidField: missing (unless ``optional``) or mistyped.
+    """
+    if key not in body or body[key] is None:
+        if optional:
+            return None
+        raise InvalidField(f"field {key!r} is required", expected=_type_names(types), got="nothing")
+    value = body[key]
+    wants_int = types is int or (isinstance(types, tuple) and int in types and bool not in types)
+    if not isinstance(value, types) or (wants_int and isinstance(value, bool)):
+        raise InvalidField(
+            f"field {key!r} has the wrong type",
+            expected=_type_names(types),
+            got=type(value).__name__,
+        )
+    return value
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    if isinstance(types, tuple):
+        return " or ".join(t.__name__ for t in types)
+    return types.__name__

@@ -1,0 +1,396 @@
+"""The wire protocol without sockets: codec, validation, sessions, bit-exact results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from gymnasium import spaces
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import simkit
+from simkit._seeding import episode_seed
+from simkit.protocol import (
+    DTYPES,
+    PROTOCOL_VERSION,
+    ClientSession,
+    InvalidDtype,
+    InvalidShape,
+    Limits,
+    MalformedMessage,
+    Message,
+    MessageTooLarge,
+    RemoteError,
+    ServerInfo,
+    ServerSession,
+    SessionState,
+    VersionMismatch,
+    decode,
+    encode,
+    plain_safe,
+)
+from simkit.servers._host import EnvListHost, make_env_factory
+
+
+class Flaky(simkit.Env[np.ndarray, np.ndarray]):
+    """A 1-D env with Box actions that raises when the action exceeds 0.9."""
+
+    max_episode_steps = 4
+    state_attributes = ("x",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Box(-10, 10, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+        self.x = 0.0
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Any, options: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self.x = float(rng.uniform(-1, 1))
+        return np.array([self.x, 0.0], dtype=np.float32), {"note": object()}
+
+    def step_episode(
+        self, action: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        if action[0] > 0.9:
+            raise RuntimeError("boom")
+        self.x += float(action[0])
+        return np.array([self.x, 1.0], dtype=np.float32), self.x, False, {"x": np.float64(self.x)}
+
+
+def _session(envs: list[Any]) -> tuple[ServerSession, ClientSession]:
+    host = EnvListHost(envs)
+    info = ServerInfo(
+        "test", host.num_envs, host.observation_space, host.action_space, host.capabilities
+    )
+    return ServerSession(host, info), ClientSession()
+
+
+def _ready(envs: list[Any]) -> tuple[ServerSession, ClientSession]:
+    server, client = _session(envs)
+    client.parse_hello(server.handle(client.request_hello()))
+    return server, client
+
+
+def _raw(header: Any, *extra: bytes) -> list[Any]:
+    return [msgpack.packb(header, use_bin_type=True), *extra]
+
+
+def _header(kind: str = "ping", **kw: Any) -> dict[str, Any]:
+    return {"v": list(PROTOCOL_VERSION), "id": 5, "kind": kind, "body": {}, "arrays": [], **kw}
+
+
+# ----------------------------------------------------------------------------- codec
+
+
+@given(
+    hnp.arrays(
+        st.sampled_from([np.dtype(d) for d in DTYPES]),
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5),
+    ),
+    st.sampled_from([0, 64, 10**6]),
+)
+def test_arrays_round_trip_bit_exact(arr: np.ndarray, threshold: int) -> None:
+    frames = encode(Message("step", 3, {"k": [1, "a"]}, {"a": arr}), inline_threshold=threshold)
+    assert len(frames) == (1 if arr.nbytes <= threshold else 2)
+    msg = decode([bytes(f) for f in frames])
+    out = msg.arrays["a"]
+    assert (msg.kind, msg.id, msg.body) == ("step", 3, {"k": [1, "a"]})
+    assert out.dtype == arr.dtype
+    assert out.shape == arr.shape
+    assert out.tobytes() == arr.tobytes()
+
+
+def test_big_arrays_travel_as_zero_copy_frames() -> None:
+    arr = np.arange(10_000, dtype=np.float64)
+    frames = encode(Message("x", arrays={"a": arr}))
+    assert isinstance(frames[1], memoryview)
+    assert np.shares_memory(np.frombuffer(frames[1], dtype=np.float64), arr)
+    out = decode(frames).arrays["a"]
+    assert np.shares_memory(out, arr)  # decoded as a view of the frame
+
+
+def test_big_endian_input_goes_out_little_endian() -> None:
+    arr = np.arange(4, dtype=">i4")
+    out = decode(encode(Message("x", arrays={"a": arr}))).arrays["a"]
+    assert out.dtype == np.dtype("int32")
+    assert out.tolist() == [0, 1, 2, 3]
+
+
+def test_object_arrays_cannot_be_sent() -> None:
+    with pytest.raises(InvalidDtype, match="off the whitelist"):
+        encode(Message("x", arrays={"a": np.array([object()])}))
+
+
+@pytest.mark.parametrize(
+    ("frames", "error", "match"),
+    [
+        ([], MalformedMessage, "empty message"),
+        ([b"\xc1garbage"], MalformedMessage, "not valid msgpack"),
+        ([msgpack.packb([1, 2])], MalformedMessage, "must be a msgpack map"),
+        ([msgpack.packb(msgpack.ExtType(1, b"x"))], MalformedMessage, "ext types"),
+        (_raw(_header(v=[PROTOCOL_VERSION[0] + 1, 0])), VersionMismatch, "major version"),
+        (_raw(_header(v="1.0")), MalformedMessage, r"\[major, minor\]"),
+        (_raw(_header(id=-1)), MalformedMessage, "'id'"),
+        (_raw(_header(kind=3)), MalformedMessage, "'kind'"),
+        (_raw(_header(body=[])), MalformedMessage, "'body' must be a map"),
+        (
+            _raw(_header(arrays=[{"name": "a", "dtype": "object", "shape": [1], "data": b"x"}])),
+            InvalidDtype,
+            "not allowed",
+        ),
+        (
+            _raw(_header(arrays=[{"name": "a", "dtype": "int8", "shape": [3], "data": b"xx"}])),
+            InvalidShape,
+            "does not match",
+        ),
+        (
+            _raw(_header(arrays=[{"name": "a", "dtype": "int8", "shape": [-1], "data": b""}])),
+            InvalidShape,
+            "non-negative",
+        ),
+        (
+            _raw(_header(arrays=[{"name": "a", "dtype": "int8", "shape": [1], "frame": 1}])),
+            MalformedMessage,
+            "missing frame",
+        ),
+        (_raw(_header(), b"stray"), MalformedMessage, "exactly one array"),
+        (
+            _raw(_header(arrays=[{"name": "a", "dtype": "int8", "shape": [1], "data": b"x"}] * 2)),
+            MalformedMessage,
+            "unique",
+        ),
+    ],
+)
+def test_decode_refuses_bad_frames(frames: list[Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        decode(frames)
+
+
+def test_limits_are_enforced_before_unpacking() -> None:
+    frames = encode(Message("x", arrays={"a": np.zeros(1000)}), inline_threshold=0)
+    with pytest.raises(MessageTooLarge, match="message too large"):
+        decode(frames, limits=Limits(max_message_bytes=1000))
+    with pytest.raises(MessageTooLarge, match="too many frames"):
+        decode([frames[0]] * 3, limits=Limits(max_frames=2))
+    with pytest.raises(MalformedMessage, match="not valid msgpack"):
+        decode([msgpack.packb(_header(body={"s": "x" * 100}))], limits=Limits(max_str_len=50))
+
+
+def test_plain_safe_keeps_data_and_stringifies_the_rest() -> None:
+    out = plain_safe(
+        {"a": np.float32(1.5), 2: (1, None), "o": object(), "big": 2**70, "arr": np.ones(2)}
+    )
+    assert out["a"] == 1.5
+    assert out["2"] == [1, None]
+    assert out["big"] == str(2**70)
+    assert out["o"].startswith("<object object")
+    assert out["arr"]["__ndarray__"] is True
+    msgpack.packb(out)
+
+
+# --------------------------------------------------------------------------- session
+
+
+def test_hello_is_required_then_close_ends_the_session() -> None:
+    server, client = _session([Flaky()])
+    with pytest.raises(RemoteError, match=r"\[session_state\] send hello first"):
+        client.parse_reset(server.handle(client.request_reset(seed=0)))
+    client.parse_ping(server.handle(client.request_ping()))
+    info = client.parse_hello(server.handle(client.request_hello()))
+    assert server.state is SessionState.READY
+    assert info.num_envs == 1
+    assert info.capabilities == {"state", "params"}
+    assert info.observation_space == Flaky().observation_space
+    client.parse_close(server.handle(client.request_close()))
+    assert server.state is SessionState.CLOSED
+    with pytest.raises(RemoteError, match="session is closed"):
+        client.parse_ping(server.handle(client.request_ping()))
+
+
+def test_every_bad_request_gets_an_error_reply() -> None:
+    server, _ = _ready([Flaky(), Flaky()])
+    cases = [
+        (_raw(_header("fly")), "unknown_kind"),
+        ([b"\x00\x01"], "malformed"),
+        (_raw(_header(v=[9, 0])), "version_mismatch"),
+        (_raw(_header("step")), "invalid_field"),
+        (_raw(_header("reset", body={"seed": -1})), "invalid_field"),
+        (_raw(_header("reset", body={"seed": 1, "seeds": [1, 2]})), "invalid_field"),
+        (_raw(_header("reset", body={"seeds": [1]})), "invalid_field"),
+        (_raw(_header("reset", body={"options": 3})), "invalid_field"),
+    ]
+    for frames, code in cases:
+        reply = decode(server.handle(frames))
+        assert reply.kind == "error", frames
+        assert reply.body["code"] == code, (frames, reply.body)
+        assert reply.body["message"]
+
+
+def test_error_reply_echoes_the_request_id_and_names_expected_and_got() -> None:
+    server, _ = _ready([Flaky(), Flaky()])
+    ids = {"name": "env_ids", "dtype": "int64", "shape": [2], "data": np.array([0, 7]).tobytes()}
+    reply = decode(server.handle(_raw(_header("reset", id=42, arrays=[ids]))))
+    assert reply.id == 42
+    assert reply.body["code"] == "invalid_env_ids"
+    assert reply.body["expected"] == "ids in [0, 2)"
+    assert reply.body["got"] == "[0, 7]"
+    assert reply.body["request_kind"] == "reset"
+
+
+@pytest.mark.parametrize(
+    ("actions", "env_ids", "code", "match"),
+    [
+        (np.array([[np.nan], [0.0]], dtype=np.float32), None, "not_finite", "must be finite"),
+        (np.array([[0.0], [0.0]], dtype=np.int32), None, "invalid_dtype", "wrong dtype"),
+        (np.zeros((3, 1), dtype=np.float32), None, "invalid_shape", "wrong shape"),
+        (np.zeros((2, 1), dtype=np.float32), [1, 1], "invalid_env_ids", "unique"),
+        (np.zeros((1, 1), dtype=np.float32), [-1], "invalid_env_ids", "out of range"),
+    ],
+)
+def test_bad_actions_are_refused_before_any_env_moves(
+    actions: np.ndarray, env_ids: Any, code: str, match: str
+) -> None:
+    server, client = _ready([Flaky(), Flaky()])
+    client.parse_reset(server.handle(client.request_reset(seed=1)))
+    before = client.parse_get_state(server.handle(client.request_get_state()))
+    arrays: dict[str, np.ndarray] = {"actions": actions}
+    if env_ids is not None:
+        arrays["env_ids"] = np.asarray(env_ids, dtype=np.int64)
+    reply = decode(server.handle(encode(Message("step", 9, {}, arrays))))
+    assert reply.kind == "error"
+    assert reply.body["code"] == code
+    assert match in reply.body["message"]
+    after = client.parse_get_state(server.handle(client.request_get_state()))
+    assert simkit.snapshot.states_equal(before, after)
+
+
+def test_discrete_actions_out_of_range_are_invalid_actions() -> None:
+    server, client = _ready([simkit.make("simkit/CartPole-v0")])
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    with pytest.raises(RemoteError, match=r"\[invalid_action\]") as info:
+        client.parse_step(server.handle(client.request_step(np.array([2]))))
+    assert info.value.expected == "[0, 2)"
+
+
+def test_remote_equals_local_bit_for_bit_with_same_step_autoreset() -> None:
+    n, root = 3, 11
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(n)])
+    reset = client.parse_reset(server.handle(client.request_reset(seed=root)))
+    local = [simkit.make("simkit/CartPole-v0") for _ in range(n)]
+    episode = [0] * n
+    obs = np.stack([e.reset(seed=episode_seed(root, i, 0))[0] for i, e in enumerate(local)])
+    assert reset.obs.tobytes() == obs.tobytes()
+    assert reset.infos[0]["params"] == local[0].params
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(60):
+        actions = rng.integers(0, 2, size=n)
+        step, faults = client.parse_step(server.handle(client.request_step(actions)))
+        assert faults == []
+        for i, env in enumerate(local):
+            o, r, term, trunc, _ = env.step(int(actions[i]))
+            assert step.final_obs[i].tobytes() == o.tobytes()
+            assert (step.reward[i], step.terminated[i], step.truncated[i]) == (r, term, trunc)
+            if term or trunc:
+                ends += 1
+                episode[i] += 1
+                o, info = env.reset(seed=episode_seed(root, i, episode[i]))
+                assert step.infos[i]["reset_info"]["params"] == info["params"]
+            assert step.obs[i].tobytes() == o.tobytes()
+    assert ends > 0
+
+
+def test_subset_steps_and_state_round_trip() -> None:
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(3)])
+    client.parse_reset(server.handle(client.request_reset(seed=3)))
+    step, _ = client.parse_step(
+        server.handle(client.request_step(np.array([1, 0]), env_ids=[2, 0]))
+    )
+    assert step.env_ids.tolist() == [2, 0]
+    assert step.obs.shape == (2, 4)
+    saved = client.parse_get_state(server.handle(client.request_get_state([1])))
+    first, _ = client.parse_step(server.handle(client.request_step(np.array([1]), env_ids=[1])))
+    client.parse_set_state(server.handle(client.request_set_state(saved, [1])))
+    again, _ = client.parse_step(server.handle(client.request_step(np.array([1]), env_ids=[1])))
+    assert first.obs.tobytes() == again.obs.tobytes()
+    with pytest.raises(RemoteError, match=r"\[invalid_state\]"):
+        client.parse_set_state(server.handle(client.request_set_state([{"x": 1}], [1])))
+
+
+def test_per_env_seeds_and_params() -> None:
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(2)])
+    reset = client.parse_reset(
+        server.handle(client.request_reset(seeds=[5, 6], params=[{"gravity": 9.5}, {}]))
+    )
+    local = simkit.make("simkit/CartPole-v0")
+    obs, _info = local.reset(seed=episode_seed(6, 1, 0))
+    assert reset.obs[1].tobytes() == obs.tobytes()
+    assert reset.infos[0]["params"]["gravity"] == 9.5
+    with pytest.raises(RemoteError, match=r"\[invalid_parameter\].*unknown randomization"):
+        client.parse_reset(server.handle(client.request_reset(params=[{"wind": 1.0}, {}])))
+
+
+def test_an_env_that_raises_ends_only_its_own_episode() -> None:
+    server, client = _ready([Flaky(), Flaky()])
+    client.parse_reset(server.handle(client.request_reset(seed=2)))
+    step, faults = client.parse_step(
+        server.handle(client.request_step(np.array([[1.0], [0.1]], dtype=np.float32)))
+    )
+    assert [(f.env_id, f.code) for f in faults] == [(0, "env_error")]
+    assert "RuntimeError: boom" in faults[0].message
+    assert step.truncated.tolist() == [True, False]
+    assert step.infos[1] == {"x": pytest.approx(float(step.obs[1][0]))}
+    assert "reset_info" in step.infos[0]
+    assert step.infos[0]["reset_info"]["note"].startswith("<object")  # stringified
+    step, faults = client.parse_step(
+        server.handle(client.request_step(np.array([[0.1], [0.1]], dtype=np.float32)))
+    )
+    assert faults == []
+    assert step.obs[:, 1].tolist() == [1.0, 1.0]
+
+
+def test_plain_gymnasium_env_lacks_state_and_params() -> None:
+    factory = make_env_factory("gym:Pendulum-v1")
+    server, client = _ready([factory(), factory()])
+    assert client.info is not None
+    assert client.info.capabilities == frozenset()
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    step, _ = client.parse_step(server.handle(client.request_step(np.zeros((2, 1)))))
+    assert step.obs.shape == (2, 3)
+    with pytest.raises(RemoteError, match=r"\[unsupported\] this env lacks the 'state'"):
+        client.parse_get_state(server.handle(client.request_get_state()))
+    with pytest.raises(RemoteError, match=r"\[unsupported\]"):
+        client.parse_reset(server.handle(client.request_reset(params=[{"g": 1.0}, {}])))
+
+
+def test_dict_observations_travel_as_named_arrays() -> None:
+    space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,)), "mode": spaces.Discrete(3)})
+    info = ServerInfo("t", 2, space, spaces.Discrete(2))
+    client = ClientSession()
+    client.info = info
+    obs = {"pos": np.ones((2, 2), dtype=np.float32), "mode": np.array([0, 2])}
+    reply = Message(
+        "reset",
+        1,
+        {"infos": [{}, {}]},
+        {"obs/pos": obs["pos"], "obs/mode": obs["mode"], "env_ids": np.arange(2)},
+    )
+    client._pending[1] = "reset"
+    out = client.parse_reset(encode(reply))
+    assert out.obs["mode"].tolist() == [0, 2]
+    assert out.obs["pos"].shape == (2, 2)
+
+
+def test_client_refuses_mismatched_replies() -> None:
+    client = ClientSession()
+    client.request_ping()
+    with pytest.raises(MalformedMessage, match="reply to no pending request"):
+        client.parse_ping(encode(Message("ping", 99)))
+    with pytest.raises(MalformedMessage, match="reply of another kind"):
+        client.parse_ping(encode(Message("close", 1)))
