@@ -6,6 +6,8 @@ Importing this package only registers ids; each env module is imported on first 
 |---|---|---|
 | ``simkit/CartPole-v0`` | Env, Discrete | balance a pole on a cart |
 | ``simkit/BatchCartPole-v0`` | BatchEnv, Discrete | N cart-poles as numpy/torch arrays |
+| ``simkit/BatchCheetah-v0`` | BatchMujocoEnv, Box(6) | N planar runners, thread-pooled MuJoCo |
+| ``simkit/Cheetah-v0`` | MujocoEnv, Box(6) | planar MuJoCo runner, run forward |
 """
 
 from simkit.registry import EnvKind, register
@@ -23,4 +25,17 @@ register(
     "simkit.envs.batch_cartpole:BatchCartPole",
     kind=EnvKind.BATCH,
     description="N cart-poles stepped as arrays (bit-identical to N CartPole-v0)",
+)
+
+register(
+    "simkit/Cheetah-v0",
+    "simkit.envs.cheetah:Cheetah",
+    description="planar MuJoCo runner: run forward (continuous, randomized physics)",
+)
+
+register(
+    "simkit/BatchCheetah-v0",
+    "simkit.envs.batch_cheetah:BatchCheetah",
+    kind=EnvKind.BATCH,
+    description="N planar MuJoCo runners stepped as a batch (bit-identical to N Cheetah-v0)",
 )
