@@ -26,7 +26,11 @@ def _singles(make: Callable[[], Any], n: int, root: int) -> tuple[list[Any], lis
 
 
 def assert_batch_matches_singles(
-    batch: Any, make_single: Callable[[], Any], root: int, actions: np.ndarray
+    batch: Any,
+    make_single: Callable[[], Any],
+    root: int,
+    actions: np.ndarray,
+    compare_infos: bool = False,
 ) -> int:
     """Steps ``batch`` and N single envs side by side; returns the number of episode ends."""
     n = batch.num_envs
@@ -40,8 +44,10 @@ def assert_batch_matches_singles(
     for a in actions:
         res = batch.step_batch(a)
         for i, env in enumerate(singles):
-            o, r, te, tr, _ = env.step(a[i].item() if a.ndim == 1 else a[i])
+            o, r, te, tr, sinfo = env.step(a[i].item() if a.ndim == 1 else a[i])
             assert np.array_equal(o, res.final_obs[i])
+            if compare_infos:
+                assert {k: v for k, v in res.infos[i].items() if k != "reset_info"} == sinfo
             assert (r, te, tr) == (res.reward[i], res.terminated[i], res.truncated[i])
             if te or tr:
                 ends += 1
@@ -338,3 +344,20 @@ def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
     batch.close()
     with pytest.raises(ValueError, match="backend must be 'threads' or 'loop', got 'gpu'"):
         _BatchArm(2, backend="gpu")
+
+
+def test_batch_cheetah_equals_single_cheetahs_with_infos() -> None:
+    batch = simkit.make("simkit/BatchCheetah-v0", num_envs=3, max_episode_steps=6, step_infos=True)
+    actions = np.random.default_rng(2).uniform(-1.2, 1.2, size=(14, 3, 6)).astype(np.float32)
+    ends = assert_batch_matches_singles(
+        batch,
+        lambda: simkit.make("simkit/Cheetah-v0", max_episode_steps=6),
+        21,
+        actions,
+        compare_infos=True,
+    )
+    assert ends == 6
+    assert len({float(m.opt.gravity[2]) for m in batch.models}) == 3
+    fast = simkit.make("simkit/BatchCheetah-v0", num_envs=2, backend="loop")
+    fast.reset(seed=0)
+    assert fast.step_batch(actions[0][:2]).infos == [{}, {}]
