@@ -3,7 +3,7 @@
 The public API lives here; submodules with a leading underscore are implementation.
 """
 
-from simkit import errors, randomization, snapshot
+from simkit import errors, randomization, snapshot, vector
 from simkit._batch import BatchEnv
 from simkit._batch_mujoco import BatchMujocoEnv
 from simkit._env import Env
@@ -12,6 +12,7 @@ from simkit._multiagent import MultiAgentEnv
 from simkit._validation import ActionBounds, validate_action
 from simkit.randomization import Choice, Distribution, LogUniform, Normal, Uniform
 from simkit.registry import EnvKind, EnvSpec, env_ids, make, register, spec
+from simkit.vector import make_vec
 
 __version__ = "0.1.0"
 
@@ -39,10 +40,12 @@ __all__ = [
     "register",
     "spec",
     "env_ids",
+    "make_vec",
     # submodules
     "errors",
     "randomization",
     "snapshot",
+    "vector",
     "__version__",
 ]
 

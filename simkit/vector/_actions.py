@@ -1,0 +1,113 @@
+"""Validating a whole batch of actions once, naming the offending env indices."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from simkit._validation import ActionBounds, validate_action
+from simkit.errors import InvalidAction
+
+__all__ = ["check_batch", "split_rows"]
+
+
+def check_batch(
+    space: spaces.Space[Any],
+    actions: Any,
+    env_ids: np.ndarray,
+    bounds: ActionBounds,
+    what: str = "env",
+) -> list[Any]:
+    """Checks ``actions`` (one row per entry of ``env_ids``) and returns canonical rows.
+
+    ``Box`` and ``Discrete`` are checked with array operations; other spaces row by
+    row with :func:`simkit.validate_action`. Rows are independent copies, so the
+    caller may reuse its array at once.
+
+    Raises:
+        InvalidAction: wrong shape or dtype, NaN/inf, or out of range; the message
+            names the envs (``what`` and index) whose rows are bad.
+    """
+    n = len(env_ids)
+    if isinstance(space, spaces.Box):
+        arr = _as_array(actions, (n, *space.shape), what)
+        if arr.dtype.kind not in "iuf":
+            raise InvalidAction(
+                f"actions must be a numeric array of shape {(n, *space.shape)}, got dtype {arr.dtype}"
+            )
+        arr = arr.astype(space.dtype, copy=True)
+        finite = np.isfinite(arr).reshape(n, -1).all(axis=1)
+        if not finite.all():
+            bad = env_ids[~finite].tolist()
+            raise InvalidAction(f"actions must be finite (no NaN or inf); {what} {bad} are not")
+        if bounds is ActionBounds.CLIP:
+            np.clip(arr, space.low, space.high, out=arr)
+        else:
+            out = ((arr < space.low) | (arr > space.high)).reshape(n, -1).any(axis=1)
+            if out.any():
+                raise InvalidAction(
+                    f"actions must lie in [{space.low.tolist()}, {space.high.tolist()}]; "
+                    f"{what} {env_ids[out].tolist()} do not"
+                )
+        return list(arr)
+    if isinstance(space, spaces.Discrete):
+        arr = _as_array(actions, (n,), what)
+        if arr.dtype.kind not in "iu":
+            raise InvalidAction(
+                f"actions must be an integer array of shape ({n},), got dtype {arr.dtype}"
+            )
+        lo, hi = int(space.start), int(space.start + space.n)
+        bad = (arr < lo) | (arr >= hi)
+        if bad.any():
+            raise InvalidAction(
+                f"actions must be in [{lo}, {hi}); {what} {env_ids[bad].tolist()} got "
+                f"{arr[bad].tolist()}"
+            )
+        return [int(a) for a in arr]
+    rows = split_rows(space, actions, n)
+    return [
+        validate_action(space, row, bounds=bounds, name=f"action for {what} {int(i)}")
+        for i, row in zip(env_ids, rows, strict=True)
+    ]
+
+
+def split_rows(space: spaces.Space[Any], actions: Any, n: int) -> list[Any]:
+    """Splits a batch into ``n`` rows without checking them (the trusted fast path)."""
+    if isinstance(space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary):
+        arr = np.array(actions, copy=True)
+        if arr.shape[:1] != (n,):
+            raise InvalidAction(f"actions must hold {n} rows, got shape {arr.shape}")
+        return list(arr)
+    if isinstance(space, spaces.Dict):
+        if not isinstance(actions, dict):
+            raise InvalidAction(
+                f"actions must be a dict of batched arrays, got {type(actions).__name__}"
+            )
+        parts = {k: split_rows(sub, actions[k], n) for k, sub in space.spaces.items()}
+        return [{k: parts[k][i] for k in parts} for i in range(n)]
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(actions, Sequence) or len(actions) != len(space.spaces):
+            raise InvalidAction(
+                f"actions must be a tuple of {len(space.spaces)} batched arrays, got {type(actions).__name__}"
+            )
+        cols = [split_rows(sub, a, n) for sub, a in zip(space.spaces, actions, strict=True)]
+        return [tuple(col[i] for col in cols) for i in range(n)]
+    rows = list(actions)
+    if len(rows) != n:
+        raise InvalidAction(f"actions must hold {n} rows, got {len(rows)}")
+    return rows
+
+
+def _as_array(actions: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    try:
+        arr = np.asarray(actions)
+    except (TypeError, ValueError) as exc:
+        raise InvalidAction(f"actions must be an array of shape {shape}, got {actions!r}") from exc
+    if arr.shape != shape:
+        raise InvalidAction(
+            f"actions must have shape {shape} (one row per {what}), got shape {arr.shape}"
+        )
+    return arr

@@ -1,0 +1,394 @@
+"""simkit.vector: Gymnasium parity, seeding, async stepping, snapshots, multi-agent rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
+from hypothesis import given
+from hypothesis import strategies as st
+
+import simkit
+from simkit._seeding import episode_seed
+from simkit.errors import InvalidAction, InvalidState, ResetNeeded
+from simkit.snapshot import dumps, loads
+from simkit.vector import MultiAgentVectorEnv, VectorEnv
+
+CARTPOLE = "simkit/CartPole-v0"
+SHORT = {"max_episode_steps": 12}
+
+
+def _tree_equal(a: Any, b: Any, path: str = "") -> None:
+    """Asserts bit-exact equality of two result trees (dicts, sequences, arrays)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict), path
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for key in a:
+            _tree_equal(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, tuple | list):
+        assert type(a) is type(b), path
+        assert len(a) == len(b), path
+        for k, (x, y) in enumerate(zip(a, b, strict=True)):
+            _tree_equal(x, y, f"{path}[{k}]")
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray), path
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), (
+            f"{path}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        )
+        if a.dtype == object:
+            for k in range(len(a)):
+                _tree_equal(a[k], b[k], f"{path}[{k}]")
+        else:
+            assert a.tobytes() == b.tobytes(), f"{path}: {a} != {b}"
+    else:
+        assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+class _DerivedSeeds(gym.Wrapper[Any, Any, Any, Any]):
+    """Seeds every episode of env ``index`` with ``episode_seed(root, index, k)``."""
+
+    def __init__(self, env: gym.Env[Any, Any], root: int, index: int) -> None:
+        super().__init__(env)
+        self.root, self.index, self.k = root, index, -1
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        self.k += 1
+        return self.env.reset(seed=episode_seed(self.root, self.index, self.k), options=options)
+
+
+def _run_parity(
+    ours: Any, theirs: Any, n: int, steps: int, reset_ours: Any, reset_theirs: Any
+) -> int:
+    _tree_equal(reset_ours(), reset_theirs())
+    rng = np.random.default_rng(7)
+    ends = 0
+    for _ in range(steps):
+        actions = rng.integers(0, 2, n)
+        a, b = ours.step(actions), theirs.step(actions)
+        for x, y, name in zip(
+            a, b, ("obs", "reward", "terminated", "truncated", "info"), strict=True
+        ):
+            _tree_equal(x, y, name)
+        ends += int(np.sum(a[2] | a[3]))
+    return ends
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("num_threads", [1, 3])
+def test_parity_with_sync_vector_env_root_seed(mode: AutoresetMode, num_threads: int) -> None:
+    n, root = 5, 123
+    ours = VectorEnv(CARTPOLE, n, num_threads=num_threads, autoreset_mode=mode, env_kwargs=SHORT)
+    fns = [(lambda i=i: _DerivedSeeds(simkit.make(CARTPOLE, **SHORT), root, i)) for i in range(n)]
+    theirs = SyncVectorEnv(fns, autoreset_mode=mode)
+    assert ours.metadata["autoreset_mode"] is theirs.metadata["autoreset_mode"] is mode
+    assert ours.observation_space == theirs.observation_space
+    assert ours.action_space == theirs.action_space
+    ends = _run_parity(
+        ours, theirs, n, 40, lambda: ours.reset(seed=root), lambda: theirs.reset(seed=None)
+    )
+    assert ends >= n  # several autoresets (truncations at 12 steps) were compared
+    ours.close()
+    theirs.close()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_parity_with_sync_vector_env_list_seeds(mode: AutoresetMode) -> None:
+    n = 4
+    ours = VectorEnv(CARTPOLE, n, autoreset_mode=mode)
+    theirs = SyncVectorEnv([lambda: simkit.make(CARTPOLE) for _ in range(n)], autoreset_mode=mode)
+    ends = _run_parity(
+        ours,
+        theirs,
+        n,
+        60,
+        lambda: ours.reset(seed=[10, 11, 12, 13]),
+        lambda: theirs.reset(seed=10),
+    )
+    assert ends >= 1
+    assert ours.root_seeds == [None] * n
+
+
+def test_record_episode_statistics_reports_returns() -> None:
+    v = RecordEpisodeStatistics(VectorEnv(CARTPOLE, 3, env_kwargs=SHORT))
+    v.reset(seed=0)
+    returns = np.zeros(3)
+    seen = 0
+    for _ in range(30):
+        _, reward, term, trunc, info = v.step(np.ones(3, dtype=np.int64))
+        returns += reward
+        done = term | trunc
+        if done.any():
+            assert np.array_equal(info["_episode"], done)
+            np.testing.assert_allclose(info["episode"]["r"][done], returns[done])
+            seen += int(done.sum())
+            returns[done] = 0.0
+    assert seen >= 3
+
+
+def test_no_gymnasium_vector_checker_exists() -> None:
+    # docs/vector.md says Gymnasium 1.4 ships no vector-env checker; this pins it.
+    import gymnasium.utils.env_checker as checker
+
+    assert not [name for name in dir(checker) if "vec" in name.lower()]
+    assert gym.__version__.startswith("1.")
+
+
+def _policy(env_id: int, obs: np.ndarray) -> int:
+    return int((obs[2] + 0.01 * env_id) > 0)
+
+
+def _trajectories_sync(n: int, threads: int, root: int, steps: int) -> list[list[bytes]]:
+    v = VectorEnv(CARTPOLE, n, num_threads=threads, env_kwargs=SHORT)
+    obs, _ = v.reset(seed=root)
+    out: list[list[bytes]] = [[obs[i].tobytes()] for i in range(n)]
+    for _ in range(steps):
+        actions = np.array([_policy(i, obs[i]) for i in range(n)])
+        b = v.step_batch(actions)
+        for i in range(n):
+            out[i] += [b.final_obs[i].tobytes(), b.reward[i].tobytes(), b.obs[i].tobytes()]
+        obs = b.obs
+    v.close()
+    return out
+
+
+@given(
+    n=st.integers(2, 6),
+    threads=st.integers(2, 4),
+    batch=st.integers(1, 6),
+    root=st.integers(0, 2**63 - 1),
+)
+def test_same_root_seed_same_trajectories_any_schedule(
+    n: int, threads: int, batch: int, root: int
+) -> None:
+    steps = 16
+    reference = _trajectories_sync(n, 1, root, steps)
+    assert _trajectories_sync(n, threads, root, steps) == reference
+    for t in (1, threads):
+        v = VectorEnv(CARTPOLE, n, num_threads=t, batch_size=min(batch, n), env_kwargs=SHORT)
+        v.async_reset(seed=root)
+        got: list[list[bytes]] = [[] for _ in range(n)]
+        counts = np.zeros(n, dtype=np.int64)
+        while counts.min() <= steps:
+            b = v.recv()
+            ids = b.env_ids
+            for k, i in enumerate(ids):
+                if counts[i] == 0:
+                    got[i].append(b.obs[k].tobytes())
+                else:
+                    got[i] += [b.final_obs[k].tobytes(), b.reward[k].tobytes(), b.obs[k].tobytes()]
+                counts[i] += 1
+            v.send(np.array([_policy(int(i), b.obs[k]) for k, i in enumerate(ids)]), ids)
+        v.close()
+        for i in range(n):
+            assert got[i][: len(reference[i])] == reference[i]
+
+
+def test_final_obs_never_lost_matches_single_env_runs() -> None:
+    n, root, steps = 3, 99, 50
+    v = VectorEnv(CARTPOLE, n, num_threads=2, env_kwargs=SHORT)
+    v.reset(seed=root)
+    lengths: list[list[int]] = [[] for _ in range(n)]
+    finals: list[list[bytes]] = [[] for _ in range(n)]
+    current = np.zeros(n, dtype=np.int64)
+    for t in range(steps):
+        b = v.step_batch((np.arange(n) + t) % 2)
+        current += 1
+        for i in np.flatnonzero(b.done):
+            lengths[i].append(int(current[i]))
+            finals[i].append(b.final_obs[i].tobytes())
+            assert "reset_info" in b.infos[i]
+            assert not np.array_equal(b.obs[i], b.final_obs[i])
+            current[i] = 0
+    for i in range(n):
+        env = simkit.make(CARTPOLE, **SHORT)
+        t = 0
+        for ep, length in enumerate(lengths[i]):
+            env.reset(seed=episode_seed(root, i, ep))
+            for step in range(length):
+                obs, _, term, trunc, _ = env.step(int((i + t) % 2))
+                t += 1
+                assert (term or trunc) == (step == length - 1)
+            assert obs.tobytes() == finals[i][ep]
+        assert sum(lengths[i]) + int(current[i]) == steps
+
+
+def test_per_env_params_are_honoured() -> None:
+    gravities = [9.4, 9.8, 10.2]
+    v = VectorEnv(CARTPOLE, 3, params=[{"gravity": g} for g in gravities])
+    _, info = v.reset(seed=0)
+    assert info["params"]["gravity"].tolist() == gravities
+    assert [e.unwrapped.params["gravity"] for e in v.envs] == gravities
+    with pytest.raises(ValueError, match="list of 3 mappings, got 2"):
+        VectorEnv(CARTPOLE, 3, params=[{}, {}])
+
+
+def test_get_set_state_continues_bit_identically() -> None:
+    v = VectorEnv(CARTPOLE, 4, num_threads=2, env_kwargs=SHORT)
+    v.reset(seed=5)
+    for t in range(7):
+        v.step_batch(np.full(4, t % 2))
+    state = loads(dumps(v.get_state()))
+    other = VectorEnv(CARTPOLE, 4, env_kwargs=SHORT)
+    other.set_state(state)
+    for t in range(30):
+        a, b = v.step_batch(np.full(4, t % 3 % 2)), other.step_batch(np.full(4, t % 3 % 2))
+        _tree_equal(a.obs, b.obs)
+        _tree_equal(a.final_obs, b.final_obs)
+        _tree_equal(a.reward, b.reward)
+    assert np.array_equal(v.episode_index, other.episode_index)
+    with pytest.raises(InvalidState, match="holds 4 envs, this vector has 2"):
+        VectorEnv(CARTPOLE, 2).set_state(state)
+
+
+def test_bad_actions_name_the_env() -> None:
+    v = VectorEnv(CARTPOLE, 3)
+    v.reset(seed=0)
+    with pytest.raises(InvalidAction, match=r"env \[2\] got \[5\]"):
+        v.step(np.array([0, 1, 5]))
+    with pytest.raises(InvalidAction, match=r"shape \(3,\) \(one row per env\), got shape \(2,\)"):
+        v.step(np.array([0, 1]))
+    with pytest.raises(InvalidAction, match="integer array"):
+        v.step(np.array([0.0, 1.0, 0.0]))
+    box = VectorEnv([lambda: gym.make("Pendulum-v1") for _ in range(3)])
+    box.reset(seed=0)
+    with pytest.raises(InvalidAction, match=r"no NaN or inf\); env \[1\] are not"):
+        box.step(np.array([[0.0], [np.nan], [0.0]], dtype=np.float32))
+    box.close()
+
+
+def test_disabled_mode_and_reset_mask() -> None:
+    v = VectorEnv(
+        CARTPOLE, 2, autoreset_mode=AutoresetMode.DISABLED, env_kwargs={"max_episode_steps": 2}
+    )
+    v.reset(seed=1)
+    v.step(np.zeros(2, dtype=np.int64))
+    _, _, _, trunc, _ = v.step(np.zeros(2, dtype=np.int64))
+    assert trunc.all()
+    with pytest.raises(ResetNeeded, match="env 0 ended its episode"):
+        v.step(np.zeros(2, dtype=np.int64))
+    v.reset(options={"reset_mask": np.array([True, True])})
+    assert v.episode_index.tolist() == [1, 1]
+    v.step(np.zeros(2, dtype=np.int64))
+
+
+def test_async_misuse_is_explained() -> None:
+    v = VectorEnv(CARTPOLE, 3, num_threads=2, batch_size=2)
+    v.async_reset(seed=0)
+    v.recv()
+    with pytest.raises(ValueError, match=r"envs \[2\] are already in flight"):
+        v.send(np.zeros(1, dtype=np.int64), [2])
+    with pytest.raises(RuntimeError, match="recv\\(\\) needs 2 envs in flight, only 1"):
+        v.recv()
+    with pytest.raises(RuntimeError, match="in flight"):
+        v.step(np.zeros(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="batch_size must be <= num_envs=3"):
+        VectorEnv(CARTPOLE, 3, batch_size=4)
+    v.close()
+
+
+def test_step_async_wait_matches_step() -> None:
+    a = VectorEnv(
+        CARTPOLE, 4, num_threads=2, autoreset_mode=AutoresetMode.NEXT_STEP, env_kwargs=SHORT
+    )
+    b = VectorEnv(CARTPOLE, 4, autoreset_mode=AutoresetMode.NEXT_STEP, env_kwargs=SHORT)
+    _tree_equal(a.reset(seed=3), b.reset(seed=3))
+    for t in range(20):
+        actions = np.full(4, t % 2)
+        a.step_async(actions)
+        _tree_equal(a.step_wait(), b.step(actions))
+    a.close()
+
+
+def test_make_vec() -> None:
+    v = simkit.make_vec(CARTPOLE, 2, num_threads=2)
+    assert isinstance(v, gym.vector.VectorEnv)
+    assert v.num_envs == 2
+    assert v.observation_space.shape == (2, 4)
+    v.close()
+
+
+class _Tag(simkit.MultiAgentEnv[str, np.ndarray, int]):
+    """Two agents walking to +3; ``a`` is done when it gets there, ``b`` at a time limit."""
+
+    max_episode_steps = 8
+    state_attributes = ("pos",)
+
+    def __init__(self, hetero: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.possible_agents = ["a", "b"]
+        box = spaces.Box(-10, 10, (1,), np.float32)
+        self.observation_spaces = {"a": box, "b": box}
+        self.action_spaces = {"a": spaces.Discrete(2), "b": spaces.Discrete(3 if hetero else 2)}
+        self.pos = np.zeros(2)
+
+    def reset_episode(self, rng: np.random.Generator, params: Any, options: Any) -> Any:
+        self.pos = rng.integers(-2, 1, size=2).astype(np.float64)
+        return {a: self.pos[k : k + 1].astype(np.float32) for k, a in enumerate(self.agents)}, {}
+
+    def step_episode(self, actions: dict[str, int], rng: np.random.Generator) -> Any:
+        for agent, act in actions.items():
+            k = self.possible_agents.index(agent)
+            self.pos[k] += 1.0 if act == 1 else -1.0
+        obs = {
+            a: self.pos[self.possible_agents.index(a) : self.possible_agents.index(a) + 1].astype(
+                np.float32
+            )
+            for a in actions
+        }
+        terms = {a: a == "a" and self.pos[0] >= 3 for a in actions}
+        return obs, {a: float(self.pos[self.possible_agents.index(a)]) for a in actions}, terms, {}
+
+
+def test_multi_agent_rows_mask_and_autoreset() -> None:
+    v = MultiAgentVectorEnv([_Tag, _Tag, _Tag])
+    obs, mask, _ = v.reset(seed=4)
+    assert obs.shape == (6, 1)
+    assert mask.all()
+    ep = v._episode.copy()
+    saw_partial = saw_reset = False
+    snapshot = None
+    for t in range(20):
+        if t == 3:
+            snapshot = loads(dumps(v.get_state()))
+        b = v.step(np.ones(6, dtype=np.int64))
+        assert np.array_equal(b.acted, mask)
+        assert not b.done[~b.acted].any()
+        assert not b.reward[~b.acted].any()
+        partial = b.agent_mask.reshape(3, 2)
+        saw_partial |= bool((partial[:, 0] != partial[:, 1]).any())
+        for i in np.flatnonzero(b.env_reset):
+            saw_reset = True
+            assert b.agent_mask[2 * i : 2 * i + 2].all()
+            assert "reset_info" in b.infos[2 * i]
+            assert b.truncated[2 * i + 1]  # b's final step was the time limit
+        mask = b.agent_mask
+    assert saw_partial
+    assert saw_reset
+    assert (v._episode > ep).all()
+    w = MultiAgentVectorEnv([_Tag, _Tag, _Tag])
+    w.reset(seed=0)
+    assert snapshot is not None
+    w.set_state(snapshot)
+    v.set_state(snapshot)
+    for _ in range(12):
+        x, y = v.step(np.ones(6, dtype=np.int64)), w.step(np.ones(6, dtype=np.int64))
+        _tree_equal(x.obs, y.obs)
+        _tree_equal(x.final_obs, y.final_obs)
+        _tree_equal(x.agent_mask, y.agent_mask)
+
+
+def test_multi_agent_errors() -> None:
+    with pytest.raises(ValueError, match="homogeneous agents"):
+        MultiAgentVectorEnv([lambda: _Tag(hetero=True)])
+    v = MultiAgentVectorEnv([_Tag, _Tag])
+    v.reset(seed=0)
+    with pytest.raises(
+        InvalidAction, match=r"action for env 1 agent 'a' \(row 2\) must be in \[0, 2\)"
+    ):
+        v.step(np.array([0, 1, 7, 0]))
