@@ -137,10 +137,9 @@ class ContractCore:
     def set_env_state(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
         names = self._declared_state_attributes("set_env_state")
-        if set(state) != set(names):
-            raise InvalidState(
-                f"{type(self).__name__} state must hold {sorted(names)}, got {sorted(state)}"
-            )
+        if not isinstance(state, Mapping) or set(state) != set(names):
+            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise InvalidState(f"{type(self).__name__} state must hold {sorted(names)}, got {got}")
         for name in names:
             setattr(self, name, copy.deepcopy(state[name]))
 
@@ -198,16 +197,51 @@ class ContractCore:
         expected = _qualified_name(type(self))
         if state["env"] != expected:
             raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
-        self._np_random = rng_from_plain(state["rng"])
+        rng = rng_from_plain(state["rng"])
+        params, elapsed = state["params"], state["elapsed_steps"]
+        limit = state.get("max_episode_steps", self.max_episode_steps)
+        if not isinstance(params, Mapping):
+            raise InvalidState(f"state['params'] must be a dict, got {type(params).__name__}")
+        if not _is_int(elapsed) or elapsed < 0:
+            raise InvalidState(f"state['elapsed_steps'] must be an int >= 0, got {elapsed!r}")
+        if limit is not None and (not _is_int(limit) or limit <= 0):
+            raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
+        # Core fields are committed before set_env_state (simulators read the params
+        # there) and rolled back if the author's state is rejected.
+        saved = (
+            self._np_random,
+            self._np_random_seed,
+            self._params,
+            self._elapsed_steps,
+            self.max_episode_steps,
+            self._episode_active,
+            self._has_reset,
+        )
+        self._np_random = rng
         self._np_random_seed = -1  # as Gymnasium marks a generator set from outside
-        self._params = copy.deepcopy(dict(state["params"]))
-        self._elapsed_steps = int(state["elapsed_steps"])
-        if "max_episode_steps" in state:
-            self.max_episode_steps = state["max_episode_steps"]
+        self._params = copy.deepcopy(dict(params))
+        self._elapsed_steps = int(elapsed)
+        self.max_episode_steps = None if limit is None else int(limit)
         self._episode_active = bool(state["episode_active"])
         self._has_reset = True
-        self._restore_extra_state(state)
-        self.set_env_state(state["data"])
+        try:
+            self._restore_extra_state(state)
+            self.set_env_state(state["data"])
+        except Exception:
+            (
+                self._np_random,
+                self._np_random_seed,
+                self._params,
+                self._elapsed_steps,
+                self.max_episode_steps,
+                self._episode_active,
+                self._has_reset,
+            ) = saved
+            raise
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
 def _qualified_name(cls: type) -> str:

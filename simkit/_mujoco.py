@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,16 +136,27 @@ class MujocoEnv(Env[ObsType, ActType]):
 
     def set_env_state(self, state: Mapping[str, Any]) -> None:
         physics = state.get("physics") if isinstance(state, Mapping) else None
-        if not isinstance(physics, np.ndarray) or physics.shape != (self._state_size,):
-            got = getattr(physics, "shape", type(physics).__name__)
+        if (
+            not isinstance(physics, np.ndarray)
+            or physics.dtype != np.float64
+            or physics.shape != (self._state_size,)
+        ):
+            got = (
+                f"{physics.dtype} array of shape {physics.shape}"
+                if isinstance(physics, np.ndarray)
+                else type(physics).__name__
+            )
             raise InvalidState(
                 f"MuJoCo physics state must be a float64 array of shape ({self._state_size},), "
                 f"got {got}"
             )
+        extra = state.get("extra", {})
+        if not isinstance(extra, Mapping):
+            raise InvalidState(f"MuJoCo extra state must be a dict, got {type(extra).__name__}")
         self._restore_model()
-        mujoco.mj_setState(self.model, self.data, physics.astype(np.float64), PHYSICS_STATE)
+        mujoco.mj_setState(self.model, self.data, physics.copy(), PHYSICS_STATE)
         self.forward()
-        super().set_env_state(state.get("extra", {}))
+        super().set_env_state(extra)
 
     def render(self) -> np.ndarray | None:
         """An RGB image ``(height, width, 3)`` uint8 of the current state."""
@@ -171,7 +183,7 @@ class MujocoEnv(Env[ObsType, ActType]):
 
 def _load_model(model: str | Path | mujoco.MjModel) -> mujoco.MjModel:
     if isinstance(model, mujoco.MjModel):
-        return model
+        return copy.copy(model)  # randomization writes into it; never the caller's
     if isinstance(model, Path) or (isinstance(model, str) and not model.lstrip().startswith("<")):
         path = Path(model)
         if not path.is_file():

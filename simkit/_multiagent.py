@@ -84,10 +84,10 @@ class MultiAgentEnv(
     def step_episode(
         self, actions: dict[AgentID, ActType], rng: np.random.Generator
     ) -> tuple[
-        dict[AgentID, ObsType],
-        dict[AgentID, SupportsFloat],
-        dict[AgentID, bool],
-        dict[AgentID, dict[str, Any]],
+        Mapping[AgentID, ObsType],
+        Mapping[AgentID, SupportsFloat],
+        Mapping[AgentID, bool],
+        Mapping[AgentID, dict[str, Any]],
     ]:
         """Advances one step; returns ``(observations, rewards, terminations, infos)``."""
         raise NotImplementedError(f"{type(self).__name__} must implement step_episode()")
@@ -125,7 +125,7 @@ class MultiAgentEnv(
         self.agents = [a for a in observations if not (terms_out[a] or truncs_out[a])]
         if not self.agents:
             self._episode_active = False
-        return observations, rewards_out, terms_out, truncs_out, infos_out
+        return dict(observations), rewards_out, terms_out, truncs_out, infos_out
 
     def _validate_actions(self, actions: Any) -> dict[AgentID, ActType]:
         if not isinstance(actions, Mapping):

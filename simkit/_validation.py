@@ -35,8 +35,9 @@ def validate_action(
     """Checks ``action`` against ``space`` and returns it in canonical form.
 
     Canonical form: ``Box`` actions are arrays of the space's dtype and shape (clipped
-    under ``ActionBounds.CLIP``); ``Discrete`` actions are Python ints; ``MultiDiscrete``
-    and ``MultiBinary`` actions are int64 arrays; ``Dict``/``Tuple`` recurse.
+    under ``ActionBounds.CLIP``; an integer ``Box`` takes only integer actions);
+    ``Discrete`` actions are Python ints; ``MultiDiscrete`` actions are int64 arrays and
+    ``MultiBinary`` actions int8 arrays; ``Dict``/``Tuple`` recurse.
 
     Raises:
         InvalidAction: wrong type, shape or dtype kind, a NaN/inf, or out of range;
@@ -95,11 +96,19 @@ def _box(space: spaces.Box, action: Any, bounds: ActionBounds, name: str) -> np.
             f"{name} must be a numeric array of dtype {space.dtype} and shape {space.shape}, "
             f"got dtype {arr.dtype}"
         )
+    if arr.dtype.kind == "f" and np.dtype(space.dtype).kind in "iu":
+        raise InvalidAction(
+            f"{name} must be an integer array for a Box of dtype {space.dtype}, got dtype {arr.dtype}"
+        )
     if arr.shape != space.shape:
         raise InvalidAction(f"{name} must have shape {space.shape}, got shape {arr.shape}")
-    arr = arr.astype(space.dtype, copy=True)
-    if not np.all(np.isfinite(arr)):
-        raise InvalidAction(f"{name} must be finite (no NaN or inf), got {arr.tolist()}")
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported just below
+        cast = arr.astype(space.dtype, copy=True)
+    if not (np.all(np.isfinite(arr)) and np.all(np.isfinite(cast))):
+        raise InvalidAction(
+            f"{name} must be finite (no NaN or inf) in dtype {space.dtype}, got {arr.tolist()}"
+        )
+    arr = cast
     if bounds is ActionBounds.CLIP:
         return np.clip(arr, space.low, space.high).astype(space.dtype, copy=False)
     if np.any(arr < space.low) or np.any(arr > space.high):

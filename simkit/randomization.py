@@ -121,6 +121,8 @@ class _Interval(Distribution):
         return bool(np.all((arr >= lo) & (arr <= hi)))
 
     def covers(self, other: Distribution) -> bool:
+        if isinstance(other, Normal):
+            other = other._interval()
         if not isinstance(other, _Interval) or other.shape != self.shape:
             return False
         lo, hi = self._bounds()
@@ -137,7 +139,8 @@ class Uniform(_Interval):
 
     def sample(self, rng: np.random.Generator) -> Any:
         lo, hi = self._bounds()
-        return self._finish(rng.uniform(lo, hi, size=self.shape))
+        # Clipped: ``lo + (hi - lo) * u`` can round past ``hi`` in floating point.
+        return self._finish(np.clip(rng.uniform(lo, hi, size=self.shape), lo, hi))
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,8 @@ class LogUniform(_Interval):
 
     def sample(self, rng: np.random.Generator) -> Any:
         lo, hi = self._bounds()
-        return self._finish(np.exp(rng.uniform(np.log(lo), np.log(hi), size=self.shape)))
+        drawn = np.exp(rng.uniform(np.log(lo), np.log(hi), size=self.shape))
+        return self._finish(np.clip(drawn, lo, hi))  # exp(log(x)) may round past x
 
 
 @dataclass(frozen=True)
@@ -169,9 +173,13 @@ class Normal(Distribution):
         for name in ("mean", "std", "low", "high"):
             object.__setattr__(self, name, _as_bound(getattr(self, name), name))
         object.__setattr__(self, "shape", _shape_of(self.mean, self.std, self.low, self.high))
-        lo, hi = self._interval()._bounds()
         std = np.broadcast_to(np.asarray(self.std), self.shape)
         mean = np.broadcast_to(np.asarray(self.mean), self.shape)
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+            raise ValueError(f"Normal mean and std must be finite, got {self.mean}, {self.std}")
+        if np.any(np.asarray(self.low) > np.asarray(self.high)):
+            raise ValueError(f"Normal needs low <= high, got low={self.low}, high={self.high}")
+        lo, hi = self._interval()._bounds()
         if np.any(std < 0):
             raise ValueError(f"Normal needs std >= 0, got std={self.std}")
         if np.any(mean < lo) or np.any(mean > hi):

@@ -104,9 +104,9 @@ def register(
         raise ValueError(f"env id {id!r} is already registered; pass override=True to replace it")
     env_spec = EnvSpec(id, entry_point, kind, dict(kwargs or {}), description)
     _REGISTRY[id] = env_spec
+    if id in gymnasium.registry:
+        del gymnasium.registry[id]
     if kind is EnvKind.SINGLE:
-        if id in gymnasium.registry:
-            del gymnasium.registry[id]
         # simkit envs own their time limit, so Gymnasium must not add a TimeLimit.
         gymnasium.register(id=id, entry_point=entry_point, kwargs=dict(kwargs or {}))
     return env_spec

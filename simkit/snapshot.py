@@ -36,14 +36,17 @@ def to_plain(obj: Any, path: str = "state") -> Any:
             raise InvalidState(
                 f"{path}: only numeric/bool arrays can be snapshotted, got {obj.dtype}"
             )
-        arr = np.ascontiguousarray(obj)
         return {
             _ARRAY_KEY: True,
-            "dtype": arr.dtype.str,
-            "shape": list(arr.shape),
-            "data": arr.tobytes(),
+            "dtype": obj.dtype.str,
+            "shape": list(obj.shape),
+            "data": obj.tobytes(order="C"),
         }
     if isinstance(obj, np.generic):
+        if obj.dtype.kind not in "biuf":
+            raise InvalidState(
+                f"{path}: only numeric/bool scalars can be snapshotted, got {obj.dtype}"
+            )
         return obj.item()
     if isinstance(obj, Mapping):
         out = {}
@@ -64,8 +67,12 @@ def to_plain(obj: Any, path: str = "state") -> Any:
     )
 
 
-def from_plain(obj: Any) -> Any:
-    """Inverse of :func:`to_plain`: tagged maps become numpy arrays again."""
+def from_plain(obj: Any, path: str = "state") -> Any:
+    """Inverse of :func:`to_plain`: tagged maps become numpy arrays again.
+
+    Raises:
+        InvalidState: the tree holds anything but plain msgpack types (e.g. an ext type).
+    """
     if isinstance(obj, dict):
         if obj.get(_ARRAY_KEY) is True:
             try:
@@ -76,10 +83,15 @@ def from_plain(obj: Any) -> Any:
                 return np.frombuffer(obj["data"], dtype=dtype).reshape(shape).copy()
             except (KeyError, TypeError, ValueError) as exc:
                 raise InvalidState(f"malformed array in snapshot: {exc}") from exc
-        return {k: from_plain(v) for k, v in obj.items()}
+        for key in obj:
+            if not isinstance(key, str):
+                raise InvalidState(f"{path}: snapshot keys must be str, got {type(key).__name__}")
+        return {k: from_plain(v, f"{path}.{k}") for k, v in obj.items()}
     if isinstance(obj, list):
-        return [from_plain(v) for v in obj]
-    return obj
+        return [from_plain(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, bool | int | float | str | bytes):
+        return obj
+    raise InvalidState(f"{path}: snapshots hold only plain msgpack types, got {type(obj).__name__}")
 
 
 def dumps(state: Any) -> bytes:
@@ -89,11 +101,17 @@ def dumps(state: Any) -> bytes:
 
 def loads(data: bytes) -> Any:
     """Decodes bytes from :func:`dumps` back into a snapshot."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidState(f"snapshot data must be bytes from dumps(), got {type(data).__name__}")
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_reject_ext)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise InvalidState(f"snapshot bytes are not valid msgpack: {exc}") from exc
     return from_plain(obj)
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise InvalidState(f"snapshots never hold msgpack ext types, got ext type {code}")
 
 
 def states_equal(a: Any, b: Any) -> bool:
@@ -119,8 +137,11 @@ def rng_to_plain(rng: np.random.Generator) -> dict[str, Any]:
 def rng_from_plain(state: Mapping[str, Any]) -> np.random.Generator:
     """A new generator restored from :func:`rng_to_plain` output."""
     try:
-        restored = _hex_to_ints(state)
-        bit_gen_cls = getattr(np.random, restored["bit_generator"])
+        restored = _hex_to_ints(dict(state))
+        name = restored["bit_generator"]
+        bit_gen_cls = getattr(np.random, name, None) if isinstance(name, str) else None
+        if not (isinstance(bit_gen_cls, type) and issubclass(bit_gen_cls, np.random.BitGenerator)):
+            raise ValueError(f"bit_generator must name a numpy BitGenerator, got {name!r}")
         bit_gen = bit_gen_cls()
         bit_gen.state = restored
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

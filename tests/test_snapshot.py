@@ -1,0 +1,178 @@
+"""Snapshots are plain msgpack data: exact round trips, no ext types, clear errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from simkit import snapshot
+from simkit.errors import InvalidState
+
+DTYPES = ["bool", "int8", "uint8", "int16", "int32", "uint32", "int64", "uint64"]
+DTYPES += ["float16", "float32", "float64", "complex64", "complex128", ">f8", "<i4"]
+
+arrays = st.sampled_from(DTYPES).flatmap(
+    lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=3, min_side=0))
+)
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | arrays
+)
+trees = st.recursive(
+    leaves,
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise AssertionError(f"ext type {code} in snapshot bytes")
+
+
+@given(tree=trees)
+def test_round_trip_is_exact_and_uses_no_ext_types(tree: Any) -> None:
+    data = snapshot.dumps(tree)
+    msgpack.unpackb(data, raw=False, ext_hook=_no_ext, timestamp=0)
+    back = snapshot.loads(data)
+    assert snapshot.states_equal(back, tree)
+    assert snapshot.states_equal(snapshot.loads(snapshot.dumps(back)), back)
+
+
+def test_arrays_keep_dtype_shape_and_order() -> None:
+    tree = {"a": np.arange(6, dtype=">i2").reshape(2, 3).T, "b": np.zeros((0, 4), np.float32)}
+    back = snapshot.loads(snapshot.dumps(tree))
+    assert back["a"].dtype == np.dtype(">i2")
+    assert back["a"].shape == (3, 2)
+    np.testing.assert_array_equal(back["a"], tree["a"])
+    assert back["b"].shape == (0, 4)
+    assert back["a"].flags.writeable
+
+
+def test_numpy_scalars_become_python_numbers() -> None:
+    back = snapshot.loads(
+        snapshot.dumps({"x": np.float32(0.5), "n": np.int64(-3), "b": np.bool_(True)})
+    )
+    assert back == {"x": 0.5, "n": -3, "b": True}
+    assert type(back["n"]) is int
+
+
+def test_states_equal_is_bitwise() -> None:
+    assert snapshot.states_equal(float("nan"), float("nan"))
+    assert not snapshot.states_equal(0.0, -0.0)
+    assert not snapshot.states_equal(np.zeros(2, np.float32), np.zeros(2, np.float64))
+    assert not snapshot.states_equal(np.zeros(2), [0.0, 0.0])
+    assert not snapshot.states_equal({"a": 1}, {"a": 1, "b": 2})
+    assert not snapshot.states_equal(1, True)
+    assert snapshot.states_equal((1, 2), [1, 2])
+
+
+@pytest.mark.parametrize("bit_generator", ["PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"])
+def test_rng_round_trip_continues_identically(bit_generator: str) -> None:
+    rng = np.random.Generator(getattr(np.random, bit_generator)(42))
+    rng.normal(size=3)
+    plain = snapshot.rng_to_plain(rng)
+    copy = snapshot.rng_from_plain(snapshot.loads(snapshot.dumps(plain)))
+    np.testing.assert_array_equal(rng.random(16), copy.random(16))
+    assert rng.integers(0, 2**62) == copy.integers(0, 2**62)
+
+
+def test_rng_plain_state_carries_128_bit_ints_as_hex() -> None:
+    rng = np.random.default_rng(2**127 + 5)
+    plain = snapshot.rng_to_plain(rng)
+    assert isinstance(plain["state"]["state"], dict)
+    assert set(plain["state"]["state"]) == {"__int__"}
+    assert int(plain["state"]["state"]["__int__"], 16) == rng.bit_generator.state["state"]["state"]
+    assert (
+        int(plain["state"]["state"]["__int__"], 16) >= 2**64
+        or rng.bit_generator.state["state"]["inc"] >= 2**64
+    )
+    snapshot.dumps(plain)
+
+
+def test_ints_beyond_64_bits_are_rejected() -> None:
+    with pytest.raises(
+        InvalidState,
+        match=r"state.big: integer 340282366920938463463374607431768211455 does not fit 64 bits",
+    ):
+        snapshot.dumps({"big": 2**128 - 1})
+    with pytest.raises(InvalidState, match=r"does not fit 64 bits"):
+        snapshot.dumps([-(2**63) - 1])
+    assert snapshot.loads(snapshot.dumps(2**64 - 1)) == 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    ("tree", "match"),
+    [
+        ({1: 2}, r"state: snapshot keys must be str, got int"),
+        (
+            {"a": {1.5}},
+            r"state.a: snapshots hold dicts, lists, numbers, str, bytes and arrays, got set",
+        ),
+        ({"a": [object()]}, r"state.a\[0\]: .* got object"),
+        ({"a": np.array(["x"])}, r"state.a: only numeric/bool arrays can be snapshotted, got <U1"),
+        ({"a": np.array([None], dtype=object)}, r"got object"),
+        ({"t": np.datetime64("2020-01-01")}, r"state.t: only numeric/bool scalars"),
+    ],
+)
+def test_unsupported_values_rejected(tree: Any, match: str) -> None:
+    with pytest.raises(InvalidState, match=match):
+        snapshot.dumps(tree)
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"\xc1", r"snapshot bytes are not valid msgpack"),
+        (msgpack.packb({"a": 1}) + b"\x00", r"not valid msgpack"),
+        (msgpack.packb(msgpack.ExtType(5, b"x")), r"never hold msgpack ext types, got ext type 5"),
+        (
+            msgpack.packb({"t": msgpack.Timestamp(1)}),
+            r"state.t: snapshots hold only plain msgpack types, got Timestamp",
+        ),
+        (msgpack.packb({1: 2}, use_bin_type=True), r"not valid msgpack"),
+        (
+            msgpack.packb({"__ndarray__": True, "dtype": "<f8", "shape": [3], "data": b"\x00" * 8}),
+            r"malformed array in snapshot",
+        ),
+        (
+            msgpack.packb({"__ndarray__": True, "dtype": "|O", "shape": [1], "data": b"\x00" * 8}),
+            r"malformed array in snapshot: dtype object is not numeric",
+        ),
+        (msgpack.packb({"__ndarray__": True, "dtype": "<f8"}), r"malformed array in snapshot"),
+        ("not bytes", r"snapshot data must be bytes from dumps\(\), got str"),
+    ],
+)
+def test_malformed_bytes_raise_invalid_state(data: Any, match: str) -> None:
+    with pytest.raises(InvalidState, match=match):
+        snapshot.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("plain", "match"),
+    [
+        (
+            {"bit_generator": "seed", "state": {}},
+            r"bit_generator must name a numpy BitGenerator, got 'seed'",
+        ),
+        ({"bit_generator": "NoSuch"}, r"got 'NoSuch'"),
+        ({"state": {}}, r"malformed rng state in snapshot: KeyError"),
+        ({"bit_generator": "PCG64", "state": "x"}, r"malformed rng state"),
+        (5, r"malformed rng state"),
+    ],
+)
+def test_malformed_rng_state(plain: Any, match: str) -> None:
+    with pytest.raises(InvalidState, match=match):
+        snapshot.rng_from_plain(plain)
