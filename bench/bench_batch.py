@@ -30,14 +30,21 @@ CHEETAH_XML = Path(simkit.envs.__file__).parent / "assets" / "cheetah.xml"
 NCPU = os.cpu_count() or 1
 
 
-def median_rate(run: Callable[[], int], repeats: int) -> float:
-    """Median of ``repeats`` timings of ``run`` (which returns the env steps it took)."""
-    rates = []
+Runner = Callable[[], int]
+"""One timed chunk of work; returns the env steps it took."""
+
+
+def compare(runs: dict[str, Runner | None], repeats: int) -> dict[str, float | None]:
+    """Median env steps/s of each runner, timed round-robin so load hits all alike."""
+    rates: dict[str, list[float]] = {name: [] for name, run in runs.items() if run is not None}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        steps = run()
-        rates.append(steps / (time.perf_counter() - t0))
-    return statistics.median(rates)
+        for name in rates:
+            run = runs[name]
+            assert run is not None
+            t0 = time.perf_counter()
+            steps = run()
+            rates[name].append(steps / (time.perf_counter() - t0))
+    return {name: statistics.median(rates[name]) if name in rates else None for name in runs}
 
 
 def fmt(rate: float | None) -> str:
@@ -51,71 +58,74 @@ def ratio(a: float | None, b: float | None) -> str:
 # ----------------------------------------------------------------------------- raw limit
 
 
-def raw_mujoco_limit(n: int, frame_skip: int, horizon: int, repeats: int) -> float:
-    """Env steps/s of ``mujoco.rollout`` on all cores: one call, no Python per step."""
+def _cheetah_start(n: int) -> tuple[mujoco.MjModel, np.ndarray]:
     model = mujoco.MjModel.from_xml_path(str(CHEETAH_XML))
     spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
     state0 = np.zeros((n, mujoco.mj_stateSize(model, spec)))
-    d = mujoco.MjData(model)
-    mujoco.mj_getState(model, d, state0[0], spec)
+    mujoco.mj_getState(model, mujoco.MjData(model), state0[0], spec)
     state0[:] = state0[0]
+    return model, state0
+
+
+def raw_mujoco_limit(n: int, frame_skip: int, horizon: int, closers: list[Any]) -> Runner:
+    """``mujoco.rollout`` on all cores over a long horizon: one call, no Python per step."""
+    model, state0 = _cheetah_start(n)
     ctrl = np.random.default_rng(0).uniform(-1, 1, (n, horizon * frame_skip, model.nu))
-    with rollout.Rollout(nthread=NCPU) as pool:
-        datas = [mujoco.MjData(model) for _ in range(NCPU)]
-        out_state = np.empty((n, horizon * frame_skip, state0.shape[1]))
+    pool = rollout.Rollout(nthread=NCPU)
+    closers.append(pool)
+    datas = [mujoco.MjData(model) for _ in range(NCPU)]
+    out_state = np.empty((n, horizon * frame_skip, state0.shape[1]))
 
-        def run() -> int:
-            pool.rollout(model, datas, state0, ctrl, state=out_state)
-            return n * horizon
+    def run() -> int:
+        pool.rollout(model, datas, state0, ctrl, state=out_state)
+        return n * horizon
 
-        return median_rate(run, repeats)
+    return run
 
 
-def rollout_stepwise(n: int, frame_skip: int, steps: int, repeats: int) -> float:
-    """``mujoco.rollout`` called once per env step (nstep=frame_skip), the alternative design."""
-    model = mujoco.MjModel.from_xml_path(str(CHEETAH_XML))
-    spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
-    state = np.zeros((n, mujoco.mj_stateSize(model, spec)))
-    d = mujoco.MjData(model)
-    mujoco.mj_getState(model, d, state[0], spec)
-    state[:] = state[0]
+def rollout_stepwise(n: int, frame_skip: int, steps: int, closers: list[Any]) -> Runner:
+    """``mujoco.rollout`` called once per env step (nstep=frame_skip): the alternative design."""
+    model, state0 = _cheetah_start(n)
     ctrl = np.random.default_rng(0).uniform(-1, 1, (steps, n, 1, model.nu))
     warm = np.zeros((n, model.nv))
-    with rollout.Rollout(nthread=NCPU) as pool:
-        datas = [mujoco.MjData(model) for _ in range(NCPU)]
-        out = np.empty((n, frame_skip, state.shape[1]))
+    pool = rollout.Rollout(nthread=NCPU)
+    closers.append(pool)
+    datas = [mujoco.MjData(model) for _ in range(NCPU)]
+    out = np.empty((n, frame_skip, state0.shape[1]))
 
-        def run() -> int:
-            s = state
-            for k in range(steps):
-                pool.rollout(
-                    model, datas, s, ctrl[k], nstep=frame_skip, initial_warmstart=warm, state=out
-                )
-                s = out[:, -1].copy()
-            return n * steps
+    def run() -> int:
+        s = state0
+        for k in range(steps):
+            pool.rollout(
+                model, datas, s, ctrl[k], nstep=frame_skip, initial_warmstart=warm, state=out
+            )
+            s = out[:, -1].copy()
+        return n * steps
 
-        return median_rate(run, repeats)
+    return run
 
 
 # ------------------------------------------------------------------------------ simkit
 
 
-def batch_env_rate(env: Any, actions: np.ndarray, repeats: int) -> float:
+def batch_runner(env: Any, actions: np.ndarray, trusted: bool = False) -> Runner:
+    """``step_batch`` over pre-drawn actions; ``trusted`` skips action validation."""
     env.reset(seed=0)
+    env.validate_actions = not trusted
 
     def run() -> int:
         for a in actions:
             env.step_batch(a)
         return actions.shape[0] * actions.shape[1]
 
-    return median_rate(run, repeats)
+    return run
 
 
 def cheetah_actions(n: int, steps: int) -> np.ndarray:
     return np.random.default_rng(1).uniform(-1, 1, (steps, n, 6)).astype(np.float32)
 
 
-def gym_vector_rate(mode: str, n: int, steps: int, repeats: int) -> float:
+def gym_vector_runner(mode: str, n: int, steps: int, closers: list[Any]) -> Runner:
     import gymnasium as gym
 
     def make() -> Any:
@@ -123,6 +133,7 @@ def gym_vector_rate(mode: str, n: int, steps: int, repeats: int) -> float:
 
     cls = gym.vector.SyncVectorEnv if mode == "sync" else gym.vector.AsyncVectorEnv
     env = cls([make] * n)
+    closers.append(env)
     env.reset(seed=0)
     actions = cheetah_actions(n, steps)
 
@@ -131,50 +142,45 @@ def gym_vector_rate(mode: str, n: int, steps: int, repeats: int) -> float:
             env.step(a)
         return n * steps
 
-    try:
-        return median_rate(run, repeats)
-    finally:
-        env.close()
+    return run
 
 
-# ----------------------------------------------------------------------------- envpool
-
-
-def envpool_rate(task: str, n: int, mode: str, steps: int, repeats: int, policy: str) -> float:
-    """EnvPool, sync (batch_size = N) or async (batch_size = N/2, send/recv double buffering)."""
+def envpool_runner(
+    task: str, n: int, mode: str, steps: int, policy: str, closers: list[Any]
+) -> Runner:
+    """EnvPool sync (batch_size = N) or async (batch_size = N/2: recv/send double buffering)."""
     import envpool
 
     batch = n if mode == "sync" else max(1, n // 2)
     env = envpool.make_gymnasium(task, num_envs=n, batch_size=batch, seed=0, num_threads=NCPU)
-    space = env.action_space
+    closers.append(env)
     rng = np.random.default_rng(1)
     if task.startswith("CartPole"):
         actions = rng.integers(0, 2, (steps, batch)).astype(np.int32)
     else:
-        actions = rng.uniform(-1, 1, (steps, batch, *space.shape)).astype(np.float32)
-    obs, info = env.reset()
+        actions = rng.uniform(-1, 1, (steps, batch, *env.action_space.shape)).astype(np.float32)
+    obs: Any = None
+    info: Any = None
+    if mode == "sync":
+        obs, info = env.reset()
+    else:
+        env.async_reset()  # once: later repeats keep the recv/send pipeline full
 
     def run() -> int:
         nonlocal obs, info
-        if mode == "sync":
-            for a in actions:
+        for a in actions:
+            if mode == "sync":
                 if policy == "balance":
                     a = cartpole_balance(obs)
                 obs = env.step(a)[0]
-        else:
-            env.async_reset()
-            for a in actions:
+            else:
                 obs, _, _, _, info = env.recv()
                 if policy == "balance":
                     a = cartpole_balance(obs)
                 env.send(a, info["env_id"])
-            env.recv()
         return steps * batch
 
-    try:
-        return median_rate(run, repeats)
-    finally:
-        env.close()
+    return run
 
 
 def cartpole_balance(obs: Any) -> np.ndarray:
@@ -183,11 +189,21 @@ def cartpole_balance(obs: Any) -> np.ndarray:
     return (o[:, 2] + 0.5 * o[:, 3] > 0).astype(np.int32)
 
 
-def try_rate(fn: Callable[[], float]) -> tuple[float | None, str]:
+def try_runner(make: Callable[[], Runner], notes: list[str]) -> Runner | None:
+    """Builds an optional runner; a missing/broken dependency becomes a note, not a crash."""
     try:
-        return fn(), ""
-    except Exception as exc:  # a missing/broken optional dependency is a reported row
-        return None, f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+        return make()
+    except Exception as exc:
+        note = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        if note not in notes:
+            notes.append(note)
+        return None
+
+
+def close_all(closers: list[Any]) -> None:
+    for c in closers:
+        c.close()
+    closers.clear()
 
 
 # -------------------------------------------------------------------------------- main
@@ -199,161 +215,189 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     repeats = 2 if args.quick else args.repeats
-    steps = 50 if args.quick else 300
+    steps = 40 if args.quick else 200
     notes: list[str] = []
-
+    closers: list[Any] = []
     from simkit.envs.cheetah import CHEETAH_FRAME_SKIP as frame_skip
 
     print(f"# bench_batch ({NCPU} CPUs, mujoco {mujoco.__version__}, repeats={repeats})\n")
-
-    # ---- cheetah vs raw limit and EnvPool
-    raw = {
-        n: raw_mujoco_limit(n, frame_skip, 200 if args.quick else 1000, repeats)
-        for n in (16, 64, 256)
-    }
     print("## Cheetah: BatchMujocoEnv vs the raw MuJoCo limit and EnvPool\n")
     print(
-        "Env steps/s (frame_skip=5). raw = `mujoco.rollout` on all cores over a long horizon "
-        "(no Python per step); BatchCheetah = `simkit/BatchCheetah-v0` `step_batch` (threads "
-        "backend, actions validated); EnvPool HalfCheetah-v5 is the same-cost classic model.\n"
+        "Env steps/s (frame_skip=5), medians of round-robin repeats. raw = `mujoco.rollout` "
+        "on all cores over a long horizon (no Python per step); rollout/step = `mujoco.rollout` "
+        "called once per env step; BatchCheetah = `simkit/BatchCheetah-v0` `step_batch` "
+        "(threads backend, actions validated); loop = its one-thread backend; EnvPool "
+        "HalfCheetah-v5 is the classic model our cheetah.xml is sized like.\n"
     )
     print(
-        "| N | raw limit | rollout per step | BatchCheetah | loop backend | EnvPool sync | "
+        "| N | raw limit | rollout/step | BatchCheetah | loop | EnvPool sync | "
         "EnvPool async | Batch/raw | Batch/EnvPool best |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    raw64: float | None = None
     for n in (16, 64, 256):
-        n_steps = max(20, steps * 64 // n)
-        acts = cheetah_actions(n, n_steps)
-        stepwise = rollout_stepwise(n, frame_skip, n_steps, repeats)
-        batch = batch_env_rate(simkit.make("simkit/BatchCheetah-v0", num_envs=n), acts, repeats)
-        loop = batch_env_rate(
-            simkit.make("simkit/BatchCheetah-v0", num_envs=n, backend="loop"), acts, repeats
+        k = max(10, steps * 64 // n)
+        acts = cheetah_actions(n, k)
+        horizon = max(20, k * 2)
+        r = compare(
+            {
+                "raw": raw_mujoco_limit(n, frame_skip, horizon, closers),
+                "stepwise": rollout_stepwise(n, frame_skip, k, closers),
+                "batch": batch_runner(simkit.make("simkit/BatchCheetah-v0", num_envs=n), acts),
+                "loop": batch_runner(
+                    simkit.make("simkit/BatchCheetah-v0", num_envs=n, backend="loop"), acts
+                ),
+                "ep_sync": try_runner(
+                    lambda n=n, k=k: envpool_runner(  # type: ignore[misc]
+                        "HalfCheetah-v5", n, "sync", k, "random", closers
+                    ),
+                    notes,
+                ),
+                "ep_async": try_runner(
+                    lambda n=n, k=k: envpool_runner(  # type: ignore[misc]
+                        "HalfCheetah-v5", n, "async", k, "random", closers
+                    ),
+                    notes,
+                ),
+            },
+            repeats,
         )
-        ep_sync, err = try_rate(
-            lambda n=n, k=n_steps: envpool_rate("HalfCheetah-v5", n, "sync", k, repeats, "random")
-        )
-        ep_async, err2 = try_rate(
-            lambda n=n, k=n_steps: envpool_rate("HalfCheetah-v5", n, "async", k, repeats, "random")
-        )
-        for e in (err, err2):
-            if e and e not in notes:
-                notes.append(e)
-        best = max((r for r in (ep_sync, ep_async) if r is not None), default=None)
+        close_all(closers)
+        if n == 64:
+            raw64 = r["raw"]
+        best = max((x for x in (r["ep_sync"], r["ep_async"]) if x is not None), default=None)
         print(
-            f"| {n} | {fmt(raw[n])} | {fmt(stepwise)} | {fmt(batch)} | {fmt(loop)} | "
-            f"{fmt(ep_sync)} | {fmt(ep_async)} | {ratio(batch, raw[n])} | {ratio(batch, best)} |"
+            f"| {n} | {fmt(r['raw'])} | {fmt(r['stepwise'])} | {fmt(r['batch'])} | "
+            f"{fmt(r['loop'])} | {fmt(r['ep_sync'])} | {fmt(r['ep_async'])} | "
+            f"{ratio(r['batch'], r['raw'])} | {ratio(r['batch'], best)} |"
         )
 
-    # ---- gymnasium vector envs of the single-instance cheetah
     print("\n## Cheetah: Gymnasium vector envs of `simkit/Cheetah-v0` (reference)\n")
-    print("| N | SyncVectorEnv | AsyncVectorEnv (processes) |")
-    print("|---|---|---|")
+    print("| N | SyncVectorEnv | AsyncVectorEnv (processes) | BatchCheetah |")
+    print("|---|---|---|---|")
     for n in (16, 64):
-        k = max(20, steps * 16 // n)
-        sync = gym_vector_rate("sync", n, k, repeats)
-        asyn = gym_vector_rate("async", n, k, repeats) if n <= 16 else None
-        print(f"| {n} | {fmt(sync)} | {fmt(asyn)} |")
+        k = max(10, steps * 16 // n)
+        r = compare(
+            {
+                "sync": gym_vector_runner("sync", n, k, closers),
+                "async": gym_vector_runner("async", n, k, closers) if n <= 16 else None,
+                "batch": batch_runner(
+                    simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k)
+                ),
+            },
+            repeats,
+        )
+        close_all(closers)
+        print(f"| {n} | {fmt(r['sync'])} | {fmt(r['async'])} | {fmt(r['batch'])} |")
 
-    # ---- cartpole
     print("\n## CartPole: `simkit/BatchCartPole-v0` vs EnvPool CartPole-v1, N=256\n")
     print(
         "random = uniform random actions (episodes ~20 steps, so ~12 resets per batch step); "
-        "balance = a fixed balancing policy computed from the observations in the loop "
+        "balance = a fixed balancing policy computed from the observations inside the loop "
         "(long episodes), the same for both.\n"
     )
     print("| policy | BatchCartPole | EnvPool sync | EnvPool async | Batch/EnvPool best |")
     print("|---|---|---|---|---|")
     n = 256
-    cp_steps = 400 if args.quick else 3000
+    cp_steps = 300 if args.quick else 2000
     for policy in ("random", "balance"):
         env = simkit.make("simkit/BatchCartPole-v0", num_envs=n)
         rand = np.random.default_rng(1).integers(0, 2, (cp_steps, n))
-        env.reset(seed=0)
+        _obs0, _ = env.reset(seed=0)
 
         def run_cp(env: Any = env, rand: np.ndarray = rand, policy: str = policy) -> int:
-            obs = env._obs
-            for a in rand:
+            obs = env.step_batch(rand[0]).obs
+            for a in rand[1:]:
                 obs = env.step_batch(a if policy == "random" else cartpole_balance(obs)).obs
             return cp_steps * n
 
-        mine = median_rate(run_cp, repeats)
-        eps, e1 = try_rate(
-            lambda p=policy: envpool_rate("CartPole-v1", n, "sync", cp_steps, repeats, p)
-        )
-        epa, e2 = try_rate(
-            lambda p=policy: envpool_rate("CartPole-v1", n, "async", cp_steps, repeats, p)
-        )
-        for e in (e1, e2):
-            if e and e not in notes:
-                notes.append(e)
-        best = max((r for r in (eps, epa) if r is not None), default=None)
-        print(f"| {policy} | {fmt(mine)} | {fmt(eps)} | {fmt(epa)} | {ratio(mine, best)} |")
-
-    # ---- cost vs N
-    print("\n## Cost vs N (µs per batch step / µs per env step)\n")
-    print(
-        "| N | BatchCheetah batch | BatchCheetah per env | BatchCartPole batch | BatchCartPole per env |"
-    )
-    print("|---|---|---|---|---|")
-    for n in (1, 4, 16, 64, 256):
-        k = max(20, steps * 16 // n)
-        ch = batch_env_rate(
-            simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k), repeats
-        )
-        cp = batch_env_rate(
-            simkit.make("simkit/BatchCartPole-v0", num_envs=n),
-            np.random.default_rng(1).integers(0, 2, (k * 4, n)),
+        r = compare(
+            {
+                "mine": run_cp,
+                "sync": try_runner(
+                    lambda p=policy: envpool_runner(  # type: ignore[misc]
+                        "CartPole-v1", n, "sync", cp_steps, p, closers
+                    ),
+                    notes,
+                ),
+                "async": try_runner(
+                    lambda p=policy: envpool_runner(  # type: ignore[misc]
+                        "CartPole-v1", n, "async", cp_steps, p, closers
+                    ),
+                    notes,
+                ),
+            },
             repeats,
         )
+        close_all(closers)
+        best = max((x for x in (r["sync"], r["async"]) if x is not None), default=None)
+        print(
+            f"| {policy} | {fmt(r['mine'])} | {fmt(r['sync'])} | {fmt(r['async'])} | "
+            f"{ratio(r['mine'], best)} |"
+        )
+
+    print("\n## Cost vs N (µs per batch step / µs per env step)\n")
+    print("| N | BatchCheetah batch | per env | BatchCartPole batch | per env |")
+    print("|---|---|---|---|---|")
+    for n in (1, 4, 16, 64, 256):
+        k = max(10, steps * 16 // n)
+        r = compare(
+            {
+                "ch": batch_runner(
+                    simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k)
+                ),
+                "cp": batch_runner(
+                    simkit.make("simkit/BatchCartPole-v0", num_envs=n),
+                    np.random.default_rng(1).integers(0, 2, (k * 4, n)),
+                ),
+            },
+            repeats,
+        )
+        ch, cp = r["ch"], r["cp"]
+        assert ch is not None
+        assert cp is not None
         print(
             f"| {n} | {n / ch * 1e6:.1f} | {1e6 / ch:.2f} | {n / cp * 1e6:.1f} | {1e6 / cp:.2f} |"
         )
 
-    # ---- overhead breakdown
     print("\n## Per-step overhead breakdown, BatchCheetah N=64 (µs per batch step)\n")
     n = 64
-    k = max(50, steps)
-    env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
+    k = max(30, steps)
     acts = cheetah_actions(n, k)
+    env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
+    trusted_env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
     env.reset(seed=0)
 
     def physics() -> int:
         for a in acts:
             env.do_simulation(a)
-        return k
+        return k * n
 
-    def full() -> int:
-        for a in acts:
-            env.step_batch(a)
-        return k
-
-    def trusted() -> int:
-        env.validate_actions = False
-        try:
-            for a in acts:
-                env.step_batch(a)
-        finally:
-            env.validate_actions = True
-        return k
-
-    t_phys = 1e6 / median_rate(physics, repeats)
-    t_full = 1e6 / median_rate(full, repeats)
-    t_trusted = 1e6 / median_rate(trusted, repeats)
-    t_raw = n * 1e6 / raw[64]
+    r = compare(
+        {
+            "raw": raw_mujoco_limit(n, frame_skip, 2 * k, closers),
+            "physics": physics,
+            "trusted": batch_runner(trusted_env, acts, trusted=True),
+            "full": batch_runner(simkit.make("simkit/BatchCheetah-v0", num_envs=n), acts),
+        },
+        repeats,
+    )
+    close_all(closers)
+    us = {name: n * 1e6 / rate for name, rate in r.items() if rate is not None}
+    full = us["full"]
     print("| part | µs | share of full step |")
     print("|---|---|---|")
-    print(f"| raw limit (rollout, no Python) | {t_raw:.0f} | {t_raw / t_full:.0%} |")
-    print(
-        f"| physics call (`do_simulation`: threads, mj_step, buffer copies) | {t_phys:.0f} | {t_phys / t_full:.0%} |"
-    )
-    print(
-        f"| full `step_batch`, validate_actions=False | {t_trusted:.0f} | {t_trusted / t_full:.0%} |"
-    )
-    print(f"| full `step_batch` (validated) | {t_full:.0f} | 100% |")
-    print(
-        f"| Python outside physics (full - physics) | {t_full - t_phys:.0f} | {(t_full - t_phys) / t_full:.0%} |"
-    )
+    rows = [
+        ("raw limit (`mujoco.rollout`, no Python)", us["raw"]),
+        ("physics call (`do_simulation`: pool, mj_step, buffer copies)", us["physics"]),
+        ("full `step_batch`, validate_actions=False", us["trusted"]),
+        ("full `step_batch` (validated)", full),
+        ("Python outside the physics call (full - physics)", full - us["physics"]),
+    ]
+    for label, value in rows:
+        print(f"| {label} | {value:.0f} | {value / full:.0%} |")
+    if raw64 is not None:
+        print(f"\n(raw limit at N=64 in the first table: {n * 1e6 / raw64:.0f} µs per batch step)")
     if notes:
         print("\nNotes:\n")
         for note in notes:

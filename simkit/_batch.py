@@ -734,7 +734,7 @@ def _compile_sampler(
         if type(spec) is Uniform and spec.shape == ():
             plan.append((name, 0, float(spec.low), float(spec.high)))  # type: ignore[arg-type]
         elif type(spec) is LogUniform and spec.shape == ():
-            lo, hi = np.float64(spec.low), np.float64(spec.high)
+            lo, hi = np.float64(spec.low), np.float64(spec.high)  # type: ignore[arg-type]
             plan.append((name, 1, np.log(lo), np.log(hi)))
         elif isinstance(spec, Distribution | np.ndarray):
             return lambda rng: sample_params(resolved, rng)

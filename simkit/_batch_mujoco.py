@@ -4,8 +4,8 @@ Each instance has its own ``MjData`` (and its own ``MjModel`` copy when model
 parameters are randomized) and is stepped with ``mj_step`` exactly as
 :class:`simkit.MujocoEnv` steps its one instance, so a batch is bit-identical to N
 single instances, solver warm-start included. ``mj_step`` releases the GIL, so
-contiguous chunks of instances step in parallel on a persistent thread pool; each
-worker also copies its instances' ``MjData`` fields into batched arrays
+instances step in parallel on a persistent thread pool (workers take instances from a
+shared counter, balancing load on a shared machine); each worker also copies its instances' ``MjData`` fields into batched arrays
 (:attr:`BatchMujocoEnv.batch`), overlapping that Python work with the other workers'
 native stepping. Observations and rewards are then computed vectorised from those arrays.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -102,8 +102,7 @@ class BatchMujocoEnv(BatchEnv):
             for name in self.batch_fields
         }
         workers = min(nthread or os.cpu_count() or 1, n) if backend == "threads" else 1
-        bounds = np.linspace(0, n, workers + 1).astype(int)
-        self._chunks = [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+        self._workers = workers
         self._pool = ThreadPoolExecutor(workers - 1) if workers > 1 else None
         self.backend = backend
 
@@ -149,27 +148,33 @@ class BatchMujocoEnv(BatchEnv):
     def do_simulation(self, ctrl: np.ndarray) -> None:
         """Sets each instance's ``ctrl`` row and advances ``frame_skip`` physics steps.
 
+        Workers (the pool threads and the calling thread) take instances from a shared
+        counter one at a time, so a core slowed by other load takes fewer of them.
+
         Args:
             ctrl: ``(N, nu)`` controls, row ``i`` for instance ``i``.
         """
+        counter = itertools.count()
         if self._pool is None:
-            self._run_chunk(0, self.num_envs, ctrl)
+            self._run_worker(counter, ctrl)
             return
         futures: list[Future[None]] = [
-            self._pool.submit(self._run_chunk, lo, hi, ctrl) for lo, hi in self._chunks[1:]
+            self._pool.submit(self._run_worker, counter, ctrl) for _ in range(self._workers - 1)
         ]
-        lo, hi = self._chunks[0]
-        self._run_chunk(lo, hi, ctrl)
+        self._run_worker(counter, ctrl)
         for fut in futures:
             fut.result()
 
-    def _run_chunk(self, lo: int, hi: int, ctrl: np.ndarray) -> None:
-        models, datas, nstep = self.models, self.datas, self.frame_skip
+    def _run_worker(self, counter: Iterator[int], ctrl: np.ndarray) -> None:
+        models, datas, nstep, n = self.models, self.datas, self.frame_skip, self.num_envs
         bufs = list(self.batch.items())
-        for i in range(lo, hi):
+        step = mujoco.mj_step
+        for i in counter:  # next() on itertools.count is atomic under the GIL
+            if i >= n:
+                return
             d = datas[i]
             d.ctrl[:] = ctrl[i]
-            mujoco.mj_step(models[i], d, nstep=nstep)
+            step(models[i], d, nstep=nstep)
             for name, buf in bufs:
                 buf[i] = getattr(d, name)
 
