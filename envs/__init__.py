@@ -8,6 +8,9 @@ Importing this package only registers ids; each env module is imported on first 
 | ``simkit/BatchCartPole-v0`` | BatchEnv, Discrete | N cart-poles as numpy/torch arrays |
 | ``simkit/BatchCheetah-v0`` | BatchMujocoEnv, Box(6) | N planar runners, thread-pooled MuJoCo |
 | ``simkit/Cheetah-v0`` | MujocoEnv, Box(6) | planar MuJoCo runner, run forward |
+| ``simkit/Pendulum-v0`` | Env, Box(1) | swing a pendulum up and hold it |
+| ``simkit/Reacher-v0`` | MujocoEnv, Box(2) | two-link arm reaching a random target |
+| ``simkit/GoalNav-v0`` | MultiAgentEnv, Box(2) | N point masses to their goals, leaving early |
 """
 
 from simkit.registry import EnvKind, register
@@ -31,6 +34,25 @@ register(
     "simkit/Cheetah-v0",
     "simkit.envs.cheetah:Cheetah",
     description="planar MuJoCo runner: run forward (continuous, randomized physics)",
+)
+
+register(
+    "simkit/Pendulum-v0",
+    "simkit.envs.pendulum:Pendulum",
+    description="pendulum swing-up (continuous torque, randomized physics)",
+)
+
+register(
+    "simkit/Reacher-v0",
+    "simkit.envs.reacher:Reacher",
+    description="two-link MuJoCo arm reaching a random target (randomized physics)",
+)
+
+register(
+    "simkit/GoalNav-v0",
+    "simkit.envs.goal_nav:GoalNav",
+    kind=EnvKind.MULTI_AGENT,
+    description="N point masses steering to their goals; agents leave on arrival",
 )
 
 register(

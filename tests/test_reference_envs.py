@@ -8,14 +8,18 @@ import gymnasium
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 import simkit
 from simkit import snapshot
 from simkit.envs.cheetah import Cheetah, cheetah_observation, cheetah_reward
-from simkit.errors import RenderUnavailable
+from simkit.envs.goal_nav import GoalNav
+from simkit.envs.pendulum import Pendulum
+from simkit.envs.reacher import LINK_LENGTHS, Reacher, fingertip_position
+from simkit.errors import InvalidAction, RenderUnavailable
 
-SINGLE_IDS = ["simkit/Cheetah-v0"]
-MUJOCO_IDS = ["simkit/Cheetah-v0"]
+SINGLE_IDS = ["simkit/Cheetah-v0", "simkit/Pendulum-v0", "simkit/Reacher-v0"]
+MUJOCO_IDS = ["simkit/Cheetah-v0", "simkit/Reacher-v0"]
 
 
 def _rollout(env: Any, actions: list[np.ndarray]) -> list[tuple[Any, ...]]:
@@ -176,3 +180,205 @@ def test_cheetah_reset_noise_comes_from_seed() -> None:
     qpos0 = a.model.qpos0
     assert np.all(np.abs(a.data.qpos - qpos0) <= 0.1)
     assert np.any(a.data.qvel != 0.0)
+
+
+# --- Pendulum ------------------------------------------------------------------------
+
+
+def test_pendulum_follows_the_documented_dynamics() -> None:
+    env = Pendulum(params={"mass": 1.0, "length": 1.0, "gravity": 10.0, "max_torque": 2.0})
+    env.reset(seed=0)
+    env.state = np.array([0.5, 0.0])
+    obs, reward, terminated, _, info = env.step(np.array([0.5], dtype=np.float32))
+    assert info["torque"] == 1.0
+    theta_dot = (15.0 * np.sin(0.5) + 3.0) * 0.05
+    np.testing.assert_allclose(env.state, [0.5 + theta_dot * 0.05, theta_dot], rtol=1e-12)
+    assert reward == pytest.approx(-(0.25 + 0.001))
+    np.testing.assert_allclose(
+        obs, np.float32([np.cos(env.state[0]), np.sin(env.state[0]), theta_dot])
+    )
+    assert not terminated
+
+
+def test_pendulum_randomized_max_torque_scales_the_action() -> None:
+    env = Pendulum(params={"max_torque": 1.8})
+    env.reset(seed=0)
+    assert env.step(np.ones(1, dtype=np.float32))[4]["torque"] == pytest.approx(1.8)
+    _, info = env.reset(seed=0, options={"params": {"max_torque": 2.2}})
+    assert info["params"]["max_torque"] == 2.2
+    assert env.step(-np.ones(1, dtype=np.float32))[4]["torque"] == pytest.approx(-2.2)
+    assert env.max_episode_steps == 200
+
+
+def test_pendulum_upright_and_still_is_the_best_reward() -> None:
+    env = Pendulum()
+    env.reset(seed=0)
+    env.state = np.array([0.0, 0.0])
+    _, best, _, _, _ = env.step(np.zeros(1, dtype=np.float32))
+    env.state = np.array([np.pi - 0.01, 1.0])
+    _, hanging, _, _, _ = env.step(np.zeros(1, dtype=np.float32))
+    assert best == 0.0
+    assert hanging < -9.0
+
+
+# --- Reacher -------------------------------------------------------------------------
+
+
+def test_reacher_targets_vary_with_seed_and_are_reachable() -> None:
+    env = Reacher()
+    targets = []
+    for seed in range(20):
+        obs, info = env.reset(seed=seed)
+        target = info["target"]
+        np.testing.assert_array_equal(obs[4:6], target)
+        assert 0.05 <= np.linalg.norm(target) <= 0.2 < sum(LINK_LENGTHS)
+        targets.append(tuple(target))
+    assert len(set(targets)) == 20
+    again, _ = env.reset(seed=3)
+    np.testing.assert_array_equal(again[4:6], targets[3])
+
+
+def test_reacher_fingertip_matches_mujoco_and_reward_is_negative_distance() -> None:
+    env = Reacher()
+    env.reset(seed=0)
+    action = np.array([0.3, -0.2], dtype=np.float32)
+    obs, reward, _, _, info = env.step(action)
+    env.forward()
+    site = env.data.site("fingertip").xpos[:2]
+    np.testing.assert_allclose(fingertip_position(env.data.qpos), site, atol=1e-12)
+    np.testing.assert_allclose(obs[8:10], site - env.target, atol=1e-12)
+    ctrl = 0.1 * float(np.sum(action.astype(np.float64) ** 2))
+    assert info["distance"] == pytest.approx(float(np.linalg.norm(site - env.target)))
+    assert reward == pytest.approx(-info["distance"] - ctrl)
+
+
+def test_reacher_fixed_params_reach_the_model_without_drift() -> None:
+    env, nominal = Reacher(), Reacher()
+    fixed = {
+        "damping": 2.0,
+        "armature": 0.5,
+        "link_mass": np.array([0.5, 2.0]),
+        "actuator_gain": 1.2,
+    }
+    for _ in range(2):
+        env.reset(seed=0, options={"params": fixed})
+        np.testing.assert_array_equal(env.model.dof_damping, nominal.model.dof_damping * 2.0)
+        np.testing.assert_array_equal(env.model.dof_armature, nominal.model.dof_armature * 0.5)
+        np.testing.assert_array_equal(
+            env.model.body_mass[1:3], nominal.model.body_mass[1:3] * [0.5, 2.0]
+        )
+        np.testing.assert_array_equal(env.model.body_mass[3], nominal.model.body_mass[3])
+    _, info = env.reset(seed=1)
+    np.testing.assert_array_equal(
+        env.model.dof_damping, nominal.model.dof_damping * info["params"]["damping"]
+    )
+
+
+def test_reacher_can_reach_its_target_with_a_simple_controller() -> None:
+    env = Reacher(params={"damping": 1.0, "armature": 1.0, "actuator_gain": 1.0})
+    obs, _ = env.reset(seed=4)
+    start = float(np.linalg.norm(obs[8:10]))
+    for _ in range(100):
+        # Jacobian-transpose control toward the target.
+        q = env.data.qpos
+        l0, l1 = LINK_LENGTHS
+        s0, s01 = np.sin(q[0]), np.sin(q[0] + q[1])
+        c0, c01 = np.cos(q[0]), np.cos(q[0] + q[1])
+        jac = np.array([[-l0 * s0 - l1 * s01, -l1 * s01], [l0 * c0 + l1 * c01, l1 * c01]])
+        torque = jac.T @ (-obs[8:10]) * 20.0 - 0.05 * obs[6:8]
+        obs, _, _, truncated, info = env.step(np.clip(torque, -1, 1).astype(np.float32))
+    assert truncated
+    assert info["distance"] < min(0.02, start / 2)
+
+
+# --- GoalNav -------------------------------------------------------------------------
+
+
+def _steer(env: GoalNav, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {a: np.clip(obs[a][4:6] * 3.0, -1, 1).astype(np.float32) for a in env.agents}
+
+
+def test_goal_nav_passes_pettingzoo_parallel_api_and_seed_tests() -> None:
+    parallel_api_test(GoalNav(), num_cycles=250)
+    parallel_seed_test(lambda: simkit.make("simkit/GoalNav-v0", n_agents=2), num_cycles=250)
+    assert simkit.spec("simkit/GoalNav-v0").kind is simkit.EnvKind.MULTI_AGENT
+
+
+def test_goal_nav_agents_leave_early_at_different_steps() -> None:
+    env = GoalNav(n_agents=4)
+    obs, _ = env.reset(seed=0)
+    assert env.agents == ["agent_0", "agent_1", "agent_2", "agent_3"]
+    left_at: dict[str, int] = {}
+    sizes = []
+    step = 0
+    while env.agents:
+        live = list(env.agents)
+        obs, rewards, terms, _, infos = env.step(_steer(env, obs))
+        step += 1
+        assert set(obs) == set(live)
+        for agent in live:
+            if terms[agent]:
+                left_at[agent] = step
+                assert infos[agent]["reached"]
+                assert rewards[agent] > 5.0  # the goal bonus
+                assert agent not in env.agents
+        sizes.append(len(env.agents))
+    assert set(left_at) == set(env.possible_agents)
+    assert len(set(left_at.values())) > 1
+    assert max(left_at.values()) < env.max_episode_steps
+    assert sizes == sorted(sizes, reverse=True)
+
+
+def test_goal_nav_departed_agents_read_as_zeros_to_others() -> None:
+    env = GoalNav(n_agents=3)
+    obs, _ = env.reset(seed=0)
+    assert obs["agent_0"].shape == (6 + 3 * 2,)
+    assert np.all(obs["agent_0"][10:] == 1.0)
+    while len(env.agents) == 3:
+        obs, *_ = env.step(_steer(env, obs))
+    gone = next(a for a in env.possible_agents if a not in env.agents)
+    with pytest.raises(InvalidAction, match=rf"not live \['{gone}'\]"):
+        env.step({**_steer(env, obs), gone: np.zeros(2, np.float32)})
+    k = env.possible_agents.index(gone)
+    for agent in env.agents:
+        i = env.possible_agents.index(agent)
+        slot = k if k < i else k - 1
+        assert obs[agent][6 + 2 * slot : 8 + 2 * slot].tolist() == [0.0, 0.0]
+        assert obs[agent][10 + slot] == 0.0
+
+
+def test_goal_nav_truncates_the_rest_and_checks_n_agents() -> None:
+    env = GoalNav(n_agents=2, max_episode_steps=5)
+    env.reset(seed=1)
+    for _ in range(5):
+        _, _, terms, truncs, _ = env.step({a: np.zeros(2, np.float32) for a in env.agents})
+    assert all(truncs.values())
+    assert not any(terms.values())
+    assert env.agents == []
+    with pytest.raises(ValueError, match="n_agents must be at least 1, got 0"):
+        GoalNav(n_agents=0)
+    with pytest.raises(TypeError, match="n_agents must be an int, got str"):
+        GoalNav(n_agents="3")  # type: ignore[arg-type]
+
+
+def test_goal_nav_snapshot_continuation_is_bit_identical() -> None:
+    env = GoalNav()
+    obs, _ = env.reset(seed=2)
+    for _ in range(4):
+        obs, *_ = env.step(_steer(env, obs))
+    state = snapshot.loads(snapshot.dumps(env.get_state()))
+    saved_obs = obs
+
+    def run(e: GoalNav, o: dict[str, np.ndarray]) -> list[Any]:
+        out = []
+        while e.agents:
+            o, *rest = e.step(_steer(e, o))
+            out.append([o, *rest, list(e.agents)])
+        return out
+
+    reference = run(env, saved_obs)
+    fresh = GoalNav()
+    fresh.set_state(state)
+    assert snapshot.states_equal(run(fresh, saved_obs), reference)
+    env.set_state(state)
+    assert snapshot.states_equal(run(env, saved_obs), reference)
