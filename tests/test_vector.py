@@ -392,3 +392,32 @@ def test_multi_agent_errors() -> None:
         InvalidAction, match=r"action for env 1 agent 'a' \(row 2\) must be in \[0, 2\)"
     ):
         v.step(np.array([0, 1, 7, 0]))
+
+
+def test_goal_nav_vector_steers_agents_and_snapshots() -> None:
+    v = MultiAgentVectorEnv("simkit/GoalNav-v0", 2, env_kwargs={"max_episode_steps": 15})
+    obs, mask, infos = v.reset(seed=11)
+    assert obs.shape == (6, 12)
+    assert mask.all()
+    assert infos[0]["params"] == infos[1]["params"]  # agents of one env share params
+    state = loads(dumps(v.get_state()))
+
+    def steer(o: np.ndarray) -> np.ndarray:
+        return np.clip(o[:, 4:6] * 4.0, -1.0, 1.0).astype(np.float32)
+
+    resets, first = 0, []
+    for _ in range(40):
+        b = v.step(steer(obs))
+        first.append(b.final_obs.tobytes())
+        resets += int(b.env_reset.sum())
+        assert not b.reward[~b.acted].any()
+        obs = b.obs
+    assert resets >= 2
+    assert int(v._episode.sum()) == resets
+    w = MultiAgentVectorEnv("simkit/GoalNav-v0", 2, env_kwargs={"max_episode_steps": 15})
+    w.set_state(state)
+    obs = loads(dumps(state))["obs_rows"]
+    for k in range(40):
+        b = w.step(steer(obs))
+        assert b.final_obs.tobytes() == first[k]
+        obs = b.obs
