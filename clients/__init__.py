@@ -1,0 +1,11 @@
+"""Learner-side clients of simkit rollout servers.
+
+:class:`RemoteVectorEnv` is a ``gymnasium.vector.VectorEnv`` over the wire protocol
+(one or several servers presented as one vector); :class:`ServerUnavailable` is raised
+when a server does not answer in time.
+"""
+
+from simkit.clients._connection import ServerUnavailable
+from simkit.clients._vector import RemoteVectorEnv
+
+__all__ = ["RemoteVectorEnv", "ServerUnavailable"]

@@ -107,8 +107,12 @@ class Host(Protocol):
         seeds: list[int] | None,
         options: dict[str, Any] | None,
         params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
     ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids``; returns their batched observations and infos."""
+        """Resets ``env_ids``; returns their batched observations and infos.
+
+        ``env_offset`` is the global index of env 0 in the client's vector: seeds
+        derive from ``episode_seed(root, env_offset + i, k)`` until the next reset."""
         ...
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
@@ -374,8 +378,16 @@ class ServerSession:
                     expected=f"{env_ids.size} maps",
                     got=repr(params)[:200],
                 )
+        extra: dict[str, int] = {}
+        if "env_offset" in body:
+            offset = body["env_offset"]
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise InvalidField(
+                    "'env_offset' must be an int >= 0", expected="int >= 0", got=repr(offset)
+                )
+            extra["env_offset"] = offset
         obs, infos = self.host.reset(
-            env_ids, seed=seed, seeds=seeds, options=options, params=params
+            env_ids, seed=seed, seeds=seeds, options=options, params=params, **extra
         )
         arrays = flatten_batch(self.host.observation_space, obs, "obs")
         arrays["env_ids"] = env_ids
@@ -557,9 +569,16 @@ class ClientSession:
         env_ids: Any = None,
         options: dict[str, Any] | None = None,
         params: Sequence[dict[str, Any]] | None = None,
+        env_offset: int | None = None,
     ) -> list[Any]:
-        """Frames of a ``reset`` request (see docs/protocol.md for seeding)."""
+        """Frames of a ``reset`` request (see docs/protocol.md for seeding).
+
+        ``env_offset``: the global index of this server's env 0 when a client joins
+        several servers into one vector, so seeds match a local vector of the total size.
+        """
         body: dict[str, Any] = {}
+        if env_offset is not None:
+            body["env_offset"] = int(env_offset)
         if seed is not None:
             body["seed"] = int(seed)
         if seeds is not None:

@@ -1,0 +1,555 @@
+"""RemoteVectorEnv: a Gymnasium ``VectorEnv`` whose envs live in one or more rollout servers.
+
+Learner code written against ``gymnasium.vector.VectorEnv`` runs unchanged; the typed
+:meth:`RemoteVectorEnv.step_batch` and the EnvPool-style :meth:`RemoteVectorEnv.send` /
+:meth:`RemoteVectorEnv.recv` expose the protocol's explicit episode boundaries and let a
+learner overlap its own work (or a second half of the envs) with the servers' stepping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import zmq
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space, create_empty_array
+
+from simkit._seeding import MAX_ROOT_SEED
+from simkit._types import BatchStep
+from simkit.clients._connection import Connection, ServerUnavailable
+from simkit.errors import ResetNeeded
+from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, ServerInfo
+
+__all__ = ["RemoteVectorEnv"]
+
+_AUTORESET_MODES = {AUTORESET_SAME_STEP: AutoresetMode.SAME_STEP}
+
+
+def _take(space: spaces.Space[Any], value: Any, index: Any) -> Any:
+    """Rows ``index`` (slice or int array) of a batched value of ``space``."""
+    if isinstance(space, spaces.Dict):
+        return {k: _take(s, value[k], index) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_take(s, value[i], index) for i, s in enumerate(space.spaces))
+    return np.asarray(value)[index]
+
+
+def _concat(space: spaces.Space[Any], parts: Sequence[Any]) -> Any:
+    """Concatenates batched values along the env axis (always a fresh, writable copy)."""
+    if isinstance(space, spaces.Dict):
+        return {k: _concat(s, [p[k] for p in parts]) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_concat(s, [p[i] for p in parts]) for i, s in enumerate(space.spaces))
+    if len(parts) == 1:
+        return np.array(parts[0], copy=True)
+    return np.concatenate([np.asarray(p) for p in parts], axis=0)
+
+
+def _put(space: spaces.Space[Any], out: Any, index: Any, value: Any) -> Any:
+    """Writes rows ``index`` of a batched value in place (returns ``out``)."""
+    if isinstance(space, spaces.Dict):
+        for k, s in space.spaces.items():
+            _put(s, out[k], index, value[k])
+        return out
+    if isinstance(space, spaces.Tuple):
+        for i, s in enumerate(space.spaces):
+            _put(s, out[i], index, value[i])
+        return out
+    out[index] = value
+    return out
+
+
+class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
+    """A ``gymnasium.vector.VectorEnv`` over the simkit wire protocol.
+
+    Env indices of several servers are concatenated in the order of ``endpoints``:
+    server ``s`` holds envs ``offset_s .. offset_s + n_s - 1``. Seeding matches a local
+    vector of the same total size: ``reset(seed=r)`` gives global env ``g`` the seed
+    ``episode_seed(r, g, k)`` for its ``k``-th episode, whichever server hosts it.
+
+    Servers autoreset in the same step; :meth:`step` reports it Gymnasium's way under
+    ``autoreset_mode`` (``metadata["autoreset_mode"]``), exactly as a local
+    :class:`simkit.vector.VectorEnv`: ``SAME_STEP`` returns the next episode's first
+    observation with the last one in ``infos["final_obs"]`` and the episode's info in
+    ``infos["final_info"]``; ``NEXT_STEP`` (what Gymnasium's observation wrappers such as
+    ``NormalizeObservation`` require) returns the last observation and delivers the
+    reset on the following step, ignoring that env's action.
+
+    Args:
+        endpoints: one ZeroMQ endpoint or a list of them.
+        timeout: seconds to wait for every reply before raising :class:`ServerUnavailable`.
+        client: a name the servers log for this client.
+        context: a ZeroMQ context (default: the process-wide instance).
+        autoreset_mode: ``SAME_STEP`` (default) or ``NEXT_STEP`` for :meth:`step`;
+            :meth:`step_batch` and :meth:`recv` always report same-step.
+
+    Raises:
+        ServerUnavailable: a server did not answer the handshake in time.
+        ValueError: servers disagree on env id, spaces or autoreset mode.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout: float = 10.0,
+        client: str = "simkit-remote-vector",
+        context: zmq.Context[Any] | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
+    ) -> None:
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        if self.autoreset_mode is AutoresetMode.DISABLED:
+            raise ValueError(
+                "autoreset_mode must be SAME_STEP or NEXT_STEP (servers always autoreset), "
+                "got DISABLED"
+            )
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        endpoints = list(endpoints)
+        if not endpoints:
+            raise ValueError("RemoteVectorEnv needs at least one endpoint, got none")
+        self._client = client
+        self._context = context or zmq.Context.instance()
+        self._conns = [Connection(e, timeout, self._context) for e in endpoints]
+        self._broken = False
+        self.closed = False
+        try:
+            self._handshake()
+        except BaseException:
+            for conn in self._conns:
+                conn.close(polite=False)
+            raise
+        info = self._conns[0].info
+        self.num_envs = sum(self._sizes)
+        self.single_observation_space = info.observation_space
+        self.single_action_space = info.action_space
+        self.observation_space = batch_space(info.observation_space, self.num_envs)
+        self.action_space = batch_space(info.action_space, self.num_envs)
+        self.metadata = {
+            "autoreset_mode": self.autoreset_mode,
+            "env_id": info.env_id,
+            "endpoints": list(endpoints),
+        }
+        self._reset_done = False
+        self._pending_step: np.ndarray | None = None
+        self._inflight: list[list[np.ndarray]] = [[] for _ in self._conns]
+        self._autoreset_envs = np.zeros(self.num_envs, dtype=bool)
+        self._reset_obs: list[Any] = [None] * self.num_envs
+        self._reset_infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self.faults: list[EnvFault] = []
+        """Envs that raised on the last step (global ids); their episodes ended, truncated."""
+
+    # -- connection management -------------------------------------------------------
+
+    def _handshake(self) -> None:
+        infos = [self._call(c, "hello", lambda c=c: c.hello(self._client)) for c in self._conns]
+        first = infos[0]
+        for conn, info in zip(self._conns[1:], infos[1:], strict=True):
+            for what in ("env_id", "observation_space", "action_space", "autoreset"):
+                if getattr(info, what) != getattr(first, what):
+                    raise ValueError(
+                        f"servers must serve the same env: {self._conns[0].endpoint} has "
+                        f"{what}={getattr(first, what)!r}, {conn.endpoint} has "
+                        f"{getattr(info, what)!r}"
+                    )
+        if first.autoreset not in _AUTORESET_MODES:
+            raise ValueError(
+                f"unknown server autoreset mode: expected one of {sorted(_AUTORESET_MODES)}, "
+                f"got {first.autoreset!r}"
+            )
+        if first.env_kind != "single":
+            raise ValueError(
+                f"RemoteVectorEnv serves single-agent envs, {first.env_id!r} is {first.env_kind}"
+            )
+        self._sizes = [i.num_envs for i in infos]
+        self._offsets = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+
+    def _call(self, conn: Connection, what: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except ServerUnavailable:
+            self._broken = True
+            raise
+
+    @property
+    def server_infos(self) -> list[ServerInfo]:
+        """The handshake of each server, in endpoint order."""
+        return [c.info for c in self._conns]
+
+    @property
+    def timeout(self) -> float:
+        """Seconds every request waits for its reply before :class:`ServerUnavailable`."""
+        return self._conns[0].timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {value!r}")
+        for conn in self._conns:
+            conn.timeout = float(value)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The endpoints, in env-index order."""
+        return [c.endpoint for c in self._conns]
+
+    def reconnect(self) -> None:
+        """Opens fresh sessions with every server (e.g. after a restart); reset next.
+
+        Raises:
+            ServerUnavailable: a server is still not answering.
+            ValueError: a restarted server serves a different env or number of envs.
+        """
+        if self.closed:
+            raise RuntimeError("this RemoteVectorEnv is closed")
+        old = (self.single_observation_space, self.single_action_space, list(self._sizes))
+        for conn in self._conns:
+            conn.reopen()
+        self._broken = True
+        self._handshake()
+        info = self._conns[0].info
+        new = (info.observation_space, info.action_space, list(self._sizes))
+        if new != old:
+            raise ValueError(
+                f"the reconnected servers serve another env layout: expected {old}, got {new}"
+            )
+        self._broken = False
+        self._reset_done = False
+        self._pending_step = None
+        self._inflight = [[] for _ in self._conns]
+
+    # -- splitting and merging -------------------------------------------------------
+
+    def _split_ids(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(server, rows of env_ids, local ids)`` for each server that owns some ids."""
+        server = np.searchsorted(self._offsets, env_ids, side="right") - 1
+        out = []
+        for s in range(len(self._conns)):
+            rows = np.flatnonzero(server == s)
+            if rows.size:
+                out.append((s, rows, env_ids[rows] - self._offsets[s]))
+        return out
+
+    def _check_ids(self, env_ids: Any) -> np.ndarray:
+        if env_ids is None:
+            return np.arange(self.num_envs, dtype=np.int64)
+        ids = np.asarray(env_ids)
+        if ids.dtype.kind not in "iu" or ids.ndim != 1 or ids.size == 0:
+            raise ValueError(
+                f"env_ids must be a non-empty 1-D integer array, got {ids.dtype} shape {ids.shape}"
+            )
+        ids = ids.astype(np.int64)
+        if np.any(ids < 0) or np.any(ids >= self.num_envs) or np.unique(ids).size != ids.size:
+            raise ValueError(
+                f"env_ids must be unique ids in [0, {self.num_envs}), got {ids.tolist()}"
+            )
+        return ids
+
+    def _ready(self) -> None:
+        if self.closed:
+            raise RuntimeError("this RemoteVectorEnv is closed")
+        if self._broken:
+            raise ResetNeeded("the connection was lost; call reset() (it reconnects) first")
+        if not self._reset_done:
+            raise ResetNeeded("call reset() before stepping a RemoteVectorEnv")
+
+    # -- reset -----------------------------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets every env (reconnecting first if a server was lost).
+
+        Args:
+            seed: a root seed (env ``g`` gets ``episode_seed(seed, g, k)``), a list of
+                one root seed per env (each env restarts its episode count under its own
+                root, as :class:`simkit.BatchEnv`), or ``None`` to continue each env's
+                seed sequence.
+            options: reset options passed to every env (e.g. ``{"params": {...}}``).
+
+        Returns:
+            Batched observations and Gymnasium-style vector infos.
+        """
+        if self.closed:
+            raise RuntimeError("this RemoteVectorEnv is closed")
+        if self._broken:
+            self.reconnect()
+        self._drain()
+        seeds: list[int] | None = None
+        if seed is not None and not isinstance(seed, int | np.integer):
+            seeds = [int(s) for s in seed]
+            if len(seeds) != self.num_envs:
+                raise ValueError(
+                    f"seed must be an int, None or a list of {self.num_envs} ints, "
+                    f"got a list of {len(seeds)}"
+                )
+            seed = None
+        if seed is not None:
+            if isinstance(seed, bool) or not 0 <= int(seed) <= MAX_ROOT_SEED:
+                raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+            seed = int(seed)
+        for s, conn in enumerate(self._conns):
+            lo, hi = int(self._offsets[s]), int(self._offsets[s + 1])
+            frames = conn.session.request_reset(
+                seed=seed,
+                seeds=None if seeds is None else seeds[lo:hi],
+                options=options,
+                env_offset=lo if len(self._conns) > 1 else None,
+            )
+            conn.send("reset", frames)
+        parts: list[Any] = []
+        infos: dict[str, Any] = {}
+        for s, conn in enumerate(self._conns):
+            result = self._call(conn, "reset", lambda c=conn: c.session.parse_reset(c.recv()))
+            parts.append(result.obs)
+            for k, info in enumerate(result.infos):
+                infos = self._add_info(infos, info, int(self._offsets[s]) + k)
+        self._reset_done = True
+        self._autoreset_envs[:] = False
+        self._reset_obs = [None] * self.num_envs
+        return _concat(self.single_observation_space, parts), infos
+
+    # -- stepping --------------------------------------------------------------------
+
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        """Sends ``actions`` for ``env_ids`` (all envs when ``None``) without waiting.
+
+        EnvPool-style: each server that owns some of the ids gets one request;
+        :meth:`recv` returns the replies as they arrive. Rows of ``actions`` follow
+        ``env_ids``.
+        """
+        self._ready()
+        ids = self._check_ids(env_ids)
+        if self._autoreset_envs[ids].any():
+            raise ResetNeeded(
+                f"envs {ids[self._autoreset_envs[ids]].tolist()} await their NEXT_STEP reset "
+                "from step(); call step() or reset() first"
+            )
+        for s, rows, local in self._split_ids(ids):
+            conn = self._conns[s]
+            part = _take(self.single_action_space, actions, rows)
+            frames = conn.session.request_step(
+                part, None if local.size == self._sizes[s] else local
+            )
+            conn.send("step", frames)
+            self._inflight[s].append(ids[rows])
+
+    def recv(self, timeout: float | None = None) -> BatchStep:
+        """The next finished step of one server, as a :class:`BatchStep` with global ids.
+
+        Raises:
+            RuntimeError: nothing was sent.
+            ServerUnavailable: no server answered within ``timeout`` (default: the
+                connections' timeout).
+        """
+        busy = [s for s, q in enumerate(self._inflight) if q]
+        if not busy:
+            raise RuntimeError("recv() without a pending send(); call send() first")
+        poller = zmq.Poller()
+        for s in busy:
+            poller.register(self._conns[s].socket, zmq.POLLIN)
+        wait = self._conns[busy[0]].timeout if timeout is None else timeout
+        ready = dict(poller.poll(int(wait * 1000)))
+        for s in busy:
+            if self._conns[s].socket in ready:
+                return self._recv_from(s)
+        self._broken = True
+        raise ServerUnavailable(", ".join(self._conns[s].endpoint for s in busy), wait, "'step'")
+
+    def _recv_from(self, s: int) -> BatchStep:
+        conn = self._conns[s]
+        ids = self._inflight[s].pop(0)
+        step, faults = self._call(conn, "step", lambda: conn.session.parse_step(conn.recv()))
+        offset = self._offsets[s]
+        self.faults.extend(EnvFault(f.env_id + int(offset), f.code, f.message) for f in faults)
+        global_ids = np.asarray(step.env_ids, dtype=np.int64) + offset
+        if not np.array_equal(np.sort(global_ids), np.sort(ids)):
+            raise RuntimeError(
+                f"server {conn.endpoint} answered for envs {global_ids.tolist()}, "
+                f"expected {ids.tolist()}"
+            )
+        return BatchStep(
+            obs=step.obs,
+            reward=step.reward,
+            terminated=step.terminated,
+            truncated=step.truncated,
+            final_obs=step.final_obs,
+            env_ids=global_ids,
+            infos=step.infos,
+        )
+
+    def _drain(self) -> None:
+        for s, queue in enumerate(self._inflight):
+            while queue:
+                self._recv_from(s)
+        self._pending_step = None
+
+    def step_batch(self, actions: Any, env_ids: Any = None) -> BatchStep:
+        """Steps ``env_ids`` (all when ``None``) and returns one typed :class:`BatchStep`.
+
+        Rows follow ``env_ids``; across several servers the requests run concurrently.
+        """
+        self.faults = []
+        ids = self._check_ids(env_ids)
+        if any(self._inflight):
+            raise RuntimeError("step_batch() with send()s in flight; recv() them first")
+        self.send(actions, ids)
+        parts = [self._recv_from(s) for s, q in enumerate(self._inflight) if q]
+        if len(parts) == 1:
+            one = parts[0]
+            if np.array_equal(one.env_ids, ids):
+                return one
+            parts = [one]
+        got = np.concatenate([p.env_ids for p in parts])
+        order = np.argsort(got)[np.argsort(np.argsort(ids))]
+        space = self.single_observation_space
+        all_infos = [info for p in parts for info in p.infos]
+        return BatchStep(
+            obs=_take(space, _concat(space, [p.obs for p in parts]), order),
+            reward=np.concatenate([p.reward for p in parts])[order],
+            terminated=np.concatenate([p.terminated for p in parts])[order],
+            truncated=np.concatenate([p.truncated for p in parts])[order],
+            final_obs=_take(space, _concat(space, [p.final_obs for p in parts]), order),
+            env_ids=got[order],
+            infos=[all_infos[k] for k in order.tolist()] if all_infos else [],
+        )
+
+    def step_async(self, actions: Any) -> None:
+        """Sends actions for every env; :meth:`step_wait` collects the result.
+
+        Under ``NEXT_STEP`` the envs that ended on the previous step are not sent (their
+        action is ignored): the server already reset them, the client reports the reset.
+        """
+        if self._pending_step is not None:
+            raise RuntimeError("step_async() called twice; call step_wait() first")
+        self._ready()
+        self.faults = []
+        ids = np.flatnonzero(~self._autoreset_envs).astype(np.int64)
+        if ids.size == self.num_envs:
+            self.send(actions)
+        elif ids.size:
+            self.send(_take(self.single_action_space, actions, ids), ids)
+        self._pending_step = ids
+
+    def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Collects the step sent by :meth:`step_async` (Gymnasium return values)."""
+        if self._pending_step is None:
+            raise RuntimeError("step_wait() without step_async(); call step_async() first")
+        self._pending_step = None
+        parts = [self._recv_from(s) for s, q in enumerate(self._inflight) if q]
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            return self._to_gym_next_step(parts)
+        return self._to_gym(parts)
+
+    def _to_gym_next_step(
+        self, parts: list[BatchStep]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        space = self.single_observation_space
+        n = self.num_envs
+        obs = create_empty_array(space, n, np.zeros)
+        reward = np.zeros(n, dtype=np.float64)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        infos: dict[str, Any] = {}
+        for g in np.flatnonzero(self._autoreset_envs).tolist():
+            obs = _put(space, obs, g, self._reset_obs[g])
+            infos = self._add_info(infos, self._reset_infos[g], g)
+            self._reset_obs[g] = None
+        self._autoreset_envs[:] = False
+        for p in parts:
+            done = p.done
+            ids = p.env_ids
+            obs = _put(space, obs, ids, p.final_obs)
+            reward[ids], terminated[ids], truncated[ids] = p.reward, p.terminated, p.truncated
+            for k, g in enumerate(ids.tolist()):
+                info = p.infos[k] if p.infos else {}
+                if done[k]:
+                    self._autoreset_envs[g] = True
+                    self._reset_obs[g] = _take(space, p.obs, k)
+                    self._reset_infos[g] = info.get("reset_info", {})
+                    info = {key: v for key, v in info.items() if key != "reset_info"}
+                infos = self._add_info(infos, info, g)
+        return obs, reward, terminated, truncated, infos
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Steps every env (Gymnasium ``VectorEnv.step``, same-step autoreset)."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def _to_gym(
+        self, parts: list[BatchStep]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        space = self.single_observation_space
+        obs = _concat(space, [p.obs for p in parts])
+        infos: dict[str, Any] = {}
+        for p in parts:
+            done = p.done
+            for k, g in enumerate(p.env_ids.tolist()):
+                info = p.infos[k] if p.infos else {}
+                if done[k]:
+                    final_info = {key: v for key, v in info.items() if key != "reset_info"}
+                    final = _take(space, p.final_obs, k)
+                    infos = self._add_info(infos, {"final_obs": final, "final_info": final_info}, g)
+                    info = info.get("reset_info", {})
+                infos = self._add_info(infos, info, g)
+        return (
+            obs,
+            np.concatenate([p.reward for p in parts]),
+            np.concatenate([p.terminated for p in parts]),
+            np.concatenate([p.truncated for p in parts]),
+            infos,
+        )
+
+    # -- snapshots -------------------------------------------------------------------
+
+    def get_state(self, env_ids: Any = None) -> list[dict[str, Any]]:
+        """Plain-data snapshots of ``env_ids`` (all when ``None``), one per env."""
+        self._ready()
+        ids = self._check_ids(env_ids)
+        out: list[dict[str, Any] | None] = [None] * ids.size
+        split = self._split_ids(ids)
+        for s, _rows, local in split:
+            conn = self._conns[s]
+            conn.send("get_state", conn.session.request_get_state(local))
+        for s, rows, _local in split:
+            conn = self._conns[s]
+            states = self._call(
+                conn, "get_state", lambda c=conn: c.session.parse_get_state(c.recv())
+            )
+            for r, st in zip(rows.tolist(), states, strict=True):
+                out[r] = st
+        return [st for st in out if st is not None]
+
+    def set_state(self, states: Sequence[dict[str, Any]], env_ids: Any = None) -> None:
+        """Restores snapshots from :meth:`get_state` into ``env_ids`` (all when ``None``)."""
+        self._ready()
+        ids = self._check_ids(env_ids)
+        if len(states) != ids.size:
+            raise ValueError(f"set_state needs one snapshot per env: {ids.size}, got {len(states)}")
+        split = self._split_ids(ids)
+        for s, rows, local in split:
+            conn = self._conns[s]
+            conn.send("set_state", conn.session.request_set_state([states[r] for r in rows], local))
+        for s, _rows, _local in split:
+            conn = self._conns[s]
+            self._call(conn, "set_state", lambda c=conn: c.session.parse_set_state(c.recv()))
+
+    def ping(self) -> None:
+        """Checks every server answers (raises :class:`ServerUnavailable` otherwise)."""
+        for conn in self._conns:
+            if conn.pending:
+                continue
+            conn.send("ping", conn.session.request_ping())
+            self._call(conn, "ping", lambda c=conn: c.session.parse_ping(c.recv()))
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Ends every session (frees the server's slots) and closes the sockets."""
+        for conn in self._conns:
+            conn.close(polite=not self._broken)

@@ -1,0 +1,354 @@
+"""RemoteVectorEnv against live servers: bit-exact vs local, multi-server, failures, learners."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simkit.clients import RemoteVectorEnv, ServerUnavailable
+from simkit.errors import ResetNeeded, SimkitError
+from simkit.protocol import RemoteError
+from simkit.servers import RolloutServer
+from simkit.vector import VectorEnv
+
+ENV_IDS = ["simkit/CartPole-v0", "simkit/Cheetah-v0"]
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``serve(env_id, num_envs, k=0)``: the endpoint of server ``k`` of that kind.
+
+    Servers live for the module; every client still gets its own session and envs.
+    """
+    root = tmp_path_factory.mktemp("servers")
+    servers: dict[tuple[str, int, int], RolloutServer] = {}
+
+    def start(env_id: str, num_envs: int, k: int = 0) -> str:
+        key = (env_id, num_envs, k)
+        if key not in servers:
+            bind = f"ipc://{root}/s{len(servers)}.sock"
+            servers[key] = RolloutServer(env_id, num_envs, bind).start()
+        return servers[key].endpoint
+
+    yield start
+    for server in servers.values():
+        server.stop()
+
+
+def _assert_tree_equal(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert set(a) == set(b)
+        for k in a:
+            _assert_tree_equal(a[k], b[k])
+    else:
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+
+
+def _actions(space: gym.Space[Any], seed: int, steps: int) -> list[Any]:
+    space.seed(seed)
+    return [space.sample() for _ in range(steps)]
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+@given(seed=st.integers(0, 2**63 - 1), split=st.sampled_from([(3,), (1, 2), (2, 1)]))
+def test_remote_equals_local_bit_for_bit(
+    serve: Any, env_id: str, seed: int, split: tuple[int, ...]
+) -> None:
+    """Same seed and actions: identical obs, rewards, flags, final obs and infos,
+    also when the envs are split over several servers."""
+    endpoints = [serve(env_id, n, k) for k, n in enumerate(split)]
+    n = sum(split)
+    local = VectorEnv(env_id, n)
+    remote = RemoteVectorEnv(endpoints, timeout=10)
+    try:
+        assert remote.num_envs == n
+        assert remote.single_observation_space == local.single_observation_space
+        assert remote.action_space == local.action_space
+        assert remote.metadata["autoreset_mode"] == local.metadata["autoreset_mode"]
+        steps = 60 if env_id.endswith("CartPole-v0") else 15
+        lo, li = local.reset(seed=seed)
+        ro, ri = remote.reset(seed=seed)
+        _assert_tree_equal(lo, ro)
+        _assert_tree_equal(li, ri)
+        for k, act in enumerate(_actions(local.action_space, seed % 2**32, steps)):
+            if k % 2:
+                lb, rb = local.step_batch(act), remote.step_batch(act)
+                for field in ("obs", "reward", "terminated", "truncated", "final_obs", "env_ids"):
+                    _assert_tree_equal(getattr(lb, field), getattr(rb, field))
+                continue
+            lres, rres = local.step(act), remote.step(act)
+            for a, b in zip(lres[:4], rres[:4], strict=True):
+                _assert_tree_equal(a, b)
+            linfo, rinfo = lres[4], rres[4]
+            assert set(linfo) == set(rinfo)
+            if "final_obs" in linfo:
+                _assert_tree_equal(linfo["_final_obs"], rinfo["_final_obs"])
+                for i in np.flatnonzero(linfo["_final_obs"]):
+                    _assert_tree_equal(linfo["final_obs"][i], rinfo["final_obs"][i])
+    finally:
+        local.close()
+        remote.close()
+
+
+def test_next_step_mode_equals_local(serve: Any) -> None:
+    endpoints = [serve("simkit/CartPole-v0", 2, 0), serve("simkit/CartPole-v0", 1, 0)]
+    remote = RemoteVectorEnv(endpoints, timeout=10, autoreset_mode="NextStep")
+    local = VectorEnv("simkit/CartPole-v0", 3, autoreset_mode="NextStep")
+    try:
+        assert remote.metadata["autoreset_mode"] is gym.vector.AutoresetMode.NEXT_STEP
+        _assert_tree_equal(local.reset(seed=11)[0], remote.reset(seed=11)[0])
+        ended = 0
+        for act in _actions(local.action_space, 5, 80):
+            lres, rres = local.step(act), remote.step(act)
+            for a, b in zip(lres[:4], rres[:4], strict=True):
+                _assert_tree_equal(a, b)
+            assert set(lres[4]) == set(rres[4])
+            ended += int(np.sum(lres[2] | lres[3]))
+        assert ended > 0
+        with pytest.raises(ValueError, match="got DISABLED"):
+            RemoteVectorEnv(endpoints, autoreset_mode="Disabled")
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_send_recv_overlap_and_env_ids(serve: Any) -> None:
+    """EnvPool-style halves in flight at once equal one full step of a local vector."""
+    endpoints = [serve("simkit/CartPole-v0", 3, 0), serve("simkit/CartPole-v0", 3, 1)]
+    remote = RemoteVectorEnv(endpoints, timeout=10)
+    local = VectorEnv("simkit/CartPole-v0", 6)
+    try:
+        remote.reset(seed=7)
+        local.reset(seed=7)
+        for act in _actions(local.action_space, 3, 40):
+            remote.send(act[:3], [0, 1, 2])
+            remote.send(act[3:], np.array([3, 4, 5]))
+            got = {}
+            for _ in range(2):
+                part = remote.recv()
+                for k, g in enumerate(part.env_ids.tolist()):
+                    got[g] = (part.obs[k], part.reward[k], part.final_obs[k])
+            want = local.step_batch(act)
+            assert sorted(got) == list(range(6))
+            for g in range(6):
+                np.testing.assert_array_equal(got[g][0], want.obs[g])
+                np.testing.assert_array_equal(got[g][2], want.final_obs[g])
+                assert got[g][1] == want.reward[g]
+        with pytest.raises(RuntimeError, match="without a pending send"):
+            remote.recv()
+        with pytest.raises(ValueError, match=r"unique ids in \[0, 6\)"):
+            remote.send(np.zeros(2, dtype=np.int64), [0, 0])
+        sub = remote.step_batch(np.array([1, 0]), env_ids=[4, 1])
+        assert sub.env_ids.tolist() == [4, 1]
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_get_set_state_replays(serve: Any) -> None:
+    remote = RemoteVectorEnv(serve("simkit/CartPole-v0", 2), timeout=10)
+    try:
+        with pytest.raises(ResetNeeded, match="reset"):
+            remote.step(np.zeros(2, dtype=np.int64))
+        remote.reset(seed=3)
+        acts = _actions(remote.action_space, 0, 30)
+        states = remote.get_state()
+        first = [remote.step_batch(a) for a in acts]
+        remote.set_state(states)
+        again = [remote.step_batch(a) for a in acts]
+        for a, b in zip(first, again, strict=True):
+            np.testing.assert_array_equal(a.obs, b.obs)
+            np.testing.assert_array_equal(a.reward, b.reward)
+        with pytest.raises(ValueError, match="one snapshot per env"):
+            remote.set_state(states[:1])
+    finally:
+        remote.close()
+
+
+def test_bad_input_and_server_errors(serve: Any) -> None:
+    endpoint = serve("simkit/CartPole-v0", 2)
+    with pytest.raises(ValueError, match="endpoint must be a ZeroMQ address"):
+        RemoteVectorEnv("localhost:5555")
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        RemoteVectorEnv([])
+    with pytest.raises(ValueError, match="servers must serve the same env"):
+        RemoteVectorEnv([endpoint, serve("simkit/Cheetah-v0", 1)], timeout=10)
+    remote = RemoteVectorEnv(endpoint, timeout=10)
+    try:
+        remote.reset(seed=0)
+        with pytest.raises(RemoteError, match=r"out_of_space|invalid"):
+            remote.step(np.array([5, 0]))
+        obs, *_ = remote.step(np.array([1, 0]))  # the server keeps serving this client
+        assert obs.shape == (2, 4)
+    finally:
+        remote.close()
+
+
+# -- failures across processes -----------------------------------------------------------
+
+
+def _spawn(endpoint: str, num_envs: int = 2) -> subprocess.Popen[bytes]:
+    """``simkit serve`` in a subprocess (clients connect once it has bound)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "simkit.servers",
+            "simkit/CartPole-v0",
+            "--num-envs",
+            str(num_envs),
+            "--bind",
+            endpoint,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_killed_server_gives_clear_error_then_reconnect(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path}/kill.sock"
+    proc = _spawn(endpoint)
+    remote = RemoteVectorEnv(endpoint, timeout=20)  # the first connect waits for the bind
+    try:
+        remote.reset(seed=1)
+        remote.timeout = 0.5
+        remote.step(np.zeros(2, dtype=np.int64))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        start = time.monotonic()
+        with pytest.raises(
+            ServerUnavailable, match=rf"{endpoint} did not answer 'step' within 0.5 s"
+        ):
+            remote.step(np.zeros(2, dtype=np.int64))
+        assert time.monotonic() - start < 2.0
+        with pytest.raises(ResetNeeded, match="connection was lost"):
+            remote.step(np.zeros(2, dtype=np.int64))
+        assert issubclass(ServerUnavailable, SimkitError)
+        with pytest.raises(ServerUnavailable, match="did not answer 'hello'"):
+            remote.reset(seed=1)  # still down: reset tries to reconnect
+        proc = _spawn(endpoint)
+        remote.timeout = 20
+        obs, _ = remote.reset(seed=1)  # reconnects with a fresh session
+        assert obs.shape == (2, 4)
+        remote.step(np.zeros(2, dtype=np.int64))
+        fresh = RemoteVectorEnv(endpoint, timeout=5)
+        np.testing.assert_array_equal(fresh.reset(seed=1)[0], obs)
+        fresh.close()
+    finally:
+        remote.close()
+        proc.kill()
+        proc.wait()
+
+
+_CLIENT = """
+import sys, time
+from simkit.clients import RemoteVectorEnv
+env = RemoteVectorEnv(sys.argv[1], timeout=10)
+env.reset(seed=0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_killed_client_frees_its_slots(tmp_path: Path) -> None:
+    server = RolloutServer(
+        "simkit/CartPole-v0", 2, f"ipc://{tmp_path}/c.sock", heartbeat_timeout=0.5
+    ).start()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CLIENT, server.endpoint], stdout=subprocess.PIPE
+        )
+        assert proc.stdout is not None
+        with proc.stdout:
+            assert proc.stdout.readline().strip() == b"ready"
+        assert server.sessions == 1
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while server.sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.sessions == 0
+    finally:
+        server.stop()
+
+
+# -- unchanged learners --------------------------------------------------------------------
+
+
+def test_cleanrl_style_ppo_runs_on_remote(serve: Any) -> None:
+    """A CleanRL-style PPO loop written for gymnasium.vector.VectorEnv, with wrappers."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    envs: gym.vector.VectorEnv[Any, Any, Any] = RemoteVectorEnv(
+        serve("simkit/CartPole-v0", 4), timeout=10, autoreset_mode="NextStep"
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs = gym.wrappers.vector.NormalizeObservation(envs)
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    n_act = int(envs.single_action_space.n)  # type: ignore[attr-defined]
+    actor = nn.Sequential(nn.Linear(obs_dim, 32), nn.Tanh(), nn.Linear(32, n_act))
+    critic = nn.Sequential(nn.Linear(obs_dim, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=2.5e-3)
+    num_steps, n = 32, envs.num_envs
+    obs_buf = torch.zeros((num_steps, n, obs_dim))
+    act_buf = torch.zeros((num_steps, n), dtype=torch.long)
+    logp_buf, rew_buf, done_buf, val_buf = (torch.zeros((num_steps, n)) for _ in range(4))
+    next_obs = torch.as_tensor(envs.reset(seed=0)[0], dtype=torch.float32)
+    next_done = torch.zeros(n)
+    episodes = 0
+    for _update in range(4):
+        for t in range(num_steps):
+            obs_buf[t], done_buf[t] = next_obs, next_done
+            with torch.no_grad():
+                dist = torch.distributions.Categorical(logits=actor(next_obs))
+                action = dist.sample()
+                logp_buf[t], val_buf[t] = dist.log_prob(action), critic(next_obs).squeeze(-1)
+            act_buf[t] = action
+            o, r, term, trunc, info = envs.step(action.numpy())
+            rew_buf[t] = torch.as_tensor(r, dtype=torch.float32)
+            next_obs = torch.as_tensor(o, dtype=torch.float32)
+            next_done = torch.as_tensor(np.logical_or(term, trunc), dtype=torch.float32)
+            if "episode" in info:
+                episodes += int(info["_episode"].sum())
+                assert np.all(info["episode"]["l"][info["_episode"]] > 0)
+        with torch.no_grad():
+            adv = torch.zeros_like(rew_buf)
+            last = torch.zeros(n)
+            next_v = critic(next_obs).squeeze(-1)
+            for t in reversed(range(num_steps)):
+                nonterm = 1.0 - (next_done if t == num_steps - 1 else done_buf[t + 1])
+                nv = next_v if t == num_steps - 1 else val_buf[t + 1]
+                delta = rew_buf[t] + 0.99 * nv * nonterm - val_buf[t]
+                last = delta + 0.99 * 0.95 * nonterm * last
+                adv[t] = last
+            ret = adv + val_buf
+        b_obs, b_act = obs_buf.reshape(-1, obs_dim), act_buf.reshape(-1)
+        b_logp, b_adv, b_ret = logp_buf.reshape(-1), adv.reshape(-1), ret.reshape(-1)
+        for _epoch in range(2):
+            dist = torch.distributions.Categorical(logits=actor(b_obs))
+            ratio = (dist.log_prob(b_act) - b_logp).exp()
+            norm_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+            pg = torch.max(-norm_adv * ratio, -norm_adv * ratio.clamp(0.8, 1.2)).mean()
+            v_loss = 0.5 * ((critic(b_obs).squeeze(-1) - b_ret) ** 2).mean()
+            loss = pg + 0.5 * v_loss - 0.01 * dist.entropy().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            assert torch.isfinite(loss)
+    assert episodes > 0
+    envs.close()
