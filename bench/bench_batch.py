@@ -58,49 +58,63 @@ def ratio(a: float | None, b: float | None) -> str:
 # ----------------------------------------------------------------------------- raw limit
 
 
-def _cheetah_start(n: int) -> tuple[mujoco.MjModel, np.ndarray]:
-    model = mujoco.MjModel.from_xml_path(str(CHEETAH_XML))
+def _cheetah_workload(
+    n: int, actions: np.ndarray
+) -> tuple[list[mujoco.MjModel], np.ndarray, np.ndarray, np.ndarray]:
+    """BatchCheetah's exact workload after ``reset(seed=0)``: per-instance randomized
+    models, start states (``mjSTATE_FULLPHYSICS``) and warm-starts, and the controls."""
+    env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
+    env.reset(seed=0)
     spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
-    state0 = np.zeros((n, mujoco.mj_stateSize(model, spec)))
-    mujoco.mj_getState(model, mujoco.MjData(model), state0[0], spec)
-    state0[:] = state0[0]
-    return model, state0
+    size = mujoco.mj_stateSize(env.model, spec)
+    state0 = np.zeros((n, size))
+    for i, d in enumerate(env.datas):
+        mujoco.mj_getState(env.models[i], d, state0[i], spec)
+    warm = np.stack([d.qacc_warmstart for d in env.datas])
+    ctrl = np.ascontiguousarray(actions.transpose(1, 0, 2), dtype=np.float64)
+    return env.models, state0, warm, ctrl
 
 
-def raw_mujoco_limit(n: int, frame_skip: int, horizon: int, closers: list[Any]) -> Runner:
-    """``mujoco.rollout`` on all cores over a long horizon: one call, no Python per step."""
-    model, state0 = _cheetah_start(n)
-    ctrl = np.random.default_rng(0).uniform(-1, 1, (n, horizon * frame_skip, model.nu))
+def raw_mujoco_limit(n: int, frame_skip: int, actions: np.ndarray, closers: list[Any]) -> Runner:
+    """``mujoco.rollout`` on all cores: BatchCheetah's whole workload in one call, no Python
+    per step (each control held for ``frame_skip`` physics steps)."""
+    models, state0, warm, ctrl = _cheetah_workload(n, actions)
+    ctrl = np.repeat(ctrl, frame_skip, axis=1)
     pool = rollout.Rollout(nthread=NCPU)
     closers.append(pool)
-    datas = [mujoco.MjData(model) for _ in range(NCPU)]
-    out_state = np.empty((n, horizon * frame_skip, state0.shape[1]))
+    datas = [mujoco.MjData(models[0]) for _ in range(NCPU)]
+    out_state = np.empty((n, ctrl.shape[1], state0.shape[1]))
 
     def run() -> int:
-        pool.rollout(model, datas, state0, ctrl, state=out_state)
-        return n * horizon
+        pool.rollout(models, datas, state0, ctrl, initial_warmstart=warm, state=out_state)
+        return n * actions.shape[0]
 
     return run
 
 
-def rollout_stepwise(n: int, frame_skip: int, steps: int, closers: list[Any]) -> Runner:
-    """``mujoco.rollout`` called once per env step (nstep=frame_skip): the alternative design."""
-    model, state0 = _cheetah_start(n)
-    ctrl = np.random.default_rng(0).uniform(-1, 1, (steps, n, 1, model.nu))
-    warm = np.zeros((n, model.nv))
+def rollout_stepwise(n: int, frame_skip: int, actions: np.ndarray, closers: list[Any]) -> Runner:
+    """``mujoco.rollout`` called once per env step (nstep=frame_skip): the alternative
+    design, on the same workload (warm-start reset every call, as rollout cannot return it)."""
+    models, state0, warm, ctrl = _cheetah_workload(n, actions)
     pool = rollout.Rollout(nthread=NCPU)
     closers.append(pool)
-    datas = [mujoco.MjData(model) for _ in range(NCPU)]
+    datas = [mujoco.MjData(models[0]) for _ in range(NCPU)]
     out = np.empty((n, frame_skip, state0.shape[1]))
 
     def run() -> int:
         s = state0
-        for k in range(steps):
+        for k in range(actions.shape[0]):
             pool.rollout(
-                model, datas, s, ctrl[k], nstep=frame_skip, initial_warmstart=warm, state=out
+                models,
+                datas,
+                s,
+                ctrl[:, k : k + 1],
+                nstep=frame_skip,
+                initial_warmstart=warm,
+                state=out,
             )
             s = out[:, -1].copy()
-        return n * steps
+        return n * actions.shape[0]
 
     return run
 
@@ -110,10 +124,10 @@ def rollout_stepwise(n: int, frame_skip: int, steps: int, closers: list[Any]) ->
 
 def batch_runner(env: Any, actions: np.ndarray, trusted: bool = False) -> Runner:
     """``step_batch`` over pre-drawn actions; ``trusted`` skips action validation."""
-    env.reset(seed=0)
     env.validate_actions = not trusted
 
     def run() -> int:
+        env.reset(seed=0)  # every repeat replays the same workload
         for a in actions:
             env.step_batch(a)
         return actions.shape[0] * actions.shape[1]
@@ -223,8 +237,10 @@ def main() -> None:
     print(f"# bench_batch ({NCPU} CPUs, mujoco {mujoco.__version__}, repeats={repeats})\n")
     print("## Cheetah: BatchMujocoEnv vs the raw MuJoCo limit and EnvPool\n")
     print(
-        "Env steps/s (frame_skip=5), medians of round-robin repeats. raw = `mujoco.rollout` "
-        "on all cores over a long horizon (no Python per step); rollout/step = `mujoco.rollout` "
+        "Env steps/s (frame_skip=5), medians of round-robin repeats; every simkit/MuJoCo column "
+        "replays the same workload (BatchCheetah after `reset(seed=0)`: its randomized models, "
+        "start states and actions). raw = `mujoco.rollout` on all cores, the whole horizon in "
+        "one call (no Python per step); rollout/step = `mujoco.rollout` "
         "called once per env step; BatchCheetah = `simkit/BatchCheetah-v0` `step_batch` "
         "(threads backend, actions validated); loop = its one-thread backend; EnvPool "
         "HalfCheetah-v5 is the classic model our cheetah.xml is sized like.\n"
@@ -238,11 +254,10 @@ def main() -> None:
     for n in (16, 64, 256):
         k = max(10, steps * 64 // n)
         acts = cheetah_actions(n, k)
-        horizon = max(20, k * 2)
         r = compare(
             {
-                "raw": raw_mujoco_limit(n, frame_skip, horizon, closers),
-                "stepwise": rollout_stepwise(n, frame_skip, k, closers),
+                "raw": raw_mujoco_limit(n, frame_skip, acts, closers),
+                "stepwise": rollout_stepwise(n, frame_skip, acts, closers),
                 "batch": batch_runner(simkit.make("simkit/BatchCheetah-v0", num_envs=n), acts),
                 "loop": batch_runner(
                     simkit.make("simkit/BatchCheetah-v0", num_envs=n, backend="loop"), acts
@@ -366,16 +381,16 @@ def main() -> None:
     acts = cheetah_actions(n, k)
     env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
     trusted_env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
-    env.reset(seed=0)
 
     def physics() -> int:
+        env.reset(seed=0)
         for a in acts:
             env.do_simulation(a)
         return k * n
 
     r = compare(
         {
-            "raw": raw_mujoco_limit(n, frame_skip, 2 * k, closers),
+            "raw": raw_mujoco_limit(n, frame_skip, acts, closers),
             "physics": physics,
             "trusted": batch_runner(trusted_env, acts, trusted=True),
             "full": batch_runner(simkit.make("simkit/BatchCheetah-v0", num_envs=n), acts),
