@@ -69,6 +69,18 @@ class MultiAgentEnv(
         """The env's generator (created unseeded on first use, as in Gymnasium)."""
         return self._seed_generator(None)
 
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self._np_random = value
+        self._np_random_seed = -1  # as Gymnasium marks a generator set from outside
+
+    @property
+    def np_random_seed(self) -> int:
+        """The seed of the env's generator; ``-1`` if it was set from outside."""
+        self._seed_generator(None)
+        assert self._np_random_seed is not None
+        return self._np_random_seed
+
     def observation_space(self, agent: AgentID) -> spaces.Space[Any]:
         return self.observation_spaces[agent]
 
