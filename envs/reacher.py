@@ -11,7 +11,7 @@ from gymnasium import spaces
 import simkit
 from simkit.randomization import Params
 
-__all__ = ["Reacher", "REACHER_XML", "LINK_LENGTHS", "fingertip_position"]
+__all__ = ["Reacher", "REACHER_XML", "LINK_LENGTHS", "TARGET_RADIUS", "fingertip_position"]
 
 REACHER_XML = Path(__file__).parent / "assets" / "reacher.xml"
 """The MJCF model: hinges ``shoulder`` (free) and ``elbow`` (+-3 rad), two motors."""

@@ -355,6 +355,8 @@ def test_goal_nav_truncates_the_rest_and_checks_n_agents() -> None:
     assert all(truncs.values())
     assert not any(terms.values())
     assert env.agents == []
+    solo_obs, _ = GoalNav(n_agents=1).reset(seed=0)
+    assert solo_obs["agent_0"].shape == (6,)
     with pytest.raises(ValueError, match="n_agents must be at least 1, got 0"):
         GoalNav(n_agents=0)
     with pytest.raises(TypeError, match="n_agents must be an int, got str"):
