@@ -22,7 +22,7 @@ from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
 from simkit.clients._connection import Connection, ServerUnavailable
 from simkit.errors import ResetNeeded
-from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, ServerInfo
+from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
 
 __all__ = ["RemoteVectorEnv"]
 
@@ -173,6 +173,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             return fn()
         except ServerUnavailable:
             self._broken = True
+            raise
+        except RemoteError as exc:
+            if exc.remote_code == "session_state":  # the server dropped our session
+                self._broken = True
             raise
 
     @property

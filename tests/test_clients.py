@@ -118,6 +118,12 @@ def test_next_step_mode_equals_local(serve: Any) -> None:
             assert set(lres[4]) == set(rres[4])
             ended += int(np.sum(lres[2] | lres[3]))
         assert ended > 0
+        seeds = [5, 2**40, 9]
+        _assert_tree_equal(local.reset(seed=seeds)[0], remote.reset(seed=seeds)[0])
+        for act in _actions(local.action_space, 6, 30):
+            _assert_tree_equal(local.step(act)[0], remote.step(act)[0])
+        with pytest.raises(ValueError, match="a list of 3 ints, got a list of 2"):
+            remote.reset(seed=[1, 2])
         with pytest.raises(ValueError, match="got DISABLED"):
             RemoteVectorEnv(endpoints, autoreset_mode="Disabled")
     finally:
@@ -352,3 +358,23 @@ def test_cleanrl_style_ppo_runs_on_remote(serve: Any) -> None:
             assert torch.isfinite(loss)
     assert episodes > 0
     envs.close()
+
+
+def test_dropped_session_reconnects_on_reset(tmp_path: Path) -> None:
+    """A client idle past the server's heartbeat gets a clear error; reset() recovers."""
+    with RolloutServer(
+        "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/hb.sock", heartbeat_timeout=0.2
+    ) as server:
+        remote = RemoteVectorEnv(server.endpoint, timeout=5)
+        try:
+            remote.reset(seed=0)
+            deadline = time.monotonic() + 5
+            while server.sessions and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with pytest.raises(RemoteError, match="session_state"):
+                remote.step(np.zeros(1, dtype=np.int64))
+            obs, _ = remote.reset(seed=0)
+            assert obs.shape == (1, 4)
+            remote.step(np.zeros(1, dtype=np.int64))
+        finally:
+            remote.close()

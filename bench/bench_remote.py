@@ -1,0 +1,256 @@
+"""RemoteVectorEnv vs local stepping, loop latency and per-request overhead, in one run.
+
+Usage: ``python bench/bench_remote.py [--repeats 5] [--num-envs 64] [--seconds 1.5]``
+
+Prints one markdown table. Throughput is env steps per second (median of the
+repeats) for ``simkit/Cheetah-v0`` at N envs:
+
+- local: ``simkit.vector.VectorEnv(..., N).step_batch`` in this process;
+- remote, 1 server: ``RemoteVectorEnv`` over one ``simkit serve`` subprocess (ipc);
+- remote, 2 servers, overlapped: N/2 envs on each of two server processes,
+  EnvPool-style ``send``/``recv`` double buffering (one half steps while the other's
+  reply is handled), which is how remote keeps up with local;
+- Gymnasium ``AsyncVectorEnv`` (one process per env).
+
+Loop latency is the time from sending a step request to holding its observations
+(p50/p99 over every step of a repeat). The per-request overhead compares a
+``RemoteVectorEnv`` step of one ``simkit/CartPole-v0`` env (a near-trivial env) with a
+bare ZeroMQ DEALER/ROUTER round trip of a msgpack message of the same shape against
+an echo process, measured in the same run. Ratios are taken within this run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import msgpack
+import numpy as np
+import zmq
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode
+
+import simkit
+from simkit.clients import RemoteVectorEnv
+from simkit.vector import VectorEnv
+
+CHEETAH = "simkit/Cheetah-v0"
+TRIVIAL = "simkit/CartPole-v0"
+
+_ECHO = """
+import sys, zmq
+sock = zmq.Context().socket(zmq.ROUTER)
+sock.bind(sys.argv[1])
+while True:
+    sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
+"""
+
+
+def _server(env_id: str, n: int, endpoint: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "simkit.servers", env_id, "--num-envs", str(n)]
+    return subprocess.Popen(
+        [*cmd, "--bind", endpoint],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _rate(step: Callable[[], int], seconds: float) -> tuple[float, list[float]]:
+    """Steps/s over ``seconds`` of calls to ``step`` (returns env steps), and call times."""
+    for _ in range(3):
+        step()
+    times: list[float] = []
+    done = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        done += step()
+        times.append(time.perf_counter() - t)
+    return done / (time.perf_counter() - start), times
+
+
+def _actions(space: gym.Space[Any], count: int = 64) -> list[Any]:
+    space.seed(0)
+    return [space.sample() for _ in range(count)]
+
+
+def bench_local(n: int, seconds: float) -> tuple[float, list[float]]:
+    env = VectorEnv(CHEETAH, n)
+    env.reset(seed=0)
+    acts = _actions(env.action_space)
+    k = iter(range(1 << 62))
+    try:
+        return _rate(lambda: env.step_batch(acts[next(k) % 64]).env_ids.size, seconds)
+    finally:
+        env.close()
+
+
+def bench_remote(endpoints: list[str], n: int, seconds: float) -> tuple[float, list[float]]:
+    env = RemoteVectorEnv(endpoints, timeout=60)
+    env.reset(seed=0)
+    assert env.num_envs == n
+    acts = _actions(env.action_space)
+    k = iter(range(1 << 62))
+    try:
+        return _rate(lambda: env.step_batch(acts[next(k) % 64]).env_ids.size, seconds)
+    finally:
+        env.close()
+
+
+def bench_overlap(endpoints: list[str], n: int, seconds: float) -> tuple[float, list[float]]:
+    env = RemoteVectorEnv(endpoints, timeout=60)
+    env.reset(seed=0)
+    half = n // 2
+    halves = [np.arange(half), np.arange(half, n)]
+    acts = _actions(env.action_space)
+    k = iter(range(1 << 62))
+    sent_at: dict[int, float] = {}
+    for h, ids in enumerate(halves):
+        sent_at[h] = time.perf_counter()
+        env.send(acts[0][ids], ids)
+
+    def step() -> int:
+        result = env.recv()
+        h = 0 if result.env_ids[0] < half else 1
+        took = time.perf_counter() - sent_at[h]
+        lat.append(took)
+        sent_at[h] = time.perf_counter()
+        env.send(acts[next(k) % 64][halves[h]], halves[h])
+        return int(result.env_ids.size)
+
+    lat: list[float] = []
+    try:
+        rate, _ = _rate(step, seconds)
+        return rate, lat
+    finally:
+        for _ in range(2):
+            env.recv()
+        env.close()
+
+
+def bench_async(n: int, seconds: float) -> float:
+    env = AsyncVectorEnv(
+        [lambda: simkit.make(CHEETAH) for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP
+    )
+    env.reset(seed=0)
+    acts = _actions(env.action_space)
+    k = iter(range(1 << 62))
+
+    def step() -> int:
+        env.step(acts[next(k) % 64])
+        return n
+
+    try:
+        return _rate(step, seconds)[0]
+    finally:
+        env.close()
+
+
+def bench_overhead(server: str, echo: str, seconds: float) -> tuple[float, float]:
+    """Median seconds per request: remote 1-env CartPole step vs a bare echo round trip."""
+    env = RemoteVectorEnv(server, timeout=60)
+    env.reset(seed=0)
+    act = np.zeros(1, dtype=np.int64)
+    _, remote = _rate(lambda: env.step_batch(act).env_ids.size, seconds)
+    env.close()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(echo)
+    obs = np.zeros((1, 4), np.float32)
+    header = {
+        "v": [1, 0],
+        "id": 1,
+        "kind": "step",
+        "body": {"infos": [{}], "faults": []},
+        "arrays": [
+            {"name": "obs", "dtype": "float32", "shape": [1, 4], "data": obs.tobytes()},
+            {"name": "reward", "dtype": "float64", "shape": [1], "data": bytes(8)},
+            {"name": "terminated", "dtype": "bool", "shape": [1], "data": bytes(1)},
+            {"name": "truncated", "dtype": "bool", "shape": [1], "data": bytes(1)},
+            {"name": "env_ids", "dtype": "int64", "shape": [1], "data": bytes(8)},
+        ],
+    }
+
+    def echo_once() -> int:
+        sock.send_multipart([msgpack.packb(header, use_bin_type=True)], copy=False)
+        msgpack.unpackb(sock.recv_multipart()[0])
+        return 1
+
+    _, bare = _rate(echo_once, seconds)
+    sock.close()
+    return statistics.median(remote), statistics.median(bare)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--num-envs", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=1.5, help="per measurement")
+    parser.add_argument("--no-async", action="store_true", help="skip AsyncVectorEnv")
+    args = parser.parse_args()
+    n, sec = args.num_envs, args.seconds
+    tmp = tempfile.mkdtemp(prefix="simkit-bench-")
+    one = f"ipc://{tmp}/one.sock"
+    pair = [f"ipc://{tmp}/a.sock", f"ipc://{tmp}/b.sock"]
+    trivial, echo = f"ipc://{tmp}/trivial.sock", f"ipc://{tmp}/echo.sock"
+    procs = [_server(CHEETAH, n, one), _server(TRIVIAL, 1, trivial)]
+    procs += [_server(CHEETAH, n // 2, e) for e in pair]
+    procs.append(subprocess.Popen([sys.executable, "-c", _ECHO, echo]))
+    rows: dict[str, list[float]] = {}
+    lat: dict[str, list[float]] = {"remote, 1 server": [], "remote, 2 servers, overlapped": []}
+    local_lat: list[float] = []
+    overhead: list[tuple[float, float]] = []
+    try:
+        for _ in range(args.repeats):
+            rate, times = bench_local(n, sec)
+            rows.setdefault("local simkit.vector", []).append(rate)
+            local_lat += times
+            rate, times = bench_remote([one], n, sec)
+            rows.setdefault("remote, 1 server", []).append(rate)
+            lat["remote, 1 server"] += times
+            rate, times = bench_overlap(pair, n, sec)
+            rows.setdefault("remote, 2 servers, overlapped", []).append(rate)
+            lat["remote, 2 servers, overlapped"] += times
+            if not args.no_async:
+                rows.setdefault("Gymnasium AsyncVectorEnv", []).append(bench_async(n, sec))
+            overhead.append(bench_overhead(trivial, echo, sec))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    local = statistics.median(rows["local simkit.vector"])
+    asy = statistics.median(rows["Gymnasium AsyncVectorEnv"]) if not args.no_async else None
+    print(f"{CHEETAH}, N={n}, {args.repeats} repeats x {sec:g} s, {os.cpu_count()} CPUs\n")
+    print(
+        "| stepping | steps/s (median) | vs local | vs AsyncVectorEnv | loop p50 ms | loop p99 ms |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, rates in rows.items():
+        med = statistics.median(rates)
+        times = local_lat if name.startswith("local") else lat.get(name, [])
+        p50 = f"{_pct(times, 50):.2f}" if times else "-"
+        p99 = f"{_pct(times, 99):.2f}" if times else "-"
+        vs_async = f"{med / asy:.2f}x" if asy else "-"
+        print(f"| {name} | {med:,.0f} | {med / local:.2f}x | {vs_async} | {p50} | {p99} |")
+    remote_req = statistics.median(o[0] for o in overhead) * 1e6
+    bare_req = statistics.median(o[1] for o in overhead) * 1e6
+    print(
+        f"\nPer-request overhead ({TRIVIAL}, 1 env): RemoteVectorEnv step {remote_req:.0f} us, "
+        f"bare DEALER/ROUTER msgpack round trip {bare_req:.0f} us, "
+        f"ratio {remote_req / bare_req:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
