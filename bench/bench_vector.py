@@ -14,9 +14,11 @@ N <= 64 only: at 256 it would fork 256 processes on this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -55,7 +57,41 @@ def _implementations(fn: Callable[[], gym.Env[Any, Any]], n: int) -> dict[str, C
     impls["simkit VectorEnv threads=2"] = lambda: VectorEnv(
         [fn] * n, num_threads=2, autoreset_mode=mode
     )
+    impls["simkit VectorEnv threads=2, step_batch"] = lambda: _Typed(
+        VectorEnv([fn] * n, num_threads=2, autoreset_mode=mode)
+    )
     return impls
+
+
+class _Typed:
+    """Times the typed ``step_batch`` API (no Gymnasium info dicts) under ``step``."""
+
+    def __init__(self, vec: VectorEnv) -> None:
+        self.vec = vec
+        self.single_action_space = vec.single_action_space
+
+    def reset(self, seed: int) -> Any:
+        return self.vec.reset(seed=seed)
+
+    def step(self, actions: Any) -> Any:
+        return self.vec.step_batch(actions)
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silences MuJoCo's C-level model-compiler warnings (HalfCheetah-v5's XML)."""
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _actions(space: gym.Space[Any], steps: int, n: int) -> np.ndarray:
@@ -81,7 +117,8 @@ def _compare(
     All implementations stay alive and are timed round-robin within each repeat, so
     load from other processes on the machine hits them alike.
     """
-    vecs = {name: make() for name, make in _implementations(fn, n).items()}
+    with _quiet_stderr():
+        vecs = {name: make() for name, make in _implementations(fn, n).items()}
     try:
         steps = max(8, ENV_STEPS_PER_REPEAT // n)
         actions = _actions(next(iter(vecs.values())).single_action_space, steps, n)

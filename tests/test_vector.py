@@ -359,6 +359,7 @@ def test_multi_agent_rows_mask_and_autoreset() -> None:
         b = v.step(np.ones(6, dtype=np.int64))
         assert np.array_equal(b.acted, mask)
         assert not b.done[~b.acted].any()
+        assert not b.obs[~b.agent_mask].any()
         assert not b.reward[~b.acted].any()
         partial = b.agent_mask.reshape(3, 2)
         saw_partial |= bool((partial[:, 0] != partial[:, 1]).any())

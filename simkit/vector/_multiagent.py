@@ -281,6 +281,9 @@ class MultiAgentVectorEnv:
             self._mask[base : base + A] = False
             for agent in env.agents:
                 self._mask[base + self._slot[agent]] = True
+            for k in range(A):
+                if not self._mask[base + k]:
+                    self._obs_rows[base + k] = self._zero_row()
             if not env.agents:
                 env_reset[i] = True
                 reset_infos = self._reset_one(i, self._next_seed(i), None)
