@@ -82,7 +82,8 @@ class ContractCore:
     @property
     def params(self) -> Params:
         """The randomized parameter values of the current episode (a copy)."""
-        return copy.deepcopy(self._params)
+        # Values are floats, plain options or arrays, so copying the arrays is enough.
+        return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in self._params.items()}
 
     @property
     def elapsed_steps(self) -> int:
