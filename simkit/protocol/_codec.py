@@ -92,9 +92,20 @@ class Message:
     v: tuple[int, int] = PROTOCOL_VERSION
 
 
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str:
+    """``dtype.name``, cached: numpy computes the name in Python on every access."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def _wire_array(arr: Any, name: str) -> np.ndarray:
     a = np.asarray(arr)
-    if a.dtype.name not in DTYPES:
+    if _dtype_name(a.dtype) not in DTYPES:
         raise InvalidDtype(
             f"array {name!r} has a dtype off the whitelist", expected=list(DTYPES), got=a.dtype.name
         )
@@ -113,7 +124,11 @@ def encode(message: Message, *, inline_threshold: int = INLINE_THRESHOLD) -> lis
     frames: list[Any] = [b""]
     for name, value in message.arrays.items():
         arr = _wire_array(value, name)
-        desc: dict[str, Any] = {"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape)}
+        desc: dict[str, Any] = {
+            "name": name,
+            "dtype": _dtype_name(arr.dtype),
+            "shape": list(arr.shape),
+        }
         if arr.nbytes <= inline_threshold:
             desc["data"] = arr.tobytes()
         else:
