@@ -6,6 +6,7 @@ when a server does not answer in time.
 """
 
 from simkit.clients._connection import ServerUnavailable
+from simkit.clients._demo import DemoFigures, remote_demo
 from simkit.clients._vector import RemoteVectorEnv
 
-__all__ = ["RemoteVectorEnv", "ServerUnavailable"]
+__all__ = ["RemoteVectorEnv", "ServerUnavailable", "remote_demo", "DemoFigures"]

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simkit.clients import RemoteVectorEnv, ServerUnavailable
+from simkit.clients import RemoteVectorEnv, ServerUnavailable, remote_demo
 from simkit.errors import ResetNeeded, SimkitError
 from simkit.protocol import RemoteError
 from simkit.servers import RolloutServer
@@ -378,3 +378,15 @@ def test_dropped_session_reconnects_on_reset(tmp_path: Path) -> None:
             remote.step(np.zeros(1, dtype=np.int64))
         finally:
             remote.close()
+
+
+def test_remote_demo_reports_figures() -> None:
+    """The remote part of ``simkit demo``: a served env, measured next to local."""
+    figures = remote_demo("simkit/CartPole-v0", num_envs=4, steps=40)
+    assert figures.identical
+    assert figures.remote_steps_per_s > 0
+    assert figures.local_steps_per_s > 0
+    assert 0 < figures.remote_p50_ms <= figures.remote_p99_ms
+    table = figures.table()
+    assert "| remote (simkit serve, ipc) |" in table
+    assert "bit for bit: yes" in table
