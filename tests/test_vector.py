@@ -438,3 +438,21 @@ def test_vector_of_cartpoles_equals_batch_cartpole() -> None:
             _tree_equal(getattr(x, name), getattr(y, name), name)
         ends += int(y.done.sum())
     assert ends >= 3
+
+
+def test_worker_threads_stop_on_close_and_collection() -> None:
+    import gc
+    import threading
+
+    def workers() -> int:
+        return sum(t.name.startswith("simkit-vector") for t in threading.enumerate())
+
+    before = workers()
+    v = VectorEnv(CARTPOLE, 4, num_threads=3)
+    assert workers() == before + 3
+    v.close()
+    assert workers() == before
+    v = VectorEnv(CARTPOLE, 4, num_threads=2)
+    del v
+    gc.collect()
+    assert workers() == before

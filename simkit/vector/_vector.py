@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -634,6 +635,12 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def render(self) -> tuple[Any, ...]:
         """Every env's ``render()``."""
         return tuple(env.render() for env in self.envs)
+
+    def __del__(self) -> None:
+        # Worker threads hold the pool, not the vector: stop them with the vector.
+        if getattr(self, "_pool", None) is not None and not getattr(self, "closed", True):
+            with contextlib.suppress(Exception):
+                self.close()
 
     def close_extras(self, **kwargs: Any) -> None:
         """Stops the worker threads and closes every env."""
