@@ -54,7 +54,7 @@ class BatchCheetah(simkit.BatchMujocoEnv):
         num_envs: int = 16,
         *,
         step_infos: bool = False,
-        backend: Literal["threads", "loop"] = "threads",
+        backend: Literal["threads", "pooled", "loop"] = "threads",
         nthread: int | None = None,
         **kwargs: Any,
     ) -> None:

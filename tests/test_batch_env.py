@@ -325,7 +325,7 @@ class _BatchArm(simkit.BatchMujocoEnv):
         return obs, reward, np.abs(qpos[:, 1]) > 1.0, None
 
 
-@pytest.mark.parametrize("backend", ["threads", "loop"])
+@pytest.mark.parametrize("backend", ["threads", "pooled", "loop"])
 def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
     batch = _BatchArm(3, backend=backend, nthread=2)
     actions = np.random.default_rng(4).uniform(-1.5, 1.5, size=(40, 3, 2)).astype(np.float32)
@@ -333,7 +333,7 @@ def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
     assert ends >= 3
     assert len({m.body_mass[1] for m in batch.models}) == 3  # per-instance model copies
     state = batch.get_state()
-    other = _BatchArm(3, backend="loop")
+    other = _BatchArm(3, backend="pooled" if backend == "loop" else "loop")
     other.set_state(loads(dumps(state)))
     a = actions[0]
     r1, r2 = batch.step_batch(a), other.step_batch(a)
@@ -342,12 +342,22 @@ def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
     with pytest.raises(InvalidState, match=r"shape \(3, \d+\), got \(2,\)"):
         other.set_env_state({"physics": np.zeros(2), "extra": {}})
     batch.close()
-    with pytest.raises(ValueError, match="backend must be 'threads' or 'loop', got 'gpu'"):
+    with pytest.raises(
+        ValueError, match="backend must be 'threads', 'pooled' or 'loop', got 'gpu'"
+    ):
         _BatchArm(2, backend="gpu")
 
 
-def test_batch_cheetah_equals_single_cheetahs_with_infos() -> None:
-    batch = simkit.make("simkit/BatchCheetah-v0", num_envs=3, max_episode_steps=6, step_infos=True)
+@pytest.mark.parametrize("backend", ["threads", "pooled"])
+def test_batch_cheetah_equals_single_cheetahs_with_infos(backend: str) -> None:
+    batch = simkit.make(
+        "simkit/BatchCheetah-v0",
+        num_envs=3,
+        max_episode_steps=6,
+        step_infos=True,
+        backend=backend,
+        nthread=2,
+    )
     actions = np.random.default_rng(2).uniform(-1.2, 1.2, size=(14, 3, 6)).astype(np.float32)
     ends = assert_batch_matches_singles(
         batch,
