@@ -283,6 +283,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         if self.closed:
             raise RuntimeError("this RemoteVectorEnv is closed")
+        if options is not None and "reset_mask" in options:
+            raise ValueError(
+                "RemoteVectorEnv resets every env: expected options without 'reset_mask', "
+                "got reset_mask (servers autoreset ended envs themselves)"
+            )
         if self._broken:
             self.reconnect()
         self._drain()
@@ -399,6 +404,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Steps ``env_ids`` (all when ``None``) and returns one typed :class:`BatchStep`.
 
         Rows follow ``env_ids``; across several servers the requests run concurrently.
+        Arrays may be zero-copy, read-only views of the reply: copy before writing.
         """
         self.faults = []
         ids = self._check_ids(env_ids)
@@ -552,6 +558,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 continue
             conn.send("ping", conn.session.request_ping())
             self._call(conn, "ping", lambda c=conn: c.session.parse_ping(c.recv()))
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            for conn in getattr(self, "_conns", []):
+                conn.close(polite=False)
 
     def close_extras(self, **kwargs: Any) -> None:
         """Ends every session (frees the server's slots) and closes the sockets."""

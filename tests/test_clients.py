@@ -194,6 +194,8 @@ def test_bad_input_and_server_errors(serve: Any) -> None:
         RemoteVectorEnv([endpoint, serve("simkit/Cheetah-v0", 1)], timeout=10)
     remote = RemoteVectorEnv(endpoint, timeout=10)
     try:
+        with pytest.raises(ValueError, match="without 'reset_mask'"):
+            remote.reset(options={"reset_mask": np.array([True, False])})
         remote.reset(seed=0)
         with pytest.raises(RemoteError, match=r"out_of_space|invalid"):
             remote.step(np.array([5, 0]))
