@@ -379,7 +379,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         offset = self._offsets[s]
         self.faults.extend(EnvFault(f.env_id + int(offset), f.code, f.message) for f in faults)
         global_ids = np.asarray(step.env_ids, dtype=np.int64) + offset
-        if not np.array_equal(np.sort(global_ids), np.sort(ids)):
+        if not np.array_equal(global_ids, ids):
             raise RuntimeError(
                 f"server {conn.endpoint} answered for envs {global_ids.tolist()}, "
                 f"expected {ids.tolist()}"
