@@ -10,8 +10,10 @@ shared counter, balancing load on a shared machine); each worker also copies its
 native stepping. Observations and rewards are then computed vectorised from those arrays.
 
 ``mujoco.rollout`` was measured as the alternative (see docs/benchmarks.md): stepped an
-env step at a time it is slower here, and it cannot hand back the solver warm-start
-(``qacc_warmstart``), so it could not be bit-identical to ``mj_step`` either.
+env step at a time it is not faster than this pool on our machine, and it cannot hand
+back the solver warm-start (``qacc_warmstart``), so it could not be bit-identical to
+``mj_step`` either. The ``"pooled"`` backend borrows its layout instead (one scratch
+``MjData`` per worker, per-instance state rows) while keeping the warm-start.
 """
 
 from __future__ import annotations
