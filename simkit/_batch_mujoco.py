@@ -112,6 +112,11 @@ class BatchMujocoEnv(BatchEnv):
         self._pooled = backend == "pooled"
         self._states = np.zeros((n, self._state_size), dtype=np.float64)
         self._scratch = [mujoco.MjData(self.model) for _ in range(workers)] if self._pooled else []
+        self._slices = _state_slices(self.model)
+        # In pooled mode qpos/qvel come straight out of the state rows, vectorised.
+        self._row_fields = [
+            f for f in self.batch_fields if not (self._pooled and f in self._slices)
+        ]
         self._pool = ThreadPoolExecutor(workers - 1) if workers > 1 else None
         self.backend = backend
 
@@ -166,6 +171,8 @@ class BatchMujocoEnv(BatchEnv):
             ctrl: ``(N, nu)`` controls, row ``i`` for instance ``i``.
         """
         counter = itertools.count()
+        if self._pooled:
+            self._states[:, self._slices["ctrl"]] = ctrl
         run = self._run_pooled if self._pooled else self._run_worker
         futures: list[Future[None]] = []
         if self._pool is not None:
@@ -173,17 +180,20 @@ class BatchMujocoEnv(BatchEnv):
         run(0, counter, ctrl)
         for fut in futures:
             fut.result()
+        if self._pooled:
+            for name, buf in self.batch.items():
+                if name in self._slices:
+                    buf[...] = self._states[:, self._slices[name]]
 
     def _run_pooled(self, worker: int, counter: Iterator[int], ctrl: np.ndarray) -> None:
         models, states, nstep, n = self.models, self._states, self.frame_skip, self.num_envs
         d = self._scratch[worker]
-        bufs = list(self.batch.items())
+        bufs = [(name, self.batch[name]) for name in self._row_fields]
         for i in counter:
             if i >= n:
                 return
             m = models[i]
-            mujoco.mj_setState(m, d, states[i], PHYSICS_STATE)
-            d.ctrl[:] = ctrl[i]
+            mujoco.mj_setState(m, d, states[i], PHYSICS_STATE)  # ctrl is in the row
             mujoco.mj_step(m, d, nstep=nstep)
             mujoco.mj_getState(m, d, states[i], PHYSICS_STATE)
             for name, buf in bufs:
@@ -230,3 +240,20 @@ class BatchMujocoEnv(BatchEnv):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+def _state_slices(model: mujoco.MjModel) -> dict[str, slice]:
+    """Where ``qpos``, ``qvel`` and ``ctrl`` sit in an ``mjSTATE_INTEGRATION`` vector."""
+    spec = int(PHYSICS_STATE)
+    offset = 0
+    out: dict[str, slice] = {}
+    names = {2: "qpos", 4: "qvel", 64: "ctrl"}
+    bit = 1
+    while bit <= spec:
+        if spec & bit:
+            size = mujoco.mj_stateSize(model, bit)
+            if bit in names:
+                out[names[bit]] = slice(offset, offset + size)
+            offset += size
+        bit <<= 1
+    return out
