@@ -38,7 +38,14 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS, ids=repr)
-def test_same_rng_state_gives_same_value(dist: Distribution) -> None:
+def test_same_rng_state_gives_same_value(
+    dist: Distribution, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("global numpy RNG used")
+
+    for name in ("uniform", "normal", "choice", "random", "random_sample", "randint"):
+        monkeypatch.setattr(np.random, name, forbidden)
     rng = np.random.default_rng(123)
     state = rng.bit_generator.state
     first = [dist.sample(rng) for _ in range(5)]
