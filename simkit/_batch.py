@@ -568,6 +568,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _restore_like(self, current: Any, value: Any) -> Any:
         if self.xp is not np and isinstance(current, self.xp.Tensor):
             return self.xp.as_tensor(np.array(value), device=current.device, dtype=current.dtype)
+        if self.xp is not np and isinstance(value, np.ndarray):
+            return self.xp.as_tensor(value.copy(), device=self.device)
         return copy.deepcopy(value)
 
     def get_state(self) -> dict[str, Any]:

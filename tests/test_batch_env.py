@@ -98,6 +98,10 @@ def test_torch_batch_cartpole_equals_numpy() -> None:
     tb2.set_state(loads(dumps(state)))
     a = torch.ones(6, dtype=torch.int64)
     assert torch.equal(tb.step_batch(a).obs, tb2.step_batch(a).obs)
+    mask = np.array([True, False, True, False, False, False])
+    obs_partial, _ = tb2.reset(options={"reset_mask": mask})
+    assert isinstance(obs_partial, torch.Tensor)
+    assert obs_partial.dtype == torch.float32
     with pytest.raises(InvalidAction, match=r"actions must be in \[0, 2\)"):
         tb.step_batch(torch.full((6,), 2))
 
