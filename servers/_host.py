@@ -79,23 +79,26 @@ class EnvListHost:
         self._episode = np.full(self.num_envs, -1, dtype=np.int64)
         self._obs: list[Any] = [None] * self.num_envs
         self._broken = np.zeros(self.num_envs, dtype=bool)
+        self._env_offset = 0
 
     def _rows(self, items: list[Any]) -> Any:
         out: Any = create_empty_array(self.observation_space, len(items))
         return concatenate(self.observation_space, items, out)
 
     def _reset_one(
-        self, i: int, params: Mapping[str, Any] | None, options: Mapping[str, Any] | None
+        self,
+        i: int,
+        params: Mapping[str, Any] | None,
+        options: Mapping[str, Any] | None,
+        seed: int | None = None,
     ) -> tuple[Any, dict[str, Any]]:
-        root = self._roots[i]
-        if root is None:
-            root = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
-            self._roots[i] = root
+        """Starts env ``i``'s next episode: with ``seed`` exactly, else from its root."""
         self._episode[i] += 1
+        if seed is None and self._roots[i] is not None:
+            seed = episode_seed(self._roots[i], self._env_offset + i, int(self._episode[i]))  # type: ignore[arg-type]
         opts = dict(options or {})
         if params:
             opts["params"] = {**dict(opts.get("params") or {}), **params}
-        seed = episode_seed(root, i, int(self._episode[i]))
         obs, info = self.envs[i].reset(seed=seed, options=opts or None)
         self._obs[i] = obs
         self._broken[i] = False
@@ -109,23 +112,36 @@ class EnvListHost:
         seeds: list[int] | None,
         options: dict[str, Any] | None,
         params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
     ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids``: ``seed`` restarts every env's episode count under a new root;
-        ``seeds`` restarts each listed env under its own root; neither continues each
-        listed env with its next episode."""
+        """Resets ``env_ids`` with the seeding of :class:`simkit.vector.VectorEnv`.
+
+        ``env_offset``: seeds index env ``i`` as ``env_offset + i`` (a client joining
+        several servers into one vector), until the next reset.
+
+        ``seed`` (root): env ``i`` restarts at episode 0 with ``episode_seed(seed, i, 0)``
+        and derives its later episodes the same way. ``seeds``: env ``env_ids[k]`` is reset
+        with ``seeds[k]`` exactly and later episodes continue its own generator.
+        Neither: each env starts its next episode (a random root on a first reset).
+        """
         if ((options and "params" in options) or params) and "params" not in self.capabilities:
             raise Unsupported(
                 "this env takes no randomization overrides", expected="no params", got="params"
             )
-        if seed is not None:
-            self._roots = [seed] * self.num_envs
-            self._episode[:] = -1
+        self._env_offset = env_offset
         obs_rows, infos = [], []
         for k, i in enumerate(env_ids.tolist()):
-            if seeds is not None:
-                self._roots[i] = seeds[k]
+            explicit: int | None = None
+            if seed is not None:
+                self._roots[i] = seed
                 self._episode[i] = -1
-            obs, info = self._reset_one(i, params[k] if params else None, options)
+            elif seeds is not None:
+                self._roots[i] = None
+                self._episode[i] = -1
+                explicit = seeds[k]
+            elif self._roots[i] is None and self._episode[i] < 0:
+                self._roots[i] = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+            obs, info = self._reset_one(i, params[k] if params else None, options, explicit)
             obs_rows.append(obs)
             infos.append(info)
         return self._rows(obs_rows), infos

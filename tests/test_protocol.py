@@ -329,8 +329,10 @@ def test_per_env_seeds_and_params() -> None:
         server.handle(client.request_reset(seeds=[5, 6], params=[{"gravity": 9.5}, {}]))
     )
     local = simkit.make("simkit/CartPole-v0")
-    obs, _info = local.reset(seed=episode_seed(6, 1, 0))
+    obs, _info = local.reset(seed=6)
     assert reset.obs[1].tobytes() == obs.tobytes()
+    step, _ = client.parse_step(server.handle(client.request_step(np.array([1, 1]))))
+    assert step.obs[1].tobytes() == local.step(1)[0].tobytes()
     assert reset.infos[0]["params"]["gravity"] == 9.5
     with pytest.raises(RemoteError, match=r"\[invalid_parameter\].*unknown randomization"):
         client.parse_reset(server.handle(client.request_reset(params=[{"wind": 1.0}, {}])))

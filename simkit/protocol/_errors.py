@@ -157,6 +157,7 @@ ERROR_CODES: dict[str, str] = {
     "reset_needed": "the env must be reset first",
     "env_error": "the env raised an exception",
     "shutting_down": "the server is stopping and refuses new work",
+    "busy": "the server has no free session slots; retry later",
     "internal": "an unexpected server error (a bug); the server keeps serving",
 }
 """Every error code with its meaning (documented in docs/protocol.md)."""

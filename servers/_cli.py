@@ -1,0 +1,123 @@
+"""The ``serve`` command: ``simkit serve ENV_ID --num-envs N --bind tcp://127.0.0.1:5555``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import zmq.auth
+
+from simkit.servers._server import RolloutServer
+
+__all__ = ["add_serve_arguments", "run_serve", "main"]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``serve`` options to ``parser`` (used by ``simkit serve`` too)."""
+    parser.add_argument("env_id", help="simkit env id, or gym:<id> for an installed Gymnasium env")
+    parser.add_argument(
+        "--num-envs", type=int, default=1, help="envs per client session (default 1)"
+    )
+    parser.add_argument(
+        "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint (default loopback)"
+    )
+    parser.add_argument("--shared", action="store_true", help="all clients share one set of envs")
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=60.0,
+        help="seconds before a silent session is freed",
+    )
+    parser.add_argument("--max-sessions", type=int, default=64, help="concurrent client sessions")
+    parser.add_argument(
+        "--curve-secret-key",
+        type=Path,
+        help="server secret key file (zmq.auth.create_certificates format); enables CURVE",
+    )
+    parser.add_argument(
+        "--curve-allow",
+        type=Path,
+        action="append",
+        default=[],
+        help="client public key file or a directory of them (repeatable)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback bind without CURVE (anyone on the network can connect)",
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port"
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", help="interface for the metrics HTTP server"
+    )
+
+
+def _client_keys(paths: Sequence[Path]) -> list[bytes]:
+    keys: list[bytes] = []
+    for path in paths:
+        files = sorted(path.glob("*.key")) if path.is_dir() else [path]
+        for file in files:
+            public, _ = zmq.auth.load_certificate(file)
+            keys.append(public)
+    return keys
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Runs the server until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    secret = None
+    if args.curve_secret_key is not None:
+        _, secret = zmq.auth.load_certificate(args.curve_secret_key)
+        if secret is None:
+            print(f"error: {args.curve_secret_key} holds no secret key", file=sys.stderr)
+            return 2
+    try:
+        server = RolloutServer(
+            args.env_id,
+            args.num_envs,
+            args.bind,
+            shared=args.shared,
+            heartbeat_timeout=args.heartbeat_timeout,
+            max_sessions=args.max_sessions,
+            curve_secret_key=secret,
+            curve_allowed_clients=_client_keys(args.curve_allow),
+            insecure=args.insecure,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
+        )
+    except (ValueError, KeyError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        print(f"simkit serve: {signal.Signals(signum).name}, shutting down", file=sys.stderr)
+        server.request_stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    metrics = (
+        f", metrics on http://{args.metrics_host}:{server.metrics_port}/metrics"
+        if server.metrics_port
+        else ""
+    )
+    print(f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{metrics}", flush=True)
+    server.serve_forever()
+    print("simkit serve: stopped", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m simkit.servers ENV_ID ...``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m simkit.servers", description="Serve envs over ZeroMQ."
+    )
+    add_serve_arguments(parser)
+    return run_serve(parser.parse_args(argv))

@@ -1,0 +1,364 @@
+"""``RolloutServer``: serves simkit (or Gymnasium) envs over ZeroMQ with the simkit protocol."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.auth.thread
+
+import simkit
+from simkit.protocol import (
+    INLINE_THRESHOLD,
+    Limits,
+    Message,
+    ServerInfo,
+    ServerSession,
+    SessionState,
+    decode,
+    encode,
+    error_reply,
+)
+from simkit.protocol._errors import ProtocolError
+from simkit.servers._host import EnvListHost, make_env_factory
+from simkit.servers._metrics import Metrics, MetricsHTTPServer
+
+__all__ = ["RolloutServer", "is_loopback"]
+
+log = logging.getLogger("simkit.servers")
+
+
+def is_loopback(bind: str) -> bool:
+    """Whether a ZeroMQ endpoint is reachable only from this machine (loopback/ipc/inproc)."""
+    if bind.startswith(("ipc://", "inproc://")):
+        return True
+    if not bind.startswith("tcp://"):
+        return False
+    host = urlsplit(bind).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", interface names, hostnames
+
+
+class _Busy(ProtocolError):
+    code = "busy"
+
+
+class _ShuttingDown(ProtocolError):
+    code = "shutting_down"
+
+
+@dataclass
+class _Slot:
+    session: ServerSession
+    host: EnvListHost
+    last_seen: float
+
+
+class _AllowList:
+    def __init__(self, keys: Iterable[bytes]) -> None:
+        self.keys = {bytes(k).strip() for k in keys}
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return bytes(key) in self.keys
+
+
+class RolloutServer:
+    """Serves ``num_envs`` envs of ``env_id`` to each client over a ZeroMQ ROUTER socket.
+
+    Each client (DEALER identity) gets its own session with its own ``num_envs`` env
+    slots; with ``shared=True`` all clients step one set of envs. A session that sends
+    nothing for ``heartbeat_timeout`` seconds is dropped and its envs freed. Every
+    request gets a reply; a malformed one gets an ``error`` reply and the server goes on.
+
+    Args:
+        env_id: a simkit env id, or ``"gym:<id>"`` for an installed Gymnasium env.
+        num_envs: envs per session (or in total when shared).
+        bind: a ZeroMQ endpoint. Anything but loopback/ipc needs CURVE keys or
+            ``insecure=True``.
+        shared: all clients share one set of envs.
+        env_kwargs: constructor arguments for every env.
+        heartbeat_timeout: seconds of silence after which a session is dropped.
+        max_sessions: session limit; further clients get ``busy``.
+        curve_secret_key: the server's z85 CURVE secret key (enables CURVE).
+        curve_allowed_clients: z85 public keys of the clients allowed to connect.
+        insecure: allow a non-loopback bind without CURVE (prints a warning).
+        metrics_port: serve Prometheus metrics on ``metrics_host:metrics_port`` (0 = any
+            free port, None = off).
+        metrics_host: interface for the metrics HTTP server.
+        limits: request size limits.
+        inline_threshold: reply arrays up to this many bytes go inside the header.
+
+    Raises:
+        ValueError: a non-loopback bind without CURVE keys or ``insecure``.
+        simkit.errors.UnknownEnv: ``env_id`` is not registered.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        bind: str = "tcp://127.0.0.1:5555",
+        *,
+        shared: bool = False,
+        env_kwargs: Mapping[str, Any] | None = None,
+        heartbeat_timeout: float = 60.0,
+        max_sessions: int = 64,
+        curve_secret_key: bytes | None = None,
+        curve_allowed_clients: Iterable[bytes] | None = None,
+        insecure: bool = False,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        limits: Limits | None = None,
+        inline_threshold: int = INLINE_THRESHOLD,
+    ) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        if not is_loopback(bind) and curve_secret_key is None and not insecure:
+            raise ValueError(
+                f"binding {bind!r} exposes the server beyond this machine: pass CURVE keys "
+                "(curve_secret_key and curve_allowed_clients) or insecure=True"
+            )
+        if curve_secret_key is not None and not curve_allowed_clients:
+            raise ValueError("CURVE needs an allow-list of client public keys, got none")
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.bind = bind
+        self.shared = shared
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_sessions = max_sessions
+        self.limits = limits or Limits()
+        self.inline_threshold = inline_threshold
+        self.insecure = insecure and not is_loopback(bind) and curve_secret_key is None
+        self._factory = make_env_factory(env_id, **dict(env_kwargs or {}))
+        probe = self._new_host(1)
+        self._info = ServerInfo(
+            env_id=env_id,
+            num_envs=num_envs,
+            observation_space=probe.observation_space,
+            action_space=probe.action_space,
+            capabilities=probe.capabilities,
+            server=f"simkit {simkit.__version__}",
+            max_message_bytes=self.limits.max_message_bytes,
+            shared=shared,
+        )
+        self._info.to_plain()  # fails now (unsupported_space) rather than at the first hello
+        probe.close()
+        self._shared_host = self._new_host(num_envs) if shared else None
+        self._slots: dict[bytes, _Slot] = {}
+        self.metrics = Metrics()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._ctx = zmq.Context()
+        self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
+        if curve_secret_key is not None:
+            self._auth = zmq.auth.thread.ThreadAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve_callback("*", _AllowList(curve_allowed_clients or ()))
+            self._sock.curve_secretkey = curve_secret_key
+            self._sock.curve_publickey = zmq.curve_public(curve_secret_key)
+            self._sock.curve_server = True
+        self._sock.bind(bind)
+        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.insecure:
+            print(
+                f"WARNING: simkit server on {self.endpoint} accepts unauthenticated, "
+                "unencrypted connections from the network (--insecure)",
+                file=sys.stderr,
+            )
+        self._metrics_http = (
+            MetricsHTTPServer(self.metrics, metrics_host, metrics_port)
+            if metrics_port is not None
+            else None
+        )
+        self.metrics_port: int | None = self._metrics_http.port if self._metrics_http else None
+        self._closed = False
+
+    def _new_host(self, n: int) -> EnvListHost:
+        return EnvListHost([self._factory() for _ in range(n)])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def serve_forever(self) -> None:
+        """Serves until :meth:`stop` (or a signal handler calling it); then shuts down."""
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        next_sweep = time.monotonic() + 1.0
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                if poller.poll(100):
+                    self._serve_one()
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._expire(now)
+                    next_sweep = now + min(1.0, self.heartbeat_timeout / 4)
+            self._drain()
+        finally:
+            self._shutdown()
+
+    def start(self) -> RolloutServer:
+        """Serves from a background thread; returns ``self`` once it is serving."""
+        if self._thread is not None:
+            raise RuntimeError("the server is already started")
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="simkit-server", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Asks the serving loop to finish: pending requests are refused, sockets closed."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        elif self._thread is None and not self._ready.is_set():
+            self._shutdown()
+
+    def request_stop(self) -> None:
+        """Signal-safe: makes :meth:`serve_forever` return after the current request."""
+        self._stop.set()
+
+    def __enter__(self) -> RolloutServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------------- serving
+
+    def _slot(self, identity: bytes) -> _Slot:
+        slot = self._slots.get(identity)
+        if slot is not None:
+            return slot
+        if len(self._slots) >= self.max_sessions:
+            raise _Busy(
+                "the server has no free session slots",
+                expected=f"<= {self.max_sessions} sessions",
+                got=f"{len(self._slots)} connected",
+            )
+        host = self._shared_host if self._shared_host is not None else self._new_host(self.num_envs)
+        info = ServerInfo(**{**self._info.__dict__, "session": identity.hex()})
+        slot = _Slot(
+            ServerSession(host, info, limits=self.limits, inline_threshold=self.inline_threshold),
+            host,
+            time.monotonic(),
+        )
+        self._slots[identity] = slot
+        self.metrics.set_sessions(len(self._slots))
+        return slot
+
+    def _serve_one(self) -> None:
+        try:
+            parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        identity, frames = bytes(parts[0].bytes), [p.buffer for p in parts[1:]]
+        start = time.perf_counter()
+        try:
+            slot = self._slot(identity)
+        except ProtocolError as exc:
+            self._send(identity, _error_for(frames, exc))
+            self.metrics.observe("unknown", time.perf_counter() - start, error=exc.code)
+            return
+        slot.last_seen = time.monotonic()
+        try:
+            reply = slot.session.handle_message(frames)
+        except Exception as exc:  # the session never raises; this guards against bugs
+            log.exception("internal error")
+            reply = error_reply(exc, request_id=0)
+            reply.body["code"] = "internal"
+        steps = 0
+        if reply.kind == "step":
+            steps = int(reply.arrays["env_ids"].size)
+        self._send(identity, reply)
+        kind = (
+            (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
+        )
+        self.metrics.observe(
+            kind,
+            time.perf_counter() - start,
+            steps=steps,
+            error=reply.body.get("code") if reply.kind == "error" else None,
+        )
+        if slot.session.state is SessionState.CLOSED:
+            self._free(identity)
+
+    def _send(self, identity: bytes, reply: Message) -> None:
+        frames = encode(reply, inline_threshold=self.inline_threshold)
+        try:
+            self._sock.send_multipart([identity, *frames], copy=False, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # the client vanished or its queue is full
+            log.warning("dropping reply to %s: %s", identity.hex(), exc)
+
+    def _free(self, identity: bytes) -> None:
+        slot = self._slots.pop(identity, None)
+        if slot is not None and slot.host is not self._shared_host:
+            slot.host.close()
+        self.metrics.set_sessions(len(self._slots))
+
+    def _expire(self, now: float) -> None:
+        for identity, slot in list(self._slots.items()):
+            if now - slot.last_seen > self.heartbeat_timeout:
+                log.info("session %s timed out; freeing its envs", identity.hex())
+                self._free(identity)
+                self.metrics.session_expired()
+
+    def _drain(self) -> None:
+        """Refuses every request already queued, so no client waits forever."""
+        while True:
+            try:
+                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            exc = _ShuttingDown(
+                "the server is shutting down", expected="a running server", got="shutdown"
+            )
+            self._send(bytes(parts[0].bytes), _error_for([p.buffer for p in parts[1:]], exc))
+
+    def _shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for identity in list(self._slots):
+            self._free(identity)
+        if self._shared_host is not None:
+            self._shared_host.close()
+        self._sock.close(linger=1000)
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+        if self._metrics_http is not None:
+            self._metrics_http.close()
+
+    @property
+    def sessions(self) -> int:
+        """Connected sessions."""
+        return len(self._slots)
+
+
+def _error_for(frames: list[Any], exc: ProtocolError) -> Message:
+    """An error reply echoing the request id when the header can be read."""
+    req_id, kind = 0, None
+    try:
+        msg = decode(frames)
+        req_id, kind = msg.id, msg.kind
+    except ProtocolError as bad:
+        req_id = getattr(bad, "request_id", 0)
+    return error_reply(exc, request_id=req_id, request_kind=kind)

@@ -1,0 +1,383 @@
+"""The ZeroMQ rollout server, live on loopback, with raw DEALER clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from gymnasium import spaces
+
+import simkit
+from simkit.protocol import (
+    PROTOCOL_VERSION,
+    ClientSession,
+    Limits,
+    Message,
+    RemoteError,
+    decode,
+    encode,
+)
+from simkit.servers import RolloutServer, is_loopback
+
+TIMEOUT_MS = 5000
+
+
+class Client:
+    """A DEALER socket plus a ClientSession; every recv has a timeout."""
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str, **sockopts: Any) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
+        for key, value in sockopts.items():
+            setattr(self.sock, key, value)
+        self.sock.connect(endpoint)
+        self.session = ClientSession()
+
+    def call(self, frames: list[Any]) -> list[Any]:
+        self.sock.send_multipart(frames)
+        return self.sock.recv_multipart(copy=False)  # type: ignore[no-any-return]
+
+    def raw(self, frames: list[Any]) -> Message:
+        return decode(self.call(frames))
+
+    def hello(self) -> Any:
+        return self.session.parse_hello(self.call(self.session.request_hello()))
+
+    def reset(self, **kw: Any) -> Any:
+        return self.session.parse_reset(self.call(self.session.request_reset(**kw)))
+
+    def step(self, actions: Any, env_ids: Any = None) -> Any:
+        return self.session.parse_step(self.call(self.session.request_step(actions, env_ids)))
+
+
+class Flaky(simkit.Env[np.ndarray, np.ndarray]):
+    """Raises whenever the action is above 0.9."""
+
+    state_attributes = ("x",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Box(-100, 100, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+        self.x = 0.0
+
+    def reset_episode(
+        self, rng: Any, params: Any, options: Any
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self.x = 0.0
+        return np.zeros(1, dtype=np.float32), {}
+
+    def step_episode(
+        self, action: np.ndarray, rng: Any
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        if action[0] > 0.9:
+            raise RuntimeError("boom")
+        self.x += 1.0
+        return np.array([self.x], dtype=np.float32), 1.0, False, {}
+
+
+simkit.register("test/Flaky-v0", Flaky, override=True)
+
+
+class Clients:
+    """Makes clients and closes every socket at teardown (an unclosed one blocks term)."""
+
+    def __init__(self) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.made: list[Client] = []
+
+    def __call__(self, endpoint: str, **sockopts: Any) -> Client:
+        client = Client(self.ctx, endpoint, **sockopts)
+        self.made.append(client)
+        return client
+
+
+@pytest.fixture
+def connect() -> Iterator[Clients]:
+    clients = Clients()
+    yield clients
+    for client in clients.made:
+        client.sock.close(linger=0)
+    clients.ctx.term()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RolloutServer]:
+    srv = RolloutServer(
+        "simkit/CartPole-v0",
+        3,
+        f"ipc://{tmp_path}/server.sock",
+        limits=Limits(max_message_bytes=2**20),
+        metrics_port=0,
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def _header(kind: str, **kw: Any) -> dict[str, Any]:
+    return {"v": list(PROTOCOL_VERSION), "id": 77, "kind": kind, "body": {}, "arrays": [], **kw}
+
+
+def _packed(kind: str, **kw: Any) -> list[Any]:
+    return [msgpack.packb(_header(kind, **kw), use_bin_type=True)]
+
+
+def _actions(arr: np.ndarray, **extra: np.ndarray) -> list[Any]:
+    return encode(Message("step", 78, {}, {"actions": arr, **extra}))
+
+
+def test_bad_input_catalogue_gets_error_replies_and_others_keep_working(
+    server: RolloutServer, connect: Clients
+) -> None:
+    good = connect(server.endpoint)
+    good.hello()
+    good.reset(seed=0)
+    bad = connect(server.endpoint)
+    bad.hello()
+    bad.reset(seed=1)
+    header = msgpack.packb(_header("ping"), use_bin_type=True)
+    catalogue: list[tuple[list[Any], str]] = [
+        ([b"\x00garbage\xff"], "malformed"),
+        ([header[: len(header) // 2]], "malformed"),  # truncated header frame
+        (
+            _packed(
+                "step", arrays=[{"name": "actions", "dtype": "int64", "shape": [3], "frame": 1}]
+            ),
+            "malformed",
+        ),
+        (_packed("ping", v=[PROTOCOL_VERSION[0] + 1, 0]), "version_mismatch"),
+        (_packed("teleport"), "unknown_kind"),
+        (_actions(np.zeros(3, dtype=np.float32)), "invalid_dtype"),
+        (_actions(np.zeros((3, 2), dtype=np.int64)), "invalid_shape"),
+        (_actions(np.zeros(2, dtype=np.int64), env_ids=np.array([0, 3])), "invalid_env_ids"),
+        (_actions(np.array([0, 1, 7])), "invalid_action"),
+        (
+            encode(Message("step", 79, {}, {"actions": np.zeros(200_000)}), inline_threshold=0),
+            "too_large",
+        ),
+    ]
+    for frames, code in catalogue:
+        reply = bad.raw(frames)
+        assert reply.kind == "error", (frames, reply)
+        assert reply.body["code"] == code, reply.body
+        assert reply.body["message"]
+        step, faults = good.step(np.ones(3, dtype=np.int64))
+        assert faults == []
+        assert step.obs.shape == (3, 4)
+    # A client that vanishes mid-request: the reply is dropped, the server goes on.
+    gone = connect(server.endpoint)
+    gone.sock.send_multipart(gone.session.request_hello())
+    gone.sock.close(linger=0)
+    assert good.step(np.zeros(3, dtype=np.int64))[0].env_ids.tolist() == [0, 1, 2]
+
+
+def test_nan_actions_are_refused(tmp_path: Path, connect: Clients) -> None:
+    with RolloutServer("test/Flaky-v0", 2, f"ipc://{tmp_path}/f.sock") as srv:
+        client = connect(srv.endpoint)
+        client.hello()
+        client.reset(seed=0)
+        reply = client.raw(_actions(np.array([[np.nan], [0.0]], dtype=np.float32)))
+        assert reply.body["code"] == "not_finite"
+        assert reply.body["expected"] == "finite floats"
+        step, faults = client.step(np.array([[1.0], [0.5]], dtype=np.float32))
+        assert [f.env_id for f in faults] == [0]
+        assert step.truncated.tolist() == [True, False]
+        assert step.obs[:, 0].tolist() == [0.0, 1.0]  # env 0 reset, env 1 moved on
+        step, faults = client.step(np.array([[0.5], [0.5]], dtype=np.float32))
+        assert faults == []
+        assert step.obs[:, 0].tolist() == [1.0, 2.0]
+
+
+def test_each_client_has_its_own_envs_and_remote_equals_local(
+    server: RolloutServer, connect: Clients
+) -> None:
+    a, b = connect(server.endpoint), connect(server.endpoint)
+    info = a.hello()
+    b.hello()
+    assert info.env_id == "simkit/CartPole-v0"
+    assert info.num_envs == 3
+    assert info.capabilities == {"state", "randomization", "params"}
+    ra, rb = a.reset(seed=5), b.reset(seed=6)
+    local = simkit.make("simkit/CartPole-v0")
+    assert (
+        ra.obs[2].tobytes() == local.reset(seed=simkit._seeding.episode_seed(5, 2, 0))[0].tobytes()
+    )
+    assert ra.obs.tobytes() != rb.obs.tobytes()
+    for _ in range(3):
+        sa, _ = a.step(np.ones(3, dtype=np.int64))
+    assert sa.obs[2].tobytes() == [local.step(1) for _ in range(3)][-1][0].tobytes()
+    assert server.sessions == 2
+    a.session.parse_close(a.call(a.session.request_close()))
+    assert server.sessions == 1
+
+
+def test_shared_mode_and_session_limit(tmp_path: Path, connect: Clients) -> None:
+    with RolloutServer(
+        "simkit/CartPole-v0", 2, f"ipc://{tmp_path}/s.sock", shared=True, max_sessions=2
+    ) as srv:
+        a, b, c = (connect(srv.endpoint) for _ in range(3))
+        assert a.hello().shared is True
+        b.hello()
+        a.reset(seed=0)
+        step, _ = b.step(np.zeros(2, dtype=np.int64))  # b steps the envs a reset
+        assert step.obs.shape == (2, 4)
+        with pytest.raises(RemoteError, match=r"\[busy\]"):
+            c.hello()
+
+
+def test_vanished_client_is_freed_after_heartbeat_timeout(tmp_path: Path, connect: Clients) -> None:
+    with RolloutServer(
+        "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/h.sock", heartbeat_timeout=0.3
+    ) as srv:
+        client = connect(srv.endpoint)
+        client.hello()
+        for _ in range(4):  # pings keep it alive
+            time.sleep(0.1)
+            client.session.parse_ping(client.call(client.session.request_ping()))
+        assert srv.sessions == 1
+        deadline = time.monotonic() + 5
+        while srv.sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.sessions == 0
+        assert srv.metrics.sessions_expired == 1
+        with pytest.raises(RemoteError, match=r"\[session_state\] send hello first"):
+            client.reset(seed=0)
+
+
+def test_plain_gymnasium_env_announces_missing_capabilities(
+    tmp_path: Path, connect: Clients
+) -> None:
+    with RolloutServer("gym:CartPole-v1", 2, f"ipc://{tmp_path}/g.sock") as srv:
+        client = connect(srv.endpoint)
+        assert client.hello().capabilities == frozenset()
+        client.reset(seed=0)
+        assert client.step(np.array([0, 1]))[0].obs.shape == (2, 4)
+        with pytest.raises(
+            RemoteError, match=r"\[unsupported\] this env lacks the 'state' capability"
+        ):
+            client.session.parse_get_state(client.call(client.session.request_get_state()))
+
+
+def test_metrics_are_scraped_in_prometheus_format(server: RolloutServer, connect: Clients) -> None:
+    client = connect(server.endpoint)
+    client.hello()
+    client.reset(seed=0)
+    for _ in range(5):
+        client.step(np.zeros(3, dtype=np.int64))
+    client.raw(_packed("teleport"))
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5
+    ) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = resp.read().decode()
+    assert "simkit_env_steps_total 15\n" in text
+    assert 'simkit_requests_total{kind="step"} 5\n' in text
+    assert 'simkit_errors_total{code="unknown_kind"} 1\n' in text
+    assert 'simkit_request_latency_seconds_count{kind="step"} 5\n' in text
+    assert 'simkit_request_latency_seconds_bucket{kind="step",le="+Inf"} 5\n' in text
+    assert "simkit_sessions 1\n" in text
+    assert 'simkit_request_latency_quantile_seconds{quantile="0.99"}' in text
+    (rate_line,) = [x for x in text.splitlines() if x.startswith("simkit_steps_per_second ")]
+    rate = float(rate_line.split()[1])
+    assert rate > 0
+
+
+def test_curve_allows_listed_clients_and_refuses_others(tmp_path: Path, connect: Clients) -> None:
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    other_public, other_secret = zmq.curve_keypair()
+    with RolloutServer(
+        "simkit/CartPole-v0",
+        1,
+        "tcp://127.0.0.1:0",
+        curve_secret_key=server_secret,
+        curve_allowed_clients=[client_public],
+    ) as srv:
+        allowed = connect(
+            srv.endpoint,
+            curve_serverkey=server_public,
+            curve_publickey=client_public,
+            curve_secretkey=client_secret,
+        )
+        assert allowed.hello().num_envs == 1
+        stranger = connect(
+            srv.endpoint,
+            curve_serverkey=server_public,
+            curve_publickey=other_public,
+            curve_secretkey=other_secret,
+            rcvtimeo=1000,
+        )
+        with pytest.raises(zmq.Again):
+            stranger.hello()
+        plain = connect(srv.endpoint, rcvtimeo=500)
+        with pytest.raises(zmq.Again):
+            plain.hello()
+        assert srv.sessions == 1
+
+
+def test_non_loopback_bind_needs_curve_or_insecure() -> None:
+    assert is_loopback("tcp://127.0.0.1:5555")
+    assert is_loopback("tcp://[::1]:5555")
+    assert is_loopback("ipc:///tmp/x")
+    assert not is_loopback("tcp://0.0.0.0:5555")
+    assert not is_loopback("tcp://*:5555")
+    with pytest.raises(ValueError, match="pass CURVE keys"):
+        RolloutServer("simkit/CartPole-v0", 1, "tcp://0.0.0.0:0")
+    with pytest.raises(ValueError, match="allow-list of client public keys"):
+        RolloutServer(
+            "simkit/CartPole-v0", 1, "tcp://0.0.0.0:0", curve_secret_key=zmq.curve_keypair()[1]
+        )
+
+
+def test_unknown_env_and_unsupported_space_fail_at_start() -> None:
+    with pytest.raises(simkit.errors.UnknownEnv, match="no env registered"):
+        RolloutServer("simkit/Nope-v0", 1, "inproc://x")
+
+
+def test_sigterm_answers_and_exits_cleanly(tmp_path: Path, connect: Clients) -> None:
+    endpoint = f"ipc://{tmp_path}/cli.sock"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "simkit.servers",
+            "simkit/CartPole-v0",
+            "--num-envs",
+            "2",
+            "--bind",
+            endpoint,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "simkit serve: simkit/CartPole-v0 x2 on ipc://" in line
+        client = connect(endpoint)
+        client.hello()
+        client.reset(seed=0)
+        client.step(np.zeros(2, dtype=np.int64))
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "SIGTERM, shutting down" in err
+    assert "simkit serve: stopped" in out
