@@ -320,13 +320,10 @@ class RolloutServer:
                 self._free(identity)
                 self.metrics.session_expired()
 
-    def _drain(self) -> None:
-        """Refuses every request already queued, so no client waits forever."""
-        while True:
-            try:
-                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+    def _drain(self, grace_s: float = 0.2) -> None:
+        """Refuses every request already queued or arriving within ``grace_s`` of quiet."""
+        while self._sock.poll(int(grace_s * 1000), zmq.POLLIN):
+            parts = self._sock.recv_multipart(copy=False)
             exc = _ShuttingDown(
                 "the server is shutting down", expected="a running server", got="shutdown"
             )

@@ -396,3 +396,27 @@ def test_client_refuses_mismatched_replies() -> None:
         client.parse_ping(encode(Message("ping", 99)))
     with pytest.raises(MalformedMessage, match="reply of another kind"):
         client.parse_ping(encode(Message("close", 1)))
+
+
+@pytest.mark.parametrize("seeding", ["root", "per_env"])
+def test_remote_equals_simkit_vector_bit_for_bit(seeding: str) -> None:
+    from simkit.vector import VectorEnv
+
+    n = 3
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(n)])
+    vec = VectorEnv("simkit/CartPole-v0", n)
+    if seeding == "root":
+        remote = client.parse_reset(server.handle(client.request_reset(seed=9)))
+        local_obs, _ = vec.reset(seed=9)
+    else:
+        remote = client.parse_reset(server.handle(client.request_reset(seeds=[4, 5, 6])))
+        local_obs, _ = vec.reset(seed=[4, 5, 6])
+    assert remote.obs.tobytes() == local_obs.tobytes()
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        actions = rng.integers(0, 2, size=n)
+        got, _ = client.parse_step(server.handle(client.request_step(actions)))
+        want = vec.step_batch(actions)
+        for field in ("obs", "final_obs", "reward", "terminated", "truncated", "env_ids"):
+            assert getattr(got, field).tobytes() == getattr(want, field).tobytes(), field
+    vec.close()

@@ -381,3 +381,16 @@ def test_sigterm_answers_and_exits_cleanly(tmp_path: Path, connect: Clients) -> 
     assert proc.returncode == 0, err
     assert "SIGTERM, shutting down" in err
     assert "simkit serve: stopped" in out
+
+
+def test_stop_answers_or_refuses_every_queued_request(tmp_path: Path, connect: Clients) -> None:
+    srv = RolloutServer("simkit/CartPole-v0", 2, f"ipc://{tmp_path}/q.sock").start()
+    client = connect(srv.endpoint)
+    client.hello()
+    client.reset(seed=0)
+    for _ in range(30):
+        client.sock.send_multipart(client.session.request_step(np.zeros(2, dtype=np.int64)))
+    srv.stop()
+    replies = [decode(client.sock.recv_multipart()) for _ in range(30)]
+    kinds = {r.kind if r.kind == "step" else r.body["code"] for r in replies}
+    assert kinds <= {"step", "shutting_down"}
