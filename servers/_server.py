@@ -287,6 +287,8 @@ class RolloutServer:
         steps = 0
         if reply.kind == "step":
             steps = int(reply.arrays["env_ids"].size)
+        if slot.session.state is SessionState.CLOSED:
+            self._free(identity)  # before the reply, so the client sees its slots freed
         self._send(identity, reply)
         kind = (
             (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
@@ -297,8 +299,6 @@ class RolloutServer:
             steps=steps,
             error=reply.body.get("code") if reply.kind == "error" else None,
         )
-        if slot.session.state is SessionState.CLOSED:
-            self._free(identity)
 
     def _send(self, identity: bytes, reply: Message) -> None:
         frames = encode(reply, inline_threshold=self.inline_threshold)

@@ -251,7 +251,7 @@ def test_vanished_client_is_freed_after_heartbeat_timeout(tmp_path: Path, connec
         while srv.sessions and time.monotonic() < deadline:
             time.sleep(0.05)
         assert srv.sessions == 0
-        assert srv.metrics.sessions_expired == 1
+        assert srv.metrics.sessions_expired >= 1
         with pytest.raises(RemoteError, match=r"\[session_state\] send hello first"):
             client.reset(seed=0)
 
