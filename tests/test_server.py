@@ -239,7 +239,7 @@ def test_shared_mode_and_session_limit(tmp_path: Path, connect: Clients) -> None
 
 def test_vanished_client_is_freed_after_heartbeat_timeout(tmp_path: Path, connect: Clients) -> None:
     with RolloutServer(
-        "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/h.sock", heartbeat_timeout=0.3
+        "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/h.sock", heartbeat_timeout=0.6
     ) as srv:
         client = connect(srv.endpoint)
         client.hello()
