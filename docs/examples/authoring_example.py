@@ -19,7 +19,8 @@ class PointMass(simkit.Env[np.ndarray, np.ndarray]):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float64)
+        big = np.finfo(np.float64).max  # "unbounded", but finite as Gymnasium prefers
+        self.observation_space = spaces.Box(-big, big, shape=(2,), dtype=np.float64)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
         self.x, self.v = 0.0, 0.0
 
