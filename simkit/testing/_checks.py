@@ -1,0 +1,307 @@
+"""The conformance checks. Each raises ConformanceError naming the likely cause."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from simkit import snapshot
+from simkit.errors import ConformanceError, InvalidParameter
+from simkit.randomization import Choice, Distribution, Normal, Uniform, _Interval
+from simkit.testing._driver import Driver, EnvFactory, Step, as_factory
+
+__all__ = [
+    "check_spaces",
+    "check_determinism",
+    "check_reset_reuse",
+    "check_snapshot",
+    "check_randomization",
+    "check_no_global_rng",
+    "CHECKS",
+    "check_env",
+]
+
+Check = Callable[..., None]
+
+
+def _diff(a: Step, b: Step) -> str | None:
+    for name in ("kind", "obs", "reward", "terminated", "truncated", "info"):
+        if not snapshot.states_equal(_plain(getattr(a, name)), _plain(getattr(b, name))):
+            return name
+    return None
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    if isinstance(x, bool | int) and not isinstance(x, np.ndarray):
+        return x
+    return x
+
+
+def _compare(a: list[Step], b: list[Step], what: str, cause: str) -> None:
+    if len(a) != len(b):
+        raise ConformanceError(
+            f"{what}: trajectories have different lengths {len(a)} vs {len(b)}; {cause}"
+        )
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        field = _diff(x, y)
+        if field is not None:
+            raise ConformanceError(
+                f"{what}: {field} differs at {x.kind} #{i} ({getattr(x, field)!r} vs "
+                f"{getattr(y, field)!r}); {cause}"
+            )
+
+
+def check_spaces(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
+    """Observations lie in their space, rewards are finite floats, flags are bools."""
+    env = as_factory(env_fn)()
+    driver = Driver(env, seed)
+    for i, step in enumerate(driver.run(steps, seed=seed)):
+        if driver.multi:
+            for agent, obs in step.obs.items():
+                if not env.observation_space(agent).contains(obs):
+                    raise ConformanceError(
+                        f"spaces: observation of {agent!r} at {step.kind} #{i} is outside "
+                        f"observation_space({agent!r}); check its dtype, shape and bounds"
+                    )
+            values = list((step.reward or {}).values())
+            flags = list((step.terminated or {}).values()) + list((step.truncated or {}).values())
+        else:
+            if not env.observation_space.contains(step.obs):
+                raise ConformanceError(
+                    f"spaces: observation at {step.kind} #{i} is outside observation_space "
+                    f"({step.obs!r}); check its dtype, shape and bounds"
+                )
+            values = [] if step.reward is None else [step.reward]
+            flags = [] if step.kind == "reset" else [step.terminated, step.truncated]
+        for value in values:
+            if not isinstance(value, float) or not np.isfinite(value):
+                raise ConformanceError(
+                    f"spaces: reward at step #{i} must be a finite float, got {value!r}"
+                )
+        for flag in flags:
+            if not isinstance(flag, bool):
+                raise ConformanceError(f"spaces: terminated/truncated must be bool, got {flag!r}")
+        infos = step.info.values() if driver.multi else [step.info]
+        if not all(isinstance(info, dict) for info in infos):
+            raise ConformanceError(f"spaces: info at {step.kind} #{i} must be a dict")
+    env.close()
+
+
+def check_determinism(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
+    """Two fresh instances, same seed and actions: bit-identical, across episode ends."""
+    factory = as_factory(env_fn)
+    a = Driver(factory(), seed).run(steps, seed=seed)
+    b = Driver(factory(), seed).run(steps, seed=seed)
+    _compare(
+        a,
+        b,
+        f"determinism (two fresh instances, seed {seed})",
+        "the env probably draws randomness outside the generator it is handed "
+        "(global np.random/random, an unseeded Generator) or keeps state across instances",
+    )
+
+
+def check_reset_reuse(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
+    """reset(seed) after arbitrary history equals a fresh reset(seed) and its continuation."""
+    factory = as_factory(env_fn)
+    used = Driver(factory(), seed + 1)
+    used.run(steps, seed=seed + 12345)
+    used._rng = np.random.default_rng(seed)
+    _compare(
+        used.run(steps, seed=seed),
+        Driver(factory(), seed).run(steps, seed=seed),
+        f"reset reuse (reset(seed={seed}) after history vs fresh instance)",
+        "reset_episode probably leaves some state from the previous episode "
+        "(a counter, a position, a cached value) instead of setting it anew",
+    )
+
+
+def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
+    """get_state mid-episode; set_state on the same and a fresh instance continue bit-identically."""
+    factory = as_factory(env_fn)
+    env = factory()
+    driver = Driver(env, seed)
+    driver.run(max(1, steps // 3), seed=seed)
+    if driver.multi and not env.agents:
+        driver.reset()
+    state = env.get_state()
+    frozen = snapshot.dumps(state)
+    restored = snapshot.loads(frozen)
+    if not snapshot.states_equal(state, restored):
+        raise ConformanceError("snapshot: get_state() does not round-trip through simkit.snapshot")
+    action_seed = seed + 7
+    driver._rng = np.random.default_rng(action_seed)
+    original = driver.continue_for(steps)
+    if snapshot.dumps(state) != frozen:
+        raise ConformanceError(
+            "snapshot: stepping changed a snapshot taken earlier; get_state() must return "
+            "copies, not live arrays of the env"
+        )
+    cause = (
+        "the snapshot is incomplete: some state the env uses is not in get_env_state() "
+        "(or state_attributes), or set_env_state() does not restore it"
+    )
+    env.set_state(snapshot.loads(frozen))
+    again = Driver(env, action_seed).continue_for(steps)
+    _compare(original, again, "snapshot (set_state on the same instance)", cause)
+    fresh = factory()
+    fresh.set_state(snapshot.loads(frozen))
+    _compare(
+        original,
+        Driver(fresh, action_seed).continue_for(steps),
+        "snapshot (set_state on a fresh instance)",
+        cause,
+    )
+
+
+def _narrowed(dist: Distribution, rng: np.random.Generator) -> tuple[Any, Distribution]:
+    fixed = dist.sample(rng)
+    if isinstance(dist, Choice):
+        return fixed, Choice(dist.options[:1])
+    if isinstance(dist, _Interval | Normal):
+        lo, hi = (dist._interval() if isinstance(dist, Normal) else dist)._bounds()
+        mid = (lo + hi) / 2
+        if dist.shape:
+            return fixed, Uniform(tuple(mid.tolist()), tuple(hi.tolist()))
+        return fixed, Uniform(float(mid), float(hi))
+    return fixed, dist
+
+
+def check_randomization(env_fn: EnvFactory | str, *, seed: int = 0, seeds: int = 20) -> None:
+    """Same seed ⇒ same params; params stay in domain and vary; overrides are honoured."""
+    factory = as_factory(env_fn)
+    env = factory()
+    declared: Mapping[str, Distribution] = getattr(env, "randomization", {})
+    if not declared:
+        return
+
+    def params_of(e: Any, s: int, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        e.reset(seed=s, options=options)
+        return dict(e.params)
+
+    first = params_of(env, seed)
+    if not snapshot.states_equal(first, params_of(factory(), seed)):
+        raise ConformanceError(
+            f"randomization: two fresh instances reset with seed {seed} sampled different "
+            "parameters; randomization probably ignores the seed (draws from its own or a global RNG)"
+        )
+    samples = [params_of(env, seed + k) for k in range(seeds)]
+    for name, dist in declared.items():
+        values = [s[name] for s in samples]
+        bad = [v for v in values if not dist.contains(v)]
+        if bad:
+            raise ConformanceError(
+                f"randomization: {name!r} left its declared domain {dist.describe()}: {bad[0]!r}"
+            )
+        if _can_vary(dist) and all(
+            snapshot.states_equal(_plain(v), _plain(values[0])) for v in values
+        ):
+            raise ConformanceError(
+                f"randomization: {name!r} took the same value {values[0]!r} for {seeds} different "
+                "seeds; randomization probably ignores the seed"
+            )
+    rng = np.random.default_rng(seed)
+    for name, dist in declared.items():
+        fixed, narrow = _narrowed(dist, rng)
+        got = params_of(env, seed, {"params": {name: fixed}})[name]
+        if not snapshot.states_equal(_plain(np.asarray(got)), _plain(np.asarray(fixed))):
+            raise ConformanceError(
+                f"randomization: override {name}={fixed!r} was not honoured (got {got!r})"
+            )
+        for k in range(5):
+            got = params_of(env, seed + k, {"params": {name: narrow}})[name]
+            if not narrow.contains(got):
+                raise ConformanceError(
+                    f"randomization: narrowed override {narrow!r} for {name!r} not honoured (got {got!r})"
+                )
+    try:
+        env.reset(seed=seed, options={"params": {"__simkit_kit_unknown__": 1.0}})
+    except InvalidParameter:
+        pass
+    else:
+        raise ConformanceError("randomization: an unknown parameter name was accepted silently")
+    env.close()
+
+
+def _can_vary(dist: Distribution) -> bool:
+    if isinstance(dist, Choice):
+        return len(set(map(repr, dist.options))) > 1
+    if isinstance(dist, Normal):
+        lo, hi = dist._interval()._bounds()
+        return bool(np.any(np.asarray(dist.std) > 0) and np.any(hi > lo))
+    if isinstance(dist, _Interval):
+        lo, hi = dist._bounds()
+        return bool(np.any(hi > lo))
+    return True
+
+
+def check_no_global_rng(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
+    """Perturbing global ``random``, ``np.random`` and torch RNGs changes nothing."""
+    factory = as_factory(env_fn)
+
+    def run(global_seed: int) -> list[Step]:
+        _seed_globals(global_seed)
+        env = factory()
+        driver = Driver(env, seed)
+        trace = [driver.reset(seed)]
+        for _ in range(steps):
+            _seed_globals(global_seed + len(trace))
+            trace.append(driver.reset() if trace[-1].ended else driver.step(driver.action()))
+        env.close()
+        return trace
+
+    # The kit perturbs the legacy global state on purpose, and puts it back after.
+    state = (random.getstate(), np.random.get_state())  # noqa: NPY002
+    try:
+        _compare(
+            run(1),
+            run(2),
+            "global RNG (global random/np.random/torch seeded differently)",
+            "the env draws from a global RNG (random, np.random or torch) instead of the "
+            "generator passed to its hooks",
+        )
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])  # noqa: NPY002
+
+
+def _seed_globals(value: int) -> None:
+    random.seed(value)
+    np.random.seed(value % 2**32)  # noqa: NPY002
+    try:
+        import torch
+    except ImportError:  # torch is optional for the kit's users
+        return
+    torch.manual_seed(value)
+
+
+CHECKS: list[Check] = [
+    check_spaces,
+    check_determinism,
+    check_reset_reuse,
+    check_snapshot,
+    check_randomization,
+    check_no_global_rng,
+]
+
+
+def check_env(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
+    """Runs every check on ``env_fn`` (a registered id or zero-argument env factory).
+
+    Raises:
+        ConformanceError: on the first check that fails, naming the likely cause.
+    """
+    for check in CHECKS:
+        if check is check_randomization:
+            check(env_fn, seed=seed)
+        else:
+            check(env_fn, seed=seed, steps=steps)
