@@ -1,0 +1,200 @@
+"""The ``simkit`` command line: ``list``, ``check``, ``demo`` (later verbs register here).
+
+A subcommand is a :class:`Command`: a name, a help line, a function adding its
+arguments to an ``argparse`` parser and a function running it. Adding a verb is one
+:func:`add_command` call (or an entry in ``COMMANDS``), so other modules can plug in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+import simkit
+from simkit.errors import ConformanceError
+from simkit.registry import EnvKind
+
+__all__ = ["Command", "COMMANDS", "add_command", "build_parser", "main"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``configure(parser)`` adds arguments, ``run(args)`` returns the exit code."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def add_command(command: Command) -> Command:
+    """Registers a subcommand.
+
+    Raises:
+        ValueError: a subcommand with this name already exists.
+    """
+    if command.name in COMMANDS:
+        raise ValueError(f"subcommand {command.name!r} is already registered")
+    COMMANDS[command.name] = command
+    return command
+
+
+def _checkable_ids() -> list[str]:
+    return [i for i in simkit.env_ids() if simkit.spec(i).kind is not EnvKind.BATCH]
+
+
+def _list_configure(parser: argparse.ArgumentParser) -> None:
+    del parser
+
+
+def _list_run(args: argparse.Namespace) -> int:
+    del args
+    ids = simkit.env_ids()
+    width = max((len(i) for i in ids), default=2)
+    print(f"{'id':<{width}}  {'kind':<11}  description")
+    for env_id in ids:
+        spec = simkit.spec(env_id)
+        print(f"{env_id:<{width}}  {spec.kind.value:<11}  {spec.description}")
+    return 0
+
+
+def _check_configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env_id", help="a registered env id (see `simkit list`)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+    parser.add_argument("--steps", type=int, default=200, help="steps per trajectory")
+    parser.add_argument(
+        "--deep", action="store_true", help="5x the steps and more seeds (slower, more thorough)"
+    )
+
+
+def _run_checks(env_id: str, seed: int, steps: int) -> list[tuple[str, str | None]]:
+    from simkit import testing
+
+    results: list[tuple[str, str | None]] = []
+    for check in testing.CHECKS:
+        try:
+            check(env_id, seed=seed, steps=steps)
+        except ConformanceError as exc:
+            results.append((check.__name__, str(exc)))
+        else:
+            results.append((check.__name__, None))
+    return results
+
+
+def _check_run(args: argparse.Namespace) -> int:
+    if simkit.spec(args.env_id).kind is EnvKind.BATCH:
+        print(
+            f"{args.env_id} is a batch env; the conformance kit checks single and multi-agent envs"
+        )
+        return 2
+    steps = args.steps * (5 if args.deep else 1)
+    failed = False
+    for name, error in _run_checks(args.env_id, args.seed, steps):
+        print(
+            f"{'PASS' if error is None else 'FAIL'}  {name}"
+            + ("" if error is None else f": {error}")
+        )
+        failed = failed or error is not None
+    return 1 if failed else 0
+
+
+def _demo_configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=1000, help="random-action rollout length")
+    parser.add_argument("--check-steps", type=int, default=100, help="steps per kit trajectory")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _rollout(env_id: str, steps: int, seed: int) -> tuple[float, float]:
+    """Random-action rollout; returns (steps per second, mean return of finished episodes)."""
+    from simkit.testing._driver import Driver
+
+    env = simkit.make(env_id)
+    driver = Driver(env, seed)
+    returns: list[float] = []
+    episode = 0.0
+    driver.reset(seed)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step = driver.step(driver.action())
+        reward = step.reward
+        episode += sum(reward.values()) if isinstance(reward, dict) else float(reward)
+        if step.ended:
+            returns.append(episode)
+            episode = 0.0
+            driver.reset()
+    elapsed = time.perf_counter() - start
+    env.close()
+    mean = float(np.mean(returns)) if returns else episode
+    return steps / elapsed, mean
+
+
+def _demo_run(args: argparse.Namespace) -> int:
+    rows = []
+    failed = False
+    for env_id in _checkable_ids():
+        results = _run_checks(env_id, args.seed, args.check_steps)
+        errors = [f"{n}: {e}" for n, e in results if e is not None]
+        failed = failed or bool(errors)
+        rate, mean = _rollout(env_id, args.steps, args.seed)
+        kind = simkit.spec(env_id).kind.value
+        verdict = "PASS" if not errors else "FAIL"
+        rows.append(
+            (
+                env_id,
+                kind,
+                f"{verdict} {len(results) - len(errors)}/{len(results)}",
+                f"{rate:,.0f}",
+                f"{mean:.2f}",
+            )
+        )
+        for error in errors:
+            print(f"{env_id}: {error}", file=sys.stderr)
+    header = ("env id", "kind", "checks", "steps/s", "mean return")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print(f"(rollout: {args.steps} random-action steps per env, seed {args.seed})")
+    return 1 if failed else 0
+
+
+add_command(
+    Command("list", "list registered envs (id, kind, description)", _list_configure, _list_run)
+)
+add_command(
+    Command("check", "run the conformance kit on a registered env", _check_configure, _check_run)
+)
+add_command(
+    Command("demo", "check and roll out every registered non-batch env", _demo_configure, _demo_run)
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="simkit", description=simkit.__doc__)
+    parser.add_argument("--version", action="version", version=f"simkit {simkit.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS.values():
+        command.configure(sub.add_parser(command.name, help=command.help, description=command.help))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``simkit`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args)
+    except simkit.errors.UnknownEnv as exc:
+        print(f"simkit: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
