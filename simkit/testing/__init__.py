@@ -8,6 +8,7 @@ one-line hypothesis test for an author's env.
 
 from simkit.testing._checks import (
     CHECKS,
+    Check,
     check_determinism,
     check_env,
     check_no_global_rng,
@@ -22,6 +23,7 @@ from simkit.testing._profiles import register_profiles
 __all__ = [
     "check_env",
     "CHECKS",
+    "Check",
     "check_spaces",
     "check_determinism",
     "check_reset_reuse",

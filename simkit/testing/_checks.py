@@ -21,6 +21,7 @@ __all__ = [
     "check_randomization",
     "check_no_global_rng",
     "CHECKS",
+    "Check",
     "check_env",
 ]
 

@@ -1,0 +1,82 @@
+"""The simkit command line: list, check, demo, exit codes and output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import simkit
+from simkit import cli
+from simkit.registry import EnvKind
+
+
+def test_list_shows_every_id_with_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for env_id in simkit.env_ids():
+        line = next(row for row in out.splitlines() if row.startswith(env_id + " "))
+        assert simkit.spec(env_id).kind.value in line
+
+
+def test_check_prints_each_check_and_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "simkit/Pendulum-v0", "--steps", "30", "--seed", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"PASS  {check.__name__}" for check in simkit.testing.CHECKS]
+
+
+def test_check_fails_with_exit_1_and_message(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_kit_catches_broken_envs import LeakyWalker
+
+    env_id = "test/LeakyWalker-v0"
+    monkeypatch.setitem(simkit.registry._REGISTRY, env_id, simkit.EnvSpec(env_id, LeakyWalker))
+    assert cli.main(["check", env_id, "--steps", "60"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  check_reset_reuse: reset reuse" in out
+    assert "PASS  check_determinism" in out
+
+
+def test_check_unknown_id_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", "simkit/CartPol-v0"]) == 2
+    assert "did you mean simkit/CartPole-v0" in capsys.readouterr().err
+
+
+def test_check_refuses_batch_env(capsys: pytest.CaptureFixture[str]) -> None:
+    batch = simkit.env_ids(EnvKind.BATCH)
+    assert batch, "a batch env should be registered"
+    assert cli.main(["check", batch[0]]) == 2
+    assert "is a batch env" in capsys.readouterr().out
+
+
+def test_demo_table_covers_non_batch_envs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--steps", "100", "--check-steps", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["env", "id", "kind", "checks", "steps/s", "mean", "return"]
+    for env_id in simkit.env_ids():
+        rows = [r for r in out if r.startswith(env_id + " ")]
+        if simkit.spec(env_id).kind is EnvKind.BATCH:
+            assert rows == []
+        else:
+            assert len(rows) == 1
+            assert f"PASS {len(simkit.testing.CHECKS)}/{len(simkit.testing.CHECKS)}" in rows[0]
+
+
+def test_add_command_rejects_duplicates() -> None:
+    with pytest.raises(ValueError, match="subcommand 'list' is already registered"):
+        cli.add_command(cli.COMMANDS["list"])
+
+
+def test_python_m_simkit_runs_and_bad_usage_exits_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "simkit", "list"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "simkit/CartPole-v0" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "simkit", "frobnicate"], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2
+    assert "invalid choice: 'frobnicate'" in bad.stderr

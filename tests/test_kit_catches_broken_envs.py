@@ -1,0 +1,184 @@
+"""The conformance kit catches each class of broken env it claims to, with the right message."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import simkit
+from simkit import testing
+from simkit.errors import ConformanceError
+from simkit.randomization import Params
+
+
+class Walker(simkit.Env[np.ndarray, np.ndarray]):
+    """A correct toy env: a point drifting under a randomized pull, with noise from rng."""
+
+    max_episode_steps = 25
+    randomization = {"drift": simkit.Uniform(0.0, 1.0), "mode": simkit.Choice(("a", "b"))}
+    state_attributes: Any = ("pos", "vel")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Box(-1e6, 1e6, shape=(2,), dtype=np.float64)
+        self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.pos = 0.0
+        self.vel = 0.0
+
+    def noise(self, rng: np.random.Generator) -> float:
+        return float(rng.normal(0.0, 0.1))
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Params, options: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self.pos = float(rng.uniform(-1.0, 1.0))
+        self.vel = 0.0
+        return self.obs(), {}
+
+    def obs(self) -> np.ndarray:
+        return np.array([self.pos, self.vel], dtype=np.float64)
+
+    def step_episode(
+        self, action: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        self.vel += float(action[0]) + self._params["drift"] * 0.1 + self.noise(rng)
+        self.pos += 0.1 * self.vel
+        return self.obs(), -abs(self.pos), abs(self.pos) > 5.0, {}
+
+
+class GlobalNumpyWalker(Walker):
+    def noise(self, rng: np.random.Generator) -> float:
+        return float(np.random.normal(0.0, 0.1))  # noqa: NPY002 (the bug under test)
+
+
+class GlobalRandomWalker(Walker):
+    def noise(self, rng: np.random.Generator) -> float:
+        return random.gauss(0.0, 0.1)
+
+
+class LeakyWalker(Walker):
+    """Never resets its velocity: episodes inherit the previous one's."""
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Params, options: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self.pos = float(rng.uniform(-1.0, 1.0))
+        return self.obs(), {}
+
+
+class IncompleteSnapshotWalker(Walker):
+    state_attributes = ("pos",)
+
+
+class FixedParamsWalker(Walker):
+    """Samples its drift from a fixed-seed generator: never varies with the seed."""
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Params, options: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self._params["drift"] = float(np.random.default_rng(0).uniform(0.0, 1.0))
+        return super().reset_episode(rng, params, options)
+
+
+class UnseededParamsWalker(Walker):
+    """Samples its drift from an unseeded generator: the same seed gives other params."""
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Params, options: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self._params["drift"] = float(np.random.default_rng().uniform(0.0, 1.0))
+        return super().reset_episode(rng, params, options)
+
+
+class Swarm(simkit.MultiAgentEnv[str, np.ndarray, np.ndarray]):
+    """A correct toy multi-agent env: agents leave once they pass a line."""
+
+    metadata: dict[str, Any] = {"render_modes": [], "name": "swarm_v0"}
+    max_episode_steps = 20
+    randomization = {"pull": simkit.Uniform(0.0, 0.5)}
+    state_attributes: Any = ("pos",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.possible_agents = ["a0", "a1", "a2"]
+        box = spaces.Box(-1e6, 1e6, shape=(1,), dtype=np.float64)
+        self.observation_spaces = {a: box for a in self.possible_agents}
+        self.action_spaces = {a: spaces.Discrete(3) for a in self.possible_agents}
+        self.pos: dict[str, float] = {}
+
+    def noise(self, rng: np.random.Generator) -> float:
+        return float(rng.normal(0.0, 0.2))
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Params, options: dict[str, Any]
+    ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        self.pos = {a: float(rng.uniform(-1.0, 1.0)) for a in self.agents}
+        return {a: np.array([p]) for a, p in self.pos.items()}, {}
+
+    def step_episode(self, actions: dict[str, Any], rng: np.random.Generator) -> Any:
+        for agent, action in actions.items():
+            self.pos[agent] += (int(action) - 1) * 0.3 + self._params["pull"] + self.noise(rng)
+        obs = {a: np.array([self.pos[a]]) for a in actions}
+        return (
+            obs,
+            {a: -abs(self.pos[a]) for a in actions},
+            {a: self.pos[a] > 2 for a in actions},
+            {},
+        )
+
+
+class GlobalNumpySwarm(Swarm):
+    def noise(self, rng: np.random.Generator) -> float:
+        return float(np.random.normal(0.0, 0.2))  # noqa: NPY002 (the bug under test)
+
+
+def test_correct_envs_pass_every_check() -> None:
+    testing.check_env(Walker, steps=80)
+    testing.check_env(Swarm, steps=80)
+
+
+@pytest.mark.parametrize("env_cls", [GlobalNumpyWalker, GlobalRandomWalker, GlobalNumpySwarm])
+def test_global_rng_is_caught(env_cls: type) -> None:
+    with pytest.raises(ConformanceError, match=r"determinism.*global np\.random/random"):
+        testing.check_determinism(env_cls, steps=30)
+    with pytest.raises(ConformanceError, match=r"global RNG.*draws from a global RNG"):
+        testing.check_no_global_rng(env_cls, steps=30)
+    with pytest.raises(ConformanceError, match="determinism"):
+        testing.check_env(env_cls, steps=30)
+
+
+def test_state_leaking_across_resets_is_caught() -> None:
+    testing.check_determinism(LeakyWalker, steps=60)  # two fresh instances leak alike
+    with pytest.raises(ConformanceError, match=r"reset reuse.*leaves some state"):
+        testing.check_reset_reuse(LeakyWalker, steps=60)
+
+
+def test_incomplete_snapshot_is_caught() -> None:
+    testing.check_reset_reuse(IncompleteSnapshotWalker, steps=60)
+    with pytest.raises(ConformanceError, match=r"snapshot.*incomplete.*get_env_state"):
+        testing.check_snapshot(IncompleteSnapshotWalker, steps=60)
+
+
+def test_params_ignoring_the_seed_are_caught() -> None:
+    with pytest.raises(ConformanceError, match=r"'drift' took the same value .* ignores the seed"):
+        testing.check_randomization(FixedParamsWalker)
+    with pytest.raises(ConformanceError, match=r"seed 0 sampled different parameters"):
+        testing.check_randomization(UnseededParamsWalker)
+
+
+def test_checks_are_listed_and_accept_registered_ids() -> None:
+    assert [
+        testing.check_spaces,
+        testing.check_determinism,
+        testing.check_reset_reuse,
+        testing.check_snapshot,
+        testing.check_randomization,
+        testing.check_no_global_rng,
+    ] == testing.CHECKS
+    testing.check_determinism("simkit/CartPole-v0", steps=20)
+    with pytest.raises(TypeError, match="env_fn must be an env id or a zero-argument callable"):
+        testing.check_env(42, steps=5)  # type: ignore[arg-type]
