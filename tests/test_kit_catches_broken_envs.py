@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gymnasium import spaces
+from hypothesis import Phase, settings
 
 import simkit
 from simkit import testing
@@ -182,3 +183,22 @@ def test_checks_are_listed_and_accept_registered_ids() -> None:
     testing.check_determinism("simkit/CartPole-v0", steps=20)
     with pytest.raises(TypeError, match="env_fn must be an env id or a zero-argument callable"):
         testing.check_env(42, steps=5)  # type: ignore[arg-type]
+
+
+test_walker_properties = testing.property_test(Walker)
+test_swarm_properties = testing.property_test(Swarm)
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "match"),
+    [
+        (GlobalNumpyWalker, r"determinism \(two fresh instances"),
+        (LeakyWalker, r"reset reuse"),
+        (IncompleteSnapshotWalker, r"snapshot \(set_state on a fresh instance"),
+        (GlobalNumpySwarm, r"determinism \(two fresh instances"),
+    ],
+)
+def test_property_test_catches_broken_envs(env_cls: type, match: str) -> None:
+    with pytest.raises(ConformanceError, match=match):
+        # Shrinking a failure is slow and proves nothing here.
+        settings(phases=[Phase.explicit, Phase.generate])(testing.property_test(env_cls))()

@@ -6,6 +6,7 @@ for seeds, reset options and action sequences; ``property_test`` turns them into
 one-line hypothesis test for an author's env.
 """
 
+from simkit.testing import strategies
 from simkit.testing._checks import (
     CHECKS,
     Check,
@@ -19,6 +20,7 @@ from simkit.testing._checks import (
 )
 from simkit.testing._driver import as_factory
 from simkit.testing._profiles import register_profiles
+from simkit.testing._property import property_test
 
 __all__ = [
     "check_env",
@@ -32,4 +34,6 @@ __all__ = [
     "check_no_global_rng",
     "as_factory",
     "register_profiles",
+    "property_test",
+    "strategies",
 ]
