@@ -34,3 +34,8 @@ def test_single_agent_passes_gymnasium_checker(env_id: str) -> None:
 def test_multi_agent_passes_pettingzoo_tests(env_id: str) -> None:
     parallel_api_test(simkit.make(env_id), num_cycles=50)
     parallel_seed_test(lambda: simkit.make(env_id), num_cycles=50)
+
+
+@pytest.mark.parametrize("env_id", SINGLE + MULTI)
+def test_registered_env_properties(env_id: str) -> None:
+    testing.property_test(env_id, max_actions=STEPS)()
