@@ -84,6 +84,8 @@ def _run_checks(env_id: str, seed: int, steps: int) -> list[tuple[str, str | Non
             check(env_id, seed=seed, steps=steps)
         except ConformanceError as exc:
             results.append((check.__name__, str(exc)))
+        except Exception as exc:  # the env itself crashed: report it, keep checking others
+            results.append((check.__name__, f"the env raised {type(exc).__name__}: {exc}"))
         else:
             results.append((check.__name__, None))
     return results
@@ -143,17 +145,16 @@ def _demo_run(args: argparse.Namespace) -> int:
         results = _run_checks(env_id, args.seed, args.check_steps)
         errors = [f"{n}: {e}" for n, e in results if e is not None]
         failed = failed or bool(errors)
-        rate, mean = _rollout(env_id, args.steps, args.seed)
+        try:
+            rate, mean = _rollout(env_id, args.steps, args.seed)
+            figures = (f"{rate:,.0f}", f"{mean:.2f}")
+        except Exception as exc:  # one broken env must not hide the others' results
+            errors.append(f"rollout: the env raised {type(exc).__name__}: {exc}")
+            figures = ("-", "-")
         kind = simkit.spec(env_id).kind.value
         verdict = "PASS" if not errors else "FAIL"
         rows.append(
-            (
-                env_id,
-                kind,
-                f"{verdict} {len(results) - len(errors)}/{len(results)}",
-                f"{rate:,.0f}",
-                f"{mean:.2f}",
-            )
+            (env_id, kind, f"{verdict} {len(results) - len(errors)}/{len(results)}", *figures)
         )
         for error in errors:
             print(f"{env_id}: {error}", file=sys.stderr)

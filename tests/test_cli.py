@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,28 @@ def test_check_fails_with_exit_1_and_message(
     assert "PASS  check_determinism" in out
 
 
+def test_demo_reports_a_crashing_env_and_goes_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_kit_catches_broken_envs import Walker
+
+    class Crashing(Walker):
+        def noise(self, rng: Any) -> float:
+            raise RuntimeError("boom")
+
+    registry = {
+        "simkit/Pendulum-v0": simkit.spec("simkit/Pendulum-v0"),
+        "test/Crashing-v0": simkit.EnvSpec("test/Crashing-v0", Crashing),
+    }
+    monkeypatch.setattr(simkit.registry, "_REGISTRY", registry)
+    assert cli.main(["demo", "--steps", "50", "--check-steps", "10"]) == 1
+    captured = capsys.readouterr()
+    assert "the env raised RuntimeError: boom" in captured.err
+    rows = captured.out.splitlines()
+    assert "PASS 6/6" in next(r for r in rows if r.startswith("simkit/Pendulum-v0"))
+    assert "FAIL" in next(r for r in rows if r.startswith("test/Crashing-v0"))
+
+
 def test_check_unknown_id_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["check", "simkit/CartPol-v0"]) == 2
     assert "did you mean simkit/CartPole-v0" in capsys.readouterr().err
@@ -51,7 +74,12 @@ def test_check_refuses_batch_env(capsys: pytest.CaptureFixture[str]) -> None:
     assert "is a batch env" in capsys.readouterr().out
 
 
-def test_demo_table_covers_non_batch_envs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_table_covers_non_batch_envs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Other test modules register deliberately faulty test/* envs; demo the reference ones.
+    reference = {k: v for k, v in simkit.registry._REGISTRY.items() if k.startswith("simkit/")}
+    monkeypatch.setattr(simkit.registry, "_REGISTRY", reference)
     assert cli.main(["demo", "--steps", "100", "--check-steps", "20"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["env", "id", "kind", "checks", "steps/s", "mean", "return"]
