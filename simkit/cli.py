@@ -112,6 +112,15 @@ def _demo_configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=1000, help="random-action rollout length")
     parser.add_argument("--check-steps", type=int, default=100, help="steps per kit trajectory")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--remote-env",
+        default="simkit/Cheetah-v0",
+        help="env served locally for the remote part (default simkit/Cheetah-v0)",
+    )
+    parser.add_argument("--remote-num-envs", type=int, default=16, help="envs in the remote vector")
+    parser.add_argument(
+        "--no-remote", action="store_true", help="skip the local server + client part"
+    )
 
 
 def _rollout(env_id: str, steps: int, seed: int) -> tuple[float, float]:
@@ -163,7 +172,26 @@ def _demo_run(args: argparse.Namespace) -> int:
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     print(f"(rollout: {args.steps} random-action steps per env, seed {args.seed})")
+    if not args.no_remote:
+        from simkit.clients import remote_demo
+
+        print("\nLocal rollout server + RemoteVectorEnv client:")
+        figures = remote_demo(args.remote_env, num_envs=args.remote_num_envs, seed=args.seed)
+        print(figures.table())
+        failed = failed or not figures.identical
     return 1 if failed else 0
+
+
+def _serve_configure(parser: argparse.ArgumentParser) -> None:
+    from simkit.servers import add_serve_arguments
+
+    add_serve_arguments(parser)
+
+
+def _serve_run(args: argparse.Namespace) -> int:
+    from simkit.servers import run_serve
+
+    return run_serve(args)
 
 
 add_command(
@@ -173,7 +201,15 @@ add_command(
     Command("check", "run the conformance kit on a registered env", _check_configure, _check_run)
 )
 add_command(
-    Command("demo", "check and roll out every registered non-batch env", _demo_configure, _demo_run)
+    Command(
+        "demo",
+        "check and roll out every registered non-batch env, then step one through a local server",
+        _demo_configure,
+        _demo_run,
+    )
+)
+add_command(
+    Command("serve", "serve an env over ZeroMQ (see docs/server.md)", _serve_configure, _serve_run)
 )
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import simkit
@@ -54,7 +57,7 @@ def test_demo_reports_a_crashing_env_and_goes_on(
         "test/Crashing-v0": simkit.EnvSpec("test/Crashing-v0", Crashing),
     }
     monkeypatch.setattr(simkit.registry, "_REGISTRY", registry)
-    assert cli.main(["demo", "--steps", "50", "--check-steps", "10"]) == 1
+    assert cli.main(["demo", "--steps", "50", "--check-steps", "10", "--no-remote"]) == 1
     captured = capsys.readouterr()
     assert "the env raised RuntimeError: boom" in captured.err
     rows = captured.out.splitlines()
@@ -80,7 +83,7 @@ def test_demo_table_covers_non_batch_envs(
     # Other test modules register deliberately faulty test/* envs; demo the reference ones.
     reference = {k: v for k, v in simkit.registry._REGISTRY.items() if k.startswith("simkit/")}
     monkeypatch.setattr(simkit.registry, "_REGISTRY", reference)
-    assert cli.main(["demo", "--steps", "100", "--check-steps", "20"]) == 0
+    assert cli.main(["demo", "--steps", "100", "--check-steps", "20", "--no-remote"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["env", "id", "kind", "checks", "steps/s", "mean", "return"]
     for env_id in simkit.env_ids():
@@ -108,3 +111,46 @@ def test_python_m_simkit_runs_and_bad_usage_exits_2() -> None:
     )
     assert bad.returncode == 2
     assert "invalid choice: 'frobnicate'" in bad.stderr
+
+
+def test_demo_steps_a_local_server_through_a_remote_client(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "_checkable_ids", lambda: ["simkit/CartPole-v0"])
+    argv = ["demo", "--steps", "20", "--check-steps", "10", "--remote-env", "simkit/CartPole-v0"]
+    assert cli.main([*argv, "--remote-num-envs", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "remote equals local bit for bit: yes" in out
+    assert "| remote (simkit serve, ipc) |" in out
+
+
+def test_serve_verb_serves_until_sigterm(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+
+    endpoint = f"ipc://{tmp_path}/serve.sock"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "simkit",
+            "serve",
+            "simkit/CartPole-v0",
+            "--num-envs",
+            "3",
+            "--bind",
+            endpoint,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        envs = RemoteVectorEnv([endpoint], timeout=30)
+        obs, _ = envs.reset(seed=0)
+        assert obs.shape == (3, 4)
+        envs.step(np.array([0, 1, 0]))
+        envs.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
