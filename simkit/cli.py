@@ -176,9 +176,9 @@ def _demo_run(args: argparse.Namespace) -> int:
         from simkit.clients import remote_demo
 
         print("\nLocal rollout server + RemoteVectorEnv client:")
-        figures = remote_demo(args.remote_env, num_envs=args.remote_num_envs, seed=args.seed)
-        print(figures.table())
-        failed = failed or not figures.identical
+        remote = remote_demo(args.remote_env, num_envs=args.remote_num_envs, seed=args.seed)
+        print(remote.table())
+        failed = failed or not remote.identical
     return 1 if failed else 0
 
 
