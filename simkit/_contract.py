@@ -39,6 +39,7 @@ class ContractCore:
     max_episode_steps: int | None = None
     state_attributes: ClassVar[tuple[str, ...] | None] = None
     metadata: dict[str, Any]
+    render_mode: str | None
 
     _np_random: np.random.Generator | None
     _np_random_seed: int | None
@@ -53,8 +54,13 @@ class ContractCore:
         *,
         max_episode_steps: int | None,
         params: Mapping[str, Any] | None,
+        render_mode: str | None,
         validate_actions: bool,
     ) -> None:
+        modes = self.metadata.get("render_modes", [])
+        if render_mode is not None and render_mode not in modes:
+            raise ValueError(f"render_mode must be one of {modes} or None, got {render_mode!r}")
+        self.render_mode = render_mode
         if max_episode_steps is not None:
             if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int):
                 raise TypeError(

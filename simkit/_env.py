@@ -54,12 +54,11 @@ class Env(ContractCore, gym.Env[ObsType, ActType], Generic[ObsType, ActType]):
         render_mode: str | None = None,
         validate_actions: bool = True,
     ) -> None:
-        modes = self.metadata.get("render_modes", [])
-        if render_mode is not None and render_mode not in modes:
-            raise ValueError(f"render_mode must be one of {modes} or None, got {render_mode!r}")
-        self.render_mode = render_mode
         self._init_contract(
-            max_episode_steps=max_episode_steps, params=params, validate_actions=validate_actions
+            max_episode_steps=max_episode_steps,
+            params=params,
+            render_mode=render_mode,
+            validate_actions=validate_actions,
         )
 
     def reset_episode(
