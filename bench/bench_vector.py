@@ -26,6 +26,7 @@ import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 import simkit
+from simkit._optional import require
 from simkit.vector import VectorEnv
 
 ENV_STEPS_PER_REPEAT = 4096
@@ -37,7 +38,12 @@ def _simkit_fn(env_id: str) -> Callable[[], gym.Env[Any, Any]]:
 
 
 def _gym_fn(env_id: str) -> Callable[[], gym.Env[Any, Any]]:
-    return lambda: gym.make(env_id)
+    def make() -> gym.Env[Any, Any]:
+        # Gymnasium's MuJoCo envs import imageio for rendering.
+        require("imageio", extra="bench", purpose=f"Gymnasium's {env_id}")
+        return gym.make(env_id)
+
+    return make
 
 
 WORKLOADS: dict[str, Callable[[], gym.Env[Any, Any]]] = {
