@@ -10,7 +10,11 @@ repeats) for ``simkit/Cheetah-v0`` at N envs:
 - remote, 2 servers, overlapped: N/2 envs on each of two server processes,
   EnvPool-style ``send``/``recv`` double buffering (one half steps while the other's
   reply is handled), which is how remote keeps up with local;
-- Gymnasium ``AsyncVectorEnv`` (one process per env).
+- Gymnasium ``AsyncVectorEnv`` (one process per env);
+- ``simkit/BatchCheetah-v0`` (a ``simkit.BatchEnv`` of N), local ``step_batch`` vs
+  ``RemoteVectorEnv`` over one server hosting it.
+
+``--server-threads K`` starts the Cheetah servers with ``--num-threads K``.
 
 Loop latency is the time from sending a step request to holding its observations
 (p50/p99 over every step of a repeat). The per-request overhead compares a
@@ -42,6 +46,7 @@ from simkit.clients import RemoteVectorEnv
 from simkit.vector import VectorEnv
 
 CHEETAH = "simkit/Cheetah-v0"
+BATCH_CHEETAH = "simkit/BatchCheetah-v0"
 TRIVIAL = "simkit/CartPole-v0"
 
 _ECHO = """
@@ -53,8 +58,9 @@ while True:
 """
 
 
-def _server(env_id: str, n: int, endpoint: str) -> subprocess.Popen[bytes]:
+def _server(env_id: str, n: int, endpoint: str, threads: int = 1) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "simkit.servers", env_id, "--num-envs", str(n)]
+    cmd += ["--num-threads", str(threads)]
     return subprocess.Popen(
         [*cmd, "--bind", endpoint],
         stdout=subprocess.DEVNULL,
@@ -83,6 +89,17 @@ def _actions(space: gym.Space[Any], count: int = 64) -> list[Any]:
 
 def bench_local(n: int, seconds: float) -> tuple[float, list[float]]:
     env = VectorEnv(CHEETAH, n)
+    env.reset(seed=0)
+    acts = _actions(env.action_space)
+    k = iter(range(1 << 62))
+    try:
+        return _rate(lambda: env.step_batch(acts[next(k) % 64]).env_ids.size, seconds)
+    finally:
+        env.close()
+
+
+def bench_batch_local(n: int, seconds: float) -> tuple[float, list[float]]:
+    env = simkit.make(BATCH_CHEETAH, num_envs=n)
     env.reset(seed=0)
     acts = _actions(env.action_space)
     k = iter(range(1 << 62))
@@ -198,17 +215,23 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=1.5, help="per measurement")
     parser.add_argument("--no-async", action="store_true", help="skip AsyncVectorEnv")
+    parser.add_argument("--server-threads", type=int, default=1, help="Cheetah server threads")
     args = parser.parse_args()
     n, sec = args.num_envs, args.seconds
     tmp = tempfile.mkdtemp(prefix="simkit-bench-")
     one = f"ipc://{tmp}/one.sock"
     pair = [f"ipc://{tmp}/a.sock", f"ipc://{tmp}/b.sock"]
     trivial, echo = f"ipc://{tmp}/trivial.sock", f"ipc://{tmp}/echo.sock"
-    procs = [_server(CHEETAH, n, one), _server(TRIVIAL, 1, trivial)]
-    procs += [_server(CHEETAH, n // 2, e) for e in pair]
+    batch = f"ipc://{tmp}/batch.sock"
+    st = args.server_threads
+    procs = [_server(CHEETAH, n, one, st), _server(TRIVIAL, 1, trivial)]
+    procs += [_server(CHEETAH, n // 2, e, st) for e in pair]
+    procs.append(_server(BATCH_CHEETAH, n, batch))
     procs.append(subprocess.Popen([sys.executable, "-c", _ECHO, echo]))
     rows: dict[str, list[float]] = {}
     lat: dict[str, list[float]] = {"remote, 1 server": [], "remote, 2 servers, overlapped": []}
+    lat["local BatchCheetah"] = []
+    lat["remote BatchCheetah, 1 server"] = []
     local_lat: list[float] = []
     overhead: list[tuple[float, float]] = []
     try:
@@ -225,20 +248,29 @@ def main() -> None:
             if not args.no_async:
                 rows.setdefault("Gymnasium AsyncVectorEnv", []).append(bench_async(n, sec))
             overhead.append(bench_overhead(trivial, echo, sec))
+            rate, times = bench_batch_local(n, sec)
+            rows.setdefault("local BatchCheetah", []).append(rate)
+            lat["local BatchCheetah"] += times
+            rate, times = bench_remote([batch], n, sec)
+            rows.setdefault("remote BatchCheetah, 1 server", []).append(rate)
+            lat["remote BatchCheetah, 1 server"] += times
     finally:
         for p in procs:
             p.kill()
             p.wait()
     local = statistics.median(rows["local simkit.vector"])
     asy = statistics.median(rows["Gymnasium AsyncVectorEnv"]) if not args.no_async else None
-    print(f"{CHEETAH}, N={n}, {args.repeats} repeats x {sec:g} s, {os.cpu_count()} CPUs\n")
+    print(
+        f"{CHEETAH}, N={n}, {args.repeats} repeats x {sec:g} s, {os.cpu_count()} CPUs, "
+        f"server threads {st}, load {os.getloadavg()[0]:.1f}\n"
+    )
     print(
         "| stepping | steps/s (median) | vs local | vs AsyncVectorEnv | loop p50 ms | loop p99 ms |"
     )
     print("|---|---:|---:|---:|---:|---:|")
     for name, rates in rows.items():
         med = statistics.median(rates)
-        times = local_lat if name.startswith("local") else lat.get(name, [])
+        times = local_lat if name == "local simkit.vector" else lat.get(name, [])
         p50 = f"{_pct(times, 50):.2f}" if times else "-"
         p99 = f"{_pct(times, 99):.2f}" if times else "-"
         vs_async = f"{med / asy:.2f}x" if asy else "-"
@@ -250,6 +282,9 @@ def main() -> None:
         f"bare DEALER/ROUTER msgpack round trip {bare_req:.0f} us, "
         f"ratio {remote_req / bare_req:.2f}x"
     )
+    batch_local = statistics.median(rows["local BatchCheetah"])
+    batch_remote = statistics.median(rows["remote BatchCheetah, 1 server"])
+    print(f"Remote BatchCheetah / local BatchCheetah: {batch_remote / batch_local:.2f}x")
 
 
 if __name__ == "__main__":

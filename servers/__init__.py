@@ -3,6 +3,7 @@
 See docs/server.md; the wire protocol is :mod:`simkit.protocol` (docs/protocol.md).
 """
 
+from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._cli import add_serve_arguments, run_serve
 from simkit.servers._host import EnvListHost, make_env_factory
 from simkit.servers._metrics import Metrics
@@ -11,6 +12,7 @@ from simkit.servers._server import RolloutServer, is_loopback
 __all__ = [
     "RolloutServer",
     "EnvListHost",
+    "BatchEnvHost",
     "make_env_factory",
     "Metrics",
     "is_loopback",

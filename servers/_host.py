@@ -15,16 +15,19 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 import simkit
 from simkit._contract import ContractCore
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
 from simkit._types import BatchStep
+from simkit._validation import ActionBounds
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.protocol import EnvFault, Unsupported, error_code_of
+from simkit.vector._actions import check_batch, split_rows
+from simkit.vector._pool import WorkerPool
 
-__all__ = ["EnvListHost", "make_env_factory", "GYM_PREFIX"]
+__all__ = ["EnvListHost", "make_env_factory", "batch_spec_of", "GYM_PREFIX"]
 
 GYM_PREFIX = "gym:"
 
@@ -47,16 +50,38 @@ def make_env_factory(env_id: str, **kwargs: Any) -> Callable[[], gym.Env[Any, An
     return lambda: env_spec.make(**kwargs)
 
 
+def batch_spec_of(env_id: str) -> simkit.EnvSpec | None:
+    """The registry spec of ``env_id`` if it is a :class:`simkit.BatchEnv`, else None."""
+    if env_id.startswith(GYM_PREFIX):
+        return None
+    env_spec = simkit.spec(env_id)
+    return env_spec if env_spec.kind is simkit.EnvKind.BATCH else None
+
+
+_LEAF = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
 class EnvListHost:
-    """N single-agent envs stepped one after another, with per-env fault isolation.
+    """N single-agent envs stepped in one process, with per-env fault isolation.
+
+    The step path does what :class:`simkit.vector.VectorEnv` does: the batch of
+    actions is checked once (simkit envs are switched to ``validate_actions=False``)
+    and each env writes its row straight into the reply's arrays. With
+    ``num_threads > 1`` the envs are split into contiguous chunks stepped on a
+    :class:`simkit.vector` worker pool (the calling thread steps the last chunk);
+    MuJoCo releases the GIL in ``mj_step``, so MuJoCo envs step in parallel. Results do
+    not depend on the thread count.
 
     Args:
         envs: the env instances (all with equal spaces).
+        num_threads: worker threads (1 = inline, no threads); at most ``len(envs)``.
     """
 
-    def __init__(self, envs: Sequence[gym.Env[Any, Any]]) -> None:
+    def __init__(self, envs: Sequence[gym.Env[Any, Any]], *, num_threads: int = 1) -> None:
         if not envs:
             raise ValueError("a host needs at least one env, got none")
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
         self.envs = list(envs)
         self.num_envs = len(self.envs)
         self.observation_space: spaces.Space[Any] = self.envs[0].observation_space
@@ -67,8 +92,23 @@ class EnvListHost:
                 or env.action_space != self.action_space
             ):
                 raise ValueError("every env of a host must have the same spaces")
-        self._batched_actions = batch_space(self.action_space, self.num_envs)
         self._simkit = all(isinstance(e.unwrapped, ContractCore) for e in self.envs)
+        # simkit envs: one batch check here instead of one per env in env.step.
+        self._check = self._simkit and all(
+            getattr(e.unwrapped, "validate_actions", False) for e in self.envs
+        )
+        if self._check:
+            for env in self.envs:
+                setattr(env.unwrapped, "validate_actions", False)  # noqa: B010
+        bounds = getattr(self.envs[0].unwrapped, "action_bounds", ActionBounds.CLIP)
+        self._bounds = bounds if isinstance(bounds, ActionBounds) else ActionBounds.CLIP
+        self._leaf_obs = isinstance(self.observation_space, _LEAF)
+        workers = min(num_threads, self.num_envs)
+        self.num_threads = workers
+        self._owner = np.zeros(self.num_envs, dtype=np.int64)
+        for w, chunk in enumerate(np.array_split(np.arange(self.num_envs), workers)):
+            self._owner[chunk] = w
+        self._pool = WorkerPool(workers, name="simkit-host") if workers > 1 else None
         caps: set[str] = set()
         if self._simkit:
             caps.update({"state", "params"})
@@ -147,65 +187,101 @@ class EnvListHost:
         return self._rows(obs_rows), infos
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets."""
+        """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets.
+
+        Raises:
+            ResetNeeded: an env was never reset.
+            InvalidAction: the batch does not fit the action space (nothing moved).
+        """
         n = env_ids.size
-        never = [i for i in env_ids.tolist() if self._obs[i] is None]
+        ids = env_ids.tolist()
+        never = [i for i in ids if self._obs[i] is None]
         if never:
             raise ResetNeeded(f"envs {never} were never reset; send reset first")
-        batched = batch_space(self.action_space, n) if n != self.num_envs else self._batched_actions
-        per_env = list(iterate(batched, actions))
-        obs_rows, final_rows = [], []
-        reward = np.zeros(n, dtype=np.float64)
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
-        infos: list[dict[str, Any]] = []
-        faults: list[EnvFault] = []
-        for k, i in enumerate(env_ids.tolist()):
-            env = self.envs[i]
+        if self._check:
+            rows = check_batch(self.action_space, actions, env_ids, self._bounds)
+        else:
+            rows = split_rows(self.action_space, actions, n)
+        out = _StepOut(n, self.observation_space if self._leaf_obs else None)
+        if self._pool is None:
+            self._step_rows((range(n), ids, rows, out))
+        else:
+            parts: list[list[int]] = [[] for _ in range(self._pool.size)]
+            for k, i in enumerate(ids):
+                parts[int(self._owner[i])].append(k)
+            self._fan_out([(p, ids, rows, out) for p in parts])
+        if len(out.faults) > 1:
+            out.faults.sort(key=lambda f: f[0])  # threads finish in any order
+        step = BatchStep(
+            obs=out.obs if self._leaf_obs else self._rows(out.obs),
+            reward=out.reward,
+            terminated=out.terminated,
+            truncated=out.truncated,
+            final_obs=out.final_obs if self._leaf_obs else self._rows(out.final_obs),
+            env_ids=env_ids.astype(np.int64),
+            infos=out.infos,
+        )
+        return step, [f for _, f in out.faults]
+
+    def _fan_out(self, jobs: list[tuple[list[int], list[int], list[Any], _StepOut]]) -> None:
+        """Runs the jobs on the pool, the last one on this thread; waits for all."""
+        assert self._pool is not None
+        sent = 0
+        for w, job in enumerate(jobs[:-1]):
+            if job[0]:
+                self._pool.submit(w, self._step_rows, job, None)
+                sent += 1
+        error: BaseException | None = None
+        try:
+            self._step_rows(jobs[-1])
+        except BaseException as exc:  # re-raised once every worker is done
+            error = exc
+        for _ in range(sent):
+            _, _, failure = self._pool.get()
+            error = error or failure
+        if error is not None:
+            raise error
+
+    def _step_rows(self, job: tuple[Sequence[int], list[int], list[Any], _StepOut]) -> None:
+        """Steps the rows ``ks`` (indices into ``ids``); runs on any thread."""
+        ks, ids, rows, out = job
+        for k in ks:
+            i = ids[k]
             if self._broken[i]:
-                faults.append(EnvFault(i, "reset_needed", f"env {i} failed to reset; reset it"))
-                obs_rows.append(self._obs[i])
-                final_rows.append(self._obs[i])
-                truncated[k] = True
-                infos.append({})
+                out.faults.append(
+                    (k, EnvFault(i, "reset_needed", f"env {i} failed to reset; reset it"))
+                )
+                out.obs[k] = out.final_obs[k] = self._obs[i]
+                out.truncated[k] = True
+                out.infos[k] = {}
                 continue
             try:
-                obs, r, term, trunc, info = env.step(per_env[k])
-                reward[k] = float(r)
-                terminated[k], truncated[k] = bool(term), bool(trunc)
+                obs, r, term, trunc, info = self.envs[i].step(rows[k])
+                out.reward[k] = r
+                out.terminated[k] = term
+                out.truncated[k] = trunc
                 info = dict(info)
+                ended = bool(term or trunc)
             except Exception as exc:  # fault isolation: this env's episode ends, others go on
-                faults.append(EnvFault(i, error_code_of(exc), f"{type(exc).__name__}: {exc}"))
-                obs, info = self._obs[i], {}
-                truncated[k] = True
-            final_rows.append(obs)
-            if terminated[k] or truncated[k]:
+                out.faults.append(
+                    (k, EnvFault(i, error_code_of(exc), f"{type(exc).__name__}: {exc}"))
+                )
+                obs, info, ended = self._obs[i], {}, True
+                out.reward[k] = 0.0
+                out.terminated[k] = False
+                out.truncated[k] = True
+            out.final_obs[k] = obs
+            if ended:
                 try:
-                    next_obs, reset_info = self._reset_one(i, None, None)
-                    info["reset_info"] = reset_info
+                    obs, info["reset_info"] = self._reset_one(i, None, None)
                 except Exception as exc:
-                    faults.append(
-                        EnvFault(
-                            i, error_code_of(exc), f"reset failed: {type(exc).__name__}: {exc}"
-                        )
-                    )
+                    message = f"reset failed: {type(exc).__name__}: {exc}"
+                    out.faults.append((k, EnvFault(i, error_code_of(exc), message)))
                     self._broken[i] = True
-                    next_obs = obs
             else:
-                next_obs = obs
                 self._obs[i] = obs
-            obs_rows.append(next_obs)
-            infos.append(info)
-        step = BatchStep(
-            obs=self._rows(obs_rows),
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=self._rows(final_rows),
-            env_ids=env_ids.astype(np.int64),
-            infos=infos,
-        )
-        return step, faults
+            out.obs[k] = obs
+            out.infos[k] = info
 
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
         """Snapshots of ``env_ids``: the env's own plus this host's seeding bookkeeping."""
@@ -243,6 +319,35 @@ class EnvListHost:
             self._broken[i] = False
 
     def close(self) -> None:
-        """Closes every env."""
+        """Stops the worker threads and closes every env."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         for env in self.envs:
             env.close()
+
+
+class _StepOut:
+    """One step's results, written row by row (from any worker thread).
+
+    With a leaf observation space ``obs``/``final_obs`` are the reply's arrays
+    (allocated once per step, since the reply may still be in flight on the socket);
+    otherwise they are lists of rows, concatenated afterwards.
+    """
+
+    __slots__ = ("faults", "final_obs", "infos", "obs", "reward", "terminated", "truncated")
+
+    def __init__(self, n: int, leaf_space: spaces.Space[Any] | None) -> None:
+        self.obs: Any
+        self.final_obs: Any
+        if leaf_space is not None:
+            self.obs = create_empty_array(leaf_space, n, np.empty)
+            self.final_obs = create_empty_array(leaf_space, n, np.empty)
+        else:
+            self.obs = [None] * n
+            self.final_obs = [None] * n
+        self.reward = np.zeros(n, dtype=np.float64)
+        self.terminated = np.zeros(n, dtype=np.bool_)
+        self.truncated = np.zeros(n, dtype=np.bool_)
+        self.infos: list[dict[str, Any]] = [{}] * n
+        self.faults: list[tuple[int, EnvFault]] = []

@@ -28,7 +28,8 @@ from simkit.protocol import (
     error_reply,
 )
 from simkit.protocol._errors import ProtocolError
-from simkit.servers._host import EnvListHost, make_env_factory
+from simkit.servers._batch_host import BatchEnvHost
+from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
 from simkit.servers._metrics import Metrics, MetricsHTTPServer
 
 __all__ = ["RolloutServer", "is_loopback"]
@@ -62,7 +63,7 @@ class _ShuttingDown(ProtocolError):
 @dataclass
 class _Slot:
     session: ServerSession
-    host: EnvListHost
+    host: EnvListHost | BatchEnvHost
     last_seen: float
 
 
@@ -99,6 +100,8 @@ class RolloutServer:
         metrics_host: interface for the metrics HTTP server.
         limits: request size limits.
         inline_threshold: reply arrays up to this many bytes go inside the header.
+        num_threads: worker threads per session stepping its envs (single-agent env
+            ids; a BatchEnv steps with its own threads).
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -122,7 +125,10 @@ class RolloutServer:
         metrics_host: str = "127.0.0.1",
         limits: Limits | None = None,
         inline_threshold: int = INLINE_THRESHOLD,
+        num_threads: int = 1,
     ) -> None:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
         if not is_loopback(bind) and curve_secret_key is None and not insecure:
@@ -141,7 +147,12 @@ class RolloutServer:
         self.limits = limits or Limits()
         self.inline_threshold = inline_threshold
         self.insecure = insecure and not is_loopback(bind) and curve_secret_key is None
-        self._factory = make_env_factory(env_id, **dict(env_kwargs or {}))
+        self.num_threads = num_threads
+        self._env_kwargs = dict(env_kwargs or {})
+        self._batch_spec = batch_spec_of(env_id)
+        self._factory = (
+            make_env_factory(env_id, **self._env_kwargs) if self._batch_spec is None else None
+        )
         probe = self._new_host(1)
         self._info = ServerInfo(
             env_id=env_id,
@@ -189,8 +200,11 @@ class RolloutServer:
         self.metrics_port: int | None = self._metrics_http.port if self._metrics_http else None
         self._closed = False
 
-    def _new_host(self, n: int) -> EnvListHost:
-        return EnvListHost([self._factory() for _ in range(n)])
+    def _new_host(self, n: int) -> EnvListHost | BatchEnvHost:
+        if self._batch_spec is not None:
+            return BatchEnvHost(self._batch_spec.make(num_envs=n, **self._env_kwargs))
+        assert self._factory is not None
+        return EnvListHost([self._factory() for _ in range(n)], num_threads=self.num_threads)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -349,6 +349,9 @@ def _decode_array(
     return name, arr, frame_index
 
 
+_PLAIN_LEAF = frozenset({float, bool, str, bytes, type(None)})
+
+
 def plain_safe(value: Any, _depth: int = 0) -> Any:
     """A msgpack-able copy of ``value`` (used for infos).
 
@@ -376,6 +379,10 @@ def plain_safe(value: Any, _depth: int = 0) -> Any:
                 "data": arr.tobytes(),
             }
         return str(value)
+    if type(value) is dict and all(
+        type(k) is str and type(v) in _PLAIN_LEAF for k, v in value.items()
+    ):
+        return dict(value)  # the common info: str keys to floats, bools, str
     if isinstance(value, Mapping):
         return {
             (k if isinstance(k, str) else str(k)): plain_safe(v, _depth + 1)

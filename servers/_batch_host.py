@@ -1,0 +1,314 @@
+"""``BatchEnvHost``: one :class:`simkit.BatchEnv` served as ``num_envs`` protocol envs.
+
+The batch is the author's arrays of N instances, so it is stepped whole: a ``step``
+must list every env (in any order), and a failure inside ``step_instances`` is a
+failure of the whole batch. Seeding is the BatchEnv's own (``episode_seed(root, i, k)``
+per instance), so a remote BatchEnv equals a local one bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from simkit._batch import BatchEnv
+from simkit._types import BatchStep
+from simkit.errors import InvalidState, ResetNeeded
+from simkit.protocol import EnvFault, InvalidField, Unsupported, error_code_of
+from simkit.randomization import resolve_overrides
+
+__all__ = ["BatchEnvHost", "BATCH_HOST_STATE"]
+
+BATCH_HOST_STATE = "simkit.batch_host/1"
+"""Tag of the per-env snapshots :meth:`BatchEnvHost.get_state` returns."""
+
+
+class BatchEnvHost:
+    """Serves a numpy :class:`simkit.BatchEnv` of N instances as N envs.
+
+    - ``reset``: root ``seed`` for every env, or no seed for any subset (each listed
+      instance starts its next episode); per-env ``params`` and ``options["params"]``
+      become the BatchEnv's per-instance overrides. ``seeds`` (explicit per-env seeds),
+      a root seed for a subset and ``env_offset != 0`` get ``unsupported``: a BatchEnv
+      derives every instance's seeds from its one root.
+    - ``step``: all N envs in one request (any order); a subset gets ``unsupported``.
+      Actions are checked with :meth:`BatchEnv.check_actions` before the batch moves.
+    - Faults: if the batch raises while stepping, every row ends (truncated, reward 0,
+      ``final_obs`` = its previous observation) with the fault listed per env, and the
+      whole batch starts its next episodes; if that reset raises too, every step
+      reports ``reset_needed`` until a ``reset`` of all envs succeeds.
+    - ``get_state``/``set_state``: all N envs at once (the batch's snapshot rides in
+      the first listed env's entry).
+
+    Args:
+        env: the batch (numpy, ``device=None``); the host owns and closes it.
+
+    Raises:
+        ValueError: a torch (``device``) batch.
+    """
+
+    def __init__(self, env: BatchEnv) -> None:
+        if env.device is not None:
+            raise ValueError(f"the rollout server hosts numpy BatchEnvs, got device={env.device!r}")
+        self.env = env
+        self.num_envs = env.num_envs
+        self.observation_space: spaces.Space[Any] = env.single_observation_space
+        self.action_space: spaces.Space[Any] = env.single_action_space
+        caps = {"state", "params"}
+        if env.randomization:
+            caps.add("randomization")
+        self.capabilities = frozenset(caps)
+        self._validate = env.validate_actions
+        env.validate_actions = False  # checked once in step, before the batch moves
+        self._all = np.arange(self.num_envs, dtype=np.int64)
+        self._obs: Any = None
+        self._broken = False
+
+    # ------------------------------------------------------------------------ reset
+
+    def reset(
+        self,
+        env_ids: np.ndarray,
+        *,
+        seed: int | None,
+        seeds: list[int] | None,
+        options: dict[str, Any] | None,
+        params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``env_ids`` through ``BatchEnv.reset`` (``reset_mask`` for a subset)."""
+        n = self.num_envs
+        everyone = env_ids.size == n
+        if seeds is not None:
+            raise Unsupported(
+                "a BatchEnv derives every instance's seed from one root seed",
+                expected="'seed' (root) or no seed",
+                got="'seeds'",
+            )
+        if env_offset:
+            raise Unsupported(
+                "a BatchEnv seeds its instances by their own index",
+                expected="env_offset 0",
+                got=env_offset,
+            )
+        if seed is not None and not everyone:
+            raise Unsupported(
+                "a root seed restarts the whole BatchEnv",
+                expected=f"all {n} env ids with 'seed'",
+                got=f"{env_ids.size} env ids",
+            )
+        if self._obs is None and not everyone:
+            raise ResetNeeded(f"the first reset must reset all {n} envs, got {env_ids.size}")
+        opts = dict(options or {})
+        shared = _option_params(opts.pop("params", None), env_ids.size)
+        per: list[dict[str, Any]] = [{} for _ in range(n)]
+        for k, i in enumerate(env_ids.tolist()):
+            per[i] = {**shared[k], **(params[k] if params else {})}
+            if per[i]:
+                # Checked up front so a bad override changes nothing.
+                resolve_overrides(self.env.randomization, {**self.env._env_overrides[i], **per[i]})
+        if any(per):
+            opts["params"] = per
+        if not everyone:
+            mask = np.zeros(n, dtype=np.bool_)
+            mask[env_ids] = True
+            opts["reset_mask"] = mask
+        obs, vector_info = self.env.reset(seed=seed, options=opts or None)
+        self._obs = obs
+        if everyone:
+            self._broken = False
+        infos = _info_rows(vector_info, env_ids)
+        return _take(self.observation_space, obs, env_ids), infos
+
+    # ------------------------------------------------------------------------- step
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """Steps the whole batch; rows come back in ``env_ids`` order."""
+        n = self.num_envs
+        if env_ids.size != n:
+            raise Unsupported(
+                "a BatchEnv steps all its instances at once",
+                expected=f"all {n} env ids",
+                got=f"{env_ids.size} env ids",
+            )
+        if self._obs is None:
+            raise ResetNeeded("step before reset; send reset first")
+        in_order = bool(np.array_equal(env_ids, self._all))
+        if not in_order:
+            actions = _put(self.action_space, actions, env_ids, n)
+        if self._broken:
+            return self._failed(env_ids, "reset_needed", "the batch failed to reset; reset it")
+        if self._validate:
+            actions = self.env.check_actions(actions)
+        try:
+            result = self.env.step_batch(actions)
+        except Exception as exc:  # the batch fails as a whole
+            return self._fault_all(env_ids, exc)
+        self._obs = result.obs
+        if in_order:
+            return result, []
+        space = self.observation_space
+        return (
+            BatchStep(
+                obs=_take(space, result.obs, env_ids),
+                reward=result.reward[env_ids],
+                terminated=result.terminated[env_ids],
+                truncated=result.truncated[env_ids],
+                final_obs=_take(space, result.final_obs, env_ids),
+                env_ids=env_ids.astype(np.int64),
+                infos=[result.infos[i] for i in env_ids.tolist()],
+            ),
+            [],
+        )
+
+    def _failed(
+        self, env_ids: np.ndarray, code: str, message: str
+    ) -> tuple[BatchStep, list[EnvFault]]:
+        obs = _take(self.observation_space, self._obs, env_ids)
+        k = env_ids.size
+        step = BatchStep(
+            obs=obs,
+            reward=np.zeros(k, dtype=np.float64),
+            terminated=np.zeros(k, dtype=np.bool_),
+            truncated=np.ones(k, dtype=np.bool_),
+            final_obs=obs,
+            env_ids=env_ids.astype(np.int64),
+            infos=[{} for _ in range(k)],
+        )
+        return step, [EnvFault(int(i), code, message) for i in env_ids.tolist()]
+
+    def _fault_all(self, env_ids: np.ndarray, exc: Exception) -> tuple[BatchStep, list[EnvFault]]:
+        """Every row ends with the batch's fault; the batch starts its next episodes."""
+        step, faults = self._failed(env_ids, error_code_of(exc), f"{type(exc).__name__}: {exc}")
+        try:
+            obs, vector_info = self.env.reset()
+        except Exception as again:
+            self._broken = True
+            msg = f"reset failed: {type(again).__name__}: {again}"
+            faults += [EnvFault(int(i), error_code_of(again), msg) for i in env_ids.tolist()]
+            return step, faults
+        self._obs = obs
+        rows = _info_rows(vector_info, env_ids)
+        step = BatchStep(
+            obs=_take(self.observation_space, obs, env_ids),
+            reward=step.reward,
+            terminated=step.terminated,
+            truncated=step.truncated,
+            final_obs=step.final_obs,
+            env_ids=step.env_ids,
+            infos=[{"reset_info": r} for r in rows],
+        )
+        return step, faults
+
+    # -------------------------------------------------------------------- snapshots
+
+    def _check_all(self, env_ids: np.ndarray, what: str) -> None:
+        if env_ids.size != self.num_envs:
+            raise Unsupported(
+                f"a BatchEnv {what} covers all its instances at once",
+                expected=f"all {self.num_envs} env ids",
+                got=f"{env_ids.size} env ids",
+            )
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """One entry per env; the first carries the whole batch's snapshot."""
+        self._check_all(env_ids, "snapshot")
+        if self._obs is None:
+            raise ResetNeeded("get_state before reset; reset first")
+        batch = {"env": self.env.get_state(), "broken": self._broken}
+        return [
+            {
+                "format": BATCH_HOST_STATE,
+                "instance": int(i),
+                "num_envs": self.num_envs,
+                "batch": batch if k == 0 else None,
+            }
+            for k, i in enumerate(env_ids.tolist())
+        ]
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """Restores a :meth:`get_state` result (all N entries, any order)."""
+        self._check_all(env_ids, "snapshot")
+        batch: Any = None
+        for i, state in zip(env_ids.tolist(), states, strict=True):
+            if (
+                not isinstance(state, Mapping)
+                or state.get("format") != BATCH_HOST_STATE
+                or state.get("instance") != i
+                or state.get("num_envs") != self.num_envs
+            ):
+                raise InvalidState(
+                    f"a BatchEnv host snapshot is its get_state entry for this env: format "
+                    f"{BATCH_HOST_STATE!r}, instance {i}, num_envs {self.num_envs}"
+                )
+            if state.get("batch") is not None:
+                if batch is not None:
+                    raise InvalidState("the snapshot holds the batch's state twice")
+                batch = state["batch"]
+        if not isinstance(batch, Mapping) or {"env", "broken"} - set(batch):
+            raise InvalidState("the snapshot lacks the batch's state (env and broken)")
+        self.env.set_state(batch["env"])
+        self._broken = bool(batch["broken"])
+        self._obs = copy.deepcopy(batch["env"]["obs"])
+
+    def close(self) -> None:
+        """Closes the batch."""
+        self.env.close()
+
+
+def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:
+    """``options["params"]``: one map for every listed env, or one map per listed env."""
+    if value is None:
+        return [{}] * rows
+    if isinstance(value, Mapping):
+        return [dict(value)] * rows
+    if (
+        isinstance(value, list)
+        and len(value) == rows
+        and all(isinstance(v, Mapping) for v in value)
+    ):
+        return [dict(v) for v in value]
+    raise InvalidField(
+        "options['params'] must be one map or one map per env id",
+        expected=f"a map or {rows} maps",
+        got=repr(value)[:200],
+    )
+
+
+def _take(space: spaces.Space[Any], value: Any, rows: np.ndarray) -> Any:
+    if isinstance(space, spaces.Dict):
+        return {k: _take(s, value[k], rows) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_take(s, value[j], rows) for j, s in enumerate(space.spaces))
+    return np.asarray(value)[rows]
+
+
+def _put(space: spaces.Space[Any], value: Any, rows: np.ndarray, n: int) -> Any:
+    """A batch of ``n`` rows with row ``rows[k]`` = ``value[k]`` (undoes a permutation)."""
+    if isinstance(space, spaces.Dict):
+        return {k: _put(s, value[k], rows, n) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_put(s, value[j], rows, n) for j, s in enumerate(space.spaces))
+    arr = np.asarray(value)
+    out = np.empty_like(arr)
+    out[rows] = arr
+    return out
+
+
+def _info_rows(vector_info: Mapping[str, Any], rows: np.ndarray) -> list[dict[str, Any]]:
+    """Per-row infos back out of a Gymnasium vector info (``key``/``_key`` masks)."""
+    return [_info_row(vector_info, int(i)) for i in rows]
+
+
+def _info_row(vector_info: Mapping[str, Any], i: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in vector_info.items():
+        mask = vector_info.get(f"_{key}")
+        if mask is None or not bool(mask[i]):
+            continue
+        out[key] = _info_row(value, i) if isinstance(value, Mapping) else value[i]
+    return out
