@@ -2,11 +2,21 @@
 
 :class:`RemoteVectorEnv` is a ``gymnasium.vector.VectorEnv`` over the wire protocol
 (one or several servers presented as one vector); :class:`ServerUnavailable` is raised
-when a server does not answer in time.
+when a server does not answer in time. :class:`RemoteMultiAgentVectorEnv` (agent rows
+with an agent mask) and :class:`RemoteParallelEnv` (a PettingZoo ``ParallelEnv``) drive
+multi-agent servers.
 """
 
 from simkit.clients._connection import ServerUnavailable
 from simkit.clients._demo import DemoFigures, remote_demo
+from simkit.clients._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
 from simkit.clients._vector import RemoteVectorEnv
 
-__all__ = ["RemoteVectorEnv", "ServerUnavailable", "remote_demo", "DemoFigures"]
+__all__ = [
+    "RemoteVectorEnv",
+    "RemoteMultiAgentVectorEnv",
+    "RemoteParallelEnv",
+    "ServerUnavailable",
+    "remote_demo",
+    "DemoFigures",
+]

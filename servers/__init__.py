@@ -1,4 +1,4 @@
-"""ZeroMQ rollout servers: serve simkit (or Gymnasium) envs to remote learners.
+"""ZeroMQ rollout servers: serve simkit, Gymnasium or PettingZoo envs to remote learners.
 
 See docs/server.md; the wire protocol is :mod:`simkit.protocol` (docs/protocol.md).
 """
@@ -7,6 +7,12 @@ from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._cli import add_serve_arguments, run_serve
 from simkit.servers._host import EnvListHost, make_env_factory
 from simkit.servers._metrics import Metrics
+from simkit.servers._multiagent_host import (
+    PZ_PREFIX,
+    ParallelEnvHost,
+    is_multi_agent_id,
+    make_parallel_env_factory,
+)
 from simkit.servers._server import RolloutServer, is_loopback
 
 __all__ = [
@@ -14,6 +20,10 @@ __all__ = [
     "EnvListHost",
     "BatchEnvHost",
     "make_env_factory",
+    "ParallelEnvHost",
+    "make_parallel_env_factory",
+    "is_multi_agent_id",
+    "PZ_PREFIX",
     "Metrics",
     "is_loopback",
     "add_serve_arguments",

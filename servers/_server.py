@@ -28,9 +28,15 @@ from simkit.protocol import (
     error_reply,
 )
 from simkit.protocol._errors import ProtocolError
+from simkit.protocol._multiagent import MultiAgentServerSession
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
 from simkit.servers._metrics import Metrics, MetricsHTTPServer
+from simkit.servers._multiagent_host import (
+    ParallelEnvHost,
+    is_multi_agent_id,
+    make_parallel_env_factory,
+)
 
 __all__ = ["RolloutServer", "is_loopback"]
 
@@ -63,7 +69,7 @@ class _ShuttingDown(ProtocolError):
 @dataclass
 class _Slot:
     session: ServerSession
-    host: EnvListHost | BatchEnvHost
+    host: EnvListHost | BatchEnvHost | ParallelEnvHost
     last_seen: float
 
 
@@ -149,9 +155,16 @@ class RolloutServer:
         self.insecure = insecure and not is_loopback(bind) and curve_secret_key is None
         self.num_threads = num_threads
         self._env_kwargs = dict(env_kwargs or {})
-        self._batch_spec = batch_spec_of(env_id)
+        self._ma_factory = (
+            make_parallel_env_factory(env_id, **dict(env_kwargs or {}))
+            if is_multi_agent_id(env_id)
+            else None
+        )
+        self._batch_spec = None if self._ma_factory else batch_spec_of(env_id)
         self._factory = (
-            make_env_factory(env_id, **self._env_kwargs) if self._batch_spec is None else None
+            make_env_factory(env_id, **self._env_kwargs)
+            if self._batch_spec is None and not self._ma_factory
+            else None
         )
         probe = self._new_host(1)
         self._info = ServerInfo(
@@ -160,6 +173,8 @@ class RolloutServer:
             observation_space=probe.observation_space,
             action_space=probe.action_space,
             capabilities=probe.capabilities,
+            env_kind="multi_agent" if isinstance(probe, ParallelEnvHost) else "single",
+            agents=list(probe.possible_agents) if isinstance(probe, ParallelEnvHost) else None,
             server=f"simkit {simkit.__version__}",
             max_message_bytes=self.limits.max_message_bytes,
             shared=shared,
@@ -200,7 +215,9 @@ class RolloutServer:
         self.metrics_port: int | None = self._metrics_http.port if self._metrics_http else None
         self._closed = False
 
-    def _new_host(self, n: int) -> EnvListHost | BatchEnvHost:
+    def _new_host(self, n: int) -> EnvListHost | BatchEnvHost | ParallelEnvHost:
+        if self._ma_factory is not None:
+            return ParallelEnvHost([self._ma_factory() for _ in range(n)])
         if self._batch_spec is not None:
             return BatchEnvHost(self._batch_spec.make(num_envs=n, **self._env_kwargs))
         assert self._factory is not None
@@ -269,11 +286,16 @@ class RolloutServer:
             )
         host = self._shared_host if self._shared_host is not None else self._new_host(self.num_envs)
         info = ServerInfo(**{**self._info.__dict__, "session": identity.hex()})
-        slot = _Slot(
-            ServerSession(host, info, limits=self.limits, inline_threshold=self.inline_threshold),
-            host,
-            time.monotonic(),
+        session = (
+            MultiAgentServerSession(
+                host, info, limits=self.limits, inline_threshold=self.inline_threshold
+            )
+            if isinstance(host, ParallelEnvHost)
+            else ServerSession(
+                host, info, limits=self.limits, inline_threshold=self.inline_threshold
+            )
         )
+        slot = _Slot(session, host, time.monotonic())
         self._slots[identity] = slot
         self.metrics.set_sessions(len(self._slots))
         return slot

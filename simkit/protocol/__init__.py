@@ -31,6 +31,17 @@ from simkit.protocol._errors import (
     UnsupportedSpace,
     VersionMismatch,
 )
+from simkit.protocol._multiagent import (
+    ENV_KIND_MULTI_AGENT,
+    ENV_KIND_SINGLE,
+    MultiAgentHost,
+    MultiAgentReset,
+    MultiAgentServerSession,
+    MultiAgentStep,
+    final_obs_rows,
+    parse_multi_agent_reset,
+    parse_multi_agent_step,
+)
 from simkit.protocol._session import (
     AUTORESET_SAME_STEP,
     CAPABILITIES,
@@ -85,6 +96,16 @@ __all__ = [
     "ResetResult",
     "error_reply",
     "error_code_of",
+    # multi-agent
+    "ENV_KIND_SINGLE",
+    "ENV_KIND_MULTI_AGENT",
+    "MultiAgentHost",
+    "MultiAgentServerSession",
+    "MultiAgentReset",
+    "MultiAgentStep",
+    "parse_multi_agent_reset",
+    "parse_multi_agent_step",
+    "final_obs_rows",
     # errors
     "ERROR_CODES",
     "ProtocolError",

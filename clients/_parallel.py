@@ -1,0 +1,411 @@
+"""Remote multi-agent envs: a PettingZoo ``ParallelEnv`` and a multi-agent vector over the wire.
+
+:class:`RemoteMultiAgentVectorEnv` mirrors :class:`simkit.vector.MultiAgentVectorEnv`
+(fixed (env, agent) rows, ``agent_mask``, :class:`~simkit.vector.MultiAgentBatchStep`)
+and equals it bit for bit for the same seeds and actions. :class:`RemoteParallelEnv`
+is one remote env behind the PettingZoo Parallel API (agent dicts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+from gymnasium import spaces
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from pettingzoo import ParallelEnv
+
+from simkit._seeding import MAX_ROOT_SEED
+from simkit.clients._connection import Connection
+from simkit.errors import InvalidAction, ResetNeeded
+from simkit.protocol import (
+    ENV_KIND_MULTI_AGENT,
+    EnvFault,
+    MultiAgentReset,
+    MultiAgentStep,
+    ServerInfo,
+    parse_multi_agent_reset,
+    parse_multi_agent_step,
+)
+from simkit.vector import MultiAgentBatchStep
+
+__all__ = ["RemoteMultiAgentVectorEnv", "RemoteParallelEnv"]
+
+
+def _open(
+    endpoint: str, timeout: float, client: str, context: zmq.Context[Any] | None
+) -> Connection:
+    """Connects and shakes hands with a server that must serve a multi-agent env."""
+    conn = Connection(endpoint, timeout, context or zmq.Context.instance())
+    try:
+        info = conn.hello(client)
+    except BaseException:
+        conn.close(polite=False)
+        raise
+    if info.env_kind != ENV_KIND_MULTI_AGENT or not info.agents:
+        conn.close()
+        raise ValueError(
+            f"{endpoint} serves {info.env_id!r} as env_kind {info.env_kind!r}; a remote "
+            f"multi-agent env needs env_kind {ENV_KIND_MULTI_AGENT!r} (use RemoteVectorEnv)"
+        )
+    return conn
+
+
+def _seed_arg(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{what} must be an int in [0, 2**63), got {value!r}")
+    if not 0 <= int(value) <= MAX_ROOT_SEED:
+        raise ValueError(f"{what} must be in [0, 2**63), got {value}")
+    return int(value)
+
+
+def _rows(space: spaces.Space[Any], batch: Any, n: int) -> list[Any]:
+    """The ``n`` rows of a batched value of ``space``."""
+    return list(iterate(batch_space(space, n), batch))
+
+
+class _Remote:
+    """A connection plus the request helpers both remote classes share."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    @property
+    def info(self) -> ServerInfo:
+        return self.conn.info
+
+    def reset(self, env_ids: Any = None, **kwargs: Any) -> MultiAgentReset:
+        self.conn.send("reset", self.conn.session.request_reset(env_ids=env_ids, **kwargs))
+        return parse_multi_agent_reset(self.conn.session, self.conn.recv())
+
+    def step(self, actions: Any, env_ids: Any = None) -> MultiAgentStep:
+        self.conn.send("step", self.conn.session.request_step(actions, env_ids=env_ids))
+        return parse_multi_agent_step(self.conn.session, self.conn.recv())
+
+
+class RemoteMultiAgentVectorEnv:
+    """The envs of one multi-agent rollout server as (env, agent) rows.
+
+    The same interface and data as :class:`simkit.vector.MultiAgentVectorEnv`: row
+    ``r`` is agent ``possible_agents[r % A]`` of env ``r // A``; :meth:`reset` returns
+    ``(obs, agent_mask, infos)``, :meth:`step` a :class:`~simkit.vector.MultiAgentBatchStep`
+    (rows of agents that are not live are ignored by the server). Seeding is the
+    vector's, so for equal seeds and actions the results are bit-identical.
+
+    Args:
+        endpoint: the server's ZeroMQ endpoint (it must serve a multi-agent env).
+        timeout: seconds to wait for every reply before :class:`ServerUnavailable`.
+        client: a name the server logs for this client.
+        context: a ZeroMQ context (default: the process-wide instance).
+
+    Raises:
+        ServerUnavailable: the server did not answer the handshake in time.
+        ValueError: the server serves a single-agent env.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 10.0,
+        client: str = "simkit-remote-multi-agent",
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self._remote = _Remote(_open(endpoint, timeout, client, context))
+        info = self._remote.info
+        assert info.agents is not None
+        self.endpoint = endpoint
+        self.env_id = info.env_id
+        self.capabilities = info.capabilities
+        self.num_envs = info.num_envs
+        self.possible_agents: list[str] = list(info.agents)
+        self.num_agents = len(self.possible_agents)
+        self.num_rows = self.num_envs * self.num_agents
+        self.single_observation_space: spaces.Space[Any] = info.observation_space
+        self.single_action_space: spaces.Space[Any] = info.action_space
+        self.observation_space = batch_space(info.observation_space, self.num_rows)
+        self.action_space = batch_space(info.action_space, self.num_rows)
+        self.row_env = np.repeat(np.arange(self.num_envs, dtype=np.int64), self.num_agents)
+        """``(rows,)`` the env of each row."""
+        self._slot = {agent: k for k, agent in enumerate(self.possible_agents)}
+        self._mask = np.zeros(self.num_rows, dtype=np.bool_)
+        self._has_reset = False
+        self.faults: list[EnvFault] = []
+        """Envs that raised on the last step; their episodes ended (truncated) and reset."""
+        self.closed = False
+
+    @property
+    def server_info(self) -> ServerInfo:
+        """The server's handshake."""
+        return self._remote.info
+
+    def row(self, env_index: int, agent: str) -> int:
+        """The row of ``agent`` in env ``env_index``."""
+        return env_index * self.num_agents + self._slot[agent]
+
+    @property
+    def agent_mask(self) -> np.ndarray:
+        """``(rows,)`` bool: rows whose agent is live now (a copy)."""
+        return self._mask.copy()
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
+        """Resets every env; seeds as :meth:`simkit.vector.MultiAgentVectorEnv.reset`.
+
+        ``seed``: an int root (env ``i`` gets ``episode_seed(seed, i, k)``), a list of
+        ``num_envs`` ints or None (an int resets that env with exactly that seed, None
+        starts its next episode), or None (every env starts its next episode).
+
+        Returns:
+            ``(obs, agent_mask, infos)`` over all rows.
+        """
+        n = self.num_envs
+        if seed is None or isinstance(seed, int | np.integer):
+            kw: dict[str, Any] = {} if seed is None else {"seed": _seed_arg(seed, "seed")}
+            result = self._remote.reset(options=options, **kw)
+            obs, mask, infos = result.obs, result.agent_mask, result.infos
+        elif isinstance(seed, Sequence) and not isinstance(seed, str) and len(seed) == n:
+            explicit = [i for i, s in enumerate(seed) if s is not None]
+            rest = [i for i, s in enumerate(seed) if s is None]
+            parts: list[tuple[list[int], MultiAgentReset]] = []
+            if explicit:
+                seeds = [_seed_arg(seed[i], f"seed[{i}]") for i in explicit]
+                parts.append((explicit, self._remote.reset(explicit, seeds=seeds, options=options)))
+            if rest:
+                parts.append((rest, self._remote.reset(rest, options=options)))
+            obs, mask, infos = self._merge(parts)
+        else:
+            raise ValueError(
+                f"seed must be an int, a list of {n} int | None, or None, got {seed!r}"
+            )
+        self._mask = np.array(mask, dtype=np.bool_)
+        self._has_reset = True
+        return obs, self._mask.copy(), infos
+
+    def _merge(
+        self, parts: list[tuple[list[int], MultiAgentReset]]
+    ) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
+        A, space = self.num_agents, self.single_observation_space
+        rows: list[Any] = [None] * self.num_rows
+        mask = np.zeros(self.num_rows, dtype=np.bool_)
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_rows)]
+        for env_list, result in parts:
+            got = _rows(space, result.obs, len(env_list) * A)
+            for k, i in enumerate(env_list):
+                for s in range(A):
+                    rows[i * A + s] = got[k * A + s]
+                    infos[i * A + s] = result.infos[k * A + s]
+                mask[i * A : (i + 1) * A] = result.agent_mask[k * A : (k + 1) * A]
+        out: Any = create_empty_array(space, self.num_rows, np.zeros)
+        return concatenate(space, rows, out), mask, infos
+
+    def step(self, actions: Any) -> MultiAgentBatchStep:
+        """Steps every env with the live rows of ``actions`` (``(rows, *action_shape)``).
+
+        Raises:
+            ResetNeeded: called before :meth:`reset`.
+            simkit.protocol.RemoteError: the server refused the actions (nothing moved).
+        """
+        if not self._has_reset:
+            raise ResetNeeded("step() called before reset(); call reset() first")
+        result = self._remote.step(actions)
+        self.faults = result.faults
+        self._mask = np.array(result.step.agent_mask, dtype=np.bool_)
+        return result.step
+
+    def get_state(self) -> list[dict[str, Any]]:
+        """One opaque snapshot per env (capability ``state``); send back with :meth:`set_state`."""
+        conn = self._remote.conn
+        conn.send("get_state", conn.session.request_get_state())
+        return conn.session.parse_get_state(conn.recv())
+
+    def set_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restores snapshots from :meth:`get_state`; the continuation is bit-identical."""
+        conn = self._remote.conn
+        conn.send("set_state", conn.session.request_set_state(states))
+        conn.session.parse_set_state(conn.recv())
+        A = self.num_agents
+        self._mask = np.concatenate(
+            [np.asarray(s["agent_mask"], dtype=np.bool_).reshape(A) for s in states]
+        )
+        self._has_reset = True
+
+    def close(self) -> None:
+        """Ends the session (the server frees the envs) and closes the socket."""
+        if not self.closed:
+            self.closed = True
+            self._remote.conn.close()
+
+    def __enter__(self) -> RemoteMultiAgentVectorEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self._remote.conn.close(polite=False)
+
+
+class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
+    """One remote multi-agent env behind the PettingZoo Parallel API.
+
+    ``reset``/``step`` take and return agent dicts; ``agents`` holds the live agents.
+    The server resets an env in the same step as its last agent finishes: the step
+    still returns the finished agents' last observations, ``agents`` becomes empty, and
+    the next ``reset()`` (no seed, no options) takes the episode the server already
+    started, so seeding matches a local env reset with the same seeds. ``reset(seed=s)``
+    resets the env with exactly ``s`` (as ``env.reset(seed=s)`` does locally).
+
+    Args:
+        endpoint: the server's ZeroMQ endpoint (it must serve a multi-agent env).
+        env_index: which of the session's envs this object drives.
+        timeout: seconds to wait for every reply before :class:`ServerUnavailable`.
+        client: a name the server logs for this client.
+        context: a ZeroMQ context (default: the process-wide instance).
+
+    Raises:
+        ServerUnavailable: the server did not answer the handshake in time.
+        ValueError: the server serves a single-agent env, or ``env_index`` is out of range.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": [], "name": "simkit_remote_parallel"}
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        env_index: int = 0,
+        timeout: float = 10.0,
+        client: str = "simkit-remote-parallel",
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        conn = _open(endpoint, timeout, client, context)
+        info = conn.info
+        if isinstance(env_index, bool) or not 0 <= env_index < info.num_envs:
+            conn.close()
+            raise ValueError(f"env_index must be in [0, {info.num_envs}), got {env_index!r}")
+        self._remote = _Remote(conn)
+        assert info.agents is not None
+        self.endpoint = endpoint
+        self.env_index = int(env_index)
+        self._ids = np.array([self.env_index], dtype=np.int64)
+        self.possible_agents: list[str] = list(info.agents)
+        self.agents: list[str] = []
+        self.render_mode = None
+        self.observation_spaces: dict[str, spaces.Space[Any]] = dict.fromkeys(
+            self.possible_agents, info.observation_space
+        )
+        self.action_spaces: dict[str, spaces.Space[Any]] = dict.fromkeys(
+            self.possible_agents, info.action_space
+        )
+        self._space = info.action_space
+        self._obs_space = info.observation_space
+        self._zero_action = _rows(self._space, create_empty_array(self._space, 1), 1)[0]
+        self._pending: MultiAgentReset | None = None
+        self.faults: list[EnvFault] = []
+        """Faults of the last step (the env raised; its episode ended, truncated)."""
+        self.closed = False
+
+    def observation_space(self, agent: str) -> spaces.Space[Any]:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.Space[Any]:
+        return self.action_spaces[agent]
+
+    def _live(self, mask: np.ndarray) -> list[str]:
+        return [a for k, a in enumerate(self.possible_agents) if mask[k]]
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """Starts an episode; returns observations and infos of the live agents."""
+        if seed is not None:
+            result = self._remote.reset(self._ids, seeds=[_seed_arg(seed, "seed")], options=options)
+        elif self._pending is not None and options is None:
+            result = self._pending
+        else:
+            result = self._remote.reset(self._ids, options=options)
+        self._pending = None
+        self.agents = self._live(result.agent_mask)
+        rows = _rows(self._obs_space, result.obs, self.num_agents)
+        obs = {a: rows[k] for k, a in enumerate(self.possible_agents) if result.agent_mask[k]}
+        infos = {
+            a: result.infos[k] for k, a in enumerate(self.possible_agents) if result.agent_mask[k]
+        }
+        return obs, infos
+
+    def step(
+        self, actions: Mapping[str, Any]
+    ) -> tuple[
+        dict[str, Any],
+        dict[str, float],
+        dict[str, bool],
+        dict[str, bool],
+        dict[str, dict[str, Any]],
+    ]:
+        """Steps every live agent; returns dicts keyed by the agents that acted.
+
+        Raises:
+            ResetNeeded: no live agents (call :meth:`reset`).
+            simkit.errors.InvalidAction: ``actions`` misses a live agent or names another.
+        """
+        if not self.agents:
+            raise ResetNeeded("step() with no live agents; call reset() first")
+        if not isinstance(actions, Mapping):
+            raise InvalidAction(
+                f"actions must be a dict keyed by agent, got {type(actions).__name__}"
+            )
+        missing = [a for a in self.agents if a not in actions]
+        extra = [a for a in actions if a not in self.agents]
+        if missing or extra:
+            raise InvalidAction(
+                f"actions must cover exactly the live agents {self.agents}; "
+                f"missing {missing}, not live {extra}"
+            )
+        items = [actions.get(a, self._zero_action) for a in self.possible_agents]
+        out: Any = create_empty_array(self._space, len(items))
+        batch: Any = concatenate(self._space, items, out)
+        result = self._remote.step(batch, self._ids)
+        step, self.faults = result.step, result.faults
+        final = _rows(self._obs_space, step.final_obs, self.num_agents)
+        obs: dict[str, Any] = {}
+        rewards: dict[str, float] = {}
+        terms: dict[str, bool] = {}
+        truncs: dict[str, bool] = {}
+        infos: dict[str, dict[str, Any]] = {}
+        for k, agent in enumerate(self.possible_agents):
+            if not step.acted[k]:
+                continue
+            obs[agent] = final[k]
+            rewards[agent] = float(step.reward[k])
+            terms[agent] = bool(step.terminated[k])
+            truncs[agent] = bool(step.truncated[k])
+            infos[agent] = {key: v for key, v in step.infos[k].items() if key != "reset_info"}
+        if step.env_reset[0]:
+            self.agents = []
+            self._pending = MultiAgentReset(
+                obs=step.obs,
+                agent_mask=step.agent_mask,
+                infos=[dict(i.get("reset_info", {})) for i in step.infos],
+                env_ids=self._ids,
+            )
+        else:
+            self.agents = self._live(step.agent_mask)
+        return obs, rewards, terms, truncs, infos
+
+    def close(self) -> None:
+        """Ends the session and closes the socket."""
+        if not self.closed:
+            self.closed = True
+            self._remote.conn.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self._remote.conn.close(polite=False)

@@ -1,0 +1,273 @@
+"""Multi-agent serving (protocol 1.1): (env, agent) rows with an agent mask. No IO.
+
+A multi-agent session flattens its ``num_envs`` envs of ``A = len(agents)`` agents into
+``num_envs * A`` rows, row ``r`` for agent ``agents[r % A]`` of env ``r // A``, exactly
+the layout of :class:`simkit.vector.MultiAgentVectorEnv`. Every agent shares one
+observation space and one action space (the handshake's per-row spaces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import numpy as np
+from gymnasium import spaces
+
+from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, check_type, plain_safe
+from simkit.protocol._errors import InvalidField
+from simkit.protocol._session import (
+    ClientSession,
+    EnvFault,
+    Host,
+    ServerInfo,
+    ServerSession,
+    _env_ids,
+    _put_rows,
+    _take_rows,
+)
+from simkit.protocol._spaces import check_batch, flatten_batch, unflatten_batch
+from simkit.snapshot import from_plain
+from simkit.vector._multiagent import MultiAgentBatchStep
+
+__all__ = [
+    "ENV_KIND_SINGLE",
+    "ENV_KIND_MULTI_AGENT",
+    "MultiAgentHost",
+    "MultiAgentServerSession",
+    "MultiAgentReset",
+    "MultiAgentStep",
+    "parse_multi_agent_reset",
+    "parse_multi_agent_step",
+    "final_obs_rows",
+]
+
+ENV_KIND_SINGLE = "single"
+ENV_KIND_MULTI_AGENT = "multi_agent"
+
+
+class MultiAgentHost(Protocol):
+    """What a :class:`MultiAgentServerSession` serves: N multi-agent envs as agent rows.
+
+    ``observation_space``/``action_space`` are the per-row spaces; batched values have
+    ``len(env_ids) * num_agents`` rows in ``env_ids`` order.
+    """
+
+    num_envs: int
+    possible_agents: list[str]
+    num_agents: int
+    observation_space: spaces.Space[Any]
+    action_space: spaces.Space[Any]
+    capabilities: frozenset[str]
+
+    def reset(
+        self,
+        env_ids: np.ndarray,
+        *,
+        seed: int | None,
+        seeds: list[int] | None,
+        options: dict[str, Any] | None,
+        params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``env_ids``; returns their observation rows and per-row infos."""
+        ...
+
+    def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
+        """``(len(env_ids) * num_agents,)`` bool: which rows are live now."""
+        ...
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
+        """Steps ``env_ids`` with action rows (rows of agents not live are ignored)."""
+        ...
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """Plain-data snapshots of ``env_ids``."""
+        ...
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """Restores snapshots from :meth:`get_state`."""
+        ...
+
+
+def final_obs_rows(
+    agent_mask: np.ndarray, acted: np.ndarray, env_reset: np.ndarray, num_agents: int
+) -> np.ndarray:
+    """Rows whose final observation differs from ``obs`` (the rows ``final_obs`` carries).
+
+    These are the agents that acted but are no longer live (they left this step) and
+    every row of an env that was reset in this step.
+    """
+    reset_rows = np.repeat(np.asarray(env_reset, dtype=np.bool_), num_agents)
+    return np.flatnonzero(reset_rows | (np.asarray(acted) & ~np.asarray(agent_mask)))
+
+
+def _action_arrays(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    return {k: v[rows] for k, v in arrays.items() if k == "actions" or k.startswith("actions/")}
+
+
+class MultiAgentServerSession(ServerSession):
+    """A :class:`ServerSession` over a :class:`MultiAgentHost` (agent rows, agent mask).
+
+    ``reset`` replies add ``agent_mask``; ``step`` takes one action row per (env, agent)
+    of ``env_ids`` and checks dtype and shape of every row but values (finite, in
+    range) only of live rows: rows of agents that are not live are ignored.
+    """
+
+    def __init__(
+        self,
+        host: MultiAgentHost,
+        info: ServerInfo,
+        *,
+        limits: Limits | None = None,
+        inline_threshold: int = INLINE_THRESHOLD,
+    ) -> None:
+        super().__init__(cast(Host, host), info, limits=limits, inline_threshold=inline_threshold)
+        self.ma_host = host
+
+    def _on_reset(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        body, arrays = super()._on_reset(msg)
+        arrays["agent_mask"] = self.ma_host.agent_mask(arrays["env_ids"])
+        return body, arrays
+
+    def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        host = self.ma_host
+        env_ids = _env_ids(msg, host.num_envs)
+        space = host.action_space
+        check_batch(space, msg.arrays, "actions", env_ids.size * host.num_agents)
+        live = np.flatnonzero(host.agent_mask(env_ids))
+        check_batch(
+            space,
+            _action_arrays(msg.arrays, live),
+            "actions",
+            live.size,
+            finite=True,
+            in_space=True,
+        )
+        actions = unflatten_batch(space, msg.arrays, "actions")
+        result, faults = host.step(env_ids, actions)
+        self.steps += int(live.size)
+        obs_space = host.observation_space
+        arrays = flatten_batch(obs_space, result.obs, "obs")
+        rows = final_obs_rows(result.agent_mask, result.acted, result.env_reset, host.num_agents)
+        if rows.size:
+            final = _take_rows(obs_space, result.final_obs, rows)
+            arrays.update(flatten_batch(obs_space, final, "final_obs"))
+        arrays["agent_mask"] = np.asarray(result.agent_mask, dtype=np.bool_)
+        arrays["reward"] = np.asarray(result.reward, dtype=np.float64)
+        arrays["terminated"] = np.asarray(result.terminated, dtype=np.bool_)
+        arrays["truncated"] = np.asarray(result.truncated, dtype=np.bool_)
+        arrays["acted"] = np.asarray(result.acted, dtype=np.bool_)
+        arrays["env_reset"] = np.asarray(result.env_reset, dtype=np.bool_)
+        arrays["env_ids"] = env_ids
+        body = {
+            "infos": [plain_safe(i) for i in result.infos],
+            "faults": [{"env_id": f.env_id, "code": f.code, "message": f.message} for f in faults],
+        }
+        return body, arrays
+
+
+@dataclass(frozen=True)
+class MultiAgentReset:
+    """A parsed multi-agent ``reset`` reply.
+
+    Attributes:
+        obs: ``(len(env_ids) * A, ...)`` observation rows (zeros where not live).
+        agent_mask: ``(len(env_ids) * A,)`` bool, live rows.
+        infos: per-row info dicts.
+        env_ids: the envs of the reply, in row-block order.
+    """
+
+    obs: Any
+    agent_mask: np.ndarray
+    infos: list[dict[str, Any]]
+    env_ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class MultiAgentStep:
+    """A parsed multi-agent ``step`` reply: the batch step, its env ids and faults."""
+
+    step: MultiAgentBatchStep
+    env_ids: np.ndarray
+    faults: list[EnvFault]
+
+
+def _multi_agent_info(session: ClientSession) -> tuple[ServerInfo, int]:
+    info = session._server()
+    if info.env_kind != ENV_KIND_MULTI_AGENT or not info.agents:
+        raise InvalidField(
+            "the server does not serve a multi-agent env",
+            expected=f"env_kind {ENV_KIND_MULTI_AGENT!r} with agents",
+            got=f"env_kind {info.env_kind!r}, agents {info.agents!r}",
+        )
+    return info, len(info.agents)
+
+
+def _rows_array(arrays: dict[str, np.ndarray], key: str, n: int) -> np.ndarray:
+    arr = arrays.get(key)
+    if arr is None or arr.shape != (n,):
+        raise InvalidField(
+            f"reply lacks {key!r} of shape ({n},)",
+            expected=f"{key} ({n},)",
+            got=None if arr is None else list(arr.shape),
+        )
+    return arr
+
+
+def _env_ids_of(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    env_ids = arrays.get("env_ids")
+    if env_ids is None or env_ids.ndim != 1:
+        raise InvalidField("reply lacks 1-D 'env_ids'", expected="env_ids", got=sorted(arrays))
+    return env_ids
+
+
+def parse_multi_agent_reset(session: ClientSession, frames: Sequence[Any]) -> MultiAgentReset:
+    """Parses a multi-agent ``reset`` reply (after a handshake with a multi-agent server)."""
+    msg = session.parse(frames, "reset")
+    info, num_agents = _multi_agent_info(session)
+    env_ids = _env_ids_of(msg.arrays)
+    n = env_ids.size * num_agents
+    check_batch(info.observation_space, msg.arrays, "obs", n)
+    mask = _rows_array(msg.arrays, "agent_mask", n)
+    infos = [from_plain(i) for i in check_type(msg.body, "infos", list)]
+    obs = unflatten_batch(info.observation_space, msg.arrays, "obs")
+    return MultiAgentReset(obs, mask, infos, env_ids)
+
+
+def parse_multi_agent_step(session: ClientSession, frames: Sequence[Any]) -> MultiAgentStep:
+    """Parses a multi-agent ``step`` reply; ``final_obs`` is rebuilt for every row."""
+    msg = session.parse(frames, "step")
+    info, num_agents = _multi_agent_info(session)
+    a = msg.arrays
+    env_ids = _env_ids_of(a)
+    n = env_ids.size * num_agents
+    space = info.observation_space
+    check_batch(space, a, "obs", n)
+    obs = unflatten_batch(space, a, "obs")
+    mask = _rows_array(a, "agent_mask", n)
+    acted = _rows_array(a, "acted", n)
+    env_reset = _rows_array(a, "env_reset", env_ids.size)
+    rows = final_obs_rows(mask, acted, env_reset, num_agents)
+    final_obs = obs
+    if rows.size:
+        check_batch(space, a, "final_obs", rows.size)
+        final_obs = _put_rows(space, obs, rows, unflatten_batch(space, a, "final_obs"))
+    infos = [from_plain(i) for i in check_type(msg.body, "infos", list)]
+    faults = [
+        EnvFault(int(f["env_id"]), str(f["code"]), str(f["message"]))
+        for f in check_type(msg.body, "faults", list)
+    ]
+    step = MultiAgentBatchStep(
+        obs=obs,
+        agent_mask=mask,
+        reward=_rows_array(a, "reward", n),
+        terminated=_rows_array(a, "terminated", n),
+        truncated=_rows_array(a, "truncated", n),
+        final_obs=final_obs,
+        acted=acted,
+        env_reset=env_reset,
+        infos=infos,
+    )
+    return MultiAgentStep(step, env_ids, faults)
