@@ -8,6 +8,7 @@ is one remote env behind the PettingZoo Parallel API (agent dicts).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -299,12 +300,13 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         self.possible_agents: list[str] = list(info.agents)
         self.agents: list[str] = []
         self.render_mode = None
-        self.observation_spaces: dict[str, spaces.Space[Any]] = dict.fromkeys(
-            self.possible_agents, info.observation_space
-        )
-        self.action_spaces: dict[str, spaces.Space[Any]] = dict.fromkeys(
-            self.possible_agents, info.action_space
-        )
+        # one space object per agent, so seeding one agent's space leaves the others alone
+        self.observation_spaces: dict[str, spaces.Space[Any]] = {
+            a: copy.deepcopy(info.observation_space) for a in self.possible_agents
+        }
+        self.action_spaces: dict[str, spaces.Space[Any]] = {
+            a: copy.deepcopy(info.action_space) for a in self.possible_agents
+        }
         self._space = info.action_space
         self._obs_space = info.observation_space
         self._zero_action = _rows(self._space, create_empty_array(self._space, 1), 1)[0]

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from pettingzoo import ParallelEnv
-from pettingzoo.test import parallel_api_test
+from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 import simkit
 from simkit.clients import RemoteMultiAgentVectorEnv, RemoteParallelEnv, RemoteVectorEnv
@@ -34,6 +34,7 @@ from simkit.vector import MultiAgentBatchStep, MultiAgentVectorEnv
 GOALNAV = "simkit/GoalNav-v0"
 GOALNAV_KW = {"n_agents": 3, "max_episode_steps": 6}
 TINY = f"pz:{__name__}:make_tiny"
+FAULTY = f"pz:{__name__}:make_faulty"
 STEP_FIELDS = ("obs", "agent_mask", "reward", "terminated", "truncated", "final_obs", "acted")
 
 
@@ -82,8 +83,32 @@ class Tiny(ParallelEnv[str, np.ndarray, np.int64]):
         return obs, rew, term, trunc, infos
 
 
+FAIL_RESET = {"on": False}
+"""Makes :class:`Faulty` resets raise (the server runs in this process)."""
+
+
+class Faulty(Tiny):
+    """Tiny, but agent a's action 2 raises in step, and resets raise while FAIL_RESET."""
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        if FAIL_RESET["on"]:
+            raise OSError("reset broke")
+        return super().reset(seed, options)
+
+    def step(self, actions: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+        if "a" in actions and int(actions["a"]) == 2:
+            raise RuntimeError("boom")
+        return super().step(actions)
+
+
 def make_tiny() -> Tiny:
     return Tiny()
+
+
+def make_faulty() -> Tiny:
+    return Faulty()
 
 
 def make_mixed() -> Tiny:
@@ -357,3 +382,61 @@ def test_server_refuses_unservable_multi_agent_envs(tmp_path: Any) -> None:
         RolloutServer("pz:no_such_module_xyz", 1, f"ipc://{tmp_path}/x.sock")
     with pytest.raises(TypeError, match=r"must be a pettingzoo\.ParallelEnv"):
         ParallelEnvHost([object()])  # type: ignore[list-item]
+
+
+def test_env_fault_ends_only_its_episode(serve: Any) -> None:
+    """An env that raises: its acting rows truncated, listed in faults, reset; a failing
+    reset leaves it reporting reset_needed until a reset request; other envs go on."""
+    with RemoteMultiAgentVectorEnv(serve(FAULTY, 2), timeout=10) as remote:
+        obs, _, _ = remote.reset(seed=[1, 2])
+        step = remote.step(np.array([2, 0, 1, 1]))
+        assert [(f.env_id, f.code, f.message) for f in remote.faults] == [
+            (0, "env_error", "RuntimeError: boom")
+        ]
+        assert step.env_reset.tolist() == [True, False]
+        assert step.truncated.tolist() == [True, True, False, False]
+        assert step.terminated.tolist() == [False, False, False, True]
+        assert step.reward.tolist() == [0.0, 0.0, 1.0, 1.0]
+        np.testing.assert_array_equal(step.final_obs[:2], obs[:2])
+        assert step.agent_mask.tolist() == [True, True, True, False]
+        FAIL_RESET["on"] = True
+        try:
+            step = remote.step(np.array([2, 0, 1, 0]))
+            assert [f.code for f in remote.faults] == ["env_error", "env_error"]
+            assert remote.faults[1].message == "reset failed: OSError: reset broke"
+            assert step.agent_mask.tolist() == [False, False, True, False]
+            step = remote.step(np.array([0, 0, 1, 0]))
+            # env 1's a is truncated at its third step; its autoreset fails too
+            assert [(f.env_id, f.code) for f in remote.faults] == [
+                (0, "reset_needed"),
+                (1, "env_error"),
+            ]
+            assert step.acted.tolist() == [False, False, True, False]
+            assert step.truncated.tolist() == [False, False, True, False]
+        finally:
+            FAIL_RESET["on"] = False
+        _, mask, _ = remote.reset()
+        assert mask.tolist() == [True] * 4
+        remote.step(np.array([1, 1, 1, 1]))
+        assert remote.faults == []
+
+
+def test_env_id_subsets_step_in_the_order_given(serve: Any, raw: Any) -> None:
+    """Stepping env 1 then env 0 (one request, rows in env_ids order) equals stepping all."""
+    endpoint = serve(GOALNAV, 2, **GOALNAV_KW)
+    part, whole = raw(endpoint), raw(endpoint)
+    for client in (part, whole):
+        parse_multi_agent_reset(client.cs, client.call(client.cs.request_reset(seed=8)))
+    acts = np.random.default_rng(2).uniform(-1, 1, (5, 6, 2)).astype(np.float32)
+    for act in acts:
+        got = part.step(np.concatenate([act[3:], act[:3]]), env_ids=[1, 0])
+        want = whole.step(act).step
+        assert got.env_ids.tolist() == [1, 0]
+        for name in STEP_FIELDS:
+            w = np.asarray(getattr(want, name))
+            np.testing.assert_array_equal(getattr(got.step, name), np.concatenate([w[3:], w[:3]]))
+
+
+def test_parallel_seed_test_passes_remotely(serve: Any) -> None:
+    endpoint = serve(GOALNAV, 1, **GOALNAV_KW)
+    parallel_seed_test(lambda: RemoteParallelEnv(endpoint, timeout=10), num_cycles=20)
