@@ -63,8 +63,13 @@ def _seed_arg(value: Any, what: str) -> int:
 
 
 def _rows(space: spaces.Space[Any], batch: Any, n: int) -> list[Any]:
-    """The ``n`` rows of a batched value of ``space``."""
+    """The ``n`` rows of a batched value of ``space`` (views)."""
     return list(iterate(batch_space(space, n), batch))
+
+
+def _own_rows(space: spaces.Space[Any], batch: Any, n: int) -> list[Any]:
+    """The ``n`` rows of a batched value of ``space``, as writable copies."""
+    return [copy.deepcopy(row) for row in _rows(space, batch, n)]
 
 
 class _Remote:
@@ -336,7 +341,7 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
             result = self._remote.reset(self._ids, options=options)
         self._pending = None
         self.agents = self._live(result.agent_mask)
-        rows = _rows(self._obs_space, result.obs, self.num_agents)
+        rows = _own_rows(self._obs_space, result.obs, self.num_agents)
         obs = {a: rows[k] for k, a in enumerate(self.possible_agents) if result.agent_mask[k]}
         infos = {
             a: result.infos[k] for k, a in enumerate(self.possible_agents) if result.agent_mask[k]
@@ -376,7 +381,7 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         batch: Any = concatenate(self._space, items, out)
         result = self._remote.step(batch, self._ids)
         step, self.faults = result.step, result.faults
-        final = _rows(self._obs_space, step.final_obs, self.num_agents)
+        final = _own_rows(self._obs_space, step.final_obs, self.num_agents)
         obs: dict[str, Any] = {}
         rewards: dict[str, float] = {}
         terms: dict[str, bool] = {}

@@ -341,8 +341,9 @@ class _StepOut:
         self.obs: Any
         self.final_obs: Any
         if leaf_space is not None:
-            self.obs = create_empty_array(leaf_space, n, np.empty)
-            self.final_obs = create_empty_array(leaf_space, n, np.empty)
+            shape = (n, *(leaf_space.shape or ()))
+            self.obs = np.empty(shape, dtype=leaf_space.dtype)
+            self.final_obs = np.empty(shape, dtype=leaf_space.dtype)
         else:
             self.obs = [None] * n
             self.final_obs = [None] * n

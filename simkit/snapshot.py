@@ -67,6 +67,9 @@ def to_plain(obj: Any, path: str = "state") -> Any:
     )
 
 
+_PLAIN_LEAVES = frozenset({type(None), bool, int, float, str, bytes})
+
+
 def from_plain(obj: Any, path: str = "state") -> Any:
     """Inverse of :func:`to_plain`: tagged maps become numpy arrays again.
 
@@ -83,6 +86,8 @@ def from_plain(obj: Any, path: str = "state") -> Any:
                 return np.frombuffer(obj["data"], dtype=dtype).reshape(shape).copy()
             except (KeyError, TypeError, ValueError) as exc:
                 raise InvalidState(f"malformed array in snapshot: {exc}") from exc
+        if all(type(k) is str and type(v) in _PLAIN_LEAVES for k, v in obj.items()):
+            return dict(obj)  # flat maps (most infos): nothing to restore
         for key in obj:
             if not isinstance(key, str):
                 raise InvalidState(f"{path}: snapshot keys must be str, got {type(key).__name__}")

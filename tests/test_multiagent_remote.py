@@ -237,6 +237,7 @@ def test_remote_parallel_env_equals_local_env(serve: Any) -> None:
         for seed in (4, None, None, 7):
             lo, li = local.reset(seed=seed)
             ro, ri = env.reset(seed=seed)
+            assert all(o.flags.writeable for o in ro.values())
             assert env.agents == local.agents
             np.testing.assert_equal(ro, lo)
             assert ri == li
