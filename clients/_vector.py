@@ -230,6 +230,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
 
     def _split_ids(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(server, rows of env_ids, local ids)`` for each server that owns some ids."""
+        if len(self._conns) == 1:
+            return [(0, np.arange(env_ids.size), env_ids)]
         server = np.searchsorted(self._offsets, env_ids, side="right") - 1
         out = []
         for s in range(len(self._conns)):
@@ -335,7 +337,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         ``env_ids``.
         """
         self._ready()
-        ids = self._check_ids(env_ids)
+        self._send_ids(actions, self._check_ids(env_ids))
+
+    def _send_ids(self, actions: Any, ids: np.ndarray) -> None:
+        """:meth:`send` for checked ``ids``."""
         if self._autoreset_envs[ids].any():
             raise ResetNeeded(
                 f"envs {ids[self._autoreset_envs[ids]].tolist()} await their NEXT_STEP reset "
@@ -343,12 +348,13 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             )
         for s, rows, local in self._split_ids(ids):
             conn = self._conns[s]
-            part = _take(self.single_action_space, actions, rows)
+            whole = len(self._conns) == 1
+            part = actions if whole else _take(self.single_action_space, actions, rows)
             frames = conn.session.request_step(
                 part, None if local.size == self._sizes[s] else local
             )
             conn.send("step", frames)
-            self._inflight[s].append(ids[rows])
+            self._inflight[s].append(ids if whole else ids[rows])
 
     def recv(self, timeout: float | None = None) -> BatchStep:
         """The next finished step of one server, as a :class:`BatchStep` with global ids.
@@ -410,7 +416,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         ids = self._check_ids(env_ids)
         if any(self._inflight):
             raise RuntimeError("step_batch() with send()s in flight; recv() them first")
-        self.send(actions, ids)
+        self._ready()
+        self._send_ids(actions, ids)
         parts = [self._recv_from(s) for s, q in enumerate(self._inflight) if q]
         if len(parts) == 1:
             one = parts[0]

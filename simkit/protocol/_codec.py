@@ -11,7 +11,7 @@ the frame holding them, >= 1). Array bytes are C-order, little-endian.
 
 from __future__ import annotations
 
-import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -295,23 +295,19 @@ def _decode_array(
             "array descriptor needs a str 'name'", expected="str", got=repr(name)
         )
     dtype_name = desc.get("dtype")
-    if dtype_name not in DTYPES:
+    dtype = _WIRE_DTYPES.get(dtype_name) if type(dtype_name) is str else None
+    if dtype is None:
         raise InvalidDtype(
             f"array {name!r} dtype is not allowed", expected=list(DTYPES), got=repr(dtype_name)
         )
     shape = desc.get("shape")
-    if not (
-        isinstance(shape, list)
-        and len(shape) <= lim.max_ndim
-        and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**40 for s in shape)
-    ):
+    count = _element_count(shape, lim.max_ndim)
+    if count < 0:
         raise InvalidShape(
             f"array {name!r} shape must be a list of non-negative ints",
             expected=f"<= {lim.max_ndim} dims",
             got=repr(shape),
         )
-    dtype = np.dtype(dtype_name).newbyteorder("<")
-    count = math.prod(shape)
     expected_bytes = count * dtype.itemsize
     frame_index: int | None = None
     if "data" in desc:
@@ -343,10 +339,27 @@ def _decode_array(
             expected=f"{expected_bytes} bytes for {dtype_name}{shape}",
             got=f"{len(data)} bytes",
         )
-    arr = np.frombuffer(data, dtype=dtype, count=count).reshape(tuple(shape))
-    if not arr.dtype.isnative:
+    arr = np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+    if _BIG_ENDIAN_HOST:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return name, arr, frame_index
+
+
+_WIRE_DTYPES: dict[str, np.dtype[Any]] = {n: np.dtype(n).newbyteorder("<") for n in DTYPES}
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+_MAX_DIM = 2**40
+
+
+def _element_count(shape: Any, max_ndim: int) -> int:
+    """Elements of a wire ``shape`` (a list of ints in ``[0, 2**40)``), or -1 if invalid."""
+    if type(shape) is not list or len(shape) > max_ndim:
+        return -1
+    count = 1
+    for s in shape:
+        if type(s) is not int or not 0 <= s < _MAX_DIM:
+            return -1
+        count *= s
+    return count
 
 
 _PLAIN_LEAF = frozenset({float, bool, str, bytes, type(None)})
