@@ -54,7 +54,7 @@ class BatchCheetah(simkit.BatchMujocoEnv):
         num_envs: int = 16,
         *,
         step_infos: bool = False,
-        backend: Literal["threads", "pooled", "loop"] = "threads",
+        backend: Literal["auto", "native", "threads", "pooled", "loop"] = "auto",
         nthread: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -92,18 +92,23 @@ class BatchCheetah(simkit.BatchMujocoEnv):
         obs = cheetah_observation(self.batch["qpos"][ids], self.batch["qvel"][ids])
         return obs, [{} for _ in ids]
 
-    def step_instances(
-        self, actions: np.ndarray, rngs: Sequence[np.random.Generator]
+    def before_physics(self, ids: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        return self.batch["qpos"][ids, 0]
+
+    def after_physics(
+        self,
+        ids: np.ndarray,
+        actions: np.ndarray,
+        before: np.ndarray,
+        rngs: Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]] | None]:
-        qpos = self.batch["qpos"]
-        x_before = qpos[:, 0].copy()
-        self.do_simulation(actions)
+        qpos = self.batch["qpos"][ids]
         x_after = qpos[:, 0]
-        reward = cheetah_reward(x_before, x_after, actions, self.dt)
-        obs = cheetah_observation(qpos, self.batch["qvel"])
+        reward = cheetah_reward(before, x_after, actions, self.dt)
+        obs = cheetah_observation(qpos, self.batch["qvel"][ids])
         infos = None
         if self.step_infos:
-            velocity = ((x_after - x_before) / self.dt).tolist()
+            velocity = ((x_after - before) / self.dt).tolist()
             ctrl = (
                 -CTRL_COST_WEIGHT * np.sum(np.square(actions.astype(np.float64)), axis=-1)
             ).tolist()
@@ -111,4 +116,4 @@ class BatchCheetah(simkit.BatchMujocoEnv):
                 {"x_position": x, "x_velocity": v, "reward_run": v, "reward_ctrl": c}
                 for x, v, c in zip(x_after.tolist(), velocity, ctrl, strict=True)
             ]
-        return obs, reward, np.zeros(self.num_envs, dtype=np.bool_), infos
+        return obs, reward, np.zeros(len(ids), dtype=np.bool_), infos

@@ -11,7 +11,9 @@ single-instance env reset with ``episode_seed(root, i, k)`` for its ``k``-th epi
 from __future__ import annotations
 
 import copy
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -76,6 +78,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         validate_actions: check every batch of actions; ``False`` is the fast path
             for trusted callers.
         device: ``None`` for numpy, or a torch device (``"cpu"``, ``"cuda:0"``).
+        batch_size: how many instances :meth:`recv` returns (default N), as in
+            :class:`simkit.vector.VectorEnv` and EnvPool.
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -95,6 +99,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
         validate_actions: bool = True,
         device: Any = None,
+        batch_size: int | None = None,
     ) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer):
             raise TypeError(f"num_envs must be an int, got {type(num_envs).__name__}")
@@ -112,6 +117,15 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if mode not in _MODES:
             raise ValueError(f"autoreset_mode must be SAME_STEP or NEXT_STEP, got {mode}")
         self.num_envs = int(num_envs)
+        if batch_size is None:
+            batch_size = self.num_envs
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+            raise TypeError(f"batch_size must be an int or None, got {type(batch_size).__name__}")
+        if not 1 <= batch_size <= self.num_envs:
+            raise ValueError(
+                f"batch_size must be in [1, num_envs={self.num_envs}], got {batch_size}"
+            )
+        self.batch_size = int(batch_size)
         self.autoreset_mode = mode
         self.metadata = {**type(self).metadata, "autoreset_mode": mode}
         self.single_observation_space = single_observation_space
@@ -145,6 +159,9 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._pending_reset = np.zeros(n, dtype=np.bool_)
         self._has_reset = False
         self._obs: Any = None
+        self._in_flight = np.zeros(n, dtype=np.bool_)
+        self._pending: deque[tuple[np.ndarray, PendingStep]] = deque()
+        self._ready: deque[BatchStep] = deque()
 
     # ----------------------------------------------------------------- author hooks
 
@@ -176,6 +193,36 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             row, or ``None`` for no infos. Truncation is the base class's job.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement step_instances()")
+
+    def step_subset(
+        self, ids: np.ndarray, actions: Any, rngs: Sequence[np.random.Generator]
+    ) -> tuple[Any, Any, Any, list[dict[str, Any]] | None]:
+        """Advances only the instances ``ids`` (sorted int64) with ``actions`` (one row each).
+
+        Needed by :meth:`send` for anything but all N instances at once; ``rngs[k]``
+        belongs to ``ids[k]``. Must give each instance exactly what :meth:`step_instances`
+        gives it. The default handles ``ids == arange(N)`` through :meth:`step_instances`.
+
+        Returns:
+            ``(obs, reward, terminated, infos)`` with ``len(ids)`` rows.
+        """
+        if len(ids) == self.num_envs:
+            return self.step_instances(actions, self._rngs)  # type: ignore[arg-type]
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
+            f"{self.num_envs} instances (send() with env_ids, or batch_size < num_envs)"
+        )
+
+    def _supports_subset(self) -> bool:
+        return type(self).step_subset is not BatchEnv.step_subset
+
+    def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
+        """Starts stepping ``ids``; simulator bases start native work in the background.
+
+        The default defers the whole step to :meth:`recv` (runs it on the calling thread).
+        """
+        rngs: list[np.random.Generator] = [self._rngs[i] for i in ids.tolist()]
+        return PendingStep(finish=lambda: self.step_subset(ids, actions, rngs))
 
     def _prepare_instances(self, ids: np.ndarray) -> None:
         """Runs before ``reset_instances``; simulator bases reset physics here."""
@@ -226,6 +273,16 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 reset, ``{"reset_mask": (N,) bool}`` to reset only some instances;
                 other keys are passed to :meth:`reset_instances`.
         """
+        ids, infos = self._reset(seed, options)
+        vector_info: dict[str, Any] = {}
+        for k, i in enumerate(ids):
+            vector_info = self._add_info(vector_info, infos[k], int(i))
+        return self._obs, vector_info
+
+    def _reset(
+        self, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        self._require_idle("reset()")
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
         opts = dict(options or {})
@@ -263,10 +320,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             self._obs = _scatter(self._obs, ids, obs_rows)
         self._pending_reset[ids] = False
         self._has_reset = True
-        vector_info: dict[str, Any] = {}
-        for k, i in enumerate(ids):
-            vector_info = self._add_info(vector_info, infos[k], int(i))
-        return self._obs, vector_info
+        return ids, infos
 
     def _reset_ids(
         self,
@@ -336,26 +390,40 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         if not self._has_reset:
             raise ResetNeeded("step_batch() called before reset(); call reset() first")
+        self._require_idle("step_batch()")
         if self.validate_actions:
             actions = self.check_actions(actions)
         final_obs, reward, terminated, infos = self._step_all(actions)
-        truncated = self._truncated()
+        return self._complete(
+            np.arange(self.num_envs, dtype=np.int64), final_obs, reward, terminated, infos
+        )
+
+    def _complete(
+        self,
+        ids: np.ndarray,
+        final_obs: Any,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> BatchStep:
+        """Truncation and same-step autoreset of the stepped rows ``ids`` (sorted)."""
+        truncated = self._truncated(ids)
         done = terminated | truncated
         obs = final_obs
         if done.any():
-            ids = np.flatnonzero(done).astype(np.int64)
-            reset_rows, reset_infos = self._reset_ids(ids, None, {})
-            obs = _scatter(final_obs, ids, reset_rows)
-            for k, i in enumerate(ids):
-                infos[int(i)] = {**infos[int(i)], "reset_info": reset_infos[k]}
-        self._obs = obs
+            rows = np.flatnonzero(done)
+            reset_rows, reset_infos = self._reset_ids(ids[rows], None, {})
+            obs = _scatter(final_obs, rows, reset_rows)
+            for k, r in enumerate(rows.tolist()):
+                infos[r] = {**infos[r], "reset_info": reset_infos[k]}
+        self._obs = obs if len(ids) == self.num_envs else _scatter(self._obs, ids, obs)
         return BatchStep(
             obs=obs,
             reward=reward,
             terminated=terminated,
             truncated=truncated,
             final_obs=final_obs,
-            env_ids=np.arange(self.num_envs, dtype=np.int64),
+            env_ids=ids,
             infos=infos,
         )
 
@@ -391,6 +459,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         if not self._has_reset:
             raise ResetNeeded("step() called before reset(); call reset() first")
+        self._require_idle("step()")
         if self.validate_actions:
             actions = self.check_actions(actions)
         pending = self._pending_reset.copy()
@@ -415,13 +484,18 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
 
     def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         rngs: list[np.random.Generator] = self._rngs  # type: ignore[assignment]
-        obs, reward, terminated, infos = self.step_instances(actions, rngs)
+        result = self.step_instances(actions, rngs)
+        return self._checked(result, self.num_envs, "step_instances")
+
+    def _checked(
+        self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
+    ) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        obs, reward, terminated, infos = result
         reward_np = _to_numpy(reward).astype(np.float64, copy=False)
         term_np = _to_numpy(terminated).astype(np.bool_, copy=False)
-        n = self.num_envs
         if reward_np.shape != (n,) or term_np.shape != (n,):
             raise ValueError(
-                f"{type(self).__name__}.step_instances must return reward and terminated of "
+                f"{type(self).__name__}.{hook} must return reward and terminated of "
                 f"shape ({n},), got {reward_np.shape} and {term_np.shape}"
             )
         if infos is None:
@@ -429,22 +503,159 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         else:
             if len(infos) != n:
                 raise ValueError(
-                    f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
+                    f"{type(self).__name__}.{hook} must return {n} info dicts or None, "
                     f"got {len(infos)}"
                 )
             row_infos = [dict(info) for info in infos]
         return obs, reward_np.copy(), term_np.copy(), row_infos
 
-    def _truncated(self) -> np.ndarray:
-        self._elapsed += 1
+    def _truncated(self, ids: np.ndarray | None = None) -> np.ndarray:
+        if ids is None or len(ids) == self.num_envs:
+            self._elapsed += 1
+            elapsed = self._elapsed
+        else:
+            self._elapsed[ids] += 1
+            elapsed = self._elapsed[ids]
         if self.max_episode_steps is None:
-            return np.zeros(self.num_envs, dtype=np.bool_)
-        return self._elapsed >= self.max_episode_steps
+            return np.zeros(len(elapsed), dtype=np.bool_)
+        return elapsed >= self.max_episode_steps
+
+    # ------------------------------------------------------------------------ async
+
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        """Starts stepping the instances ``env_ids`` (default all) with ``actions`` rows.
+
+        EnvPool-style asynchronous stepping, as :meth:`simkit.vector.VectorEnv.send`:
+        row ``k`` of ``actions`` is for ``env_ids[k]``; simulator bases return at once
+        and step in the background. Steps autoreset in the same step, as
+        :meth:`step_batch`; collect them with :meth:`recv`. Each instance's trajectory
+        is bit for bit the one :meth:`step_batch` gives it, whatever the split.
+
+        Raises:
+            ResetNeeded: called before :meth:`reset` / :meth:`async_reset`.
+            ValueError: an id is out of range, repeated, or already in flight.
+            InvalidAction: the actions do not fit (names the rows).
+        """
+        if not self._has_reset:
+            raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
+        ids = self._check_ids(env_ids)
+        if self.validate_actions:
+            actions = self.check_actions(actions, len(ids))
+        elif len(actions) != len(ids):
+            raise InvalidAction(f"actions must hold {len(ids)} rows, got {len(actions)}")
+        if len(ids) != self.num_envs and not self._supports_subset():
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
+                f"{self.num_envs} instances (send() with env_ids, or batch_size < num_envs)"
+            )
+        order = np.argsort(ids, kind="stable")
+        if (order != np.arange(len(ids))).any():
+            ids = ids[order]
+            actions = (
+                actions[order] if not isinstance(actions, list) else [actions[k] for k in order]
+            )
+        pending = self._start_subset(ids, actions)
+        self._in_flight[ids] = True
+        self._pending.append((ids, pending))
+
+    def _check_ids(self, env_ids: Any) -> np.ndarray:
+        n = self.num_envs
+        if env_ids is None:
+            ids = np.arange(n, dtype=np.int64)
+        else:
+            ids = _to_numpy(env_ids)
+            if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+                raise ValueError(f"env_ids must be a 1-D array of ints, got {env_ids!r}")
+            ids = ids.astype(np.int64)
+            if ids.size and (ids.min() < 0 or ids.max() >= n):
+                raise ValueError(f"env_ids must lie in [0, {n}), got {ids.tolist()}")
+            if len(np.unique(ids)) != len(ids):
+                raise ValueError(f"env_ids must not repeat, got {ids.tolist()}")
+        busy = ids[self._in_flight[ids]]
+        if busy.size:
+            raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")
+        return ids
+
+    def recv(self) -> BatchStep:
+        """The first ``batch_size`` instances to finish, as a :class:`~simkit.BatchStep`.
+
+        ``env_ids`` names the rows' instances (in the order they finished); send their
+        next actions with :meth:`send`. Rows from :meth:`async_reset` have reward 0, no
+        flags, ``final_obs == obs`` and the reset info under ``"reset_info"``.
+
+        Raises:
+            RuntimeError: fewer than ``batch_size`` instances are in flight.
+        """
+        count = self.batch_size
+        if int(self._in_flight.sum()) < count:
+            raise RuntimeError(
+                f"recv() needs {count} envs in flight, only {int(self._in_flight.sum())} are; "
+                "send() actions for more envs first"
+            )
+        have = sum(len(c.env_ids) for c in self._ready)
+        while have < count:
+            ids, pending = self._pending.popleft()
+            try:
+                result = self._checked(pending.finish(), len(ids), "step_subset")
+                chunk = self._complete(ids, *result)
+            except BaseException:
+                self._abort_async()
+                raise
+            self._ready.append(chunk)
+            have += len(ids)
+        parts: list[BatchStep] = []
+        need = count
+        while need:
+            chunk = self._ready.popleft()
+            if len(chunk.env_ids) > need:
+                chunk, rest = _split(chunk, need)
+                self._ready.appendleft(rest)
+            parts.append(chunk)
+            need -= len(chunk.env_ids)
+        out = parts[0] if len(parts) == 1 else _concat(parts, self.xp)
+        self._in_flight[out.env_ids] = False
+        return out
+
+    def async_reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        """Resets (as :meth:`reset`) and queues the reset instances as ready for :meth:`recv`."""
+        ids, infos = self._reset(seed, options)
+        obs = _take_rows(self._obs, ids)
+        k = len(ids)
+        self._ready.append(
+            BatchStep(
+                obs=obs,
+                reward=np.zeros(k, dtype=np.float64),
+                terminated=np.zeros(k, dtype=np.bool_),
+                truncated=np.zeros(k, dtype=np.bool_),
+                final_obs=obs,
+                env_ids=ids.copy(),
+                infos=[{"reset_info": info} for info in infos],
+            )
+        )
+        self._in_flight[ids] = True
+
+    def _abort_async(self) -> None:
+        """After a failed step: wait out every background step and forget in-flight ones."""
+        while self._pending:
+            _, pending = self._pending.popleft()
+            if pending.drain is not None:
+                pending.drain()
+        self._ready.clear()
+        self._in_flight[:] = False
+
+    def _require_idle(self, what: str) -> None:
+        if self._in_flight.any():
+            raise RuntimeError(
+                f"{what} called with envs {np.flatnonzero(self._in_flight).tolist()} in flight; "
+                "recv() them first"
+            )
 
     # ------------------------------------------------------------ action validation
 
-    def check_actions(self, actions: Any) -> Any:
-        """Validates a batch of actions and returns it in canonical form.
+    def check_actions(self, actions: Any, num_rows: int | None = None) -> Any:
+        """Validates a batch of actions (``num_rows`` rows, default N); canonical form.
 
         ``Box`` and ``Discrete`` single action spaces take a vectorised fast path
         (numpy or torch); other spaces are checked row by row with
@@ -455,9 +666,9 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 names the offending rows.
         """
         space = self.single_action_space
-        n = self.num_envs
+        n = self.num_envs if num_rows is None else num_rows
         if self.xp is not np:
-            return self._check_torch(actions)
+            return self._check_torch(actions, n)
         if isinstance(space, spaces.Box):
             arr = _array_or_raise(actions, (n, *space.shape))
             if arr.dtype.kind not in "iuf":
@@ -502,10 +713,9 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             for i, a in enumerate(rows)
         ]
 
-    def _check_torch(self, actions: Any) -> Any:
+    def _check_torch(self, actions: Any, n: int) -> Any:
         torch = self.xp
         space = self.single_action_space
-        n = self.num_envs
         if not isinstance(actions, torch.Tensor):
             actions = torch.as_tensor(np.asarray(actions), device=self.device)
         if isinstance(space, spaces.Box):
@@ -580,6 +790,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         if not self._has_reset:
             raise ResetNeeded("get_state() called before reset(); call reset() first")
+        self._require_idle("get_state()")
         return {
             "format": BATCH_STATE_FORMAT,
             "env": f"{type(self).__module__}:{type(self).__qualname__}",
@@ -603,6 +814,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         if not isinstance(state, Mapping):
             raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
+        self._require_idle("set_state()")
         fields = {
             "format",
             "env",
@@ -665,6 +877,53 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_envs={self.num_envs})"
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """A started subset step: ``finish()`` waits for it and returns the step hook's
+    tuple; ``drain()`` (if any) only waits for background work, after a failure."""
+
+    finish: Callable[[], tuple[Any, Any, Any, list[dict[str, Any]] | None]]
+    drain: Callable[[], object] | None = None
+
+
+def _take_rows(x: Any, ids: np.ndarray) -> Any:
+    if isinstance(x, np.ndarray):
+        return x[ids]
+    import torch
+
+    return x[torch.as_tensor(ids, device=x.device)]
+
+
+def _split(step: BatchStep, k: int) -> tuple[BatchStep, BatchStep]:
+    """The first ``k`` rows of ``step`` and the rest."""
+
+    def part(sl: slice) -> BatchStep:
+        return BatchStep(
+            obs=step.obs[sl],
+            reward=step.reward[sl],
+            terminated=step.terminated[sl],
+            truncated=step.truncated[sl],
+            final_obs=step.final_obs[sl],
+            env_ids=step.env_ids[sl],
+            infos=step.infos[sl],
+        )
+
+    return part(slice(0, k)), part(slice(k, None))
+
+
+def _concat(parts: list[BatchStep], xp: Any) -> BatchStep:
+    cat = np.concatenate if xp is np else xp.cat
+    return BatchStep(
+        obs=cat([p.obs for p in parts]),
+        reward=np.concatenate([p.reward for p in parts]),
+        terminated=np.concatenate([p.terminated for p in parts]),
+        truncated=np.concatenate([p.truncated for p in parts]),
+        final_obs=cat([p.final_obs for p in parts]),
+        env_ids=np.concatenate([p.env_ids for p in parts]),
+        infos=[info for p in parts for info in p.infos],
+    )
 
 
 def _to_numpy(x: Any) -> np.ndarray:

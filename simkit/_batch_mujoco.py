@@ -1,19 +1,23 @@
 """``simkit.BatchMujocoEnv``: N instances of one MJCF model as a :class:`BatchEnv`.
 
-Each instance has its own ``MjData`` (and its own ``MjModel`` copy when model
-parameters are randomized) and is stepped with ``mj_step`` exactly as
-:class:`simkit.MujocoEnv` steps its one instance, so a batch is bit-identical to N
-single instances, solver warm-start included. ``mj_step`` releases the GIL, so
-instances step in parallel on a persistent thread pool (workers take instances from a
-shared counter, balancing load on a shared machine); each worker also copies its instances' ``MjData`` fields into batched arrays
-(:attr:`BatchMujocoEnv.batch`), overlapping that Python work with the other workers'
-native stepping. Observations and rewards are then computed vectorised from those arrays.
+Every backend steps each instance with ``mj_step`` exactly as :class:`simkit.MujocoEnv`
+steps its one instance, solver warm-start included, so a batch is bit for bit N single
+instances whichever backend runs it:
 
-``mujoco.rollout`` was measured as the alternative (see docs/benchmarks.md): stepped an
-env step at a time it is not faster than this pool on our machine, and it cannot hand
-back the solver warm-start (``qacc_warmstart``), so it could not be bit-identical to
-``mj_step`` either. The ``"pooled"`` backend borrows its layout instead (one scratch
-``MjData`` per worker, per-instance state rows) while keeping the warm-start.
+- ``"native"`` (the default where ``mujoco.batch`` exists, MuJoCo >= 4.0): the
+  instances' ``mjSTATE_INTEGRATION`` rows, which include ``qacc_warmstart``, stepped by
+  ``mujoco.batch.Batch.step`` on MuJoCo's own threads in one GIL-free call per batch:
+  no Python between instances, and :meth:`BatchEnv.send` runs that call on a
+  background thread so the caller's Python overlaps the physics.
+- ``"threads"``: a thread pool steps each instance's own ``MjData`` (``mj_step``
+  releases the GIL); workers take instances from a shared counter, so a core slowed by
+  other load takes fewer of them.
+- ``"pooled"``: the same pool steps one scratch ``MjData`` per worker, loading and
+  saving each instance's state row around ``mj_step`` as ``mujoco.rollout`` does.
+- ``"loop"``: one thread, each instance's own ``MjData``.
+
+``mujoco.rollout`` itself cannot hand back the warm-start, so it could not be
+bit-identical to ``mj_step`` stepped an env step at a time (see docs/batch.md).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -29,39 +33,56 @@ from typing import Any, ClassVar, Literal
 import mujoco
 import numpy as np
 
-from simkit._batch import BatchEnv
+from simkit._batch import BatchEnv, PendingStep
 from simkit._mujoco import PHYSICS_STATE, ModelField, _load_model, _resolve
 from simkit.errors import InvalidState
 from simkit.randomization import Params
 
+try:
+    from mujoco.batch import Batch as _NativeBatch
+except ImportError:  # MuJoCo < 4.0
+    _NativeBatch = None
+
 __all__ = ["BatchMujocoEnv"]
+
+Backend = Literal["auto", "native", "threads", "pooled", "loop"]
+_BACKENDS = ("auto", "native", "threads", "pooled", "loop")
+StepResult = tuple[Any, Any, Any, list[dict[str, Any]] | None]
 
 
 class BatchMujocoEnv(BatchEnv):
     """N instances of one MJCF model, each stepped ``frame_skip`` times per env step.
 
     Authors declare ``randomization``/``model_fields`` as for :class:`simkit.MujocoEnv`
-    and implement the :class:`simkit.BatchEnv` hooks:
+    and implement :meth:`reset_instances`: for each ``i`` in ``ids``, ``self.datas[i]``
+    has just been reset with ``mj_resetData``; set its ``qpos``/``qvel`` from ``rngs[k]``
+    (in the order the single-instance env draws) and call :meth:`forward` ``(ids)``.
+    The step is written either way:
 
-    - ``reset_instances``: for each ``i`` in ``ids``, ``self.datas[i]`` has just been
-      reset with ``mj_resetData``; set its ``qpos``/``qvel`` from ``rngs[k]`` (in the
-      order the single-instance env draws) and call :meth:`forward` ``(ids)``.
-    - ``step_instances``: call :meth:`do_simulation` ``(ctrl)`` then compute
-      observations and rewards from :attr:`batch` (``(N, ...)`` arrays of the
-      ``MjData`` fields named in ``batch_fields``).
+    - split hooks (preferred): :meth:`before_physics` and :meth:`after_physics` over
+      any sorted subset ``ids``, reading :attr:`batch` rows. The base class then runs
+      the physics between them, steps any subset (:meth:`BatchEnv.send` with
+      ``env_ids``, ``batch_size < num_envs``) and, on the native backend, runs the
+      physics in the background between :meth:`BatchEnv.send` and :meth:`BatchEnv.recv`;
+    - ``step_instances``: call :meth:`do_simulation` ``(ctrl)`` then compute all N
+      observations and rewards from :attr:`batch` (whole batches only).
+
+    :attr:`batch` holds ``(N, ...)`` arrays of the ``MjData`` fields named in
+    ``batch_fields``, refreshed after every step and :meth:`forward`. Derived fields
+    (not part of the state, e.g. ``xpos``) are, as after ``mj_step``, those of the
+    last substep's start, and must be ones ``mj_step`` computes.
 
     Args:
         model: path to an MJCF file, an MJCF XML string, or an ``MjModel``.
         num_envs: N.
         frame_skip: physics steps per env step.
-        backend: ``"threads"`` (the pool steps each instance's own ``MjData``),
-            ``"pooled"`` (the pool steps one scratch ``MjData`` per worker, loading and
-            saving each instance's ``mjSTATE_INTEGRATION`` row around ``mj_step``, as
-            ``mujoco.rollout`` does: far less memory traffic at large N; ``self.datas[i]``
-            is then only current inside ``reset_instances``) or ``"loop"`` (one thread,
-            own ``MjData``). All give bit-identical results.
-        nthread: worker threads for ``"threads"``; defaults to the CPU count.
-        **kwargs: passed to :class:`simkit.BatchEnv` (spaces, params, ...).
+        backend: ``"auto"`` (the default: ``"native"`` where ``mujoco.batch`` exists,
+            else ``"threads"``), ``"native"``, ``"threads"``, ``"pooled"`` or
+            ``"loop"``; see the module docstring. All give bit-identical results. With
+            ``"native"`` and ``"pooled"`` the physics lives in state rows and
+            ``self.datas[i]`` is only current inside ``reset_instances``.
+        nthread: physics threads; defaults to the CPU count (at most N).
+        **kwargs: passed to :class:`simkit.BatchEnv` (spaces, params, batch_size, ...).
     """
 
     model_fields: ClassVar[Mapping[str, ModelField]] = {}
@@ -75,16 +96,27 @@ class BatchMujocoEnv(BatchEnv):
         num_envs: int,
         *,
         frame_skip: int = 1,
-        backend: Literal["threads", "pooled", "loop"] = "threads",
+        backend: Backend = "auto",
         nthread: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_envs, **kwargs)
         if isinstance(frame_skip, bool) or not isinstance(frame_skip, int) or frame_skip < 1:
             raise ValueError(f"frame_skip must be a positive int, got {frame_skip!r}")
-        if backend not in ("threads", "pooled", "loop"):
-            raise ValueError(f"backend must be 'threads', 'pooled' or 'loop', got {backend!r}")
-        if nthread is not None and (isinstance(nthread, bool) or nthread < 1):
+        if backend not in _BACKENDS:
+            raise ValueError(
+                f"backend must be 'auto', 'native', 'threads', 'pooled' or 'loop', got {backend!r}"
+            )
+        if backend == "auto":
+            backend = "native" if _NativeBatch is not None else "threads"
+        if backend == "native" and _NativeBatch is None:
+            raise ValueError(
+                "backend='native' needs mujoco.batch (MuJoCo >= 4.0), "
+                f"got mujoco {mujoco.__version__}"
+            )
+        if nthread is not None and (
+            isinstance(nthread, bool) or not isinstance(nthread, int) or nthread < 1
+        ):
             raise ValueError(f"nthread must be a positive int or None, got {nthread!r}")
         unknown = set(self.model_fields) - set(self.randomization)
         if unknown:
@@ -93,6 +125,7 @@ class BatchMujocoEnv(BatchEnv):
             )
         self.model = _load_model(model)
         self.frame_skip = frame_skip
+        self.backend = backend
         n = self.num_envs
         self.models: list[mujoco.MjModel] = (
             [copy.deepcopy(self.model) for _ in range(n)] if self.model_fields else [self.model] * n
@@ -107,18 +140,36 @@ class BatchMujocoEnv(BatchEnv):
             name: np.zeros((n, *np.shape(getattr(self.datas[0], name))), dtype=np.float64)
             for name in self.batch_fields
         }
-        workers = min(nthread or os.cpu_count() or 1, n) if backend != "loop" else 1
-        self._workers = workers
-        self._pooled = backend == "pooled"
-        self._states = np.zeros((n, self._state_size), dtype=np.float64)
-        self._scratch = [mujoco.MjData(self.model) for _ in range(workers)] if self._pooled else []
         self._slices = _state_slices(self.model)
-        # In pooled mode qpos/qvel come straight out of the state rows, vectorised.
-        self._row_fields = [
-            f for f in self.batch_fields if not (self._pooled and f in self._slices)
-        ]
-        self._pool = ThreadPoolExecutor(workers - 1) if workers > 1 else None
-        self.backend = backend
+        workers = 1 if backend == "loop" else min(nthread or os.cpu_count() or 1, n)
+        self._workers = workers
+        self._rows = backend in ("native", "pooled")  # the state rows hold the physics
+        self._native: Any = None
+        self._outputs: dict[str, np.ndarray] = {}
+        if backend == "native":
+            assert _NativeBatch is not None
+            self._native = _NativeBatch(self.model, n, nthread=workers)
+            self._native.set_models(self.models if self.model_fields else self.model)
+            self._states: np.ndarray = self._native.state  # the live rows MuJoCo steps
+            # Bound once here: binding registers an output, a Batch call of its own.
+            self._outputs = {
+                f: self._native.bind(f) for f in self.batch_fields if f not in self._slices
+            }
+        else:
+            self._states = np.zeros((n, self._state_size), dtype=np.float64)
+        self._models_dirty = False
+        self._scratch = (
+            [mujoco.MjData(self.model) for _ in range(workers)] if backend == "pooled" else []
+        )
+        # Fields the pool copies out of an MjData per instance (the rest come from rows).
+        self._row_fields = [f for f in self.batch_fields if not (self._rows and f in self._slices)]
+        self._pool = (
+            ThreadPoolExecutor(workers - 1, thread_name_prefix="simkit-physics")
+            if workers > 1 and self._native is None
+            else None
+        )
+        self._stepper: ThreadPoolExecutor | None = None  # native send(): one FIFO thread
+        self._split = type(self).after_physics is not BatchMujocoEnv.after_physics
 
     @property
     def dt(self) -> float:
@@ -145,6 +196,73 @@ class BatchMujocoEnv(BatchEnv):
         for attribute, nominal in self._nominal.items():
             _resolve(model, attribute)[...] = nominal
         self.apply_params(model, self._params[i])
+        self._models_dirty = True
+
+    # ------------------------------------------------------------ split step hooks
+
+    def before_physics(self, ids: np.ndarray, actions: Any) -> Any:
+        """Runs before the physics of instances ``ids`` (sorted int64).
+
+        Returns:
+            What :meth:`after_physics` needs from before the step, e.g. a copy of
+            ``self.batch["qpos"][ids, 0]``; ``None`` by default.
+        """
+        del ids, actions
+
+    def after_physics(
+        self, ids: np.ndarray, actions: Any, before: Any, rngs: Sequence[np.random.Generator]
+    ) -> StepResult:
+        """Results of instances ``ids`` (sorted int64) after their physics step.
+
+        Implementing it (with :meth:`before_physics`) replaces ``step_instances``.
+        ``actions`` has one row per id, ``rngs[k]`` belongs to ``ids[k]``, and the
+        new physics is in ``self.batch[name][ids]``.
+
+        Returns:
+            ``(obs, reward, terminated, infos)`` with ``len(ids)`` rows.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement after_physics()")
+
+    def step_instances(self, actions: Any, rngs: Sequence[np.random.Generator]) -> StepResult:
+        """All N instances through the split hooks, when the author wrote those."""
+        if not self._split:
+            return super().step_instances(actions, rngs)
+        return self.step_subset(np.arange(self.num_envs, dtype=np.int64), actions, rngs)
+
+    def step_subset(
+        self, ids: np.ndarray, actions: Any, rngs: Sequence[np.random.Generator]
+    ) -> StepResult:
+        """``before_physics``, :meth:`do_simulation` and ``after_physics`` on ``ids``."""
+        if not self._split:
+            return super().step_subset(ids, actions, rngs)
+        before = self.before_physics(ids, actions)
+        self.do_simulation(actions, ids)
+        return self.after_physics(ids, actions, before, rngs)
+
+    def _supports_subset(self) -> bool:
+        return self._split or type(self).step_subset is not BatchMujocoEnv.step_subset
+
+    def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
+        if not (self._split and self._native is not None):
+            return super()._start_subset(ids, actions)  # runs whole in recv()
+        rngs = [self._rngs[i] for i in ids.tolist()]
+        before = self.before_physics(ids, actions)
+        sub = self._write_ctrl(np.asarray(actions), ids)
+        if self._stepper is None:
+            self._stepper = ThreadPoolExecutor(1, thread_name_prefix="simkit-batch")
+        # The task holds the Batch, not the env, so a dropped env is still collected.
+        fut: Future[None] = self._stepper.submit(
+            _native_step, self._native, sub, self.frame_skip, self._take_models()
+        )
+
+        def finish() -> StepResult:
+            fut.result()
+            self._rows_from_states(sub)
+            return self.after_physics(ids, actions, before, rngs)
+
+        return PendingStep(finish=finish, drain=fut.exception)
+
+    # ------------------------------------------------------------------- physics
 
     def _prepare_instances(self, ids: np.ndarray) -> None:
         for i in ids.tolist():
@@ -158,40 +276,69 @@ class BatchMujocoEnv(BatchEnv):
             mujoco.mj_forward(self.models[i], d)
             for name, buf in self.batch.items():
                 buf[i] = getattr(d, name)
-            if self._pooled:
+            if self._rows:
                 mujoco.mj_getState(self.models[i], d, self._states[i], PHYSICS_STATE)
 
-    def do_simulation(self, ctrl: np.ndarray) -> None:
-        """Sets each instance's ``ctrl`` row and advances ``frame_skip`` physics steps.
-
-        Workers (the pool threads and the calling thread) take instances from a shared
-        counter one at a time, so a core slowed by other load takes fewer of them.
+    def do_simulation(self, ctrl: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """Sets the instances' ``ctrl`` and advances them ``frame_skip`` physics steps.
 
         Args:
-            ctrl: ``(N, nu)`` controls, row ``i`` for instance ``i``.
+            ctrl: ``(len(ids), nu)`` controls, row ``k`` for instance ``ids[k]``.
+            ids: the instances to step, sorted (default all N; ``ctrl`` then has N rows).
         """
+        ctrl = np.asarray(ctrl)
+        if self._native is not None:
+            sub = self._write_ctrl(ctrl, ids)
+            _native_step(self._native, sub, self.frame_skip, self._take_models())
+            self._rows_from_states(sub)
+            return
+        order = list(range(self.num_envs)) if ids is None else np.asarray(ids).tolist()
+        if self._rows:
+            self._write_ctrl(ctrl, ids)
+        run = self._run_pooled if self._rows else self._run_worker
         counter = itertools.count()
-        if self._pooled:
-            self._states[:, self._slices["ctrl"]] = ctrl
-        run = self._run_pooled if self._pooled else self._run_worker
         futures: list[Future[None]] = []
         if self._pool is not None:
-            futures = [self._pool.submit(run, w, counter, ctrl) for w in range(1, self._workers)]
-        run(0, counter, ctrl)
-        for fut in futures:
-            fut.result()
-        if self._pooled:
-            for name, buf in self.batch.items():
-                if name in self._slices:
-                    buf[...] = self._states[:, self._slices[name]]
+            futures = [
+                self._pool.submit(run, w, counter, order, ctrl)
+                for w in range(1, min(self._workers, len(order)))
+            ]
+        try:
+            run(0, counter, order, ctrl)
+        finally:
+            for fut in futures:
+                fut.result()
+        if self._rows:
+            self._rows_from_states(None if ids is None else np.asarray(ids))
 
-    def _run_pooled(self, worker: int, counter: Iterator[int], ctrl: np.ndarray) -> None:
-        models, states, nstep, n = self.models, self._states, self.frame_skip, self.num_envs
+    def _write_ctrl(self, ctrl: np.ndarray, ids: np.ndarray | None) -> np.ndarray | None:
+        """Writes ``ctrl`` into the state rows; returns ``ids`` or ``None`` for all."""
+        if ids is None or len(ids) == self.num_envs:
+            self._states[:, self._slices["ctrl"]] = ctrl
+            return None
+        sub = np.asarray(ids, dtype=np.int64)
+        self._states[sub, self._slices["ctrl"]] = ctrl
+        return sub
+
+    def _take_models(self) -> list[mujoco.MjModel] | None:
+        """The models to hand the native Batch again if a reset edited them
+        (``mujoco.batch`` asks for ``set_models`` after an edit), else ``None``."""
+        if not self._models_dirty:
+            return None
+        self._models_dirty = False
+        return self.models
+
+    def _run_pooled(
+        self, worker: int, counter: Iterator[int], order: list[int], ctrl: np.ndarray
+    ) -> None:
+        del ctrl  # already in the state rows
+        models, states, nstep, count = self.models, self._states, self.frame_skip, len(order)
         d = self._scratch[worker]
         bufs = [(name, self.batch[name]) for name in self._row_fields]
-        for i in counter:
-            if i >= n:
+        for k in counter:  # next() on itertools.count is atomic under the GIL
+            if k >= count:
                 return
+            i = order[k]
             m = models[i]
             mujoco.mj_setState(m, d, states[i], PHYSICS_STATE)  # ctrl is in the row
             mujoco.mj_step(m, d, nstep=nstep)
@@ -199,22 +346,43 @@ class BatchMujocoEnv(BatchEnv):
             for name, buf in bufs:
                 buf[i] = getattr(d, name)
 
-    def _run_worker(self, worker: int, counter: Iterator[int], ctrl: np.ndarray) -> None:
+    def _run_worker(
+        self, worker: int, counter: Iterator[int], order: list[int], ctrl: np.ndarray
+    ) -> None:
         del worker
-        models, datas, nstep, n = self.models, self.datas, self.frame_skip, self.num_envs
+        models, datas, nstep, count = self.models, self.datas, self.frame_skip, len(order)
         bufs = list(self.batch.items())
         step = mujoco.mj_step
-        for i in counter:  # next() on itertools.count is atomic under the GIL
-            if i >= n:
+        for k in counter:
+            if k >= count:
                 return
+            i = order[k]
             d = datas[i]
-            d.ctrl[:] = ctrl[i]
+            d.ctrl[:] = ctrl[k]
             step(models[i], d, nstep=nstep)
             for name, buf in bufs:
                 buf[i] = getattr(d, name)
 
+    def _rows_from_states(self, ids: np.ndarray | None) -> None:
+        """Copies ``batch_fields`` of ``ids`` (all if ``None``) out of the state rows and,
+        for ``"native"``, MuJoCo's bound derived fields, vectorised."""
+        for name, buf in self.batch.items():
+            sl = self._slices.get(name)
+            if sl is not None:
+                src = self._states[:, sl].reshape(buf.shape)
+            elif name in self._outputs:
+                src = self._outputs[name]
+            else:
+                continue  # copied per instance by the pool
+            if ids is None:
+                buf[...] = src
+            else:
+                buf[ids] = src[ids]
+
+    # ------------------------------------------------------------------ snapshots
+
     def get_env_state(self) -> dict[str, Any]:
-        if self._pooled:
+        if self._rows:
             return {"physics": self._states.copy(), "extra": super().get_env_state()}
         physics = np.empty((self.num_envs, self._state_size), dtype=np.float64)
         for i, d in enumerate(self.datas):
@@ -237,9 +405,22 @@ class BatchMujocoEnv(BatchEnv):
         super().set_env_state(state.get("extra", {}))
 
     def close_extras(self, **kwargs: Any) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Waits out background physics, then stops the physics threads."""
+        if self._in_flight.any():
+            self._abort_async()
+        for pool in (self._stepper, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._stepper = self._pool = None
+
+
+def _native_step(
+    batch: Any, ids: np.ndarray | None, nstep: int, models: list[mujoco.MjModel] | None
+) -> None:
+    """One ``mujoco.batch`` step of ``ids`` (all if ``None``), re-setting edited models."""
+    if models is not None:
+        batch.set_models(models)
+    batch.step(ids, nstep)
 
 
 def _state_slices(model: mujoco.MjModel) -> dict[str, slice]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -329,7 +331,7 @@ class _BatchArm(simkit.BatchMujocoEnv):
         return obs, reward, np.abs(qpos[:, 1]) > 1.0, None
 
 
-@pytest.mark.parametrize("backend", ["threads", "pooled", "loop"])
+@pytest.mark.parametrize("backend", ["native", "threads", "pooled", "loop"])
 def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
     batch = _BatchArm(3, backend=backend, nthread=2)
     actions = np.random.default_rng(4).uniform(-1.5, 1.5, size=(40, 3, 2)).astype(np.float32)
@@ -347,12 +349,13 @@ def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
         other.set_env_state({"physics": np.zeros(2), "extra": {}})
     batch.close()
     with pytest.raises(
-        ValueError, match="backend must be 'threads', 'pooled' or 'loop', got 'gpu'"
+        ValueError,
+        match="backend must be 'auto', 'native', 'threads', 'pooled' or 'loop', got 'gpu'",
     ):
         _BatchArm(2, backend="gpu")
 
 
-@pytest.mark.parametrize("backend", ["threads", "pooled"])
+@pytest.mark.parametrize("backend", ["native", "threads", "pooled"])
 def test_batch_cheetah_equals_single_cheetahs_with_infos(backend: str) -> None:
     batch = simkit.make(
         "simkit/BatchCheetah-v0",
@@ -375,3 +378,211 @@ def test_batch_cheetah_equals_single_cheetahs_with_infos(backend: str) -> None:
     fast = simkit.make("simkit/BatchCheetah-v0", num_envs=2, backend="loop")
     fast.reset(seed=0)
     assert fast.step_batch(actions[0][:2]).infos == [{}, {}]
+
+
+def _sync_trajectories(make: Callable[[], Any], root: int, actions: np.ndarray) -> list[list[Any]]:
+    """Per instance, per step: (obs, final_obs, reward, terminated, truncated, reset params)."""
+    env = make()
+    env.reset(seed=root)
+    out: list[list[Any]] = [[] for _ in range(env.num_envs)]
+    for a in actions:
+        res = env.step_batch(a)
+        for i in range(env.num_envs):
+            reset = res.infos[i].get("reset_info", {}).get("params")
+            out[i].append(
+                (
+                    res.obs[i],
+                    res.final_obs[i],
+                    res.reward[i],
+                    res.terminated[i],
+                    res.truncated[i],
+                    reset,
+                )
+            )
+    env.close()
+    return out
+
+
+@given(
+    root=st.integers(0, 2**63 - 1),
+    n=st.integers(1, 5),
+    data=st.data(),
+)
+def test_send_recv_equals_step_batch_for_any_batch_size_and_split(
+    root: int, n: int, data: st.DataObject
+) -> None:
+    backend = data.draw(st.sampled_from(["native", "threads", "pooled", "loop"]))
+    batch_size = data.draw(st.integers(1, n))
+    steps = 8
+    actions = np.random.default_rng(root % 2**32).uniform(-1, 1, (steps, n, 6)).astype(np.float32)
+
+    def make(**kw: Any) -> Any:
+        return simkit.make(
+            "simkit/BatchCheetah-v0",
+            num_envs=n,
+            max_episode_steps=3,
+            backend=backend,
+            nthread=2,
+            **kw,
+        )
+
+    expected = _sync_trajectories(make, root, actions)
+    env = make(batch_size=batch_size)
+    env.async_reset(seed=root)
+    done = np.zeros(n, dtype=np.int64)  # steps each instance has been sent
+    got: list[list[Any]] = [[] for _ in range(n)]
+    idle: list[int] = []
+    while True:
+        res = env.recv()
+        assert len(res.env_ids) == batch_size
+        for k, i in enumerate(res.env_ids.tolist()):
+            if done[i]:
+                reset = res.infos[k].get("reset_info", {}).get("params")
+                got[i].append(
+                    (
+                        res.obs[k],
+                        res.final_obs[k],
+                        res.reward[k],
+                        res.terminated[k],
+                        res.truncated[k],
+                        reset,
+                    )
+                )
+            else:  # the async_reset row
+                assert res.reward[k] == 0.0
+                assert "params" in res.infos[k]["reset_info"]
+        idle += [i for i in res.env_ids.tolist() if done[i] < steps]
+        idle = data.draw(st.permutations(idle))
+        keep = data.draw(st.integers(0, len(idle)))  # some wait for a later send
+        go, idle = idle[:keep], idle[keep:]
+        while go:
+            cut = data.draw(st.integers(1, len(go)))
+            part, go = go[:cut], go[cut:]
+            env.send(np.stack([actions[done[i], i] for i in part]), np.array(part))
+            done[part] += 1
+        if int(env._in_flight.sum()) < batch_size and idle:
+            env.send(np.stack([actions[done[i], i] for i in idle]), np.array(idle))
+            done[idle] += 1
+            idle = []
+        if int(env._in_flight.sum()) < batch_size:
+            break  # too few unfinished instances left for a full recv()
+    in_flight = env._in_flight.copy()
+    env.close()  # with steps still in flight: waits them out, never hangs
+    assert int(in_flight.sum()) < batch_size
+    for i in range(n):
+        finished = len(got[i])
+        # every instance was sent all its steps or is in flight; all but the last came back
+        assert done[i] == steps or in_flight[i]
+        assert finished == done[i] - int(in_flight[i] and done[i] > 0)
+        for (o1, f1, r1, t1, u1, p1), (o2, f2, r2, t2, u2, p2) in zip(
+            expected[i][:finished], got[i], strict=True
+        ):
+            assert np.array_equal(o1, o2)
+            assert np.array_equal(f1, f2)
+            assert (r1, t1, u1) == (r2, t2, u2)
+            assert (p1 is None) == (p2 is None)
+            if p1 is not None:
+                assert params_equal(p1, p2)
+
+
+def test_async_api_misuse_and_generic_full_batch() -> None:
+    env = simkit.make("simkit/BatchCheetah-v0", num_envs=4, batch_size=2, backend="native")
+    a = np.zeros((2, 6), dtype=np.float32)
+    with pytest.raises(ResetNeeded, match="send\\(\\) called before reset"):
+        env.send(a, [0, 1])
+    env.async_reset(seed=0)
+    first = env.recv()
+    assert first.env_ids.tolist() == [0, 1]
+    with pytest.raises(ValueError, match=r"envs \[2\] are already in flight"):
+        env.send(a, [0, 2])
+    with pytest.raises(ValueError, match=r"env_ids must not repeat, got \[0, 0\]"):
+        env.send(a, [0, 0])
+    with pytest.raises(ValueError, match=r"env_ids must lie in \[0, 4\), got \[0, 9\]"):
+        env.send(a, [0, 9])
+    with pytest.raises(InvalidAction, match=r"shape \(2, 6\), got shape \(3, 6\)"):
+        env.send(np.zeros((3, 6), dtype=np.float32), [0, 1])
+    with pytest.raises(RuntimeError, match=r"step_batch\(\) called with envs \[2, 3\] in flight"):
+        env.step_batch(np.zeros((4, 6), dtype=np.float32))
+    with pytest.raises(RuntimeError, match=r"get_state\(\) called with envs \[2, 3\] in flight"):
+        env.get_state()
+    env.send(a, [1, 0])  # any order: rows follow env_ids
+    assert sorted(env.recv().env_ids.tolist()) == [2, 3]
+    assert env.recv().env_ids.tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match="recv\\(\\) needs 2 envs in flight, only 0 are"):
+        env.recv()
+    env.close()
+    with pytest.raises(ValueError, match=r"batch_size must be in \[1, num_envs=4\], got 5"):
+        simkit.make("simkit/BatchCheetah-v0", num_envs=4, batch_size=5)
+    # A BatchEnv without step_subset: whole batches through send/recv, partial ones refused.
+    cp = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=4)
+    ref = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=4)
+    cp.async_reset(seed=7)
+    ref.reset(seed=7)
+    cp.recv()
+    for t in range(6):
+        act = np.array([t % 2, 1, 0])
+        cp.send(act)
+        got, want = cp.recv(), ref.step_batch(act)
+        np.testing.assert_array_equal(got.obs, want.obs)
+        np.testing.assert_array_equal(got.truncated, want.truncated)
+    with pytest.raises(
+        NotImplementedError, match="must implement step_subset\\(\\) to step 1 of 3"
+    ):
+        cp.send(np.array([1]), [0])
+
+
+def test_native_backend_needs_mujoco_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import simkit._batch_mujoco as batch_mujoco
+
+    monkeypatch.setattr(batch_mujoco, "_NativeBatch", None)
+    with pytest.raises(
+        ValueError, match=r"backend='native' needs mujoco\.batch \(MuJoCo >= 4\.0\)"
+    ):
+        _BatchArm(2, backend="native")
+    assert _BatchArm(2).backend == "threads"  # "auto" falls back
+
+
+@pytest.mark.parametrize("backend", ["native", "threads", "pooled", "loop"])
+def test_close_or_drop_with_steps_in_flight_waits_and_leaves_no_threads(backend: str) -> None:
+    before = set(threading.enumerate())
+    a = np.zeros((2, 6), dtype=np.float32)
+    for drop in (False, True):
+        env = simkit.make("simkit/BatchCheetah-v0", num_envs=4, batch_size=2, backend=backend)
+        env.reset(seed=3)
+        env.step_batch(np.zeros((4, 6), dtype=np.float32))  # starts the physics threads
+        env.async_reset(seed=3)
+        env.recv()
+        env.send(a, [0, 1])  # 2, 3 ready and 0, 1 stepping while the env goes away
+        env.recv()
+        env.send(a, [2, 3])
+        if drop:
+            del env
+            gc.collect()
+        else:
+            env.close()
+            assert not env._in_flight.any()
+    for t in set(threading.enumerate()) - before:
+        t.join(timeout=10)  # bounded: a leaked thread fails the test instead of hanging it
+        assert not t.is_alive(), f"thread {t.name} outlived its env"
+
+
+class _BatchArmDerived(_BatchArm):
+    batch_fields = ("qpos", "qvel", "xpos", "qfrc_actuator")
+
+
+def test_derived_batch_fields_are_bit_identical_across_backends_and_subsets() -> None:
+    envs = [_BatchArmDerived(3, backend=b, nthread=2) for b in ("native", "threads", "pooled")]
+    ref = _BatchArmDerived(3, backend="loop")
+    ctrl = np.random.default_rng(2).uniform(-1, 1, (6, 3, 2))
+    for env in [*envs, ref]:
+        env.reset(seed=11)
+        for t, c in enumerate(ctrl):
+            if t % 2:
+                env.do_simulation(c[[0, 2]], np.array([0, 2]))
+            else:
+                env.step_batch(c.astype(np.float32))
+    for env in envs:
+        for name in _BatchArmDerived.batch_fields:
+            np.testing.assert_array_equal(env.batch[name], ref.batch[name], err_msg=name)
+        assert np.abs(env.batch["xpos"]).sum() > 0
+        env.close()
