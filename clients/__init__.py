@@ -4,10 +4,10 @@
 (one or several servers presented as one vector); :class:`ServerUnavailable` is raised
 when a server does not answer in time. :class:`RemoteMultiAgentVectorEnv` (agent rows
 with an agent mask) and :class:`RemoteParallelEnv` (a PettingZoo ``ParallelEnv``) drive
-multi-agent servers.
+multi-agent servers. :class:`CurveKeys` connects them to servers that require CURVE.
 """
 
-from simkit.clients._connection import ServerUnavailable
+from simkit.clients._connection import CurveKeys, ServerUnavailable
 from simkit.clients._demo import DemoFigures, remote_demo
 from simkit.clients._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
 from simkit.clients._vector import RemoteVectorEnv
@@ -17,6 +17,7 @@ __all__ = [
     "RemoteMultiAgentVectorEnv",
     "RemoteParallelEnv",
     "ServerUnavailable",
+    "CurveKeys",
     "remote_demo",
     "DemoFigures",
 ]

@@ -7,16 +7,25 @@ becomes a :class:`ServerUnavailable` naming the endpoint and the timeout instead
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
+import zmq.auth
 
 from simkit.errors import SimkitError
-from simkit.protocol import ClientSession, ServerInfo
+from simkit.protocol import ClientSession, ProtocolError, ServerInfo
 
-__all__ = ["ServerUnavailable", "Connection"]
+__all__ = ["ServerUnavailable", "Connection", "CurveKeys"]
+
+log = logging.getLogger("simkit.clients")
 
 
 class ServerUnavailable(SimkitError, ConnectionError):
@@ -36,6 +45,123 @@ class ServerUnavailable(SimkitError, ConnectionError):
         self.timeout = timeout
 
 
+@dataclass(frozen=True)
+class CurveKeys:
+    """The CURVE keys a client needs for a server bound beyond loopback (docs/server.md).
+
+    Every key is z85 text of 40 characters, as ``zmq.curve_keypair()`` makes them.
+
+    Attributes:
+        server_public: the server's public key.
+        public: this client's public key (it must be on the server's allow-list).
+        secret: this client's secret key.
+    """
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    def __post_init__(self) -> None:
+        for name in ("server_public", "public", "secret"):
+            key = getattr(self, name)
+            if isinstance(key, str):
+                key = key.encode("ascii")
+                object.__setattr__(self, name, key)
+            if not isinstance(key, bytes) or len(key) != 40:
+                got = f"{len(key)} bytes" if isinstance(key, bytes) else type(key).__name__
+                raise ValueError(f"CurveKeys.{name} must be a 40-byte z85 key, got {got}")
+
+    @classmethod
+    def from_files(
+        cls, server_public_file: str | os.PathLike[str], client_secret_file: str | os.PathLike[str]
+    ) -> CurveKeys:
+        """Loads keys written by ``zmq.auth.create_certificates``.
+
+        Args:
+            server_public_file: the server's public ``.key`` file.
+            client_secret_file: this client's ``.key_secret`` file.
+
+        Raises:
+            ValueError: ``client_secret_file`` holds no secret key.
+            OSError: a file cannot be read.
+        """
+        server_public, _ = zmq.auth.load_certificate(server_public_file)
+        public, secret = zmq.auth.load_certificate(client_secret_file)
+        if secret is None:
+            raise ValueError(
+                f"{client_secret_file} holds no secret key: expected the client's "
+                "'.key_secret' file, got a public key file"
+            )
+        return cls(server_public, public, secret)
+
+    def apply(self, sock: zmq.Socket[Any]) -> None:
+        """Makes ``sock`` a CURVE client of the server (before ``connect``)."""
+        sock.curve_serverkey = self.server_public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+
+class _Keepalive:
+    """Pings one session from a socket of its own while the learner is silent.
+
+    A server drops a session silent for its heartbeat timeout; a learner that pauses
+    longer (a long update) would lose its envs. This thread sends a keepalive (a ``ping``
+    naming the session) whenever the connection sent nothing for ``interval`` seconds.
+    A keepalive that gets no reply is not an error here: the learner's next request
+    finds out.
+    """
+
+    def __init__(self, conn: Connection, token: str, interval: float) -> None:
+        self._stop = threading.Event()
+        # A weak reference: a client dropped without close() must not be kept alive here.
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(weakref.ref(conn), conn.new_socket(), conn.endpoint, token, interval),
+            name="simkit-keepalive",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _run(
+        self,
+        conn_ref: weakref.ref[Connection],
+        sock: zmq.Socket[Any],
+        endpoint: str,
+        token: str,
+        interval: float,
+    ) -> None:
+        session = ClientSession()
+        try:
+            while not self._stop.wait(interval):
+                conn = conn_ref()
+                if conn is None:
+                    return
+                idle = time.monotonic() - conn.last_activity >= interval
+                wait = min(interval, conn.timeout)
+                del conn
+                if not idle:
+                    continue
+                sock.send_multipart(session.request_keepalive(token))
+                deadline = time.monotonic() + wait
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    if sock.poll(50, zmq.POLLIN):
+                        try:
+                            session.parse_ping(sock.recv_multipart())
+                        except ProtocolError as exc:
+                            log.debug("keepalive for %s refused: %s", endpoint, exc)
+                        break
+        except zmq.ZMQError as exc:  # the context was terminated under us
+            log.debug("keepalive for %s stopped: %s", endpoint, exc)
+        finally:
+            sock.close(linger=0)
+
+    def stop(self) -> None:
+        """Stops the thread and closes its socket."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+
+
 class Connection:
     """A DEALER socket to ``endpoint`` with a :class:`ClientSession` and a reply deadline.
 
@@ -46,25 +172,45 @@ class Connection:
         endpoint: a ZeroMQ endpoint (``tcp://127.0.0.1:5555``, ``ipc:///tmp/sim.sock``).
         timeout: seconds to wait for any reply.
         context: the ZeroMQ context to create the socket in.
+        curve: CURVE keys, for a server that requires them.
+        keepalive: after :meth:`hello`, keep the session alive from a background thread
+            while this connection is silent (when the server announces a heartbeat).
     """
 
-    def __init__(self, endpoint: str, timeout: float, context: zmq.Context[Any]) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float,
+        context: zmq.Context[Any],
+        *,
+        curve: CurveKeys | None = None,
+        keepalive: bool = True,
+    ) -> None:
         if not isinstance(endpoint, str) or "://" not in endpoint:
             raise ValueError(
                 f"endpoint must be a ZeroMQ address like 'tcp://127.0.0.1:5555', got {endpoint!r}"
             )
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if curve is not None and not isinstance(curve, CurveKeys):
+            raise TypeError(f"curve must be CurveKeys or None, got {type(curve).__name__}")
         self.endpoint = endpoint
         self.timeout = float(timeout)
         self._context = context
+        self._curve = curve
+        self._keepalive_wanted = keepalive
+        self._keepalive: _Keepalive | None = None
         self.session = ClientSession()
         self.pending: deque[str] = deque()
-        self.socket = self._open()
+        self.last_activity = time.monotonic()
+        self.socket = self.new_socket()
 
-    def _open(self) -> zmq.Socket[Any]:
+    def new_socket(self) -> zmq.Socket[Any]:
+        """A DEALER connected to the endpoint (with the CURVE keys, if any)."""
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._curve.apply(sock)
         sock.connect(self.endpoint)
         return sock
 
@@ -79,6 +225,7 @@ class Connection:
         """Sends a request built by :attr:`session` (zero-copy for array frames)."""
         self.socket.send_multipart(frames, copy=False)
         self.pending.append(kind)
+        self.last_activity = time.monotonic()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether a reply is ready within ``timeout`` seconds (default: the connection's)."""
@@ -100,17 +247,28 @@ class Connection:
     def hello(self, client: str) -> ServerInfo:
         """Opens a session: sends ``hello`` and parses the handshake."""
         self.send("hello", self.session.request_hello(client))
-        return self.session.parse_hello(self.recv())
+        info = self.session.parse_hello(self.recv())
+        self._stop_keepalive()
+        if self._keepalive_wanted and info.heartbeat_timeout is not None and info.session:
+            self._keepalive = _Keepalive(self, info.session, info.heartbeat_timeout / 4)
+        return info
+
+    def _stop_keepalive(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.stop()
+            self._keepalive = None
 
     def reopen(self) -> None:
         """Drops the socket and every pending request; a fresh session (hello next)."""
+        self._stop_keepalive()
         self.socket.close(linger=0)
         self.session = ClientSession()
         self.pending.clear()
-        self.socket = self._open()
+        self.socket = self.new_socket()
 
     def close(self, *, polite: bool = True) -> None:
         """Ends the session (a ``close`` request, best effort) and closes the socket."""
+        self._stop_keepalive()
         if self.socket.closed:
             return
         if polite and self.session.info is not None and not self.pending:

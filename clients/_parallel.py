@@ -19,7 +19,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from pettingzoo import ParallelEnv
 
 from simkit._seeding import MAX_ROOT_SEED
-from simkit.clients._connection import Connection
+from simkit.clients._connection import Connection, CurveKeys
 from simkit.errors import InvalidAction, ResetNeeded
 from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
@@ -36,10 +36,17 @@ __all__ = ["RemoteMultiAgentVectorEnv", "RemoteParallelEnv"]
 
 
 def _open(
-    endpoint: str, timeout: float, client: str, context: zmq.Context[Any] | None
+    endpoint: str,
+    timeout: float,
+    client: str,
+    context: zmq.Context[Any] | None,
+    curve: CurveKeys | None,
+    keepalive: bool,
 ) -> Connection:
     """Connects and shakes hands with a server that must serve a multi-agent env."""
-    conn = Connection(endpoint, timeout, context or zmq.Context.instance())
+    conn = Connection(
+        endpoint, timeout, context or zmq.Context.instance(), curve=curve, keepalive=keepalive
+    )
     try:
         info = conn.hello(client)
     except BaseException:
@@ -105,6 +112,9 @@ class RemoteMultiAgentVectorEnv:
         timeout: seconds to wait for every reply before :class:`ServerUnavailable`.
         client: a name the server logs for this client.
         context: a ZeroMQ context (default: the process-wide instance).
+        curve: CURVE keys for a server bound beyond loopback.
+        keepalive: keep the session alive from a background thread while the learner
+            is silent (see :class:`simkit.clients.RemoteVectorEnv`).
 
     Raises:
         ServerUnavailable: the server did not answer the handshake in time.
@@ -118,8 +128,10 @@ class RemoteMultiAgentVectorEnv:
         timeout: float = 10.0,
         client: str = "simkit-remote-multi-agent",
         context: zmq.Context[Any] | None = None,
+        curve: CurveKeys | None = None,
+        keepalive: bool = True,
     ) -> None:
-        self._remote = _Remote(_open(endpoint, timeout, client, context))
+        self._remote = _Remote(_open(endpoint, timeout, client, context, curve, keepalive))
         info = self._remote.info
         assert info.agents is not None
         self.endpoint = endpoint
@@ -275,6 +287,9 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         timeout: seconds to wait for every reply before :class:`ServerUnavailable`.
         client: a name the server logs for this client.
         context: a ZeroMQ context (default: the process-wide instance).
+        curve: CURVE keys for a server bound beyond loopback.
+        keepalive: keep the session alive from a background thread while the learner
+            is silent (see :class:`simkit.clients.RemoteVectorEnv`).
 
     Raises:
         ServerUnavailable: the server did not answer the handshake in time.
@@ -291,8 +306,10 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         timeout: float = 10.0,
         client: str = "simkit-remote-parallel",
         context: zmq.Context[Any] | None = None,
+        curve: CurveKeys | None = None,
+        keepalive: bool = True,
     ) -> None:
-        conn = _open(endpoint, timeout, client, context)
+        conn = _open(endpoint, timeout, client, context, curve, keepalive)
         info = conn.info
         if isinstance(env_index, bool) or not 0 <= env_index < info.num_envs:
             conn.close()

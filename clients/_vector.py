@@ -20,7 +20,7 @@ from gymnasium.vector.utils import batch_space, create_empty_array
 
 from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
-from simkit.clients._connection import Connection, ServerUnavailable
+from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
 
@@ -86,6 +86,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         context: a ZeroMQ context (default: the process-wide instance).
         autoreset_mode: ``SAME_STEP`` (default) or ``NEXT_STEP`` for :meth:`step`;
             :meth:`step_batch` and :meth:`recv` always report same-step.
+        curve: CURVE keys for servers bound beyond loopback (one set for every server).
+        keepalive: keep each session alive from a background thread while the learner
+            is silent (e.g. a long update), so the servers do not drop it after their
+            heartbeat timeout.
 
     Raises:
         ServerUnavailable: a server did not answer the handshake in time.
@@ -100,6 +104,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         client: str = "simkit-remote-vector",
         context: zmq.Context[Any] | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
+        curve: CurveKeys | None = None,
+        keepalive: bool = True,
     ) -> None:
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         if self.autoreset_mode is AutoresetMode.DISABLED:
@@ -114,7 +120,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             raise ValueError("RemoteVectorEnv needs at least one endpoint, got none")
         self._client = client
         self._context = context or zmq.Context.instance()
-        self._conns = [Connection(e, timeout, self._context) for e in endpoints]
+        self._conns = [
+            Connection(e, timeout, self._context, curve=curve, keepalive=keepalive)
+            for e in endpoints
+        ]
         self._broken = False
         self.closed = False
         try:

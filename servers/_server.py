@@ -23,9 +23,11 @@ from simkit.protocol import (
     ServerInfo,
     ServerSession,
     SessionState,
+    SessionStateError,
     decode,
     encode,
     error_reply,
+    keepalive_target,
 )
 from simkit.protocol._errors import ProtocolError
 from simkit.protocol._multiagent import MultiAgentServerSession
@@ -86,8 +88,9 @@ class RolloutServer:
 
     Each client (DEALER identity) gets its own session with its own ``num_envs`` env
     slots; with ``shared=True`` all clients step one set of envs. A session that sends
-    nothing for ``heartbeat_timeout`` seconds is dropped and its envs freed. Every
-    request gets a reply; a malformed one gets an ``error`` reply and the server goes on.
+    nothing for ``heartbeat_timeout`` seconds is dropped and its envs freed (clients keep
+    an idle session alive with keepalive pings from a second connection, see
+    :func:`simkit.protocol.keepalive_target`). Every request gets a reply; a malformed one gets an ``error`` reply and the server goes on.
 
     Args:
         env_id: a simkit env id, or ``"gym:<id>"`` for an installed Gymnasium env.
@@ -178,9 +181,13 @@ class RolloutServer:
             server=f"simkit {simkit.__version__}",
             max_message_bytes=self.limits.max_message_bytes,
             shared=shared,
+            heartbeat_timeout=float(heartbeat_timeout),
         )
         self._info.to_plain()  # fails now (unsupported_space) rather than at the first hello
         probe.close()
+        # Answers connections without a session (anything but hello) without giving them
+        # envs: it stays NEW, where no request touches its (closed) host.
+        self._sessionless = self._session_for(probe, self._info)
         self._shared_host = self._new_host(num_envs) if shared else None
         self._slots: dict[bytes, _Slot] = {}
         self.metrics = Metrics()
@@ -286,19 +293,19 @@ class RolloutServer:
             )
         host = self._shared_host if self._shared_host is not None else self._new_host(self.num_envs)
         info = ServerInfo(**{**self._info.__dict__, "session": identity.hex()})
-        session = (
-            MultiAgentServerSession(
-                host, info, limits=self.limits, inline_threshold=self.inline_threshold
-            )
-            if isinstance(host, ParallelEnvHost)
-            else ServerSession(
-                host, info, limits=self.limits, inline_threshold=self.inline_threshold
-            )
-        )
-        slot = _Slot(session, host, time.monotonic())
+        slot = _Slot(self._session_for(host, info), host, time.monotonic())
         self._slots[identity] = slot
         self.metrics.set_sessions(len(self._slots))
         return slot
+
+    def _session_for(
+        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost, info: ServerInfo
+    ) -> ServerSession:
+        if isinstance(host, ParallelEnvHost):
+            return MultiAgentServerSession(
+                host, info, limits=self.limits, inline_threshold=self.inline_threshold
+            )
+        return ServerSession(host, info, limits=self.limits, inline_threshold=self.inline_threshold)
 
     def _serve_one(self) -> None:
         try:
@@ -307,6 +314,9 @@ class RolloutServer:
             return
         identity, frames = bytes(parts[0].bytes), [p.buffer for p in parts[1:]]
         start = time.perf_counter()
+        if identity not in self._slots and not _is_hello(frames, self.limits):
+            self._serve_sessionless(identity, frames, start)
+            return
         try:
             slot = self._slot(identity)
         except ProtocolError as exc:
@@ -335,6 +345,46 @@ class RolloutServer:
             steps=steps,
             error=reply.body.get("code") if reply.kind == "error" else None,
         )
+
+    def _serve_sessionless(self, identity: bytes, frames: list[Any], start: float) -> None:
+        """Answers a connection that has no session and did not send ``hello``.
+
+        A keepalive refreshes the session it names; anything else gets what a new session
+        answers (a ping reply, ``session_state`` "send hello first", or the decode error).
+        No envs are created and no session is kept.
+        """
+        keepalive = keepalive_target(frames, self.limits)
+        if keepalive is not None:
+            self._keepalive(identity, keepalive, start)
+            return
+        reply = self._sessionless.handle_message(frames)
+        self._send(identity, reply)
+        kind = (
+            (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
+        )
+        error = reply.body.get("code") if reply.kind == "error" else None
+        self.metrics.observe(kind, time.perf_counter() - start, error=error)
+
+    def _keepalive(self, identity: bytes, request: Message, start: float) -> None:
+        """Refreshes the session a keepalive names; answers without opening a session."""
+        token = request.body["session"]
+        try:
+            target = self._slots.get(bytes.fromhex(token))
+        except ValueError:
+            target = None
+        if target is None:
+            exc = SessionStateError(
+                "no live session has this token (dropped, closed or never opened)",
+                expected="the 'session' of a live session's hello reply",
+                got=token[:64],
+            )
+            reply = error_reply(exc, request_id=request.id, request_kind="ping")
+        else:
+            target.last_seen = time.monotonic()
+            reply = Message(kind="ping", id=request.id)
+        self._send(identity, reply)
+        error = reply.body.get("code") if reply.kind == "error" else None
+        self.metrics.observe("ping", time.perf_counter() - start, error=error)
 
     def _send(self, identity: bytes, reply: Message) -> None:
         frames = encode(reply, inline_threshold=self.inline_threshold)
@@ -384,6 +434,14 @@ class RolloutServer:
     def sessions(self) -> int:
         """Connected sessions."""
         return len(self._slots)
+
+
+def _is_hello(frames: list[Any], limits: Limits) -> bool:
+    """Whether ``frames`` decode to a ``hello`` request (the only one that opens a session)."""
+    try:
+        return decode(frames, limits=limits).kind == "hello"
+    except ProtocolError:
+        return False
 
 
 def _error_for(frames: list[Any], exc: ProtocolError) -> Message:

@@ -367,7 +367,7 @@ def test_dropped_session_reconnects_on_reset(tmp_path: Path) -> None:
     with RolloutServer(
         "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/hb.sock", heartbeat_timeout=0.2
     ) as server:
-        remote = RemoteVectorEnv(server.endpoint, timeout=5)
+        remote = RemoteVectorEnv(server.endpoint, timeout=5, keepalive=False)
         try:
             remote.reset(seed=0)
             deadline = time.monotonic() + 5
@@ -380,6 +380,71 @@ def test_dropped_session_reconnects_on_reset(tmp_path: Path) -> None:
             remote.step(np.zeros(1, dtype=np.int64))
         finally:
             remote.close()
+
+
+def test_keepalive_holds_an_idle_session_past_the_heartbeat(tmp_path: Path) -> None:
+    """A learner silent for several heartbeat timeouts (a long update) keeps its envs."""
+    with RolloutServer(
+        "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/ka.sock", heartbeat_timeout=0.4
+    ) as server:
+        kept = RemoteVectorEnv(server.endpoint, timeout=5)
+        dropped = RemoteVectorEnv(server.endpoint, timeout=5, keepalive=False)
+        try:
+            assert kept.server_infos[0].heartbeat_timeout == pytest.approx(0.4)
+            kept.reset(seed=0)
+            dropped.reset(seed=0)
+            deadline = time.monotonic() + 5
+            while server.sessions > 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.8)  # two more timeouts of silence
+            assert server.sessions == 1
+            kept.step(np.zeros(1, dtype=np.int64))
+            with pytest.raises(RemoteError, match="session_state"):
+                dropped.step(np.zeros(1, dtype=np.int64))
+        finally:
+            kept.close()
+            dropped.close()
+        assert server.sessions == 0
+
+
+def test_curve_keys_connect_remote_clients(tmp_path: Path) -> None:
+    """RemoteVectorEnv reaches a CURVE server with keys from zmq.auth certificate files."""
+    import zmq.auth
+
+    from simkit.clients import CurveKeys
+
+    server_public_file, server_secret_file = zmq.auth.create_certificates(tmp_path, "server")
+    client_public_file, client_secret_file = zmq.auth.create_certificates(tmp_path, "client")
+    server_public, server_secret = zmq.auth.load_certificate(server_secret_file)
+    client_public, _ = zmq.auth.load_certificate(client_public_file)
+    assert server_secret is not None
+    keys = CurveKeys.from_files(server_public_file, client_secret_file)
+    with RolloutServer(
+        "simkit/CartPole-v0",
+        2,
+        "tcp://127.0.0.1:0",
+        curve_secret_key=server_secret,
+        curve_allowed_clients=[client_public],
+        heartbeat_timeout=0.4,
+    ) as server:
+        remote = RemoteVectorEnv(server.endpoint, timeout=5, curve=keys)
+        try:
+            remote.reset(seed=3)
+            time.sleep(1.0)  # the keepalive socket authenticates too
+            assert server.sessions == 1
+            step = remote.step_batch(np.zeros(2, dtype=np.int64))
+            assert step.obs.shape == (2, 4)
+        finally:
+            remote.close()
+        stranger = CurveKeys(server_public, *zmq.curve_keypair())
+        with pytest.raises(ServerUnavailable, match="did not answer 'hello'"):
+            RemoteVectorEnv(server.endpoint, timeout=0.5, curve=stranger)
+    with pytest.raises(ValueError, match="secret must be a 40-byte z85 key, got 3 bytes"):
+        CurveKeys(server_public, client_public, b"abc")
+    with pytest.raises(ValueError, match="holds no secret key"):
+        CurveKeys.from_files(server_public_file, client_public_file)
+    with pytest.raises(TypeError, match="curve must be CurveKeys or None, got dict"):
+        RemoteVectorEnv("ipc:///nowhere", curve={"key": 1})  # type: ignore[arg-type]
 
 
 def test_remote_demo_reports_figures() -> None:

@@ -19,6 +19,7 @@ from simkit.protocol import (
     PROTOCOL_VERSION,
     ClientSession,
     InvalidDtype,
+    InvalidField,
     InvalidShape,
     Limits,
     MalformedMessage,
@@ -31,6 +32,7 @@ from simkit.protocol import (
     VersionMismatch,
     decode,
     encode,
+    keepalive_target,
     plain_safe,
 )
 from simkit.servers._host import EnvListHost, make_env_factory
@@ -195,6 +197,25 @@ def test_plain_safe_keeps_data_and_stringifies_the_rest() -> None:
 
 
 # --------------------------------------------------------------------------- session
+
+
+def test_handshake_round_trips_the_heartbeat_and_keepalives_are_recognised() -> None:
+    server, client = _session([simkit.make("simkit/CartPole-v0")])
+    info = ServerInfo(**{**server.info.__dict__, "heartbeat_timeout": 2.5, "session": "ab"})
+    assert ServerInfo.from_plain(info.to_plain()) == info
+    assert ServerInfo.from_plain(server.info.to_plain()).heartbeat_timeout is None
+    plain = {k: v for k, v in info.to_plain().items() if k != "heartbeat_timeout"}
+    assert ServerInfo.from_plain(plain).heartbeat_timeout is None  # a 1.1 server
+    with pytest.raises(InvalidField, match="'heartbeat_timeout' must be > 0"):
+        ServerInfo.from_plain({**info.to_plain(), "heartbeat_timeout": 0})
+    keepalive = keepalive_target(client.request_keepalive("ab"))
+    assert keepalive is not None
+    assert keepalive.body == {"session": "ab"}
+    assert keepalive_target(client.request_ping()) is None
+    assert keepalive_target(client.request_hello()) is None
+    assert keepalive_target([b"\xc1garbage"]) is None
+    # A session answers a keepalive like a ping (servers intercept them before sessions).
+    client.parse_ping(server.handle(client.request_keepalive("ab")))
 
 
 def test_hello_is_required_then_close_ends_the_session() -> None:

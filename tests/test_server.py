@@ -254,6 +254,31 @@ def test_vanished_client_is_freed_after_heartbeat_timeout(tmp_path: Path, connec
         assert srv.metrics.sessions_expired >= 1
         with pytest.raises(RemoteError, match=r"\[session_state\] send hello first"):
             client.reset(seed=0)
+        assert srv.sessions == 0  # only hello opens a session (and creates envs)
+        client.session.parse_ping(client.call(client.session.request_ping()))
+        assert srv.sessions == 0
+
+
+def test_keepalive_refreshes_a_named_session_without_opening_one(
+    tmp_path: Path, connect: Clients
+) -> None:
+    with RolloutServer(
+        "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/k.sock", heartbeat_timeout=0.5
+    ) as srv:
+        owner = connect(srv.endpoint)
+        info = owner.hello()
+        assert info.heartbeat_timeout == 0.5
+        side = connect(srv.endpoint)
+        for _ in range(8):  # 1.2 s: more than twice the timeout, the owner silent
+            time.sleep(0.15)
+            side.session.parse_ping(side.call(side.session.request_keepalive(info.session)))
+        assert srv.sessions == 1  # the side connection opened no session
+        owner.reset(seed=0)
+        with pytest.raises(RemoteError, match=r"\[session_state\] no live session has this token"):
+            side.session.parse_ping(side.call(side.session.request_keepalive("00ff")))
+        with pytest.raises(RemoteError, match=r"\[session_state\]"):
+            side.session.parse_ping(side.call(side.session.request_keepalive("not hex")))
+        assert srv.sessions == 1
 
 
 def test_plain_gymnasium_env_announces_missing_capabilities(

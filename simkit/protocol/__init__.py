@@ -55,6 +55,7 @@ from simkit.protocol._session import (
     SessionState,
     error_code_of,
     error_reply,
+    keepalive_target,
 )
 from simkit.protocol._spaces import (
     DTYPES,
@@ -96,6 +97,7 @@ __all__ = [
     "ResetResult",
     "error_reply",
     "error_code_of",
+    "keepalive_target",
     # multi-agent
     "ENV_KIND_SINGLE",
     "ENV_KIND_MULTI_AGENT",

@@ -145,6 +145,7 @@ class ServerInfo:
     max_message_bytes: int = Limits().max_message_bytes
     session: str = ""
     shared: bool = False
+    heartbeat_timeout: float | None = None
 
     def to_plain(self) -> dict[str, Any]:
         """The handshake body."""
@@ -162,6 +163,7 @@ class ServerInfo:
             "max_message_bytes": self.max_message_bytes,
             "session": self.session,
             "shared": self.shared,
+            "heartbeat_timeout": self.heartbeat_timeout,
         }
 
     @classmethod
@@ -175,6 +177,11 @@ class ServerInfo:
         num_envs = check_type(body, "num_envs", int)
         if num_envs < 1:
             raise InvalidField("'num_envs' must be >= 1", got=num_envs)
+        heartbeat = check_type(body, "heartbeat_timeout", (int, float), optional=True)
+        if heartbeat is not None and not heartbeat > 0:
+            raise InvalidField(
+                "'heartbeat_timeout' must be > 0 seconds or nil", expected="> 0", got=heartbeat
+            )
         return cls(
             env_id=check_type(body, "env_id", str),
             num_envs=num_envs,
@@ -189,6 +196,7 @@ class ServerInfo:
             max_message_bytes=check_type(body, "max_message_bytes", int),
             session=check_type(body, "session", str),
             shared=check_type(body, "shared", bool),
+            heartbeat_timeout=None if heartbeat is None else float(heartbeat),
         )
 
 
@@ -267,6 +275,23 @@ def _seed(value: Any, what: str) -> int:
             f"{what} must be an int in [0, 2**63)", expected="int in [0, 2**63)", got=repr(value)
         )
     return value
+
+
+def keepalive_target(frames: Sequence[Any], limits: Limits | None = None) -> Message | None:
+    """The decoded request if ``frames`` are a keepalive, else ``None``; never raises.
+
+    A keepalive is a ``ping`` whose body names a session (``{"session": str}``): it
+    refreshes that session's heartbeat without opening a session of its own, so a
+    client can keep an idle session alive from a second connection. A server checks
+    for one only on connections that have no session yet.
+    """
+    try:
+        msg = decode(frames, limits=limits)
+    except ProtocolError:
+        return None
+    if msg.kind != "ping" or not isinstance(msg.body.get("session"), str):
+        return None
+    return msg
 
 
 class ServerSession:
@@ -669,6 +694,12 @@ class ClientSession:
     def request_ping(self) -> list[Any]:
         """Frames of a ``ping`` (heartbeat) request."""
         return self._request("ping")
+
+    def request_keepalive(self, session: str) -> list[Any]:
+        """Frames of a keepalive: a ``ping`` that refreshes the session named ``session``
+        (its ``hello`` reply's ``session``), sent from a connection without a session of
+        its own (see :func:`keepalive_target`)."""
+        return self._request("ping", {"session": session})
 
     def parse_ping(self, frames: Sequence[Any]) -> None:
         """Checks a ``ping`` reply."""
