@@ -526,10 +526,12 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Starts stepping the instances ``env_ids`` (default all) with ``actions`` rows.
 
         EnvPool-style asynchronous stepping, as :meth:`simkit.vector.VectorEnv.send`:
-        row ``k`` of ``actions`` is for ``env_ids[k]``; simulator bases return at once
-        and step in the background. Steps autoreset in the same step, as
-        :meth:`step_batch`; collect them with :meth:`recv`. Each instance's trajectory
-        is bit for bit the one :meth:`step_batch` gives it, whatever the split.
+        row ``k`` of ``actions`` is for ``env_ids[k]``. Where the subclass can (the
+        native :class:`~simkit.BatchMujocoEnv` backend) the physics starts at once on a
+        background thread; otherwise the step runs in :meth:`recv`. Steps autoreset in
+        the same step, as :meth:`step_batch`; collect them with :meth:`recv`. Each
+        instance's trajectory is bit for bit the one :meth:`step_batch` gives it,
+        whatever the split.
 
         Raises:
             ResetNeeded: called before :meth:`reset` / :meth:`async_reset`.
@@ -577,9 +579,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return ids
 
     def recv(self) -> BatchStep:
-        """The first ``batch_size`` instances to finish, as a :class:`~simkit.BatchStep`.
+        """The next ``batch_size`` instances, as a :class:`~simkit.BatchStep`.
 
-        ``env_ids`` names the rows' instances (in the order they finished); send their
+        Sends are completed first in, first out; ``env_ids`` names the rows' instances
+        (a send's rows sorted by id, sends in the order they were made); send their
         next actions with :meth:`send`. Rows from :meth:`async_reset` have reward 0, no
         flags, ``final_obs == obs`` and the reset info under ``"reset_info"``.
 
