@@ -6,7 +6,7 @@ Importing this package only registers ids; each env module is imported on first 
 |---|---|---|
 | ``simkit/CartPole-v0`` | Env, Discrete | balance a pole on a cart |
 | ``simkit/BatchCartPole-v0`` | BatchEnv, Discrete | N cart-poles as numpy/torch arrays |
-| ``simkit/BatchCheetah-v0`` | BatchMujocoEnv, Box(6) | N planar runners, thread-pooled MuJoCo |
+| ``simkit/BatchCheetah-v0`` | BatchMujocoEnv, Box(6) | N planar runners, MuJoCo batch stepping |
 | ``simkit/Cheetah-v0`` | MujocoEnv, Box(6) | planar MuJoCo runner, run forward |
 | ``simkit/Pendulum-v0`` | Env, Box(1) | swing a pendulum up and hold it |
 | ``simkit/Reacher-v0`` | MujocoEnv, Box(2) | two-link arm reaching a random target |
