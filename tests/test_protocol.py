@@ -32,6 +32,8 @@ from simkit.protocol import (
     VersionMismatch,
     decode,
     encode,
+    infos_from_wire,
+    infos_to_wire,
     keepalive_target,
     plain_safe,
 )
@@ -216,6 +218,23 @@ def test_handshake_round_trips_the_heartbeat_and_keepalives_are_recognised() -> 
     assert keepalive_target([b"\xc1garbage"]) is None
     # A session answers a keepalive like a ping (servers intercept them before sessions).
     client.parse_ping(server.handle(client.request_keepalive("ab")))
+
+
+def test_all_empty_infos_travel_as_an_empty_list() -> None:
+    assert infos_to_wire([{}, {}, {}]) == []
+    assert infos_to_wire([{}, {"x": np.float64(1.5)}]) == [{}, {"x": 1.5}]
+    assert infos_from_wire({"infos": []}, 3) == [{}, {}, {}]
+    assert infos_from_wire({"infos": [{}, {"x": 1.5}]}, 2) == [{}, {"x": 1.5}]
+    with pytest.raises(InvalidField, match="'infos' needs one map per row, or none"):
+        infos_from_wire({"infos": [{}]}, 2)
+    with pytest.raises(InvalidField, match="one map per row"):
+        infos_from_wire({"infos": [{}, 3]}, 2)
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(2)])
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    reply = server.handle(client.request_step(np.array([0, 1])))
+    assert decode(reply).body["infos"] == []  # CartPole steps have empty infos
+    step, _ = client.parse_step(reply)
+    assert step.infos == [{}, {}]
 
 
 def test_hello_is_required_then_close_ends_the_session() -> None:

@@ -55,6 +55,8 @@ from simkit.protocol._session import (
     SessionState,
     error_code_of,
     error_reply,
+    infos_from_wire,
+    infos_to_wire,
     keepalive_target,
 )
 from simkit.protocol._spaces import (
@@ -98,6 +100,8 @@ __all__ = [
     "error_reply",
     "error_code_of",
     "keepalive_target",
+    "infos_to_wire",
+    "infos_from_wire",
     # multi-agent
     "ENV_KIND_SINGLE",
     "ENV_KIND_MULTI_AGENT",

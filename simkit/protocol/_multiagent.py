@@ -15,7 +15,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 from gymnasium import spaces
 
-from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, check_type, plain_safe
+from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, check_type
 from simkit.protocol._errors import InvalidField
 from simkit.protocol._session import (
     ClientSession,
@@ -26,9 +26,10 @@ from simkit.protocol._session import (
     _env_ids,
     _put_rows,
     _take_rows,
+    infos_from_wire,
+    infos_to_wire,
 )
 from simkit.protocol._spaces import check_batch, flatten_batch, unflatten_batch
-from simkit.snapshot import from_plain
 from simkit.vector._multiagent import MultiAgentBatchStep
 
 __all__ = [
@@ -162,7 +163,7 @@ class MultiAgentServerSession(ServerSession):
         arrays["env_reset"] = np.asarray(result.env_reset, dtype=np.bool_)
         arrays["env_ids"] = env_ids
         body = {
-            "infos": [plain_safe(i) for i in result.infos],
+            "infos": infos_to_wire(result.infos),
             "faults": [{"env_id": f.env_id, "code": f.code, "message": f.message} for f in faults],
         }
         return body, arrays
@@ -231,7 +232,7 @@ def parse_multi_agent_reset(session: ClientSession, frames: Sequence[Any]) -> Mu
     n = env_ids.size * num_agents
     check_batch(info.observation_space, msg.arrays, "obs", n)
     mask = _rows_array(msg.arrays, "agent_mask", n)
-    infos = [from_plain(i) for i in check_type(msg.body, "infos", list)]
+    infos = infos_from_wire(msg.body, n)
     obs = unflatten_batch(info.observation_space, msg.arrays, "obs")
     return MultiAgentReset(obs, mask, infos, env_ids)
 
@@ -254,7 +255,7 @@ def parse_multi_agent_step(session: ClientSession, frames: Sequence[Any]) -> Mul
     if rows.size:
         check_batch(space, a, "final_obs", rows.size)
         final_obs = _put_rows(space, obs, rows, unflatten_batch(space, a, "final_obs"))
-    infos = [from_plain(i) for i in check_type(msg.body, "infos", list)]
+    infos = infos_from_wire(msg.body, n)
     faults = [
         EnvFault(int(f["env_id"]), str(f["code"]), str(f["message"]))
         for f in check_type(msg.body, "faults", list)

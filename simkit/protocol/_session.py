@@ -277,6 +277,35 @@ def _seed(value: Any, what: str) -> int:
     return value
 
 
+def infos_to_wire(infos: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """A reply's ``infos`` field: one plain map per row, or ``[]`` when all are empty.
+
+    Batched envs mostly return empty infos; sending none saves a map per row both ways.
+    """
+    if not any(infos):
+        return []
+    return [plain_safe(i) for i in infos]
+
+
+def infos_from_wire(body: Mapping[str, Any], rows: int) -> list[dict[str, Any]]:
+    """Parses a reply's ``infos`` field into one dict per row (``[]`` means all empty).
+
+    Raises:
+        InvalidField: missing, not a list, or neither ``rows`` maps nor empty.
+    """
+    raw = check_type(body, "infos", list)
+    if not raw:
+        return [{} for _ in range(rows)]
+    infos = [from_plain(i) for i in raw]
+    if len(infos) != rows or not all(type(i) is dict for i in infos):
+        raise InvalidField(
+            "'infos' needs one map per row, or none",
+            expected=f"{rows} maps or []",
+            got=f"{len(infos)} items",
+        )
+    return infos
+
+
 def keepalive_target(frames: Sequence[Any], limits: Limits | None = None) -> Message | None:
     """The decoded request if ``frames`` are a keepalive, else ``None``; never raises.
 
@@ -416,7 +445,7 @@ class ServerSession:
         )
         arrays = flatten_batch(self.host.observation_space, obs, "obs")
         arrays["env_ids"] = env_ids
-        return {"infos": [plain_safe(i) for i in infos]}, arrays
+        return {"infos": infos_to_wire(infos)}, arrays
 
     def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         env_ids = _env_ids(msg, self.host.num_envs)
@@ -436,7 +465,7 @@ class ServerSession:
         arrays["truncated"] = np.asarray(result.truncated, dtype=np.bool_)
         arrays["env_ids"] = np.asarray(result.env_ids, dtype=np.int64)
         body = {
-            "infos": [plain_safe(i) for i in result.infos],
+            "infos": infos_to_wire(result.infos),
             "faults": [{"env_id": f.env_id, "code": f.code, "message": f.message} for f in faults],
         }
         return body, arrays
@@ -624,7 +653,7 @@ class ClientSession:
                 "reset reply lacks 1-D 'env_ids'", expected="env_ids", got=sorted(msg.arrays)
             )
         check_batch(info.observation_space, msg.arrays, "obs", env_ids.size)
-        infos = [from_plain(i) for i in check_type(msg.body, "infos", list)]
+        infos = infos_from_wire(msg.body, env_ids.size)
         return ResetResult(
             unflatten_batch(info.observation_space, msg.arrays, "obs"), infos, env_ids
         )
@@ -654,7 +683,7 @@ class ClientSession:
         if rows.size:
             check_batch(space, a, "final_obs", rows.size)
             final_obs = _put_rows(space, obs, rows, unflatten_batch(space, a, "final_obs"))
-        infos = [from_plain(i) for i in check_type(msg.body, "infos", list)]
+        infos = infos_from_wire(msg.body, n)
         faults = [
             EnvFault(int(f["env_id"]), str(f["code"]), str(f["message"]))
             for f in check_type(msg.body, "faults", list)
