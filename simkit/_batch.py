@@ -25,7 +25,7 @@ from gymnasium.vector.utils import batch_space
 
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
 from simkit._types import BatchStep
-from simkit._validation import ActionBounds, validate_action
+from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
 from simkit.randomization import (
     Distribution,
@@ -561,22 +561,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._pending.append((ids, pending))
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
-        n = self.num_envs
-        if env_ids is None:
-            ids = np.arange(n, dtype=np.int64)
-        else:
-            ids = _to_numpy(env_ids)
-            if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-                raise ValueError(f"env_ids must be a 1-D array of ints, got {env_ids!r}")
-            ids = ids.astype(np.int64)
-            if ids.size and (ids.min() < 0 or ids.max() >= n):
-                raise ValueError(f"env_ids must lie in [0, {n}), got {ids.tolist()}")
-            if len(np.unique(ids)) != len(ids):
-                raise ValueError(f"env_ids must not repeat, got {ids.tolist()}")
-        busy = ids[self._in_flight[ids]]
-        if busy.size:
-            raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")
-        return ids
+        ids = None if env_ids is None else _to_numpy(env_ids)
+        return check_send_ids(ids, self.num_envs, self._in_flight)
 
     def recv(self) -> BatchStep:
         """The next ``batch_size`` instances, as a :class:`~simkit.BatchStep`.

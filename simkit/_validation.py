@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from simkit.errors import InvalidAction
 
-__all__ = ["ActionBounds", "validate_action"]
+__all__ = ["ActionBounds", "validate_action", "check_send_ids"]
 
 
 class ActionBounds(enum.Enum):
@@ -142,3 +142,31 @@ def _int_array(action: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     if arr.shape != shape:
         raise InvalidAction(f"{name} must have shape {shape}, got shape {arr.shape}")
     return arr.astype(np.int64)
+
+
+def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
+    """The env ids of an EnvPool-style ``send`` as int64 (``None``: all, in order).
+
+    Args:
+        env_ids: a 1-D integer array-like (numpy; callers convert tensors), or ``None``.
+        num_envs: N; ids must lie in ``[0, N)``.
+        in_flight: ``(N,)`` bool, the envs sent but not yet received.
+
+    Raises:
+        ValueError: not 1-D integers, out of range, repeated, or already in flight.
+    """
+    if env_ids is None:
+        ids = np.arange(num_envs, dtype=np.int64)
+    else:
+        ids = np.asarray(env_ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise ValueError(f"env_ids must be a 1-D array of ints, got {env_ids!r}")
+        ids = ids.astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
+            raise ValueError(f"env_ids must lie in [0, {num_envs}), got {ids.tolist()}")
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"env_ids must not repeat, got {ids.tolist()}")
+    busy = ids[in_flight[ids]]
+    if busy.size:
+        raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")
+    return ids

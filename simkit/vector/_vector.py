@@ -15,7 +15,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
 from simkit._types import BatchStep
-from simkit._validation import ActionBounds
+from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.registry import make
 from simkit.vector._actions import check_batch, split_rows
@@ -451,22 +451,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 self._tasks_out += 1
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
-        n = self.num_envs
-        if env_ids is None:
-            ids = np.arange(n, dtype=np.int64)
-        else:
-            ids = np.asarray(env_ids)
-            if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-                raise ValueError(f"env_ids must be a 1-D array of ints, got {env_ids!r}")
-            ids = ids.astype(np.int64)
-            if ids.size and (ids.min() < 0 or ids.max() >= n):
-                raise ValueError(f"env_ids must lie in [0, {n}), got {ids.tolist()}")
-            if len(np.unique(ids)) != len(ids):
-                raise ValueError(f"env_ids must not repeat, got {ids.tolist()}")
-        busy = ids[self._in_flight[ids]]
-        if busy.size:
-            raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")
-        return ids
+        return check_send_ids(env_ids, self.num_envs, self._in_flight)
 
     def recv(self) -> BatchStep:
         """The first ``batch_size`` envs to finish, as a :class:`~simkit._types.BatchStep`.
