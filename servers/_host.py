@@ -61,6 +61,48 @@ def batch_spec_of(env_id: str) -> simkit.EnvSpec | None:
 _LEAF = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
+def require_params_capability(
+    capabilities: frozenset[str], options: Mapping[str, Any] | None, params: Any
+) -> None:
+    """Refuses randomization overrides (``params``) for a host that cannot take them.
+
+    Raises:
+        Unsupported: overrides were given and ``params`` is not a capability.
+    """
+    if ((options and "params" in options) or params) and "params" not in capabilities:
+        raise Unsupported(
+            "this env takes no randomization overrides", expected="no params", got="params"
+        )
+
+
+def plan_reset_seed(
+    roots: list[int | None],
+    episode: np.ndarray,
+    i: int,
+    k: int,
+    seed: int | None,
+    seeds: Sequence[int] | None,
+) -> int | None:
+    """Updates env ``i``'s seeding bookkeeping for a reset; returns its explicit seed.
+
+    The seeding of :class:`simkit.vector.VectorEnv`: a root ``seed`` restarts env ``i``
+    at episode 0 under that root; ``seeds[k]`` (``k``: its position in the request)
+    resets it with exactly that seed (returned) and no root; neither starts its next
+    episode under its root (a random root on a first reset).
+    """
+    if seed is not None:
+        roots[i] = seed
+        episode[i] = -1
+        return None
+    if seeds is not None:
+        roots[i] = None
+        episode[i] = -1
+        return seeds[k]
+    if roots[i] is None and episode[i] < 0:
+        roots[i] = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+    return None
+
+
 class EnvListHost:
     """N single-agent envs stepped in one process, with per-env fault isolation.
 
@@ -164,23 +206,11 @@ class EnvListHost:
         with ``seeds[k]`` exactly and later episodes continue its own generator.
         Neither: each env starts its next episode (a random root on a first reset).
         """
-        if ((options and "params" in options) or params) and "params" not in self.capabilities:
-            raise Unsupported(
-                "this env takes no randomization overrides", expected="no params", got="params"
-            )
+        require_params_capability(self.capabilities, options, params)
         self._env_offset = env_offset
         obs_rows, infos = [], []
         for k, i in enumerate(env_ids.tolist()):
-            explicit: int | None = None
-            if seed is not None:
-                self._roots[i] = seed
-                self._episode[i] = -1
-            elif seeds is not None:
-                self._roots[i] = None
-                self._episode[i] = -1
-                explicit = seeds[k]
-            elif self._roots[i] is None and self._episode[i] < 0:
-                self._roots[i] = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+            explicit = plan_reset_seed(self._roots, self._episode, i, k, seed, seeds)
             obs, info = self._reset_one(i, params[k] if params else None, options, explicit)
             obs_rows.append(obs)
             infos.append(info)

@@ -21,11 +21,11 @@ from pettingzoo import ParallelEnv
 
 import simkit
 from simkit._multiagent import MultiAgentEnv
-from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._seeding import episode_seed
 from simkit.errors import InvalidState, ResetNeeded, UnknownEnv
 from simkit.protocol import EnvFault, Unsupported, error_code_of
 from simkit.registry import EnvKind
-from simkit.servers._host import GYM_PREFIX
+from simkit.servers._host import GYM_PREFIX, plan_reset_seed, require_params_capability
 from simkit.vector import MultiAgentBatchStep
 from simkit.vector._actions import split_rows
 
@@ -225,23 +225,11 @@ class ParallelEnvHost:
         Returns:
             The observation rows and per-row infos of ``env_ids``.
         """
-        if ((options and "params" in options) or params) and "params" not in self.capabilities:
-            raise Unsupported(
-                "this env takes no randomization overrides", expected="no params", got="params"
-            )
+        require_params_capability(self.capabilities, options, params)
         self._env_offset = env_offset
         infos: list[dict[str, Any]] = []
         for k, i in enumerate(env_ids.tolist()):
-            explicit: int | None = None
-            if seed is not None:
-                self._roots[i] = seed
-                self._episode[i] = -1
-            elif seeds is not None:
-                self._roots[i] = None
-                self._episode[i] = -1
-                explicit = seeds[k]
-            elif self._roots[i] is None and self._episode[i] < 0:
-                self._roots[i] = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+            explicit = plan_reset_seed(self._roots, self._episode, i, k, seed, seeds)
             infos.extend(self._reset_one(i, params[k] if params else None, options, explicit))
         rows = self._global_rows(env_ids)
         return self._gather([self._rows[r] for r in rows]), infos

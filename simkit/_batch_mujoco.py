@@ -34,7 +34,7 @@ import mujoco
 import numpy as np
 
 from simkit._batch import BatchEnv, PendingStep
-from simkit._mujoco import PHYSICS_STATE, ModelField, _load_model, _resolve
+from simkit._mujoco import PHYSICS_STATE, ModelField, _load_model, _resolve, write_model_fields
 from simkit.errors import InvalidState
 from simkit.randomization import Params
 
@@ -178,16 +178,7 @@ class BatchMujocoEnv(BatchEnv):
 
     def apply_params(self, model: mujoco.MjModel, params: Params) -> None:
         """Writes one instance's parameters into its model; override for custom fields."""
-        for name, field in self.model_fields.items():
-            target = _resolve(model, field.attribute)
-            nominal = self._nominal[field.attribute][field.index]
-            value = np.asarray(params[name], dtype=np.float64)
-            if field.op == "scale":
-                target[field.index] = nominal * value
-            elif field.op == "add":
-                target[field.index] = nominal + value
-            else:
-                target[field.index] = value
+        write_model_fields(model, self.model_fields, self._nominal, params)
 
     def _restore_model(self, i: int) -> None:
         if not self.model_fields:

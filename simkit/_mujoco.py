@@ -100,16 +100,7 @@ class MujocoEnv(Env[ObsType, ActType]):
 
     def apply_params(self, model: mujoco.MjModel, params: Params) -> None:
         """Writes the episode's parameters into ``model``; override for custom fields."""
-        for name, field in self.model_fields.items():
-            target = _resolve(model, field.attribute)
-            nominal = self._nominal[field.attribute][field.index]
-            value = np.asarray(params[name], dtype=np.float64)
-            if field.op == "scale":
-                target[field.index] = nominal * value
-            elif field.op == "add":
-                target[field.index] = nominal + value
-            else:
-                target[field.index] = value
+        write_model_fields(model, self.model_fields, self._nominal, params)
 
     def _restore_model(self) -> None:
         for attribute, nominal in self._nominal.items():
@@ -194,6 +185,32 @@ def _load_model(model: str | Path | mujoco.MjModel) -> mujoco.MjModel:
     raise TypeError(
         f"model must be a path, an XML string or an MjModel, got {type(model).__name__}"
     )
+
+
+def write_model_fields(
+    model: mujoco.MjModel,
+    model_fields: Mapping[str, ModelField],
+    nominal: Mapping[str, np.ndarray],
+    params: Params,
+) -> None:
+    """Writes each :class:`ModelField`'s parameter into ``model``, relative to ``nominal``.
+
+    Args:
+        model: the model to write (an instance's own copy).
+        model_fields: parameter name -> the field it sets.
+        nominal: field attribute -> its value in the unrandomized model.
+        params: the sampled parameters (every name of ``model_fields``).
+    """
+    for name, field in model_fields.items():
+        target = _resolve(model, field.attribute)
+        base = nominal[field.attribute][field.index]
+        value = np.asarray(params[name], dtype=np.float64)
+        if field.op == "scale":
+            target[field.index] = base * value
+        elif field.op == "add":
+            target[field.index] = base + value
+        else:
+            target[field.index] = value
 
 
 def _resolve(model: mujoco.MjModel, attribute: str) -> np.ndarray:
