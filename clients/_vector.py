@@ -23,19 +23,11 @@ from simkit._types import BatchStep
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
+from simkit.protocol import take_rows as _take
 
 __all__ = ["RemoteVectorEnv"]
 
 _AUTORESET_MODES = {AUTORESET_SAME_STEP: AutoresetMode.SAME_STEP}
-
-
-def _take(space: spaces.Space[Any], value: Any, index: Any) -> Any:
-    """Rows ``index`` (slice or int array) of a batched value of ``space``."""
-    if isinstance(space, spaces.Dict):
-        return {k: _take(s, value[k], index) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_take(s, value[i], index) for i, s in enumerate(space.spaces))
-    return np.asarray(value)[index]
 
 
 def _concat(space: spaces.Space[Any], parts: Sequence[Any]) -> Any:

@@ -19,6 +19,7 @@ from simkit._batch import BatchEnv
 from simkit._types import BatchStep
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.protocol import EnvFault, InvalidField, Unsupported, error_code_of
+from simkit.protocol import take_rows as _take
 from simkit.randomization import resolve_overrides
 
 __all__ = ["BatchEnvHost", "BATCH_HOST_STATE"]
@@ -277,14 +278,6 @@ def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:
         expected=f"a map or {rows} maps",
         got=repr(value)[:200],
     )
-
-
-def _take(space: spaces.Space[Any], value: Any, rows: np.ndarray) -> Any:
-    if isinstance(space, spaces.Dict):
-        return {k: _take(s, value[k], rows) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_take(s, value[j], rows) for j, s in enumerate(space.spaces))
-    return np.asarray(value)[rows]
 
 
 def _put(space: spaces.Space[Any], value: Any, rows: np.ndarray, n: int) -> Any:

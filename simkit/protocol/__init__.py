@@ -66,6 +66,7 @@ from simkit.protocol._spaces import (
     flatten_batch,
     space_from_plain,
     space_to_plain,
+    take_rows,
     unflatten_batch,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "flatten_batch",
     "unflatten_batch",
     "check_batch",
+    "take_rows",
     # sessions
     "REQUEST_KINDS",
     "CAPABILITIES",

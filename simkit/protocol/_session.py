@@ -48,6 +48,9 @@ from simkit.protocol._spaces import (
     space_to_plain,
     unflatten_batch,
 )
+from simkit.protocol._spaces import (
+    take_rows as _take_rows,
+)
 from simkit.snapshot import from_plain, to_plain
 
 __all__ = [
@@ -492,14 +495,6 @@ class ServerSession:
             raise
         self.host.set_state(env_ids, plain)
         return {}, {"env_ids": env_ids}
-
-
-def _take_rows(space: spaces.Space[Any], value: Any, rows: np.ndarray) -> Any:
-    if isinstance(space, spaces.Dict):
-        return {k: _take_rows(s, value[k], rows) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_take_rows(s, value[i], rows) for i, s in enumerate(space.spaces))
-    return np.asarray(value)[rows]
 
 
 def _put_rows(space: spaces.Space[Any], base: Any, rows: np.ndarray, part: Any) -> Any:

@@ -316,3 +316,12 @@ def check_batch(
             )
     elif isinstance(space, spaces.MultiBinary) and np.any((arr != 0) & (arr != 1)):
         raise OutOfSpace(f"{name} must hold only 0 and 1", expected="0 or 1", got="other values")
+
+
+def take_rows(space: spaces.Space[Any], value: Any, index: Any) -> Any:
+    """Rows ``index`` (an int, a slice or an int array) of a batched value of ``space``."""
+    if isinstance(space, spaces.Dict):
+        return {k: take_rows(s, value[k], index) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(take_rows(s, value[i], index) for i, s in enumerate(space.spaces))
+    return np.asarray(value)[index]
