@@ -117,7 +117,9 @@ def _demo_configure(parser: argparse.ArgumentParser) -> None:
         default="simkit/Cheetah-v0",
         help="env served locally for the remote part (default simkit/Cheetah-v0)",
     )
-    parser.add_argument("--remote-num-envs", type=int, default=16, help="envs in the remote vector")
+    parser.add_argument(
+        "--remote-num-envs", type=int, default=64, help="envs in the remote vector (default 64)"
+    )
     parser.add_argument(
         "--no-remote", action="store_true", help="skip the local server + client part"
     )
