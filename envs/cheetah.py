@@ -119,6 +119,7 @@ class Cheetah(simkit.MujocoEnv[np.ndarray, np.ndarray]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 20}
+    default_camera = "track"
     max_episode_steps = 1000
     randomization = {
         "friction": simkit.Uniform(0.5, 1.5),

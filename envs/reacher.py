@@ -72,6 +72,7 @@ class Reacher(simkit.MujocoEnv[np.ndarray, np.ndarray]):
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 50}
+    default_camera = "top"
     max_episode_steps = 100
     ctrl_cost_weight = 0.1
     randomization = {

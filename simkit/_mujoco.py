@@ -58,12 +58,16 @@ class MujocoEnv(Env[ObsType, ActType]):
         model: path to an MJCF file, an MJCF XML string, or an ``MjModel``.
         frame_skip: physics steps per env step.
         width, height: size of ``render()`` images.
+        camera: the camera ``render()`` looks through: a camera name of the model, its
+            id, or ``-1`` for MuJoCo's free camera (default: :attr:`default_camera`).
         **kwargs: passed to :class:`simkit.Env`.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}
     model_fields: ClassVar[Mapping[str, ModelField]] = {}
     state_attributes: ClassVar[tuple[str, ...] | None] = ()
+    default_camera: ClassVar[str | int] = -1
+    """The camera ``render()`` uses unless ``camera=`` says otherwise (-1: free camera)."""
 
     def __init__(
         self,
@@ -72,6 +76,7 @@ class MujocoEnv(Env[ObsType, ActType]):
         frame_skip: int = 1,
         width: int = 480,
         height: int = 480,
+        camera: str | int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -91,6 +96,7 @@ class MujocoEnv(Env[ObsType, ActType]):
             for f in self.model_fields.values()
         }
         self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
+        self.camera = _camera_id(self.model, self.default_camera if camera is None else camera)
         self._renderer: Any = None
 
     @property
@@ -162,7 +168,7 @@ class MujocoEnv(Env[ObsType, ActType]):
                     f"MuJoCo could not create an OpenGL context (MUJOCO_GL={backend}): {exc}. "
                     "Set MUJOCO_GL=egl (GPU) or MUJOCO_GL=osmesa (CPU, needs libosmesa6)."
                 ) from exc
-        self._renderer.update_scene(self.data)
+        self._renderer.update_scene(self.data, camera=self.camera)
         return np.asarray(self._renderer.render())
 
     def close(self) -> None:
@@ -170,6 +176,20 @@ class MujocoEnv(Env[ObsType, ActType]):
             self._renderer.close()
             self._renderer = None
         super().close()
+
+
+def _camera_id(model: mujoco.MjModel, camera: str | int) -> int:
+    """The id of ``camera`` (a name or an id; -1 is the free camera) in ``model``."""
+    names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) for i in range(model.ncam)]
+    if isinstance(camera, str):
+        if camera not in names:
+            raise ValueError(f"camera must name one of the model's cameras {names}, got {camera!r}")
+        return names.index(camera)
+    if isinstance(camera, bool) or not isinstance(camera, int) or not -1 <= camera < model.ncam:
+        raise ValueError(
+            f"camera must be a camera name, an id in [-1, {model.ncam}) or None, got {camera!r}"
+        )
+    return camera
 
 
 def _load_model(model: str | Path | mujoco.MjModel) -> mujoco.MjModel:

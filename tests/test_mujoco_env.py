@@ -274,3 +274,18 @@ def test_render_without_mode_returns_none() -> None:
     env = Arm()
     env.reset(seed=0)
     assert env.render() is None
+
+
+def test_render_camera_is_chosen_by_name_or_id() -> None:
+    cheetah = simkit.make("simkit/Cheetah-v0")
+    assert cheetah.unwrapped.camera == 0  # its default_camera, "track"
+    assert simkit.make("simkit/Cheetah-v0", camera=-1).unwrapped.camera == -1
+    assert simkit.make("simkit/Reacher-v0", camera="top").unwrapped.camera == 0
+    with pytest.raises(
+        ValueError, match=r"camera must name one of the model's cameras \['track'\], got 'side'"
+    ):
+        simkit.make("simkit/Cheetah-v0", camera="side")
+    with pytest.raises(
+        ValueError, match=r"camera must be a camera name, an id in \[-1, 1\) or None, got 3"
+    ):
+        simkit.make("simkit/Cheetah-v0", camera=3)

@@ -23,9 +23,17 @@ for _ in range(20):
     env.step(np.ones(2, dtype=np.float32))
 second = env.render()
 env.close()
+frames = []
+for camera in (None, -1):  # the tracking camera, then the free camera
+    cheetah = simkit.make("simkit/Cheetah-v0", render_mode="rgb_array", width=64, height=48,
+                          camera=camera)
+    cheetah.reset(seed=0)
+    frames.append(cheetah.render())
+    cheetah.close()
 print(json.dumps({"shape": list(first.shape), "dtype": str(first.dtype),
                   "colors": int(len(np.unique(first.reshape(-1, 3), axis=0))),
-                  "moved": bool((first != second).any())}))
+                  "moved": bool((first != second).any()),
+                  "cameras_differ": bool((frames[0] != frames[1]).any())}))
 """
 
 
@@ -44,3 +52,4 @@ def test_render_returns_rgb_frames_that_follow_the_state() -> None:
     assert result["dtype"] == "uint8"
     assert result["colors"] > 1
     assert result["moved"]
+    assert result["cameras_differ"]  # Cheetah renders through its tracking camera
