@@ -18,7 +18,7 @@ from gymnasium import spaces
 from simkit._batch import BatchEnv
 from simkit._types import BatchStep
 from simkit.errors import InvalidState, ResetNeeded
-from simkit.protocol import EnvFault, InvalidField, Unsupported, error_code_of
+from simkit.protocol import EnvFault, InvalidField, Unsupported, error_code_of, put_rows
 from simkit.protocol import take_rows as _take
 from simkit.randomization import resolve_overrides
 
@@ -64,6 +64,7 @@ class BatchEnvHost:
             caps.add("randomization")
         self.capabilities = frozenset(caps)
         self._validate = env.validate_actions
+        self._subsets = env.subset_steps
         env.validate_actions = False  # checked once in step, before the batch moves
         self._all = np.arange(self.num_envs, dtype=np.int64)
         self._obs: Any = None
@@ -128,14 +129,11 @@ class BatchEnvHost:
     # ------------------------------------------------------------------------- step
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps the whole batch; rows come back in ``env_ids`` order."""
+        """Steps ``env_ids`` (a subset needs a BatchEnv with ``step_subset``); rows come
+        back in ``env_ids`` order."""
         n = self.num_envs
         if env_ids.size != n:
-            raise Unsupported(
-                "a BatchEnv steps all its instances at once",
-                expected=f"all {n} env ids",
-                got=f"{env_ids.size} env ids",
-            )
+            return self._step_subset(env_ids, actions)
         if self._obs is None:
             raise ResetNeeded("step before reset; send reset first")
         in_order = bool(np.array_equal(env_ids, self._all))
@@ -166,6 +164,27 @@ class BatchEnvHost:
             [],
         )
 
+    def _step_subset(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """``BatchEnv.step_batch(actions, env_ids)``: the other instances do not move."""
+        if not self._subsets:
+            raise Unsupported(
+                f"{type(self.env).__name__} steps all its instances at once (no step_subset)",
+                expected=f"all {self.num_envs} env ids",
+                got=f"{env_ids.size} env ids",
+            )
+        if self._obs is None:
+            raise ResetNeeded("step before reset; send reset first")
+        if self._broken:
+            return self._failed(env_ids, "reset_needed", "the batch failed to reset; reset it")
+        if self._validate:
+            actions = self.env.check_actions(actions, env_ids.size)
+        try:
+            result = self.env.step_batch(actions, env_ids)
+        except Exception as exc:  # the stepped instances fail; the others did not move
+            return self._fault_all(env_ids, exc)
+        self._obs = put_rows(self.observation_space, self._obs, env_ids, result.obs)
+        return result, []
+
     def _failed(
         self, env_ids: np.ndarray, code: str, message: str
     ) -> tuple[BatchStep, list[EnvFault]]:
@@ -185,8 +204,13 @@ class BatchEnvHost:
     def _fault_all(self, env_ids: np.ndarray, exc: Exception) -> tuple[BatchStep, list[EnvFault]]:
         """Every row ends with the batch's fault; the batch starts its next episodes."""
         step, faults = self._failed(env_ids, error_code_of(exc), f"{type(exc).__name__}: {exc}")
+        options = None
+        if env_ids.size < self.num_envs:  # a subset step failed: restart only its instances
+            mask = np.zeros(self.num_envs, dtype=np.bool_)
+            mask[env_ids] = True
+            options = {"reset_mask": mask}
         try:
-            obs, vector_info = self.env.reset()
+            obs, vector_info = self.env.reset(options=options)
         except Exception as again:
             self._broken = True
             msg = f"reset failed: {type(again).__name__}: {again}"

@@ -210,11 +210,17 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             return self.step_instances(actions, self._rngs)  # type: ignore[arg-type]
         raise NotImplementedError(
             f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
-            f"{self.num_envs} instances (send() with env_ids, or batch_size < num_envs)"
+            f"{self.num_envs} instances (step_batch() or send() with env_ids, or batch_size < num_envs)"
         )
 
     def _supports_subset(self) -> bool:
         return type(self).step_subset is not BatchEnv.step_subset
+
+    @property
+    def subset_steps(self) -> bool:
+        """Whether :meth:`step_batch` and :meth:`send` take a subset of the instances
+        (the class implements :meth:`step_subset`)."""
+        return self._supports_subset()
 
     def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
         """Starts stepping ``ids``; simulator bases start native work in the background.
@@ -377,26 +383,82 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
 
     # ------------------------------------------------------------------------- step
 
-    def step_batch(self, actions: Any) -> BatchStep:
-        """Steps every instance; ended instances autoreset in the same step.
+    def step_batch(self, actions: Any, env_ids: Any = None) -> BatchStep:
+        """Steps every instance, or only ``env_ids``; ended instances autoreset in the same step.
+
+        ``env_ids`` is EnvPool's synchronous ``step(action, env_id)``: the other instances
+        do not move, and each stepped instance's trajectory is bit for bit the one a
+        whole-batch step gives it. Anything but all N instances needs
+        :meth:`step_subset`.
+
+        Args:
+            actions: one row per stepped instance (N rows, or one per ``env_ids`` entry,
+                in that order).
+            env_ids: the instances to step (default all, in order).
 
         Returns:
             A :class:`~simkit.BatchStep` whose ``final_obs`` rows are the observations
-            the actions led to and ``obs`` rows the ones to act on next.
+            the actions led to and ``obs`` rows the ones to act on next; rows follow
+            ``env_ids``.
 
         Raises:
             ResetNeeded: called before :meth:`reset`.
             InvalidAction: the batch of actions does not fit ``action_space``.
+            ValueError: ``env_ids`` out of range or repeated.
+            NotImplementedError: a subset, and the class has no :meth:`step_subset`.
         """
         if not self._has_reset:
             raise ResetNeeded("step_batch() called before reset(); call reset() first")
         self._require_idle("step_batch()")
-        if self.validate_actions:
-            actions = self.check_actions(actions)
-        final_obs, reward, terminated, infos = self._step_all(actions)
-        return self._complete(
-            np.arange(self.num_envs, dtype=np.int64), final_obs, reward, terminated, infos
+        if env_ids is None:
+            if self.validate_actions:
+                actions = self.check_actions(actions)
+            final_obs, reward, terminated, infos = self._step_all(actions)
+            return self._complete(
+                np.arange(self.num_envs, dtype=np.int64), final_obs, reward, terminated, infos
+            )
+        ids, actions, order = self._sorted_subset(env_ids, actions, "step_batch()")
+        pending = self._start_subset(ids, actions)
+        try:
+            result = self._checked(pending.finish(), len(ids), "step_subset")
+        except BaseException:
+            if pending.drain is not None:
+                pending.drain()
+            raise
+        step = self._complete(ids, *result)
+        if order is None:
+            return step
+        back = np.argsort(order)
+        return BatchStep(
+            obs=_take_rows(step.obs, back),
+            reward=step.reward[back],
+            terminated=step.terminated[back],
+            truncated=step.truncated[back],
+            final_obs=_take_rows(step.final_obs, back),
+            env_ids=step.env_ids[back],
+            infos=[step.infos[k] for k in back.tolist()],
         )
+
+    def _sorted_subset(
+        self, env_ids: Any, actions: Any, what: str
+    ) -> tuple[np.ndarray, Any, np.ndarray | None]:
+        """Checked ``env_ids`` sorted, their action rows in that order, and the sorting
+        permutation (``None`` if they were sorted already)."""
+        ids = self._check_ids(env_ids)
+        if self.validate_actions:
+            actions = self.check_actions(actions, len(ids))
+        elif len(actions) != len(ids):
+            raise InvalidAction(f"actions must hold {len(ids)} rows, got {len(actions)}")
+        if len(ids) != self.num_envs and not self._supports_subset():
+            raise NotImplementedError(
+                f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
+                f"{self.num_envs} instances ({what} with env_ids, or batch_size < num_envs)"
+            )
+        order = np.argsort(ids, kind="stable")
+        if not (order != np.arange(len(ids))).any():
+            return ids, actions, None
+        actions = actions[order] if not isinstance(actions, list) else [actions[k] for k in order]
+        return ids[order], actions, order
 
     def _complete(
         self,
@@ -540,22 +602,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         if not self._has_reset:
             raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
-        ids = self._check_ids(env_ids)
-        if self.validate_actions:
-            actions = self.check_actions(actions, len(ids))
-        elif len(actions) != len(ids):
-            raise InvalidAction(f"actions must hold {len(ids)} rows, got {len(actions)}")
-        if len(ids) != self.num_envs and not self._supports_subset():
-            raise NotImplementedError(
-                f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
-                f"{self.num_envs} instances (send() with env_ids, or batch_size < num_envs)"
-            )
-        order = np.argsort(ids, kind="stable")
-        if (order != np.arange(len(ids))).any():
-            ids = ids[order]
-            actions = (
-                actions[order] if not isinstance(actions, list) else [actions[k] for k in order]
-            )
+        ids, actions, _ = self._sorted_subset(env_ids, actions, "send()")
         pending = self._start_subset(ids, actions)
         self._in_flight[ids] = True
         self._pending.append((ids, pending))

@@ -586,3 +586,65 @@ def test_derived_batch_fields_are_bit_identical_across_backends_and_subsets() ->
             np.testing.assert_array_equal(env.batch[name], ref.batch[name], err_msg=name)
         assert np.abs(env.batch["xpos"]).sum() > 0
         env.close()
+
+
+@pytest.mark.parametrize("backend", ["native", "threads"])
+def test_step_batch_on_subsets_gives_each_instance_its_own_trajectory(backend: str) -> None:
+    n, root, steps = 4, 5, 10
+
+    def make() -> Any:
+        return simkit.make(
+            "simkit/BatchCheetah-v0",
+            num_envs=n,
+            max_episode_steps=4,
+            backend=backend,
+            nthread=2,
+        )
+
+    actions = np.random.default_rng(3).uniform(-1, 1, size=(steps, n, 6)).astype(np.float32)
+    want = _sync_trajectories(make, root, actions)
+    env = make()
+    assert env.subset_steps
+    env.reset(seed=root)
+    got: list[list[Any]] = [[] for _ in range(n)]
+    pick = np.random.default_rng(0)
+    for _ in range(2 * steps):
+        ids = [
+            int(i) for i in pick.permutation(n)[: pick.integers(1, n + 1)] if len(got[i]) < steps
+        ]
+        if not ids:
+            continue
+        others = [i for i in range(n) if i not in ids]
+        elapsed = env.elapsed_steps.copy()
+        res = env.step_batch(np.stack([actions[len(got[i])][i] for i in ids]), ids)
+        assert res.env_ids.tolist() == ids
+        np.testing.assert_array_equal(env.elapsed_steps[others], elapsed[others])
+        for k, i in enumerate(ids):
+            reset = res.infos[k].get("reset_info", {}).get("params")
+            got[i].append(
+                (
+                    res.obs[k],
+                    res.final_obs[k],
+                    res.reward[k],
+                    res.terminated[k],
+                    res.truncated[k],
+                    reset,
+                )
+            )
+    for i in range(n):
+        assert got[i], "every instance stepped at least once"
+        for mine, ref in zip(got[i], want[i], strict=False):
+            for a, b in zip(mine[:5], ref[:5], strict=True):
+                np.testing.assert_array_equal(a, b)
+            np.testing.assert_equal(mine[5], ref[5])
+    env.close()
+    cartpole = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
+    assert not cartpole.subset_steps
+    cartpole.reset(seed=0)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"must implement step_subset\(\) to step 1 of 3 instances \(step_batch\(\) with",
+    ):
+        cartpole.step_batch(np.array([1]), [2])
+    with pytest.raises(ValueError, match=r"env_ids must not repeat, got \[1, 1\]"):
+        cartpole.step_batch(np.array([1, 1]), [1, 1])

@@ -12,6 +12,7 @@ import pytest
 import simkit
 from simkit.clients import RemoteVectorEnv
 from simkit.envs.batch_cartpole import BatchCartPole
+from simkit.envs.batch_cheetah import BatchCheetah
 from simkit.protocol import ClientSession, RemoteError, ServerInfo, ServerSession
 from simkit.servers import BatchEnvHost, EnvListHost, RolloutServer
 
@@ -176,6 +177,48 @@ class _Exploding(BatchCartPole):
         if self.reset_boom:
             raise RuntimeError("cannot reset")
         return super().reset_instances(ids, rngs, params, options)
+
+
+class _ExplodingCheetah(BatchCheetah):
+    """Raises after the physics while ``boom`` (on whichever instances are stepped)."""
+
+    boom = False
+
+    def after_physics(self, ids: Any, actions: Any, before: Any, rngs: Any) -> Any:
+        if self.boom:
+            raise RuntimeError("physics blew up")
+        return super().after_physics(ids, actions, before, rngs)
+
+
+def test_subset_steps_of_a_batch_env_with_step_subset(serve: Any) -> None:
+    """BatchCheetah steps any subset remotely as locally; a failing subset restarts alone."""
+    remote = RemoteVectorEnv(serve("simkit/BatchCheetah-v0", 3), timeout=10)
+    local = simkit.make("simkit/BatchCheetah-v0", num_envs=3)
+    try:
+        remote.reset(seed=4)
+        local.reset(seed=4)
+        acts = np.random.default_rng(1).uniform(-1, 1, size=(6, 3, 6)).astype(np.float32)
+        for t, ids in enumerate(([2, 0], [1], [0, 1, 2], [1, 2])):
+            rb = remote.step_batch(acts[t][ids], env_ids=ids)
+            lb = local.step_batch(acts[t][ids], ids)
+            np.testing.assert_array_equal(rb.env_ids, ids)
+            for name in ("obs", "final_obs", "reward", "terminated", "truncated"):
+                np.testing.assert_array_equal(getattr(rb, name), getattr(lb, name))
+    finally:
+        remote.close()
+        local.close()
+    env = _ExplodingCheetah(num_envs=3)
+    server, client = _session(BatchEnvHost(env))
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    client.parse_step(server.handle(client.request_step(np.zeros((3, 6), np.float32))))
+    env.boom = True
+    step, faults = client.parse_step(
+        server.handle(client.request_step(np.zeros((2, 6), np.float32), [2, 0]))
+    )
+    assert [(f.env_id, f.code) for f in faults] == [(2, "env_error"), (0, "env_error")]
+    assert step.truncated.all()
+    np.testing.assert_array_equal(env.episode_index, [1, 0, 1])  # instance 1 went on
+    np.testing.assert_array_equal(env.elapsed_steps, [0, 1, 0])
 
 
 def _session(host: Any) -> tuple[ServerSession, ClientSession]:

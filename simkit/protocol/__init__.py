@@ -64,6 +64,7 @@ from simkit.protocol._spaces import (
     batch_dtype,
     check_batch,
     flatten_batch,
+    put_rows,
     space_from_plain,
     space_to_plain,
     take_rows,
@@ -88,6 +89,7 @@ __all__ = [
     "unflatten_batch",
     "check_batch",
     "take_rows",
+    "put_rows",
     # sessions
     "REQUEST_KINDS",
     "CAPABILITIES",

@@ -49,6 +49,9 @@ from simkit.protocol._spaces import (
     unflatten_batch,
 )
 from simkit.protocol._spaces import (
+    put_rows as _put_rows,
+)
+from simkit.protocol._spaces import (
     take_rows as _take_rows,
 )
 from simkit.snapshot import from_plain, to_plain
@@ -495,16 +498,6 @@ class ServerSession:
             raise
         self.host.set_state(env_ids, plain)
         return {}, {"env_ids": env_ids}
-
-
-def _put_rows(space: spaces.Space[Any], base: Any, rows: np.ndarray, part: Any) -> Any:
-    if isinstance(space, spaces.Dict):
-        return {k: _put_rows(s, base[k], rows, part[k]) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_put_rows(s, base[i], rows, part[i]) for i, s in enumerate(space.spaces))
-    out = np.array(base, copy=True)
-    out[rows] = part
-    return out
 
 
 @dataclass(frozen=True)

@@ -325,3 +325,14 @@ def take_rows(space: spaces.Space[Any], value: Any, index: Any) -> Any:
     if isinstance(space, spaces.Tuple):
         return tuple(take_rows(s, value[i], index) for i, s in enumerate(space.spaces))
     return np.asarray(value)[index]
+
+
+def put_rows(space: spaces.Space[Any], base: Any, rows: np.ndarray, part: Any) -> Any:
+    """A copy of the batched value ``base`` with rows ``rows`` replaced by ``part``."""
+    if isinstance(space, spaces.Dict):
+        return {k: put_rows(s, base[k], rows, part[k]) for k, s in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(put_rows(s, base[i], rows, part[i]) for i, s in enumerate(space.spaces))
+    out = np.array(base, copy=True)
+    out[rows] = part
+    return out
