@@ -380,6 +380,12 @@ def test_batch_cheetah_equals_single_cheetahs_with_infos(backend: str) -> None:
     assert fast.step_batch(actions[0][:2]).infos == [{}, {}]
 
 
+def _row(res: Any, k: int) -> tuple[Any, ...]:
+    """Row ``k`` of a BatchStep: (obs, final_obs, reward, terminated, truncated, reset params)."""
+    reset = res.infos[k].get("reset_info", {}).get("params")
+    return (res.obs[k], res.final_obs[k], res.reward[k], res.terminated[k], res.truncated[k], reset)
+
+
 def _sync_trajectories(make: Callable[[], Any], root: int, actions: np.ndarray) -> list[list[Any]]:
     """Per instance, per step: (obs, final_obs, reward, terminated, truncated, reset params)."""
     env = make()
@@ -388,17 +394,7 @@ def _sync_trajectories(make: Callable[[], Any], root: int, actions: np.ndarray) 
     for a in actions:
         res = env.step_batch(a)
         for i in range(env.num_envs):
-            reset = res.infos[i].get("reset_info", {}).get("params")
-            out[i].append(
-                (
-                    res.obs[i],
-                    res.final_obs[i],
-                    res.reward[i],
-                    res.terminated[i],
-                    res.truncated[i],
-                    reset,
-                )
-            )
+            out[i].append(_row(res, i))
     env.close()
     return out
 
@@ -437,17 +433,7 @@ def test_send_recv_equals_step_batch_for_any_batch_size_and_split(
         assert len(res.env_ids) == batch_size
         for k, i in enumerate(res.env_ids.tolist()):
             if done[i]:
-                reset = res.infos[k].get("reset_info", {}).get("params")
-                got[i].append(
-                    (
-                        res.obs[k],
-                        res.final_obs[k],
-                        res.reward[k],
-                        res.terminated[k],
-                        res.truncated[k],
-                        reset,
-                    )
-                )
+                got[i].append(_row(res, k))
             else:  # the async_reset row
                 assert res.reward[k] == 0.0
                 assert "params" in res.infos[k]["reset_info"]
@@ -620,17 +606,7 @@ def test_step_batch_on_subsets_gives_each_instance_its_own_trajectory(backend: s
         assert res.env_ids.tolist() == ids
         np.testing.assert_array_equal(env.elapsed_steps[others], elapsed[others])
         for k, i in enumerate(ids):
-            reset = res.infos[k].get("reset_info", {}).get("params")
-            got[i].append(
-                (
-                    res.obs[k],
-                    res.final_obs[k],
-                    res.reward[k],
-                    res.terminated[k],
-                    res.truncated[k],
-                    reset,
-                )
-            )
+            got[i].append(_row(res, k))
     for i in range(n):
         assert got[i], "every instance stepped at least once"
         for mine, ref in zip(got[i], want[i], strict=False):
