@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import zmq.auth
 
 from simkit.servers._server import RolloutServer
 
-__all__ = ["add_serve_arguments", "run_serve", "main"]
+__all__ = ["add_serve_arguments", "run_serve", "main", "parse_env_kwargs"]
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +29,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--bind", default="tcp://127.0.0.1:5555", help="ZeroMQ endpoint (default loopback)"
     )
     parser.add_argument("--shared", action="store_true", help="all clients share one set of envs")
+    parser.add_argument(
+        "--env-kwarg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="constructor argument for every env, VALUE as JSON or else a string "
+        "(repeatable; e.g. max_episode_steps=500)",
+    )
     parser.add_argument(
         "--num-threads",
         type=int,
@@ -65,6 +75,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
+    """``["KEY=VALUE", ...]`` as constructor arguments; each VALUE is JSON, else a string.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty key.
+    """
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--env-kwarg takes KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = raw
+    return kwargs
+
+
 def _client_keys(paths: Sequence[Path]) -> list[bytes]:
     keys: list[bytes] = []
     for path in paths:
@@ -90,6 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
             args.num_envs,
             args.bind,
             shared=args.shared,
+            env_kwargs=parse_env_kwargs(args.env_kwarg),
             num_threads=args.num_threads,
             heartbeat_timeout=args.heartbeat_timeout,
             max_sessions=args.max_sessions,
@@ -99,7 +128,7 @@ def run_serve(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )
-    except (ValueError, KeyError, ImportError) as exc:
+    except (ValueError, TypeError, KeyError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

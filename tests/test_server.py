@@ -383,6 +383,8 @@ def test_sigterm_answers_and_exits_cleanly(tmp_path: Path, connect: Clients) -> 
             "2",
             "--bind",
             endpoint,
+            "--env-kwarg",
+            "max_episode_steps=2",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -396,7 +398,10 @@ def test_sigterm_answers_and_exits_cleanly(tmp_path: Path, connect: Clients) -> 
         client = connect(endpoint)
         client.hello()
         client.reset(seed=0)
-        client.step(np.zeros(2, dtype=np.int64))
+        first, _ = client.step(np.zeros(2, dtype=np.int64))
+        second, _ = client.step(np.zeros(2, dtype=np.int64))
+        assert not first.truncated.any()
+        assert second.truncated.all()  # --env-kwarg max_episode_steps=2 reached the envs
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     finally:
@@ -419,3 +424,18 @@ def test_stop_answers_or_refuses_every_queued_request(tmp_path: Path, connect: C
     replies = [decode(client.sock.recv_multipart()) for _ in range(30)]
     kinds = {r.kind if r.kind == "step" else r.body["code"] for r in replies}
     assert kinds <= {"step", "shutting_down"}
+
+
+def test_env_kwargs_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from simkit.servers._cli import main, parse_env_kwargs
+
+    assert parse_env_kwargs(["max_episode_steps=500", "name=abc", 'params={"gravity": 9.0}']) == {
+        "max_episode_steps": 500,
+        "name": "abc",
+        "params": {"gravity": 9.0},
+    }
+    with pytest.raises(ValueError, match="--env-kwarg takes KEY=VALUE, got 'oops'"):
+        parse_env_kwargs(["oops"])
+    bind = f"ipc://{tmp_path}/kw.sock"
+    assert main(["simkit/CartPole-v0", "--bind", bind, "--env-kwarg", "no_such_arg=1"]) == 2
+    assert "no_such_arg" in capsys.readouterr().err
