@@ -90,7 +90,8 @@ class RolloutServer:
     slots; with ``shared=True`` all clients step one set of envs. A session that sends
     nothing for ``heartbeat_timeout`` seconds is dropped and its envs freed (clients keep
     an idle session alive with keepalive pings from a second connection, see
-    :func:`simkit.protocol.keepalive_target`). Every request gets a reply; a malformed one gets an ``error`` reply and the server goes on.
+    :func:`simkit.protocol.keepalive_target`); only ``hello`` opens a session. Every
+    request gets a reply; a malformed one gets an ``error`` reply and the server goes on.
 
     Args:
         env_id: a simkit env id, or ``"gym:<id>"`` for an installed Gymnasium env.
