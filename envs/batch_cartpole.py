@@ -80,8 +80,22 @@ class BatchCartPole(simkit.BatchEnv):
     def step_instances(
         self, actions: Any, rngs: Sequence[np.random.Generator]
     ) -> tuple[Any, Any, Any, None]:
-        xp, p = self.xp, self._p
-        x, x_dot, theta, theta_dot = (self.state[:, k] for k in range(4))
+        self.state, terminated = self._advance(self.state, actions, self._p)
+        return self._observe(self.state), self.xp.ones_like(self.state[:, 0]), terminated, None
+
+    def step_subset(
+        self, ids: np.ndarray, actions: Any, rngs: Sequence[np.random.Generator]
+    ) -> tuple[Any, Any, Any, None]:
+        idx = ids if self.xp is np else self.xp.as_tensor(ids, device=self.device)
+        params = {name: value[idx] for name, value in self._p.items()}
+        rows, terminated = self._advance(self.state[idx], actions, params)
+        self.state[idx] = rows
+        return self._observe(rows), self.xp.ones_like(rows[:, 0]), terminated, None
+
+    def _advance(self, state: Any, actions: Any, p: dict[str, Any]) -> tuple[Any, Any]:
+        """One Euler step of the rows ``state`` (k, 4) under their parameters ``p``."""
+        xp = self.xp
+        x, x_dot, theta, theta_dot = (state[:, k] for k in range(4))
         force = xp.where(actions == 1, p["force_mag"], -p["force_mag"])
         total_mass = p["pole_mass"] + p["cart_mass"]
         polemass_length = p["pole_mass"] * p["pole_length"]
@@ -95,10 +109,9 @@ class BatchCartPole(simkit.BatchEnv):
         x_dot = x_dot + self.tau * x_acc
         theta = theta + self.tau * theta_dot
         theta_dot = theta_dot + self.tau * theta_acc
-        self.state = xp.stack([x, x_dot, theta, theta_dot], **{_axis(xp): 1})
+        new = xp.stack([x, x_dot, theta, theta_dot], **{_axis(xp): 1})
         terminated = (xp.abs(x) > self.x_threshold) | (xp.abs(theta) > self.theta_threshold)
-        reward = xp.ones_like(x)
-        return self._observe(self.state), reward, terminated, None
+        return new, terminated
 
     def set_env_state(self, state: Any) -> None:
         super().set_env_state(state)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import simkit
 from simkit._seeding import episode_seed
+from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.errors import InvalidAction, InvalidParameter, InvalidState, ResetNeeded
 from simkit.randomization import params_equal
 from simkit.snapshot import dumps, loads, states_equal
@@ -500,7 +501,7 @@ def test_async_api_misuse_and_generic_full_batch() -> None:
     with pytest.raises(ValueError, match=r"batch_size must be in \[1, num_envs=4\], got 5"):
         simkit.make("simkit/BatchCheetah-v0", num_envs=4, batch_size=5)
     # A BatchEnv without step_subset: whole batches through send/recv, partial ones refused.
-    cp = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=4)
+    cp = _WholeBatchCartPole(num_envs=3, max_episode_steps=4)
     ref = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=4)
     cp.async_reset(seed=7)
     ref.reset(seed=7)
@@ -574,20 +575,32 @@ def test_derived_batch_fields_are_bit_identical_across_backends_and_subsets() ->
         env.close()
 
 
-@pytest.mark.parametrize("backend", ["native", "threads"])
-def test_step_batch_on_subsets_gives_each_instance_its_own_trajectory(backend: str) -> None:
+class _WholeBatchCartPole(BatchCartPole):
+    """A BatchCartPole without ``step_subset``: it steps all its instances or none."""
+
+    step_subset = simkit.BatchEnv.step_subset
+
+
+@pytest.mark.parametrize("env_id", ["native", "threads", "cartpole"])
+def test_step_batch_on_subsets_gives_each_instance_its_own_trajectory(env_id: str) -> None:
     n, root, steps = 4, 5, 10
 
     def make() -> Any:
+        if env_id == "cartpole":
+            return simkit.make("simkit/BatchCartPole-v0", num_envs=n, max_episode_steps=4)
         return simkit.make(
             "simkit/BatchCheetah-v0",
             num_envs=n,
             max_episode_steps=4,
-            backend=backend,
+            backend=env_id,
             nthread=2,
         )
 
-    actions = np.random.default_rng(3).uniform(-1, 1, size=(steps, n, 6)).astype(np.float32)
+    rng = np.random.default_rng(3)
+    if env_id == "cartpole":
+        actions: np.ndarray = rng.integers(0, 2, size=(steps, n))
+    else:
+        actions = rng.uniform(-1, 1, size=(steps, n, 6)).astype(np.float32)
     want = _sync_trajectories(make, root, actions)
     env = make()
     assert env.subset_steps
@@ -614,7 +627,7 @@ def test_step_batch_on_subsets_gives_each_instance_its_own_trajectory(backend: s
                 np.testing.assert_array_equal(a, b)
             np.testing.assert_equal(mine[5], ref[5])
     env.close()
-    cartpole = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
+    cartpole = _WholeBatchCartPole(num_envs=3)
     assert not cartpole.subset_steps
     cartpole.reset(seed=0)
     with pytest.raises(
@@ -624,3 +637,19 @@ def test_step_batch_on_subsets_gives_each_instance_its_own_trajectory(backend: s
         cartpole.step_batch(np.array([1]), [2])
     with pytest.raises(ValueError, match=r"env_ids must not repeat, got \[1, 1\]"):
         cartpole.step_batch(np.array([1, 1]), [1, 1])
+
+
+def test_torch_batch_cartpole_subset_steps_equal_numpy() -> None:
+    ref = simkit.make("simkit/BatchCartPole-v0", num_envs=5, max_episode_steps=6)
+    tb = simkit.make("simkit/BatchCartPole-v0", num_envs=5, max_episode_steps=6, device="cpu")
+    ref.reset(seed=2)
+    tb.reset(seed=2)
+    pick = np.random.default_rng(1)
+    for _ in range(12):
+        ids = pick.permutation(5)[: pick.integers(1, 6)]
+        acts = pick.integers(0, 2, size=ids.size)
+        r, t = ref.step_batch(acts, ids), tb.step_batch(acts, ids)
+        np.testing.assert_array_equal(r.obs, t.obs.numpy())
+        np.testing.assert_array_equal(r.final_obs, t.final_obs.numpy())
+        np.testing.assert_array_equal(r.truncated, t.truncated)
+        np.testing.assert_array_equal(r.terminated, t.terminated)

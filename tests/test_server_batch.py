@@ -115,7 +115,6 @@ def test_batch_params_subset_reset_and_permuted_step(serve: Any) -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda s: s.request_step(np.zeros(2, np.int64), [0, 2]), "steps all its instances"),
         (lambda s: s.request_reset(seeds=[1, 2, 3]), "one root seed"),
         (lambda s: s.request_reset(seed=1, env_ids=[0]), "restarts the whole BatchEnv"),
         (lambda s: s.request_reset(env_offset=3), "by their own index"),
@@ -137,6 +136,29 @@ def test_batch_refusals_name_what_was_expected(serve: Any, call: Any, match: str
         after = remote.get_state()
         _tree_equal(state[0]["batch"]["env"]["obs"], after[0]["batch"]["env"]["obs"])
         assert after[0]["batch"]["env"]["obs"].shape == before.shape
+    finally:
+        remote.close()
+
+
+class _WholeBatchCartPole(BatchCartPole):
+    """A BatchCartPole without ``step_subset``: it steps all its instances or none."""
+
+    step_subset = simkit.BatchEnv.step_subset
+
+
+def test_subset_step_of_a_batch_env_without_step_subset_is_refused(serve: Any) -> None:
+    simkit.register(
+        "test/WholeBatchCartPole-v0", _WholeBatchCartPole, kind=simkit.EnvKind.BATCH, override=True
+    )
+    remote = RemoteVectorEnv(serve("test/WholeBatchCartPole-v0", 3), timeout=10)
+    try:
+        remote.reset(seed=0)
+        with pytest.raises(
+            RemoteError,
+            match=r"\[unsupported\] _WholeBatchCartPole steps all its instances at once",
+        ):
+            remote.step_batch(np.zeros(2, np.int64), env_ids=[0, 2])
+        assert remote.step_batch(np.zeros(3, np.int64)).obs.shape == (3, 4)  # still serving
     finally:
         remote.close()
 
