@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -441,3 +442,32 @@ def test_env_id_subsets_step_in_the_order_given(serve: Any, raw: Any) -> None:
 def test_parallel_seed_test_passes_remotely(serve: Any) -> None:
     endpoint = serve(GOALNAV, 1, **GOALNAV_KW)
     parallel_seed_test(lambda: RemoteParallelEnv(endpoint, timeout=10), num_cycles=20)
+
+
+def test_multi_agent_clients_keep_idle_sessions_over_curve() -> None:
+    """RemoteParallelEnv takes CURVE keys and keeps its session past the heartbeat."""
+    import zmq
+
+    from simkit.clients import CurveKeys
+
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    with RolloutServer(
+        GOALNAV,
+        1,
+        "tcp://127.0.0.1:0",
+        env_kwargs=GOALNAV_KW,
+        curve_secret_key=server_secret,
+        curve_allowed_clients=[client_public],
+        heartbeat_timeout=1.0,
+    ) as server:
+        keys = CurveKeys(server_public, client_public, client_secret)
+        env = RemoteParallelEnv(server.endpoint, timeout=5, curve=keys)
+        try:
+            env.reset(seed=0)
+            time.sleep(1.6)  # silent for more than the heartbeat timeout
+            assert server.sessions == 1
+            env.step({a: env.action_space(a).sample() for a in env.agents})
+        finally:
+            env.close()
+        assert server.sessions == 0
