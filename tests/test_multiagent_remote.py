@@ -446,8 +446,6 @@ def test_parallel_seed_test_passes_remotely(serve: Any) -> None:
 
 def test_multi_agent_clients_keep_idle_sessions_over_curve() -> None:
     """RemoteParallelEnv takes CURVE keys and keeps its session past the heartbeat."""
-    import zmq
-
     from simkit.clients import CurveKeys
 
     server_public, server_secret = zmq.curve_keypair()
