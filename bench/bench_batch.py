@@ -16,6 +16,7 @@ import argparse
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,10 @@ def envpool_runner(
     import envpool
 
     batch = n if mode == "sync" else max(1, n // 2)
-    env = envpool.make_gymnasium(task, num_envs=n, batch_size=batch, seed=0, num_threads=NCPU)
+    with warnings.catch_warnings():
+        # EnvPool builds float32 Boxes from float64 bounds; Gymnasium warns, nothing is wrong.
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+        env = envpool.make_gymnasium(task, num_envs=n, batch_size=batch, seed=0, num_threads=NCPU)
     closers.append(env)
     rng = np.random.default_rng(1)
     if task.startswith("CartPole"):
