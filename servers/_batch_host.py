@@ -129,47 +129,14 @@ class BatchEnvHost:
     # ------------------------------------------------------------------------- step
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps ``env_ids`` (a subset needs a BatchEnv with ``step_subset``); rows come
-        back in ``env_ids`` order."""
+        """Steps ``env_ids`` through ``BatchEnv.step_batch``; rows come back in ``env_ids``
+        order. All N ids in any order work for every BatchEnv; a subset needs
+        ``step_subset`` (the other instances do not move)."""
         n = self.num_envs
-        if env_ids.size != n:
-            return self._step_subset(env_ids, actions)
-        if self._obs is None:
-            raise ResetNeeded("step before reset; send reset first")
-        in_order = bool(np.array_equal(env_ids, self._all))
-        if not in_order:
-            actions = _put(self.action_space, actions, env_ids, n)
-        if self._broken:
-            return self._failed(env_ids, "reset_needed", "the batch failed to reset; reset it")
-        if self._validate:
-            actions = self.env.check_actions(actions)
-        try:
-            result = self.env.step_batch(actions)
-        except Exception as exc:  # the batch fails as a whole
-            return self._fault_all(env_ids, exc)
-        self._obs = result.obs
-        if in_order:
-            return result, []
-        space = self.observation_space
-        return (
-            BatchStep(
-                obs=_take(space, result.obs, env_ids),
-                reward=result.reward[env_ids],
-                terminated=result.terminated[env_ids],
-                truncated=result.truncated[env_ids],
-                final_obs=_take(space, result.final_obs, env_ids),
-                env_ids=env_ids.astype(np.int64),
-                infos=[result.infos[i] for i in env_ids.tolist()],
-            ),
-            [],
-        )
-
-    def _step_subset(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """``BatchEnv.step_batch(actions, env_ids)``: the other instances do not move."""
-        if not self._subsets:
+        if env_ids.size != n and not self._subsets:
             raise Unsupported(
                 f"{type(self.env).__name__} steps all its instances at once (no step_subset)",
-                expected=f"all {self.num_envs} env ids",
+                expected=f"all {n} env ids",
                 got=f"{env_ids.size} env ids",
             )
         if self._obs is None:
@@ -178,11 +145,16 @@ class BatchEnvHost:
             return self._failed(env_ids, "reset_needed", "the batch failed to reset; reset it")
         if self._validate:
             actions = self.env.check_actions(actions, env_ids.size)
+        in_order = env_ids.size == n and bool(np.array_equal(env_ids, self._all))
         try:
-            result = self.env.step_batch(actions, env_ids)
+            result = self.env.step_batch(actions, None if in_order else env_ids)
         except Exception as exc:  # the stepped instances fail; the others did not move
             return self._fault_all(env_ids, exc)
-        self._obs = put_rows(self.observation_space, self._obs, env_ids, result.obs)
+        self._obs = (
+            result.obs
+            if in_order
+            else put_rows(self.observation_space, self._obs, env_ids, result.obs)
+        )
         return result, []
 
     def _failed(
@@ -302,18 +274,6 @@ def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:
         expected=f"a map or {rows} maps",
         got=repr(value)[:200],
     )
-
-
-def _put(space: spaces.Space[Any], value: Any, rows: np.ndarray, n: int) -> Any:
-    """A batch of ``n`` rows with row ``rows[k]`` = ``value[k]`` (undoes a permutation)."""
-    if isinstance(space, spaces.Dict):
-        return {k: _put(s, value[k], rows, n) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_put(s, value[j], rows, n) for j, s in enumerate(space.spaces))
-    arr = np.asarray(value)
-    out = np.empty_like(arr)
-    out[rows] = arr
-    return out
 
 
 def _info_rows(vector_info: Mapping[str, Any], rows: np.ndarray) -> list[dict[str, Any]]:
