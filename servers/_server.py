@@ -27,7 +27,7 @@ from simkit.protocol import (
     decode,
     encode,
     error_reply,
-    keepalive_target,
+    is_keepalive,
 )
 from simkit.protocol._errors import ProtocolError
 from simkit.protocol._multiagent import MultiAgentServerSession
@@ -90,7 +90,7 @@ class RolloutServer:
     slots; with ``shared=True`` all clients step one set of envs. A session that sends
     nothing for ``heartbeat_timeout`` seconds is dropped and its envs freed (clients keep
     an idle session alive with keepalive pings from a second connection, see
-    :func:`simkit.protocol.keepalive_target`); only ``hello`` opens a session. Every
+    :func:`simkit.protocol.is_keepalive`); only ``hello`` opens a session. Every
     request gets a reply; a malformed one gets an ``error`` reply and the server goes on.
 
     Args:
@@ -315,9 +315,11 @@ class RolloutServer:
             return
         identity, frames = bytes(parts[0].bytes), [p.buffer for p in parts[1:]]
         start = time.perf_counter()
-        if identity not in self._slots and not _is_hello(frames, self.limits):
-            self._serve_sessionless(identity, frames, start)
-            return
+        if identity not in self._slots:
+            request = _decode_or_none(frames, self.limits)
+            if request is None or request.kind != "hello":
+                self._serve_sessionless(identity, frames, request, start)
+                return
         try:
             slot = self._slot(identity)
         except ProtocolError as exc:
@@ -347,18 +349,23 @@ class RolloutServer:
             error=reply.body.get("code") if reply.kind == "error" else None,
         )
 
-    def _serve_sessionless(self, identity: bytes, frames: list[Any], start: float) -> None:
+    def _serve_sessionless(
+        self, identity: bytes, frames: list[Any], request: Message | None, start: float
+    ) -> None:
         """Answers a connection that has no session and did not send ``hello``.
 
-        A keepalive refreshes the session it names; anything else gets what a new session
-        answers (a ping reply, ``session_state`` "send hello first", or the decode error).
-        No envs are created and no session is kept.
+        ``request`` is the decoded ``frames`` (``None`` if they do not decode). A keepalive
+        refreshes the session it names; anything else gets what a new session answers (a
+        ping reply, ``session_state`` "send hello first", or the decode error). No envs
+        are created and no session is kept.
         """
-        keepalive = keepalive_target(frames, self.limits)
-        if keepalive is not None:
-            self._keepalive(identity, keepalive, start)
+        if request is not None and is_keepalive(request):
+            self._keepalive(identity, request, start)
             return
-        reply = self._sessionless.handle_message(frames)
+        if request is None:
+            reply = self._sessionless.handle_message(frames)  # the decode error, with its id
+        else:
+            reply = self._sessionless.dispatch(request)
         self._send(identity, reply)
         kind = (
             (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
@@ -437,12 +444,12 @@ class RolloutServer:
         return len(self._slots)
 
 
-def _is_hello(frames: list[Any], limits: Limits) -> bool:
-    """Whether ``frames`` decode to a ``hello`` request (the only one that opens a session)."""
+def _decode_or_none(frames: list[Any], limits: Limits) -> Message | None:
+    """``frames`` decoded, or ``None`` if they do not decode."""
     try:
-        return decode(frames, limits=limits).kind == "hello"
+        return decode(frames, limits=limits)
     except ProtocolError:
-        return False
+        return None
 
 
 def _error_for(frames: list[Any], exc: ProtocolError) -> Message:

@@ -57,6 +57,7 @@ from simkit.protocol._session import (
     error_reply,
     infos_from_wire,
     infos_to_wire,
+    is_keepalive,
     keepalive_target,
 )
 from simkit.protocol._spaces import (
@@ -104,6 +105,7 @@ __all__ = [
     "error_reply",
     "error_code_of",
     "keepalive_target",
+    "is_keepalive",
     "infos_to_wire",
     "infos_from_wire",
     # multi-agent

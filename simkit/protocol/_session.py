@@ -324,9 +324,12 @@ def keepalive_target(frames: Sequence[Any], limits: Limits | None = None) -> Mes
         msg = decode(frames, limits=limits)
     except ProtocolError:
         return None
-    if msg.kind != "ping" or not isinstance(msg.body.get("session"), str):
-        return None
-    return msg
+    return msg if is_keepalive(msg) else None
+
+
+def is_keepalive(msg: Message) -> bool:
+    """Whether a decoded request is a keepalive (a ``ping`` naming a session)."""
+    return msg.kind == "ping" and isinstance(msg.body.get("session"), str)
 
 
 class ServerSession:
