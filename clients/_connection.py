@@ -195,7 +195,7 @@ class Connection:
         if curve is not None and not isinstance(curve, CurveKeys):
             raise TypeError(f"curve must be CurveKeys or None, got {type(curve).__name__}")
         self.endpoint = endpoint
-        self.timeout = float(timeout)
+        self._timeout = float(timeout)
         self._context = context
         self._curve = curve
         self._keepalive_wanted = keepalive
@@ -205,10 +205,24 @@ class Connection:
         self.last_activity = time.monotonic()
         self.socket = self.new_socket()
 
+    @property
+    def timeout(self) -> float:
+        """Seconds to wait for any reply."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._timeout = float(value)
+        self.socket.rcvtimeo = _millis(self._timeout)
+
     def new_socket(self) -> zmq.Socket[Any]:
-        """A DEALER connected to the endpoint (with the CURVE keys, if any)."""
+        """A DEALER connected to the endpoint (with the CURVE keys, if any).
+
+        Its receive timeout is the connection's, so :meth:`recv` needs no poll first.
+        """
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.rcvtimeo = _millis(self._timeout)
         if self._curve is not None:
             self._curve.apply(sock)
         sock.connect(self.endpoint)
@@ -238,11 +252,14 @@ class Connection:
         Raises:
             ServerUnavailable: no reply within the timeout.
         """
-        kind = self.pending[0] if self.pending else "a request"
-        if not self.wait():
-            raise ServerUnavailable(self.endpoint, self.timeout, f"{kind!r}")
-        self.pending.popleft()
-        return self.socket.recv_multipart(copy=False)
+        try:
+            frames = self.socket.recv_multipart(copy=False)
+        except zmq.Again:
+            kind = self.pending[0] if self.pending else "a request"
+            raise ServerUnavailable(self.endpoint, self.timeout, f"{kind!r}") from None
+        if self.pending:
+            self.pending.popleft()
+        return frames
 
     def hello(self, client: str) -> ServerInfo:
         """Opens a session: sends ``hello`` and parses the handshake."""
@@ -279,3 +296,8 @@ class Connection:
             except zmq.ZMQError:
                 pass
         self.socket.close(linger=0)
+
+
+def _millis(seconds: float) -> int:
+    """ZeroMQ's integer milliseconds for a timeout (at least 1: 0 would mean no wait)."""
+    return max(1, int(seconds * 1000))

@@ -55,6 +55,13 @@ def _put(space: spaces.Space[Any], out: Any, index: Any, value: Any) -> Any:
     return out
 
 
+def _unless_all(ids: np.ndarray, everyone: np.ndarray) -> np.ndarray | None:
+    """``None`` (the wire's "every env, in order") when ``ids`` is ``everyone``, else ids."""
+    if ids is everyone or (ids.size == everyone.size and (ids == everyone).all()):
+        return None
+    return ids
+
+
 class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     """A ``gymnasium.vector.VectorEnv`` over the simkit wire protocol.
 
@@ -168,6 +175,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             )
         self._sizes = [i.num_envs for i in infos]
         self._offsets = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+        self._all_ids = np.arange(sum(self._sizes), dtype=np.int64)
+        self._all_ids.flags.writeable = False
 
     def _call(self, conn: Connection, what: str, fn: Any) -> Any:
         try:
@@ -243,7 +252,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
         if env_ids is None:
-            return np.arange(self.num_envs, dtype=np.int64)
+            return self._all_ids
         ids = np.asarray(env_ids)
         if ids.dtype.kind not in "iu" or ids.ndim != 1 or ids.size == 0:
             raise ValueError(
@@ -341,21 +350,23 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._send_ids(actions, self._check_ids(env_ids))
 
     def _send_ids(self, actions: Any, ids: np.ndarray) -> None:
-        """:meth:`send` for checked ``ids``."""
-        if self._autoreset_envs[ids].any():
+        """:meth:`send` for checked ``ids`` (``self._all_ids`` for every env)."""
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP and self._autoreset_envs[ids].any():
             raise ResetNeeded(
                 f"envs {ids[self._autoreset_envs[ids]].tolist()} await their NEXT_STEP reset "
                 "from step(); call step() or reset() first"
             )
+        if len(self._conns) == 1:
+            conn = self._conns[0]
+            conn.send("step", conn.session.request_step(actions, _unless_all(ids, self._all_ids)))
+            self._inflight[0].append(ids)
+            return
         for s, rows, local in self._split_ids(ids):
             conn = self._conns[s]
-            whole = len(self._conns) == 1
-            part = actions if whole else _take(self.single_action_space, actions, rows)
-            frames = conn.session.request_step(
-                part, None if local.size == self._sizes[s] else local
-            )
-            conn.send("step", frames)
-            self._inflight[s].append(ids if whole else ids[rows])
+            part = _take(self.single_action_space, actions, rows)
+            everyone = self._all_ids[: self._sizes[s]]
+            conn.send("step", conn.session.request_step(part, _unless_all(local, everyone)))
+            self._inflight[s].append(ids[rows])
 
     def recv(self, timeout: float | None = None) -> BatchStep:
         """The next finished step of one server, as a :class:`BatchStep` with global ids.
@@ -383,14 +394,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         conn = self._conns[s]
         ids = self._inflight[s].pop(0)
         step, faults = self._call(conn, "step", lambda: conn.session.parse_step(conn.recv()))
-        offset = self._offsets[s]
-        self.faults.extend(EnvFault(f.env_id + int(offset), f.code, f.message) for f in faults)
-        global_ids = np.asarray(step.env_ids, dtype=np.int64) + offset
-        if not np.array_equal(global_ids, ids):
+        offset = int(self._offsets[s])
+        if faults:
+            self.faults.extend(EnvFault(f.env_id + offset, f.code, f.message) for f in faults)
+        global_ids = np.asarray(step.env_ids, dtype=np.int64)
+        if offset:
+            global_ids = global_ids + offset
+        if global_ids.shape != ids.shape or not (global_ids == ids).all():
             raise RuntimeError(
                 f"server {conn.endpoint} answered for envs {global_ids.tolist()}, "
                 f"expected {ids.tolist()}"
             )
+        if global_ids is step.env_ids:
+            return step
         return BatchStep(
             obs=step.obs,
             reward=step.reward,
@@ -421,10 +437,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._send_ids(actions, ids)
         parts = [self._recv_from(s) for s, q in enumerate(self._inflight) if q]
         if len(parts) == 1:
-            one = parts[0]
-            if np.array_equal(one.env_ids, ids):
-                return one
-            parts = [one]
+            return parts[0]  # _recv_from checked its rows are ``ids``, in order
         got = np.concatenate([p.env_ids for p in parts])
         order = np.argsort(got)[np.argsort(np.argsort(ids))]
         space = self.single_observation_space

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import accumulate
 from typing import Any
 
 __all__ = ["Metrics", "MetricsHTTPServer", "LATENCY_BUCKETS"]
@@ -56,11 +58,10 @@ class Metrics:
             self.requests[kind] = self.requests.get(kind, 0) + 1
             if error is not None:
                 self.errors[error] = self.errors.get(error, 0) + 1
-            buckets = self._buckets.setdefault(kind, [0] * (len(LATENCY_BUCKETS) + 1))
-            for k, bound in enumerate(LATENCY_BUCKETS):
-                if seconds <= bound:
-                    buckets[k] += 1
-            buckets[-1] += 1
+            buckets = self._buckets.get(kind)
+            if buckets is None:
+                buckets = self._buckets[kind] = [0] * (len(LATENCY_BUCKETS) + 1)
+            buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # per bucket; cumulated in render
             self._sum[kind] = self._sum.get(kind, 0.0) + seconds
             self._latencies.append(seconds)
             if steps:
@@ -134,7 +135,8 @@ class Metrics:
                 "# HELP simkit_request_latency_seconds Time to handle a request, by kind.",
                 "# TYPE simkit_request_latency_seconds histogram",
             ]
-            for kind, buckets in sorted(self._buckets.items()):
+            for kind, per_bucket in sorted(self._buckets.items()):
+                buckets = list(accumulate(per_bucket))
                 for bound, count in zip((*LATENCY_BUCKETS, float("inf")), buckets, strict=True):
                     le = "+Inf" if bound == float("inf") else f"{bound:g}"
                     lines.append(

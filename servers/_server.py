@@ -310,25 +310,31 @@ class RolloutServer:
 
     def _serve_one(self) -> None:
         try:
-            parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            # Copied: requests are small (actions), and bytes are cheaper than zmq Frames.
+            parts = self._sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return
-        identity, frames = bytes(parts[0].bytes), [p.buffer for p in parts[1:]]
+        identity, frames = parts[0], parts[1:]
         start = time.perf_counter()
-        if identity not in self._slots:
+        slot = self._slots.get(identity)
+        request: Message | None = None
+        if slot is None:
             request = _decode_or_none(frames, self.limits)
             if request is None or request.kind != "hello":
                 self._serve_sessionless(identity, frames, request, start)
                 return
-        try:
-            slot = self._slot(identity)
-        except ProtocolError as exc:
-            self._send(identity, _error_for(frames, exc))
-            self.metrics.observe("unknown", time.perf_counter() - start, error=exc.code)
-            return
+            try:
+                slot = self._slot(identity)
+            except ProtocolError as exc:
+                self._send(identity, _error_for(frames, exc))
+                self.metrics.observe("unknown", time.perf_counter() - start, error=exc.code)
+                return
         slot.last_seen = time.monotonic()
         try:
-            reply = slot.session.handle_message(frames)
+            if request is not None:  # a hello, decoded above
+                reply = slot.session.dispatch(request)
+            else:
+                reply = slot.session.handle_message(frames)
         except Exception as exc:  # the session never raises; this guards against bugs
             log.exception("internal error")
             reply = error_reply(exc, request_id=0)
@@ -417,11 +423,11 @@ class RolloutServer:
     def _drain(self, grace_s: float = 0.2) -> None:
         """Refuses every request already queued or arriving within ``grace_s`` of quiet."""
         while self._sock.poll(int(grace_s * 1000), zmq.POLLIN):
-            parts = self._sock.recv_multipart(copy=False)
+            parts = self._sock.recv_multipart()
             exc = _ShuttingDown(
                 "the server is shutting down", expected="a running server", got="shutdown"
             )
-            self._send(bytes(parts[0].bytes), _error_for([p.buffer for p in parts[1:]], exc))
+            self._send(parts[0], _error_for(parts[1:], exc))
 
     def _shutdown(self) -> None:
         if self._closed:

@@ -99,19 +99,18 @@ class _Interval(Distribution):
         object.__setattr__(self, "low", low)
         object.__setattr__(self, "high", high)
         object.__setattr__(self, "shape", _shape_of(low, high))
-        lo, hi = self._bounds()
+        # Cached (not dataclass fields, so equality stays by value): sampling is per reset.
+        lo = np.broadcast_to(np.asarray(low, dtype=np.float64), self.shape)
+        hi = np.broadcast_to(np.asarray(high, dtype=np.float64), self.shape)
+        object.__setattr__(self, "_lo", lo)
+        object.__setattr__(self, "_hi", hi)
         if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
             raise ValueError(f"{type(self).__name__} bounds must be finite, got {low}, {high}")
         if np.any(lo > hi):
             raise ValueError(f"{type(self).__name__} needs low <= high, got low={low}, high={high}")
 
     def _bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        lo = np.broadcast_to(np.asarray(self.low, dtype=np.float64), self.shape)
-        hi = np.broadcast_to(np.asarray(self.high, dtype=np.float64), self.shape)
-        return lo, hi
-
-    def _finish(self, arr: np.ndarray) -> Any:
-        return float(arr) if self.shape == () else arr
+        return self._lo, self._hi  # type: ignore[attr-defined]
 
     def contains(self, value: Any) -> bool:
         arr = self._check_shape(value)
@@ -138,9 +137,12 @@ class Uniform(_Interval):
     """Uniform on ``[low, high]``; per-element when the bounds are sequences."""
 
     def sample(self, rng: np.random.Generator) -> Any:
-        lo, hi = self._bounds()
         # Clipped: ``lo + (hi - lo) * u`` can round past ``hi`` in floating point.
-        return self._finish(np.clip(rng.uniform(lo, hi, size=self.shape), lo, hi))
+        if not self.shape:  # the scalar path draws the same double as the array path
+            lo_f, hi_f = self.low, self.high
+            return min(max(rng.uniform(lo_f, hi_f), lo_f), hi_f)
+        lo, hi = self._bounds()
+        return np.clip(rng.uniform(lo, hi, size=self.shape), lo, hi)
 
 
 @dataclass(frozen=True)
@@ -149,14 +151,19 @@ class LogUniform(_Interval):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        lo, _ = self._bounds()
+        lo, hi = self._bounds()
         if np.any(lo <= 0):
             raise ValueError(f"LogUniform needs low > 0, got low={self.low}")
+        object.__setattr__(self, "_log_lo", np.log(lo))
+        object.__setattr__(self, "_log_hi", np.log(hi))
 
     def sample(self, rng: np.random.Generator) -> Any:
         lo, hi = self._bounds()
-        drawn = np.exp(rng.uniform(np.log(lo), np.log(hi), size=self.shape))
-        return self._finish(np.clip(drawn, lo, hi))  # exp(log(x)) may round past x
+        log_lo, log_hi = self._log_lo, self._log_hi  # type: ignore[attr-defined]
+        if not self.shape:  # the scalar path draws the same double as the array path
+            drawn = float(np.exp(rng.uniform(float(log_lo), float(log_hi))))
+            return min(max(drawn, float(lo)), float(hi))  # exp(log(x)) may round past x
+        return np.clip(np.exp(rng.uniform(log_lo, log_hi, size=self.shape)), lo, hi)
 
 
 @dataclass(frozen=True)
@@ -179,6 +186,7 @@ class Normal(Distribution):
             raise ValueError(f"Normal mean and std must be finite, got {self.mean}, {self.std}")
         if np.any(np.asarray(self.low) > np.asarray(self.high)):
             raise ValueError(f"Normal needs low <= high, got low={self.low}, high={self.high}")
+        object.__setattr__(self, "_iv", Uniform(self.low, self.high))
         lo, hi = self._interval()._bounds()
         if np.any(std < 0):
             raise ValueError(f"Normal needs std >= 0, got std={self.std}")
@@ -186,7 +194,7 @@ class Normal(Distribution):
             raise ValueError(f"Normal mean {self.mean} must lie in [{self.low}, {self.high}]")
 
     def _interval(self) -> Uniform:
-        return Uniform(self.low, self.high)
+        return self._iv  # type: ignore[attr-defined]
 
     def sample(self, rng: np.random.Generator) -> Any:
         lo, hi = self._interval()._bounds()

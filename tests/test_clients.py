@@ -164,6 +164,29 @@ def test_send_recv_overlap_and_env_ids(serve: Any) -> None:
         local.close()
 
 
+@pytest.mark.parametrize("layout", [(4,), (2, 2)])
+def test_permuted_env_ids_step_the_named_envs(serve: Any, layout: tuple[int, ...]) -> None:
+    """Every env id, out of order: each row's action moves the env that row names."""
+    endpoints = [serve("simkit/CartPole-v0", n, 10 + k) for k, n in enumerate(layout)]
+    remote = RemoteVectorEnv(endpoints, timeout=10)
+    local = VectorEnv("simkit/CartPole-v0", 4)
+    try:
+        remote.reset(seed=11)
+        local.reset(seed=11)
+        order = np.array([2, 0, 3, 1])
+        for act in _actions(local.action_space, 5, 30):
+            got = remote.step_batch(act, env_ids=order)
+            in_env_order = np.empty_like(act)
+            in_env_order[order] = act
+            want = local.step_batch(in_env_order)
+            assert got.env_ids.tolist() == order.tolist()
+            for field in ("obs", "reward", "terminated", "truncated", "final_obs"):
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field)[order])
+    finally:
+        remote.close()
+        local.close()
+
+
 def test_get_set_state_replays(serve: Any) -> None:
     remote = RemoteVectorEnv(serve("simkit/CartPole-v0", 2), timeout=10)
     try:

@@ -87,6 +87,27 @@ def test_hypothesis_intervals_stay_in_domain(
         assert low <= LogUniform(low, high).sample(rng) <= high
 
 
+@given(low=st.floats(1e-300, 1e6), width=st.floats(0, 1e6), seed=st.integers(0, 2**32))
+def test_scalar_sampling_draws_what_the_array_path_draws(
+    low: float, width: float, seed: int
+) -> None:
+    """Scalar Uniform/LogUniform take a float fast path; values must not change by a bit."""
+    high = low + width
+    lo, hi = np.full((), low), np.full((), high)
+    for dist, reference in (
+        (Uniform(low, high), lambda r: np.clip(r.uniform(lo, hi, size=()), lo, hi)),
+        (
+            LogUniform(low, high),
+            lambda r: np.clip(np.exp(r.uniform(np.log(lo), np.log(hi), size=())), lo, hi),
+        ),
+    ):
+        fast, slow = np.random.default_rng(seed), np.random.default_rng(seed)
+        for _ in range(3):
+            value = dist.sample(fast)
+            assert type(value) is float
+            assert value == float(reference(slow))
+
+
 def test_value_objects_equal_and_hash() -> None:
     assert Uniform(0, 1) == Uniform(0.0, 1.0)
     assert hash(Uniform(0, 1)) == hash(Uniform(0.0, 1.0))

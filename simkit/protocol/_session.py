@@ -253,10 +253,14 @@ def error_reply(
     )
 
 
-def _env_ids(msg: Message, num_envs: int, *, name: str = "env_ids") -> np.ndarray:
-    if name not in msg.arrays:
-        return np.arange(num_envs, dtype=np.int64)
-    ids = msg.arrays[name]
+def _env_ids(
+    msg: Message, num_envs: int, *, name: str = "env_ids", everyone: np.ndarray | None = None
+) -> np.ndarray:
+    """The request's env ids, checked; absent means every env (``everyone``, if given)."""
+    ids = msg.arrays.get(name)
+    if ids is None:
+        return np.arange(num_envs, dtype=np.int64) if everyone is None else everyone
+
     if ids.dtype.kind not in "iu":
         raise InvalidEnvIds("env_ids must be integers", expected="int64", got=ids.dtype.name)
     if ids.ndim != 1 or ids.size == 0:
@@ -358,6 +362,12 @@ class ServerSession:
         self.inline_threshold = inline_threshold
         self.state = SessionState.NEW
         self.steps = 0
+        self._all_ids = np.arange(host.num_envs, dtype=np.int64)
+        self._all_ids.flags.writeable = False
+        self._handlers = {
+            kind: getattr(self, f"_on_{kind}")
+            for kind in ("reset", "step", "get_state", "set_state")
+        }
 
     def handle(self, frames: Sequence[Any]) -> list[Any]:
         """Handles one request given as frames; returns the reply frames."""
@@ -402,8 +412,7 @@ class ServerSession:
         if msg.kind == "close":
             self.state = SessionState.CLOSED
             return {}, {}
-        handler = getattr(self, f"_on_{msg.kind}")
-        result: tuple[dict[str, Any], dict[str, np.ndarray]] = handler(msg)
+        result: tuple[dict[str, Any], dict[str, np.ndarray]] = self._handlers[msg.kind](msg)
         return result
 
     def _require(self, capability: str) -> None:
@@ -457,16 +466,17 @@ class ServerSession:
         return {"infos": infos_to_wire(infos)}, arrays
 
     def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        env_ids = _env_ids(msg, self.host.num_envs)
-        space = self.host.action_space
+        host = self.host
+        env_ids = _env_ids(msg, host.num_envs, everyone=self._all_ids)
+        space = host.action_space
         check_batch(space, msg.arrays, "actions", env_ids.size, finite=True, in_space=True)
         actions = unflatten_batch(space, msg.arrays, "actions")
-        result, faults = self.host.step(env_ids, actions)
+        result, faults = host.step(env_ids, actions)
         self.steps += env_ids.size
-        obs_space = self.host.observation_space
+        obs_space = host.observation_space
         arrays = flatten_batch(obs_space, result.obs, "obs")
-        done = result.done
-        if np.any(done):
+        done = np.logical_or(result.terminated, result.truncated)
+        if done.any():
             final = _take_rows(obs_space, result.final_obs, np.flatnonzero(done))
             arrays.update(flatten_batch(obs_space, final, "final_obs"))
         arrays["reward"] = np.asarray(result.reward, dtype=np.float64)
