@@ -438,6 +438,30 @@ def test_client_refuses_mismatched_replies() -> None:
         client.parse_ping(encode(Message("close", 1)))
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("env_ids", np.zeros((1, 2), np.int64), "lacks 1-D integer 'env_ids'"),
+        ("env_ids", np.zeros(2, np.float64), "lacks 1-D integer 'env_ids'"),
+        ("reward", np.zeros(3), "lacks 'reward' with one row per env id"),
+        ("terminated", np.zeros(2, np.float32), "lacks 'terminated' with one row per env id"),
+        ("truncated", None, "lacks 'truncated' with one row per env id"),
+    ],
+)
+def test_client_refuses_step_replies_whose_rows_disagree(
+    field: str, value: np.ndarray | None, match: str
+) -> None:
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(2)])
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    reply = decode(server.handle(client.request_step(np.array([0, 1]))))
+    if value is None:
+        del reply.arrays[field]
+    else:
+        reply.arrays[field] = value
+    with pytest.raises(InvalidField, match=match):
+        client.parse_step(encode(reply))
+
+
 @pytest.mark.parametrize("seeding", ["root", "per_env"])
 def test_remote_equals_simkit_vector_bit_for_bit(seeding: str) -> None:
     from simkit.vector import VectorEnv

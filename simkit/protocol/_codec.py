@@ -123,18 +123,21 @@ def encode(message: Message, *, inline_threshold: int = INLINE_THRESHOLD) -> lis
     descriptors: list[dict[str, Any]] = []
     frames: list[Any] = [b""]
     for name, value in message.arrays.items():
-        arr = _wire_array(value, name)
-        desc: dict[str, Any] = {
-            "name": name,
-            "dtype": _dtype_name(arr.dtype),
-            "shape": list(arr.shape),
-        }
-        if arr.nbytes <= inline_threshold:
-            desc["data"] = arr.tobytes()
+        dtype_name = _LE_WIRE_NAMES.get(value.dtype) if type(value) is np.ndarray else None
+        if dtype_name is not None and value.flags.c_contiguous:
+            arr = value  # the common case: a whitelisted, little-endian, contiguous array
         else:
-            desc["frame"] = len(frames)
+            arr = _wire_array(value, name)
+            dtype_name = _dtype_name(arr.dtype)
+        if arr.nbytes <= inline_threshold:
+            descriptors.append(
+                {"name": name, "dtype": dtype_name, "shape": list(arr.shape), "data": arr.tobytes()}
+            )
+        else:
+            descriptors.append(
+                {"name": name, "dtype": dtype_name, "shape": list(arr.shape), "frame": len(frames)}
+            )
             frames.append(memoryview(arr.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
-        descriptors.append(desc)
     header = {
         "v": list(message.v),
         "id": message.id,
@@ -153,7 +156,7 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 
 def _nbytes(frame: Any) -> int:
-    return memoryview(frame).nbytes
+    return len(frame) if type(frame) is bytes else memoryview(frame).nbytes
 
 
 def decode(frames: Sequence[Any], *, limits: Limits | None = None) -> Message:
@@ -169,41 +172,34 @@ def decode(frames: Sequence[Any], *, limits: Limits | None = None) -> Message:
         VersionMismatch: the sender's major version differs.
         InvalidDtype / InvalidShape: an array descriptor disagrees with its data.
     """
-    lim = limits or Limits()
+    lim = limits or _DEFAULT_LIMITS
     if not frames:
         raise MalformedMessage("empty message", expected="at least a header frame", got="0 frames")
     if len(frames) > lim.max_frames:
         raise MessageTooLarge("too many frames", expected=f"<= {lim.max_frames}", got=len(frames))
-    sizes = [_nbytes(f) for f in frames]
-    if sum(sizes) > lim.max_message_bytes:
+    header_bytes = _nbytes(frames[0])
+    total = header_bytes if len(frames) == 1 else sum(_nbytes(f) for f in frames)
+    if total > lim.max_message_bytes:
         raise MessageTooLarge(
             "message too large",
             expected=f"<= {lim.max_message_bytes} bytes",
-            got=f"{sum(sizes)} bytes",
+            got=f"{total} bytes",
         )
-    if sizes[0] > lim.max_header_bytes:
+    if header_bytes > lim.max_header_bytes:
         raise MessageTooLarge(
-            "header too large", expected=f"<= {lim.max_header_bytes} bytes", got=f"{sizes[0]} bytes"
+            "header too large",
+            expected=f"<= {lim.max_header_bytes} bytes",
+            got=f"{header_bytes} bytes",
         )
     try:
-        header = msgpack.unpackb(
-            frames[0],
-            raw=False,
-            strict_map_key=True,
-            ext_hook=_no_ext,
-            max_str_len=lim.max_str_len,
-            max_bin_len=lim.max_header_bytes,
-            max_array_len=lim.max_container_len,
-            max_map_len=lim.max_container_len,
-            max_ext_len=lim.max_header_bytes,
-        )
+        header = msgpack.unpackb(frames[0], **_unpack_options(lim))
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises many types on garbage
         raise MalformedMessage(
             f"header is not valid msgpack: {exc}", expected="a msgpack map", got=type(exc).__name__
         ) from exc
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise MalformedMessage(
             "header must be a msgpack map", expected="map", got=type(header).__name__
         )
@@ -217,17 +213,34 @@ def decode(frames: Sequence[Any], *, limits: Limits | None = None) -> Message:
         raise
 
 
+_DEFAULT_LIMITS = Limits()
+_UNPACK_OPTIONS: dict[Limits, dict[str, Any]] = {}
+
+
+def _unpack_options(lim: Limits) -> dict[str, Any]:
+    """``msgpack.unpackb`` keyword arguments enforcing ``lim`` (cached per limits)."""
+    options = _UNPACK_OPTIONS.get(lim)
+    if options is None:
+        options = _UNPACK_OPTIONS[lim] = {
+            "raw": False,
+            "strict_map_key": True,
+            "ext_hook": _no_ext,
+            "max_str_len": lim.max_str_len,
+            "max_bin_len": lim.max_header_bytes,
+            "max_array_len": lim.max_container_len,
+            "max_map_len": lim.max_container_len,
+            "max_ext_len": lim.max_header_bytes,
+        }
+    return options
+
+
 def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
+    return type(value) is int and 0 <= value <= MAX_ID
 
 
 def _decode_header(header: dict[str, Any], frames: Sequence[Any], lim: Limits) -> Message:
     v = header.get("v")
-    if not (
-        isinstance(v, list)
-        and len(v) == 2
-        and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-    ):
+    if not (type(v) is list and len(v) == 2 and type(v[0]) is int and type(v[1]) is int):
         raise MalformedMessage(
             "header field 'v' must be [major, minor]", expected="[int, int]", got=repr(v)
         )
@@ -237,24 +250,23 @@ def _decode_header(header: dict[str, Any], frames: Sequence[Any], lim: Limits) -
             expected=f"major {PROTOCOL_VERSION[0]} (version {PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]})",
             got=f"{v[0]}.{v[1]}",
         )
-    if not _is_id(header.get("id")):
+    req_id: Any = header.get("id")
+    if not _is_id(req_id):
         raise MalformedMessage(
-            "header field 'id' must be an int in [0, 2**63)",
-            expected="int",
-            got=repr(header.get("id")),
+            "header field 'id' must be an int in [0, 2**63)", expected="int", got=repr(req_id)
         )
     kind = header.get("kind")
-    if not isinstance(kind, str) or not kind:
+    if type(kind) is not str or not kind:
         raise MalformedMessage(
             "header field 'kind' must be a non-empty str", expected="str", got=repr(kind)
         )
     body = header.get("body", {})
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise MalformedMessage(
             "header field 'body' must be a map", expected="map", got=type(body).__name__
         )
     descs = header.get("arrays", [])
-    if not isinstance(descs, list):
+    if type(descs) is not list:
         raise MalformedMessage(
             "header field 'arrays' must be a list", expected="list", got=type(descs).__name__
         )
@@ -279,18 +291,18 @@ def _decode_header(header: dict[str, Any], frames: Sequence[Any], lim: Limits) -
             expected=f"{len(used)} array frames",
             got=f"{len(frames) - 1} frames",
         )
-    return Message(kind=kind, id=header["id"], body=body, arrays=arrays, v=(v[0], v[1]))
+    return Message(kind=kind, id=req_id, body=body, arrays=arrays, v=(v[0], v[1]))
 
 
 def _decode_array(
     desc: Any, frames: Sequence[Any], lim: Limits
 ) -> tuple[str, np.ndarray, int | None]:
-    if not isinstance(desc, dict):
+    if type(desc) is not dict:
         raise MalformedMessage(
             "an array descriptor must be a map", expected="map", got=type(desc).__name__
         )
     name = desc.get("name")
-    if not isinstance(name, str) or not name:
+    if type(name) is not str or not name:
         raise MalformedMessage(
             "array descriptor needs a str 'name'", expected="str", got=repr(name)
         )
@@ -300,7 +312,7 @@ def _decode_array(
         raise InvalidDtype(
             f"array {name!r} dtype is not allowed", expected=list(DTYPES), got=repr(dtype_name)
         )
-    shape = desc.get("shape")
+    shape: Any = desc.get("shape")
     count = _element_count(shape, lim.max_ndim)
     if count < 0:
         raise InvalidShape(
@@ -308,21 +320,16 @@ def _decode_array(
             expected=f"<= {lim.max_ndim} dims",
             got=repr(shape),
         )
-    expected_bytes = count * dtype.itemsize
     frame_index: int | None = None
-    if "data" in desc:
-        data = desc["data"]
-        if not isinstance(data, bytes):
+    data = desc.get("data")
+    if data is not None:
+        if type(data) is not bytes:
             raise MalformedMessage(
                 f"array {name!r} 'data' must be bin", expected="bin", got=type(data).__name__
             )
     elif "frame" in desc:
         frame_index = desc["frame"]
-        if not (
-            isinstance(frame_index, int)
-            and not isinstance(frame_index, bool)
-            and 1 <= frame_index < len(frames)
-        ):
+        if not (type(frame_index) is int and 1 <= frame_index < len(frames)):
             raise MalformedMessage(
                 f"array {name!r} references a missing frame",
                 expected=f"frame index in [1, {len(frames) - 1}]",
@@ -333,13 +340,15 @@ def _decode_array(
         raise MalformedMessage(
             f"array {name!r} has neither 'data' nor 'frame'", expected="data or frame"
         )
-    if len(data) != expected_bytes:
+    if len(data) != count * dtype.itemsize:
         raise InvalidShape(
             f"array {name!r} data does not match its descriptor",
-            expected=f"{expected_bytes} bytes for {dtype_name}{shape}",
+            expected=f"{count * dtype.itemsize} bytes for {dtype_name}{shape}",
             got=f"{len(data)} bytes",
         )
-    arr = np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+    arr = np.frombuffer(data, dtype=dtype)
+    if len(shape) != 1:
+        arr = arr.reshape(shape)
     if _BIG_ENDIAN_HOST:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return name, arr, frame_index
@@ -347,6 +356,10 @@ def _decode_array(
 
 _WIRE_DTYPES: dict[str, np.dtype[Any]] = {n: np.dtype(n).newbyteorder("<") for n in DTYPES}
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
+_LE_WIRE_NAMES: dict[np.dtype[Any], str] = (
+    {} if _BIG_ENDIAN_HOST else {np.dtype(n): n for n in DTYPES}
+)
+"""Whitelisted dtypes that need no byte swap, to their wire names (the encode fast path)."""
 _MAX_DIM = 2**40
 
 

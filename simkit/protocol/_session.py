@@ -41,6 +41,9 @@ from simkit.protocol._errors import (
     Unsupported,
 )
 from simkit.protocol._spaces import (
+    _DICT,
+    _TUPLE,
+    _structure,
     batch_dtype,
     check_batch,
     flatten_batch,
@@ -522,11 +525,15 @@ class ResetResult:
     env_ids: np.ndarray
 
 
+_STEP_ROW_FIELDS = (("reward", "f"), ("terminated", "b"), ("truncated", "b"))
+
+
 def _cast_batch(space: spaces.Space[Any], value: Any, name: str) -> Any:
-    if isinstance(space, spaces.Dict):
-        return {k: _cast_batch(s, value[k], f"{name}/{k}") for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_cast_batch(s, value[i], f"{name}/{i}") for i, s in enumerate(space.spaces))
+    kind = _structure(space)
+    if kind == _DICT:
+        return {k: _cast_batch(s, value[k], f"{name}/{k}") for k, s in space.spaces.items()}  # type: ignore[attr-defined]
+    if kind == _TUPLE:
+        return tuple(_cast_batch(s, value[i], f"{name}/{i}") for i, s in enumerate(space.spaces))  # type: ignore[attr-defined]
     arr = np.asarray(value)
     want = batch_dtype(space)
     if arr.dtype != want:
@@ -671,17 +678,25 @@ class ClientSession:
         msg = self.parse(frames, "step")
         info = self._server()
         a = msg.arrays
-        for key in ("env_ids", "reward", "terminated", "truncated"):
-            if key not in a or a[key].ndim != 1:
-                raise InvalidField(f"step reply lacks 1-D {key!r}", expected=key, got=sorted(a))
-        n = a["env_ids"].size
+        env_ids = a.get("env_ids")
+        if env_ids is None or env_ids.ndim != 1 or env_ids.dtype.kind not in "iu":
+            raise InvalidField("step reply lacks 1-D integer 'env_ids'", got=sorted(a))
+        n = env_ids.size
+        for key, kind in _STEP_ROW_FIELDS:
+            arr = a.get(key)
+            if arr is None or arr.shape != (n,) or arr.dtype.kind != kind:
+                raise InvalidField(
+                    f"step reply lacks {key!r} with one row per env id",
+                    expected=f"shape ({n},), dtype kind {kind!r}",
+                    got=sorted(a) if arr is None else f"{arr.dtype} {list(arr.shape)}",
+                )
         space = info.observation_space
         check_batch(space, a, "obs", n)
         obs = unflatten_batch(space, a, "obs")
-        done = np.logical_or(a["terminated"], a["truncated"])
-        rows = np.flatnonzero(done)
         final_obs = obs
-        if rows.size:
+        done = a["terminated"] | a["truncated"]
+        if done.any():
+            rows = np.flatnonzero(done)
             check_batch(space, a, "final_obs", rows.size)
             final_obs = _put_rows(space, obs, rows, unflatten_batch(space, a, "final_obs"))
         infos = infos_from_wire(msg.body, n)

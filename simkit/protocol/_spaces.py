@@ -209,6 +209,28 @@ def space_from_plain(plain: Any, _depth: int = 0) -> spaces.Space[Any]:
     )
 
 
+_LEAF, _DICT, _TUPLE = 0, 1, 2
+_STRUCTURE: dict[type, int] = {}
+
+
+def _structure(space: spaces.Space[Any]) -> int:
+    """Whether ``space`` is a leaf, a Dict or a Tuple, cached by type.
+
+    ``isinstance(space, spaces.Dict)`` goes through ``ABCMeta`` (Dict is a ``Mapping``)
+    and costs more than the rest of a small batch check; this runs on every message.
+    """
+    kind = _STRUCTURE.get(type(space))
+    if kind is None:
+        if isinstance(space, spaces.Dict):
+            kind = _DICT
+        elif isinstance(space, spaces.Tuple):
+            kind = _TUPLE
+        else:
+            kind = _LEAF
+        _STRUCTURE[type(space)] = kind
+    return kind
+
+
 def batch_dtype(space: spaces.Space[Any]) -> np.dtype[Any]:
     """The wire dtype of a leaf space's batched values (Discrete is int64)."""
     if isinstance(space, spaces.Box | spaces.MultiDiscrete):
@@ -226,34 +248,39 @@ def _leaf_shape(space: spaces.Space[Any]) -> tuple[int, ...]:
 
 def flatten_batch(space: spaces.Space[Any], value: Any, name: str) -> dict[str, np.ndarray]:
     """Splits a batched value of ``space`` into named arrays (see module doc)."""
-    if isinstance(space, spaces.Dict):
+    kind = _structure(space)
+    if kind == _LEAF:
+        return {name: np.asarray(value)}
+    if kind == _DICT:
         if not isinstance(value, Mapping):
             raise InvalidField(f"{name} must be a dict of batches", got=type(value).__name__)
         out: dict[str, np.ndarray] = {}
-        for key, sub in space.spaces.items():
+        for key, sub in space.spaces.items():  # type: ignore[attr-defined]
             out.update(flatten_batch(sub, value[key], f"{name}/{key}"))
         return out
-    if isinstance(space, spaces.Tuple):
-        out = {}
-        for i, sub in enumerate(space.spaces):
-            out.update(flatten_batch(sub, value[i], f"{name}/{i}"))
-        return out
-    return {name: np.asarray(value)}
+    out = {}
+    for i, sub in enumerate(space.spaces):  # type: ignore[attr-defined]
+        out.update(flatten_batch(sub, value[i], f"{name}/{i}"))
+    return out
 
 
 def unflatten_batch(space: spaces.Space[Any], arrays: Mapping[str, np.ndarray], name: str) -> Any:
     """Inverse of :func:`flatten_batch`: named arrays back into a batched value."""
-    if isinstance(space, spaces.Dict):
+    kind = _structure(space)
+    if kind == _DICT:
         return {
-            key: unflatten_batch(sub, arrays, f"{name}/{key}") for key, sub in space.spaces.items()
+            key: unflatten_batch(sub, arrays, f"{name}/{key}")
+            for key, sub in space.spaces.items()  # type: ignore[attr-defined]
         }
-    if isinstance(space, spaces.Tuple):
+    if kind == _TUPLE:
         return tuple(
-            unflatten_batch(sub, arrays, f"{name}/{i}") for i, sub in enumerate(space.spaces)
+            unflatten_batch(sub, arrays, f"{name}/{i}")
+            for i, sub in enumerate(space.spaces)  # type: ignore[attr-defined]
         )
-    if name not in arrays:
+    arr = arrays.get(name)
+    if arr is None:
         raise InvalidField(f"message lacks array {name!r}", expected=name, got=sorted(arrays))
-    return arrays[name]
+    return arr
 
 
 def check_batch(
@@ -278,12 +305,13 @@ def check_batch(
     Raises:
         InvalidField / InvalidDtype / InvalidShape / NonFinite: naming what was expected.
     """
-    if isinstance(space, spaces.Dict):
-        for key, sub in space.spaces.items():
+    kind = _structure(space)
+    if kind == _DICT:
+        for key, sub in space.spaces.items():  # type: ignore[attr-defined]
             check_batch(sub, arrays, f"{name}/{key}", rows, finite=finite, in_space=in_space)
         return
-    if isinstance(space, spaces.Tuple):
-        for i, sub in enumerate(space.spaces):
+    if kind == _TUPLE:
+        for i, sub in enumerate(space.spaces):  # type: ignore[attr-defined]
             check_batch(sub, arrays, f"{name}/{i}", rows, finite=finite, in_space=in_space)
         return
     arr = unflatten_batch(space, arrays, name)
@@ -293,13 +321,18 @@ def check_batch(
     shape = (rows, *_leaf_shape(space))
     if arr.shape != shape:
         raise InvalidShape(f"{name} has the wrong shape", expected=list(shape), got=list(arr.shape))
-    if finite and arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+    if finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise NonFinite(f"{name} must be finite", expected="finite floats", got="NaN or inf")
     if not in_space:
         return
     if isinstance(space, spaces.Discrete):
         lo, hi = int(space.start), int(space.start + space.n)
-        if arr.size and (arr.min() < lo or arr.max() >= hi):
+        values = arr.tolist() if arr.size <= 64 else None  # small batches: Python is faster
+        if arr.size and (
+            (min(values) < lo or max(values) >= hi)
+            if values is not None
+            else (arr.min() < lo or arr.max() >= hi)
+        ):
             raise OutOfSpace(
                 f"{name} out of the Discrete range",
                 expected=f"[{lo}, {hi})",
@@ -320,19 +353,21 @@ def check_batch(
 
 def take_rows(space: spaces.Space[Any], value: Any, index: Any) -> Any:
     """Rows ``index`` (an int, a slice or an int array) of a batched value of ``space``."""
-    if isinstance(space, spaces.Dict):
-        return {k: take_rows(s, value[k], index) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(take_rows(s, value[i], index) for i, s in enumerate(space.spaces))
-    return np.asarray(value)[index]
+    kind = _structure(space)
+    if kind == _LEAF:
+        return np.asarray(value)[index]
+    if kind == _DICT:
+        return {k: take_rows(s, value[k], index) for k, s in space.spaces.items()}  # type: ignore[attr-defined]
+    return tuple(take_rows(s, value[i], index) for i, s in enumerate(space.spaces))  # type: ignore[attr-defined]
 
 
 def put_rows(space: spaces.Space[Any], base: Any, rows: np.ndarray, part: Any) -> Any:
     """A copy of the batched value ``base`` with rows ``rows`` replaced by ``part``."""
-    if isinstance(space, spaces.Dict):
-        return {k: put_rows(s, base[k], rows, part[k]) for k, s in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(put_rows(s, base[i], rows, part[i]) for i, s in enumerate(space.spaces))
+    kind = _structure(space)
+    if kind == _DICT:
+        return {k: put_rows(s, base[k], rows, part[k]) for k, s in space.spaces.items()}  # type: ignore[attr-defined]
+    if kind == _TUPLE:
+        return tuple(put_rows(s, base[i], rows, part[i]) for i, s in enumerate(space.spaces))  # type: ignore[attr-defined]
     out = np.array(base, copy=True)
     out[rows] = part
     return out
