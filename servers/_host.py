@@ -161,6 +161,7 @@ class EnvListHost:
         self._episode = np.full(self.num_envs, -1, dtype=np.int64)
         self._obs: list[Any] = [None] * self.num_envs
         self._broken = np.zeros(self.num_envs, dtype=bool)
+        self._all_reset = False  # every env has an observation (skips a per-step scan)
         self._env_offset = 0
 
     def _rows(self, items: list[Any]) -> Any:
@@ -225,9 +226,11 @@ class EnvListHost:
         """
         n = env_ids.size
         ids = env_ids.tolist()
-        never = [i for i in ids if self._obs[i] is None]
-        if never:
-            raise ResetNeeded(f"envs {never} were never reset; send reset first")
+        if not self._all_reset:
+            never = [i for i in ids if self._obs[i] is None]
+            if never:
+                raise ResetNeeded(f"envs {never} were never reset; send reset first")
+            self._all_reset = all(obs is not None for obs in self._obs)
         if self._check:
             rows = check_batch(self.action_space, actions, env_ids, self._bounds)
         else:
@@ -248,7 +251,7 @@ class EnvListHost:
             terminated=out.terminated,
             truncated=out.truncated,
             final_obs=out.final_obs if self._leaf_obs else self._rows(out.final_obs),
-            env_ids=env_ids.astype(np.int64),
+            env_ids=np.asarray(env_ids, dtype=np.int64),
             infos=out.infos,
         )
         return step, [f for _, f in out.faults]

@@ -60,13 +60,14 @@ def check_batch(
                 f"actions must be an integer array of shape ({n},), got dtype {arr.dtype}"
             )
         lo, hi = int(space.start), int(space.start + space.n)
-        bad = (arr < lo) | (arr >= hi)
-        if bad.any():
+        values: list[int] = arr.tolist()
+        if n and (min(values) < lo or max(values) >= hi):
+            bad = (arr < lo) | (arr >= hi)
             raise InvalidAction(
                 f"actions must be in [{lo}, {hi}); {what} {env_ids[bad].tolist()} got "
                 f"{arr[bad].tolist()}"
             )
-        return [int(a) for a in arr]
+        return values
     rows = split_rows(space, actions, n)
     return [
         validate_action(space, row, bounds=bounds, name=f"action for {what} {int(i)}")
