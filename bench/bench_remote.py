@@ -19,8 +19,9 @@ repeats) for ``simkit/Cheetah-v0`` at N envs:
 Loop latency is the time from sending a step request to holding its observations
 (p50/p99 over every step of a repeat). The per-request overhead compares a
 ``RemoteVectorEnv`` step of one ``simkit/CartPole-v0`` env (a near-trivial env) with a
-bare ZeroMQ DEALER/ROUTER round trip of a msgpack message of the same shape against
-an echo process, measured in the same run. Ratios are taken within this run only.
+bare ZeroMQ DEALER/ROUTER msgpack request-reply of the same message shapes (the bare
+server unpacks each request and packs the reply; no validation, sessions or envs),
+measured in the same run. Ratios are taken within this run only.
 """
 
 from __future__ import annotations
@@ -43,24 +44,63 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 
 import simkit
 from simkit.clients import RemoteVectorEnv
+from simkit.servers import BUSY_POLL_US
 from simkit.vector import VectorEnv
 
 CHEETAH = "simkit/Cheetah-v0"
 BATCH_CHEETAH = "simkit/BatchCheetah-v0"
 TRIVIAL = "simkit/CartPole-v0"
 
-_ECHO = """
-import sys, zmq
+# The bare peer: a msgpack request-reply server with no framework. It unpacks each
+# request and packs a reply of the shape a 1-env CartPole step reply has.
+_BARE_SERVER = """
+import sys, msgpack, zmq
+reply = msgpack.unpackb(bytes.fromhex(sys.argv[2]))
 sock = zmq.Context().socket(zmq.ROUTER)
 sock.bind(sys.argv[1])
 while True:
-    sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
+    identity, request = sock.recv_multipart()
+    reply["id"] = msgpack.unpackb(request)["id"]
+    sock.send_multipart([identity, msgpack.packb(reply, use_bin_type=True)])
 """
 
 
-def _server(env_id: str, n: int, endpoint: str, threads: int = 1) -> subprocess.Popen[bytes]:
+def _wire_array(name: str, arr: np.ndarray) -> dict[str, Any]:
+    return {"name": name, "dtype": arr.dtype.name, "shape": list(arr.shape), "data": arr.tobytes()}
+
+
+_BARE_REQUEST = {
+    "v": [1, 2],
+    "id": 1,
+    "kind": "step",
+    "body": {},
+    "arrays": [_wire_array("actions", np.zeros(1, np.int64))],
+}
+_BARE_REPLY = {
+    "v": [1, 2],
+    "id": 1,
+    "kind": "step",
+    "body": {"infos": [], "faults": []},
+    "arrays": [
+        _wire_array("obs", np.zeros((1, 4), np.float32)),
+        _wire_array("reward", np.zeros(1, np.float64)),
+        _wire_array("terminated", np.zeros(1, np.bool_)),
+        _wire_array("truncated", np.zeros(1, np.bool_)),
+        _wire_array("env_ids", np.zeros(1, np.int64)),
+    ],
+}
+
+
+def _bare_server(endpoint: str) -> subprocess.Popen[bytes]:
+    reply = msgpack.packb(_BARE_REPLY, use_bin_type=True).hex()
+    return subprocess.Popen([sys.executable, "-c", _BARE_SERVER, endpoint, reply])
+
+
+def _server(
+    env_id: str, n: int, endpoint: str, threads: int = 1, *extra: str
+) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "simkit.servers", env_id, "--num-envs", str(n)]
-    cmd += ["--num-threads", str(threads)]
+    cmd += ["--num-threads", str(threads), *extra]
     return subprocess.Popen(
         [*cmd, "--bind", endpoint],
         stdout=subprocess.DEVNULL,
@@ -161,39 +201,36 @@ def bench_async(n: int, seconds: float) -> float:
         env.close()
 
 
-def bench_overhead(server: str, echo: str, seconds: float) -> tuple[float, float]:
-    """Median seconds per request: remote 1-env CartPole step vs a bare echo round trip."""
-    env = RemoteVectorEnv(server, timeout=60)
-    env.reset(seed=0)
+def bench_overhead(servers: list[str], bare: str, seconds: float) -> list[float]:
+    """Median seconds per request: remote 1-env CartPole steps against each of ``servers``,
+    then a bare msgpack round trip.
+
+    The bare client packs a step-shaped request, the bare server unpacks it and packs a
+    step-shaped reply, the client unpacks that: the msgpack work any request-reply
+    server must do, over the same sockets, without validation, sessions or envs.
+    """
+    medians = []
     act = np.zeros(1, dtype=np.int64)
-    _, remote = _rate(lambda: env.step_batch(act).env_ids.size, seconds)
-    env.close()
+    for server in servers:
+        env = RemoteVectorEnv(server, timeout=60)
+        env.reset(seed=0)
+        _, remote = _rate(lambda env=env: env.step_batch(act).env_ids.size, seconds)
+        env.close()
+        medians.append(statistics.median(remote))
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(echo)
-    obs = np.zeros((1, 4), np.float32)
-    header = {
-        "v": [1, 0],
-        "id": 1,
-        "kind": "step",
-        "body": {"infos": [{}], "faults": []},
-        "arrays": [
-            {"name": "obs", "dtype": "float32", "shape": [1, 4], "data": obs.tobytes()},
-            {"name": "reward", "dtype": "float64", "shape": [1], "data": bytes(8)},
-            {"name": "terminated", "dtype": "bool", "shape": [1], "data": bytes(1)},
-            {"name": "truncated", "dtype": "bool", "shape": [1], "data": bytes(1)},
-            {"name": "env_ids", "dtype": "int64", "shape": [1], "data": bytes(8)},
-        ],
-    }
+    sock.connect(bare)
+    request = dict(_BARE_REQUEST)
 
-    def echo_once() -> int:
-        sock.send_multipart([msgpack.packb(header, use_bin_type=True)], copy=False)
-        msgpack.unpackb(sock.recv_multipart()[0])
+    def round_trip() -> int:
+        request["id"] += 1
+        sock.send(msgpack.packb(request, use_bin_type=True))
+        msgpack.unpackb(sock.recv())
         return 1
 
-    _, bare = _rate(echo_once, seconds)
+    _, bare_times = _rate(round_trip, seconds)
     sock.close()
-    return statistics.median(remote), statistics.median(bare)
+    return [*medians, statistics.median(bare_times)]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -212,19 +249,21 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="simkit-bench-")
     one = f"ipc://{tmp}/one.sock"
     pair = [f"ipc://{tmp}/a.sock", f"ipc://{tmp}/b.sock"]
-    trivial, echo = f"ipc://{tmp}/trivial.sock", f"ipc://{tmp}/echo.sock"
+    trivial, bare = f"ipc://{tmp}/trivial.sock", f"ipc://{tmp}/bare.sock"
     batch = f"ipc://{tmp}/batch.sock"
     st = args.server_threads
+    trivial_no_spin = f"ipc://{tmp}/trivial-no-spin.sock"
     procs = [_server(CHEETAH, n, one, st), _server(TRIVIAL, 1, trivial)]
+    procs.append(_server(TRIVIAL, 1, trivial_no_spin, 1, "--busy-poll-us", "0"))
     procs += [_server(CHEETAH, n // 2, e, st) for e in pair]
     procs.append(_server(BATCH_CHEETAH, n, batch))
-    procs.append(subprocess.Popen([sys.executable, "-c", _ECHO, echo]))
+    procs.append(_bare_server(bare))
     rows: dict[str, list[float]] = {}
     lat: dict[str, list[float]] = {"remote, 1 server": [], "remote, 2 servers, overlapped": []}
     lat["local BatchCheetah"] = []
     lat["remote BatchCheetah, 1 server"] = []
     local_lat: list[float] = []
-    overhead: list[tuple[float, float]] = []
+    overhead: list[list[float]] = []
     try:
         for _ in range(args.repeats):
             rate, times = bench_local(n, sec)
@@ -238,7 +277,7 @@ def main() -> None:
             lat["remote, 2 servers, overlapped"] += times
             if not args.no_async:
                 rows.setdefault("Gymnasium AsyncVectorEnv", []).append(bench_async(n, sec))
-            overhead.append(bench_overhead(trivial, echo, sec))
+            overhead.append(bench_overhead([trivial, trivial_no_spin], bare, sec))
             rate, times = bench_batch_local(n, sec)
             rows.setdefault("local BatchCheetah", []).append(rate)
             lat["local BatchCheetah"] += times
@@ -266,12 +305,14 @@ def main() -> None:
         p99 = f"{_pct(times, 99):.2f}" if times else "-"
         vs_async = f"{med / asy:.2f}x" if asy else "-"
         print(f"| {name} | {med:,.0f} | {med / local:.2f}x | {vs_async} | {p50} | {p99} |")
-    remote_req = statistics.median(o[0] for o in overhead) * 1e6
-    bare_req = statistics.median(o[1] for o in overhead) * 1e6
+    remote_req, no_spin_req, bare_req = (
+        statistics.median(o[k] for o in overhead) * 1e6 for k in range(3)
+    )
     print(
-        f"\nPer-request overhead ({TRIVIAL}, 1 env): RemoteVectorEnv step {remote_req:.0f} us, "
-        f"bare DEALER/ROUTER msgpack round trip {bare_req:.0f} us, "
-        f"ratio {remote_req / bare_req:.2f}x"
+        f"\nPer-request overhead ({TRIVIAL}, 1 env): RemoteVectorEnv step {remote_req:.0f} us "
+        f"(server default, busy-polling {BUSY_POLL_US} us), {no_spin_req:.0f} us with "
+        f"--busy-poll-us 0; bare DEALER/ROUTER msgpack request-reply {bare_req:.0f} us; "
+        f"ratio {remote_req / bare_req:.2f}x ({no_spin_req / bare_req:.2f}x without busy polling)"
     )
     batch_local = statistics.median(rows["local BatchCheetah"])
     batch_remote = statistics.median(rows["remote BatchCheetah, 1 server"])

@@ -13,10 +13,11 @@ from simkit.servers._multiagent_host import (
     is_multi_agent_id,
     make_parallel_env_factory,
 )
-from simkit.servers._server import RolloutServer, is_loopback
+from simkit.servers._server import BUSY_POLL_US, RolloutServer, is_loopback
 
 __all__ = [
     "RolloutServer",
+    "BUSY_POLL_US",
     "EnvListHost",
     "BatchEnvHost",
     "make_env_factory",

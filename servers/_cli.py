@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq.auth
 
-from simkit.servers._server import RolloutServer
+from simkit.servers._server import BUSY_POLL_US, RolloutServer
 
 __all__ = ["add_serve_arguments", "run_serve", "main", "parse_env_kwargs"]
 
@@ -42,6 +42,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="threads stepping each session's envs (default 1; MuJoCo envs gain most)",
+    )
+    parser.add_argument(
+        "--busy-poll-us",
+        type=int,
+        default=None,
+        help="microseconds to poll for the next request before sleeping "
+        f"(default {BUSY_POLL_US}; 0 = never spin)",
     )
     parser.add_argument(
         "--heartbeat-timeout",
@@ -120,6 +127,7 @@ def run_serve(args: argparse.Namespace) -> int:
             shared=args.shared,
             env_kwargs=parse_env_kwargs(args.env_kwarg),
             num_threads=args.num_threads,
+            busy_poll_us=args.busy_poll_us,
             heartbeat_timeout=args.heartbeat_timeout,
             max_sessions=args.max_sessions,
             curve_secret_key=secret,

@@ -426,6 +426,30 @@ def test_stop_answers_or_refuses_every_queued_request(tmp_path: Path, connect: C
     assert kinds <= {"step", "shutting_down"}
 
 
+def test_busy_polling_spins_for_its_window_then_sleeps(tmp_path: Path, connect: Clients) -> None:
+    """After a reply the server polls for ``busy_poll_us``, then blocks (no CPU) again."""
+    with pytest.raises(ValueError, match=r"busy_poll_us must be an int >= 0 or None, got -1"):
+        RolloutServer("simkit/CartPole-v0", 1, "inproc://spin", busy_poll_us=-1)
+    srv = RolloutServer(
+        "simkit/CartPole-v0", 1, f"ipc://{tmp_path}/spin.sock", busy_poll_us=300_000
+    ).start()
+    try:
+        client = connect(srv.endpoint)
+        client.hello()
+        client.reset(seed=0)
+        client.step(np.zeros(1, dtype=np.int64))
+        cpu = time.process_time()
+        time.sleep(0.15)  # inside the 0.3 s window: the server thread is spinning
+        assert time.process_time() - cpu > 0.04
+        client.step(np.zeros(1, dtype=np.int64))  # caught by the spin, answered as usual
+        time.sleep(0.4)  # past the window
+        cpu = time.process_time()
+        time.sleep(0.5)
+        assert time.process_time() - cpu < 0.1  # blocked in the kernel, not spinning
+    finally:
+        srv.stop()
+
+
 def test_env_kwargs_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from simkit.servers._cli import main, parse_env_kwargs
 
@@ -439,3 +463,5 @@ def test_env_kwargs_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFi
     bind = f"ipc://{tmp_path}/kw.sock"
     assert main(["simkit/CartPole-v0", "--bind", bind, "--env-kwarg", "no_such_arg=1"]) == 2
     assert "no_such_arg" in capsys.readouterr().err
+    assert main(["simkit/CartPole-v0", "--bind", bind, "--busy-poll-us", "-1"]) == 2
+    assert "busy_poll_us must be an int >= 0" in capsys.readouterr().err
