@@ -32,10 +32,12 @@ from simkit.protocol import (
     VersionMismatch,
     decode,
     encode,
+    info_columns,
     infos_from_wire,
     infos_to_wire,
     keepalive_target,
     plain_safe,
+    step_infos_to_wire,
 )
 from simkit.servers._host import EnvListHost, make_env_factory
 
@@ -235,6 +237,67 @@ def test_all_empty_infos_travel_as_an_empty_list() -> None:
     assert decode(reply).body["infos"] == []  # CartPole steps have empty infos
     step, _ = client.parse_step(reply)
     assert step.infos == [{}, {}]
+
+
+def test_uniform_scalar_infos_travel_as_columns_and_come_back_as_rows() -> None:
+    infos = [
+        {"x": np.float32(0.5), "n": 3, "ok": True, "r": -0.0},
+        {"x": np.float32(1.25), "n": -(2**62), "ok": False, "r": float("nan")},
+    ]
+    body, arrays = step_infos_to_wire(infos, (1, 3))
+    assert body == {"infos": [], "info_keys": ["x", "n", "ok", "r"]}
+    assert {k: a.dtype.name for k, a in arrays.items()} == {
+        "info/x": "float64",
+        "info/n": "int64",
+        "info/ok": "bool",
+        "info/r": "float64",
+    }
+    back = infos_from_wire(body, 2, arrays)
+    assert [list(map(type, row.values())) for row in back] == [[float, int, bool, float]] * 2
+    assert back[0] == {"x": 0.5, "n": 3, "ok": True, "r": 0.0}
+    assert back[1]["n"] == -(2**62)
+    assert np.isnan(back[1]["r"])
+    # A 1.2 client reads only maps; so does anything that is not one scalar type per key.
+    assert step_infos_to_wire(infos, (1, 2))[1] == {}
+    assert info_columns([{"a": 1}, {"b": 1}]) is None  # different keys
+    assert info_columns([{"a": 1}, {"a": 1.0}]) is None  # int and float in one column
+    assert info_columns([{"a": {"b": 1}}]) is None  # nested
+    assert info_columns([{"a": 2**64}]) is None  # beyond int64
+    assert info_columns([{"a": np.uint64(1)}]) is None  # may not fit int64
+    assert info_columns([{}, {}]) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "arrays", "match"),
+    [
+        ({"infos": [], "info_keys": "x"}, {}, "'info_keys' must be a non-empty list of str"),
+        ({"infos": [{}, {}], "info_keys": ["x"]}, {}, "with 'infos' empty"),
+        ({"infos": [], "info_keys": ["x"]}, {}, "info column 'x' needs one"),
+        ({"infos": [], "info_keys": ["x"]}, {"info/x": np.zeros(3)}, "row per env id"),
+        ({"infos": [], "info_keys": ["x"]}, {"info/x": np.zeros(2, np.complex64)}, "float64 row"),
+    ],
+)
+def test_malformed_info_columns_are_refused(
+    body: dict[str, Any], arrays: dict[str, np.ndarray], match: str
+) -> None:
+    with pytest.raises(InvalidField, match=match):
+        infos_from_wire(body, 2, arrays)
+
+
+def test_step_infos_are_columns_for_13_clients_and_maps_for_12_clients() -> None:
+    for version, columns in (((1, 3), True), ((1, 2), False)):
+        server, client = _session([Flaky(), Flaky()])
+        hello = decode(client.request_hello())
+        hello.v = version
+        client.parse_hello(server.handle(encode(hello)))
+        client.parse_reset(server.handle(client.request_reset(seed=0)))
+        reply = server.handle(client.request_step(np.full((2, 1), 0.25, np.float32)))
+        wire = decode(reply)
+        assert ("info_keys" in wire.body) is columns
+        assert ("info/x" in wire.arrays) is columns
+        step, _ = client.parse_step(reply)
+        assert [set(i) for i in step.infos] == [{"x"}, {"x"}]
+        assert all(type(i["x"]) is float for i in step.infos)
 
 
 def test_hello_is_required_then_close_ends_the_session() -> None:

@@ -45,6 +45,7 @@ from simkit.protocol._multiagent import (
 from simkit.protocol._session import (
     AUTORESET_SAME_STEP,
     CAPABILITIES,
+    INFO_COLUMNS_SINCE,
     REQUEST_KINDS,
     ClientSession,
     EnvFault,
@@ -55,10 +56,12 @@ from simkit.protocol._session import (
     SessionState,
     error_code_of,
     error_reply,
+    info_columns,
     infos_from_wire,
     infos_to_wire,
     is_keepalive,
     keepalive_target,
+    step_infos_to_wire,
 )
 from simkit.protocol._spaces import (
     DTYPES,
@@ -108,6 +111,9 @@ __all__ = [
     "is_keepalive",
     "infos_to_wire",
     "infos_from_wire",
+    "info_columns",
+    "step_infos_to_wire",
+    "INFO_COLUMNS_SINCE",
     # multi-agent
     "ENV_KIND_SINGLE",
     "ENV_KIND_MULTI_AGENT",

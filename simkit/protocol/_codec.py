@@ -41,7 +41,7 @@ __all__ = [
     "MAX_ID",
 ]
 
-PROTOCOL_VERSION: tuple[int, int] = (1, 2)
+PROTOCOL_VERSION: tuple[int, int] = (1, 3)
 """(major, minor): a different major is refused; minors only add optional fields."""
 
 INLINE_THRESHOLD = 16384
