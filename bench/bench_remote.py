@@ -21,7 +21,9 @@ Loop latency is the time from sending a step request to holding its observations
 ``RemoteVectorEnv`` step of one ``simkit/CartPole-v0`` env (a near-trivial env) with a
 bare ZeroMQ DEALER/ROUTER msgpack request-reply of the same message shapes (the bare
 server unpacks each request and packs the reply; no validation, sessions or envs),
-measured in the same run. Ratios are taken within this run only.
+measured in the same run, three ways: the defaults (the server busy-polls for the next
+request), a server started with ``--busy-poll-us 0``, and a client that busy-polls for
+its replies too. Ratios are taken within this run only.
 """
 
 from __future__ import annotations
@@ -201,9 +203,9 @@ def bench_async(n: int, seconds: float) -> float:
         env.close()
 
 
-def bench_overhead(servers: list[str], bare: str, seconds: float) -> list[float]:
-    """Median seconds per request: remote 1-env CartPole steps against each of ``servers``,
-    then a bare msgpack round trip.
+def bench_overhead(servers: list[tuple[str, int]], bare: str, seconds: float) -> list[float]:
+    """Median seconds per request: remote 1-env CartPole steps against each
+    ``(endpoint, client busy_poll_us)`` of ``servers``, then a bare msgpack round trip.
 
     The bare client packs a step-shaped request, the bare server unpacks it and packs a
     step-shaped reply, the client unpacks that: the msgpack work any request-reply
@@ -211,8 +213,8 @@ def bench_overhead(servers: list[str], bare: str, seconds: float) -> list[float]
     """
     medians = []
     act = np.zeros(1, dtype=np.int64)
-    for server in servers:
-        env = RemoteVectorEnv(server, timeout=60)
+    for server, client_spin in servers:
+        env = RemoteVectorEnv(server, timeout=60, busy_poll_us=client_spin)
         env.reset(seed=0)
         _, remote = _rate(lambda env=env: env.step_batch(act).env_ids.size, seconds)
         env.close()
@@ -277,7 +279,8 @@ def main() -> None:
             lat["remote, 2 servers, overlapped"] += times
             if not args.no_async:
                 rows.setdefault("Gymnasium AsyncVectorEnv", []).append(bench_async(n, sec))
-            overhead.append(bench_overhead([trivial, trivial_no_spin], bare, sec))
+            pairs = [(trivial, 0), (trivial_no_spin, 0), (trivial, BUSY_POLL_US)]
+            overhead.append(bench_overhead(pairs, bare, sec))
             rate, times = bench_batch_local(n, sec)
             rows.setdefault("local BatchCheetah", []).append(rate)
             lat["local BatchCheetah"] += times
@@ -305,14 +308,17 @@ def main() -> None:
         p99 = f"{_pct(times, 99):.2f}" if times else "-"
         vs_async = f"{med / asy:.2f}x" if asy else "-"
         print(f"| {name} | {med:,.0f} | {med / local:.2f}x | {vs_async} | {p50} | {p99} |")
-    remote_req, no_spin_req, bare_req = (
-        statistics.median(o[k] for o in overhead) * 1e6 for k in range(3)
+    remote_req, no_spin_req, both_spin_req, bare_req = (
+        statistics.median(o[k] for o in overhead) * 1e6 for k in range(4)
     )
     print(
-        f"\nPer-request overhead ({TRIVIAL}, 1 env): RemoteVectorEnv step {remote_req:.0f} us "
-        f"(server default, busy-polling {BUSY_POLL_US} us), {no_spin_req:.0f} us with "
-        f"--busy-poll-us 0; bare DEALER/ROUTER msgpack request-reply {bare_req:.0f} us; "
-        f"ratio {remote_req / bare_req:.2f}x ({no_spin_req / bare_req:.2f}x without busy polling)"
+        f"\nPer-request overhead ({TRIVIAL}, 1 env), RemoteVectorEnv step vs a bare "
+        f"DEALER/ROUTER msgpack request-reply of {bare_req:.0f} us:\n"
+        f"- defaults (server busy-polls {BUSY_POLL_US} us): {remote_req:.0f} us, "
+        f"{remote_req / bare_req:.2f}x\n"
+        f"- server --busy-poll-us 0: {no_spin_req:.0f} us, {no_spin_req / bare_req:.2f}x\n"
+        f"- client busy_poll_us={BUSY_POLL_US} too: {both_spin_req:.0f} us, "
+        f"{both_spin_req / bare_req:.2f}x"
     )
     batch_local = statistics.median(rows["local BatchCheetah"])
     batch_remote = statistics.median(rows["remote BatchCheetah, 1 server"])

@@ -15,7 +15,7 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.auth
@@ -175,6 +175,8 @@ class Connection:
         curve: CURVE keys, for a server that requires them.
         keepalive: after :meth:`hello`, keep the session alive from a background thread
             while this connection is silent (when the server announces a heartbeat).
+        busy_poll_us: poll this many microseconds for a reply before sleeping in the
+            kernel (see :class:`simkit.clients.RemoteVectorEnv`); 0 never spins.
     """
 
     def __init__(
@@ -185,6 +187,7 @@ class Connection:
         *,
         curve: CurveKeys | None = None,
         keepalive: bool = True,
+        busy_poll_us: int = 0,
     ) -> None:
         if not isinstance(endpoint, str) or "://" not in endpoint:
             raise ValueError(
@@ -192,6 +195,8 @@ class Connection:
             )
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if isinstance(busy_poll_us, bool) or not isinstance(busy_poll_us, int) or busy_poll_us < 0:
+            raise ValueError(f"busy_poll_us must be an int >= 0, got {busy_poll_us!r}")
         if curve is not None and not isinstance(curve, CurveKeys):
             raise TypeError(f"curve must be CurveKeys or None, got {type(curve).__name__}")
         self.endpoint = endpoint
@@ -199,6 +204,7 @@ class Connection:
         self._context = context
         self._curve = curve
         self._keepalive_wanted = keepalive
+        self._busy_poll_s = busy_poll_us * 1e-6
         self._keepalive: _Keepalive | None = None
         self.session = ClientSession()
         self.pending: deque[str] = deque()
@@ -252,6 +258,12 @@ class Connection:
         Raises:
             ServerUnavailable: no reply within the timeout.
         """
+        if self._busy_poll_s:
+            sock = self.socket
+            until = time.perf_counter() + self._busy_poll_s
+            while time.perf_counter() < until:
+                if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    break
         try:
             frames = self.socket.recv_multipart(copy=False)
         except zmq.Again:

@@ -42,10 +42,16 @@ def _open(
     context: zmq.Context[Any] | None,
     curve: CurveKeys | None,
     keepalive: bool,
+    busy_poll_us: int,
 ) -> Connection:
     """Connects and shakes hands with a server that must serve a multi-agent env."""
     conn = Connection(
-        endpoint, timeout, context or zmq.Context.instance(), curve=curve, keepalive=keepalive
+        endpoint,
+        timeout,
+        context or zmq.Context.instance(),
+        curve=curve,
+        keepalive=keepalive,
+        busy_poll_us=busy_poll_us,
     )
     try:
         info = conn.hello(client)
@@ -115,6 +121,8 @@ class RemoteMultiAgentVectorEnv:
         curve: CURVE keys for a server bound beyond loopback.
         keepalive: keep the session alive from a background thread while the learner
             is silent (see :class:`simkit.clients.RemoteVectorEnv`).
+        busy_poll_us: poll this long for each reply before sleeping (see
+            :class:`simkit.clients.RemoteVectorEnv`); off by default.
 
     Raises:
         ServerUnavailable: the server did not answer the handshake in time.
@@ -130,8 +138,11 @@ class RemoteMultiAgentVectorEnv:
         context: zmq.Context[Any] | None = None,
         curve: CurveKeys | None = None,
         keepalive: bool = True,
+        busy_poll_us: int = 0,
     ) -> None:
-        self._remote = _Remote(_open(endpoint, timeout, client, context, curve, keepalive))
+        self._remote = _Remote(
+            _open(endpoint, timeout, client, context, curve, keepalive, busy_poll_us)
+        )
         info = self._remote.info
         assert info.agents is not None
         self.endpoint = endpoint
@@ -290,6 +301,8 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         curve: CURVE keys for a server bound beyond loopback.
         keepalive: keep the session alive from a background thread while the learner
             is silent (see :class:`simkit.clients.RemoteVectorEnv`).
+        busy_poll_us: poll this long for each reply before sleeping (see
+            :class:`simkit.clients.RemoteVectorEnv`); off by default.
 
     Raises:
         ServerUnavailable: the server did not answer the handshake in time.
@@ -308,8 +321,9 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         context: zmq.Context[Any] | None = None,
         curve: CurveKeys | None = None,
         keepalive: bool = True,
+        busy_poll_us: int = 0,
     ) -> None:
-        conn = _open(endpoint, timeout, client, context, curve, keepalive)
+        conn = _open(endpoint, timeout, client, context, curve, keepalive, busy_poll_us)
         info = conn.info
         if isinstance(env_index, bool) or not 0 <= env_index < info.num_envs:
             conn.close()

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
 from simkit.clients import RemoteVectorEnv, ServerUnavailable, remote_demo
+from simkit.clients._connection import Connection
 from simkit.errors import ResetNeeded, SimkitError
 from simkit.protocol import RemoteError
 from simkit.servers import RolloutServer
@@ -182,6 +185,48 @@ def test_permuted_env_ids_step_the_named_envs(serve: Any, layout: tuple[int, ...
             assert got.env_ids.tolist() == order.tolist()
             for field in ("obs", "reward", "terminated", "truncated", "final_obs"):
                 np.testing.assert_array_equal(getattr(got, field), getattr(want, field)[order])
+    finally:
+        remote.close()
+        local.close()
+
+
+@pytest.mark.parametrize("busy_poll_us", [0, 30_000])
+def test_busy_polling_client_spins_then_sleeps(tmp_path: Path, busy_poll_us: int) -> None:
+    """With busy_poll_us the waiting thread spins that long (CPU), then blocks (none)."""
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{tmp_path}/late.sock")
+    conn = Connection(f"ipc://{tmp_path}/late.sock", 5.0, ctx, busy_poll_us=busy_poll_us)
+    try:
+        conn.send("ping", conn.session.request_ping())
+        request = router.recv_multipart()
+        reply = threading.Timer(0.15, router.send_multipart, args=([request[0], b"late"],))
+        reply.start()
+        cpu = time.thread_time()
+        assert [bytes(f) for f in conn.recv()] == [b"late"]
+        spent = time.thread_time() - cpu
+        reply.join()
+        if busy_poll_us:
+            assert 0.015 < spent < 0.1  # spun ~30 ms, then slept the remaining ~120 ms
+        else:
+            assert spent < 0.01
+    finally:
+        conn.close(polite=False)
+        router.close(linger=0)
+    with pytest.raises(ValueError, match="busy_poll_us must be an int >= 0, got -5"):
+        RemoteVectorEnv("ipc:///nowhere", busy_poll_us=-5)
+
+
+def test_busy_polling_remote_equals_local(serve: Any) -> None:
+    remote = RemoteVectorEnv(serve("simkit/CartPole-v0", 3), timeout=10, busy_poll_us=200)
+    local = VectorEnv("simkit/CartPole-v0", 3)
+    try:
+        remote.reset(seed=5)
+        local.reset(seed=5)
+        for act in _actions(local.action_space, 1, 25):
+            got, want = remote.step_batch(act), local.step_batch(act)
+            for field in ("obs", "reward", "terminated", "truncated", "final_obs"):
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
     finally:
         remote.close()
         local.close()
