@@ -243,7 +243,7 @@ class Connection:
 
     def send(self, kind: str, frames: Sequence[Any]) -> None:
         """Sends a request built by :attr:`session` (zero-copy for array frames)."""
-        self.socket.send_multipart(frames, copy=False)
+        self.socket.send_multipart(frames, copy=len(frames) == 1)
         self.pending.append(kind)
         self.last_activity = time.monotonic()
 

@@ -436,7 +436,9 @@ class RolloutServer:
     def _send(self, identity: bytes, reply: Message) -> None:
         frames = encode(reply, inline_threshold=self.inline_threshold)
         try:
-            self._sock.send_multipart([identity, *frames], copy=False, flags=zmq.NOBLOCK)
+            # Zero-copy only pays for out-of-line arrays; a zmq Frame costs more than a
+            # small copy.
+            self._sock.send_multipart([identity, *frames], copy=len(frames) == 1, flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the client vanished or its queue is full
             log.warning("dropping reply to %s: %s", identity.hex(), exc)
 
