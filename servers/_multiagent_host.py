@@ -28,6 +28,7 @@ from simkit.registry import EnvKind
 from simkit.servers._host import GYM_PREFIX, plan_reset_seed, require_params_capability
 from simkit.vector import MultiAgentBatchStep
 from simkit.vector._actions import split_rows
+from simkit.vector._multiagent import homogeneous_agent_spaces
 
 __all__ = [
     "PZ_PREFIX",
@@ -121,24 +122,9 @@ class ParallelEnvHost:
             )
         self.num_envs = len(self.envs)
         self.num_agents = len(self.possible_agents)
-        a0 = self.possible_agents[0]
-        self.observation_space: spaces.Space[Any] = first.observation_space(a0)
-        self.action_space: spaces.Space[Any] = first.action_space(a0)
-        for i, env in enumerate(self.envs):
-            if list(env.possible_agents) != self.possible_agents:
-                raise ValueError(
-                    f"every env must have possible_agents {self.possible_agents}, "
-                    f"env {i} has {list(env.possible_agents)}"
-                )
-            for agent in self.possible_agents:
-                obs_space, act_space = env.observation_space(agent), env.action_space(agent)
-                if obs_space != self.observation_space or act_space != self.action_space:
-                    raise ValueError(
-                        "served multi-agent envs need homogeneous agents: every agent must "
-                        f"share observation space {self.observation_space} and action space "
-                        f"{self.action_space}; env {i} agent {agent!r} has {obs_space} and "
-                        f"{act_space}"
-                    )
+        spaces_ = homogeneous_agent_spaces(self.envs, "served multi-agent envs need")
+        self.observation_space: spaces.Space[Any] = spaces_[0]
+        self.action_space: spaces.Space[Any] = spaces_[1]
         self._simkit = all(isinstance(e, MultiAgentEnv) for e in self.envs)
         caps: set[str] = set()
         if self._simkit:

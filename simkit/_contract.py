@@ -215,15 +215,7 @@ class ContractCore:
             raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
         # Core fields are committed before set_env_state (simulators read the params
         # there) and rolled back if the author's state is rejected.
-        saved = (
-            self._np_random,
-            self._np_random_seed,
-            self._params,
-            self._elapsed_steps,
-            self.max_episode_steps,
-            self._episode_active,
-            self._has_reset,
-        )
+        saved = {name: getattr(self, name) for name in _CORE_STATE}
         self._np_random = rng
         self._np_random_seed = -1  # as Gymnasium marks a generator set from outside
         self._params = copy.deepcopy(dict(params))
@@ -235,16 +227,21 @@ class ContractCore:
             self._restore_extra_state(state)
             self.set_env_state(state["data"])
         except Exception:
-            (
-                self._np_random,
-                self._np_random_seed,
-                self._params,
-                self._elapsed_steps,
-                self.max_episode_steps,
-                self._episode_active,
-                self._has_reset,
-            ) = saved
+            for name, value in saved.items():
+                setattr(self, name, value)
             raise
+
+
+_CORE_STATE = (
+    "_np_random",
+    "_np_random_seed",
+    "_params",
+    "_elapsed_steps",
+    "max_episode_steps",
+    "_episode_active",
+    "_has_reset",
+)
+"""What ``set_state`` commits before the author's state and rolls back if it is rejected."""
 
 
 def _is_int(value: Any) -> bool:

@@ -129,15 +129,13 @@ def encode(message: Message, *, inline_threshold: int = INLINE_THRESHOLD) -> lis
         else:
             arr = _wire_array(value, name)
             dtype_name = _dtype_name(arr.dtype)
+        desc: dict[str, Any] = {"name": name, "dtype": dtype_name, "shape": list(arr.shape)}
         if arr.nbytes <= inline_threshold:
-            descriptors.append(
-                {"name": name, "dtype": dtype_name, "shape": list(arr.shape), "data": arr.tobytes()}
-            )
+            desc["data"] = arr.tobytes()
         else:
-            descriptors.append(
-                {"name": name, "dtype": dtype_name, "shape": list(arr.shape), "frame": len(frames)}
-            )
+            desc["frame"] = len(frames)
             frames.append(memoryview(arr.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
+        descriptors.append(desc)
     header = {
         "v": list(message.v),
         "id": message.id,

@@ -327,12 +327,12 @@ def check_batch(
         return
     if isinstance(space, spaces.Discrete):
         lo, hi = int(space.start), int(space.start + space.n)
-        values = arr.tolist() if arr.size <= 64 else None  # small batches: Python is faster
-        if arr.size and (
-            (min(values) < lo or max(values) >= hi)
-            if values is not None
-            else (arr.min() < lo or arr.max() >= hi)
-        ):
+        if arr.size <= 64:  # small batches: Python's min/max beat two numpy reductions
+            values = arr.tolist()
+            low, high = (min(values), max(values)) if values else (lo, lo)
+        else:
+            low, high = arr.min(), arr.max()
+        if low < lo or high >= hi:
             raise OutOfSpace(
                 f"{name} out of the Discrete range",
                 expected=f"[{lo}, {hi})",

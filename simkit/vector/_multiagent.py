@@ -17,7 +17,37 @@ from simkit.registry import make
 from simkit.vector._actions import split_rows
 from simkit.vector._vector import VECTOR_STATE_FORMAT, _per_env_params, _positive_int
 
-__all__ = ["MultiAgentVectorEnv", "MultiAgentBatchStep"]
+__all__ = ["MultiAgentVectorEnv", "MultiAgentBatchStep", "homogeneous_agent_spaces"]
+
+
+def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
+    """The one observation and action space every agent of every env shares.
+
+    Args:
+        envs: parallel multi-agent envs; the first one's ``possible_agents`` is the rule.
+        who: what needs it, opening the error message (``"MultiAgentVectorEnv needs"``).
+
+    Raises:
+        ValueError: an env has other ``possible_agents``, or an agent other spaces.
+    """
+    agents = list(envs[0].possible_agents)
+    obs_space = envs[0].observation_space(agents[0])
+    act_space = envs[0].action_space(agents[0])
+    for i, env in enumerate(envs):
+        if list(env.possible_agents) != agents:
+            raise ValueError(
+                f"every env must have possible_agents {agents}, "
+                f"env {i} has {list(env.possible_agents)}"
+            )
+        for agent in agents:
+            obs, act = env.observation_space(agent), env.action_space(agent)
+            if obs != obs_space or act != act_space:
+                raise ValueError(
+                    f"{who} homogeneous agents: every agent must share observation space "
+                    f"{obs_space} and action space {act_space}; env {i} agent {agent!r} "
+                    f"has {obs} and {act}"
+                )
+    return obs_space, act_space
 
 
 @dataclass(frozen=True)
@@ -116,27 +146,9 @@ class MultiAgentVectorEnv:
         self.possible_agents: list[Any] = list(first.possible_agents)
         self.num_agents = len(self.possible_agents)
         self.num_rows = self.num_envs * self.num_agents
-        a0 = self.possible_agents[0]
-        self.single_observation_space = first.observation_space(a0)
-        self.single_action_space = first.action_space(a0)
-        for i, env in enumerate(self.envs):
-            if list(env.possible_agents) != self.possible_agents:
-                raise ValueError(
-                    f"every env must have possible_agents {self.possible_agents}, "
-                    f"env {i} has {list(env.possible_agents)}"
-                )
-            for agent in self.possible_agents:
-                obs_space, act_space = env.observation_space(agent), env.action_space(agent)
-                if (
-                    obs_space != self.single_observation_space
-                    or act_space != self.single_action_space
-                ):
-                    raise ValueError(
-                        "MultiAgentVectorEnv needs homogeneous agents: every agent must share "
-                        f"observation space {self.single_observation_space} and action space "
-                        f"{self.single_action_space}; env {i} agent {agent!r} has "
-                        f"{obs_space} and {act_space}"
-                    )
+        self.single_observation_space, self.single_action_space = homogeneous_agent_spaces(
+            self.envs, "MultiAgentVectorEnv needs"
+        )
         self.observation_space = batch_space(self.single_observation_space, self.num_rows)
         self.action_space = batch_space(self.single_action_space, self.num_rows)
         self.validate_actions = validate_actions
