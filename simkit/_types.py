@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchStep"]
+__all__ = ["BatchStep", "MultiAgentBatchStep", "Fragment"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +44,110 @@ class BatchStep:
     def done(self) -> np.ndarray:
         """``terminated | truncated``: rows whose episode ended on this step."""
         return np.logical_or(self.terminated, self.truncated)
+
+
+@dataclass(frozen=True)
+class MultiAgentBatchStep:
+    """One step of N multi-agent envs as ``num_envs * len(possible_agents)`` rows.
+
+    Row ``r`` is agent ``possible_agents[r % A]`` of env ``r // A``. A row that did not
+    act (its agent was not live) has reward 0, no flags and zero observations.
+
+    Attributes:
+        obs: ``(rows, *obs_shape)`` observations to act on next (zeros where not live).
+        agent_mask: ``(rows,)`` bool, the agent is live and must act next step.
+        reward: ``(rows,)`` float64.
+        terminated: ``(rows,)`` bool, the agent's episode reached a terminal state.
+        truncated: ``(rows,)`` bool, the agent's episode was cut (time limit).
+        final_obs: ``(rows, *obs_shape)`` observations the actions led to.
+        acted: ``(rows,)`` bool, the agent was live at the start of the step.
+        env_reset: ``(num_envs,)`` bool, the env ended (all its agents done) and was
+            reset in this step: its ``obs`` rows start the next episode.
+        infos: per-row info dicts (a reset env's rows also hold ``"reset_info"``).
+    """
+
+    obs: Any
+    agent_mask: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: Any
+    acted: np.ndarray
+    env_reset: np.ndarray
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def done(self) -> np.ndarray:
+        """``terminated | truncated`` per row."""
+        return np.logical_or(self.terminated, self.truncated)
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """``T`` consecutive steps of ``R`` policy rows, as a rollout server streams them.
+
+    A row is one (env slot, agent) pair: for single-agent envs ``R`` is the number of
+    env slots, for multi-agent envs ``num_envs * len(possible_agents)`` with row ``r``
+    for agent ``r % A`` of env ``r // A`` (the :class:`MultiAgentBatchStep` layout).
+    Step ``t`` of row ``r`` is: the policy saw ``obs[t, r]``, chose ``actions[t, r]``
+    with ``log_probs[t, r]`` and estimated ``values[t, r]``; the env answered with
+    ``rewards[t, r]`` and the flags. Where an episode ended at step ``t``, ``obs[t + 1,
+    r]`` (or ``last_obs[r]`` for the last step) is already the next episode's first
+    observation (autoreset); ``final_values[t, r]`` is the policy's value of the final
+    observation where the episode was truncated (the bootstrap target of GAE), else 0.
+
+    Attributes:
+        obs: ``(T, R, *obs_shape)`` observations acted on.
+        actions: ``(T, R, *action_shape)`` actions taken (clipped to the space by the
+            env, not here).
+        log_probs: ``(T, R)`` float32 log-probabilities of the actions.
+        values: ``(T, R)`` float32 value estimates of ``obs``.
+        rewards: ``(T, R)`` float64 rewards.
+        terminated: ``(T, R)`` bool.
+        truncated: ``(T, R)`` bool.
+        final_values: ``(T, R)`` float32 values of final observations of truncated
+            episodes (0 elsewhere).
+        agent_mask: ``(T, R)`` bool, the row acted at step ``t`` (all true for
+            single-agent envs).
+        policy_version: ``(T,)`` int64 version of the weights that chose each step.
+        last_obs: ``(R, *obs_shape)`` the observation after the last step.
+        last_values: ``(R,)`` float32 values of ``last_obs`` under the last version.
+        env_ids: ``(R,)`` int64 env slot of each row.
+        episode_returns: ``(E,)`` float64 returns of the episodes that ended here.
+        episode_lengths: ``(E,)`` int64 lengths of those episodes.
+        episode_rows: ``(E,)`` int64 row of each ended episode.
+        source: who produced it (a server endpoint), for reports and errors.
+        sequence: the producer's running fragment number, from 0.
+        start_state: optional plain-data snapshot of the envs at step 0 (the local
+            vector's ``get_state()`` layout), so the fragment can be re-simulated.
+    """
+
+    obs: Any
+    actions: Any
+    log_probs: np.ndarray
+    values: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_values: np.ndarray
+    agent_mask: np.ndarray
+    policy_version: np.ndarray
+    last_obs: Any
+    last_values: np.ndarray
+    env_ids: np.ndarray
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    episode_rows: np.ndarray
+    source: str = ""
+    sequence: int = 0
+    start_state: dict[str, Any] | None = None
+
+    @property
+    def num_steps(self) -> int:
+        """``T``."""
+        return int(self.log_probs.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        """``R``."""
+        return int(self.log_probs.shape[1])

@@ -15,6 +15,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 from gymnasium import spaces
 
+from simkit._types import MultiAgentBatchStep
 from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, check_type
 from simkit.protocol._errors import InvalidField
 from simkit.protocol._session import (
@@ -30,7 +31,6 @@ from simkit.protocol._session import (
     infos_to_wire,
 )
 from simkit.protocol._spaces import check_batch, flatten_batch, unflatten_batch
-from simkit.vector._multiagent import MultiAgentBatchStep
 
 __all__ = [
     "ENV_KIND_SINGLE",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -11,6 +10,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from simkit._multiagent import MultiAgentEnv
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._types import MultiAgentBatchStep
 from simkit._validation import ActionBounds, validate_action
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.registry import make
@@ -48,42 +48,6 @@ def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
                     f"has {obs} and {act}"
                 )
     return obs_space, act_space
-
-
-@dataclass(frozen=True)
-class MultiAgentBatchStep:
-    """One step of N multi-agent envs as ``num_envs * len(possible_agents)`` rows.
-
-    Row ``r`` is agent ``possible_agents[r % A]`` of env ``r // A``. A row that did not
-    act (its agent was not live) has reward 0, no flags and zero observations.
-
-    Attributes:
-        obs: ``(rows, *obs_shape)`` observations to act on next (zeros where not live).
-        agent_mask: ``(rows,)`` bool, the agent is live and must act next step.
-        reward: ``(rows,)`` float64.
-        terminated: ``(rows,)`` bool, the agent's episode reached a terminal state.
-        truncated: ``(rows,)`` bool, the agent's episode was cut (time limit).
-        final_obs: ``(rows, *obs_shape)`` observations the actions led to.
-        acted: ``(rows,)`` bool, the agent was live at the start of the step.
-        env_reset: ``(num_envs,)`` bool, the env ended (all its agents done) and was
-            reset in this step: its ``obs`` rows start the next episode.
-        infos: per-row info dicts (a reset env's rows also hold ``"reset_info"``).
-    """
-
-    obs: Any
-    agent_mask: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    final_obs: Any
-    acted: np.ndarray
-    env_reset: np.ndarray
-    infos: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def done(self) -> np.ndarray:
-        """``terminated | truncated`` per row."""
-        return np.logical_or(self.terminated, self.truncated)
 
 
 class MultiAgentVectorEnv:
