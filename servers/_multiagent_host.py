@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import batch_space, iterate
 from pettingzoo import ParallelEnv
 
 import simkit
@@ -28,7 +28,7 @@ from simkit.registry import EnvKind
 from simkit.servers._host import GYM_PREFIX, plan_reset_seed, require_params_capability
 from simkit.vector import MultiAgentBatchStep
 from simkit.vector._actions import split_rows
-from simkit.vector._multiagent import homogeneous_agent_spaces
+from simkit.vector._multiagent import gather_rows, homogeneous_agent_spaces, zero_row
 
 __all__ = [
     "PZ_PREFIX",
@@ -141,12 +141,10 @@ class ParallelEnvHost:
         self._env_offset = 0
 
     def _zero_row(self) -> Any:
-        space = self.observation_space
-        return next(iter(iterate(batch_space(space, 1), create_empty_array(space, 1, np.zeros))))
+        return zero_row(self.observation_space)
 
     def _gather(self, rows: list[Any]) -> Any:
-        out: Any = create_empty_array(self.observation_space, len(rows), np.zeros)
-        return concatenate(self.observation_space, rows, out)
+        return gather_rows(self.observation_space, rows)
 
     def _global_rows(self, env_ids: np.ndarray) -> np.ndarray:
         A = self.num_agents

@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._state import check_state_attributes
 from simkit._types import BatchStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
@@ -797,10 +798,9 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def set_env_state(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
         names = self._declared_state_attributes("set_env_state")
-        if set(state) != set(names):
-            raise InvalidState(
-                f"{type(self).__name__} state must hold {sorted(names)}, got {sorted(state)}"
-            )
+        check_state_attributes(
+            type(self).__name__, names, state, lambda name: getattr(self, name, None)
+        )
         for name in names:
             setattr(self, name, self._restore_like(getattr(self, name, None), state[name]))
 
@@ -880,18 +880,33 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             raise InvalidState(
                 f"state holds {state['num_envs']} instances, this batch has {self.num_envs}"
             )
-        self._root_seed = int(state["root_seed"])
-        self._episode_index = np.array(state["episode_index"], dtype=np.int64)
-        self._rngs = [rng_from_plain(r) for r in state["rngs"]]
-        self._params = [copy.deepcopy(dict(p)) for p in state["params"]]
-        self._elapsed = np.array(state["elapsed_steps"], dtype=np.int64)
-        if "max_episode_steps" in state:
-            self.max_episode_steps = state["max_episode_steps"]
-        self._pending_reset = np.array(state["pending_reset"], dtype=np.bool_)
-        self._update_param_arrays(np.arange(self.num_envs, dtype=np.int64))
-        self._obs = self._restore_like(self._obs, state["obs"])
-        self._has_reset = True
-        self.set_env_state(state["data"])
+        n = self.num_envs
+        core = {
+            "_root_seed": None if state["root_seed"] is None else int(state["root_seed"]),
+            "_episode_index": _per_env_array(state, "episode_index", np.int64, n),
+            "_rngs": [rng_from_plain(r) for r in state["rngs"]],
+            "_params": [copy.deepcopy(dict(p)) for p in _per_env_list(state, "params", n)],
+            "_elapsed": _per_env_array(state, "elapsed_steps", np.int64, n),
+            "max_episode_steps": state.get("max_episode_steps", self.max_episode_steps),
+            "_pending_reset": _per_env_array(state, "pending_reset", np.bool_, n),
+            "_has_reset": True,
+        }
+        obs = self._restore_like(self._obs, state["obs"])
+        saved = {name: getattr(self, name, None) for name in core}
+        saved_obs, saved_data = self._obs, self.get_env_state()
+        try:
+            for name, value in core.items():
+                setattr(self, name, value)
+            self._obs = obs
+            self._update_param_arrays(np.arange(n, dtype=np.int64))
+            self.set_env_state(state["data"])
+        except Exception:
+            for name, value in saved.items():
+                setattr(self, name, value)
+            self._obs = saved_obs
+            self._update_param_arrays(np.arange(n, dtype=np.int64))
+            self.set_env_state(saved_data)
+            raise
 
     # ---------------------------------------------------------------------- helpers
 
@@ -968,6 +983,21 @@ def _to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):
         return np.asarray(x.detach().cpu().numpy())
     return np.asarray(x)
+
+
+def _per_env_array(state: Mapping[str, Any], key: str, dtype: Any, n: int) -> np.ndarray:
+    value = np.array(state[key], dtype=dtype)
+    if value.shape != (n,):
+        raise InvalidState(f"state[{key!r}] must have shape ({n},), got {value.shape}")
+    return value
+
+
+def _per_env_list(state: Mapping[str, Any], key: str, n: int) -> list[Any]:
+    value = state[key]
+    if not isinstance(value, list | tuple) or len(value) != n:
+        got = len(value) if isinstance(value, list | tuple) else type(value).__name__
+        raise InvalidState(f"state[{key!r}] must be a list of {n} entries, got {got}")
+    return list(value)
 
 
 def _plain_copy(x: Any) -> Any:

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium.utils import seeding
 
+from simkit._state import check_state_attributes
 from simkit._validation import ActionBounds
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
 from simkit.snapshot import rng_from_plain, rng_to_plain
 
-__all__ = ["STATE_FORMAT", "ContractCore"]
+__all__ = ["STATE_FORMAT", "CapturedState", "ContractCore"]
 
 STATE_FORMAT = 1
 """Version of the snapshot layout produced by ``get_state``."""
@@ -144,11 +146,12 @@ class ContractCore:
     def set_env_state(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
         names = self._declared_state_attributes("set_env_state")
-        if not isinstance(state, Mapping) or set(state) != set(names):
-            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-            raise InvalidState(f"{type(self).__name__} state must hold {sorted(names)}, got {got}")
+        check_state_attributes(type(self).__name__, names, state, self._live_attribute)
         for name in names:
             setattr(self, name, copy.deepcopy(state[name]))
+
+    def _live_attribute(self, name: str) -> Any:
+        return getattr(self, name, None)
 
     def _declared_state_attributes(self, hook: str) -> tuple[str, ...]:
         if self.state_attributes is None:
@@ -214,8 +217,8 @@ class ContractCore:
         if limit is not None and (not _is_int(limit) or limit <= 0):
             raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
         # Core fields are committed before set_env_state (simulators read the params
-        # there) and rolled back if the author's state is rejected.
-        saved = {name: getattr(self, name) for name in _CORE_STATE}
+        # there); if the author's state is rejected, everything is rolled back.
+        saved = self.capture_state()
         self._np_random = rng
         self._np_random_seed = -1  # as Gymnasium marks a generator set from outside
         self._params = copy.deepcopy(dict(params))
@@ -227,9 +230,38 @@ class ContractCore:
             self._restore_extra_state(state)
             self.set_env_state(state["data"])
         except Exception:
-            for name, value in saved.items():
-                setattr(self, name, value)
+            self.restore_captured(saved)
             raise
+
+    def capture_state(self) -> CapturedState:
+        """Everything :meth:`set_state` may change, for :meth:`restore_captured`.
+
+        Unlike :meth:`get_state` this works before the first reset too, so a rejected
+        snapshot (here, or of a later env in a vector) can be undone exactly.
+        """
+        core = {name: getattr(self, name, None) for name in _CORE_STATE}
+        try:
+            data = self.get_env_state()
+        except Exception:  # an env whose author state only exists after reset
+            data = None
+        return CapturedState(core, copy.deepcopy(self._extra_state()), data)
+
+    def restore_captured(self, captured: CapturedState) -> None:
+        """Puts back what :meth:`capture_state` captured."""
+        for name, value in captured.core.items():
+            setattr(self, name, value)
+        self._restore_extra_state(captured.extra)
+        if captured.data is not None:
+            self.set_env_state(captured.data)
+
+
+@dataclass(frozen=True)
+class CapturedState:
+    """What :meth:`ContractCore.capture_state` took: core fields, extra fields, author data."""
+
+    core: dict[str, Any]
+    extra: dict[str, Any]
+    data: Any
 
 
 _CORE_STATE = (

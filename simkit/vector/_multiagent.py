@@ -10,6 +10,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from simkit._multiagent import MultiAgentEnv
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._state import restore_all
 from simkit._types import MultiAgentBatchStep
 from simkit._validation import ActionBounds, validate_action
 from simkit.errors import InvalidState, ResetNeeded
@@ -17,7 +18,13 @@ from simkit.registry import make
 from simkit.vector._actions import split_rows
 from simkit.vector._vector import VECTOR_STATE_FORMAT, _per_env_params, _positive_int
 
-__all__ = ["MultiAgentVectorEnv", "MultiAgentBatchStep", "homogeneous_agent_spaces"]
+__all__ = [
+    "MultiAgentVectorEnv",
+    "MultiAgentBatchStep",
+    "homogeneous_agent_spaces",
+    "zero_row",
+    "gather_rows",
+]
 
 
 def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
@@ -48,6 +55,17 @@ def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
                     f"has {obs} and {act}"
                 )
     return obs_space, act_space
+
+
+def zero_row(space: Any) -> Any:
+    """The all-zeros observation of ``space`` (any space the codec carries), for absent agents."""
+    return next(iter(iterate(batch_space(space, 1), create_empty_array(space, 1, np.zeros))))
+
+
+def gather_rows(space: Any, rows: list[Any]) -> Any:
+    """Observations ``rows`` of ``space`` stacked into one batch of ``batch_space(space, n)``."""
+    out: Any = create_empty_array(space, len(rows), np.zeros)
+    return concatenate(space, rows, out)
 
 
 class MultiAgentVectorEnv:
@@ -128,8 +146,7 @@ class MultiAgentVectorEnv:
         self._mask = np.zeros(self.num_rows, dtype=np.bool_)
 
     def _zero_row(self) -> Any:
-        space = self.single_observation_space
-        return next(iter(iterate(space, create_empty_array(space, 1, np.zeros))))
+        return zero_row(self.single_observation_space)
 
     def row(self, env_index: int, agent: Any) -> int:
         """The row of ``agent`` in env ``env_index``."""
@@ -207,9 +224,7 @@ class MultiAgentVectorEnv:
         return None if root is None else episode_seed(root, i, int(self._episode[i]))
 
     def _gather(self, rows: list[Any]) -> Any:
-        space = self.single_observation_space
-        out: Any = create_empty_array(space, len(rows), np.zeros)
-        return concatenate(space, rows, out)
+        return gather_rows(self.single_observation_space, rows)
 
     # ------------------------------------------------------------------------ step
 
@@ -318,13 +333,13 @@ class MultiAgentVectorEnv:
                 f"state must have format {VECTOR_STATE_FORMAT} and {self.num_envs} envs, got "
                 f"format {state['format']!r} and {state['num_envs']!r} envs"
             )
-        for env, env_state in zip(self.envs, state["envs"], strict=True):
-            env.set_state(env_state)
-        self._roots = [None if r is None else int(r) for r in state["root_seeds"]]
-        self._episode = np.asarray(state["episode_index"], dtype=np.int64).copy()
-        self._mask = np.asarray(state["agent_mask"], dtype=np.bool_).copy()
+        roots = [None if r is None else int(r) for r in state["root_seeds"]]
+        episode = np.asarray(state["episode_index"], dtype=np.int64).copy()
+        mask = np.asarray(state["agent_mask"], dtype=np.bool_).copy()
         obs = state["obs_rows"]
-        self._obs_rows = [np.array(obs[r], copy=True) for r in range(self.num_rows)]
+        obs_rows = [np.array(obs[r], copy=True) for r in range(self.num_rows)]
+        restore_all(self.envs, state["envs"])
+        self._roots, self._episode, self._mask, self._obs_rows = roots, episode, mask, obs_rows
         self._has_reset = True
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._state import restore_all
 from simkit._types import BatchStep
 from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import InvalidState, ResetNeeded
@@ -596,11 +597,11 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if state["num_envs"] != n or len(state["envs"]) != n:
             raise InvalidState(f"state holds {state['num_envs']} envs, this vector has {n}")
         self._require_idle("set_state()")
-        for env, env_state in zip(self.envs, state["envs"], strict=True):
-            env.unwrapped.set_state(env_state)  # type: ignore[attr-defined]
-        self._roots = [None if r is None else int(r) for r in state["root_seeds"]]
-        self._episode = np.asarray(state["episode_index"], dtype=np.int64).copy()
-        self._pending = np.asarray(state["pending_reset"], dtype=np.bool_).copy()
+        roots = [None if r is None else int(r) for r in state["root_seeds"]]
+        episode = np.asarray(state["episode_index"], dtype=np.int64).copy()
+        pending = np.asarray(state["pending_reset"], dtype=np.bool_).copy()
+        restore_all([env.unwrapped for env in self.envs], state["envs"])
+        self._roots, self._episode, self._pending = roots, episode, pending
         self._has_reset = True
 
     # ------------------------------------------------------------------------- misc
