@@ -23,7 +23,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._seeding import EpisodeSeeds
 from simkit._state import check_state_attributes
 from simkit._types import BatchStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
@@ -151,8 +151,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             for overrides in self._env_overrides
         ]
         n = self.num_envs
-        self._root_seed: int | None = None
-        self._episode_index = np.full(n, -1, dtype=np.int64)
+        self._seeds = EpisodeSeeds(n)
         self._rngs: list[np.random.Generator | None] = [None] * n
         self._params: list[Params] = [{} for _ in range(n)]
         self.param_arrays: dict[str, np.ndarray] = {}
@@ -250,12 +249,12 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     @property
     def episode_index(self) -> np.ndarray:
         """Each instance's episode number under the current root seed (a copy)."""
-        return self._episode_index.copy()
+        return self._seeds.episode.copy()
 
     @property
     def root_seed(self) -> int | None:
         """The root seed of the batch; instance seeds derive from it."""
-        return self._root_seed
+        return self._seeds.roots[0]
 
     @property
     def action_bounds(self) -> ActionBounds:
@@ -309,13 +308,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
                 raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-            if not 0 <= seed <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
-            self._root_seed = int(seed)
-            self._episode_index[:] = -1
+            self._seeds.restart(int(seed))
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
-        elif self._root_seed is None:
-            self._root_seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
         reset_params = opts.pop("params", None)
         per_reset = (
             None if reset_params is None else self._per_instance(reset_params, "options['params']")
@@ -335,14 +329,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         per_reset: list[Mapping[str, Any]] | None,
         options: dict[str, Any],
     ) -> tuple[Any, list[dict[str, Any]]]:
-        assert self._root_seed is not None
-        rngs: list[np.random.Generator] = []
+        id_list = ids.tolist()
+        rngs = self._seeds.next_generators(ids, [self._rngs[i] for i in id_list])
         params: list[Params] = []
-        root, index = self._root_seed, self._episode_index
-        index[ids] += 1
-        for i in ids.tolist():
-            # Generator(PCG64(seed)) is what gymnasium.utils.seeding.np_random(seed) builds.
-            rng = np.random.Generator(np.random.PCG64(episode_seed(root, i, int(index[i]))))
+        for i, rng in zip(id_list, rngs, strict=True):
             if per_reset is None or not per_reset[i]:
                 sampled = self._samplers[i](rng)
             else:
@@ -350,7 +340,6 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 sampled = sample_params(resolve_overrides(self.randomization, overrides), rng)
             self._rngs[i] = rng
             self._params[i] = sampled
-            rngs.append(rng)
             params.append(sampled)
         self._elapsed[ids] = 0
         self._update_param_arrays(ids)
@@ -831,8 +820,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             "format": BATCH_STATE_FORMAT,
             "env": f"{type(self).__module__}:{type(self).__qualname__}",
             "num_envs": self.num_envs,
-            "root_seed": self._root_seed,
-            "episode_index": self._episode_index.copy(),
+            "root_seed": self._seeds.roots[0],
+            "episode_index": self._seeds.episode.copy(),
             "rngs": [rng_to_plain(r) for r in self._rngs if r is not None],
             "params": copy.deepcopy(self._params),
             "elapsed_steps": self._elapsed.copy(),
@@ -882,8 +871,6 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             )
         n = self.num_envs
         core = {
-            "_root_seed": None if state["root_seed"] is None else int(state["root_seed"]),
-            "_episode_index": _per_env_array(state, "episode_index", np.int64, n),
             "_rngs": [rng_from_plain(r) for r in state["rngs"]],
             "_params": [copy.deepcopy(dict(p)) for p in _per_env_list(state, "params", n)],
             "_elapsed": _per_env_array(state, "elapsed_steps", np.int64, n),
@@ -891,18 +878,31 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             "_pending_reset": _per_env_array(state, "pending_reset", np.bool_, n),
             "_has_reset": True,
         }
+        root = state["root_seed"]
+        if root is not None and (isinstance(root, bool) or not isinstance(root, int | np.integer)):
+            raise InvalidState(f"state['root_seed'] must be an int or None, got {root!r}")
+        seeds = EpisodeSeeds.parse_state(
+            {
+                "root_seeds": [None if root is None else int(root)] * n,
+                "episode_index": _per_env_array(state, "episode_index", np.int64, n),
+            },
+            n,
+        )
         obs = self._restore_like(self._obs, state["obs"])
         saved = {name: getattr(self, name, None) for name in core}
+        saved_seeds = EpisodeSeeds.parse_state(self._seeds.get_state(), n)
         saved_obs, saved_data = self._obs, self.get_env_state()
         try:
             for name, value in core.items():
                 setattr(self, name, value)
+            self._seeds.set_state(seeds)
             self._obs = obs
             self._update_param_arrays(np.arange(n, dtype=np.int64))
             self.set_env_state(state["data"])
         except Exception:
             for name, value in saved.items():
                 setattr(self, name, value)
+            self._seeds.set_state(saved_seeds)
             self._obs = saved_obs
             self._update_param_arrays(np.arange(n, dtype=np.int64))
             self.set_env_state(saved_data)
@@ -1052,31 +1052,37 @@ def _compile_sampler(
 ) -> Callable[[np.random.Generator], Params]:
     """A sampler equal to ``sample_params(resolved, rng)`` draw for draw, bit for bit.
 
-    Scalar ``Uniform``/``LogUniform`` parameters skip the per-call array broadcasting
-    of :meth:`Distribution.sample` (the same generator calls on the same float64
-    bounds); anything else falls back to :func:`sample_params`.
+    When every randomized parameter is a scalar ``Uniform``/``LogUniform``, their draws
+    come from one ``rng.random(k)`` call: ``Generator.uniform(lo, hi)`` is
+    ``lo + (hi - lo) * next_double`` on the same stream, so the values (and the clipping
+    into the bounds that :meth:`Distribution.sample` applies) are the same doubles.
+    Anything else falls back to :func:`sample_params`.
     """
-    plan: list[tuple[str, int, Any, Any]] = []
+    plan: list[tuple[str, int, float, float, float, float]] = []
+    fixed: dict[str, Any] = {}
     for name, spec in resolved.items():
         if type(spec) is Uniform and spec.shape == ():
-            plan.append((name, 0, float(spec.low), float(spec.high)))  # type: ignore[arg-type]
+            lo, hi = float(spec.low), float(spec.high)  # type: ignore[arg-type]
+            plan.append((name, 0, lo, hi - lo, lo, hi))
         elif type(spec) is LogUniform and spec.shape == ():
-            lo, hi = np.float64(spec.low), np.float64(spec.high)  # type: ignore[arg-type]
-            plan.append((name, 1, np.log(lo), np.log(hi)))
+            lo64, hi64 = np.float64(spec.low), np.float64(spec.high)  # type: ignore[arg-type]
+            log_lo, log_hi = float(np.log(lo64)), float(np.log(hi64))
+            plan.append((name, 1, log_lo, log_hi - log_lo, float(lo64), float(hi64)))
         elif isinstance(spec, Distribution | np.ndarray):
             return lambda rng: sample_params(resolved, rng)
         else:
-            plan.append((name, 2, spec, None))
+            fixed[name] = spec
+    order = list(resolved)
+    count = len(plan)
 
     def sample(rng: np.random.Generator) -> Params:
-        out: Params = {}
-        for name, kind, a, b in plan:
-            if kind == 0:
-                out[name] = float(rng.uniform(a, b))
-            elif kind == 1:
-                out[name] = float(np.exp(rng.uniform(a, b)))
-            else:
-                out[name] = a
-        return out
+        out: Params = dict(fixed)
+        draws = rng.random(count).tolist() if count else []
+        for (name, kind, start, width, lo, hi), u in zip(plan, draws, strict=True):
+            value = start + width * u
+            if kind == 1:
+                value = float(np.exp(value))
+            out[name] = min(max(value, lo), hi)
+        return {name: out[name] for name in order}
 
     return sample
