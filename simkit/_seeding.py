@@ -73,7 +73,7 @@ def _mix_pool(entropy: list[np.ndarray]) -> list[np.ndarray]:
         return value ^ (value >> np.uint32(16))
 
     def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        result = np.uint32(_MIX_MULT_L) * x - np.uint32(_MIX_MULT_R) * y
+        result: np.ndarray = x * np.uint32(_MIX_MULT_L) - y * np.uint32(_MIX_MULT_R)
         return result ^ (result >> np.uint32(16))
 
     zeros = np.zeros_like(entropy[0])
@@ -191,9 +191,7 @@ def _pcg64_state(words: Sequence[int]) -> tuple[int, int]:
     return ((inc + initstate) * _PCG_MULT + inc) & _M128, inc  # state 0, step, add, step
 
 
-def _seed_generator(
-    rng: np.random.Generator | None, words: Sequence[int]
-) -> np.random.Generator:
+def _seed_generator(rng: np.random.Generator | None, words: Sequence[int]) -> np.random.Generator:
     if rng is None or not isinstance(rng.bit_generator, np.random.PCG64):
         rng = np.random.Generator(np.random.PCG64(0))
     state, inc = _pcg64_state(words)
@@ -332,6 +330,17 @@ class EpisodeSeeds:
             for k, s in zip(ks, seeds.tolist(), strict=True):
                 out[k] = s
         return out
+
+    def next_one(self, i: int) -> int | None:
+        """:meth:`next` for one env: the seed of env ``i``'s next episode (or ``None``)."""
+        if self.roots[i] is None and self.episode[i] < 0:
+            self.roots[i] = random_root()
+        self.episode[i] += 1
+        root = self.roots[i]
+        if root is None:
+            return None
+        e = int(self.episode[i])
+        return int(self._block(root, e // _BLOCK)[i, e % _BLOCK])
 
     def next_generators(
         self, ids: np.ndarray, reuse: Sequence[np.random.Generator | None]

@@ -144,13 +144,13 @@ def _int_array(action: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
+def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray | None) -> np.ndarray:
     """The env ids of an EnvPool-style ``send`` as int64 (``None``: all, in order).
 
     Args:
         env_ids: a 1-D integer array-like (numpy; callers convert tensors), or ``None``.
         num_envs: N; ids must lie in ``[0, N)``.
-        in_flight: ``(N,)`` bool, the envs sent but not yet received.
+        in_flight: ``(N,)`` bool, the envs sent but not yet received (``None``: none).
 
     Raises:
         ValueError: not 1-D integers, out of range, repeated, or already in flight.
@@ -166,6 +166,8 @@ def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.nda
             raise ValueError(f"env_ids must lie in [0, {num_envs}), got {ids.tolist()}")
         if len(np.unique(ids)) != len(ids):
             raise ValueError(f"env_ids must not repeat, got {ids.tolist()}")
+    if in_flight is None:
+        return ids
     busy = ids[in_flight[ids]]
     if busy.size:
         raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")
