@@ -21,7 +21,14 @@ from simkit.errors import InvalidState, ResetNeeded
 from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
 from simkit.snapshot import rng_from_plain, rng_to_plain
 
-__all__ = ["STATE_FORMAT", "CapturedState", "ContractCore"]
+__all__ = [
+    "STATE_FORMAT",
+    "CapturedState",
+    "ContractCore",
+    "action_bounds_of",
+    "check_max_episode_steps",
+    "declared_state_attributes",
+]
 
 STATE_FORMAT = 1
 """Version of the snapshot layout produced by ``get_state``."""
@@ -64,13 +71,7 @@ class ContractCore:
             raise ValueError(f"render_mode must be one of {modes} or None, got {render_mode!r}")
         self.render_mode = render_mode
         if max_episode_steps is not None:
-            if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int):
-                raise TypeError(
-                    f"max_episode_steps must be an int or None, got {type(max_episode_steps).__name__}"
-                )
-            if max_episode_steps <= 0:
-                raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
-            self.max_episode_steps = max_episode_steps
+            self.max_episode_steps = check_max_episode_steps(max_episode_steps)
         resolve_overrides(self.randomization, params)  # validates names and domains now
         self._env_overrides = dict(params or {})
         self.validate_actions = validate_actions
@@ -82,10 +83,7 @@ class ContractCore:
     @property
     def action_bounds(self) -> ActionBounds:
         """The declared out-of-bounds policy for continuous actions."""
-        mode = self.metadata.get("action_bounds", ActionBounds.CLIP)
-        if not isinstance(mode, ActionBounds):
-            raise TypeError(f"metadata['action_bounds'] must be an ActionBounds, got {mode!r}")
-        return mode
+        return action_bounds_of(self.metadata)
 
     @property
     def params(self) -> Params:
@@ -140,25 +138,18 @@ class ContractCore:
 
     def get_env_state(self) -> dict[str, Any]:
         """The author's dynamic state as plain data; defaults to ``state_attributes``."""
-        names = self._declared_state_attributes("get_env_state")
+        names = declared_state_attributes(self, "get_env_state")
         return {name: copy.deepcopy(getattr(self, name)) for name in names}
 
     def set_env_state(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
-        names = self._declared_state_attributes("set_env_state")
+        names = declared_state_attributes(self, "set_env_state")
         check_state_attributes(type(self).__name__, names, state, self._live_attribute)
         for name in names:
             setattr(self, name, copy.deepcopy(state[name]))
 
     def _live_attribute(self, name: str) -> Any:
         return getattr(self, name, None)
-
-    def _declared_state_attributes(self, hook: str) -> tuple[str, ...]:
-        if self.state_attributes is None:
-            raise NotImplementedError(
-                f"{type(self).__name__} must declare state_attributes or override {hook}()"
-            )
-        return self.state_attributes
 
     def get_state(self) -> dict[str, Any]:
         """A complete snapshot: RNG, randomized parameters, step counter and env state.
@@ -274,6 +265,42 @@ _CORE_STATE = (
     "_has_reset",
 )
 """What ``set_state`` commits before the author's state and rolls back if it is rejected."""
+
+
+def check_max_episode_steps(value: Any) -> int:
+    """A time limit given to a constructor: a positive int.
+
+    Raises:
+        TypeError: not an int.
+        ValueError: not positive.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_episode_steps must be an int or None, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"max_episode_steps must be positive, got {value}")
+    return value
+
+
+def action_bounds_of(metadata: Mapping[str, Any]) -> ActionBounds:
+    """The ``metadata["action_bounds"]`` policy (default ``CLIP``), checked."""
+    mode = metadata.get("action_bounds", ActionBounds.CLIP)
+    if not isinstance(mode, ActionBounds):
+        raise TypeError(f"metadata['action_bounds'] must be an ActionBounds, got {mode!r}")
+    return mode
+
+
+def declared_state_attributes(env: Any, hook: str) -> tuple[str, ...]:
+    """``env.state_attributes``, or the error telling the author what to declare.
+
+    Raises:
+        NotImplementedError: no ``state_attributes`` and ``hook`` not overridden.
+    """
+    names: tuple[str, ...] | None = env.state_attributes
+    if names is None:
+        raise NotImplementedError(
+            f"{type(env).__name__} must declare state_attributes or override {hook}()"
+        )
+    return names
 
 
 def _is_int(value: Any) -> bool:

@@ -251,7 +251,7 @@ def test_bad_actions_name_the_env() -> None:
     v.reset(seed=0)
     with pytest.raises(InvalidAction, match=r"env \[2\] got \[5\]"):
         v.step(np.array([0, 1, 5]))
-    with pytest.raises(InvalidAction, match=r"shape \(3,\) \(one row per env\), got shape \(2,\)"):
+    with pytest.raises(InvalidAction, match=r"shape \(3,\), got shape \(2,\)"):
         v.step(np.array([0, 1]))
     with pytest.raises(InvalidAction, match="integer array"):
         v.step(np.array([0.0, 1.0, 0.0]))
