@@ -1,4 +1,4 @@
-"""Multi-agent vectors and servers with every observation space the codec carries.
+"""Multi-agent vectors and servers: every observation space the codec carries, step replies.
 
 Regression test for issue 9's bug 2: ``MultiAgentVectorEnv`` built its zero rows by
 iterating the unbatched space, which fails for every space but ``Box``.
@@ -15,7 +15,18 @@ from gymnasium import spaces
 
 import simkit
 from simkit.clients import RemoteMultiAgentVectorEnv
-from simkit.servers import RolloutServer
+from simkit.protocol import (
+    ENV_KIND_MULTI_AGENT,
+    ClientSession,
+    InvalidField,
+    MultiAgentServerSession,
+    ServerInfo,
+    decode,
+    encode,
+    parse_multi_agent_reset,
+    parse_multi_agent_step,
+)
+from simkit.servers import ParallelEnvHost, RolloutServer
 from simkit.snapshot import states_equal, to_plain
 from simkit.vector import MultiAgentVectorEnv
 
@@ -55,7 +66,8 @@ class Walkers(simkit.MultiAgentEnv[str, Any, int]):
         self.t += 1
         obs = self._obs(rng)
         done = {a: a == "b" and self.t >= 2 for a in actions}
-        return obs, {a: float(actions[a]) for a in actions}, done, {}
+        infos = {a: {"t": self.t, "speed": 0.5 * self.t} for a in actions}
+        return obs, {a: float(actions[a]) for a in actions}, done, infos
 
 
 def make_walkers(space: str = "discrete") -> Walkers:
@@ -119,3 +131,51 @@ def _plain(x: Any) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     return x
+
+
+def _ma_session(version: tuple[int, int]) -> tuple[Any, Any]:
+    host = ParallelEnvHost([Walkers("discrete"), Walkers("discrete")])
+    info = ServerInfo(
+        "walkers",
+        host.num_envs,
+        host.observation_space,
+        host.action_space,
+        host.capabilities,
+        env_kind=ENV_KIND_MULTI_AGENT,
+        agents=host.possible_agents,
+    )
+    server, client = MultiAgentServerSession(host, info), ClientSession()
+    hello = decode(client.request_hello())
+    hello.v = version
+    client.parse_hello(server.handle(encode(hello)))
+    parse_multi_agent_reset(client, server.handle(client.request_reset(seed=0)))
+    return server, client
+
+
+def test_multi_agent_step_infos_are_columns_for_13_clients() -> None:
+    for version, columns in (((1, 3), True), ((1, 2), False)):
+        server, client = _ma_session(version)
+        reply = server.handle(client.request_step(np.ones(4, dtype=np.int64)))
+        wire = decode(reply)
+        assert ("info_keys" in wire.body) is columns
+        assert ("info/speed" in wire.arrays) is columns
+        step = parse_multi_agent_step(client, reply).step
+        assert [i == {"t": 1, "speed": 0.5} for i in step.infos] == [True] * 4
+        assert all(type(i["t"]) is int and type(i["speed"]) is float for i in step.infos)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("acted", np.ones(4, dtype=np.float64), r"'acted' with one row per agent row"),
+        ("env_reset", np.zeros(4, dtype=np.bool_), r"'env_reset' with one row per env id"),
+        ("reward", np.zeros(4, dtype=np.bool_), r"lacks 'reward' with one row per agent row"),
+    ],
+)
+def test_bad_multi_agent_step_reply_is_refused(field: str, value: Any, match: str) -> None:
+    server, client = _ma_session((1, 3))
+    reply = decode(server.handle(client.request_step(np.ones(4, dtype=np.int64))))
+    reply.arrays[field] = value
+    with pytest.raises(InvalidField, match=match) as caught:
+        parse_multi_agent_step(client, encode(reply))
+    assert "dtype kind" in str(caught.value.expected)
