@@ -16,12 +16,13 @@ from gymnasium import spaces
 
 import simkit
 from simkit._contract import ContractCore
-from simkit._types import BatchStep, StepFault
+from simkit._types import StepFault
 from simkit.protocol import EnvFault, Unsupported, error_code_of
 from simkit.vector import VectorEnv
 
 __all__ = [
     "EnvListHost",
+    "VectorHost",
     "env_fault",
     "make_env_factory",
     "batch_spec_of",
@@ -75,7 +76,75 @@ def require_params_capability(
         )
 
 
-class EnvListHost:
+class VectorHost:
+    """A host over one of the local vectors (``VectorEnv`` or ``MultiAgentVectorEnv``).
+
+    Everything the protocol's session calls maps onto the vector's array API: reset
+    (with the session's ``env_offset``), subset steps with fault isolation, per-env
+    snapshots. Subclasses build the vector and say what the envs can do
+    (``capabilities``).
+    """
+
+    vector: Any
+    capabilities: frozenset[str]
+
+    def reset(
+        self,
+        env_ids: np.ndarray,
+        *,
+        seed: int | None,
+        seeds: list[int] | None,
+        options: dict[str, Any] | None,
+        params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``env_ids`` with the vector's seeding (:class:`simkit._seeding.EpisodeSeeds`).
+
+        ``seed`` (root), ``seeds`` (``seeds[k]`` for ``env_ids[k]`` exactly) or neither
+        (next episodes); env ``i`` is indexed ``env_offset + i`` in the derivation (a
+        client joining several servers into one vector), until the next reset.
+
+        Returns:
+            The observation rows and infos of ``env_ids``.
+        """
+        require_params_capability(self.capabilities, options, params)
+        self.vector.seeds.env_offset = env_offset
+        out: tuple[Any, list[dict[str, Any]]] = self.vector.reset_envs(
+            env_ids, seed=seed, seeds=seeds, options=options, params=params
+        )
+        return out
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[Any, list[EnvFault]]:
+        """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets.
+
+        Raises:
+            ResetNeeded: an env was never reset.
+            InvalidAction: the batch does not fit the action space (nothing moved).
+        """
+        step, faults = self.vector.step_envs(env_ids, actions)
+        return step, [env_fault(f) for f in faults]
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """Snapshots of ``env_ids``: the env's own plus its seeding bookkeeping and obs."""
+        self._require_state()
+        states: list[dict[str, Any]] = self.vector.get_env_states(env_ids)
+        return states
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """Restores snapshots from :meth:`get_state`, all or nothing."""
+        self._require_state()
+        self.vector.set_env_states(env_ids, states)
+
+    def _require_state(self) -> None:
+        if "state" not in self.capabilities:
+            raise Unsupported("this env has no snapshots", expected="state capability", got="none")
+
+    def close(self) -> None:
+        """Stops the vector's threads and closes every env."""
+        self.vector.close()
+
+
+class EnvListHost(VectorHost):
     """N single-agent envs behind the host interface: a thin adapter over ``VectorEnv``.
 
     Stepping, resets, seeding, autoreset, threads and snapshots are
@@ -121,57 +190,6 @@ class EnvListHost:
             if getattr(first.unwrapped, "randomization", None):
                 caps.add("randomization")
         self.capabilities = frozenset(caps)
-
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids`` with the seeding of :class:`simkit.vector.VectorEnv`.
-
-        ``env_offset``: seeds index env ``i`` as ``env_offset + i`` (a client joining
-        several servers into one vector), until the next reset. ``seed`` (root), ``seeds``
-        (``seeds[k]`` for ``env_ids[k]`` exactly) or neither (next episodes): see
-        :class:`simkit._seeding.EpisodeSeeds`.
-        """
-        require_params_capability(self.capabilities, options, params)
-        self.vector.seeds.env_offset = env_offset
-        return self.vector.reset_envs(
-            env_ids, seed=seed, seeds=seeds, options=options, params=params
-        )
-
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets.
-
-        Raises:
-            ResetNeeded: an env was never reset.
-            InvalidAction: the batch does not fit the action space (nothing moved).
-        """
-        step, faults = self.vector.step_envs(env_ids, actions)
-        return step, [env_fault(f) for f in faults]
-
-    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
-        """Snapshots of ``env_ids``: the env's own plus its seeding bookkeeping and obs."""
-        self._require_state()
-        return self.vector.get_env_states(env_ids)
-
-    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """Restores snapshots from :meth:`get_state`, all or nothing."""
-        self._require_state()
-        self.vector.set_env_states(env_ids, states)
-
-    def _require_state(self) -> None:
-        if "state" not in self.capabilities:
-            raise Unsupported("this env has no snapshots", expected="state capability", got="none")
-
-    def close(self) -> None:
-        """Stops the worker threads and closes every env."""
-        self.vector.close()
 
 
 def env_fault(fault: StepFault) -> EnvFault:

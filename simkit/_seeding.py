@@ -314,6 +314,17 @@ class EpisodeSeeds:
         self.roots = [root] * self.num_envs
         self.episode[:] = -1
 
+    def plan_reset(
+        self, ids: np.ndarray, seed: int | None = None, seeds: Sequence[int] | None = None
+    ) -> list[int | None]:
+        """The array API's reset: a root ``seed``, explicit ``seeds`` (``seeds[k]`` for
+        ``ids[k]``), or neither (each env's next episode)."""
+        if seed is not None:
+            return self.plan(ids, seed)
+        if seeds is not None:
+            return self.plan_explicit(ids, seeds)
+        return self.next(ids)
+
     def plan_explicit(self, ids: np.ndarray, seeds: Sequence[int]) -> list[int | None]:
         """Resets ``ids[k]`` with exactly ``seeds[k]`` (the wire protocol's ``seeds``)."""
         full: list[int | None] = [None] * self.num_envs

@@ -18,7 +18,12 @@ from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.registry import make
 from simkit.vector._actions import split_rows
-from simkit.vector._vector import VECTOR_STATE_FORMAT, _per_env_params, _positive_int
+from simkit.vector._vector import (
+    VECTOR_STATE_FORMAT,
+    _per_env_params,
+    _positive_int,
+    reset_options,
+)
 
 __all__ = [
     "MultiAgentVectorEnv",
@@ -349,18 +354,10 @@ class MultiAgentVectorEnv:
             The observation rows and per-row infos of those envs.
         """
         ids = check_send_ids(env_ids, self.num_envs, None)
-        if seed is not None:
-            planned = self.seeds.plan(ids, seed)
-        elif seeds is not None:
-            planned = self.seeds.plan_explicit(ids, seeds)
-        else:
-            planned = self.seeds.next(ids)
+        planned = self.seeds.plan_reset(ids, seed, seeds)
         infos: list[dict[str, Any]] = []
         for k, i in enumerate(ids.tolist()):
-            opts = dict(options) if options is not None else None
-            if params is not None and params[k]:
-                opts = dict(opts or {})
-                opts["params"] = {**dict(opts.get("params") or {}), **dict(params[k] or {})}
+            opts = reset_options(options, None if params is None else params[k])
             infos.extend(self._reset_one(i, planned[k], opts))
             self._broken[i] = False
         self._has_reset = bool((self.seeds.episode >= 0).all())

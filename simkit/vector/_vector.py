@@ -404,18 +404,11 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         self._require_idle("reset()")
         ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
-        if seed is not None:
-            planned = self.seeds.plan(ids, seed)
-        elif seeds is not None:
-            planned = self.seeds.plan_explicit(ids, seeds)
-        else:
-            planned = self.seeds.next(ids)
+        planned = self.seeds.plan_reset(ids, seed, seeds)
         infos = []
         for k, i in enumerate(ids.tolist()):
-            opts = dict(options or {})
-            if params is not None and params[k]:
-                opts["params"] = {**dict(opts.get("params") or {}), **dict(params[k] or {})}
-            obs, info = self.envs[i].reset(seed=planned[k], options=opts or None)
+            opts = reset_options(options, None if params is None else params[k])
+            obs, info = self.envs[i].reset(seed=planned[k], options=opts)
             self._obs_slot[i] = self._final_slot[i] = obs
             self._info_slot[i] = {}
             self._reset_info_slot[i] = None
@@ -823,6 +816,17 @@ def _positive_int(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return int(value)
+
+
+def reset_options(
+    options: Mapping[str, Any] | None, params: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """One env's reset options: ``options`` with ``params`` merged over its ``"params"``."""
+    if not params:
+        return dict(options) if options else None
+    opts = dict(options or {})
+    opts["params"] = {**dict(opts.get("params") or {}), **dict(params)}
+    return opts
 
 
 def _is_index(value: Any, low: int = 0) -> bool:
