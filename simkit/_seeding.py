@@ -130,27 +130,28 @@ def episode_seeds(root_seed: int, env_index: Any, episode_index: Any) -> np.ndar
     if envs.size and (envs.min() < 0 or episodes.min() < 0):
         raise ValueError("env_index and episode_index must be >= 0")
     out = np.empty(envs.shape, dtype=np.uint64)
-    small = (envs <= _M32) & (episodes <= _M32)
-    if small.any():
-        # Entropy: the root's words padded to the pool size (there is a spawn key),
-        # then one word each for env and episode index.
-        root = _words(root_seed) + [0] * (_POOL_SIZE - len(_words(root_seed)))
-        n = int(small.sum())
-        columns = [np.full(n, w, dtype=np.uint32) for w in root]
-        columns.append(envs[small].astype(np.uint32))
-        columns.append(episodes[small].astype(np.uint32))
-        lo, hi = _generate(_mix_pool(columns), 2)
-        out[small] = _as_u64(lo, hi)
-    for j in np.flatnonzero(~small):
-        out[j] = _scalar_episode_seed(root_seed, int(envs[j]), int(episodes[j]))
+    # Entropy: the root's words padded to the pool size (there is a spawn key), then
+    # the words of env and episode index (one below 2**32, two above): one vectorised
+    # pass per combination of word counts.
+    root = _words(root_seed)
+    root += [0] * (_POOL_SIZE - len(root))
+    env_hi, ep_hi = envs >> 32, episodes >> 32
+    for env_two in (False, True):
+        for ep_two in (False, True):
+            sel = ((env_hi != 0) == env_two) & ((ep_hi != 0) == ep_two)
+            if not sel.any():
+                continue
+            n = int(sel.sum())
+            columns = [np.full(n, w, dtype=np.uint32) for w in root]
+            columns.append((envs[sel] & _M32).astype(np.uint32))
+            if env_two:
+                columns.append(env_hi[sel].astype(np.uint32))
+            columns.append((episodes[sel] & _M32).astype(np.uint32))
+            if ep_two:
+                columns.append(ep_hi[sel].astype(np.uint32))
+            lo, hi = _generate(_mix_pool(columns), 2)
+            out[sel] = _as_u64(lo, hi)
     return out
-
-
-def _scalar_episode_seed(root_seed: int, env_index: int, episode_index: int) -> int:
-    words = np.random.SeedSequence(root_seed, spawn_key=(env_index, episode_index)).generate_state(
-        2, np.uint32
-    )
-    return int(words[0]) | (int(words[1]) << 32)
 
 
 def episode_seed(root_seed: int, env_index: int, episode_index: int) -> int:
