@@ -177,4 +177,4 @@ class ActorCritic(nn.Module):
 
 def numpy_actions(actions: torch.Tensor) -> np.ndarray:
     """``actions`` as a contiguous numpy array for ``env.step`` (moved to the CPU)."""
-    return np.ascontiguousarray(actions.detach().cpu().numpy())
+    return np.array(actions.detach().cpu().numpy(), order="C")

@@ -90,7 +90,7 @@ class PolicyWeights:
 def get_weights(model: nn.Module, version: int) -> PolicyWeights:
     """The model's state dict (buffers included) as copied, contiguous numpy arrays."""
     tensors = {
-        name: np.ascontiguousarray(t.detach().cpu().numpy()).copy()
+        name: np.array(t.detach().cpu().numpy(), order="C", copy=True)
         for name, t in model.state_dict().items()
     }
     return PolicyWeights(version, tensors, getattr(model, "spec", None))
@@ -242,7 +242,7 @@ def save_weights(path: str | os.PathLike[str], weights: PolicyWeights) -> None:
         "version": str(weights.version),
         "spec": json.dumps(None if weights.spec is None else weights.spec.to_plain()),
     }
-    save_file({k: np.ascontiguousarray(v) for k, v in weights.tensors.items()}, tmp, metadata)
+    save_file({k: np.array(v, order="C") for k, v in weights.tensors.items()}, tmp, metadata)
     os.replace(tmp, target)
 
 
