@@ -17,6 +17,9 @@ __all__ = [
     "MissingDependency",
     "UnknownEnv",
     "ConformanceError",
+    "CorruptRecording",
+    "RecordingLocked",
+    "ReplayDivergence",
 ]
 
 
@@ -58,3 +61,20 @@ class UnknownEnv(SimkitError, KeyError):
 
 class ConformanceError(SimkitError, AssertionError):
     """An env broke the simkit contract; raised by :mod:`simkit.testing` checks."""
+
+
+class CorruptRecording(SimkitError, ValueError):
+    """A recording file is corrupted or truncated; the message names the file and offset."""
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class RecordingLocked(SimkitError, RuntimeError):
+    """A second writer tried to open a recording directory another process writes to."""
+
+
+class ReplayDivergence(SimkitError, AssertionError):
+    """A replayed episode differs from its recording; names the episode, step and field."""
