@@ -130,6 +130,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             needs a vector of simkit envs, ``env.envs``).
         policy_version: the version stamped on steps (update :attr:`policy_version`
             as the policy changes); -1: unknown.
+        max_episodes: stop recording after this many episodes (``None``: no limit).
         writer_kwargs: passed to :class:`RecordingWriter` (``compression``,
             ``max_chunk_bytes``, ``fsync``).
     """
@@ -143,6 +144,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         env_kwargs: Mapping[str, Any] | None = None,
         snapshot_every: int = 0,
         policy_version: int = -1,
+        max_episodes: int | None = None,
         **writer_kwargs: Any,
     ) -> None:
         super().__init__(env)
@@ -163,6 +165,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         self.env_kwargs = dict(env_kwargs or {})
         self.snapshot_every = snapshot_every
         self.policy_version = policy_version
+        self.max_episodes = max_episodes
         self.writer = RecordingWriter(directory, **writer_kwargs)
         self._versions = environment_versions(resolved)
         self._kind = "batch" if isinstance(env.unwrapped, simkit.BatchEnv) else "env"
@@ -202,6 +205,8 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         ep = self._open[i]
         self._open[i] = None
         if ep is None or not ep.steps:
+            return
+        if self.max_episodes is not None and self.writer.episodes_written >= self.max_episodes:
             return
         steps: list[tuple[_Step, int]] = []
         for t, r in ep.steps:
