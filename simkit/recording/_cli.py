@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -157,7 +158,10 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
 
 def _export_configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--minari", nargs=2, metavar=("DIR", "NAME"), required=True,
+        "--minari",
+        nargs=2,
+        metavar=("DIR", "NAME"),
+        required=True,
         help="export recording DIR as the Minari dataset NAME (e.g. simkit/cartpole-random-v0)",
     )
 
@@ -219,14 +223,24 @@ def export_minari(directory: str, dataset_id: str) -> int:
         act_space = getattr(probe, "single_action_space", probe.action_space)
     finally:
         probe.close()
-    minari.create_dataset_from_buffers(
-        dataset_id,
-        buffers,
-        observation_space=obs_space,
-        action_space=act_space,
-        algorithm_name="simkit record",
-        description=f"{env_id} exported from the simkit recording {directory}",
-    )
+    import gymnasium as gym
+
+    gym_spec = gym.spec(env_id) if simkit.spec(env_id).kind.value == "single" else None
+    with warnings.catch_warnings():
+        # minari nags about missing author e-mail / permalinks; the dataset is complete.
+        warnings.filterwarnings("ignore", category=UserWarning, module="minari")
+        minari.create_dataset_from_buffers(
+            dataset_id,
+            buffers,
+            env=gym_spec,
+            eval_env=gym_spec,
+            observation_space=obs_space,
+            action_space=act_space,
+            algorithm_name="simkit record",
+            code_permalink=f"simkit {simkit.__version__}: simkit export --minari",
+            author="simkit",
+            description=f"{env_id} exported from the simkit recording {directory}",
+        )
     return len(buffers)
 
 

@@ -210,7 +210,9 @@ def stats_from_meta(meta: dict[str, Any], path: str, offset: int) -> EpisodeStat
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise CorruptRecording(
-            f"{path}: record meta at offset {offset} is malformed: {exc!r}", path=path, offset=offset
+            f"{path}: record meta at offset {offset} is malformed: {exc!r}",
+            path=path,
+            offset=offset,
         ) from exc
 
 
@@ -221,9 +223,7 @@ def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) ->
             raise ValueError(f"record format {meta.get('format')!r}, expected {RECORD_FORMAT}")
         (body_len,) = _U64.unpack_from(blob, 0)
         body = snapshot.from_plain(
-            msgpack.unpackb(
-                blob[_U64.size : _U64.size + body_len], raw=False, strict_map_key=True
-            ),
+            msgpack.unpackb(blob[_U64.size : _U64.size + body_len], raw=False, strict_map_key=True),
             "episode",
         )
         arrays: dict[str, np.ndarray] = {}
@@ -231,7 +231,9 @@ def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) ->
             dt = np.dtype(dtype)
             if dt.kind not in "biufc" or start + nbytes > len(blob):
                 raise ValueError(f"array {name!r}: bad dtype {dtype} or extent")
-            arrays[name] = np.frombuffer(blob, dt, count=nbytes // max(dt.itemsize, 1), offset=start)
+            arrays[name] = np.frombuffer(
+                blob, dt, count=nbytes // max(dt.itemsize, 1), offset=start
+            )
             arrays[name] = arrays[name].reshape(tuple(shape))
         obs = _unflatten(meta["obs_tree"], _leaves(arrays, "obs"))
         actions = _unflatten(meta["action_tree"], _leaves(arrays, "actions"))

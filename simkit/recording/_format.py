@@ -112,7 +112,9 @@ def encode_frame(
     stored = _compress(code, blob, level)
     meta_bytes = msgpack.packb(meta, use_bin_type=True)
     crc = zlib.crc32(stored, zlib.crc32(meta_bytes))
-    head = HEADER.pack(MAGIC, code, KIND_EPISODE, 0, len(meta_bytes), len(stored), len(blob), crc, 0)
+    head = HEADER.pack(
+        MAGIC, code, KIND_EPISODE, 0, len(meta_bytes), len(stored), len(blob), crc, 0
+    )
     head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
     return head + meta_bytes + stored
 
@@ -248,7 +250,9 @@ def scan_chunk(path: str, *, recover: bool = False) -> tuple[list[FrameInfo], li
             try:
                 meta, n, _, _, _ = read_frame(f, path, offset, with_blob=False)
             except _Torn:
-                skipped.append(Skipped(path, offset, size - offset, "torn tail (incomplete record)"))
+                skipped.append(
+                    Skipped(path, offset, size - offset, "torn tail (incomplete record)")
+                )
                 break
             except CorruptRecording as exc:
                 if not recover:

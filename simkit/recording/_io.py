@@ -244,5 +244,3 @@ def to_torch(episode: Episode) -> dict[str, Any]:
         return torch.from_numpy(np.array(tree))
 
     return convert(episode_arrays(episode))
-
-

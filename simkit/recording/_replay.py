@@ -134,7 +134,9 @@ def verify_episode(episode: Episode, where: str = "episode") -> None:
             ("truncated", episode.truncated[t], truncated),
         ):
             if bool(rec) != bool(rep):
-                raise ReplayDivergence(f"{label}: field {name} differs: recorded {bool(rec)}, replayed {bool(rep)}")
+                raise ReplayDivergence(
+                    f"{label}: field {name} differs: recorded {bool(rec)}, replayed {bool(rep)}"
+                )
 
 
 def _verify_one(position: int, path: str, offset: int) -> VerifyResult:

@@ -186,7 +186,9 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         seed = None if root is None else episode_seed(root, i, k)
         if root is None and k == 0 and self._explicit is not None:
             seed = self._explicit[i]
-        opts = None if options is None else {k2: v for k2, v in options.items() if k2 != "reset_mask"}
+        opts = (
+            None if options is None else {k2: v for k2, v in options.items() if k2 != "reset_mask"}
+        )
         ep = _Open(
             reset_obs=obs_row,
             reset_info=dict(reset_info),
