@@ -15,7 +15,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,7 +56,9 @@ def _stack(samples: list[Any]) -> Any:
 
 def _same_tree(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+        return (
+            isinstance(b, dict) and a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+        )
     if isinstance(a, tuple):
         return isinstance(b, tuple) and len(a) == len(b) and all(map(_same_tree, a, b))
     return snapshot.states_equal(np.asarray(a), np.asarray(b))
@@ -131,9 +132,15 @@ def _assert_same_episode(a: Episode, b: Episode) -> None:
         assert snapshot.states_equal(getattr(a, name), np.array(getattr(b, name)))
     assert snapshot.to_plain(a.infos) == snapshot.to_plain(b.infos)
     assert snapshot.to_plain(a.reset_info) == snapshot.to_plain(b.reset_info)
-    assert (a.seed, a.options, a.params, a.env_kwargs) == (b.seed, b.options, b.params, b.env_kwargs)
+    assert (a.seed, a.options, a.params, a.env_kwargs) == (
+        b.seed,
+        b.options,
+        b.params,
+        b.env_kwargs,
+    )
     assert snapshot.states_equal(a.snapshots, b.snapshots)
-    assert a.versions == b.versions and a.origin == b.origin
+    assert a.versions == b.versions
+    assert a.origin == b.origin
     if a.policy_version is None:
         assert b.policy_version is None
     else:
@@ -141,15 +148,21 @@ def _assert_same_episode(a: Episode, b: Episode) -> None:
         assert np.array_equal(a.policy_version, b.policy_version)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(eps=st.lists(episodes(), min_size=1, max_size=4), codec=st.sampled_from(["zstd", "zlib", "none"]))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    eps=st.lists(episodes(), min_size=1, max_size=4),
+    codec=st.sampled_from(["zstd", "zlib", "none"]),
+)
 def test_round_trip_is_identical(tmp_path: Path, eps: list[Episode], codec: str) -> None:
     directory = tmp_path / f"rt-{time.perf_counter_ns()}"
     with RecordingWriter(directory, compression=codec, max_chunk_bytes=2000) as writer:
         for ep in eps:
             writer.write(ep)
     reader = RecordingReader(directory)
-    assert len(reader) == len(eps) and not reader.skipped
+    assert len(reader) == len(eps)
+    assert not reader.skipped
     for k, ep in enumerate(eps):
         _assert_same_episode(ep, reader.load(k))
         stats = reader.stats()[k]
@@ -189,8 +202,10 @@ def test_vector_recording_replays_bit_for_bit(tmp_path: Path, mode: str) -> None
     assert [r.error for r in results] == [None] * len(results)
     first = reader.load(0)
     assert first.seed == simkit._seeding.episode_seed(11, first.origin["env_index"], 0)
-    assert "params" in first.reset_info and 0 in first.snapshots
-    assert first.versions["simkit"] == simkit.__version__ and "mujoco" in first.versions
+    assert "params" in first.reset_info
+    assert 0 in first.snapshots
+    assert first.versions["simkit"] == simkit.__version__
+    assert "mujoco" in first.versions
 
 
 def test_batch_env_recording_replays(tmp_path: Path) -> None:
@@ -226,7 +241,8 @@ def test_remote_recording_replays_locally(tmp_path: Path) -> None:
         server.stop()
     reader = RecordingReader(tmp_path / "rec")
     assert len(reader) == 2
-    assert reader.select(policy_version=3) == [0, 1] and reader.select(policy_version=4) == []
+    assert reader.select(policy_version=3) == [0, 1]
+    assert reader.select(policy_version=4) == []
     assert {r.error for r in verify_recording(reader)} == {None}
 
 
@@ -258,15 +274,18 @@ def test_perturbed_recording_names_episode_step_and_field(tmp_path: Path, field:
     failed = [r for r in results if r.error is not None]
     assert [r.position for r in failed] == [2]
     step = {"obs": 2, "reward": 2, "terminated": 1}[field]
-    assert f"episode 2 " in failed[0].error and f"step {step}: field {field}" in failed[0].error
+    assert "episode 2 " in failed[0].error
+    assert f"step {step}: field {field}" in failed[0].error
     with pytest.raises(ReplayDivergence, match=f"step {step}: field {field}"):
         verify_episode(RecordingReader(tmp_path / "b").load(2))
 
 
 def test_second_writer_is_refused(tmp_path: Path) -> None:
-    with RecordingWriter(tmp_path):
-        with pytest.raises(RecordingLocked, match=f"{tmp_path}.*pid {os.getpid()}"):
-            RecordingWriter(tmp_path)
+    with (
+        RecordingWriter(tmp_path),
+        pytest.raises(RecordingLocked, match=f"{tmp_path}.*pid {os.getpid()}"),
+    ):
+        RecordingWriter(tmp_path)
     RecordingWriter(tmp_path).close()  # released on close
     assert issubclass(RecordingLocked, SimkitError)
 
@@ -281,13 +300,16 @@ def test_flipped_byte_is_reported_with_file_and_offset(tmp_path: Path) -> None:
     chunk.write_bytes(bytes(data))
     reader = RecordingReader(tmp_path)  # the index still matches the size: lazily checked
     reader.load(0)
-    with pytest.raises(CorruptRecording, match=f"{chunk}: record checksum mismatch at offset {offset}"):
+    with pytest.raises(
+        CorruptRecording, match=f"{chunk}: record checksum mismatch at offset {offset}"
+    ):
         reader.load(1)
     (tmp_path / "chunk-000000.idx").unlink()
     with pytest.raises(CorruptRecording, match=f"offset {offset}"):
         RecordingReader(tmp_path)  # a scan finds it too
     recovered = RecordingReader(tmp_path, recover=True)
-    assert len(recovered) == 2 and recovered.skipped[0].offset == offset
+    assert len(recovered) == 2
+    assert recovered.skipped[0].offset == offset
     assert [r.error for r in verify_recording(recovered)] == [None, None]
 
 
@@ -301,7 +323,8 @@ def test_truncated_chunk_is_reported(tmp_path: Path) -> None:
     # The index no longer matches: the reader scans and reports the torn tail.
     reader = RecordingReader(tmp_path)
     assert len(reader) == 2
-    assert reader.skipped[0].offset == last and "torn" in reader.skipped[0].reason
+    assert reader.skipped[0].offset == last
+    assert "torn" in reader.skipped[0].reason
 
 
 _KILLED_WRITER = textwrap.dedent(
@@ -339,7 +362,9 @@ def test_sigkilled_writer_keeps_every_complete_episode(tmp_path: Path) -> None:
     reader = RecordingReader(tmp_path)
     assert len(reader) >= written
     for k, ep in enumerate(reader):
-        assert ep.seed == k and ep.length == 2000 and np.all(ep.rewards == k)
+        assert ep.seed == k
+        assert ep.length == 2000
+        assert np.all(ep.rewards == k)
     RecordingWriter(tmp_path).close()  # the dead writer's lock is gone
 
 
@@ -392,7 +417,9 @@ def test_cli_record_verify_and_failure(tmp_path: Path, capsys: pytest.CaptureFix
     assert "episode 4 " in capsys.readouterr().out
 
 
-def test_export_without_minari_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_export_without_minari_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from simkit.errors import MissingDependency
     from simkit.recording._cli import export_minari
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-
 __all__ = ["COMMANDS", "export_minari", "render_episode"]
 
 
@@ -193,7 +192,7 @@ def export_minari(directory: str, dataset_id: str) -> int:
     from simkit.recording._io import RecordingReader
 
     minari = require("minari", extra="minari", purpose="simkit export --minari")
-    from minari.data_collector import EpisodeBuffer
+    from minari.data_collector import EpisodeBuffer  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
 
     import simkit
 

@@ -34,9 +34,10 @@ import msgpack
 
 from simkit.errors import CorruptRecording, RecordingLocked
 
+zstandard: Any
 try:
     import zstandard
-except ImportError:  # pragma: no cover - zstandard is a dependency; zlib is the fallback
+except ImportError:  # zstandard is a dependency; zlib is the fallback where it is missing
     zstandard = None
 
 __all__ = [

@@ -119,9 +119,12 @@ def verify_episode(episode: Episode, where: str = "episode") -> None:
 
     _check_obs("obs", _row(episode.obs, 0), first, f"{where} step 0 (reset)")
     for t in range(episode.length):
-        if t in episode.snapshots and env is not None:
-            if not snapshot.states_equal(episode.snapshots[t], env.get_state()):
-                raise ReplayDivergence(f"{where} step {t}: field snapshot differs")
+        if (
+            t in episode.snapshots
+            and env is not None
+            and not snapshot.states_equal(episode.snapshots[t], env.get_state())
+        ):
+            raise ReplayDivergence(f"{where} step {t}: field snapshot differs")
         obs, reward, terminated, truncated = step(_row(actions, t))
         label = f"{where} step {t}"
         _check_obs("obs", _row(episode.obs, t + 1), obs, label)

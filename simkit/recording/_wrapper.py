@@ -271,7 +271,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             self._explicit = [None if s is None else int(s) for s in seed]
             for i in ids:
                 self._roots[i], self._index[i] = None, 0
-        obs, info = self.env.reset(seed=seed, options=options)
+        obs, info = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # simkit vectors take Gymnasium's list form too
         for i in ids:
             self._open[int(i)] = None
             self._pending[int(i)] = False
