@@ -149,16 +149,17 @@ def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
     if len(ep.infos) != t:
         raise ValueError(f"infos must hold T = {t} dicts, got {len(ep.infos)}")
     try:
+        infos = [snapshot.to_plain(x, f"infos[{k}]") if x else {} for k, x in enumerate(ep.infos)]
         body = msgpack.packb(
             snapshot.to_plain(
                 {
-                    "infos": list(ep.infos),
                     "reset_info": ep.reset_info,
                     "options": ep.options,
                     "snapshots": [[int(k), v] for k, v in sorted(ep.snapshots.items())],
                 },
                 "episode",
-            ),
+            )
+            | {"infos": infos},
             use_bin_type=True,
         )
     except InvalidState as exc:

@@ -16,6 +16,7 @@ from gymnasium.vector import AutoresetMode
 import simkit
 from simkit._seeding import MAX_ROOT_SEED, episode_seed
 from simkit._types import BatchStep
+from simkit.recording._buffer import StepBuffer
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
 
@@ -53,21 +54,19 @@ def _row(tree: Any, k: int) -> Any:
     return np.array(np.asarray(tree)[k])
 
 
-def _copy(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {key: _copy(v) for key, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(_copy(v) for v in tree)
-    return np.array(tree)
+def _as_tree(actions: Any) -> Any:
+    """Actions as arrays (a list of per-env actions becomes one array)."""
+    return np.asarray(actions) if isinstance(actions, list) else actions
 
 
-def _stack(rows: list[Any]) -> Any:
-    first = rows[0]
+def _prepend(first: Any, rest: Any) -> Any:
+    """``first`` (one row) stacked before ``rest`` (``(T, ...)``), leaf by leaf."""
     if isinstance(first, dict):
-        return {key: _stack([r[key] for r in rows]) for key in first}
+        return {k: _prepend(first[k], rest[k]) for k in first}
     if isinstance(first, tuple):
-        return tuple(_stack([r[j] for r in rows]) for j in range(len(first)))
-    return np.stack([np.asarray(r) for r in rows])
+        return tuple(_prepend(a, b) for a, b in zip(first, rest, strict=True))
+    b = np.asarray(rest)
+    return np.concatenate([np.asarray(first, b.dtype)[None], b])
 
 
 def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
@@ -84,29 +83,14 @@ def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
 
 
 @dataclass
-class _Step:
-    """One wrapper-level step of the batch (rows copied: the env may reuse its buffers)."""
-
-    next_obs: Any
-    actions: Any
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    infos: list[dict[str, Any]]
-    version: int
-    overrides: dict[int, Any] = field(default_factory=dict)
-
-
-@dataclass
 class _Open:
-    """The episode env ``i`` is in: its start and the steps it took (wrapper step, row)."""
+    """How env ``i``'s current episode started (its steps are in the :class:`StepBuffer`)."""
 
     reset_obs: Any
     reset_info: dict[str, Any]
     seed: int | None
     options: dict[str, Any] | None
     origin: dict[str, Any]
-    steps: list[tuple[int, int]] = field(default_factory=list)
     snapshots: dict[int, Any] = field(default_factory=dict)
 
 
@@ -174,10 +158,9 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         self._index = np.zeros(n, np.int64)
         self._open: list[_Open | None] = [None] * n
         self._pending = np.zeros(n, bool)
-        self._log: list[_Step] = []
+        self._buffer = StepBuffer(n)
         self._explicit: list[int | None] | None = None
         self._ever_reset = False
-        self._base = 0
 
     # ------------------------------------------------------------------ episodes
 
@@ -197,54 +180,42 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             origin={"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind},
         )
         self._open[i] = ep
+        self._buffer.clear(i)
         self._snapshot(i, ep)
 
     def _snapshot(self, i: int, ep: _Open) -> None:
-        if self.snapshot_every and len(ep.steps) % self.snapshot_every == 0:
-            ep.snapshots[len(ep.steps)] = self.env.unwrapped.envs[i].get_state()  # type: ignore[attr-defined]
+        t = int(self._buffer.length[i])
+        if self.snapshot_every and t % self.snapshot_every == 0:
+            ep.snapshots[t] = self.env.unwrapped.envs[i].get_state()  # type: ignore[attr-defined]
 
     def _finish(self, i: int) -> None:
         ep = self._open[i]
         self._open[i] = None
-        if ep is None or not ep.steps:
+        if ep is None or not self._buffer.length[i]:
             return
+        steps = self._buffer.take(i)
         if self.max_episodes is not None and self.writer.episodes_written >= self.max_episodes:
             return
-        steps: list[tuple[_Step, int]] = []
-        for t, r in ep.steps:
-            steps.append((self._log[t - self._base], r))
-        obs = [ep.reset_obs] + [
-            s.overrides[r] if r in s.overrides else _row(s.next_obs, r) for s, r in steps
-        ]
         self.writer.write(
             Episode(
                 env_id=self.env_id,
-                obs=_stack(obs),
-                actions=_stack([_row(s.actions, r) for s, r in steps]),
-                rewards=np.array([s.reward[r] for s, r in steps], np.float64),
-                terminated=np.array([s.terminated[r] for s, r in steps], bool),
-                truncated=np.array([s.truncated[r] for s, r in steps], bool),
-                infos=[s.infos[r] for s, r in steps],
+                obs=_prepend(ep.reset_obs, steps["next_obs"]),
+                actions=steps["actions"],
+                rewards=steps["reward"],
+                terminated=steps["terminated"],
+                truncated=steps["truncated"],
+                infos=steps["infos"],
                 reset_info=ep.reset_info,
                 seed=ep.seed,
                 options=ep.options,
                 params=dict(ep.reset_info.get("params", {})),
                 env_kwargs=self.env_kwargs,
-                policy_version=np.array([s.version for s, _ in steps], np.int64),
+                policy_version=steps["version"],
                 snapshots=ep.snapshots,
                 versions=self._versions,
                 origin=ep.origin,
             )
         )
-        self._trim()
-
-    def _trim(self) -> None:
-        live = [ep.steps[0][0] for ep in self._open if ep is not None and ep.steps]
-        keep = min(live, default=self._base + len(self._log))
-        drop = keep - self._base
-        if drop > 64:
-            del self._log[:drop]
-            self._base = keep
 
     # --------------------------------------------------------------------- reset
 
@@ -286,34 +257,43 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         self._index[i] += 1
         self._start(i, obs_row, reset_info, None)
 
-    def _log_step(self, entry: _Step, env_ids: np.ndarray, rows: np.ndarray | None = None) -> None:
-        t = self._base + len(self._log)
-        self._log.append(entry)
-        row_list = range(len(env_ids)) if rows is None else rows.tolist()
-        for r, i in zip(row_list, env_ids.tolist(), strict=True):
-            ep = self._open[i]
-            if ep is not None:
-                ep.steps.append((t, r))
+    def _log_step(
+        self,
+        env_ids: np.ndarray,
+        rows: np.ndarray,
+        next_obs: Any,
+        actions: Any,
+        reward: Any,
+        terminated: Any,
+        truncated: Any,
+        infos: list[dict[str, Any]],
+    ) -> None:
+        live = np.fromiter(
+            (self._open[i] is not None for i in env_ids.tolist()), bool, env_ids.size
+        )
+        self._buffer.append(
+            env_ids[live],
+            rows[live],
+            next_obs,
+            _as_tree(actions),
+            reward,
+            terminated,
+            truncated,
+            infos,
+            self.policy_version,
+        )
 
     def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
         """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
         res: BatchStep = self.env.unwrapped.step_batch(actions, *args, **kwargs)  # type: ignore[attr-defined]
         ids = np.asarray(res.env_ids)
-        acts = _copy(actions)
-        infos = [{k: v for k, v in info.items() if k != "reset_info"} for info in res.infos]
-        if not infos:
-            infos = [{} for _ in ids]
+        infos = [
+            {k: v for k, v in info.items() if k != "reset_info"} if "reset_info" in info else info
+            for info in res.infos
+        ] or [{} for _ in ids]
+        rows = np.arange(ids.size)
         self._log_step(
-            _Step(
-                _copy(res.final_obs),
-                acts,
-                np.array(res.reward, np.float64),
-                np.array(res.terminated, bool),
-                np.array(res.truncated, bool),
-                infos,
-                self.policy_version,
-            ),
-            ids,
+            ids, rows, res.final_obs, actions, res.reward, res.terminated, res.truncated, infos
         )
         done = np.flatnonzero(np.logical_or(res.terminated, res.truncated))
         for r in done.tolist():
@@ -338,29 +318,18 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         same_step = mode == AutoresetMode.SAME_STEP
         final_info = info.get("final_info", {}) if same_step else {}
         infos = []
-        overrides = {}
         for i in range(n):
             if same_step and i in done:
                 infos.append(env_info(final_info, i))
-                overrides[i] = _row(info["final_obs"], i)
             elif self._pending[i]:
                 infos.append({})
             else:
                 infos.append(env_info(info, i))
-        self._log_step(
-            _Step(
-                _copy(obs),
-                _copy(actions),
-                np.array(reward, np.float64),
-                np.array(terminated, bool),
-                np.array(truncated, bool),
-                infos,
-                self.policy_version,
-                overrides,
-            ),
-            stepped,
-            stepped,
-        )
+        self._log_step(stepped, stepped, obs, actions, reward, terminated, truncated, infos)
+        if same_step:
+            for i in done.tolist():
+                if self._open[i] is not None:
+                    self._buffer.set_last_obs(i, _row(info["final_obs"], i))
         for i in pending.tolist():
             self._pending[i] = False
             self._autoreset(i, _row(obs, i), env_info(info, i))
