@@ -20,6 +20,7 @@ from gymnasium.vector.utils import batch_space, create_empty_array
 
 from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
+from simkit._validation import check_env_ids
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
@@ -265,19 +266,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return out
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
-        if env_ids is None:
-            return self._all_ids
-        ids = np.asarray(env_ids)
-        if ids.dtype.kind not in "iu" or ids.ndim != 1 or ids.size == 0:
-            raise ValueError(
-                f"env_ids must be a non-empty 1-D integer array, got {ids.dtype} shape {ids.shape}"
-            )
-        ids = ids.astype(np.int64)
-        if np.any(ids < 0) or np.any(ids >= self.num_envs) or np.unique(ids).size != ids.size:
-            raise ValueError(
-                f"env_ids must be unique ids in [0, {self.num_envs}), got {ids.tolist()}"
-            )
-        return ids
+        return self._all_ids if env_ids is None else check_env_ids(env_ids, self.num_envs)
 
     def _ready(self) -> None:
         if self.closed:

@@ -15,6 +15,7 @@ from gymnasium import spaces
 
 from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
+from simkit._validation import EnvIdsError, check_env_ids
 from simkit.protocol._codec import (
     INLINE_THRESHOLD,
     PROTOCOL_VERSION,
@@ -98,29 +99,20 @@ class SessionState(enum.Enum):
 
 
 def request_env_ids(
-    msg: Message, num_envs: int, *, name: str = "env_ids", everyone: np.ndarray | None = None
+    msg: Message, num_envs: int, *, everyone: np.ndarray | None = None
 ) -> np.ndarray:
-    """The request's env ids, checked; absent means every env (``everyone``, if given)."""
-    ids = msg.arrays.get(name)
+    """The request's env ids, checked; absent means every env (``everyone``, if given).
+
+    Raises:
+        InvalidEnvIds: not distinct integers in ``[0, num_envs)``, or none.
+    """
+    ids = msg.arrays.get("env_ids")
     if ids is None:
         return np.arange(num_envs, dtype=np.int64) if everyone is None else everyone
-
-    if ids.dtype.kind not in "iu":
-        raise InvalidEnvIds("env_ids must be integers", expected="int64", got=ids.dtype.name)
-    if ids.ndim != 1 or ids.size == 0:
-        raise InvalidEnvIds(
-            "env_ids must be a non-empty 1-D array",
-            expected="shape (k,), k >= 1",
-            got=list(ids.shape),
-        )
-    out = ids.astype(np.int64)
-    if np.any(ids < 0) or np.any(ids >= num_envs):
-        raise InvalidEnvIds(
-            "env_ids out of range", expected=f"ids in [0, {num_envs})", got=out.tolist()[:32]
-        )
-    if np.unique(out).size != out.size:
-        raise InvalidEnvIds("env_ids must be unique", expected="no repeats", got=out.tolist()[:32])
-    return out
+    try:
+        return check_env_ids(ids, num_envs)
+    except EnvIdsError as exc:
+        raise InvalidEnvIds(str(exc), expected=exc.expected, got=exc.got) from None
 
 
 def _seed(value: Any, what: str) -> int:
