@@ -19,9 +19,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, create_empty_array
 
-from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
-from simkit._validation import check_env_ids
+from simkit._validation import check_env_ids, check_seed
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
@@ -320,9 +319,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 )
             seed = None
         if seed is not None:
-            if isinstance(seed, bool) or not 0 <= int(seed) <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-            seed = int(seed)
+            seed = check_seed(seed)
         for s, conn in enumerate(self._conns):
             lo, hi = int(self._offsets[s]), int(self._offsets[s + 1])
             frames = conn.session.request_reset(

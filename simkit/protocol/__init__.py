@@ -57,6 +57,7 @@ from simkit.protocol._multiagent import (
     parse_multi_agent_step,
 )
 from simkit.protocol._server_session import (
+    EnvHost,
     Host,
     ServerSession,
     SessionState,
@@ -99,6 +100,7 @@ __all__ = [
     "REQUEST_KINDS",
     "CAPABILITIES",
     "AUTORESET_SAME_STEP",
+    "EnvHost",
     "Host",
     "EnvFault",
     "ServerInfo",

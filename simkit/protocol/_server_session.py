@@ -13,9 +13,8 @@ from typing import Any, Protocol
 import numpy as np
 from gymnasium import spaces
 
-from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
-from simkit._validation import EnvIdsError, check_env_ids
+from simkit._validation import EnvIdsError, check_env_ids, check_seed
 from simkit.protocol._codec import (
     INLINE_THRESHOLD,
     PROTOCOL_VERSION,
@@ -41,6 +40,7 @@ from simkit.protocol._step_reply import SINGLE_AGENT_STEP, EnvFault, encode_step
 from simkit.snapshot import from_plain, to_plain
 
 __all__ = [
+    "EnvHost",
     "Host",
     "SessionState",
     "ServerSession",
@@ -49,11 +49,9 @@ __all__ = [
 ]
 
 
-class Host(Protocol):
-    """What a :class:`ServerSession` serves: N envs stepped as a batch (same-step autoreset).
-
-    ``simkit.servers`` builds hosts over ``simkit.vector``/``BatchEnv`` or plain
-    Gymnasium envs. Per-env spaces; batched values have a leading env axis.
+class EnvHost(Protocol):
+    """What every session's host has: N envs with per-env (or per-agent-row) spaces,
+    reset, and plain-data snapshots. :class:`Host` and ``MultiAgentHost`` add their step.
     """
 
     num_envs: int
@@ -77,16 +75,24 @@ class Host(Protocol):
         derive from ``episode_seed(root, env_offset + i, k)`` until the next reset."""
         ...
 
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps ``env_ids`` with batched ``actions`` (rows in ``env_ids`` order)."""
-        ...
-
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
         """Plain-data snapshots of ``env_ids``."""
         ...
 
     def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
         """Restores snapshots from :meth:`get_state`."""
+        ...
+
+
+class Host(EnvHost, Protocol):
+    """What a :class:`ServerSession` serves: N envs stepped as a batch (same-step autoreset).
+
+    ``simkit.servers`` builds hosts over ``simkit.vector``/``BatchEnv`` or plain
+    Gymnasium envs. Per-env spaces; batched values have a leading env axis.
+    """
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """Steps ``env_ids`` with batched ``actions`` (rows in ``env_ids`` order)."""
         ...
 
 
@@ -116,11 +122,10 @@ def request_env_ids(
 
 
 def _seed(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ROOT_SEED:
-        raise InvalidField(
-            f"{what} must be an int in [0, 2**63)", expected="int in [0, 2**63)", got=repr(value)
-        )
-    return value
+    try:
+        return check_seed(value, what)
+    except ValueError as exc:
+        raise InvalidField(str(exc), expected="int in [0, 2**63)", got=repr(value)) from None
 
 
 def keepalive_target(frames: Sequence[Any], limits: Limits | None = None) -> Message | None:
