@@ -9,6 +9,7 @@ learner overlap its own work (or a second half of the envs) with the servers' st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -413,15 +414,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             )
         if global_ids is step.env_ids:
             return step
-        return BatchStep(
-            obs=step.obs,
-            reward=step.reward,
-            terminated=step.terminated,
-            truncated=step.truncated,
-            final_obs=step.final_obs,
-            env_ids=global_ids,
-            infos=step.infos,
-        )
+        return dataclasses.replace(step, env_ids=global_ids)
 
     def _drain(self) -> None:
         for s, queue in enumerate(self._inflight):
