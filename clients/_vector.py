@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, create_empty_array
 
 from simkit._types import BatchStep
-from simkit._validation import check_env_ids, check_seed
+from simkit._validation import check_seed, checked_env_ids
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
@@ -270,7 +270,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return out
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
-        return self._all_ids if env_ids is None else check_env_ids(env_ids, self.num_envs)
+        return (
+            self._all_ids
+            if env_ids is None
+            else checked_env_ids(env_ids, self.num_envs, allow_empty=False)
+        )
 
     def _ready(self) -> None:
         if self.closed:

@@ -629,11 +629,11 @@ def test_multi_agent_step_infos_are_columns_for_13_clients_and_maps_for_12_clien
 @pytest.mark.parametrize(
     ("field", "value", "match"),
     [
-        ("reward", np.zeros(4, np.int64), r"lacks 'reward' with one row per \(env id, agent\)"),
-        ("agent_mask", np.ones(4, np.float32), r"lacks 'agent_mask' with one row per \(env id"),
-        ("acted", np.ones(2, np.bool_), r"lacks 'acted' with one row per \(env id, agent\)"),
+        ("reward", np.zeros(4, np.int64), r"lacks 'reward' with one row per agent row"),
+        ("agent_mask", np.ones(4, np.float32), r"lacks 'agent_mask' with one row per agent row"),
+        ("acted", np.ones(2, np.bool_), r"lacks 'acted' with one row per agent row"),
         ("env_reset", np.zeros(4, np.bool_), r"lacks 'env_reset' with one row per env id$"),
-        ("terminated", None, r"lacks 'terminated' with one row per \(env id, agent\)"),
+        ("terminated", None, r"lacks 'terminated' with one row per agent row"),
         ("env_ids", np.zeros(2, np.float64), "step reply lacks 1-D integer 'env_ids'"),
     ],
 )
