@@ -287,14 +287,8 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
     Args:
         endpoint: the server's ZeroMQ endpoint (it must serve a multi-agent env).
         env_index: which of the session's envs this object drives.
-        timeout: seconds to wait for every reply before :class:`ServerUnavailable`.
-        client: a name the server logs for this client.
-        context: a ZeroMQ context (default: the process-wide instance).
-        curve: CURVE keys for a server bound beyond loopback.
-        keepalive: keep the session alive from a background thread while the learner
-            is silent (see :class:`simkit.clients.RemoteVectorEnv`).
-        busy_poll_us: poll this long for each reply before sleeping (see
-            :class:`simkit.clients.RemoteVectorEnv`); off by default.
+        timeout, client, context, curve, keepalive, busy_poll_us: the connection, as
+            for :class:`RemoteMultiAgentVectorEnv`.
 
     Raises:
         ServerUnavailable: the server did not answer the handshake in time.
