@@ -96,7 +96,7 @@ class MultiAgentServerSession(ServerSession):
 
     def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         host = self.ma_host
-        env_ids = request_env_ids(msg, host.num_envs)
+        env_ids = request_env_ids(msg, host.num_envs, everyone=self._all_ids)
         space = host.action_space
         check_batch(space, msg.arrays, "actions", env_ids.size * host.num_agents)
         live = np.flatnonzero(host.agent_mask(env_ids))

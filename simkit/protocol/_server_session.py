@@ -96,14 +96,14 @@ class Host(EnvHost, Protocol):
 
 
 def request_env_ids(
-    msg: Message, num_envs: int, *, name: str = "env_ids", everyone: np.ndarray | None = None
+    msg: Message, num_envs: int, *, everyone: np.ndarray | None = None
 ) -> np.ndarray:
     """The request's env ids, checked; absent means every env (``everyone``, if given).
 
     Raises:
         InvalidEnvIds: not 1-D integers, empty, out of range or repeated.
     """
-    ids = msg.arrays.get(name)
+    ids = msg.arrays.get("env_ids")
     if ids is None:
         return np.arange(num_envs, dtype=np.int64) if everyone is None else everyone
     return checked_env_ids(ids, num_envs, allow_empty=False, error=_invalid_env_ids)
