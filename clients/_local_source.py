@@ -273,16 +273,19 @@ class LocalSource:
 
     # ------------------------------------------------------------------ state
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self, *, include_envs: bool = True) -> dict[str, Any]:
         """Plain data to resume the rollout exactly (sync mode): envs, obs, generator, counters.
 
-        The env snapshot is ``None`` for envs without ``get_state`` (Gymnasium's); such
-        envs restart with a fresh reset on resume.
+        The env snapshot is ``None`` for envs without ``get_state`` (Gymnasium's) and
+        without ``include_envs`` (async mode, where the rollout thread owns the envs);
+        such envs restart with a fresh reset on resume.
         """
-        try:
-            vector_state: Any = self.vector.get_state()
-        except TypeError:
-            vector_state = None
+        vector_state: Any = None
+        if include_envs:
+            try:
+                vector_state = self.vector.get_state()
+            except TypeError:
+                vector_state = None
         return {
             "vector": vector_state,
             "obs": self._obs.copy(),

@@ -332,9 +332,9 @@ class PPO:
         return UpdateStats(
             version=self.version,
             global_step=self.global_step,
-            policy_loss=float(pg_loss),
-            value_loss=float(v_loss),
-            entropy=float(entropy_loss),
+            policy_loss=float(pg_loss.detach()),
+            value_loss=float(v_loss.detach()),
+            entropy=float(entropy_loss.detach()),
             approx_kl=float(torch.stack(kls).mean()) if kls else 0.0,
             clipfrac=float(torch.stack(clipfracs).mean()) if clipfracs else 0.0,
             explained_variance=explained,

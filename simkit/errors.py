@@ -17,6 +17,7 @@ __all__ = [
     "MissingDependency",
     "UnknownEnv",
     "ConformanceError",
+    "InvalidCheckpoint",
 ]
 
 
@@ -58,3 +59,8 @@ class UnknownEnv(SimkitError, KeyError):
 
 class ConformanceError(SimkitError, AssertionError):
     """An env broke the simkit contract; raised by :mod:`simkit.testing` checks."""
+
+
+class InvalidCheckpoint(SimkitError, ValueError):
+    """A training checkpoint is missing, truncated, corrupt or from another model; the
+    message names the file and what is wrong."""
