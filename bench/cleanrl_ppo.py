@@ -113,7 +113,9 @@ def parse_args() -> Args:
         default = f.default
         flag = "--" + f.name.replace("_", "-")
         if isinstance(default, bool):
-            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
+            parser.add_argument(
+                flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default
+            )
         else:
             parser.add_argument(flag, type=type(default), default=default)
     return Args(**vars(parser.parse_args()))
@@ -125,7 +127,7 @@ def main() -> None:
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     torch.set_num_threads(args.torch_threads)
-    np.random.seed(args.seed)
+    rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = True
 
@@ -135,7 +137,8 @@ def main() -> None:
     )
     obs_shape = envs.single_observation_space.shape
     act_shape = envs.single_action_space.shape
-    assert obs_shape is not None and act_shape is not None
+    assert obs_shape is not None
+    assert act_shape is not None
     agent = Agent(int(np.prod(obs_shape)), int(np.prod(act_shape)))
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
@@ -209,7 +212,7 @@ def main() -> None:
         b_inds = np.arange(batch_size)
         clipfracs = []
         for _epoch in range(args.update_epochs):
-            np.random.shuffle(b_inds)
+            rng.shuffle(b_inds)
             for begin in range(0, batch_size, minibatch_size):
                 mb_inds = b_inds[begin : begin + minibatch_size]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(

@@ -213,14 +213,18 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     directory = resolve_checkpoint(path)
     manifest_file = directory / "manifest.json"
     if not manifest_file.is_file():
-        raise InvalidCheckpoint(f"{manifest_file}: missing; {directory} is not a complete checkpoint")
+        raise InvalidCheckpoint(
+            f"{manifest_file}: missing; {directory} is not a complete checkpoint"
+        )
     try:
         manifest = json.loads(manifest_file.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidCheckpoint(f"{manifest_file}: not valid JSON: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise InvalidCheckpoint(f"{manifest_file}: format must be {CHECKPOINT_FORMAT!r}, got {got!r}")
+        raise InvalidCheckpoint(
+            f"{manifest_file}: format must be {CHECKPOINT_FORMAT!r}, got {got!r}"
+        )
     files = manifest.get("files")
     if not isinstance(files, dict) or set(files) != set(_FILES):
         raise InvalidCheckpoint(f"{manifest_file}: must list {list(_FILES)}, got {files!r}")
@@ -236,15 +240,21 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         optimizer = unflatten_optimizer(opt_tensors, state.pop("optimizer_param_groups"))
     except (ValueError, TypeError) as exc:
-        raise InvalidCheckpoint(f"{directory / 'optimizer.safetensors'}: bad tensor names: {exc}") from exc
+        raise InvalidCheckpoint(
+            f"{directory / 'optimizer.safetensors'}: bad tensor names: {exc}"
+        ) from exc
     return Checkpoint(directory, model, optimizer, state)
 
 
-def check_tensors(file: Path, got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+def check_tensors(
+    file: Path, got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+) -> None:
     """Raises :class:`InvalidCheckpoint` unless ``got`` has ``expected``'s names, shapes, dtypes."""
     missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
     if missing or extra:
-        raise InvalidCheckpoint(f"{file}: tensor names differ from the model: missing {missing}, unexpected {extra}")
+        raise InvalidCheckpoint(
+            f"{file}: tensor names differ from the model: missing {missing}, unexpected {extra}"
+        )
     for name, want in expected.items():
         have = got[name]
         if have.shape != want.shape or have.dtype != want.dtype:
@@ -280,7 +290,9 @@ def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, An
         except (SafetensorError, OSError) as exc:
             raise InvalidCheckpoint(f"{p}: not a valid safetensors file: {exc}") from exc
         if meta.get("format") != POLICY_FORMAT:
-            raise InvalidCheckpoint(f"{p}: format must be {POLICY_FORMAT!r}, got {meta.get('format')!r}")
+            raise InvalidCheckpoint(
+                f"{p}: format must be {POLICY_FORMAT!r}, got {meta.get('format')!r}"
+            )
         try:
             return tensors, json.loads(meta["meta"])
         except (KeyError, json.JSONDecodeError) as exc:

@@ -52,10 +52,14 @@ class FragmentSource(Protocol):
 
 
 def _is_multi_agent(env_id: str) -> bool:
-    return not env_id.startswith(GYM_PREFIX) and simkit.spec(env_id).kind is simkit.EnvKind.MULTI_AGENT
+    return (
+        not env_id.startswith(GYM_PREFIX) and simkit.spec(env_id).kind is simkit.EnvKind.MULTI_AGENT
+    )
 
 
-def make_vector(env_id: str, num_envs: int, num_threads: int = 1) -> VectorEnv | MultiAgentVectorEnv:
+def make_vector(
+    env_id: str, num_envs: int, num_threads: int = 1
+) -> VectorEnv | MultiAgentVectorEnv:
     """The local vector of ``env_id`` (``gym:<id>`` builds the installed Gymnasium env)."""
     if env_id.startswith(GYM_PREFIX):
         gym_id = env_id[len(GYM_PREFIX) :]
@@ -116,9 +120,8 @@ class LocalSource:
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
         self._lock = threading.Lock()
         self._times = {"env": 0.0, "inference": 0.0}
-        if self.multi_agent:
-            obs, mask, _ = self.vector.reset(seed=seed)  # type: ignore[misc]  # multi-agent reset returns 3
-            self._mask = mask
+        if isinstance(self.vector, MultiAgentVectorEnv):
+            obs, self._mask, _ = self.vector.reset(seed=seed)
         else:
             obs, _ = self.vector.reset(seed=seed)
             self._mask = np.ones(num_envs, dtype=np.bool_)
@@ -257,7 +260,9 @@ class LocalSource:
             while True:
                 yield self.rollout()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._produce, name="simkit-rollout", daemon=True)
+            self._thread = threading.Thread(
+                target=self._produce, name="simkit-rollout", daemon=True
+            )
             self._thread.start()
         while True:
             item = self._queue.get()
@@ -304,7 +309,9 @@ class LocalSource:
             self._mask = np.asarray(state["mask"], dtype=np.bool_).copy()
             self._ep_return = np.asarray(state["ep_return"], dtype=np.float64).copy()
             self._ep_length = np.asarray(state["ep_length"], dtype=np.int64).copy()
-        self.generator.set_state(torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy()))
+        self.generator.set_state(
+            torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
+        )
         self.sequence = int(state["sequence"])
 
     def close(self) -> None:

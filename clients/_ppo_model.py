@@ -63,6 +63,11 @@ class MLPActorCritic(nn.Module):
         obs_clip: clip normalised observations to ``[-obs_clip, obs_clip]``.
     """
 
+    obs_mean: torch.Tensor
+    obs_var: torch.Tensor
+    obs_count: torch.Tensor
+    log_std: nn.Parameter | None
+
     def __init__(
         self,
         obs_dim: int,
@@ -123,14 +128,18 @@ class MLPActorCritic(nn.Module):
         delta = b_mean - self.obs_mean
         total = self.obs_count + b_count
         self.obs_mean += delta * b_count / total
-        m2 = self.obs_var * self.obs_count + b_var * b_count + delta**2 * self.obs_count * b_count / total
+        m2 = (
+            self.obs_var * self.obs_count
+            + b_var * b_count
+            + delta**2 * self.obs_count * b_count / total
+        )
         self.obs_var.copy_(m2 / total)
         self.obs_count.copy_(total)
         self._refresh_norm()
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """``(B,)`` state values."""
-        return self.critic(self.normalize(obs)).squeeze(-1)  # type: ignore[no-any-return]  # Sequential is untyped
+        return self.critic(self.normalize(obs)).squeeze(-1)
 
     @torch.no_grad()
     def act(
@@ -169,8 +178,12 @@ class MLPActorCritic(nn.Module):
         if self.continuous:
             assert self.log_std is not None
             z = (actions - out) * torch.exp(-self.log_std)
-            log_probs = (-0.5 * z.square()).sum(-1) - (self.log_std.sum() + self.act_dim * _LOG_SQRT_2PI)
-            entropy = (self.log_std.sum() + self.act_dim * (0.5 + _LOG_SQRT_2PI)).expand(out.shape[0])
+            log_probs = (-0.5 * z.square()).sum(-1) - (
+                self.log_std.sum() + self.act_dim * _LOG_SQRT_2PI
+            )
+            entropy = (self.log_std.sum() + self.act_dim * (0.5 + _LOG_SQRT_2PI)).expand(
+                out.shape[0]
+            )
             return log_probs, entropy, values
         logp = torch.log_softmax(out, -1)
         log_probs = logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)

@@ -33,8 +33,17 @@ from simkit.clients._local_source import LocalSource, make_vector
 from simkit.clients._ppo_model import MLPActorCritic, build_mlp
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
 from simkit.errors import InvalidCheckpoint
+from simkit.vector import MultiAgentVectorEnv
 
-__all__ = ["TrainResult", "run_training", "evaluate_policy", "add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
+__all__ = [
+    "TrainResult",
+    "run_training",
+    "evaluate_policy",
+    "add_train_arguments",
+    "run_train",
+    "add_eval_arguments",
+    "run_eval",
+]
 
 
 @dataclass
@@ -76,7 +85,11 @@ def build_model(args: PPOArgs) -> MLPActorCritic:
 def _learner_state(learner: PPO, source: LocalSource) -> dict[str, Any]:
     return {
         "args": learner.args.to_plain(),
-        "policy": {"env_id": learner.args.env_id, "hidden": list(learner.args.hidden), "version": learner.version},
+        "policy": {
+            "env_id": learner.args.env_id,
+            "hidden": list(learner.args.hidden),
+            "version": learner.version,
+        },
         "version": learner.version,
         "global_step": learner.global_step,
         "dropped": learner.dropped,
@@ -139,7 +152,9 @@ def run_training(
             learner.version = int(state["version"])
             learner.global_step = int(state["global_step"])
             learner.dropped = int(state["dropped"])
-            learner.generator.set_state(torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy()))
+            learner.generator.set_state(
+                torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
+            )
             learner.scaler.set_state(state["scaler"])
             source.set_state(state["source"])
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
@@ -153,9 +168,12 @@ def run_training(
         del frame
         nonlocal stop_requested
         stop_requested = True
-        print(f"\nsimkit train: {signal.Signals(signum).name} received, checkpointing after this update", file=sys.stderr)
+        print(
+            f"\nsimkit train: {signal.Signals(signum).name} received, checkpointing after this update",
+            file=sys.stderr,
+        )
 
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     if handle_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
@@ -188,7 +206,9 @@ def run_training(
         )
         bar.start()
         total = learner.num_updates * args.num_steps * source.num_rows or None
-        task = bar.add_task("train", total=total, completed=learner.global_step, env=args.env_id, info="")
+        task = bar.add_task(
+            "train", total=total, completed=learner.global_step, env=args.env_id, info=""
+        )
 
     def checkpoint() -> Path:
         return save_checkpoint(
@@ -212,14 +232,22 @@ def run_training(
         elapsed = time.perf_counter() - start
         sps = (learner.global_step - start_step) / max(elapsed, 1e-9)
         mean_ret = float(np.mean(returns)) if returns else float("nan")
-        save_policy(policy_path, learner.weights(), {"env_id": args.env_id, "hidden": list(args.hidden), "version": learner.version})
+        save_policy(
+            policy_path,
+            learner.weights(),
+            {"env_id": args.env_id, "hidden": list(args.hidden), "version": learner.version},
+        )
         if checkpoint_every and learner.version % checkpoint_every == 0:
             last_ckpt = checkpoint()
         if writer is not None:
             step = learner.global_step
             if len(stats.episode_returns):
-                writer.add_scalar("charts/episodic_return", float(np.mean(stats.episode_returns)), step)
-                writer.add_scalar("charts/episodic_length", float(np.mean(stats.episode_lengths)), step)
+                writer.add_scalar(
+                    "charts/episodic_return", float(np.mean(stats.episode_returns)), step
+                )
+                writer.add_scalar(
+                    "charts/episodic_length", float(np.mean(stats.episode_lengths)), step
+                )
             for name, value in (
                 ("losses/policy_loss", stats.policy_loss),
                 ("losses/value_loss", stats.value_loss),
@@ -248,7 +276,13 @@ def run_training(
             )
 
     try:
-        train(learner, source, max_updates=max_updates, on_update=on_update, should_stop=lambda: stop_requested)
+        train(
+            learner,
+            source,
+            max_updates=max_updates,
+            on_update=on_update,
+            should_stop=lambda: stop_requested,
+        )
         last_ckpt = checkpoint()
     finally:
         if bar is not None:
@@ -290,17 +324,19 @@ def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> n
     check_tensors(Path(path), tensors, model.state_dict())
     model.load_state_dict(tensors)
     vector = make_vector(env_id, 1)
-    multi = not hasattr(vector, "step_batch")
+    multi = isinstance(vector, MultiAgentVectorEnv)
     gen = torch.Generator().manual_seed(seed)
-    if multi:
-        obs, mask, _ = vector.reset(seed=seed)  # type: ignore[misc]  # multi-agent reset returns 3
+    if isinstance(vector, MultiAgentVectorEnv):
+        obs, mask, _ = vector.reset(seed=seed)
     else:
         obs, _ = vector.reset(seed=seed)
         mask = np.ones(1, dtype=np.bool_)
     ep = np.zeros(len(mask))
     out: list[float] = []
     while len(out) < episodes:
-        actions = model.act(torch.as_tensor(np.asarray(obs), dtype=torch.float32), generator=gen, deterministic=True).actions.numpy()
+        actions = model.act(
+            torch.as_tensor(np.asarray(obs), dtype=torch.float32), generator=gen, deterministic=True
+        ).actions.numpy()
         if multi:
             step: Any = vector.step(actions)
             acted = step.acted
@@ -323,20 +359,44 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """``simkit train`` options."""
     d = PPOArgs()
     parser.add_argument("env_id", help="simkit env id (single or multi-agent) or gym:<id>")
-    parser.add_argument("--num-envs", type=int, default=d.num_envs, help=f"env slots (default {d.num_envs})")
-    parser.add_argument("--num-steps", type=int, default=d.num_steps, help=f"steps per env slot per update, T (default {d.num_steps})")
-    parser.add_argument("--total-steps", type=int, default=d.total_steps, help="env steps to train; 0 = until stopped")
+    parser.add_argument(
+        "--num-envs", type=int, default=d.num_envs, help=f"env slots (default {d.num_envs})"
+    )
+    parser.add_argument(
+        "--num-steps",
+        type=int,
+        default=d.num_steps,
+        help=f"steps per env slot per update, T (default {d.num_steps})",
+    )
+    parser.add_argument(
+        "--total-steps",
+        type=int,
+        default=d.total_steps,
+        help="env steps to train; 0 = until stopped",
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
     parser.add_argument("--num-minibatches", type=int, default=d.num_minibatches)
     parser.add_argument("--update-epochs", type=int, default=d.update_epochs)
     parser.add_argument("--ent-coef", type=float, default=d.ent_coef)
     parser.add_argument("--gamma", type=float, default=d.gamma)
-    parser.add_argument("--hidden", type=int, nargs="+", default=list(d.hidden), help="hidden layer sizes")
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", default=list(d.hidden), help="hidden layer sizes"
+    )
     parser.add_argument("--mode", choices=("sync", "async"), default=d.mode)
-    parser.add_argument("--max-lag", type=int, default=d.max_lag, help="async: drop fragments older than this many versions")
+    parser.add_argument(
+        "--max-lag",
+        type=int,
+        default=d.max_lag,
+        help="async: drop fragments older than this many versions",
+    )
     parser.add_argument("--env-threads", type=int, default=d.env_threads)
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="checkpoint every K updates (0: only at the end)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=10,
+        help="checkpoint every K updates (0: only at the end)",
+    )
     parser.add_argument("--resume", default=None, help="checkpoint (or log directory) to continue")
     parser.add_argument("--logdir", default=None, help="default runs/<env>-<seed>-<time>")
     parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
@@ -361,7 +421,9 @@ def run_train(ns: argparse.Namespace) -> int:
         env_threads=ns.env_threads,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    logdir = Path(ns.logdir or f"runs/{ns.env_id.replace('/', '_').replace(':', '_')}-{ns.seed}-{stamp}")
+    logdir = Path(
+        ns.logdir or f"runs/{ns.env_id.replace('/', '_').replace(':', '_')}-{ns.seed}-{stamp}"
+    )
     try:
         result = run_training(
             args,
@@ -407,7 +469,9 @@ def _print_summary(env_id: str, r: TrainResult) -> None:
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """``simkit eval`` options."""
-    parser.add_argument("checkpoint", help="policy.safetensors, a checkpoint or a run's log directory")
+    parser.add_argument(
+        "checkpoint", help="policy.safetensors, a checkpoint or a run's log directory"
+    )
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
 
@@ -415,7 +479,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
     path = Path(ns.checkpoint)
-    if path.is_dir() and (path / "policy.safetensors").is_file() and not (path / "manifest.json").exists():
+    if (
+        path.is_dir()
+        and (path / "policy.safetensors").is_file()
+        and not (path / "manifest.json").exists()
+    ):
         path = path / "policy.safetensors"
     try:
         returns = evaluate_policy(path, episodes=ns.episodes, seed=ns.seed)

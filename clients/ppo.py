@@ -176,8 +176,14 @@ class RewardScaler:
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`get_state`."""
-        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])
-        self.returns = {k: np.asarray(v, dtype=np.float64).copy() for k, v in state["returns"].items()}
+        self.mean, self.var, self.count = (
+            float(state["mean"]),
+            float(state["var"]),
+            float(state["count"]),
+        )
+        self.returns = {
+            k: np.asarray(v, dtype=np.float64).copy() for k, v in state["returns"].items()
+        }
 
 
 @dataclass(frozen=True)
@@ -293,7 +299,9 @@ class PPO:
             perm = torch.randperm(n, generator=self.generator)
             for begin in range(0, n - mb + 1, mb):
                 idx = perm[begin : begin + mb]
-                newlogp, entropy, newvalue = model.evaluate(b_x[idx], b_actions[idx], normalized=True)
+                newlogp, entropy, newvalue = model.evaluate(
+                    b_x[idx], b_actions[idx], normalized=True
+                )
                 logratio = newlogp - b_logp[idx]
                 ratio = logratio.exp()
                 with torch.no_grad():
@@ -309,13 +317,16 @@ class PPO:
                 if args.clip_vloss:
                     m_val = b_val[idx]
                     clipped = m_val + (newvalue - m_val).clamp(-args.clip_coef, args.clip_coef)
-                    v_loss = 0.5 * torch.max((newvalue - m_ret).square(), (clipped - m_ret).square()).mean()
+                    v_loss = (
+                        0.5
+                        * torch.max((newvalue - m_ret).square(), (clipped - m_ret).square()).mean()
+                    )
                 else:
                     v_loss = 0.5 * (newvalue - m_ret).square().mean()
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]  # torch stub gap
+                loss.backward()
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm, foreach=True)
                 self.optimizer.step()
 

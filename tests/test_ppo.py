@@ -60,7 +60,8 @@ def test_gae_hand_computed_with_truncation_bootstrap() -> None:
 def test_same_seed_same_parameters(tmp_path: Path) -> None:
     a = run_training(PPOArgs(**TINY), logdir=tmp_path / "a", max_updates=4, tensorboard=False)
     b = run_training(PPOArgs(**TINY), logdir=tmp_path / "b", max_updates=4, tensorboard=False)
-    assert a.checkpoint is not None and b.checkpoint is not None
+    assert a.checkpoint is not None
+    assert b.checkpoint is not None
     pa, pb = _params(a.checkpoint), _params(b.checkpoint)
     assert pa.keys() == pb.keys()
     for k in pa:
@@ -89,7 +90,8 @@ def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
     )
     assert rest.updates == full.updates == 5
     assert rest.global_step == full.global_step
-    assert full.checkpoint is not None and rest.checkpoint is not None
+    assert full.checkpoint is not None
+    assert rest.checkpoint is not None
     pf, pr = _params(full.checkpoint), _params(rest.checkpoint)
     for k in pf:
         assert torch.equal(pf[k], pr[k]), k
@@ -118,7 +120,7 @@ def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path: Path) -> None
     with pytest.raises(InvalidCheckpoint, match=r"manifest\.json: not valid JSON"):
         load_checkpoint(ckpt)
     (ckpt / "manifest.json").unlink()
-    with pytest.raises(InvalidCheckpoint, match="not a checkpoint|manifest.json: missing"):
+    with pytest.raises(InvalidCheckpoint, match=r"not a checkpoint|manifest\.json: missing"):
         load_checkpoint(ckpt)
     with pytest.raises(InvalidCheckpoint, match=r"nowhere: not a checkpoint"):
         load_checkpoint(tmp_path / "nowhere")
@@ -136,7 +138,9 @@ def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidCheckpoint, match=r"model\.safetensors: tensor names differ"):
         check_tensors(
-            r.checkpoint / "model.safetensors", load_checkpoint(r.checkpoint).model, model.state_dict()
+            r.checkpoint / "model.safetensors",
+            load_checkpoint(r.checkpoint).model,
+            model.state_dict(),
         )
 
 
@@ -172,7 +176,7 @@ def test_sigint_checkpoints_and_resumes(tmp_path: Path) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert b"SIGINT received" in err
     ckpt = load_checkpoint(logdir)
