@@ -10,6 +10,7 @@ checkpoint every K updates and at the end (also on SIGINT/SIGTERM), shows a live
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -179,6 +180,7 @@ def run_training(
             previous[sig] = signal.signal(sig, _on_signal)
 
     writer: Any = None
+    logdir.mkdir(parents=True, exist_ok=True)
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -232,6 +234,17 @@ def run_training(
         elapsed = time.perf_counter() - start
         sps = (learner.global_step - start_step) / max(elapsed, 1e-9)
         mean_ret = float(np.mean(returns)) if returns else float("nan")
+        with open(logdir / "progress.jsonl", "a") as fh:
+            record = {
+                "version": learner.version,
+                "global_step": learner.global_step,
+                "elapsed_s": round(elapsed, 3),
+                "sps": round(sps, 1),
+                "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
+                "approx_kl": stats.approx_kl,
+                "lag_mean": stats.lag[1],
+            }
+            fh.write(json.dumps(record) + "\n")
         save_policy(
             policy_path,
             learner.weights(),
