@@ -17,6 +17,8 @@ __all__ = [
     "MissingDependency",
     "UnknownEnv",
     "ConformanceError",
+    "UnknownModel",
+    "InvalidWeights",
 ]
 
 
@@ -58,3 +60,14 @@ class UnknownEnv(SimkitError, KeyError):
 
 class ConformanceError(SimkitError, AssertionError):
     """An env broke the simkit contract; raised by :mod:`simkit.testing` checks."""
+
+
+class UnknownModel(SimkitError, KeyError):
+    """A model name is neither registered nor published in the ``simkit.models`` group."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidWeights(SimkitError, ValueError):
+    """Policy weights do not fit the model (names, dtypes, shapes, NaN/inf, version)."""
