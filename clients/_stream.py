@@ -170,8 +170,12 @@ class PolicyStream:
         offset = 0
         try:
             for endpoint, share in zip(eps, shares, strict=True):
-                conn = Connection(endpoint, self.timeout, self._context, curve=curve, keepalive=False)
-                srv = _Server(conn, StreamClientSession(endpoint), env_offset=offset, num_envs=share)
+                conn = Connection(
+                    endpoint, self.timeout, self._context, curve=curve, keepalive=False
+                )
+                srv = _Server(
+                    conn, StreamClientSession(endpoint), env_offset=offset, num_envs=share
+                )
                 srv.stats = ServerStats(endpoint)
                 self._servers.append(srv)
                 self._by_socket[conn.socket] = srv
@@ -194,7 +198,8 @@ class PolicyStream:
                 offset += share
             row = 0
             for srv in self._servers:
-                self._await(srv, lambda s: s.info is not None, "'stream_open'")
+                self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
+                srv.info = srv.session.info
                 assert srv.info is not None
                 row += srv.info.num_rows
                 srv.opened_at = time.monotonic()
@@ -279,7 +284,11 @@ class PolicyStream:
     # -------------------------------------------------------------------- weights
 
     def push_weights(
-        self, weights: torch.nn.Module | PolicyWeights, *, version: int | None = None, wait: bool = True
+        self,
+        weights: torch.nn.Module | PolicyWeights,
+        *,
+        version: int | None = None,
+        wait: bool = True,
     ) -> int:
         """Sends new weights to every server; returns their version.
 
@@ -299,9 +308,16 @@ class PolicyStream:
         if isinstance(weights, PolicyWeights):
             pw = weights
         else:
-            v = version if version is not None else (0 if self.version is None else self.version + 1)
+            v = (
+                version
+                if version is not None
+                else (0 if self.version is None else self.version + 1)
+            )
             pw = get_weights(weights, v)
-        tensors = {name: np.ascontiguousarray(arr) for name, arr in pw.tensors.items()}
+        tensors = {
+            name: arr if arr.flags.c_contiguous else np.array(arr, order="C")
+            for name, arr in pw.tensors.items()
+        }
         for srv in self._servers:
             self._send(srv, srv.session.request_weights(pw.version, tensors))
         if wait:
@@ -385,12 +401,11 @@ class PolicyStream:
         Raises:
             ValueError: ``endpoint`` is not in the stream.
         """
-        for k, srv in enumerate(self._servers):
-            if srv.conn.endpoint == endpoint:
-                break
-        else:
+        found = [s for s in self._servers if s.conn.endpoint == endpoint]
+        if not found:
             raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
-        self._servers.pop(k)
+        srv = found[0]
+        self._servers.remove(srv)
         kept = list(srv.queue)
         self._retire(srv, polite=False)
         return kept
@@ -484,7 +499,9 @@ def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
     if len(steps) != 1:
         raise ValueError(f"fragments must share T to be stacked, got {sorted(steps)}")
     row_offsets = np.cumsum([0] + [f.num_rows for f in fragments[:-1]]).tolist()
-    rows = {name: np.concatenate([getattr(f, name) for f in fragments], axis=1) for name in _ROW_FIELDS}
+    rows = {
+        name: np.concatenate([getattr(f, name) for f in fragments], axis=1) for name in _ROW_FIELDS
+    }
     return Fragment(
         **rows,
         policy_version=np.minimum.reduce([f.policy_version for f in fragments]),
@@ -502,9 +519,21 @@ def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
     )
 
 
-def fragment_to_torch(fragment: Fragment, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def fragment_to_torch(
+    fragment: Fragment, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     """Every array of ``fragment`` as a torch tensor on ``device`` (copied: received
     arrays are read-only views of network buffers)."""
-    names = (*_ROW_FIELDS, "policy_version", "last_obs", "last_values", "env_ids",
-             "episode_returns", "episode_lengths", "episode_rows")
-    return {name: torch.tensor(np.asarray(getattr(fragment, name)), device=device) for name in names}
+    names = (
+        *_ROW_FIELDS,
+        "policy_version",
+        "last_obs",
+        "last_values",
+        "env_ids",
+        "episode_returns",
+        "episode_lengths",
+        "episode_rows",
+    )
+    return {
+        name: torch.tensor(np.asarray(getattr(fragment, name)), device=device) for name in names
+    }

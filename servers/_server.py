@@ -35,13 +35,13 @@ from simkit.protocol._multiagent import MultiAgentServerSession
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
 from simkit.servers._metrics import Metrics, MetricsHTTPServer
-from simkit.servers._stream_host import StreamHost
-from simkit.servers._stream_worker import StreamSettings, default_device
 from simkit.servers._multiagent_host import (
     ParallelEnvHost,
     is_multi_agent_id,
     make_parallel_env_factory,
 )
+from simkit.servers._stream_host import StreamHost
+from simkit.servers._stream_worker import StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
@@ -169,6 +169,12 @@ class RolloutServer:
             raise ValueError(f"busy_poll_us must be an int >= 0 or None, got {busy_poll_us!r}")
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        if (
+            isinstance(fragment_length, bool)
+            or not isinstance(fragment_length, int)
+            or fragment_length < 1
+        ):
+            raise ValueError(f"fragment_length must be a positive int, got {fragment_length!r}")
         if not is_loopback(bind) and curve_secret_key is None and not insecure:
             raise ValueError(
                 f"binding {bind!r} exposes the server beyond this machine: pass CURVE keys "
@@ -238,6 +244,7 @@ class RolloutServer:
             self._sock.curve_server = True
         self._sock.bind(bind)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.device: str = device or default_device()
         self.registry = CollectorRegistry()
         self._streams = StreamHost(
             self._ctx,
@@ -246,7 +253,7 @@ class RolloutServer:
                 env_kwargs=self._env_kwargs,
                 num_envs=num_envs,
                 num_threads=num_threads,
-                device=device or default_device(),
+                device=self.device,
                 fragment_length=fragment_length,
                 heartbeat_timeout=float(heartbeat_timeout),
                 limits=self.limits,

@@ -46,7 +46,9 @@ class _Buffer:
     """Arrays of one fragment being collected (fresh per fragment: the previous one may
     still be on its way to the learner, zero-copy)."""
 
-    def __init__(self, t: int, r: int, obs: np.ndarray, action_shape: tuple[int, ...], action_dtype: Any) -> None:
+    def __init__(
+        self, t: int, r: int, obs: np.ndarray, action_shape: tuple[int, ...], action_dtype: Any
+    ) -> None:
         self.obs = np.empty((t, *obs.shape), dtype=obs.dtype)
         self.actions = np.empty((t, r, *action_shape), dtype=action_dtype)
         self.log_probs = np.zeros((t, r), dtype=np.float32)
@@ -138,7 +140,11 @@ class RolloutLoop:
         if t == 0:
             self._start_state = self.envs.get_state() if self.with_states else None
             self._buf = _Buffer(
-                self.fragment_length, self.envs.num_rows, obs, self.action_shape, policy.action_dtype
+                self.fragment_length,
+                self.envs.num_rows,
+                obs,
+                self.action_shape,
+                policy.action_dtype,
             )
         buf = self._buf
         assert buf is not None
@@ -185,7 +191,9 @@ class RolloutLoop:
 
     def _finish(self) -> Fragment:
         buf = self._buf
-        assert buf is not None and self._obs is not None and self._mask is not None
+        assert buf is not None
+        assert self._obs is not None
+        assert self._mask is not None
         v0 = time.perf_counter()
         last_values = np.where(self._mask, self.policy.value(self._obs), 0.0).astype(np.float32)
         self.times.inference += time.perf_counter() - v0

@@ -116,7 +116,9 @@ class StreamMetrics:
             registry=registry,
         )
         self.errors = Counter(
-            "simkit_stream_errors", "Error replies of stream sessions, by code.", ["code"],
+            "simkit_stream_errors",
+            "Error replies of stream sessions, by code.",
+            ["code"],
             registry=registry,
         )
 

@@ -13,15 +13,15 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
 import simkit
-from simkit.models import InvalidWeights, ModelSpec, PolicyWeights, UnknownModel, build_model
+from simkit.errors import InvalidWeights, UnknownModel
+from simkit.models import ModelSpec, PolicyWeights, build_model
 from simkit.protocol import InvalidField, Limits, ProtocolError, space_to_plain
 from simkit.protocol._stream_messages import (
     InvalidWeightsError,
@@ -93,7 +93,7 @@ class StreamSettings:
     device: str = "cpu"
     fragment_length: int = 128
     heartbeat_timeout: float | None = 60.0
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     inline_threshold: int = 16384
     server: str = ""
     max_envs: int = 4096
@@ -134,7 +134,7 @@ class StreamWorker(threading.Thread):
         self._context = context
         self._address = address
         self._metrics = metrics
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._push: zmq.Socket[Any] | None = None
         self.session = StreamServerSession(
             limits=settings.limits, inline_threshold=settings.inline_threshold
@@ -151,7 +151,7 @@ class StreamWorker(threading.Thread):
 
     def stop(self) -> None:
         """Asks the worker to finish (it closes its envs on the way out)."""
-        self._stop.set()
+        self._stopping.set()
         self.inbox.put(None)
 
     # ------------------------------------------------------------------------ loop
@@ -193,9 +193,9 @@ class StreamWorker(threading.Thread):
             log.debug("stream %s: %s", self.session_name, exc)
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             self._drain()
-            if self.session.state.value == "closed" or self._stop.is_set():
+            if self.session.state.value == "closed" or self._stopping.is_set():
                 return
             loop = self._loop
             if loop is None:  # not open: wait for the next message
@@ -211,7 +211,7 @@ class StreamWorker(threading.Thread):
                     item = self.inbox.get(timeout=_IDLE_WAIT_S)
                 except queue.Empty:
                     item = None
-                    if self._stop.is_set():
+                    if self._stopping.is_set():
                         return
                 spent = time.perf_counter() - waited
                 if why == "credit":
@@ -221,7 +221,7 @@ class StreamWorker(threading.Thread):
                     self._metrics.waiting_weights(spent)
                 if item is not None:
                     self._handle(item)
-                elif self._stop.is_set():
+                elif self._stopping.is_set():
                     return
                 continue
             self._step(loop)
@@ -290,9 +290,8 @@ class StreamWorker(threading.Thread):
         if self.session.version is not None and cmd.version <= self.session.version:
             exc: ProtocolError = _stale(self.session.version, cmd.version)
         else:
-            tensors = {name: np.array(arr) for name, arr in cmd.tensors.items()}
             try:
-                policy.set_weights(PolicyWeights(version=cmd.version, tensors=tensors))
+                policy.set_weights(PolicyWeights(version=cmd.version, tensors=cmd.tensors))
             except (InvalidWeights, ValueError, TypeError) as bad:
                 exc = InvalidWeightsError(
                     f"weights rejected, the session keeps version {self.session.version}: {bad}",
@@ -317,7 +316,7 @@ class StreamWorker(threading.Thread):
             exc.request_kind = "stream_open"  # type: ignore[attr-defined]
             self._metrics.error(exc.code)
             self._send(self.session.error(exc))
-            self._stop.set()  # nothing was built; the slot is freed
+            self._stopping.set()  # nothing was built; the slot is freed
             return
         self._send(self.session.reply("stream_open", cmd.id, info.to_plain()))
 
@@ -339,15 +338,13 @@ class StreamWorker(threading.Thread):
         try:
             device = torch.device(device_name)
         except RuntimeError as exc:
-            raise InvalidField("unknown torch device", expected="cpu or cuda[:k]", got=device_name) from exc
-        if device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidField(
-                "this server has no CUDA device", expected="cpu", got=device_name
-            )
+                "unknown torch device", expected="cpu or cuda[:k]", got=device_name
+            ) from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidField("this server has no CUDA device", expected="cpu", got=device_name)
         try:
-            envs = make_env_rows(
-                env_id, num_envs, env_kwargs=env_kwargs, num_threads=s.num_threads
-            )
+            envs = make_env_rows(env_id, num_envs, env_kwargs=env_kwargs, num_threads=s.num_threads)
         except (KeyError, ValueError, TypeError, ImportError) as exc:
             raise InvalidField(f"cannot build env {env_id!r}: {exc}", got=env_id) from exc
         try:

@@ -252,11 +252,13 @@ class StreamInfo:
 
 def weights_message(version: int, tensors: Mapping[str, np.ndarray], *, request_id: int) -> Message:
     """A ``weights`` request: body ``{"version"}``, one array per named tensor."""
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_ROOT_SEED:
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or not 0 <= version <= MAX_ROOT_SEED
+    ):
         raise ValueError(f"version must be an int in [0, 2**63), got {version!r}")
-    return Message(
-        kind="weights", id=request_id, body={"version": version}, arrays=dict(tensors)
-    )
+    return Message(kind="weights", id=request_id, body={"version": version}, arrays=dict(tensors))
 
 
 def parse_weights(msg: Message) -> tuple[int, dict[str, np.ndarray]]:
@@ -348,7 +350,7 @@ def parse_fragment(msg: Message, *, source: str | None = None) -> Fragment:
         arr = arrays[name]
         if dtype is not None and arr.dtype.name != dtype:
             raise InvalidDtype(f"fragment array {name!r}", expected=dtype, got=arr.dtype.name)
-        lead = (t, r) if ndim == 2 else None
+        lead: tuple[int, ...] | None = (t, r) if ndim == 2 else None
         if name == "policy_version":
             lead = (t,)
         elif name in ("last_obs", "last_values", "env_ids"):

@@ -170,15 +170,12 @@ class StreamServerSession:
                 self.state = StreamState.OPEN
                 return OpenCommand(msg.id, self.config)
             if self.state is StreamState.NEW:
-                raise SessionStateError(
-                    "open the stream first", expected="stream_open", got=kind
-                )
+                raise SessionStateError("open the stream first", expected="stream_open", got=kind)
             if kind == "weights":
                 version, tensors = parse_weights(msg)
                 if self.version is not None and version <= self.version:
                     raise StaleVersion(
-                        "policy versions must increase; the session keeps version "
-                        f"{self.version}",
+                        f"policy versions must increase; the session keeps version {self.version}",
                         expected=f"version > {self.version}",
                         got=version,
                     )
