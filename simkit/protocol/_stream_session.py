@@ -25,7 +25,7 @@ from simkit.protocol._errors import (
     SessionStateError,
     UnknownKind,
 )
-from simkit.protocol._session import error_reply
+from simkit.protocol._error_reply import error_reply
 from simkit.protocol._stream_messages import (
     StaleVersion,
     StreamConfig,
