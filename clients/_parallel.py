@@ -19,6 +19,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from pettingzoo import ParallelEnv
 
 from simkit._seeding import MAX_ROOT_SEED
+from simkit._types import MultiAgentBatchStep
 from simkit.clients._connection import Connection, CurveKeys
 from simkit.errors import InvalidAction, ResetNeeded
 from simkit.protocol import (
@@ -30,7 +31,6 @@ from simkit.protocol import (
     parse_multi_agent_reset,
     parse_multi_agent_step,
 )
-from simkit.vector import MultiAgentBatchStep
 
 __all__ = ["RemoteMultiAgentVectorEnv", "RemoteParallelEnv"]
 

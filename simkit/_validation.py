@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from simkit.errors import InvalidAction
 
-__all__ = ["ActionBounds", "validate_action", "check_send_ids"]
+__all__ = ["ActionBounds", "validate_action", "EnvIdsError", "check_env_ids", "check_send_ids"]
 
 
 class ActionBounds(enum.Enum):
@@ -144,6 +144,63 @@ def _int_array(action: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+class EnvIdsError(ValueError):
+    """Env ids that are not distinct integers in ``[0, num_envs)``.
+
+    Attributes:
+        expected: what was expected, in words.
+        got: what came (at most 32 ids).
+    """
+
+    def __init__(self, message: str, *, expected: str, got: Any) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.got = got
+
+
+def check_env_ids(env_ids: Any, num_envs: int, *, allow_empty: bool = False) -> np.ndarray:
+    """``env_ids`` as int64 after checking they are distinct ints in ``[0, num_envs)``.
+
+    The one env-id check of every path: local vectors and BatchEnv (through
+    :func:`check_send_ids`), remote vectors, and the server session (which reports it
+    as ``invalid_env_ids``).
+
+    Args:
+        env_ids: a 1-D integer array-like (numpy; callers convert tensors).
+        num_envs: N; ids must lie in ``[0, N)``.
+        allow_empty: accept no ids at all.
+
+    Raises:
+        EnvIdsError: (a ``ValueError``) not 1-D integers, empty, out of range, or repeated.
+    """
+    ids = np.asarray(env_ids)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise EnvIdsError(
+            f"env_ids must be a 1-D array of ints, got dtype {ids.dtype} shape {ids.shape}",
+            expected="int64 (k,)",
+            got=f"{ids.dtype} {list(ids.shape)}",
+        )
+    if not ids.size:
+        if allow_empty:
+            return ids.astype(np.int64)
+        raise EnvIdsError("env_ids must not be empty", expected="k >= 1 ids", got="[]")
+    ids = ids.astype(np.int64)
+    shown = ids.tolist()[:32]
+    if ids.min() < 0 or ids.max() >= num_envs:
+        raise EnvIdsError(
+            f"env_ids must lie in [0, {num_envs}), got {shown} (out of range)",
+            expected=f"ids in [0, {num_envs})",
+            got=shown,
+        )
+    if np.unique(ids).size != ids.size:
+        raise EnvIdsError(
+            f"env_ids must not repeat, got {shown} (give unique ids in [0, {num_envs}))",
+            expected="no repeats",
+            got=shown,
+        )
+    return ids
+
+
 def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
     """The env ids of an EnvPool-style ``send`` as int64 (``None``: all, in order).
 
@@ -153,19 +210,13 @@ def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.nda
         in_flight: ``(N,)`` bool, the envs sent but not yet received.
 
     Raises:
-        ValueError: not 1-D integers, out of range, repeated, or already in flight.
+        ValueError: not 1-D integers, out of range or repeated (an :class:`EnvIdsError`),
+            or already in flight.
     """
     if env_ids is None:
         ids = np.arange(num_envs, dtype=np.int64)
     else:
-        ids = np.asarray(env_ids)
-        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-            raise ValueError(f"env_ids must be a 1-D array of ints, got {env_ids!r}")
-        ids = ids.astype(np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
-            raise ValueError(f"env_ids must lie in [0, {num_envs}), got {ids.tolist()}")
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"env_ids must not repeat, got {ids.tolist()}")
+        ids = check_env_ids(env_ids, num_envs, allow_empty=True)
     busy = ids[in_flight[ids]]
     if busy.size:
         raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")

@@ -17,6 +17,8 @@ __all__ = [
     "MissingDependency",
     "UnknownEnv",
     "ConformanceError",
+    "UnknownModel",
+    "InvalidWeights",
     "InvalidCheckpoint",
 ]
 
@@ -61,6 +63,19 @@ class ConformanceError(SimkitError, AssertionError):
     """An env broke the simkit contract; raised by :mod:`simkit.testing` checks."""
 
 
+class UnknownModel(SimkitError, KeyError):
+    """A model name is neither registered nor published in the ``simkit.models`` group."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidWeights(SimkitError, ValueError):
+    """Policy weights do not fit the model (names, dtypes, shapes, NaN/inf, version)."""
+
+
 class InvalidCheckpoint(SimkitError, ValueError):
-    """A training checkpoint is missing, truncated, corrupt or from another model; the
-    message names the file and what is wrong."""
+    """A training checkpoint is missing, truncated, corrupt or from another model.
+
+    The message names the file and what is wrong.
+    """
