@@ -15,6 +15,7 @@ overlaps the next rollout.
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -27,7 +28,7 @@ import torch
 
 import simkit
 from simkit._types import Fragment
-from simkit.clients._ppo_model import MLPActorCritic
+from simkit.models import ActorCritic, numpy_actions
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX"]
@@ -36,17 +37,11 @@ GYM_PREFIX = "gym:"
 
 
 class FragmentSource(Protocol):
-    """What the learner needs from whoever produces experience."""
+    """What the learner needs from whoever produces experience (``PolicyStream`` too)."""
 
-    observation_space: gym.Space[Any]
-    action_space: gym.Space[Any]
-    num_rows: int
+    def fragments(self) -> Iterator[Fragment]: ...
 
-    def __iter__(self) -> Iterator[Fragment]: ...
-
-    def push_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None: ...
-
-    def timings(self) -> dict[str, float]: ...
+    def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int: ...
 
     def close(self) -> None: ...
 
@@ -89,7 +84,7 @@ class LocalSource:
     def __init__(
         self,
         env_id: str,
-        model: MLPActorCritic,
+        model: ActorCritic,
         *,
         num_envs: int,
         num_steps: int,
@@ -111,13 +106,13 @@ class LocalSource:
         self.observation_space = self.vector.single_observation_space
         self.action_space = self.vector.single_action_space
         self.num_rows = self.vector.num_rows if self.multi_agent else num_envs  # type: ignore[union-attr]  # num_rows exists on the multi-agent vector
-        self.model = MLPActorCritic(model.obs_dim, self.action_space)
-        self.model.load_state_dict(model.state_dict())
+        self.model = copy.deepcopy(model)
         self.model.eval()
         self.version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.sequence = 0
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.num_envs = num_envs
         self._lock = threading.Lock()
         self._times = {"env": 0.0, "inference": 0.0}
         if isinstance(self.vector, MultiAgentVectorEnv):
@@ -134,13 +129,15 @@ class LocalSource:
 
     # ------------------------------------------------------------------ weights
 
-    def push_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+    def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
         """New weights (normalisation buffers included), used from the next fragment on."""
-        copied = {k: v.detach().clone() for k, v in tensors.items()}
+        v = self.version + 1 if version is None else version
+        copied = {k: t.detach().clone() for k, t in weights.state_dict().items()}
         with self._lock:
-            self._pending = (version, copied)
+            self._pending = (v, copied)
         if self.mode == "sync":
             self._swap()
+        return v
 
     def _swap(self) -> None:
         with self._lock:
@@ -150,9 +147,6 @@ class LocalSource:
             self.model.load_state_dict(tensors)
 
     # ------------------------------------------------------------------ rollout
-
-    def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
 
     def rollout(self) -> Fragment:
         """Steps ``T`` times with the current weights and returns the fragment."""
@@ -176,8 +170,8 @@ class LocalSource:
             t0 = time.perf_counter()
             obs_buf[t] = self._obs
             mask[t] = self._mask
-            out = model.act(self._obs_tensor(self._obs), generator=gen)
-            actions = out.actions.numpy()
+            out = model.act(self._obs, generator=gen)
+            actions = numpy_actions(out.actions)
             act_list.append(actions)
             logp[t] = out.log_probs.numpy()
             values[t] = out.values.numpy()
@@ -197,7 +191,7 @@ class LocalSource:
             cut = trunc[t] & ~term[t]
             if cut.any():
                 rows = np.flatnonzero(cut)
-                final = self._obs_tensor(np.asarray(step.final_obs)[rows])
+                final = np.asarray(step.final_obs)[rows]
                 with torch.no_grad():
                     final_values[t, rows] = model.value(final).numpy()
             self._ep_return += r
@@ -214,7 +208,7 @@ class LocalSource:
             t_env += t2 - t1
         t0 = time.perf_counter()
         with torch.no_grad():
-            last_values = model.value(self._obs_tensor(self._obs)).numpy()
+            last_values = model.value(self._obs).numpy()
         t_inf += time.perf_counter() - t0
         with self._lock:
             self._times["env"] += t_env
@@ -255,7 +249,8 @@ class LocalSource:
         except BaseException as exc:  # handed to the learner, which re-raises it
             self._queue.put(exc)
 
-    def __iter__(self) -> Iterator[Fragment]:
+    def fragments(self) -> Iterator[Fragment]:
+        """Fragments forever: rolled out on demand (sync) or by the rollout thread (async)."""
         if self.mode == "sync":
             while True:
                 yield self.rollout()

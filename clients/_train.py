@@ -31,9 +31,10 @@ from simkit.clients._checkpoint import (
     save_policy,
 )
 from simkit.clients._local_source import LocalSource, make_vector
-from simkit.clients._ppo_model import MLPActorCritic, build_mlp
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
 from simkit.errors import InvalidCheckpoint
+from simkit.models import ActorCritic, ModelSpec, numpy_actions
+from simkit.models import build_model as build_from_spec
 from simkit.vector import MultiAgentVectorEnv
 
 __all__ = [
@@ -73,24 +74,29 @@ def _spaces(env_id: str) -> tuple[Any, Any]:
         vector.close()
 
 
-def build_model(args: PPOArgs) -> MLPActorCritic:
+def model_spec(args: PPOArgs) -> ModelSpec:
+    """The ``simkit.models`` spec of the policy ``args`` describe (tanh MLPs, separate trunks)."""
+    return ModelSpec(
+        "mlp", {"hidden_sizes": list(args.hidden), "normalize_obs": args.normalize_obs}
+    )
+
+
+def build_model(args: PPOArgs) -> ActorCritic:
     """The initial policy of ``args``, initialised from ``args.seed`` (global RNG untouched)."""
     obs_space, act_space = _spaces(args.env_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
-        return build_mlp(
-            {"hidden": list(args.hidden), "normalize_obs": args.normalize_obs}, obs_space, act_space
-        )
+        return build_from_spec(model_spec(args), obs_space, act_space)
+
+
+def _policy_meta(args: PPOArgs, version: int) -> dict[str, Any]:
+    return {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
 
 
 def _learner_state(learner: PPO, source: LocalSource) -> dict[str, Any]:
     return {
         "args": learner.args.to_plain(),
-        "policy": {
-            "env_id": learner.args.env_id,
-            "hidden": list(learner.args.hidden),
-            "version": learner.version,
-        },
+        "policy": _policy_meta(learner.args, learner.version),
         "version": learner.version,
         "global_step": learner.global_step,
         "dropped": learner.dropped,
@@ -161,7 +167,7 @@ def run_training(
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
             source.close()
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
-    source.push_weights(learner.version, learner.weights())
+    source.push_weights(model, version=learner.version)
 
     stop_requested = False
 
@@ -224,7 +230,7 @@ def run_training(
     def on_update(stats: UpdateStats, wait: float) -> None:
         nonlocal last_ckpt, updates
         updates += 1
-        split = source.timings()
+        split = source.timings() if hasattr(source, "timings") else {"env": 0.0, "inference": 0.0}
         times["env"] += split["env"]
         times["inference"] += split["inference"]
         times["update"] += stats.update_s
@@ -245,11 +251,7 @@ def run_training(
                 "lag_mean": stats.lag[1],
             }
             fh.write(json.dumps(record) + "\n")
-        save_policy(
-            policy_path,
-            learner.weights(),
-            {"env_id": args.env_id, "hidden": list(args.hidden), "version": learner.version},
-        )
+        save_policy(policy_path, learner.weights(), _policy_meta(args, learner.version))
         if checkpoint_every and learner.version % checkpoint_every == 0:
             last_ckpt = checkpoint()
         if writer is not None:
@@ -333,12 +335,17 @@ def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> n
     tensors, meta = load_policy(path)
     env_id = str(meta["env_id"])
     obs_space, act_space = _spaces(env_id)
-    model = build_mlp({"hidden": meta.get("hidden", [64, 64])}, obs_space, act_space)
+    try:
+        spec = ModelSpec.from_plain(meta["model"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidCheckpoint(
+            f"{path}: no valid model spec in the policy metadata: {exc}"
+        ) from exc
+    model = build_from_spec(spec, obs_space, act_space)
     check_tensors(Path(path), tensors, model.state_dict())
     model.load_state_dict(tensors)
     vector = make_vector(env_id, 1)
     multi = isinstance(vector, MultiAgentVectorEnv)
-    gen = torch.Generator().manual_seed(seed)
     if isinstance(vector, MultiAgentVectorEnv):
         obs, mask, _ = vector.reset(seed=seed)
     else:
@@ -347,9 +354,7 @@ def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> n
     ep = np.zeros(len(mask))
     out: list[float] = []
     while len(out) < episodes:
-        actions = model.act(
-            torch.as_tensor(np.asarray(obs), dtype=torch.float32), generator=gen, deterministic=True
-        ).actions.numpy()
+        actions = numpy_actions(model.act(np.asarray(obs), deterministic=True).actions)
         if multi:
             step: Any = vector.step(actions)
             acted = step.acted

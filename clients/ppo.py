@@ -32,7 +32,7 @@ from torch import nn
 
 from simkit._types import Fragment
 from simkit.clients._local_source import FragmentSource
-from simkit.clients._ppo_model import MLPActorCritic
+from simkit.models import ActorCritic
 
 __all__ = ["PPOArgs", "PPO", "UpdateStats", "compute_gae", "RewardScaler", "train"]
 
@@ -215,7 +215,7 @@ class PPO:
         rows_per_update: policy rows (env slots x agents) one update consumes.
     """
 
-    def __init__(self, args: PPOArgs, model: MLPActorCritic, rows_per_update: int) -> None:
+    def __init__(self, args: PPOArgs, model: ActorCritic, rows_per_update: int) -> None:
         self.args = args
         self.model = model
         self.rows_per_update = rows_per_update
@@ -267,7 +267,8 @@ class PPO:
             )
             adv_parts.append(adv.reshape(-1))
             ret_parts.append(ret.reshape(-1))
-            obs_parts.append(np.asarray(f.obs).reshape(f.num_steps * f.num_rows, -1))
+            obs = np.asarray(f.obs)
+            obs_parts.append(obs.reshape(f.num_steps * f.num_rows, *obs.shape[2:]))
             acts = np.asarray(f.actions)
             act_parts.append(acts.reshape(f.num_steps * f.num_rows, *acts.shape[2:]))
             logp_parts.append(f.log_probs.reshape(-1))
@@ -275,16 +276,12 @@ class PPO:
             mask_parts.append(f.agent_mask.reshape(-1))
         mask = np.concatenate(mask_parts)
         keep = torch.from_numpy(np.flatnonzero(mask))
-        b_obs = torch.from_numpy(np.concatenate(obs_parts).astype(np.float32))[keep]
+        b_obs = torch.from_numpy(np.concatenate(obs_parts))[keep]
         b_actions = torch.from_numpy(np.concatenate(act_parts))[keep]
-        if model.continuous:
-            b_actions = b_actions.float()
         b_logp = torch.from_numpy(np.concatenate(logp_parts))[keep]
         b_adv = torch.from_numpy(np.concatenate(adv_parts))[keep]
         b_ret = torch.from_numpy(np.concatenate(ret_parts))[keep]
         b_val = torch.from_numpy(np.concatenate(val_parts))[keep]
-        with torch.no_grad():
-            b_x = model.normalize(b_obs)
 
         lr = self._learning_rate()
         for group in self.optimizer.param_groups:
@@ -299,9 +296,7 @@ class PPO:
             perm = torch.randperm(n, generator=self.generator)
             for begin in range(0, n - mb + 1, mb):
                 idx = perm[begin : begin + mb]
-                newlogp, entropy, newvalue = model.evaluate(
-                    b_x[idx], b_actions[idx], normalized=True
-                )
+                newlogp, entropy, newvalue = model.evaluate(b_obs[idx], b_actions[idx])
                 logratio = newlogp - b_logp[idx]
                 ratio = logratio.exp()
                 with torch.no_grad():
@@ -382,7 +377,7 @@ def train(
     done = 0
     wait = 0.0
     t_wait = time.perf_counter()
-    for fragment in source:
+    for fragment in source.fragments():
         wait += time.perf_counter() - t_wait
         oldest = int(fragment.policy_version.min())
         if args.mode == "sync" and oldest != learner.version:
@@ -397,7 +392,7 @@ def train(
             rows += fragment.num_rows
         if rows >= learner.rows_per_update:
             stats = learner.update(batch)
-            source.push_weights(learner.version, learner.weights())
+            source.push_weights(learner.model, version=learner.version)
             batch, rows = [], 0
             done += 1
             if on_update is not None:

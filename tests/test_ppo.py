@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from simkit.clients._checkpoint import load_checkpoint
-from simkit.clients._train import build_model, evaluate_policy, run_training
+from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
 from simkit.clients.ppo import PPOArgs, compute_gae
 from simkit.errors import InvalidCheckpoint
 
@@ -210,5 +210,5 @@ def evaluate_policy_untrained(args: PPOArgs, path: Path) -> float:
     from simkit.clients._checkpoint import save_policy
 
     model = build_model(args)
-    save_policy(path, model.state_dict(), {"env_id": args.env_id, "hidden": list(args.hidden)})
+    save_policy(path, model.state_dict(), _policy_meta(args, 0))
     return float(evaluate_policy(path, episodes=12, seed=7).mean())
