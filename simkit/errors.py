@@ -22,6 +22,7 @@ __all__ = [
     "CorruptRecording",
     "RecordingLocked",
     "ReplayDivergence",
+    "InvalidCheckpoint",
 ]
 
 
@@ -91,3 +92,10 @@ class RecordingLocked(SimkitError, RuntimeError):
 
 class ReplayDivergence(SimkitError, AssertionError):
     """A replayed episode differs from its recording; names the episode, step and field."""
+
+
+class InvalidCheckpoint(SimkitError, ValueError):
+    """A training checkpoint is missing, truncated, corrupt or from another model.
+
+    The message names the file and what is wrong.
+    """
