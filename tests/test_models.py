@@ -194,7 +194,7 @@ def test_entry_point_models_load_lazily(tmp_path: Path, monkeypatch: pytest.Monk
         "Metadata-Version: 2.1\nName: simkit-test-models\nVersion: 0.1\n"
     )
     (dist / "entry_points.txt").write_text(
-        f"[{ENTRY_POINT_GROUP}]\ntiny = simkit_test_models:tiny\n"
+        f"[{ENTRY_POINT_GROUP}]\ntiny = simkit_test_models:tiny\nbroken = simkit_test_nowhere:x\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "simkit_test_models", raising=False)
@@ -210,6 +210,11 @@ def test_entry_point_models_load_lazily(tmp_path: Path, monkeypatch: pytest.Monk
         match=r"model 'tiny' got unknown argument\(s\) \['depth'\]; expected some of \['width'\]",
     ):
         build_model(ModelSpec("tiny", {"depth": 2}), CHEETAH_OBS, CHEETAH_ACT)
+    with pytest.raises(
+        UnknownModel,
+        match=r"model 'broken' from entry point 'simkit_test_nowhere:x' in group 'simkit.models' failed to load: ModuleNotFoundError",
+    ):
+        build_model(ModelSpec("broken"), CHEETAH_OBS, CHEETAH_ACT)
 
 
 def _wide(
@@ -330,6 +335,16 @@ def test_cnn_shapes_and_scaling() -> None:
     assert torch.equal(model.critic(scaled).reshape(-1), out.values)
     cont = build_model(ModelSpec("cnn", {"fc_size": 16}), IMAGE_OBS, CHEETAH_ACT)
     assert cont.act(obs, generator=_gen(0)).actions.shape == (3, 6)
+
+
+def test_wrong_action_shape_is_refused() -> None:
+    model = _mlp(spaces.MultiDiscrete([3, 2]))
+    with pytest.raises(
+        ValueError, match=r"actions must have shape \(B, \*\(2,\)\) with B = 4, got \(4,\)"
+    ):
+        model.evaluate(_obs(CHEETAH_OBS, 4), torch.zeros(4, dtype=torch.int64))
+    log_probs, _, _ = model.evaluate(_obs(CHEETAH_OBS, 4), np.zeros((4, 2), np.int64))
+    assert log_probs.shape == (4,)
 
 
 def test_wrong_observation_shape_is_refused() -> None:
@@ -539,8 +554,8 @@ def test_corrupt_weight_files_are_named(tmp_path: Path) -> None:
 
 @settings(max_examples=15, deadline=None)
 @given(
-    obs_shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
-    act_shape=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+    obs_shape=st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple),
+    act_shape=st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple),
     batch=st.integers(1, 6),
     shared=st.booleans(),
     seed=st.integers(0, 2**31 - 1),

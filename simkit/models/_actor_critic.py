@@ -78,6 +78,7 @@ class ActorCritic(nn.Module):
         self.action_space = action_space
         self.spec: ModelSpec | None = None
         self.obs_shape: tuple[int, ...] = tuple(observation_space.shape)
+        self.action_shape: tuple[int, ...] = tuple(action_space.shape or ())
         self.obs_rms = RunningMeanStd(self.obs_shape) if normalize_obs else None
         self.obs_scale = None if normalize_obs else obs_scale
         self.encoder = encoder
@@ -142,14 +143,22 @@ class ActorCritic(nn.Module):
                 values.to(torch.float32),
             )
 
-    def evaluate(
-        self, obs: Any, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: Any, actions: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_probs, entropy, values)``, each ``(B,)`` float32, differentiable (the PPO update).
 
         ``actions`` are ``(B, *action_shape)`` as :meth:`act` returned them.
+
+        Raises:
+            ValueError: wrong observation or action shape.
         """
+        if not isinstance(actions, torch.Tensor):
+            actions = torch.as_tensor(_writable(actions))
         features, values = self._features(obs)
+        if tuple(actions.shape) != (features.shape[0], *self.action_shape):
+            raise ValueError(
+                f"actions must have shape (B, *{self.action_shape}) with B = {features.shape[0]}, "
+                f"got {tuple(actions.shape)}"
+            )
         params = self.head(features)
         log_probs = self.head.log_prob(params, actions.to(params.device))
         return log_probs, self.head.entropy(params), values
