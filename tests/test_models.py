@@ -265,7 +265,10 @@ def test_act_shapes_dtypes_and_evaluate_agree(name: str) -> None:
     if not isinstance(space, spaces.Box):  # Box samples are not clipped by the model
         assert all(space.contains(a) for a in numpy_actions(out.actions))
     log_probs, entropy, values = model.evaluate(obs, out.actions)
-    assert torch.equal(log_probs, out.log_probs)
+    if isinstance(space, spaces.Box):  # act's Gaussian log-prob comes from the noise
+        torch.testing.assert_close(log_probs, out.log_probs, rtol=1e-6, atol=1e-5)
+    else:
+        assert torch.equal(log_probs, out.log_probs)
     assert torch.equal(values, out.values)
     assert torch.equal(model.value(obs), out.values)
     assert entropy.shape == (7,)
@@ -294,9 +297,13 @@ def test_deterministic_act_is_the_mean_or_the_argmax() -> None:
     obs = _obs(CHEETAH_OBS, 5)
     box = _mlp()
     mean = box(obs)
-    assert torch.equal(box.act(obs, deterministic=True).actions, mean)
+    det = box.act(obs, deterministic=True)
+    assert torch.equal(det.actions, mean)
+    torch.testing.assert_close(det.log_probs, box.evaluate(obs, mean)[0])
     disc = _mlp(spaces.Discrete(4, start=10))
-    assert torch.equal(disc.act(obs, deterministic=True).actions, disc(obs).argmax(-1) + 10)
+    det = disc.act(obs, deterministic=True)
+    assert torch.equal(det.actions, disc(obs).argmax(-1) + 10)
+    assert torch.equal(det.log_probs, disc.evaluate(obs, det.actions)[0])
 
 
 def test_gaussian_samples_are_not_clipped_and_log_prob_matches_torch() -> None:
@@ -335,6 +342,19 @@ def test_cnn_shapes_and_scaling() -> None:
     assert torch.equal(model.critic(scaled).reshape(-1), out.values)
     cont = build_model(ModelSpec("cnn", {"fc_size": 16}), IMAGE_OBS, CHEETAH_ACT)
     assert cont.act(obs, generator=_gen(0)).actions.shape == (3, 6)
+
+
+def test_preprocessed_observations_give_the_same_results() -> None:
+    model = _mlp()
+    model.update_obs_stats(_obs(CHEETAH_OBS, 30, seed=2) * 3)
+    obs = _obs(CHEETAH_OBS, 8)
+    actions = model.act(obs, generator=_gen(0)).actions
+    x = model.preprocess(obs)
+    for a, b in zip(
+        model.evaluate(obs, actions), model.evaluate(x, actions, preprocessed=True), strict=True
+    ):
+        assert torch.equal(a, b)
+    assert torch.equal(model.value(x, preprocessed=True), model.value(obs))
 
 
 def test_wrong_action_shape_is_refused() -> None:
@@ -386,7 +406,7 @@ def test_obs_stats_match_gymnasium_and_travel_with_the_weights() -> None:
     assert float(model.obs_rms.count) == pytest.approx(gym_rms.count)
     obs = torch.from_numpy(rng.normal(3.0, 50.0, size=(9, 17)))
     expected = np.clip((obs.numpy() - gym_rms.mean) / np.sqrt(gym_rms.var + 1e-8), -10, 10)
-    np.testing.assert_allclose(model.obs_rms(obs).numpy(), expected.astype(np.float32), rtol=1e-6)
+    np.testing.assert_allclose(model.obs_rms(obs).numpy(), expected, rtol=1e-6, atol=1e-5)
 
     fresh = _mlp()
     assert not torch.equal(fresh(obs), model(obs))
@@ -395,6 +415,21 @@ def test_obs_stats_match_gymnasium_and_travel_with_the_weights() -> None:
     assert torch.equal(
         fresh.act(obs, generator=_gen(4)).actions, model.act(obs, generator=_gen(4)).actions
     )
+
+
+def test_cached_normalisation_follows_every_change_of_the_statistics() -> None:
+    model = _mlp()
+    assert model.obs_rms is not None
+    obs = _obs(CHEETAH_OBS, 6)
+    before = model.obs_rms(obs)
+    model.update_obs_stats(_obs(CHEETAH_OBS, 20, seed=1) * 5 + 2)
+    after_update = model.obs_rms(obs)
+    assert not torch.equal(before, after_update)
+    model.load_state_dict(_mlp().state_dict())
+    torch.testing.assert_close(model.obs_rms(obs), before)
+    with torch.no_grad():
+        model.obs_rms.var.mul_(4.0)
+    torch.testing.assert_close(model.obs_rms(obs), before / 2)
 
 
 def test_obs_stats_update_is_explicit_and_checked() -> None:
@@ -572,7 +607,9 @@ def test_any_box_shapes(
     model.update_obs_stats(obs)
     out = model.act(obs, generator=_gen(seed))
     assert out.actions.shape == (batch, *act_shape)
-    assert torch.equal(model.evaluate(obs, out.actions)[0], out.log_probs)
+    torch.testing.assert_close(
+        model.evaluate(obs, out.actions)[0], out.log_probs, rtol=1e-6, atol=1e-5
+    )
     assert torch.equal(model.act(obs, generator=_gen(seed)).actions, out.actions)
     fresh = build_model(model.spec, obs_space, act_space)  # type: ignore[arg-type]  # set by build_model
     set_weights(fresh, get_weights(model, 0))
