@@ -614,3 +614,65 @@ def test_any_box_shapes(
     fresh = build_model(model.spec, obs_space, act_space)  # type: ignore[arg-type]  # set by build_model
     set_weights(fresh, get_weights(model, 0))
     assert torch.equal(fresh.act(obs, generator=_gen(seed)).actions, out.actions)
+
+
+_PLAIN = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.text(min_size=1, max_size=10),
+    kwargs=st.dictionaries(st.text(max_size=8), _PLAIN, max_size=4),
+)
+def test_any_plain_spec_round_trips(name: str, kwargs: dict[str, Any]) -> None:
+    spec = ModelSpec(name, kwargs)
+    assert ModelSpec.from_plain(msgpack.unpackb(msgpack.packb(spec.to_plain()), raw=False)) == spec
+    assert ModelSpec.from_plain(json.loads(json.dumps(spec.to_plain()))) == spec
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_any_corrupted_tensor_is_named_and_changes_nothing(data: st.DataObject) -> None:
+    source = _mlp(hidden_sizes=[4])
+    weights = get_weights(source, 1)
+    name = data.draw(st.sampled_from(sorted(weights.tensors)))
+    arr = weights.tensors[name]
+    kind = data.draw(st.sampled_from(["shape", "dtype", "nonfinite"]))
+    if kind == "shape":
+        bad = np.zeros((*arr.shape, 2), arr.dtype)
+    elif kind == "dtype":
+        bad = arr.astype(np.float16)
+    else:
+        bad = arr.copy()
+        bad.reshape(-1)[data.draw(st.integers(0, max(arr.size - 1, 0)))] = data.draw(
+            st.sampled_from([np.nan, np.inf, -np.inf])
+        )
+    target = _mlp(hidden_sizes=[4])
+    before = _state(target)
+    with pytest.raises(InvalidWeights, match=f"tensor '{name}'"):
+        set_weights(target, _broken(weights, name, bad))
+    assert _same_state(before, _state(target))
+
+
+def test_cnn_with_normalised_pixels() -> None:
+    model = build_model(
+        ModelSpec("cnn", {"fc_size": 8, "normalize_obs": True}), IMAGE_OBS, spaces.Discrete(2)
+    )
+    assert model.obs_rms is not None
+    assert model.obs_scale is None
+    obs = _obs(IMAGE_OBS, 4)
+    model.update_obs_stats(obs)
+    x = model.preprocess(obs)
+    assert x.dtype == torch.float32
+    assert float(x.abs().max()) <= 10.0
+    assert "obs_rms.mean" in get_weights(model, 0).tensors
