@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import sys
@@ -17,9 +18,13 @@ import zmq.auth.thread
 
 import simkit
 from simkit.protocol import (
+    ENV_KIND_MULTI_AGENT,
+    ENV_KIND_SINGLE,
     INLINE_THRESHOLD,
     Limits,
     Message,
+    MultiAgentServerSession,
+    ProtocolError,
     ServerInfo,
     ServerSession,
     SessionState,
@@ -29,8 +34,6 @@ from simkit.protocol import (
     error_reply,
     is_keepalive,
 )
-from simkit.protocol._errors import ProtocolError
-from simkit.protocol._multiagent import MultiAgentServerSession
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
 from simkit.servers._metrics import Metrics, MetricsHTTPServer
@@ -119,8 +122,8 @@ class RolloutServer:
         busy_poll_us: after each reply, poll for the next request this many
             microseconds before sleeping in the kernel (spin, then block, as EnvPool's
             queues do). A learner's next request usually arrives within that window,
-            and catching it without a wake-up saves ~100 µs per request on a small VM;
-            the price is at most this much CPU per idle gap. 0 turns it off. ``None``
+            and catching it without a wake-up saves the kernel's wake-up latency
+            (figures in docs/benchmarks.md); the price is at most this much CPU per idle gap. 0 turns it off. ``None``
             (default): :data:`BUSY_POLL_US` when :meth:`serve_forever` runs on its
             process's main thread (``simkit serve``), 0 on any other thread (after
             :meth:`start`), where spinning would hold the GIL its host program needs.
@@ -195,7 +198,9 @@ class RolloutServer:
             observation_space=probe.observation_space,
             action_space=probe.action_space,
             capabilities=probe.capabilities,
-            env_kind="multi_agent" if isinstance(probe, ParallelEnvHost) else "single",
+            env_kind=ENV_KIND_MULTI_AGENT
+            if isinstance(probe, ParallelEnvHost)
+            else ENV_KIND_SINGLE,
             agents=list(probe.possible_agents) if isinstance(probe, ParallelEnvHost) else None,
             server=f"simkit {simkit.__version__}",
             max_message_bytes=self.limits.max_message_bytes,
@@ -326,7 +331,7 @@ class RolloutServer:
                 got=f"{len(self._slots)} connected",
             )
         host = self._shared_host if self._shared_host is not None else self._new_host(self.num_envs)
-        info = ServerInfo(**{**self._info.__dict__, "session": identity.hex()})
+        info = dataclasses.replace(self._info, session=identity.hex())
         slot = _Slot(self._session_for(host, info), host, time.monotonic())
         self._slots[identity] = slot
         self.metrics.set_sessions(len(self._slots))
@@ -378,15 +383,7 @@ class RolloutServer:
         if slot.session.state is SessionState.CLOSED:
             self._free(identity)  # before the reply, so the client sees its slots freed
         self._send(identity, reply)
-        kind = (
-            (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
-        )
-        self.metrics.observe(
-            kind,
-            time.perf_counter() - start,
-            steps=steps,
-            error=reply.body.get("code") if reply.kind == "error" else None,
-        )
+        self._observe(reply, start, steps=steps)
 
     def _serve_sessionless(
         self, identity: bytes, frames: list[Any], request: Message | None, start: float
@@ -406,11 +403,7 @@ class RolloutServer:
         else:
             reply = self._sessionless.dispatch(request)
         self._send(identity, reply)
-        kind = (
-            (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
-        )
-        error = reply.body.get("code") if reply.kind == "error" else None
-        self.metrics.observe(kind, time.perf_counter() - start, error=error)
+        self._observe(reply, start)
 
     def _keepalive(self, identity: bytes, request: Message, start: float) -> None:
         """Refreshes the session a keepalive names; answers without opening a session."""
@@ -430,8 +423,13 @@ class RolloutServer:
             target.last_seen = time.monotonic()
             reply = Message(kind="ping", id=request.id)
         self._send(identity, reply)
+        self._observe(reply, start)
+
+    def _observe(self, reply: Message, start: float, *, steps: int = 0) -> None:
+        """Counts a reply in the metrics: its request kind, latency, steps and error code."""
         error = reply.body.get("code") if reply.kind == "error" else None
-        self.metrics.observe("ping", time.perf_counter() - start, error=error)
+        kind = (reply.body.get("request_kind") or "unknown") if error is not None else reply.kind
+        self.metrics.observe(kind, time.perf_counter() - start, steps=steps, error=error)
 
     def _send(self, identity: bytes, reply: Message) -> None:
         frames = encode(reply, inline_threshold=self.inline_threshold)
