@@ -8,7 +8,7 @@ so remote data equals local data bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -16,12 +16,13 @@ from gymnasium import spaces
 
 import simkit
 from simkit._contract import ContractCore
-from simkit._types import BatchStep, StepFault
+from simkit._types import BatchStep, MultiAgentBatchStep, StepFault
 from simkit.protocol import EnvFault, Unsupported, error_code_of
 from simkit.vector import VectorEnv
 
 __all__ = [
     "EnvListHost",
+    "VectorHost",
     "env_fault",
     "make_env_factory",
     "batch_spec_of",
@@ -58,9 +59,6 @@ def batch_spec_of(env_id: str) -> simkit.EnvSpec | None:
     return env_spec if env_spec.kind is simkit.EnvKind.BATCH else None
 
 
-_LEAF = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
-
-
 def require_params_capability(
     capabilities: frozenset[str], options: Mapping[str, Any] | None, params: Any
 ) -> None:
@@ -75,7 +73,81 @@ def require_params_capability(
         )
 
 
-class EnvListHost:
+StepT = TypeVar("StepT", BatchStep, MultiAgentBatchStep)
+
+
+class VectorHost(Generic[StepT]):
+    """The host interface over a local vector (``self.vector``), written once.
+
+    A subclass builds ``self.vector`` (a :class:`simkit.vector.VectorEnv` or
+    :class:`simkit.vector.MultiAgentVectorEnv` with ``isolate_faults=True``) and
+    ``self.capabilities``; resets, steps, seeding, autoreset and snapshots are the
+    vector's, so remote data equals local data by construction. What this adds is the
+    protocol's view: the session's ``env_offset``, randomization overrides refused for
+    envs that take none, snapshots refused without the ``state`` capability, and faults
+    as :class:`simkit.protocol.EnvFault` with wire error codes.
+    """
+
+    vector: Any
+    capabilities: frozenset[str]
+
+    def reset(
+        self,
+        env_ids: np.ndarray,
+        *,
+        seed: int | None,
+        seeds: list[int] | None,
+        options: dict[str, Any] | None,
+        params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``env_ids`` with the vector's seeding (:class:`simkit._seeding.EpisodeSeeds`).
+
+        ``env_offset``: seeds index env ``i`` as ``env_offset + i`` (a client joining
+        several servers into one vector). ``seed`` (root), ``seeds`` (``seeds[k]`` for
+        ``env_ids[k]`` exactly) or neither (each env's next episode).
+
+        Returns:
+            The observation rows and per-row infos of ``env_ids``.
+        """
+        require_params_capability(self.capabilities, options, params)
+        self.vector.seeds.env_offset = env_offset
+        out: tuple[Any, list[dict[str, Any]]] = self.vector.reset_envs(
+            env_ids, seed=seed, seeds=seeds, options=options, params=params
+        )
+        return out
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[StepT, list[EnvFault]]:
+        """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets.
+
+        Raises:
+            ResetNeeded: an env was never reset.
+            InvalidAction: the batch does not fit the action space (nothing moved).
+        """
+        step, faults = self.vector.step_envs(env_ids, actions)
+        return step, [env_fault(f) for f in faults]
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """Snapshots of ``env_ids``: the env's own plus its seeding bookkeeping and rows."""
+        self._require_state()
+        states: list[dict[str, Any]] = self.vector.get_env_states(env_ids)
+        return states
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """Restores snapshots from :meth:`get_state`, all or nothing."""
+        self._require_state()
+        self.vector.set_env_states(env_ids, states)
+
+    def _require_state(self) -> None:
+        if "state" not in self.capabilities:
+            raise Unsupported("this env has no snapshots", expected="state capability", got="none")
+
+    def close(self) -> None:
+        """Stops the vector's worker threads and closes every env."""
+        self.vector.close()
+
+
+class EnvListHost(VectorHost[BatchStep]):
     """N single-agent envs behind the host interface: a thin adapter over ``VectorEnv``.
 
     Stepping, resets, seeding, autoreset, threads and snapshots are
@@ -121,57 +193,6 @@ class EnvListHost:
             if getattr(first.unwrapped, "randomization", None):
                 caps.add("randomization")
         self.capabilities = frozenset(caps)
-
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids`` with the seeding of :class:`simkit.vector.VectorEnv`.
-
-        ``env_offset``: seeds index env ``i`` as ``env_offset + i`` (a client joining
-        several servers into one vector), until the next reset. ``seed`` (root), ``seeds``
-        (``seeds[k]`` for ``env_ids[k]`` exactly) or neither (next episodes): see
-        :class:`simkit._seeding.EpisodeSeeds`.
-        """
-        require_params_capability(self.capabilities, options, params)
-        self.vector.seeds.env_offset = env_offset
-        return self.vector.reset_envs(
-            env_ids, seed=seed, seeds=seeds, options=options, params=params
-        )
-
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets.
-
-        Raises:
-            ResetNeeded: an env was never reset.
-            InvalidAction: the batch does not fit the action space (nothing moved).
-        """
-        step, faults = self.vector.step_envs(env_ids, actions)
-        return step, [env_fault(f) for f in faults]
-
-    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
-        """Snapshots of ``env_ids``: the env's own plus its seeding bookkeeping and obs."""
-        self._require_state()
-        return self.vector.get_env_states(env_ids)
-
-    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """Restores snapshots from :meth:`get_state`, all or nothing."""
-        self._require_state()
-        self.vector.set_env_states(env_ids, states)
-
-    def _require_state(self) -> None:
-        if "state" not in self.capabilities:
-            raise Unsupported("this env has no snapshots", expected="state capability", got="none")
-
-    def close(self) -> None:
-        """Stops the worker threads and closes every env."""
-        self.vector.close()
 
 
 def env_fault(fault: StepFault) -> EnvFault:

@@ -19,11 +19,10 @@ from pettingzoo import ParallelEnv
 
 import simkit
 from simkit._multiagent import MultiAgentEnv
+from simkit._types import MultiAgentBatchStep
 from simkit.errors import UnknownEnv
-from simkit.protocol import EnvFault, Unsupported
 from simkit.registry import EnvKind
-from simkit.servers._host import GYM_PREFIX, env_fault, require_params_capability
-from simkit.vector import MultiAgentBatchStep
+from simkit.servers._host import GYM_PREFIX, VectorHost
 from simkit.vector._multiagent import MultiAgentVectorEnv, homogeneous_agent_spaces
 
 __all__ = [
@@ -81,7 +80,7 @@ def make_parallel_env_factory(env_id: str, **kwargs: Any) -> ParallelFactory:
     return lambda: env_spec.make(**kwargs)
 
 
-class ParallelEnvHost:
+class ParallelEnvHost(VectorHost[MultiAgentBatchStep]):
     """N PettingZoo parallel envs as ``N * len(possible_agents)`` rows, fault-isolated.
 
     A thin adapter over :class:`simkit.vector.MultiAgentVectorEnv` (with
@@ -137,54 +136,3 @@ class ParallelEnvHost:
         """Live rows of ``env_ids`` (a copy), in ``env_ids`` order."""
         rows = self.vector._global_rows(np.asarray(env_ids, dtype=np.int64))
         return self.vector.agent_mask[rows]
-
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids`` with the seeding of :class:`simkit.vector.MultiAgentVectorEnv`.
-
-        ``seed`` (root), ``seeds`` (``seeds[k]`` for ``env_ids[k]`` exactly) or neither
-        (next episodes), with env ``i`` indexed ``env_offset + i`` in the derivation.
-
-        Returns:
-            The observation rows and per-row infos of ``env_ids``.
-        """
-        require_params_capability(self.capabilities, options, params)
-        self.vector.seeds.env_offset = env_offset
-        return self.vector.reset_envs(
-            env_ids, seed=seed, seeds=seeds, options=options, params=params
-        )
-
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
-        """Steps ``env_ids`` with action rows; rows of agents that are not live are ignored.
-
-        An env that raises ends its episode: its acting rows are truncated with reward
-        0 and their previous observation as final observation, and it is reset.
-        """
-        step, faults = self.vector.step_envs(env_ids, actions)
-        return step, [env_fault(f) for f in faults]
-
-    def _require_state(self) -> None:
-        if "state" not in self.capabilities:
-            raise Unsupported("this env has no snapshots", expected="state capability", got="none")
-
-    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
-        """Snapshots of ``env_ids``: the env's own, its rows and the seeding bookkeeping."""
-        self._require_state()
-        return self.vector.get_env_states(env_ids)
-
-    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """Restores snapshots from :meth:`get_state`, all or nothing."""
-        self._require_state()
-        self.vector.set_env_states(env_ids, states)
-
-    def close(self) -> None:
-        """Closes every env."""
-        self.vector.close()

@@ -18,7 +18,12 @@ from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.registry import make
 from simkit.vector._actions import split_rows
-from simkit.vector._vector import VECTOR_STATE_FORMAT, _per_env_params, _positive_int
+from simkit.vector._vector import (
+    VECTOR_STATE_FORMAT,
+    _per_env_params,
+    _positive_int,
+    with_params,
+)
 
 __all__ = [
     "MultiAgentVectorEnv",
@@ -349,18 +354,10 @@ class MultiAgentVectorEnv:
             The observation rows and per-row infos of those envs.
         """
         ids = check_send_ids(env_ids, self.num_envs, None)
-        if seed is not None:
-            planned = self.seeds.plan(ids, seed)
-        elif seeds is not None:
-            planned = self.seeds.plan_explicit(ids, seeds)
-        else:
-            planned = self.seeds.next(ids)
+        planned = self.seeds.plan_reset(ids, seed=seed, seeds=seeds)
         infos: list[dict[str, Any]] = []
         for k, i in enumerate(ids.tolist()):
-            opts = dict(options) if options is not None else None
-            if params is not None and params[k]:
-                opts = dict(opts or {})
-                opts["params"] = {**dict(opts.get("params") or {}), **dict(params[k] or {})}
+            opts = with_params(options, None if params is None else params[k])
             infos.extend(self._reset_one(i, planned[k], opts))
             self._broken[i] = False
         self._has_reset = bool((self.seeds.episode >= 0).all())
@@ -433,8 +430,7 @@ class MultiAgentVectorEnv:
             out.append(
                 {
                     "env": env.get_state(),
-                    "root_seed": self.seeds.roots[i],
-                    "episode_index": int(self.seeds.episode[i]),
+                    **self.seeds.env_state(i),
                     "obs_rows": self._gather(copy.deepcopy(self._obs_rows[i * A : (i + 1) * A])),
                     "agent_mask": self._mask[i * A : (i + 1) * A].copy(),
                 }
@@ -460,15 +456,12 @@ class MultiAgentVectorEnv:
             mask = np.asarray(state["agent_mask"], dtype=np.bool_)
             if mask.shape != (A,):
                 raise InvalidState(f"agent_mask must have shape ({A},), got {mask.shape}")
-            seeds = EpisodeSeeds.parse_state(
-                {"root_seeds": [state["root_seed"]], "episode_index": [state["episode_index"]]}, 1
-            )
+            seeds = EpisodeSeeds.parse_env_state(state)
             rows = list(iterate(batch_space(self.single_observation_space, A), state["obs_rows"]))
             parsed.append((seeds, mask, copy.deepcopy(rows)))
         restore_all([self.envs[i] for i in ids], [s["env"] for s in states])
         for i, (seeds, mask, rows) in zip(ids, parsed, strict=True):
-            self.seeds.roots[i] = seeds["roots"][0]
-            self.seeds.episode[i] = seeds["episode"][0]
+            self.seeds.set_env_state(i, seeds)
             self._obs_rows[i * A : (i + 1) * A] = rows
             self._mask[i * A : (i + 1) * A] = mask
             self._broken[i] = False

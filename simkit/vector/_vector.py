@@ -404,18 +404,11 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         self._require_idle("reset()")
         ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
-        if seed is not None:
-            planned = self.seeds.plan(ids, seed)
-        elif seeds is not None:
-            planned = self.seeds.plan_explicit(ids, seeds)
-        else:
-            planned = self.seeds.next(ids)
+        planned = self.seeds.plan_reset(ids, seed=seed, seeds=seeds)
         infos = []
         for k, i in enumerate(ids.tolist()):
-            opts = dict(options or {})
-            if params is not None and params[k]:
-                opts["params"] = {**dict(opts.get("params") or {}), **dict(params[k] or {})}
-            obs, info = self.envs[i].reset(seed=planned[k], options=opts or None)
+            opts = with_params(options, None if params is None else params[k])
+            obs, info = self.envs[i].reset(seed=planned[k], options=opts)
             self._obs_slot[i] = self._final_slot[i] = obs
             self._info_slot[i] = {}
             self._reset_info_slot[i] = None
@@ -441,8 +434,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             out.append(
                 {
                     "env": getter(),
-                    "root_seed": self.seeds.roots[i],
-                    "episode_index": int(self.seeds.episode[i]),
+                    **self.seeds.env_state(i),
                     "obs": copy.deepcopy(self._obs_slot[i]),
                 }
             )
@@ -462,17 +454,10 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 raise InvalidState(
                     "a host snapshot holds env, root_seed, episode_index and obs",
                 )
-            root, episode = state["root_seed"], state["episode_index"]
-            if (root is not None and not _is_index(root)) or not _is_index(episode, -1):
-                raise InvalidState(
-                    f"root_seed must be an int or None and episode_index an int >= -1, "
-                    f"got {root!r} and {episode!r}"
-                )
-            parsed.append((None if root is None else int(root), int(episode), state["obs"]))
+            parsed.append((EpisodeSeeds.parse_env_state(state), state["obs"]))
         restore_all([self.envs[i].unwrapped for i in ids], [s["env"] for s in states])
-        for i, (root, episode, obs) in zip(ids, parsed, strict=True):
-            self.seeds.roots[i] = root
-            self.seeds.episode[i] = episode
+        for i, (seeding, obs) in zip(ids, parsed, strict=True):
+            self.seeds.set_env_state(i, seeding)
             self._obs_slot[i] = self._final_slot[i] = copy.deepcopy(obs)
             self._pending[i] = self._broken[i] = False
 
@@ -825,9 +810,15 @@ def _positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
-def _is_index(value: Any, low: int = 0) -> bool:
-    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
-    return ok and value >= low
+def with_params(
+    options: Mapping[str, Any] | None, params: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """Reset options with one env's randomization overrides merged over ``options["params"]``."""
+    if not params:
+        return None if options is None else dict(options)
+    opts = dict(options or {})
+    opts["params"] = {**dict(opts.get("params") or {}), **dict(params)}
+    return opts
 
 
 def _check_mask(mask: Any, n: int) -> np.ndarray:
