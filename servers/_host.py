@@ -85,7 +85,9 @@ class VectorHost(Generic[StepT]):
     vector's, so remote data equals local data by construction. What this adds is the
     protocol's view: the session's ``env_offset``, randomization overrides refused for
     envs that take none, snapshots refused without the ``state`` capability, and faults
-    as :class:`simkit.protocol.EnvFault` with wire error codes.
+    as :class:`simkit.protocol.EnvFault` with wire error codes. ``env_ids`` arrive
+    checked by the protocol session (int64, distinct, in range), so steps skip the
+    vector's own id check.
     """
 
     vector: Any
@@ -124,7 +126,8 @@ class VectorHost(Generic[StepT]):
             ResetNeeded: an env was never reset.
             InvalidAction: the batch does not fit the action space (nothing moved).
         """
-        step, faults = self.vector.step_envs(env_ids, actions)
+        # The session checked the ids already (simkit._validation.checked_env_ids).
+        step, faults = self.vector.step_envs(env_ids, actions, check_ids=False)
         return step, [env_fault(f) for f in faults]
 
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
