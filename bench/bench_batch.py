@@ -38,15 +38,30 @@ Runner = Callable[[], int]
 
 def compare(runs: dict[str, Runner | None], repeats: int) -> dict[str, float | None]:
     """Median env steps/s of each runner, timed round-robin so load hits all alike."""
-    rates: dict[str, list[float]] = {name: [] for name, run in runs.items() if run is not None}
+    return compare_wall_cpu(runs, repeats)[0]
+
+
+def compare_wall_cpu(
+    runs: dict[str, Runner | None], repeats: int
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """:func:`compare`, plus the median env steps per CPU-second (``process_time``: all
+    threads of this process), which a loaded machine distorts far less than wall time."""
+    names = [name for name, run in runs.items() if run is not None]
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeats):
-        for name in rates:
+        for name in names:
             run = runs[name]
             assert run is not None
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             steps = run()
-            rates[name].append(steps / (time.perf_counter() - t0))
-    return {name: statistics.median(rates[name]) if name in rates else None for name in runs}
+            wall[name].append(steps / (time.perf_counter() - t0))
+            cpu[name].append(steps / max(time.process_time() - c0, 1e-9))
+
+    def medians(rates: dict[str, list[float]]) -> dict[str, float | None]:
+        return {name: statistics.median(rates[name]) if name in rates else None for name in runs}
+
+    return medians(wall), medians(cpu)
 
 
 def fmt(rate: float | None) -> str:
@@ -362,8 +377,16 @@ def main() -> None:
             "balance = a fixed balancing policy computed from the observations inside the loop "
             "(long episodes), the same for both.\n"
         )
-        print("| policy | BatchCartPole | EnvPool sync | EnvPool async | Batch/EnvPool best |")
-        print("|---|---|---|---|---|")
+        print(
+            "CPU columns: env steps per CPU-second of this process (all its threads), the "
+            "fairer measure when the machine is loaded.\n"
+        )
+        print(
+            "| policy | BatchCartPole | EnvPool sync | EnvPool async | Batch/EnvPool best | "
+            "CPU: BatchCartPole | CPU: EnvPool sync | CPU: EnvPool async | "
+            "CPU: Batch/EnvPool best |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         n = 256
         cp_steps = 300 if args.quick else 2000
         for policy in ("random", "balance"):
@@ -377,7 +400,7 @@ def main() -> None:
                     obs = env.step_batch(a if policy == "random" else cartpole_balance(obs)).obs
                 return cp_steps * n
 
-            r = compare(
+            r, c = compare_wall_cpu(
                 {
                     "mine": run_cp,
                     "sync": try_runner(
@@ -397,9 +420,11 @@ def main() -> None:
             )
             close_all(closers)
             best = max((x for x in (r["sync"], r["async"]) if x is not None), default=None)
+            cbest = max((x for x in (c["sync"], c["async"]) if x is not None), default=None)
             print(
                 f"| {policy} | {fmt(r['mine'])} | {fmt(r['sync'])} | {fmt(r['async'])} | "
-                f"{ratio(r['mine'], best)} |"
+                f"{ratio(r['mine'], best)} | {fmt(c['mine'])} | {fmt(c['sync'])} | "
+                f"{fmt(c['async'])} | {ratio(c['mine'], cbest)} |"
             )
 
     if "cost" in sections:
