@@ -458,7 +458,8 @@ class EpisodeSeeds:
         """
         from simkit.errors import InvalidState
 
-        root, episode = state.get("root_seed"), state.get("episode_index")
+        root: Any = state.get("root_seed")
+        episode: Any = state.get("episode_index")
         if (root is not None and not _is_int(root, 0)) or not _is_int(episode, -1):
             raise InvalidState(
                 f"root_seed must be an int or None and episode_index an int >= -1, "
