@@ -826,7 +826,8 @@ def gather_rows(space: spaces.Space[Any], rows: list[Any]) -> Any:
     a direct path for array spaces.
     """
     if isinstance(space, _LEAF):
-        out = np.empty((len(rows), *space.shape), dtype=space.dtype)
+        shape: tuple[int, ...] = space.shape or ()
+        out = np.empty((len(rows), *shape), dtype=space.dtype)
         if len(rows) == 1:
             out[0] = rows[0]
             return out
