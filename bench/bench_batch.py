@@ -5,6 +5,7 @@ within the same run)::
 
     .venv/bin/python bench/bench_batch.py            # full (a few minutes)
     .venv/bin/python bench/bench_batch.py --quick    # smoke run
+    .venv/bin/python bench/bench_batch.py --sections cartpole,cost   # some tables only
 
 EnvPool comes from the ``bench`` extra (``.venv/bin/pip install envpool``); without it
 those rows say why they are missing.
@@ -37,15 +38,30 @@ Runner = Callable[[], int]
 
 def compare(runs: dict[str, Runner | None], repeats: int) -> dict[str, float | None]:
     """Median env steps/s of each runner, timed round-robin so load hits all alike."""
-    rates: dict[str, list[float]] = {name: [] for name, run in runs.items() if run is not None}
+    return compare_wall_cpu(runs, repeats)[0]
+
+
+def compare_wall_cpu(
+    runs: dict[str, Runner | None], repeats: int
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """:func:`compare`, plus the median env steps per CPU-second (``process_time``: all
+    threads of this process), which a loaded machine distorts far less than wall time."""
+    names = [name for name, run in runs.items() if run is not None]
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeats):
-        for name in rates:
+        for name in names:
             run = runs[name]
             assert run is not None
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             steps = run()
-            rates[name].append(steps / (time.perf_counter() - t0))
-    return {name: statistics.median(rates[name]) if name in rates else None for name in runs}
+            wall[name].append(steps / (time.perf_counter() - t0))
+            cpu[name].append(steps / max(time.process_time() - c0, 1e-9))
+
+    def medians(rates: dict[str, list[float]]) -> dict[str, float | None]:
+        return {name: statistics.median(rates[name]) if name in rates else None for name in runs}
+
+    return medians(wall), medians(cpu)
 
 
 def fmt(rate: float | None) -> str:
@@ -249,6 +265,8 @@ def close_all(closers: list[Any]) -> None:
 
 # -------------------------------------------------------------------------------- main
 
+SECTIONS = ("cheetah", "gym", "cartpole", "cost", "breakdown")
+
 
 def main() -> None:
     # EnvPool rebuilds its float32 Boxes from float64 bounds on every space access and
@@ -257,7 +275,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few steps, 2 repeats")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated tables to run, of {', '.join(SECTIONS)} (default all)",
+    )
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    if sections - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(sections - set(SECTIONS))}; pick from {SECTIONS}")
     repeats = 2 if args.quick else args.repeats
     steps = 40 if args.quick else 200
     notes: list[str] = []
@@ -265,189 +291,208 @@ def main() -> None:
     from simkit.envs.cheetah import CHEETAH_FRAME_SKIP as frame_skip
 
     print(f"# bench_batch ({NCPU} CPUs, mujoco {mujoco.__version__}, repeats={repeats})\n")
-    print("## Cheetah: BatchMujocoEnv vs the raw MuJoCo limit and EnvPool\n")
-    print(
-        "Env steps/s (frame_skip=5), medians of round-robin repeats; every simkit/MuJoCo column "
-        "replays the same workload (BatchCheetah after `reset(seed=0)`: its randomized models, "
-        "start states and actions). raw = `mujoco.rollout` on all cores, the whole horizon in "
-        "one call (no Python per step); rollout/step = `mujoco.rollout` "
-        "called once per env step; BatchCheetah = `simkit/BatchCheetah-v0` `step_batch` "
-        "(native backend: `mujoco.batch`, actions validated); async = the same env through "
-        "`send`/`recv` with batch_size=N/2 (physics of one half in the background while "
-        "Python finishes the other); threads, pooled, loop = its other backends; EnvPool "
-        "HalfCheetah-v5 is the classic model our cheetah.xml is sized like.\n"
-    )
-    print(
-        "| N | raw limit | rollout/step | BatchCheetah (native) | async N/2 | threads | pooled | "
-        "loop | EnvPool sync | EnvPool async | best Batch/raw | best Batch/EnvPool best |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     raw64: float | None = None
-    for n in (16, 64, 256):
-        k = max(10, steps * 64 // n)
+    if "cheetah" in sections:
+        print("## Cheetah: BatchMujocoEnv vs the raw MuJoCo limit and EnvPool\n")
+        print(
+            "Env steps/s (frame_skip=5), medians of round-robin repeats; every simkit/MuJoCo column "
+            "replays the same workload (BatchCheetah after `reset(seed=0)`: its randomized models, "
+            "start states and actions). raw = `mujoco.rollout` on all cores, the whole horizon in "
+            "one call (no Python per step); rollout/step = `mujoco.rollout` "
+            "called once per env step; BatchCheetah = `simkit/BatchCheetah-v0` `step_batch` "
+            "(native backend: `mujoco.batch`, actions validated); async = the same env through "
+            "`send`/`recv` with batch_size=N/2 (physics of one half in the background while "
+            "Python finishes the other); threads, pooled, loop = its other backends; EnvPool "
+            "HalfCheetah-v5 is the classic model our cheetah.xml is sized like.\n"
+        )
+        print(
+            "| N | raw limit | rollout/step | BatchCheetah (native) | async N/2 | threads | pooled | "
+            "loop | EnvPool sync | EnvPool async | best Batch/raw | best Batch/EnvPool best |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for n in (16, 64, 256):
+            k = max(10, steps * 64 // n)
+            acts = cheetah_actions(n, k)
+            r = compare(
+                {
+                    "raw": raw_mujoco_limit(n, frame_skip, acts, closers),
+                    "stepwise": rollout_stepwise(n, frame_skip, acts, closers),
+                    "batch": batch_runner(cheetah(closers, n), acts),
+                    "async": async_runner(cheetah(closers, n, batch_size=n // 2), acts),
+                    "threads": batch_runner(cheetah(closers, n, backend="threads"), acts),
+                    "pooled": batch_runner(cheetah(closers, n, backend="pooled"), acts),
+                    "loop": batch_runner(cheetah(closers, n, backend="loop"), acts),
+                    "ep_sync": try_runner(
+                        lambda n=n, k=k: envpool_runner(  # type: ignore[misc]
+                            "HalfCheetah-v5", n, "sync", k, "random", closers
+                        ),
+                        notes,
+                    ),
+                    "ep_async": try_runner(
+                        lambda n=n, k=k: envpool_runner(  # type: ignore[misc]
+                            "HalfCheetah-v5", n, "async", k, "random", closers
+                        ),
+                        notes,
+                    ),
+                },
+                repeats,
+            )
+            close_all(closers)
+            if n == 64:
+                raw64 = r["raw"]
+            best = max((x for x in (r["ep_sync"], r["ep_async"]) if x is not None), default=None)
+            mine = max(
+                x for x in (r["batch"], r["async"], r["threads"], r["pooled"]) if x is not None
+            )
+            print(
+                f"| {n} | {fmt(r['raw'])} | {fmt(r['stepwise'])} | {fmt(r['batch'])} | "
+                f"{fmt(r['async'])} | {fmt(r['threads'])} | "
+                f"{fmt(r['pooled'])} | {fmt(r['loop'])} | {fmt(r['ep_sync'])} | "
+                f"{fmt(r['ep_async'])} | {ratio(mine, r['raw'])} | {ratio(mine, best)} |"
+            )
+
+    if "gym" in sections:
+        print("\n## Cheetah: Gymnasium vector envs of `simkit/Cheetah-v0` (reference)\n")
+        print("| N | SyncVectorEnv | AsyncVectorEnv (processes) | BatchCheetah |")
+        print("|---|---|---|---|")
+        for n in (16, 64):
+            k = max(10, steps * 16 // n)
+            r = compare(
+                {
+                    "sync": gym_vector_runner("sync", n, k, closers),
+                    "async": gym_vector_runner("async", n, k, closers) if n <= 16 else None,
+                    "batch": batch_runner(
+                        simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k)
+                    ),
+                },
+                repeats,
+            )
+            close_all(closers)
+            print(f"| {n} | {fmt(r['sync'])} | {fmt(r['async'])} | {fmt(r['batch'])} |")
+
+    if "cartpole" in sections:
+        print("\n## CartPole: `simkit/BatchCartPole-v0` vs EnvPool CartPole-v1, N=256\n")
+        print(
+            "random = uniform random actions (episodes ~20 steps, so ~12 resets per batch step); "
+            "balance = a fixed balancing policy computed from the observations inside the loop "
+            "(long episodes), the same for both.\n"
+        )
+        print(
+            "CPU columns: env steps per CPU-second of this process (all its threads), the "
+            "fairer measure when the machine is loaded.\n"
+        )
+        print(
+            "| policy | BatchCartPole | EnvPool sync | EnvPool async | Batch/EnvPool best | "
+            "CPU: BatchCartPole | CPU: EnvPool sync | CPU: EnvPool async | "
+            "CPU: Batch/EnvPool best |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        n = 256
+        cp_steps = 300 if args.quick else 2000
+        for policy in ("random", "balance"):
+            env = simkit.make("simkit/BatchCartPole-v0", num_envs=n)
+            rand = np.random.default_rng(1).integers(0, 2, (cp_steps, n))
+            _obs0, _ = env.reset(seed=0)
+
+            def run_cp(env: Any = env, rand: np.ndarray = rand, policy: str = policy) -> int:
+                obs = env.step_batch(rand[0]).obs
+                for a in rand[1:]:
+                    obs = env.step_batch(a if policy == "random" else cartpole_balance(obs)).obs
+                return cp_steps * n
+
+            r, c = compare_wall_cpu(
+                {
+                    "mine": run_cp,
+                    "sync": try_runner(
+                        lambda p=policy: envpool_runner(  # type: ignore[misc]
+                            "CartPole-v1", n, "sync", cp_steps, p, closers
+                        ),
+                        notes,
+                    ),
+                    "async": try_runner(
+                        lambda p=policy: envpool_runner(  # type: ignore[misc]
+                            "CartPole-v1", n, "async", cp_steps, p, closers
+                        ),
+                        notes,
+                    ),
+                },
+                repeats,
+            )
+            close_all(closers)
+            best = max((x for x in (r["sync"], r["async"]) if x is not None), default=None)
+            cbest = max((x for x in (c["sync"], c["async"]) if x is not None), default=None)
+            print(
+                f"| {policy} | {fmt(r['mine'])} | {fmt(r['sync'])} | {fmt(r['async'])} | "
+                f"{ratio(r['mine'], best)} | {fmt(c['mine'])} | {fmt(c['sync'])} | "
+                f"{fmt(c['async'])} | {ratio(c['mine'], cbest)} |"
+            )
+
+    if "cost" in sections:
+        print("\n## Cost vs N (µs per batch step / µs per env step)\n")
+        print("| N | BatchCheetah batch | per env | BatchCartPole batch | per env |")
+        print("|---|---|---|---|---|")
+        for n in (1, 4, 16, 64, 256):
+            k = max(10, steps * 16 // n)
+            r = compare(
+                {
+                    "ch": batch_runner(
+                        simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k)
+                    ),
+                    "cp": batch_runner(
+                        simkit.make("simkit/BatchCartPole-v0", num_envs=n),
+                        np.random.default_rng(1).integers(0, 2, (k * 4, n)),
+                    ),
+                },
+                repeats,
+            )
+            ch, cp = r["ch"], r["cp"]
+            assert ch is not None
+            assert cp is not None
+            print(
+                f"| {n} | {n / ch * 1e6:.1f} | {1e6 / ch:.2f} | {n / cp * 1e6:.1f} | {1e6 / cp:.2f} |"
+            )
+
+    if "breakdown" in sections:
+        print("\n## Per-step overhead breakdown, BatchCheetah N=64 (µs per batch step)\n")
+        n = 64
+        k = max(30, steps)
         acts = cheetah_actions(n, k)
+        env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
+        trusted_env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
+
+        def physics() -> int:
+            env.reset(seed=0)
+            for a in acts:
+                env.do_simulation(a)
+            return k * n
+
         r = compare(
             {
                 "raw": raw_mujoco_limit(n, frame_skip, acts, closers),
-                "stepwise": rollout_stepwise(n, frame_skip, acts, closers),
-                "batch": batch_runner(cheetah(closers, n), acts),
-                "async": async_runner(cheetah(closers, n, batch_size=n // 2), acts),
-                "threads": batch_runner(cheetah(closers, n, backend="threads"), acts),
-                "pooled": batch_runner(cheetah(closers, n, backend="pooled"), acts),
-                "loop": batch_runner(cheetah(closers, n, backend="loop"), acts),
-                "ep_sync": try_runner(
-                    lambda n=n, k=k: envpool_runner(  # type: ignore[misc]
-                        "HalfCheetah-v5", n, "sync", k, "random", closers
-                    ),
-                    notes,
-                ),
-                "ep_async": try_runner(
-                    lambda n=n, k=k: envpool_runner(  # type: ignore[misc]
-                        "HalfCheetah-v5", n, "async", k, "random", closers
-                    ),
-                    notes,
-                ),
+                "physics": physics,
+                "trusted": batch_runner(trusted_env, acts, trusted=True),
+                "full": batch_runner(simkit.make("simkit/BatchCheetah-v0", num_envs=n), acts),
             },
             repeats,
         )
         close_all(closers)
-        if n == 64:
-            raw64 = r["raw"]
-        best = max((x for x in (r["ep_sync"], r["ep_async"]) if x is not None), default=None)
-        mine = max(x for x in (r["batch"], r["async"], r["threads"], r["pooled"]) if x is not None)
-        print(
-            f"| {n} | {fmt(r['raw'])} | {fmt(r['stepwise'])} | {fmt(r['batch'])} | "
-            f"{fmt(r['async'])} | {fmt(r['threads'])} | "
-            f"{fmt(r['pooled'])} | {fmt(r['loop'])} | {fmt(r['ep_sync'])} | "
-            f"{fmt(r['ep_async'])} | {ratio(mine, r['raw'])} | {ratio(mine, best)} |"
-        )
-
-    print("\n## Cheetah: Gymnasium vector envs of `simkit/Cheetah-v0` (reference)\n")
-    print("| N | SyncVectorEnv | AsyncVectorEnv (processes) | BatchCheetah |")
-    print("|---|---|---|---|")
-    for n in (16, 64):
-        k = max(10, steps * 16 // n)
-        r = compare(
-            {
-                "sync": gym_vector_runner("sync", n, k, closers),
-                "async": gym_vector_runner("async", n, k, closers) if n <= 16 else None,
-                "batch": batch_runner(
-                    simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k)
-                ),
-            },
-            repeats,
-        )
-        close_all(closers)
-        print(f"| {n} | {fmt(r['sync'])} | {fmt(r['async'])} | {fmt(r['batch'])} |")
-
-    print("\n## CartPole: `simkit/BatchCartPole-v0` vs EnvPool CartPole-v1, N=256\n")
-    print(
-        "random = uniform random actions (episodes ~20 steps, so ~12 resets per batch step); "
-        "balance = a fixed balancing policy computed from the observations inside the loop "
-        "(long episodes), the same for both.\n"
-    )
-    print("| policy | BatchCartPole | EnvPool sync | EnvPool async | Batch/EnvPool best |")
-    print("|---|---|---|---|---|")
-    n = 256
-    cp_steps = 300 if args.quick else 2000
-    for policy in ("random", "balance"):
-        env = simkit.make("simkit/BatchCartPole-v0", num_envs=n)
-        rand = np.random.default_rng(1).integers(0, 2, (cp_steps, n))
-        _obs0, _ = env.reset(seed=0)
-
-        def run_cp(env: Any = env, rand: np.ndarray = rand, policy: str = policy) -> int:
-            obs = env.step_batch(rand[0]).obs
-            for a in rand[1:]:
-                obs = env.step_batch(a if policy == "random" else cartpole_balance(obs)).obs
-            return cp_steps * n
-
-        r = compare(
-            {
-                "mine": run_cp,
-                "sync": try_runner(
-                    lambda p=policy: envpool_runner(  # type: ignore[misc]
-                        "CartPole-v1", n, "sync", cp_steps, p, closers
-                    ),
-                    notes,
-                ),
-                "async": try_runner(
-                    lambda p=policy: envpool_runner(  # type: ignore[misc]
-                        "CartPole-v1", n, "async", cp_steps, p, closers
-                    ),
-                    notes,
-                ),
-            },
-            repeats,
-        )
-        close_all(closers)
-        best = max((x for x in (r["sync"], r["async"]) if x is not None), default=None)
-        print(
-            f"| {policy} | {fmt(r['mine'])} | {fmt(r['sync'])} | {fmt(r['async'])} | "
-            f"{ratio(r['mine'], best)} |"
-        )
-
-    print("\n## Cost vs N (µs per batch step / µs per env step)\n")
-    print("| N | BatchCheetah batch | per env | BatchCartPole batch | per env |")
-    print("|---|---|---|---|---|")
-    for n in (1, 4, 16, 64, 256):
-        k = max(10, steps * 16 // n)
-        r = compare(
-            {
-                "ch": batch_runner(
-                    simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k)
-                ),
-                "cp": batch_runner(
-                    simkit.make("simkit/BatchCartPole-v0", num_envs=n),
-                    np.random.default_rng(1).integers(0, 2, (k * 4, n)),
-                ),
-            },
-            repeats,
-        )
-        ch, cp = r["ch"], r["cp"]
-        assert ch is not None
-        assert cp is not None
-        print(
-            f"| {n} | {n / ch * 1e6:.1f} | {1e6 / ch:.2f} | {n / cp * 1e6:.1f} | {1e6 / cp:.2f} |"
-        )
-
-    print("\n## Per-step overhead breakdown, BatchCheetah N=64 (µs per batch step)\n")
-    n = 64
-    k = max(30, steps)
-    acts = cheetah_actions(n, k)
-    env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
-    trusted_env = simkit.make("simkit/BatchCheetah-v0", num_envs=n)
-
-    def physics() -> int:
-        env.reset(seed=0)
-        for a in acts:
-            env.do_simulation(a)
-        return k * n
-
-    r = compare(
-        {
-            "raw": raw_mujoco_limit(n, frame_skip, acts, closers),
-            "physics": physics,
-            "trusted": batch_runner(trusted_env, acts, trusted=True),
-            "full": batch_runner(simkit.make("simkit/BatchCheetah-v0", num_envs=n), acts),
-        },
-        repeats,
-    )
-    close_all(closers)
-    us = {name: n * 1e6 / rate for name, rate in r.items() if rate is not None}
-    full = us["full"]
-    print("| part | µs | share of full step |")
-    print("|---|---|---|")
-    rows = [
-        ("raw limit (`mujoco.rollout`, no Python)", us["raw"]),
-        ("physics call (`do_simulation`: `mujoco.batch` step, row copies)", us["physics"]),
-        ("full `step_batch`, validate_actions=False", us["trusted"]),
-        ("full `step_batch` (validated)", full),
-        ("Python outside the physics call (full - physics)", full - us["physics"]),
-    ]
-    for label, value in rows:
-        print(f"| {label} | {value:.0f} | {value / full:.0%} |")
-    if raw64 is not None:
-        print(f"\n(raw limit at N=64 in the first table: {n * 1e6 / raw64:.0f} µs per batch step)")
+        us = {name: n * 1e6 / rate for name, rate in r.items() if rate is not None}
+        full = us["full"]
+        print("| part | µs | share of full step |")
+        print("|---|---|---|")
+        rows = [
+            ("raw limit (`mujoco.rollout`, no Python)", us["raw"]),
+            ("physics call (`do_simulation`: `mujoco.batch` step, row copies)", us["physics"]),
+            ("full `step_batch`, validate_actions=False", us["trusted"]),
+            ("full `step_batch` (validated)", full),
+            ("Python outside the physics call (full - physics)", full - us["physics"]),
+        ]
+        for label, value in rows:
+            print(f"| {label} | {value:.0f} | {value / full:.0%} |")
+        if raw64 is not None:
+            print(
+                f"\n(raw limit at N=64 in the first table: {n * 1e6 / raw64:.0f} µs per batch step)"
+            )
     if notes:
         print("\nNotes:\n")
         for note in notes:

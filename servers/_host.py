@@ -8,7 +8,7 @@ so remote data equals local data bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -16,7 +16,7 @@ from gymnasium import spaces
 
 import simkit
 from simkit._contract import ContractCore
-from simkit._types import StepFault
+from simkit._types import BatchStep, MultiAgentBatchStep, StepFault
 from simkit.protocol import EnvFault, Unsupported, error_code_of
 from simkit.vector import VectorEnv
 
@@ -59,9 +59,6 @@ def batch_spec_of(env_id: str) -> simkit.EnvSpec | None:
     return env_spec if env_spec.kind is simkit.EnvKind.BATCH else None
 
 
-_LEAF = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
-
-
 def require_params_capability(
     capabilities: frozenset[str], options: Mapping[str, Any] | None, params: Any
 ) -> None:
@@ -76,13 +73,21 @@ def require_params_capability(
         )
 
 
-class VectorHost:
-    """A host over one of the local vectors (``VectorEnv`` or ``MultiAgentVectorEnv``).
+StepT = TypeVar("StepT", BatchStep, MultiAgentBatchStep)
 
-    Everything the protocol's session calls maps onto the vector's array API: reset
-    (with the session's ``env_offset``), subset steps with fault isolation, per-env
-    snapshots. Subclasses build the vector and say what the envs can do
-    (``capabilities``).
+
+class VectorHost(Generic[StepT]):
+    """The host interface over a local vector (``self.vector``), written once.
+
+    A subclass builds ``self.vector`` (a :class:`simkit.vector.VectorEnv` or
+    :class:`simkit.vector.MultiAgentVectorEnv` with ``isolate_faults=True``) and
+    ``self.capabilities``; resets, steps, seeding, autoreset and snapshots are the
+    vector's, so remote data equals local data by construction. What this adds is the
+    protocol's view: the session's ``env_offset``, randomization overrides refused for
+    envs that take none, snapshots refused without the ``state`` capability, and faults
+    as :class:`simkit.protocol.EnvFault` with wire error codes. ``env_ids`` arrive
+    checked by the protocol session (int64, distinct, in range), so steps skip the
+    vector's own id check.
     """
 
     vector: Any
@@ -100,12 +105,12 @@ class VectorHost:
     ) -> tuple[Any, list[dict[str, Any]]]:
         """Resets ``env_ids`` with the vector's seeding (:class:`simkit._seeding.EpisodeSeeds`).
 
-        ``seed`` (root), ``seeds`` (``seeds[k]`` for ``env_ids[k]`` exactly) or neither
-        (next episodes); env ``i`` is indexed ``env_offset + i`` in the derivation (a
-        client joining several servers into one vector), until the next reset.
+        ``env_offset``: seeds index env ``i`` as ``env_offset + i`` (a client joining
+        several servers into one vector). ``seed`` (root), ``seeds`` (``seeds[k]`` for
+        ``env_ids[k]`` exactly) or neither (each env's next episode).
 
         Returns:
-            The observation rows and infos of ``env_ids``.
+            The observation rows and per-row infos of ``env_ids``.
         """
         require_params_capability(self.capabilities, options, params)
         self.vector.seeds.env_offset = env_offset
@@ -114,18 +119,19 @@ class VectorHost:
         )
         return out
 
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[Any, list[EnvFault]]:
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[StepT, list[EnvFault]]:
         """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets.
 
         Raises:
             ResetNeeded: an env was never reset.
             InvalidAction: the batch does not fit the action space (nothing moved).
         """
-        step, faults = self.vector.step_envs(env_ids, actions)
+        # The session checked the ids already (simkit._validation.checked_env_ids).
+        step, faults = self.vector.step_envs(env_ids, actions, check_ids=False)
         return step, [env_fault(f) for f in faults]
 
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
-        """Snapshots of ``env_ids``: the env's own plus its seeding bookkeeping and obs."""
+        """Snapshots of ``env_ids``: the env's own plus its seeding bookkeeping and rows."""
         self._require_state()
         states: list[dict[str, Any]] = self.vector.get_env_states(env_ids)
         return states
@@ -140,11 +146,11 @@ class VectorHost:
             raise Unsupported("this env has no snapshots", expected="state capability", got="none")
 
     def close(self) -> None:
-        """Stops the vector's threads and closes every env."""
+        """Stops the vector's worker threads and closes every env."""
         self.vector.close()
 
 
-class EnvListHost(VectorHost):
+class EnvListHost(VectorHost[BatchStep]):
     """N single-agent envs behind the host interface: a thin adapter over ``VectorEnv``.
 
     Stepping, resets, seeding, autoreset, threads and snapshots are

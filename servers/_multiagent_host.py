@@ -19,6 +19,7 @@ from pettingzoo import ParallelEnv
 
 import simkit
 from simkit._multiagent import MultiAgentEnv
+from simkit._types import MultiAgentBatchStep
 from simkit.errors import UnknownEnv
 from simkit.registry import EnvKind
 from simkit.servers._host import GYM_PREFIX, VectorHost
@@ -79,7 +80,7 @@ def make_parallel_env_factory(env_id: str, **kwargs: Any) -> ParallelFactory:
     return lambda: env_spec.make(**kwargs)
 
 
-class ParallelEnvHost(VectorHost):
+class ParallelEnvHost(VectorHost[MultiAgentBatchStep]):
     """N PettingZoo parallel envs as ``N * len(possible_agents)`` rows, fault-isolated.
 
     A thin adapter over :class:`simkit.vector.MultiAgentVectorEnv` (with

@@ -225,6 +225,11 @@ def pcg64_generators(
     ]
 
 
+def _is_int(value: Any, low: int) -> bool:
+    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    return ok and value >= low
+
+
 def random_root() -> int:
     """A fresh root seed from OS entropy, for a first reset without a seed."""
     return int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
@@ -308,23 +313,24 @@ class EpisodeSeeds:
             f"seed must be an int, a list of int | None, or None, got {type(seed).__name__}"
         )
 
+    def plan_reset(
+        self, ids: np.ndarray, *, seed: int | None = None, seeds: Sequence[int] | None = None
+    ) -> list[int | None]:
+        """The array form of a reset (``reset_envs``, the wire protocol): a root ``seed``
+        for ``ids``, or ``seeds[k]`` exactly for ``ids[k]``, or neither (next episodes).
+        """
+        if seed is not None:
+            return self.plan(ids, seed)
+        if seeds is not None:
+            return self.plan_explicit(ids, seeds)
+        return self.next(ids)
+
     def restart(self, root: int) -> None:
         """Puts every env under ``root`` before its first episode (a ``BatchEnv`` root seed)."""
         if not 0 <= root <= MAX_ROOT_SEED:
             raise ValueError(f"seed must be in [0, 2**63), got {root}")
         self.roots = [root] * self.num_envs
         self.episode[:] = -1
-
-    def plan_reset(
-        self, ids: np.ndarray, seed: int | None = None, seeds: Sequence[int] | None = None
-    ) -> list[int | None]:
-        """The array API's reset: a root ``seed``, explicit ``seeds`` (``seeds[k]`` for
-        ``ids[k]``), or neither (each env's next episode)."""
-        if seed is not None:
-            return self.plan(ids, seed)
-        if seeds is not None:
-            return self.plan_explicit(ids, seeds)
-        return self.next(ids)
 
     def plan_explicit(self, ids: np.ndarray, seeds: Sequence[int]) -> list[int | None]:
         """Resets ``ids[k]`` with exactly ``seeds[k]`` (the wire protocol's ``seeds``)."""
@@ -437,6 +443,33 @@ class EpisodeSeeds:
                 self._seeds.clear()
             self._seeds[key] = table
         return table
+
+    def env_state(self, i: int) -> dict[str, Any]:
+        """Env ``i``'s part of a per-env snapshot: ``root_seed`` and ``episode_index``."""
+        return {"root_seed": self.roots[i], "episode_index": int(self.episode[i])}
+
+    @staticmethod
+    def parse_env_state(state: Mapping[str, Any]) -> tuple[int | None, int]:
+        """Checks an :meth:`env_state` part, changing nothing: ``(root, episode)``.
+
+        Raises:
+            simkit.errors.InvalidState: the root is not an int or None, or the episode
+                not an int >= -1.
+        """
+        from simkit.errors import InvalidState
+
+        root: Any = state.get("root_seed")
+        episode: Any = state.get("episode_index")
+        if (root is not None and not _is_int(root, 0)) or not _is_int(episode, -1):
+            raise InvalidState(
+                f"root_seed must be an int or None and episode_index an int >= -1, "
+                f"got {root!r} and {episode!r}"
+            )
+        return None if root is None else int(root), int(episode)
+
+    def set_env_state(self, i: int, parsed: tuple[int | None, int]) -> None:
+        """Restores what :meth:`parse_env_state` returned for env ``i``."""
+        self.roots[i], self.episode[i] = parsed
 
     def get_state(self) -> dict[str, Any]:
         """Plain data: ``root_seeds``, ``episode_index`` (a copy) and ``env_offset``."""

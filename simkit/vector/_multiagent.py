@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 from pettingzoo import ParallelEnv
 
 from simkit._multiagent import MultiAgentEnv
@@ -22,7 +22,8 @@ from simkit.vector._vector import (
     VECTOR_STATE_FORMAT,
     _per_env_params,
     _positive_int,
-    reset_options,
+    gather_rows,
+    with_params,
 )
 
 __all__ = [
@@ -30,7 +31,6 @@ __all__ = [
     "MultiAgentBatchStep",
     "homogeneous_agent_spaces",
     "zero_row",
-    "gather_rows",
 ]
 
 
@@ -67,12 +67,6 @@ def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
 def zero_row(space: Any) -> Any:
     """The all-zeros observation of ``space`` (any space the codec carries), for absent agents."""
     return next(iter(iterate(batch_space(space, 1), create_empty_array(space, 1, np.zeros))))
-
-
-def gather_rows(space: Any, rows: list[Any]) -> Any:
-    """Observations ``rows`` of ``space`` stacked into one batch of ``batch_space(space, n)``."""
-    out: Any = create_empty_array(space, len(rows), np.zeros)
-    return concatenate(space, rows, out)
 
 
 class MultiAgentVectorEnv:
@@ -242,11 +236,19 @@ class MultiAgentVectorEnv:
         A = self.num_agents
         return (env_ids[:, None] * A + np.arange(A)).reshape(-1)
 
-    def step_envs(self, env_ids: Any, actions: Any) -> tuple[MultiAgentBatchStep, list[StepFault]]:
+    def step_envs(
+        self, env_ids: Any, actions: Any, *, check_ids: bool = True
+    ) -> tuple[MultiAgentBatchStep, list[StepFault]]:
         """Steps only ``env_ids`` (in that order): ``len(env_ids) * A`` action rows.
 
         The one multi-agent step loop: :meth:`step` and the rollout server's host both
         run it.
+
+        Args:
+            env_ids: ``(k,)`` distinct env indices.
+            actions: ``(k * A, *action_shape)`` rows, agent rows of each env in order.
+            check_ids: ``False`` skips the env-id check (ids checked already, e.g. by a
+                protocol session): ``env_ids`` must be ``(k,)`` int64, distinct, in range.
 
         Returns:
             The step of those envs' rows and the faults (with ``isolate_faults``).
@@ -256,7 +258,7 @@ class MultiAgentVectorEnv:
             ValueError: a bad or repeated env id.
             InvalidAction: a live row's action does not fit.
         """
-        ids = check_send_ids(env_ids, self.num_envs, None)
+        ids = check_send_ids(env_ids, self.num_envs, None) if check_ids else env_ids
         never = ids[self.seeds.episode[ids] < 0]
         if never.size:
             raise ResetNeeded(f"envs {never.tolist()} were never reset; send reset first")
@@ -354,10 +356,10 @@ class MultiAgentVectorEnv:
             The observation rows and per-row infos of those envs.
         """
         ids = check_send_ids(env_ids, self.num_envs, None)
-        planned = self.seeds.plan_reset(ids, seed, seeds)
+        planned = self.seeds.plan_reset(ids, seed=seed, seeds=seeds)
         infos: list[dict[str, Any]] = []
         for k, i in enumerate(ids.tolist()):
-            opts = reset_options(options, None if params is None else params[k])
+            opts = with_params(options, None if params is None else params[k])
             infos.extend(self._reset_one(i, planned[k], opts))
             self._broken[i] = False
         self._has_reset = bool((self.seeds.episode >= 0).all())
@@ -430,8 +432,7 @@ class MultiAgentVectorEnv:
             out.append(
                 {
                     "env": env.get_state(),
-                    "root_seed": self.seeds.roots[i],
-                    "episode_index": int(self.seeds.episode[i]),
+                    **self.seeds.env_state(i),
                     "obs_rows": self._gather(copy.deepcopy(self._obs_rows[i * A : (i + 1) * A])),
                     "agent_mask": self._mask[i * A : (i + 1) * A].copy(),
                 }
@@ -457,15 +458,12 @@ class MultiAgentVectorEnv:
             mask = np.asarray(state["agent_mask"], dtype=np.bool_)
             if mask.shape != (A,):
                 raise InvalidState(f"agent_mask must have shape ({A},), got {mask.shape}")
-            seeds = EpisodeSeeds.parse_state(
-                {"root_seeds": [state["root_seed"]], "episode_index": [state["episode_index"]]}, 1
-            )
+            seeds = EpisodeSeeds.parse_env_state(state)
             rows = list(iterate(batch_space(self.single_observation_space, A), state["obs_rows"]))
             parsed.append((seeds, mask, copy.deepcopy(rows)))
         restore_all([self.envs[i] for i in ids], [s["env"] for s in states])
         for i, (seeds, mask, rows) in zip(ids, parsed, strict=True):
-            self.seeds.roots[i] = seeds["roots"][0]
-            self.seeds.episode[i] = seeds["episode"][0]
+            self.seeds.set_env_state(i, seeds)
             self._obs_rows[i * A : (i + 1) * A] = rows
             self._mask[i * A : (i + 1) * A] = mask
             self._broken[i] = False

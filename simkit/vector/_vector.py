@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
@@ -22,7 +23,7 @@ from simkit.registry import make
 from simkit.vector._actions import check_batch, split_rows
 from simkit.vector._pool import WorkerPool
 
-__all__ = ["VectorEnv", "make_vec", "VECTOR_STATE_FORMAT"]
+__all__ = ["VectorEnv", "make_vec", "VECTOR_STATE_FORMAT", "gather_rows"]
 
 VECTOR_STATE_FORMAT = 1
 """Version of the snapshot layout produced by :meth:`VectorEnv.get_state`."""
@@ -344,7 +345,9 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._dispatch_all(actions, _SAME)
         return self._batch_step(np.arange(self.num_envs, dtype=np.int64))
 
-    def step_envs(self, env_ids: Any, actions: Any) -> tuple[BatchStep, list[StepFault]]:
+    def step_envs(
+        self, env_ids: Any, actions: Any, *, check_ids: bool = True
+    ) -> tuple[BatchStep, list[StepFault]]:
         """Steps only ``env_ids`` (in that order), synchronously, with same-step autoreset.
 
         EnvPool's ``step(action, env_id)``, as the rollout server's hosts use it: a
@@ -353,6 +356,9 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         Args:
             env_ids: ``(k,)`` distinct env indices.
             actions: ``k`` action rows.
+            check_ids: ``False`` skips the env-id check (the fast path for ids checked
+                already, e.g. by a protocol session): ``env_ids`` must then be a
+                ``(k,)`` int64 array of distinct ids in ``[0, N)``, none in flight.
 
         Returns:
             The :class:`~simkit._types.BatchStep` of ``env_ids`` and the faults of this
@@ -363,10 +369,11 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             ValueError: a bad, repeated or in-flight env id.
             InvalidAction: the rows do not fit the action space (nothing moved).
         """
-        ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
-        never = ids[self.seeds.episode[ids] < 0]
-        if never.size:
-            raise ResetNeeded(f"envs {never.tolist()} were never reset; send reset first")
+        ids = check_send_ids(env_ids, self.num_envs, self._in_flight) if check_ids else env_ids
+        if not self._has_reset:  # every env has started an episode: nothing to scan
+            never = ids[self.seeds.episode[ids] < 0]
+            if never.size:
+                raise ResetNeeded(f"envs {never.tolist()} were never reset; send reset first")
         rows = self._rows(actions, ids)
         self._faults = []
         if self._pool is None:
@@ -404,10 +411,10 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         self._require_idle("reset()")
         ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
-        planned = self.seeds.plan_reset(ids, seed, seeds)
+        planned = self.seeds.plan_reset(ids, seed=seed, seeds=seeds)
         infos = []
         for k, i in enumerate(ids.tolist()):
-            opts = reset_options(options, None if params is None else params[k])
+            opts = with_params(options, None if params is None else params[k])
             obs, info = self.envs[i].reset(seed=planned[k], options=opts)
             self._obs_slot[i] = self._final_slot[i] = obs
             self._info_slot[i] = {}
@@ -434,8 +441,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             out.append(
                 {
                     "env": getter(),
-                    "root_seed": self.seeds.roots[i],
-                    "episode_index": int(self.seeds.episode[i]),
+                    **self.seeds.env_state(i),
                     "obs": copy.deepcopy(self._obs_slot[i]),
                 }
             )
@@ -455,19 +461,13 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 raise InvalidState(
                     "a host snapshot holds env, root_seed, episode_index and obs",
                 )
-            root, episode = state["root_seed"], state["episode_index"]
-            if (root is not None and not _is_index(root)) or not _is_index(episode, -1):
-                raise InvalidState(
-                    f"root_seed must be an int or None and episode_index an int >= -1, "
-                    f"got {root!r} and {episode!r}"
-                )
-            parsed.append((None if root is None else int(root), int(episode), state["obs"]))
+            parsed.append((EpisodeSeeds.parse_env_state(state), state["obs"]))
         restore_all([self.envs[i].unwrapped for i in ids], [s["env"] for s in states])
-        for i, (root, episode, obs) in zip(ids, parsed, strict=True):
-            self.seeds.roots[i] = root
-            self.seeds.episode[i] = episode
+        for i, (seeding, obs) in zip(ids, parsed, strict=True):
+            self.seeds.set_env_state(i, seeding)
             self._obs_slot[i] = self._final_slot[i] = copy.deepcopy(obs)
             self._pending[i] = self._broken[i] = False
+        self._has_reset = bool((self.seeds.episode >= 0).all())
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Gymnasium's 5-tuple under ``metadata["autoreset_mode"]``, as ``SyncVectorEnv``.
@@ -503,14 +503,12 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         )
 
     def _gather(self, slots: list[Any], ids: np.ndarray) -> Any:
-        space = self.single_observation_space
-        out: Any = create_empty_array(space, len(ids), np.zeros)
-        return concatenate(space, [slots[int(i)] for i in ids], out)
+        return gather_rows(self.single_observation_space, [slots[i] for i in ids.tolist()])
 
     def _batch_step(self, ids: np.ndarray) -> BatchStep:
         infos: list[dict[str, Any]] = []
-        for i in ids:
-            info, reset_info = self._info_slot[int(i)], self._reset_info_slot[int(i)]
+        for i in ids.tolist():
+            info, reset_info = self._info_slot[i], self._reset_info_slot[i]
             infos.append(info if reset_info is None else {**info, "reset_info": reset_info})
         return BatchStep(
             obs=self._gather(self._obs_slot, ids),
@@ -818,20 +816,35 @@ def _positive_int(value: Any, name: str) -> int:
     return int(value)
 
 
-def reset_options(
+_LEAF = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def gather_rows(space: spaces.Space[Any], rows: list[Any]) -> Any:
+    """Observations ``rows`` of ``space`` stacked into one batch of ``batch_space(space, n)``.
+
+    What ``gymnasium.vector.utils.concatenate`` builds (the same values and dtype), with
+    a direct path for array spaces.
+    """
+    if isinstance(space, _LEAF):
+        shape: tuple[int, ...] = space.shape or ()
+        out = np.empty((len(rows), *shape), dtype=space.dtype)
+        if len(rows) == 1:
+            out[0] = rows[0]
+            return out
+        return np.stack(rows, axis=0, out=out)
+    empty: Any = create_empty_array(space, len(rows), np.zeros)
+    return concatenate(space, rows, empty)
+
+
+def with_params(
     options: Mapping[str, Any] | None, params: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
-    """One env's reset options: ``options`` with ``params`` merged over its ``"params"``."""
+    """Reset options with one env's randomization overrides merged over ``options["params"]``."""
     if not params:
-        return dict(options) if options else None
+        return None if options is None else dict(options)
     opts = dict(options or {})
     opts["params"] = {**dict(opts.get("params") or {}), **dict(params)}
     return opts
-
-
-def _is_index(value: Any, low: int = 0) -> bool:
-    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
-    return ok and value >= low
 
 
 def _check_mask(mask: Any, n: int) -> np.ndarray:

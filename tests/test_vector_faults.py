@@ -1,0 +1,135 @@
+"""Fault isolation of the local vectors (``isolate_faults=True``), subset steps and
+array-form resets: what the rollout server's hosts are built on, usable locally."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import simkit
+from simkit._seeding import episode_seed
+from simkit._types import StepFault
+from simkit.envs.goal_nav import GoalNav
+from simkit.vector import MultiAgentVectorEnv, VectorEnv
+
+
+class Flaky(simkit.Env[np.ndarray, np.ndarray]):
+    """Counts steps; an action above 0.9 raises in step, ``fail_reset`` makes reset raise."""
+
+    state_attributes = ("x",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Box(-100, 100, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+        self.x = 0.0
+        self.fail_reset = False
+
+    def reset_episode(
+        self, rng: Any, params: Any, options: Any
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        if self.fail_reset:
+            raise OSError("reset broke")
+        self.x = float(rng.integers(10, 20))
+        return np.array([self.x], dtype=np.float32), {}
+
+    def step_episode(
+        self, action: np.ndarray, rng: Any
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        if action[0] > 0.9:
+            raise RuntimeError("boom")
+        self.x += 1.0
+        return np.array([self.x], dtype=np.float32), 1.0, False, {}
+
+
+def flaky_vector(n: int, **kwargs: Any) -> VectorEnv:
+    return VectorEnv([Flaky for _ in range(n)], **kwargs)
+
+
+def test_a_failing_env_ends_its_episode_and_restarts_while_the_others_go_on() -> None:
+    vec = flaky_vector(3, isolate_faults=True)
+    first, _ = vec.reset(seed=4)
+    actions = np.array([[0.0], [1.0], [0.0]], dtype=np.float32)
+    step, faults = vec.step_envs(np.arange(3), actions)
+    assert len(faults) == 1
+    assert (faults[0].env_id, faults[0].during) == (1, "step")
+    assert isinstance(faults[0].error, RuntimeError)
+    assert step.truncated.tolist() == [False, True, False]
+    assert step.reward.tolist() == [1.0, 0.0, 1.0]
+    assert step.final_obs[1] == first[1]
+    assert step.obs[[0, 2], 0].tolist() == (first[[0, 2], 0] + 1).tolist()
+    # Env 1 restarted with its next episode's seed; the others are still in episode 0.
+    assert vec.episode_index.tolist() == [0, 1, 0]
+    expected, _ = Flaky().reset(seed=episode_seed(4, 1, 1))
+    assert step.obs[1] == expected
+
+
+def test_without_isolation_the_error_propagates() -> None:
+    vec = flaky_vector(2)
+    vec.reset(seed=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        vec.step_batch(np.array([[0.0], [1.0]], dtype=np.float32))
+
+
+def test_a_failed_restart_is_reported_until_the_env_is_reset() -> None:
+    vec = flaky_vector(2, isolate_faults=True)
+    vec.reset(seed=1)
+    vec.envs[0].unwrapped.fail_reset = True  # type: ignore[attr-defined]
+    _, faults = vec.step_envs(np.arange(2), np.array([[1.0], [0.0]], dtype=np.float32))
+    assert [(f.env_id, f.during) for f in faults] == [(0, "step"), (0, "reset")]
+    step, faults = vec.step_envs(np.arange(2), np.zeros((2, 1), dtype=np.float32))
+    assert faults == [StepFault(0, None, "broken")]
+    assert step.truncated.tolist() == [True, False]
+    vec.envs[0].unwrapped.fail_reset = False  # type: ignore[attr-defined]
+    obs, _ = vec.reset_envs(np.array([0]), seeds=[9])
+    assert obs[0] == Flaky().reset(seed=9)[0]
+    _, faults = vec.step_envs(np.arange(2), np.zeros((2, 1), dtype=np.float32))
+    assert faults == []
+
+
+def test_subset_steps_and_resets_touch_only_the_listed_envs() -> None:
+    vec = flaky_vector(4)
+    obs, _ = vec.reset(seed=2)
+    step, _ = vec.step_envs(np.array([3, 1]), np.zeros((2, 1), dtype=np.float32))
+    assert step.env_ids.tolist() == [3, 1]
+    assert step.obs[:, 0].tolist() == [obs[3, 0] + 1, obs[1, 0] + 1]
+    states = vec.get_env_states(np.arange(4))
+    assert [s["env"]["data"]["x"] for s in states] == [
+        obs[0, 0],
+        obs[1, 0] + 1,
+        obs[2, 0],
+        obs[3, 0] + 1,
+    ]
+    again, _ = vec.reset_envs(np.array([2]))
+    assert again[0] == Flaky().reset(seed=episode_seed(2, 2, 1))[0]
+    assert vec.episode_index.tolist() == [0, 0, 1, 0]
+
+
+class FlakyNav(GoalNav):
+    """GoalNav whose step raises when agent_0's first action component is above 0.9."""
+
+    def step(self, actions: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+        if "agent_0" in actions and float(actions["agent_0"][0]) > 0.9:
+            raise RuntimeError("boom")
+        return super().step(actions)
+
+
+def test_multi_agent_vector_isolates_faults_per_env() -> None:
+    vec = MultiAgentVectorEnv([FlakyNav, FlakyNav], isolate_faults=True)
+    vec.reset(seed=3)
+    actions = np.zeros((vec.num_rows, 2), dtype=np.float32)
+    actions[vec.row(1, "agent_0")] = [1.0, 0.0]
+    step, faults = vec.step_envs(np.arange(2), actions)
+    assert [(f.env_id, f.during) for f in faults] == [(1, "step")]
+    assert step.env_reset.tolist() == [False, True]
+    assert step.truncated[3:].all()
+    assert not step.truncated[:3].any()
+    assert step.reward[3:].tolist() == [0.0, 0.0, 0.0]
+    assert vec.episode_index.tolist() == [0, 1]
+    plain = MultiAgentVectorEnv([FlakyNav, FlakyNav])
+    plain.reset(seed=3)
+    with pytest.raises(RuntimeError, match="boom"):
+        plain.step(actions)
