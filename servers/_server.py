@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import zmq
 import zmq.auth.thread
+from prometheus_client import CollectorRegistry
 
 import simkit
 from simkit.protocol import (
@@ -42,6 +43,8 @@ from simkit.servers._multiagent_host import (
     is_multi_agent_id,
     make_parallel_env_factory,
 )
+from simkit.servers._stream_host import StreamHost
+from simkit.servers._stream_worker import StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
@@ -127,6 +130,11 @@ class RolloutServer:
             (default): :data:`BUSY_POLL_US` when :meth:`serve_forever` runs on its
             process's main thread (``simkit serve``), 0 on any other thread (after
             :meth:`start`), where spinning would hold the GIL its host program needs.
+        policy: accept stream sessions (``stream_open``): the server runs the learner's
+            policy and streams trajectory fragments (docs/server.md, "Policy serving").
+        device: torch device of stream sessions' policies (default ``cuda`` when
+            available, else ``cpu``).
+        fragment_length: ``T`` of a stream session that asks for none.
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -152,6 +160,9 @@ class RolloutServer:
         inline_threshold: int = INLINE_THRESHOLD,
         num_threads: int = 1,
         busy_poll_us: int | None = None,
+        policy: bool = False,
+        device: str | None = None,
+        fragment_length: int = 128,
     ) -> None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
@@ -161,6 +172,12 @@ class RolloutServer:
             raise ValueError(f"busy_poll_us must be an int >= 0 or None, got {busy_poll_us!r}")
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        if (
+            isinstance(fragment_length, bool)
+            or not isinstance(fragment_length, int)
+            or fragment_length < 1
+        ):
+            raise ValueError(f"fragment_length must be a positive int, got {fragment_length!r}")
         if not is_loopback(bind) and curve_secret_key is None and not insecure:
             raise ValueError(
                 f"binding {bind!r} exposes the server beyond this machine: pass CURVE keys "
@@ -232,6 +249,28 @@ class RolloutServer:
             self._sock.curve_server = True
         self._sock.bind(bind)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.device: str = device or default_device()
+        self.registry = CollectorRegistry()
+        self._streams = StreamHost(
+            self._ctx,
+            StreamSettings(
+                env_id=env_id,
+                env_kwargs=self._env_kwargs,
+                num_envs=num_envs,
+                num_threads=num_threads,
+                device=self.device,
+                fragment_length=fragment_length,
+                heartbeat_timeout=float(heartbeat_timeout),
+                limits=self.limits,
+                inline_threshold=inline_threshold,
+                server=f"simkit {simkit.__version__}",
+            )
+            if policy
+            else None,
+            self.registry,
+            heartbeat_timeout=heartbeat_timeout,
+            max_sessions=max_sessions,
+        )
         if self.insecure:
             print(
                 f"WARNING: simkit server on {self.endpoint} accepts unauthenticated, "
@@ -260,6 +299,7 @@ class RolloutServer:
         """Serves until :meth:`stop` (or a signal handler calling it); then shuts down."""
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._streams.pull, zmq.POLLIN)
         next_sweep = time.monotonic() + 1.0
         spin_us = self.busy_poll_us
         if spin_us is None:
@@ -273,9 +313,12 @@ class RolloutServer:
                 if self._request_waiting(spin_until) or poller.poll(100):
                     self._serve_one()
                     spin_until = time.perf_counter() + spin
+                if self._streams.forward(self._sock):
+                    spin_until = time.perf_counter() + spin
                 now = time.monotonic()
                 if now >= next_sweep:
                     self._expire(now)
+                    self._streams.expire(now)
                     next_sweep = now + min(1.0, self.heartbeat_timeout / 4)
             self._drain()
         finally:
@@ -357,7 +400,15 @@ class RolloutServer:
         slot = self._slots.get(identity)
         request: Message | None = None
         if slot is None:
+            if self._streams.owns(identity):
+                self._streams.deliver(identity, frames)
+                return
             request = _decode_or_none(frames, self.limits)
+            if request is not None and request.kind == "stream_open":
+                refusal = self._streams.open(identity, request, frames)
+                if refusal is not None:
+                    self._send(identity, refusal)
+                return
             if request is None or request.kind != "hello":
                 self._serve_sessionless(identity, frames, request, start)
                 return
@@ -412,7 +463,9 @@ class RolloutServer:
             target = self._slots.get(bytes.fromhex(token))
         except ValueError:
             target = None
-        if target is None:
+        if target is None and self._streams.touch(token):
+            reply = Message(kind="ping", id=request.id)
+        elif target is None:
             exc = SessionStateError(
                 "no live session has this token (dropped, closed or never opened)",
                 expected="the 'session' of a live session's hello reply",
@@ -466,6 +519,7 @@ class RolloutServer:
         if self._closed:
             return
         self._closed = True
+        self._streams.close()
         for identity in list(self._slots):
             self._free(identity)
         if self._shared_host is not None:
@@ -481,6 +535,11 @@ class RolloutServer:
     def sessions(self) -> int:
         """Connected sessions."""
         return len(self._slots)
+
+    @property
+    def stream_sessions(self) -> int:
+        """Open stream sessions (policy serving)."""
+        return self._streams.sessions
 
 
 def _decode_or_none(frames: list[Any], limits: Limits) -> Message | None:

@@ -71,6 +71,23 @@ from simkit.protocol._spaces import (
     unflatten_batch,
 )
 from simkit.protocol._step_reply import EnvFault
+from simkit.protocol._stream_messages import (
+    FRAGMENT_ARRAYS,
+    STREAM_ERROR_CODES,
+    STREAM_KINDS,
+    STREAM_MODES,
+    InvalidWeightsError,
+    StaleVersion,
+    StreamConfig,
+    StreamInfo,
+    UnknownModelError,
+    parse_fragment,
+)
+from simkit.protocol._stream_session import (
+    StreamClientSession,
+    StreamServerSession,
+    StreamState,
+)
 
 __all__ = [
     # codec
@@ -121,6 +138,20 @@ __all__ = [
     "parse_multi_agent_reset",
     "parse_multi_agent_step",
     "final_obs_rows",
+    # stream sessions (policy serving)
+    "STREAM_KINDS",
+    "STREAM_MODES",
+    "STREAM_ERROR_CODES",
+    "FRAGMENT_ARRAYS",
+    "StreamConfig",
+    "StreamInfo",
+    "StreamState",
+    "StreamServerSession",
+    "StreamClientSession",
+    "parse_fragment",
+    "UnknownModelError",
+    "InvalidWeightsError",
+    "StaleVersion",
     # errors
     "ERROR_CODES",
     "ProtocolError",
