@@ -37,12 +37,12 @@ from simkit.protocol import (
 )
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
-from simkit.servers._metrics import Metrics, MetricsHTTPServer
 from simkit.servers._multiagent_host import (
     ParallelEnvHost,
     is_multi_agent_id,
     make_parallel_env_factory,
 )
+from simkit.servers._prometheus import Metrics, MetricsHTTPServer
 from simkit.servers._stream_host import StreamHost
 from simkit.servers._stream_worker import StreamSettings, default_device
 
@@ -231,7 +231,8 @@ class RolloutServer:
         self._sessionless = self._session_for(probe, self._info)
         self._shared_host = self._new_host(num_envs) if shared else None
         self._slots: dict[bytes, _Slot] = {}
-        self.metrics = Metrics()
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -250,7 +251,6 @@ class RolloutServer:
         self._sock.bind(bind)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.device: str = device or default_device()
-        self.registry = CollectorRegistry()
         self._streams = StreamHost(
             self._ctx,
             StreamSettings(
@@ -278,7 +278,7 @@ class RolloutServer:
                 file=sys.stderr,
             )
         self._metrics_http = (
-            MetricsHTTPServer(self.metrics, metrics_host, metrics_port)
+            MetricsHTTPServer(self.registry, metrics_host, metrics_port)
             if metrics_port is not None
             else None
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -175,7 +176,7 @@ def _sample(srv: RolloutServer, name: str, **labels: str) -> float:
 
 def test_without_credit_the_server_stalls_within_one_fragment(serve: Servers) -> None:
     model = _model()
-    srv = serve(num_envs=4, fragment_length=8)
+    srv = serve(num_envs=4, fragment_length=8, metrics_port=0)
     with PolicyStream(srv.endpoint, SPEC, num_envs=4, mode="async", credit=2, timeout=20) as stream:
         stream.push_weights(model)
         deadline = time.monotonic() + 10
@@ -193,6 +194,22 @@ def test_without_credit_the_server_stalls_within_one_fragment(serve: Servers) ->
             time.sleep(0.02)
         time.sleep(0.2)
         assert _sample(srv, "simkit_stream_env_steps_total") == 3 * 8 * 4
+    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    for name in (
+        "simkit_stream_stalled_seconds_total",
+        "simkit_stream_inference_latency_seconds_bucket",
+        "simkit_stream_inference_batch_size_count",
+        "simkit_stream_env_step_latency_seconds_count",
+        "simkit_stream_fragments_per_second",
+        'simkit_stream_policy_lag{stat="max"}',
+        "simkit_stream_credit",
+        "simkit_stream_queue_depth",
+        "simkit_stream_policy_version",
+        "simkit_env_steps_total",  # the step path's metrics share the registry
+    ):
+        assert name in text
 
 
 def _wait_for(predicate: Callable[[], bool], seconds: float) -> bool:
