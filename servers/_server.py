@@ -43,8 +43,7 @@ from simkit.servers._multiagent_host import (
     make_parallel_env_factory,
 )
 from simkit.servers._prometheus import Metrics, MetricsHTTPServer
-from simkit.servers._stream_host import StreamHost
-from simkit.servers._stream_worker import StreamSettings, default_device
+from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
@@ -250,7 +249,8 @@ class RolloutServer:
             self._sock.curve_server = True
         self._sock.bind(bind)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.device: str = device or default_device()
+        self.device: str | None = (device or default_device()) if policy else None
+        """The stream sessions' default torch device (None without ``policy``)."""
         self._streams = StreamHost(
             self._ctx,
             StreamSettings(
@@ -258,7 +258,7 @@ class RolloutServer:
                 env_kwargs=self._env_kwargs,
                 num_envs=num_envs,
                 num_threads=num_threads,
-                device=self.device,
+                device=self.device or "cpu",
                 fragment_length=fragment_length,
                 heartbeat_timeout=float(heartbeat_timeout),
                 limits=self.limits,
