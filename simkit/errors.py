@@ -19,6 +19,9 @@ __all__ = [
     "ConformanceError",
     "UnknownModel",
     "InvalidWeights",
+    "CorruptRecording",
+    "RecordingLocked",
+    "ReplayDivergence",
 ]
 
 
@@ -71,3 +74,20 @@ class UnknownModel(SimkitError, KeyError):
 
 class InvalidWeights(SimkitError, ValueError):
     """Policy weights do not fit the model (names, dtypes, shapes, NaN/inf, version)."""
+
+
+class CorruptRecording(SimkitError, ValueError):
+    """A recording file is corrupted or truncated; the message names the file and offset."""
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class RecordingLocked(SimkitError, RuntimeError):
+    """A second writer tried to open a recording directory another process writes to."""
+
+
+class ReplayDivergence(SimkitError, AssertionError):
+    """A replayed episode differs from its recording; names the episode, step and field."""

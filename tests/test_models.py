@@ -28,6 +28,7 @@ from simkit.models import (
     build_model,
     check_version,
     get_weights,
+    layer_init,
     load_weights,
     model_names,
     numpy_actions,
@@ -209,6 +210,33 @@ def test_entry_point_models_load_lazily(tmp_path: Path, monkeypatch: pytest.Monk
         match=r"model 'tiny' got unknown argument\(s\) \['depth'\]; expected some of \['width'\]",
     ):
         build_model(ModelSpec("tiny", {"depth": 2}), CHEETAH_OBS, CHEETAH_ACT)
+
+
+def _wide(
+    observation_space: spaces.Box, action_space: spaces.Space[Any], *, width: int = 256
+) -> ActorCritic:
+    """The custom model of docs/models.md."""
+    n = observation_space.shape[0]
+    return ActorCritic(
+        observation_space,
+        action_space,
+        encoder=torch.nn.Sequential(layer_init(torch.nn.Linear(n, width), 2**0.5), torch.nn.ReLU()),
+        actor=torch.nn.Identity(),
+        critic=layer_init(torch.nn.Linear(width, 1), 1.0),
+        actor_features=width,
+        normalize_obs=True,
+    )
+
+
+def test_a_custom_model_composes_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spec_module, "_BUILDERS", dict(spec_module._BUILDERS))
+    register_model("my-wide", _wide)  # type: ignore[arg-type]  # a Box observation space is what it takes
+    model = build_model(ModelSpec("my-wide", {"width": 8}), CHEETAH_OBS, spaces.Discrete(3))
+    obs = _obs(CHEETAH_OBS, 4)
+    out = model.act(obs, generator=_gen(0))
+    assert out.actions.shape == (4,)
+    assert torch.equal(model.evaluate(obs, out.actions)[0], out.log_probs)
+    assert "obs_rms.mean" in get_weights(model, 0).tensors
 
 
 def test_import_simkit_does_not_import_torch() -> None:

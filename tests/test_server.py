@@ -235,6 +235,13 @@ def test_shared_mode_and_session_limit(tmp_path: Path, connect: Clients) -> None
         assert step.obs.shape == (2, 4)
         with pytest.raises(RemoteError, match=r"\[busy\]"):
             c.hello()
+        # a refused hello is counted as one, like every other error reply (the server
+        # records a request just after sending its reply)
+        deadline = time.monotonic() + 5
+        while srv.metrics.requests.get("hello") != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.metrics.requests["hello"] == 3
+        assert srv.metrics.errors == {"busy": 1}
 
 
 def test_vanished_client_is_freed_after_heartbeat_timeout(tmp_path: Path, connect: Clients) -> None:

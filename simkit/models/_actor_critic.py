@@ -135,7 +135,7 @@ class ActorCritic(nn.Module):
             assert generator is not None or deterministic
             raw = self.head.mode(params) if deterministic else self.head.sample(params, generator)  # type: ignore[arg-type]  # checked above
             actions = self.head.to_actions(raw)
-            log_probs, _ = self.head.log_prob_entropy(params, actions)
+            log_probs = self.head.log_prob(params, actions)
             return ActOutput(
                 actions,
                 log_probs.to(torch.float32),
@@ -151,8 +151,8 @@ class ActorCritic(nn.Module):
         """
         features, values = self._features(obs)
         params = self.head(features)
-        log_probs, entropy = self.head.log_prob_entropy(params, actions.to(params.device))
-        return log_probs, entropy, values
+        log_probs = self.head.log_prob(params, actions.to(params.device))
+        return log_probs, self.head.entropy(params), values
 
     def value(self, obs: Any) -> torch.Tensor:
         """``(B,)`` float32 value estimates (differentiable)."""

@@ -29,10 +29,12 @@ def layer_init(layer: nn.Linear | nn.Conv2d, std: float) -> nn.Linear | nn.Conv2
 
 
 class ActionHead(nn.Module):
-    """Maps actor features ``(B, F)`` to actions of one action space.
+    """Maps actor features ``(B, F)`` to a distribution over one action space.
 
-    Subclasses implement :meth:`sample`, :meth:`log_prob_entropy` and :meth:`mode`
-    over the head's raw parameters (``forward(features)``).
+    ``forward(features)`` gives the distribution's raw parameters ``(B, P)``;
+    :meth:`sample` and :meth:`mode` give raw actions, :meth:`to_actions` puts them in
+    the space's shape and dtype, and :meth:`log_prob` (of space-shaped actions) and
+    :meth:`entropy` give ``(B,)`` tensors.
     """
 
     def sample(
@@ -43,9 +45,15 @@ class ActionHead(nn.Module):
     def mode(self, params: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def log_prob_entropy(
+    def log_prob(
         self, params: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
+    ) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def to_actions(self, raw: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -78,14 +86,15 @@ class GaussianHead(ActionHead):
     def mode(self, params: torch.Tensor) -> torch.Tensor:
         return params
 
-    def log_prob_entropy(
-        self, params: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         a = actions.reshape(params.shape).to(params.dtype)
         z = (a - params) * torch.exp(-self.log_std)
-        log_prob = (-0.5 * z.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
-        entropy = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(params.shape[0])
-        return log_prob, entropy
+        norm = self.log_std.sum() + _LOG_SQRT_2PI * params.shape[1]
+        return z.square().sum(-1) * -0.5 - norm
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        per_dim = 0.5 + _LOG_SQRT_2PI + self.log_std
+        return per_dim.sum().expand(params.shape[0])
 
     def to_actions(self, raw: torch.Tensor) -> torch.Tensor:
         return raw.reshape(raw.shape[0], *self.shape).to(self.dtype)
@@ -132,17 +141,23 @@ class CategoricalHead(ActionHead):
     def mode(self, params: torch.Tensor) -> torch.Tensor:
         return torch.stack([logits.argmax(-1) for logits in self._split(params)], dim=-1)
 
-    def log_prob_entropy(
-        self, params: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         idx = actions.reshape(params.shape[0], -1).to(torch.int64) - self.start
-        log_prob = params.new_zeros(params.shape[0])
-        entropy = params.new_zeros(params.shape[0])
+        if len(self.sizes) == 1:
+            logp = torch.log_softmax(params, dim=-1)
+            return logp.gather(-1, idx).squeeze(-1)
+        total = params.new_zeros(params.shape[0])
         for d, logits in enumerate(self._split(params)):
             logp = torch.log_softmax(logits, dim=-1)
-            log_prob = log_prob + logp.gather(-1, idx[:, d : d + 1]).squeeze(-1)
-            entropy = entropy - (logp.exp() * logp).sum(-1)
-        return log_prob, entropy
+            total = total + logp.gather(-1, idx[:, d : d + 1]).squeeze(-1)
+        return total
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        total = params.new_zeros(params.shape[0])
+        for logits in self._split(params):
+            logp = torch.log_softmax(logits, dim=-1)
+            total = total - (logp.exp() * logp).sum(-1)
+        return total
 
     def to_actions(self, raw: torch.Tensor) -> torch.Tensor:
         return (raw + self.start).reshape(raw.shape[0], *self.shape)
