@@ -12,6 +12,7 @@ load hits all alike; the tables give medians. One command, markdown on stdout::
     .venv/bin/python bench/bench_inference.py                 # CPU, 1 torch thread
     .venv/bin/python bench/bench_inference.py --threads 2
     .venv/bin/python bench/bench_inference.py --device cuda   # where there is a GPU
+    .venv/bin/python bench/bench_inference.py --clock cpu     # CPU time: a loaded machine
     .venv/bin/python bench/bench_inference.py --quick         # smoke run
 
 The break-even batch size is the smallest B whose batched forward takes at least twice
@@ -43,17 +44,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], None], device: torch.device, min_time: float) -> tuple[float, int]:
+def _timed(
+    fn: Callable[[], None], device: torch.device, min_time: float, clock: Callable[[], float]
+) -> tuple[float, int]:
     """(seconds, calls) of calling ``fn`` until ``min_time`` passed (at least once)."""
     calls = 0
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     while True:
         fn()
         calls += 1
         if calls % 4 == 0 or calls == 1:
             _sync(device)
-            elapsed = time.perf_counter() - start
+            elapsed = clock() - start
             if elapsed >= min_time:
                 return elapsed, calls
 
@@ -65,8 +68,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--max-batch", type=int, default=4096)
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timing")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall: time.perf_counter; cpu: time.process_time, the CPU time of this process "
+        "(robust to other processes on a loaded machine; with --threads 1 on a CPU only)",
+    )
     parser.add_argument("--quick", action="store_true", help="3 rounds, batches up to 256")
     args = parser.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.quick:
         args.rounds, args.max_batch, args.min_time = 3, 256, 0.02
     torch.set_num_threads(args.threads)
@@ -111,10 +122,10 @@ def main() -> None:
     agent_rate: dict[int, list[float]] = {b: [] for b in batches}
     for _ in range(args.rounds):
         for b in batches:
-            seconds, calls = _timed(batched(b), device, args.min_time)
+            seconds, calls = _timed(batched(b), device, args.min_time, clock)
             forward_s[b].append(seconds / calls)
             batched_rate[b].append(b * calls / seconds)
-            seconds, calls = _timed(per_agent(b), device, args.min_time)
+            seconds, calls = _timed(per_agent(b), device, args.min_time, clock)
             agent_rate[b].append(min(b, PER_AGENT_MAX) * calls / seconds)
     load_after = os.getloadavg()
 
@@ -122,7 +133,8 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(
         f"device {device} ({name or platform.machine()}), torch {torch.__version__}, "
-        f"torch.set_num_threads({args.threads}), {args.rounds} interleaved rounds, medians; "
+        f"torch.set_num_threads({args.threads}), {args.clock} clock, "
+        f"{args.rounds} interleaved rounds, medians; "
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
     print()
