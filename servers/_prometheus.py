@@ -112,6 +112,21 @@ class Metrics:
         return int(self._expired._value.get())
 
     @property
+    def requests(self) -> dict[str, int]:
+        """Requests handled so far, by kind."""
+        return _by_label(self._requests, "kind")
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Error replies so far, by code."""
+        return _by_label(self._errors, "code")
+
+    @property
+    def sessions(self) -> int:
+        """Connected sessions (the gauge's value)."""
+        return int(self._sessions._value.get())
+
+    @property
     def steps_total(self) -> int:
         """Env steps served so far."""
         return int(self._steps._value.get())
@@ -139,6 +154,16 @@ class Metrics:
     def render(self) -> str:
         """The Prometheus text exposition of the whole registry (stream metrics too)."""
         return generate_latest(self.registry).decode()
+
+
+def _by_label(counter: Counter, label: str) -> dict[str, int]:
+    """A labelled counter's ``_total`` samples as ``{label value: count}``."""
+    return {
+        sample.labels[label]: int(sample.value)
+        for metric in counter.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }
 
 
 class _Derived(Collector):
