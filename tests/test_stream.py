@@ -370,3 +370,38 @@ def test_a_server_without_policy_refuses_stream_sessions() -> None:
     finally:
         srv.stop()
         gc.collect()
+
+
+def test_async_mode_drops_fragments_older_than_max_lag(serve: Servers) -> None:
+    model = _model()
+    srv = serve(num_envs=2, fragment_length=4)
+    with PolicyStream(
+        srv.endpoint, SPEC, num_envs=2, mode="async", max_lag=0, credit=3, timeout=20
+    ) as stream:
+        stream.push_weights(_weights(model, 0))
+        assert _wait_for(lambda: _sample(srv, "simkit_stream_fragments_total") >= 3, 10)
+        stream.push_weights(_weights(model, 1))  # the three queued fragments are now stale
+        fragment = stream.next_fragment()
+        assert fragment.policy_version.tolist() == [1] * 4
+        (stats,) = stream.stats()
+        assert stats.dropped >= 3
+        assert stats.lag_max == 0
+
+
+def test_serve_command_line_takes_the_policy_options() -> None:
+    import argparse
+
+    from simkit.servers import add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(
+        [CARTPOLE, "--policy", "--device", "cpu", "--fragment-length", "32", "--torch-threads", "2"]
+    )
+    assert (args.policy, args.device, args.fragment_length, args.torch_threads) == (
+        True,
+        "cpu",
+        32,
+        2,
+    )
+    assert not parser.parse_args([CARTPOLE]).policy
