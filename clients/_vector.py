@@ -8,7 +8,9 @@ learner overlap its own work (or a second half of the envs) with the servers' st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -18,9 +20,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, create_empty_array
 
-from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
-from simkit._validation import checked_env_ids
+from simkit._validation import check_seed, checked_env_ids
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
@@ -92,8 +93,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             heartbeat timeout.
         busy_poll_us: poll this many microseconds for each reply before sleeping in
             the kernel, as the server does for requests (docs/clients.md): it saves the
-            learner's wake-up (docs/benchmarks.md) for up to this much
-            CPU per wait. Off by default: a spinning learner holds the GIL, so a server
+            learner's wake-up (docs/benchmarks.md, "Remote") for up to this much CPU
+            per wait. Off by default: a spinning learner holds the GIL, so a server
             started in the same process (``RolloutServer.start()``) could not answer
             until the spin ends.
 
@@ -169,7 +170,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     # -- connection management -------------------------------------------------------
 
     def _handshake(self) -> None:
-        infos = [self._call(lambda c=c: c.hello(self._client)) for c in self._conns]
+        with self._guard():
+            infos = [c.hello(self._client) for c in self._conns]
         first = infos[0]
         for conn, info in zip(self._conns[1:], infos[1:], strict=True):
             for what in ("env_id", "observation_space", "action_space", "autoreset"):
@@ -193,9 +195,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._all_ids = np.arange(sum(self._sizes), dtype=np.int64)
         self._all_ids.flags.writeable = False
 
-    def _call(self, fn: Any) -> Any:
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Marks this vector broken when a request inside loses its connection or session."""
         try:
-            return fn()
+            yield
         except ServerUnavailable:
             self._broken = True
             raise
@@ -266,9 +270,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return out
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
-        if env_ids is None:
-            return self._all_ids
-        return checked_env_ids(env_ids, self.num_envs, allow_empty=False)
+        return (
+            self._all_ids
+            if env_ids is None
+            else checked_env_ids(env_ids, self.num_envs, allow_empty=False)
+        )
 
     def _ready(self) -> None:
         if self.closed:
@@ -318,9 +324,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 )
             seed = None
         if seed is not None:
-            if isinstance(seed, bool) or not 0 <= int(seed) <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-            seed = int(seed)
+            seed = check_seed(seed)
         for s, conn in enumerate(self._conns):
             lo, hi = int(self._offsets[s]), int(self._offsets[s + 1])
             frames = conn.session.request_reset(
@@ -333,7 +337,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         parts: list[Any] = []
         infos: dict[str, Any] = {}
         for s, conn in enumerate(self._conns):
-            result = self._call(lambda c=conn: c.session.parse_reset(c.recv()))
+            with self._guard():
+                result = conn.session.parse_reset(conn.recv())
             parts.append(result.obs)
             for k, info in enumerate(result.infos):
                 infos = self._add_info(infos, info, int(self._offsets[s]) + k)
@@ -398,7 +403,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _recv_from(self, s: int) -> BatchStep:
         conn = self._conns[s]
         ids = self._inflight[s].pop(0)
-        step, faults = self._call(lambda: conn.session.parse_step(conn.recv()))
+        with self._guard():
+            step, faults = conn.session.parse_step(conn.recv())
         offset = int(self._offsets[s])
         if faults:
             self.faults.extend(EnvFault(f.env_id + offset, f.code, f.message) for f in faults)
@@ -412,15 +418,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             )
         if global_ids is step.env_ids:
             return step
-        return BatchStep(
-            obs=step.obs,
-            reward=step.reward,
-            terminated=step.terminated,
-            truncated=step.truncated,
-            final_obs=step.final_obs,
-            env_ids=global_ids,
-            infos=step.infos,
-        )
+        return dataclasses.replace(step, env_ids=global_ids)
 
     def _drain(self) -> None:
         for s, queue in enumerate(self._inflight):
@@ -556,7 +554,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             conn.send("get_state", conn.session.request_get_state(local))
         for s, rows, _local in split:
             conn = self._conns[s]
-            states = self._call(lambda c=conn: c.session.parse_get_state(c.recv()))
+            with self._guard():
+                states = conn.session.parse_get_state(conn.recv())
             for r, st in zip(rows.tolist(), states, strict=True):
                 out[r] = st
         return [st for st in out if st is not None]
@@ -573,7 +572,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             conn.send("set_state", conn.session.request_set_state([states[r] for r in rows], local))
         for s, _rows, _local in split:
             conn = self._conns[s]
-            self._call(lambda c=conn: c.session.parse_set_state(c.recv()))
+            with self._guard():
+                conn.session.parse_set_state(conn.recv())
 
     def ping(self) -> None:
         """Checks every server answers (raises :class:`ServerUnavailable` otherwise)."""
@@ -581,7 +581,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if conn.pending:
                 continue
             conn.send("ping", conn.session.request_ping())
-            self._call(lambda c=conn: c.session.parse_ping(c.recv()))
+            with self._guard():
+                conn.session.parse_ping(conn.recv())
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):

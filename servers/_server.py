@@ -37,14 +37,13 @@ from simkit.protocol import (
 )
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
-from simkit.servers._metrics import Metrics, MetricsHTTPServer
 from simkit.servers._multiagent_host import (
     ParallelEnvHost,
     is_multi_agent_id,
     make_parallel_env_factory,
 )
-from simkit.servers._stream_host import StreamHost
-from simkit.servers._stream_worker import StreamSettings, default_device
+from simkit.servers._prometheus import Metrics, MetricsHTTPServer
+from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
@@ -125,8 +124,8 @@ class RolloutServer:
         busy_poll_us: after each reply, poll for the next request this many
             microseconds before sleeping in the kernel (spin, then block, as EnvPool's
             queues do). A learner's next request usually arrives within that window,
-            and catching it without a wake-up saves the kernel's wake-up latency
-            (figures in docs/benchmarks.md); the price is at most this much CPU per idle gap. 0 turns it off. ``None``
+            and catching it saves the server's wake-up (docs/benchmarks.md, "Remote");
+            the price is at most this much CPU per idle gap. 0 turns it off. ``None``
             (default): :data:`BUSY_POLL_US` when :meth:`serve_forever` runs on its
             process's main thread (``simkit serve``), 0 on any other thread (after
             :meth:`start`), where spinning would hold the GIL its host program needs.
@@ -231,7 +230,8 @@ class RolloutServer:
         self._sessionless = self._session_for(probe, self._info)
         self._shared_host = self._new_host(num_envs) if shared else None
         self._slots: dict[bytes, _Slot] = {}
-        self.metrics = Metrics()
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -249,8 +249,8 @@ class RolloutServer:
             self._sock.curve_server = True
         self._sock.bind(bind)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.device: str = device or default_device()
-        self.registry = CollectorRegistry()
+        self.device: str | None = (device or default_device()) if policy else None
+        """The stream sessions' default torch device (None without ``policy``)."""
         self._streams = StreamHost(
             self._ctx,
             StreamSettings(
@@ -258,7 +258,7 @@ class RolloutServer:
                 env_kwargs=self._env_kwargs,
                 num_envs=num_envs,
                 num_threads=num_threads,
-                device=self.device,
+                device=self.device or "cpu",
                 fragment_length=fragment_length,
                 heartbeat_timeout=float(heartbeat_timeout),
                 limits=self.limits,
@@ -278,7 +278,7 @@ class RolloutServer:
                 file=sys.stderr,
             )
         self._metrics_http = (
-            MetricsHTTPServer(self.metrics, metrics_host, metrics_port)
+            MetricsHTTPServer(self.registry, metrics_host, metrics_port)
             if metrics_port is not None
             else None
         )
@@ -415,8 +415,7 @@ class RolloutServer:
             try:
                 slot = self._slot(identity)
             except ProtocolError as exc:
-                self._send(identity, _error_for(frames, exc))
-                self.metrics.observe("unknown", time.perf_counter() - start, error=exc.code)
+                self._reply(identity, _error_for(frames, exc), start)
                 return
         slot.last_seen = time.monotonic()
         try:
@@ -433,8 +432,7 @@ class RolloutServer:
             steps = int(reply.arrays["env_ids"].size)
         if slot.session.state is SessionState.CLOSED:
             self._free(identity)  # before the reply, so the client sees its slots freed
-        self._send(identity, reply)
-        self._observe(reply, start, steps=steps)
+        self._reply(identity, reply, start, steps=steps)
 
     def _serve_sessionless(
         self, identity: bytes, frames: list[Any], request: Message | None, start: float
@@ -453,8 +451,7 @@ class RolloutServer:
             reply = self._sessionless.handle_message(frames)  # the decode error, with its id
         else:
             reply = self._sessionless.dispatch(request)
-        self._send(identity, reply)
-        self._observe(reply, start)
+        self._reply(identity, reply, start)
 
     def _keepalive(self, identity: bytes, request: Message, start: float) -> None:
         """Refreshes the session a keepalive names; answers without opening a session."""
@@ -475,13 +472,15 @@ class RolloutServer:
         else:
             target.last_seen = time.monotonic()
             reply = Message(kind="ping", id=request.id)
-        self._send(identity, reply)
-        self._observe(reply, start)
+        self._reply(identity, reply, start)
 
-    def _observe(self, reply: Message, start: float, *, steps: int = 0) -> None:
-        """Counts a reply in the metrics: its request kind, latency, steps and error code."""
-        error = reply.body.get("code") if reply.kind == "error" else None
-        kind = (reply.body.get("request_kind") or "unknown") if error is not None else reply.kind
+    def _reply(self, identity: bytes, reply: Message, start: float, *, steps: int = 0) -> None:
+        """Sends ``reply`` and records it in the metrics under its request's kind."""
+        self._send(identity, reply)
+        if reply.kind == "error":
+            kind, error = reply.body.get("request_kind") or "unknown", reply.body.get("code")
+        else:
+            kind, error = reply.kind, None
         self.metrics.observe(kind, time.perf_counter() - start, steps=steps, error=error)
 
     def _send(self, identity: bytes, reply: Message) -> None:

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from simkit._seeding import MAX_ROOT_SEED
 from simkit.errors import InvalidAction
 
-__all__ = ["ActionBounds", "validate_action", "check_send_ids", "checked_env_ids"]
+__all__ = ["ActionBounds", "validate_action", "check_seed", "check_send_ids", "checked_env_ids"]
 
 
 class ActionBounds(enum.Enum):
@@ -143,6 +144,23 @@ def _int_array(action: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     if arr.shape != shape:
         raise InvalidAction(f"{name} must have shape {shape}, got shape {arr.shape}")
     return arr.astype(np.int64)
+
+
+def check_seed(value: Any, what: str = "seed") -> int:
+    """``value`` as a root seed: an int (numpy ints too, not bool) in ``[0, 2**63)``.
+
+    The one root-seed check of the remote clients and the server session.
+
+    Raises:
+        ValueError: anything else; the message names ``what``.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not 0 <= int(value) <= MAX_ROOT_SEED
+    ):
+        raise ValueError(f"{what} must be an int in [0, 2**63), got {value!r}")
+    return int(value)
 
 
 def _value_error(message: str, expected: str, got: Any) -> Exception:

@@ -307,12 +307,12 @@ def test_metrics_are_scraped_in_prometheus_format(server: RolloutServer, connect
     ) as resp:
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = resp.read().decode()
-    assert "simkit_env_steps_total 15\n" in text
-    assert 'simkit_requests_total{kind="step"} 5\n' in text
-    assert 'simkit_errors_total{code="unknown_kind"} 1\n' in text
-    assert 'simkit_request_latency_seconds_count{kind="step"} 5\n' in text
-    assert 'simkit_request_latency_seconds_bucket{kind="step",le="+Inf"} 5\n' in text
-    assert "simkit_sessions 1\n" in text
+    assert "simkit_env_steps_total 15.0\n" in text
+    assert 'simkit_requests_total{kind="step"} 5.0\n' in text
+    assert 'simkit_errors_total{code="unknown_kind"} 1.0\n' in text
+    assert 'simkit_request_latency_seconds_count{kind="step"} 5.0\n' in text
+    assert 'simkit_request_latency_seconds_bucket{kind="step",le="+Inf"} 5.0\n' in text
+    assert "simkit_sessions 1.0\n" in text
     assert 'simkit_request_latency_quantile_seconds{quantile="0.99"}' in text
     (rate_line,) = [x for x in text.splitlines() if x.startswith("simkit_steps_per_second ")]
     rate = float(rate_line.split()[1])

@@ -58,7 +58,13 @@ from simkit.protocol._multiagent import (
     parse_multi_agent_reset,
     parse_multi_agent_step,
 )
-from simkit.protocol._server_session import Host, ServerSession, is_keepalive, keepalive_target
+from simkit.protocol._server_session import (
+    EnvHost,
+    Host,
+    ServerSession,
+    is_keepalive,
+    keepalive_target,
+)
 from simkit.protocol._spaces import (
     DTYPES,
     batch_dtype,
@@ -112,6 +118,7 @@ __all__ = [
     "REQUEST_KINDS",
     "CAPABILITIES",
     "AUTORESET_SAME_STEP",
+    "EnvHost",
     "Host",
     "EnvFault",
     "ServerInfo",

@@ -9,7 +9,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from simkit._seeding import MAX_ROOT_SEED
+from simkit._validation import check_seed
 from simkit.protocol._codec import PROTOCOL_VERSION, Limits, check_type
 from simkit.protocol._errors import InvalidField
 from simkit.protocol._spaces import space_from_plain, space_to_plain
@@ -116,8 +116,7 @@ def seed_field(value: Any, what: str) -> int:
     Raises:
         InvalidField: anything else (``what`` names the field).
     """
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ROOT_SEED:
-        raise InvalidField(
-            f"{what} must be an int in [0, 2**63)", expected="int in [0, 2**63)", got=repr(value)
-        )
-    return value
+    try:
+        return check_seed(value, what)
+    except ValueError as exc:
+        raise InvalidField(str(exc), expected="int in [0, 2**63)", got=repr(value)) from None

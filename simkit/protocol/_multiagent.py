@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
-from gymnasium import spaces
 
 from simkit._types import MultiAgentBatchStep
 from simkit.protocol._client_session import ClientSession
@@ -21,7 +20,7 @@ from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message
 from simkit.protocol._errors import InvalidField
 from simkit.protocol._handshake import ServerInfo
 from simkit.protocol._infos import infos_from_wire
-from simkit.protocol._server_session import Host, ServerSession, request_env_ids
+from simkit.protocol._server_session import EnvHost, Host, ServerSession, request_env_ids
 from simkit.protocol._spaces import check_batch, unflatten_batch
 from simkit.protocol._step_reply import (
     MULTI_AGENT_STEP,
@@ -47,32 +46,16 @@ ENV_KIND_SINGLE = "single"
 ENV_KIND_MULTI_AGENT = "multi_agent"
 
 
-class MultiAgentHost(Protocol):
+class MultiAgentHost(EnvHost, Protocol):
     """What a :class:`MultiAgentServerSession` serves: N multi-agent envs as agent rows.
 
     ``observation_space``/``action_space`` are the per-row spaces; batched values have
-    ``len(env_ids) * num_agents`` rows in ``env_ids`` order.
+    ``len(env_ids) * num_agents`` rows in ``env_ids`` order (``reset`` returns per-row
+    infos).
     """
 
-    num_envs: int
     possible_agents: list[str]
     num_agents: int
-    observation_space: spaces.Space[Any]
-    action_space: spaces.Space[Any]
-    capabilities: frozenset[str]
-
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids``; returns their observation rows and per-row infos."""
-        ...
 
     def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
         """``(len(env_ids) * num_agents,)`` bool: which rows are live now."""
@@ -80,14 +63,6 @@ class MultiAgentHost(Protocol):
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
         """Steps ``env_ids`` with action rows (rows of agents not live are ignored)."""
-        ...
-
-    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
-        """Plain-data snapshots of ``env_ids``."""
-        ...
-
-    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """Restores snapshots from :meth:`get_state`."""
         ...
 
 
@@ -121,7 +96,7 @@ class MultiAgentServerSession(ServerSession):
 
     def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         host = self.ma_host
-        env_ids = request_env_ids(msg, host.num_envs)
+        env_ids = request_env_ids(msg, host.num_envs, everyone=self._all_ids)
         space = host.action_space
         check_batch(space, msg.arrays, "actions", env_ids.size * host.num_agents)
         live = np.flatnonzero(host.agent_mask(env_ids))

@@ -38,14 +38,19 @@ from simkit.protocol._spaces import check_batch, flatten_batch, unflatten_batch
 from simkit.protocol._step_reply import SINGLE_AGENT_STEP, EnvFault, encode_step_reply
 from simkit.snapshot import from_plain, to_plain
 
-__all__ = ["Host", "ServerSession", "keepalive_target", "is_keepalive", "request_env_ids"]
+__all__ = [
+    "EnvHost",
+    "Host",
+    "ServerSession",
+    "keepalive_target",
+    "is_keepalive",
+    "request_env_ids",
+]
 
 
-class Host(Protocol):
-    """What a :class:`ServerSession` serves: N envs stepped as a batch (same-step autoreset).
-
-    ``simkit.servers`` builds hosts over ``simkit.vector``/``BatchEnv`` or plain
-    Gymnasium envs. Per-env spaces; batched values have a leading env axis.
+class EnvHost(Protocol):
+    """What every session's host has: N envs with per-env (or per-agent-row) spaces,
+    reset, and plain-data snapshots. :class:`Host` and ``MultiAgentHost`` add their step.
     """
 
     num_envs: int
@@ -66,11 +71,7 @@ class Host(Protocol):
         """Resets ``env_ids``; returns their batched observations and infos.
 
         ``env_offset`` is the global index of env 0 in the client's vector: seeds
-        derive from ``episodeseed_field(root, env_offset + i, k)`` until the next reset."""
-        ...
-
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps ``env_ids`` with batched ``actions`` (rows in ``env_ids`` order)."""
+        derive from ``episode_seed(root, env_offset + i, k)`` until the next reset."""
         ...
 
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
@@ -82,15 +83,27 @@ class Host(Protocol):
         ...
 
 
+class Host(EnvHost, Protocol):
+    """What a :class:`ServerSession` serves: N envs stepped as a batch (same-step autoreset).
+
+    ``simkit.servers`` builds hosts over ``simkit.vector``/``BatchEnv`` or plain
+    Gymnasium envs. Per-env spaces; batched values have a leading env axis.
+    """
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """Steps ``env_ids`` with batched ``actions`` (rows in ``env_ids`` order)."""
+        ...
+
+
 def request_env_ids(
-    msg: Message, num_envs: int, *, name: str = "env_ids", everyone: np.ndarray | None = None
+    msg: Message, num_envs: int, *, everyone: np.ndarray | None = None
 ) -> np.ndarray:
     """The request's env ids, checked; absent means every env (``everyone``, if given).
 
     Raises:
         InvalidEnvIds: not 1-D integers, empty, out of range or repeated.
     """
-    ids = msg.arrays.get(name)
+    ids = msg.arrays.get("env_ids")
     if ids is None:
         return np.arange(num_envs, dtype=np.int64) if everyone is None else everyone
     return checked_env_ids(ids, num_envs, allow_empty=False, error=_invalid_env_ids)

@@ -262,9 +262,12 @@ class StreamClientSession:
         self.source = source
         self.limits = limits or Limits()
         self.info: StreamInfo | None = None
+        self.last_id = 0
+        """The id of the last request built."""
         self._ids = itertools.count(1)
 
     def _frames(self, msg: Message) -> list[Any]:
+        self.last_id = msg.id
         return encode(msg)
 
     def request_open(self, config: StreamConfig) -> list[Any]:
