@@ -448,3 +448,20 @@ def test_export_passes_minari_checks(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         assert all(dataset.observation_space.contains(o) for o in theirs.observations)
         assert all(dataset.action_space.contains(a) for a in theirs.actions)
     assert isinstance(dataset.recover_environment(), gym.Env)
+
+
+def test_disabled_autoreset_records_masked_resets(tmp_path: Path) -> None:
+    vec = VectorEnv("simkit/CartPole-v0", 2, autoreset_mode="Disabled")
+    env = RecordEpisodes(vec, tmp_path, env_id="simkit/CartPole-v0")
+    env.reset(seed=4)
+    rng = np.random.default_rng(5)
+    done = np.zeros(2, bool)
+    for _ in range(150):
+        if done.any():
+            env.reset(options={"reset_mask": done})
+        _, _, terminated, truncated, _ = env.step(rng.integers(0, 2, 2))
+        done = terminated | truncated
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) >= 4
+    assert {r.error for r in verify_recording(reader)} == {None}
