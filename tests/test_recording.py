@@ -465,3 +465,63 @@ def test_disabled_autoreset_records_masked_resets(tmp_path: Path) -> None:
     reader = RecordingReader(tmp_path)
     assert len(reader) >= 4
     assert {r.error for r in verify_recording(reader)} == {None}
+
+
+def _fragments(env_id: str, n: int, steps: int, count: int, seed: int) -> list[Any]:
+    """Fragments as a rollout server streams them, made from a local VectorEnv."""
+    from simkit._types import Fragment
+
+    vec = VectorEnv(env_id, n)
+    obs, _ = vec.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    out = []
+    for seq in range(count):
+        rows: dict[str, list[Any]] = {k: [] for k in ("obs", "act", "rew", "term", "trunc")}
+        for _ in range(steps):
+            actions = rng.integers(0, 2, n)
+            res = vec.step_batch(actions)
+            rows["obs"].append(obs)
+            rows["act"].append(actions)
+            rows["rew"].append(res.reward)
+            rows["term"].append(res.terminated)
+            rows["trunc"].append(res.truncated)
+            obs = res.obs
+        z = np.zeros((steps, n), np.float32)
+        out.append(
+            Fragment(
+                obs=np.stack(rows["obs"]),
+                actions=np.stack(rows["act"]),
+                log_probs=z,
+                values=z,
+                rewards=np.stack(rows["rew"]),
+                terminated=np.stack(rows["term"]),
+                truncated=np.stack(rows["trunc"]),
+                final_values=z,
+                agent_mask=np.ones((steps, n), bool),
+                policy_version=np.full(steps, seq // 2, np.int64),
+                last_obs=obs,
+                last_values=np.zeros(n, np.float32),
+                env_ids=np.arange(n),
+                episode_returns=np.zeros(0),
+                episode_lengths=np.zeros(0, np.int64),
+                episode_rows=np.zeros(0, np.int64),
+                sequence=seq,
+            )
+        )
+    vec.close()
+    return out
+
+
+def test_fragment_stream_recording_replays(tmp_path: Path) -> None:
+    from simkit.recording import FragmentRecorder
+
+    recorder = FragmentRecorder(tmp_path, "simkit/CartPole-v0", root_seed=21)
+    written = sum(recorder.record(f) for f in _fragments("simkit/CartPole-v0", 3, 16, 8, 21))
+    recorder.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) == written >= 4
+    assert {r.error for r in verify_recording(reader)} == {None}
+    ep = reader.load(0)
+    assert ep.obs.shape == (ep.length, 4)
+    assert ep.policy_version is not None
+    assert set(ep.policy_version.tolist()) <= {0, 1, 2, 3}

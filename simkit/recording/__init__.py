@@ -9,6 +9,7 @@ specified in docs/recording.md.
 from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence
 from simkit.recording._episode import Episode, EpisodeStats
 from simkit.recording._format import Skipped
+from simkit.recording._fragments import FragmentRecorder
 from simkit.recording._io import (
     FSYNC_POLICIES,
     RecordingReader,
@@ -29,6 +30,7 @@ __all__ = [
     "episode_arrays",
     "to_torch",
     "RecordEpisodes",
+    "FragmentRecorder",
     "environment_versions",
     "verify_episode",
     "verify_recording",
