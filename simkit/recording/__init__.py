@@ -7,6 +7,7 @@ specified in docs/recording.md.
 """
 
 from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence
+from simkit.recording._cli import export_minari, render_episode
 from simkit.recording._episode import Episode, EpisodeStats
 from simkit.recording._format import Skipped
 from simkit.recording._fragments import FragmentRecorder
@@ -35,6 +36,8 @@ __all__ = [
     "verify_episode",
     "verify_recording",
     "VerifyResult",
+    "export_minari",
+    "render_episode",
     "CorruptRecording",
     "RecordingLocked",
     "ReplayDivergence",
