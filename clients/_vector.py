@@ -20,6 +20,7 @@ from gymnasium.vector.utils import batch_space, create_empty_array
 
 from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
+from simkit._validation import checked_env_ids
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
@@ -91,7 +92,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             heartbeat timeout.
         busy_poll_us: poll this many microseconds for each reply before sleeping in
             the kernel, as the server does for requests (docs/clients.md): it saves the
-            learner's wake-up, ~35 µs per request on a 2-vCPU VM, for up to this much
+            learner's wake-up (docs/benchmarks.md) for up to this much
             CPU per wait. Off by default: a spinning learner holds the GIL, so a server
             started in the same process (``RolloutServer.start()``) could not answer
             until the spin ends.
@@ -168,7 +169,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     # -- connection management -------------------------------------------------------
 
     def _handshake(self) -> None:
-        infos = [self._call(c, "hello", lambda c=c: c.hello(self._client)) for c in self._conns]
+        infos = [self._call(lambda c=c: c.hello(self._client)) for c in self._conns]
         first = infos[0]
         for conn, info in zip(self._conns[1:], infos[1:], strict=True):
             for what in ("env_id", "observation_space", "action_space", "autoreset"):
@@ -192,7 +193,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._all_ids = np.arange(sum(self._sizes), dtype=np.int64)
         self._all_ids.flags.writeable = False
 
-    def _call(self, conn: Connection, what: str, fn: Any) -> Any:
+    def _call(self, fn: Any) -> Any:
         try:
             return fn()
         except ServerUnavailable:
@@ -267,17 +268,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _check_ids(self, env_ids: Any) -> np.ndarray:
         if env_ids is None:
             return self._all_ids
-        ids = np.asarray(env_ids)
-        if ids.dtype.kind not in "iu" or ids.ndim != 1 or ids.size == 0:
-            raise ValueError(
-                f"env_ids must be a non-empty 1-D integer array, got {ids.dtype} shape {ids.shape}"
-            )
-        ids = ids.astype(np.int64)
-        if np.any(ids < 0) or np.any(ids >= self.num_envs) or np.unique(ids).size != ids.size:
-            raise ValueError(
-                f"env_ids must be unique ids in [0, {self.num_envs}), got {ids.tolist()}"
-            )
-        return ids
+        return checked_env_ids(env_ids, self.num_envs, allow_empty=False)
 
     def _ready(self) -> None:
         if self.closed:
@@ -342,7 +333,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         parts: list[Any] = []
         infos: dict[str, Any] = {}
         for s, conn in enumerate(self._conns):
-            result = self._call(conn, "reset", lambda c=conn: c.session.parse_reset(c.recv()))
+            result = self._call(lambda c=conn: c.session.parse_reset(c.recv()))
             parts.append(result.obs)
             for k, info in enumerate(result.infos):
                 infos = self._add_info(infos, info, int(self._offsets[s]) + k)
@@ -407,7 +398,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _recv_from(self, s: int) -> BatchStep:
         conn = self._conns[s]
         ids = self._inflight[s].pop(0)
-        step, faults = self._call(conn, "step", lambda: conn.session.parse_step(conn.recv()))
+        step, faults = self._call(lambda: conn.session.parse_step(conn.recv()))
         offset = int(self._offsets[s])
         if faults:
             self.faults.extend(EnvFault(f.env_id + offset, f.code, f.message) for f in faults)
@@ -565,9 +556,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             conn.send("get_state", conn.session.request_get_state(local))
         for s, rows, _local in split:
             conn = self._conns[s]
-            states = self._call(
-                conn, "get_state", lambda c=conn: c.session.parse_get_state(c.recv())
-            )
+            states = self._call(lambda c=conn: c.session.parse_get_state(c.recv()))
             for r, st in zip(rows.tolist(), states, strict=True):
                 out[r] = st
         return [st for st in out if st is not None]
@@ -584,7 +573,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             conn.send("set_state", conn.session.request_set_state([states[r] for r in rows], local))
         for s, _rows, _local in split:
             conn = self._conns[s]
-            self._call(conn, "set_state", lambda c=conn: c.session.parse_set_state(c.recv()))
+            self._call(lambda c=conn: c.session.parse_set_state(c.recv()))
 
     def ping(self) -> None:
         """Checks every server answers (raises :class:`ServerUnavailable` otherwise)."""
@@ -592,7 +581,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if conn.pending:
                 continue
             conn.send("ping", conn.session.request_ping())
-            self._call(conn, "ping", lambda c=conn: c.session.parse_ping(c.recv()))
+            self._call(lambda c=conn: c.session.parse_ping(c.recv()))
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):

@@ -80,6 +80,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-host", default="127.0.0.1", help="interface for the metrics HTTP server"
     )
+    policy = parser.add_argument_group(
+        "policy serving", "run learners' policies and stream trajectory fragments (docs/server.md)"
+    )
+    policy.add_argument(
+        "--policy",
+        action="store_true",
+        help="accept stream sessions: the server runs the policy a learner sends and "
+        "streams fragments back",
+    )
+    policy.add_argument(
+        "--device",
+        default=None,
+        help="torch device of the policy (default: cuda when available, else cpu)",
+    )
+    policy.add_argument(
+        "--fragment-length",
+        type=int,
+        default=128,
+        help="steps per fragment when a learner asks for none (default 128)",
+    )
 
 
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -135,6 +155,9 @@ def run_serve(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
+            policy=args.policy,
+            device=args.device,
+            fragment_length=args.fragment_length,
         )
     except (ValueError, TypeError, KeyError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -152,7 +175,11 @@ def run_serve(args: argparse.Namespace) -> int:
         if server.metrics_port
         else ""
     )
-    print(f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{metrics}", flush=True)
+    serving = f", policy serving on {server.device}" if args.policy else ""
+    print(
+        f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{serving}{metrics}",
+        flush=True,
+    )
     server.serve_forever()
     print("simkit serve: stopped", flush=True)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import sys
@@ -14,12 +15,17 @@ from urllib.parse import urlsplit
 
 import zmq
 import zmq.auth.thread
+from prometheus_client import CollectorRegistry
 
 import simkit
 from simkit.protocol import (
+    ENV_KIND_MULTI_AGENT,
+    ENV_KIND_SINGLE,
     INLINE_THRESHOLD,
     Limits,
     Message,
+    MultiAgentServerSession,
+    ProtocolError,
     ServerInfo,
     ServerSession,
     SessionState,
@@ -29,8 +35,6 @@ from simkit.protocol import (
     error_reply,
     is_keepalive,
 )
-from simkit.protocol._errors import ProtocolError
-from simkit.protocol._multiagent import MultiAgentServerSession
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
 from simkit.servers._metrics import Metrics, MetricsHTTPServer
@@ -39,6 +43,8 @@ from simkit.servers._multiagent_host import (
     is_multi_agent_id,
     make_parallel_env_factory,
 )
+from simkit.servers._stream_host import StreamHost
+from simkit.servers._stream_worker import StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
@@ -119,11 +125,16 @@ class RolloutServer:
         busy_poll_us: after each reply, poll for the next request this many
             microseconds before sleeping in the kernel (spin, then block, as EnvPool's
             queues do). A learner's next request usually arrives within that window,
-            and catching it without a wake-up saves ~100 µs per request on a small VM;
-            the price is at most this much CPU per idle gap. 0 turns it off. ``None``
+            and catching it without a wake-up saves the kernel's wake-up latency
+            (figures in docs/benchmarks.md); the price is at most this much CPU per idle gap. 0 turns it off. ``None``
             (default): :data:`BUSY_POLL_US` when :meth:`serve_forever` runs on its
             process's main thread (``simkit serve``), 0 on any other thread (after
             :meth:`start`), where spinning would hold the GIL its host program needs.
+        policy: accept stream sessions (``stream_open``): the server runs the learner's
+            policy and streams trajectory fragments (docs/server.md, "Policy serving").
+        device: torch device of stream sessions' policies (default ``cuda`` when
+            available, else ``cpu``).
+        fragment_length: ``T`` of a stream session that asks for none.
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -149,6 +160,9 @@ class RolloutServer:
         inline_threshold: int = INLINE_THRESHOLD,
         num_threads: int = 1,
         busy_poll_us: int | None = None,
+        policy: bool = False,
+        device: str | None = None,
+        fragment_length: int = 128,
     ) -> None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
@@ -158,6 +172,12 @@ class RolloutServer:
             raise ValueError(f"busy_poll_us must be an int >= 0 or None, got {busy_poll_us!r}")
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+        if (
+            isinstance(fragment_length, bool)
+            or not isinstance(fragment_length, int)
+            or fragment_length < 1
+        ):
+            raise ValueError(f"fragment_length must be a positive int, got {fragment_length!r}")
         if not is_loopback(bind) and curve_secret_key is None and not insecure:
             raise ValueError(
                 f"binding {bind!r} exposes the server beyond this machine: pass CURVE keys "
@@ -195,7 +215,9 @@ class RolloutServer:
             observation_space=probe.observation_space,
             action_space=probe.action_space,
             capabilities=probe.capabilities,
-            env_kind="multi_agent" if isinstance(probe, ParallelEnvHost) else "single",
+            env_kind=ENV_KIND_MULTI_AGENT
+            if isinstance(probe, ParallelEnvHost)
+            else ENV_KIND_SINGLE,
             agents=list(probe.possible_agents) if isinstance(probe, ParallelEnvHost) else None,
             server=f"simkit {simkit.__version__}",
             max_message_bytes=self.limits.max_message_bytes,
@@ -227,6 +249,28 @@ class RolloutServer:
             self._sock.curve_server = True
         self._sock.bind(bind)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.device: str = device or default_device()
+        self.registry = CollectorRegistry()
+        self._streams = StreamHost(
+            self._ctx,
+            StreamSettings(
+                env_id=env_id,
+                env_kwargs=self._env_kwargs,
+                num_envs=num_envs,
+                num_threads=num_threads,
+                device=self.device,
+                fragment_length=fragment_length,
+                heartbeat_timeout=float(heartbeat_timeout),
+                limits=self.limits,
+                inline_threshold=inline_threshold,
+                server=f"simkit {simkit.__version__}",
+            )
+            if policy
+            else None,
+            self.registry,
+            heartbeat_timeout=heartbeat_timeout,
+            max_sessions=max_sessions,
+        )
         if self.insecure:
             print(
                 f"WARNING: simkit server on {self.endpoint} accepts unauthenticated, "
@@ -255,6 +299,7 @@ class RolloutServer:
         """Serves until :meth:`stop` (or a signal handler calling it); then shuts down."""
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._streams.pull, zmq.POLLIN)
         next_sweep = time.monotonic() + 1.0
         spin_us = self.busy_poll_us
         if spin_us is None:
@@ -268,9 +313,12 @@ class RolloutServer:
                 if self._request_waiting(spin_until) or poller.poll(100):
                     self._serve_one()
                     spin_until = time.perf_counter() + spin
+                if self._streams.forward(self._sock):
+                    spin_until = time.perf_counter() + spin
                 now = time.monotonic()
                 if now >= next_sweep:
                     self._expire(now)
+                    self._streams.expire(now)
                     next_sweep = now + min(1.0, self.heartbeat_timeout / 4)
             self._drain()
         finally:
@@ -326,7 +374,7 @@ class RolloutServer:
                 got=f"{len(self._slots)} connected",
             )
         host = self._shared_host if self._shared_host is not None else self._new_host(self.num_envs)
-        info = ServerInfo(**{**self._info.__dict__, "session": identity.hex()})
+        info = dataclasses.replace(self._info, session=identity.hex())
         slot = _Slot(self._session_for(host, info), host, time.monotonic())
         self._slots[identity] = slot
         self.metrics.set_sessions(len(self._slots))
@@ -352,7 +400,15 @@ class RolloutServer:
         slot = self._slots.get(identity)
         request: Message | None = None
         if slot is None:
+            if self._streams.owns(identity):
+                self._streams.deliver(identity, frames)
+                return
             request = _decode_or_none(frames, self.limits)
+            if request is not None and request.kind == "stream_open":
+                refusal = self._streams.open(identity, request, frames)
+                if refusal is not None:
+                    self._send(identity, refusal)
+                return
             if request is None or request.kind != "hello":
                 self._serve_sessionless(identity, frames, request, start)
                 return
@@ -378,15 +434,7 @@ class RolloutServer:
         if slot.session.state is SessionState.CLOSED:
             self._free(identity)  # before the reply, so the client sees its slots freed
         self._send(identity, reply)
-        kind = (
-            (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
-        )
-        self.metrics.observe(
-            kind,
-            time.perf_counter() - start,
-            steps=steps,
-            error=reply.body.get("code") if reply.kind == "error" else None,
-        )
+        self._observe(reply, start, steps=steps)
 
     def _serve_sessionless(
         self, identity: bytes, frames: list[Any], request: Message | None, start: float
@@ -406,11 +454,7 @@ class RolloutServer:
         else:
             reply = self._sessionless.dispatch(request)
         self._send(identity, reply)
-        kind = (
-            (reply.body.get("request_kind") or "unknown") if reply.kind == "error" else reply.kind
-        )
-        error = reply.body.get("code") if reply.kind == "error" else None
-        self.metrics.observe(kind, time.perf_counter() - start, error=error)
+        self._observe(reply, start)
 
     def _keepalive(self, identity: bytes, request: Message, start: float) -> None:
         """Refreshes the session a keepalive names; answers without opening a session."""
@@ -419,7 +463,9 @@ class RolloutServer:
             target = self._slots.get(bytes.fromhex(token))
         except ValueError:
             target = None
-        if target is None:
+        if target is None and self._streams.touch(token):
+            reply = Message(kind="ping", id=request.id)
+        elif target is None:
             exc = SessionStateError(
                 "no live session has this token (dropped, closed or never opened)",
                 expected="the 'session' of a live session's hello reply",
@@ -430,8 +476,13 @@ class RolloutServer:
             target.last_seen = time.monotonic()
             reply = Message(kind="ping", id=request.id)
         self._send(identity, reply)
+        self._observe(reply, start)
+
+    def _observe(self, reply: Message, start: float, *, steps: int = 0) -> None:
+        """Counts a reply in the metrics: its request kind, latency, steps and error code."""
         error = reply.body.get("code") if reply.kind == "error" else None
-        self.metrics.observe("ping", time.perf_counter() - start, error=error)
+        kind = (reply.body.get("request_kind") or "unknown") if error is not None else reply.kind
+        self.metrics.observe(kind, time.perf_counter() - start, steps=steps, error=error)
 
     def _send(self, identity: bytes, reply: Message) -> None:
         frames = encode(reply, inline_threshold=self.inline_threshold)
@@ -468,6 +519,7 @@ class RolloutServer:
         if self._closed:
             return
         self._closed = True
+        self._streams.close()
         for identity in list(self._slots):
             self._free(identity)
         if self._shared_host is not None:
@@ -483,6 +535,11 @@ class RolloutServer:
     def sessions(self) -> int:
         """Connected sessions."""
         return len(self._slots)
+
+    @property
+    def stream_sessions(self) -> int:
+        """Open stream sessions (policy serving)."""
+        return self._streams.sessions
 
 
 def _decode_or_none(frames: list[Any], limits: Limits) -> Message | None:

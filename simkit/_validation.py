@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ from gymnasium import spaces
 
 from simkit.errors import InvalidAction
 
-__all__ = ["ActionBounds", "validate_action", "check_send_ids"]
+__all__ = ["ActionBounds", "validate_action", "check_send_ids", "checked_env_ids"]
 
 
 class ActionBounds(enum.Enum):
@@ -144,13 +145,64 @@ def _int_array(action: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
+def _value_error(message: str, expected: str, got: Any) -> Exception:
+    del expected, got
+    return ValueError(message)
+
+
+def checked_env_ids(
+    env_ids: Any,
+    num_envs: int,
+    *,
+    allow_empty: bool = True,
+    error: Callable[[str, str, Any], Exception] = _value_error,
+) -> np.ndarray:
+    """``env_ids`` as a checked int64 array: 1-D integers in ``[0, num_envs)``, no repeats.
+
+    The one env-id check of every path (vectors, BatchEnv, the wire protocol's sessions,
+    remote clients); each passes the error it raises.
+
+    Args:
+        env_ids: a 1-D integer array-like (numpy; callers convert tensors).
+        num_envs: N.
+        allow_empty: whether ``[]`` is allowed.
+        error: builds the exception from ``(message, expected, got)``; ``ValueError``
+            by default.
+
+    Raises:
+        ValueError: (or what ``error`` builds) not 1-D integers, empty, out of range or
+            repeated.
+    """
+    ids = np.asarray(env_ids)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise error(
+            f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}",
+            "int64 array of shape (k,)",
+            f"{ids.dtype} {list(ids.shape)}",
+        )
+    if not ids.size and not allow_empty:
+        raise error("env_ids must not be empty", "k >= 1 ids", "[]")
+    ids = ids.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
+        got = ids.tolist()[:32]
+        raise error(
+            f"env_ids must lie in [0, {num_envs}), got {got} (out of range)",
+            f"ids in [0, {num_envs})",
+            got,
+        )
+    if np.unique(ids).size != ids.size:
+        got = ids.tolist()[:32]
+        raise error(f"env_ids must not repeat, got {got} (ids must be unique)", "no repeats", got)
+    return ids
+
+
+def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray | None) -> np.ndarray:
     """The env ids of an EnvPool-style ``send`` as int64 (``None``: all, in order).
 
     Args:
         env_ids: a 1-D integer array-like (numpy; callers convert tensors), or ``None``.
         num_envs: N; ids must lie in ``[0, N)``.
-        in_flight: ``(N,)`` bool, the envs sent but not yet received.
+        in_flight: ``(N,)`` bool, the envs sent but not yet received (``None``: none).
 
     Raises:
         ValueError: not 1-D integers, out of range, repeated, or already in flight.
@@ -158,14 +210,9 @@ def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.nda
     if env_ids is None:
         ids = np.arange(num_envs, dtype=np.int64)
     else:
-        ids = np.asarray(env_ids)
-        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-            raise ValueError(f"env_ids must be a 1-D array of ints, got {env_ids!r}")
-        ids = ids.astype(np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
-            raise ValueError(f"env_ids must lie in [0, {num_envs}), got {ids.tolist()}")
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"env_ids must not repeat, got {ids.tolist()}")
+        ids = checked_env_ids(env_ids, num_envs)
+    if in_flight is None:
+        return ids
     busy = ids[in_flight[ids]]
     if busy.size:
         raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")

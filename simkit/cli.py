@@ -219,6 +219,48 @@ for _name, _help, _configure, _run in recording_cli.COMMANDS:
     add_command(Command(_name, _help, _configure, _run))
 
 
+def _train_configure(parser: argparse.ArgumentParser) -> None:
+    from simkit.clients._train import add_train_arguments
+
+    add_train_arguments(parser)
+
+
+def _train_run(args: argparse.Namespace) -> int:
+    from simkit.clients._train import run_train
+
+    return run_train(args)
+
+
+def _eval_configure(parser: argparse.ArgumentParser) -> None:
+    from simkit.clients._train import add_eval_arguments
+
+    add_eval_arguments(parser)
+
+
+def _eval_run(args: argparse.Namespace) -> int:
+    from simkit.clients._train import run_eval
+
+    return run_eval(args)
+
+
+add_command(
+    Command(
+        "train",
+        "train a PPO policy, with checkpoints and TensorBoard logs (see docs/training.md)",
+        _train_configure,
+        _train_run,
+    )
+)
+add_command(
+    Command(
+        "eval",
+        "run a trained policy deterministically and print its mean return",
+        _eval_configure,
+        _eval_run,
+    )
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="simkit", description=simkit.__doc__)

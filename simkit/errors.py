@@ -17,9 +17,12 @@ __all__ = [
     "MissingDependency",
     "UnknownEnv",
     "ConformanceError",
+    "UnknownModel",
+    "InvalidWeights",
     "CorruptRecording",
     "RecordingLocked",
     "ReplayDivergence",
+    "InvalidCheckpoint",
 ]
 
 
@@ -63,6 +66,17 @@ class ConformanceError(SimkitError, AssertionError):
     """An env broke the simkit contract; raised by :mod:`simkit.testing` checks."""
 
 
+class UnknownModel(SimkitError, KeyError):
+    """A model name is neither registered nor published in the ``simkit.models`` group."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidWeights(SimkitError, ValueError):
+    """Policy weights do not fit the model (names, dtypes, shapes, NaN/inf, version)."""
+
+
 class CorruptRecording(SimkitError, ValueError):
     """A recording file is corrupted or truncated; the message names the file and offset."""
 
@@ -78,3 +92,10 @@ class RecordingLocked(SimkitError, RuntimeError):
 
 class ReplayDivergence(SimkitError, AssertionError):
     """A replayed episode differs from its recording; names the episode, step and field."""
+
+
+class InvalidCheckpoint(SimkitError, ValueError):
+    """A training checkpoint is missing, truncated, corrupt or from another model.
+
+    The message names the file and what is wrong.
+    """

@@ -158,7 +158,7 @@ def test_send_recv_overlap_and_env_ids(serve: Any) -> None:
                 assert got[g][1] == want.reward[g]
         with pytest.raises(RuntimeError, match="without a pending send"):
             remote.recv()
-        with pytest.raises(ValueError, match=r"unique ids in \[0, 6\)"):
+        with pytest.raises(ValueError, match=r"env_ids must not repeat"):
             remote.send(np.zeros(2, dtype=np.int64), [0, 0])
         sub = remote.step_batch(np.array([1, 0]), env_ids=[4, 1])
         assert sub.env_ids.tolist() == [4, 1]

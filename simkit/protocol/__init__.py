@@ -4,6 +4,7 @@ See docs/protocol.md for the specification. Transports (``simkit.servers``,
 ``simkit.clients``) move the frames this package builds and parses.
 """
 
+from simkit.protocol._client_session import ClientSession, ResetResult
 from simkit.protocol._codec import (
     INLINE_THRESHOLD,
     PROTOCOL_VERSION,
@@ -13,6 +14,7 @@ from simkit.protocol._codec import (
     encode,
     plain_safe,
 )
+from simkit.protocol._error_reply import error_code_of, error_reply
 from simkit.protocol._errors import (
     ERROR_CODES,
     InvalidDtype,
@@ -31,6 +33,20 @@ from simkit.protocol._errors import (
     UnsupportedSpace,
     VersionMismatch,
 )
+from simkit.protocol._handshake import (
+    AUTORESET_SAME_STEP,
+    CAPABILITIES,
+    REQUEST_KINDS,
+    ServerInfo,
+    SessionState,
+)
+from simkit.protocol._infos import (
+    INFO_COLUMNS_SINCE,
+    info_columns,
+    infos_from_wire,
+    infos_to_wire,
+    step_infos_to_wire,
+)
 from simkit.protocol._multiagent import (
     ENV_KIND_MULTI_AGENT,
     ENV_KIND_SINGLE,
@@ -42,27 +58,7 @@ from simkit.protocol._multiagent import (
     parse_multi_agent_reset,
     parse_multi_agent_step,
 )
-from simkit.protocol._session import (
-    AUTORESET_SAME_STEP,
-    CAPABILITIES,
-    INFO_COLUMNS_SINCE,
-    REQUEST_KINDS,
-    ClientSession,
-    EnvFault,
-    Host,
-    ResetResult,
-    ServerInfo,
-    ServerSession,
-    SessionState,
-    error_code_of,
-    error_reply,
-    info_columns,
-    infos_from_wire,
-    infos_to_wire,
-    is_keepalive,
-    keepalive_target,
-    step_infos_to_wire,
-)
+from simkit.protocol._server_session import Host, ServerSession, is_keepalive, keepalive_target
 from simkit.protocol._spaces import (
     DTYPES,
     batch_dtype,
@@ -73,6 +69,24 @@ from simkit.protocol._spaces import (
     space_to_plain,
     take_rows,
     unflatten_batch,
+)
+from simkit.protocol._step_reply import EnvFault
+from simkit.protocol._stream_messages import (
+    FRAGMENT_ARRAYS,
+    STREAM_ERROR_CODES,
+    STREAM_KINDS,
+    STREAM_MODES,
+    InvalidWeightsError,
+    StaleVersion,
+    StreamConfig,
+    StreamInfo,
+    UnknownModelError,
+    parse_fragment,
+)
+from simkit.protocol._stream_session import (
+    StreamClientSession,
+    StreamServerSession,
+    StreamState,
 )
 
 __all__ = [
@@ -124,6 +138,20 @@ __all__ = [
     "parse_multi_agent_reset",
     "parse_multi_agent_step",
     "final_obs_rows",
+    # stream sessions (policy serving)
+    "STREAM_KINDS",
+    "STREAM_MODES",
+    "STREAM_ERROR_CODES",
+    "FRAGMENT_ARRAYS",
+    "StreamConfig",
+    "StreamInfo",
+    "StreamState",
+    "StreamServerSession",
+    "StreamClientSession",
+    "parse_fragment",
+    "UnknownModelError",
+    "InvalidWeightsError",
+    "StaleVersion",
     # errors
     "ERROR_CODES",
     "ProtocolError",

@@ -16,21 +16,20 @@ import numpy as np
 from gymnasium import spaces
 
 from simkit._types import MultiAgentBatchStep
-from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, check_type
+from simkit.protocol._client_session import ClientSession
+from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message
 from simkit.protocol._errors import InvalidField
-from simkit.protocol._session import (
-    ClientSession,
+from simkit.protocol._handshake import ServerInfo
+from simkit.protocol._infos import infos_from_wire
+from simkit.protocol._server_session import Host, ServerSession, request_env_ids
+from simkit.protocol._spaces import check_batch, unflatten_batch
+from simkit.protocol._step_reply import (
+    MULTI_AGENT_STEP,
     EnvFault,
-    Host,
-    ServerInfo,
-    ServerSession,
-    _env_ids,
-    _put_rows,
-    _take_rows,
-    infos_from_wire,
-    infos_to_wire,
+    decode_step_reply,
+    encode_step_reply,
+    final_obs_rows,
 )
-from simkit.protocol._spaces import check_batch, flatten_batch, unflatten_batch
 
 __all__ = [
     "ENV_KIND_SINGLE",
@@ -92,18 +91,6 @@ class MultiAgentHost(Protocol):
         ...
 
 
-def final_obs_rows(
-    agent_mask: np.ndarray, acted: np.ndarray, env_reset: np.ndarray, num_agents: int
-) -> np.ndarray:
-    """Rows whose final observation differs from ``obs`` (the rows ``final_obs`` carries).
-
-    These are the agents that acted but are no longer live (they left this step) and
-    every row of an env that was reset in this step.
-    """
-    reset_rows = np.repeat(np.asarray(env_reset, dtype=np.bool_), num_agents)
-    return np.flatnonzero(reset_rows | (np.asarray(acted) & ~np.asarray(agent_mask)))
-
-
 def _action_arrays(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
     return {k: v[rows] for k, v in arrays.items() if k == "actions" or k.startswith("actions/")}
 
@@ -134,7 +121,7 @@ class MultiAgentServerSession(ServerSession):
 
     def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         host = self.ma_host
-        env_ids = _env_ids(msg, host.num_envs)
+        env_ids = request_env_ids(msg, host.num_envs)
         space = host.action_space
         check_batch(space, msg.arrays, "actions", env_ids.size * host.num_agents)
         live = np.flatnonzero(host.agent_mask(env_ids))
@@ -149,24 +136,15 @@ class MultiAgentServerSession(ServerSession):
         actions = unflatten_batch(space, msg.arrays, "actions")
         result, faults = host.step(env_ids, actions)
         self.steps += int(live.size)
-        obs_space = host.observation_space
-        arrays = flatten_batch(obs_space, result.obs, "obs")
-        rows = final_obs_rows(result.agent_mask, result.acted, result.env_reset, host.num_agents)
-        if rows.size:
-            final = _take_rows(obs_space, result.final_obs, rows)
-            arrays.update(flatten_batch(obs_space, final, "final_obs"))
-        arrays["agent_mask"] = np.asarray(result.agent_mask, dtype=np.bool_)
-        arrays["reward"] = np.asarray(result.reward, dtype=np.float64)
-        arrays["terminated"] = np.asarray(result.terminated, dtype=np.bool_)
-        arrays["truncated"] = np.asarray(result.truncated, dtype=np.bool_)
-        arrays["acted"] = np.asarray(result.acted, dtype=np.bool_)
-        arrays["env_reset"] = np.asarray(result.env_reset, dtype=np.bool_)
-        arrays["env_ids"] = env_ids
-        body = {
-            "infos": infos_to_wire(result.infos),
-            "faults": [{"env_id": f.env_id, "code": f.code, "message": f.message} for f in faults],
-        }
-        return body, arrays
+        return encode_step_reply(
+            MULTI_AGENT_STEP,
+            host.observation_space,
+            result,
+            env_ids,
+            faults,
+            self.peer_version,
+            rows_per_env=host.num_agents,
+        )
 
 
 @dataclass(frozen=True)
@@ -241,34 +219,19 @@ def parse_multi_agent_step(session: ClientSession, frames: Sequence[Any]) -> Mul
     """Parses a multi-agent ``step`` reply; ``final_obs`` is rebuilt for every row."""
     msg = session.parse(frames, "step")
     info, num_agents = _multi_agent_info(session)
-    a = msg.arrays
-    env_ids = _env_ids_of(a)
-    n = env_ids.size * num_agents
-    space = info.observation_space
-    check_batch(space, a, "obs", n)
-    obs = unflatten_batch(space, a, "obs")
-    mask = _rows_array(a, "agent_mask", n)
-    acted = _rows_array(a, "acted", n)
-    env_reset = _rows_array(a, "env_reset", env_ids.size)
-    rows = final_obs_rows(mask, acted, env_reset, num_agents)
-    final_obs = obs
-    if rows.size:
-        check_batch(space, a, "final_obs", rows.size)
-        final_obs = _put_rows(space, obs, rows, unflatten_batch(space, a, "final_obs"))
-    infos = infos_from_wire(msg.body, n)
-    faults = [
-        EnvFault(int(f["env_id"]), str(f["code"]), str(f["message"]))
-        for f in check_type(msg.body, "faults", list)
-    ]
-    step = MultiAgentBatchStep(
-        obs=obs,
-        agent_mask=mask,
-        reward=_rows_array(a, "reward", n),
-        terminated=_rows_array(a, "terminated", n),
-        truncated=_rows_array(a, "truncated", n),
-        final_obs=final_obs,
-        acted=acted,
-        env_reset=env_reset,
-        infos=infos,
+    reply = decode_step_reply(
+        MULTI_AGENT_STEP, info.observation_space, msg, rows_per_env=num_agents
     )
-    return MultiAgentStep(step, env_ids, faults)
+    c = reply.columns
+    step = MultiAgentBatchStep(
+        obs=reply.obs,
+        agent_mask=c["agent_mask"],
+        reward=c["reward"],
+        terminated=c["terminated"],
+        truncated=c["truncated"],
+        final_obs=reply.final_obs,
+        acted=c["acted"],
+        env_reset=c["env_reset"],
+        infos=reply.infos,
+    )
+    return MultiAgentStep(step, reply.env_ids, reply.faults)

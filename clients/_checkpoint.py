@@ -1,0 +1,301 @@
+"""Training checkpoints without pickle, written atomically, verified before any of it is used.
+
+A checkpoint is a directory::
+
+    manifest.json        format, and per file its size and sha256
+    model.safetensors    the policy's tensors (parameters and observation statistics)
+    optimizer.safetensors  Adam's per-parameter state, flattened to ``state.<i>.<key>``
+    state.msgpack        args, counters, RNG states, reward scaler, param groups and
+                         the source's env snapshots (simkit.snapshot encoding)
+
+It is written into a temporary sibling directory and renamed into place, then
+``latest`` (a one-line file naming the newest checkpoint) is replaced atomically, so a
+crash mid-write leaves the previous checkpoint and pointer intact. Loading checks the
+manifest (sizes, hashes) and parses every file before returning anything; any problem
+raises :class:`simkit.errors.InvalidCheckpoint` naming the file and what is wrong.
+
+A policy snapshot (``policy.safetensors``, the model's tensors with the model spec and
+env id in the safetensors metadata) is written beside the checkpoints after every
+update, for evaluation while training goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from simkit import snapshot
+from simkit.errors import InvalidCheckpoint, InvalidState
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "Checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
+    "resolve_checkpoint",
+    "save_policy",
+    "load_policy",
+    "flatten_optimizer",
+    "unflatten_optimizer",
+]
+
+CHECKPOINT_FORMAT = "simkit.ppo.checkpoint/1"
+POLICY_FORMAT = "simkit.ppo.policy/1"
+_FILES = ("model.safetensors", "optimizer.safetensors", "state.msgpack")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded, verified checkpoint."""
+
+    path: Path
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    state: dict[str, Any]
+
+
+def flatten_optimizer(opt_state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[Any]]:
+    """``optimizer.state_dict()`` as named tensors plus plain param groups."""
+    tensors: dict[str, torch.Tensor] = {}
+    for index, per_param in opt_state["state"].items():
+        for key, value in per_param.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"state.{int(index)}.{key}"] = tensor.detach().contiguous()
+    groups = [
+        {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()}
+        for group in opt_state["param_groups"]
+    ]
+    return tensors, groups
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[Any]) -> dict[str, Any]:
+    """Inverse of :func:`flatten_optimizer`: a dict for ``optimizer.load_state_dict``."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = tensor
+    param_groups = [
+        {k: (tuple(v) if k == "betas" else v) for k, v in dict(group).items()} for group in groups
+    ]
+    return {"state": state, "param_groups": param_groups}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _replace_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_file(tmp, data)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    directory: Path,
+    name: str,
+    *,
+    model: dict[str, torch.Tensor],
+    optimizer: dict[str, Any],
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Writes checkpoint ``directory/name`` atomically and points ``directory/latest`` at it.
+
+    Args:
+        model: the model's ``state_dict()``.
+        optimizer: the optimiser's ``state_dict()``.
+        state: plain data (see :mod:`simkit.snapshot`): args, counters, RNG states, envs.
+        keep: how many checkpoints to keep (older ones are removed after the rename).
+
+    Returns:
+        The checkpoint's path.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    opt_tensors, groups = flatten_optimizer(optimizer)
+    blobs = {
+        "model.safetensors": st_save({k: v.detach().contiguous() for k, v in model.items()}),
+        "optimizer.safetensors": st_save(opt_tensors),
+        "state.msgpack": snapshot.dumps({**state, "optimizer_param_groups": groups}),
+    }
+    manifest = {
+        "format": CHECKPOINT_FORMAT,
+        "files": {n: {"bytes": len(b), "sha256": _sha256(b)} for n, b in blobs.items()},
+    }
+    tmp = directory / f".{name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    for file_name, blob in blobs.items():
+        _write_file(tmp / file_name, blob)
+    _write_file(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
+    final = directory / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _replace_atomically(directory / "latest", (name + "\n").encode())
+    existing = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for old in existing[:-keep] if keep > 0 else []:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint directory ``path`` means: itself, or the one its ``latest`` names.
+
+    Accepts a checkpoint directory, a checkpoints directory, or a run's log directory.
+
+    Raises:
+        InvalidCheckpoint: nothing there is a checkpoint.
+    """
+    p = Path(path)
+    for base in (p, p / "checkpoints"):
+        if (base / "manifest.json").is_file():
+            return base
+        latest = base / "latest"
+        if latest.is_file():
+            name = latest.read_text().strip()
+            if not name or "/" in name:
+                raise InvalidCheckpoint(f"{latest}: expected a checkpoint name, got {name!r}")
+            return base / name
+    raise InvalidCheckpoint(
+        f"{p}: not a checkpoint (no manifest.json, no latest pointer, no checkpoints/ inside)"
+    )
+
+
+def _read_verified(path: Path, name: str, entry: Any) -> bytes:
+    file = path / name
+    if not file.is_file():
+        raise InvalidCheckpoint(f"{file}: missing (the manifest lists it)")
+    data = file.read_bytes()
+    if not isinstance(entry, dict) or "bytes" not in entry or "sha256" not in entry:
+        raise InvalidCheckpoint(f"{path / 'manifest.json'}: malformed entry for {name}: {entry!r}")
+    if len(data) != entry["bytes"]:
+        raise InvalidCheckpoint(
+            f"{file}: truncated or grown: {len(data)} bytes, the manifest says {entry['bytes']}"
+        )
+    if _sha256(data) != entry["sha256"]:
+        raise InvalidCheckpoint(f"{file}: corrupt: its sha256 does not match the manifest")
+    return data
+
+
+def _load_tensors(file: Path, data: bytes) -> dict[str, torch.Tensor]:
+    try:
+        return st_load(data)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise InvalidCheckpoint(f"{file}: not a valid safetensors file: {exc}") from exc
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Reads and verifies a checkpoint (see :func:`resolve_checkpoint` for ``path``).
+
+    Raises:
+        InvalidCheckpoint: a file is missing, truncated, corrupt or unparseable (the
+            message names it); nothing is returned half-read.
+    """
+    directory = resolve_checkpoint(path)
+    manifest_file = directory / "manifest.json"
+    if not manifest_file.is_file():
+        raise InvalidCheckpoint(
+            f"{manifest_file}: missing; {directory} is not a complete checkpoint"
+        )
+    try:
+        manifest = json.loads(manifest_file.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidCheckpoint(f"{manifest_file}: not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise InvalidCheckpoint(
+            f"{manifest_file}: format must be {CHECKPOINT_FORMAT!r}, got {got!r}"
+        )
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != set(_FILES):
+        raise InvalidCheckpoint(f"{manifest_file}: must list {list(_FILES)}, got {files!r}")
+    blobs = {name: _read_verified(directory, name, files[name]) for name in _FILES}
+    model = _load_tensors(directory / "model.safetensors", blobs["model.safetensors"])
+    opt_tensors = _load_tensors(directory / "optimizer.safetensors", blobs["optimizer.safetensors"])
+    try:
+        state = snapshot.loads(blobs["state.msgpack"])
+    except InvalidState as exc:
+        raise InvalidCheckpoint(f"{directory / 'state.msgpack'}: {exc}") from exc
+    if not isinstance(state, dict) or "optimizer_param_groups" not in state:
+        raise InvalidCheckpoint(f"{directory / 'state.msgpack'}: not a learner state map")
+    try:
+        optimizer = unflatten_optimizer(opt_tensors, state.pop("optimizer_param_groups"))
+    except (ValueError, TypeError) as exc:
+        raise InvalidCheckpoint(
+            f"{directory / 'optimizer.safetensors'}: bad tensor names: {exc}"
+        ) from exc
+    return Checkpoint(directory, model, optimizer, state)
+
+
+def check_tensors(
+    file: Path, got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+) -> None:
+    """Raises :class:`InvalidCheckpoint` unless ``got`` has ``expected``'s names, shapes, dtypes."""
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    if missing or extra:
+        raise InvalidCheckpoint(
+            f"{file}: tensor names differ from the model: missing {missing}, unexpected {extra}"
+        )
+    for name, want in expected.items():
+        have = got[name]
+        if have.shape != want.shape or have.dtype != want.dtype:
+            raise InvalidCheckpoint(
+                f"{file}: tensor {name!r} is {have.dtype} {tuple(have.shape)}, "
+                f"the model expects {want.dtype} {tuple(want.shape)}"
+            )
+
+
+def save_policy(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
+    """Writes a policy snapshot (tensors + JSON metadata) atomically."""
+    meta = {"format": POLICY_FORMAT, "meta": json.dumps(metadata)}
+    data = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _replace_atomically(path, data)
+
+
+def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Reads a policy snapshot, or the model of a checkpoint; returns ``(tensors, metadata)``.
+
+    Raises:
+        InvalidCheckpoint: unreadable, or not a simkit policy.
+    """
+    p = Path(path)
+    if p.is_file():
+        from safetensors import safe_open
+
+        data = p.read_bytes()
+        tensors = _load_tensors(p, data)
+        try:
+            with safe_open(str(p), framework="pt") as fh:
+                meta = fh.metadata() or {}
+        except (SafetensorError, OSError) as exc:
+            raise InvalidCheckpoint(f"{p}: not a valid safetensors file: {exc}") from exc
+        if meta.get("format") != POLICY_FORMAT:
+            raise InvalidCheckpoint(
+                f"{p}: format must be {POLICY_FORMAT!r}, got {meta.get('format')!r}"
+            )
+        try:
+            return tensors, json.loads(meta["meta"])
+        except (KeyError, json.JSONDecodeError) as exc:
+            raise InvalidCheckpoint(f"{p}: malformed policy metadata: {exc}") from exc
+    ckpt = load_checkpoint(p)
+    return ckpt.model, dict(ckpt.state["policy"])

@@ -1,0 +1,539 @@
+"""``PolicyStream``: the learner's side of policy serving.
+
+Opens a stream session on each rollout server (env slots split across them), sends the
+model spec and weights, grants credit, and yields the trajectory fragments the servers
+produce with the learner's policy. The protocol work is
+:class:`simkit.protocol.StreamClientSession`'s; this module moves frames, keeps
+per-server queues and deadlines, and reports throughput and policy lag.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import zmq
+from gymnasium import spaces
+
+from simkit._types import Fragment
+from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable, _Keepalive
+from simkit.models import ModelSpec, PolicyWeights, get_weights
+from simkit.protocol import Message, ProtocolError, RemoteError, space_from_plain
+from simkit.protocol._stream_messages import STREAM_MODES, StreamConfig, StreamInfo
+from simkit.protocol._stream_session import StreamClientSession
+
+__all__ = ["PolicyStream", "ServerStats", "stack_fragments", "fragment_to_torch"]
+
+
+@dataclass
+class ServerStats:
+    """What one server delivered (see :meth:`PolicyStream.stats`).
+
+    Attributes:
+        endpoint: the server.
+        fragments: fragments received.
+        env_steps: env steps in them (``T * num_envs`` each).
+        steps_per_second: env steps received per second since the stream opened.
+        dropped: fragments dropped as too stale (async mode, ``max_lag``).
+        lag_min / lag_avg / lag_max: policy lag, in versions, of the steps of the
+            fragments handed to the learner (learner's newest version minus the
+            version that produced each step), over the last 100 fragments.
+        alive: False once the server stopped answering.
+    """
+
+    endpoint: str
+    fragments: int = 0
+    env_steps: int = 0
+    steps_per_second: float = 0.0
+    dropped: int = 0
+    lag_min: float = 0.0
+    lag_avg: float = 0.0
+    lag_max: float = 0.0
+    alive: bool = True
+
+
+@dataclass
+class _Server:
+    conn: Connection
+    session: StreamClientSession
+    info: StreamInfo | None = None
+    env_offset: int = 0
+    num_envs: int = 0
+    queue: deque[Fragment] = field(default_factory=deque)
+    acked: int = -1
+    keepalive: _Keepalive | None = None
+    stats: ServerStats | None = None
+    lags: deque[tuple[int, float, int]] = field(default_factory=lambda: deque(maxlen=100))
+    last_heard: float = 0.0
+    delivered: int = 0
+    opened_at: float = 0.0
+
+
+class PolicyStream:
+    """Streams trajectory fragments from rollout servers that run the learner's policy.
+
+    ``num_envs`` env slots are split over ``endpoints`` in contiguous ranges (server
+    ``k`` gets slots ``[offset_k, offset_k + n_k)``); slot ``i`` is seeded with
+    ``episode_seed(seed, i, 0)`` wherever it runs. With ``group_envs`` dividing every
+    server's share, the data of every slot is the same with one server or several.
+
+    Typical sync (on-policy) loop::
+
+        stream = PolicyStream(["tcp://127.0.0.1:5555"], ModelSpec("mlp", {...}), num_envs=64)
+        stream.push_weights(model)                    # version 0
+        for update in range(n):
+            batch = stream.next_batch()               # a Fragment over every server's rows
+            ...update model on batch...
+            stream.push_weights(model)                # version update + 1
+        stream.close()
+
+    Args:
+        endpoints: one ZeroMQ endpoint or several.
+        model: the model spec (a :class:`simkit.models.ModelSpec` or its plain map).
+        num_envs: env slots in total (split over the servers).
+        seed: root seed of env slots and sampling streams.
+        fragment_length: ``T`` (0 = each server's default).
+        mode: ``"sync"`` (every fragment of version k is produced by version k, then
+            each server waits for k+1) or ``"async"`` (servers keep producing with the
+            newest weights they have).
+        max_lag: async mode: fragments with a step older than this many versions
+            behind the newest pushed one are dropped (and counted).
+        credit: fragments each server may produce ahead of the learner (credit is
+            granted again as the learner takes fragments; a learner that stops taking
+            them stalls the servers within this many fragments).
+        env_id: an env other than the servers' own (None = theirs).
+        env_kwargs: its constructor arguments.
+        device: the servers' torch device for the policy (None = their default).
+        group_envs: env slots per sampling group (0 = each server's whole share).
+        with_states: fragments carry the envs' snapshot at their first step.
+        timeout: seconds a server may stay silent while the learner waits on it.
+        curve: CURVE keys, for servers beyond loopback.
+        client: a name for the servers' logs.
+
+    Raises:
+        ServerUnavailable: a server did not answer the open in time (names it).
+        RemoteError: a server refused the spec (e.g. ``unknown_model``).
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        model: ModelSpec | Mapping[str, Any],
+        *,
+        num_envs: int,
+        seed: int = 0,
+        fragment_length: int = 0,
+        mode: str = "sync",
+        max_lag: int = 1,
+        credit: int = 2,
+        env_id: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        device: str | None = None,
+        group_envs: int = 0,
+        with_states: bool = False,
+        timeout: float = 30.0,
+        curve: CurveKeys | None = None,
+        client: str = "simkit.PolicyStream",
+    ) -> None:
+        eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not eps:
+            raise ValueError("endpoints must name at least one server, got none")
+        if mode not in STREAM_MODES:
+            raise ValueError(f"mode must be one of {STREAM_MODES}, got {mode!r}")
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < len(eps):
+            raise ValueError(
+                f"num_envs must be an int >= the number of servers ({len(eps)}), got {num_envs!r}"
+            )
+        if isinstance(credit, bool) or not isinstance(credit, int) or credit < 1:
+            raise ValueError(f"credit must be an int >= 1, got {credit!r}")
+        if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
+            raise ValueError(f"max_lag must be an int >= 0, got {max_lag!r}")
+        spec = model.to_plain() if isinstance(model, ModelSpec) else dict(model)
+        self.mode = mode
+        self.max_lag = max_lag
+        self.credit = credit
+        self.timeout = float(timeout)
+        self.version: int | None = None
+        """The newest weights version pushed."""
+        self._versions_pushed = 0
+        self._context: zmq.Context[Any] = zmq.Context()
+        self._servers: list[_Server] = []
+        self._poller = zmq.Poller()
+        self._by_socket: dict[Any, _Server] = {}
+        self._closed = False
+        shares = [len(part) for part in np.array_split(np.arange(num_envs), len(eps))]
+        offset = 0
+        try:
+            for endpoint, share in zip(eps, shares, strict=True):
+                conn = Connection(
+                    endpoint, self.timeout, self._context, curve=curve, keepalive=False
+                )
+                srv = _Server(
+                    conn, StreamClientSession(endpoint), env_offset=offset, num_envs=share
+                )
+                srv.stats = ServerStats(endpoint)
+                self._servers.append(srv)
+                self._by_socket[conn.socket] = srv
+                self._poller.register(conn.socket, zmq.POLLIN)
+                config = StreamConfig(
+                    model=spec,
+                    num_envs=share,
+                    seed=seed,
+                    env_offset=offset,
+                    fragment_length=fragment_length,
+                    mode=mode,
+                    env_id=env_id,
+                    env_kwargs=dict(env_kwargs or {}),
+                    device=device,
+                    with_states=with_states,
+                    client=client,
+                    group_envs=group_envs,
+                )
+                self._send(srv, srv.session.request_open(config))
+                offset += share
+            row = 0
+            for srv in self._servers:
+                self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
+                srv.info = srv.session.info
+                assert srv.info is not None
+                row += srv.info.num_rows
+                srv.opened_at = time.monotonic()
+                timeout_s = srv.info.heartbeat_timeout
+                if timeout_s:
+                    srv.keepalive = _Keepalive(srv.conn, srv.info.session, timeout_s / 4)
+                self._send(srv, srv.session.request_credit(credit))
+        except BaseException:
+            self.close(polite=False)
+            raise
+        first = self._servers[0].info
+        assert first is not None
+        self.infos: list[StreamInfo] = [s.info for s in self._servers if s.info is not None]
+        self.observation_space: spaces.Space[Any] = space_from_plain(first.observation_space)
+        """The per-row observation space."""
+        self.action_space: spaces.Space[Any] = space_from_plain(first.action_space)
+        """The per-row action space."""
+        self.agents = first.agents
+        self.num_envs = num_envs
+        self.num_rows = row
+        """Rows of a stacked batch (env slots x agents, over every server)."""
+        self.fragment_length = first.fragment_length
+
+    # ------------------------------------------------------------------- plumbing
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The servers still in the stream."""
+        return [s.conn.endpoint for s in self._servers]
+
+    def _send(self, srv: _Server, frames: list[Any]) -> None:
+        srv.conn.socket.send_multipart(frames, copy=len(frames) == 1)
+        srv.conn.last_activity = time.monotonic()
+
+    def _pump(self, timeout_s: float) -> bool:
+        """Receives every message ready within ``timeout_s``; whether any arrived."""
+        events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
+        got = False
+        for sock in events:
+            srv = self._by_socket.get(sock)
+            if srv is None:
+                continue
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                got = True
+                srv.last_heard = time.monotonic()
+                self._dispatch(srv, frames)
+        return got
+
+    def _dispatch(self, srv: _Server, frames: list[Any]) -> None:
+        try:
+            item = srv.session.parse(frames)
+        except RemoteError as exc:
+            raise RemoteError(
+                exc.remote_code,
+                f"server {srv.conn.endpoint}: {exc.message.split('] ', 1)[-1]}",
+                expected=exc.expected,
+                got=exc.got,
+            ) from None
+        if isinstance(item, Fragment):
+            stats = srv.stats
+            assert stats is not None
+            stats.fragments += 1
+            stats.env_steps += item.num_steps * srv.num_envs
+            srv.queue.append(item)
+        elif isinstance(item, Message) and item.kind == "weights":
+            srv.acked = int(item.body.get("version", -1))
+
+    def _await(self, srv: _Server, ready: Callable[[_Server], bool], what: str) -> None:
+        """Pumps until ``ready(srv)``; ServerUnavailable if ``srv`` is silent too long."""
+        srv.last_heard = time.monotonic()
+        while not ready(srv):
+            self._pump(0.05)
+            if not ready(srv) and time.monotonic() - srv.last_heard > self.timeout:
+                assert srv.stats is not None
+                srv.stats.alive = False
+                raise ServerUnavailable(srv.conn.endpoint, self.timeout, what)
+
+    # -------------------------------------------------------------------- weights
+
+    def push_weights(
+        self,
+        weights: torch.nn.Module | PolicyWeights,
+        *,
+        version: int | None = None,
+        wait: bool = True,
+    ) -> int:
+        """Sends new weights to every server; returns their version.
+
+        Args:
+            weights: the learner's model (its weights are taken with
+                :func:`simkit.models.get_weights`) or a :class:`PolicyWeights`.
+            version: for a model: the version to send (default: the last pushed + 1,
+                0 first). A :class:`PolicyWeights` carries its own.
+            wait: wait until every server applied them (errors surface here); else
+                they surface at the next fragment.
+
+        Raises:
+            RemoteError: a server refused them (``invalid_weights``, ``stale_version``);
+                it keeps its last good policy.
+            ServerUnavailable: a server did not answer in time.
+        """
+        if isinstance(weights, PolicyWeights):
+            pw = weights
+        else:
+            v = (
+                version
+                if version is not None
+                else (0 if self.version is None else self.version + 1)
+            )
+            pw = get_weights(weights, v)
+        tensors = {
+            name: arr if arr.flags.c_contiguous else np.array(arr, order="C")
+            for name, arr in pw.tensors.items()
+        }
+        for srv in self._servers:
+            self._send(srv, srv.session.request_weights(pw.version, tensors))
+        if wait:
+            for srv in self._servers:
+                self._await(srv, lambda s: s.acked >= pw.version, "'weights'")
+        self.version = pw.version
+        self._versions_pushed += 1
+        return pw.version
+
+    # ------------------------------------------------------------------ fragments
+
+    def _take(self, srv: _Server) -> Fragment:
+        """The next fragment of ``srv`` (waits); grants one credit back."""
+        if self.mode == "sync" and not srv.queue and srv.delivered >= self._versions_pushed:
+            raise RuntimeError(
+                "sync mode: every fragment of the pushed versions was taken; push new "
+                "weights (push_weights) before asking for more"
+            )
+        while True:
+            self._await(srv, lambda s: bool(s.queue), "a fragment")
+            fragment = srv.queue.popleft()
+            srv.delivered += 1
+            self._send(srv, srv.session.request_credit(1))
+            if self._fresh(srv, fragment):
+                return fragment
+
+    def _fresh(self, srv: _Server, fragment: Fragment) -> bool:
+        stats = srv.stats
+        assert stats is not None
+        newest = self.version if self.version is not None else 0
+        lag = newest - fragment.policy_version
+        if self.mode == "async" and int(lag.max()) > self.max_lag:
+            stats.dropped += 1
+            return False
+        srv.lags.append((int(lag.min()), float(lag.mean()), int(lag.max())))
+        return True
+
+    def next_fragment(self) -> Fragment:
+        """The next fragment of whichever server has one first (waits for one)."""
+        while True:
+            for srv in self._servers:
+                if srv.queue:
+                    return self._take(srv)
+            deadline = time.monotonic() + self.timeout
+            while not any(s.queue for s in self._servers):
+                if self.mode == "sync" and all(
+                    s.delivered >= self._versions_pushed for s in self._servers
+                ):
+                    raise RuntimeError(
+                        "sync mode: every fragment of the pushed versions was taken; push "
+                        "new weights (push_weights) before asking for more"
+                    )
+                self._pump(0.05)
+                if time.monotonic() > deadline:
+                    silent = min(self._servers, key=lambda s: s.last_heard)
+                    assert silent.stats is not None
+                    silent.stats.alive = False
+                    raise ServerUnavailable(silent.conn.endpoint, self.timeout, "a fragment")
+
+    def next_batch(self) -> Fragment:
+        """One fragment from every server, stacked along rows (:func:`stack_fragments`):
+        the rows of all env slots for one step of the learner."""
+        return stack_fragments([self._take(srv) for srv in self._servers])
+
+    def fragments(self, *, stacked: bool = False) -> Iterator[Fragment]:
+        """Yields fragments forever (:meth:`next_batch` if ``stacked``, else
+        :meth:`next_fragment`)."""
+        while True:
+            yield self.next_batch() if stacked else self.next_fragment()
+
+    def received(self) -> list[Fragment]:
+        """Fragments received and not yet taken (kept when a server fails), in order."""
+        out: list[Fragment] = []
+        for srv in self._servers:
+            out.extend(srv.queue)
+        return out
+
+    def remove_server(self, endpoint: str) -> list[Fragment]:
+        """Drops a (failed) server from the stream; returns its untaken fragments.
+
+        Raises:
+            ValueError: ``endpoint`` is not in the stream.
+        """
+        found = [s for s in self._servers if s.conn.endpoint == endpoint]
+        if not found:
+            raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
+        srv = found[0]
+        self._servers.remove(srv)
+        kept = list(srv.queue)
+        self._retire(srv, polite=False)
+        return kept
+
+    # ---------------------------------------------------------------------- stats
+
+    def stats(self) -> list[ServerStats]:
+        """Per-server fragments, env steps, env steps/s, drops and policy lag."""
+        out = []
+        now = time.monotonic()
+        for srv in self._servers:
+            stats = srv.stats
+            assert stats is not None
+            stats.steps_per_second = stats.env_steps / max(now - srv.opened_at, 1e-9)
+            if srv.lags:
+                stats.lag_min = float(min(lo for lo, _, _ in srv.lags))
+                stats.lag_avg = float(np.mean([avg for _, avg, _ in srv.lags]))
+                stats.lag_max = float(max(hi for _, _, hi in srv.lags))
+            out.append(stats)
+        return out
+
+    # ---------------------------------------------------------------------- close
+
+    def _retire(self, srv: _Server, *, polite: bool) -> None:
+        if srv.keepalive is not None:
+            srv.keepalive.stop()
+            srv.keepalive = None
+        sock = srv.conn.socket
+        if sock in self._by_socket:
+            self._poller.unregister(sock)
+            del self._by_socket[sock]
+        if polite and not sock.closed:
+            try:
+                self._send(srv, srv.session.request_close())
+                deadline = time.monotonic() + min(self.timeout, 1.0)
+                while time.monotonic() < deadline and sock.poll(50, zmq.POLLIN):
+                    try:
+                        item = srv.session.parse(sock.recv_multipart())
+                    except ProtocolError:
+                        continue
+                    if isinstance(item, Message) and item.kind == "close":
+                        break
+            except zmq.ZMQError:
+                pass
+        srv.conn.close(polite=False)
+
+    def close(self, *, polite: bool = True) -> None:
+        """Ends every stream session (the servers free their envs) and the sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        for srv in self._servers:
+            self._retire(srv, polite=polite)
+        self._context.term()
+
+    def __enter__(self) -> PolicyStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_ROW_FIELDS = (
+    "obs",
+    "actions",
+    "log_probs",
+    "values",
+    "rewards",
+    "terminated",
+    "truncated",
+    "final_values",
+    "agent_mask",
+)
+
+
+def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
+    """Concatenates fragments of the same ``T`` along rows (servers side by side).
+
+    ``policy_version`` is the elementwise minimum (equal in sync mode); episode rows
+    are shifted by the rows of the fragments before;
+    ``start_state`` is kept only for a single fragment; ``sequence`` is the first's.
+
+    Raises:
+        ValueError: no fragments, or different ``T``.
+    """
+    if not fragments:
+        raise ValueError("stack_fragments needs at least one fragment")
+    if len(fragments) == 1:
+        return fragments[0]
+    steps = {f.num_steps for f in fragments}
+    if len(steps) != 1:
+        raise ValueError(f"fragments must share T to be stacked, got {sorted(steps)}")
+    row_offsets = np.cumsum([0] + [f.num_rows for f in fragments[:-1]]).tolist()
+    rows = {
+        name: np.concatenate([getattr(f, name) for f in fragments], axis=1) for name in _ROW_FIELDS
+    }
+    return Fragment(
+        **rows,
+        policy_version=np.minimum.reduce([f.policy_version for f in fragments]),
+        last_obs=np.concatenate([f.last_obs for f in fragments]),
+        last_values=np.concatenate([f.last_values for f in fragments]),
+        env_ids=np.concatenate([f.env_ids for f in fragments]),
+        episode_returns=np.concatenate([f.episode_returns for f in fragments]),
+        episode_lengths=np.concatenate([f.episode_lengths for f in fragments]),
+        episode_rows=np.concatenate(
+            [f.episode_rows + off for f, off in zip(fragments, row_offsets, strict=True)]
+        ),
+        source=",".join(f.source for f in fragments),
+        sequence=fragments[0].sequence,
+        start_state=None,
+    )
+
+
+def fragment_to_torch(
+    fragment: Fragment, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Every array of ``fragment`` as a torch tensor on ``device`` (copied: received
+    arrays are read-only views of network buffers)."""
+    names = (
+        *_ROW_FIELDS,
+        "policy_version",
+        "last_obs",
+        "last_values",
+        "env_ids",
+        "episode_returns",
+        "episode_lengths",
+        "episode_rows",
+    )
+    return {
+        name: torch.tensor(np.asarray(getattr(fragment, name)), device=device) for name in names
+    }

@@ -1,0 +1,512 @@
+"""``simkit train`` and ``simkit eval``: the PPO learner as a command, with checkpoints.
+
+:func:`run_training` is the Python API behind ``simkit train``: it builds (or resumes)
+the model, the learner and the fragment source, runs :func:`simkit.clients.ppo.train`,
+and around it writes TensorBoard scalars, a policy snapshot after every update, a
+checkpoint every K updates and at the end (also on SIGINT/SIGTERM), shows a live
+``rich`` progress bar and returns a :class:`TrainResult`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+
+from simkit.clients._checkpoint import (
+    check_tensors,
+    load_checkpoint,
+    load_policy,
+    save_checkpoint,
+    save_policy,
+)
+from simkit.clients._local_source import LocalSource, make_vector
+from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
+from simkit.errors import InvalidCheckpoint
+from simkit.models import ActorCritic, ModelSpec, numpy_actions
+from simkit.models import build_model as build_from_spec
+from simkit.vector import MultiAgentVectorEnv
+
+__all__ = [
+    "TrainResult",
+    "run_training",
+    "evaluate_policy",
+    "add_train_arguments",
+    "run_train",
+    "add_eval_arguments",
+    "run_eval",
+]
+
+
+@dataclass
+class TrainResult:
+    """Where a run ended and what it reached."""
+
+    logdir: Path
+    checkpoint: Path | None
+    policy: Path
+    global_step: int
+    updates: int
+    elapsed_s: float
+    steps_per_s: float
+    mean_return: float
+    dropped: int
+    stopped: bool
+    times: dict[str, float] = field(default_factory=dict)
+    """Seconds of the run spent in env, inference, update and idle."""
+
+
+def _spaces(env_id: str) -> tuple[Any, Any]:
+    vector = make_vector(env_id, 1)
+    try:
+        return vector.single_observation_space, vector.single_action_space
+    finally:
+        vector.close()
+
+
+def model_spec(args: PPOArgs) -> ModelSpec:
+    """The ``simkit.models`` spec of the policy ``args`` describe (tanh MLPs, separate trunks)."""
+    return ModelSpec(
+        "mlp", {"hidden_sizes": list(args.hidden), "normalize_obs": args.normalize_obs}
+    )
+
+
+def build_model(args: PPOArgs) -> ActorCritic:
+    """The initial policy of ``args``, initialised from ``args.seed`` (global RNG untouched)."""
+    obs_space, act_space = _spaces(args.env_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        return build_from_spec(model_spec(args), obs_space, act_space)
+
+
+def _policy_meta(args: PPOArgs, version: int) -> dict[str, Any]:
+    return {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
+
+
+def _learner_state(learner: PPO, source: LocalSource) -> dict[str, Any]:
+    return {
+        "args": learner.args.to_plain(),
+        "policy": _policy_meta(learner.args, learner.version),
+        "version": learner.version,
+        "global_step": learner.global_step,
+        "dropped": learner.dropped,
+        "generator": learner.generator.get_state().numpy().copy(),
+        "scaler": learner.scaler.get_state(),
+        "source": source.get_state(include_envs=learner.args.mode == "sync"),
+    }
+
+
+def run_training(
+    args: PPOArgs,
+    *,
+    logdir: str | Path,
+    resume: str | Path | None = None,
+    checkpoint_every: int = 10,
+    max_updates: int | None = None,
+    progress: bool = False,
+    tensorboard: bool = True,
+    handle_signals: bool = False,
+) -> TrainResult:
+    """Trains ``args`` (or the run of checkpoint ``resume``, whose args win) in process.
+
+    Args:
+        logdir: where ``checkpoints/``, ``policy.safetensors`` and ``tb/`` go.
+        checkpoint_every: checkpoint every K updates (0: only at the end).
+        max_updates: stop after this many updates of this call.
+        progress: show a live ``rich`` progress bar.
+        handle_signals: SIGINT/SIGTERM stop the run after the current update, with a
+            checkpoint (the CLI's behaviour).
+
+    Raises:
+        InvalidCheckpoint: ``resume`` is not a valid checkpoint of this model.
+    """
+    logdir = Path(logdir)
+    ckpt = load_checkpoint(resume) if resume is not None else None
+    if ckpt is not None:
+        try:
+            args = PPOArgs.from_plain(ckpt.state["args"])
+        except (KeyError, TypeError) as exc:
+            raise InvalidCheckpoint(f"{ckpt.path / 'state.msgpack'}: bad args: {exc}") from exc
+    torch.set_num_threads(args.torch_threads)
+    model = build_model(args)
+    if ckpt is not None:
+        check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())
+        model.load_state_dict(ckpt.model)
+    source = LocalSource(
+        args.env_id,
+        model,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        seed=args.seed,
+        mode=args.mode,
+        num_threads=args.env_threads,
+    )
+    learner = PPO(args, model, source.num_rows)
+    if ckpt is not None:
+        try:
+            learner.optimizer.load_state_dict(ckpt.optimizer)
+            state = ckpt.state
+            learner.version = int(state["version"])
+            learner.global_step = int(state["global_step"])
+            learner.dropped = int(state["dropped"])
+            learner.generator.set_state(
+                torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
+            )
+            learner.scaler.set_state(state["scaler"])
+            source.set_state(state["source"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            source.close()
+            raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
+    source.push_weights(model, version=learner.version)
+
+    stop_requested = False
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        del frame
+        nonlocal stop_requested
+        stop_requested = True
+        print(
+            f"\nsimkit train: {signal.Signals(signum).name} received, checkpointing after this update",
+            file=sys.stderr,
+        )
+
+    previous: dict[signal.Signals, Any] = {}
+    if handle_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _on_signal)
+
+    writer: Any = None
+    logdir.mkdir(parents=True, exist_ok=True)
+    if tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(logdir / "tb"))
+    ckpt_dir = logdir / "checkpoints"
+    policy_path = logdir / "policy.safetensors"
+    returns: deque[float] = deque(maxlen=20)
+    times = {"env": 0.0, "inference": 0.0, "update": 0.0, "idle": 0.0}
+    start = time.perf_counter()
+    start_step = learner.global_step
+    last_ckpt: Path | None = None
+    updates = 0
+
+    bar: Any = None
+    task: Any = None
+    if progress:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(
+            TextColumn("[bold]{task.fields[env]}"),
+            BarColumn(),
+            TextColumn("{task.completed:,.0f} steps"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+        )
+        bar.start()
+        total = learner.num_updates * args.num_steps * source.num_rows or None
+        task = bar.add_task(
+            "train", total=total, completed=learner.global_step, env=args.env_id, info=""
+        )
+
+    def checkpoint() -> Path:
+        return save_checkpoint(
+            ckpt_dir,
+            f"update-{learner.version:08d}",
+            model=model.state_dict(),
+            optimizer=learner.optimizer.state_dict(),
+            state=_learner_state(learner, source),
+        )
+
+    def on_update(stats: UpdateStats, wait: float) -> None:
+        nonlocal last_ckpt, updates
+        updates += 1
+        split = source.timings() if hasattr(source, "timings") else {"env": 0.0, "inference": 0.0}
+        times["env"] += split["env"]
+        times["inference"] += split["inference"]
+        times["update"] += stats.update_s
+        idle = wait if args.mode == "async" else max(0.0, wait - split["env"] - split["inference"])
+        times["idle"] += idle
+        returns.extend(stats.episode_returns.tolist())
+        elapsed = time.perf_counter() - start
+        sps = (learner.global_step - start_step) / max(elapsed, 1e-9)
+        mean_ret = float(np.mean(returns)) if returns else float("nan")
+        with open(logdir / "progress.jsonl", "a") as fh:
+            record = {
+                "version": learner.version,
+                "global_step": learner.global_step,
+                "elapsed_s": round(elapsed, 3),
+                "sps": round(sps, 1),
+                "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
+                "approx_kl": stats.approx_kl,
+                "lag_mean": stats.lag[1],
+            }
+            fh.write(json.dumps(record) + "\n")
+        save_policy(policy_path, learner.weights(), _policy_meta(args, learner.version))
+        if checkpoint_every and learner.version % checkpoint_every == 0:
+            last_ckpt = checkpoint()
+        if writer is not None:
+            step = learner.global_step
+            if len(stats.episode_returns):
+                writer.add_scalar(
+                    "charts/episodic_return", float(np.mean(stats.episode_returns)), step
+                )
+                writer.add_scalar(
+                    "charts/episodic_length", float(np.mean(stats.episode_lengths)), step
+                )
+            for name, value in (
+                ("losses/policy_loss", stats.policy_loss),
+                ("losses/value_loss", stats.value_loss),
+                ("losses/entropy", stats.entropy),
+                ("losses/approx_kl", stats.approx_kl),
+                ("losses/clipfrac", stats.clipfrac),
+                ("losses/explained_variance", stats.explained_variance),
+                ("charts/learning_rate", stats.learning_rate),
+                ("charts/SPS", sps),
+                ("policy/lag_mean", stats.lag[1]),
+                ("policy/lag_max", float(stats.lag[2])),
+                ("policy/dropped_fragments", float(learner.dropped)),
+                ("time/env_s", split["env"]),
+                ("time/inference_s", split["inference"]),
+                ("time/update_s", stats.update_s),
+                ("time/idle_s", idle),
+            ):
+                writer.add_scalar(name, value, step)
+        if bar is not None:
+            total_t = sum(times.values()) or 1.0
+            split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.items())
+            bar.update(
+                task,
+                completed=learner.global_step,
+                info=f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  {split_txt}",
+            )
+
+    try:
+        train(
+            learner,
+            source,
+            max_updates=max_updates,
+            on_update=on_update,
+            should_stop=lambda: stop_requested,
+        )
+        last_ckpt = checkpoint()
+    finally:
+        if bar is not None:
+            bar.stop()
+        if writer is not None:
+            writer.close()
+        source.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    elapsed = time.perf_counter() - start
+    return TrainResult(
+        logdir=logdir,
+        checkpoint=last_ckpt,
+        policy=policy_path,
+        global_step=learner.global_step,
+        updates=learner.version,
+        elapsed_s=elapsed,
+        steps_per_s=(learner.global_step - start_step) / max(elapsed, 1e-9),
+        mean_return=float(np.mean(returns)) if returns else float("nan"),
+        dropped=learner.dropped,
+        stopped=stop_requested,
+        times=times,
+    )
+
+
+def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> np.ndarray:
+    """Returns of ``episodes`` deterministic episodes of the policy at ``path``.
+
+    ``path`` is a policy snapshot (``policy.safetensors``) or a checkpoint. For
+    multi-agent envs every agent's episode counts as one.
+
+    Raises:
+        InvalidCheckpoint: ``path`` holds no valid policy.
+    """
+    tensors, meta = load_policy(path)
+    env_id = str(meta["env_id"])
+    obs_space, act_space = _spaces(env_id)
+    try:
+        spec = ModelSpec.from_plain(meta["model"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidCheckpoint(
+            f"{path}: no valid model spec in the policy metadata: {exc}"
+        ) from exc
+    model = build_from_spec(spec, obs_space, act_space)
+    check_tensors(Path(path), tensors, model.state_dict())
+    model.load_state_dict(tensors)
+    vector = make_vector(env_id, 1)
+    multi = isinstance(vector, MultiAgentVectorEnv)
+    if isinstance(vector, MultiAgentVectorEnv):
+        obs, mask, _ = vector.reset(seed=seed)
+    else:
+        obs, _ = vector.reset(seed=seed)
+        mask = np.ones(1, dtype=np.bool_)
+    ep = np.zeros(len(mask))
+    out: list[float] = []
+    while len(out) < episodes:
+        actions = numpy_actions(model.act(np.asarray(obs), deterministic=True).actions)
+        if multi:
+            step: Any = vector.step(actions)
+            acted = step.acted
+        else:
+            step = vector.step_batch(actions)  # type: ignore[union-attr]  # single-agent vector
+            acted = np.ones(1, dtype=np.bool_)
+        ep += np.where(acted, step.reward, 0.0)
+        for row in np.flatnonzero((step.terminated | step.truncated) & acted):
+            out.append(float(ep[row]))
+            ep[row] = 0.0
+        obs = step.obs
+    vector.close()
+    return np.asarray(out[:episodes])
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """``simkit train`` options."""
+    d = PPOArgs()
+    parser.add_argument("env_id", help="simkit env id (single or multi-agent) or gym:<id>")
+    parser.add_argument(
+        "--num-envs", type=int, default=d.num_envs, help=f"env slots (default {d.num_envs})"
+    )
+    parser.add_argument(
+        "--num-steps",
+        type=int,
+        default=d.num_steps,
+        help=f"steps per env slot per update, T (default {d.num_steps})",
+    )
+    parser.add_argument(
+        "--total-steps",
+        type=int,
+        default=d.total_steps,
+        help="env steps to train; 0 = until stopped",
+    )
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    parser.add_argument("--num-minibatches", type=int, default=d.num_minibatches)
+    parser.add_argument("--update-epochs", type=int, default=d.update_epochs)
+    parser.add_argument("--ent-coef", type=float, default=d.ent_coef)
+    parser.add_argument("--gamma", type=float, default=d.gamma)
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", default=list(d.hidden), help="hidden layer sizes"
+    )
+    parser.add_argument("--mode", choices=("sync", "async"), default=d.mode)
+    parser.add_argument(
+        "--max-lag",
+        type=int,
+        default=d.max_lag,
+        help="async: drop fragments older than this many versions",
+    )
+    parser.add_argument("--env-threads", type=int, default=d.env_threads)
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=10,
+        help="checkpoint every K updates (0: only at the end)",
+    )
+    parser.add_argument("--resume", default=None, help="checkpoint (or log directory) to continue")
+    parser.add_argument("--logdir", default=None, help="default runs/<env>-<seed>-<time>")
+    parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def run_train(ns: argparse.Namespace) -> int:
+    """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0."""
+    args = PPOArgs(
+        env_id=ns.env_id,
+        seed=ns.seed,
+        total_steps=ns.total_steps,
+        num_envs=ns.num_envs,
+        num_steps=ns.num_steps,
+        learning_rate=ns.learning_rate,
+        num_minibatches=ns.num_minibatches,
+        update_epochs=ns.update_epochs,
+        ent_coef=ns.ent_coef,
+        gamma=ns.gamma,
+        hidden=tuple(ns.hidden),
+        mode=ns.mode,
+        max_lag=ns.max_lag,
+        env_threads=ns.env_threads,
+    )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    logdir = Path(
+        ns.logdir or f"runs/{ns.env_id.replace('/', '_').replace(':', '_')}-{ns.seed}-{stamp}"
+    )
+    try:
+        result = run_training(
+            args,
+            logdir=logdir,
+            resume=ns.resume,
+            checkpoint_every=ns.checkpoint_every,
+            progress=not ns.no_progress,
+            handle_signals=True,
+        )
+    except InvalidCheckpoint as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 2
+    _print_summary(args.env_id, result)
+    return 0
+
+
+def _print_summary(env_id: str, r: TrainResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"simkit train {env_id}" + (" (stopped)" if r.stopped else ""))
+    table.add_column("", style="bold")
+    table.add_column("")
+    total = sum(r.times.values()) or 1.0
+    rows = [
+        ("env steps", f"{r.global_step:,}"),
+        ("updates (policy version)", str(r.updates)),
+        ("wall time", f"{r.elapsed_s:.1f} s"),
+        ("steps/s", f"{r.steps_per_s:,.0f}"),
+        ("mean return (last 20 episodes)", f"{r.mean_return:.2f}"),
+        ("time split", " ".join(f"{k} {100 * v / total:.0f}%" for k, v in r.times.items())),
+        ("dropped fragments", str(r.dropped)),
+        ("checkpoint", str(r.checkpoint)),
+        ("policy snapshot", str(r.policy)),
+        ("TensorBoard", f"tensorboard --logdir {r.logdir / 'tb'}"),
+        ("evaluate", f"simkit eval {r.policy}"),
+        ("resume", f"simkit train {env_id} --resume {r.logdir}"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """``simkit eval`` options."""
+    parser.add_argument(
+        "checkpoint", help="policy.safetensors, a checkpoint or a run's log directory"
+    )
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run_eval(ns: argparse.Namespace) -> int:
+    """Runs ``simkit eval``: mean and std of deterministic episode returns."""
+    path = Path(ns.checkpoint)
+    if (
+        path.is_dir()
+        and (path / "policy.safetensors").is_file()
+        and not (path / "manifest.json").exists()
+    ):
+        path = path / "policy.safetensors"
+    try:
+        returns = evaluate_policy(path, episodes=ns.episodes, seed=ns.seed)
+    except InvalidCheckpoint as exc:
+        print(f"simkit eval: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f}")
+    return 0

@@ -1,0 +1,406 @@
+"""PPO, the reference learner of simkit, readable top to bottom (after CleanRL).
+
+The learner never steps an env: it consumes :class:`simkit.Fragment` s (``T`` steps of
+``R`` policy rows) from a :class:`~simkit.clients._local_source.FragmentSource`, computes
+GAE (bootstrapping from ``final_values`` where an episode was truncated and from
+``last_values`` at the fragment's end), runs the clipped-objective update and pushes new
+weights, observation-normalisation statistics included, back to the source.
+
+- Sync mode (default): every fragment of update ``k`` was produced by version ``k``;
+  same seed and settings give identical parameters.
+- Async mode: the source keeps rolling out with the newest weights it has while the
+  learner updates; fragments more than ``max_lag`` versions old are dropped and counted.
+- Multi-agent envs share one policy across agents: every (env, agent) row is a sample,
+  rows whose ``agent_mask`` is false are left out of the loss.
+- Reward scaling is the learner's (Gymnasium's ``NormalizeReward``: rewards divided by
+  the running std of a per-row discounted return, then clipped).
+
+Every random draw goes through a seeded ``torch.Generator``: the source's for actions,
+the learner's for minibatch shuffling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from simkit._types import Fragment
+from simkit.clients._local_source import FragmentSource
+from simkit.models import ActorCritic
+
+__all__ = ["PPOArgs", "PPO", "UpdateStats", "compute_gae", "RewardScaler", "train"]
+
+
+@dataclass
+class PPOArgs:
+    """Hyperparameters and run settings (defaults: CleanRL's ``ppo_continuous_action``)."""
+
+    env_id: str = "simkit/CartPole-v0"
+    seed: int = 1
+    total_steps: int = 1_000_000
+    """env steps (rows x steps) to train for; 0 trains until stopped (no lr annealing)."""
+    num_envs: int = 1
+    num_steps: int = 2048
+    """``T``: steps per env slot per update (the fragment length)."""
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 32
+    update_epochs: int = 10
+    norm_adv: bool = True
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    hidden: tuple[int, ...] = (64, 64)
+    normalize_obs: bool = True
+    normalize_reward: bool = True
+    reward_clip: float = 10.0
+    mode: str = "sync"
+    """``"sync"`` (on-policy, reproducible) or ``"async"`` (bounded lag)."""
+    max_lag: int = 1
+    """async: drop fragments produced by a version older than ``version - max_lag``."""
+    env_threads: int = 1
+    torch_threads: int = 1
+
+    def to_plain(self) -> dict[str, Any]:
+        """JSON-able form (for checkpoints)."""
+        plain = asdict(self)
+        plain["hidden"] = list(self.hidden)
+        return plain
+
+    @classmethod
+    def from_plain(cls, plain: Mapping[str, Any]) -> PPOArgs:
+        """Inverse of :meth:`to_plain`; unknown keys are an error."""
+        values = dict(plain)
+        values["hidden"] = tuple(values.get("hidden", (64, 64)))
+        return cls(**values)
+
+
+def compute_gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    final_values: np.ndarray,
+    last_values: np.ndarray,
+    *,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimates of one fragment.
+
+    The target of step ``t`` is ``r_t + gamma * V(next)`` where ``next`` is: nothing on
+    termination, the final observation (``final_values[t]``) on truncation, else
+    ``values[t + 1]`` (``last_values`` after the last step). The ``lam`` recursion stops
+    at every episode end, so the next episode's advantages never leak back.
+
+    Args:
+        rewards, values, terminated, truncated, final_values: ``(T, R)``.
+        last_values: ``(R,)``.
+
+    Returns:
+        ``(advantages, returns)``, each ``(T, R)`` float32; ``returns = advantages + values``.
+    """
+    T = rewards.shape[0]
+    adv = np.zeros(rewards.shape, dtype=np.float64)
+    last = np.zeros(rewards.shape[1:], dtype=np.float64)
+    ended = np.logical_or(terminated, truncated)
+    for t in reversed(range(T)):
+        next_values = last_values if t == T - 1 else values[t + 1]
+        bootstrap = np.where(ended[t], final_values[t], next_values)
+        bootstrap = np.where(terminated[t], 0.0, bootstrap)
+        delta = rewards[t] + gamma * bootstrap - values[t]
+        last = delta + gamma * lam * np.where(ended[t], 0.0, last)
+        adv[t] = last
+    return adv.astype(np.float32), (adv + values).astype(np.float32)
+
+
+@dataclass
+class RewardScaler:
+    """Gymnasium's ``NormalizeReward`` for fragment rows: ``r / std(discounted return)``.
+
+    The discounted return is kept per (source, row) across fragments and reset when an
+    episode terminates, exactly as the wrapper does per env.
+    """
+
+    gamma: float
+    clip: float
+    epsilon: float = 1e-8
+    mean: float = 0.0
+    var: float = 1.0
+    count: float = 1e-4
+    returns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def _fold(self, x: np.ndarray) -> None:
+        b_mean, b_var, b_count = float(x.mean()), float(x.var()), float(x.size)
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        self.mean += delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def scale(self, fragment: Fragment) -> np.ndarray:
+        """``(T, R)`` scaled rewards; updates the running statistics step by step."""
+        ret = self.returns.get(fragment.source)
+        if ret is None:
+            ret = np.zeros(fragment.num_rows)
+        out = np.empty_like(fragment.rewards)
+        for t in range(fragment.num_steps):
+            live = fragment.agent_mask[t]
+            ret = np.where(live, ret * self.gamma + fragment.rewards[t], ret)
+            if live.any():
+                self._fold(ret[live])
+            out[t] = fragment.rewards[t] / np.sqrt(self.var + self.epsilon)
+            ret = np.where(fragment.terminated[t], 0.0, ret)
+        self.returns[fragment.source] = ret
+        return np.clip(out, -self.clip, self.clip)
+
+    def get_state(self) -> dict[str, Any]:
+        """Plain data (checkpoints)."""
+        return {
+            "mean": self.mean,
+            "var": self.var,
+            "count": self.count,
+            "returns": {k: v.copy() for k, v in self.returns.items()},
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`get_state`."""
+        self.mean, self.var, self.count = (
+            float(state["mean"]),
+            float(state["var"]),
+            float(state["count"]),
+        )
+        self.returns = {
+            k: np.asarray(v, dtype=np.float64).copy() for k, v in state["returns"].items()
+        }
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one update did, for the progress bar and TensorBoard."""
+
+    version: int
+    global_step: int
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clipfrac: float
+    explained_variance: float
+    learning_rate: float
+    update_s: float
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    lag: tuple[int, float, int]
+    """(min, mean, max) policy lag, in versions, of the steps this update used."""
+
+
+class PPO:
+    """The learner: model, optimiser, reward scaler, shuffling generator and counters.
+
+    Args:
+        args: hyperparameters.
+        model: the policy, updated in place.
+        rows_per_update: policy rows (env slots x agents) one update consumes.
+    """
+
+    def __init__(self, args: PPOArgs, model: ActorCritic, rows_per_update: int) -> None:
+        self.args = args
+        self.model = model
+        self.rows_per_update = rows_per_update
+        self.optimizer = torch.optim.Adam(
+            model.parameters(), lr=args.learning_rate, eps=1e-5, fused=True
+        )
+        self.generator = torch.Generator().manual_seed(args.seed + 1)
+        self.scaler = RewardScaler(args.gamma, args.reward_clip)
+        self.version = 0
+        self.global_step = 0
+        self.dropped = 0
+        batch = args.num_steps * rows_per_update
+        self.num_updates = args.total_steps // batch if args.total_steps > 0 else 0
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The tensors a source needs to act as this learner's policy (parameters and stats)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def _learning_rate(self) -> float:
+        if not self.args.anneal_lr or self.num_updates == 0:
+            return self.args.learning_rate
+        frac = 1.0 - min(self.version, self.num_updates - 1) / self.num_updates
+        return frac * self.args.learning_rate
+
+    def update(self, fragments: list[Fragment]) -> UpdateStats:
+        """One PPO update on ``fragments`` (the rows of one batch); bumps the version."""
+        args, model = self.args, self.model
+        t_start = time.perf_counter()
+        adv_parts, ret_parts, obs_parts, act_parts, logp_parts, val_parts, mask_parts = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
+        for f in fragments:
+            rewards = self.scaler.scale(f) if args.normalize_reward else f.rewards
+            adv, ret = compute_gae(
+                rewards,
+                f.values,
+                f.terminated,
+                f.truncated,
+                f.final_values,
+                f.last_values,
+                gamma=args.gamma,
+                lam=args.gae_lambda,
+            )
+            adv_parts.append(adv.reshape(-1))
+            ret_parts.append(ret.reshape(-1))
+            obs = np.asarray(f.obs)
+            obs_parts.append(obs.reshape(f.num_steps * f.num_rows, *obs.shape[2:]))
+            acts = np.asarray(f.actions)
+            act_parts.append(acts.reshape(f.num_steps * f.num_rows, *acts.shape[2:]))
+            logp_parts.append(f.log_probs.reshape(-1))
+            val_parts.append(f.values.reshape(-1))
+            mask_parts.append(f.agent_mask.reshape(-1))
+        mask = np.concatenate(mask_parts)
+        keep = torch.from_numpy(np.flatnonzero(mask))
+        b_obs = torch.from_numpy(np.concatenate(obs_parts))[keep]
+        b_actions = torch.from_numpy(np.concatenate(act_parts))[keep]
+        b_logp = torch.from_numpy(np.concatenate(logp_parts))[keep]
+        b_adv = torch.from_numpy(np.concatenate(adv_parts))[keep]
+        b_ret = torch.from_numpy(np.concatenate(ret_parts))[keep]
+        b_val = torch.from_numpy(np.concatenate(val_parts))[keep]
+
+        lr = self._learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n = b_obs.shape[0]
+        mb = max(1, n // args.num_minibatches)
+        params = [p for p in model.parameters()]
+        kls: list[torch.Tensor] = []
+        clipfracs: list[torch.Tensor] = []
+        pg_loss = v_loss = entropy_loss = torch.zeros(())
+        for _epoch in range(args.update_epochs):
+            perm = torch.randperm(n, generator=self.generator)
+            for begin in range(0, n - mb + 1, mb):
+                idx = perm[begin : begin + mb]
+                newlogp, entropy, newvalue = model.evaluate(b_obs[idx], b_actions[idx])
+                logratio = newlogp - b_logp[idx]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    kls.append(((ratio - 1) - logratio).mean())
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+                m_adv = b_adv[idx]
+                if args.norm_adv:
+                    m_adv = (m_adv - m_adv.mean()) / (m_adv.std() + 1e-8)
+                pg_loss = torch.max(
+                    -m_adv * ratio, -m_adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+                ).mean()
+                m_ret = b_ret[idx]
+                if args.clip_vloss:
+                    m_val = b_val[idx]
+                    clipped = m_val + (newvalue - m_val).clamp(-args.clip_coef, args.clip_coef)
+                    v_loss = (
+                        0.5
+                        * torch.max((newvalue - m_ret).square(), (clipped - m_ret).square()).mean()
+                    )
+                else:
+                    v_loss = 0.5 * (newvalue - m_ret).square().mean()
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(params, args.max_grad_norm, foreach=True)
+                self.optimizer.step()
+
+        # Statistics change only after the update, so the update saw exactly what the
+        # acting policy saw; the new ones travel with the next weights.
+        if args.normalize_obs:
+            model.update_obs_stats(b_obs)
+        self.version += 1
+        self.global_step += n
+        var_y = float(b_ret.var())
+        explained = float("nan") if var_y == 0 else 1.0 - float((b_ret - b_val).var()) / var_y
+        versions = np.concatenate([f.policy_version for f in fragments])
+        lag = (self.version - 1) - versions
+        return UpdateStats(
+            version=self.version,
+            global_step=self.global_step,
+            policy_loss=float(pg_loss.detach()),
+            value_loss=float(v_loss.detach()),
+            entropy=float(entropy_loss.detach()),
+            approx_kl=float(torch.stack(kls).mean()) if kls else 0.0,
+            clipfrac=float(torch.stack(clipfracs).mean()) if clipfracs else 0.0,
+            explained_variance=explained,
+            learning_rate=lr,
+            update_s=time.perf_counter() - t_start,
+            episode_returns=np.concatenate([f.episode_returns for f in fragments]),
+            episode_lengths=np.concatenate([f.episode_lengths for f in fragments]),
+            lag=(int(lag.min()), float(lag.mean()), int(lag.max())),
+        )
+
+
+def train(
+    learner: PPO,
+    source: FragmentSource,
+    *,
+    max_updates: int | None = None,
+    on_update: Callable[[UpdateStats, float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> None:
+    """The loop: gather one update's rows of fragments, update, push the new weights.
+
+    Stops after ``args.total_steps`` (never when it is 0), after ``max_updates`` updates
+    of this call, or when ``should_stop()`` turns true (checked between updates).
+    ``on_update(stats, wait_s)`` gets each update's statistics and the seconds the
+    learner waited for fragments.
+
+    Raises:
+        RuntimeError: sync mode and a fragment was made by another version than the
+            learner's (the source ignored a weight push).
+    """
+    args = learner.args
+    batch: list[Fragment] = []
+    rows = 0
+    done = 0
+    wait = 0.0
+    t_wait = time.perf_counter()
+    for fragment in source.fragments():
+        wait += time.perf_counter() - t_wait
+        oldest = int(fragment.policy_version.min())
+        if args.mode == "sync" and oldest != learner.version:
+            raise RuntimeError(
+                f"sync mode: fragment {fragment.sequence} from {fragment.source} was made by "
+                f"version {oldest}, the learner is at version {learner.version}"
+            )
+        if learner.version - oldest > args.max_lag:
+            learner.dropped += 1
+        else:
+            batch.append(fragment)
+            rows += fragment.num_rows
+        if rows >= learner.rows_per_update:
+            stats = learner.update(batch)
+            source.push_weights(learner.model, version=learner.version)
+            batch, rows = [], 0
+            done += 1
+            if on_update is not None:
+                on_update(stats, wait)
+            wait = 0.0
+            finished = learner.num_updates and learner.version >= learner.num_updates
+            if finished or (max_updates is not None and done >= max_updates):
+                return
+            if should_stop is not None and should_stop():
+                return
+        t_wait = time.perf_counter()

@@ -1,0 +1,152 @@
+"""The envs of a stream session as policy rows, through the local execution core.
+
+:class:`EnvRows` steps a :class:`simkit.vector.VectorEnv`, a :class:`simkit.BatchEnv` or
+a :class:`simkit.vector.MultiAgentVectorEnv` through their public ``reset`` /
+``step_batch`` / ``step`` / ``get_state`` and presents every one as ``R`` rows (env slots,
+or (env slot, agent) pairs) with an agent mask, the layout of
+:class:`simkit.Fragment`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+import simkit
+from simkit._seeding import episode_seed
+from simkit.servers._host import GYM_PREFIX, make_env_factory
+from simkit.vector import MultiAgentVectorEnv, VectorEnv
+
+__all__ = ["EnvRows", "RowStep", "make_env_rows", "ENV_KINDS"]
+
+ENV_KINDS = ("single", "batch", "multi_agent")
+
+
+@dataclass(frozen=True)
+class RowStep:
+    """One step of every row.
+
+    Attributes:
+        obs: ``(R, ...)`` observations to act on next.
+        mask: ``(R,)`` rows live next step (they act).
+        reward: ``(R,)`` float64.
+        terminated: ``(R,)`` bool.
+        truncated: ``(R,)`` bool.
+        final_obs: ``(R, ...)`` observations the actions led to.
+    """
+
+    obs: np.ndarray
+    mask: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+
+
+class EnvRows:
+    """``num_envs`` envs of one kind as ``num_rows`` policy rows.
+
+    Args:
+        env: the vector (owned: :meth:`close` closes it).
+        kind: ``"single"`` (VectorEnv), ``"batch"`` (BatchEnv) or ``"multi_agent"``.
+    """
+
+    def __init__(self, env: Any, kind: str) -> None:
+        if kind not in ENV_KINDS:
+            raise ValueError(f"kind must be one of {ENV_KINDS}, got {kind!r}")
+        self.env = env
+        self.kind = kind
+        self.num_envs: int = env.num_envs
+        self.agents: list[str] | None = (
+            [str(a) for a in env.possible_agents] if kind == "multi_agent" else None
+        )
+        self.agents_per_env = len(self.agents) if self.agents else 1
+        self.num_rows = self.num_envs * self.agents_per_env
+        self.observation_space: spaces.Space[Any] = env.single_observation_space
+        self.action_space: spaces.Space[Any] = env.single_action_space
+        self._all_rows = np.ones(self.num_rows, dtype=np.bool_)
+        self.closed = False
+
+    def reset(self, seed: int, env_offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """Resets every env; slot ``i`` starts with ``episode_seed(seed, env_offset + i, 0)``.
+
+        A BatchEnv seeds instance ``i`` as ``episode_seed(root, i, k)`` with one root, so
+        its root is ``seed`` at offset 0, else ``episode_seed(seed, env_offset, 0)``.
+
+        Returns:
+            ``(obs, mask)`` of every row.
+        """
+        seeds = [episode_seed(seed, env_offset + i, 0) for i in range(self.num_envs)]
+        if self.kind == "multi_agent":
+            obs, mask, _ = self.env.reset(seed=seeds)
+            return np.asarray(obs), np.asarray(mask, dtype=np.bool_)
+        if self.kind == "batch":
+            root = seed if env_offset == 0 else episode_seed(seed, env_offset, 0)
+            obs, _ = self.env.reset(seed=root)
+        else:
+            obs, _ = self.env.reset(seed=seeds)
+        return np.array(obs), self._all_rows.copy()
+
+    def step(self, actions: np.ndarray) -> RowStep:
+        """Steps every env with one action per row (rows not live are ignored)."""
+        if self.kind == "multi_agent":
+            ma = self.env.step(actions)
+            return RowStep(
+                obs=np.asarray(ma.obs),
+                mask=np.asarray(ma.agent_mask, dtype=np.bool_),
+                reward=np.asarray(ma.reward, dtype=np.float64),
+                terminated=np.asarray(ma.terminated, dtype=np.bool_),
+                truncated=np.asarray(ma.truncated, dtype=np.bool_),
+                final_obs=np.asarray(ma.final_obs),
+            )
+        step = self.env.step_batch(actions)
+        return RowStep(
+            obs=np.array(step.obs),  # a copy: a BatchEnv reuses its buffers
+            mask=self._all_rows,
+            reward=np.asarray(step.reward, dtype=np.float64),
+            terminated=np.asarray(step.terminated, dtype=np.bool_),
+            truncated=np.asarray(step.truncated, dtype=np.bool_),
+            final_obs=np.asarray(step.final_obs),
+        )
+
+    def get_state(self) -> dict[str, Any]:
+        """The vector's snapshot (its ``get_state()``: plain data)."""
+        state: dict[str, Any] = self.env.get_state()
+        return state
+
+    def close(self) -> None:
+        """Closes the envs (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self.env.close()
+
+
+def make_env_rows(
+    env_id: str,
+    num_envs: int,
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    num_threads: int = 1,
+) -> EnvRows:
+    """Builds ``num_envs`` envs of ``env_id`` as rows (``gym:<id>`` for Gymnasium envs).
+
+    Raises:
+        simkit.errors.UnknownEnv: the id is not registered.
+        ValueError: a multi-agent id that is not a simkit MultiAgentEnv.
+    """
+    kwargs = dict(env_kwargs or {})
+    if env_id.startswith(GYM_PREFIX):
+        factory = make_env_factory(env_id, **kwargs)
+        return EnvRows(VectorEnv([factory] * num_envs, num_threads=num_threads), "single")
+    env_spec = simkit.spec(env_id)
+    if env_spec.kind is simkit.EnvKind.BATCH:
+        return EnvRows(env_spec.make(num_envs=num_envs, **kwargs), "batch")
+    if env_spec.kind is simkit.EnvKind.MULTI_AGENT:
+        return EnvRows(MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs), "multi_agent")
+    return EnvRows(
+        VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs), "single"
+    )

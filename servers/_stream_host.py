@@ -1,0 +1,165 @@
+"""The socket-thread side of stream sessions: routing, forwarding, expiry.
+
+:class:`StreamHost` lives in the server's serving thread next to the step sessions.
+It starts a :class:`StreamWorker` for each ``stream_open``, hands the worker every
+later message of that connection, forwards what workers produce (from one inproc PULL
+socket) to the ROUTER, and frees sessions that close, fail or fall silent. It never
+blocks: a worker does all the stepping.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+from prometheus_client import CollectorRegistry
+
+from simkit.protocol import Message, SessionStateError, Unsupported, error_reply
+from simkit.servers._stream_metrics import StreamMetrics
+from simkit.servers._stream_worker import (
+    TAG_DONE,
+    TAG_FRAGMENT,
+    StreamSettings,
+    StreamWorker,
+)
+
+__all__ = ["StreamHost"]
+
+log = logging.getLogger("simkit.servers")
+
+
+class StreamHost:
+    """Every stream session of one server.
+
+    Args:
+        context: the server's ZeroMQ context.
+        settings: defaults for sessions, or None when the server runs no policy (then
+            ``stream_open`` is answered with ``unsupported``).
+        registry: the server's Prometheus registry.
+        heartbeat_timeout: seconds of silence after which a session is dropped.
+        max_sessions: stream session limit.
+    """
+
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        settings: StreamSettings | None,
+        registry: CollectorRegistry,
+        *,
+        heartbeat_timeout: float,
+        max_sessions: int = 64,
+    ) -> None:
+        self.settings = settings
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_sessions = max_sessions
+        self.metrics = StreamMetrics(registry)
+        self.workers: dict[bytes, StreamWorker] = {}
+        self._context = context
+        self.address = f"inproc://simkit-stream-{id(self):x}"
+        self.pull = context.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.bind(self.address)
+
+    def owns(self, identity: bytes) -> bool:
+        """Whether ``identity`` has a stream session."""
+        return identity in self.workers
+
+    def deliver(self, identity: bytes, frames: list[Any]) -> None:
+        """Hands a message of an open stream session to its worker."""
+        worker = self.workers[identity]
+        worker.last_seen = time.monotonic()
+        worker.inbox.put(frames)
+
+    def open(self, identity: bytes, request: Message, frames: list[Any]) -> Message | None:
+        """Starts a session for a ``stream_open`` (its worker answers); or the error reply
+        when the server runs no policy or has no free slot."""
+        if self.settings is None:
+            exc: Exception = Unsupported(
+                "this server runs no policy (start it with --policy)",
+                expected="a server started with --policy",
+                got="stream_open",
+            )
+            return error_reply(exc, request_id=request.id, request_kind=request.kind)
+        if len(self.workers) >= self.max_sessions:
+            exc = SessionStateError(
+                "the server has no free stream session slots",
+                expected=f"<= {self.max_sessions} stream sessions",
+                got=f"{len(self.workers)} open",
+            )
+            reply = error_reply(exc, request_id=request.id, request_kind=request.kind)
+            reply.body["code"] = "busy"
+            return reply
+        worker = StreamWorker(
+            identity, frames, self.settings, self._context, self.address, self.metrics
+        )
+        self.workers[identity] = worker
+        self.metrics.sessions.set(len(self.workers))
+        worker.start()
+        return None
+
+    def touch(self, token: str) -> bool:
+        """Refreshes the heartbeat of the session named ``token``; whether it exists."""
+        try:
+            worker = self.workers.get(bytes.fromhex(token))
+        except ValueError:
+            return False
+        if worker is None:
+            return False
+        worker.last_seen = time.monotonic()
+        return True
+
+    def forward(self, router: zmq.Socket[Any]) -> int:
+        """Sends everything the workers produced to the ROUTER; returns messages forwarded."""
+        count = 0
+        pull = self.pull
+        while True:
+            try:
+                parts = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return count
+            identity, tag = parts[0].bytes, parts[1].bytes
+            if tag == TAG_DONE:
+                self._drop(identity)
+                continue
+            if tag == TAG_FRAGMENT:
+                self.metrics.queue_depth.dec()
+            try:
+                router.send_multipart([identity, *parts[2:]], copy=False, flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # the learner vanished or its queue is full
+                log.warning("dropping stream message to %s: %s", identity.hex(), exc)
+            count += 1
+
+    def _drop(self, identity: bytes) -> None:
+        worker = self.workers.get(identity)
+        if worker is not None and worker.done.is_set():
+            del self.workers[identity]
+            self.metrics.sessions.set(len(self.workers))
+
+    def expire(self, now: float) -> None:
+        """Stops sessions silent for the heartbeat timeout (their workers free the envs)."""
+        for identity, worker in list(self.workers.items()):
+            if now - worker.last_seen > self.heartbeat_timeout:
+                log.info("stream session %s timed out; freeing its envs", identity.hex())
+                worker.stop()
+                del self.workers[identity]
+                self.metrics.sessions_expired.inc()
+        self.metrics.sessions.set(len(self.workers))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops every worker (they close their envs) and the PULL socket."""
+        workers = list(self.workers.values())
+        for worker in workers:
+            worker.stop()
+        deadline = time.monotonic() + timeout
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        self.workers.clear()
+        self.metrics.sessions.set(0)
+        self.pull.close(linger=0)
+
+    @property
+    def sessions(self) -> int:
+        """Open stream sessions."""
+        return len(self.workers)

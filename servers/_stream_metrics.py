@@ -1,0 +1,174 @@
+"""Prometheus metrics of a server's stream sessions (``prometheus_client``).
+
+One :class:`StreamMetrics` per server, registered in the server's own
+``CollectorRegistry`` (never the process-global one, so two servers in one process
+keep their figures apart). Every method is thread-safe: workers call them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["StreamMetrics", "LATENCY_BUCKETS", "BATCH_BUCKETS"]
+
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
+"""Upper bounds (seconds) of the inference and env step latency histograms."""
+
+BATCH_BUCKETS: tuple[float, ...] = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+"""Upper bounds of the inference batch size histogram (rows per forward)."""
+
+
+class StreamMetrics:
+    """Inference, env, fragment, credit, stall and policy-version metrics.
+
+    Args:
+        registry: the server's registry.
+        window_s: the window of ``simkit_stream_fragments_per_second``.
+    """
+
+    def __init__(self, registry: CollectorRegistry, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._recent: deque[float] = deque()
+        self.sessions = Gauge("simkit_stream_sessions", "Open stream sessions.", registry=registry)
+        self.sessions_expired = Counter(
+            "simkit_stream_sessions_expired",
+            "Stream sessions dropped after the heartbeat timeout.",
+            registry=registry,
+        )
+        self.env_steps = Counter(
+            "simkit_stream_env_steps", "Env steps taken by stream sessions.", registry=registry
+        )
+        self.fragments = Counter(
+            "simkit_stream_fragments", "Fragments sent to learners.", registry=registry
+        )
+        self.fragments_per_second = Gauge(
+            "simkit_stream_fragments_per_second",
+            f"Fragments sent per second over the last {window_s:g} s.",
+            registry=registry,
+        )
+        self.inference_batch = Histogram(
+            "simkit_stream_inference_batch_size",
+            "Rows per batched forward pass (act).",
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.inference_latency = Histogram(
+            "simkit_stream_inference_latency_seconds",
+            "Time of one batched act (forward and sampling).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.env_step_latency = Histogram(
+            "simkit_stream_env_step_latency_seconds",
+            "Time of one step of a session's envs.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.credit = Gauge(
+            "simkit_stream_credit",
+            "Fragments granted by learners and not yet sent (all sessions, last update).",
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "simkit_stream_queue_depth",
+            "Fragments produced and not yet handed to the network.",
+            registry=registry,
+        )
+        self.stalled_seconds = Counter(
+            "simkit_stream_stalled_seconds",
+            "Seconds sessions paused stepping for lack of credit.",
+            registry=registry,
+        )
+        self.waiting_weights_seconds = Counter(
+            "simkit_stream_waiting_weights_seconds",
+            "Seconds sessions waited for (the next, in sync mode) weights.",
+            registry=registry,
+        )
+        self.policy_version = Gauge(
+            "simkit_stream_policy_version",
+            "Newest policy version applied by any session.",
+            registry=registry,
+        )
+        self.policy_lag = Gauge(
+            "simkit_stream_policy_lag",
+            "Versions between the newest weights a session holds when a fragment leaves "
+            "and the versions that produced its steps (last fragment).",
+            ["stat"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "simkit_stream_errors",
+            "Error replies of stream sessions, by code.",
+            ["code"],
+            registry=registry,
+        )
+
+    def fragment(
+        self,
+        *,
+        steps: int,
+        env_calls: list[float],
+        inference: list[tuple[int, float]],
+        lag: tuple[int, float, int],
+        credit: int,
+    ) -> None:
+        """Records one fragment sent: ``steps`` env steps, per-step env seconds,
+        ``(batch rows, seconds)`` per act, lag ``(min, avg, max)`` and the credit left."""
+        self.env_steps.inc(steps)
+        self.fragments.inc()
+        for seconds in env_calls:
+            self.env_step_latency.observe(seconds)
+        for rows, seconds in inference:
+            self.inference_batch.observe(rows)
+            self.inference_latency.observe(seconds)
+        lo, avg, hi = lag
+        self.policy_lag.labels("min").set(lo)
+        self.policy_lag.labels("avg").set(avg)
+        self.policy_lag.labels("max").set(hi)
+        self.credit.set(credit)
+        now = time.monotonic()
+        with self._lock:
+            self._recent.append(now)
+            while self._recent and self._recent[0] < now - self.window_s:
+                self._recent.popleft()
+            span = max(now - self._recent[0], 1e-3) if len(self._recent) > 1 else self.window_s
+            self.fragments_per_second.set(len(self._recent) / span)
+
+    def stalled(self, seconds: float) -> None:
+        """Counts time a session paused without credit."""
+        self.stalled_seconds.inc(seconds)
+
+    def waiting_weights(self, seconds: float) -> None:
+        """Counts time a session waited for weights."""
+        self.waiting_weights_seconds.inc(seconds)
+
+    def set_credit(self, credit: int) -> None:
+        """Sets the credit gauge."""
+        self.credit.set(credit)
+
+    def set_version(self, version: int) -> None:
+        """A session applied ``version``."""
+        self.policy_version.set(version)
+
+    def error(self, code: str) -> None:
+        """Counts an error reply."""
+        self.errors.labels(code).inc()

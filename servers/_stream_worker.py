@@ -1,0 +1,425 @@
+"""One stream session's worker thread: builds the envs and the policy, then loops.
+
+The worker owns everything of its session (the :class:`StreamServerSession`, envs,
+model) and never touches the server's ROUTER socket: messages from the learner arrive
+in :attr:`StreamWorker.inbox` (a thread-safe queue filled by the socket thread), and
+replies and fragments leave through the worker's own PUSH socket to an inproc PULL the
+socket thread forwards from (ZeroMQ sockets are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+
+import simkit
+from simkit.errors import InvalidWeights, UnknownModel
+from simkit.models import ModelSpec, PolicyWeights, build_model
+from simkit.protocol import InvalidField, Limits, ProtocolError, space_to_plain
+from simkit.protocol._stream_messages import (
+    InvalidWeightsError,
+    StaleVersion,
+    StreamConfig,
+    StreamInfo,
+    UnknownModelError,
+)
+from simkit.protocol._stream_session import (
+    CloseCommand,
+    CreditCommand,
+    OpenCommand,
+    PingCommand,
+    StreamCommand,
+    StreamServerSession,
+    WeightsCommand,
+)
+from simkit.servers._stream_envs import make_env_rows
+from simkit.servers._stream_loop import RolloutLoop
+from simkit.servers._stream_metrics import StreamMetrics
+from simkit.servers._stream_policy import GroupedPolicy, policy_seed
+
+__all__ = [
+    "StreamSettings",
+    "StreamWorker",
+    "default_device",
+    "TAG_FRAGMENT",
+    "TAG_REPLY",
+    "TAG_DONE",
+]
+
+TAG_FRAGMENT = b"f"
+"""Inproc tag: a fragment for the learner."""
+TAG_REPLY = b"r"
+"""Inproc tag: a reply (or error) for the learner."""
+TAG_DONE = b"d"
+"""Inproc tag: the worker finished; nothing to forward."""
+
+log = logging.getLogger("simkit.servers")
+
+
+def default_device() -> str:
+    """``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """A server's defaults for its stream sessions.
+
+    Attributes:
+        env_id: the served env.
+        env_kwargs: its constructor arguments.
+        num_envs: env slots when the learner asks for 0.
+        num_threads: threads stepping a session's envs (single-agent env lists).
+        device: the policy's torch device when the learner names none.
+        fragment_length: ``T`` when the learner asks for 0.
+        heartbeat_timeout: announced to the learner.
+        limits: message size limits.
+        inline_threshold: arrays up to this many bytes go inside the header.
+        server: server software and version.
+        max_envs: the most env slots one session may ask for.
+    """
+
+    env_id: str
+    env_kwargs: dict[str, Any]
+    num_envs: int
+    num_threads: int = 1
+    device: str = "cpu"
+    fragment_length: int = 128
+    heartbeat_timeout: float | None = 60.0
+    limits: Limits = field(default_factory=Limits)
+    inline_threshold: int = 16384
+    server: str = ""
+    max_envs: int = 4096
+
+
+_IDLE_WAIT_S = 0.05
+
+
+class StreamWorker(threading.Thread):
+    """Runs one stream session until it is closed, expires or the server stops.
+
+    Args:
+        identity: the learner's ROUTER identity (prefixes every outgoing message).
+        open_frames: the ``stream_open`` request.
+        settings: the server's defaults.
+        context: the ZeroMQ context (the worker makes its own PUSH socket in it).
+        address: the inproc endpoint the socket thread pulls from.
+        metrics: the server's stream metrics.
+    """
+
+    def __init__(
+        self,
+        identity: bytes,
+        open_frames: list[Any],
+        settings: StreamSettings,
+        context: zmq.Context[Any],
+        address: str,
+        metrics: StreamMetrics,
+    ) -> None:
+        super().__init__(name=f"simkit-stream-{identity.hex()[:8]}", daemon=True)
+        self.identity = identity
+        self.settings = settings
+        self.inbox: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        self.inbox.put(open_frames)
+        self.done = threading.Event()
+        self.envs_closed = threading.Event()
+        self.last_seen = time.monotonic()
+        self._context = context
+        self._address = address
+        self._metrics = metrics
+        self._stopping = threading.Event()
+        self._push: zmq.Socket[Any] | None = None
+        self.session = StreamServerSession(
+            limits=settings.limits, inline_threshold=settings.inline_threshold
+        )
+        self._loop: RolloutLoop | None = None
+        self._policy: GroupedPolicy | None = None
+        self._deferred: list[WeightsCommand] = []
+        self.stalled_s = 0.0
+
+    @property
+    def session_name(self) -> str:
+        """The session token (the identity in hex)."""
+        return self.identity.hex()
+
+    def stop(self) -> None:
+        """Asks the worker to finish (it closes its envs on the way out)."""
+        self._stopping.set()
+        self.inbox.put(None)
+
+    # ------------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        push = self._context.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(self._address)
+        self._push = push
+        try:
+            self._serve()
+        except Exception:  # a bug: log it, tell the learner, free everything
+            log.exception("stream session %s failed", self.session_name)
+            err = InvalidField("internal error in the stream session")
+            frames = self.session.error(err)
+            self._send(frames)
+        finally:
+            self.done.set()
+            if self._loop is not None:
+                self._loop.envs.close()
+            self.envs_closed.set()
+            self._send(None)
+            push.close(linger=0)
+
+    def _send(self, frames: list[Any] | None, tag: bytes = TAG_REPLY) -> None:
+        """Hands ``frames`` to the socket thread, after the identity and a tag frame
+        (:data:`TAG_FRAGMENT`, :data:`TAG_REPLY`; ``None`` sends :data:`TAG_DONE`)."""
+        push = self._push
+        if push is None or push.closed:
+            return
+        if frames is None:
+            tag, frames = TAG_DONE, []
+        elif tag == TAG_FRAGMENT:
+            self._metrics.queue_depth.inc()
+        parts = [self.identity, tag, *frames]
+        try:
+            push.send_multipart(parts, copy=False)
+        except zmq.ZMQError as exc:  # the server is shutting down
+            log.debug("stream %s: %s", self.session_name, exc)
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            self._drain()
+            if self.session.state.value == "closed" or self._stopping.is_set():
+                return
+            loop = self._loop
+            if loop is None:  # not open: wait for the next message
+                self._handle(self.inbox.get())
+                continue
+            if self.session.mode == "sync" and self._deferred and not loop.in_fragment:
+                self._apply(self._deferred.pop(0))
+                continue
+            why = self.session.waiting_for() if not loop.in_fragment else None
+            if why is not None:
+                waited = time.perf_counter()
+                try:
+                    item = self.inbox.get(timeout=_IDLE_WAIT_S)
+                except queue.Empty:
+                    item = None
+                    if self._stopping.is_set():
+                        return
+                spent = time.perf_counter() - waited
+                if why == "credit":
+                    self.stalled_s += spent
+                    self._metrics.stalled(spent)
+                else:
+                    self._metrics.waiting_weights(spent)
+                if item is not None:
+                    self._handle(item)
+                elif self._stopping.is_set():
+                    return
+                continue
+            self._step(loop)
+
+    def _step(self, loop: RolloutLoop) -> None:
+        fragment = loop.step()
+        if fragment is None:
+            return
+        frames = self.session.fragment_frames(fragment)
+        self._send(frames, TAG_FRAGMENT)
+        times = loop.take_times()
+        newest = self.session.version or 0
+        lag = newest - fragment.policy_version
+        self._metrics.fragment(
+            steps=times.steps * self._envs_per_step,
+            env_calls=times.env_calls,
+            inference=times.inference_calls,
+            lag=(int(lag.min()), float(lag.mean()), int(lag.max())),
+            credit=self.session.credit,
+        )
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                return
+            self._handle(item)
+            if self.session.state.value == "closed":
+                return
+
+    # ------------------------------------------------------------------- messages
+
+    def _handle(self, frames: list[Any] | None) -> None:
+        if frames is None:
+            return
+        try:
+            cmd = self.session.receive(frames)
+        except ProtocolError as exc:
+            self._metrics.error(exc.code)
+            self._send(self.session.error(exc))
+            return
+        self._command(cmd)
+
+    def _command(self, cmd: StreamCommand) -> None:
+        if isinstance(cmd, PingCommand):
+            self._send(self.session.reply("ping", cmd.id))
+        elif isinstance(cmd, CreditCommand):
+            self._metrics.set_credit(self.session.credit)
+        elif isinstance(cmd, CloseCommand):
+            self._send(self.session.reply("close", cmd.id))
+        elif isinstance(cmd, OpenCommand):
+            self._open(cmd)
+        elif isinstance(cmd, WeightsCommand):
+            loop = self._loop
+            if self.session.mode == "sync" and loop is not None and loop.in_fragment:
+                self._deferred.append(cmd)
+            else:
+                self._apply(cmd)
+
+    def _apply(self, cmd: WeightsCommand) -> None:
+        policy = self._policy
+        assert policy is not None
+        if self.session.version is not None and cmd.version <= self.session.version:
+            exc: ProtocolError = _stale(self.session.version, cmd.version)
+        else:
+            try:
+                policy.set_weights(PolicyWeights(version=cmd.version, tensors=cmd.tensors))
+            except (InvalidWeights, ValueError, TypeError) as bad:
+                exc = InvalidWeightsError(
+                    f"weights rejected, the session keeps version {self.session.version}: {bad}",
+                    expected=getattr(bad, "expected", None),
+                    got=getattr(bad, "got", None),
+                )
+            else:
+                self.session.weights_applied(cmd.version)
+                self._metrics.set_version(cmd.version)
+                self._send(self.session.reply("weights", cmd.id, {"version": cmd.version}))
+                return
+        exc.request_id = cmd.id  # type: ignore[attr-defined]
+        exc.request_kind = "weights"  # type: ignore[attr-defined]
+        self._metrics.error(exc.code)
+        self._send(self.session.error(exc))
+
+    def _open(self, cmd: OpenCommand) -> None:
+        try:
+            info = self._build(cmd.config)
+        except ProtocolError as exc:
+            exc.request_id = cmd.id  # type: ignore[attr-defined]
+            exc.request_kind = "stream_open"  # type: ignore[attr-defined]
+            self._metrics.error(exc.code)
+            self._send(self.session.error(exc))
+            self._stopping.set()  # nothing was built; the slot is freed
+            return
+        self._send(self.session.reply("stream_open", cmd.id, info.to_plain()))
+
+    def _build(self, config: StreamConfig) -> StreamInfo:
+        s = self.settings
+        env_id = config.env_id or s.env_id
+        env_kwargs = config.env_kwargs if config.env_id else s.env_kwargs
+        num_envs = config.num_envs or s.num_envs
+        if num_envs > s.max_envs:
+            raise InvalidField(
+                "too many env slots for one session", expected=f"<= {s.max_envs}", got=num_envs
+            )
+        group = config.group_envs or num_envs
+        if num_envs % group:
+            raise InvalidField(
+                "group_envs must divide num_envs", expected=f"a divisor of {num_envs}", got=group
+            )
+        device_name = config.device or s.device
+        try:
+            device = torch.device(device_name)
+        except RuntimeError as exc:
+            raise InvalidField(
+                "unknown torch device", expected="cpu or cuda[:k]", got=device_name
+            ) from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidField("this server has no CUDA device", expected="cpu", got=device_name)
+        try:
+            envs = make_env_rows(env_id, num_envs, env_kwargs=env_kwargs, num_threads=s.num_threads)
+        except (KeyError, ValueError, TypeError, ImportError) as exc:
+            raise InvalidField(f"cannot build env {env_id!r}: {exc}", got=env_id) from exc
+        try:
+            spec = ModelSpec.from_plain(config.model)
+            model = build_model(spec, envs.observation_space, envs.action_space)
+            obs_plain = space_to_plain(envs.observation_space)
+            act_plain = space_to_plain(envs.action_space)
+        except UnknownModel as exc:
+            envs.close()
+            raise UnknownModelError(
+                str(exc),
+                expected="a model registered in the simkit.models entry-point group",
+                got=config.model.get("name"),
+            ) from exc
+        except ProtocolError:
+            envs.close()
+            raise
+        except (KeyError, ValueError, TypeError) as exc:
+            envs.close()
+            raise InvalidField(
+                f"model {config.model.get('name')!r} rejected its spec: {exc}",
+                expected="kwargs the model accepts",
+                got=config.model.get("kwargs"),
+            ) from exc
+        per_env = envs.agents_per_env
+        seeds = [
+            policy_seed(config.seed, config.env_offset + k * group)
+            for k in range(num_envs // group)
+        ]
+        self._policy = GroupedPolicy(
+            model,
+            device,
+            num_rows=envs.num_rows,
+            group_rows=group * per_env,
+            seeds=seeds,
+            action_space=envs.action_space,
+        )
+        length = config.fragment_length or s.fragment_length
+        self._loop = RolloutLoop(
+            envs,
+            self._policy,
+            fragment_length=length,
+            env_offset=config.env_offset,
+            with_states=config.with_states,
+            source=self.session_name,
+        )
+        self._envs_per_step = num_envs
+        try:
+            self._loop.reset(config.seed, config.env_offset)
+        except Exception as exc:
+            envs.close()
+            self._loop = None
+            raise InvalidField(f"env {env_id!r} failed to reset: {exc}") from exc
+        return StreamInfo(
+            session=self.session_name,
+            env_id=env_id,
+            env_kind=envs.kind,
+            agents=envs.agents,
+            observation_space=obs_plain,
+            action_space=act_plain,
+            num_envs=num_envs,
+            num_rows=envs.num_rows,
+            fragment_length=length,
+            mode=config.mode,
+            device=str(device),
+            heartbeat_timeout=s.heartbeat_timeout,
+            server=s.server or f"simkit {simkit.__version__}",
+        )
+
+    _envs_per_step = 0
+
+
+def _stale(current: int, got: int) -> ProtocolError:
+    return StaleVersion(
+        f"policy versions must increase; the session keeps version {current}",
+        expected=f"version > {current}",
+        got=got,
+    )

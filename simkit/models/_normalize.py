@@ -1,0 +1,98 @@
+"""Running observation statistics that belong to the policy (and so travel with it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["RunningMeanStd"]
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance of observations, as Gymnasium's ``NormalizeObservation``.
+
+    ``mean``, ``var`` (float64, ``shape``) and ``count`` (float64 scalar, starting at
+    ``epsilon`` = 1e-4) are registered buffers, so they are part of the state dict and
+    of the weights a server receives: the server normalises exactly as the learner does.
+    Updates use the parallel-variance formula (Chan et al.) over whole batches, as
+    Gymnasium's ``RunningMeanStd.update``; normalisation is
+    ``clip((x - mean) / sqrt(var + 1e-8), -clip, clip)`` in float32, with the float32
+    shift and scale cached until a buffer changes (the forward pass of a small policy
+    is dominated by the number of tensor operations).
+    """
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
+    def __init__(
+        self, shape: tuple[int, ...], *, epsilon: float = 1e-4, clip: float = 10.0
+    ) -> None:
+        super().__init__()
+        self.shape = tuple(shape)
+        self.clip = float(clip)
+        self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(float(epsilon), dtype=torch.float64))
+        self._key: tuple[int, ...] = ()
+        self._cache: tuple[torch.Tensor, torch.Tensor] = (self.mean, self.var)
+
+    @torch.no_grad()
+    def update(self, x: Any) -> None:
+        """Folds a batch ``(..., *shape)`` (tensor or array) into the statistics.
+
+        Raises:
+            ValueError: the trailing dimensions are not ``shape`` or the batch is empty.
+        """
+        batch = torch.as_tensor(_writable(x), device=self.mean.device).to(torch.float64)
+        nd = len(self.shape)
+        if tuple(batch.shape[batch.ndim - nd :]) != self.shape or batch.ndim <= nd:
+            raise ValueError(
+                f"observations for update_obs_stats must have shape (batch, *{self.shape}), "
+                f"got {tuple(batch.shape)}"
+            )
+        batch = batch.reshape(-1, *self.shape)
+        if batch.shape[0] == 0:
+            raise ValueError("update_obs_stats needs at least one observation, got 0")
+        batch_mean = batch.mean(dim=0)
+        batch_var = batch.var(dim=0, unbiased=False)
+        batch_count = float(batch.shape[0])
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        m2 = self.var * self.count + batch_var * batch_count
+        m2 = m2 + delta.square() * self.count * batch_count / total
+        self.mean.add_(delta * batch_count / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def _shift_scale(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``mean`` and ``1 / sqrt(var + 1e-8)``, recomputed when a buffer changed.
+
+        Every in-place change of a buffer (``update``, ``set_weights``,
+        ``load_state_dict``) bumps its version counter and ``.to(device)`` replaces it,
+        so the cache can never be stale.
+        """
+        key = (self.mean._version, self.var._version, self.mean.data_ptr(), self.var.data_ptr())
+        if key != self._key:
+            with torch.no_grad():
+                self._cache = (
+                    self.mean.to(torch.float32),
+                    torch.rsqrt(self.var + 1e-8).to(torch.float32),
+                )
+            self._key = key
+        return self._cache
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised, clipped float32 observations ``(x - mean) / sqrt(var + 1e-8)``."""
+        shift, scale = self._shift_scale()
+        return ((x.to(torch.float32) - shift) * scale).clamp_(-self.clip, self.clip)
+
+
+def _writable(x: Any) -> Any:
+    """``x``, copied if it is a read-only numpy array (torch warns on those)."""
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        return x.copy()
+    return x

@@ -1,0 +1,382 @@
+"""Stream messages: open a stream session, weights, credit, fragments. No IO.
+
+A stream session is a connection (one DEALER identity) whose first message is
+``stream_open`` instead of ``hello``. The server then runs the policy itself and pushes
+``fragment`` messages as they complete; the learner sends ``weights`` and ``credit``.
+Every message is an ordinary :class:`~simkit.protocol.Message` through the codec
+(msgpack header, raw array frames); see docs/protocol.md, "Stream sessions".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simkit import snapshot
+from simkit._seeding import MAX_ROOT_SEED
+from simkit._types import Fragment
+from simkit.protocol._codec import Message, check_type
+from simkit.protocol._errors import InvalidDtype, InvalidField, InvalidShape, ProtocolError
+
+__all__ = [
+    "STREAM_KINDS",
+    "STREAM_MODES",
+    "STREAM_ERROR_CODES",
+    "StreamConfig",
+    "StreamInfo",
+    "UnknownModelError",
+    "InvalidWeightsError",
+    "StaleVersion",
+    "weights_message",
+    "parse_weights",
+    "credit_message",
+    "parse_credit",
+    "fragment_message",
+    "parse_fragment",
+    "FRAGMENT_ARRAYS",
+]
+
+STREAM_KINDS = ("stream_open", "weights", "credit", "fragment", "ping", "close")
+"""Message kinds of a stream session (``fragment`` goes server -> learner, unasked)."""
+
+STREAM_MODES = ("sync", "async")
+"""``sync``: every fragment of version k is produced by version k, then the server waits
+for k+1; ``async``: the server keeps producing with the newest weights it has."""
+
+
+class UnknownModelError(ProtocolError):
+    """The model name is not registered on the server (``simkit.models`` entry points)."""
+
+    code = "unknown_model"
+
+
+class InvalidWeightsError(ProtocolError):
+    """Weights do not fit the session's model (names, shapes, dtypes, NaN)."""
+
+    code = "invalid_weights"
+
+
+class StaleVersion(ProtocolError):
+    """A policy version that does not increase."""
+
+    code = "stale_version"
+
+
+STREAM_ERROR_CODES: dict[str, str] = {
+    "unknown_model": "the model name is not registered on the server (entry-point group simkit.models)",
+    "invalid_weights": "weights do not fit the model: names, shapes, dtypes or non-finite values",
+    "stale_version": "a policy version that does not increase",
+}
+"""Error codes only stream sessions send (docs/protocol.md); the step codes apply too."""
+
+
+def _int_field(body: Mapping[str, Any], key: str, *, low: int, high: int, default: int) -> int:
+    value = check_type(body, key, int, optional=True)
+    if value is None:
+        return default
+    if not low <= value <= high:
+        raise InvalidField(f"field {key!r} is out of range", expected=f"[{low}, {high}]", got=value)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """What a learner asks for in ``stream_open``.
+
+    Attributes:
+        model: ``{"name": str, "kwargs": map}``, a :class:`simkit.models.ModelSpec`.
+        num_envs: env slots of this session (0 = the server's ``--num-envs``).
+        seed: root seed: env slot ``i`` starts with ``episode_seed(seed, env_offset + i, 0)``
+            and the policy's sampling streams derive from it too.
+        env_offset: global index of this session's slot 0 among the learner's slots
+            (a learner splitting slots over servers gives each its offset).
+        fragment_length: ``T`` steps per fragment (0 = the server's default).
+        mode: ``"sync"`` or ``"async"``.
+        env_id: an env id other than the server's (None = the server's env).
+        env_kwargs: constructor arguments (only with ``env_id``).
+        device: torch device for the policy (None = the server's ``--device``).
+        with_states: attach each fragment's start state (plain-data snapshot).
+        client: a name for logs.
+        group_envs: env slots per sampling group (0 = all of this session's slots):
+            each group samples with its own generator seeded by ``seed`` and the
+            global index of its first slot, so splitting slots over servers at group
+            boundaries changes nothing.
+    """
+
+    model: dict[str, Any]
+    num_envs: int = 0
+    seed: int = 0
+    env_offset: int = 0
+    fragment_length: int = 0
+    mode: str = "sync"
+    env_id: str | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    with_states: bool = False
+    client: str = ""
+    group_envs: int = 0
+
+    def to_plain(self) -> dict[str, Any]:
+        """The ``stream_open`` body."""
+        return {
+            "model": self.model,
+            "num_envs": self.num_envs,
+            "seed": self.seed,
+            "env_offset": self.env_offset,
+            "fragment_length": self.fragment_length,
+            "mode": self.mode,
+            "env_id": self.env_id,
+            "env_kwargs": self.env_kwargs,
+            "device": self.device,
+            "with_states": self.with_states,
+            "client": self.client,
+            "group_envs": self.group_envs,
+        }
+
+    @classmethod
+    def from_plain(cls, body: Mapping[str, Any]) -> StreamConfig:
+        """Parses and checks a ``stream_open`` body.
+
+        Raises:
+            InvalidField: a field is missing, mistyped or out of range.
+        """
+        model = check_type(body, "model", dict)
+        name = model.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidField(
+                "field 'model' needs a str 'name'", expected="{name: str, kwargs: map}", got=model
+            )
+        kwargs = model.get("kwargs", {})
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, dict):
+            raise InvalidField(
+                "field 'model.kwargs' must be a map", expected="map", got=type(kwargs).__name__
+            )
+        mode = check_type(body, "mode", str, optional=True) or "sync"
+        if mode not in STREAM_MODES:
+            raise InvalidField("unknown stream mode", expected=" or ".join(STREAM_MODES), got=mode)
+        env_id = check_type(body, "env_id", str, optional=True)
+        env_kwargs = check_type(body, "env_kwargs", dict, optional=True) or {}
+        if env_kwargs and env_id is None:
+            raise InvalidField(
+                "'env_kwargs' needs 'env_id' (the server's env is built as configured)",
+                expected="env_id with env_kwargs",
+                got="env_kwargs alone",
+            )
+        with_states = check_type(body, "with_states", bool, optional=True)
+        return cls(
+            model={"name": name, "kwargs": dict(kwargs)},
+            num_envs=_int_field(body, "num_envs", low=0, high=2**20, default=0),
+            seed=_int_field(body, "seed", low=0, high=MAX_ROOT_SEED, default=0),
+            env_offset=_int_field(body, "env_offset", low=0, high=2**40, default=0),
+            fragment_length=_int_field(body, "fragment_length", low=0, high=2**20, default=0),
+            mode=mode,
+            env_id=env_id,
+            env_kwargs=dict(env_kwargs),
+            device=check_type(body, "device", str, optional=True),
+            with_states=bool(with_states),
+            client=check_type(body, "client", str, optional=True) or "",
+            group_envs=_int_field(body, "group_envs", low=0, high=2**20, default=0),
+        )
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """The server's ``stream_open`` reply: what the session runs.
+
+    Attributes:
+        session: the server's name for the session (keepalive token, logs, metrics).
+        env_id: the env the session steps.
+        env_kind: ``"single"``, ``"batch"`` or ``"multi_agent"``.
+        agents: ``possible_agents`` (row order) for multi-agent envs, else None.
+        observation_space: plain per-row observation space (``space_to_plain``).
+        action_space: plain per-row action space.
+        num_envs: env slots.
+        num_rows: policy rows per step (``num_envs * len(agents)`` or ``num_envs``).
+        fragment_length: ``T``.
+        mode: ``"sync"`` or ``"async"``.
+        device: the torch device the policy runs on.
+        heartbeat_timeout: seconds of silence after which the session is dropped.
+        server: server software and version.
+    """
+
+    session: str
+    env_id: str
+    env_kind: str
+    agents: list[str] | None
+    observation_space: dict[str, Any]
+    action_space: dict[str, Any]
+    num_envs: int
+    num_rows: int
+    fragment_length: int
+    mode: str
+    device: str
+    heartbeat_timeout: float | None
+    server: str
+
+    def to_plain(self) -> dict[str, Any]:
+        """The reply body."""
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_plain(cls, body: Mapping[str, Any]) -> StreamInfo:
+        """Parses a ``stream_open`` reply body.
+
+        Raises:
+            InvalidField: a field is missing or mistyped.
+        """
+        agents = check_type(body, "agents", list, optional=True)
+        return cls(
+            session=check_type(body, "session", str),
+            env_id=check_type(body, "env_id", str),
+            env_kind=check_type(body, "env_kind", str),
+            agents=None if agents is None else [str(a) for a in agents],
+            observation_space=check_type(body, "observation_space", dict),
+            action_space=check_type(body, "action_space", dict),
+            num_envs=check_type(body, "num_envs", int),
+            num_rows=check_type(body, "num_rows", int),
+            fragment_length=check_type(body, "fragment_length", int),
+            mode=check_type(body, "mode", str),
+            device=check_type(body, "device", str),
+            heartbeat_timeout=check_type(body, "heartbeat_timeout", (int, float), optional=True),
+            server=check_type(body, "server", str, optional=True) or "",
+        )
+
+
+# ------------------------------------------------------------------------- weights
+
+
+def weights_message(version: int, tensors: Mapping[str, np.ndarray], *, request_id: int) -> Message:
+    """A ``weights`` request: body ``{"version"}``, one array per named tensor."""
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or not 0 <= version <= MAX_ROOT_SEED
+    ):
+        raise ValueError(f"version must be an int in [0, 2**63), got {version!r}")
+    return Message(kind="weights", id=request_id, body={"version": version}, arrays=dict(tensors))
+
+
+def parse_weights(msg: Message) -> tuple[int, dict[str, np.ndarray]]:
+    """``(version, tensors)`` of a ``weights`` request (arrays are read-only views).
+
+    Raises:
+        InvalidField: ``version`` missing, mistyped or negative.
+    """
+    version = _int_field(msg.body, "version", low=0, high=MAX_ROOT_SEED, default=-1)
+    if version < 0:
+        raise InvalidField("field 'version' is required", expected="int >= 0", got="nothing")
+    return version, dict(msg.arrays)
+
+
+# -------------------------------------------------------------------------- credit
+
+
+def credit_message(grant: int, *, request_id: int) -> Message:
+    """A ``credit`` message granting ``grant`` more fragments (never answered on success)."""
+    if isinstance(grant, bool) or not isinstance(grant, int) or not 1 <= grant <= 2**20:
+        raise ValueError(f"grant must be an int in [1, 2**20], got {grant!r}")
+    return Message(kind="credit", id=request_id, body={"grant": grant})
+
+
+def parse_credit(msg: Message) -> int:
+    """The number of fragments a ``credit`` message grants.
+
+    Raises:
+        InvalidField: ``grant`` missing, mistyped or outside ``[1, 2**20]``.
+    """
+    grant = _int_field(msg.body, "grant", low=1, high=2**20, default=0)
+    if grant == 0:
+        raise InvalidField("field 'grant' is required", expected="int in [1, 2**20]", got="nothing")
+    return grant
+
+
+# ------------------------------------------------------------------------ fragment
+
+FRAGMENT_ARRAYS: dict[str, tuple[str | None, int]] = {
+    "obs": (None, 2),
+    "actions": (None, 2),
+    "log_probs": ("float32", 2),
+    "values": ("float32", 2),
+    "rewards": ("float64", 2),
+    "terminated": ("bool", 2),
+    "truncated": ("bool", 2),
+    "final_values": ("float32", 2),
+    "agent_mask": ("bool", 2),
+    "policy_version": ("int64", 1),
+    "last_obs": (None, 1),
+    "last_values": ("float32", 1),
+    "env_ids": ("int64", 1),
+    "episode_returns": ("float64", 1),
+    "episode_lengths": ("int64", 1),
+    "episode_rows": ("int64", 1),
+}
+"""Every array of a ``fragment`` message: name -> (dtype or None for the space's, leading
+dims checked: 2 = ``(T, R)``, 1 = ``(T,)``, ``(R,)`` or ``(E,)``)."""
+
+
+def fragment_message(fragment: Fragment) -> Message:
+    """The ``fragment`` push (id = sequence): every :class:`Fragment` array as is."""
+    body: dict[str, Any] = {"sequence": fragment.sequence, "source": fragment.source}
+    if fragment.start_state is not None:
+        body["start_state"] = snapshot.to_plain(fragment.start_state)
+    arrays = {name: getattr(fragment, name) for name in FRAGMENT_ARRAYS}
+    return Message(kind="fragment", id=fragment.sequence, body=body, arrays=arrays)
+
+
+def parse_fragment(msg: Message, *, source: str | None = None) -> Fragment:
+    """A :class:`Fragment` from a ``fragment`` message, checked for consistent shapes.
+
+    Arrays are zero-copy, read-only views of the received frames.
+
+    Args:
+        source: overrides the message's ``source`` (a client names the endpoint).
+
+    Raises:
+        InvalidField / InvalidDtype / InvalidShape: the message is not a fragment.
+    """
+    missing = [name for name in FRAGMENT_ARRAYS if name not in msg.arrays]
+    if missing:
+        raise InvalidField(
+            "fragment misses arrays", expected=sorted(FRAGMENT_ARRAYS), got=f"missing {missing}"
+        )
+    arrays = msg.arrays
+    t, r = arrays["log_probs"].shape if arrays["log_probs"].ndim == 2 else (-1, -1)
+    for name, (dtype, ndim) in FRAGMENT_ARRAYS.items():
+        arr = arrays[name]
+        if dtype is not None and arr.dtype.name != dtype:
+            raise InvalidDtype(f"fragment array {name!r}", expected=dtype, got=arr.dtype.name)
+        lead: tuple[int, ...] | None = (t, r) if ndim == 2 else None
+        if name == "policy_version":
+            lead = (t,)
+        elif name in ("last_obs", "last_values", "env_ids"):
+            lead = (r,)
+        if lead is not None and arr.shape[: len(lead)] != lead:
+            raise InvalidShape(
+                f"fragment array {name!r} has the wrong leading shape",
+                expected=lead,
+                got=arr.shape,
+            )
+    e = arrays["episode_returns"].shape[0]
+    for name in ("episode_lengths", "episode_rows"):
+        if arrays[name].shape != (e,):
+            raise InvalidShape(f"fragment array {name!r}", expected=(e,), got=arrays[name].shape)
+    sequence = check_type(msg.body, "sequence", int)
+    start_state = check_type(msg.body, "start_state", dict, optional=True)
+    if start_state is not None:
+        try:
+            start_state = snapshot.from_plain(start_state)
+        except ValueError as exc:
+            raise InvalidField(
+                "fragment 'start_state' is not a snapshot", expected="a plain snapshot", got=exc
+            ) from exc
+    return Fragment(
+        **{name: arrays[name] for name in FRAGMENT_ARRAYS},
+        source=source if source is not None else str(msg.body.get("source", "")),
+        sequence=sequence,
+        start_state=start_state,
+    )

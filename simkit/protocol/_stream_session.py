@@ -1,0 +1,320 @@
+"""Stream session state machines: credit, policy versions, sync gating. No IO.
+
+:class:`StreamServerSession` decides *whether* a server may produce the next fragment
+(open, weights received, credit left, and in sync mode a version not yet used up) and
+turns frames into typed commands; :class:`StreamClientSession` builds the learner's
+requests and parses the server's messages. Neither touches a socket or a model.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simkit._types import Fragment
+from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, decode, encode
+from simkit.protocol._error_reply import error_reply
+from simkit.protocol._errors import (
+    MalformedMessage,
+    ProtocolError,
+    RemoteError,
+    SessionStateError,
+    UnknownKind,
+)
+from simkit.protocol._stream_messages import (
+    StaleVersion,
+    StreamConfig,
+    StreamInfo,
+    credit_message,
+    fragment_message,
+    parse_credit,
+    parse_fragment,
+    parse_weights,
+    weights_message,
+)
+
+__all__ = [
+    "StreamState",
+    "StreamServerSession",
+    "StreamClientSession",
+    "OpenCommand",
+    "WeightsCommand",
+    "CreditCommand",
+    "PingCommand",
+    "CloseCommand",
+    "StreamCommand",
+]
+
+
+class StreamState(enum.Enum):
+    """``new --stream_open--> open --weights--> running --close--> closed``."""
+
+    NEW = "new"
+    OPEN = "open"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class OpenCommand:
+    """``stream_open``: build the envs and the policy of ``config``."""
+
+    id: int
+    config: StreamConfig
+
+
+@dataclass(frozen=True)
+class WeightsCommand:
+    """``weights``: a new policy version (checked to increase, not yet applied)."""
+
+    id: int
+    version: int
+    tensors: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class CreditCommand:
+    """``credit``: the learner takes ``grant`` more fragments (already counted)."""
+
+    id: int
+    grant: int
+
+
+@dataclass(frozen=True)
+class PingCommand:
+    """``ping``: answer it."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class CloseCommand:
+    """``close``: answer it and free the session."""
+
+    id: int
+
+
+StreamCommand = OpenCommand | WeightsCommand | CreditCommand | PingCommand | CloseCommand
+
+
+class StreamServerSession:
+    """The server's side of one stream session.
+
+    Call :meth:`receive` on each message from the learner; it returns a typed command
+    or raises :class:`~simkit.protocol.ProtocolError` (answer with :meth:`error`).
+    After the policy took new weights, call :meth:`weights_applied`; before collecting
+    a fragment ask :meth:`may_produce`, and send each finished fragment through
+    :meth:`fragment_frames` (which spends one credit and numbers it).
+
+    Args:
+        fragments_per_version: in sync mode, fragments produced with one version
+            before the session waits for the next.
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        inline_threshold: int = INLINE_THRESHOLD,
+        fragments_per_version: int = 1,
+    ) -> None:
+        self.state = StreamState.NEW
+        self.config: StreamConfig | None = None
+        self.limits = limits or Limits()
+        self.inline_threshold = inline_threshold
+        self.fragments_per_version = fragments_per_version
+        self.credit = 0
+        """Fragments the learner granted and has not received yet."""
+        self.version: int | None = None
+        """The newest accepted policy version."""
+        self.sequence = 0
+        """Fragments produced so far (the next fragment's sequence number)."""
+        self._left_for_version = 0
+
+    @property
+    def mode(self) -> str:
+        """``"sync"`` or ``"async"`` (after ``stream_open``)."""
+        return self.config.mode if self.config is not None else "sync"
+
+    def receive(self, frames: Sequence[Any]) -> StreamCommand:
+        """Decodes and checks one message from the learner.
+
+        Raises:
+            ProtocolError: malformed, unknown kind, not allowed in this state, bad
+                fields, or a version that does not increase (:class:`StaleVersion`).
+        """
+        msg = decode(frames, limits=self.limits)
+        return self.dispatch(msg)
+
+    def dispatch(self, msg: Message) -> StreamCommand:
+        """As :meth:`receive` for an already decoded message."""
+        kind = msg.kind
+        try:
+            if kind == "ping":
+                return PingCommand(msg.id)
+            if self.state is StreamState.CLOSED:
+                raise SessionStateError(
+                    "the stream session is closed", expected="a new connection", got=kind
+                )
+            if kind == "stream_open":
+                if self.state is not StreamState.NEW:
+                    raise SessionStateError(
+                        "the stream session is already open", expected="one stream_open", got=kind
+                    )
+                self.config = StreamConfig.from_plain(msg.body)
+                self.state = StreamState.OPEN
+                return OpenCommand(msg.id, self.config)
+            if self.state is StreamState.NEW:
+                raise SessionStateError("open the stream first", expected="stream_open", got=kind)
+            if kind == "weights":
+                version, tensors = parse_weights(msg)
+                if self.version is not None and version <= self.version:
+                    raise StaleVersion(
+                        f"policy versions must increase; the session keeps version {self.version}",
+                        expected=f"version > {self.version}",
+                        got=version,
+                    )
+                return WeightsCommand(msg.id, version, tensors)
+            if kind == "credit":
+                grant = parse_credit(msg)
+                self.credit += grant
+                return CreditCommand(msg.id, grant)
+            if kind == "close":
+                self.state = StreamState.CLOSED
+                return CloseCommand(msg.id)
+            raise UnknownKind(
+                f"unknown stream request kind {kind!r}",
+                expected="stream_open, weights, credit, ping or close",
+                got=kind,
+            )
+        except ProtocolError as exc:
+            exc.request_id = msg.id  # type: ignore[attr-defined]
+            exc.request_kind = kind  # type: ignore[attr-defined]
+            raise
+
+    def weights_applied(self, version: int) -> None:
+        """The policy now runs ``version`` (after the model accepted the tensors)."""
+        if self.version is not None and version <= self.version:
+            raise ValueError(f"version {version} is not newer than {self.version}")
+        self.version = version
+        self._left_for_version = self.fragments_per_version
+        if self.state is StreamState.OPEN:
+            self.state = StreamState.RUNNING
+
+    def waiting_for(self) -> str | None:
+        """Why no fragment may be produced now (``"weights"``, ``"credit"``,
+        ``"closed"``), or None when one may."""
+        if self.state is StreamState.CLOSED:
+            return "closed"
+        if self.state is not StreamState.RUNNING:
+            return "weights"
+        if self.mode == "sync" and self._left_for_version <= 0:
+            return "weights"
+        if self.credit <= 0:
+            return "credit"
+        return None
+
+    def may_produce(self) -> bool:
+        """Whether the next fragment may be collected now."""
+        return self.waiting_for() is None
+
+    def fragment_frames(self, fragment: Fragment) -> list[Any]:
+        """Frames of ``fragment`` (its ``sequence`` must be :attr:`sequence`); spends
+        one credit."""
+        if fragment.sequence != self.sequence:
+            raise ValueError(f"fragment sequence {fragment.sequence}, expected {self.sequence}")
+        if self.credit <= 0:
+            raise RuntimeError("no credit for a fragment")
+        self.credit -= 1
+        self.sequence += 1
+        self._left_for_version -= 1
+        return encode(fragment_message(fragment), inline_threshold=self.inline_threshold)
+
+    def reply(self, kind: str, request_id: int, body: Mapping[str, Any] | None = None) -> list[Any]:
+        """Frames of a plain reply."""
+        return encode(Message(kind=kind, id=request_id, body=dict(body or {})))
+
+    def error(self, exc: BaseException) -> list[Any]:
+        """Frames of the error reply for ``exc`` (a :class:`ProtocolError` keeps its code)."""
+        req_id = getattr(exc, "request_id", 0)
+        kind = getattr(exc, "request_kind", None)
+        return encode(error_reply(exc, request_id=req_id, request_kind=kind))
+
+
+class StreamClientSession:
+    """The learner's side of one stream session: builds requests, parses messages.
+
+    Every request gets a fresh id; :meth:`parse` turns a server message into a
+    :class:`StreamInfo` (the open reply), a :class:`Fragment`, or a small reply
+    ``Message`` (``weights``, ``ping``, ``close``), and raises
+    :class:`~simkit.protocol.RemoteError` for an ``error`` reply.
+
+    Args:
+        source: the name fragments carry (the server's endpoint).
+    """
+
+    def __init__(self, source: str = "", *, limits: Limits | None = None) -> None:
+        self.source = source
+        self.limits = limits or Limits()
+        self.info: StreamInfo | None = None
+        self._ids = itertools.count(1)
+
+    def _frames(self, msg: Message) -> list[Any]:
+        return encode(msg)
+
+    def request_open(self, config: StreamConfig) -> list[Any]:
+        """``stream_open`` frames."""
+        return self._frames(Message(kind="stream_open", id=next(self._ids), body=config.to_plain()))
+
+    def request_weights(self, version: int, tensors: Mapping[str, np.ndarray]) -> list[Any]:
+        """``weights`` frames (arrays above the inline threshold go out of line, zero-copy)."""
+        return self._frames(weights_message(version, tensors, request_id=next(self._ids)))
+
+    def request_credit(self, grant: int) -> list[Any]:
+        """``credit`` frames."""
+        return self._frames(credit_message(grant, request_id=next(self._ids)))
+
+    def request_ping(self) -> list[Any]:
+        """``ping`` frames."""
+        return self._frames(Message(kind="ping", id=next(self._ids)))
+
+    def request_close(self) -> list[Any]:
+        """``close`` frames."""
+        return self._frames(Message(kind="close", id=next(self._ids)))
+
+    def parse(self, frames: Sequence[Any]) -> StreamInfo | Fragment | Message:
+        """One message from the server.
+
+        Raises:
+            RemoteError: an ``error`` reply (``remote_code``, ``expected``, ``got``).
+            ProtocolError: the frames are not a valid message.
+        """
+        msg = decode(frames, limits=self.limits)
+        if msg.kind == "error":
+            body = msg.body
+            err = RemoteError(
+                str(body.get("code", "unknown")),
+                str(body.get("message", "")),
+                expected=body.get("expected"),
+                got=body.get("got"),
+            )
+            err.request_kind = body.get("request_kind")  # type: ignore[attr-defined]
+            err.request_id = msg.id  # type: ignore[attr-defined]
+            raise err
+        if msg.kind == "fragment":
+            return parse_fragment(msg, source=self.source)
+        if msg.kind == "stream_open":
+            self.info = StreamInfo.from_plain(msg.body)
+            return self.info
+        if msg.kind in ("weights", "ping", "close"):
+            return msg
+        raise MalformedMessage(
+            "unexpected message kind from a stream server",
+            expected="stream_open, fragment, weights, ping, close or error",
+            got=msg.kind,
+        )
