@@ -525,3 +525,27 @@ def test_fragment_stream_recording_replays(tmp_path: Path) -> None:
     assert ep.obs.shape == (ep.length, 4)
     assert ep.policy_version is not None
     assert set(ep.policy_version.tolist()) <= {0, 1, 2, 3}
+
+
+def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:
+    from simkit.cli import main
+    from simkit.clients._train import run_training
+    from simkit.clients.ppo import PPOArgs
+
+    args = PPOArgs(
+        env_id="simkit/CartPole-v0",
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=1,
+        total_steps=64,
+        seed=3,
+    )
+    result = run_training(args, logdir=tmp_path / "run", max_updates=1, tensorboard=False)
+    assert result.checkpoint is not None
+    out = tmp_path / "rec"
+    argv = ["record", "simkit/CartPole-v0", "--episodes", "3", "--out", str(out)]
+    assert main([*argv, "--policy", str(tmp_path / "run" / "policy.safetensors")]) == 0
+    reader = RecordingReader(out)
+    assert len(reader) == 3
+    assert {r.error for r in verify_recording(reader)} == {None}
