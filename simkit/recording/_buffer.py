@@ -87,14 +87,16 @@ class StepBuffer:
             self._capacity = max(need, 2 * self._capacity)
             for col in self._columns():
                 col.grow(self._capacity)
+        whole = rows.size == len(infos) and bool(np.array_equal(rows, np.arange(rows.size)))
+        pick: Any = slice(None) if whole else rows  # rows == arange(batch): no gather
         for col, leaf in zip(self._obs, obs_arrays, strict=True):
-            col.data[ids, pos] = leaf[rows]
+            col.data[ids, pos] = leaf[pick]
         for col, leaf in zip(self._act, act_arrays, strict=True):
-            col.data[ids, pos] = leaf[rows]
+            col.data[ids, pos] = leaf[pick]
         s = self._scalars
-        s["reward"].data[ids, pos] = np.asarray(reward)[rows]
-        s["terminated"].data[ids, pos] = np.asarray(terminated)[rows]
-        s["truncated"].data[ids, pos] = np.asarray(truncated)[rows]
+        s["reward"].data[ids, pos] = np.asarray(reward)[pick]
+        s["terminated"].data[ids, pos] = np.asarray(terminated)[pick]
+        s["truncated"].data[ids, pos] = np.asarray(truncated)[pick]
         s["version"].data[ids, pos] = version
         if any(infos):
             for i, r, t in zip(ids.tolist(), rows.tolist(), pos.tolist(), strict=True):

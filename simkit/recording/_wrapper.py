@@ -272,12 +272,11 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         truncated: Any,
         infos: list[dict[str, Any]],
     ) -> None:
-        live = np.fromiter(
-            (self._open[i] is not None for i in env_ids.tolist()), bool, env_ids.size
-        )
+        live = self._live[env_ids]
+        every = bool(live.all())
         self._buffer.append(
-            env_ids[live],
-            rows[live],
+            env_ids if every else env_ids[live],
+            rows if every else rows[live],
             next_obs,
             _as_tree(actions),
             reward,
@@ -305,10 +304,11 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             self._finish(i)
             reset_info = res.infos[r].get("reset_info", {}) if res.infos else {}
             self._autoreset(i, _row(res.obs, r), reset_info)
-        for r in range(len(ids)):
-            ep = self._open[int(ids[r])]
-            if ep is not None and self.snapshot_every and r not in done:
-                self._snapshot(int(ids[r]), ep)
+        if self.snapshot_every:
+            for r in range(len(ids)):
+                ep = self._open[int(ids[r])]
+                if ep is not None and r not in done:
+                    self._snapshot(int(ids[r]), ep)
         return res
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
