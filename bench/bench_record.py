@@ -30,12 +30,30 @@ from simkit.recording import RecordEpisodes, RecordingReader, RecordingWriter, v
 ENV_ID = "simkit/BatchCheetah-v0"
 
 
-def _run(env: object, actions: np.ndarray) -> float:
+def _run(env: object, actions: np.ndarray) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of stepping through ``actions``."""
     env.reset(seed=0)  # type: ignore[attr-defined]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for a in actions:
         env.step_batch(a)  # type: ignore[attr-defined]
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def _time_inner(env: RecordEpisodes) -> list[float]:
+    """Accumulates the wall time spent inside the wrapped BatchEnv's ``step_batch``."""
+    inner = env.env.unwrapped
+    step_batch = inner.step_batch
+    spent = [0.0]
+
+    def timed(*args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        try:
+            return step_batch(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    inner.step_batch = timed  # type: ignore[attr-defined]
+    return spent
 
 
 def _dir_bytes(path: Path) -> int:
@@ -54,21 +72,37 @@ def main() -> None:
     actions = rng.uniform(-1, 1, (args.steps, n, 6)).astype(np.float32)
     root = Path(tempfile.mkdtemp(prefix="bench_record_"))
     plain = simkit.make(ENV_ID, num_envs=n)
-    plain_times, rec_times = [], []
+    plain_times, rec_times, plain_cpu, rec_cpu, own = [], [], [], [], []
     try:
         for r in range(args.rounds):
-            plain_times.append(_run(plain, actions))
+            wall, cpu = _run(plain, actions)
+            plain_times.append(wall)
+            plain_cpu.append(cpu)
             rec = RecordEpisodes(simkit.make(ENV_ID, num_envs=n), root / f"r{r}", env_id=ENV_ID)
-            rec_times.append(_run(rec, actions))
+            spent = _time_inner(rec)
+            wall, cpu = _run(rec, actions)
+            own.append((wall - spent[0]) / spent[0])
+            rec_times.append(wall)
+            rec_cpu.append(cpu)
             rec.close()
         steps = args.steps * n
         plain_rate = statistics.median(steps / t for t in plain_times)
         ratios = [p / q for p, q in zip(plain_times, rec_times, strict=True)]
+        cpu_ratios = [p / q for p, q in zip(plain_cpu, rec_cpu, strict=True)]
         print(f"load average: {os.getloadavg()}")
         print(f"plain  {plain_rate:,.0f} env steps/s (median of {args.rounds})")
         print(
             f"recorded / plain throughput: median {statistics.median(ratios):.3f} "
             f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})"
+        )
+        print(
+            f"recorder's own time / env stepping time inside the recorded runs: median "
+            f"{statistics.median(own):.2%} (rounds: {', '.join(f'{x:.2%}' for x in own)})"
+        )
+        print(
+            f"recorded / plain throughput per CPU second: median "
+            f"{statistics.median(cpu_ratios):.3f} "
+            f"(rounds: {', '.join(f'{x:.3f}' for x in cpu_ratios)})"
         )
 
         reader = RecordingReader(root / "r0")

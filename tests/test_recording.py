@@ -448,3 +448,104 @@ def test_export_passes_minari_checks(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         assert all(dataset.observation_space.contains(o) for o in theirs.observations)
         assert all(dataset.action_space.contains(a) for a in theirs.actions)
     assert isinstance(dataset.recover_environment(), gym.Env)
+
+
+def test_disabled_autoreset_records_masked_resets(tmp_path: Path) -> None:
+    vec = VectorEnv("simkit/CartPole-v0", 2, autoreset_mode="Disabled")
+    env = RecordEpisodes(vec, tmp_path, env_id="simkit/CartPole-v0")
+    env.reset(seed=4)
+    rng = np.random.default_rng(5)
+    done = np.zeros(2, bool)
+    for _ in range(150):
+        if done.any():
+            env.reset(options={"reset_mask": done})
+        _, _, terminated, truncated, _ = env.step(rng.integers(0, 2, 2))
+        done = terminated | truncated
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) >= 4
+    assert {r.error for r in verify_recording(reader)} == {None}
+
+
+def _fragments(env_id: str, n: int, steps: int, count: int, seed: int) -> list[Any]:
+    """Fragments as a rollout server streams them, made from a local VectorEnv."""
+    from simkit._types import Fragment
+
+    vec = VectorEnv(env_id, n)
+    obs, _ = vec.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    out = []
+    for seq in range(count):
+        rows: dict[str, list[Any]] = {k: [] for k in ("obs", "act", "rew", "term", "trunc")}
+        for _ in range(steps):
+            actions = rng.integers(0, 2, n)
+            res = vec.step_batch(actions)
+            rows["obs"].append(obs)
+            rows["act"].append(actions)
+            rows["rew"].append(res.reward)
+            rows["term"].append(res.terminated)
+            rows["trunc"].append(res.truncated)
+            obs = res.obs
+        z = np.zeros((steps, n), np.float32)
+        out.append(
+            Fragment(
+                obs=np.stack(rows["obs"]),
+                actions=np.stack(rows["act"]),
+                log_probs=z,
+                values=z,
+                rewards=np.stack(rows["rew"]),
+                terminated=np.stack(rows["term"]),
+                truncated=np.stack(rows["trunc"]),
+                final_values=z,
+                agent_mask=np.ones((steps, n), bool),
+                policy_version=np.full(steps, seq // 2, np.int64),
+                last_obs=obs,
+                last_values=np.zeros(n, np.float32),
+                env_ids=np.arange(n),
+                episode_returns=np.zeros(0),
+                episode_lengths=np.zeros(0, np.int64),
+                episode_rows=np.zeros(0, np.int64),
+                sequence=seq,
+            )
+        )
+    vec.close()
+    return out
+
+
+def test_fragment_stream_recording_replays(tmp_path: Path) -> None:
+    from simkit.recording import FragmentRecorder
+
+    recorder = FragmentRecorder(tmp_path, "simkit/CartPole-v0", root_seed=21)
+    written = sum(recorder.record(f) for f in _fragments("simkit/CartPole-v0", 3, 16, 8, 21))
+    recorder.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) == written >= 4
+    assert {r.error for r in verify_recording(reader)} == {None}
+    ep = reader.load(0)
+    assert ep.obs.shape == (ep.length, 4)
+    assert ep.policy_version is not None
+    assert set(ep.policy_version.tolist()) <= {0, 1, 2, 3}
+
+
+def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:
+    from simkit.cli import main
+    from simkit.clients._train import run_training
+    from simkit.clients.ppo import PPOArgs
+
+    args = PPOArgs(
+        env_id="simkit/CartPole-v0",
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=1,
+        total_steps=64,
+        seed=3,
+    )
+    result = run_training(args, logdir=tmp_path / "run", max_updates=1, tensorboard=False)
+    assert result.checkpoint is not None
+    out = tmp_path / "rec"
+    argv = ["record", "simkit/CartPole-v0", "--episodes", "3", "--out", str(out)]
+    assert main([*argv, "--policy", str(tmp_path / "run" / "policy.safetensors")]) == 0
+    reader = RecordingReader(out)
+    assert len(reader) == 3
+    assert {r.error for r in verify_recording(reader)} == {None}

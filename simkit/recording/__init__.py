@@ -7,8 +7,10 @@ specified in docs/recording.md.
 """
 
 from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence
+from simkit.recording._cli import export_minari, render_episode
 from simkit.recording._episode import Episode, EpisodeStats
 from simkit.recording._format import Skipped
+from simkit.recording._fragments import FragmentRecorder
 from simkit.recording._io import (
     FSYNC_POLICIES,
     RecordingReader,
@@ -29,10 +31,13 @@ __all__ = [
     "episode_arrays",
     "to_torch",
     "RecordEpisodes",
+    "FragmentRecorder",
     "environment_versions",
     "verify_episode",
     "verify_recording",
     "VerifyResult",
+    "export_minari",
+    "render_episode",
     "CorruptRecording",
     "RecordingLocked",
     "ReplayDivergence",

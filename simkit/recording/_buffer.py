@@ -41,7 +41,7 @@ class StepBuffer:
         self._obs: list[_Column] = []
         self._act: list[_Column] = []
         self._scalars: dict[str, _Column] = {}
-        self._infos: list[list[dict[str, Any]]] = [[] for _ in range(num_envs)]
+        self._infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(num_envs)]
 
     def _setup(self, obs: list[np.ndarray], act: list[np.ndarray]) -> None:
         n, cap = self.num_envs, self._capacity
@@ -87,17 +87,21 @@ class StepBuffer:
             self._capacity = max(need, 2 * self._capacity)
             for col in self._columns():
                 col.grow(self._capacity)
+        whole = rows.size == len(infos) and bool(np.array_equal(rows, np.arange(rows.size)))
+        pick: Any = slice(None) if whole else rows  # rows == arange(batch): no gather
         for col, leaf in zip(self._obs, obs_arrays, strict=True):
-            col.data[ids, pos] = leaf[rows]
+            col.data[ids, pos] = leaf[pick]
         for col, leaf in zip(self._act, act_arrays, strict=True):
-            col.data[ids, pos] = leaf[rows]
+            col.data[ids, pos] = leaf[pick]
         s = self._scalars
-        s["reward"].data[ids, pos] = np.asarray(reward)[rows]
-        s["terminated"].data[ids, pos] = np.asarray(terminated)[rows]
-        s["truncated"].data[ids, pos] = np.asarray(truncated)[rows]
+        s["reward"].data[ids, pos] = np.asarray(reward)[pick]
+        s["terminated"].data[ids, pos] = np.asarray(terminated)[pick]
+        s["truncated"].data[ids, pos] = np.asarray(truncated)[pick]
         s["version"].data[ids, pos] = version
-        for i, r in zip(ids.tolist(), rows.tolist(), strict=True):
-            self._infos[i].append(infos[r])
+        if any(infos):
+            for i, r, t in zip(ids.tolist(), rows.tolist(), pos.tolist(), strict=True):
+                if infos[r]:
+                    self._infos[i][t] = infos[r]
         self.length[ids] += 1
 
     def set_last_obs(self, i: int, obs_row: Any) -> None:
@@ -114,7 +118,7 @@ class StepBuffer:
         out: dict[str, Any] = {
             "next_obs": _unflatten(self._obs_spec, [c.data[i, :t].copy() for c in self._obs]),
             "actions": _unflatten(self._act_spec, [c.data[i, :t].copy() for c in self._act]),
-            "infos": self._infos[i],
+            "infos": [self._infos[i].get(k, {}) for k in range(t)],
         }
         for name, col in self._scalars.items():
             out[name] = col.data[i, :t].copy()
@@ -124,4 +128,4 @@ class StepBuffer:
     def clear(self, i: int) -> None:
         """Drops env ``i``'s steps."""
         self.length[i] = 0
-        self._infos[i] = []
+        self._infos[i] = {}

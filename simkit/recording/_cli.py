@@ -16,7 +16,10 @@ __all__ = ["COMMANDS", "export_minari", "render_episode"]
 def _record_configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env_id", help="a registered env id (see `simkit list`)")
     parser.add_argument(
-        "--policy", default="random", help="'random' (uniform actions from a seeded space)"
+        "--policy",
+        default="random",
+        help="'random' (uniform actions from a seeded space) or a PPO checkpoint / "
+        "policy.safetensors path (actions sampled with a seeded torch generator)",
     )
     parser.add_argument("--episodes", type=int, required=True, help="episodes to record")
     parser.add_argument("--out", required=True, help="recording directory")
@@ -34,13 +37,6 @@ def _record_run(args: argparse.Namespace) -> int:
     from simkit.registry import EnvKind
     from simkit.vector import VectorEnv
 
-    if args.policy != "random":
-        print(
-            "simkit record: only --policy random is supported (checkpoint policies are not "
-            "wired in yet)",
-            file=sys.stderr,
-        )
-        return 2
     if args.episodes <= 0:
         print("simkit record: --episodes must be > 0", file=sys.stderr)
         return 2
@@ -60,13 +56,18 @@ def _record_run(args: argparse.Namespace) -> int:
         max_episodes=args.episodes,
         compression=args.compression,
     )
-    space = vec.single_action_space
-    space.seed(args.seed)
-    env.reset(seed=args.seed)
+    if args.policy == "random":
+        space = vec.single_action_space
+        space.seed(args.seed)
+
+        def policy(obs: Any) -> Any:
+            return np.stack([np.asarray(space.sample()) for _ in range(vec.num_envs)])
+    else:
+        policy = _checkpoint_policy(args.policy, vec, args.seed)
+    obs, _ = env.reset(seed=args.seed)
     try:
         while env.writer.episodes_written < args.episodes:
-            actions = np.stack([np.asarray(space.sample()) for _ in range(vec.num_envs)])
-            env.step_batch(actions)
+            obs = env.step_batch(policy(obs)).obs
     finally:
         env.close()
     print(
@@ -74,6 +75,26 @@ def _record_run(args: argparse.Namespace) -> int:
         f"({env.writer.bytes_written / 1e6:.2f} MB)"
     )
     return 0
+
+
+def _checkpoint_policy(path: str, vec: Any, seed: int) -> Any:
+    """Sampled actions of the PPO policy at ``path`` (a checkpoint or ``policy.safetensors``)."""
+    import torch
+
+    from simkit.clients._checkpoint import load_policy
+    from simkit.models import ModelSpec, build_model, numpy_actions
+
+    tensors, meta = load_policy(path)
+    model = build_model(
+        ModelSpec.from_plain(meta["model"]), vec.single_observation_space, vec.single_action_space
+    )
+    model.load_state_dict(tensors)
+    generator = torch.Generator().manual_seed(seed)
+
+    def policy(obs: Any) -> Any:
+        return numpy_actions(model.act(np.asarray(obs), generator=generator).actions)
+
+    return policy
 
 
 def _replay_configure(parser: argparse.ArgumentParser) -> None:

@@ -28,7 +28,8 @@ class Episode:
     Attributes:
         env_id: the registered env id.
         obs: ``(T + 1, ...)`` leaves: the reset observation, then what every action led
-            to (the final observation included).
+            to (the final observation included); ``(T, ...)`` where
+            ``origin["final_obs"]`` is ``False`` (fragment episodes: no final observation).
         actions: ``(T, ...)`` leaves: the actions as sent.
         rewards: ``(T,)`` float64.
         terminated: ``(T,)`` bool.
@@ -116,6 +117,7 @@ def _numeric(arr: np.ndarray, name: str) -> np.ndarray:
 def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
     """``(meta, blob)`` of one record (see docs/recording.md, "Episode records")."""
     t = ep.length
+    final = 0 if ep.origin.get("final_obs") is False else 1
     arrays: list[tuple[str, np.ndarray]] = []
     obs_leaves: list[Any] = []
     obs_tree = _flatten(ep.obs, obs_leaves)
@@ -123,8 +125,8 @@ def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
     act_tree = _flatten(ep.actions, act_leaves)
     for k, leaf in enumerate(obs_leaves):
         arr = _numeric(np.asarray(leaf), f"obs leaf {k}")
-        if arr.shape[:1] != (t + 1,):
-            raise ValueError(f"obs leaf {k} must have T + 1 = {t + 1} rows, got {arr.shape}")
+        if arr.shape[:1] != (t + final,):
+            raise ValueError(f"obs leaf {k} must have {t + final} rows (T = {t}), got {arr.shape}")
         arrays.append((f"obs/{k}", arr))
     for k, leaf in enumerate(act_leaves):
         arr = _numeric(np.asarray(leaf), f"action leaf {k}")

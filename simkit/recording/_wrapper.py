@@ -157,6 +157,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         self._roots: list[int | None] = [None] * n
         self._index = np.zeros(n, np.int64)
         self._open: list[_Open | None] = [None] * n
+        self._live = np.zeros(n, bool)
         self._pending = np.zeros(n, bool)
         self._buffer = StepBuffer(n)
         self._explicit: list[int | None] | None = None
@@ -180,6 +181,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             origin={"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind},
         )
         self._open[i] = ep
+        self._live[i] = True
         self._buffer.clear(i)
         self._snapshot(i, ep)
 
@@ -191,6 +193,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
     def _finish(self, i: int) -> None:
         ep = self._open[i]
         self._open[i] = None
+        self._live[i] = False
         if ep is None or not self._buffer.length[i]:
             return
         steps = self._buffer.take(i)
@@ -245,6 +248,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         obs, info = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # simkit vectors take Gymnasium's list form too
         for i in ids:
             self._open[int(i)] = None
+            self._live[int(i)] = False
             self._pending[int(i)] = False
             self._start(int(i), _row(obs, int(i)), env_info(info, int(i)), options)
         self._explicit = None
@@ -268,12 +272,11 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         truncated: Any,
         infos: list[dict[str, Any]],
     ) -> None:
-        live = np.fromiter(
-            (self._open[i] is not None for i in env_ids.tolist()), bool, env_ids.size
-        )
+        live = self._live[env_ids]
+        every = bool(live.all())
         self._buffer.append(
-            env_ids[live],
-            rows[live],
+            env_ids if every else env_ids[live],
+            rows if every else rows[live],
             next_obs,
             _as_tree(actions),
             reward,
@@ -301,10 +304,11 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             self._finish(i)
             reset_info = res.infos[r].get("reset_info", {}) if res.infos else {}
             self._autoreset(i, _row(res.obs, r), reset_info)
-        for r in range(len(ids)):
-            ep = self._open[int(ids[r])]
-            if ep is not None and self.snapshot_every and r not in done:
-                self._snapshot(int(ids[r]), ep)
+        if self.snapshot_every:
+            for r in range(len(ids)):
+                ep = self._open[int(ids[r])]
+                if ep is not None and r not in done:
+                    self._snapshot(int(ids[r]), ep)
         return res
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
