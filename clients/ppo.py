@@ -390,7 +390,7 @@ def train(
         else:
             batch.append(fragment)
             rows += fragment.num_rows
-        if rows >= learner.rows_per_update:
+        if rows >= min(learner.rows_per_update, getattr(source, "num_rows", rows)):
             stats = learner.update(batch)
             source.push_weights(learner.model, version=learner.version)
             batch, rows = [], 0
