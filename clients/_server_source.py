@@ -87,15 +87,17 @@ class ServerSource:
         if not left:
             raise exc
 
-    def fragments(self) -> Iterator[Fragment]:
-        """Fragments as they arrive; a dead server's received ones are yielded first."""
+    def fragments(self) -> Iterator[Fragment | None]:
+        """Fragments as they arrive; after a loss, the dead server's received ones, then
+        ``None`` (the learner re-checks its batch against the smaller row count)."""
         while True:
-            while self._kept:
-                yield self._kept.pop(0)
             try:
                 fragment = self.stream.next_fragment()
             except ServerUnavailable as exc:
                 self._lose(exc)
+                while self._kept:
+                    yield self._kept.pop(0)
+                yield None
                 continue
             yield fragment
 
@@ -170,3 +172,5 @@ def stop_servers(procs: Sequence[subprocess.Popen[str]], timeout: float = 10.0) 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
