@@ -102,12 +102,13 @@ class ServerSource:
             yield fragment
 
     def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
-        """Pushes to every live server (a server lost on the way is reported and removed)."""
-        while True:
-            try:
-                return self.stream.push_weights(weights, version=version)
-            except ServerUnavailable as exc:
-                self._lose(exc)
+        """Sends new weights to every live server without waiting for the acks.
+
+        A server refusing them or gone surfaces at the next fragment, where
+        :meth:`fragments` handles it; waiting here would leave a half-pushed version
+        that cannot be re-sent (versions must increase).
+        """
+        return self.stream.push_weights(weights, version=version, wait=False)
 
     def stats(self) -> list[Any]:
         """Per-server throughput and lag (:meth:`PolicyStream.stats`)."""
