@@ -18,8 +18,8 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from pettingzoo import ParallelEnv
 
-from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import MultiAgentBatchStep
+from simkit._validation import check_seed
 from simkit.clients._connection import Connection, CurveKeys
 from simkit.errors import InvalidAction, ResetNeeded
 from simkit.protocol import (
@@ -65,14 +65,6 @@ def _open(
             f"multi-agent env needs env_kind {ENV_KIND_MULTI_AGENT!r} (use RemoteVectorEnv)"
         )
     return conn
-
-
-def _seed_arg(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{what} must be an int in [0, 2**63), got {value!r}")
-    if not 0 <= int(value) <= MAX_ROOT_SEED:
-        raise ValueError(f"{what} must be in [0, 2**63), got {value}")
-    return int(value)
 
 
 def _rows(space: spaces.Space[Any], batch: Any, n: int) -> list[Any]:
@@ -196,7 +188,7 @@ class RemoteMultiAgentVectorEnv:
         """
         n = self.num_envs
         if seed is None or isinstance(seed, int | np.integer):
-            kw: dict[str, Any] = {} if seed is None else {"seed": _seed_arg(seed, "seed")}
+            kw: dict[str, Any] = {} if seed is None else {"seed": check_seed(seed, "seed")}
             result = self._remote.reset(options=options, **kw)
             obs, mask, infos = result.obs, result.agent_mask, result.infos
         elif isinstance(seed, Sequence) and not isinstance(seed, str) and len(seed) == n:
@@ -204,7 +196,7 @@ class RemoteMultiAgentVectorEnv:
             rest = [i for i, s in enumerate(seed) if s is None]
             parts: list[tuple[list[int], MultiAgentReset]] = []
             if explicit:
-                seeds = [_seed_arg(seed[i], f"seed[{i}]") for i in explicit]
+                seeds = [check_seed(seed[i], f"seed[{i}]") for i in explicit]
                 parts.append((explicit, self._remote.reset(explicit, seeds=seeds, options=options)))
             if rest:
                 parts.append((rest, self._remote.reset(rest, options=options)))
@@ -295,14 +287,8 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
     Args:
         endpoint: the server's ZeroMQ endpoint (it must serve a multi-agent env).
         env_index: which of the session's envs this object drives.
-        timeout: seconds to wait for every reply before :class:`ServerUnavailable`.
-        client: a name the server logs for this client.
-        context: a ZeroMQ context (default: the process-wide instance).
-        curve: CURVE keys for a server bound beyond loopback.
-        keepalive: keep the session alive from a background thread while the learner
-            is silent (see :class:`simkit.clients.RemoteVectorEnv`).
-        busy_poll_us: poll this long for each reply before sleeping (see
-            :class:`simkit.clients.RemoteVectorEnv`); off by default.
+        timeout, client, context, curve, keepalive, busy_poll_us: the connection, as
+            for :class:`RemoteMultiAgentVectorEnv`.
 
     Raises:
         ServerUnavailable: the server did not answer the handshake in time.
@@ -365,7 +351,9 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """Starts an episode; returns observations and infos of the live agents."""
         if seed is not None:
-            result = self._remote.reset(self._ids, seeds=[_seed_arg(seed, "seed")], options=options)
+            result = self._remote.reset(
+                self._ids, seeds=[check_seed(seed, "seed")], options=options
+            )
         elif self._pending is not None and options is None:
             result = self._pending
         else:

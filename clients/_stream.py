@@ -66,6 +66,7 @@ class _Server:
     num_envs: int = 0
     queue: deque[Fragment] = field(default_factory=deque)
     acked: int = -1
+    """The id of the last weights request the server applied."""
     keepalive: _Keepalive | None = None
     stats: ServerStats | None = None
     lags: deque[tuple[int, float, int]] = field(default_factory=lambda: deque(maxlen=100))
@@ -269,7 +270,7 @@ class PolicyStream:
             stats.env_steps += item.num_steps * srv.num_envs
             srv.queue.append(item)
         elif isinstance(item, Message) and item.kind == "weights":
-            srv.acked = int(item.body.get("version", -1))
+            srv.acked = item.id
 
     def _await(self, srv: _Server, ready: Callable[[_Server], bool], what: str) -> None:
         """Pumps until ``ready(srv)``; ServerUnavailable if ``srv`` is silent too long."""
@@ -318,11 +319,13 @@ class PolicyStream:
             name: arr if arr.flags.c_contiguous else np.array(arr, order="C")
             for name, arr in pw.tensors.items()
         }
+        request_ids = []
         for srv in self._servers:
             self._send(srv, srv.session.request_weights(pw.version, tensors))
+            request_ids.append(srv.session.last_id)
         if wait:
-            for srv in self._servers:
-                self._await(srv, lambda s: s.acked >= pw.version, "'weights'")
+            for srv, rid in zip(self._servers, request_ids, strict=True):
+                self._await(srv, lambda s, rid=rid: s.acked >= rid, "'weights'")  # type: ignore[misc]
         self.version = pw.version
         self._versions_pushed += 1
         return pw.version

@@ -9,6 +9,7 @@ learner overlap its own work (or a second half of the envs) with the servers' st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,9 +20,8 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, create_empty_array
 
-from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
-from simkit._validation import check_env_ids
+from simkit._validation import check_seed, checked_env_ids
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
@@ -270,7 +270,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return out
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
-        return self._all_ids if env_ids is None else check_env_ids(env_ids, self.num_envs)
+        return (
+            self._all_ids
+            if env_ids is None
+            else checked_env_ids(env_ids, self.num_envs, allow_empty=False)
+        )
 
     def _ready(self) -> None:
         if self.closed:
@@ -320,9 +324,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 )
             seed = None
         if seed is not None:
-            if isinstance(seed, bool) or not 0 <= int(seed) <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-            seed = int(seed)
+            seed = check_seed(seed)
         for s, conn in enumerate(self._conns):
             lo, hi = int(self._offsets[s]), int(self._offsets[s + 1])
             frames = conn.session.request_reset(
@@ -416,15 +418,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             )
         if global_ids is step.env_ids:
             return step
-        return BatchStep(
-            obs=step.obs,
-            reward=step.reward,
-            terminated=step.terminated,
-            truncated=step.truncated,
-            final_obs=step.final_obs,
-            env_ids=global_ids,
-            infos=step.infos,
-        )
+        return dataclasses.replace(step, env_ids=global_ids)
 
     def _drain(self) -> None:
         for s, queue in enumerate(self._inflight):

@@ -6,13 +6,13 @@ See docs/server.md; the wire protocol is :mod:`simkit.protocol` (docs/protocol.m
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._cli import add_serve_arguments, run_serve
 from simkit.servers._host import EnvListHost, make_env_factory
-from simkit.servers._metrics import Metrics
 from simkit.servers._multiagent_host import (
     PZ_PREFIX,
     ParallelEnvHost,
     is_multi_agent_id,
     make_parallel_env_factory,
 )
+from simkit.servers._prometheus import Metrics
 from simkit.servers._server import BUSY_POLL_US, RolloutServer, is_loopback
 
 __all__ = [

@@ -9,6 +9,7 @@ per instance), so a remote BatchEnv equals a local one bit for bit.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -190,13 +191,9 @@ class BatchEnvHost:
             return step, faults
         self._obs = obs
         rows = _info_rows(vector_info, env_ids)
-        step = BatchStep(
+        step = dataclasses.replace(
+            step,
             obs=_take(self.observation_space, obs, env_ids),
-            reward=step.reward,
-            terminated=step.terminated,
-            truncated=step.truncated,
-            final_obs=step.final_obs,
-            env_ids=step.env_ids,
             infos=[{"reset_info": r} for r in rows],
         )
         return step, faults

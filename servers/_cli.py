@@ -95,6 +95,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch device of the policy (default: cuda when available, else cpu)",
     )
     policy.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads of this server process (default 1: small batched "
+        "policies run fastest on one thread beside the envs' own threads)",
+    )
+    policy.add_argument(
         "--fragment-length",
         type=int,
         default=128,
@@ -139,6 +146,13 @@ def run_serve(args: argparse.Namespace) -> int:
         if secret is None:
             print(f"error: {args.curve_secret_key} holds no secret key", file=sys.stderr)
             return 2
+    if args.policy:
+        if args.torch_threads < 1:
+            print(f"error: --torch-threads must be >= 1, got {args.torch_threads}", file=sys.stderr)
+            return 2
+        import torch  # only a policy-serving server needs torch
+
+        torch.set_num_threads(args.torch_threads)
     try:
         server = RolloutServer(
             args.env_id,
@@ -175,7 +189,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if server.metrics_port
         else ""
     )
-    serving = f", policy serving on {server.device}" if args.policy else ""
+    serving = f", policy serving on {server.device}" if server.device else ""
     print(
         f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{serving}{metrics}",
         flush=True,

@@ -37,14 +37,13 @@ from simkit.protocol import (
 )
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
-from simkit.servers._metrics import Metrics, MetricsHTTPServer
 from simkit.servers._multiagent_host import (
     ParallelEnvHost,
     is_multi_agent_id,
     make_parallel_env_factory,
 )
-from simkit.servers._stream_host import StreamHost
-from simkit.servers._stream_worker import StreamSettings, default_device
+from simkit.servers._prometheus import Metrics, MetricsHTTPServer
+from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
@@ -231,7 +230,8 @@ class RolloutServer:
         self._sessionless = self._session_for(probe, self._info)
         self._shared_host = self._new_host(num_envs) if shared else None
         self._slots: dict[bytes, _Slot] = {}
-        self.metrics = Metrics()
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -249,8 +249,8 @@ class RolloutServer:
             self._sock.curve_server = True
         self._sock.bind(bind)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.device: str = device or default_device()
-        self.registry = CollectorRegistry()
+        self.device: str | None = (device or default_device()) if policy else None
+        """The stream sessions' default torch device (None without ``policy``)."""
         self._streams = StreamHost(
             self._ctx,
             StreamSettings(
@@ -258,7 +258,7 @@ class RolloutServer:
                 env_kwargs=self._env_kwargs,
                 num_envs=num_envs,
                 num_threads=num_threads,
-                device=self.device,
+                device=self.device or "cpu",
                 fragment_length=fragment_length,
                 heartbeat_timeout=float(heartbeat_timeout),
                 limits=self.limits,
@@ -278,7 +278,7 @@ class RolloutServer:
                 file=sys.stderr,
             )
         self._metrics_http = (
-            MetricsHTTPServer(self.metrics, metrics_host, metrics_port)
+            MetricsHTTPServer(self.registry, metrics_host, metrics_port)
             if metrics_port is not None
             else None
         )

@@ -11,23 +11,73 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from prometheus_client import CollectorRegistry
 
-from simkit.protocol import Message, SessionStateError, Unsupported, error_reply
+from simkit.protocol import Limits, Message, SessionStateError, Unsupported, error_reply
 from simkit.servers._stream_metrics import StreamMetrics
-from simkit.servers._stream_worker import (
-    TAG_DONE,
-    TAG_FRAGMENT,
-    StreamSettings,
-    StreamWorker,
-)
 
-__all__ = ["StreamHost"]
+if TYPE_CHECKING:
+    from simkit.servers._stream_worker import StreamWorker
+
+__all__ = [
+    "StreamHost",
+    "StreamSettings",
+    "default_device",
+    "TAG_FRAGMENT",
+    "TAG_REPLY",
+    "TAG_DONE",
+]
 
 log = logging.getLogger("simkit.servers")
+
+TAG_FRAGMENT = b"f"
+"""Inproc tag: a fragment for the learner."""
+TAG_REPLY = b"r"
+"""Inproc tag: a reply (or error) for the learner."""
+TAG_DONE = b"d"
+"""Inproc tag: the worker finished; nothing to forward."""
+
+
+def default_device() -> str:
+    """``"cuda"`` when torch sees a GPU, else ``"cpu"`` (imports torch)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """A server's defaults for its stream sessions.
+
+    Attributes:
+        env_id: the served env.
+        env_kwargs: its constructor arguments.
+        num_envs: env slots when the learner asks for 0.
+        num_threads: threads stepping a session's envs (single-agent env lists).
+        device: the policy's torch device when the learner names none.
+        fragment_length: ``T`` when the learner asks for 0.
+        heartbeat_timeout: announced to the learner.
+        limits: message size limits.
+        inline_threshold: arrays up to this many bytes go inside the header.
+        server: server software and version.
+        max_envs: the most env slots one session may ask for.
+    """
+
+    env_id: str
+    env_kwargs: dict[str, Any]
+    num_envs: int
+    num_threads: int = 1
+    device: str = "cpu"
+    fragment_length: int = 128
+    heartbeat_timeout: float | None = 60.0
+    limits: Limits = field(default_factory=Limits)
+    inline_threshold: int = 16384
+    server: str = ""
+    max_envs: int = 4096
 
 
 class StreamHost:
@@ -91,6 +141,8 @@ class StreamHost:
             reply = error_reply(exc, request_id=request.id, request_kind=request.kind)
             reply.body["code"] = "busy"
             return reply
+        from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
+
         worker = StreamWorker(
             identity, frames, self.settings, self._context, self.address, self.metrics
         )

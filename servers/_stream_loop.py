@@ -197,6 +197,9 @@ class RolloutLoop:
         v0 = time.perf_counter()
         last_values = np.where(self._mask, self.policy.value(self._obs), 0.0).astype(np.float32)
         self.times.inference += time.perf_counter() - v0
+        order = np.argsort(
+            np.asarray(buf.ep_rows, dtype=np.int64), kind="stable"
+        )  # by row, then time
         fragment = Fragment(
             obs=buf.obs,
             actions=buf.actions,
@@ -211,9 +214,9 @@ class RolloutLoop:
             last_obs=self._obs.copy(),
             last_values=last_values,
             env_ids=self.env_ids,
-            episode_returns=np.asarray(buf.ep_returns, dtype=np.float64),
-            episode_lengths=np.asarray(buf.ep_lengths, dtype=np.int64),
-            episode_rows=np.asarray(buf.ep_rows, dtype=np.int64),
+            episode_returns=np.asarray(buf.ep_returns, dtype=np.float64)[order],
+            episode_lengths=np.asarray(buf.ep_lengths, dtype=np.int64)[order],
+            episode_rows=np.asarray(buf.ep_rows, dtype=np.int64)[order],
             source=self.source,
             sequence=self.sequence,
             start_state=self._start_state,

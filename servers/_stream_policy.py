@@ -93,7 +93,9 @@ class GroupedPolicy:
         self.version = weights.version
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(obs))
+        if not (obs.flags.writeable and obs.flags.c_contiguous):
+            obs = np.array(obs, order="C")
+        t = torch.from_numpy(obs)
         if t.is_floating_point() and t.dtype != torch.float32:
             t = t.float()
         return t.to(self.device, non_blocking=True)

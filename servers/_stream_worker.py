@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ import zmq
 import simkit
 from simkit.errors import InvalidWeights, UnknownModel
 from simkit.models import ModelSpec, PolicyWeights, build_model
-from simkit.protocol import InvalidField, Limits, ProtocolError, space_to_plain
+from simkit.protocol import InvalidField, ProtocolError, space_to_plain
 from simkit.protocol._stream_messages import (
     InvalidWeightsError,
     StaleVersion,
@@ -40,66 +39,16 @@ from simkit.protocol._stream_session import (
     WeightsCommand,
 )
 from simkit.servers._stream_envs import make_env_rows
+from simkit.servers._stream_host import TAG_DONE, TAG_FRAGMENT, TAG_REPLY, StreamSettings
 from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_metrics import StreamMetrics
 from simkit.servers._stream_policy import GroupedPolicy, policy_seed
 
-__all__ = [
-    "StreamSettings",
-    "StreamWorker",
-    "default_device",
-    "TAG_FRAGMENT",
-    "TAG_REPLY",
-    "TAG_DONE",
-]
-
-TAG_FRAGMENT = b"f"
-"""Inproc tag: a fragment for the learner."""
-TAG_REPLY = b"r"
-"""Inproc tag: a reply (or error) for the learner."""
-TAG_DONE = b"d"
-"""Inproc tag: the worker finished; nothing to forward."""
-
-log = logging.getLogger("simkit.servers")
-
-
-def default_device() -> str:
-    """``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """A server's defaults for its stream sessions.
-
-    Attributes:
-        env_id: the served env.
-        env_kwargs: its constructor arguments.
-        num_envs: env slots when the learner asks for 0.
-        num_threads: threads stepping a session's envs (single-agent env lists).
-        device: the policy's torch device when the learner names none.
-        fragment_length: ``T`` when the learner asks for 0.
-        heartbeat_timeout: announced to the learner.
-        limits: message size limits.
-        inline_threshold: arrays up to this many bytes go inside the header.
-        server: server software and version.
-        max_envs: the most env slots one session may ask for.
-    """
-
-    env_id: str
-    env_kwargs: dict[str, Any]
-    num_envs: int
-    num_threads: int = 1
-    device: str = "cpu"
-    fragment_length: int = 128
-    heartbeat_timeout: float | None = 60.0
-    limits: Limits = field(default_factory=Limits)
-    inline_threshold: int = 16384
-    server: str = ""
-    max_envs: int = 4096
-
+__all__ = ["StreamWorker"]
 
 _IDLE_WAIT_S = 0.05
+
+log = logging.getLogger("simkit.servers")
 
 
 class StreamWorker(threading.Thread):

@@ -10,10 +10,8 @@ single-instance env reset with ``episode_seed(root, i, k)`` for its ``k``-th epi
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -23,30 +21,25 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._batch_actions import check_torch_actions
+from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, compile_sampler
+from simkit._batch_gym import GymStepAdapter, scatter
+from simkit._batch_queue import BatchQueue, PendingStep, take_rows, to_numpy
+from simkit._contract import check_max_episode_steps
+from simkit._seeding import EpisodeSeeds
 from simkit._types import BatchStep
-from simkit._validation import ActionBounds, check_send_ids, validate_action
-from simkit.errors import InvalidAction, InvalidState, ResetNeeded
-from simkit.randomization import (
-    Distribution,
-    LogUniform,
-    Params,
-    Uniform,
-    resolve_overrides,
-    sample_params,
-)
+from simkit._validation import validate_action
+from simkit.errors import InvalidAction, ResetNeeded
+from simkit.randomization import Distribution, Params, resolve_overrides
 from simkit.registry import EnvKind
-from simkit.snapshot import rng_from_plain, rng_to_plain
+from simkit.vector._actions import check_batch_array
 
 __all__ = ["BatchEnv", "BATCH_STATE_FORMAT"]
-
-BATCH_STATE_FORMAT = 1
-"""Version of the snapshot layout produced by :meth:`BatchEnv.get_state`."""
 
 _MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
 
 
-class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
+class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[Any, Any, Any]):
     """N instances of one environment, stepped as arrays by the author's code.
 
     Authors call ``super().__init__(num_envs, single_observation_space=...,
@@ -106,13 +99,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if max_episode_steps is not None:
-            if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int):
-                raise TypeError(
-                    f"max_episode_steps must be an int or None, got {type(max_episode_steps).__name__}"
-                )
-            if max_episode_steps <= 0:
-                raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
-            self.max_episode_steps = max_episode_steps
+            self.max_episode_steps = check_max_episode_steps(max_episode_steps)
         mode = AutoresetMode(autoreset_mode)
         if mode not in _MODES:
             raise ValueError(f"autoreset_mode must be SAME_STEP or NEXT_STEP, got {mode}")
@@ -145,13 +132,12 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._samplers = [
             compiled.setdefault(
                 id(overrides),
-                _compile_sampler(resolve_overrides(self.randomization, overrides)),
+                compile_sampler(resolve_overrides(self.randomization, overrides)),
             )
             for overrides in self._env_overrides
         ]
         n = self.num_envs
-        self._root_seed: int | None = None
-        self._episode_index = np.full(n, -1, dtype=np.int64)
+        self._seeds = EpisodeSeeds(n)
         self._rngs: list[np.random.Generator | None] = [None] * n
         self._params: list[Params] = [{} for _ in range(n)]
         self.param_arrays: dict[str, np.ndarray] = {}
@@ -234,36 +220,6 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Runs before ``reset_instances``; simulator bases reset physics here."""
         del ids
 
-    # ------------------------------------------------------------------- properties
-
-    @property
-    def params(self) -> list[Params]:
-        """Each instance's randomized parameters of its current episode (a copy)."""
-        return copy.deepcopy(self._params)
-
-    @property
-    def elapsed_steps(self) -> np.ndarray:
-        """Steps taken in each instance's current episode (a copy)."""
-        return self._elapsed.copy()
-
-    @property
-    def episode_index(self) -> np.ndarray:
-        """Each instance's episode number under the current root seed (a copy)."""
-        return self._episode_index.copy()
-
-    @property
-    def root_seed(self) -> int | None:
-        """The root seed of the batch; instance seeds derive from it."""
-        return self._root_seed
-
-    @property
-    def action_bounds(self) -> ActionBounds:
-        """The declared out-of-bounds policy for continuous actions."""
-        mode = self.metadata.get("action_bounds", ActionBounds.CLIP)
-        if not isinstance(mode, ActionBounds):
-            raise TypeError(f"metadata['action_bounds'] must be an ActionBounds, got {mode!r}")
-        return mode
-
     # ------------------------------------------------------------------------ reset
 
     def reset(
@@ -296,7 +252,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if mask is None:
             ids = np.arange(self.num_envs, dtype=np.int64)
         else:
-            mask_arr = _to_numpy(mask)
+            mask_arr = to_numpy(mask)
             if mask_arr.dtype != np.bool_ or mask_arr.shape != (self.num_envs,):
                 raise ValueError(
                     f"reset_mask must be a bool array of shape ({self.num_envs},), "
@@ -308,13 +264,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
                 raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-            if not 0 <= seed <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
-            self._root_seed = int(seed)
-            self._episode_index[:] = -1
+            self._seeds.restart(int(seed))
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
-        elif self._root_seed is None:
-            self._root_seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
         reset_params = opts.pop("params", None)
         per_reset = (
             None if reset_params is None else self._per_instance(reset_params, "options['params']")
@@ -323,63 +274,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if self._obs is None or len(ids) == self.num_envs:
             self._obs = obs_rows
         else:
-            self._obs = _scatter(self._obs, ids, obs_rows)
+            self._obs = scatter(self._obs, ids, obs_rows)
         self._pending_reset[ids] = False
         self._has_reset = True
         return ids, infos
-
-    def _reset_ids(
-        self,
-        ids: np.ndarray,
-        per_reset: list[Mapping[str, Any]] | None,
-        options: dict[str, Any],
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        assert self._root_seed is not None
-        rngs: list[np.random.Generator] = []
-        params: list[Params] = []
-        root, index = self._root_seed, self._episode_index
-        index[ids] += 1
-        for i in ids.tolist():
-            # Generator(PCG64(seed)) is what gymnasium.utils.seeding.np_random(seed) builds.
-            rng = np.random.Generator(np.random.PCG64(episode_seed(root, i, int(index[i]))))
-            if per_reset is None or not per_reset[i]:
-                sampled = self._samplers[i](rng)
-            else:
-                overrides = {**self._env_overrides[i], **per_reset[i]}
-                sampled = sample_params(resolve_overrides(self.randomization, overrides), rng)
-            self._rngs[i] = rng
-            self._params[i] = sampled
-            rngs.append(rng)
-            params.append(sampled)
-        self._elapsed[ids] = 0
-        self._update_param_arrays(ids)
-        self._prepare_instances(ids)
-        obs_rows, infos = self.reset_instances(ids, rngs, params, options)
-        if len(infos) != len(ids):
-            raise ValueError(
-                f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts, "
-                f"got {len(infos)}"
-            )
-        out = []
-        for info, p in zip(infos, params, strict=True):
-            row = dict(info)
-            row["params"] = _copy_params(p)
-            out.append(row)
-        return obs_rows, out
-
-    def _update_param_arrays(self, ids: np.ndarray) -> None:
-        if not len(ids):
-            return
-        first = self._params[int(ids[0])]
-        for name, dist in self.randomization.items():
-            sample = first.get(name)
-            if not isinstance(sample, int | float | np.ndarray) or isinstance(sample, bool):
-                continue
-            arr = self.param_arrays.get(name)
-            if arr is None:
-                arr = np.zeros((self.num_envs, *dist.shape), dtype=np.float64)
-                self.param_arrays[name] = arr
-            arr[ids] = [self._params[i][name] for i in ids.tolist()]
 
     # ------------------------------------------------------------------------- step
 
@@ -430,11 +328,11 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             return step
         back = np.argsort(order)
         return BatchStep(
-            obs=_take_rows(step.obs, back),
+            obs=take_rows(step.obs, back),
             reward=step.reward[back],
             terminated=step.terminated[back],
             truncated=step.truncated[back],
-            final_obs=_take_rows(step.final_obs, back),
+            final_obs=take_rows(step.final_obs, back),
             env_ids=step.env_ids[back],
             infos=[step.infos[k] for k in back.tolist()],
         )
@@ -475,10 +373,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if done.any():
             rows = np.flatnonzero(done)
             reset_rows, reset_infos = self._reset_ids(ids[rows], None, {})
-            obs = _scatter(final_obs, rows, reset_rows)
+            obs = scatter(final_obs, rows, reset_rows)
             for k, r in enumerate(rows.tolist()):
                 infos[r] = {**infos[r], "reset_info": reset_infos[k]}
-        self._obs = obs if len(ids) == self.num_envs else _scatter(self._obs, ids, obs)
+        self._obs = obs if len(ids) == self.num_envs else scatter(self._obs, ids, obs)
         return BatchStep(
             obs=obs,
             reward=reward,
@@ -489,61 +387,6 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             infos=infos,
         )
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Gymnasium's 5-tuple under ``metadata["autoreset_mode"]``.
-
-        ``SAME_STEP``: ended instances are reset now; their last observation is in
-        ``info["final_obs"]`` (masked by ``info["_final_obs"]``), the step's info in
-        ``info["final_info"]`` and the reset's info merged into ``info``, as
-        ``SyncVectorEnv`` does. ``NEXT_STEP``: an ended instance ignores its next
-        action and is reset instead (reward 0, flags False).
-        """
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-            return self._step_next(actions)
-        result = self.step_batch(actions)
-        vector_info: dict[str, Any] = {}
-        done = result.done
-        for i, info in enumerate(result.infos):
-            if done[i]:
-                step_info = {k: v for k, v in info.items() if k != "reset_info"}
-                vector_info = self._add_info(
-                    vector_info,
-                    {"final_obs": result.final_obs[i], "final_info": step_info},
-                    i,
-                )
-                vector_info = self._add_info(vector_info, info["reset_info"], i)
-            elif info:
-                vector_info = self._add_info(vector_info, info, i)
-        return result.obs, result.reward, result.terminated, result.truncated, vector_info
-
-    def _step_next(
-        self, actions: Any
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        if not self._has_reset:
-            raise ResetNeeded("step() called before reset(); call reset() first")
-        self._require_idle("step()")
-        if self.validate_actions:
-            actions = self.check_actions(actions)
-        pending = self._pending_reset.copy()
-        obs, reward, terminated, infos = self._step_all(actions)
-        truncated = self._truncated()
-        if pending.any():
-            ids = np.flatnonzero(pending).astype(np.int64)
-            rows, reset_infos = self._reset_ids(ids, None, {})
-            obs = _scatter(obs, ids, rows)
-            reward[ids] = 0.0
-            terminated[ids] = False
-            truncated[ids] = False
-            for k, j in enumerate(ids.tolist()):
-                infos[j] = reset_infos[k]
-        self._pending_reset = terminated | truncated
-        self._obs = obs
-        vector_info: dict[str, Any] = {}
-        for i, info in enumerate(infos):
-            if info:
-                vector_info = self._add_info(vector_info, info, i)
-        return obs, reward, terminated, truncated, vector_info
-
     def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         rngs: list[np.random.Generator] = self._rngs  # type: ignore[assignment]
         result = self.step_instances(actions, rngs)
@@ -553,8 +396,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
     ) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
         obs, reward, terminated, infos = result
-        reward_np = _to_numpy(reward).astype(np.float64, copy=False)
-        term_np = _to_numpy(terminated).astype(np.bool_, copy=False)
+        reward_np = to_numpy(reward).astype(np.float64, copy=False)
+        term_np = to_numpy(terminated).astype(np.bool_, copy=False)
         if reward_np.shape != (n,) or term_np.shape != (n,):
             raise ValueError(
                 f"{type(self).__name__}.{hook} must return reward and terminated of "
@@ -571,131 +414,14 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             row_infos = [dict(info) for info in infos]
         return obs, reward_np.copy(), term_np.copy(), row_infos
 
-    def _truncated(self, ids: np.ndarray | None = None) -> np.ndarray:
-        if ids is None or len(ids) == self.num_envs:
-            self._elapsed += 1
-            elapsed = self._elapsed
-        else:
-            self._elapsed[ids] += 1
-            elapsed = self._elapsed[ids]
-        if self.max_episode_steps is None:
-            return np.zeros(len(elapsed), dtype=np.bool_)
-        return elapsed >= self.max_episode_steps
-
-    # ------------------------------------------------------------------------ async
-
-    def send(self, actions: Any, env_ids: Any = None) -> None:
-        """Starts stepping the instances ``env_ids`` (default all) with ``actions`` rows.
-
-        EnvPool-style asynchronous stepping, as :meth:`simkit.vector.VectorEnv.send`:
-        row ``k`` of ``actions`` is for ``env_ids[k]``. Where the subclass can (the
-        native :class:`~simkit.BatchMujocoEnv` backend) the physics starts at once on a
-        background thread; otherwise the step runs in :meth:`recv`. Steps autoreset in
-        the same step, as :meth:`step_batch`; collect them with :meth:`recv`. Each
-        instance's trajectory is bit for bit the one :meth:`step_batch` gives it,
-        whatever the split.
-
-        Raises:
-            ResetNeeded: called before :meth:`reset` / :meth:`async_reset`.
-            ValueError: an id is out of range, repeated, or already in flight.
-            InvalidAction: the actions do not fit (names the rows).
-        """
-        if not self._has_reset:
-            raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
-        ids, actions, _ = self._sorted_subset(env_ids, actions, "send()")
-        pending = self._start_subset(ids, actions)
-        self._in_flight[ids] = True
-        self._pending.append((ids, pending))
-
-    def _check_ids(self, env_ids: Any) -> np.ndarray:
-        ids = None if env_ids is None else _to_numpy(env_ids)
-        return check_send_ids(ids, self.num_envs, self._in_flight)
-
-    def recv(self) -> BatchStep:
-        """The next ``batch_size`` instances, as a :class:`~simkit.BatchStep`.
-
-        Sends are completed first in, first out; ``env_ids`` names the rows' instances
-        (a send's rows sorted by id, sends in the order they were made); send their
-        next actions with :meth:`send`. Rows from :meth:`async_reset` have reward 0, no
-        flags, ``final_obs == obs`` and the reset info under ``"reset_info"``.
-
-        Raises:
-            RuntimeError: fewer than ``batch_size`` instances are in flight.
-        """
-        count = self.batch_size
-        if int(self._in_flight.sum()) < count:
-            raise RuntimeError(
-                f"recv() needs {count} envs in flight, only {int(self._in_flight.sum())} are; "
-                "send() actions for more envs first"
-            )
-        have = sum(len(c.env_ids) for c in self._ready)
-        while have < count:
-            ids, pending = self._pending.popleft()
-            try:
-                result = self._checked(pending.finish(), len(ids), "step_subset")
-                chunk = self._complete(ids, *result)
-            except BaseException:
-                self._abort_async()
-                raise
-            self._ready.append(chunk)
-            have += len(ids)
-        parts: list[BatchStep] = []
-        need = count
-        while need:
-            chunk = self._ready.popleft()
-            if len(chunk.env_ids) > need:
-                chunk, rest = _split(chunk, need)
-                self._ready.appendleft(rest)
-            parts.append(chunk)
-            need -= len(chunk.env_ids)
-        out = parts[0] if len(parts) == 1 else _concat(parts, self.xp)
-        self._in_flight[out.env_ids] = False
-        return out
-
-    def async_reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> None:
-        """Resets (as :meth:`reset`) and queues the reset instances as ready for :meth:`recv`."""
-        ids, infos = self._reset(seed, options)
-        obs = _take_rows(self._obs, ids)
-        k = len(ids)
-        self._ready.append(
-            BatchStep(
-                obs=obs,
-                reward=np.zeros(k, dtype=np.float64),
-                terminated=np.zeros(k, dtype=np.bool_),
-                truncated=np.zeros(k, dtype=np.bool_),
-                final_obs=obs,
-                env_ids=ids.copy(),
-                infos=[{"reset_info": info} for info in infos],
-            )
-        )
-        self._in_flight[ids] = True
-
-    def _abort_async(self) -> None:
-        """After a failed step: wait out every background step and forget in-flight ones."""
-        while self._pending:
-            _, pending = self._pending.popleft()
-            if pending.drain is not None:
-                pending.drain()
-        self._ready.clear()
-        self._in_flight[:] = False
-
-    def _require_idle(self, what: str) -> None:
-        if self._in_flight.any():
-            raise RuntimeError(
-                f"{what} called with envs {np.flatnonzero(self._in_flight).tolist()} in flight; "
-                "recv() them first"
-            )
-
     # ------------------------------------------------------------ action validation
 
     def check_actions(self, actions: Any, num_rows: int | None = None) -> Any:
         """Validates a batch of actions (``num_rows`` rows, default N); canonical form.
 
         ``Box`` and ``Discrete`` single action spaces take a vectorised fast path
-        (numpy or torch); other spaces are checked row by row with
-        :func:`simkit.validate_action`.
+        (numpy, :func:`simkit.vector._actions.check_batch_array`, or torch); other
+        spaces are checked row by row with :func:`simkit.validate_action`.
 
         Raises:
             InvalidAction: wrong shape, dtype, a NaN/inf, or out of range; the message
@@ -704,43 +430,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         space = self.single_action_space
         n = self.num_envs if num_rows is None else num_rows
         if self.xp is not np:
-            return self._check_torch(actions, n)
-        if isinstance(space, spaces.Box):
-            arr = _array_or_raise(actions, (n, *space.shape))
-            if arr.dtype.kind not in "iuf":
-                raise InvalidAction(
-                    f"actions must be a numeric array of shape {(n, *space.shape)}, "
-                    f"got dtype {arr.dtype}"
-                )
-            arr = arr.astype(space.dtype, copy=True)
-            finite = np.isfinite(arr).reshape(n, -1).all(axis=1)
-            if not finite.all():
-                raise InvalidAction(
-                    f"actions must be finite (no NaN or inf); rows {np.flatnonzero(~finite).tolist()} are not"
-                )
-            if self.action_bounds is ActionBounds.CLIP:
-                return np.clip(arr, space.low, space.high).astype(space.dtype, copy=False)
-            bad = ((arr < space.low) | (arr > space.high)).reshape(n, -1).any(axis=1)
-            if bad.any():
-                raise InvalidAction(
-                    f"actions must lie in [{space.low.tolist()}, {space.high.tolist()}]; "
-                    f"rows {np.flatnonzero(bad).tolist()} do not"
-                )
+            return check_torch_actions(self.xp, space, actions, n, self.action_bounds, self.device)
+        arr = check_batch_array(space, actions, np.arange(n), self.action_bounds, "rows")
+        if arr is not None:
             return arr
-        if isinstance(space, spaces.Discrete):
-            arr = _array_or_raise(actions, (n,))
-            if arr.dtype.kind not in "iu":
-                raise InvalidAction(
-                    f"actions must be an integer array of shape ({n},), got dtype {arr.dtype}"
-                )
-            lo, hi = int(space.start), int(space.start + space.n)
-            bad = (arr < lo) | (arr >= hi)
-            if bad.any():
-                raise InvalidAction(
-                    f"actions must be in [{lo}, {hi}); rows {np.flatnonzero(bad).tolist()} "
-                    f"are {arr[bad].tolist()}"
-                )
-            return arr.astype(np.int64)
         rows = list(actions)
         if len(rows) != n:
             raise InvalidAction(f"actions must hold {n} rows, got {len(rows)}")
@@ -749,304 +442,5 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             for i, a in enumerate(rows)
         ]
 
-    def _check_torch(self, actions: Any, n: int) -> Any:
-        torch = self.xp
-        space = self.single_action_space
-        if not isinstance(actions, torch.Tensor):
-            actions = torch.as_tensor(np.asarray(actions), device=self.device)
-        if isinstance(space, spaces.Box):
-            if tuple(actions.shape) != (n, *space.shape):
-                raise InvalidAction(
-                    f"actions must have shape {(n, *space.shape)}, got shape {tuple(actions.shape)}"
-                )
-            if actions.dtype.is_complex or actions.dtype == torch.bool:
-                raise InvalidAction(f"actions must be numeric, got dtype {actions.dtype}")
-            arr = actions.to(device=self.device, dtype=_torch_dtype(torch, space.dtype))
-            if not bool(torch.isfinite(arr).all()):
-                raise InvalidAction("actions must be finite (no NaN or inf)")
-            low = torch.as_tensor(space.low, device=self.device, dtype=arr.dtype)
-            high = torch.as_tensor(space.high, device=self.device, dtype=arr.dtype)
-            if self.action_bounds is ActionBounds.CLIP:
-                return torch.clamp(arr, low, high)
-            if bool(((arr < low) | (arr > high)).any()):
-                raise InvalidAction(
-                    f"actions must lie in [{space.low.tolist()}, {space.high.tolist()}]"
-                )
-            return arr
-        if isinstance(space, spaces.Discrete):
-            if tuple(actions.shape) != (n,) or actions.dtype.is_floating_point:
-                raise InvalidAction(
-                    f"actions must be an integer tensor of shape ({n},), got "
-                    f"{actions.dtype} of shape {tuple(actions.shape)}"
-                )
-            lo, hi = int(space.start), int(space.start + space.n)
-            if bool(((actions < lo) | (actions >= hi)).any()):
-                raise InvalidAction(f"actions must be in [{lo}, {hi})")
-            return actions.to(device=self.device, dtype=torch.int64)
-        raise TypeError(
-            f"torch BatchEnvs support Box and Discrete action spaces, got {type(space).__name__}"
-        )
-
-    # -------------------------------------------------------------------- snapshots
-
-    def get_env_state(self) -> dict[str, Any]:
-        """The author's dynamic state as plain data; defaults to ``state_attributes``."""
-        names = self._declared_state_attributes("get_env_state")
-        return {name: _plain_copy(getattr(self, name)) for name in names}
-
-    def set_env_state(self, state: Mapping[str, Any]) -> None:
-        """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
-        names = self._declared_state_attributes("set_env_state")
-        if set(state) != set(names):
-            raise InvalidState(
-                f"{type(self).__name__} state must hold {sorted(names)}, got {sorted(state)}"
-            )
-        for name in names:
-            setattr(self, name, self._restore_like(getattr(self, name, None), state[name]))
-
-    def _declared_state_attributes(self, hook: str) -> tuple[str, ...]:
-        if self.state_attributes is None:
-            raise NotImplementedError(
-                f"{type(self).__name__} must declare state_attributes or override {hook}()"
-            )
-        return self.state_attributes
-
-    def _restore_like(self, current: Any, value: Any) -> Any:
-        if self.xp is not np and isinstance(current, self.xp.Tensor):
-            return self.xp.as_tensor(np.array(value), device=current.device, dtype=current.dtype)
-        if self.xp is not np and isinstance(value, np.ndarray):
-            return self.xp.as_tensor(value.copy(), device=self.device)
-        return copy.deepcopy(value)
-
-    def get_state(self) -> dict[str, Any]:
-        """A snapshot of the whole batch: every instance's RNG, params, counters and state.
-
-        Plain data (msgpack-able with :mod:`simkit.snapshot`); ``set_state`` on this or
-        a fresh batch of the same class and size continues bit-identically.
-        """
-        if not self._has_reset:
-            raise ResetNeeded("get_state() called before reset(); call reset() first")
-        self._require_idle("get_state()")
-        return {
-            "format": BATCH_STATE_FORMAT,
-            "env": f"{type(self).__module__}:{type(self).__qualname__}",
-            "num_envs": self.num_envs,
-            "root_seed": self._root_seed,
-            "episode_index": self._episode_index.copy(),
-            "rngs": [rng_to_plain(r) for r in self._rngs if r is not None],
-            "params": copy.deepcopy(self._params),
-            "elapsed_steps": self._elapsed.copy(),
-            "max_episode_steps": self.max_episode_steps,
-            "pending_reset": self._pending_reset.copy(),
-            "obs": _plain_copy(self._obs),
-            "data": self.get_env_state(),
-        }
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores a snapshot from :meth:`get_state`.
-
-        Raises:
-            InvalidState: malformed, from another class, or of another batch size.
-        """
-        if not isinstance(state, Mapping):
-            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
-        self._require_idle("set_state()")
-        fields = {
-            "format",
-            "env",
-            "num_envs",
-            "root_seed",
-            "episode_index",
-            "rngs",
-            "params",
-            "elapsed_steps",
-            "pending_reset",
-            "obs",
-            "data",
-        }
-        missing = fields - set(state)
-        if missing:
-            raise InvalidState(
-                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
-            )
-        if state["format"] != BATCH_STATE_FORMAT:
-            raise InvalidState(
-                f"state format must be {BATCH_STATE_FORMAT}, got {state['format']!r}"
-            )
-        expected = f"{type(self).__module__}:{type(self).__qualname__}"
-        if state["env"] != expected:
-            raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
-        if state["num_envs"] != self.num_envs or len(state["rngs"]) != self.num_envs:
-            raise InvalidState(
-                f"state holds {state['num_envs']} instances, this batch has {self.num_envs}"
-            )
-        self._root_seed = int(state["root_seed"])
-        self._episode_index = np.array(state["episode_index"], dtype=np.int64)
-        self._rngs = [rng_from_plain(r) for r in state["rngs"]]
-        self._params = [copy.deepcopy(dict(p)) for p in state["params"]]
-        self._elapsed = np.array(state["elapsed_steps"], dtype=np.int64)
-        if "max_episode_steps" in state:
-            self.max_episode_steps = state["max_episode_steps"]
-        self._pending_reset = np.array(state["pending_reset"], dtype=np.bool_)
-        self._update_param_arrays(np.arange(self.num_envs, dtype=np.int64))
-        self._obs = self._restore_like(self._obs, state["obs"])
-        self._has_reset = True
-        self.set_env_state(state["data"])
-
-    # ---------------------------------------------------------------------- helpers
-
-    def _per_instance(self, value: Any, what: str) -> list[Mapping[str, Any]]:
-        if value is None:
-            return [{}] * self.num_envs
-        if isinstance(value, Mapping):
-            return [dict(value)] * self.num_envs
-        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-            if len(value) != self.num_envs or not all(isinstance(v, Mapping) for v in value):
-                raise ValueError(
-                    f"{what} must be one mapping or {self.num_envs} mappings (one per instance), "
-                    f"got a sequence of {len(value)}"
-                )
-            return [dict(v) for v in value]
-        raise TypeError(
-            f"{what} must be a mapping or a sequence of mappings, got {type(value).__name__}"
-        )
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_envs={self.num_envs})"
-
-
-@dataclass(frozen=True)
-class PendingStep:
-    """A started subset step: ``finish()`` waits for it and returns the step hook's
-    tuple; ``drain()`` (if any) only waits for background work, after a failure."""
-
-    finish: Callable[[], tuple[Any, Any, Any, list[dict[str, Any]] | None]]
-    drain: Callable[[], object] | None = None
-
-
-def _take_rows(x: Any, ids: np.ndarray) -> Any:
-    if isinstance(x, np.ndarray):
-        return x[ids]
-    import torch
-
-    return x[torch.as_tensor(ids, device=x.device)]
-
-
-def _split(step: BatchStep, k: int) -> tuple[BatchStep, BatchStep]:
-    """The first ``k`` rows of ``step`` and the rest."""
-
-    def part(sl: slice) -> BatchStep:
-        return BatchStep(
-            obs=step.obs[sl],
-            reward=step.reward[sl],
-            terminated=step.terminated[sl],
-            truncated=step.truncated[sl],
-            final_obs=step.final_obs[sl],
-            env_ids=step.env_ids[sl],
-            infos=step.infos[sl],
-        )
-
-    return part(slice(0, k)), part(slice(k, None))
-
-
-def _concat(parts: list[BatchStep], xp: Any) -> BatchStep:
-    cat = np.concatenate if xp is np else xp.cat
-    return BatchStep(
-        obs=cat([p.obs for p in parts]),
-        reward=np.concatenate([p.reward for p in parts]),
-        terminated=np.concatenate([p.terminated for p in parts]),
-        truncated=np.concatenate([p.truncated for p in parts]),
-        final_obs=cat([p.final_obs for p in parts]),
-        env_ids=np.concatenate([p.env_ids for p in parts]),
-        infos=[info for p in parts for info in p.infos],
-    )
-
-
-def _to_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach"):
-        return np.asarray(x.detach().cpu().numpy())
-    return np.asarray(x)
-
-
-def _plain_copy(x: Any) -> Any:
-    if x is None:
-        return None
-    if hasattr(x, "detach"):
-        return np.array(x.detach().cpu().numpy(), copy=True)
-    return copy.deepcopy(x)
-
-
-def _scatter(full: Any, ids: np.ndarray, rows: Any) -> Any:
-    """A copy of ``full`` with rows ``ids`` replaced by ``rows`` (numpy or torch)."""
-    if isinstance(full, np.ndarray):
-        out = full.copy()
-        out[ids] = rows
-        return out
-    if hasattr(full, "clone"):
-        import torch
-
-        out = full.clone()
-        out[torch.as_tensor(ids, device=full.device)] = rows
-        return out
-    raise TypeError(
-        f"observations must be numpy arrays or torch tensors, got {type(full).__name__}"
-    )
-
-
-def _array_or_raise(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
-    try:
-        arr = np.asarray(actions)
-    except (TypeError, ValueError) as exc:
-        raise InvalidAction(
-            f"actions must be array-like with shape {shape}, got {actions!r}"
-        ) from exc
-    if arr.shape != shape:
-        raise InvalidAction(f"actions must have shape {shape}, got shape {arr.shape}")
-    return arr
-
-
-def _torch_dtype(torch: Any, dtype: Any) -> Any:
-    return {np.float32: torch.float32, np.float64: torch.float64}.get(
-        np.dtype(dtype).type, torch.float32
-    )
-
-
-def _copy_params(params: Params) -> Params:
-    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in params.items()}
-
-
-def _compile_sampler(
-    resolved: Mapping[str, Distribution | Any],
-) -> Callable[[np.random.Generator], Params]:
-    """A sampler equal to ``sample_params(resolved, rng)`` draw for draw, bit for bit.
-
-    Scalar ``Uniform``/``LogUniform`` parameters skip the per-call array broadcasting
-    of :meth:`Distribution.sample` (the same generator calls on the same float64
-    bounds); anything else falls back to :func:`sample_params`.
-    """
-    plan: list[tuple[str, int, Any, Any]] = []
-    for name, spec in resolved.items():
-        if type(spec) is Uniform and spec.shape == ():
-            plan.append((name, 0, float(spec.low), float(spec.high)))  # type: ignore[arg-type]
-        elif type(spec) is LogUniform and spec.shape == ():
-            lo, hi = np.float64(spec.low), np.float64(spec.high)  # type: ignore[arg-type]
-            plan.append((name, 1, np.log(lo), np.log(hi)))
-        elif isinstance(spec, Distribution | np.ndarray):
-            return lambda rng: sample_params(resolved, rng)
-        else:
-            plan.append((name, 2, spec, None))
-
-    def sample(rng: np.random.Generator) -> Params:
-        out: Params = {}
-        for name, kind, a, b in plan:
-            if kind == 0:
-                out[name] = float(rng.uniform(a, b))
-            elif kind == 1:
-                out[name] = float(np.exp(rng.uniform(a, b)))
-            else:
-                out[name] = a
-        return out
-
-    return sample

@@ -9,17 +9,26 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium.utils import seeding
 
+from simkit._state import check_state_attributes
 from simkit._validation import ActionBounds
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
 from simkit.snapshot import rng_from_plain, rng_to_plain
 
-__all__ = ["STATE_FORMAT", "ContractCore"]
+__all__ = [
+    "STATE_FORMAT",
+    "CapturedState",
+    "ContractCore",
+    "action_bounds_of",
+    "check_max_episode_steps",
+    "declared_state_attributes",
+]
 
 STATE_FORMAT = 1
 """Version of the snapshot layout produced by ``get_state``."""
@@ -62,13 +71,7 @@ class ContractCore:
             raise ValueError(f"render_mode must be one of {modes} or None, got {render_mode!r}")
         self.render_mode = render_mode
         if max_episode_steps is not None:
-            if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int):
-                raise TypeError(
-                    f"max_episode_steps must be an int or None, got {type(max_episode_steps).__name__}"
-                )
-            if max_episode_steps <= 0:
-                raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
-            self.max_episode_steps = max_episode_steps
+            self.max_episode_steps = check_max_episode_steps(max_episode_steps)
         resolve_overrides(self.randomization, params)  # validates names and domains now
         self._env_overrides = dict(params or {})
         self.validate_actions = validate_actions
@@ -80,10 +83,7 @@ class ContractCore:
     @property
     def action_bounds(self) -> ActionBounds:
         """The declared out-of-bounds policy for continuous actions."""
-        mode = self.metadata.get("action_bounds", ActionBounds.CLIP)
-        if not isinstance(mode, ActionBounds):
-            raise TypeError(f"metadata['action_bounds'] must be an ActionBounds, got {mode!r}")
-        return mode
+        return action_bounds_of(self.metadata)
 
     @property
     def params(self) -> Params:
@@ -138,24 +138,18 @@ class ContractCore:
 
     def get_env_state(self) -> dict[str, Any]:
         """The author's dynamic state as plain data; defaults to ``state_attributes``."""
-        names = self._declared_state_attributes("get_env_state")
+        names = declared_state_attributes(self, "get_env_state")
         return {name: copy.deepcopy(getattr(self, name)) for name in names}
 
     def set_env_state(self, state: Mapping[str, Any]) -> None:
         """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
-        names = self._declared_state_attributes("set_env_state")
-        if not isinstance(state, Mapping) or set(state) != set(names):
-            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-            raise InvalidState(f"{type(self).__name__} state must hold {sorted(names)}, got {got}")
+        names = declared_state_attributes(self, "set_env_state")
+        check_state_attributes(type(self).__name__, names, state, self._live_attribute)
         for name in names:
             setattr(self, name, copy.deepcopy(state[name]))
 
-    def _declared_state_attributes(self, hook: str) -> tuple[str, ...]:
-        if self.state_attributes is None:
-            raise NotImplementedError(
-                f"{type(self).__name__} must declare state_attributes or override {hook}()"
-            )
-        return self.state_attributes
+    def _live_attribute(self, name: str) -> Any:
+        return getattr(self, name, None)
 
     def get_state(self) -> dict[str, Any]:
         """A complete snapshot: RNG, randomized parameters, step counter and env state.
@@ -214,8 +208,8 @@ class ContractCore:
         if limit is not None and (not _is_int(limit) or limit <= 0):
             raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
         # Core fields are committed before set_env_state (simulators read the params
-        # there) and rolled back if the author's state is rejected.
-        saved = {name: getattr(self, name) for name in _CORE_STATE}
+        # there); if the author's state is rejected, everything is rolled back.
+        saved = self.capture_state()
         self._np_random = rng
         self._np_random_seed = -1  # as Gymnasium marks a generator set from outside
         self._params = copy.deepcopy(dict(params))
@@ -227,9 +221,38 @@ class ContractCore:
             self._restore_extra_state(state)
             self.set_env_state(state["data"])
         except Exception:
-            for name, value in saved.items():
-                setattr(self, name, value)
+            self.restore_captured(saved)
             raise
+
+    def capture_state(self) -> CapturedState:
+        """Everything :meth:`set_state` may change, for :meth:`restore_captured`.
+
+        Unlike :meth:`get_state` this works before the first reset too, so a rejected
+        snapshot (here, or of a later env in a vector) can be undone exactly.
+        """
+        core = {name: getattr(self, name, None) for name in _CORE_STATE}
+        try:
+            data = self.get_env_state()
+        except Exception:  # an env whose author state only exists after reset
+            data = None
+        return CapturedState(core, copy.deepcopy(self._extra_state()), data)
+
+    def restore_captured(self, captured: CapturedState) -> None:
+        """Puts back what :meth:`capture_state` captured."""
+        for name, value in captured.core.items():
+            setattr(self, name, value)
+        self._restore_extra_state(captured.extra)
+        if captured.data is not None:
+            self.set_env_state(captured.data)
+
+
+@dataclass(frozen=True)
+class CapturedState:
+    """What :meth:`ContractCore.capture_state` took: core fields, extra fields, author data."""
+
+    core: dict[str, Any]
+    extra: dict[str, Any]
+    data: Any
 
 
 _CORE_STATE = (
@@ -242,6 +265,42 @@ _CORE_STATE = (
     "_has_reset",
 )
 """What ``set_state`` commits before the author's state and rolls back if it is rejected."""
+
+
+def check_max_episode_steps(value: Any) -> int:
+    """A time limit given to a constructor: a positive int.
+
+    Raises:
+        TypeError: not an int.
+        ValueError: not positive.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_episode_steps must be an int or None, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"max_episode_steps must be positive, got {value}")
+    return value
+
+
+def action_bounds_of(metadata: Mapping[str, Any]) -> ActionBounds:
+    """The ``metadata["action_bounds"]`` policy (default ``CLIP``), checked."""
+    mode = metadata.get("action_bounds", ActionBounds.CLIP)
+    if not isinstance(mode, ActionBounds):
+        raise TypeError(f"metadata['action_bounds'] must be an ActionBounds, got {mode!r}")
+    return mode
+
+
+def declared_state_attributes(env: Any, hook: str) -> tuple[str, ...]:
+    """``env.state_attributes``, or the error telling the author what to declare.
+
+    Raises:
+        NotImplementedError: no ``state_attributes`` and ``hook`` not overridden.
+    """
+    names: tuple[str, ...] | None = env.state_attributes
+    if names is None:
+        raise NotImplementedError(
+            f"{type(env).__name__} must declare state_attributes or override {hook}()"
+        )
+    return names
 
 
 def _is_int(value: Any) -> bool:

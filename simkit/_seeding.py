@@ -1,4 +1,4 @@
-"""Scheduling-independent seed derivation for batches of envs.
+"""Scheduling-independent seeds for batches of envs, in one place.
 
 Every episode of every env gets its own seed, a pure function of
 ``(root_seed, env_index, episode_index)``:
@@ -8,15 +8,150 @@ Every episode of every env gets its own seed, a pure function of
 read as one little-endian 64-bit integer. Because no counter is shared between envs,
 the data an env produces does not depend on thread count, batch split, or the order
 in which episodes finish.
+
+:class:`EpisodeSeeds` owns that bookkeeping for N envs (root seeds, episode counters,
+the env offset of a server's share of a larger vector, Gymnasium's list-of-seeds form)
+and is what every batched path uses: ``VectorEnv``, ``MultiAgentVectorEnv``,
+``BatchEnv`` and the server hosts. The derivation is vectorised over the envs being
+reset: :func:`episode_seeds` reimplements NumPy's ``SeedSequence`` mixing in uint32
+array arithmetic (bit-identical, pinned by a test), and :func:`pcg64_generators` builds
+``Generator(PCG64(seed))`` for many seeds at once by computing the PCG64 states the
+same way and setting them on reusable generators.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 
-__all__ = ["episode_seed", "MAX_ROOT_SEED"]
+__all__ = [
+    "EpisodeSeeds",
+    "MAX_ROOT_SEED",
+    "episode_seed",
+    "episode_seeds",
+    "pcg64_generators",
+    "random_root",
+]
 
 MAX_ROOT_SEED = 2**63 - 1
+_BLOCK = 16
+_MAX_BLOCKS = 16
+
+_M32 = 0xFFFFFFFF
+_INIT_A = 0x43B0D7E5
+_MULT_A = 0x931E8875
+_INIT_B = 0x8B51F9DD
+_MULT_B = 0x58F38DED
+_MIX_MULT_L = 0xCA01F9DD
+_MIX_MULT_R = 0x4973F715
+_POOL_SIZE = 4
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
+_M128 = (1 << 128) - 1
+
+
+def _words(n: int) -> list[int]:
+    """NumPy's ``_int_to_uint32_array``: little-endian uint32 words, at least one."""
+    out = [n & _M32]
+    n >>= 32
+    while n:
+        out.append(n & _M32)
+        n >>= 32
+    return out
+
+
+def _mix_pool(entropy: list[np.ndarray]) -> list[np.ndarray]:
+    """``SeedSequence.mix_entropy`` over columns of uint32 entropy words (one per seed)."""
+    const = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal const
+        value = value ^ np.uint32(const)
+        const = (const * _MULT_A) & _M32
+        value = value * np.uint32(const)
+        return value ^ (value >> np.uint32(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result: np.ndarray = x * np.uint32(_MIX_MULT_L) - y * np.uint32(_MIX_MULT_R)
+        return result ^ (result >> np.uint32(16))
+
+    zeros = np.zeros_like(entropy[0])
+    pool = [hashmix(entropy[i] if i < len(entropy) else zeros) for i in range(_POOL_SIZE)]
+    for src in range(_POOL_SIZE):
+        for dst in range(_POOL_SIZE):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL_SIZE, len(entropy)):
+        for dst in range(_POOL_SIZE):
+            pool[dst] = mix(pool[dst], hashmix(entropy[src]))
+    return pool
+
+
+def _generate(pool: list[np.ndarray], n_words: int) -> list[np.ndarray]:
+    """``SeedSequence.generate_state(n_words, uint32)`` per column."""
+    const = _INIT_B
+    out = []
+    for i in range(n_words):
+        value = pool[i % _POOL_SIZE] ^ np.uint32(const)
+        const = (const * _MULT_B) & _M32
+        value = value * np.uint32(const)
+        out.append(value ^ (value >> np.uint32(16)))
+    return out
+
+
+def _as_u64(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return lo.astype(np.uint64) | (hi.astype(np.uint64) << np.uint64(32))
+
+
+def _check_root(root_seed: int) -> None:
+    if not 0 <= root_seed <= MAX_ROOT_SEED:
+        raise ValueError(f"root seed must be in [0, 2**63), got {root_seed}")
+
+
+def episode_seeds(root_seed: int, env_index: Any, episode_index: Any) -> np.ndarray:
+    """``episode_seed(root_seed, i, k)`` for arrays of ``i`` and ``k``, as uint64.
+
+    Args:
+        root_seed: the root, in ``[0, 2**63)``.
+        env_index: ``(n,)`` non-negative env indices.
+        episode_index: ``(n,)`` non-negative episode indices.
+
+    Raises:
+        ValueError: a negative index or a root out of range.
+    """
+    _check_root(root_seed)
+    envs = np.asarray(env_index, dtype=np.int64).reshape(-1)
+    episodes = np.asarray(episode_index, dtype=np.int64).reshape(-1)
+    if envs.shape != episodes.shape:
+        raise ValueError(
+            f"env_index and episode_index must have one shape, got {envs.shape}, {episodes.shape}"
+        )
+    if envs.size and (envs.min() < 0 or episodes.min() < 0):
+        raise ValueError("env_index and episode_index must be >= 0")
+    out = np.empty(envs.shape, dtype=np.uint64)
+    # Entropy: the root's words padded to the pool size (there is a spawn key), then
+    # the words of env and episode index (one below 2**32, two above): one vectorised
+    # pass per combination of word counts.
+    root = _words(root_seed)
+    root += [0] * (_POOL_SIZE - len(root))
+    env_hi, ep_hi = envs >> 32, episodes >> 32
+    for env_two in (False, True):
+        for ep_two in (False, True):
+            sel = ((env_hi != 0) == env_two) & ((ep_hi != 0) == ep_two)
+            if not sel.any():
+                continue
+            n = int(sel.sum())
+            columns = [np.full(n, w, dtype=np.uint32) for w in root]
+            columns.append((envs[sel] & _M32).astype(np.uint32))
+            if env_two:
+                columns.append(env_hi[sel].astype(np.uint32))
+            columns.append((episodes[sel] & _M32).astype(np.uint32))
+            if ep_two:
+                columns.append(ep_hi[sel].astype(np.uint32))
+            lo, hi = _generate(_mix_pool(columns), 2)
+            out[sel] = _as_u64(lo, hi)
+    return out
 
 
 def episode_seed(root_seed: int, env_index: int, episode_index: int) -> int:
@@ -25,13 +160,324 @@ def episode_seed(root_seed: int, env_index: int, episode_index: int) -> int:
     Raises:
         ValueError: any argument is negative (or the root seed exceeds 63 bits).
     """
-    if not 0 <= root_seed <= MAX_ROOT_SEED:
-        raise ValueError(f"root seed must be in [0, 2**63), got {root_seed}")
+    _check_root(root_seed)
     if env_index < 0 or episode_index < 0:
         raise ValueError(
             f"env_index and episode_index must be >= 0, got {env_index}, {episode_index}"
         )
-    words = np.random.SeedSequence(root_seed, spawn_key=(env_index, episode_index)).generate_state(
-        2, np.uint32
-    )
-    return int(words[0]) | (int(words[1]) << 32)
+    return int(episode_seeds(root_seed, [env_index], [episode_index])[0])
+
+
+def _pcg64_words(seeds: np.ndarray) -> np.ndarray:
+    """``SeedSequence(seed).generate_state(4, uint64)`` per 64-bit seed, as ``(n, 4)``."""
+    seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
+    lo = (seeds & np.uint64(_M32)).astype(np.uint32)
+    hi = (seeds >> np.uint64(32)).astype(np.uint32)
+    out = np.empty((seeds.size, 4), dtype=np.uint64)
+    two = hi != 0
+    for mask, columns in ((two, [lo, hi]), (~two, [lo])):
+        if mask.any():
+            words = _generate(_mix_pool([c[mask] for c in columns]), 8)
+            out[mask] = np.stack(
+                [_as_u64(words[2 * j], words[2 * j + 1]) for j in range(4)], axis=1
+            )
+    return out
+
+
+def _pcg64_state(words: Sequence[int]) -> tuple[int, int]:
+    """PCG64's ``(state, inc)`` from its four seeding words (``pcg64_set_seed``)."""
+    s0, s1, i0, i1 = words
+    initstate, initseq = (s0 << 64) | s1, (i0 << 64) | i1
+    inc = ((initseq << 1) | 1) & _M128
+    return ((inc + initstate) * _PCG_MULT + inc) & _M128, inc  # state 0, step, add, step
+
+
+def _seed_generator(rng: np.random.Generator | None, words: Sequence[int]) -> np.random.Generator:
+    if rng is None or not isinstance(rng.bit_generator, np.random.PCG64):
+        rng = np.random.Generator(np.random.PCG64(0))
+    state, inc = _pcg64_state(words)
+    rng.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": state, "inc": inc},
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
+    return rng
+
+
+def pcg64_generators(
+    seeds: Any, reuse: Sequence[np.random.Generator | None] | None = None
+) -> list[np.random.Generator]:
+    """``np.random.Generator(np.random.PCG64(seed))`` for every seed, built at once.
+
+    What ``gymnasium.utils.seeding.np_random(seed)`` returns, bit for bit. ``reuse[j]``,
+    a PCG64 generator the caller no longer needs, is re-seeded in place instead of
+    building a new one.
+
+    Args:
+        seeds: ``(n,)`` seeds in ``[0, 2**64)``.
+        reuse: optional ``n`` generators (or ``None``) to re-seed.
+    """
+    words = _pcg64_words(np.asarray(seeds, dtype=np.uint64))
+    return [
+        _seed_generator(reuse[j] if reuse is not None else None, row)
+        for j, row in enumerate(words.tolist())
+    ]
+
+
+def random_root() -> int:
+    """A fresh root seed from OS entropy, for a first reset without a seed."""
+    return int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+
+
+class EpisodeSeeds:
+    """Which seed each reset of N envs uses: roots, episode counters, env offset.
+
+    Env ``i`` under root ``r`` starts episode ``k`` with
+    ``episode_seed(r, env_offset + i, k)``. A reset takes Gymnasium's forms:
+
+    - ``seed=int``: the envs reset restart at episode 0 under that root;
+    - ``seed=[int | None] * N`` (one entry per env): an ``int`` resets env ``i`` with
+      exactly that seed, after which it continues its own generator (no root); ``None``
+      continues as below;
+    - ``seed=None``: each env starts its next episode under its root; an env never
+      seeded gets a fresh random root (one per call, shared by those envs).
+
+    ``env_offset`` (a server hosting envs ``offset..offset+N-1`` of a client's vector)
+    applies to the derivation only, so one vector split across servers gets the seeds
+    of one local vector.
+
+    Attributes:
+        roots: each env's root seed; ``None`` for an env reset with an explicit seed
+            (or never reset).
+        episode: ``(N,)`` int64 current episode of each env, -1 before its first.
+        env_offset: added to the env index in the derivation.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+        self.roots: list[int | None] = [None] * num_envs
+        self.episode = np.full(num_envs, -1, dtype=np.int64)
+        self.env_offset = 0
+        self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
+        self._words: dict[tuple[int, int, int], list[list[list[int]]]] = {}
+
+    def plan(self, ids: np.ndarray, seed: Any = None) -> list[int | None]:
+        """Seeds for resetting envs ``ids`` (in that order); advances the counters.
+
+        Returns:
+            One entry per id: the seed to pass to the env's ``reset``, or ``None`` where
+            the env continues its own generator (explicitly seeded before, no root).
+
+        Raises:
+            ValueError: a root out of range, a list of the wrong length, a bad entry.
+            TypeError: ``seed`` of another type.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        n = self.num_envs
+        if seed is None:
+            return self.next(ids)
+        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+            seed = int(seed)
+            if not 0 <= seed <= MAX_ROOT_SEED:
+                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+            for i in ids.tolist():
+                self.roots[i] = seed
+            self.episode[ids] = -1
+            return self.next(ids)
+        if isinstance(seed, Sequence) and not isinstance(seed, str | bytes):
+            if len(seed) != n:
+                raise ValueError(f"a list of seeds must hold num_envs={n} entries, got {len(seed)}")
+            out: list[int | None] = [None] * len(ids)
+            follow = []
+            for k, i in enumerate(ids.tolist()):
+                s = seed[i]
+                if s is None:
+                    follow.append(k)
+                elif isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0:
+                    self.roots[i] = None
+                    self.episode[i] = 0
+                    out[k] = int(s)
+                else:
+                    raise ValueError(f"seed[{i}] must be a non-negative int or None, got {s!r}")
+            if follow:
+                for k, s in zip(follow, self.next(ids[follow]), strict=True):
+                    out[k] = s
+            return out
+        raise TypeError(
+            f"seed must be an int, a list of int | None, or None, got {type(seed).__name__}"
+        )
+
+    def restart(self, root: int) -> None:
+        """Puts every env under ``root`` before its first episode (a ``BatchEnv`` root seed)."""
+        if not 0 <= root <= MAX_ROOT_SEED:
+            raise ValueError(f"seed must be in [0, 2**63), got {root}")
+        self.roots = [root] * self.num_envs
+        self.episode[:] = -1
+
+    def plan_reset(
+        self, ids: np.ndarray, seed: int | None = None, seeds: Sequence[int] | None = None
+    ) -> list[int | None]:
+        """The array API's reset: a root ``seed``, explicit ``seeds`` (``seeds[k]`` for
+        ``ids[k]``), or neither (each env's next episode)."""
+        if seed is not None:
+            return self.plan(ids, seed)
+        if seeds is not None:
+            return self.plan_explicit(ids, seeds)
+        return self.next(ids)
+
+    def plan_explicit(self, ids: np.ndarray, seeds: Sequence[int]) -> list[int | None]:
+        """Resets ``ids[k]`` with exactly ``seeds[k]`` (the wire protocol's ``seeds``)."""
+        full: list[int | None] = [None] * self.num_envs
+        for i, s in zip(np.asarray(ids).tolist(), seeds, strict=True):
+            full[i] = s
+        return self.plan(ids, full)
+
+    def next(self, ids: np.ndarray) -> list[int | None]:
+        """Starts the next episode of each env in ``ids`` under its root."""
+        ids = self._advance(ids)
+        out: list[int | None] = [None] * len(ids)
+        for root, ks in self._by_root(ids).items():
+            seeds = self._lookup(root, ids[ks])
+            for k, s in zip(ks, seeds.tolist(), strict=True):
+                out[k] = s
+        return out
+
+    def next_one(self, i: int) -> int | None:
+        """:meth:`next` for one env: the seed of env ``i``'s next episode (or ``None``)."""
+        if self.roots[i] is None and self.episode[i] < 0:
+            self.roots[i] = random_root()
+        self.episode[i] += 1
+        root = self.roots[i]
+        if root is None:
+            return None
+        e = int(self.episode[i])
+        return int(self._block(root, e // _BLOCK)[i, e % _BLOCK])
+
+    def next_generators(
+        self, ids: np.ndarray, reuse: Sequence[np.random.Generator | None]
+    ) -> list[np.random.Generator]:
+        """Starts the next episode of each env in ``ids``; returns their generators.
+
+        Generator ``k`` equals ``np.random.Generator(np.random.PCG64(seed))`` for the
+        seed :meth:`next` would return (what ``reset(seed=...)`` of a single env builds);
+        ``reuse[k]`` is re-seeded in place where given. Every env must have a root after
+        the call (it has, unless it was reset with an explicit seed).
+
+        Raises:
+            ValueError: an env has no root seed.
+        """
+        ids = self._advance(ids)
+        out: list[np.random.Generator] = [None] * len(ids)  # type: ignore[list-item]
+        groups = self._by_root(ids)
+        if sum(len(ks) for ks in groups.values()) != len(ids):
+            raise ValueError("next_generators needs every env to have a root seed")
+        for root, ks in groups.items():
+            rows = ids[ks]
+            episodes = self.episode[rows]
+            for k, i, e in zip(ks, rows.tolist(), episodes.tolist(), strict=True):
+                words = self._words_block(root, e // _BLOCK)[i][e % _BLOCK]
+                out[k] = _seed_generator(reuse[k], words)
+        return out
+
+    def _words_block(self, root: int, b: int) -> list[list[list[int]]]:
+        key = (root, self.env_offset, b)
+        table = self._words.get(key)
+        if table is None:
+            seeds = self._block(root, b)
+            table = _pcg64_words(seeds.reshape(-1)).reshape(self.num_envs, _BLOCK, 4).tolist()
+            if len(self._words) >= _MAX_BLOCKS:
+                self._words.clear()
+            self._words[key] = table
+        return table
+
+    def _advance(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        fresh = [i for i in ids.tolist() if self.roots[i] is None and self.episode[i] < 0]
+        if fresh:
+            root = random_root()
+            for i in fresh:
+                self.roots[i] = root
+        self.episode[ids] += 1
+        return ids
+
+    def _by_root(self, ids: np.ndarray) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        roots = self.roots
+        for k, i in enumerate(ids.tolist()):
+            root = roots[i]
+            if root is not None:
+                groups.setdefault(root, []).append(k)
+        return groups
+
+    def _lookup(self, root: int, ids: np.ndarray) -> np.ndarray:
+        """Seeds of the current episodes of ``ids`` under ``root``.
+
+        Derived in blocks of ``_BLOCK`` episodes for all N envs at once and cached, so a
+        reset costs a lookup instead of a hash (the vectorised derivation has a fixed
+        cost that only pays over many seeds).
+        """
+        episodes = self.episode[ids]
+        blocks = episodes // _BLOCK
+        out = np.empty(len(ids), dtype=np.uint64)
+        for b in np.unique(blocks).tolist():
+            sel = blocks == b
+            out[sel] = self._block(root, b)[ids[sel], episodes[sel] - b * _BLOCK]
+        return out
+
+    def _block(self, root: int, b: int) -> np.ndarray:
+        key = (root, self.env_offset, b)
+        table = self._seeds.get(key)
+        if table is None:
+            n = self.num_envs
+            envs = np.repeat(np.arange(n, dtype=np.int64) + self.env_offset, _BLOCK)
+            eps = np.tile(np.arange(b * _BLOCK, (b + 1) * _BLOCK, dtype=np.int64), n)
+            table = episode_seeds(root, envs, eps).reshape(n, _BLOCK)
+            if len(self._seeds) >= _MAX_BLOCKS:
+                self._seeds.clear()
+            self._seeds[key] = table
+        return table
+
+    def get_state(self) -> dict[str, Any]:
+        """Plain data: ``root_seeds``, ``episode_index`` (a copy) and ``env_offset``."""
+        return {
+            "root_seeds": list(self.roots),
+            "episode_index": self.episode.copy(),
+            "env_offset": self.env_offset,
+        }
+
+    @staticmethod
+    def parse_state(state: Mapping[str, Any], num_envs: int) -> dict[str, Any]:
+        """Checks and converts what :meth:`get_state` returned, changing nothing.
+
+        Raises:
+            simkit.errors.InvalidState: wrong lengths or types.
+        """
+        from simkit.errors import InvalidState
+
+        roots, episode = state.get("root_seeds"), state.get("episode_index")
+        if not isinstance(roots, list | tuple) or len(roots) != num_envs:
+            raise InvalidState(f"state['root_seeds'] must be a list of {num_envs} int | None")
+        for r in roots:
+            if r is not None and (isinstance(r, bool) or not isinstance(r, int | np.integer)):
+                raise InvalidState(f"state['root_seeds'] entries must be int | None, got {r!r}")
+        arr = np.asarray(episode, dtype=np.int64) if episode is not None else None
+        if arr is None or arr.shape != (num_envs,):
+            raise InvalidState(
+                f"state['episode_index'] must have shape ({num_envs},), got "
+                f"{None if arr is None else arr.shape}"
+            )
+        offset = state.get("env_offset", 0)
+        if isinstance(offset, bool) or not isinstance(offset, int | np.integer) or offset < 0:
+            raise InvalidState(f"state['env_offset'] must be an int >= 0, got {offset!r}")
+        return {
+            "roots": [None if r is None else int(r) for r in roots],
+            "episode": arr.copy(),
+            "env_offset": int(offset),
+        }
+
+    def set_state(self, parsed: Mapping[str, Any]) -> None:
+        """Restores what :meth:`parse_state` returned."""
+        self.roots = list(parsed["roots"])
+        self.episode = np.array(parsed["episode"], dtype=np.int64)
+        self.env_offset = int(parsed["env_offset"])

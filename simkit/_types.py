@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchStep", "MultiAgentBatchStep", "Fragment"]
+__all__ = ["BatchStep", "MultiAgentBatchStep", "Fragment", "StepFault"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,22 @@ class Fragment:
     def num_rows(self) -> int:
         """``R``."""
         return int(self.log_probs.shape[1])
+
+
+@dataclass(frozen=True)
+class StepFault:
+    """An env that raised under fault isolation (``isolate_faults=True`` of a vector).
+
+    Its episode ended (truncated, reward 0, its last observation as final observation)
+    and it was reset; if the reset raised too (``during == "reset"``) the env stays
+    broken, and every later step of it reports ``during == "broken"`` until it is reset.
+
+    Attributes:
+        env_id: the env index.
+        error: the exception (``None`` for ``"broken"``).
+        during: ``"step"``, ``"reset"`` or ``"broken"``.
+    """
+
+    env_id: int
+    error: Exception | None
+    during: str

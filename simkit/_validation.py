@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from simkit._seeding import MAX_ROOT_SEED
 from simkit.errors import InvalidAction
 
-__all__ = ["ActionBounds", "validate_action", "EnvIdsError", "check_env_ids", "check_send_ids"]
+__all__ = ["ActionBounds", "validate_action", "check_seed", "check_send_ids", "checked_env_ids"]
 
 
 class ActionBounds(enum.Enum):
@@ -144,79 +146,91 @@ def _int_array(action: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-class EnvIdsError(ValueError):
-    """Env ids that are not distinct integers in ``[0, num_envs)``.
+def check_seed(value: Any, what: str = "seed") -> int:
+    """``value`` as a root seed: an int (numpy ints too, not bool) in ``[0, 2**63)``.
 
-    Attributes:
-        expected: what was expected, in words.
-        got: what came (at most 32 ids).
+    The one root-seed check of the remote clients and the server session.
+
+    Raises:
+        ValueError: anything else; the message names ``what``.
     """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or not 0 <= int(value) <= MAX_ROOT_SEED
+    ):
+        raise ValueError(f"{what} must be an int in [0, 2**63), got {value!r}")
+    return int(value)
 
-    def __init__(self, message: str, *, expected: str, got: Any) -> None:
-        super().__init__(message)
-        self.expected = expected
-        self.got = got
+
+def _value_error(message: str, expected: str, got: Any) -> Exception:
+    del expected, got
+    return ValueError(message)
 
 
-def check_env_ids(env_ids: Any, num_envs: int, *, allow_empty: bool = False) -> np.ndarray:
-    """``env_ids`` as int64 after checking they are distinct ints in ``[0, num_envs)``.
+def checked_env_ids(
+    env_ids: Any,
+    num_envs: int,
+    *,
+    allow_empty: bool = True,
+    error: Callable[[str, str, Any], Exception] = _value_error,
+) -> np.ndarray:
+    """``env_ids`` as a checked int64 array: 1-D integers in ``[0, num_envs)``, no repeats.
 
-    The one env-id check of every path: local vectors and BatchEnv (through
-    :func:`check_send_ids`), remote vectors, and the server session (which reports it
-    as ``invalid_env_ids``).
+    The one env-id check of every path (vectors, BatchEnv, the wire protocol's sessions,
+    remote clients); each passes the error it raises.
 
     Args:
         env_ids: a 1-D integer array-like (numpy; callers convert tensors).
-        num_envs: N; ids must lie in ``[0, N)``.
-        allow_empty: accept no ids at all.
+        num_envs: N.
+        allow_empty: whether ``[]`` is allowed.
+        error: builds the exception from ``(message, expected, got)``; ``ValueError``
+            by default.
 
     Raises:
-        EnvIdsError: (a ``ValueError``) not 1-D integers, empty, out of range, or repeated.
+        ValueError: (or what ``error`` builds) not 1-D integers, empty, out of range or
+            repeated.
     """
     ids = np.asarray(env_ids)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise EnvIdsError(
-            f"env_ids must be a 1-D array of ints, got dtype {ids.dtype} shape {ids.shape}",
-            expected="int64 (k,)",
-            got=f"{ids.dtype} {list(ids.shape)}",
+        raise error(
+            f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}",
+            "int64 array of shape (k,)",
+            f"{ids.dtype} {list(ids.shape)}",
         )
-    if not ids.size:
-        if allow_empty:
-            return ids.astype(np.int64)
-        raise EnvIdsError("env_ids must not be empty", expected="k >= 1 ids", got="[]")
+    if not ids.size and not allow_empty:
+        raise error("env_ids must not be empty", "k >= 1 ids", "[]")
     ids = ids.astype(np.int64)
-    shown = ids.tolist()[:32]
-    if ids.min() < 0 or ids.max() >= num_envs:
-        raise EnvIdsError(
-            f"env_ids must lie in [0, {num_envs}), got {shown} (out of range)",
-            expected=f"ids in [0, {num_envs})",
-            got=shown,
+    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
+        got = ids.tolist()[:32]
+        raise error(
+            f"env_ids must lie in [0, {num_envs}), got {got} (out of range)",
+            f"ids in [0, {num_envs})",
+            got,
         )
     if np.unique(ids).size != ids.size:
-        raise EnvIdsError(
-            f"env_ids must not repeat, got {shown} (give unique ids in [0, {num_envs}))",
-            expected="no repeats",
-            got=shown,
-        )
+        got = ids.tolist()[:32]
+        raise error(f"env_ids must not repeat, got {got} (ids must be unique)", "no repeats", got)
     return ids
 
 
-def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray) -> np.ndarray:
+def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray | None) -> np.ndarray:
     """The env ids of an EnvPool-style ``send`` as int64 (``None``: all, in order).
 
     Args:
         env_ids: a 1-D integer array-like (numpy; callers convert tensors), or ``None``.
         num_envs: N; ids must lie in ``[0, N)``.
-        in_flight: ``(N,)`` bool, the envs sent but not yet received.
+        in_flight: ``(N,)`` bool, the envs sent but not yet received (``None``: none).
 
     Raises:
-        ValueError: not 1-D integers, out of range or repeated (an :class:`EnvIdsError`),
-            or already in flight.
+        ValueError: not 1-D integers, out of range, repeated, or already in flight.
     """
     if env_ids is None:
         ids = np.arange(num_envs, dtype=np.int64)
     else:
-        ids = check_env_ids(env_ids, num_envs, allow_empty=True)
+        ids = checked_env_ids(env_ids, num_envs)
+    if in_flight is None:
+        return ids
     busy = ids[in_flight[ids]]
     if busy.size:
         raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")

@@ -17,6 +17,7 @@ import numpy as np
 
 import simkit
 from simkit.errors import ConformanceError
+from simkit.recording import _cli as recording_cli
 from simkit.registry import EnvKind
 
 __all__ = ["Command", "COMMANDS", "add_command", "build_parser", "main"]
@@ -213,6 +214,9 @@ add_command(
 add_command(
     Command("serve", "serve an env over ZeroMQ (see docs/server.md)", _serve_configure, _serve_run)
 )
+
+for _name, _help, _configure, _run in recording_cli.COMMANDS:
+    add_command(Command(_name, _help, _configure, _run))
 
 
 def _train_configure(parser: argparse.ArgumentParser) -> None:

@@ -20,6 +20,9 @@ __all__ = [
     "UnknownModel",
     "InvalidWeights",
     "InvalidCheckpoint",
+    "CorruptRecording",
+    "RecordingLocked",
+    "ReplayDivergence",
 ]
 
 
@@ -79,3 +82,20 @@ class InvalidCheckpoint(SimkitError, ValueError):
 
     The message names the file and what is wrong.
     """
+
+
+class CorruptRecording(SimkitError, ValueError):
+    """A recording file is corrupted or truncated; the message names the file and offset."""
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class RecordingLocked(SimkitError, RuntimeError):
+    """A second writer tried to open a recording directory another process writes to."""
+
+
+class ReplayDivergence(SimkitError, AssertionError):
+    """A replayed episode differs from its recording; names the episode, step and field."""

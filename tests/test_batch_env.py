@@ -217,7 +217,7 @@ def test_action_validation_and_misuse_errors() -> None:
     env.reset(seed=0)
     with pytest.raises(InvalidAction, match=r"shape \(3,\), got shape \(2,\)"):
         env.step_batch(np.zeros(2, dtype=np.int64))
-    with pytest.raises(InvalidAction, match=r"rows \[1\] are \[5\]"):
+    with pytest.raises(InvalidAction, match=r"rows \[1\] got \[5\]"):
         env.step_batch(np.array([0, 5, 1]))
     with pytest.raises(InvalidAction, match="integer array"):
         env.step_batch(np.zeros(3))

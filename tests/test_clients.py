@@ -158,7 +158,7 @@ def test_send_recv_overlap_and_env_ids(serve: Any) -> None:
                 assert got[g][1] == want.reward[g]
         with pytest.raises(RuntimeError, match="without a pending send"):
             remote.recv()
-        with pytest.raises(ValueError, match=r"unique ids in \[0, 6\)"):
+        with pytest.raises(ValueError, match=r"env_ids must not repeat"):
             remote.send(np.zeros(2, dtype=np.int64), [0, 0])
         sub = remote.step_batch(np.array([1, 0]), env_ids=[4, 1])
         assert sub.env_ids.tolist() == [4, 1]
@@ -525,3 +525,21 @@ def test_remote_demo_reports_figures() -> None:
     table = figures.table()
     assert "| remote (simkit serve, ipc) |" in table
     assert "bit for bit: yes" in table
+
+
+def test_remote_vector_checks_seeds_and_env_ids_as_local_paths_do(serve: Any) -> None:
+    """One seed check and one env-id check: the client refuses before sending anything."""
+    remote = RemoteVectorEnv(serve("simkit/CartPole-v0", 3), timeout=10)
+    try:
+        for bad in (-1, 2**63, True):
+            with pytest.raises(
+                ValueError, match=rf"^seed must be an int in \[0, 2\*\*63\), got {bad!r}$"
+            ):
+                remote.reset(seed=bad)
+        remote.reset(seed=np.int64(3))
+        with pytest.raises(ValueError, match=r"^env_ids must lie in \[0, 3\), got \[0, 3\]"):
+            remote.send(np.zeros(2, dtype=np.int64), [0, 3])
+        with pytest.raises(ValueError, match=r"^env_ids must not be empty"):
+            remote.step_batch(np.zeros(0, dtype=np.int64), env_ids=np.zeros(0, dtype=np.int64))
+    finally:
+        remote.close()

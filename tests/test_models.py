@@ -28,6 +28,7 @@ from simkit.models import (
     build_model,
     check_version,
     get_weights,
+    layer_init,
     load_weights,
     model_names,
     numpy_actions,
@@ -193,7 +194,7 @@ def test_entry_point_models_load_lazily(tmp_path: Path, monkeypatch: pytest.Monk
         "Metadata-Version: 2.1\nName: simkit-test-models\nVersion: 0.1\n"
     )
     (dist / "entry_points.txt").write_text(
-        f"[{ENTRY_POINT_GROUP}]\ntiny = simkit_test_models:tiny\n"
+        f"[{ENTRY_POINT_GROUP}]\ntiny = simkit_test_models:tiny\nbroken = simkit_test_nowhere:x\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "simkit_test_models", raising=False)
@@ -209,6 +210,38 @@ def test_entry_point_models_load_lazily(tmp_path: Path, monkeypatch: pytest.Monk
         match=r"model 'tiny' got unknown argument\(s\) \['depth'\]; expected some of \['width'\]",
     ):
         build_model(ModelSpec("tiny", {"depth": 2}), CHEETAH_OBS, CHEETAH_ACT)
+    with pytest.raises(
+        UnknownModel,
+        match=r"model 'broken' from entry point 'simkit_test_nowhere:x' in group 'simkit.models' failed to load: ModuleNotFoundError",
+    ):
+        build_model(ModelSpec("broken"), CHEETAH_OBS, CHEETAH_ACT)
+
+
+def _wide(
+    observation_space: spaces.Box, action_space: spaces.Space[Any], *, width: int = 256
+) -> ActorCritic:
+    """The custom model of docs/models.md."""
+    n = observation_space.shape[0]
+    return ActorCritic(
+        observation_space,
+        action_space,
+        encoder=torch.nn.Sequential(layer_init(torch.nn.Linear(n, width), 2**0.5), torch.nn.ReLU()),
+        actor=torch.nn.Identity(),
+        critic=layer_init(torch.nn.Linear(width, 1), 1.0),
+        actor_features=width,
+        normalize_obs=True,
+    )
+
+
+def test_a_custom_model_composes_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spec_module, "_BUILDERS", dict(spec_module._BUILDERS))
+    register_model("my-wide", _wide)  # type: ignore[arg-type]  # a Box observation space is what it takes
+    model = build_model(ModelSpec("my-wide", {"width": 8}), CHEETAH_OBS, spaces.Discrete(3))
+    obs = _obs(CHEETAH_OBS, 4)
+    out = model.act(obs, generator=_gen(0))
+    assert out.actions.shape == (4,)
+    assert torch.equal(model.evaluate(obs, out.actions)[0], out.log_probs)
+    assert "obs_rms.mean" in get_weights(model, 0).tensors
 
 
 def test_import_simkit_does_not_import_torch() -> None:
@@ -232,7 +265,10 @@ def test_act_shapes_dtypes_and_evaluate_agree(name: str) -> None:
     if not isinstance(space, spaces.Box):  # Box samples are not clipped by the model
         assert all(space.contains(a) for a in numpy_actions(out.actions))
     log_probs, entropy, values = model.evaluate(obs, out.actions)
-    assert torch.equal(log_probs, out.log_probs)
+    if isinstance(space, spaces.Box):  # act's Gaussian log-prob comes from the noise
+        torch.testing.assert_close(log_probs, out.log_probs, rtol=1e-6, atol=1e-5)
+    else:
+        assert torch.equal(log_probs, out.log_probs)
     assert torch.equal(values, out.values)
     assert torch.equal(model.value(obs), out.values)
     assert entropy.shape == (7,)
@@ -261,9 +297,13 @@ def test_deterministic_act_is_the_mean_or_the_argmax() -> None:
     obs = _obs(CHEETAH_OBS, 5)
     box = _mlp()
     mean = box(obs)
-    assert torch.equal(box.act(obs, deterministic=True).actions, mean)
+    det = box.act(obs, deterministic=True)
+    assert torch.equal(det.actions, mean)
+    torch.testing.assert_close(det.log_probs, box.evaluate(obs, mean)[0])
     disc = _mlp(spaces.Discrete(4, start=10))
-    assert torch.equal(disc.act(obs, deterministic=True).actions, disc(obs).argmax(-1) + 10)
+    det = disc.act(obs, deterministic=True)
+    assert torch.equal(det.actions, disc(obs).argmax(-1) + 10)
+    assert torch.equal(det.log_probs, disc.evaluate(obs, det.actions)[0])
 
 
 def test_gaussian_samples_are_not_clipped_and_log_prob_matches_torch() -> None:
@@ -302,6 +342,29 @@ def test_cnn_shapes_and_scaling() -> None:
     assert torch.equal(model.critic(scaled).reshape(-1), out.values)
     cont = build_model(ModelSpec("cnn", {"fc_size": 16}), IMAGE_OBS, CHEETAH_ACT)
     assert cont.act(obs, generator=_gen(0)).actions.shape == (3, 6)
+
+
+def test_preprocessed_observations_give_the_same_results() -> None:
+    model = _mlp()
+    model.update_obs_stats(_obs(CHEETAH_OBS, 30, seed=2) * 3)
+    obs = _obs(CHEETAH_OBS, 8)
+    actions = model.act(obs, generator=_gen(0)).actions
+    x = model.preprocess(obs)
+    for a, b in zip(
+        model.evaluate(obs, actions), model.evaluate(x, actions, preprocessed=True), strict=True
+    ):
+        assert torch.equal(a, b)
+    assert torch.equal(model.value(x, preprocessed=True), model.value(obs))
+
+
+def test_wrong_action_shape_is_refused() -> None:
+    model = _mlp(spaces.MultiDiscrete([3, 2]))
+    with pytest.raises(
+        ValueError, match=r"actions must have shape \(B, \*\(2,\)\) with B = 4, got \(4,\)"
+    ):
+        model.evaluate(_obs(CHEETAH_OBS, 4), torch.zeros(4, dtype=torch.int64))
+    log_probs, _, _ = model.evaluate(_obs(CHEETAH_OBS, 4), np.zeros((4, 2), np.int64))
+    assert log_probs.shape == (4,)
 
 
 def test_wrong_observation_shape_is_refused() -> None:
@@ -343,7 +406,7 @@ def test_obs_stats_match_gymnasium_and_travel_with_the_weights() -> None:
     assert float(model.obs_rms.count) == pytest.approx(gym_rms.count)
     obs = torch.from_numpy(rng.normal(3.0, 50.0, size=(9, 17)))
     expected = np.clip((obs.numpy() - gym_rms.mean) / np.sqrt(gym_rms.var + 1e-8), -10, 10)
-    np.testing.assert_allclose(model.obs_rms(obs).numpy(), expected.astype(np.float32), rtol=1e-6)
+    np.testing.assert_allclose(model.obs_rms(obs).numpy(), expected, rtol=1e-6, atol=1e-5)
 
     fresh = _mlp()
     assert not torch.equal(fresh(obs), model(obs))
@@ -352,6 +415,21 @@ def test_obs_stats_match_gymnasium_and_travel_with_the_weights() -> None:
     assert torch.equal(
         fresh.act(obs, generator=_gen(4)).actions, model.act(obs, generator=_gen(4)).actions
     )
+
+
+def test_cached_normalisation_follows_every_change_of_the_statistics() -> None:
+    model = _mlp()
+    assert model.obs_rms is not None
+    obs = _obs(CHEETAH_OBS, 6)
+    before = model.obs_rms(obs)
+    model.update_obs_stats(_obs(CHEETAH_OBS, 20, seed=1) * 5 + 2)
+    after_update = model.obs_rms(obs)
+    assert not torch.equal(before, after_update)
+    model.load_state_dict(_mlp().state_dict())
+    torch.testing.assert_close(model.obs_rms(obs), before)
+    with torch.no_grad():
+        model.obs_rms.var.mul_(4.0)
+    torch.testing.assert_close(model.obs_rms(obs), before / 2)
 
 
 def test_obs_stats_update_is_explicit_and_checked() -> None:
@@ -511,8 +589,8 @@ def test_corrupt_weight_files_are_named(tmp_path: Path) -> None:
 
 @settings(max_examples=15, deadline=None)
 @given(
-    obs_shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
-    act_shape=st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
+    obs_shape=st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple),
+    act_shape=st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple),
     batch=st.integers(1, 6),
     shared=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
@@ -529,8 +607,72 @@ def test_any_box_shapes(
     model.update_obs_stats(obs)
     out = model.act(obs, generator=_gen(seed))
     assert out.actions.shape == (batch, *act_shape)
-    assert torch.equal(model.evaluate(obs, out.actions)[0], out.log_probs)
+    torch.testing.assert_close(
+        model.evaluate(obs, out.actions)[0], out.log_probs, rtol=1e-6, atol=1e-5
+    )
     assert torch.equal(model.act(obs, generator=_gen(seed)).actions, out.actions)
     fresh = build_model(model.spec, obs_space, act_space)  # type: ignore[arg-type]  # set by build_model
     set_weights(fresh, get_weights(model, 0))
     assert torch.equal(fresh.act(obs, generator=_gen(seed)).actions, out.actions)
+
+
+_PLAIN = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.text(min_size=1, max_size=10),
+    kwargs=st.dictionaries(st.text(max_size=8), _PLAIN, max_size=4),
+)
+def test_any_plain_spec_round_trips(name: str, kwargs: dict[str, Any]) -> None:
+    spec = ModelSpec(name, kwargs)
+    assert ModelSpec.from_plain(msgpack.unpackb(msgpack.packb(spec.to_plain()), raw=False)) == spec
+    assert ModelSpec.from_plain(json.loads(json.dumps(spec.to_plain()))) == spec
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_any_corrupted_tensor_is_named_and_changes_nothing(data: st.DataObject) -> None:
+    source = _mlp(hidden_sizes=[4])
+    weights = get_weights(source, 1)
+    name = data.draw(st.sampled_from(sorted(weights.tensors)))
+    arr = weights.tensors[name]
+    kind = data.draw(st.sampled_from(["shape", "dtype", "nonfinite"]))
+    if kind == "shape":
+        bad = np.zeros((*arr.shape, 2), arr.dtype)
+    elif kind == "dtype":
+        bad = arr.astype(np.float16)
+    else:
+        bad = arr.copy()
+        bad.reshape(-1)[data.draw(st.integers(0, max(arr.size - 1, 0)))] = data.draw(
+            st.sampled_from([np.nan, np.inf, -np.inf])
+        )
+    target = _mlp(hidden_sizes=[4])
+    before = _state(target)
+    with pytest.raises(InvalidWeights, match=f"tensor '{name}'"):
+        set_weights(target, _broken(weights, name, bad))
+    assert _same_state(before, _state(target))
+
+
+def test_cnn_with_normalised_pixels() -> None:
+    model = build_model(
+        ModelSpec("cnn", {"fc_size": 8, "normalize_obs": True}), IMAGE_OBS, spaces.Discrete(2)
+    )
+    assert model.obs_rms is not None
+    assert model.obs_scale is None
+    obs = _obs(IMAGE_OBS, 4)
+    model.update_obs_stats(obs)
+    x = model.preprocess(obs)
+    assert x.dtype == torch.float32
+    assert float(x.abs().max()) <= 10.0
+    assert "obs_rms.mean" in get_weights(model, 0).tensors

@@ -11,11 +11,14 @@ from gymnasium import spaces
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from pettingzoo import ParallelEnv
 
 import simkit
 from simkit._seeding import episode_seed
+from simkit._validation import check_seed, check_send_ids
 from simkit.protocol import (
     DTYPES,
+    ENV_KIND_MULTI_AGENT,
     PROTOCOL_VERSION,
     ClientSession,
     InvalidDtype,
@@ -25,6 +28,7 @@ from simkit.protocol import (
     MalformedMessage,
     Message,
     MessageTooLarge,
+    MultiAgentServerSession,
     RemoteError,
     ServerInfo,
     ServerSession,
@@ -36,9 +40,12 @@ from simkit.protocol import (
     infos_from_wire,
     infos_to_wire,
     keepalive_target,
+    parse_multi_agent_reset,
+    parse_multi_agent_step,
     plain_safe,
     step_infos_to_wire,
 )
+from simkit.servers import ParallelEnvHost
 from simkit.servers._host import EnvListHost, make_env_factory
 
 
@@ -547,3 +554,112 @@ def test_remote_equals_simkit_vector_bit_for_bit(seeding: str) -> None:
         for field in ("obs", "final_obs", "reward", "terminated", "truncated", "env_ids"):
             assert getattr(got, field).tobytes() == getattr(want, field).tobytes(), field
     vec.close()
+
+
+# ----------------------------------------------------------------- multi-agent replies
+
+
+class Pair(ParallelEnv[str, np.ndarray, np.int64]):
+    """Two agents, both live until both are truncated at step 3; infos are scalars."""
+
+    metadata: dict[str, Any] = {"render_modes": [], "name": "pair_v0"}
+
+    def __init__(self) -> None:
+        self.possible_agents = ["a", "b"]
+        self.agents: list[str] = []
+        self.t = 0
+
+    def observation_space(self, agent: str) -> spaces.Space[Any]:
+        return spaces.Box(-10.0, 10.0, (2,), np.float32)
+
+    def action_space(self, agent: str) -> spaces.Space[Any]:
+        return spaces.Discrete(3)
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+        self.agents, self.t = list(self.possible_agents), 0
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+        self.t += 1
+        obs = {a: np.full(2, self.t, np.float32) for a in self.agents}
+        rew = {a: float(actions[a]) for a in self.agents}
+        term = {a: False for a in self.agents}
+        trunc = {a: self.t >= 3 for a in self.agents}
+        infos = {a: {"v": float(actions[a]), "t": self.t} for a in self.agents}
+        self.agents = [a for a in self.agents if not trunc[a]]
+        return obs, rew, term, trunc, infos
+
+
+def _ma_ready(version: tuple[int, int] = PROTOCOL_VERSION) -> tuple[ServerSession, ClientSession]:
+    host = ParallelEnvHost([Pair(), Pair()])
+    info = ServerInfo(
+        "pair",
+        host.num_envs,
+        host.observation_space,
+        host.action_space,
+        host.capabilities,
+        env_kind=ENV_KIND_MULTI_AGENT,
+        agents=list(host.possible_agents),
+    )
+    server, client = MultiAgentServerSession(host, info), ClientSession()
+    hello = decode(client.request_hello())
+    hello.v = version
+    client.parse_hello(server.handle(encode(hello)))
+    parse_multi_agent_reset(client, server.handle(client.request_reset(seed=0)))
+    return server, client
+
+
+def test_multi_agent_step_infos_are_columns_for_13_clients_and_maps_for_12_clients() -> None:
+    for version, columns in (((1, 3), True), ((1, 2), False)):
+        server, client = _ma_ready(version)
+        reply = server.handle(client.request_step(np.array([1, 2, 0, 1])))
+        wire = decode(reply)
+        assert wire.body.get("info_keys") == (["v", "t"] if columns else None)
+        assert (wire.body["infos"] == []) is columns
+        if columns:
+            assert wire.arrays["info/v"].dtype == np.float64
+            assert wire.arrays["info/t"].dtype == np.int64
+        step = parse_multi_agent_step(client, reply).step
+        assert step.infos == [{"v": v, "t": 1} for v in (1.0, 2.0, 0.0, 1.0)]
+        assert all(type(i["v"]) is float and type(i["t"]) is int for i in step.infos)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("reward", np.zeros(4, np.int64), r"lacks 'reward' with one row per agent row"),
+        ("agent_mask", np.ones(4, np.float32), r"lacks 'agent_mask' with one row per agent row"),
+        ("acted", np.ones(2, np.bool_), r"lacks 'acted' with one row per agent row"),
+        ("env_reset", np.zeros(4, np.bool_), r"lacks 'env_reset' with one row per env id$"),
+        ("terminated", None, r"lacks 'terminated' with one row per agent row"),
+        ("env_ids", np.zeros(2, np.float64), "step reply lacks 1-D integer 'env_ids'"),
+    ],
+)
+def test_client_refuses_multi_agent_step_replies_whose_fields_disagree(
+    field: str, value: np.ndarray | None, match: str
+) -> None:
+    server, client = _ma_ready()
+    reply = decode(server.handle(client.request_step(np.array([1, 2, 0, 1]))))
+    if value is None:
+        del reply.arrays[field]
+    else:
+        reply.arrays[field] = value
+    with pytest.raises(InvalidField, match=match):
+        parse_multi_agent_step(client, encode(reply))
+
+
+def test_server_and_local_paths_refuse_env_ids_and_seeds_with_one_message() -> None:
+    server, client = _ready([Flaky(), Flaky()])
+    for ids in ([1, 1], [0, 2]):
+        reply = decode(server.handle(client.request_get_state(env_ids=ids)))
+        with pytest.raises(ValueError, match="env_ids must") as local:
+            check_send_ids(ids, 2, np.zeros(2, dtype=np.bool_))
+        assert reply.body["code"] == "invalid_env_ids"
+        assert reply.body["message"] == str(local.value)
+    reply = decode(server.handle(client.request_reset(seeds=[0, 2**63])))
+    with pytest.raises(ValueError, match=r"must be an int in \[0, 2\*\*63\)") as local:
+        check_seed(2**63, "each of 'seeds'")
+    assert reply.body["code"] == "invalid_field"
+    assert reply.body["message"] == str(local.value)

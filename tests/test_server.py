@@ -235,6 +235,13 @@ def test_shared_mode_and_session_limit(tmp_path: Path, connect: Clients) -> None
         assert step.obs.shape == (2, 4)
         with pytest.raises(RemoteError, match=r"\[busy\]"):
             c.hello()
+        # a refused hello is counted as one, like every other error reply (the server
+        # records a request just after sending its reply)
+        deadline = time.monotonic() + 5
+        while srv.metrics.requests.get("hello") != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.metrics.requests["hello"] == 3
+        assert srv.metrics.errors == {"busy": 1}
 
 
 def test_vanished_client_is_freed_after_heartbeat_timeout(tmp_path: Path, connect: Clients) -> None:
@@ -307,12 +314,12 @@ def test_metrics_are_scraped_in_prometheus_format(server: RolloutServer, connect
     ) as resp:
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = resp.read().decode()
-    assert "simkit_env_steps_total 15\n" in text
-    assert 'simkit_requests_total{kind="step"} 5\n' in text
-    assert 'simkit_errors_total{code="unknown_kind"} 1\n' in text
-    assert 'simkit_request_latency_seconds_count{kind="step"} 5\n' in text
-    assert 'simkit_request_latency_seconds_bucket{kind="step",le="+Inf"} 5\n' in text
-    assert "simkit_sessions 1\n" in text
+    assert "simkit_env_steps_total 15.0\n" in text
+    assert 'simkit_requests_total{kind="step"} 5.0\n' in text
+    assert 'simkit_errors_total{code="unknown_kind"} 1.0\n' in text
+    assert 'simkit_request_latency_seconds_count{kind="step"} 5.0\n' in text
+    assert 'simkit_request_latency_seconds_bucket{kind="step",le="+Inf"} 5.0\n' in text
+    assert "simkit_sessions 1.0\n" in text
     assert 'simkit_request_latency_quantile_seconds{quantile="0.99"}' in text
     (rate_line,) = [x for x in text.splitlines() if x.startswith("simkit_steps_per_second ")]
     rate = float(rate_line.split()[1])

@@ -251,7 +251,7 @@ def test_bad_actions_name_the_env() -> None:
     v.reset(seed=0)
     with pytest.raises(InvalidAction, match=r"env \[2\] got \[5\]"):
         v.step(np.array([0, 1, 5]))
-    with pytest.raises(InvalidAction, match=r"shape \(3,\) \(one row per env\), got shape \(2,\)"):
+    with pytest.raises(InvalidAction, match=r"shape \(3,\), got shape \(2,\)"):
         v.step(np.array([0, 1]))
     with pytest.raises(InvalidAction, match="integer array"):
         v.step(np.array([0.0, 1.0, 0.0]))
@@ -350,7 +350,7 @@ def test_multi_agent_rows_mask_and_autoreset() -> None:
     obs, mask, _ = v.reset(seed=4)
     assert obs.shape == (6, 1)
     assert mask.all()
-    ep = v._episode.copy()
+    ep = v.episode_index
     saw_partial = saw_reset = False
     snapshot = None
     for t in range(20):
@@ -371,7 +371,7 @@ def test_multi_agent_rows_mask_and_autoreset() -> None:
         mask = b.agent_mask
     assert saw_partial
     assert saw_reset
-    assert (v._episode > ep).all()
+    assert (v.episode_index > ep).all()
     w = MultiAgentVectorEnv([_Tag, _Tag, _Tag])
     w.reset(seed=0)
     assert snapshot is not None
@@ -414,7 +414,7 @@ def test_goal_nav_vector_steers_agents_and_snapshots() -> None:
         assert not b.reward[~b.acted].any()
         obs = b.obs
     assert resets >= 2
-    assert int(v._episode.sum()) == resets
+    assert int(v.episode_index.sum()) == resets
     w = MultiAgentVectorEnv("simkit/GoalNav-v0", 2, env_kwargs={"max_episode_steps": 15})
     w.set_state(state)
     obs = loads(dumps(state))["obs_rows"]

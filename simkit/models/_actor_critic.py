@@ -78,6 +78,7 @@ class ActorCritic(nn.Module):
         self.action_space = action_space
         self.spec: ModelSpec | None = None
         self.obs_shape: tuple[int, ...] = tuple(observation_space.shape)
+        self.action_shape: tuple[int, ...] = tuple(action_space.shape or ())
         self.obs_rms = RunningMeanStd(self.obs_shape) if normalize_obs else None
         self.obs_scale = None if normalize_obs else obs_scale
         self.encoder = encoder
@@ -92,9 +93,21 @@ class ActorCritic(nn.Module):
     def _device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def _obs(self, obs: Any) -> torch.Tensor:
-        """Validated ``(B, *obs_shape)`` observations, preprocessed to float32."""
-        x = torch.as_tensor(_writable(obs), device=self._device())
+    def preprocess(self, obs: Any) -> torch.Tensor:
+        """Observations as the encoder sees them: ``(B, *obs_shape)`` float32, normalised or scaled.
+
+        A learner can preprocess a whole batch once per update (the statistics do not
+        change during it) and pass ``preprocessed=True`` to :meth:`evaluate` and
+        :meth:`value`.
+
+        Raises:
+            ValueError: wrong observation shape.
+        """
+        x = (
+            obs
+            if type(obs) is torch.Tensor
+            else torch.as_tensor(_writable(obs), device=self._device())
+        )
         if x.ndim != len(self.obs_shape) + 1 or tuple(x.shape[1:]) != self.obs_shape:
             raise ValueError(
                 f"observations must have shape (B, *{self.obs_shape}), got {tuple(x.shape)}"
@@ -104,8 +117,8 @@ class ActorCritic(nn.Module):
         x = x.to(torch.float32)
         return x * self.obs_scale if self.obs_scale is not None else x
 
-    def _features(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        shared = self.encoder(self._obs(obs))
+    def _features(self, obs: Any, preprocessed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        shared = self.encoder(obs if preprocessed else self.preprocess(obs))
         return self.actor(shared), self.critic(shared).reshape(-1)
 
     def act(
@@ -132,31 +145,41 @@ class ActorCritic(nn.Module):
         with torch.no_grad():
             features, values = self._features(obs)
             params = self.head(features)
-            assert generator is not None or deterministic
-            raw = self.head.mode(params) if deterministic else self.head.sample(params, generator)  # type: ignore[arg-type]  # checked above
-            actions = self.head.to_actions(raw)
-            log_probs, _ = self.head.log_prob_entropy(params, actions)
-            return ActOutput(
-                actions,
-                log_probs.to(torch.float32),
-                values.to(torch.float32),
-            )
+            if deterministic:
+                actions, log_probs = self.head.mode(params)
+            else:
+                assert generator is not None  # checked above
+                actions, log_probs = self.head.sample(params, generator)
+            return ActOutput(actions, _float32(log_probs), _float32(values))
 
     def evaluate(
-        self, obs: Any, actions: torch.Tensor
+        self, obs: Any, actions: Any, *, preprocessed: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_probs, entropy, values)``, each ``(B,)`` float32, differentiable (the PPO update).
 
-        ``actions`` are ``(B, *action_shape)`` as :meth:`act` returned them.
-        """
-        features, values = self._features(obs)
-        params = self.head(features)
-        log_probs, entropy = self.head.log_prob_entropy(params, actions.to(params.device))
-        return log_probs, entropy, values
+        ``actions`` are ``(B, *action_shape)`` as :meth:`act` returned them; their
+        log-probabilities equal :meth:`act`'s (bit for bit for categoricals, up to
+        float32 rounding for the Gaussian, whose :meth:`act` works from the noise).
+        ``preprocessed``: ``obs`` already went through :meth:`preprocess`.
 
-    def value(self, obs: Any) -> torch.Tensor:
+        Raises:
+            ValueError: wrong observation or action shape.
+        """
+        if not isinstance(actions, torch.Tensor):
+            actions = torch.as_tensor(_writable(actions))
+        features, values = self._features(obs, preprocessed)
+        if tuple(actions.shape) != (features.shape[0], *self.action_shape):
+            raise ValueError(
+                f"actions must have shape (B, *{self.action_shape}) with B = {features.shape[0]}, "
+                f"got {tuple(actions.shape)}"
+            )
+        params = self.head(features)
+        log_probs = self.head.log_prob(params, actions.to(params.device))
+        return log_probs, self.head.entropy(params), values
+
+    def value(self, obs: Any, *, preprocessed: bool = False) -> torch.Tensor:
         """``(B,)`` float32 value estimates (differentiable)."""
-        shared = self.encoder(self._obs(obs))
+        shared = self.encoder(obs if preprocessed else self.preprocess(obs))
         out: torch.Tensor = self.critic(shared).reshape(-1)
         return out
 
@@ -173,6 +196,10 @@ class ActorCritic(nn.Module):
         """
         if self.obs_rms is not None:
             self.obs_rms.update(obs)
+
+
+def _float32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 else x.to(torch.float32)
 
 
 def numpy_actions(actions: torch.Tensor) -> np.ndarray:

@@ -66,6 +66,13 @@ def _mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class _Flatten(nn.Module):
+    """``(B, *shape) -> (B, prod(shape))``, also for scalar observations (``shape == ()``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], -1)
+
+
 def _box_obs(observation_space: spaces.Space[Any], model: str) -> spaces.Box:
     if not isinstance(observation_space, spaces.Box):
         raise TypeError(
@@ -106,11 +113,11 @@ def build_mlp(
     n_obs = int(np.prod(obs_space.shape))
     widths = [n_obs, *sizes]
     if shared:
-        encoder: nn.Module = nn.Sequential(nn.Flatten(), _mlp(widths, act))
+        encoder: nn.Module = nn.Sequential(_Flatten(), _mlp(widths, act))
         actor: nn.Module = nn.Identity()
         critic: nn.Module = layer_init(nn.Linear(widths[-1], 1), 1.0)
     else:
-        encoder = nn.Flatten()
+        encoder = _Flatten()
         actor = _mlp(widths, act)
         critic = nn.Sequential(_mlp(widths, act), layer_init(nn.Linear(widths[-1], 1), 1.0))
     return ActorCritic(

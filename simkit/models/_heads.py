@@ -29,30 +29,40 @@ def layer_init(layer: nn.Linear | nn.Conv2d, std: float) -> nn.Linear | nn.Conv2
 
 
 class ActionHead(nn.Module):
-    """Maps actor features ``(B, F)`` to actions of one action space.
+    """Maps actor features ``(B, F)`` to a distribution over one action space.
 
-    Subclasses implement :meth:`sample`, :meth:`log_prob_entropy` and :meth:`mode`
-    over the head's raw parameters (``forward(features)``).
+    ``forward(features)`` gives the distribution's raw parameters ``(B, P)``.
+    :meth:`sample` and :meth:`mode` give ``(actions, log_probs)`` with actions already
+    in the space's shape and dtype; :meth:`log_prob` (of such actions) and
+    :meth:`entropy` give ``(B,)`` tensors, differentiable.
     """
 
     def sample(
         self, params: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def mode(
+        self, params: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def log_prob(
+        self, params: torch.Tensor, actions: torch.Tensor
     ) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def mode(self, params: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def log_prob_entropy(
-        self, params: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
 class GaussianHead(ActionHead):
     """A diagonal Gaussian with a state-independent, learnable log-std, for Box actions.
 
-    Samples are not clipped: the env contract clips actions to the space.
+    Samples are not clipped: the env contract clips actions to the space. The
+    log-probability of a sample is computed from its standard-normal noise (fewer
+    operations than from the action); it equals :meth:`log_prob` of the returned
+    action up to float32 rounding.
     """
 
     def __init__(
@@ -61,41 +71,54 @@ class GaussianHead(ActionHead):
         super().__init__()
         self.shape = shape
         self.dtype = dtype
-        dim = int(np.prod(shape))
-        self.mean = layer_init(nn.Linear(features, dim), 0.01)
-        self.log_std = nn.Parameter(torch.full((dim,), float(log_std_init)))
+        self.dim = int(np.prod(shape))
+        self.mean = layer_init(nn.Linear(features, self.dim), 0.01)
+        self.log_std = nn.Parameter(torch.full((self.dim,), float(log_std_init)))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.mean(features)
         return out
 
-    def sample(self, params: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def _norm(self) -> torch.Tensor:
+        """``sum(log_std) + dim * log(sqrt(2 pi))``: minus the log-density at the mean."""
+        return self.log_std.sum() + self.dim * _LOG_SQRT_2PI
+
+    def _actions(self, raw: torch.Tensor) -> torch.Tensor:
+        if self.shape != (self.dim,):
+            raw = raw.reshape(raw.shape[0], *self.shape)
+        return raw if raw.dtype == self.dtype else raw.to(self.dtype)
+
+    def sample(
+        self, params: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         noise = torch.randn(
             params.shape, generator=generator, dtype=params.dtype, device=params.device
         )
-        return params + self.log_std.exp() * noise
+        raw = params + self.log_std.exp() * noise
+        log_probs = noise.square().sum(-1).mul_(-0.5).sub_(self._norm())
+        return self._actions(raw), log_probs
 
-    def mode(self, params: torch.Tensor) -> torch.Tensor:
-        return params
+    def mode(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._actions(params), (-self._norm()).expand(params.shape[0]).contiguous()
 
-    def log_prob_entropy(
-        self, params: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         a = actions.reshape(params.shape).to(params.dtype)
         z = (a - params) * torch.exp(-self.log_std)
-        log_prob = (-0.5 * z.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
-        entropy = (0.5 + _LOG_SQRT_2PI + self.log_std).sum().expand(params.shape[0])
-        return log_prob, entropy
+        return z.square().sum(-1) * -0.5 - self._norm()
 
-    def to_actions(self, raw: torch.Tensor) -> torch.Tensor:
-        return raw.reshape(raw.shape[0], *self.shape).to(self.dtype)
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        return (self._norm() + 0.5 * self.dim).expand(params.shape[0])
 
 
 class CategoricalHead(ActionHead):
     """One categorical per action dimension, for Discrete (B,) and MultiDiscrete (B, *nvec.shape).
 
-    Sampling is by inverse CDF from ``torch.rand(..., generator=generator)``.
+    Sampling is by inverse CDF from ``torch.rand(..., generator=generator)``; the
+    log-probabilities of samples come from the same ``log_softmax`` as :meth:`log_prob`,
+    so they are equal bit for bit.
     """
+
+    start: torch.Tensor
 
     def __init__(self, features: int, nvec: np.ndarray, start: np.ndarray, *, scalar: bool) -> None:
         super().__init__()
@@ -104,48 +127,71 @@ class CategoricalHead(ActionHead):
         self.register_buffer(
             "start", torch.as_tensor(start.reshape(-1).astype(np.int64)), persistent=False
         )
+        self.has_start = bool(start.any())
         self.logits = layer_init(nn.Linear(features, sum(self.sizes)), 0.01)
-
-    start: torch.Tensor
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.logits(features)
         return out
 
     def _split(self, params: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return torch.split(params, self.sizes, dim=-1)
+        return (params,) if len(self.sizes) == 1 else torch.split(params, self.sizes, dim=-1)
 
-    def sample(self, params: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def _actions(self, idx: torch.Tensor) -> torch.Tensor:
+        """``(B, D)`` indices -> actions of the space (``start`` added, reshaped)."""
+        if self.has_start:
+            idx = idx + self.start
+        return idx.reshape(idx.shape[0], *self.shape)
+
+    def _pick(self, params: torch.Tensor, choose: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        picks, log_probs = [], []
+        for d, logits in enumerate(self._split(params)):
+            logp = torch.log_softmax(logits, dim=-1)
+            idx = choose(d, logp)
+            picks.append(idx)
+            log_probs.append(logp.gather(-1, idx))
+        idx = picks[0] if len(picks) == 1 else torch.cat(picks, dim=-1)
+        lp = log_probs[0] if len(log_probs) == 1 else torch.cat(log_probs, dim=-1)
+        return self._actions(idx), lp.sum(-1)
+
+    def sample(
+        self, params: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         u = torch.rand(
             (params.shape[0], len(self.sizes)),
             generator=generator,
-            dtype=torch.float64,
+            dtype=params.dtype,
             device=params.device,
         )
-        picks = []
-        for d, logits in enumerate(self._split(params)):
-            cdf = torch.softmax(logits.to(torch.float64), dim=-1).cumsum(-1)
-            idx = torch.searchsorted(cdf, (u[:, d] * cdf[:, -1]).unsqueeze(-1), right=True)
-            picks.append(idx.squeeze(-1).clamp_(max=self.sizes[d] - 1))
-        return torch.stack(picks, dim=-1)
 
-    def mode(self, params: torch.Tensor) -> torch.Tensor:
-        return torch.stack([logits.argmax(-1) for logits in self._split(params)], dim=-1)
+        def inverse_cdf(d: int, logp: torch.Tensor) -> torch.Tensor:
+            cdf = logp.exp().cumsum(-1)
+            idx = torch.searchsorted(cdf, u[:, d : d + 1] * cdf[:, -1:], right=True)
+            return idx.clamp_(max=self.sizes[d] - 1)
 
-    def log_prob_entropy(
-        self, params: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = actions.reshape(params.shape[0], -1).to(torch.int64) - self.start
-        log_prob = params.new_zeros(params.shape[0])
-        entropy = params.new_zeros(params.shape[0])
-        for d, logits in enumerate(self._split(params)):
+        return self._pick(params, inverse_cdf)
+
+    def mode(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._pick(params, lambda d, logp: logp.argmax(-1, keepdim=True))
+
+    def log_prob(self, params: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        idx = actions.reshape(params.shape[0], -1).to(torch.int64)
+        if self.has_start:
+            idx = idx - self.start
+        if len(self.sizes) == 1:
+            return torch.log_softmax(params, dim=-1).gather(-1, idx).sum(-1)
+        parts = [
+            torch.log_softmax(logits, dim=-1).gather(-1, idx[:, d : d + 1])
+            for d, logits in enumerate(self._split(params))
+        ]
+        return torch.cat(parts, dim=-1).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        parts = []
+        for logits in self._split(params):
             logp = torch.log_softmax(logits, dim=-1)
-            log_prob = log_prob + logp.gather(-1, idx[:, d : d + 1]).squeeze(-1)
-            entropy = entropy - (logp.exp() * logp).sum(-1)
-        return log_prob, entropy
-
-    def to_actions(self, raw: torch.Tensor) -> torch.Tensor:
-        return (raw + self.start).reshape(raw.shape[0], *self.shape)
+            parts.append((logp.exp() * logp).sum(-1, keepdim=True))
+        return -(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).sum(-1)
 
 
 def make_head(

@@ -19,7 +19,9 @@ class RunningMeanStd(nn.Module):
     of the weights a server receives: the server normalises exactly as the learner does.
     Updates use the parallel-variance formula (Chan et al.) over whole batches, as
     Gymnasium's ``RunningMeanStd.update``; normalisation is
-    ``clip((x - mean) / sqrt(var + 1e-8), -clip, clip)``.
+    ``clip((x - mean) / sqrt(var + 1e-8), -clip, clip)`` in float32, with the float32
+    shift and scale cached until a buffer changes (the forward pass of a small policy
+    is dominated by the number of tensor operations).
     """
 
     mean: torch.Tensor
@@ -35,6 +37,8 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(float(epsilon), dtype=torch.float64))
+        self._key: tuple[int, ...] = ()
+        self._cache: tuple[torch.Tensor, torch.Tensor] = (self.mean, self.var)
 
     @torch.no_grad()
     def update(self, x: Any) -> None:
@@ -64,10 +68,27 @@ class RunningMeanStd(nn.Module):
         self.var.copy_(m2 / total)
         self.count.copy_(total)
 
+    def _shift_scale(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``mean`` and ``1 / sqrt(var + 1e-8)``, recomputed when a buffer changed.
+
+        Every in-place change of a buffer (``update``, ``set_weights``,
+        ``load_state_dict``) bumps its version counter and ``.to(device)`` replaces it,
+        so the cache can never be stale.
+        """
+        key = (self.mean._version, self.var._version, self.mean.data_ptr(), self.var.data_ptr())
+        if key != self._key:
+            with torch.no_grad():
+                self._cache = (
+                    self.mean.to(torch.float32),
+                    torch.rsqrt(self.var + 1e-8).to(torch.float32),
+                )
+            self._key = key
+        return self._cache
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalised float32 observations (computed in float64, then cast)."""
-        z = (x.to(torch.float64) - self.mean) / torch.sqrt(self.var + 1e-8)
-        return z.clamp(-self.clip, self.clip).to(torch.float32)
+        """Normalised, clipped float32 observations ``(x - mean) / sqrt(var + 1e-8)``."""
+        shift, scale = self._shift_scale()
+        return ((x.to(torch.float32) - shift) * scale).clamp_(-self.clip, self.clip)
 
 
 def _writable(x: Any) -> Any:

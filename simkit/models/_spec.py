@@ -156,7 +156,13 @@ def _builder(name: str) -> ModelBuilder:
             f"simkit.models.register_model or publish it in the {ENTRY_POINT_GROUP!r} "
             "entry-point group)"
         )
-    target = entry.load()
+    try:
+        target = entry.load()
+    except Exception as exc:  # a broken plugin must not take its host down
+        raise UnknownModel(
+            f"model {name!r} from entry point {entry.value!r} in group {ENTRY_POINT_GROUP!r} "
+            f"failed to load: {type(exc).__name__}: {exc}"
+        ) from exc
     if not callable(target):
         raise TypeError(
             f"entry point {name!r} in group {ENTRY_POINT_GROUP!r} must be a model builder, "

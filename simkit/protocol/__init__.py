@@ -36,10 +36,9 @@ from simkit.protocol._errors import (
 from simkit.protocol._handshake import (
     AUTORESET_SAME_STEP,
     CAPABILITIES,
-    ENV_KIND_MULTI_AGENT,
-    ENV_KIND_SINGLE,
     REQUEST_KINDS,
     ServerInfo,
+    SessionState,
 )
 from simkit.protocol._infos import (
     INFO_COLUMNS_SINCE,
@@ -49,17 +48,20 @@ from simkit.protocol._infos import (
     step_infos_to_wire,
 )
 from simkit.protocol._multiagent import (
+    ENV_KIND_MULTI_AGENT,
+    ENV_KIND_SINGLE,
     MultiAgentHost,
     MultiAgentReset,
     MultiAgentServerSession,
     MultiAgentStep,
+    final_obs_rows,
     parse_multi_agent_reset,
     parse_multi_agent_step,
 )
 from simkit.protocol._server_session import (
+    EnvHost,
     Host,
     ServerSession,
-    SessionState,
     is_keepalive,
     keepalive_target,
 )
@@ -74,7 +76,7 @@ from simkit.protocol._spaces import (
     take_rows,
     unflatten_batch,
 )
-from simkit.protocol._step_reply import EnvFault, final_obs_rows
+from simkit.protocol._step_reply import EnvFault
 from simkit.protocol._stream_messages import (
     FRAGMENT_ARRAYS,
     STREAM_ERROR_CODES,
@@ -116,6 +118,7 @@ __all__ = [
     "REQUEST_KINDS",
     "CAPABILITIES",
     "AUTORESET_SAME_STEP",
+    "EnvHost",
     "Host",
     "EnvFault",
     "ServerInfo",

@@ -1,5 +1,4 @@
-"""The client's session codec: :class:`ClientSession` builds request frames and parses
-reply frames into typed results. No IO."""
+"""The IO-free client session: builds request frames and parses reply frames."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from simkit.protocol._codec import (
 )
 from simkit.protocol._errors import (
     InvalidDtype,
+    InvalidField,
     MalformedMessage,
     RemoteError,
     SessionStateError,
@@ -38,12 +38,7 @@ from simkit.protocol._spaces import (
     flatten_batch,
     unflatten_batch,
 )
-from simkit.protocol._step_reply import (
-    SINGLE_AGENT_STEP,
-    EnvFault,
-    decode_step_reply,
-    reply_env_ids,
-)
+from simkit.protocol._step_reply import SINGLE_AGENT_STEP, EnvFault, decode_step_reply
 from simkit.snapshot import from_plain, to_plain
 
 __all__ = ["ClientSession", "ResetResult"]
@@ -185,7 +180,11 @@ class ClientSession:
         """Parses a ``reset`` reply into observations, infos and env ids."""
         msg = self.parse(frames, "reset")
         info = self._server()
-        env_ids = reply_env_ids(msg.arrays, "reset")
+        env_ids = msg.arrays.get("env_ids")
+        if env_ids is None or env_ids.ndim != 1:
+            raise InvalidField(
+                "reset reply lacks 1-D 'env_ids'", expected="env_ids", got=sorted(msg.arrays)
+            )
         check_batch(info.observation_space, msg.arrays, "obs", env_ids.size)
         infos = infos_from_wire(msg.body, env_ids.size)
         return ResetResult(
@@ -203,12 +202,12 @@ class ClientSession:
         """Parses a ``step`` reply into a :class:`BatchStep` (final_obs filled in full)."""
         msg = self.parse(frames, "step")
         reply = decode_step_reply(SINGLE_AGENT_STEP, self._server().observation_space, msg)
-        fields = reply.fields
+        c = reply.columns
         step = BatchStep(
             obs=reply.obs,
-            reward=fields["reward"],
-            terminated=fields["terminated"],
-            truncated=fields["truncated"],
+            reward=c["reward"],
+            terminated=c["terminated"],
+            truncated=c["truncated"],
             final_obs=reply.final_obs,
             env_ids=reply.env_ids,
             infos=reply.infos,

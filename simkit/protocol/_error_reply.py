@@ -1,5 +1,4 @@
-"""Error mapping: every exception a session meets becomes one ``error`` reply with a
-stable code (docs/protocol.md "Errors"). No IO."""
+"""Exceptions to wire error codes and ``error`` replies (expected vs got)."""
 
 from __future__ import annotations
 

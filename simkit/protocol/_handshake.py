@@ -1,14 +1,15 @@
-"""The handshake: request kinds, capabilities, env kinds and :class:`ServerInfo`, the
-``hello`` reply a server announces and a client parses. No IO."""
+"""The handshake and the request vocabulary: what a server announces, what a client may ask."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gymnasium import spaces
 
+from simkit._validation import check_seed
 from simkit.protocol._codec import PROTOCOL_VERSION, Limits, check_type
 from simkit.protocol._errors import InvalidField
 from simkit.protocol._spaces import space_from_plain, space_to_plain
@@ -17,9 +18,9 @@ __all__ = [
     "REQUEST_KINDS",
     "CAPABILITIES",
     "AUTORESET_SAME_STEP",
-    "ENV_KIND_SINGLE",
-    "ENV_KIND_MULTI_AGENT",
     "ServerInfo",
+    "SessionState",
+    "seed_field",
 ]
 
 REQUEST_KINDS = ("hello", "reset", "step", "get_state", "set_state", "ping", "close")
@@ -27,8 +28,6 @@ CAPABILITIES = ("state", "randomization", "params")
 """``state``: get_state/set_state; ``randomization``: the env declares randomized
 parameters and reports them in reset infos; ``params``: reset accepts per-env overrides."""
 AUTORESET_SAME_STEP = "same_step"
-ENV_KIND_SINGLE = "single"
-ENV_KIND_MULTI_AGENT = "multi_agent"
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class ServerInfo:
     observation_space: spaces.Space[Any]
     action_space: spaces.Space[Any]
     capabilities: frozenset[str] = frozenset()
-    env_kind: str = ENV_KIND_SINGLE
+    env_kind: str = "single"
     agents: list[str] | None = None
     autoreset: str = AUTORESET_SAME_STEP
     protocol: tuple[int, int] = PROTOCOL_VERSION
@@ -101,3 +100,23 @@ class ServerInfo:
             shared=check_type(body, "shared", bool),
             heartbeat_timeout=None if heartbeat is None else float(heartbeat),
         )
+
+
+class SessionState(enum.Enum):
+    """new --hello--> ready --close--> closed."""
+
+    NEW = "new"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+def seed_field(value: Any, what: str) -> int:
+    """A seed field of a request: an int in ``[0, 2**63)``.
+
+    Raises:
+        InvalidField: anything else (``what`` names the field).
+    """
+    try:
+        return check_seed(value, what)
+    except ValueError as exc:
+        raise InvalidField(str(exc), expected="int in [0, 2**63)", got=repr(value)) from None

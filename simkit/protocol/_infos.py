@@ -1,5 +1,4 @@
-"""The infos codec: reply ``infos`` as one map per row, none when all are empty, or
-(protocol 1.3 step replies) one array column per key. No IO."""
+"""Step and reset infos on the wire: one map per row, or (protocol 1.3) columns."""
 
 from __future__ import annotations
 
@@ -14,10 +13,10 @@ from simkit.snapshot import from_plain
 
 __all__ = [
     "INFO_COLUMNS_SINCE",
-    "infos_to_wire",
     "info_columns",
-    "step_infos_to_wire",
     "infos_from_wire",
+    "infos_to_wire",
+    "step_infos_to_wire",
 ]
 
 

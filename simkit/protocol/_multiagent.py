@@ -2,7 +2,7 @@
 
 A multi-agent session flattens its ``num_envs`` envs of ``A = len(agents)`` agents into
 ``num_envs * A`` rows, row ``r`` for agent ``agents[r % A]`` of env ``r // A``, exactly
-the layout of ``simkit.vector.MultiAgentVectorEnv``. Every agent shares one
+the layout of :class:`simkit.vector.MultiAgentVectorEnv`. Every agent shares one
 observation space and one action space (the handshake's per-row spaces).
 """
 
@@ -13,61 +13,49 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
-from gymnasium import spaces
 
 from simkit._types import MultiAgentBatchStep
 from simkit.protocol._client_session import ClientSession
 from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message
 from simkit.protocol._errors import InvalidField
-from simkit.protocol._handshake import ENV_KIND_MULTI_AGENT, ServerInfo
+from simkit.protocol._handshake import ServerInfo
 from simkit.protocol._infos import infos_from_wire
-from simkit.protocol._server_session import Host, ServerSession, request_env_ids
+from simkit.protocol._server_session import EnvHost, Host, ServerSession, request_env_ids
 from simkit.protocol._spaces import check_batch, unflatten_batch
 from simkit.protocol._step_reply import (
-    AGENT_MASK,
     MULTI_AGENT_STEP,
     EnvFault,
     decode_step_reply,
     encode_step_reply,
-    reply_env_ids,
+    final_obs_rows,
 )
 
 __all__ = [
+    "ENV_KIND_SINGLE",
+    "ENV_KIND_MULTI_AGENT",
     "MultiAgentHost",
     "MultiAgentServerSession",
     "MultiAgentReset",
     "MultiAgentStep",
     "parse_multi_agent_reset",
     "parse_multi_agent_step",
+    "final_obs_rows",
 ]
 
+ENV_KIND_SINGLE = "single"
+ENV_KIND_MULTI_AGENT = "multi_agent"
 
-class MultiAgentHost(Protocol):
+
+class MultiAgentHost(EnvHost, Protocol):
     """What a :class:`MultiAgentServerSession` serves: N multi-agent envs as agent rows.
 
     ``observation_space``/``action_space`` are the per-row spaces; batched values have
-    ``len(env_ids) * num_agents`` rows in ``env_ids`` order.
+    ``len(env_ids) * num_agents`` rows in ``env_ids`` order (``reset`` returns per-row
+    infos).
     """
 
-    num_envs: int
     possible_agents: list[str]
     num_agents: int
-    observation_space: spaces.Space[Any]
-    action_space: spaces.Space[Any]
-    capabilities: frozenset[str]
-
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids``; returns their observation rows and per-row infos."""
-        ...
 
     def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
         """``(len(env_ids) * num_agents,)`` bool: which rows are live now."""
@@ -75,14 +63,6 @@ class MultiAgentHost(Protocol):
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
         """Steps ``env_ids`` with action rows (rows of agents not live are ignored)."""
-        ...
-
-    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
-        """Plain-data snapshots of ``env_ids``."""
-        ...
-
-    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """Restores snapshots from :meth:`get_state`."""
         ...
 
 
@@ -138,7 +118,7 @@ class MultiAgentServerSession(ServerSession):
             env_ids,
             faults,
             self.peer_version,
-            agents=host.num_agents,
+            rows_per_env=host.num_agents,
         )
 
 
@@ -179,14 +159,32 @@ def _multi_agent_info(session: ClientSession) -> tuple[ServerInfo, int]:
     return info, len(info.agents)
 
 
+def _rows_array(arrays: dict[str, np.ndarray], key: str, n: int) -> np.ndarray:
+    arr = arrays.get(key)
+    if arr is None or arr.shape != (n,):
+        raise InvalidField(
+            f"reply lacks {key!r} of shape ({n},)",
+            expected=f"{key} ({n},)",
+            got=None if arr is None else list(arr.shape),
+        )
+    return arr
+
+
+def _env_ids_of(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    env_ids = arrays.get("env_ids")
+    if env_ids is None or env_ids.ndim != 1:
+        raise InvalidField("reply lacks 1-D 'env_ids'", expected="env_ids", got=sorted(arrays))
+    return env_ids
+
+
 def parse_multi_agent_reset(session: ClientSession, frames: Sequence[Any]) -> MultiAgentReset:
     """Parses a multi-agent ``reset`` reply (after a handshake with a multi-agent server)."""
     msg = session.parse(frames, "reset")
     info, num_agents = _multi_agent_info(session)
-    env_ids = reply_env_ids(msg.arrays, "reset")
+    env_ids = _env_ids_of(msg.arrays)
     n = env_ids.size * num_agents
     check_batch(info.observation_space, msg.arrays, "obs", n)
-    mask = AGENT_MASK.read(msg.arrays, env_ids.size, num_agents)
+    mask = _rows_array(msg.arrays, "agent_mask", n)
     infos = infos_from_wire(msg.body, n)
     obs = unflatten_batch(info.observation_space, msg.arrays, "obs")
     return MultiAgentReset(obs, mask, infos, env_ids)
@@ -196,17 +194,19 @@ def parse_multi_agent_step(session: ClientSession, frames: Sequence[Any]) -> Mul
     """Parses a multi-agent ``step`` reply; ``final_obs`` is rebuilt for every row."""
     msg = session.parse(frames, "step")
     info, num_agents = _multi_agent_info(session)
-    reply = decode_step_reply(MULTI_AGENT_STEP, info.observation_space, msg, agents=num_agents)
-    fields = reply.fields
+    reply = decode_step_reply(
+        MULTI_AGENT_STEP, info.observation_space, msg, rows_per_env=num_agents
+    )
+    c = reply.columns
     step = MultiAgentBatchStep(
         obs=reply.obs,
-        agent_mask=fields["agent_mask"],
-        reward=fields["reward"],
-        terminated=fields["terminated"],
-        truncated=fields["truncated"],
+        agent_mask=c["agent_mask"],
+        reward=c["reward"],
+        terminated=c["terminated"],
+        truncated=c["truncated"],
         final_obs=reply.final_obs,
-        acted=fields["acted"],
-        env_reset=fields["env_reset"],
+        acted=c["acted"],
+        env_reset=c["env_reset"],
         infos=reply.infos,
     )
     return MultiAgentStep(step, reply.env_ids, reply.faults)

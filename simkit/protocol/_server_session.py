@@ -1,21 +1,19 @@
-"""The server's session state machine: :class:`ServerSession` over a :class:`Host`.
+"""The IO-free server session state machine: decode, validate, dispatch to a host, reply.
 
-It decodes and validates requests, dispatches them to the host and builds the replies
-(error replies included); a transport only moves frames. No IO.
+A transport (the ZeroMQ server) only moves frames; everything else happens here and is
+testable without sockets.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 from gymnasium import spaces
 
-from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
-from simkit._validation import EnvIdsError, check_env_ids
+from simkit._validation import checked_env_ids
 from simkit.protocol._codec import (
     INLINE_THRESHOLD,
     PROTOCOL_VERSION,
@@ -34,26 +32,25 @@ from simkit.protocol._errors import (
     UnknownKind,
     Unsupported,
 )
-from simkit.protocol._handshake import REQUEST_KINDS, ServerInfo
+from simkit.protocol._handshake import REQUEST_KINDS, ServerInfo, SessionState, seed_field
 from simkit.protocol._infos import infos_to_wire
 from simkit.protocol._spaces import check_batch, flatten_batch, unflatten_batch
 from simkit.protocol._step_reply import SINGLE_AGENT_STEP, EnvFault, encode_step_reply
 from simkit.snapshot import from_plain, to_plain
 
 __all__ = [
+    "EnvHost",
     "Host",
-    "SessionState",
     "ServerSession",
     "keepalive_target",
     "is_keepalive",
+    "request_env_ids",
 ]
 
 
-class Host(Protocol):
-    """What a :class:`ServerSession` serves: N envs stepped as a batch (same-step autoreset).
-
-    ``simkit.servers`` builds hosts over ``simkit.vector``/``BatchEnv`` or plain
-    Gymnasium envs. Per-env spaces; batched values have a leading env axis.
+class EnvHost(Protocol):
+    """What every session's host has: N envs with per-env (or per-agent-row) spaces,
+    reset, and plain-data snapshots. :class:`Host` and ``MultiAgentHost`` add their step.
     """
 
     num_envs: int
@@ -77,10 +74,6 @@ class Host(Protocol):
         derive from ``episode_seed(root, env_offset + i, k)`` until the next reset."""
         ...
 
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """Steps ``env_ids`` with batched ``actions`` (rows in ``env_ids`` order)."""
-        ...
-
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
         """Plain-data snapshots of ``env_ids``."""
         ...
@@ -90,12 +83,16 @@ class Host(Protocol):
         ...
 
 
-class SessionState(enum.Enum):
-    """new --hello--> ready --close--> closed."""
+class Host(EnvHost, Protocol):
+    """What a :class:`ServerSession` serves: N envs stepped as a batch (same-step autoreset).
 
-    NEW = "new"
-    READY = "ready"
-    CLOSED = "closed"
+    ``simkit.servers`` builds hosts over ``simkit.vector``/``BatchEnv`` or plain
+    Gymnasium envs. Per-env spaces; batched values have a leading env axis.
+    """
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """Steps ``env_ids`` with batched ``actions`` (rows in ``env_ids`` order)."""
+        ...
 
 
 def request_env_ids(
@@ -104,23 +101,16 @@ def request_env_ids(
     """The request's env ids, checked; absent means every env (``everyone``, if given).
 
     Raises:
-        InvalidEnvIds: not distinct integers in ``[0, num_envs)``, or none.
+        InvalidEnvIds: not 1-D integers, empty, out of range or repeated.
     """
     ids = msg.arrays.get("env_ids")
     if ids is None:
         return np.arange(num_envs, dtype=np.int64) if everyone is None else everyone
-    try:
-        return check_env_ids(ids, num_envs)
-    except EnvIdsError as exc:
-        raise InvalidEnvIds(str(exc), expected=exc.expected, got=exc.got) from None
+    return checked_env_ids(ids, num_envs, allow_empty=False, error=_invalid_env_ids)
 
 
-def _seed(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ROOT_SEED:
-        raise InvalidField(
-            f"{what} must be an int in [0, 2**63)", expected="int in [0, 2**63)", got=repr(value)
-        )
-    return value
+def _invalid_env_ids(message: str, expected: str, got: Any) -> Exception:
+    return InvalidEnvIds(message, expected=expected, got=got)
 
 
 def keepalive_target(frames: Sequence[Any], limits: Limits | None = None) -> Message | None:
@@ -239,7 +229,7 @@ class ServerSession:
         seed = body.get("seed")
         seeds = check_type(body, "seeds", list, optional=True)
         if seed is not None:
-            seed = _seed(seed, "seed")
+            seed = seed_field(seed, "seed")
         if seeds is not None:
             if seed is not None:
                 raise InvalidField("give either 'seed' or 'seeds', not both", got="both")
@@ -247,7 +237,7 @@ class ServerSession:
                 raise InvalidField(
                     "'seeds' needs one seed per env id", expected=env_ids.size, got=len(seeds)
                 )
-            seeds = [_seed(s, "each of 'seeds'") for s in seeds]
+            seeds = [seed_field(s, "each of 'seeds'") for s in seeds]
         options = check_type(body, "options", dict, optional=True)
         params = check_type(body, "params", list, optional=True)
         if options is not None and "params" in options:
@@ -308,6 +298,5 @@ class ServerSession:
                 expected=f"{env_ids.size} maps",
                 got=f"{len(states)} items",
             )
-        plain = [from_plain(s) for s in states]
-        self.host.set_state(env_ids, plain)
+        self.host.set_state(env_ids, [from_plain(s) for s in states])
         return {}, {"env_ids": env_ids}

@@ -18,6 +18,7 @@ import numpy as np
 
 from simkit._types import Fragment
 from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, decode, encode
+from simkit.protocol._error_reply import error_reply
 from simkit.protocol._errors import (
     MalformedMessage,
     ProtocolError,
@@ -25,7 +26,6 @@ from simkit.protocol._errors import (
     SessionStateError,
     UnknownKind,
 )
-from simkit.protocol._error_reply import error_reply
 from simkit.protocol._stream_messages import (
     StaleVersion,
     StreamConfig,
@@ -262,9 +262,12 @@ class StreamClientSession:
         self.source = source
         self.limits = limits or Limits()
         self.info: StreamInfo | None = None
+        self.last_id = 0
+        """The id of the last request built."""
         self._ids = itertools.count(1)
 
     def _frames(self, msg: Message) -> list[Any]:
+        self.last_id = msg.id
         return encode(msg)
 
     def request_open(self, config: StreamConfig) -> list[Any]:

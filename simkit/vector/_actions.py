@@ -11,7 +11,7 @@ from gymnasium import spaces
 from simkit._validation import ActionBounds, validate_action
 from simkit.errors import InvalidAction
 
-__all__ = ["check_batch", "split_rows"]
+__all__ = ["check_batch", "check_batch_array", "split_rows"]
 
 
 def check_batch(
@@ -32,8 +32,36 @@ def check_batch(
             names the envs (``what`` and index) whose rows are bad.
     """
     n = len(env_ids)
+    arr = check_batch_array(space, actions, env_ids, bounds, what)
+    if arr is not None:
+        return list(arr) if isinstance(space, spaces.Box) else arr.tolist()
+    rows = split_rows(space, actions, n)
+    return [
+        validate_action(space, row, bounds=bounds, name=f"action for {what} {int(i)}")
+        for i, row in zip(env_ids, rows, strict=True)
+    ]
+
+
+def check_batch_array(
+    space: spaces.Space[Any],
+    actions: Any,
+    env_ids: np.ndarray,
+    bounds: ActionBounds,
+    what: str = "env",
+) -> np.ndarray | None:
+    """The vectorised check of a ``Box`` or ``Discrete`` batch; ``None`` for other spaces.
+
+    Returns:
+        ``Box``: a new array of the space's dtype (clipped under ``CLIP``);
+        ``Discrete``: an int64 array.
+
+    Raises:
+        InvalidAction: wrong shape or dtype, NaN/inf, or out of range; the message
+            names the rows (``what`` and ``env_ids``) that are bad.
+    """
+    n = len(env_ids)
     if isinstance(space, spaces.Box):
-        arr = _as_array(actions, (n, *space.shape), what)
+        arr = _as_array(actions, (n, *space.shape))
         if arr.dtype.kind not in "iuf":
             raise InvalidAction(
                 f"actions must be a numeric array of shape {(n, *space.shape)}, got dtype {arr.dtype}"
@@ -52,27 +80,22 @@ def check_batch(
                     f"actions must lie in [{space.low.tolist()}, {space.high.tolist()}]; "
                     f"{what} {env_ids[out].tolist()} do not"
                 )
-        return list(arr)
+        return arr
     if isinstance(space, spaces.Discrete):
-        arr = _as_array(actions, (n,), what)
+        arr = _as_array(actions, (n,))
         if arr.dtype.kind not in "iu":
             raise InvalidAction(
                 f"actions must be an integer array of shape ({n},), got dtype {arr.dtype}"
             )
         lo, hi = int(space.start), int(space.start + space.n)
-        values: list[int] = arr.tolist()
-        if n and (min(values) < lo or max(values) >= hi):
+        if n and (int(arr.min()) < lo or int(arr.max()) >= hi):
             bad = (arr < lo) | (arr >= hi)
             raise InvalidAction(
                 f"actions must be in [{lo}, {hi}); {what} {env_ids[bad].tolist()} got "
                 f"{arr[bad].tolist()}"
             )
-        return values
-    rows = split_rows(space, actions, n)
-    return [
-        validate_action(space, row, bounds=bounds, name=f"action for {what} {int(i)}")
-        for i, row in zip(env_ids, rows, strict=True)
-    ]
+        return arr.astype(np.int64)
+    return None
 
 
 def split_rows(space: spaces.Space[Any], actions: Any, n: int) -> list[Any]:
@@ -102,13 +125,11 @@ def split_rows(space: spaces.Space[Any], actions: Any, n: int) -> list[Any]:
     return rows
 
 
-def _as_array(actions: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+def _as_array(actions: Any, shape: tuple[int, ...]) -> np.ndarray:
     try:
         arr = np.asarray(actions)
     except (TypeError, ValueError) as exc:
         raise InvalidAction(f"actions must be an array of shape {shape}, got {actions!r}") from exc
     if arr.shape != shape:
-        raise InvalidAction(
-            f"actions must have shape {shape} (one row per {what}), got shape {arr.shape}"
-        )
+        raise InvalidAction(f"actions must have shape {shape}, got shape {arr.shape}")
     return arr

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from pettingzoo import ParallelEnv
 
 from simkit._multiagent import MultiAgentEnv
-from simkit._seeding import MAX_ROOT_SEED, episode_seed
-from simkit._types import MultiAgentBatchStep
-from simkit._validation import ActionBounds, validate_action
+from simkit._seeding import EpisodeSeeds
+from simkit._state import restore_all
+from simkit._types import MultiAgentBatchStep, StepFault
+from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.registry import make
 from simkit.vector._actions import split_rows
-from simkit.vector._vector import VECTOR_STATE_FORMAT, _per_env_params, _positive_int
+from simkit.vector._vector import (
+    VECTOR_STATE_FORMAT,
+    _per_env_params,
+    _positive_int,
+    reset_options,
+)
 
-__all__ = ["MultiAgentVectorEnv", "MultiAgentBatchStep", "homogeneous_agent_spaces"]
+__all__ = [
+    "MultiAgentVectorEnv",
+    "MultiAgentBatchStep",
+    "homogeneous_agent_spaces",
+    "zero_row",
+    "gather_rows",
+]
 
 
 def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
@@ -50,6 +64,17 @@ def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
     return obs_space, act_space
 
 
+def zero_row(space: Any) -> Any:
+    """The all-zeros observation of ``space`` (any space the codec carries), for absent agents."""
+    return next(iter(iterate(batch_space(space, 1), create_empty_array(space, 1, np.zeros))))
+
+
+def gather_rows(space: Any, rows: list[Any]) -> Any:
+    """Observations ``rows`` of ``space`` stacked into one batch of ``batch_space(space, n)``."""
+    out: Any = create_empty_array(space, len(rows), np.zeros)
+    return concatenate(space, rows, out)
+
+
 class MultiAgentVectorEnv:
     """N :class:`simkit.MultiAgentEnv` instances as one array of (env, agent) rows.
 
@@ -69,24 +94,30 @@ class MultiAgentVectorEnv:
         env_kwargs: other constructor arguments for envs built from an id.
         validate_actions: check each action batch once; envs are built without
             their own validation.
+        isolate_faults: an env whose ``step`` raises ends its episode (its acting rows
+            truncated, reward 0) and is reset while the others go on; reported by
+            :meth:`step_envs` as :class:`~simkit._types.StepFault` (what a rollout
+            server needs). Off by default: the exception propagates.
     """
 
     def __init__(
         self,
-        env_fns: str | Sequence[Callable[[], MultiAgentEnv[Any, Any, Any]]],
+        env_fns: str | Sequence[Callable[[], ParallelEnv[Any, Any, Any]]],
         num_envs: int | None = None,
         *,
         params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
         validate_actions: bool = True,
+        isolate_faults: bool = False,
     ) -> None:
+        self.isolate_faults = isolate_faults
         if isinstance(env_fns, str):
             if num_envs is None:
                 raise TypeError("num_envs is required when building envs from an id")
             n = _positive_int(num_envs, "num_envs")
             per_env = _per_env_params(params, n)
             kwargs = {**dict(env_kwargs or {}), "validate_actions": not validate_actions}
-            self.envs: list[MultiAgentEnv[Any, Any, Any]] = [
+            self.envs: list[ParallelEnv[Any, Any, Any]] = [
                 make(env_fns, **kwargs, **({"params": p} if p is not None else {})) for p in per_env
             ]
         else:
@@ -101,9 +132,12 @@ class MultiAgentVectorEnv:
             if not self.envs:
                 raise ValueError("env_fns must hold at least one function, got none")
         for i, env in enumerate(self.envs):
-            if not isinstance(env, MultiAgentEnv):
-                raise TypeError(f"env {i} must be a simkit.MultiAgentEnv, got {type(env).__name__}")
-            if validate_actions:
+            if not isinstance(env, ParallelEnv):
+                raise TypeError(
+                    f"env {i} must be a pettingzoo.ParallelEnv (e.g. a simkit.MultiAgentEnv), "
+                    f"got {type(env).__name__}"
+                )
+            if validate_actions and isinstance(env, MultiAgentEnv):
                 env.validate_actions = False
         first = self.envs[0]
         self.num_envs = len(self.envs)
@@ -116,20 +150,24 @@ class MultiAgentVectorEnv:
         self.observation_space = batch_space(self.single_observation_space, self.num_rows)
         self.action_space = batch_space(self.single_action_space, self.num_rows)
         self.validate_actions = validate_actions
-        bounds = first.action_bounds
+        bounds = getattr(first, "action_bounds", ActionBounds.CLIP)
         self._bounds = bounds if isinstance(bounds, ActionBounds) else ActionBounds.CLIP
         self._slot = {agent: k for k, agent in enumerate(self.possible_agents)}
         self.row_env = np.repeat(np.arange(self.num_envs, dtype=np.int64), self.num_agents)
         """``(rows,)`` the env of each row."""
-        self._roots: list[int | None] = [None] * self.num_envs
-        self._episode = np.full(self.num_envs, -1, dtype=np.int64)
+        self.seeds = EpisodeSeeds(self.num_envs)
         self._has_reset = False
         self._obs_rows: list[Any] = [self._zero_row() for _ in range(self.num_rows)]
         self._mask = np.zeros(self.num_rows, dtype=np.bool_)
+        self._broken = np.zeros(self.num_envs, dtype=np.bool_)
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        """Each env's current episode number (a copy; -1 before the first reset)."""
+        return self.seeds.episode.copy()
 
     def _zero_row(self) -> Any:
-        space = self.single_observation_space
-        return next(iter(iterate(space, create_empty_array(space, 1, np.zeros))))
+        return zero_row(self.single_observation_space)
 
     def row(self, env_index: int, agent: Any) -> int:
         """The row of ``agent`` in env ``env_index``."""
@@ -171,103 +209,126 @@ class MultiAgentVectorEnv:
             ``(obs, agent_mask, infos)`` over all rows.
         """
         n = self.num_envs
-        seeds: list[int | None]
-        if seed is None and not self._has_reset:
-            seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
-        if seed is None:
-            seeds = [self._next_seed(i) for i in range(n)]
-        elif isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            if not 0 <= seed <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
-            self._roots = [int(seed)] * n
-            self._episode[:] = 0
-            seeds = [episode_seed(int(seed), i, 0) for i in range(n)]
-        elif isinstance(seed, Sequence) and len(seed) == n:
-            seeds = []
-            for i, s in enumerate(seed):
-                if s is None:
-                    seeds.append(self._next_seed(i))
-                else:
-                    self._roots[i] = None
-                    self._episode[i] = 0
-                    seeds.append(int(s))
-        else:
-            raise ValueError(
-                f"seed must be an int, a list of {n} int | None, or None, got {seed!r}"
-            )
+        seeds = self.seeds.plan(np.arange(n), seed)
+        self._broken[:] = False
         infos: list[dict[str, Any]] = []
         for i in range(n):
             infos.extend(self._reset_one(i, seeds[i], options))
         self._has_reset = True
         return self._gather(self._obs_rows), self._mask.copy(), infos
 
-    def _next_seed(self, i: int) -> int | None:
-        self._episode[i] += 1
-        root = self._roots[i]
-        return None if root is None else episode_seed(root, i, int(self._episode[i]))
-
     def _gather(self, rows: list[Any]) -> Any:
-        space = self.single_observation_space
-        out: Any = create_empty_array(space, len(rows), np.zeros)
-        return concatenate(space, rows, out)
+        return gather_rows(self.single_observation_space, rows)
 
     # ------------------------------------------------------------------------ step
 
     def step(self, actions: Any) -> MultiAgentBatchStep:
-        """Steps every env with the live rows of ``actions`` (other rows are ignored).
+        """Steps every env with one action row per (env, agent) row.
 
-        Args:
-            actions: ``(rows, *action_shape)``, one row per (env, agent).
+        Rows of agents that are not live are ignored. An env whose agents have all
+        finished is reset in the same step (``env_reset``; its rows' infos hold
+        ``"reset_info"``).
 
         Raises:
-            ResetNeeded: called before :meth:`reset`.
-            InvalidAction: a live row's action does not fit (names env and agent).
+            ResetNeeded: before :meth:`reset`.
+            InvalidAction: a live row's action does not fit (names env, agent and row).
         """
         if not self._has_reset:
             raise ResetNeeded("step() called before reset(); call reset() first")
-        rows = split_rows(self.single_action_space, actions, self.num_rows)
-        acted = self._mask.copy()
-        if self.validate_actions:
-            for row in np.flatnonzero(acted):
-                agent = self.possible_agents[row % self.num_agents]
-                rows[row] = validate_action(
-                    self.single_action_space,
-                    rows[row],
-                    bounds=self._bounds,
-                    name=f"action for env {row // self.num_agents} agent {agent!r} (row {row})",
-                )
+        step, _ = self.step_envs(np.arange(self.num_envs, dtype=np.int64), actions)
+        return step
+
+    def _global_rows(self, env_ids: np.ndarray) -> np.ndarray:
         A = self.num_agents
-        reward = np.zeros(self.num_rows, dtype=np.float64)
-        term = np.zeros(self.num_rows, dtype=np.bool_)
-        trunc = np.zeros(self.num_rows, dtype=np.bool_)
-        env_reset = np.zeros(self.num_envs, dtype=np.bool_)
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_rows)]
-        final_rows = list(self._obs_rows)
-        for i, env in enumerate(self.envs):
-            base = i * A
-            acts = {agent: rows[base + self._slot[agent]] for agent in env.agents}
-            observations, rewards, terms, truncs, step_infos = env.step(acts)
-            for agent, obs in observations.items():
-                r = base + self._slot[agent]
-                final_rows[r] = self._obs_rows[r] = obs
-                reward[r] = rewards[agent]
-                term[r] = terms[agent]
-                trunc[r] = truncs[agent]
-                infos[r] = dict(step_infos.get(agent, {}))
+        return (env_ids[:, None] * A + np.arange(A)).reshape(-1)
+
+    def step_envs(self, env_ids: Any, actions: Any) -> tuple[MultiAgentBatchStep, list[StepFault]]:
+        """Steps only ``env_ids`` (in that order): ``len(env_ids) * A`` action rows.
+
+        The one multi-agent step loop: :meth:`step` and the rollout server's host both
+        run it.
+
+        Returns:
+            The step of those envs' rows and the faults (with ``isolate_faults``).
+
+        Raises:
+            ResetNeeded: an env was never reset.
+            ValueError: a bad or repeated env id.
+            InvalidAction: a live row's action does not fit.
+        """
+        ids = check_send_ids(env_ids, self.num_envs, None)
+        never = ids[self.seeds.episode[ids] < 0]
+        if never.size:
+            raise ResetNeeded(f"envs {never.tolist()} were never reset; send reset first")
+        A = self.num_agents
+        n = ids.size * A
+        rows = split_rows(self.single_action_space, actions, n)
+        grows = self._global_rows(ids)
+        acted = self._mask[grows].copy()
+        if self.validate_actions:
+            for local in np.flatnonzero(acted).tolist():
+                row = int(grows[local])
+                agent = self.possible_agents[row % A]
+                rows[local] = validate_action(
+                    self.single_action_space,
+                    rows[local],
+                    bounds=self._bounds,
+                    name=f"action for env {row // A} agent {agent!r} (row {row})",
+                )
+        reward = np.zeros(n, dtype=np.float64)
+        term = np.zeros(n, dtype=np.bool_)
+        trunc = np.zeros(n, dtype=np.bool_)
+        env_reset = np.zeros(ids.size, dtype=np.bool_)
+        infos: list[dict[str, Any]] = [{} for _ in range(n)]
+        final_rows = [self._obs_rows[r] for r in grows]
+        faults: list[StepFault] = []
+        for k, i in enumerate(ids.tolist()):
+            env, local, base = self.envs[i], k * A, i * A
+            if self._broken[i]:
+                faults.append(StepFault(i, None, "broken"))
+                continue
+            ended = False
+            try:
+                acts = {agent: rows[local + self._slot[agent]] for agent in env.agents}
+                observations, rewards, terms, truncs, step_infos = env.step(acts)
+                for agent, obs in observations.items():
+                    s = self._slot[agent]
+                    final_rows[local + s] = self._obs_rows[base + s] = obs
+                    reward[local + s] = rewards[agent]
+                    term[local + s] = terms[agent]
+                    trunc[local + s] = truncs[agent]
+                    infos[local + s] = dict(step_infos.get(agent, {}))
+                live = list(env.agents)
+            except Exception as exc:
+                if not self.isolate_faults:
+                    raise
+                faults.append(StepFault(i, exc, "step"))
+                live, ended = [], True
+                for s in np.flatnonzero(acted[local : local + A]).tolist():
+                    reward[local + s], term[local + s], trunc[local + s] = 0.0, False, True
+                    infos[local + s] = {}
             self._mask[base : base + A] = False
-            for agent in env.agents:
+            for agent in live:
                 self._mask[base + self._slot[agent]] = True
-            for k in range(A):
-                if not self._mask[base + k]:
-                    self._obs_rows[base + k] = self._zero_row()
-            if not env.agents:
-                env_reset[i] = True
-                reset_infos = self._reset_one(i, self._next_seed(i), None)
-                for k in range(A):
-                    infos[base + k] = {**infos[base + k], "reset_info": reset_infos[k]}
-        return MultiAgentBatchStep(
-            obs=self._gather(self._obs_rows),
-            agent_mask=self._mask.copy(),
+            for s in range(A):
+                if not self._mask[base + s]:
+                    self._obs_rows[base + s] = self._zero_row()
+            if ended or not live:
+                env_reset[k] = True
+                try:
+                    reset_infos = self._reset_one(i, self.seeds.next_one(i), None)
+                except Exception as exc:
+                    if not self.isolate_faults:
+                        raise
+                    faults.append(StepFault(i, exc, "reset"))
+                    self._broken[i] = True
+                    self._mask[base : base + A] = False
+                    continue
+                for s in range(A):
+                    infos[local + s] = {**infos[local + s], "reset_info": reset_infos[s]}
+        step = MultiAgentBatchStep(
+            obs=self._gather([self._obs_rows[r] for r in grows]),
+            agent_mask=self._mask[grows].copy(),
             reward=reward,
             terminated=term,
             truncated=trunc,
@@ -276,6 +337,31 @@ class MultiAgentVectorEnv:
             env_reset=env_reset,
             infos=infos,
         )
+        return step, faults
+
+    def reset_envs(
+        self,
+        env_ids: Any,
+        *,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        options: Mapping[str, Any] | None = None,
+        params: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets only ``env_ids`` (in that order), as :meth:`VectorEnv.reset_envs`.
+
+        Returns:
+            The observation rows and per-row infos of those envs.
+        """
+        ids = check_send_ids(env_ids, self.num_envs, None)
+        planned = self.seeds.plan_reset(ids, seed, seeds)
+        infos: list[dict[str, Any]] = []
+        for k, i in enumerate(ids.tolist()):
+            opts = reset_options(options, None if params is None else params[k])
+            infos.extend(self._reset_one(i, planned[k], opts))
+            self._broken[i] = False
+        self._has_reset = bool((self.seeds.episode >= 0).all())
+        return self._gather([self._obs_rows[r] for r in self._global_rows(ids)]), infos
 
     # ------------------------------------------------------------------- snapshots
 
@@ -286,8 +372,7 @@ class MultiAgentVectorEnv:
         return {
             "format": VECTOR_STATE_FORMAT,
             "num_envs": self.num_envs,
-            "root_seeds": list(self._roots),
-            "episode_index": self._episode.copy(),
+            **self.seeds.get_state(),
             "obs_rows": self._gather(self._obs_rows),
             "agent_mask": self._mask.copy(),
             "envs": [env.get_state() for env in self.envs],
@@ -318,14 +403,72 @@ class MultiAgentVectorEnv:
                 f"state must have format {VECTOR_STATE_FORMAT} and {self.num_envs} envs, got "
                 f"format {state['format']!r} and {state['num_envs']!r} envs"
             )
-        for env, env_state in zip(self.envs, state["envs"], strict=True):
-            env.set_state(env_state)
-        self._roots = [None if r is None else int(r) for r in state["root_seeds"]]
-        self._episode = np.asarray(state["episode_index"], dtype=np.int64).copy()
-        self._mask = np.asarray(state["agent_mask"], dtype=np.bool_).copy()
+        seeds = EpisodeSeeds.parse_state(state, self.num_envs)
+        mask = np.asarray(state["agent_mask"], dtype=np.bool_).copy()
         obs = state["obs_rows"]
-        self._obs_rows = [np.array(obs[r], copy=True) for r in range(self.num_rows)]
+        obs_rows = [np.array(obs[r], copy=True) for r in range(self.num_rows)]
+        restore_all(self.envs, state["envs"])
+        self.seeds.set_state(seeds)
+        self._mask, self._obs_rows = mask, obs_rows
         self._has_reset = True
+
+    def get_env_states(self, env_ids: Any) -> list[dict[str, Any]]:
+        """Per-env snapshots: ``{"env", "root_seed", "episode_index", "obs_rows",
+        "agent_mask"}`` each (the rollout server's form).
+
+        Raises:
+            ResetNeeded: an env was never reset.
+            TypeError: an env is not a simkit env.
+        """
+        A, out = self.num_agents, []
+        for i in np.asarray(env_ids, dtype=np.int64).tolist():
+            if self.seeds.episode[i] < 0:
+                raise ResetNeeded(f"env {i}: get_state before reset; reset first")
+            env = self.envs[i]
+            if not isinstance(env, MultiAgentEnv):
+                raise TypeError(f"env {i} has no get_state(); snapshots need simkit envs")
+            out.append(
+                {
+                    "env": env.get_state(),
+                    "root_seed": self.seeds.roots[i],
+                    "episode_index": int(self.seeds.episode[i]),
+                    "obs_rows": self._gather(copy.deepcopy(self._obs_rows[i * A : (i + 1) * A])),
+                    "agent_mask": self._mask[i * A : (i + 1) * A].copy(),
+                }
+            )
+        return out
+
+    def set_env_states(self, env_ids: Any, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restores :meth:`get_env_states` snapshots, all or nothing.
+
+        Raises:
+            InvalidState: a malformed snapshot, or one an env rejects (nothing changes).
+        """
+        need = {"env", "root_seed", "episode_index", "obs_rows", "agent_mask"}
+        A = self.num_agents
+        ids = np.asarray(env_ids, dtype=np.int64).tolist()
+        parsed = []
+        for state in states:
+            if not isinstance(state, Mapping) or need - set(state):
+                raise InvalidState(
+                    f"a multi-agent host snapshot holds {sorted(need)}, got "
+                    f"{sorted(state) if isinstance(state, Mapping) else type(state).__name__}"
+                )
+            mask = np.asarray(state["agent_mask"], dtype=np.bool_)
+            if mask.shape != (A,):
+                raise InvalidState(f"agent_mask must have shape ({A},), got {mask.shape}")
+            seeds = EpisodeSeeds.parse_state(
+                {"root_seeds": [state["root_seed"]], "episode_index": [state["episode_index"]]}, 1
+            )
+            rows = list(iterate(batch_space(self.single_observation_space, A), state["obs_rows"]))
+            parsed.append((seeds, mask, copy.deepcopy(rows)))
+        restore_all([self.envs[i] for i in ids], [s["env"] for s in states])
+        for i, (seeds, mask, rows) in zip(ids, parsed, strict=True):
+            self.seeds.roots[i] = seeds["roots"][0]
+            self.seeds.episode[i] = seeds["episode"][0]
+            self._obs_rows[i * A : (i + 1) * A] = rows
+            self._mask[i * A : (i + 1) * A] = mask
+            self._broken[i] = False
 
     def close(self) -> None:
         """Closes every env."""

@@ -13,8 +13,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from simkit._seeding import MAX_ROOT_SEED, episode_seed
-from simkit._types import BatchStep
+from simkit._seeding import EpisodeSeeds
+from simkit._state import restore_all
+from simkit._types import BatchStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.registry import make
@@ -42,7 +43,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     - :meth:`get_state` / :meth:`set_state`: a plain-data snapshot of the whole vector.
 
     Seeding is independent of scheduling: after ``reset(seed=root)`` episode ``k`` of
-    env ``i`` is seeded with :func:`simkit._seeding.episode_seed` ``(root, i, k)``,
+    env ``i`` is seeded with ``episode_seed(root, i, k)`` (:class:`simkit._seeding.EpisodeSeeds`),
     each env counting its own episodes, so thread count, batch split and the order in
     which episodes end never change what an env produces.
 
@@ -66,6 +67,10 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         env_kwargs: other constructor arguments for envs built from an id.
         validate_actions: check each batch of actions once (shape, dtype, NaN, range)
             and build the envs with ``validate_actions=False``.
+        isolate_faults: an env whose ``step`` raises ends its episode (truncated, reward
+            0, last observation) and is reset while the others go on; the failure is
+            reported by :meth:`step_envs` as a :class:`~simkit._types.StepFault` (what a
+            rollout server needs). Off by default: the exception propagates.
     """
 
     def __init__(
@@ -79,8 +84,10 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
         validate_actions: bool = True,
+        isolate_faults: bool = False,
     ) -> None:
         self.closed = False
+        self.isolate_faults = isolate_faults
         self._pool: WorkerPool | None = None
         self.envs = _build_envs(env_fns, num_envs, params, env_kwargs, validate_actions)
         n = len(self.envs)
@@ -125,10 +132,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if workers > 1:
             self._pool = WorkerPool(workers)
 
-        # Seeding: per env a root (None = stream mode after an explicit seed) and an
-        # episode counter; nothing is shared between envs.
-        self._roots: list[int | None] = [None] * n
-        self._episode = np.full(n, -1, dtype=np.int64)
+        self.seeds = EpisodeSeeds(n)
         self._has_reset = False
         self._pending = np.zeros(n, dtype=np.bool_)
         # Per-env result slots written by whichever thread steps the env.
@@ -139,6 +143,8 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._trunc = np.zeros(n, dtype=np.bool_)
         self._info_slot: list[dict[str, Any]] = [{} for _ in range(n)]
         self._reset_info_slot: list[dict[str, Any] | None] = [None] * n
+        self._broken = np.zeros(n, dtype=np.bool_)
+        self._faults: list[StepFault] = []
         # Async bookkeeping.
         self._in_flight = np.zeros(n, dtype=np.bool_)
         self._ready: deque[int] = deque()
@@ -151,28 +157,12 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     @property
     def episode_index(self) -> np.ndarray:
         """Each env's current episode number (a copy; -1 before the first reset)."""
-        return self._episode.copy()
+        return self.seeds.episode.copy()
 
     @property
     def root_seeds(self) -> list[int | None]:
         """Each env's root seed; ``None`` for an env reset with an explicit seed."""
-        return list(self._roots)
-
-    # ---------------------------------------------------------------------- seeding
-
-    def _next_seed(self, i: int) -> int | None:
-        """Advances env ``i``'s episode counter and returns its seed (None: own stream)."""
-        self._episode[i] += 1
-        root = self._roots[i]
-        if root is None:
-            return None
-        return episode_seed(root, i, int(self._episode[i]))
-
-    def _reset_env(
-        self, i: int, seed: int | None, options: dict[str, Any] | None
-    ) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.envs[i].reset(seed=seed, options=options)
-        return obs, info
+        return list(self.seeds.roots)
 
     # ------------------------------------------------------------------------ reset
 
@@ -202,61 +192,21 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if not self._has_reset and not mask.all():
                 raise ResetNeeded("the first reset() must reset every env")
         ids = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
-        seeds = self._seeds_for(seed, ids)
+        seeds = self.seeds.plan(ids, seed)
         self._run_resets(ids, seeds, opts)
         self._has_reset = True
-        self._pending[ids] = False
+        self._pending[ids] = self._broken[ids] = False
         infos: dict[str, Any] = {}
         for i in ids:
             infos = self._add_info(infos, self._info_slot[i], int(i))
         return self._gather(self._obs_slot, np.arange(self.num_envs)), infos
-
-    def _seeds_for(self, seed: Any, ids: np.ndarray) -> list[int | None]:
-        """Per-env reset seeds for ``ids``; updates roots and episode counters."""
-        n = self.num_envs
-        if seed is None:
-            if all(self._roots[int(i)] is None for i in ids) and not self._has_reset:
-                entropy = np.random.SeedSequence().entropy
-                root = int(entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
-                seed = root
-            else:
-                return [self._next_seed(int(i)) for i in ids]
-        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            if not 0 <= seed <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
-            out: list[int | None] = []
-            for i in ids:
-                self._roots[int(i)] = int(seed)
-                self._episode[int(i)] = 0
-                out.append(episode_seed(int(seed), int(i), 0))
-            return out
-        if isinstance(seed, Sequence) and not isinstance(seed, str):
-            if len(seed) != n:
-                raise ValueError(f"a list of seeds must hold num_envs={n} entries, got {len(seed)}")
-            out = []
-            for i in ids:
-                s = seed[int(i)]
-                if s is None:
-                    out.append(self._next_seed(int(i)))
-                elif isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0:
-                    self._roots[int(i)] = None
-                    self._episode[int(i)] = 0
-                    out.append(int(s))
-                else:
-                    raise ValueError(
-                        f"seed[{int(i)}] must be a non-negative int or None, got {s!r}"
-                    )
-            return out
-        raise TypeError(
-            f"seed must be an int, a list of int | None, or None, got {type(seed).__name__}"
-        )
 
     def _run_resets(
         self, ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
     ) -> None:
         def run(part: list[tuple[int, int | None]]) -> None:
             for i, s in part:
-                obs, info = self._reset_env(i, s, copy.deepcopy(options))
+                obs, info = self.envs[i].reset(seed=s, options=copy.deepcopy(options))
                 self._obs_slot[i] = self._final_slot[i] = obs
                 self._info_slot[i] = info
                 self._reset_info_slot[i] = None
@@ -276,7 +226,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Steps (or autoresets) env ``i`` and writes its slots; runs on any thread."""
         if self._pending[i]:
             if mode is _NEXT:
-                obs, info = self._reset_env(i, self._next_seed(i), None)
+                obs, info = self.envs[i].reset(seed=self.seeds.next_one(i))
                 self._obs_slot[i] = self._final_slot[i] = obs
                 self._reward[i] = 0.0
                 self._term[i] = self._trunc[i] = False
@@ -288,20 +238,48 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 f"env {i} ended its episode and was not reset; with autoreset_mode "
                 f"{self.autoreset_mode.name} reset it with reset(options={{'reset_mask': mask}})"
             )
-        obs, reward, terminated, truncated, info = self.envs[i].step(action)
-        self._final_slot[i] = obs
-        self._reward[i] = reward
-        self._term[i] = terminated
-        self._trunc[i] = truncated
-        self._info_slot[i] = info
+        if self._broken[i]:
+            self._faults.append(StepFault(i, None, "broken"))
+            self._write_fault(i)
+            return
+        try:
+            obs, reward, terminated, truncated, info = self.envs[i].step(action)
+        except Exception as exc:
+            if not self.isolate_faults:
+                raise
+            self._faults.append(StepFault(i, exc, "step"))
+            self._write_fault(i)
+            obs, terminated, truncated, info = self._obs_slot[i], False, True, {}
+        else:
+            self._final_slot[i] = obs
+            self._reward[i] = reward
+            self._term[i] = terminated
+            self._trunc[i] = truncated
+            self._info_slot[i] = info
         if mode is _SAME and (terminated or truncated):
-            self._obs_slot[i], self._reset_info_slot[i] = self._reset_env(
-                i, self._next_seed(i), None
-            )
+            try:
+                self._obs_slot[i], self._reset_info_slot[i] = self.envs[i].reset(
+                    seed=self.seeds.next_one(i)
+                )
+            except Exception as exc:
+                if not self.isolate_faults:
+                    raise
+                self._faults.append(StepFault(i, exc, "reset"))
+                self._broken[i] = True
+                self._obs_slot[i], self._reset_info_slot[i] = obs, None
         else:
             self._obs_slot[i] = obs
             self._reset_info_slot[i] = None
             self._pending[i] = bool(terminated or truncated)
+
+    def _write_fault(self, i: int) -> None:
+        """Ends env ``i``'s episode without a step: truncated, reward 0, last observation."""
+        self._final_slot[i] = self._obs_slot[i]
+        self._reward[i] = 0.0
+        self._term[i] = False
+        self._trunc[i] = True
+        self._info_slot[i] = {}
+        self._reset_info_slot[i] = None
 
     def _run_steps(self, part: list[tuple[int, Any, AutoresetMode]]) -> list[int]:
         for i, action, mode in part:
@@ -320,6 +298,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._require_idle("step()")
         ids = np.arange(self.num_envs, dtype=np.int64)
         rows = self._rows(actions, ids)
+        self._faults = []
         if self._pool is None:
             for i in range(self.num_envs):
                 self._step_env(i, rows[i], mode)
@@ -364,6 +343,131 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         self._dispatch_all(actions, _SAME)
         return self._batch_step(np.arange(self.num_envs, dtype=np.int64))
+
+    def step_envs(self, env_ids: Any, actions: Any) -> tuple[BatchStep, list[StepFault]]:
+        """Steps only ``env_ids`` (in that order), synchronously, with same-step autoreset.
+
+        EnvPool's ``step(action, env_id)``, as the rollout server's hosts use it: a
+        subset of the envs moves, each env's rows are in ``env_ids`` order.
+
+        Args:
+            env_ids: ``(k,)`` distinct env indices.
+            actions: ``k`` action rows.
+
+        Returns:
+            The :class:`~simkit._types.BatchStep` of ``env_ids`` and the faults of this
+            step (with ``isolate_faults``; otherwise an env's exception propagates).
+
+        Raises:
+            ResetNeeded: an env was never reset.
+            ValueError: a bad, repeated or in-flight env id.
+            InvalidAction: the rows do not fit the action space (nothing moved).
+        """
+        ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
+        never = ids[self.seeds.episode[ids] < 0]
+        if never.size:
+            raise ResetNeeded(f"envs {never.tolist()} were never reset; send reset first")
+        rows = self._rows(actions, ids)
+        self._faults = []
+        if self._pool is None:
+            for k, i in enumerate(ids.tolist()):
+                self._step_env(i, rows[k], _SAME)
+        else:
+            parts: list[list[tuple[int, Any, AutoresetMode]]] = [[] for _ in self._chunks]
+            for k, i in enumerate(ids.tolist()):
+                parts[int(self._owner[i])].append((i, rows[k], _SAME))
+            self._fan_out(self._run_steps, parts, inline_last=True)
+        faults = sorted(self._faults, key=lambda f: f.env_id)
+        return self._batch_step(ids), faults
+
+    def reset_envs(
+        self,
+        env_ids: Any,
+        *,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        options: Mapping[str, Any] | None = None,
+        params: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets only ``env_ids`` (in that order): the array form of :meth:`reset`.
+
+        Args:
+            env_ids: ``(k,)`` distinct env indices.
+            seed: a root seed for these envs (see :class:`simkit._seeding.EpisodeSeeds`).
+            seeds: ``k`` explicit seeds, ``seeds[j]`` for ``env_ids[j]``.
+            options: reset options for every env.
+            params: ``k`` randomization overrides (or ``None``), merged over
+                ``options["params"]`` for each env.
+
+        Returns:
+            The ``(k, ...)`` observations and the ``k`` reset infos.
+        """
+        self._require_idle("reset()")
+        ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
+        planned = self.seeds.plan_reset(ids, seed, seeds)
+        infos = []
+        for k, i in enumerate(ids.tolist()):
+            opts = reset_options(options, None if params is None else params[k])
+            obs, info = self.envs[i].reset(seed=planned[k], options=opts)
+            self._obs_slot[i] = self._final_slot[i] = obs
+            self._info_slot[i] = {}
+            self._reset_info_slot[i] = None
+            self._pending[i] = self._broken[i] = False
+            infos.append(dict(info))
+        self._has_reset = bool((self.seeds.episode >= 0).all())
+        return self._gather(self._obs_slot, ids), infos
+
+    def get_env_states(self, env_ids: Any) -> list[dict[str, Any]]:
+        """Per-env snapshots: ``{"env", "root_seed", "episode_index", "obs"}`` each.
+
+        Raises:
+            ResetNeeded: an env was never reset.
+            TypeError: an env is not a simkit env.
+        """
+        out = []
+        for i in np.asarray(env_ids, dtype=np.int64).tolist():
+            if self.seeds.episode[i] < 0:
+                raise ResetNeeded(f"env {i}: get_state before reset; reset first")
+            getter = getattr(self.envs[i].unwrapped, "get_state", None)
+            if getter is None:
+                raise TypeError(f"env {i} has no get_state(); snapshots need simkit envs")
+            out.append(
+                {
+                    "env": getter(),
+                    "root_seed": self.seeds.roots[i],
+                    "episode_index": int(self.seeds.episode[i]),
+                    "obs": copy.deepcopy(self._obs_slot[i]),
+                }
+            )
+        return out
+
+    def set_env_states(self, env_ids: Any, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restores :meth:`get_env_states` snapshots, all or nothing.
+
+        Raises:
+            InvalidState: a malformed snapshot, or one an env rejects (nothing changes).
+        """
+        ids = np.asarray(env_ids, dtype=np.int64).tolist()
+        need = {"env", "root_seed", "episode_index", "obs"}
+        parsed = []
+        for state in states:
+            if not isinstance(state, Mapping) or need - set(state):
+                raise InvalidState(
+                    "a host snapshot holds env, root_seed, episode_index and obs",
+                )
+            root, episode = state["root_seed"], state["episode_index"]
+            if (root is not None and not _is_index(root)) or not _is_index(episode, -1):
+                raise InvalidState(
+                    f"root_seed must be an int or None and episode_index an int >= -1, "
+                    f"got {root!r} and {episode!r}"
+                )
+            parsed.append((None if root is None else int(root), int(episode), state["obs"]))
+        restore_all([self.envs[i].unwrapped for i in ids], [s["env"] for s in states])
+        for i, (root, episode, obs) in zip(ids, parsed, strict=True):
+            self.seeds.roots[i] = root
+            self.seeds.episode[i] = episode
+            self._obs_slot[i] = self._final_slot[i] = copy.deepcopy(obs)
+            self._pending[i] = self._broken[i] = False
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Gymnasium's 5-tuple under ``metadata["autoreset_mode"]``, as ``SyncVectorEnv``.
@@ -568,8 +672,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return {
             "format": VECTOR_STATE_FORMAT,
             "num_envs": self.num_envs,
-            "root_seeds": list(self._roots),
-            "episode_index": self._episode.copy(),
+            **self.seeds.get_state(),
             "pending_reset": self._pending.copy(),
             "envs": envs,
         }
@@ -596,11 +699,11 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if state["num_envs"] != n or len(state["envs"]) != n:
             raise InvalidState(f"state holds {state['num_envs']} envs, this vector has {n}")
         self._require_idle("set_state()")
-        for env, env_state in zip(self.envs, state["envs"], strict=True):
-            env.unwrapped.set_state(env_state)  # type: ignore[attr-defined]
-        self._roots = [None if r is None else int(r) for r in state["root_seeds"]]
-        self._episode = np.asarray(state["episode_index"], dtype=np.int64).copy()
-        self._pending = np.asarray(state["pending_reset"], dtype=np.bool_).copy()
+        seeds = EpisodeSeeds.parse_state(state, n)
+        pending = np.asarray(state["pending_reset"], dtype=np.bool_).copy()
+        restore_all([env.unwrapped for env in self.envs], state["envs"])
+        self.seeds.set_state(seeds)
+        self._pending = pending
         self._has_reset = True
 
     # ------------------------------------------------------------------------- misc
@@ -713,6 +816,22 @@ def _positive_int(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return int(value)
+
+
+def reset_options(
+    options: Mapping[str, Any] | None, params: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """One env's reset options: ``options`` with ``params`` merged over its ``"params"``."""
+    if not params:
+        return dict(options) if options else None
+    opts = dict(options or {})
+    opts["params"] = {**dict(opts.get("params") or {}), **dict(params)}
+    return opts
+
+
+def _is_index(value: Any, low: int = 0) -> bool:
+    ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    return ok and value >= low
 
 
 def _check_mask(mask: Any, n: int) -> np.ndarray:

@@ -1,0 +1,204 @@
+"""Server metrics with ``prometheus_client``: one ``CollectorRegistry`` per server.
+
+:class:`Metrics` records the step path (requests, latencies, env steps, sessions);
+the stream sessions' metrics (:class:`simkit.servers._stream_metrics.StreamMetrics`)
+live in the same registry, and :class:`MetricsHTTPServer` serves it with
+``prometheus_client.start_http_server``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["Metrics", "MetricsHTTPServer", "LATENCY_BUCKETS"]
+
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
+"""Upper bounds (seconds) of the request latency histogram."""
+
+
+class Metrics:
+    """Counters, gauges and a latency histogram of one server's step path.
+
+    Args:
+        registry: the server's registry (a new one by default).
+        window_s: the window over which ``simkit_steps_per_second`` is averaged.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, window_s: float = 10.0) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._recent: deque[tuple[float, int]] = deque()
+        self._latencies: deque[float] = deque(maxlen=4096)
+        reg = self.registry
+        self._steps = Counter(
+            "simkit_env_steps", "Env steps served (one per env per step).", registry=reg
+        )
+        self._requests = Counter(
+            "simkit_requests", "Requests handled, by kind.", ["kind"], registry=reg
+        )
+        self._errors = Counter("simkit_errors", "Error replies, by code.", ["code"], registry=reg)
+        self._latency = Histogram(
+            "simkit_request_latency_seconds",
+            "Time to handle a request, by kind.",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self._sessions = Gauge("simkit_sessions", "Connected client sessions.", registry=reg)
+        self._expired = Counter(
+            "simkit_sessions_expired",
+            "Sessions dropped after the heartbeat timeout.",
+            registry=reg,
+        )
+        reg.register(_Derived(self))
+
+    def observe(
+        self, kind: str, seconds: float, *, steps: int = 0, error: str | None = None
+    ) -> None:
+        """Records one handled request."""
+        self._requests.labels(kind).inc()
+        if error is not None:
+            self._errors.labels(error).inc()
+        self._latency.labels(kind).observe(seconds)
+        now = time.monotonic()
+        with self._lock:
+            self._latencies.append(seconds)
+            if steps:
+                self._recent.append((now, steps))
+            while self._recent and self._recent[0][0] < now - self.window_s:
+                self._recent.popleft()
+        if steps:
+            self._steps.inc(steps)
+
+    def set_sessions(self, count: int) -> None:
+        """Sets the connected-sessions gauge."""
+        self._sessions.set(count)
+
+    def session_expired(self) -> None:
+        """Counts a session dropped after its heartbeat timeout."""
+        self._expired.inc()
+
+    @property
+    def sessions_expired(self) -> int:
+        """Sessions dropped after the heartbeat timeout so far."""
+        return int(self._expired._value.get())
+
+    @property
+    def requests(self) -> dict[str, int]:
+        """Requests handled so far, by kind."""
+        return _by_label(self._requests, "kind")
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Error replies so far, by code."""
+        return _by_label(self._errors, "code")
+
+    @property
+    def sessions(self) -> int:
+        """Connected sessions (the gauge's value)."""
+        return int(self._sessions._value.get())
+
+    @property
+    def steps_total(self) -> int:
+        """Env steps served so far."""
+        return int(self._steps._value.get())
+
+    def steps_per_second(self) -> float:
+        """Env steps per second over the last ``window_s`` seconds."""
+        now = time.monotonic()
+        with self._lock:
+            recent = [(t, s) for t, s in self._recent if t >= now - self.window_s]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(s for _, s in recent) / span
+
+    def latency_quantiles(self) -> dict[str, float]:
+        """p50/p90/p99 of the last 4096 request latencies (seconds)."""
+        with self._lock:
+            data = sorted(self._latencies)
+        if not data:
+            return {}
+        return {
+            q: data[min(len(data) - 1, int(float(q) * len(data)))] for q in ("0.5", "0.9", "0.99")
+        }
+
+    def render(self) -> str:
+        """The Prometheus text exposition of the whole registry (stream metrics too)."""
+        return generate_latest(self.registry).decode()
+
+
+def _by_label(counter: Counter, label: str) -> dict[str, int]:
+    """A labelled counter's ``_total`` samples as ``{label value: count}``."""
+    return {
+        sample.labels[label]: int(sample.value)
+        for metric in counter.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }
+
+
+class _Derived(Collector):
+    """Gauges computed at scrape time: the windowed step rate and latency quantiles."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        m = self._metrics
+        yield GaugeMetricFamily(
+            "simkit_steps_per_second",
+            f"Env steps per second over the last {m.window_s:g} s.",
+            value=m.steps_per_second(),
+        )
+        quantiles = GaugeMetricFamily(
+            "simkit_request_latency_quantile_seconds",
+            "Latency quantiles of the last 4096 requests.",
+            labels=["quantile"],
+        )
+        for q, v in m.latency_quantiles().items():
+            quantiles.add_metric([q], v)
+        yield quantiles
+
+
+class MetricsHTTPServer:
+    """Serves a registry on ``http://host:port/metrics`` (port 0: any free port), with
+    ``prometheus_client.start_http_server``."""
+
+    def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        self.port: int = self._httpd.server_port
+
+    def close(self) -> None:
+        """Stops serving and closes the listening socket."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,367 @@
+"""The per-instance contract of a :class:`simkit.BatchEnv`: seeds, params, counters, snapshots.
+
+Instance ``i`` of a batch behaves bit for bit like a single-instance env reset with
+``episode_seed(root, i, k)`` for its ``k``-th episode: one ``np.random.Generator`` per
+instance and episode (from :class:`simkit._seeding.EpisodeSeeds`), declared
+randomization sampled from it, a step counter and time limit, and snapshots restored
+all or nothing. The validators are :class:`simkit._contract.ContractCore`'s.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from simkit._contract import action_bounds_of, declared_state_attributes
+from simkit._seeding import EpisodeSeeds
+from simkit._state import check_state_attributes
+from simkit._validation import ActionBounds
+from simkit.errors import InvalidState, ResetNeeded
+from simkit.randomization import (
+    Distribution,
+    LogUniform,
+    Params,
+    Uniform,
+    resolve_overrides,
+    sample_params,
+)
+from simkit.snapshot import rng_from_plain, rng_to_plain
+
+__all__ = ["BATCH_STATE_FORMAT", "BatchContract"]
+
+BATCH_STATE_FORMAT = 1
+"""Version of the snapshot layout produced by :meth:`BatchEnv.get_state`."""
+
+
+class BatchContract:
+    """Seeding, randomization, step counting and snapshots of N instances (a mixin of
+    :class:`simkit.BatchEnv`, which initialises the attributes below)."""
+
+    randomization: ClassVar[Mapping[str, Distribution]] = {}
+    max_episode_steps: int | None = None
+    state_attributes: ClassVar[tuple[str, ...] | None] = None
+    metadata: dict[str, Any]
+    num_envs: int
+    xp: Any
+    device: Any
+    param_arrays: dict[str, np.ndarray]
+    _seeds: EpisodeSeeds
+    _rngs: list[np.random.Generator | None]
+    _params: list[Params]
+    _samplers: list[Callable[[np.random.Generator], Params]]
+    _env_overrides: list[Mapping[str, Any]]
+    _elapsed: np.ndarray
+    _pending_reset: np.ndarray
+    _has_reset: bool
+    _obs: Any
+
+    if TYPE_CHECKING:
+
+        def _require_idle(self, what: str) -> None: ...
+
+        def _prepare_instances(self, ids: np.ndarray) -> None: ...
+
+        def reset_instances(
+            self,
+            ids: np.ndarray,
+            rngs: Sequence[np.random.Generator],
+            params: Sequence[Params],
+            options: dict[str, Any],
+        ) -> tuple[Any, list[dict[str, Any]]]: ...
+
+    # ------------------------------------------------------------------- properties
+
+    @property
+    def params(self) -> list[Params]:
+        """Each instance's randomized parameters of its current episode (a copy)."""
+        return copy.deepcopy(self._params)
+
+    @property
+    def elapsed_steps(self) -> np.ndarray:
+        """Steps taken in each instance's current episode (a copy)."""
+        return self._elapsed.copy()
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        """Each instance's episode number under the current root seed (a copy)."""
+        return self._seeds.episode.copy()
+
+    @property
+    def root_seed(self) -> int | None:
+        """The root seed of the batch; instance seeds derive from it."""
+        return self._seeds.roots[0]
+
+    @property
+    def action_bounds(self) -> ActionBounds:
+        """The declared out-of-bounds policy for continuous actions."""
+        return action_bounds_of(self.metadata)
+
+    def _reset_ids(
+        self,
+        ids: np.ndarray,
+        per_reset: list[Mapping[str, Any]] | None,
+        options: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        id_list = ids.tolist()
+        rngs = self._seeds.next_generators(ids, [self._rngs[i] for i in id_list])
+        params: list[Params] = []
+        for i, rng in zip(id_list, rngs, strict=True):
+            if per_reset is None or not per_reset[i]:
+                sampled = self._samplers[i](rng)
+            else:
+                overrides = {**self._env_overrides[i], **per_reset[i]}
+                sampled = sample_params(resolve_overrides(self.randomization, overrides), rng)
+            self._rngs[i] = rng
+            self._params[i] = sampled
+            params.append(sampled)
+        self._elapsed[ids] = 0
+        self._update_param_arrays(ids)
+        self._prepare_instances(ids)
+        obs_rows, infos = self.reset_instances(ids, rngs, params, options)
+        if len(infos) != len(ids):
+            raise ValueError(
+                f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts, "
+                f"got {len(infos)}"
+            )
+        out = []
+        for info, p in zip(infos, params, strict=True):
+            row = dict(info)
+            row["params"] = _copy_params(p)
+            out.append(row)
+        return obs_rows, out
+
+    def _update_param_arrays(self, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        first = self._params[int(ids[0])]
+        for name, dist in self.randomization.items():
+            sample = first.get(name)
+            if not isinstance(sample, int | float | np.ndarray) or isinstance(sample, bool):
+                continue
+            arr = self.param_arrays.get(name)
+            if arr is None:
+                arr = np.zeros((self.num_envs, *dist.shape), dtype=np.float64)
+                self.param_arrays[name] = arr
+            arr[ids] = [self._params[i][name] for i in ids.tolist()]
+
+    def _truncated(self, ids: np.ndarray | None = None) -> np.ndarray:
+        if ids is None or len(ids) == self.num_envs:
+            self._elapsed += 1
+            elapsed = self._elapsed
+        else:
+            self._elapsed[ids] += 1
+            elapsed = self._elapsed[ids]
+        if self.max_episode_steps is None:
+            return np.zeros(len(elapsed), dtype=np.bool_)
+        return elapsed >= self.max_episode_steps
+
+    # -------------------------------------------------------------------- snapshots
+
+    def get_env_state(self) -> dict[str, Any]:
+        """The author's dynamic state as plain data; defaults to ``state_attributes``."""
+        names = declared_state_attributes(self, "get_env_state")
+        return {name: _plain_copy(getattr(self, name)) for name in names}
+
+    def set_env_state(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
+        names = declared_state_attributes(self, "set_env_state")
+        check_state_attributes(
+            type(self).__name__, names, state, lambda name: getattr(self, name, None)
+        )
+        for name in names:
+            setattr(self, name, self._restore_like(getattr(self, name, None), state[name]))
+
+    def _restore_like(self, current: Any, value: Any) -> Any:
+        if self.xp is not np and isinstance(current, self.xp.Tensor):
+            return self.xp.as_tensor(np.array(value), device=current.device, dtype=current.dtype)
+        if self.xp is not np and isinstance(value, np.ndarray):
+            return self.xp.as_tensor(value.copy(), device=self.device)
+        return copy.deepcopy(value)
+
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of the whole batch: every instance's RNG, params, counters and state.
+
+        Plain data (msgpack-able with :mod:`simkit.snapshot`); ``set_state`` on this or
+        a fresh batch of the same class and size continues bit-identically.
+        """
+        if not self._has_reset:
+            raise ResetNeeded("get_state() called before reset(); call reset() first")
+        self._require_idle("get_state()")
+        return {
+            "format": BATCH_STATE_FORMAT,
+            "env": f"{type(self).__module__}:{type(self).__qualname__}",
+            "num_envs": self.num_envs,
+            "root_seed": self._seeds.roots[0],
+            "episode_index": self._seeds.episode.copy(),
+            "rngs": [rng_to_plain(r) for r in self._rngs if r is not None],
+            "params": copy.deepcopy(self._params),
+            "elapsed_steps": self._elapsed.copy(),
+            "max_episode_steps": self.max_episode_steps,
+            "pending_reset": self._pending_reset.copy(),
+            "obs": _plain_copy(self._obs),
+            "data": self.get_env_state(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores a snapshot from :meth:`get_state`.
+
+        Raises:
+            InvalidState: malformed, from another class, or of another batch size.
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
+        self._require_idle("set_state()")
+        fields = {
+            "format",
+            "env",
+            "num_envs",
+            "root_seed",
+            "episode_index",
+            "rngs",
+            "params",
+            "elapsed_steps",
+            "pending_reset",
+            "obs",
+            "data",
+        }
+        missing = fields - set(state)
+        if missing:
+            raise InvalidState(
+                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
+            )
+        if state["format"] != BATCH_STATE_FORMAT:
+            raise InvalidState(
+                f"state format must be {BATCH_STATE_FORMAT}, got {state['format']!r}"
+            )
+        expected = f"{type(self).__module__}:{type(self).__qualname__}"
+        if state["env"] != expected:
+            raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
+        if state["num_envs"] != self.num_envs or len(state["rngs"]) != self.num_envs:
+            raise InvalidState(
+                f"state holds {state['num_envs']} instances, this batch has {self.num_envs}"
+            )
+        n = self.num_envs
+        core = {
+            "_rngs": [rng_from_plain(r) for r in state["rngs"]],
+            "_params": [copy.deepcopy(dict(p)) for p in _per_env_list(state, "params", n)],
+            "_elapsed": _per_env_array(state, "elapsed_steps", np.int64, n),
+            "max_episode_steps": state.get("max_episode_steps", self.max_episode_steps),
+            "_pending_reset": _per_env_array(state, "pending_reset", np.bool_, n),
+            "_has_reset": True,
+        }
+        root = state["root_seed"]
+        if root is not None and (isinstance(root, bool) or not isinstance(root, int | np.integer)):
+            raise InvalidState(f"state['root_seed'] must be an int or None, got {root!r}")
+        seeds = EpisodeSeeds.parse_state(
+            {
+                "root_seeds": [None if root is None else int(root)] * n,
+                "episode_index": _per_env_array(state, "episode_index", np.int64, n),
+            },
+            n,
+        )
+        obs = self._restore_like(self._obs, state["obs"])
+        saved = {name: getattr(self, name, None) for name in core}
+        saved_seeds = EpisodeSeeds.parse_state(self._seeds.get_state(), n)
+        saved_obs, saved_data = self._obs, self.get_env_state()
+        try:
+            for name, value in core.items():
+                setattr(self, name, value)
+            self._seeds.set_state(seeds)
+            self._obs = obs
+            self._update_param_arrays(np.arange(n, dtype=np.int64))
+            self.set_env_state(state["data"])
+        except Exception:
+            for name, value in saved.items():
+                setattr(self, name, value)
+            self._seeds.set_state(saved_seeds)
+            self._obs = saved_obs
+            self._update_param_arrays(np.arange(n, dtype=np.int64))
+            self.set_env_state(saved_data)
+            raise
+
+    def _per_instance(self, value: Any, what: str) -> list[Mapping[str, Any]]:
+        if value is None:
+            return [{}] * self.num_envs
+        if isinstance(value, Mapping):
+            return [dict(value)] * self.num_envs
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            if len(value) != self.num_envs or not all(isinstance(v, Mapping) for v in value):
+                raise ValueError(
+                    f"{what} must be one mapping or {self.num_envs} mappings (one per instance), "
+                    f"got a sequence of {len(value)}"
+                )
+            return [dict(v) for v in value]
+        raise TypeError(
+            f"{what} must be a mapping or a sequence of mappings, got {type(value).__name__}"
+        )
+
+
+def _per_env_array(state: Mapping[str, Any], key: str, dtype: Any, n: int) -> np.ndarray:
+    value = np.array(state[key], dtype=dtype)
+    if value.shape != (n,):
+        raise InvalidState(f"state[{key!r}] must have shape ({n},), got {value.shape}")
+    return value
+
+
+def _per_env_list(state: Mapping[str, Any], key: str, n: int) -> list[Any]:
+    value = state[key]
+    if not isinstance(value, list | tuple) or len(value) != n:
+        got = len(value) if isinstance(value, list | tuple) else type(value).__name__
+        raise InvalidState(f"state[{key!r}] must be a list of {n} entries, got {got}")
+    return list(value)
+
+
+def _plain_copy(x: Any) -> Any:
+    if x is None:
+        return None
+    if hasattr(x, "detach"):
+        return np.array(x.detach().cpu().numpy(), copy=True)
+    return copy.deepcopy(x)
+
+
+def _copy_params(params: Params) -> Params:
+    return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in params.items()}
+
+
+def compile_sampler(
+    resolved: Mapping[str, Distribution | Any],
+) -> Callable[[np.random.Generator], Params]:
+    """A sampler equal to ``sample_params(resolved, rng)`` draw for draw, bit for bit.
+
+    When every randomized parameter is a scalar ``Uniform``/``LogUniform``, their draws
+    come from one ``rng.random(k)`` call: ``Generator.uniform(lo, hi)`` is
+    ``lo + (hi - lo) * next_double`` on the same stream, so the values (and the clipping
+    into the bounds that :meth:`Distribution.sample` applies) are the same doubles.
+    Anything else falls back to :func:`sample_params`.
+    """
+    plan: list[tuple[str, int, float, float, float, float]] = []
+    fixed: dict[str, Any] = {}
+    for name, spec in resolved.items():
+        if type(spec) is Uniform and spec.shape == ():
+            lo, hi = float(spec.low), float(spec.high)  # type: ignore[arg-type]
+            plan.append((name, 0, lo, hi - lo, lo, hi))
+        elif type(spec) is LogUniform and spec.shape == ():
+            lo64, hi64 = np.float64(spec.low), np.float64(spec.high)  # type: ignore[arg-type]
+            log_lo, log_hi = float(np.log(lo64)), float(np.log(hi64))
+            plan.append((name, 1, log_lo, log_hi - log_lo, float(lo64), float(hi64)))
+        elif isinstance(spec, Distribution | np.ndarray):
+            return lambda rng: sample_params(resolved, rng)
+        else:
+            fixed[name] = spec
+    order = list(resolved)
+    count = len(plan)
+
+    def sample(rng: np.random.Generator) -> Params:
+        out: Params = dict(fixed)
+        draws = rng.random(count).tolist() if count else []
+        for (name, kind, start, width, lo, hi), u in zip(plan, draws, strict=True):
+            value = start + width * u
+            if kind == 1:
+                value = float(np.exp(value))
+            out[name] = min(max(value, lo), hi)
+        return {name: out[name] for name in order}
+
+    return sample

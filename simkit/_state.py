@@ -1,0 +1,130 @@
+"""Checks of an author's snapshot data against the live values it would replace.
+
+One implementation for every contract (``Env``, ``MultiAgentEnv``, ``BatchEnv`` and the
+MuJoCo variants): a value restored into a ``state_attributes`` attribute must have the
+kind of the value it replaces, so a malformed snapshot is refused with
+:class:`~simkit.errors.InvalidState` before anything changes, instead of planting a value
+that breaks the next ``step`` deep inside the env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from simkit.errors import InvalidState
+
+__all__ = ["check_state_attributes", "describe_value", "restore_all"]
+
+
+def describe_value(value: Any) -> str:
+    """A short description of ``value`` for error messages (``float32 array of shape (3,)``)."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    if _is_tensor(value):
+        return f"{_tensor_dtype(value)} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+def check_state_attributes(
+    owner: str,
+    names: Sequence[str],
+    state: Any,
+    current: Callable[[str], Any],
+) -> None:
+    """Checks ``state`` (``{name: value}``) against the current value of each attribute.
+
+    Rules, by the current value: an array (numpy, or a torch tensor of a torch
+    ``BatchEnv``) takes a numpy array of the same dtype and shape; a ``bool`` a bool; an
+    ``int`` an integer (numpy integers too, never a bool); a ``float`` a float (numpy
+    floats too); ``str``/``bytes`` the same type; a ``dict`` any mapping; a list or
+    tuple the same container type. ``None`` (an attribute not yet set) takes anything.
+
+    Args:
+        owner: who is restored, opening the message (``"CartPole"``).
+        names: the declared ``state_attributes``.
+        state: what the snapshot holds.
+        current: returns the live value of an attribute (``None`` if unset).
+
+    Raises:
+        InvalidState: ``state`` is not a mapping of exactly ``names``, or a value does
+            not fit; the message names the attribute, what was expected and what came.
+    """
+    if not isinstance(state, Mapping) or set(state) != set(names):
+        got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+        raise InvalidState(f"{owner} state must hold {sorted(names)}, got {got}")
+    for name in names:
+        expected = _expectation(current(name), state[name])
+        if expected is not None:
+            raise InvalidState(
+                f"{owner} state attribute {name!r} must be {expected}, "
+                f"got {describe_value(state[name])}"
+            )
+
+
+def _expectation(live: Any, value: Any) -> str | None:
+    """What ``value`` should have been to replace ``live``; ``None`` when it fits."""
+    if live is None:
+        return None
+    if isinstance(live, np.ndarray) or _is_tensor(live):
+        dtype = live.dtype if isinstance(live, np.ndarray) else _tensor_dtype(live)
+        shape = tuple(live.shape)
+        if isinstance(value, np.ndarray) and value.dtype == dtype and value.shape == shape:
+            return None
+        return f"a {dtype} array of shape {shape}"
+    if isinstance(live, bool | np.bool_):
+        return None if isinstance(value, bool | np.bool_) else "a bool"
+    if isinstance(live, int | np.integer):
+        ok = isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+        return None if ok else "an int"
+    if isinstance(live, float | np.floating):
+        return None if isinstance(value, float | np.floating) else "a float"
+    if isinstance(live, Mapping):
+        return None if isinstance(value, Mapping) else "a dict"
+    for kind in (str, bytes, list, tuple):
+        if isinstance(live, kind):
+            return None if isinstance(value, kind) else f"a {kind.__name__}"
+    return None
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _tensor_dtype(value: Any) -> np.dtype[Any]:
+    import torch
+
+    probe = torch.zeros((), dtype=value.dtype).numpy()
+    return probe.dtype
+
+
+def restore_all(envs: Sequence[Any], states: Sequence[Any]) -> None:
+    """``set_state`` of every env, all or nothing.
+
+    Each env's state is captured (``capture_state``, see
+    :class:`simkit._contract.ContractCore`) before it is restored; if env ``k`` rejects
+    its snapshot, envs ``0..k-1`` are put back as they were and the error propagates.
+
+    Raises:
+        InvalidState: ``states`` does not hold one state per env, or an env rejects its.
+        TypeError: an env is not a simkit env (no ``set_state``).
+    """
+    if len(states) != len(envs):
+        raise InvalidState(f"state holds {len(states)} env states, expected {len(envs)}")
+    done: list[tuple[Any, Any]] = []
+    try:
+        for i, (env, env_state) in enumerate(zip(envs, states, strict=True)):
+            if not hasattr(env, "set_state") or not hasattr(env, "capture_state"):
+                raise TypeError(
+                    f"env {i} ({type(env).__name__}) has no set_state(); "
+                    "vector snapshots need simkit envs"
+                )
+            captured = env.capture_state()
+            env.set_state(env_state)
+            done.append((env, captured))
+    except Exception:
+        for env, captured in reversed(done):
+            env.restore_captured(captured)
+        raise

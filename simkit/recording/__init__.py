@@ -1,0 +1,39 @@
+"""Trajectory recording: crash-safe episode files, a lazy reader and verified replay.
+
+``env = RecordEpisodes(env, "runs/rec")`` records every episode a vector steps;
+:class:`RecordingReader` reads them back (filters, statistics without decoding
+arrays); :func:`verify_recording` re-simulates them bit for bit. The format is
+specified in docs/recording.md.
+"""
+
+from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence
+from simkit.recording._episode import Episode, EpisodeStats
+from simkit.recording._format import Skipped
+from simkit.recording._io import (
+    FSYNC_POLICIES,
+    RecordingReader,
+    RecordingWriter,
+    episode_arrays,
+    to_torch,
+)
+from simkit.recording._replay import VerifyResult, verify_episode, verify_recording
+from simkit.recording._wrapper import RecordEpisodes, environment_versions
+
+__all__ = [
+    "Episode",
+    "EpisodeStats",
+    "Skipped",
+    "RecordingWriter",
+    "RecordingReader",
+    "FSYNC_POLICIES",
+    "episode_arrays",
+    "to_torch",
+    "RecordEpisodes",
+    "environment_versions",
+    "verify_episode",
+    "verify_recording",
+    "VerifyResult",
+    "CorruptRecording",
+    "RecordingLocked",
+    "ReplayDivergence",
+]

@@ -1,0 +1,264 @@
+"""The ``record``, ``replay`` and ``export`` subcommands (registered by :mod:`simkit.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+__all__ = ["COMMANDS", "export_minari", "render_episode"]
+
+
+def _record_configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env_id", help="a registered env id (see `simkit list`)")
+    parser.add_argument(
+        "--policy", default="random", help="'random' (uniform actions from a seeded space)"
+    )
+    parser.add_argument("--episodes", type=int, required=True, help="episodes to record")
+    parser.add_argument("--out", required=True, help="recording directory")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs stepped together (8)")
+    parser.add_argument("--seed", type=int, default=0, help="root seed (0)")
+    parser.add_argument(
+        "--snapshot-every", type=int, default=0, help="env snapshot every K steps (0: none)"
+    )
+    parser.add_argument("--compression", choices=["zstd", "zlib", "none"], default=None)
+
+
+def _record_run(args: argparse.Namespace) -> int:
+    import simkit
+    from simkit.recording._wrapper import RecordEpisodes
+    from simkit.registry import EnvKind
+    from simkit.vector import VectorEnv
+
+    if args.policy != "random":
+        print(
+            "simkit record: only --policy random is supported (checkpoint policies are not "
+            "wired in yet)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.episodes <= 0:
+        print("simkit record: --episodes must be > 0", file=sys.stderr)
+        return 2
+    spec = simkit.spec(args.env_id)
+    if spec.kind is EnvKind.BATCH:
+        vec: Any = simkit.make(args.env_id, num_envs=args.num_envs)
+    elif spec.kind is EnvKind.SINGLE:
+        vec = VectorEnv(args.env_id, args.num_envs)
+    else:
+        print("simkit record: multi-agent envs are not recorded by this command", file=sys.stderr)
+        return 2
+    env = RecordEpisodes(
+        vec,
+        args.out,
+        env_id=args.env_id,
+        snapshot_every=args.snapshot_every,
+        max_episodes=args.episodes,
+        compression=args.compression,
+    )
+    space = vec.single_action_space
+    space.seed(args.seed)
+    env.reset(seed=args.seed)
+    try:
+        while env.writer.episodes_written < args.episodes:
+            actions = np.stack([np.asarray(space.sample()) for _ in range(vec.num_envs)])
+            env.step_batch(actions)
+    finally:
+        env.close()
+    print(
+        f"recorded {env.writer.episodes_written} episodes of {args.env_id} into {args.out} "
+        f"({env.writer.bytes_written / 1e6:.2f} MB)"
+    )
+    return 0
+
+
+def _replay_configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", help="recording directory")
+    parser.add_argument("--verify", action="store_true", help="re-simulate and check bit for bit")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="processes (default: cores)"
+    )
+    parser.add_argument("--render", metavar="OUT.mp4", help="render one episode to a video")
+    parser.add_argument("--episode", type=int, default=0, help="episode to render (0)")
+    parser.add_argument(
+        "--recover", action="store_true", help="skip corrupted records instead of failing"
+    )
+
+
+def _replay_run(args: argparse.Namespace) -> int:
+    from simkit.errors import CorruptRecording, MissingDependency, RenderUnavailable
+    from simkit.recording._io import RecordingReader
+    from simkit.recording._replay import verify_recording
+
+    if not (args.verify or args.render):
+        print("simkit replay: give --verify and/or --render OUT.mp4", file=sys.stderr)
+        return 2
+    try:
+        reader = RecordingReader(args.directory, recover=args.recover)
+    except (CorruptRecording, FileNotFoundError) as exc:
+        print(f"simkit replay: {exc}", file=sys.stderr)
+        return 1
+    for s in reader.skipped:
+        print(f"skipped {s.nbytes} bytes of {s.path} at offset {s.offset}: {s.reason}")
+    status = 0
+    if args.verify:
+        results = verify_recording(reader, workers=args.workers)
+        failed = [r for r in results if r.error is not None]
+        for r in failed:
+            print(f"FAIL {r.error}")
+        steps = sum(r.length for r in results if r.error is None)
+        print(
+            f"{len(results) - len(failed)}/{len(results)} episodes replayed bit for bit "
+            f"({steps} steps)"
+        )
+        status = 1 if failed else 0
+    if args.render:
+        try:
+            frames = render_episode(reader, args.episode, args.render)
+        except (MissingDependency, RenderUnavailable, IndexError, ValueError) as exc:
+            print(f"simkit replay: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote {frames} frames of episode {args.episode} to {args.render}")
+    return status
+
+
+def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> int:
+    """Re-simulates episode ``position`` with ``render_mode="rgb_array"`` into a video.
+
+    Raises:
+        MissingDependency: imageio is not installed (``simkit[bench]``).
+        RenderUnavailable: no OpenGL backend.
+        ValueError: the episode has no seed or is not a single-instance env.
+    """
+    import simkit
+    from simkit._optional import require
+    from simkit.recording._wrapper import _row
+
+    imageio = require("imageio", extra="bench", purpose="simkit replay --render")
+    if not 0 <= position < len(reader):
+        raise IndexError(f"--episode must be in [0, {len(reader)}), got {position}")
+    episode = reader.load(position)
+    if episode.seed is None or episode.origin.get("kind") == "batch":
+        raise ValueError("rendering needs a seeded single-instance episode")
+    env = simkit.make(episode.env_id, render_mode="rgb_array", **episode.env_kwargs)
+    env.reset(seed=episode.seed, options=episode.options)
+    frames = [env.render()]
+    for t in range(episode.length):
+        env.step(_row(episode.actions, t))
+        frames.append(env.render())
+    env.close()
+    imageio.mimwrite(out, frames, fps=fps)
+    return len(frames)
+
+
+def _export_configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--minari",
+        nargs=2,
+        metavar=("DIR", "NAME"),
+        required=True,
+        help="export recording DIR as the Minari dataset NAME (e.g. simkit/cartpole-random-v0)",
+    )
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    from simkit.errors import MissingDependency
+
+    directory, name = args.minari
+    try:
+        count = export_minari(directory, name)
+    except MissingDependency as exc:
+        print(f"simkit export: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported {count} episodes to the Minari dataset {name!r}")
+    return 0
+
+
+def export_minari(directory: str, dataset_id: str) -> int:
+    """Writes every episode of ``directory`` as the Minari dataset ``dataset_id``.
+
+    Observations, actions, rewards and flags are exported with each episode's seed and
+    reset options; infos stay in the recording. Returns the number of episodes.
+
+    Raises:
+        MissingDependency: minari is not installed (``simkit[minari]``).
+        ValueError: the recording is empty or mixes env ids.
+    """
+    from simkit._optional import require
+    from simkit.recording._io import RecordingReader
+
+    minari = require("minari", extra="minari", purpose="simkit export --minari")
+    from minari.data_collector import EpisodeBuffer  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
+
+    import simkit
+
+    reader = RecordingReader(directory)
+    ids = {s.env_id for s in reader.stats()}
+    if len(ids) != 1:
+        raise ValueError(f"a Minari dataset holds one env; {directory} holds {sorted(ids)}")
+    env_id = ids.pop()
+    buffers = []
+    for k, ep in enumerate(reader):
+        buffers.append(
+            EpisodeBuffer(
+                id=k,
+                seed=ep.seed,
+                options=ep.options,
+                observations=_to_lists(ep.obs),
+                actions=_to_lists(ep.actions),
+                rewards=ep.rewards.tolist(),
+                terminations=ep.terminated.tolist(),
+                truncations=ep.truncated.tolist(),
+                infos={},
+            )
+        )
+    probe = simkit.make(env_id, **(reader.load(0).env_kwargs if len(reader) else {}))
+    try:
+        obs_space = getattr(probe, "single_observation_space", probe.observation_space)
+        act_space = getattr(probe, "single_action_space", probe.action_space)
+    finally:
+        probe.close()
+    import gymnasium as gym
+
+    gym_spec = gym.spec(env_id) if simkit.spec(env_id).kind.value == "single" else None
+    with warnings.catch_warnings():
+        # minari nags about missing author e-mail / permalinks; the dataset is complete.
+        warnings.filterwarnings("ignore", category=UserWarning, module="minari")
+        minari.create_dataset_from_buffers(
+            dataset_id,
+            buffers,
+            env=gym_spec,
+            eval_env=gym_spec,
+            observation_space=obs_space,
+            action_space=act_space,
+            algorithm_name="simkit record",
+            code_permalink=f"simkit {simkit.__version__}: simkit export --minari",
+            author="simkit",
+            description=f"{env_id} exported from the simkit recording {directory}",
+        )
+    return len(buffers)
+
+
+def _to_lists(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _to_lists(v) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_to_lists(v) for v in tree)
+    return np.array(tree)
+
+
+#: ``(name, help, configure, run)`` of each subcommand, for :func:`simkit.cli.add_command`.
+COMMANDS: list[tuple[str, str, Any, Any]] = [
+    ("record", "record episodes of an env into a directory", _record_configure, _record_run),
+    (
+        "replay",
+        "verify (bit for bit) or render a recording (see docs/recording.md)",
+        _replay_configure,
+        _replay_run,
+    ),
+    ("export", "export a recording (to Minari)", _export_configure, _export_run),
+]

@@ -1,0 +1,272 @@
+"""The typed episode and its encoding into one record (meta map + array blob)."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from simkit import snapshot
+from simkit.errors import CorruptRecording, InvalidState
+
+__all__ = ["Episode", "EpisodeStats", "encode_episode", "decode_episode", "stats_from_meta"]
+
+RECORD_FORMAT = 1
+_U64 = struct.Struct("<Q")
+
+
+@dataclass
+class Episode:
+    """One recorded episode of one env (single-agent) with what re-simulates it.
+
+    ``T`` is the number of steps. Observations and actions are trees (dict / tuple of
+    arrays, as the spaces give them) whose leaves are stacked over time.
+
+    Attributes:
+        env_id: the registered env id.
+        obs: ``(T + 1, ...)`` leaves: the reset observation, then what every action led
+            to (the final observation included).
+        actions: ``(T, ...)`` leaves: the actions as sent.
+        rewards: ``(T,)`` float64.
+        terminated: ``(T,)`` bool.
+        truncated: ``(T,)`` bool.
+        infos: the ``T`` step infos (without the next episode's ``reset_info``).
+        reset_info: the reset info (``params`` included).
+        seed: the seed the env was reset with (``None``: not known, not replayable).
+        options: the reset options (``None`` for none).
+        params: the sampled randomization parameters (``reset_info["params"]``).
+        env_kwargs: the env's constructor arguments.
+        policy_version: ``(T,)`` int64 version of the policy per step, -1 where unknown.
+        snapshots: ``{step: env.get_state()}`` taken before step ``step`` (0 = after reset).
+        versions: simkit / env module / mujoco / gymnasium versions at recording time.
+        origin: where it came from: ``root_seed``, ``env_index``, ``episode_index``
+            (the ``episode_seed`` triple), ``source``, ``kind``.
+    """
+
+    env_id: str
+    obs: Any
+    actions: Any
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    reset_info: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy_version: np.ndarray | None = None
+    snapshots: dict[int, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    origin: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        """``T``, the number of steps."""
+        return int(self.rewards.shape[0])
+
+    @property
+    def total_return(self) -> float:
+        """Sum of the rewards."""
+        return float(np.sum(self.rewards, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class EpisodeStats:
+    """Episode-level figures kept in the record meta: read without decoding any array."""
+
+    env_id: str
+    length: int
+    total_return: float
+    terminated: bool
+    truncated: bool
+    seed: int | None
+    policy_version_min: int
+    policy_version_max: int
+    path: str
+    offset: int
+
+
+def _flatten(tree: Any, leaves: list[Any]) -> Any:
+    if isinstance(tree, dict):
+        return {"d": [[k, _flatten(v, leaves)] for k, v in tree.items()]}
+    if isinstance(tree, tuple | list):
+        return {"t": [_flatten(v, leaves) for v in tree]}
+    leaves.append(tree)
+    return {"a": len(leaves) - 1}
+
+
+def _unflatten(spec: Any, leaves: list[np.ndarray]) -> Any:
+    if "d" in spec:
+        return {k: _unflatten(v, leaves) for k, v in spec["d"]}
+    if "t" in spec:
+        return tuple(_unflatten(v, leaves) for v in spec["t"])
+    return leaves[spec["a"]]
+
+
+def _numeric(arr: np.ndarray, name: str) -> np.ndarray:
+    if arr.dtype.kind not in "biufc":
+        raise TypeError(f"{name}: only numeric/bool arrays can be recorded, got {arr.dtype}")
+    return np.ascontiguousarray(arr)
+
+
+def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
+    """``(meta, blob)`` of one record (see docs/recording.md, "Episode records")."""
+    t = ep.length
+    arrays: list[tuple[str, np.ndarray]] = []
+    obs_leaves: list[Any] = []
+    obs_tree = _flatten(ep.obs, obs_leaves)
+    act_leaves: list[Any] = []
+    act_tree = _flatten(ep.actions, act_leaves)
+    for k, leaf in enumerate(obs_leaves):
+        arr = _numeric(np.asarray(leaf), f"obs leaf {k}")
+        if arr.shape[:1] != (t + 1,):
+            raise ValueError(f"obs leaf {k} must have T + 1 = {t + 1} rows, got {arr.shape}")
+        arrays.append((f"obs/{k}", arr))
+    for k, leaf in enumerate(act_leaves):
+        arr = _numeric(np.asarray(leaf), f"action leaf {k}")
+        if arr.shape[:1] != (t,):
+            raise ValueError(f"action leaf {k} must have T = {t} rows, got {arr.shape}")
+        arrays.append((f"actions/{k}", arr))
+    version = (
+        np.full(t, -1, np.int64)
+        if ep.policy_version is None
+        else np.asarray(ep.policy_version, np.int64)
+    )
+    for name, arr, dtype in (
+        ("rewards", ep.rewards, np.float64),
+        ("terminated", ep.terminated, np.bool_),
+        ("truncated", ep.truncated, np.bool_),
+        ("policy_version", version, np.int64),
+    ):
+        a = np.asarray(arr)
+        if a.shape != (t,) or a.dtype != dtype:
+            raise ValueError(f"{name} must be ({t},) {np.dtype(dtype)}, got {a.shape} {a.dtype}")
+        arrays.append((name, np.ascontiguousarray(a)))
+    if len(ep.infos) != t:
+        raise ValueError(f"infos must hold T = {t} dicts, got {len(ep.infos)}")
+    try:
+        infos = [snapshot.to_plain(x, f"infos[{k}]") if x else {} for k, x in enumerate(ep.infos)]
+        body = msgpack.packb(
+            snapshot.to_plain(
+                {
+                    "reset_info": ep.reset_info,
+                    "options": ep.options,
+                    "snapshots": [[int(k), v] for k, v in sorted(ep.snapshots.items())],
+                },
+                "episode",
+            )
+            | {"infos": infos},
+            use_bin_type=True,
+        )
+    except InvalidState as exc:
+        raise TypeError(f"episode infos/options/snapshots must be plain data: {exc}") from exc
+    descriptors = []
+    parts = [_U64.pack(len(body)), body]
+    offset = _U64.size + len(body)
+    for name, arr in arrays:
+        data = arr.tobytes()
+        descriptors.append([name, arr.dtype.str, list(arr.shape), offset, len(data)])
+        parts.append(data)
+        offset += len(data)
+    versions = version[version >= 0]
+    meta = {
+        "format": RECORD_FORMAT,
+        "env_id": ep.env_id,
+        "env_kwargs": snapshot.to_plain(ep.env_kwargs, "env_kwargs"),
+        "seed": ep.seed,
+        "params": snapshot.to_plain(ep.params, "params"),
+        "versions": dict(ep.versions),
+        "origin": snapshot.to_plain(ep.origin, "origin"),
+        "length": t,
+        "return": ep.total_return,
+        "terminated": bool(t and ep.terminated[-1]),
+        "truncated": bool(t and ep.truncated[-1]),
+        "policy_version": [int(versions.min()), int(versions.max())] if versions.size else None,
+        "obs_tree": obs_tree,
+        "action_tree": act_tree,
+        "arrays": descriptors,
+    }
+    return meta, b"".join(parts)
+
+
+def stats_from_meta(meta: dict[str, Any], path: str, offset: int) -> EpisodeStats:
+    """The :class:`EpisodeStats` of a record meta map."""
+    try:
+        pv = meta["policy_version"]
+        return EpisodeStats(
+            env_id=str(meta["env_id"]),
+            length=int(meta["length"]),
+            total_return=float(meta["return"]),
+            terminated=bool(meta["terminated"]),
+            truncated=bool(meta["truncated"]),
+            seed=None if meta["seed"] is None else int(meta["seed"]),
+            policy_version_min=-1 if pv is None else int(pv[0]),
+            policy_version_max=-1 if pv is None else int(pv[1]),
+            path=path,
+            offset=offset,
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CorruptRecording(
+            f"{path}: record meta at offset {offset} is malformed: {exc!r}",
+            path=path,
+            offset=offset,
+        ) from exc
+
+
+def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) -> Episode:
+    """Inverse of :func:`encode_episode` (the blob already checked and decompressed)."""
+    try:
+        if meta.get("format") != RECORD_FORMAT:
+            raise ValueError(f"record format {meta.get('format')!r}, expected {RECORD_FORMAT}")
+        (body_len,) = _U64.unpack_from(blob, 0)
+        body = snapshot.from_plain(
+            msgpack.unpackb(blob[_U64.size : _U64.size + body_len], raw=False, strict_map_key=True),
+            "episode",
+        )
+        arrays: dict[str, np.ndarray] = {}
+        for name, dtype, shape, start, nbytes in meta["arrays"]:
+            dt = np.dtype(dtype)
+            if dt.kind not in "biufc" or start + nbytes > len(blob):
+                raise ValueError(f"array {name!r}: bad dtype {dtype} or extent")
+            arrays[name] = np.frombuffer(
+                blob, dt, count=nbytes // max(dt.itemsize, 1), offset=start
+            )
+            arrays[name] = arrays[name].reshape(tuple(shape))
+        obs = _unflatten(meta["obs_tree"], _leaves(arrays, "obs"))
+        actions = _unflatten(meta["action_tree"], _leaves(arrays, "actions"))
+        version = arrays["policy_version"]
+        return Episode(
+            env_id=str(meta["env_id"]),
+            obs=obs,
+            actions=actions,
+            rewards=arrays["rewards"],
+            terminated=arrays["terminated"],
+            truncated=arrays["truncated"],
+            infos=list(body["infos"]),
+            reset_info=body["reset_info"],
+            seed=meta["seed"],
+            options=body["options"],
+            params=snapshot.from_plain(meta["params"]),
+            env_kwargs=snapshot.from_plain(meta["env_kwargs"]),
+            policy_version=None if bool(np.all(version < 0)) else version,
+            snapshots={int(k): v for k, v in body["snapshots"]},
+            versions=dict(meta["versions"]),
+            origin=snapshot.from_plain(meta["origin"]),
+        )
+    except (KeyError, TypeError, ValueError, IndexError, struct.error, InvalidState) as exc:
+        raise CorruptRecording(
+            f"{path}: record at offset {offset} does not decode: {exc!r}", path=path, offset=offset
+        ) from exc
+
+
+def _leaves(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+    out = []
+    k = 0
+    while f"{prefix}/{k}" in arrays:
+        out.append(arrays[f"{prefix}/{k}"])
+        k += 1
+    return out

@@ -1,0 +1,358 @@
+"""The on-disk layer: record frames, chunk files, indexes, the writer lock (no episode logic).
+
+A recording directory holds ``chunk-NNNNNN.skr`` files of back-to-back frames, an
+optional ``chunk-NNNNNN.idx`` per chunk, and ``LOCK``. A frame is::
+
+    header (36 bytes, little-endian)   struct "<4sBBHIQQII"
+        magic     b"SKR1"
+        codec     0 raw, 1 zlib, 2 zstd        (of the blob only)
+        kind      1 episode
+        reserved  0
+        meta_len  bytes of the msgpack meta map that follows
+        blob_len  bytes of the (compressed) array blob after the meta
+        raw_len   bytes of the blob once decompressed
+        crc       zlib.crc32 of meta + blob
+        hcrc      zlib.crc32 of the first 32 header bytes
+    meta  (msgpack map, uncompressed: readable without touching the arrays)
+    blob  (the concatenated raw array bytes, compressed with ``codec``)
+
+docs/recording.md is the full specification.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from simkit.errors import CorruptRecording, RecordingLocked
+
+zstandard: Any
+try:
+    import zstandard
+except ImportError:  # zstandard is a dependency; zlib is the fallback where it is missing
+    zstandard = None
+
+__all__ = [
+    "MAGIC",
+    "HEADER",
+    "CODECS",
+    "FrameInfo",
+    "Skipped",
+    "encode_frame",
+    "decode_blob",
+    "scan_chunk",
+    "read_meta",
+    "chunk_paths",
+    "chunk_path",
+    "index_path",
+    "write_index",
+    "read_index",
+    "DirectoryLock",
+    "unpack_map",
+]
+
+MAGIC = b"SKR1"
+HEADER = struct.Struct("<4sBBHIQQII")
+KIND_EPISODE = 1
+CODECS = {"none": 0, "zlib": 1, "zstd": 2}
+_CHUNK_RE = re.compile(r"^chunk-(\d{6})\.skr$")
+INDEX_FORMAT = 1
+_MAX_META = 1 << 30
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    """Where one frame lives: its chunk, byte offset, total size and meta map."""
+
+    path: str
+    offset: int
+    size: int
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Bytes a reader left out: a torn tail (writer killed mid-record) or a bad record."""
+
+    path: str
+    offset: int
+    nbytes: int
+    reason: str
+
+
+def default_codec() -> str:
+    """``"zstd"`` where zstandard is installed, else ``"zlib"``."""
+    return "zstd" if zstandard is not None else "zlib"
+
+
+def _compress(codec: int, data: bytes, level: int) -> bytes:
+    if codec == 0:
+        return data
+    if codec == 1:
+        return zlib.compress(data, level if level >= 0 else 6)
+    if zstandard is None:
+        raise ValueError("compression 'zstd' needs the zstandard package; use 'zlib'")
+    return zstandard.ZstdCompressor(level=level if level >= 0 else 3).compress(data)
+
+
+def encode_frame(
+    meta: dict[str, Any], blob: bytes, *, codec: str = "zstd", level: int = -1
+) -> bytes:
+    """One complete frame: header + meta (msgpack) + compressed blob."""
+    if codec not in CODECS:
+        raise ValueError(f"compression must be one of {sorted(CODECS)}, got {codec!r}")
+    code = CODECS[codec]
+    stored = _compress(code, blob, level)
+    meta_bytes = msgpack.packb(meta, use_bin_type=True)
+    crc = zlib.crc32(stored, zlib.crc32(meta_bytes))
+    head = HEADER.pack(
+        MAGIC, code, KIND_EPISODE, 0, len(meta_bytes), len(stored), len(blob), crc, 0
+    )
+    head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
+    return head + meta_bytes + stored
+
+
+def decode_blob(code: int, stored: bytes, raw_len: int, path: str, offset: int) -> bytes:
+    """Decompresses a frame's blob, checking its size."""
+    try:
+        if code == 0:
+            raw = stored
+        elif code == 1:
+            raw = zlib.decompress(stored)
+        elif code == 2:
+            if zstandard is None:
+                raise ValueError("the record is zstd-compressed and zstandard is not installed")
+            raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_len)
+        else:
+            raise ValueError(f"unknown codec {code}")
+    except (zlib.error, ValueError) as exc:
+        raise CorruptRecording(
+            f"{path}: record at offset {offset}: cannot decompress: {exc}", path=path, offset=offset
+        ) from exc
+    except Exception as exc:  # zstandard.ZstdError has no common base with zlib.error
+        raise CorruptRecording(
+            f"{path}: record at offset {offset}: cannot decompress: {exc}", path=path, offset=offset
+        ) from exc
+    if len(raw) != raw_len:
+        raise CorruptRecording(
+            f"{path}: record at offset {offset}: blob is {len(raw)} bytes, header says {raw_len}",
+            path=path,
+            offset=offset,
+        )
+    return raw
+
+
+def unpack_map(data: bytes, what: str, path: str, offset: int) -> dict[str, Any]:
+    """msgpack map with str keys and no ext types, or :class:`CorruptRecording`."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise CorruptRecording(
+            f"{path}: {what} at offset {offset} is not valid msgpack: {exc}",
+            path=path,
+            offset=offset,
+        ) from exc
+    if not isinstance(obj, dict):
+        raise CorruptRecording(
+            f"{path}: {what} at offset {offset} is not a map", path=path, offset=offset
+        )
+    return obj
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"ext type {code} is never written by simkit")
+
+
+class _Torn(Exception):
+    """The file ends inside a frame (nbytes short)."""
+
+
+def _parse_header(head: bytes, path: str, offset: int) -> tuple[int, int, int, int, int]:
+    magic, code, kind, _, meta_len, blob_len, raw_len, crc, hcrc = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise CorruptRecording(
+            f"{path}: no record magic at offset {offset} (got {magic!r})", path=path, offset=offset
+        )
+    if zlib.crc32(head[:-4]) != hcrc:
+        raise CorruptRecording(
+            f"{path}: record header checksum mismatch at offset {offset}", path=path, offset=offset
+        )
+    if kind != KIND_EPISODE or code not in CODECS.values() or meta_len > _MAX_META:
+        raise CorruptRecording(
+            f"{path}: record at offset {offset} has unknown kind {kind} or codec {code}",
+            path=path,
+            offset=offset,
+        )
+    return code, meta_len, blob_len, raw_len, crc
+
+
+def read_frame(
+    f: Any, path: str, offset: int, *, with_blob: bool
+) -> tuple[dict[str, Any], int, bytes | None, int, int]:
+    """Reads the frame at ``offset``: ``(meta, frame size, stored blob or None, codec, raw_len)``.
+
+    Raises:
+        _Torn: the file ends inside the frame.
+        CorruptRecording: bad magic, checksum or meta.
+    """
+    f.seek(offset)
+    head = f.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise _Torn(len(head))
+    code, meta_len, blob_len, raw_len, crc = _parse_header(head, path, offset)
+    meta_bytes = f.read(meta_len)
+    stored = f.read(blob_len)
+    size = HEADER.size + meta_len + blob_len
+    if len(meta_bytes) < meta_len or len(stored) < blob_len:
+        raise _Torn(HEADER.size + len(meta_bytes) + len(stored))
+    if zlib.crc32(stored, zlib.crc32(meta_bytes)) != crc:
+        raise CorruptRecording(
+            f"{path}: record checksum mismatch at offset {offset}", path=path, offset=offset
+        )
+    meta = unpack_map(meta_bytes, "record meta", path, offset)
+    return meta, size, stored if with_blob else None, code, raw_len
+
+
+def read_meta(path: str, offset: int) -> tuple[dict[str, Any], bytes]:
+    """The meta map and the decompressed blob of the frame at ``offset`` (checked)."""
+    with open(path, "rb") as f:
+        try:
+            meta, _, stored, code, raw_len = read_frame(f, path, offset, with_blob=True)
+        except _Torn as exc:
+            raise CorruptRecording(
+                f"{path}: truncated record at offset {offset}", path=path, offset=offset
+            ) from exc
+    assert stored is not None
+    return meta, decode_blob(code, stored, raw_len, path, offset)
+
+
+def scan_chunk(path: str, *, recover: bool = False) -> tuple[list[FrameInfo], list[Skipped]]:
+    """Every complete frame of a chunk, by reading it front to back.
+
+    A torn tail (the file ends inside a frame: a writer killed mid-record) is reported
+    in the skipped list. A corrupted frame raises :class:`CorruptRecording`, unless
+    ``recover`` is set: then the reader resynchronises on the next magic and reports
+    the bytes it skipped.
+    """
+    frames: list[FrameInfo] = []
+    skipped: list[Skipped] = []
+    size = os.path.getsize(path)
+    offset = 0
+    with open(path, "rb") as f:
+        while offset < size:
+            try:
+                meta, n, _, _, _ = read_frame(f, path, offset, with_blob=False)
+            except _Torn:
+                skipped.append(
+                    Skipped(path, offset, size - offset, "torn tail (incomplete record)")
+                )
+                break
+            except CorruptRecording as exc:
+                if not recover:
+                    raise
+                f.seek(offset + 1)
+                rest = f.read()
+                found = rest.find(MAGIC)
+                nxt = size if found < 0 else offset + 1 + found
+                skipped.append(Skipped(path, offset, nxt - offset, str(exc)))
+                offset = nxt
+                continue
+            frames.append(FrameInfo(path, offset, n, meta))
+            offset += n
+    return frames, skipped
+
+
+def chunk_path(directory: Path, number: int) -> Path:
+    """``directory/chunk-NNNNNN.skr``."""
+    return directory / f"chunk-{number:06d}.skr"
+
+
+def index_path(chunk: Path) -> Path:
+    """The index next to a chunk: ``chunk-NNNNNN.idx``."""
+    return chunk.with_suffix(".idx")
+
+
+def chunk_paths(directory: Path) -> list[tuple[int, Path]]:
+    """``(number, path)`` of every chunk file, in order."""
+    out = []
+    for entry in os.listdir(directory):
+        m = _CHUNK_RE.match(entry)
+        if m:
+            out.append((int(m.group(1)), directory / entry))
+    return sorted(out)
+
+
+def write_index(chunk: Path, frames: list[tuple[int, int, dict[str, Any]]]) -> None:
+    """Writes the index of a closed chunk atomically (tmp file + rename)."""
+    body = {
+        "format": INDEX_FORMAT,
+        "chunk_size": sum(n for _, n, _ in frames),
+        "records": [{"offset": o, "size": n, "meta": m} for o, n, m in frames],
+    }
+    tmp = index_path(chunk).with_suffix(".idx.tmp")
+    with open(tmp, "wb") as f:
+        f.write(msgpack.packb(body, use_bin_type=True))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, index_path(chunk))
+
+
+def read_index(chunk: Path) -> list[FrameInfo] | None:
+    """The chunk's frames from its index; ``None`` when missing, unreadable or stale.
+
+    Stale means the index does not describe this file's size: the reader then scans.
+    """
+    path = index_path(chunk)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        body = unpack_map(data, "index", str(path), 0)
+        if body.get("format") != INDEX_FORMAT or body.get("chunk_size") != os.path.getsize(chunk):
+            return None
+        return [
+            FrameInfo(str(chunk), int(r["offset"]), int(r["size"]), dict(r["meta"]))
+            for r in body["records"]
+        ]
+    except (CorruptRecording, KeyError, TypeError, ValueError):
+        return None
+
+
+class DirectoryLock:
+    """The one-writer-per-directory lock: ``fcntl.flock`` on ``DIR/LOCK`` holding the pid.
+
+    The kernel drops the lock when the process dies (SIGKILL included), so a crashed
+    writer never blocks the next one.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "LOCK"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise RecordingLocked(
+                f"recording directory {str(directory)!r} is already being written by pid "
+                f"{holder}; one writer per directory (pick another directory or stop it)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Unlocks (idempotent)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,355 @@
+"""``RecordEpisodes``: a vector wrapper that records every episode it steps."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+import simkit
+from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._types import BatchStep
+from simkit.recording._buffer import StepBuffer
+from simkit.recording._episode import Episode
+from simkit.recording._io import RecordingWriter
+
+__all__ = ["RecordEpisodes", "environment_versions"]
+
+
+def environment_versions(env_id: str) -> dict[str, str]:
+    """simkit, gymnasium, mujoco and the env's own package versions (for the record)."""
+    out = {"simkit": simkit.__version__, "gymnasium": gym.__version__}
+    try:
+        import mujoco
+
+        out["mujoco"] = str(mujoco.__version__)
+    except ImportError:
+        pass
+    try:
+        entry = simkit.spec(env_id).entry_point
+        module = entry.split(":")[0] if isinstance(entry, str) else entry.__module__
+        out["env_module"] = module
+        top = module.split(".")[0]
+        version = getattr(importlib.import_module(top), "__version__", None)
+        out["env_module_version"] = str(
+            version if version is not None else importlib.metadata.version(top)
+        )
+    except Exception:  # an env outside the registry or without a version: record what we know
+        pass
+    return out
+
+
+def _row(tree: Any, k: int) -> Any:
+    if isinstance(tree, dict):
+        return {key: _row(v, k) for key, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_row(v, k) for v in tree)
+    return np.array(np.asarray(tree)[k])
+
+
+def _as_tree(actions: Any) -> Any:
+    """Actions as arrays (a list of per-env actions becomes one array)."""
+    return np.asarray(actions) if isinstance(actions, list) else actions
+
+
+def _prepend(first: Any, rest: Any) -> Any:
+    """``first`` (one row) stacked before ``rest`` (``(T, ...)``), leaf by leaf."""
+    if isinstance(first, dict):
+        return {k: _prepend(first[k], rest[k]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_prepend(a, b) for a, b in zip(first, rest, strict=True))
+    b = np.asarray(rest)
+    return np.concatenate([np.asarray(first, b.dtype)[None], b])
+
+
+def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Env ``i``'s info out of a Gymnasium vector info (values with their ``_key`` masks)."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key.startswith("_"):
+            continue
+        mask = info.get("_" + key)
+        if mask is None or not bool(mask[i]):
+            continue
+        out[key] = env_info(value, i) if isinstance(value, Mapping) else value[i]
+    return out
+
+
+@dataclass
+class _Open:
+    """How env ``i``'s current episode started (its steps are in the :class:`StepBuffer`)."""
+
+    reset_obs: Any
+    reset_info: dict[str, Any]
+    seed: int | None
+    options: dict[str, Any] | None
+    origin: dict[str, Any]
+    snapshots: dict[int, Any] = field(default_factory=dict)
+
+
+class RecordEpisodes(gym.vector.VectorWrapper):
+    """Records every episode of a single-agent vector into a recording directory.
+
+    ``env = RecordEpisodes(env, "runs/rec")`` wraps a :class:`simkit.vector.VectorEnv`,
+    a :class:`simkit.BatchEnv` or a :class:`simkit.clients.RemoteVectorEnv`; stepping
+    through ``step()`` (every autoreset mode) or ``step_batch()`` records each episode
+    when it ends, as one record. Episode seeds follow the vectors' shared derivation
+    ``episode_seed(root, i, k)``: ``reset(seed=root)`` (or a first ``reset()``, for
+    which the wrapper draws the root) makes every episode replayable; after
+    ``reset(seed=[...])`` only each env's first episode has a known seed.
+
+    Args:
+        env: the vector.
+        directory: the recording directory (one writer per directory).
+        env_id: the registered id; default ``env.spec.id`` or ``env.env_id``.
+        env_kwargs: the envs' constructor arguments (recorded for replay).
+        snapshot_every: record ``get_state()`` of env ``i`` every K steps (0: never;
+            needs a vector of simkit envs, ``env.envs``).
+        policy_version: the version stamped on steps (update :attr:`policy_version`
+            as the policy changes); -1: unknown.
+        max_episodes: stop recording after this many episodes (``None``: no limit).
+        writer_kwargs: passed to :class:`RecordingWriter` (``compression``,
+            ``max_chunk_bytes``, ``fsync``).
+    """
+
+    def __init__(
+        self,
+        env: gym.vector.VectorEnv[Any, Any, Any],
+        directory: str | os.PathLike[str],
+        *,
+        env_id: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        snapshot_every: int = 0,
+        policy_version: int = -1,
+        max_episodes: int | None = None,
+        **writer_kwargs: Any,
+    ) -> None:
+        super().__init__(env)
+        resolved = env_id or getattr(getattr(env, "spec", None), "id", None)
+        resolved = resolved or getattr(env, "env_id", None)
+        if not isinstance(resolved, str):
+            raise ValueError(
+                "RecordEpisodes needs the env id to make episodes replayable; pass env_id="
+            )
+        if snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0, got {snapshot_every}")
+        if snapshot_every and not hasattr(env.unwrapped, "envs"):
+            raise ValueError(
+                "snapshot_every needs a vector of simkit envs (simkit.vector.VectorEnv); "
+                f"{type(env.unwrapped).__name__} has no per-env get_state()"
+            )
+        self.env_id = resolved
+        self.env_kwargs = dict(env_kwargs or {})
+        self.snapshot_every = snapshot_every
+        self.policy_version = policy_version
+        self.max_episodes = max_episodes
+        self.writer = RecordingWriter(directory, **writer_kwargs)
+        self._versions = environment_versions(resolved)
+        self._kind = "batch" if isinstance(env.unwrapped, simkit.BatchEnv) else "env"
+        n = self.num_envs
+        self._roots: list[int | None] = [None] * n
+        self._index = np.zeros(n, np.int64)
+        self._open: list[_Open | None] = [None] * n
+        self._pending = np.zeros(n, bool)
+        self._buffer = StepBuffer(n)
+        self._explicit: list[int | None] | None = None
+        self._ever_reset = False
+
+    # ------------------------------------------------------------------ episodes
+
+    def _start(self, i: int, obs_row: Any, reset_info: dict[str, Any], options: Any) -> None:
+        root, k = self._roots[i], int(self._index[i])
+        seed = None if root is None else episode_seed(root, i, k)
+        if root is None and k == 0 and self._explicit is not None:
+            seed = self._explicit[i]
+        opts = (
+            None if options is None else {k2: v for k2, v in options.items() if k2 != "reset_mask"}
+        )
+        ep = _Open(
+            reset_obs=obs_row,
+            reset_info=dict(reset_info),
+            seed=seed,
+            options=opts or None,
+            origin={"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind},
+        )
+        self._open[i] = ep
+        self._buffer.clear(i)
+        self._snapshot(i, ep)
+
+    def _snapshot(self, i: int, ep: _Open) -> None:
+        t = int(self._buffer.length[i])
+        if self.snapshot_every and t % self.snapshot_every == 0:
+            ep.snapshots[t] = self.env.unwrapped.envs[i].get_state()  # type: ignore[attr-defined]
+
+    def _finish(self, i: int) -> None:
+        ep = self._open[i]
+        self._open[i] = None
+        if ep is None or not self._buffer.length[i]:
+            return
+        steps = self._buffer.take(i)
+        if self.max_episodes is not None and self.writer.episodes_written >= self.max_episodes:
+            return
+        self.writer.write(
+            Episode(
+                env_id=self.env_id,
+                obs=_prepend(ep.reset_obs, steps["next_obs"]),
+                actions=steps["actions"],
+                rewards=steps["reward"],
+                terminated=steps["terminated"],
+                truncated=steps["truncated"],
+                infos=steps["infos"],
+                reset_info=ep.reset_info,
+                seed=ep.seed,
+                options=ep.options,
+                params=dict(ep.reset_info.get("params", {})),
+                env_kwargs=self.env_kwargs,
+                policy_version=steps["version"],
+                snapshots=ep.snapshots,
+                versions=self._versions,
+                origin=ep.origin,
+            )
+        )
+
+    # --------------------------------------------------------------------- reset
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets (as the wrapped vector), dropping unfinished episodes of the reset envs."""
+        n = self.num_envs
+        mask = None if options is None else options.get("reset_mask")
+        ids = np.arange(n) if mask is None else np.flatnonzero(np.asarray(mask))
+        self._explicit = None
+        if seed is None and not self._ever_reset:
+            seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+        if seed is None:
+            for i in ids:
+                self._index[i] += 1
+        elif isinstance(seed, int | np.integer):
+            for i in ids:
+                self._roots[i], self._index[i] = int(seed), 0
+        else:
+            self._explicit = [None if s is None else int(s) for s in seed]
+            for i in ids:
+                self._roots[i], self._index[i] = None, 0
+        obs, info = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # simkit vectors take Gymnasium's list form too
+        for i in ids:
+            self._open[int(i)] = None
+            self._pending[int(i)] = False
+            self._start(int(i), _row(obs, int(i)), env_info(info, int(i)), options)
+        self._explicit = None
+        self._ever_reset = True
+        return obs, info
+
+    # ---------------------------------------------------------------------- step
+
+    def _autoreset(self, i: int, obs_row: Any, reset_info: dict[str, Any]) -> None:
+        self._index[i] += 1
+        self._start(i, obs_row, reset_info, None)
+
+    def _log_step(
+        self,
+        env_ids: np.ndarray,
+        rows: np.ndarray,
+        next_obs: Any,
+        actions: Any,
+        reward: Any,
+        terminated: Any,
+        truncated: Any,
+        infos: list[dict[str, Any]],
+    ) -> None:
+        live = np.fromiter(
+            (self._open[i] is not None for i in env_ids.tolist()), bool, env_ids.size
+        )
+        self._buffer.append(
+            env_ids[live],
+            rows[live],
+            next_obs,
+            _as_tree(actions),
+            reward,
+            terminated,
+            truncated,
+            infos,
+            self.policy_version,
+        )
+
+    def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
+        """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
+        res: BatchStep = self.env.unwrapped.step_batch(actions, *args, **kwargs)  # type: ignore[attr-defined]
+        ids = np.asarray(res.env_ids)
+        infos = [
+            {k: v for k, v in info.items() if k != "reset_info"} if "reset_info" in info else info
+            for info in res.infos
+        ] or [{} for _ in ids]
+        rows = np.arange(ids.size)
+        self._log_step(
+            ids, rows, res.final_obs, actions, res.reward, res.terminated, res.truncated, infos
+        )
+        done = np.flatnonzero(np.logical_or(res.terminated, res.truncated))
+        for r in done.tolist():
+            i = int(ids[r])
+            self._finish(i)
+            reset_info = res.infos[r].get("reset_info", {}) if res.infos else {}
+            self._autoreset(i, _row(res.obs, r), reset_info)
+        for r in range(len(ids)):
+            ep = self._open[int(ids[r])]
+            if ep is not None and self.snapshot_every and r not in done:
+                self._snapshot(int(ids[r]), ep)
+        return res
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Gymnasium's ``step``, recorded under the vector's autoreset mode."""
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        mode = self.env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        n = self.num_envs
+        pending = np.flatnonzero(self._pending)
+        stepped = np.setdiff1d(np.arange(n), pending)
+        done = np.flatnonzero(np.logical_or(terminated, truncated))
+        same_step = mode == AutoresetMode.SAME_STEP
+        final_info = info.get("final_info", {}) if same_step else {}
+        infos = []
+        for i in range(n):
+            if same_step and i in done:
+                infos.append(env_info(final_info, i))
+            elif self._pending[i]:
+                infos.append({})
+            else:
+                infos.append(env_info(info, i))
+        self._log_step(stepped, stepped, obs, actions, reward, terminated, truncated, infos)
+        if same_step:
+            for i in done.tolist():
+                if self._open[i] is not None:
+                    self._buffer.set_last_obs(i, _row(info["final_obs"], i))
+        for i in pending.tolist():
+            self._pending[i] = False
+            self._autoreset(i, _row(obs, i), env_info(info, i))
+        for i in done.tolist():
+            self._finish(i)
+            if same_step:
+                merged = {k: v for k, v in info.items() if "final_" not in k}
+                self._autoreset(i, _row(obs, i), env_info(merged, i))
+            elif mode == AutoresetMode.NEXT_STEP:
+                self._pending[i] = True
+        if self.snapshot_every:
+            for i in stepped.tolist():
+                ep = self._open[i]
+                if ep is not None and i not in done:
+                    self._snapshot(i, ep)
+        return obs, reward, terminated, truncated, info
+
+    def close(self, **kwargs: Any) -> None:
+        """Closes the vector and the writer (unfinished episodes are not recorded)."""
+        try:
+            self.env.close(**kwargs)
+        finally:
+            self.writer.close()

@@ -1,0 +1,450 @@
+"""simkit.recording: format round trip, crash safety, corruption reports, recording wrappers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import simkit
+from simkit import snapshot
+from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence, SimkitError
+from simkit.recording import (
+    Episode,
+    RecordEpisodes,
+    RecordingReader,
+    RecordingWriter,
+    to_torch,
+    verify_episode,
+    verify_recording,
+)
+from simkit.vector import VectorEnv
+
+SPACES = [
+    spaces.Box(-1.0, 1.0, (3,), np.float32),
+    spaces.Box(-5, 5, (2, 2), np.int32),
+    spaces.Box(0, 255, (4,), np.uint8),
+    spaces.Box(-1.0, 1.0, (), np.float64),
+    spaces.Discrete(5),
+    spaces.MultiDiscrete([3, 4]),
+    spaces.MultiBinary(6),
+    spaces.Dict({"pos": spaces.Box(-1.0, 1.0, (2,), np.float32), "k": spaces.Discrete(3)}),
+    spaces.Tuple((spaces.Discrete(2), spaces.Box(0.0, 1.0, (2,), np.float64))),
+]
+
+
+def _stack(samples: list[Any]) -> Any:
+    first = samples[0]
+    if isinstance(first, dict):
+        return {k: _stack([s[k] for s in samples]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_stack([s[j] for s in samples]) for j in range(len(first)))
+    return np.stack([np.asarray(s) for s in samples])
+
+
+def _same_tree(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return (
+            isinstance(b, dict) and a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+        )
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(map(_same_tree, a, b))
+    return snapshot.states_equal(np.asarray(a), np.asarray(b))
+
+
+plain_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+)
+infos = st.recursive(
+    plain_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+).map(lambda v: v if isinstance(v, dict) else {"value": v})
+
+
+@st.composite
+def episodes(draw: st.DrawFn) -> Episode:
+    obs_space = draw(st.sampled_from(SPACES))
+    act_space = draw(st.sampled_from(SPACES))
+    seed = draw(st.integers(0, 2**32))
+    obs_space.seed(seed)
+    act_space.seed(seed + 1)
+    t = draw(st.integers(0, 6))
+    rng = np.random.default_rng(seed)
+    return Episode(
+        env_id="simkit/CartPole-v0",
+        obs=_stack([obs_space.sample() for _ in range(t + 1)]),
+        actions=_stack([act_space.sample() for _ in range(t)]) if t else _empty_like(act_space),
+        rewards=rng.normal(size=t),
+        terminated=rng.random(t) < 0.3,
+        truncated=rng.random(t) < 0.3,
+        infos=[draw(st.one_of(st.just({}), infos)) for _ in range(t)],
+        reset_info={"params": {"gravity": 9.81}, "nested": {"a": [1, 2, {"b": None}]}},
+        seed=draw(st.one_of(st.none(), st.integers(0, 2**64 - 1))),
+        options=draw(st.one_of(st.none(), st.just({"params": {"gravity": 9.0}}))),
+        params={"gravity": 9.81},
+        env_kwargs={"max_episode_steps": 50},
+        policy_version=None if draw(st.booleans()) or t == 0 else np.arange(t, dtype=np.int64),
+        snapshots={0: {"x": np.arange(3.0), "s": "state"}} if draw(st.booleans()) else {},
+        versions={"simkit": simkit.__version__},
+        origin={"root_seed": 3, "env_index": 1, "episode_index": 2, "kind": "env"},
+    )
+
+
+def _empty_like(space: spaces.Space[Any]) -> Any:
+    sample = space.sample()
+
+    def empty(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: empty(v) for k, v in x.items()}
+        if isinstance(x, tuple):
+            return tuple(empty(v) for v in x)
+        a = np.asarray(x)
+        return np.zeros((0, *a.shape), a.dtype)
+
+    return empty(sample)
+
+
+def _assert_same_episode(a: Episode, b: Episode) -> None:
+    assert a.env_id == b.env_id
+    assert _same_tree(a.obs, b.obs)
+    assert _same_tree(a.actions, b.actions)
+    for name in ("rewards", "terminated", "truncated"):
+        assert snapshot.states_equal(getattr(a, name), np.array(getattr(b, name)))
+    assert snapshot.to_plain(a.infos) == snapshot.to_plain(b.infos)
+    assert snapshot.to_plain(a.reset_info) == snapshot.to_plain(b.reset_info)
+    assert (a.seed, a.options, a.params, a.env_kwargs) == (
+        b.seed,
+        b.options,
+        b.params,
+        b.env_kwargs,
+    )
+    assert snapshot.states_equal(a.snapshots, b.snapshots)
+    assert a.versions == b.versions
+    assert a.origin == b.origin
+    if a.policy_version is None:
+        assert b.policy_version is None
+    else:
+        assert b.policy_version is not None
+        assert np.array_equal(a.policy_version, b.policy_version)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    eps=st.lists(episodes(), min_size=1, max_size=4),
+    codec=st.sampled_from(["zstd", "zlib", "none"]),
+)
+def test_round_trip_is_identical(tmp_path: Path, eps: list[Episode], codec: str) -> None:
+    directory = tmp_path / f"rt-{time.perf_counter_ns()}"
+    with RecordingWriter(directory, compression=codec, max_chunk_bytes=2000) as writer:
+        for ep in eps:
+            writer.write(ep)
+    reader = RecordingReader(directory)
+    assert len(reader) == len(eps)
+    assert not reader.skipped
+    for k, ep in enumerate(eps):
+        _assert_same_episode(ep, reader.load(k))
+        stats = reader.stats()[k]
+        assert (stats.length, stats.seed) == (ep.length, ep.seed)
+        assert stats.total_return == ep.total_return
+
+
+def _write_cartpole(directory: Path, *, episodes: int = 6, **kw: Any) -> None:
+    env = RecordEpisodes(
+        VectorEnv("simkit/CartPole-v0", 3), directory, env_id="simkit/CartPole-v0", **kw
+    )
+    env.reset(seed=7)
+    rng = np.random.default_rng(0)
+    while env.writer.episodes_written < episodes:
+        env.step_batch(rng.integers(0, 2, 3))
+    env.close()
+
+
+@pytest.mark.parametrize("mode", ["step_batch", "SameStep", "NextStep"])
+def test_vector_recording_replays_bit_for_bit(tmp_path: Path, mode: str) -> None:
+    vec = VectorEnv(
+        "simkit/CartPole-v0", 3, autoreset_mode="SameStep" if mode == "step_batch" else mode
+    )
+    env = RecordEpisodes(vec, tmp_path, env_id="simkit/CartPole-v0", snapshot_every=4)
+    env.reset(seed=11)
+    rng = np.random.default_rng(1)
+    for _ in range(120):
+        actions = rng.integers(0, 2, 3)
+        if mode == "step_batch":
+            env.step_batch(actions)
+        else:
+            env.step(actions)
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) >= 5
+    results = verify_recording(reader)
+    assert [r.error for r in results] == [None] * len(results)
+    first = reader.load(0)
+    assert first.seed == simkit._seeding.episode_seed(11, first.origin["env_index"], 0)
+    assert "params" in first.reset_info
+    assert 0 in first.snapshots
+    assert first.versions["simkit"] == simkit.__version__
+    assert "mujoco" in first.versions
+
+
+def test_batch_env_recording_replays(tmp_path: Path) -> None:
+    batch = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
+    env = RecordEpisodes(batch, tmp_path, env_id="simkit/BatchCartPole-v0")
+    env.reset(seed=5)
+    rng = np.random.default_rng(2)
+    for _ in range(80):
+        env.step(rng.integers(0, 2, 3))
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert any(s.env_id == "simkit/BatchCartPole-v0" for s in reader.stats())
+    assert {r.error for r in verify_recording(reader)} == {None}
+    assert {e.origin["kind"] for e in reader} == {"batch"}
+
+
+def test_remote_recording_replays_locally(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    server = RolloutServer("simkit/Cheetah-v0", 2, f"ipc://{tmp_path}/s.sock").start()
+    try:
+        remote = RemoteVectorEnv(server.endpoint, timeout=10)
+        env = RecordEpisodes(
+            remote, tmp_path / "rec", env_id="simkit/Cheetah-v0", env_kwargs={}, policy_version=3
+        )
+        env.reset(seed=9)
+        rng = np.random.default_rng(3)
+        for _ in range(1000):
+            env.step(rng.uniform(-1, 1, (2, 6)).astype(np.float32))
+        env.close()
+    finally:
+        server.stop()
+    reader = RecordingReader(tmp_path / "rec")
+    assert len(reader) == 2
+    assert reader.select(policy_version=3) == [0, 1]
+    assert reader.select(policy_version=4) == []
+    assert {r.error for r in verify_recording(reader)} == {None}
+
+
+def _rewrite(src: Path, dst: Path, change: Any) -> None:
+    with RecordingWriter(dst) as writer:
+        for k, ep in enumerate(RecordingReader(src)):
+            writer.write(change(k, ep))
+
+
+@pytest.mark.parametrize("field", ["obs", "reward", "terminated"])
+def test_perturbed_recording_names_episode_step_and_field(tmp_path: Path, field: str) -> None:
+    _write_cartpole(tmp_path / "a")
+
+    def perturb(k: int, ep: Episode) -> Episode:
+        if k == 2:
+            if field == "obs":
+                ep.obs = ep.obs.copy()
+                ep.obs[3, 1] = np.nextafter(ep.obs[3, 1], np.float32(9), dtype=np.float32)
+            elif field == "reward":
+                ep.rewards = ep.rewards.copy()
+                ep.rewards[2] += 1e-12
+            else:
+                ep.terminated = ep.terminated.copy()
+                ep.terminated[1] = True
+        return ep
+
+    _rewrite(tmp_path / "a", tmp_path / "b", perturb)
+    results = verify_recording(RecordingReader(tmp_path / "b"))
+    failed = [r for r in results if r.error is not None]
+    assert [r.position for r in failed] == [2]
+    step = {"obs": 2, "reward": 2, "terminated": 1}[field]
+    assert "episode 2 " in failed[0].error
+    assert f"step {step}: field {field}" in failed[0].error
+    with pytest.raises(ReplayDivergence, match=f"step {step}: field {field}"):
+        verify_episode(RecordingReader(tmp_path / "b").load(2))
+
+
+def test_second_writer_is_refused(tmp_path: Path) -> None:
+    with (
+        RecordingWriter(tmp_path),
+        pytest.raises(RecordingLocked, match=f"{tmp_path}.*pid {os.getpid()}"),
+    ):
+        RecordingWriter(tmp_path)
+    RecordingWriter(tmp_path).close()  # released on close
+    assert issubclass(RecordingLocked, SimkitError)
+
+
+def test_flipped_byte_is_reported_with_file_and_offset(tmp_path: Path) -> None:
+    _write_cartpole(tmp_path, episodes=3)
+    chunk = tmp_path / "chunk-000000.skr"
+    reader = RecordingReader(tmp_path)
+    offset = reader.stats()[1].offset
+    data = bytearray(chunk.read_bytes())
+    data[offset + reader._frames[1].size - 5] ^= 0x01
+    chunk.write_bytes(bytes(data))
+    reader = RecordingReader(tmp_path)  # the index still matches the size: lazily checked
+    reader.load(0)
+    with pytest.raises(
+        CorruptRecording, match=f"{chunk}: record checksum mismatch at offset {offset}"
+    ):
+        reader.load(1)
+    (tmp_path / "chunk-000000.idx").unlink()
+    with pytest.raises(CorruptRecording, match=f"offset {offset}"):
+        RecordingReader(tmp_path)  # a scan finds it too
+    recovered = RecordingReader(tmp_path, recover=True)
+    assert len(recovered) == 2
+    assert recovered.skipped[0].offset == offset
+    assert [r.error for r in verify_recording(recovered)] == [None, None]
+
+
+def test_truncated_chunk_is_reported(tmp_path: Path) -> None:
+    _write_cartpole(tmp_path, episodes=3)
+    chunk = tmp_path / "chunk-000000.skr"
+    reader = RecordingReader(tmp_path)
+    last = reader.stats()[2].offset
+    with open(chunk, "r+b") as f:
+        f.truncate(last + 20)
+    # The index no longer matches: the reader scans and reports the torn tail.
+    reader = RecordingReader(tmp_path)
+    assert len(reader) == 2
+    assert reader.skipped[0].offset == last
+    assert "torn" in reader.skipped[0].reason
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from simkit.recording import Episode, RecordingWriter
+
+    rng = np.random.default_rng(0)
+    with RecordingWriter(sys.argv[1], max_chunk_bytes=1 << 20, compression="none") as w:
+        k = 0
+        while True:
+            t = 2000
+            w.write(Episode("simkit/CartPole-v0", rng.normal(size=(t + 1, 64)),
+                            rng.normal(size=(t, 4)), np.full(t, float(k)),
+                            np.zeros(t, bool), np.zeros(t, bool), [{} for _ in range(t)],
+                            seed=k))
+            k += 1
+            print(k, flush=True)
+    """
+)
+
+
+def test_sigkilled_writer_keeps_every_complete_episode(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    written = 0
+    while written < 6:
+        written = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) >= written
+    for k, ep in enumerate(reader):
+        assert ep.seed == k
+        assert ep.length == 2000
+        assert np.all(ep.rewards == k)
+    RecordingWriter(tmp_path).close()  # the dead writer's lock is gone
+
+
+def test_reader_filters_and_tensors(tmp_path: Path) -> None:
+    _write_cartpole(tmp_path, episodes=8, max_chunk_bytes=3000)
+    reader = RecordingReader(tmp_path)
+    assert len(list(tmp_path.glob("chunk-*.idx"))) >= 2
+    lengths = [s.length for s in reader.stats()]
+    cut = sorted(lengths)[len(lengths) // 2]
+    long = reader.select(min_length=cut)
+    assert [lengths[k] for k in long] == [n for n in lengths if n >= cut]
+    assert reader.select(env_id="simkit/Other-v0") == []
+    assert reader.select(max_return=-1.0) == []
+    tensors = to_torch(reader.load(long[0]))
+    assert tuple(tensors["obs"].shape) == (lengths[long[0]] + 1, 4)
+    assert len(list(reader.episodes(min_length=cut))) == len(long)
+
+
+def test_reader_follows_a_live_writer(tmp_path: Path) -> None:
+    eps = list(RecordingReader(_seeded(tmp_path / "src")))
+    with RecordingWriter(tmp_path / "live") as writer:
+        writer.write(eps[0])
+        assert len(RecordingReader(tmp_path / "live")) == 1
+        writer.write(eps[1])
+        assert len(RecordingReader(tmp_path / "live")) == 2
+    assert len(RecordingReader(tmp_path / "live")) == 2
+
+
+def _seeded(directory: Path) -> Path:
+    _write_cartpole(directory, episodes=2)
+    return directory
+
+
+def test_cli_record_verify_and_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from simkit.cli import main
+
+    out = tmp_path / "cli"
+    assert main(["record", "simkit/CartPole-v0", "--episodes", "5", "--out", str(out)]) == 0
+    assert len(RecordingReader(out)) == 5
+    assert main(["replay", str(out), "--verify", "--workers", "2"]) == 0
+    assert "5/5 episodes replayed bit for bit" in capsys.readouterr().out
+
+    def perturb(k: int, ep: Episode) -> Episode:
+        if k == 4:
+            ep.rewards = ep.rewards + 1.0
+        return ep
+
+    _rewrite(out, tmp_path / "bad", perturb)
+    assert main(["replay", str(tmp_path / "bad"), "--verify", "--workers", "1"]) == 1
+    assert "episode 4 " in capsys.readouterr().out
+
+
+def test_export_without_minari_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from simkit.errors import MissingDependency
+    from simkit.recording._cli import export_minari
+
+    monkeypatch.setitem(sys.modules, "minari", None)
+    with pytest.raises(MissingDependency, match=r"simkit\[minari\]"):
+        export_minari(str(_seeded(tmp_path)), "simkit/x-v0")
+
+
+def test_export_passes_minari_checks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    minari = pytest.importorskip("minari")
+    pytest.importorskip("h5py")
+    from simkit.recording._cli import export_minari
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    src = _seeded(tmp_path / "rec")
+    assert export_minari(str(src), "simkit/cartpole-test-v0") == 2
+    dataset = minari.load_dataset("simkit/cartpole-test-v0")
+    reader = RecordingReader(src)
+    assert dataset.total_episodes == 2
+    assert dataset.total_steps == sum(s.length for s in reader.stats())
+    for ours, theirs in zip(reader, dataset.iterate_episodes(), strict=True):
+        assert np.array_equal(theirs.observations, ours.obs)
+        assert np.array_equal(theirs.actions, ours.actions)
+        assert np.array_equal(theirs.rewards, ours.rewards)
+        assert np.array_equal(theirs.terminations, ours.terminated)
+        assert all(dataset.observation_space.contains(o) for o in theirs.observations)
+        assert all(dataset.action_space.contains(a) for a in theirs.actions)
+    assert isinstance(dataset.recover_environment(), gym.Env)

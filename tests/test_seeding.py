@@ -1,0 +1,167 @@
+"""simkit._seeding: the vectorised derivation equals NumPy's SeedSequence and PCG64 bit
+for bit, and EpisodeSeeds plans the seeds of every reset form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simkit._seeding import (
+    MAX_ROOT_SEED,
+    EpisodeSeeds,
+    episode_seed,
+    episode_seeds,
+    pcg64_generators,
+)
+from simkit.errors import InvalidState
+
+
+def reference_seed(root: int, env_index: int, episode_index: int) -> int:
+    words = np.random.SeedSequence(root, spawn_key=(env_index, episode_index)).generate_state(
+        2, np.uint32
+    )
+    return int(words[0]) | (int(words[1]) << 32)
+
+
+# Indices from both sides of the one-word / two-word boundary of SeedSequence's entropy.
+_index = st.one_of(
+    st.integers(0, 64),
+    st.integers(2**32 - 4, 2**32 + 4),
+    st.integers(0, 2**63 - 1),
+)
+_roots = st.one_of(st.integers(0, 2**32 + 4), st.integers(0, MAX_ROOT_SEED))
+
+
+@given(root=_roots, pairs=st.lists(st.tuples(_index, _index), min_size=1, max_size=12))
+def test_episode_seeds_equal_numpy_seed_sequence(root: int, pairs: list[tuple[int, int]]) -> None:
+    envs = [i for i, _ in pairs]
+    episodes = [k for _, k in pairs]
+    got = episode_seeds(root, envs, episodes)
+    assert got.dtype == np.uint64
+    assert got.tolist() == [reference_seed(root, i, k) for i, k in pairs]
+    i, k = pairs[0]
+    assert episode_seed(root, i, k) == reference_seed(root, i, k)
+
+
+@given(seeds=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=8))
+def test_pcg64_generators_equal_numpy_construction(seeds: list[int]) -> None:
+    reuse = [np.random.Generator(np.random.PCG64(7)) if j % 2 else None for j in range(len(seeds))]
+    built = pcg64_generators(seeds, reuse)
+    for seed, rng in zip(seeds, built, strict=True):
+        expected = np.random.Generator(np.random.PCG64(seed))
+        assert rng.bit_generator.state == expected.bit_generator.state
+        assert rng.random(3).tolist() == expected.random(3).tolist()
+
+
+def test_derivation_rejects_out_of_range_arguments() -> None:
+    with pytest.raises(ValueError, match=r"root seed must be in \[0, 2\*\*63\), got -1"):
+        episode_seed(-1, 0, 0)
+    with pytest.raises(ValueError, match=r"root seed must be in \[0, 2\*\*63\), got 9223"):
+        episode_seeds(MAX_ROOT_SEED + 1, [0], [0])
+    with pytest.raises(ValueError, match="must be >= 0, got -1, 0"):
+        episode_seed(1, -1, 0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        episode_seeds(1, [0, 1], [0, -2])
+    with pytest.raises(ValueError, match="one shape"):
+        episode_seeds(1, [0, 1], [0])
+
+
+def test_root_seed_then_continue_follows_each_envs_own_counter() -> None:
+    seeds = EpisodeSeeds(4)
+    all_ids = np.arange(4)
+    assert seeds.plan(all_ids, 11) == [episode_seed(11, i, 0) for i in range(4)]
+    # Env 2 runs two more episodes than the others; nothing is shared between envs.
+    assert seeds.plan(np.array([2]), None) == [episode_seed(11, 2, 1)]
+    assert seeds.next_one(2) == episode_seed(11, 2, 2)
+    assert seeds.plan(all_ids, None) == [
+        episode_seed(11, 0, 1),
+        episode_seed(11, 1, 1),
+        episode_seed(11, 2, 3),
+        episode_seed(11, 3, 1),
+    ]
+    assert seeds.episode.tolist() == [1, 1, 3, 1]
+    assert seeds.roots == [11] * 4
+
+
+def test_episodes_past_a_cached_block_keep_the_derivation() -> None:
+    seeds = EpisodeSeeds(3)
+    seeds.plan(np.arange(3), 5)
+    got = [seeds.next_one(1) for _ in range(40)]
+    assert got == [episode_seed(5, 1, k) for k in range(1, 41)]
+
+
+def test_list_of_seeds_with_none_entries() -> None:
+    seeds = EpisodeSeeds(3)
+    seeds.plan(np.arange(3), 7)
+    plan = seeds.plan(np.arange(3), [100, None, 200])
+    assert plan == [100, episode_seed(7, 1, 1), 200]
+    # Explicitly seeded envs continue their own generator: no seed, no root.
+    assert seeds.roots == [None, 7, None]
+    assert seeds.plan(np.arange(3), None) == [None, episode_seed(7, 1, 2), None]
+    assert seeds.plan_explicit(np.array([1]), [9]) == [9]
+    assert seeds.roots == [None, None, None]
+
+
+def test_list_of_seeds_is_validated() -> None:
+    seeds = EpisodeSeeds(2)
+    with pytest.raises(ValueError, match="must hold num_envs=2 entries, got 3"):
+        seeds.plan(np.arange(2), [1, 2, 3])
+    with pytest.raises(ValueError, match=r"seed\[1\] must be a non-negative int or None, got -4"):
+        seeds.plan(np.arange(2), [1, -4])
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*63\), got -1"):
+        seeds.plan(np.arange(2), -1)
+    with pytest.raises(TypeError, match="got str"):
+        seeds.plan(np.arange(2), "7")
+
+
+def test_first_reset_without_seed_draws_one_root_for_all() -> None:
+    seeds = EpisodeSeeds(3)
+    plan = seeds.plan(np.arange(3), None)
+    root = seeds.roots[0]
+    assert root is not None
+    assert seeds.roots == [root] * 3
+    assert plan == [episode_seed(root, i, 0) for i in range(3)]
+
+
+def test_env_offset_indexes_envs_as_part_of_a_larger_vector() -> None:
+    seeds = EpisodeSeeds(2)
+    seeds.env_offset = 6
+    assert seeds.plan(np.arange(2), 3) == [episode_seed(3, 6, 0), episode_seed(3, 7, 0)]
+    assert seeds.next_one(1) == episode_seed(3, 7, 1)
+
+
+def test_next_generators_equal_single_env_seeding() -> None:
+    seeds = EpisodeSeeds(5)
+    seeds.restart(21)
+    ids = np.array([0, 3, 4])
+    for _ in range(20):  # crosses the cached block boundary
+        rngs = seeds.next_generators(ids, [None] * len(ids))
+    for i, rng in zip(ids.tolist(), rngs, strict=True):
+        expected = np.random.Generator(np.random.PCG64(episode_seed(21, i, 19)))
+        assert rng.bit_generator.state == expected.bit_generator.state
+    seeds.plan(np.array([1]), [None, 8, None, None, None])
+    with pytest.raises(ValueError, match="needs every env to have a root seed"):
+        seeds.next_generators(np.array([1]), [None])
+
+
+def test_state_round_trips_and_rejects_bad_input() -> None:
+    seeds = EpisodeSeeds(2)
+    seeds.env_offset = 4
+    seeds.plan(np.arange(2), [None, 3])
+    state = seeds.get_state()
+    other = EpisodeSeeds(2)
+    other.set_state(EpisodeSeeds.parse_state(state, 2))
+    assert other.roots == seeds.roots
+    assert other.env_offset == 4
+    assert other.episode.tolist() == seeds.episode.tolist()
+    assert other.next_one(0) == seeds.next_one(0)
+    with pytest.raises(InvalidState, match="root_seeds'] must be a list of 3"):
+        EpisodeSeeds.parse_state(state, 3)
+    with pytest.raises(InvalidState, match=r"entries must be int \| None, got 'x'"):
+        EpisodeSeeds.parse_state({**state, "root_seeds": ["x", None]}, 2)
+    with pytest.raises(InvalidState, match=r"must have shape \(2,\), got \(3,\)"):
+        EpisodeSeeds.parse_state({**state, "episode_index": [0, 0, 0]}, 2)
+    with pytest.raises(InvalidState, match="env_offset'] must be an int >= 0, got -1"):
+        EpisodeSeeds.parse_state({**state, "env_offset": -1}, 2)

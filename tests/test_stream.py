@@ -1,0 +1,407 @@
+"""Policy serving end to end: rollout servers run the policy and stream fragments."""
+
+from __future__ import annotations
+
+import gc
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simkit._types import Fragment
+from simkit.clients import PolicyStream, RemoteVectorEnv, ServerUnavailable
+from simkit.models import ModelSpec, PolicyWeights, build_model, get_weights
+from simkit.protocol import FRAGMENT_ARRAYS, RemoteError, StreamClientSession, StreamConfig
+from simkit.servers import RolloutServer
+from simkit.servers._stream_policy import GroupedPolicy, policy_seed
+from simkit.vector import VectorEnv
+
+SPEC = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
+CARTPOLE = "simkit/CartPole-v0"
+
+Servers = Callable[..., RolloutServer]
+
+
+@pytest.fixture
+def serve() -> Iterator[Servers]:
+    """Starts policy-serving servers on free loopback ports; stops them at teardown."""
+    made: list[RolloutServer] = []
+
+    def start(env_id: str = CARTPOLE, num_envs: int = 4, **kw: Any) -> RolloutServer:
+        kw.setdefault("device", "cpu")
+        kw.setdefault("fragment_length", 8)
+        srv = RolloutServer(env_id, num_envs, "tcp://127.0.0.1:0", policy=True, **kw).start()
+        made.append(srv)
+        return srv
+
+    yield start
+    for srv in made:
+        srv.stop()
+
+
+def _weights(model: torch.nn.Module, version: int) -> PolicyWeights:
+    """Version ``version`` of a fixed sequence: the model's weights plus seeded noise."""
+    base = get_weights(model, version)
+    rng = np.random.default_rng(version)
+    tensors = {
+        name: (arr + rng.normal(0, 0.1, arr.shape).astype(arr.dtype))
+        if arr.dtype.kind == "f" and arr.ndim
+        else arr
+        for name, arr in base.tensors.items()
+    }
+    return PolicyWeights(version, tensors)
+
+
+def _model(env_id: str = CARTPOLE) -> torch.nn.Module:
+    envs = VectorEnv(env_id, 1)
+    try:
+        return build_model(SPEC, envs.single_observation_space, envs.single_action_space)
+    finally:
+        envs.close()
+
+
+def _run(
+    endpoints: list[str], model: torch.nn.Module, *, seed: int, updates: int, **kw: Any
+) -> list[Fragment]:
+    with PolicyStream(
+        endpoints, SPEC, num_envs=4, seed=seed, group_envs=2, timeout=20, **kw
+    ) as stream:
+        out = []
+        for version in range(updates):
+            stream.push_weights(_weights(model, version))
+            out.append(stream.next_batch())
+        return out
+
+
+def _same(a: Fragment, b: Fragment) -> None:
+    for name in FRAGMENT_ARRAYS:
+        x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
+        assert x.dtype == y.dtype, name
+        assert x.shape == y.shape, name
+        assert x.tobytes() == y.tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def layouts() -> Iterator[dict[str, list[str]]]:
+    """Servers of the same env: one, one with 2 threads, two splitting the slots."""
+    kwargs: dict[str, Any] = {
+        "env_kwargs": {"max_episode_steps": 5},  # truncations: final_values matter
+        "device": "cpu",
+        "fragment_length": 8,
+        "policy": True,
+    }
+    one = RolloutServer(CARTPOLE, 4, "tcp://127.0.0.1:0", **kwargs).start()
+    threads = RolloutServer(CARTPOLE, 4, "tcp://127.0.0.1:0", num_threads=2, **kwargs).start()
+    half_a = RolloutServer(CARTPOLE, 2, "tcp://127.0.0.1:0", **kwargs).start()
+    half_b = RolloutServer(CARTPOLE, 2, "tcp://127.0.0.1:0", **kwargs).start()
+    yield {
+        "one": [one.endpoint],
+        "threads": [threads.endpoint],
+        "two": [half_a.endpoint, half_b.endpoint],
+    }
+    for srv in (one, threads, half_a, half_b):
+        srv.stop()
+
+
+@settings(
+    max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**63 - 1))
+def test_sync_fragments_are_bit_identical_across_runs_threads_and_server_splits(
+    layouts: dict[str, list[str]], seed: int
+) -> None:
+    model = _model()
+    one = layouts["one"]
+    reference = _run(one, model, seed=seed, updates=3)
+    assert reference[0].final_values.any()
+    assert [f.policy_version.tolist() for f in reference] == [[v] * 8 for v in range(3)]
+    for other in (
+        _run(one, model, seed=seed, updates=3),
+        _run(layouts["threads"], model, seed=seed, updates=3),
+        _run(layouts["two"], model, seed=seed, updates=3),
+    ):
+        for a, b in zip(reference, other, strict=True):
+            _same(a, b)
+
+
+def test_a_fragment_replays_through_a_local_vector_bit_for_bit(serve: Servers) -> None:
+    model = _model()
+    srv = serve(num_envs=3, env_kwargs={"max_episode_steps": 6})
+    with PolicyStream(
+        srv.endpoint, SPEC, num_envs=3, seed=11, with_states=True, fragment_length=10, timeout=20
+    ) as stream:
+        weights = _weights(model, 0)
+        stream.push_weights(weights)
+        fragment = stream.next_fragment()
+    assert fragment.start_state is not None
+    assert fragment.truncated.any()
+    local = VectorEnv(CARTPOLE, 3, env_kwargs={"max_episode_steps": 6})
+    local.reset(seed=0)
+    local.set_state(fragment.start_state)
+    # The actions: the same weights and the session's seeded generator.
+    replica = build_model(SPEC, local.single_observation_space, local.single_action_space)
+    policy = GroupedPolicy(
+        replica,
+        torch.device("cpu"),
+        num_rows=3,
+        group_rows=3,
+        seeds=[policy_seed(11, 0)],
+        action_space=local.single_action_space,
+    )
+    policy.set_weights(weights)
+    for t in range(fragment.num_steps):
+        out = policy.act(np.asarray(fragment.obs[t]))
+        assert out.actions.tobytes() == fragment.actions[t].tobytes()
+        assert out.log_probs.tobytes() == fragment.log_probs[t].tobytes()
+        step = local.step_batch(np.asarray(fragment.actions[t]))
+        following = fragment.obs[t + 1] if t + 1 < fragment.num_steps else fragment.last_obs
+        assert step.obs.tobytes() == np.asarray(following).tobytes()
+        assert step.reward.tobytes() == fragment.rewards[t].tobytes()
+        assert np.array_equal(step.terminated, fragment.terminated[t])
+        assert np.array_equal(step.truncated, fragment.truncated[t])
+    local.close()
+
+
+def _sample(srv: RolloutServer, name: str, **labels: str) -> float:
+    value = srv.registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+def test_without_credit_the_server_stalls_within_one_fragment(serve: Servers) -> None:
+    model = _model()
+    srv = serve(num_envs=4, fragment_length=8, metrics_port=0)
+    with PolicyStream(srv.endpoint, SPEC, num_envs=4, mode="async", credit=2, timeout=20) as stream:
+        stream.push_weights(model)
+        deadline = time.monotonic() + 10
+        while _sample(srv, "simkit_stream_fragments_total") < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # a server ignoring credit would go on stepping here
+        steps = _sample(srv, "simkit_stream_env_steps_total")
+        assert steps == 2 * 8 * 4
+        assert _sample(srv, "simkit_stream_stalled_seconds_total") > 0.1
+        time.sleep(0.2)
+        assert _sample(srv, "simkit_stream_env_steps_total") == steps  # flat: nothing buffered
+        stream.next_fragment()  # the learner takes one: one more credit, one more fragment
+        deadline = time.monotonic() + 10
+        while _sample(srv, "simkit_stream_fragments_total") < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert _sample(srv, "simkit_stream_env_steps_total") == 3 * 8 * 4
+    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    for name in (
+        "simkit_stream_stalled_seconds_total",
+        "simkit_stream_inference_latency_seconds_bucket",
+        "simkit_stream_inference_batch_size_count",
+        "simkit_stream_env_step_latency_seconds_count",
+        "simkit_stream_fragments_per_second",
+        'simkit_stream_policy_lag{stat="max"}',
+        "simkit_stream_credit",
+        "simkit_stream_queue_depth",
+        "simkit_stream_policy_version",
+        "simkit_env_steps_total",  # the step path's metrics share the registry
+    ):
+        assert name in text
+
+
+def _wait_for(predicate: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_close_frees_the_session_and_its_envs(serve: Servers) -> None:
+    srv = serve()
+    stream = PolicyStream(srv.endpoint, SPEC, num_envs=4, timeout=20)
+    assert srv.stream_sessions == 1
+    worker = next(iter(srv._streams.workers.values()))
+    stream.close()
+    assert _wait_for(lambda: srv.stream_sessions == 0, 5)
+    assert worker.envs_closed.wait(5)
+
+
+def test_a_learner_that_vanishes_is_freed_by_heartbeat(serve: Servers) -> None:
+    srv = serve(heartbeat_timeout=0.5)
+    ctx: zmq.Context[Any] = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(srv.endpoint)
+    session = StreamClientSession()
+    sock.send_multipart(session.request_open(StreamConfig(model=SPEC.to_plain(), num_envs=2)))
+    assert sock.poll(20000)
+    session.parse(sock.recv_multipart())
+    assert srv.stream_sessions == 1
+    worker = next(iter(srv._streams.workers.values()))
+    sock.close(linger=0)  # no goodbye
+    ctx.term()
+    assert _wait_for(lambda: srv.stream_sessions == 0, 5)
+    assert worker.envs_closed.wait(5)
+    assert _sample(srv, "simkit_stream_sessions_expired_total") == 1
+
+
+def test_a_dead_server_is_named_within_the_timeout_and_nothing_received_is_lost(
+    serve: Servers,
+) -> None:
+    model = _model()
+    a, b = serve(num_envs=2), serve(num_envs=2)
+    stream = PolicyStream(
+        [a.endpoint, b.endpoint], SPEC, num_envs=4, mode="async", credit=3, timeout=1.0
+    )
+    try:
+        stream.push_weights(model)
+        first = stream.next_batch()
+        assert _wait_for(lambda: _sample(b, "simkit_stream_fragments_total") >= 4, 10)
+        b.stop()
+        start = time.monotonic()
+
+        def take_ten() -> None:
+            for _ in range(10):
+                stream.next_batch()
+
+        with pytest.raises(ServerUnavailable, match=b.endpoint.replace(".", r"\.")) as info:
+            take_ten()
+        assert time.monotonic() - start < 1.0 + 3.0
+        assert info.value.endpoint == b.endpoint
+        stats = {s.endpoint: s for s in stream.stats()}
+        assert not stats[b.endpoint].alive
+        kept = stream.remove_server(b.endpoint)
+        # Every fragment b sent arrived: taken before the failure, or kept.
+        taken_from_b = stats[b.endpoint].fragments - len(kept)
+        assert taken_from_b >= 1
+        assert all(f.source == b.endpoint for f in kept)
+        assert first.num_rows == 4
+        assert stream.next_fragment().source == a.endpoint  # the stream goes on with a
+    finally:
+        stream.close()
+
+
+def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
+    serve: Servers,
+) -> None:
+    srv = serve()
+    with pytest.raises(RemoteError, match="no-such-net") as unknown:
+        PolicyStream(srv.endpoint, ModelSpec("no-such-net"), num_envs=4, timeout=20)
+    assert unknown.value.remote_code == "unknown_model"
+    assert "simkit.models" in str(unknown.value.expected)
+    assert srv.stream_sessions == 0 or _wait_for(lambda: srv.stream_sessions == 0, 5)
+
+    model = _model()
+    with PolicyStream(srv.endpoint, SPEC, num_envs=4, timeout=20) as stream:
+        good = _weights(model, 3)
+        stream.push_weights(good)
+        wrong = dict(good.tensors)
+        name = next(n for n in wrong if n.endswith("weight"))
+        wrong[name] = np.zeros((7, 7), np.float32)
+        with pytest.raises(RemoteError, match=f"tensor '{name}' has the wrong shape") as bad:
+            stream.push_weights(PolicyWeights(4, wrong))
+        assert bad.value.remote_code == "invalid_weights"
+        assert f"expected {good.tensors[name].shape}, got (7, 7)" in str(bad.value)
+        nan = {k: v.copy() for k, v in good.tensors.items()}
+        nan[name][0, 0] = np.nan
+        with pytest.raises(RemoteError, match="non-finite"):
+            stream.push_weights(PolicyWeights(4, nan))
+        with pytest.raises(RemoteError, match="must increase") as stale:
+            stream.push_weights(_weights(model, 2))
+        assert stale.value.remote_code == "stale_version"
+        assert stale.value.expected == "version > 3"
+        assert stale.value.got == "2"
+        fragment = stream.next_fragment()  # produced by the last good policy
+        assert fragment.policy_version.tolist() == [3] * 8
+
+
+def test_step_sessions_keep_working_while_a_stream_runs(serve: Servers) -> None:
+    model = _model()
+    srv = serve(num_envs=2)
+    with PolicyStream(srv.endpoint, SPEC, num_envs=2, mode="async", credit=4, timeout=20) as stream:
+        stream.push_weights(model)
+        remote = RemoteVectorEnv(srv.endpoint, timeout=20)
+        local = VectorEnv(CARTPOLE, 2)
+        try:
+            obs, _ = remote.reset(seed=5)
+            want, _ = local.reset(seed=5)
+            assert np.array_equal(obs, want)
+            for _ in range(20):
+                actions = np.array([0, 1])
+                got = remote.step(actions)
+                ref = local.step(actions)
+                assert np.array_equal(got[0], ref[0])
+            for _ in range(3):
+                assert stream.next_fragment().num_rows == 2
+        finally:
+            remote.close()
+            local.close()
+
+
+def test_multi_agent_rows_share_one_forward_and_carry_the_agent_mask(serve: Servers) -> None:
+    srv = serve("simkit/GoalNav-v0", num_envs=2, fragment_length=20)
+    with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+        agents = stream.agents
+        assert agents is not None
+        assert stream.num_rows == 2 * len(agents)
+        model = build_model(SPEC, stream.observation_space, stream.action_space)
+        stream.push_weights(model)
+        fragment = stream.next_fragment()
+    assert fragment.num_rows == 2 * len(agents)
+    assert fragment.agent_mask[0].all()
+    assert fragment.env_ids.tolist() == np.repeat([0, 1], len(agents)).tolist()
+    # Rows that did not act carry no reward, log-prob or value.
+    idle = ~fragment.agent_mask
+    assert not fragment.rewards[idle].any()
+    assert not fragment.values[idle].any()
+    assert _sample(srv, "simkit_stream_inference_batch_size_sum") >= 20 * 2 * len(agents)
+
+
+def test_a_server_without_policy_refuses_stream_sessions() -> None:
+    srv = RolloutServer(CARTPOLE, 1, "tcp://127.0.0.1:0").start()
+    try:
+        with pytest.raises(RemoteError, match="--policy") as info:
+            PolicyStream(srv.endpoint, SPEC, num_envs=1, timeout=20)
+        assert info.value.remote_code == "unsupported"
+    finally:
+        srv.stop()
+        gc.collect()
+
+
+def test_async_mode_drops_fragments_older_than_max_lag(serve: Servers) -> None:
+    model = _model()
+    srv = serve(num_envs=2, fragment_length=4)
+    with PolicyStream(
+        srv.endpoint, SPEC, num_envs=2, mode="async", max_lag=0, credit=3, timeout=20
+    ) as stream:
+        stream.push_weights(_weights(model, 0))
+        assert _wait_for(lambda: _sample(srv, "simkit_stream_fragments_total") >= 3, 10)
+        stream.push_weights(_weights(model, 1))  # the three queued fragments are now stale
+        fragment = stream.next_fragment()
+        assert fragment.policy_version.tolist() == [1] * 4
+        (stats,) = stream.stats()
+        assert stats.dropped >= 3
+        assert stats.lag_max == 0
+
+
+def test_serve_command_line_takes_the_policy_options() -> None:
+    import argparse
+
+    from simkit.servers import add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(
+        [CARTPOLE, "--policy", "--device", "cpu", "--fragment-length", "32", "--torch-threads", "2"]
+    )
+    assert (args.policy, args.device, args.fragment_length, args.torch_threads) == (
+        True,
+        "cpu",
+        32,
+        2,
+    )
+    assert not parser.parse_args([CARTPOLE]).policy

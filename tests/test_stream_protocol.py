@@ -1,0 +1,187 @@
+"""Stream protocol without sockets: messages, the server's state machine, fragments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simkit._types import Fragment
+from simkit.protocol import (
+    FRAGMENT_ARRAYS,
+    InvalidField,
+    InvalidShape,
+    Message,
+    RemoteError,
+    SessionStateError,
+    StaleVersion,
+    StreamClientSession,
+    StreamConfig,
+    StreamServerSession,
+    StreamState,
+    encode,
+)
+from simkit.protocol._stream_messages import parse_fragment
+from simkit.protocol._stream_session import (
+    CloseCommand,
+    CreditCommand,
+    OpenCommand,
+    PingCommand,
+    WeightsCommand,
+)
+
+MODEL = {"name": "mlp", "kwargs": {"hidden_sizes": [8]}}
+
+
+def _fragment(t: int = 3, r: int = 2, *, sequence: int = 0, state: bool = False) -> Fragment:
+    rng = np.random.default_rng(0)
+    return Fragment(
+        obs=rng.standard_normal((t, r, 4)).astype(np.float32),
+        actions=rng.integers(0, 2, (t, r)),
+        log_probs=rng.standard_normal((t, r)).astype(np.float32),
+        values=rng.standard_normal((t, r)).astype(np.float32),
+        rewards=rng.standard_normal((t, r)),
+        terminated=rng.random((t, r)) < 0.2,
+        truncated=rng.random((t, r)) < 0.2,
+        final_values=rng.standard_normal((t, r)).astype(np.float32),
+        agent_mask=np.ones((t, r), dtype=np.bool_),
+        policy_version=np.full(t, 4, dtype=np.int64),
+        last_obs=rng.standard_normal((r, 4)).astype(np.float32),
+        last_values=rng.standard_normal(r).astype(np.float32),
+        env_ids=np.arange(r, dtype=np.int64),
+        episode_returns=np.array([1.5]),
+        episode_lengths=np.array([7], dtype=np.int64),
+        episode_rows=np.array([1], dtype=np.int64),
+        source="srv",
+        sequence=sequence,
+        start_state={"envs": [np.arange(3.0)], "seed": 2**40} if state else None,
+    )
+
+
+def _open(session: StreamServerSession, **body: object) -> OpenCommand:
+    client = StreamClientSession()
+    cmd = session.receive(client.request_open(StreamConfig(model=MODEL, **body)))  # type: ignore[arg-type]
+    assert isinstance(cmd, OpenCommand)
+    return cmd
+
+
+def test_config_round_trips_and_bad_fields_name_what_was_expected() -> None:
+    config = StreamConfig(model=MODEL, num_envs=4, seed=7, env_offset=4, mode="async", group_envs=2)
+    assert StreamConfig.from_plain(config.to_plain()) == config
+    with pytest.raises(InvalidField, match="unknown stream mode") as info:
+        StreamConfig.from_plain({**config.to_plain(), "mode": "lockstep"})
+    assert info.value.expected == "sync or async"
+    assert info.value.got == "lockstep"
+    with pytest.raises(InvalidField, match="needs a str 'name'"):
+        StreamConfig.from_plain({**config.to_plain(), "model": {"kwargs": {}}})
+    with pytest.raises(InvalidField, match="'env_kwargs' needs 'env_id'"):
+        StreamConfig.from_plain({**config.to_plain(), "env_kwargs": {"x": 1}})
+    with pytest.raises(InvalidField, match="out of range"):
+        StreamConfig.from_plain({**config.to_plain(), "seed": -1})
+
+
+def test_state_machine_gates_on_weights_credit_and_sync_versions() -> None:
+    server = StreamServerSession()
+    client = StreamClientSession()
+    assert isinstance(server.receive(client.request_ping()), PingCommand)  # allowed before open
+    with pytest.raises(SessionStateError, match="open the stream first"):
+        server.receive(client.request_credit(1))
+    cmd = _open(server, num_envs=2)
+    assert cmd.config.num_envs == 2
+    assert server.state is StreamState.OPEN
+    assert server.waiting_for() == "weights"
+    with pytest.raises(SessionStateError, match="already open"):
+        _open(server)
+
+    weights = server.receive(client.request_weights(3, {"w": np.ones(2, np.float32)}))
+    assert isinstance(weights, WeightsCommand)
+    assert weights.version == 3
+    assert server.waiting_for() == "weights"  # received, not applied yet
+    server.weights_applied(3)
+    assert server.state is StreamState.RUNNING
+    assert server.waiting_for() == "credit"
+    grant = server.receive(client.request_credit(2))
+    assert isinstance(grant, CreditCommand)
+    assert server.credit == 2
+    assert server.may_produce()
+
+    server.fragment_frames(_fragment(sequence=0))
+    assert server.credit == 1
+    assert server.sequence == 1
+    assert server.waiting_for() == "weights"  # sync: version 3 produced its fragment
+
+    with pytest.raises(StaleVersion, match="must increase") as stale:
+        server.receive(client.request_weights(3, {}))
+    assert stale.value.expected == "version > 3"
+    assert stale.value.got == "3"
+    assert server.version == 3
+    server.weights_applied(4)
+    assert server.may_produce()
+    with pytest.raises(ValueError, match="sequence 5, expected 1"):
+        server.fragment_frames(_fragment(sequence=5))
+
+    assert isinstance(server.receive(client.request_close()), CloseCommand)
+    assert server.waiting_for() == "closed"
+    with pytest.raises(SessionStateError, match="closed"):
+        server.receive(client.request_credit(1))
+
+
+def test_async_mode_needs_only_credit() -> None:
+    server = StreamServerSession()
+    client = StreamClientSession()
+    _open(server, mode="async")
+    server.weights_applied(0)
+    server.receive(client.request_credit(3))
+    for k in range(3):
+        assert server.may_produce()
+        server.fragment_frames(_fragment(sequence=k))
+    assert server.waiting_for() == "credit"
+
+
+def test_bad_credit_and_unknown_kinds_are_refused() -> None:
+    server = StreamServerSession()
+    _open(server)
+    bad = encode(Message(kind="credit", id=9, body={"grant": 0}))
+    with pytest.raises(InvalidField, match="out of range") as info:
+        server.receive(bad)
+    assert info.value.request_id == 9  # type: ignore[attr-defined]
+    reply = StreamClientSession()
+    with pytest.raises(RemoteError, match="out of range") as remote:
+        reply.parse(server.error(info.value))
+    assert remote.value.remote_code == "invalid_field"
+    assert remote.value.expected == "[1, 1048576]"
+    with pytest.raises(Exception, match="unknown stream request kind 'step'"):
+        server.receive(encode(Message(kind="step", id=1)))
+
+
+def test_fragment_round_trips_through_frames_zero_copy() -> None:
+    server = StreamServerSession(inline_threshold=16)
+    client = StreamClientSession("tcp://example:1")
+    _open(server)
+    server.weights_applied(4)
+    server.receive(client.request_credit(1))
+    sent = _fragment(state=True)
+    frames = server.fragment_frames(sent)
+    assert len(frames) > 1  # arrays above the threshold travel as their own frames
+    got = client.parse(frames)
+    assert isinstance(got, Fragment)
+    assert got.source == "tcp://example:1"
+    assert got.sequence == 0
+    for name in ("obs", "actions", "rewards", "terminated", "final_values", "episode_rows"):
+        want, have = getattr(sent, name), getattr(got, name)
+        assert have.dtype == want.dtype
+        assert have.tobytes() == want.tobytes()
+    assert got.start_state is not None
+    assert got.start_state["seed"] == 2**40
+    assert np.array_equal(got.start_state["envs"][0], np.arange(3.0))
+
+
+def test_parse_fragment_refuses_inconsistent_shapes() -> None:
+    good = _fragment()
+    arrays = {name: getattr(good, name) for name in ("obs", "actions", "log_probs", "values")}
+    msg = Message(kind="fragment", id=0, body={"sequence": 0}, arrays=arrays)
+    with pytest.raises(InvalidField, match="misses arrays"):
+        parse_fragment(msg)
+    full = {name: getattr(good, name) for name in FRAGMENT_ARRAYS}
+    full["last_values"] = np.zeros(5, np.float32)
+    with pytest.raises(InvalidShape, match="'last_values' has the wrong leading shape"):
+        parse_fragment(Message(kind="fragment", id=0, body={"sequence": 0}, arrays=full))
