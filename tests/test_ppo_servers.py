@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from simkit.clients._server_source import spawn_servers, stop_servers
@@ -29,20 +30,26 @@ def test_trains_through_a_local_server(tmp_path: Path) -> None:
 def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]  # pytest fixture
     procs, endpoints = spawn_servers("simkit/CartPole-v0", 2)
     try:
-        timer = threading.Timer(4.0, procs[1].kill)
-        timer.start()
+
+        def kill_after_first_update() -> None:
+            while not (tmp_path / "policy.safetensors").exists():
+                time.sleep(0.05)
+            procs[1].kill()
+
+        killer = threading.Thread(target=kill_after_first_update, daemon=True)
+        killer.start()
         r = run_training(
             PPOArgs(**ARGS),
             logdir=tmp_path,
             connect=endpoints,
-            max_updates=40,
+            max_updates=20,
             tensorboard=False,
             server_timeout=3.0,
         )
-        timer.join()
+        killer.join(timeout=5)
     finally:
         stop_servers(procs)
     err = capfd.readouterr().err
     assert f"server {endpoints[1]} stopped answering" in err
     assert "going on with 1 server(s)" in err
-    assert r.updates == 40
+    assert r.updates == 20
