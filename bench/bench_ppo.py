@@ -72,6 +72,7 @@ def main() -> None:
         "--envs", type=int, default=16, help="envs of the recommended configuration"
     )
     parser.add_argument("--no-recommended", action="store_true")
+    parser.add_argument("--recommended-mode", choices=("sync", "async"), default="async")
     ns = parser.parse_args()
     same = PPOArgs(env_id=f"gym:{ns.env_id}", total_steps=2048 * ns.iterations)
     steps = 2048 // ns.envs
@@ -80,8 +81,7 @@ def main() -> None:
         num_envs=ns.envs,
         num_steps=steps,
         total_steps=2048 * ns.iterations,
-        mode="async",
-        env_threads=2,
+        mode=ns.recommended_mode,
     )
     rows: dict[str, list[dict[str, Any]]] = {
         "cleanrl": [],

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -31,6 +32,7 @@ from simkit.clients._checkpoint import (
     save_policy,
 )
 from simkit.clients._local_source import LocalSource, make_vector
+from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
@@ -93,7 +95,7 @@ def _policy_meta(args: PPOArgs, version: int) -> dict[str, Any]:
     return {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
 
 
-def _learner_state(learner: PPO, source: LocalSource) -> dict[str, Any]:
+def _learner_state(learner: PPO, source: LocalSource | ServerSource) -> dict[str, Any]:
     return {
         "args": learner.args.to_plain(),
         "policy": _policy_meta(learner.args, learner.version),
@@ -102,7 +104,9 @@ def _learner_state(learner: PPO, source: LocalSource) -> dict[str, Any]:
         "dropped": learner.dropped,
         "generator": learner.generator.get_state().numpy().copy(),
         "scaler": learner.scaler.get_state(),
-        "source": source.get_state(include_envs=learner.args.mode == "sync"),
+        "source": source.get_state(include_envs=learner.args.mode == "sync")
+        if isinstance(source, LocalSource)
+        else None,
     }
 
 
@@ -116,6 +120,9 @@ def run_training(
     progress: bool = False,
     tensorboard: bool = True,
     handle_signals: bool = False,
+    connect: Sequence[str] = (),
+    servers: int = 0,
+    server_timeout: float = 30.0,
 ) -> TrainResult:
     """Trains ``args`` (or the run of checkpoint ``resume``, whose args win) in process.
 
@@ -126,6 +133,10 @@ def run_training(
         progress: show a live ``rich`` progress bar.
         handle_signals: SIGINT/SIGTERM stop the run after the current update, with a
             checkpoint (the CLI's behaviour).
+        connect: rollout servers (``simkit serve ENV --policy``) to stream from.
+        servers: start this many local ``simkit serve`` subprocesses and stream from
+            them (stopped at the end). With neither, the rollout runs in process
+            (:class:`LocalSource`), the only source whose envs resume from snapshots.
 
     Raises:
         InvalidCheckpoint: ``resume`` is not a valid checkpoint of this model.
@@ -142,15 +153,39 @@ def run_training(
     if ckpt is not None:
         check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())
         model.load_state_dict(ckpt.model)
-    source = LocalSource(
-        args.env_id,
-        model,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        seed=args.seed,
-        mode=args.mode,
-        num_threads=args.env_threads,
-    )
+    procs: list[Any] = []
+    endpoints = list(connect)
+    if servers:
+        procs, spawned = spawn_servers(args.env_id, servers, num_threads=args.env_threads)
+        endpoints += spawned
+    source: LocalSource | ServerSource
+    try:
+        if endpoints:
+            source = ServerSource(
+                endpoints,
+                model_spec(args),
+                env_id=args.env_id,
+                num_envs=args.num_envs,
+                num_steps=args.num_steps,
+                seed=args.seed,
+                mode=args.mode,
+                max_lag=args.max_lag,
+                timeout=server_timeout,
+                report=lambda line: print(line, file=sys.stderr, flush=True),
+            )
+        else:
+            source = LocalSource(
+                args.env_id,
+                model,
+                num_envs=args.num_envs,
+                num_steps=args.num_steps,
+                seed=args.seed,
+                mode=args.mode,
+                num_threads=args.env_threads,
+            )
+    except BaseException:
+        stop_servers(procs)
+        raise
     learner = PPO(args, model, source.num_rows)
     if ckpt is not None:
         try:
@@ -163,9 +198,11 @@ def run_training(
                 torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
             )
             learner.scaler.set_state(state["scaler"])
-            source.set_state(state["source"])
+            if isinstance(source, LocalSource):
+                source.set_state(state["source"])
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
             source.close()
+            stop_servers(procs)
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
     source.push_weights(model, version=learner.version)
 
@@ -305,6 +342,7 @@ def run_training(
         if writer is not None:
             writer.close()
         source.close()
+        stop_servers(procs)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     elapsed = time.perf_counter() - start
@@ -418,6 +456,26 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", default=None, help="checkpoint (or log directory) to continue")
     parser.add_argument("--logdir", default=None, help="default runs/<env>-<seed>-<time>")
     parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    parser.add_argument(
+        "--connect",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="stream from a running `simkit serve ENV --policy` (repeatable)",
+    )
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=0,
+        help="start this many local `simkit serve` processes and stream from them "
+        "(default 0: roll out in process, the exactly resumable mode)",
+    )
+    parser.add_argument(
+        "--server-timeout",
+        type=float,
+        default=30.0,
+        help="seconds before a silent server is dropped",
+    )
 
 
 def run_train(ns: argparse.Namespace) -> int:
@@ -450,6 +508,9 @@ def run_train(ns: argparse.Namespace) -> int:
             checkpoint_every=ns.checkpoint_every,
             progress=not ns.no_progress,
             handle_signals=True,
+            connect=ns.connect,
+            servers=ns.servers,
+            server_timeout=ns.server_timeout,
         )
     except InvalidCheckpoint as exc:
         print(f"simkit train: {exc}", file=sys.stderr)

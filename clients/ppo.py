@@ -362,6 +362,9 @@ def train(
 ) -> None:
     """The loop: gather one update's rows of fragments, update, push the new weights.
 
+    A source may yield ``None`` to say that it changed (a server was lost): the loop
+    then re-checks whether the rows it holds already make an update.
+
     Stops after ``args.total_steps`` (never when it is 0), after ``max_updates`` updates
     of this call, or when ``should_stop()`` turns true (checked between updates).
     ``on_update(stats, wait_s)`` gets each update's statistics and the seconds the
@@ -379,18 +382,20 @@ def train(
     t_wait = time.perf_counter()
     for fragment in source.fragments():
         wait += time.perf_counter() - t_wait
-        oldest = int(fragment.policy_version.min())
-        if args.mode == "sync" and oldest != learner.version:
-            raise RuntimeError(
-                f"sync mode: fragment {fragment.sequence} from {fragment.source} was made by "
-                f"version {oldest}, the learner is at version {learner.version}"
-            )
-        if learner.version - oldest > args.max_lag:
-            learner.dropped += 1
-        else:
-            batch.append(fragment)
-            rows += fragment.num_rows
-        if rows >= learner.rows_per_update:
+        if fragment is not None:
+            oldest = int(fragment.policy_version.min())
+            if args.mode == "sync" and oldest != learner.version:
+                raise RuntimeError(
+                    f"sync mode: fragment {fragment.sequence} from {fragment.source} was made "
+                    f"by version {oldest}, the learner is at version {learner.version}"
+                )
+            if learner.version - oldest > args.max_lag:
+                learner.dropped += 1
+            else:
+                batch.append(fragment)
+                rows += fragment.num_rows
+        # A source that lost producers has fewer rows per update from now on.
+        if rows and rows >= min(learner.rows_per_update, getattr(source, "num_rows", rows)):
             stats = learner.update(batch)
             source.push_weights(learner.model, version=learner.version)
             batch, rows = [], 0

@@ -1,0 +1,177 @@
+"""Rollout servers as the learner's fragment source: ``simkit train --connect`` / ``--servers``.
+
+:class:`ServerSource` wraps :class:`simkit.clients.PolicyStream` with the learner's
+failure policy: a server that stops answering is reported by name, removed from the
+stream, and every fragment already received from it is still handed to the learner;
+the run goes on with the remaining servers (it fails only when none is left).
+:func:`spawn_servers` starts local ``simkit serve --policy`` subprocesses on free
+loopback ports and :func:`stop_servers` shuts them down.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from simkit._types import Fragment
+from simkit.clients._connection import ServerUnavailable
+from simkit.clients._stream import PolicyStream
+from simkit.models import ModelSpec
+
+__all__ = ["ServerSource", "spawn_servers", "stop_servers"]
+
+
+class ServerSource:
+    """Fragments from rollout servers, surviving the loss of some of them.
+
+    Args:
+        endpoints: the servers.
+        spec: the policy's model spec (the servers build it).
+        env_id, num_envs, num_steps, seed, mode, max_lag: as :class:`PolicyStream`
+            (``num_envs`` slots in total, split over the servers).
+        timeout: seconds a server may stay silent before it counts as dead.
+        report: called with a line for a person when a server is lost.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        spec: ModelSpec,
+        *,
+        env_id: str,
+        num_envs: int,
+        num_steps: int,
+        seed: int,
+        mode: str = "sync",
+        max_lag: int = 1,
+        timeout: float = 30.0,
+        report: Callable[[str], None] = print,
+    ) -> None:
+        self.stream = PolicyStream(
+            list(endpoints),
+            spec,
+            num_envs=num_envs,
+            seed=seed,
+            fragment_length=num_steps,
+            mode=mode,
+            max_lag=max_lag,
+            env_id=env_id,
+            timeout=timeout,
+        )
+        self.observation_space = self.stream.observation_space
+        self.action_space = self.stream.action_space
+        self.report = report
+        self.lost: list[str] = []
+        self._kept: list[Fragment] = []
+
+    @property
+    def num_rows(self) -> int:
+        """Policy rows of the servers still in the stream."""
+        return int(
+            sum(srv.info.num_rows for srv in self.stream._servers if srv.info is not None)
+        )  # PolicyStream exposes no per-server row count
+
+    def _lose(self, exc: ServerUnavailable) -> None:
+        kept = self.stream.remove_server(exc.endpoint)
+        self._kept.extend(kept)
+        self.lost.append(exc.endpoint)
+        left = self.stream.endpoints
+        self.report(
+            f"simkit train: server {exc.endpoint} stopped answering ({exc}); kept its "
+            f"{len(kept)} received fragment(s), going on with {len(left)} server(s): {left}"
+        )
+        if not left:
+            raise exc
+
+    def fragments(self) -> Iterator[Fragment | None]:
+        """Fragments as they arrive; after a loss, the dead server's received ones, then
+        ``None`` (the learner re-checks its batch against the smaller row count)."""
+        while True:
+            try:
+                fragment = self.stream.next_fragment()
+            except ServerUnavailable as exc:
+                self._lose(exc)
+                while self._kept:
+                    yield self._kept.pop(0)
+                yield None
+                continue
+            yield fragment
+
+    def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
+        """Sends new weights to every live server without waiting for the acks.
+
+        A server refusing them or gone surfaces at the next fragment, where
+        :meth:`fragments` handles it; waiting here would leave a half-pushed version
+        that cannot be re-sent (versions must increase).
+        """
+        return self.stream.push_weights(weights, version=version, wait=False)
+
+    def stats(self) -> list[Any]:
+        """Per-server throughput and lag (:meth:`PolicyStream.stats`)."""
+        return self.stream.stats()
+
+    def close(self) -> None:
+        """Closes the stream (the servers keep running)."""
+        self.stream.close(polite=not self.lost)
+
+
+def spawn_servers(
+    env_id: str, count: int, *, num_threads: int = 1, timeout: float = 60.0
+) -> tuple[list[subprocess.Popen[str]], list[str]]:
+    """Starts ``count`` local ``simkit serve ENV --policy`` processes; returns them and their endpoints.
+
+    Raises:
+        RuntimeError: a server did not start (its output is in the message).
+    """
+    procs: list[subprocess.Popen[str]] = []
+    endpoints: list[str] = []
+    try:
+        for _ in range(count):
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "simkit",
+                    "serve",
+                    env_id,
+                    "--policy",
+                    "--bind",
+                    "tcp://127.0.0.1:*",
+                    "--num-threads",
+                    str(num_threads),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            while line and " on tcp://" not in line:
+                line = proc.stdout.readline()
+            if " on tcp://" not in line:
+                raise RuntimeError(f"simkit serve {env_id} did not start: {line.strip()!r}")
+            endpoints.append("tcp://" + line.split(" on tcp://", 1)[1].split(",")[0].split()[0])
+    except BaseException:
+        stop_servers(procs)
+        raise
+    return procs, endpoints
+
+
+def stop_servers(procs: Sequence[subprocess.Popen[str]], timeout: float = 10.0) -> None:
+    """SIGTERM each server, then kill those that do not stop within ``timeout``."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
