@@ -17,7 +17,6 @@ import numpy as np
 from gymnasium import spaces
 
 import simkit
-from simkit._seeding import episode_seed
 from simkit.servers._host import GYM_PREFIX, make_env_factory
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
@@ -72,23 +71,20 @@ class EnvRows:
         self.closed = False
 
     def reset(self, seed: int, env_offset: int) -> tuple[np.ndarray, np.ndarray]:
-        """Resets every env; slot ``i`` starts with ``episode_seed(seed, env_offset + i, 0)``.
+        """Resets every env under root ``seed`` with the envs' own episode seeding.
 
-        A BatchEnv seeds instance ``i`` as ``episode_seed(root, i, k)`` with one root, so
-        its root is ``seed`` at offset 0, else ``episode_seed(seed, env_offset, 0)``.
+        Slot ``i`` starts episode ``k`` with ``episode_seed(seed, env_offset + i, k)``
+        (:class:`simkit._seeding.EpisodeSeeds`), as a step session's envs do, so envs
+        split across servers produce what one server's envs produce.
 
         Returns:
             ``(obs, mask)`` of every row.
         """
-        seeds = [episode_seed(seed, env_offset + i, 0) for i in range(self.num_envs)]
+        self.env.seeds.env_offset = env_offset
         if self.kind == "multi_agent":
-            obs, mask, _ = self.env.reset(seed=seeds)
+            obs, mask, _ = self.env.reset(seed=seed)
             return np.asarray(obs), np.asarray(mask, dtype=np.bool_)
-        if self.kind == "batch":
-            root = seed if env_offset == 0 else episode_seed(seed, env_offset, 0)
-            obs, _ = self.env.reset(seed=root)
-        else:
-            obs, _ = self.env.reset(seed=seeds)
+        obs, _ = self.env.reset(seed=seed)
         return np.array(obs), self._all_rows.copy()
 
     def step(self, actions: np.ndarray) -> RowStep:

@@ -208,6 +208,12 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         (the class implements :meth:`step_subset`)."""
         return self._supports_subset()
 
+    @property
+    def seeds(self) -> EpisodeSeeds:
+        """The episode seeding of the N instances (set ``seeds.env_offset`` before a
+        ``reset(seed=...)`` to seed them as envs ``offset..offset+N-1`` of a larger set)."""
+        return self._seeds
+
     def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
         """Starts stepping ``ids``; simulator bases start native work in the background.
 

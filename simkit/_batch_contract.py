@@ -195,6 +195,7 @@ class BatchContract:
             "env": f"{type(self).__module__}:{type(self).__qualname__}",
             "num_envs": self.num_envs,
             "root_seed": self._seeds.roots[0],
+            "env_offset": self._seeds.env_offset,
             "episode_index": self._seeds.episode.copy(),
             "rngs": [rng_to_plain(r) for r in self._rngs if r is not None],
             "params": copy.deepcopy(self._params),
@@ -259,6 +260,7 @@ class BatchContract:
             {
                 "root_seeds": [None if root is None else int(root)] * n,
                 "episode_index": _per_env_array(state, "episode_index", np.int64, n),
+                "env_offset": state.get("env_offset", 0),
             },
             n,
         )
