@@ -14,7 +14,7 @@ import numpy as np
 
 import simkit
 from simkit.envs.cartpole import CartPole
-from simkit.randomization import Params
+from simkit.randomization import Params, uniform_rows
 
 __all__ = ["BatchCartPole"]
 
@@ -70,12 +70,12 @@ class BatchCartPole(simkit.BatchEnv):
         params: Sequence[Params],
         options: dict[str, Any],
     ) -> tuple[Any, list[dict[str, Any]]]:
-        rows = np.stack([rng.uniform(-0.05, 0.05, size=4) for rng in rngs])
+        rows = uniform_rows(rngs, -0.05, 0.05, 4)
         rows_x = self._as(rows)
         idx = ids if self.xp is np else self.xp.as_tensor(ids, device=self.device)
         self.state[idx] = rows_x
         self._refresh_params()
-        return self._observe(rows_x), [{} for _ in ids]
+        return self._observe(rows_x), [{} for _ in range(len(ids))]
 
     def step_instances(
         self, actions: Any, rngs: Sequence[np.random.Generator]

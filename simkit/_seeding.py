@@ -193,7 +193,7 @@ def _pcg64_state(words: Sequence[int]) -> tuple[int, int]:
 
 
 def _seed_generator(rng: np.random.Generator | None, words: Sequence[int]) -> np.random.Generator:
-    if rng is None or not isinstance(rng.bit_generator, np.random.PCG64):
+    if rng is None or type(rng.bit_generator) is not np.random.PCG64:
         rng = np.random.Generator(np.random.PCG64(0))
     state, inc = _pcg64_state(words)
     rng.bit_generator.state = {
@@ -265,7 +265,7 @@ class EpisodeSeeds:
         self.episode = np.full(num_envs, -1, dtype=np.int64)
         self.env_offset = 0
         self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
-        self._words: dict[tuple[int, int, int], list[list[list[int]]]] = {}
+        self._words: dict[tuple[int, int, int], np.ndarray] = {}
 
     def plan(self, ids: np.ndarray, seed: Any = None) -> list[int | None]:
         """Seeds for resetting envs ``ids`` (in that order); advances the counters.
@@ -379,19 +379,28 @@ class EpisodeSeeds:
         if sum(len(ks) for ks in groups.values()) != len(ids):
             raise ValueError("next_generators needs every env to have a root seed")
         for root, ks in groups.items():
-            rows = ids[ks]
+            rows = ids[ks] if len(ks) != len(ids) else ids
             episodes = self.episode[rows]
-            for k, i, e in zip(ks, rows.tolist(), episodes.tolist(), strict=True):
-                words = self._words_block(root, e // _BLOCK)[i][e % _BLOCK]
-                out[k] = _seed_generator(reuse[k], words)
+            blocks = episodes // _BLOCK
+            first = int(blocks[0])
+            if (blocks == first).all():
+                words = self._words_block(root, first)[rows, episodes - first * _BLOCK].tolist()
+            else:
+                words = [
+                    self._words_block(root, e // _BLOCK)[i, e % _BLOCK].tolist()
+                    for i, e in zip(rows.tolist(), episodes.tolist(), strict=True)
+                ]
+            for k, w in zip(ks, words, strict=True):
+                out[k] = _seed_generator(reuse[k], w)
         return out
 
-    def _words_block(self, root: int, b: int) -> list[list[list[int]]]:
+    def _words_block(self, root: int, b: int) -> np.ndarray:
+        """PCG64 seeding words of episodes ``b * _BLOCK ...`` of all N envs: ``(N, _BLOCK, 4)``."""
         key = (root, self.env_offset, b)
         table = self._words.get(key)
         if table is None:
             seeds = self._block(root, b)
-            table = _pcg64_words(seeds.reshape(-1)).reshape(self.num_envs, _BLOCK, 4).tolist()
+            table = _pcg64_words(seeds.reshape(-1)).reshape(self.num_envs, _BLOCK, 4)
             if len(self._words) >= _MAX_BLOCKS:
                 self._words.clear()
             self._words[key] = table
