@@ -140,6 +140,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._rngs: list[np.random.Generator | None] = [None] * n
         self._params: list[Params] = [{} for _ in range(n)]
         self.param_arrays: dict[str, np.ndarray] = {}
+        self._param_block: tuple[tuple[str, ...], np.ndarray] | None = None
         self._elapsed = np.zeros(n, dtype=np.int64)
         self._pending_reset = np.zeros(n, dtype=np.bool_)
         self._has_reset = False

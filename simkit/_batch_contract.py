@@ -48,6 +48,7 @@ class BatchContract:
     xp: Any
     device: Any
     param_arrays: dict[str, np.ndarray]
+    _param_block: tuple[tuple[str, ...], np.ndarray] | None
     _seeds: EpisodeSeeds
     _rngs: list[np.random.Generator | None]
     _params: list[Params]
@@ -161,6 +162,18 @@ class BatchContract:
         columns = {}
         if values is not None:
             names = self._samplers[int(ids[0])].names
+            block = self._param_block
+            if block is None and not self.param_arrays and names == tuple(self.randomization):
+                # every declared parameter is a sampled scalar: one (N, m) array whose
+                # columns are the param_arrays, written with one assignment per reset
+                block = self._param_block = (
+                    names,
+                    np.zeros((self.num_envs, len(names)), order="F"),
+                )
+                self.param_arrays.update({name: block[1][:, j] for j, name in enumerate(names)})
+            if block is not None and block[0] == names:
+                block[1][ids] = values
+                return
             columns = {name: values[:, j] for j, name in enumerate(names)}
         first = self._params[int(ids[0])]
         for name, dist in self.randomization.items():
