@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from simkit._types import Fragment
@@ -405,3 +405,97 @@ def test_serve_command_line_takes_the_policy_options() -> None:
         2,
     )
     assert not parser.parse_args([CARTPOLE]).policy
+
+
+# ------------------------------------------------------------- double buffering
+
+
+def _loop(env_id: str, num_envs: int, group: int, *, halves: bool, length: int) -> tuple[Any, Any]:
+    """A RolloutLoop over ``num_envs`` envs of ``env_id`` (split in two when ``halves``)."""
+    from simkit.servers._stream_envs import make_env_rows
+    from simkit.servers._stream_loop import RolloutLoop
+
+    envs = make_env_rows(env_id, num_envs, env_kwargs={"max_episode_steps": 7}, halves=halves)
+    if halves:
+        envs.split()
+    model = build_model(SPEC, envs.observation_space, envs.action_space)
+    policy = GroupedPolicy(
+        model,
+        torch.device("cpu"),
+        num_rows=num_envs,
+        group_rows=group,
+        seeds=[policy_seed(3, k * group) for k in range(num_envs // group)],
+        action_space=envs.action_space,
+    )
+    return RolloutLoop(envs, policy, fragment_length=length), model
+
+
+@settings(max_examples=4, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(
+    env_id=st.sampled_from(["simkit/BatchCartPole-v0", "simkit/BatchCheetah-v0"]),
+    seed=st.integers(0, 2**32 - 1),
+    groups=st.sampled_from([2, 4]),
+    swaps=st.lists(st.integers(0, 29), max_size=3, unique=True),
+)
+# Cheetah never terminates: episodes are truncated at steps 7, 14, ... and swaps right
+# after them find a truncation in flight, whose final value needs the old weights.
+@example(env_id="simkit/BatchCheetah-v0", seed=1, groups=2, swaps=[7, 14])
+def test_double_buffered_loop_gives_the_plain_loops_fragments(
+    env_id: str, seed: int, groups: int, swaps: list[int]
+) -> None:
+    """Halves overlapping physics and policy give the same bits as one whole-batch step,
+    also when weights change mid-fragment (async mode)."""
+    n = 8
+    loops = [_loop(env_id, n, n // groups, halves=h, length=6) for h in (False, True)]
+    model = loops[0][1]
+    weights = [_weights(model, v) for v in range(len(swaps) + 1)]  # before loading any
+    got: list[list[Fragment]] = [[], []]
+    for (loop, _), out in zip(loops, got, strict=True):
+        assert loop.double_buffered == (out is got[1])
+        loop.policy.set_weights(weights[0])
+        loop.reset(seed, 0)
+        version = 0
+        for step in range(30):
+            if step in swaps:  # as the worker applies async weights, mid-fragment
+                version += 1
+                loop.set_weights(weights[version])
+            fragment = loop.step()
+            if fragment is not None:
+                out.append(fragment)
+        loop.envs.close()
+    assert len(got[0]) == len(got[1]) == 5
+    assert any(f.truncated.any() for f in got[0])  # final values were computed
+    for a, b in zip(*got, strict=True):
+        _same(a, b)
+
+
+def test_a_double_buffered_loop_rejects_parts_that_split_a_sampling_group() -> None:
+    with pytest.raises(ValueError, match=r"whole sampling groups of 8 rows .* got rows \[0, 4\)"):
+        _loop("simkit/BatchCartPole-v0", 8, 8, halves=True, length=4)
+
+
+def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Servers) -> None:
+    model = _model()  # BatchCartPole has CartPole's spaces
+    weights = [_weights(model, v) for v in range(3)]
+    kw: dict[str, Any] = {"env_kwargs": {"max_episode_steps": 5}}
+    plain = serve("simkit/BatchCartPole-v0", 4, **kw)
+    double = serve("simkit/BatchCartPole-v0", 4, double_buffer=True, **kw)
+    runs = []
+    for srv in (plain, double):
+        with PolicyStream(
+            srv.endpoint, SPEC, num_envs=4, seed=9, group_envs=2, timeout=20
+        ) as stream:
+            assert stream.infos[0].double_buffered == (srv is double)
+            out = []
+            for w in weights:
+                stream.push_weights(w)
+                out.append(stream.next_batch())
+            runs.append(out)
+    for a, b in zip(*runs, strict=True):
+        _same(a, b)
+    # One sampling group cannot be halved, nor can a list of single envs: plain loop.
+    with PolicyStream(double.endpoint, SPEC, num_envs=4, timeout=20) as stream:
+        assert not stream.infos[0].double_buffered
+    single = serve(CARTPOLE, 4, double_buffer=True)
+    with PolicyStream(single.endpoint, SPEC, num_envs=4, group_envs=2, timeout=20) as stream:
+        assert not stream.infos[0].double_buffered
