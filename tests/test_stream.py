@@ -203,7 +203,10 @@ def test_without_credit_the_server_stalls_within_one_fragment(serve: Servers) ->
         "simkit_stream_inference_batch_size_count",
         "simkit_stream_env_step_latency_seconds_count",
         "simkit_stream_fragments_per_second",
+        'simkit_stream_policy_lag{stat="min"}',
+        'simkit_stream_policy_lag{stat="avg"}',
         'simkit_stream_policy_lag{stat="max"}',
+        "simkit_stream_env_steps_total",
         "simkit_stream_credit",
         "simkit_stream_queue_depth",
         "simkit_stream_policy_version",
@@ -294,6 +297,10 @@ def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
     assert unknown.value.remote_code == "unknown_model"
     assert "simkit.models" in str(unknown.value.expected)
     assert srv.stream_sessions == 0 or _wait_for(lambda: srv.stream_sessions == 0, 5)
+    with pytest.raises(RemoteError, match=r"model 'mlp' rejected its spec: .*sigmoid") as spec:
+        PolicyStream(srv.endpoint, ModelSpec("mlp", {"activation": "sigmoid"}), num_envs=4)
+    assert spec.value.remote_code == "invalid_field"
+    assert "activation" in str(spec.value.got)
 
     model = _model()
     with PolicyStream(srv.endpoint, SPEC, num_envs=4, timeout=20) as stream:
@@ -310,6 +317,15 @@ def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
         nan[name][0, 0] = np.nan
         with pytest.raises(RemoteError, match="non-finite"):
             stream.push_weights(PolicyWeights(4, nan))
+        renamed = dict(good.tensors)
+        renamed["extra.weight"] = renamed.pop(name)
+        with pytest.raises(
+            RemoteError, match=rf"missing \['{name}'\], unexpected \['extra.weight'\]"
+        ):
+            stream.push_weights(PolicyWeights(4, renamed))
+        widened = {**good.tensors, name: good.tensors[name].astype(np.float64)}
+        with pytest.raises(RemoteError, match="wrong dtype: expected float32, got float64"):
+            stream.push_weights(PolicyWeights(4, widened))
         with pytest.raises(RemoteError, match="must increase") as stale:
             stream.push_weights(_weights(model, 2))
         assert stale.value.remote_code == "stale_version"
