@@ -25,8 +25,10 @@ together (``time.process_time`` and the server's ``/proc`` utime + stime): on a
 shared machine the wall clock mostly measures other people's load, CPU time much less.
 
 Then a breakdown in this process (medians of interleaved rounds, wall and CPU): one
-``step_batch`` of N envs, one ``act`` over N rows, and one ``RemoteVectorEnv.step`` of
-fixed actions (no policy). A stream server's step costs at least the physics; a
+``step_batch`` of N envs, one ``act`` over N rows, one ``RemoteVectorEnv.step`` of
+fixed actions (no policy), and one step of the stream server's own loop
+(``RolloutLoop``, no sockets: act, env step, fragment assembly) plain, with two
+sampling groups, and double-buffered. A stream server's step costs at least the physics; a
 RemoteVectorEnv learner's step costs physics + act + the round trip; their quotient
 bounds what the stream can gain over RemoteVectorEnv.
 
@@ -53,8 +55,11 @@ import torch
 
 import simkit
 from simkit.clients import PolicyStream, RemoteVectorEnv
-from simkit.models import ModelSpec, build_model
+from simkit.models import ModelSpec, build_model, get_weights
 from simkit.protocol import StreamClientSession, StreamServerSession
+from simkit.servers._stream_envs import make_env_rows
+from simkit.servers._stream_loop import RolloutLoop
+from simkit.servers._stream_policy import GroupedPolicy
 
 ENV = "simkit/BatchCheetah-v0"
 SPEC = ModelSpec("mlp", {"hidden_sizes": [64, 64]})
@@ -177,10 +182,17 @@ def breakdown(
     actions = model.act(x, generator=gen).actions.numpy()
     envs = RemoteVectorEnv(endpoint, timeout=60)
     envs.reset(seed=0)
+    loops = [
+        _server_loop(model, n, groups, halves)
+        for groups, halves in ((1, False), (2, False), (2, True))
+    ]
     ways: dict[str, tuple[Callable[[], object], int | None]] = {
         "step_batch": (lambda: env.step_batch(actions), None),
         "act": (lambda: model.act(x, generator=gen), None),
         "RemoteVectorEnv.step": (lambda: envs.step(actions), server.pid),
+        "server loop step (RolloutLoop.step, in process)": (loops[0].step, None),
+        "server loop step, 2 sampling groups": (loops[1].step, None),
+        "server loop step, 2 groups, double-buffered": (loops[2].step, None),
     }
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in ways}
     try:
@@ -194,10 +206,31 @@ def breakdown(
     finally:
         envs.close()
         env.close()
+        for loop in loops:
+            loop.envs.close()
     return {
         k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
         for k, v in times.items()
     }
+
+
+def _server_loop(model: Any, n: int, groups: int, halves: bool) -> RolloutLoop:
+    """The stream server's own loop over ``n`` envs, in this process (no sockets)."""
+    envs = make_env_rows(ENV, n, halves=halves)
+    if halves:
+        envs.split()
+    policy = GroupedPolicy(
+        model,
+        torch.device("cpu"),
+        num_rows=n,
+        group_rows=n // groups,
+        seeds=list(range(groups)),
+        action_space=envs.action_space,
+    )
+    policy.set_weights(get_weights(model, 0))
+    loop = RolloutLoop(envs, policy, fragment_length=64)
+    loop.reset(0, 0)
+    return loop
 
 
 def receive_cost(model: Any, endpoint: str, n: int) -> tuple[float, float]:
@@ -308,7 +341,7 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, (wall, cpu_us) in parts.items():
         print(f"| {name} | {wall:.0f} | {cpu_us:.0f} |")
-    (phys, phys_cpu), (act, act_cpu), (rem, rem_cpu) = parts.values()
+    (phys, phys_cpu), (act, act_cpu), (rem, rem_cpu) = list(parts.values())[:3]
     print()
     print(
         f"round trip (RemoteVectorEnv.step - step_batch): {rem - phys:.0f} µs wall, "
