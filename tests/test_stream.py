@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -286,6 +289,56 @@ def test_a_dead_server_is_named_within_the_timeout_and_nothing_received_is_lost(
         assert stream.next_fragment().source == a.endpoint  # the stream goes on with a
     finally:
         stream.close()
+
+
+def test_a_killed_server_process_is_named_and_every_fragment_it_sent_is_delivered(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL, not a clean stop: the server says nothing; the learner's timeout names it."""
+    endpoint = f"ipc://{tmp_path}/policy.sock"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "simkit.servers", "simkit/BatchCartPole-v0"),
+            *("--num-envs", "4", "--policy", "--device", "cpu", "--fragment-length", "8"),
+            *("--double-buffer", "--bind", endpoint),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "policy serving on cpu" in proc.stdout.readline()
+        stream = PolicyStream(
+            endpoint, SPEC, num_envs=4, group_envs=2, mode="async", credit=3, timeout=2.0
+        )
+        assert stream.infos[0].double_buffered  # the command-line flag reached the sessions
+        stream.push_weights(_model())
+        taken = [stream.next_fragment()]
+        time.sleep(1.0)  # the server fills its credit; the fragments reach this socket
+        proc.kill()
+        proc.wait(10)
+        start = time.monotonic()
+
+        def take_all() -> None:
+            while True:
+                taken.append(stream.next_fragment())
+
+        with pytest.raises(ServerUnavailable, match=endpoint.replace(".", r"\.")) as info:
+            take_all()
+        assert time.monotonic() - start < 2.0 + 3.0
+        assert info.value.endpoint == endpoint
+        (stats,) = stream.stats()
+        assert not stats.alive
+        assert len(taken) == stats.fragments >= 2  # every fragment received was handed out
+        assert [f.sequence for f in taken] == list(range(len(taken)))
+        stream.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
