@@ -15,6 +15,7 @@ instance's trajectory is the one a whole-batch step gives it (the BatchEnv contr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -224,7 +225,12 @@ def make_env_rows(
         return EnvRows(VectorEnv([factory] * num_envs, num_threads=num_threads), "single")
     env_spec = simkit.spec(env_id)
     if env_spec.kind is simkit.EnvKind.BATCH:
-        if halves and num_envs % 2 == 0 and "batch_size" not in kwargs:
+        if (
+            halves
+            and num_envs % 2 == 0
+            and "batch_size" not in kwargs
+            and _takes(env_spec.load(), "batch_size")
+        ):
             kwargs["batch_size"] = num_envs // 2
         return EnvRows(env_spec.make(num_envs=num_envs, **kwargs), "batch")
     if env_spec.kind is simkit.EnvKind.MULTI_AGENT:
@@ -232,3 +238,13 @@ def make_env_rows(
     return EnvRows(
         VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs), "single"
     )
+
+
+def _takes(factory: Any, name: str) -> bool:
+    """Whether ``factory`` accepts the keyword ``name`` (by name or through ``**kwargs``):
+    an author's BatchEnv may fix its constructor's arguments."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: do not guess
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -18,8 +18,10 @@ import zmq
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+import simkit
 from simkit._types import Fragment
 from simkit.clients import PolicyStream, RemoteVectorEnv, ServerUnavailable
+from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.models import ModelSpec, PolicyWeights, build_model, get_weights
 from simkit.protocol import FRAGMENT_ARRAYS, RemoteError, StreamClientSession, StreamConfig
 from simkit.servers import RolloutServer
@@ -536,6 +538,35 @@ def test_double_buffered_loop_gives_the_plain_loops_fragments(
     assert any(f.truncated.any() for f in got[0])  # final values were computed
     for a, b in zip(*got, strict=True):
         _same(a, b)
+
+
+class _FixedArgsCartPole(BatchCartPole):
+    """A BatchEnv whose constructor takes no ``batch_size`` (nor ``**kwargs``)."""
+
+    def __init__(self, num_envs: int = 4) -> None:
+        super().__init__(num_envs)
+
+
+def test_double_buffering_skips_a_batch_env_whose_constructor_takes_no_batch_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from simkit.servers._stream_envs import make_env_rows
+
+    monkeypatch.setattr(simkit.registry, "_REGISTRY", dict(simkit.registry._REGISTRY))
+    simkit.register(
+        "simkit-test/FixedArgsCartPole-v0",
+        _FixedArgsCartPole,
+        kind=simkit.EnvKind.BATCH,
+        override=True,
+    )
+    envs = make_env_rows("simkit-test/FixedArgsCartPole-v0", 4, halves=True)
+    try:
+        assert envs.kind == "batch"
+        assert not envs.can_split  # built whole: the session runs the plain loop
+        with pytest.raises(ValueError, match=r"batch_size = num_envs / 2 .* batch_size 4"):
+            envs.split()
+    finally:
+        envs.close()
 
 
 def test_a_double_buffered_loop_rejects_parts_that_split_a_sampling_group() -> None:
