@@ -107,6 +107,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=128,
         help="steps per fragment when a learner asks for none (default 128)",
     )
+    policy.add_argument(
+        "--double-buffer",
+        action="store_true",
+        help="step a session's envs in two halves, one half's physics overlapping the "
+        "policy for the other (BatchEnvs with subset steps, an even number of sampling "
+        "groups; same fragments)",
+    )
 
 
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -172,6 +179,7 @@ def run_serve(args: argparse.Namespace) -> int:
             policy=args.policy,
             device=args.device,
             fragment_length=args.fragment_length,
+            double_buffer=args.double_buffer,
         )
     except (ValueError, TypeError, KeyError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

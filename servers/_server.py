@@ -134,6 +134,10 @@ class RolloutServer:
         device: torch device of stream sessions' policies (default ``cuda`` when
             available, else ``cpu``).
         fragment_length: ``T`` of a stream session that asks for none.
+        double_buffer: step stream sessions' envs in two halves, one half's physics
+            overlapping the policy's forward pass for the other, where the envs allow
+            it (a BatchEnv with subset steps and an even number of sampling groups;
+            docs/server.md, "Policy serving"). The fragments are the same bits.
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -162,6 +166,7 @@ class RolloutServer:
         policy: bool = False,
         device: str | None = None,
         fragment_length: int = 128,
+        double_buffer: bool = False,
     ) -> None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
@@ -264,6 +269,7 @@ class RolloutServer:
                 limits=self.limits,
                 inline_threshold=inline_threshold,
                 server=f"simkit {simkit.__version__}",
+                double_buffer=double_buffer,
             )
             if policy
             else None,

@@ -5,10 +5,17 @@ a :class:`simkit.vector.MultiAgentVectorEnv` through their public ``reset`` /
 ``step_batch`` / ``step`` / ``get_state`` and presents every one as ``R`` rows (env slots,
 or (env slot, agent) pairs) with an agent mask, the layout of
 :class:`simkit.Fragment`.
+
+A BatchEnv that steps subsets can also be driven in two *parts* (halves of the env
+slots) through its EnvPool-style ``send``/``recv``: the physics of one part runs on the
+env's background thread while the caller evaluates the policy for the other
+(:class:`simkit.servers._stream_loop.RolloutLoop` with ``double_buffer``). Each
+instance's trajectory is the one a whole-batch step gives it (the BatchEnv contract).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +76,41 @@ class EnvRows:
         self.action_space: spaces.Space[Any] = env.single_action_space
         self._all_rows = np.ones(self.num_rows, dtype=np.bool_)
         self.closed = False
+        self.parts: list[slice] = [slice(0, self.num_rows)]
+        """Row ranges stepped apart (:meth:`send`/:meth:`recv`); one unless split."""
+        self._part_ids: list[np.ndarray] = []
+        self._pending: RowStep | None = None
+
+    @property
+    def can_split(self) -> bool:
+        """Whether the envs can step in two parts (:meth:`split`): a BatchEnv that steps
+        subsets, with an even number of instances and ``batch_size`` half of them."""
+        env = self.env
+        return (
+            self.kind == "batch"
+            and bool(getattr(env, "subset_steps", False))
+            and self.num_envs % 2 == 0
+            and getattr(env, "batch_size", 0) == self.num_envs // 2
+        )
+
+    def split(self) -> None:
+        """Steps the envs as two halves from now on (:attr:`can_split` must hold).
+
+        Raises:
+            ValueError: the envs cannot be split.
+        """
+        if not self.can_split:
+            raise ValueError(
+                "only a BatchEnv with subset steps, an even num_envs and batch_size = "
+                f"num_envs / 2 steps in two parts, got a {self.kind} env of {self.num_envs} "
+                f"with batch_size {getattr(self.env, 'batch_size', None)}"
+            )
+        half = self.num_envs // 2
+        self.parts = [slice(0, half), slice(half, self.num_envs)]
+        self._part_ids = [
+            np.arange(half, dtype=np.int64),
+            np.arange(half, self.num_envs, dtype=np.int64),
+        ]
 
     def reset(self, seed: int, env_offset: int) -> tuple[np.ndarray, np.ndarray]:
         """Resets every env under root ``seed`` with the envs' own episode seeding.
@@ -109,6 +151,45 @@ class EnvRows:
             final_obs=np.asarray(step.final_obs),
         )
 
+    def send(self, part: int, actions: np.ndarray) -> None:
+        """Starts stepping part ``part`` with one action per row of it; :meth:`recv` it.
+
+        With one part this is :meth:`step` (its result waits for :meth:`recv`); with
+        two, the BatchEnv's ``send`` (its physics runs in the background).
+        """
+        if len(self.parts) == 1:
+            self._pending = self.step(actions)
+        else:
+            self.env.send(actions, self._part_ids[part])
+
+    def recv(self, part: int) -> RowStep:
+        """The step of part ``part`` (parts are received in the order they were sent).
+
+        Raises:
+            RuntimeError: nothing was sent, or another part came back.
+        """
+        if len(self.parts) == 1:
+            step = self._pending
+            if step is None:
+                raise RuntimeError("recv() without a send()")
+            self._pending = None
+            return step
+        batch = self.env.recv()
+        ids = self._part_ids[part]
+        if not np.array_equal(batch.env_ids, ids):
+            raise RuntimeError(
+                f"recv() returned envs {batch.env_ids.tolist()}, expected part {part}'s "
+                f"{ids.tolist()} (parts are received in the order they were sent)"
+            )
+        return RowStep(
+            obs=np.array(batch.obs),  # a copy: a BatchEnv reuses its buffers
+            mask=self._all_rows[self.parts[part]],
+            reward=np.asarray(batch.reward, dtype=np.float64),
+            terminated=np.asarray(batch.terminated, dtype=np.bool_),
+            truncated=np.asarray(batch.truncated, dtype=np.bool_),
+            final_obs=np.asarray(batch.final_obs),
+        )
+
     def get_state(self) -> dict[str, Any]:
         """The vector's snapshot (its ``get_state()``: plain data)."""
         state: dict[str, Any] = self.env.get_state()
@@ -127,8 +208,12 @@ def make_env_rows(
     *,
     env_kwargs: Mapping[str, Any] | None = None,
     num_threads: int = 1,
+    halves: bool = False,
 ) -> EnvRows:
     """Builds ``num_envs`` envs of ``env_id`` as rows (``gym:<id>`` for Gymnasium envs).
+
+    ``halves``: build a BatchEnv with ``batch_size = num_envs // 2``, so that it can
+    :meth:`~EnvRows.split` (other kinds ignore it; check :attr:`EnvRows.can_split`).
 
     Raises:
         simkit.errors.UnknownEnv: the id is not registered.
@@ -140,9 +225,26 @@ def make_env_rows(
         return EnvRows(VectorEnv([factory] * num_envs, num_threads=num_threads), "single")
     env_spec = simkit.spec(env_id)
     if env_spec.kind is simkit.EnvKind.BATCH:
+        if (
+            halves
+            and num_envs % 2 == 0
+            and "batch_size" not in kwargs
+            and _takes(env_spec.load(), "batch_size")
+        ):
+            kwargs["batch_size"] = num_envs // 2
         return EnvRows(env_spec.make(num_envs=num_envs, **kwargs), "batch")
     if env_spec.kind is simkit.EnvKind.MULTI_AGENT:
         return EnvRows(MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs), "multi_agent")
     return EnvRows(
         VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs), "single"
     )
+
+
+def _takes(factory: Any, name: str) -> bool:
+    """Whether ``factory`` accepts the keyword ``name`` (by name or through ``**kwargs``):
+    an author's BatchEnv may fix its constructor's arguments."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: do not guess
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

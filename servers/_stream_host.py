@@ -65,6 +65,9 @@ class StreamSettings:
         inline_threshold: arrays up to this many bytes go inside the header.
         server: server software and version.
         max_envs: the most env slots one session may ask for.
+        double_buffer: step a session's envs in two halves, one half's physics
+            overlapping the policy's forward pass for the other, where the envs allow
+            it (a BatchEnv with subset steps, an even number of sampling groups).
     """
 
     env_id: str
@@ -78,6 +81,7 @@ class StreamSettings:
     inline_threshold: int = 16384
     server: str = ""
     max_envs: int = 4096
+    double_buffer: bool = False
 
 
 class StreamHost:

@@ -1,9 +1,15 @@
 """The inference loop of a stream session: act, step, accumulate ``T``-step fragments.
 
-No sockets and no threads: :class:`RolloutLoop` owns the session's :class:`EnvRows`
-and :class:`GroupedPolicy` and turns them into :class:`simkit.Fragment` objects, one
+No sockets: :class:`RolloutLoop` owns the session's :class:`EnvRows` and
+:class:`GroupedPolicy` and turns them into :class:`simkit.Fragment` objects, one
 :meth:`~RolloutLoop.step` at a time, so a worker can check for new weights and
 credit between any two steps.
+
+Where the envs were split in two parts (:meth:`EnvRows.split`, double-buffered
+sampling), a step is pipelined: the physics of one part runs on the env's background
+thread while the policy evaluates the other, and a step's env results are collected in
+the next call (:meth:`RolloutLoop.settle` collects them at once). Every row acts, steps
+and is recorded exactly as in the one-part loop, so the fragments are the same bits.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from simkit._types import Fragment
+from simkit.models import PolicyWeights
 from simkit.servers._stream_envs import EnvRows
 from simkit.servers._stream_policy import GroupedPolicy
 
@@ -27,11 +34,11 @@ class LoopTimes:
 
     Attributes:
         inference: forward passes and sampling.
-        env: env steps.
+        env: env steps (per part: from its send to its results; parts overlap).
         steps: loop steps.
         rows: policy rows acted on (batch sizes summed).
         inference_calls: ``(rows, seconds)`` of every act.
-        env_calls: seconds of every env step.
+        env_calls: seconds of every env step (of every part).
     """
 
     inference: float = 0.0
@@ -73,6 +80,11 @@ class RolloutLoop:
     version, computed right after the env step for the groups that need it. At the
     end, ``last_obs``/``last_values`` bootstrap the rest.
 
+    With ``envs`` split in two parts (each whole sampling groups), the parts are acted
+    on and stepped one after the other through ``send``/``recv``, so one part's physics
+    overlaps the other's forward pass. Weights must not change while a step is in
+    flight: load them with :meth:`set_weights`, which settles first.
+
     Args:
         envs: the session's envs.
         policy: the session's policy.
@@ -80,6 +92,9 @@ class RolloutLoop:
         env_offset: global index of env slot 0 (fragments' ``env_ids``).
         with_states: attach the envs' snapshot at step 0 to each fragment.
         source: the name fragments carry.
+
+    Raises:
+        ValueError: a part of ``envs`` does not cover whole sampling groups.
     """
 
     def __init__(
@@ -97,22 +112,37 @@ class RolloutLoop:
         self.fragment_length = fragment_length
         self.with_states = with_states
         self.source = source
+        self.parts = list(envs.parts)
+        for part in self.parts:
+            policy.groups(part)  # raises unless the part is whole groups
+        # The one-part loop acts on every row at once (the policy's whole-batch path).
+        self._act_parts: list[slice | None] = [*self.parts] if len(self.parts) > 1 else [None]
         per_env = envs.agents_per_env
         self.env_ids = np.repeat(np.arange(envs.num_envs, dtype=np.int64) + env_offset, per_env)
         self.action_shape = tuple(envs.action_space.shape or ())
         self.sequence = 0
         self.times = LoopTimes()
-        self._obs: np.ndarray | None = None
-        self._mask: np.ndarray | None = None
+        self._obs: list[np.ndarray] = []
+        self._mask: list[np.ndarray] = []
+        self._sent = [0.0] * len(self.parts)
+        self._in_flight = False
         self._buf: _Buffer | None = None
         self._start_state: dict[str, Any] | None = None
         self._t = 0
         self._ret = np.zeros(envs.num_rows, dtype=np.float64)
         self._len = np.zeros(envs.num_rows, dtype=np.int64)
 
+    @property
+    def double_buffered(self) -> bool:
+        """Whether the envs step in two overlapping parts."""
+        return len(self.parts) > 1
+
     def reset(self, seed: int, env_offset: int) -> None:
         """Resets every env (see :meth:`EnvRows.reset`) and drops a partial fragment."""
-        self._obs, self._mask = self.envs.reset(seed, env_offset)
+        self.settle()
+        obs, mask = self.envs.reset(seed, env_offset)
+        self._obs = [obs[part] for part in self.parts]
+        self._mask = [mask[part] for part in self.parts]
         self._buf = None
         self._t = 0
         self._ret[:] = 0.0
@@ -129,73 +159,107 @@ class RolloutLoop:
         return times
 
     def step(self) -> Fragment | None:
-        """One act + env step over every row; the finished fragment after its ``T``-th."""
-        if self._obs is None or self._mask is None:
+        """One act + env step over every row; the finished fragment after its ``T``-th.
+
+        Double-buffered, the step's env results are collected by the next call (or
+        :meth:`settle`); the ``T``-th step collects its own.
+        """
+        if not self._obs:
             raise RuntimeError("reset() the loop before stepping")
         policy = self.policy
         if policy.version is None:
             raise RuntimeError("the policy has no weights yet")
         t = self._t
-        obs, mask = self._obs, self._mask
         if t == 0:
             self._start_state = self.envs.get_state() if self.with_states else None
             self._buf = _Buffer(
                 self.fragment_length,
                 self.envs.num_rows,
-                obs,
+                np.concatenate(self._obs) if len(self._obs) > 1 else self._obs[0],
                 self.action_shape,
                 policy.action_dtype,
             )
         buf = self._buf
         assert buf is not None
-        out = policy.act(obs)
-        env_start = time.perf_counter()
-        step = self.envs.step(out.actions)
-        env_s = time.perf_counter() - env_start
-        buf.obs[t] = obs
-        buf.actions[t] = out.actions
-        buf.log_probs[t] = np.where(mask, out.log_probs, 0.0)
-        buf.values[t] = np.where(mask, out.values, 0.0)
-        buf.rewards[t] = step.reward
-        buf.terminated[t] = step.terminated
-        buf.truncated[t] = step.truncated
-        buf.agent_mask[t] = mask
-        buf.policy_version[t] = policy.version
-        cut = step.truncated & ~step.terminated & mask
-        infer_s = out.seconds
-        if cut.any():
-            v0 = time.perf_counter()
-            buf.final_values[t] = np.where(cut, policy.value(step.final_obs, cut), 0.0)
-            infer_s += time.perf_counter() - v0
-        self._ret += np.where(mask, step.reward, 0.0)
-        self._len += mask
-        ended = np.flatnonzero((step.terminated | step.truncated) & mask)
-        for row in ended.tolist():
-            buf.ep_returns.append(float(self._ret[row]))
-            buf.ep_lengths.append(int(self._len[row]))
-            buf.ep_rows.append(row)
-        self._ret[ended] = 0.0
-        self._len[ended] = 0
-        self._obs, self._mask = step.obs, step.mask
         times = self.times
-        times.inference += infer_s
-        times.env += env_s
-        times.steps += 1
-        times.rows += int(obs.shape[0])
-        times.inference_calls.append((int(obs.shape[0]), out.seconds))
-        times.env_calls.append(env_s)
+        for k, part in enumerate(self.parts):
+            if self._in_flight:
+                self._collect(k, t - 1)
+            obs, mask = self._obs[k], self._mask[k]
+            out = policy.act(obs, self._act_parts[k])
+            self._sent[k] = time.perf_counter()
+            self.envs.send(k, out.actions)
+            buf.obs[t, part] = obs
+            buf.actions[t, part] = out.actions
+            buf.log_probs[t, part] = np.where(mask, out.log_probs, 0.0)
+            buf.values[t, part] = np.where(mask, out.values, 0.0)
+            buf.agent_mask[t, part] = mask
+            times.inference += out.seconds
+            times.rows += int(obs.shape[0])
+            times.inference_calls.append((int(obs.shape[0]), out.seconds))
+        buf.policy_version[t] = policy.version
+        self._in_flight = True
         self._t = t + 1
+        times.steps += 1
+        if not self.double_buffered or self._t == self.fragment_length:
+            self.settle()
         if self._t < self.fragment_length:
             return None
         return self._finish()
 
+    def set_weights(self, weights: PolicyWeights) -> None:
+        """Loads ``weights`` between two steps: a step in flight is settled first, so
+        its final values come from the weights that acted (unchanged on error)."""
+        self.settle()
+        self.policy.set_weights(weights)
+
+    def settle(self) -> None:
+        """Collects the env results of the step in flight, if any (double-buffered)."""
+        if self._in_flight:
+            for k in range(len(self.parts)):
+                self._collect(k, self._t - 1)
+            self._in_flight = False
+
+    def _collect(self, k: int, t: int) -> None:
+        """Receives part ``k``'s env step ``t`` and records it."""
+        step = self.envs.recv(k)
+        env_s = time.perf_counter() - self._sent[k]
+        part = self.parts[k]
+        buf = self._buf
+        assert buf is not None
+        mask = self._mask[k]
+        buf.rewards[t, part] = step.reward
+        buf.terminated[t, part] = step.terminated
+        buf.truncated[t, part] = step.truncated
+        cut = step.truncated & ~step.terminated & mask
+        times = self.times
+        if cut.any():
+            v0 = time.perf_counter()
+            values = self.policy.value(step.final_obs, cut, self._act_parts[k])
+            buf.final_values[t, part] = np.where(cut, values, 0.0)
+            times.inference += time.perf_counter() - v0
+        ret, length = self._ret[part], self._len[part]  # views
+        ret += np.where(mask, step.reward, 0.0)
+        length += mask
+        ended = np.flatnonzero((step.terminated | step.truncated) & mask)
+        first = part.start or 0
+        for row in ended.tolist():
+            buf.ep_returns.append(float(ret[row]))
+            buf.ep_lengths.append(int(length[row]))
+            buf.ep_rows.append(first + row)
+        ret[ended] = 0.0
+        length[ended] = 0
+        self._obs[k], self._mask[k] = step.obs, step.mask
+        times.env += env_s
+        times.env_calls.append(env_s)
+
     def _finish(self) -> Fragment:
         buf = self._buf
         assert buf is not None
-        assert self._obs is not None
-        assert self._mask is not None
+        obs = np.concatenate(self._obs) if len(self._obs) > 1 else self._obs[0].copy()
+        mask = np.concatenate(self._mask) if len(self._mask) > 1 else self._mask[0]
         v0 = time.perf_counter()
-        last_values = np.where(self._mask, self.policy.value(self._obs), 0.0).astype(np.float32)
+        last_values = np.where(mask, self.policy.value(obs), 0.0).astype(np.float32)
         self.times.inference += time.perf_counter() - v0
         order = np.argsort(
             np.asarray(buf.ep_rows, dtype=np.int64), kind="stable"
@@ -211,7 +275,7 @@ class RolloutLoop:
             final_values=buf.final_values,
             agent_mask=buf.agent_mask,
             policy_version=buf.policy_version,
-            last_obs=self._obs.copy(),
+            last_obs=obs,
             last_values=last_values,
             env_ids=self.env_ids,
             episode_returns=np.asarray(buf.ep_returns, dtype=np.float64)[order],

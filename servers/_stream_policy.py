@@ -100,19 +100,42 @@ class GroupedPolicy:
             t = t.float()
         return t.to(self.device, non_blocking=True)
 
-    @torch.no_grad()
-    def act(self, obs: np.ndarray) -> PolicyOutput:
-        """Samples an action for every row; one forward pass per group."""
+    def groups(self, part: slice | None = None) -> range:
+        """The sampling groups of the rows ``part`` (all rows by default).
+
+        Raises:
+            ValueError: ``part`` does not start and end on group boundaries.
+        """
+        if part is None:
+            return range(len(self.generators))
+        g = self.group_rows
+        start, stop = part.start or 0, self.num_rows if part.stop is None else part.stop
+        if start % g or stop % g or not 0 <= start < stop <= self.num_rows:
+            raise ValueError(
+                f"a part must cover whole sampling groups of {g} rows within "
+                f"[0, {self.num_rows}], got rows [{start}, {stop})"
+            )
+        return range(start // g, stop // g)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, part: slice | None = None) -> PolicyOutput:
+        """Samples an action for every row of ``obs``; one forward pass per group.
+
+        ``obs`` holds every row, or with ``part`` only the rows ``part`` (whole groups,
+        see :meth:`groups`): each group forwards and samples exactly as in a call over
+        every row, so acting part by part gives the same bits.
+        """
         start = time.perf_counter()
         x = self._tensor(obs)
         g = self.group_rows
-        if len(self.generators) == 1:
-            out = self.model.act(x, generator=self.generators[0])
+        groups = self.groups(part)
+        if len(groups) == 1:
+            out = self.model.act(x, generator=self.generators[groups[0]])
             actions, log_probs, values = out.actions, out.log_probs, out.values
         else:
             parts = [
-                self.model.act(x[k * g : (k + 1) * g], generator=gen)
-                for k, gen in enumerate(self.generators)
+                self.model.act(x[j * g : (j + 1) * g], generator=self.generators[k])
+                for j, k in enumerate(groups)
             ]
             actions = torch.cat([p.actions for p in parts])
             log_probs = torch.cat([p.log_probs for p in parts])
@@ -124,15 +147,19 @@ class GroupedPolicy:
             seconds=time.perf_counter() - start,
         )
 
-    @torch.no_grad()
-    def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """``(R,)`` float32 values of ``obs`` (every row), computed per group; with
-        ``rows`` (bool), only groups holding a selected row are evaluated (0 elsewhere)."""
-        out = np.zeros(self.num_rows, dtype=np.float32)
-        x = self._tensor(obs)
+    @torch.inference_mode()
+    def value(
+        self, obs: np.ndarray, rows: np.ndarray | None = None, part: slice | None = None
+    ) -> np.ndarray:
+        """float32 values of ``obs`` (every row, or the rows ``part``), one forward per
+        group; with ``rows`` (bool, one per row of ``obs``), only groups holding a
+        selected row are evaluated (0 elsewhere)."""
+        groups = self.groups(part)
         g = self.group_rows
-        for k in range(len(self.generators)):
-            sl = slice(k * g, (k + 1) * g)
+        out = np.zeros(len(groups) * g, dtype=np.float32)
+        x = self._tensor(obs)
+        for j in range(len(groups)):
+            sl = slice(j * g, (j + 1) * g)
             if rows is not None and not rows[sl].any():
                 continue
             out[sl] = self.model.value(x[sl]).float().cpu().numpy().reshape(-1)

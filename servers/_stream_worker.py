@@ -234,13 +234,13 @@ class StreamWorker(threading.Thread):
                 self._apply(cmd)
 
     def _apply(self, cmd: WeightsCommand) -> None:
-        policy = self._policy
-        assert policy is not None
+        loop = self._loop
+        assert loop is not None
         if self.session.version is not None and cmd.version <= self.session.version:
             exc: ProtocolError = _stale(self.session.version, cmd.version)
         else:
             try:
-                policy.set_weights(PolicyWeights(version=cmd.version, tensors=cmd.tensors))
+                loop.set_weights(PolicyWeights(version=cmd.version, tensors=cmd.tensors))
             except (InvalidWeights, ValueError, TypeError) as bad:
                 exc = InvalidWeightsError(
                     f"weights rejected, the session keeps version {self.session.version}: {bad}",
@@ -292,10 +292,16 @@ class StreamWorker(threading.Thread):
             ) from exc
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidField("this server has no CUDA device", expected="cpu", got=device_name)
+        # Double buffering splits the slots in two halves of whole sampling groups.
+        halves = s.double_buffer and (num_envs // group) % 2 == 0
         try:
-            envs = make_env_rows(env_id, num_envs, env_kwargs=env_kwargs, num_threads=s.num_threads)
+            envs = make_env_rows(
+                env_id, num_envs, env_kwargs=env_kwargs, num_threads=s.num_threads, halves=halves
+            )
         except (KeyError, ValueError, TypeError, ImportError) as exc:
             raise InvalidField(f"cannot build env {env_id!r}: {exc}", got=env_id) from exc
+        if halves and envs.can_split:
+            envs.split()
         try:
             spec = ModelSpec.from_plain(config.model)
             model = build_model(spec, envs.observation_space, envs.action_space)
@@ -361,6 +367,7 @@ class StreamWorker(threading.Thread):
             device=str(device),
             heartbeat_timeout=s.heartbeat_timeout,
             server=s.server or f"simkit {simkit.__version__}",
+            double_buffered=self._loop.double_buffered,
         )
 
     _envs_per_step = 0

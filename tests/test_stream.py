@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+import simkit
 from simkit._types import Fragment
 from simkit.clients import PolicyStream, RemoteVectorEnv, ServerUnavailable
+from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.models import ModelSpec, PolicyWeights, build_model, get_weights
 from simkit.protocol import FRAGMENT_ARRAYS, RemoteError, StreamClientSession, StreamConfig
 from simkit.servers import RolloutServer
@@ -203,7 +208,10 @@ def test_without_credit_the_server_stalls_within_one_fragment(serve: Servers) ->
         "simkit_stream_inference_batch_size_count",
         "simkit_stream_env_step_latency_seconds_count",
         "simkit_stream_fragments_per_second",
+        'simkit_stream_policy_lag{stat="min"}',
+        'simkit_stream_policy_lag{stat="avg"}',
         'simkit_stream_policy_lag{stat="max"}',
+        "simkit_stream_env_steps_total",
         "simkit_stream_credit",
         "simkit_stream_queue_depth",
         "simkit_stream_policy_version",
@@ -285,6 +293,56 @@ def test_a_dead_server_is_named_within_the_timeout_and_nothing_received_is_lost(
         stream.close()
 
 
+def test_a_killed_server_process_is_named_and_every_fragment_it_sent_is_delivered(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL, not a clean stop: the server says nothing; the learner's timeout names it."""
+    endpoint = f"ipc://{tmp_path}/policy.sock"
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "simkit.servers", "simkit/BatchCartPole-v0"),
+            *("--num-envs", "4", "--policy", "--device", "cpu", "--fragment-length", "8"),
+            *("--double-buffer", "--bind", endpoint),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "policy serving on cpu" in proc.stdout.readline()
+        stream = PolicyStream(
+            endpoint, SPEC, num_envs=4, group_envs=2, mode="async", credit=3, timeout=2.0
+        )
+        assert stream.infos[0].double_buffered  # the command-line flag reached the sessions
+        stream.push_weights(_model())
+        taken = [stream.next_fragment()]
+        time.sleep(1.0)  # the server fills its credit; the fragments reach this socket
+        proc.kill()
+        proc.wait(10)
+        start = time.monotonic()
+
+        def take_all() -> None:
+            while True:
+                taken.append(stream.next_fragment())
+
+        with pytest.raises(ServerUnavailable, match=endpoint.replace(".", r"\.")) as info:
+            take_all()
+        assert time.monotonic() - start < 2.0 + 3.0
+        assert info.value.endpoint == endpoint
+        (stats,) = stream.stats()
+        assert not stats.alive
+        assert len(taken) == stats.fragments >= 2  # every fragment received was handed out
+        assert [f.sequence for f in taken] == list(range(len(taken)))
+        stream.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
     serve: Servers,
 ) -> None:
@@ -294,6 +352,10 @@ def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
     assert unknown.value.remote_code == "unknown_model"
     assert "simkit.models" in str(unknown.value.expected)
     assert srv.stream_sessions == 0 or _wait_for(lambda: srv.stream_sessions == 0, 5)
+    with pytest.raises(RemoteError, match=r"model 'mlp' rejected its spec: .*sigmoid") as spec:
+        PolicyStream(srv.endpoint, ModelSpec("mlp", {"activation": "sigmoid"}), num_envs=4)
+    assert spec.value.remote_code == "invalid_field"
+    assert "activation" in str(spec.value.got)
 
     model = _model()
     with PolicyStream(srv.endpoint, SPEC, num_envs=4, timeout=20) as stream:
@@ -310,6 +372,15 @@ def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
         nan[name][0, 0] = np.nan
         with pytest.raises(RemoteError, match="non-finite"):
             stream.push_weights(PolicyWeights(4, nan))
+        renamed = dict(good.tensors)
+        renamed["extra.weight"] = renamed.pop(name)
+        with pytest.raises(
+            RemoteError, match=rf"missing \['{name}'\], unexpected \['extra.weight'\]"
+        ):
+            stream.push_weights(PolicyWeights(4, renamed))
+        widened = {**good.tensors, name: good.tensors[name].astype(np.float64)}
+        with pytest.raises(RemoteError, match="wrong dtype: expected float32, got float64"):
+            stream.push_weights(PolicyWeights(4, widened))
         with pytest.raises(RemoteError, match="must increase") as stale:
             stream.push_weights(_weights(model, 2))
         assert stale.value.remote_code == "stale_version"
@@ -405,3 +476,126 @@ def test_serve_command_line_takes_the_policy_options() -> None:
         2,
     )
     assert not parser.parse_args([CARTPOLE]).policy
+
+
+# ------------------------------------------------------------- double buffering
+
+
+def _loop(env_id: str, num_envs: int, group: int, *, halves: bool, length: int) -> tuple[Any, Any]:
+    """A RolloutLoop over ``num_envs`` envs of ``env_id`` (split in two when ``halves``)."""
+    from simkit.servers._stream_envs import make_env_rows
+    from simkit.servers._stream_loop import RolloutLoop
+
+    envs = make_env_rows(env_id, num_envs, env_kwargs={"max_episode_steps": 7}, halves=halves)
+    if halves:
+        envs.split()
+    model = build_model(SPEC, envs.observation_space, envs.action_space)
+    policy = GroupedPolicy(
+        model,
+        torch.device("cpu"),
+        num_rows=num_envs,
+        group_rows=group,
+        seeds=[policy_seed(3, k * group) for k in range(num_envs // group)],
+        action_space=envs.action_space,
+    )
+    return RolloutLoop(envs, policy, fragment_length=length), model
+
+
+@settings(max_examples=4, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(
+    env_id=st.sampled_from(["simkit/BatchCartPole-v0", "simkit/BatchCheetah-v0"]),
+    seed=st.integers(0, 2**32 - 1),
+    groups=st.sampled_from([2, 4]),
+    swaps=st.lists(st.integers(0, 29), max_size=3, unique=True),
+)
+# Cheetah never terminates: episodes are truncated at steps 7, 14, ... and swaps right
+# after them find a truncation in flight, whose final value needs the old weights.
+@example(env_id="simkit/BatchCheetah-v0", seed=1, groups=2, swaps=[7, 14])
+def test_double_buffered_loop_gives_the_plain_loops_fragments(
+    env_id: str, seed: int, groups: int, swaps: list[int]
+) -> None:
+    """Halves overlapping physics and policy give the same bits as one whole-batch step,
+    also when weights change mid-fragment (async mode)."""
+    n = 8
+    loops = [_loop(env_id, n, n // groups, halves=h, length=6) for h in (False, True)]
+    model = loops[0][1]
+    weights = [_weights(model, v) for v in range(len(swaps) + 1)]  # before loading any
+    got: list[list[Fragment]] = [[], []]
+    for (loop, _), out in zip(loops, got, strict=True):
+        assert loop.double_buffered == (out is got[1])
+        loop.policy.set_weights(weights[0])
+        loop.reset(seed, 0)
+        version = 0
+        for step in range(30):
+            if step in swaps:  # as the worker applies async weights, mid-fragment
+                version += 1
+                loop.set_weights(weights[version])
+            fragment = loop.step()
+            if fragment is not None:
+                out.append(fragment)
+        loop.envs.close()
+    assert len(got[0]) == len(got[1]) == 5
+    assert any(f.truncated.any() for f in got[0])  # final values were computed
+    for a, b in zip(*got, strict=True):
+        _same(a, b)
+
+
+class _FixedArgsCartPole(BatchCartPole):
+    """A BatchEnv whose constructor takes no ``batch_size`` (nor ``**kwargs``)."""
+
+    def __init__(self, num_envs: int = 4) -> None:
+        super().__init__(num_envs)
+
+
+def test_double_buffering_skips_a_batch_env_whose_constructor_takes_no_batch_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from simkit.servers._stream_envs import make_env_rows
+
+    monkeypatch.setattr(simkit.registry, "_REGISTRY", dict(simkit.registry._REGISTRY))
+    simkit.register(
+        "simkit-test/FixedArgsCartPole-v0",
+        _FixedArgsCartPole,
+        kind=simkit.EnvKind.BATCH,
+        override=True,
+    )
+    envs = make_env_rows("simkit-test/FixedArgsCartPole-v0", 4, halves=True)
+    try:
+        assert envs.kind == "batch"
+        assert not envs.can_split  # built whole: the session runs the plain loop
+        with pytest.raises(ValueError, match=r"batch_size = num_envs / 2 .* batch_size 4"):
+            envs.split()
+    finally:
+        envs.close()
+
+
+def test_a_double_buffered_loop_rejects_parts_that_split_a_sampling_group() -> None:
+    with pytest.raises(ValueError, match=r"whole sampling groups of 8 rows .* got rows \[0, 4\)"):
+        _loop("simkit/BatchCartPole-v0", 8, 8, halves=True, length=4)
+
+
+def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Servers) -> None:
+    model = _model()  # BatchCartPole has CartPole's spaces
+    weights = [_weights(model, v) for v in range(3)]
+    kw: dict[str, Any] = {"env_kwargs": {"max_episode_steps": 5}}
+    plain = serve("simkit/BatchCartPole-v0", 4, **kw)
+    double = serve("simkit/BatchCartPole-v0", 4, double_buffer=True, **kw)
+    runs = []
+    for srv in (plain, double):
+        with PolicyStream(
+            srv.endpoint, SPEC, num_envs=4, seed=9, group_envs=2, timeout=20
+        ) as stream:
+            assert stream.infos[0].double_buffered == (srv is double)
+            out = []
+            for w in weights:
+                stream.push_weights(w)
+                out.append(stream.next_batch())
+            runs.append(out)
+    for a, b in zip(*runs, strict=True):
+        _same(a, b)
+    # One sampling group cannot be halved, nor can a list of single envs: plain loop.
+    with PolicyStream(double.endpoint, SPEC, num_envs=4, timeout=20) as stream:
+        assert not stream.infos[0].double_buffered
+    single = serve(CARTPOLE, 4, double_buffer=True)
+    with PolicyStream(single.endpoint, SPEC, num_envs=4, group_envs=2, timeout=20) as stream:
+        assert not stream.infos[0].double_buffered

@@ -202,6 +202,9 @@ class StreamInfo:
         device: the torch device the policy runs on.
         heartbeat_timeout: seconds of silence after which the session is dropped.
         server: server software and version.
+        double_buffered: whether the server steps the session's envs in two halves,
+            one half's physics overlapping the policy for the other (the fragments are
+            the same either way).
     """
 
     session: str
@@ -217,6 +220,7 @@ class StreamInfo:
     device: str
     heartbeat_timeout: float | None
     server: str
+    double_buffered: bool = False
 
     def to_plain(self) -> dict[str, Any]:
         """The reply body."""
@@ -244,6 +248,7 @@ class StreamInfo:
             device=check_type(body, "device", str),
             heartbeat_timeout=check_type(body, "heartbeat_timeout", (int, float), optional=True),
             server=check_type(body, "server", str, optional=True) or "",
+            double_buffered=bool(check_type(body, "double_buffered", bool, optional=True)),
         )
 
 
