@@ -157,7 +157,7 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
     """
     import simkit
     from simkit._optional import require
-    from simkit.recording._wrapper import _row
+    from simkit.recording._tracker import row_of as _row
 
     imageio = require("imageio", extra="bench", purpose="simkit replay --render")
     if not 0 <= position < len(reader):

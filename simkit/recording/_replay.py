@@ -16,7 +16,7 @@ from simkit.errors import ReplayDivergence
 from simkit.recording._episode import Episode, decode_episode
 from simkit.recording._format import read_meta
 from simkit.recording._io import RecordingReader
-from simkit.recording._wrapper import _row
+from simkit.recording._tracker import row_of as _row
 
 __all__ = ["verify_episode", "verify_recording", "VerifyResult"]
 

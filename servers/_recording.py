@@ -1,0 +1,181 @@
+"""``simkit serve --record DIR``: the rollout server records its sessions' episodes.
+
+One :class:`~simkit.recording.RecordingWriter` per server (one writer per directory),
+shared by every session; each session's host is wrapped in a :class:`RecordingHost`
+whose :class:`~simkit.recording.EpisodeTracker` follows that session's envs. Seeds
+come from the host's own :class:`simkit._seeding.EpisodeSeeds` (what the envs were
+really reset with), so the episodes replay locally with ``simkit replay --verify``.
+
+Recording never costs a client its reply: a recorder error is logged and counted
+(:attr:`ServerRecorder.errors`), the step goes out, the server serves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from simkit._seeding import EpisodeSeeds, episode_seed
+from simkit._types import BatchStep
+from simkit.protocol import EnvFault
+from simkit.recording import RecordingWriter, environment_versions
+from simkit.recording._tracker import EpisodeTracker, row_of
+from simkit.servers._batch_host import BatchEnvHost
+from simkit.servers._host import VectorHost
+
+__all__ = ["ServerRecorder", "RecordingHost"]
+
+log = logging.getLogger("simkit.servers")
+
+
+class ServerRecorder:
+    """The server's recording: one writer for ``directory``, shared by all sessions.
+
+    Args:
+        directory: the recording directory (refused if another writer holds it).
+        env_id: the served env id; ``env_kwargs`` its constructor arguments.
+        writer_kwargs: passed to :class:`RecordingWriter`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        env_id: str,
+        env_kwargs: Mapping[str, Any],
+        **writer_kwargs: Any,
+    ) -> None:
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs)
+        self.versions = environment_versions(env_id)
+        self.writer = RecordingWriter(directory, **writer_kwargs)
+        self.errors = 0
+        """Recorder failures (logged; the sessions were served regardless)."""
+
+    def wrap(self, host: VectorHost[Any] | BatchEnvHost, session: str) -> RecordingHost:
+        """``host`` recorded as session ``session`` (its hex id, kept in each origin)."""
+        return RecordingHost(host, self, session)
+
+    def close(self) -> None:
+        """Writes the queued episodes and releases the directory."""
+        self.writer.close()
+
+
+class RecordingHost:
+    """A single-agent host whose resets and steps are recorded (the host interface).
+
+    Every call goes to the wrapped host first; the recorder only watches. Envs that
+    fault, or whose state a client sets, end their episode unrecorded (it could not
+    be re-simulated) and record again from their next reset.
+    """
+
+    def __init__(
+        self, host: VectorHost[Any] | BatchEnvHost, recorder: ServerRecorder, session: str
+    ) -> None:
+        self.host = host
+        self.num_envs: int = host.num_envs
+        self.observation_space: spaces.Space[Any] = host.observation_space  # type: ignore[attr-defined]  # VectorHost subclasses set it
+        self.action_space: spaces.Space[Any] = host.action_space  # type: ignore[attr-defined]  # as above
+        self.capabilities: frozenset[str] = host.capabilities
+        self.recorder = recorder
+        self.session = session
+        self._batch = isinstance(host, BatchEnvHost)
+        self._seeds: EpisodeSeeds = host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
+        self.tracker = EpisodeTracker(
+            recorder.writer, self.num_envs, recorder.env_id, recorder.env_kwargs, recorder.versions
+        )
+
+    def _origin(self, i: int, explicit: int | None = None) -> tuple[int | None, dict[str, Any]]:
+        """Env ``i``'s current episode: ``(seed, origin)`` from the host's seeding."""
+        seeds = self._seeds
+        root, k = seeds.roots[i], int(seeds.episode[i])
+        index = seeds.env_offset + i
+        seed = explicit
+        if seed is None and root is not None:
+            seed = episode_seed(root, index, k)
+        origin = {
+            "root_seed": root,
+            "env_index": i if self._batch else index,
+            "episode_index": k,
+            "kind": "batch" if self._batch else "env",
+            "session": self.session,
+        }
+        return seed, origin
+
+    def _failed(self, what: str) -> None:
+        self.recorder.errors += 1
+        log.exception("recording %s of session %s failed; serving on", what, self.session)
+
+    def reset(
+        self,
+        env_ids: np.ndarray,
+        *,
+        seed: int | None,
+        seeds: list[int] | None,
+        options: dict[str, Any] | None,
+        params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """The host's reset; each reset env starts a recorded episode."""
+        obs, infos = self.host.reset(
+            env_ids, seed=seed, seeds=seeds, options=options, params=params, env_offset=env_offset
+        )
+        try:
+            for k, i in enumerate(env_ids.tolist()):
+                s, origin = self._origin(i, None if seeds is None else int(seeds[k]))
+                opts = _episode_options(options, k, None if params is None else params[k])
+                self.tracker.start(i, row_of(obs, k), infos[k], seed=s, options=opts, origin=origin)
+        except Exception:  # the reset happened: the client gets its reply regardless
+            self._failed("a reset")
+            for i in env_ids.tolist():
+                self.tracker.drop(i)
+        return obs, infos
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """The host's step, recorded (an ended row writes its episode)."""
+        result, faults = self.host.step(env_ids, actions)
+        try:
+            if not np.array_equal(result.env_ids, env_ids):
+                where = {i: k for k, i in enumerate(env_ids.tolist())}
+                actions = row_of(actions, np.array([where[i] for i in result.env_ids.tolist()]))
+            self.tracker.log_batch_step(
+                result, actions, -1, self._origin, faulted=[f.env_id for f in faults]
+            )
+        except Exception:
+            self._failed("a step")
+            for i in env_ids.tolist():
+                self.tracker.drop(i)
+        return result, faults
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """The host's snapshots (recording is unaffected)."""
+        return self.host.get_state(env_ids)
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """The host's restore; the restored envs' episodes in flight are not recorded."""
+        self.host.set_state(env_ids, states)
+        for i in env_ids.tolist():
+            self.tracker.drop(i)
+
+    def close(self) -> None:
+        """Closes the host; unfinished episodes are dropped (the writer is the server's)."""
+        self.tracker.close()
+        self.host.close()
+
+
+def _episode_options(
+    options: Mapping[str, Any] | None, k: int, params: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """Row ``k``'s reset options as the env saw them: ``options["params"]`` (one map or
+    one per listed env) with the request's per-env ``params`` merged over it."""
+    opts = dict(options or {})
+    shared = opts.pop("params", None)
+    merged = dict(shared[k] if isinstance(shared, list) else shared or {})
+    merged.update(params or {})
+    if merged:
+        opts["params"] = merged
+    return opts or None
