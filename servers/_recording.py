@@ -26,7 +26,7 @@ from simkit.protocol import EnvFault
 from simkit.recording import RecordingWriter, environment_versions
 from simkit.recording._tracker import EpisodeTracker, row_of
 from simkit.servers._batch_host import BatchEnvHost
-from simkit.servers._host import VectorHost
+from simkit.servers._host import EnvListHost
 
 __all__ = ["ServerRecorder", "RecordingHost"]
 
@@ -56,7 +56,7 @@ class ServerRecorder:
         self.errors = 0
         """Recorder failures (logged; the sessions were served regardless)."""
 
-    def wrap(self, host: VectorHost[Any] | BatchEnvHost, session: str) -> RecordingHost:
+    def wrap(self, host: EnvListHost | BatchEnvHost, session: str) -> RecordingHost:
         """``host`` recorded as session ``session`` (its hex id, kept in each origin)."""
         return RecordingHost(host, self, session)
 
@@ -74,17 +74,19 @@ class RecordingHost:
     """
 
     def __init__(
-        self, host: VectorHost[Any] | BatchEnvHost, recorder: ServerRecorder, session: str
+        self, host: EnvListHost | BatchEnvHost, recorder: ServerRecorder, session: str
     ) -> None:
         self.host = host
         self.num_envs: int = host.num_envs
-        self.observation_space: spaces.Space[Any] = host.observation_space  # type: ignore[attr-defined]  # VectorHost subclasses set it
-        self.action_space: spaces.Space[Any] = host.action_space  # type: ignore[attr-defined]  # as above
+        self.observation_space: spaces.Space[Any] = host.observation_space
+        self.action_space: spaces.Space[Any] = host.action_space
         self.capabilities: frozenset[str] = host.capabilities
         self.recorder = recorder
         self.session = session
         self._batch = isinstance(host, BatchEnvHost)
-        self._seeds: EpisodeSeeds = host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
+        self._seeds: EpisodeSeeds = (
+            host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
+        )
         self.tracker = EpisodeTracker(
             recorder.writer, self.num_envs, recorder.env_id, recorder.env_kwargs, recorder.versions
         )

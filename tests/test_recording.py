@@ -560,3 +560,180 @@ def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:
     reader = RecordingReader(out)
     assert len(reader) == 3
     assert {r.error for r in verify_recording(reader)} == {None}
+
+
+# ----------------------------------------------------------------- server recording
+
+
+def _verify_all(directory: Path) -> RecordingReader:
+    reader = RecordingReader(directory)
+    assert not reader.skipped
+    assert [r.error for r in verify_recording(reader)] == [None] * len(reader)
+    return reader
+
+
+def test_server_recording_replays_locally_and_a_perturbed_copy_fails(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    one = RolloutServer(
+        "simkit/CartPole-v0", 2, f"ipc://{tmp_path}/1.sock", record=tmp_path / "r1"
+    ).start()
+    two = RolloutServer(
+        "simkit/CartPole-v0", 2, f"ipc://{tmp_path}/2.sock", record=tmp_path / "r2"
+    ).start()
+    try:
+        with pytest.raises(RecordingLocked, match="one writer per directory"):
+            RolloutServer(
+                "simkit/CartPole-v0",
+                1,
+                f"ipc://{tmp_path}/3.sock",
+                record=one.recorder.writer.directory,
+            )  # type: ignore[union-attr]
+        split = RemoteVectorEnv([one.endpoint, two.endpoint], timeout=10)  # envs 2, 3 on two
+        alone = RemoteVectorEnv(one.endpoint, timeout=10, autoreset_mode="NextStep")
+        split.reset(seed=5)
+        alone.reset(seed=6)
+        rng = np.random.default_rng(7)
+        for _ in range(150):
+            split.step_batch(rng.integers(0, 2, 4))
+            alone.step(rng.integers(0, 2, 2))
+        split.close()
+        alone.close()
+    finally:
+        one.stop()
+        two.stop()
+    r1, r2 = _verify_all(tmp_path / "r1"), _verify_all(tmp_path / "r2")
+    assert len({e.origin["session"] for e in r1}) == 2  # both sessions, one writer
+    assert {e.origin["env_index"] for e in r2} == {2, 3}  # the client's global env ids
+    for ep in r2:
+        o = ep.origin
+        assert ep.seed == simkit._seeding.episode_seed(5, o["env_index"], o["episode_index"])
+
+    def perturb(k: int, ep: Episode) -> Episode:
+        if k == 1:
+            ep.obs = ep.obs.copy()
+            ep.obs[4, 2] = -ep.obs[4, 2]
+        return ep
+
+    _rewrite(tmp_path / "r2", tmp_path / "bad", perturb)
+    failed = [r for r in verify_recording(RecordingReader(tmp_path / "bad")) if r.error]
+    assert [r.position for r in failed] == [1]
+    assert "episode 1 " in str(failed[0].error)
+    assert "step 3: field obs[2] differs" in str(failed[0].error)
+
+
+def test_batch_server_recording_replays_locally(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    server = RolloutServer(
+        "simkit/BatchCartPole-v0", 3, f"ipc://{tmp_path}/s.sock", record=tmp_path / "rec"
+    ).start()
+    try:
+        remote = RemoteVectorEnv(server.endpoint, timeout=10)
+        remote.reset(seed=8)
+        rng = np.random.default_rng(8)
+        for _ in range(120):
+            remote.step(rng.integers(0, 2, 3))
+        remote.close()
+    finally:
+        server.stop()
+    reader = _verify_all(tmp_path / "rec")
+    assert len(reader) >= 3
+    assert {e.origin["kind"] for e in reader} == {"batch"}
+
+
+class _Brittle(simkit.Env[np.ndarray, np.ndarray]):
+    """Five-step episodes; an action above 0.9 raises, one below -0.9 returns an info
+    the recorder cannot store (an object)."""
+
+    state_attributes = ("x",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Box(-100, 100, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+        self.x = 0.0
+
+    def reset_episode(
+        self, rng: Any, params: Any, options: Any
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self.x = float(rng.integers(10, 20))
+        return np.array([self.x], dtype=np.float32), {}
+
+    def step_episode(
+        self, action: np.ndarray, rng: Any
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        if action[0] > 0.9:
+            raise RuntimeError("boom")
+        self.x += 1.0
+        info = {"odd": object()} if action[0] < -0.9 else {}
+        return np.array([self.x], dtype=np.float32), 1.0, self.x % 5 == 0, info
+
+
+def test_server_recording_keeps_serving_through_faults_and_recorder_errors(
+    tmp_path: Path,
+) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    simkit.register("test/Brittle-v0", _Brittle, override=True)
+    server = RolloutServer(
+        "test/Brittle-v0", 2, f"ipc://{tmp_path}/s.sock", record=tmp_path / "rec"
+    ).start()
+    ok = np.zeros((2, 1), np.float32)
+    try:
+        remote = RemoteVectorEnv(server.endpoint, timeout=10)
+        remote.reset(seed=1)
+        episode = np.zeros(2, np.int64)
+        lost = []
+        for t in range(12):
+            action = ok.copy()
+            if t == 2:
+                action[1] = 1.0  # env 1 raises: its episode ends unrecorded
+                lost.append((1, int(episode[1])))
+            if t == 7:
+                action[0] = -1.0  # env 0's episode holds an object: it cannot be written
+                lost.append((0, int(episode[0])))
+            _, _, terminated, truncated, _ = remote.step(action)
+            if t == 2:
+                assert [f.env_id for f in remote.faults] == [1]
+            episode += terminated | truncated
+        state = remote.get_state()
+        remote.step(ok)
+        remote.set_state(state)  # both episodes in flight are dropped
+        for _ in range(10):
+            remote.step(ok)
+        remote.close()
+        assert server.recorder is not None
+        assert server.recorder.errors == 1
+    finally:
+        server.stop()
+    reader = _verify_all(tmp_path / "rec")
+    stats = [(e.origin["env_index"], e.origin["episode_index"]) for e in reader]
+    assert lost[0] not in stats  # the faulted episode
+    assert lost[1] not in stats  # the one with an object in its infos
+    assert len(stats) >= 4
+
+
+def test_serve_record_refuses_a_directory_with_a_writer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+
+    bind = f"ipc://{tmp_path}/s.sock"
+    with RecordingWriter(tmp_path / "rec"):
+        code = main(
+            ["serve", "simkit/CartPole-v0", "--bind", bind, "--record", str(tmp_path / "rec")]
+        )
+    assert code == 2
+    assert "is already being written by pid" in capsys.readouterr().err
+
+
+def test_multi_agent_server_recording_is_refused_with_the_reason(tmp_path: Path) -> None:
+    from simkit.servers import RolloutServer
+
+    with pytest.raises(ValueError, match="needs a single-agent env; 'simkit/GoalNav-v0'"):
+        RolloutServer("simkit/GoalNav-v0", 1, f"ipc://{tmp_path}/s.sock", record=tmp_path / "r")
+    assert not (tmp_path / "r").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import queue
 import threading
@@ -130,16 +131,17 @@ class RecordingWriter:
 
         Raises:
             ValueError: the writer is closed.
-            Exception: what an earlier background write raised (raised once).
+            Exception: what an earlier background write raised (raised once; this
+                call's episode is queued all the same).
         """
         if self._closed:
             raise ValueError(f"the recording writer of {str(self.directory)!r} is closed")
-        self._raise_error()
         self.episodes_written += 1
         if self._queue is None:
             self._append(episode)
         else:
             self._queue.put(episode)
+        self._raise_error()
 
     def flush(self) -> None:
         """Returns once every episode given to :meth:`write` is written to its chunk."""
@@ -233,10 +235,8 @@ _OPEN_WRITERS: weakref.WeakSet[RecordingWriter] = weakref.WeakSet()
 def _close_open_writers() -> None:
     """Writes the queued episodes of writers nobody closed (normal interpreter exit)."""
     for writer in list(_OPEN_WRITERS):
-        try:
+        with contextlib.suppress(Exception):  # at exit there is no caller left to report to
             writer.close()
-        except Exception:  # at exit there is no caller left to report to
-            pass
 
 
 class RecordingReader:

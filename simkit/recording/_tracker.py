@@ -23,8 +23,8 @@ from simkit.recording._io import RecordingWriter
 __all__ = ["EpisodeTracker", "row_of", "strip_reset_mask"]
 
 
-def row_of(tree: Any, k: int) -> Any:
-    """Row ``k`` of a batched observation/action tree (dict / tuple of arrays), copied."""
+def row_of(tree: Any, k: int | np.ndarray) -> Any:
+    """Row ``k`` (or rows ``k``) of a batched observation/action tree, copied."""
     if isinstance(tree, dict):
         return {key: row_of(v, k) for key, v in tree.items()}
     if isinstance(tree, tuple):
@@ -236,7 +236,10 @@ class EpisodeTracker:
         ids = np.asarray(res.env_ids)
         raw = res.infos
         infos = (
-            [{k: v for k, v in x.items() if k != "reset_info"} if "reset_info" in x else x for x in raw]
+            [
+                {k: v for k, v in x.items() if k != "reset_info"} if "reset_info" in x else x
+                for x in raw
+            ]
             if raw and any(raw)
             else [{}] * ids.size
         )

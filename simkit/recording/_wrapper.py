@@ -187,9 +187,9 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             for i in ids:
                 self._roots[i], self._index[i] = None, 0
         obs, info = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # simkit vectors take Gymnasium's list form too
-        for i in ids.tolist():
-            self._pending[i] = False
-            self._start(i, row_of(obs, i), env_info(info, i), options)
+        for r in ids.tolist():
+            self._pending[r] = False
+            self._start(r, row_of(obs, r), env_info(info, r), options)
         self._explicit = None
         self._ever_reset = True
         return obs, info
@@ -226,7 +226,15 @@ class RecordEpisodes(gym.vector.VectorWrapper):
                 infos.append(env_info(info, i))
         tracker = self.tracker
         tracker.log(
-            stepped, stepped, obs, actions, reward, terminated, truncated, infos, self.policy_version
+            stepped,
+            stepped,
+            obs,
+            actions,
+            reward,
+            terminated,
+            truncated,
+            infos,
+            self.policy_version,
         )
         if same_step:
             for i in done.tolist():
