@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from simkit._seeding import EpisodeSeeds, episode_seed
+from simkit._seeding import EpisodeSeeds
 from simkit._types import BatchStep
 from simkit.protocol import EnvFault
 from simkit.recording import RecordingWriter, environment_versions
-from simkit.recording._tracker import EpisodeTracker, row_of
+from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost
 
@@ -91,22 +91,30 @@ class RecordingHost:
             recorder.writer, self.num_envs, recorder.env_id, recorder.env_kwargs, recorder.versions
         )
 
-    def _origin(self, i: int, explicit: int | None = None) -> tuple[int | None, dict[str, Any]]:
-        """Env ``i``'s current episode: ``(seed, origin)`` from the host's seeding."""
+    def _origins(
+        self, ids: list[int], explicit: list[int] | None = None
+    ) -> list[tuple[int | None, dict[str, Any]]]:
+        """The current episodes of envs ``ids``: ``(seed, origin)`` from the host's
+        seeding (``explicit[k]``: ``ids[k]`` was reset with exactly that seed)."""
         seeds = self._seeds
-        root, k = seeds.roots[i], int(seeds.episode[i])
-        index = seeds.env_offset + i
-        seed = explicit
-        if seed is None and root is not None:
-            seed = episode_seed(root, index, k)
-        origin = {
-            "root_seed": root,
-            "env_index": i if self._batch else index,
-            "episode_index": k,
-            "kind": "batch" if self._batch else "env",
-            "session": self.session,
-        }
-        return seed, origin
+        roots = [seeds.roots[i] for i in ids]
+        episodes = [int(seeds.episode[i]) for i in ids]
+        index = [seeds.env_offset + i for i in ids]
+        derived = seeds_of(roots, index, episodes)
+        out = []
+        for k, i in enumerate(ids):
+            origin = {
+                "root_seed": roots[k],
+                "env_index": i if self._batch else index[k],
+                "episode_index": episodes[k],
+                "kind": "batch" if self._batch else "env",
+                "session": self.session,
+            }
+            out.append((derived[k] if explicit is None else explicit[k], origin))
+        return out
+
+    def _next_origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        return self._origins(ids)  # autoresets: the host already advanced the seeding
 
     def _failed(self, what: str) -> None:
         self.recorder.errors += 1
@@ -127,8 +135,11 @@ class RecordingHost:
             env_ids, seed=seed, seeds=seeds, options=options, params=params, env_offset=env_offset
         )
         try:
-            for k, i in enumerate(env_ids.tolist()):
-                s, origin = self._origin(i, None if seeds is None else int(seeds[k]))
+            ids = env_ids.tolist()
+            explicit = None if seeds is None else [int(x) for x in seeds]
+            for k, (i, (s, origin)) in enumerate(
+                zip(ids, self._origins(ids, explicit), strict=True)
+            ):
                 opts = _episode_options(options, k, None if params is None else params[k])
                 self.tracker.start(i, row_of(obs, k), infos[k], seed=s, options=opts, origin=origin)
         except Exception:  # the reset happened: the client gets its reply regardless
@@ -145,7 +156,7 @@ class RecordingHost:
                 where = {i: k for k, i in enumerate(env_ids.tolist())}
                 actions = row_of(actions, np.array([where[i] for i in result.env_ids.tolist()]))
             self.tracker.log_batch_step(
-                result, actions, -1, self._origin, faulted=[f.env_id for f in faults]
+                result, actions, -1, self._next_origins, faulted=[f.env_id for f in faults]
             )
         except Exception:
             self._failed("a step")

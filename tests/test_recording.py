@@ -737,3 +737,26 @@ def test_multi_agent_server_recording_is_refused_with_the_reason(tmp_path: Path)
     with pytest.raises(ValueError, match="needs a single-agent env; 'simkit/GoalNav-v0'"):
         RolloutServer("simkit/GoalNav-v0", 1, f"ipc://{tmp_path}/s.sock", record=tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None:
+    from simkit.recording._buffer import StepBuffer
+
+    buf = StepBuffer(3, capacity=1)
+    obs = {"a": np.arange(6.0).reshape(3, 2), "b": (np.arange(3, dtype=np.int8),)}
+    acts = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
+    flags = np.zeros(3, bool)
+    infos: list[dict[str, Any]] = [{}, {"x": 1}, {}]
+    buf.append(np.arange(3), None, obs, acts, np.ones(3), flags, flags, infos, 7)
+    # rows 2 and 0 of a batch for envs 0 and 2, out of order, past the capacity
+    buf.append(np.array([2, 0]), np.array([0, 2]), obs, acts, np.ones(3), flags, flags, infos, 8)
+    two = buf.take(2)
+    assert two["next_obs"]["a"].tolist() == [[4.0, 5.0], [0.0, 1.0]]
+    assert two["next_obs"]["b"][0].tolist() == [2, 0]
+    assert two["actions"].tolist() == [[5, 6], [1, 2]]
+    assert two["version"].tolist() == [7, 8]
+    assert buf.take(1)["infos"] == [{"x": 1}]
+    with pytest.raises(ValueError, match=r"expected \(2,\), got \(3,\)"):
+        buf.append(
+            np.arange(3), None, obs, np.zeros((3, 3), np.int32), np.ones(3), flags, flags, infos, 9
+        )

@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from simkit._seeding import episode_seeds
 from simkit._types import BatchStep
 from simkit.recording._buffer import StepBuffer
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
 
-__all__ = ["EpisodeTracker", "row_of", "strip_reset_mask"]
+__all__ = ["EpisodeTracker", "row_of", "seeds_of", "strip_reset_mask"]
 
 
 def row_of(tree: Any, k: int | np.ndarray) -> Any:
@@ -40,6 +41,21 @@ def _prepend(first: Any, rest: Any) -> Any:
         return tuple(_prepend(a, b) for a, b in zip(first, rest, strict=True))
     b = np.asarray(rest)
     return np.concatenate([np.asarray(first, b.dtype)[None], b])
+
+
+def seeds_of(roots: list[int | None], env_index: list[int], episode: list[int]) -> list[int | None]:
+    """``episode_seed(roots[k], env_index[k], episode[k])`` for every ``k`` (``None``
+    where the root is), computed in one vectorised call per root."""
+    out: list[int | None] = [None] * len(roots)
+    groups: dict[int, list[int]] = {}
+    for k, root in enumerate(roots):
+        if root is not None:
+            groups.setdefault(root, []).append(k)
+    for root, ks in groups.items():
+        seeds = episode_seeds(root, [env_index[k] for k in ks], [episode[k] for k in ks])
+        for k, seed in zip(ks, seeds.tolist(), strict=True):
+            out[k] = int(seed)
+    return out
 
 
 def strip_reset_mask(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -187,7 +203,7 @@ class EpisodeTracker:
     def log(
         self,
         env_ids: np.ndarray,
-        rows: np.ndarray,
+        rows: np.ndarray | None,
         next_obs: Any,
         actions: Any,
         reward: Any,
@@ -196,12 +212,15 @@ class EpisodeTracker:
         infos: list[dict[str, Any]],
         version: int,
     ) -> None:
-        """Appends batch row ``rows[k]`` to env ``env_ids[k]``'s episode (live envs only)."""
+        """Appends batch row ``rows[k]`` (``None``: row ``k``) to env ``env_ids[k]``'s
+        episode, for the envs with an episode in flight."""
         live = self.live[env_ids]
-        every = bool(live.all())
+        if not live.all():
+            rows = (np.arange(env_ids.size) if rows is None else rows)[live]
+            env_ids = env_ids[live]
         self.buffer.append(
-            env_ids if every else env_ids[live],
-            rows if every else rows[live],
+            env_ids,
+            rows,
             next_obs,
             np.asarray(actions) if isinstance(actions, list) else actions,
             reward,
@@ -221,7 +240,7 @@ class EpisodeTracker:
         res: BatchStep,
         actions: Any,
         version: int,
-        next_episode: Callable[[int], tuple[int | None, Mapping[str, Any]]],
+        next_episodes: Callable[[list[int]], list[tuple[int | None, dict[str, Any]]]],
         *,
         faulted: Iterable[int] = (),
     ) -> None:
@@ -229,7 +248,7 @@ class EpisodeTracker:
 
         An ended row writes its episode; when the row's info holds ``reset_info`` (the
         next episode (its first observation is the row of ``obs``) gets ``(seed, origin)``
-        from ``next_episode(i)``. Envs in ``faulted`` raised: their episodes are dropped
+        from ``next_episodes([i, ...])`` (one call for every env that started one). Envs in ``faulted`` raised: their episodes are dropped
         (an env's exception is not re-simulated); without a ``reset_info`` their reset
         failed too and they start again at their next :meth:`start`.
         """
@@ -245,7 +264,7 @@ class EpisodeTracker:
         )
         self.log(
             ids,
-            np.arange(ids.size),
+            None,
             res.final_obs,
             actions,
             res.reward,
@@ -256,6 +275,7 @@ class EpisodeTracker:
         )
         bad = set(faulted)
         done = np.flatnonzero(np.logical_or(res.terminated, res.truncated)).tolist()
+        starting: list[tuple[int, int, dict[str, Any]]] = []
         for r in done:
             i = int(ids[r])
             reset_info = raw[r].get("reset_info") if raw else None
@@ -265,10 +285,13 @@ class EpisodeTracker:
                     continue
             else:
                 self.finish(i)
-            seed, origin = next_episode(i)
-            self.start(
-                i, row_of(res.obs, r), reset_info or {}, seed=seed, options=None, origin=origin
-            )
+            starting.append((r, i, reset_info or {}))
+        if starting:
+            origins = next_episodes([i for _, i, _ in starting])
+            for (r, i, reset_info), (seed, origin) in zip(starting, origins, strict=True):
+                self.start(
+                    i, row_of(res.obs, r), reset_info, seed=seed, options=None, origin=origin
+                )
         if self.snapshot_every:
             ended = set(done)
             self.snapshots(int(ids[r]) for r in range(ids.size) if r not in ended)

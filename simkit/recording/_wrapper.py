@@ -13,10 +13,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 import simkit
-from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
 from simkit.recording._io import RecordingWriter
-from simkit.recording._tracker import EpisodeTracker, row_of
+from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 
 __all__ = ["RecordEpisodes", "environment_versions", "env_info"]
 
@@ -145,21 +145,26 @@ class RecordEpisodes(gym.vector.VectorWrapper):
 
     # ------------------------------------------------------------------ episodes
 
-    def _origin(self, i: int) -> tuple[int | None, dict[str, Any]]:
-        """The seed and origin of env ``i``'s episode number ``self._index[i]``."""
-        root, k = self._roots[i], int(self._index[i])
-        seed = None if root is None else episode_seed(root, i, k)
-        if root is None and k == 0 and self._explicit is not None:
-            seed = self._explicit[i]
-        return seed, {"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind}
+    def _origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        """The seeds and origins of episodes number ``self._index[i]`` of envs ``ids``."""
+        roots = [self._roots[i] for i in ids]
+        index = [int(self._index[i]) for i in ids]
+        seeds = seeds_of(roots, ids, index)
+        out = []
+        for i, root, k, seed in zip(ids, roots, index, seeds, strict=True):
+            if root is None and k == 0 and self._explicit is not None:
+                seed = self._explicit[i]
+            origin = {"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind}
+            out.append((seed, origin))
+        return out
 
     def _start(self, i: int, obs_row: Any, reset_info: dict[str, Any], options: Any) -> None:
-        seed, origin = self._origin(i)
+        ((seed, origin),) = self._origins([i])
         self.tracker.start(i, obs_row, reset_info, seed=seed, options=options, origin=origin)
 
-    def _next_episode(self, i: int) -> tuple[int | None, dict[str, Any]]:
-        self._index[i] += 1
-        return self._origin(i)
+    def _next_episodes(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        self._index[ids] += 1
+        return self._origins(ids)
 
     # --------------------------------------------------------------------- reset
 
@@ -203,7 +208,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
     def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
         """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
         res: BatchStep = self.env.unwrapped.step_batch(actions, *args, **kwargs)  # type: ignore[attr-defined]
-        self.tracker.log_batch_step(res, actions, self.policy_version, self._next_episode)
+        self.tracker.log_batch_step(res, actions, self.policy_version, self._next_episodes)
         return res
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
