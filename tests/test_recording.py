@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -760,3 +761,98 @@ def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None
         buf.append(
             np.arange(3), None, obs, np.zeros((3, 3), np.int32), np.ones(3), flags, flags, infos, 9
         )
+
+
+def test_a_policy_stream_recorded_by_the_learner_replays_bit_for_bit(tmp_path: Path) -> None:
+    from simkit.clients import PolicyStream
+    from simkit.models import ModelSpec, build_model, get_weights
+    from simkit.recording import FragmentRecorder
+    from simkit.servers import RolloutServer
+
+    spec = ModelSpec("mlp", {"hidden_sizes": [8]})
+    kwargs = {"max_episode_steps": 6}
+    server = RolloutServer(
+        "simkit/CartPole-v0",
+        4,
+        f"ipc://{tmp_path}/s.sock",
+        policy=True,
+        device="cpu",
+        fragment_length=8,
+        env_kwargs=kwargs,
+    ).start()
+    probe = VectorEnv("simkit/CartPole-v0", 1)
+    model = build_model(spec, probe.single_observation_space, probe.single_action_space)
+    probe.close()
+    recorder = FragmentRecorder(
+        tmp_path / "rec", "simkit/CartPole-v0", root_seed=13, env_kwargs=kwargs
+    )
+    try:
+        with PolicyStream([server.endpoint], spec, num_envs=4, seed=13, timeout=20) as stream:
+            for version in range(3):
+                stream.push_weights(get_weights(model, version))
+                recorder.record(stream.next_batch())
+    finally:
+        recorder.close()
+        server.stop()
+    reader = _verify_all(tmp_path / "rec")
+    assert len(reader) >= 8
+    assert {s.policy_version_max for s in reader.stats()} <= {0, 1, 2}
+
+
+def _reacher(directory: Path) -> Path:
+    """One 6-step Reacher episode, rendered small when replayed (the kwargs are recorded)."""
+    kwargs = {"max_episode_steps": 6, "width": 64, "height": 48}
+    vec = VectorEnv([lambda: simkit.make("simkit/Reacher-v0", **kwargs)])
+    env = RecordEpisodes(vec, directory, env_id="simkit/Reacher-v0", env_kwargs=kwargs)
+    env.reset(seed=2)
+    while env.writer.episodes_written < 1:
+        env.step_batch(np.full((1, 2), 0.5, np.float32))
+    env.close()
+    return directory
+
+
+def test_render_to_a_video_names_the_missing_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("imageio")
+    from simkit.errors import MissingDependency
+    from simkit.recording import render_episode
+
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    reader = RecordingReader(_reacher(tmp_path / "rec"))
+    with pytest.raises(MissingDependency, match=r"'imageio_ffmpeg'.*simkit\[bench\]"):
+        render_episode(reader, 0, str(tmp_path / "out.mp4"))
+
+
+def test_replay_renders_an_mp4_with_a_software_opengl_backend(tmp_path: Path) -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("OSMesa") is None:
+        pytest.skip("no OSMesa library (apt-get install libosmesa6)")
+    pytest.importorskip("imageio")
+    pytest.importorskip("imageio_ffmpeg")
+    src = _reacher(tmp_path / "rec")
+    out = tmp_path / "episode.mp4"
+    # imageio's ffmpeg reader leaves files to the garbage collector: read back in the
+    # subprocess too, where ResourceWarnings are not errors.
+    script = (
+        "import json, sys; import imageio.v3 as iio; from simkit.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "frames = iio.imread(sys.argv[-1])\n"
+        "print(json.dumps([list(frames.shape), float(frames.std())]))\n"
+        "sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "replay", str(src), "--render", str(out)],
+        env={**os.environ, "MUJOCO_GL": "osmesa"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    length = RecordingReader(src).stats()[0].length
+    assert f"wrote {length + 1} frames" in done.stdout
+    shape, std = json.loads(done.stdout.splitlines()[-1])
+    assert shape[0] == length + 1
+    assert shape[-1] == 3
+    assert std > 0  # a scene, not a blank buffer
