@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import simkit
 from simkit import snapshot
 from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence, SimkitError
+from simkit.protocol import DTYPES
 from simkit.recording import (
     Episode,
     RecordEpisodes,
@@ -82,10 +83,37 @@ infos = st.recursive(
 ).map(lambda v: v if isinstance(v, dict) else {"value": v})
 
 
+def _box(dtype: str, shape: tuple[int, ...]) -> spaces.Box:
+    if dtype == "bool":
+        return spaces.Box(0, 1, shape, np.bool_)
+    kind = np.dtype(dtype).kind
+    low, high = (-2, 3) if kind == "i" else (0, 3) if kind == "u" else (-1.5, 1.5)
+    return spaces.Box(low, high, shape, np.dtype(dtype))
+
+
+leaf_spaces = st.one_of(
+    st.builds(
+        _box,
+        st.sampled_from(DTYPES),  # every dtype the spaces codec carries
+        st.lists(st.integers(0, 3), max_size=2).map(tuple),
+    ),
+    st.sampled_from(SPACES[:7]),
+    st.integers(1, 4).map(lambda n: spaces.Discrete(n, start=-1)),
+)
+any_space = st.recursive(
+    leaf_spaces,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=3).map(lambda xs: spaces.Tuple(tuple(xs))),
+        st.dictionaries(st.sampled_from("abc"), inner, min_size=1, max_size=3).map(spaces.Dict),
+    ),
+    max_leaves=4,
+)
+
+
 @st.composite
 def episodes(draw: st.DrawFn) -> Episode:
-    obs_space = draw(st.sampled_from(SPACES))
-    act_space = draw(st.sampled_from(SPACES))
+    obs_space = draw(any_space)
+    act_space = draw(any_space)
     seed = draw(st.integers(0, 2**32))
     obs_space.seed(seed)
     act_space.seed(seed + 1)
