@@ -52,17 +52,27 @@ class ServerRecorder:
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs)
         self.versions = environment_versions(env_id)
-        self.writer = RecordingWriter(directory, **writer_kwargs)
         self.errors = 0
         """Recorder failures (logged; the sessions were served regardless)."""
+        self.writer = RecordingWriter(directory, on_error=self._write_failed, **writer_kwargs)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """An episode failed to encode or write (on the writer thread): log, count, go on."""
+        self.errors += 1
+        log.error("recording an episode into %s failed: %r", self.writer.directory, exc)
 
     def wrap(self, host: EnvListHost | BatchEnvHost, session: str) -> RecordingHost:
         """``host`` recorded as session ``session`` (its hex id, kept in each origin)."""
         return RecordingHost(host, self, session)
 
     def close(self) -> None:
-        """Writes the queued episodes and releases the directory."""
-        self.writer.close()
+        """Writes the queued episodes and releases the directory (errors are logged: a
+        server shutting down finishes shutting down)."""
+        try:
+            self.writer.close()
+        except Exception:
+            self.errors += 1
+            log.exception("closing the recording %s failed", self.writer.directory)
 
 
 class RecordingHost:

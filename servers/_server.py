@@ -210,6 +210,8 @@ class RolloutServer:
             raise ValueError(
                 f"recording a server needs a single-agent env; {env_id!r} is multi-agent"
             )
+        if record is not None and policy:
+            log.warning("--record records step sessions; record stream sessions on the learner")
         self._batch_spec = None if self._ma_factory else batch_spec_of(env_id)
         self._factory = (
             make_env_factory(env_id, **self._env_kwargs)

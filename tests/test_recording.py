@@ -735,10 +735,10 @@ def test_server_recording_keeps_serving_through_faults_and_recorder_errors(
         for _ in range(10):
             remote.step(ok)
         remote.close()
-        assert server.recorder is not None
-        assert server.recorder.errors == 1
     finally:
         server.stop()
+    assert server.recorder is not None
+    assert server.recorder.errors == 1  # counted once the writer thread met it
     reader = _verify_all(tmp_path / "rec")
     stats = [(e.origin["env_index"], e.origin["episode_index"]) for e in reader]
     assert lost[0] not in stats  # the faulted episode
@@ -884,3 +884,25 @@ def test_replay_renders_an_mp4_with_a_software_opengl_backend(tmp_path: Path) ->
     assert shape[0] == length + 1
     assert shape[-1] == 3
     assert std > 0  # a scene, not a blank buffer
+
+
+def test_background_write_errors_reach_the_caller_once_and_later_episodes_are_kept(
+    tmp_path: Path,
+) -> None:
+    good = list(RecordingReader(_seeded(tmp_path / "src")))
+    bad = Episode(**{**good[0].__dict__, "infos": [{"odd": object()}] * good[0].length})
+    with RecordingWriter(tmp_path / "rec") as writer:
+        writer.write(bad)
+        with pytest.raises(TypeError, match=r"infos\[0\]\.odd"):
+            writer.flush()
+        writer.flush()  # reported once
+        writer.write(bad)
+        assert writer._queue is not None
+        writer._queue.join()  # the writer thread has met the error: the next call reports it
+        with pytest.raises(TypeError, match=r"infos\[0\]\.odd"):
+            writer.write(good[0])  # ... and queues its own episode all the same
+        writer.write(good[1])
+    reader = RecordingReader(tmp_path / "rec")
+    assert [e.seed for e in reader] == [good[0].seed, good[1].seed]
+    with pytest.raises(ValueError, match="is closed"):
+        writer.write(good[0])

@@ -8,7 +8,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,9 @@ class RecordingWriter:
         background: encode and write on a writer thread.
         max_pending: episodes queued at most; :meth:`write` waits when the queue is
             full (the recorder slows the caller instead of growing memory).
+        on_error: called (on the writer thread) with the exception of an episode that
+            failed to encode or write in the background, instead of raising it at the
+            next call: for callers that must never be interrupted (a server).
 
     Raises:
         RecordingLocked: another process writes to ``directory``.
@@ -89,6 +92,7 @@ class RecordingWriter:
         fsync: str = "chunk",
         background: bool = True,
         max_pending: int = 256,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
@@ -116,6 +120,7 @@ class RecordingWriter:
         """Bytes of the frames written to disk so far."""
         self._closed = False
         self._error: BaseException | None = None
+        self._on_error = on_error
         self._queue: queue.Queue[Episode | None] | None = None
         self._thread: threading.Thread | None = None
         if background:
@@ -163,7 +168,9 @@ class RecordingWriter:
                     return
                 self._append(episode)
             except BaseException as exc:  # handed to the caller at its next call
-                if self._error is None:
+                if self._on_error is not None:
+                    self._on_error(exc)
+                elif self._error is None:
                     self._error = exc
             finally:
                 self._queue.task_done()
