@@ -12,7 +12,8 @@ Usage: ``python bench/bench_record.py [--num-envs 64] [--steps 1000] [--rounds 5
   the median ratio of env steps per second (wall and process CPU time).
 - Recording cost, server: two ``simkit serve`` subprocesses, one with ``--record``,
   each stepped by one ``RemoteVectorEnv`` client (``step_batch``, same actions, same
-  mid-round episode ends), interleaved round by round.
+  mid-round episode ends), interleaved round by round; also the servers' own CPU
+  seconds per round (``/proc/PID/stat``), which other processes' load does not inflate.
 - Size: bytes per million env steps, zstd (default) and uncompressed.
 - Write / read speed: the recorded episodes re-written from memory (encode + write,
   ``background=False``) and read back (open + decode every episode), in MB/s and
@@ -97,6 +98,12 @@ def _serve(n: int, endpoint: str, *extra: str) -> subprocess.Popen[bytes]:
     )
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads; Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _ratios(name: str, plain: list[float], recorded: list[float]) -> None:
     ratios = [p / q for p, q in zip(plain, recorded, strict=True)]
     print(
@@ -120,11 +127,13 @@ def _server_cost(n: int, steps: int, rounds: int, root: Path) -> None:
             c.reset(seed=0)
             _steps(c, actions[: steps // 2])
         times: list[list[float]] = [[], []]
+        cpu: list[list[float]] = [[], []]
         for _ in range(rounds):
             for k, c in enumerate(clients):
-                start = time.perf_counter()
+                start, used = time.perf_counter(), _cpu_seconds(procs[k].pid)
                 _steps(c, actions)
                 times[k].append(time.perf_counter() - start)
+                cpu[k].append(_cpu_seconds(procs[k].pid) - used)
         for c in clients:
             c.close()
     finally:
@@ -136,6 +145,7 @@ def _server_cost(n: int, steps: int, rounds: int, root: Path) -> None:
     rate = statistics.median(steps * n / t for t in times[0])
     print(f"server, plain: {rate:,.0f} env steps/s through one client (median of {rounds})")
     _ratios("server recorded / plain throughput, wall clock", times[0], times[1])
+    _ratios("server plain / recorded CPU seconds per env step (server process)", cpu[0], cpu[1])
     print(f"  (the recording server wrote {written} episodes)")
 
 

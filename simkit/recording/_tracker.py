@@ -246,11 +246,12 @@ class EpisodeTracker:
     ) -> None:
         """Records one same-step-autoreset :class:`BatchStep` (``final_obs`` ends episodes).
 
-        An ended row writes its episode; when the row's info holds ``reset_info`` (the
-        next episode (its first observation is the row of ``obs``) gets ``(seed, origin)``
-        from ``next_episodes([i, ...])`` (one call for every env that started one). Envs in ``faulted`` raised: their episodes are dropped
-        (an env's exception is not re-simulated); without a ``reset_info`` their reset
-        failed too and they start again at their next :meth:`start`.
+        An ended row writes its episode, and the env's next episode starts at the row of
+        ``obs`` with the row's ``reset_info``; ``next_episodes([i, ...])`` gives the
+        ``(seed, origin)`` of every env that started one (one call per step). Envs in
+        ``faulted`` raised: their episodes are dropped (an env's exception is not
+        re-simulated); without a ``reset_info`` their reset failed too, and they start
+        again at their next :meth:`start`.
         """
         ids = np.asarray(res.env_ids)
         raw = res.infos
