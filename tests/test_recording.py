@@ -906,3 +906,26 @@ def test_background_write_errors_reach_the_caller_once_and_later_episodes_are_ke
     assert [e.seed for e in reader] == [good[0].seed, good[1].seed]
     with pytest.raises(ValueError, match="is closed"):
         writer.write(good[0])
+
+
+def test_a_remote_env_fault_leaves_its_episode_out_of_a_client_recording(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    simkit.register("test/Brittle-v0", _Brittle, override=True)
+    server = RolloutServer("test/Brittle-v0", 2, f"ipc://{tmp_path}/s.sock").start()
+    try:
+        for mode in ("step", "step_batch"):
+            remote = RemoteVectorEnv(server.endpoint, timeout=10)
+            env = RecordEpisodes(remote, tmp_path / mode, env_id="test/Brittle-v0")
+            env.reset(seed=3)
+            for t in range(12):
+                action = np.zeros((2, 1), np.float32)
+                action[1] = 1.0 if t == 2 else 0.0  # env 1 raises once
+                getattr(env, mode)(action)
+            assert env.tracker.dropped >= 1
+            env.close()
+            reader = _verify_all(tmp_path / mode)
+            assert len(reader) >= 3
+    finally:
+        server.stop()

@@ -208,8 +208,15 @@ class RecordEpisodes(gym.vector.VectorWrapper):
     def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
         """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
         res: BatchStep = self.env.unwrapped.step_batch(actions, *args, **kwargs)  # type: ignore[attr-defined]
-        self.tracker.log_batch_step(res, actions, self.policy_version, self._next_episodes)
+        self.tracker.log_batch_step(
+            res, actions, self.policy_version, self._next_episodes, faulted=self._faulted()
+        )
         return res
+
+    def _faulted(self) -> set[int]:
+        """Envs that raised on the last step (``RemoteVectorEnv.faults``): their episodes
+        were cut by the server, not by the env, and are not recorded."""
+        return {int(f.env_id) for f in getattr(self.env.unwrapped, "faults", None) or ()}
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Gymnasium's ``step``, recorded under the vector's autoreset mode."""
@@ -247,8 +254,12 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         for i in pending.tolist():
             self._pending[i] = False
             self._autoreset(i, row_of(obs, i), env_info(info, i))
+        bad = self._faulted() if done.size else set()
         for i in done.tolist():
-            tracker.finish(i)
+            if i in bad:
+                tracker.drop(i)
+            else:
+                tracker.finish(i)
             if same_step:
                 merged = {k: v for k, v in info.items() if "final_" not in k}
                 self._autoreset(i, row_of(obs, i), env_info(merged, i))
