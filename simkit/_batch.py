@@ -11,7 +11,7 @@ single-instance env reset with ``episode_seed(root, i, k)`` for its ``k``-th epi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from simkit._batch_actions import check_torch_actions
-from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, compile_sampler
+from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, Sampler
 from simkit._batch_gym import GymStepAdapter, scatter
 from simkit._batch_queue import BatchQueue, PendingStep, take_rows, to_numpy
 from simkit._contract import check_max_episode_steps
@@ -128,11 +128,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             self.xp = torch
             self.device = torch.device(device)
         self._env_overrides = self._per_instance(params, "params")
-        compiled: dict[int, Callable[[np.random.Generator], Params]] = {}
+        compiled: dict[int, Sampler] = {}
         self._samplers = [
             compiled.setdefault(
-                id(overrides),
-                compile_sampler(resolve_overrides(self.randomization, overrides)),
+                id(overrides), Sampler(resolve_overrides(self.randomization, overrides))
             )
             for overrides in self._env_overrides
         ]
@@ -141,6 +140,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._rngs: list[np.random.Generator | None] = [None] * n
         self._params: list[Params] = [{} for _ in range(n)]
         self.param_arrays: dict[str, np.ndarray] = {}
+        self._param_block: tuple[tuple[str, ...], np.ndarray] | None = None
         self._elapsed = np.zeros(n, dtype=np.int64)
         self._pending_reset = np.zeros(n, dtype=np.bool_)
         self._has_reset = False

@@ -10,7 +10,7 @@ all or nothing. The validators are :class:`simkit._contract.ContractCore`'s.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -48,10 +48,11 @@ class BatchContract:
     xp: Any
     device: Any
     param_arrays: dict[str, np.ndarray]
+    _param_block: tuple[tuple[str, ...], np.ndarray] | None
     _seeds: EpisodeSeeds
     _rngs: list[np.random.Generator | None]
     _params: list[Params]
-    _samplers: list[Callable[[np.random.Generator], Params]]
+    _samplers: list[Sampler]
     _env_overrides: list[Mapping[str, Any]]
     _elapsed: np.ndarray
     _pending_reset: np.ndarray
@@ -106,19 +107,13 @@ class BatchContract:
         options: dict[str, Any],
     ) -> tuple[Any, list[dict[str, Any]]]:
         id_list = ids.tolist()
-        rngs = self._seeds.next_generators(ids, [self._rngs[i] for i in id_list])
-        params: list[Params] = []
+        all_rngs = self._rngs
+        rngs = self._seeds.next_generators(ids, [all_rngs[i] for i in id_list])
         for i, rng in zip(id_list, rngs, strict=True):
-            if per_reset is None or not per_reset[i]:
-                sampled = self._samplers[i](rng)
-            else:
-                overrides = {**self._env_overrides[i], **per_reset[i]}
-                sampled = sample_params(resolve_overrides(self.randomization, overrides), rng)
-            self._rngs[i] = rng
-            self._params[i] = sampled
-            params.append(sampled)
+            all_rngs[i] = rng
+        params, values = self._sample(id_list, rngs, per_reset)
         self._elapsed[ids] = 0
-        self._update_param_arrays(ids)
+        self._update_param_arrays(ids, values)
         self._prepare_instances(ids)
         obs_rows, infos = self.reset_instances(ids, rngs, params, options)
         if len(infos) != len(ids):
@@ -126,16 +121,60 @@ class BatchContract:
                 f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts, "
                 f"got {len(infos)}"
             )
-        out = []
-        for info, p in zip(infos, params, strict=True):
-            row = dict(info)
-            row["params"] = _copy_params(p)
-            out.append(row)
-        return obs_rows, out
+        copy_params = dict if values is not None else _copy_params
+        return obs_rows, [
+            {**info, "params": copy_params(p)} for info, p in zip(infos, params, strict=True)
+        ]
 
-    def _update_param_arrays(self, ids: np.ndarray) -> None:
+    def _sample(
+        self,
+        id_list: list[int],
+        rngs: Sequence[np.random.Generator],
+        per_reset: list[Mapping[str, Any]] | None,
+    ) -> tuple[list[Params], np.ndarray | None]:
+        """Each instance's parameters for its new episode, drawn from its generator, and
+        their values as one array when one sampler's fast path drew them all."""
+        samplers = self._samplers
+        params: list[Params] = [{}] * len(id_list)
+        values = None
+        groups: dict[int, list[int]] = {}
+        for k, i in enumerate(id_list):
+            if per_reset is None or not per_reset[i]:
+                groups.setdefault(id(samplers[i]), []).append(k)
+            else:
+                overrides = {**self._env_overrides[i], **per_reset[i]}
+                params[k] = sample_params(resolve_overrides(self.randomization, overrides), rngs[k])
+        for ks in groups.values():
+            whole = len(ks) == len(id_list)
+            rows, drawn = samplers[id_list[ks[0]]].rows(rngs if whole else [rngs[k] for k in ks])
+            values = drawn if whole else None
+            for k, p in zip(ks, rows, strict=True):
+                params[k] = p
+        for i, p in zip(id_list, params, strict=True):
+            self._params[i] = p
+        return params, values
+
+    def _update_param_arrays(self, ids: np.ndarray, values: np.ndarray | None = None) -> None:
+        """Writes the new parameters of ``ids`` into :attr:`param_arrays`; ``values`` are
+        those of the sampled names (:attr:`Sampler.names`), one row per id."""
         if not len(ids):
             return
+        columns = {}
+        if values is not None:
+            names = self._samplers[int(ids[0])].names
+            block = self._param_block
+            if block is None and not self.param_arrays and names == tuple(self.randomization):
+                # every declared parameter is a sampled scalar: one (N, m) array whose
+                # columns are the param_arrays, written with one assignment per reset
+                block = self._param_block = (
+                    names,
+                    np.zeros((self.num_envs, len(names)), order="F"),
+                )
+                self.param_arrays.update({name: block[1][:, j] for j, name in enumerate(names)})
+            if block is not None and block[0] == names:
+                block[1][ids] = values
+                return
+            columns = {name: values[:, j] for j, name in enumerate(names)}
         first = self._params[int(ids[0])]
         for name, dist in self.randomization.items():
             sample = first.get(name)
@@ -145,7 +184,10 @@ class BatchContract:
             if arr is None:
                 arr = np.zeros((self.num_envs, *dist.shape), dtype=np.float64)
                 self.param_arrays[name] = arr
-            arr[ids] = [self._params[i][name] for i in ids.tolist()]
+            column = columns.get(name)
+            arr[ids] = (
+                column if column is not None else [self._params[i][name] for i in ids.tolist()]
+            )
 
     def _truncated(self, ids: np.ndarray | None = None) -> np.ndarray:
         if ids is None or len(ids) == self.num_envs:
@@ -328,42 +370,64 @@ def _copy_params(params: Params) -> Params:
     return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in params.items()}
 
 
-def compile_sampler(
-    resolved: Mapping[str, Distribution | Any],
-) -> Callable[[np.random.Generator], Params]:
-    """A sampler equal to ``sample_params(resolved, rng)`` draw for draw, bit for bit.
+class Sampler:
+    """Samples one resolved declaration, equal to ``sample_params(resolved, rng)`` draw
+    for draw, bit for bit, for many generators at once (:meth:`rows`).
 
-    When every randomized parameter is a scalar ``Uniform``/``LogUniform``, their draws
-    come from one ``rng.random(k)`` call: ``Generator.uniform(lo, hi)`` is
-    ``lo + (hi - lo) * next_double`` on the same stream, so the values (and the clipping
-    into the bounds that :meth:`Distribution.sample` applies) are the same doubles.
+    When every randomized parameter is a scalar ``Uniform``/``LogUniform``, an
+    instance's draws come from one ``rng.random(k)`` call: ``Generator.uniform(lo, hi)``
+    is ``lo + (hi - lo) * next_double`` on the same stream, so the values (and the
+    clipping into the bounds that :meth:`Distribution.sample` applies) are the same
+    doubles, and :meth:`rows` computes them for all instances with array arithmetic.
     Anything else falls back to :func:`sample_params`.
     """
-    plan: list[tuple[str, int, float, float, float, float]] = []
-    fixed: dict[str, Any] = {}
-    for name, spec in resolved.items():
-        if type(spec) is Uniform and spec.shape == ():
-            lo, hi = float(spec.low), float(spec.high)  # type: ignore[arg-type]
-            plan.append((name, 0, lo, hi - lo, lo, hi))
-        elif type(spec) is LogUniform and spec.shape == ():
-            lo64, hi64 = np.float64(spec.low), np.float64(spec.high)  # type: ignore[arg-type]
-            log_lo, log_hi = float(np.log(lo64)), float(np.log(hi64))
-            plan.append((name, 1, log_lo, log_hi - log_lo, float(lo64), float(hi64)))
-        elif isinstance(spec, Distribution | np.ndarray):
-            return lambda rng: sample_params(resolved, rng)
-        else:
-            fixed[name] = spec
-    order = list(resolved)
-    count = len(plan)
 
-    def sample(rng: np.random.Generator) -> Params:
-        out: Params = dict(fixed)
-        draws = rng.random(count).tolist() if count else []
-        for (name, kind, start, width, lo, hi), u in zip(plan, draws, strict=True):
-            value = start + width * u
-            if kind == 1:
-                value = float(np.exp(value))
-            out[name] = min(max(value, lo), hi)
-        return {name: out[name] for name in order}
+    def __init__(self, resolved: Mapping[str, Distribution | Any]) -> None:
+        self._resolved = resolved
+        self._order = list(resolved)
+        self._fixed: dict[str, Any] = {}
+        self.fast = True
+        plan: list[tuple[str, float, float, float, float, bool]] = []
+        for name, spec in resolved.items():
+            if type(spec) is Uniform and spec.shape == ():
+                lo, hi = float(spec.low), float(spec.high)  # type: ignore[arg-type]
+                plan.append((name, lo, hi - lo, lo, hi, False))
+            elif type(spec) is LogUniform and spec.shape == ():
+                lo64, hi64 = np.float64(spec.low), np.float64(spec.high)  # type: ignore[arg-type]
+                log_lo, log_hi = float(np.log(lo64)), float(np.log(hi64))
+                plan.append((name, log_lo, log_hi - log_lo, float(lo64), float(hi64), True))
+            elif isinstance(spec, Distribution | np.ndarray):
+                self.fast = False
+            else:
+                self._fixed[name] = spec
+        names = [p[0] for p in plan]
+        self.names: tuple[str, ...] = tuple(names)
+        """The sampled parameters, in declaration order (fast path only)."""
+        self._start, self._width, self._low, self._high = (
+            np.array([p[k] for p in plan], dtype=np.float64) for k in range(1, 5)
+        )
+        self._log = [j for j, p in enumerate(plan) if p[5]]
+        self._plain = not self._fixed and list(names) == self._order
 
-    return sample
+    def rows(self, rngs: Sequence[np.random.Generator]) -> tuple[list[Params], np.ndarray | None]:
+        """Each generator's parameters, and on the fast path their ``(len(rngs),
+        len(names))`` float64 values (``None`` otherwise)."""
+        if not self.fast:
+            return [sample_params(self._resolved, rng) for rng in rngs], None
+        count = len(self.names)
+        values = np.empty((len(rngs), count))
+        if count:
+            for j, rng in enumerate(rngs):
+                rng.random(out=values[j])
+            values = self._start + self._width * values
+            for c in self._log:
+                values[:, c] = np.exp(np.ascontiguousarray(values[:, c]))
+            np.minimum(np.maximum(values, self._low), self._high, out=values)
+        names = self.names
+        if self._plain:
+            return [dict(zip(names, row, strict=True)) for row in values.tolist()], values
+        out = []
+        for row in values.tolist():
+            drawn = {**self._fixed, **dict(zip(names, row, strict=True))}
+            out.append({name: drawn[name] for name in self._order})
+        return out, values

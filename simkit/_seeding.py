@@ -48,7 +48,6 @@ _MIX_MULT_L = 0xCA01F9DD
 _MIX_MULT_R = 0x4973F715
 _POOL_SIZE = 4
 _PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645
-_M128 = (1 << 128) - 1
 
 
 def _words(n: int) -> list[int]:
@@ -184,21 +183,45 @@ def _pcg64_words(seeds: np.ndarray) -> np.ndarray:
     return out
 
 
-def _pcg64_state(words: Sequence[int]) -> tuple[int, int]:
-    """PCG64's ``(state, inc)`` from its four seeding words (``pcg64_set_seed``)."""
-    s0, s1, i0, i1 = words
-    initstate, initseq = (s0 << 64) | s1, (i0 << 64) | i1
-    inc = ((initseq << 1) | 1) & _M128
-    return ((inc + initstate) * _PCG_MULT + inc) & _M128, inc  # state 0, step, add, step
+_U32, _U64_ONE = np.uint64(32), np.uint64(1)
+_LO32 = np.uint64(_M32)
+_MULT_HI, _MULT_LO = np.uint64(_PCG_MULT >> 64), np.uint64(_PCG_MULT & ((1 << 64) - 1))
 
 
-def _seed_generator(rng: np.random.Generator | None, words: Sequence[int]) -> np.random.Generator:
-    if rng is None or not isinstance(rng.bit_generator, np.random.PCG64):
+def _mul_hi(a: np.ndarray, b: np.uint64) -> np.ndarray:
+    """The high 64 bits of each 128-bit product ``a * b`` (uint64 arrays, 32-bit halves)."""
+    a0, a1, b0, b1 = a & _LO32, a >> _U32, b & _LO32, b >> _U32
+    cross_a, cross_b = a0 * b1, a1 * b0
+    mid = (a0 * b0 >> _U32) + (cross_a & _LO32) + (cross_b & _LO32)
+    return a1 * b1 + (cross_a >> _U32) + (cross_b >> _U32) + (mid >> _U32)
+
+
+def _pcg64_states(seeds: np.ndarray) -> np.ndarray:
+    """PCG64's state after ``PCG64(seed)`` for every seed, as ``(n, 4)`` uint64 rows
+    ``(state_hi, state_lo, inc_hi, inc_lo)``: ``pcg64_set_seed`` (state 0, step, add
+    the seed, step) in 128-bit arithmetic on pairs of uint64 arrays (wrapping)."""
+    words = _pcg64_words(seeds)
+    s_hi, s_lo, i_hi, i_lo = (words[:, j] for j in range(4))
+    inc_hi = (i_hi << _U64_ONE) | (i_lo >> np.uint64(63))
+    inc_lo = (i_lo << _U64_ONE) | _U64_ONE
+    # state = (inc + initstate) * MULT + inc, mod 2**128
+    a_lo = inc_lo + s_lo
+    a_hi = inc_hi + s_hi + (a_lo < inc_lo).astype(np.uint64)
+    p_lo = a_lo * _MULT_LO
+    p_hi = _mul_hi(a_lo, _MULT_LO) + a_lo * _MULT_HI + a_hi * _MULT_LO
+    st_lo = p_lo + inc_lo
+    st_hi = p_hi + inc_hi + (st_lo < p_lo).astype(np.uint64)
+    return np.stack([st_hi, st_lo, inc_hi, inc_lo], axis=1)
+
+
+def _seed_generator(rng: np.random.Generator | None, row: Sequence[int]) -> np.random.Generator:
+    """``rng`` (or a new generator) re-seeded with a row of :func:`_pcg64_states`."""
+    if rng is None or type(rng.bit_generator) is not np.random.PCG64:
         rng = np.random.Generator(np.random.PCG64(0))
-    state, inc = _pcg64_state(words)
+    st_hi, st_lo, inc_hi, inc_lo = row
     rng.bit_generator.state = {
         "bit_generator": "PCG64",
-        "state": {"state": state, "inc": inc},
+        "state": {"state": st_hi << 64 | st_lo, "inc": inc_hi << 64 | inc_lo},
         "has_uint32": 0,
         "uinteger": 0,
     }
@@ -218,10 +241,10 @@ def pcg64_generators(
         seeds: ``(n,)`` seeds in ``[0, 2**64)``.
         reuse: optional ``n`` generators (or ``None``) to re-seed.
     """
-    words = _pcg64_words(np.asarray(seeds, dtype=np.uint64))
+    states = _pcg64_states(np.asarray(seeds, dtype=np.uint64))
     return [
         _seed_generator(reuse[j] if reuse is not None else None, row)
-        for j, row in enumerate(words.tolist())
+        for j, row in enumerate(states.tolist())
     ]
 
 
@@ -265,7 +288,7 @@ class EpisodeSeeds:
         self.episode = np.full(num_envs, -1, dtype=np.int64)
         self.env_offset = 0
         self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
-        self._words: dict[tuple[int, int, int], list[list[list[int]]]] = {}
+        self._words: dict[tuple[int, int, int], np.ndarray] = {}
 
     def plan(self, ids: np.ndarray, seed: Any = None) -> list[int | None]:
         """Seeds for resetting envs ``ids`` (in that order); advances the counters.
@@ -379,19 +402,29 @@ class EpisodeSeeds:
         if sum(len(ks) for ks in groups.values()) != len(ids):
             raise ValueError("next_generators needs every env to have a root seed")
         for root, ks in groups.items():
-            rows = ids[ks]
+            rows = ids[ks] if len(ks) != len(ids) else ids
             episodes = self.episode[rows]
-            for k, i, e in zip(ks, rows.tolist(), episodes.tolist(), strict=True):
-                words = self._words_block(root, e // _BLOCK)[i][e % _BLOCK]
-                out[k] = _seed_generator(reuse[k], words)
+            blocks = episodes // _BLOCK
+            first = int(blocks[0])
+            if (blocks == first).all():
+                words = self._words_block(root, first)[rows, episodes - first * _BLOCK].tolist()
+            else:
+                words = [
+                    self._words_block(root, e // _BLOCK)[i, e % _BLOCK].tolist()
+                    for i, e in zip(rows.tolist(), episodes.tolist(), strict=True)
+                ]
+            for k, w in zip(ks, words, strict=True):
+                out[k] = _seed_generator(reuse[k], w)
         return out
 
-    def _words_block(self, root: int, b: int) -> list[list[list[int]]]:
+    def _words_block(self, root: int, b: int) -> np.ndarray:
+        """PCG64 states (:func:`_pcg64_states`) of episodes ``b * _BLOCK ...`` of all N
+        envs: ``(N, _BLOCK, 4)``."""
         key = (root, self.env_offset, b)
         table = self._words.get(key)
         if table is None:
             seeds = self._block(root, b)
-            table = _pcg64_words(seeds.reshape(-1)).reshape(self.num_envs, _BLOCK, 4).tolist()
+            table = _pcg64_states(seeds.reshape(-1)).reshape(self.num_envs, _BLOCK, 4)
             if len(self._words) >= _MAX_BLOCKS:
                 self._words.clear()
             self._words[key] = table

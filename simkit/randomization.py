@@ -13,7 +13,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -31,6 +31,7 @@ __all__ = [
     "resolve_overrides",
     "sample_params",
     "params_equal",
+    "uniform_rows",
 ]
 
 Params: TypeAlias = dict[str, Any]
@@ -345,3 +346,39 @@ def params_equal(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         elif type(x) is not type(y) or x != y:
             return False
     return True
+
+
+def uniform_rows(
+    rngs: Sequence[np.random.Generator], low: float, high: float, size: int | tuple[int, ...] = ()
+) -> np.ndarray:
+    """``np.stack([rng.uniform(low, high, size) for rng in rngs])``, bit for bit.
+
+    For a :class:`simkit.BatchEnv` drawing the same kind of start state for every
+    instance it resets, each from that instance's generator: ``Generator.uniform`` is
+    ``low + (high - low) * next_double`` on the same stream, so each row is filled with
+    one ``rng.random(out=...)`` call and scaled for all rows at once.
+
+    Args:
+        rngs: one generator per row, each advanced by ``prod(size)`` draws.
+        low: the lower bound (a float).
+        high: the upper bound (a float, ``>= low``).
+        size: the shape of one row.
+
+    Returns:
+        A ``(len(rngs), *size)`` float64 array.
+
+    Raises:
+        ValueError: ``high - low`` is negative or not finite.
+    """
+    lo, hi = float(low), float(high)
+    width = hi - lo
+    if not (math.isfinite(width) and width >= 0):
+        raise ValueError(f"uniform_rows needs finite low <= high, got low={low!r}, high={high!r}")
+    shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+    out = np.empty((len(rngs), *shape))
+    flat = out.reshape(len(rngs), math.prod(shape))
+    for j, rng in enumerate(rngs):
+        rng.random(out=flat[j])
+    out *= width
+    out += lo
+    return out

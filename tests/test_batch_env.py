@@ -653,3 +653,32 @@ def test_torch_batch_cartpole_subset_steps_equal_numpy() -> None:
         np.testing.assert_array_equal(r.final_obs, t.final_obs.numpy())
         np.testing.assert_array_equal(r.truncated, t.truncated)
         np.testing.assert_array_equal(r.terminated, t.terminated)
+
+
+@pytest.mark.parametrize("params", [None, {"gravity": 9.5}], ids=["declared", "fixed gravity"])
+def test_param_arrays_follow_every_instances_params(params: dict[str, Any] | None) -> None:
+    """``param_arrays`` hold every instance's current params through autoresets (the
+    batched sampler's path), per-reset overrides, masked resets and ``set_state``."""
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=8, params=params)
+    rng = np.random.default_rng(0)
+
+    def check() -> None:
+        assert set(env.param_arrays) == set(env.randomization)
+        for name, arr in env.param_arrays.items():
+            assert arr.tolist() == [p[name] for p in env.params], name
+
+    env.reset(seed=3)
+    check()
+    for _ in range(60):
+        env.step_batch(rng.integers(0, 2, 8))
+        check()
+    snapshot = env.get_state()
+    env.reset(options={"params": {"pole_mass": 0.1}})
+    check()
+    env.reset(options={"reset_mask": np.arange(8) % 2 == 0})
+    check()
+    env.set_state(snapshot)
+    check()
+    for _ in range(30):
+        env.step_batch(rng.integers(0, 2, 8))
+        check()

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from simkit._batch_contract import Sampler
 from simkit.errors import InvalidParameter
 from simkit.randomization import (
     Choice,
@@ -19,6 +20,7 @@ from simkit.randomization import (
     params_equal,
     resolve_overrides,
     sample_params,
+    uniform_rows,
 )
 
 DISTRIBUTIONS: list[Distribution] = [
@@ -244,3 +246,78 @@ def test_sample_params_copies_fixed_arrays() -> None:
     a["friction"][0] = 0.0
     assert b["friction"][0] == 1.0
     assert not params_equal(a, b)
+
+
+@given(
+    seeds=st.lists(st.integers(0, 2**64 - 1), min_size=0, max_size=6),
+    low=st.floats(-1e6, 1e6),
+    width=st.floats(0, 1e6),
+    size=st.sampled_from([(), 1, 4, (2, 3)]),
+)
+def test_uniform_rows_are_each_generators_own_uniform_draws(
+    seeds: list[int], low: float, width: float, size: Any
+) -> None:
+    """Row k is ``rngs[k].uniform(low, high, size)`` bit for bit, and every generator is
+    left where that call leaves it."""
+    high = low + width
+    rngs = [np.random.default_rng(s) for s in seeds]
+    refs = [np.random.default_rng(s) for s in seeds]
+    rows = uniform_rows(rngs, low, high, size)
+    shape = (size,) if isinstance(size, int) else size
+    assert rows.shape == (len(seeds), *shape)
+    assert rows.dtype == np.float64
+    for row, ref in zip(rows, refs, strict=True):
+        np.testing.assert_array_equal(row, ref.uniform(low, high, size))
+    for rng, ref in zip(rngs, refs, strict=True):
+        assert rng.bit_generator.state == ref.bit_generator.state
+
+
+def test_uniform_rows_rejects_an_empty_or_infinite_range() -> None:
+    rngs = [np.random.default_rng(0)]
+    with pytest.raises(ValueError, match=r"finite low <= high, got low=1.0, high=0.0"):
+        uniform_rows(rngs, 1.0, 0.0)
+    with pytest.raises(ValueError, match=r"finite low <= high"):
+        uniform_rows(rngs, -np.inf, 0.0)
+
+
+_DECLARED = {
+    "gravity": Uniform(9.3, 10.3),
+    "pole_mass": LogUniform(0.05, 0.2),
+    "wide": LogUniform(1e-300, 1e300),
+    "force": Uniform(-1e6, 1e6),
+}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"gravity": 9.81},
+        {"pole_mass": LogUniform(0.1, 0.2), "force": 3.0},
+        {"gravity": Normal(9.8, 0.1, 9.3, 10.3)},
+        {"force": np.float64(2.0)},
+    ],
+    ids=["declared", "fixed first", "narrowed and fixed", "normal", "numpy scalar"],
+)
+@given(seeds=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=8))
+def test_sampler_rows_equal_sample_params_per_generator(
+    overrides: dict[str, Any], seeds: list[int]
+) -> None:
+    """The batched sampler (one ``random`` call per instance, array arithmetic over all)
+    gives each instance what ``sample_params`` gives it from its own generator, in the
+    declared order, and leaves each generator where ``sample_params`` leaves it."""
+    resolved = resolve_overrides(_DECLARED, overrides)
+    rngs = [np.random.default_rng(s) for s in seeds]
+    refs = [np.random.default_rng(s) for s in seeds]
+    rows, values = Sampler(resolved).rows(rngs)
+    for row, ref in zip(rows, refs, strict=True):
+        expected = sample_params(resolved, ref)
+        assert list(row) == list(expected)
+        assert params_equal(row, expected)
+    for rng, ref in zip(rngs, refs, strict=True):
+        assert rng.bit_generator.state == ref.bit_generator.state
+    sampler = Sampler(resolved)
+    if values is not None:
+        assert values.shape == (len(seeds), len(sampler.names))
+        for row, vals in zip(rows, values.tolist(), strict=True):
+            assert [row[name] for name in sampler.names] == vals

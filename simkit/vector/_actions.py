@@ -13,6 +13,8 @@ from simkit.errors import InvalidAction
 
 __all__ = ["check_batch", "check_batch_array", "split_rows"]
 
+_PY_RANGE_CHECK = 64
+
 
 def check_batch(
     space: spaces.Space[Any],
@@ -88,8 +90,12 @@ def check_batch_array(
                 f"actions must be an integer array of shape ({n},), got dtype {arr.dtype}"
             )
         lo, hi = int(space.start), int(space.start + space.n)
-        values: list[int] = arr.tolist()  # Python min/max: cheaper than numpy's at these sizes
-        if n and (min(values) < lo or max(values) >= hi):
+        if n <= _PY_RANGE_CHECK:  # Python's min/max beat numpy's call overhead on few rows
+            values: list[int] = arr.tolist()
+            outside = bool(n) and (min(values) < lo or max(values) >= hi)
+        else:
+            outside = bool(arr.min() < lo or arr.max() >= hi)
+        if outside:
             bad = (arr < lo) | (arr >= hi)
             raise InvalidAction(
                 f"actions must be in [{lo}, {hi}); {what} {env_ids[bad].tolist()} got "

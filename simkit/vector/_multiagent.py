@@ -23,7 +23,7 @@ from simkit.vector._vector import (
     _per_env_params,
     _positive_int,
     gather_rows,
-    with_params,
+    plan_env_resets,
 )
 
 __all__ = [
@@ -356,11 +356,12 @@ class MultiAgentVectorEnv:
             The observation rows and per-row infos of those envs.
         """
         ids = check_send_ids(env_ids, self.num_envs, None)
-        planned = self.seeds.plan_reset(ids, seed=seed, seeds=seeds)
+        plan = plan_env_resets(
+            self.seeds, ids, seed=seed, seeds=seeds, options=options, params=params
+        )
         infos: list[dict[str, Any]] = []
-        for k, i in enumerate(ids.tolist()):
-            opts = with_params(options, None if params is None else params[k])
-            infos.extend(self._reset_one(i, planned[k], opts))
+        for i, env_seed, opts in plan:
+            infos.extend(self._reset_one(i, env_seed, opts))
             self._broken[i] = False
         self._has_reset = bool((self.seeds.episode >= 0).all())
         return self._gather([self._obs_rows[r] for r in self._global_rows(ids)]), infos

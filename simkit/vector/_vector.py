@@ -411,11 +411,12 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         self._require_idle("reset()")
         ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
-        planned = self.seeds.plan_reset(ids, seed=seed, seeds=seeds)
+        plan = plan_env_resets(
+            self.seeds, ids, seed=seed, seeds=seeds, options=options, params=params
+        )
         infos = []
-        for k, i in enumerate(ids.tolist()):
-            opts = with_params(options, None if params is None else params[k])
-            obs, info = self.envs[i].reset(seed=planned[k], options=opts)
+        for i, env_seed, opts in plan:
+            obs, info = self.envs[i].reset(seed=env_seed, options=opts)
             self._obs_slot[i] = self._final_slot[i] = obs
             self._info_slot[i] = {}
             self._reset_info_slot[i] = None
@@ -845,6 +846,28 @@ def with_params(
     opts = dict(options or {})
     opts["params"] = {**dict(opts.get("params") or {}), **dict(params)}
     return opts
+
+
+def plan_env_resets(
+    seeding: EpisodeSeeds,
+    env_ids: np.ndarray,
+    *,
+    seed: int | None,
+    seeds: Sequence[int] | None,
+    options: Mapping[str, Any] | None,
+    params: Sequence[Mapping[str, Any] | None] | None,
+) -> list[tuple[int, int | None, dict[str, Any] | None]]:
+    """What a ``reset_envs`` call does to each env, in order: ``(env, seed, options)``.
+
+    The seeds come from ``seeding`` (which advances its counters): a root ``seed``,
+    explicit ``seeds`` or neither (:meth:`EpisodeSeeds.plan_reset`); the options are
+    ``options`` with ``params[k]`` merged over ``options["params"]`` (:func:`with_params`).
+    """
+    planned = seeding.plan_reset(env_ids, seed=seed, seeds=seeds)
+    return [
+        (i, planned[k], with_params(options, None if params is None else params[k]))
+        for k, i in enumerate(env_ids.tolist())
+    ]
 
 
 def _check_mask(mask: Any, n: int) -> np.ndarray:
