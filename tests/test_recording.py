@@ -929,3 +929,41 @@ def test_a_remote_env_fault_leaves_its_episode_out_of_a_client_recording(tmp_pat
             assert len(reader) >= 3
     finally:
         server.stop()
+
+
+def test_a_sigkilled_recording_server_leaves_a_readable_replayable_directory(
+    tmp_path: Path,
+) -> None:
+    from simkit.clients import RemoteVectorEnv
+
+    rec, bind = tmp_path / "rec", f"ipc://{tmp_path}/s.sock"
+    cmd = [sys.executable, "-m", "simkit.servers", "simkit/CartPole-v0", "--num-envs", "2"]
+    proc = subprocess.Popen(
+        [*cmd, "--bind", bind, "--record", str(rec)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        remote = RemoteVectorEnv(bind, timeout=60)
+        remote.reset(seed=4)
+        rng = np.random.default_rng(4)
+        ended = 0
+        while ended < 12:
+            step = remote.step_batch(rng.integers(0, 2, 2))
+            ended += int(np.sum(step.terminated | step.truncated))
+        deadline = time.monotonic() + 60
+        while len(RecordingReader(rec)) < ended:  # the writer drains while the server idles
+            assert time.monotonic() < deadline, "the server's writer never wrote its queue"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        remote.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    reader = RecordingReader(rec)  # no index for the chunk the dead server held: a scan
+    assert len(reader.skipped) <= 1
+    assert len(reader) == ended  # every ended episode was written before the kill
+    assert [r.error for r in verify_recording(reader)] == [None] * ended
+    RecordingWriter(rec).close()  # the dead server's lock is gone
