@@ -1,13 +1,23 @@
 """The recorder's cost and speed: simkit.recording on ``simkit/BatchCheetah-v0``.
 
-Usage: ``python bench/bench_record.py [--num-envs 64] [--steps 1000] [--rounds 5]``
+Usage: ``python bench/bench_record.py [--num-envs 64] [--steps 1000] [--rounds 5]
+[--server-rounds 5]``
 
-- Recording cost: the same BatchEnv stepped with the same pre-drawn actions, plain
-  and wrapped in ``RecordEpisodes``, interleaved round by round (plain, recorded,
-  plain, ...); the figure is the median ratio of env steps per second.
+- Recording cost, in process: the same BatchEnv stepped with the same pre-drawn
+  actions, plain and wrapped in ``RecordEpisodes``, interleaved round by round
+  (plain, recorded, plain, ...). Both first step ``steps / 2`` untimed, so every
+  round of ``steps`` batch steps ends each env's episode mid-round (BatchCheetah's
+  episodes are 1000 steps): the background writer works while the round steps, and
+  each recorded round ends with ``writer.flush()`` inside its timing. The figure is
+  the median ratio of env steps per second (wall and process CPU time).
+- Recording cost, server: two ``simkit serve`` subprocesses, one with ``--record``,
+  each stepped by one ``RemoteVectorEnv`` client (``step_batch``, same actions, same
+  mid-round episode ends), interleaved round by round; also the servers' own CPU
+  seconds per round (``/proc/PID/stat``), which other processes' load does not inflate.
 - Size: bytes per million env steps, zstd (default) and uncompressed.
-- Write / read speed: the recorded episodes re-written from memory (encode + write)
-  and read back (open + decode every episode), in MB/s and episodes/s.
+- Write / read speed: the recorded episodes re-written from memory (encode + write,
+  ``background=False``) and read back (open + decode every episode), in MB/s and
+  episodes/s.
 - ``replay --verify`` speed: env steps re-simulated and checked per second (one
   process), as a ratio of the plain stepping rate.
 """
@@ -17,10 +27,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,12 +44,17 @@ from simkit.recording import RecordEpisodes, RecordingReader, RecordingWriter, v
 ENV_ID = "simkit/BatchCheetah-v0"
 
 
-def _run(env: object, actions: np.ndarray) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) of stepping through ``actions``."""
-    env.reset(seed=0)  # type: ignore[attr-defined]
-    start, cpu = time.perf_counter(), time.process_time()
+def _steps(env: Any, actions: np.ndarray) -> None:
     for a in actions:
-        env.step_batch(a)  # type: ignore[attr-defined]
+        env.step_batch(a)
+
+
+def _round(env: Any, actions: np.ndarray, writer: RecordingWriter | None) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of stepping through ``actions`` (+ flush)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    _steps(env, actions)
+    if writer is not None:
+        writer.flush()
     return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -56,6 +75,80 @@ def _time_inner(env: RecordEpisodes) -> list[float]:
     return spent
 
 
+def _time_writer(writer: RecordingWriter) -> list[float]:
+    """Accumulates the CPU time the writer thread spends encoding and writing episodes."""
+    append = writer._append
+    spent = [0.0]
+
+    def timed(episode: Any) -> None:
+        start = time.thread_time()
+        try:
+            append(episode)
+        finally:
+            spent[0] += time.thread_time() - start
+
+    writer._append = timed  # type: ignore[method-assign]
+    return spent
+
+
+def _serve(n: int, endpoint: str, *extra: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "simkit.servers", ENV_ID, "--num-envs", str(n), *extra]
+    return subprocess.Popen(
+        [*cmd, "--bind", endpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads; Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _ratios(name: str, plain: list[float], recorded: list[float]) -> None:
+    ratios = [p / q for p, q in zip(plain, recorded, strict=True)]
+    print(
+        f"{name}: median {statistics.median(ratios):.3f} "
+        f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})"
+    )
+
+
+def _server_cost(n: int, steps: int, rounds: int, root: Path) -> None:
+    """Throughput of a client stepping a server with and without ``--record``."""
+    from simkit.clients import RemoteVectorEnv
+
+    procs = [
+        _serve(n, f"ipc://{root}/plain.sock"),
+        _serve(n, f"ipc://{root}/rec.sock", "--record", str(root / "server-rec")),
+    ]
+    try:
+        clients = [RemoteVectorEnv(f"ipc://{root}/{k}.sock", timeout=120) for k in ("plain", "rec")]
+        actions = np.random.default_rng(1).uniform(-1, 1, (steps, n, 6)).astype(np.float32)
+        for c in clients:
+            c.reset(seed=0)
+            _steps(c, actions[: steps // 2])
+        times: list[list[float]] = [[], []]
+        cpu: list[list[float]] = [[], []]
+        for _ in range(rounds):
+            for k, c in enumerate(clients):
+                start, used = time.perf_counter(), _cpu_seconds(procs[k].pid)
+                _steps(c, actions)
+                times[k].append(time.perf_counter() - start)
+                cpu[k].append(_cpu_seconds(procs[k].pid) - used)
+        for c in clients:
+            c.close()
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(30)
+    written = len(RecordingReader(root / "server-rec"))
+    rate = statistics.median(steps * n / t for t in times[0])
+    print(f"server, plain: {rate:,.0f} env steps/s through one client (median of {rounds})")
+    _ratios("server recorded / plain throughput, wall clock", times[0], times[1])
+    _ratios("server plain / recorded CPU seconds per env step (server process)", cpu[0], cpu[1])
+    print(f"  (the recording server wrote {written} episodes)")
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.glob("chunk-*.skr"))
 
@@ -65,6 +158,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1000, help="batch steps per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--server-rounds", type=int, default=5, help="0: skip the server rows")
     parser.add_argument("--verify-episodes", type=int, default=8)
     args = parser.parse_args()
     n = args.num_envs
@@ -72,38 +166,42 @@ def main() -> None:
     actions = rng.uniform(-1, 1, (args.steps, n, 6)).astype(np.float32)
     root = Path(tempfile.mkdtemp(prefix="bench_record_"))
     plain = simkit.make(ENV_ID, num_envs=n)
-    plain_times, rec_times, plain_cpu, rec_cpu, own = [], [], [], [], []
+    rec = RecordEpisodes(simkit.make(ENV_ID, num_envs=n), root / "r0", env_id=ENV_ID)
+    plain_times, rec_times, plain_cpu, rec_cpu = [], [], [], []
     try:
-        for r in range(args.rounds):
-            wall, cpu = _run(plain, actions)
+        print(f"load average before: {os.getloadavg()}")
+        for env in (plain, rec):
+            env.reset(seed=0)
+            _steps(env, actions[: args.steps // 2])
+        inner, writing = _time_inner(rec), _time_writer(rec.writer)
+        own, thread = [], []
+        for _ in range(args.rounds):
+            wall, cpu = _round(plain, actions, None)
             plain_times.append(wall)
             plain_cpu.append(cpu)
-            rec = RecordEpisodes(simkit.make(ENV_ID, num_envs=n), root / f"r{r}", env_id=ENV_ID)
-            spent = _time_inner(rec)
-            wall, cpu = _run(rec, actions)
-            own.append((wall - spent[0]) / spent[0])
+            inner[0] = writing[0] = 0.0
+            wall, cpu = _round(rec, actions, rec.writer)
             rec_times.append(wall)
             rec_cpu.append(cpu)
-            rec.close()
+            own.append((wall - inner[0]) / inner[0])
+            thread.append(writing[0] / inner[0])
+        rec.close()
         steps = args.steps * n
         plain_rate = statistics.median(steps / t for t in plain_times)
-        ratios = [p / q for p, q in zip(plain_times, rec_times, strict=True)]
-        cpu_ratios = [p / q for p, q in zip(plain_cpu, rec_cpu, strict=True)]
-        print(f"load average: {os.getloadavg()}")
         print(f"plain  {plain_rate:,.0f} env steps/s (median of {args.rounds})")
-        print(
-            f"recorded / plain throughput: median {statistics.median(ratios):.3f} "
-            f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})"
-        )
-        print(
-            f"recorder's own time / env stepping time inside the recorded runs: median "
-            f"{statistics.median(own):.2%} (rounds: {', '.join(f'{x:.2%}' for x in own)})"
-        )
-        print(
-            f"recorded / plain throughput per CPU second: median "
-            f"{statistics.median(cpu_ratios):.3f} "
-            f"(rounds: {', '.join(f'{x:.3f}' for x in cpu_ratios)})"
-        )
+        _ratios("recorded / plain throughput, wall clock", plain_times, rec_times)
+        _ratios("recorded / plain throughput, process CPU time", plain_cpu, rec_cpu)
+        for name, shares in (
+            ("recorder's own time on the stepping thread (wrapper - inner step_batch)", own),
+            ("writer thread CPU time (encode + compress + write)", thread),
+        ):
+            print(
+                f"{name} / env stepping time: median {statistics.median(shares):.2%} "
+                f"(rounds: {', '.join(f'{x:.2%}' for x in shares)})"
+            )
+        if args.server_rounds:
+            _server_cost(n, args.steps, args.server_rounds, root)
+        print(f"load average after: {os.getloadavg()}")
 
         reader = RecordingReader(root / "r0")
         episodes = list(reader)
@@ -111,7 +209,7 @@ def main() -> None:
         for codec in ("zstd", "none"):
             out = root / f"w-{codec}"
             start = time.perf_counter()
-            with RecordingWriter(out, compression=codec) as writer:
+            with RecordingWriter(out, compression=codec, background=False) as writer:
                 for e in episodes:
                     writer.write(e)
             wt = time.perf_counter() - start

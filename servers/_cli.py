@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq.auth
 
+from simkit.errors import SimkitError
 from simkit.servers._server import BUSY_POLL_US, RolloutServer
 
 __all__ = ["add_serve_arguments", "run_serve", "main", "parse_env_kwargs"]
@@ -79,6 +80,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-host", default="127.0.0.1", help="interface for the metrics HTTP server"
+    )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        metavar="DIR",
+        help="record every step session's episodes into DIR (docs/recording.md; "
+        "replay them with simkit replay DIR --verify)",
     )
     policy = parser.add_argument_group(
         "policy serving", "run learners' policies and stream trajectory fragments (docs/server.md)"
@@ -180,8 +188,9 @@ def run_serve(args: argparse.Namespace) -> int:
             device=args.device,
             fragment_length=args.fragment_length,
             double_buffer=args.double_buffer,
+            record=args.record,
         )
-    except (ValueError, TypeError, KeyError, ImportError) as exc:
+    except (ValueError, TypeError, KeyError, ImportError, SimkitError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -198,6 +207,7 @@ def run_serve(args: argparse.Namespace) -> int:
         else ""
     )
     serving = f", policy serving on {server.device}" if server.device else ""
+    serving += f", recording into {args.record}" if args.record else ""
     print(
         f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{serving}{metrics}",
         flush=True,

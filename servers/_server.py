@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import os
 import sys
 import threading
 import time
@@ -43,6 +44,7 @@ from simkit.servers._multiagent_host import (
     make_parallel_env_factory,
 )
 from simkit.servers._prometheus import Metrics, MetricsHTTPServer
+from simkit.servers._recording import RecordingHost, ServerRecorder
 from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
@@ -80,7 +82,7 @@ class _ShuttingDown(ProtocolError):
 @dataclass
 class _Slot:
     session: ServerSession
-    host: EnvListHost | BatchEnvHost | ParallelEnvHost
+    host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost
     last_seen: float
 
 
@@ -138,6 +140,8 @@ class RolloutServer:
             overlapping the policy's forward pass for the other, where the envs allow
             it (a BatchEnv with subset steps and an even number of sampling groups;
             docs/server.md, "Policy serving"). The fragments are the same bits.
+        record: a recording directory: every step session's episodes are recorded
+            there (docs/recording.md, "Recording a server"); single-agent env ids.
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -167,6 +171,7 @@ class RolloutServer:
         device: str | None = None,
         fragment_length: int = 128,
         double_buffer: bool = False,
+        record: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
@@ -206,6 +211,12 @@ class RolloutServer:
             if is_multi_agent_id(env_id)
             else None
         )
+        if record is not None and self._ma_factory is not None:
+            raise ValueError(
+                f"recording a server needs a single-agent env; {env_id!r} is multi-agent"
+            )
+        if record is not None and policy:
+            log.warning("--record records step sessions; record stream sessions on the learner")
         self._batch_spec = None if self._ma_factory else batch_spec_of(env_id)
         self._factory = (
             make_env_factory(env_id, **self._env_kwargs)
@@ -233,7 +244,13 @@ class RolloutServer:
         # Answers connections without a session (anything but hello) without giving them
         # envs: it stays NEW, where no request touches its (closed) host.
         self._sessionless = self._session_for(probe, self._info)
-        self._shared_host = self._new_host(num_envs) if shared else None
+        self.recorder: ServerRecorder | None = (
+            ServerRecorder(record, env_id, self._env_kwargs) if record is not None else None
+        )
+        """The recording of the step sessions (``record``), else ``None``."""
+        self._shared_host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | None = (
+            self._recorded(self._new_host(num_envs), "shared") if shared else None
+        )
         self._slots: dict[bytes, _Slot] = {}
         self.registry = CollectorRegistry()
         self.metrics = Metrics(self.registry)
@@ -298,6 +315,14 @@ class RolloutServer:
             return BatchEnvHost(self._batch_spec.make(num_envs=n, **self._env_kwargs))
         assert self._factory is not None
         return EnvListHost([self._factory() for _ in range(n)], num_threads=self.num_threads)
+
+    def _recorded(
+        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost, session: str
+    ) -> EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost:
+        """``host`` wrapped in the server's recorder when recording (else as is)."""
+        if self.recorder is None or isinstance(host, ParallelEnvHost | RecordingHost):
+            return host
+        return self.recorder.wrap(host, session)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -379,7 +404,9 @@ class RolloutServer:
                 expected=f"<= {self.max_sessions} sessions",
                 got=f"{len(self._slots)} connected",
             )
-        host = self._shared_host if self._shared_host is not None else self._new_host(self.num_envs)
+        host = self._shared_host
+        if host is None:
+            host = self._recorded(self._new_host(self.num_envs), identity.hex())
         info = dataclasses.replace(self._info, session=identity.hex())
         slot = _Slot(self._session_for(host, info), host, time.monotonic())
         self._slots[identity] = slot
@@ -387,7 +414,7 @@ class RolloutServer:
         return slot
 
     def _session_for(
-        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost, info: ServerInfo
+        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost, info: ServerInfo
     ) -> ServerSession:
         if isinstance(host, ParallelEnvHost):
             return MultiAgentServerSession(
@@ -529,6 +556,8 @@ class RolloutServer:
             self._free(identity)
         if self._shared_host is not None:
             self._shared_host.close()
+        if self.recorder is not None:
+            self.recorder.close()
         self._sock.close(linger=1000)
         if self._auth is not None:
             self._auth.stop()

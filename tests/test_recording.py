@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 import simkit
 from simkit import snapshot
 from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence, SimkitError
+from simkit.protocol import DTYPES
 from simkit.recording import (
     Episode,
     RecordEpisodes,
@@ -81,10 +83,37 @@ infos = st.recursive(
 ).map(lambda v: v if isinstance(v, dict) else {"value": v})
 
 
+def _box(dtype: str, shape: tuple[int, ...]) -> spaces.Box:
+    if dtype == "bool":
+        return spaces.Box(0, 1, shape, np.bool_)
+    kind = np.dtype(dtype).kind
+    low, high = (-2, 3) if kind == "i" else (0, 3) if kind == "u" else (-1.5, 1.5)
+    return spaces.Box(low, high, shape, np.dtype(dtype))
+
+
+leaf_spaces = st.one_of(
+    st.builds(
+        _box,
+        st.sampled_from(DTYPES),  # every dtype the spaces codec carries
+        st.lists(st.integers(0, 3), max_size=2).map(tuple),
+    ),
+    st.sampled_from(SPACES[:7]),
+    st.integers(1, 4).map(lambda n: spaces.Discrete(n, start=-1)),
+)
+any_space = st.recursive(
+    leaf_spaces,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=3).map(lambda xs: spaces.Tuple(tuple(xs))),
+        st.dictionaries(st.sampled_from("abc"), inner, min_size=1, max_size=3).map(spaces.Dict),
+    ),
+    max_leaves=4,
+)
+
+
 @st.composite
 def episodes(draw: st.DrawFn) -> Episode:
-    obs_space = draw(st.sampled_from(SPACES))
-    act_space = draw(st.sampled_from(SPACES))
+    obs_space = draw(any_space)
+    act_space = draw(any_space)
     seed = draw(st.integers(0, 2**32))
     obs_space.seed(seed)
     act_space.seed(seed + 1)
@@ -333,8 +362,10 @@ _KILLED_WRITER = textwrap.dedent(
     import numpy as np
     from simkit.recording import Episode, RecordingWriter
 
+    background = sys.argv[2] == "background"
     rng = np.random.default_rng(0)
-    with RecordingWriter(sys.argv[1], max_chunk_bytes=1 << 20, compression="none") as w:
+    with RecordingWriter(sys.argv[1], max_chunk_bytes=1 << 20, compression="none",
+                         background=background) as w:
         k = 0
         while True:
             t = 2000
@@ -343,14 +374,20 @@ _KILLED_WRITER = textwrap.dedent(
                             np.zeros(t, bool), np.zeros(t, bool), [{} for _ in range(t)],
                             seed=k))
             k += 1
-            print(k, flush=True)
+            if background and k % 3 == 0:
+                w.flush()  # what is flushed is on disk; what is queued may be lost
+            if not background or k % 3 == 0:
+                print(k, flush=True)
     """
 )
 
 
-def test_sigkilled_writer_keeps_every_complete_episode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "background"])
+def test_sigkilled_writer_keeps_every_complete_episode(tmp_path: Path, mode: str) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path), mode],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     written = 0
@@ -361,6 +398,7 @@ def test_sigkilled_writer_keeps_every_complete_episode(tmp_path: Path) -> None:
     proc.stdout.close()
     reader = RecordingReader(tmp_path)
     assert len(reader) >= written
+    assert len(reader.skipped) <= 1  # at most the frame being written when killed
     for k, ep in enumerate(reader):
         assert ep.seed == k
         assert ep.length == 2000
@@ -387,8 +425,10 @@ def test_reader_follows_a_live_writer(tmp_path: Path) -> None:
     eps = list(RecordingReader(_seeded(tmp_path / "src")))
     with RecordingWriter(tmp_path / "live") as writer:
         writer.write(eps[0])
+        writer.flush()  # a background writer's episodes are on disk once flushed
         assert len(RecordingReader(tmp_path / "live")) == 1
         writer.write(eps[1])
+        writer.flush()
         assert len(RecordingReader(tmp_path / "live")) == 2
     assert len(RecordingReader(tmp_path / "live")) == 2
 
@@ -549,3 +589,381 @@ def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:
     reader = RecordingReader(out)
     assert len(reader) == 3
     assert {r.error for r in verify_recording(reader)} == {None}
+
+
+# ----------------------------------------------------------------- server recording
+
+
+def _verify_all(directory: Path) -> RecordingReader:
+    reader = RecordingReader(directory)
+    assert not reader.skipped
+    assert [r.error for r in verify_recording(reader)] == [None] * len(reader)
+    return reader
+
+
+def test_server_recording_replays_locally_and_a_perturbed_copy_fails(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    one = RolloutServer(
+        "simkit/CartPole-v0", 2, f"ipc://{tmp_path}/1.sock", record=tmp_path / "r1"
+    ).start()
+    two = RolloutServer(
+        "simkit/CartPole-v0", 2, f"ipc://{tmp_path}/2.sock", record=tmp_path / "r2"
+    ).start()
+    try:
+        with pytest.raises(RecordingLocked, match="one writer per directory"):
+            RolloutServer(
+                "simkit/CartPole-v0",
+                1,
+                f"ipc://{tmp_path}/3.sock",
+                record=one.recorder.writer.directory,
+            )  # type: ignore[union-attr]
+        split = RemoteVectorEnv([one.endpoint, two.endpoint], timeout=10)  # envs 2, 3 on two
+        alone = RemoteVectorEnv(one.endpoint, timeout=10, autoreset_mode="NextStep")
+        split.reset(seed=5)
+        alone.reset(seed=6)
+        rng = np.random.default_rng(7)
+        for _ in range(150):
+            split.step_batch(rng.integers(0, 2, 4))
+            alone.step(rng.integers(0, 2, 2))
+        split.close()
+        alone.close()
+    finally:
+        one.stop()
+        two.stop()
+    r1, r2 = _verify_all(tmp_path / "r1"), _verify_all(tmp_path / "r2")
+    assert len({e.origin["session"] for e in r1}) == 2  # both sessions, one writer
+    assert {e.origin["env_index"] for e in r2} == {2, 3}  # the client's global env ids
+    for ep in r2:
+        o = ep.origin
+        assert ep.seed == simkit._seeding.episode_seed(5, o["env_index"], o["episode_index"])
+
+    def perturb(k: int, ep: Episode) -> Episode:
+        if k == 1:
+            ep.obs = ep.obs.copy()
+            ep.obs[4, 2] = -ep.obs[4, 2]
+        return ep
+
+    _rewrite(tmp_path / "r2", tmp_path / "bad", perturb)
+    failed = [r for r in verify_recording(RecordingReader(tmp_path / "bad")) if r.error]
+    assert [r.position for r in failed] == [1]
+    assert "episode 1 " in str(failed[0].error)
+    assert "step 3: field obs[2] differs" in str(failed[0].error)
+
+
+def test_batch_server_recording_replays_locally(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    server = RolloutServer(
+        "simkit/BatchCartPole-v0", 3, f"ipc://{tmp_path}/s.sock", record=tmp_path / "rec"
+    ).start()
+    try:
+        remote = RemoteVectorEnv(server.endpoint, timeout=10)
+        remote.reset(seed=8)
+        rng = np.random.default_rng(8)
+        for _ in range(120):
+            remote.step(rng.integers(0, 2, 3))
+        remote.close()
+    finally:
+        server.stop()
+    reader = _verify_all(tmp_path / "rec")
+    assert len(reader) >= 3
+    assert {e.origin["kind"] for e in reader} == {"batch"}
+
+
+class _Brittle(simkit.Env[np.ndarray, np.ndarray]):
+    """Five-step episodes; an action above 0.9 raises, one below -0.9 returns an info
+    the recorder cannot store (an object)."""
+
+    state_attributes = ("x",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Box(-100, 100, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
+        self.x = 0.0
+
+    def reset_episode(
+        self, rng: Any, params: Any, options: Any
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self.x = float(rng.integers(10, 20))
+        return np.array([self.x], dtype=np.float32), {}
+
+    def step_episode(
+        self, action: np.ndarray, rng: Any
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        if action[0] > 0.9:
+            raise RuntimeError("boom")
+        self.x += 1.0
+        info = {"odd": object()} if action[0] < -0.9 else {}
+        return np.array([self.x], dtype=np.float32), 1.0, self.x % 5 == 0, info
+
+
+def test_server_recording_keeps_serving_through_faults_and_recorder_errors(
+    tmp_path: Path,
+) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    simkit.register("test/Brittle-v0", _Brittle, override=True)
+    server = RolloutServer(
+        "test/Brittle-v0", 2, f"ipc://{tmp_path}/s.sock", record=tmp_path / "rec"
+    ).start()
+    ok = np.zeros((2, 1), np.float32)
+    try:
+        remote = RemoteVectorEnv(server.endpoint, timeout=10)
+        remote.reset(seed=1)
+        episode = np.zeros(2, np.int64)
+        lost = []
+        for t in range(12):
+            action = ok.copy()
+            if t == 2:
+                action[1] = 1.0  # env 1 raises: its episode ends unrecorded
+                lost.append((1, int(episode[1])))
+            if t == 7:
+                action[0] = -1.0  # env 0's episode holds an object: it cannot be written
+                lost.append((0, int(episode[0])))
+            _, _, terminated, truncated, _ = remote.step(action)
+            if t == 2:
+                assert [f.env_id for f in remote.faults] == [1]
+            episode += terminated | truncated
+        state = remote.get_state()
+        remote.step(ok)
+        remote.set_state(state)  # both episodes in flight are dropped
+        for _ in range(10):
+            remote.step(ok)
+        remote.close()
+    finally:
+        server.stop()
+    assert server.recorder is not None
+    assert server.recorder.errors == 1  # counted once the writer thread met it
+    reader = _verify_all(tmp_path / "rec")
+    stats = [(e.origin["env_index"], e.origin["episode_index"]) for e in reader]
+    assert lost[0] not in stats  # the faulted episode
+    assert lost[1] not in stats  # the one with an object in its infos
+    assert len(stats) >= 4
+
+
+def test_serve_record_refuses_a_directory_with_a_writer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+
+    bind = f"ipc://{tmp_path}/s.sock"
+    with RecordingWriter(tmp_path / "rec"):
+        code = main(
+            ["serve", "simkit/CartPole-v0", "--bind", bind, "--record", str(tmp_path / "rec")]
+        )
+    assert code == 2
+    assert "is already being written by pid" in capsys.readouterr().err
+
+
+def test_multi_agent_server_recording_is_refused_with_the_reason(tmp_path: Path) -> None:
+    from simkit.servers import RolloutServer
+
+    with pytest.raises(ValueError, match="needs a single-agent env; 'simkit/GoalNav-v0'"):
+        RolloutServer("simkit/GoalNav-v0", 1, f"ipc://{tmp_path}/s.sock", record=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None:
+    from simkit.recording._buffer import StepBuffer
+
+    buf = StepBuffer(3, capacity=1)
+    obs = {"a": np.arange(6.0).reshape(3, 2), "b": (np.arange(3, dtype=np.int8),)}
+    acts = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
+    flags = np.zeros(3, bool)
+    infos: list[dict[str, Any]] = [{}, {"x": 1}, {}]
+    buf.append(np.arange(3), None, obs, acts, np.ones(3), flags, flags, infos, 7)
+    # rows 2 and 0 of a batch for envs 0 and 2, out of order, past the capacity
+    buf.append(np.array([2, 0]), np.array([0, 2]), obs, acts, np.ones(3), flags, flags, infos, 8)
+    two = buf.take(2)
+    assert two["next_obs"]["a"].tolist() == [[4.0, 5.0], [0.0, 1.0]]
+    assert two["next_obs"]["b"][0].tolist() == [2, 0]
+    assert two["actions"].tolist() == [[5, 6], [1, 2]]
+    assert two["version"].tolist() == [7, 8]
+    assert buf.take(1)["infos"] == [{"x": 1}]
+    with pytest.raises(ValueError, match=r"expected \(2,\), got \(3,\)"):
+        buf.append(
+            np.arange(3), None, obs, np.zeros((3, 3), np.int32), np.ones(3), flags, flags, infos, 9
+        )
+
+
+def test_a_policy_stream_recorded_by_the_learner_replays_bit_for_bit(tmp_path: Path) -> None:
+    from simkit.clients import PolicyStream
+    from simkit.models import ModelSpec, build_model, get_weights
+    from simkit.recording import FragmentRecorder
+    from simkit.servers import RolloutServer
+
+    spec = ModelSpec("mlp", {"hidden_sizes": [8]})
+    kwargs = {"max_episode_steps": 6}
+    server = RolloutServer(
+        "simkit/CartPole-v0",
+        4,
+        f"ipc://{tmp_path}/s.sock",
+        policy=True,
+        device="cpu",
+        fragment_length=8,
+        env_kwargs=kwargs,
+    ).start()
+    probe = VectorEnv("simkit/CartPole-v0", 1)
+    model = build_model(spec, probe.single_observation_space, probe.single_action_space)
+    probe.close()
+    recorder = FragmentRecorder(
+        tmp_path / "rec", "simkit/CartPole-v0", root_seed=13, env_kwargs=kwargs
+    )
+    try:
+        with PolicyStream([server.endpoint], spec, num_envs=4, seed=13, timeout=20) as stream:
+            for version in range(3):
+                stream.push_weights(get_weights(model, version))
+                recorder.record(stream.next_batch())
+    finally:
+        recorder.close()
+        server.stop()
+    reader = _verify_all(tmp_path / "rec")
+    assert len(reader) >= 8
+    assert {s.policy_version_max for s in reader.stats()} <= {0, 1, 2}
+
+
+def _reacher(directory: Path) -> Path:
+    """One 6-step Reacher episode, rendered small when replayed (the kwargs are recorded)."""
+    kwargs = {"max_episode_steps": 6, "width": 64, "height": 48}
+    vec = VectorEnv([lambda: simkit.make("simkit/Reacher-v0", **kwargs)])
+    env = RecordEpisodes(vec, directory, env_id="simkit/Reacher-v0", env_kwargs=kwargs)
+    env.reset(seed=2)
+    while env.writer.episodes_written < 1:
+        env.step_batch(np.full((1, 2), 0.5, np.float32))
+    env.close()
+    return directory
+
+
+def test_render_to_a_video_names_the_missing_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("imageio")
+    from simkit.errors import MissingDependency
+    from simkit.recording import render_episode
+
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    reader = RecordingReader(_reacher(tmp_path / "rec"))
+    with pytest.raises(MissingDependency, match=r"'imageio_ffmpeg'.*simkit\[bench\]"):
+        render_episode(reader, 0, str(tmp_path / "out.mp4"))
+
+
+def test_replay_renders_an_mp4_with_a_software_opengl_backend(tmp_path: Path) -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("OSMesa") is None:
+        pytest.skip("no OSMesa library (apt-get install libosmesa6)")
+    pytest.importorskip("imageio")
+    pytest.importorskip("imageio_ffmpeg")
+    src = _reacher(tmp_path / "rec")
+    out = tmp_path / "episode.mp4"
+    # imageio's ffmpeg reader leaves files to the garbage collector: read back in the
+    # subprocess too, where ResourceWarnings are not errors.
+    script = (
+        "import json, sys; import imageio.v3 as iio; from simkit.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "frames = iio.imread(sys.argv[-1])\n"
+        "print(json.dumps([list(frames.shape), float(frames.std())]))\n"
+        "sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "replay", str(src), "--render", str(out)],
+        env={**os.environ, "MUJOCO_GL": "osmesa"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    length = RecordingReader(src).stats()[0].length
+    assert f"wrote {length + 1} frames" in done.stdout
+    shape, std = json.loads(done.stdout.splitlines()[-1])
+    assert shape[0] == length + 1
+    assert shape[-1] == 3
+    assert std > 0  # a scene, not a blank buffer
+
+
+def test_background_write_errors_reach_the_caller_once_and_later_episodes_are_kept(
+    tmp_path: Path,
+) -> None:
+    good = list(RecordingReader(_seeded(tmp_path / "src")))
+    bad = Episode(**{**good[0].__dict__, "infos": [{"odd": object()}] * good[0].length})
+    with RecordingWriter(tmp_path / "rec") as writer:
+        writer.write(bad)
+        with pytest.raises(TypeError, match=r"infos\[0\]\.odd"):
+            writer.flush()
+        writer.flush()  # reported once
+        writer.write(bad)
+        assert writer._queue is not None
+        writer._queue.join()  # the writer thread has met the error: the next call reports it
+        with pytest.raises(TypeError, match=r"infos\[0\]\.odd"):
+            writer.write(good[0])  # ... and queues its own episode all the same
+        writer.write(good[1])
+    reader = RecordingReader(tmp_path / "rec")
+    assert [e.seed for e in reader] == [good[0].seed, good[1].seed]
+    with pytest.raises(ValueError, match="is closed"):
+        writer.write(good[0])
+
+
+def test_a_remote_env_fault_leaves_its_episode_out_of_a_client_recording(tmp_path: Path) -> None:
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    simkit.register("test/Brittle-v0", _Brittle, override=True)
+    server = RolloutServer("test/Brittle-v0", 2, f"ipc://{tmp_path}/s.sock").start()
+    try:
+        for mode in ("step", "step_batch"):
+            remote = RemoteVectorEnv(server.endpoint, timeout=10)
+            env = RecordEpisodes(remote, tmp_path / mode, env_id="test/Brittle-v0")
+            env.reset(seed=3)
+            for t in range(12):
+                action = np.zeros((2, 1), np.float32)
+                action[1] = 1.0 if t == 2 else 0.0  # env 1 raises once
+                getattr(env, mode)(action)
+            assert env.tracker.dropped >= 1
+            env.close()
+            reader = _verify_all(tmp_path / mode)
+            assert len(reader) >= 3
+    finally:
+        server.stop()
+
+
+def test_a_sigkilled_recording_server_leaves_a_readable_replayable_directory(
+    tmp_path: Path,
+) -> None:
+    from simkit.clients import RemoteVectorEnv
+
+    rec, bind = tmp_path / "rec", f"ipc://{tmp_path}/s.sock"
+    cmd = [sys.executable, "-m", "simkit.servers", "simkit/CartPole-v0", "--num-envs", "2"]
+    proc = subprocess.Popen(
+        [*cmd, "--bind", bind, "--record", str(rec)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        remote = RemoteVectorEnv(bind, timeout=60)
+        remote.reset(seed=4)
+        rng = np.random.default_rng(4)
+        ended = 0
+        while ended < 12:
+            step = remote.step_batch(rng.integers(0, 2, 2))
+            ended += int(np.sum(step.terminated | step.truncated))
+        deadline = time.monotonic() + 60
+        while len(RecordingReader(rec)) < ended:  # the writer drains while the server idles
+            assert time.monotonic() < deadline, "the server's writer never wrote its queue"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        remote.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    reader = RecordingReader(rec)  # no index for the chunk the dead server held: a scan
+    assert len(reader.skipped) <= 1
+    assert len(reader) == ended  # every ended episode was written before the kill
+    assert [r.error for r in verify_recording(reader)] == [None] * ended
+    RecordingWriter(rec).close()  # the dead server's lock is gone

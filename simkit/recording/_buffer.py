@@ -12,16 +12,50 @@ __all__ = ["StepBuffer"]
 
 
 class _Column:
-    """One array leaf: ``(num_envs, capacity, *shape)``, row ``i`` filled up to ``length[i]``."""
+    """One array leaf, time-major: ``(capacity, num_envs, *shape)``; env ``i``'s steps
+    are ``data[:length[i], i]``.
+
+    Time-major because appends are the hot path: a batch step of envs that move in
+    lock step writes one contiguous block. ``flat`` is the same memory as
+    ``(capacity * num_envs, *shape)``: one fancy index (``t * num_envs + i``) scatters
+    any batch step.
+    """
 
     def __init__(self, num_envs: int, sample: np.ndarray, capacity: int) -> None:
-        self.data = np.zeros((num_envs, capacity, *sample.shape[1:]), sample.dtype)
+        self.shape = sample.shape[1:]
+        self.dtype = sample.dtype
+        # Rows of a leaf with a shape move as single void items: a 1-D fancy index,
+        # several times cheaper than numpy's multi-dimensional one.
+        self._item = np.dtype((np.void, max(sample[:1].nbytes, 1))) if self.shape else None
+        self._view(np.zeros((capacity, num_envs, *self.shape), self.dtype))
+
+    def _view(self, data: np.ndarray) -> None:
+        self.data = data
+        self.flat = data.reshape(-1, *self.shape)
+        self._rows = None if self._item is None else self.flat.view(self._item).reshape(-1)
 
     def grow(self, capacity: int) -> None:
-        if capacity > self.data.shape[1]:
-            new = np.zeros((self.data.shape[0], capacity, *self.data.shape[2:]), self.data.dtype)
-            new[:, : self.data.shape[1]] = self.data
-            self.data = new
+        if capacity > self.data.shape[0]:
+            new = np.zeros((capacity, *self.data.shape[1:]), self.dtype)
+            new[: self.data.shape[0]] = self.data
+            self._view(new)
+
+    def put(self, where: np.ndarray, value: Any) -> None:
+        """Writes ``value[k]`` at flat position ``where[k]``.
+
+        Raises:
+            ValueError: rows of another shape than the first batch's.
+        """
+        item = self._item
+        if self._rows is None or item is None or np.ndim(value) == 0:
+            self.flat[where] = value
+            return
+        rows = np.ascontiguousarray(value, dtype=self.dtype)
+        if rows.shape[1:] != self.shape:
+            raise ValueError(
+                f"recorded rows must keep one shape: expected {self.shape}, got {rows.shape[1:]}"
+            )
+        self._rows[where] = rows.view(item).reshape(-1)
 
 
 class StepBuffer:
@@ -60,7 +94,7 @@ class StepBuffer:
     def append(
         self,
         ids: np.ndarray,
-        rows: np.ndarray,
+        rows: np.ndarray | None,
         next_obs: Any,
         actions: Any,
         reward: Any,
@@ -69,7 +103,11 @@ class StepBuffer:
         infos: list[dict[str, Any]],
         version: int,
     ) -> None:
-        """Appends row ``rows[k]`` of the batch to env ``ids[k]``'s episode."""
+        """Appends batch row ``rows[k]`` to env ``ids[k]``'s episode.
+
+        ``rows=None``: row ``k`` of the batch is env ``ids[k]``'s. One fancy index per
+        leaf, whatever the batch.
+        """
         if ids.size == 0:
             return
         obs_leaves: list[Any] = []
@@ -82,24 +120,26 @@ class StepBuffer:
             self._obs_spec, self._act_spec = obs_spec, act_spec
             self._setup(obs_arrays, act_arrays)
         pos = self.length[ids]
-        need = int(pos.max()) + 1
-        if need > self._capacity:
-            self._capacity = max(need, 2 * self._capacity)
+        top = int(pos.max())
+        if top + 1 > self._capacity:
+            self._capacity = max(top + 1, 2 * self._capacity)
             for col in self._columns():
                 col.grow(self._capacity)
-        whole = rows.size == len(infos) and bool(np.array_equal(rows, np.arange(rows.size)))
-        pick: Any = slice(None) if whole else rows  # rows == arange(batch): no gather
-        for col, leaf in zip(self._obs, obs_arrays, strict=True):
-            col.data[ids, pos] = leaf[pick]
-        for col, leaf in zip(self._act, act_arrays, strict=True):
-            col.data[ids, pos] = leaf[pick]
-        s = self._scalars
-        s["reward"].data[ids, pos] = np.asarray(reward)[pick]
-        s["terminated"].data[ids, pos] = np.asarray(terminated)[pick]
-        s["truncated"].data[ids, pos] = np.asarray(truncated)[pick]
-        s["version"].data[ids, pos] = version
+        pick: Any = slice(None) if rows is None else rows
+        where = pos * self.num_envs + ids
+        values = [
+            *(leaf[pick] for leaf in obs_arrays),
+            *(leaf[pick] for leaf in act_arrays),
+            np.asarray(reward)[pick],
+            np.asarray(terminated)[pick],
+            np.asarray(truncated)[pick],
+            version,
+        ]
+        for col, value in zip(self._columns(), values, strict=True):
+            col.put(where, value)
         if any(infos):
-            for i, r, t in zip(ids.tolist(), rows.tolist(), pos.tolist(), strict=True):
+            picked = range(ids.size) if rows is None else rows.tolist()
+            for i, r, t in zip(ids.tolist(), picked, pos.tolist(), strict=True):
                 if infos[r]:
                     self._infos[i][t] = infos[r]
         self.length[ids] += 1
@@ -110,18 +150,20 @@ class StepBuffer:
         _flatten(obs_row, leaves)
         t = int(self.length[i]) - 1
         for col, leaf in zip(self._obs, leaves, strict=True):
-            col.data[i, t] = leaf
+            col.data[t, i] = leaf
 
     def take(self, i: int) -> dict[str, Any]:
         """Env ``i``'s episode so far (copies), and its row emptied."""
         t = int(self.length[i])
         out: dict[str, Any] = {
-            "next_obs": _unflatten(self._obs_spec, [c.data[i, :t].copy() for c in self._obs]),
-            "actions": _unflatten(self._act_spec, [c.data[i, :t].copy() for c in self._act]),
-            "infos": [self._infos[i].get(k, {}) for k in range(t)],
+            "next_obs": _unflatten(self._obs_spec, [c.data[:t, i].copy() for c in self._obs]),
+            "actions": _unflatten(self._act_spec, [c.data[:t, i].copy() for c in self._act]),
+            "infos": [infos.get(k, {}) for k in range(t)]
+            if (infos := self._infos[i])
+            else [{}] * t,
         }
         for name, col in self._scalars.items():
-            out[name] = col.data[i, :t].copy()
+            out[name] = col.data[:t, i].copy()
         self.clear(i)
         return out
 

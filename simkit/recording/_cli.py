@@ -151,15 +151,19 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
     """Re-simulates episode ``position`` with ``render_mode="rgb_array"`` into a video.
 
     Raises:
-        MissingDependency: imageio is not installed (``simkit[bench]``).
+        MissingDependency: imageio (or, for a video file, imageio-ffmpeg) is not
+            installed (``simkit[bench]``).
         RenderUnavailable: no OpenGL backend.
         ValueError: the episode has no seed or is not a single-instance env.
     """
     import simkit
     from simkit._optional import require
-    from simkit.recording._wrapper import _row
+    from simkit.recording._tracker import row_of as _row
 
     imageio = require("imageio", extra="bench", purpose="simkit replay --render")
+    if out.lower().endswith((".mp4", ".mkv", ".mov", ".avi", ".webm")):
+        # imageio writes video containers through its ffmpeg plugin only.
+        require("imageio_ffmpeg", extra="bench", purpose=f"simkit replay --render {out}")
     if not 0 <= position < len(reader):
         raise IndexError(f"--episode must be in [0, {len(reader)}), got {position}")
     episode = reader.load(position)

@@ -11,7 +11,8 @@ from simkit._seeding import episode_seed
 from simkit._types import Fragment
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
-from simkit.recording._wrapper import _row, environment_versions
+from simkit.recording._tracker import row_of as _row
+from simkit.recording._wrapper import environment_versions
 
 __all__ = ["FragmentRecorder"]
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
-from collections.abc import Iterator
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +44,25 @@ class RecordingWriter:
     """Appends episodes to a recording directory; the one writer of that directory.
 
     Every episode is one frame written with a single ``write`` on an ``O_APPEND``
-    file, so a process killed at any moment (SIGKILL included) leaves every earlier
-    episode complete and at most a torn tail. ``fsync`` says when the data is forced
-    to the disk (what survives a power loss): ``"episode"`` after every episode,
-    ``"chunk"`` (default) when a chunk is closed, ``"never"``.
+    file, so a process killed at any moment (SIGKILL included) leaves every episode
+    already written complete and at most a torn tail.
+
+    With ``background=True`` (default) :meth:`write` only queues the episode: a writer
+    thread encodes, compresses and writes it (zstd and file writes release the GIL, so
+    this overlaps the caller's stepping). :meth:`flush` returns once every episode
+    queued before it is written; :meth:`close` flushes. So after ``flush()`` or
+    ``close()`` every episode given to :meth:`write` is on disk (in the OS's cache:
+    it survives the process being killed); a SIGKILL before that loses at most the
+    episodes still queued (at most ``max_pending``) and the one being written.
+    ``background=False`` writes inside :meth:`write`, so it returns with the episode
+    on disk. An episode that fails to encode or write in the background is skipped and
+    its exception raised by the next :meth:`write`, :meth:`flush` or :meth:`close`;
+    the episodes after it are still written. A process that exits without closing
+    the writer still writes the queued episodes (an ``atexit`` hook closes it).
+
+    ``fsync`` says when the data is forced to the disk (what survives a power loss):
+    ``"episode"`` after every episode, ``"chunk"`` (default) when a chunk is closed,
+    ``"never"``.
 
     Args:
         directory: created if missing.
@@ -51,6 +71,12 @@ class RecordingWriter:
         level: compression level (-1: the codec's default).
         max_chunk_bytes: a chunk is closed (and indexed) once it reaches this size.
         fsync: one of :data:`FSYNC_POLICIES`.
+        background: encode and write on a writer thread.
+        max_pending: episodes queued at most; :meth:`write` waits when the queue is
+            full (the recorder slows the caller instead of growing memory).
+        on_error: called (on the writer thread) with the exception of an episode that
+            failed to encode or write in the background, instead of raising it at the
+            next call: for callers that must never be interrupted (a server).
 
     Raises:
         RecordingLocked: another process writes to ``directory``.
@@ -64,15 +90,22 @@ class RecordingWriter:
         level: int = -1,
         max_chunk_bytes: int = 64 << 20,
         fsync: str = "chunk",
+        background: bool = True,
+        max_pending: int = 256,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
         if max_chunk_bytes <= 0:
             raise ValueError(f"max_chunk_bytes must be > 0, got {max_chunk_bytes}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        compression = compression or default_codec()
+        encode_frame({}, b"", codec=compression)  # an unknown codec fails here, not later
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = DirectoryLock(self.directory)
-        self.compression = compression or default_codec()
+        self.compression = compression
         self.level = level
         self.max_chunk_bytes = max_chunk_bytes
         self.fsync = fsync
@@ -82,7 +115,65 @@ class RecordingWriter:
         self._frames: list[tuple[int, int, dict[str, Any]]] = []
         self._size = 0
         self.episodes_written = 0
+        """Episodes given to :meth:`write` (on disk once :meth:`flush` returns)."""
         self.bytes_written = 0
+        """Bytes of the frames written to disk so far."""
+        self._closed = False
+        self._error: BaseException | None = None
+        self._on_error = on_error
+        self._queue: queue.Queue[Episode | None] | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._queue = queue.Queue(max_pending)
+            self._thread = threading.Thread(
+                target=self._run, name="simkit-recording-writer", daemon=True
+            )
+            self._thread.start()
+            _OPEN_WRITERS.add(self)
+
+    def write(self, episode: Episode) -> None:
+        """Appends one episode (one frame, one ``write``), now or on the writer thread.
+
+        Raises:
+            ValueError: the writer is closed.
+            Exception: what an earlier background write raised (raised once; this
+                call's episode is queued all the same).
+        """
+        if self._closed:
+            raise ValueError(f"the recording writer of {str(self.directory)!r} is closed")
+        self.episodes_written += 1
+        if self._queue is None:
+            self._append(episode)
+        else:
+            self._queue.put(episode)
+        self._raise_error()
+
+    def flush(self) -> None:
+        """Returns once every episode given to :meth:`write` is written to its chunk."""
+        if self._queue is not None and not self._closed:
+            self._queue.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            episode = self._queue.get()
+            try:
+                if episode is None:
+                    return
+                self._append(episode)
+            except BaseException as exc:  # handed to the caller at its next call
+                if self._on_error is not None:
+                    self._on_error(exc)
+                elif self._error is None:
+                    self._error = exc
+            finally:
+                self._queue.task_done()
 
     def _open_chunk(self) -> None:
         self._path = chunk_path(self.directory, self._number)
@@ -90,8 +181,7 @@ class RecordingWriter:
         self._frames = []
         self._size = 0
 
-    def write(self, episode: Episode) -> None:
-        """Appends one episode (one frame, one ``write``)."""
+    def _append(self, episode: Episode) -> None:
         meta, blob = encode_episode(episode)
         frame = encode_frame(meta, blob, codec=self.compression, level=self.level)
         if self._fd is None:
@@ -104,7 +194,6 @@ class RecordingWriter:
             os.fsync(self._fd)
         self._frames.append((self._size, len(frame), meta))
         self._size += len(frame)
-        self.episodes_written += 1
         self.bytes_written += len(frame)
         if self._size >= self.max_chunk_bytes:
             self._close_chunk()
@@ -120,15 +209,41 @@ class RecordingWriter:
         self._number += 1
 
     def close(self) -> None:
-        """Closes the open chunk (writing its index) and releases the directory (idempotent)."""
-        self._close_chunk()
-        self._lock.release()
+        """Writes what is queued, closes the open chunk (writing its index) and releases
+        the directory (idempotent).
+
+        Raises:
+            Exception: what a background write raised and no call has reported yet.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._queue is not None and self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+            self._close_chunk()
+        finally:
+            self._lock.release()
+            _OPEN_WRITERS.discard(self)
+        self._raise_error()
 
     def __enter__(self) -> RecordingWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_OPEN_WRITERS: weakref.WeakSet[RecordingWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    """Writes the queued episodes of writers nobody closed (normal interpreter exit)."""
+    for writer in list(_OPEN_WRITERS):
+        with contextlib.suppress(Exception):  # at exit there is no caller left to report to
+            writer.close()
 
 
 class RecordingReader:

@@ -16,7 +16,7 @@ from simkit.errors import ReplayDivergence
 from simkit.recording._episode import Episode, decode_episode
 from simkit.recording._format import read_meta
 from simkit.recording._io import RecordingReader
-from simkit.recording._wrapper import _row
+from simkit.recording._tracker import row_of as _row
 
 __all__ = ["verify_episode", "verify_recording", "VerifyResult"]
 
@@ -53,9 +53,21 @@ def _check_obs(name: str, recorded: Any, replayed: Any, where: str) -> None:
     for (path, a), (_, b) in zip(rec, rep, strict=True):
         if not _same(a, b):
             raise ReplayDivergence(
-                f"{where}: field {path} differs: recorded {np.asarray(a)!r}, "
-                f"replayed {np.asarray(b)!r}"
+                f"{where}: field {path}{_first_difference(a, b)} differs: recorded "
+                f"{np.asarray(a)!r}, replayed {np.asarray(b)!r}"
             )
+
+
+def _first_difference(recorded: Any, replayed: Any) -> str:
+    """``"[i, j]"``: the first element whose bytes differ (``""`` for scalars or when
+    shape or dtype differ: then the whole field does)."""
+    a, b = np.ascontiguousarray(recorded), np.ascontiguousarray(replayed)
+    if a.shape != b.shape or a.dtype != b.dtype or a.ndim == 0 or a.size == 0:
+        return ""
+    bytes_a = a.reshape(-1).view(np.uint8).reshape(a.size, -1)
+    bytes_b = b.reshape(-1).view(np.uint8).reshape(b.size, -1)
+    flat = int(np.flatnonzero((bytes_a != bytes_b).any(axis=1))[0])
+    return "[" + ", ".join(str(int(x)) for x in np.unravel_index(flat, a.shape)) + "]"
 
 
 class _BatchReplayer:

@@ -6,7 +6,6 @@ import importlib
 import importlib.metadata
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -14,13 +13,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 import simkit
-from simkit._seeding import MAX_ROOT_SEED, episode_seed
+from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import BatchStep
-from simkit.recording._buffer import StepBuffer
-from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
+from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 
-__all__ = ["RecordEpisodes", "environment_versions"]
+__all__ = ["RecordEpisodes", "environment_versions", "env_info"]
 
 
 def environment_versions(env_id: str) -> dict[str, str]:
@@ -46,29 +44,6 @@ def environment_versions(env_id: str) -> dict[str, str]:
     return out
 
 
-def _row(tree: Any, k: int) -> Any:
-    if isinstance(tree, dict):
-        return {key: _row(v, k) for key, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(_row(v, k) for v in tree)
-    return np.array(np.asarray(tree)[k])
-
-
-def _as_tree(actions: Any) -> Any:
-    """Actions as arrays (a list of per-env actions becomes one array)."""
-    return np.asarray(actions) if isinstance(actions, list) else actions
-
-
-def _prepend(first: Any, rest: Any) -> Any:
-    """``first`` (one row) stacked before ``rest`` (``(T, ...)``), leaf by leaf."""
-    if isinstance(first, dict):
-        return {k: _prepend(first[k], rest[k]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(_prepend(a, b) for a, b in zip(first, rest, strict=True))
-    b = np.asarray(rest)
-    return np.concatenate([np.asarray(first, b.dtype)[None], b])
-
-
 def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
     """Env ``i``'s info out of a Gymnasium vector info (values with their ``_key`` masks)."""
     out: dict[str, Any] = {}
@@ -80,18 +55,6 @@ def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
             continue
         out[key] = env_info(value, i) if isinstance(value, Mapping) else value[i]
     return out
-
-
-@dataclass
-class _Open:
-    """How env ``i``'s current episode started (its steps are in the :class:`StepBuffer`)."""
-
-    reset_obs: Any
-    reset_info: dict[str, Any]
-    seed: int | None
-    options: dict[str, Any] | None
-    origin: dict[str, Any]
-    snapshots: dict[int, Any] = field(default_factory=dict)
 
 
 class RecordEpisodes(gym.vector.VectorWrapper):
@@ -149,76 +112,59 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         self.env_kwargs = dict(env_kwargs or {})
         self.snapshot_every = snapshot_every
         self.policy_version = policy_version
-        self.max_episodes = max_episodes
         self.writer = RecordingWriter(directory, **writer_kwargs)
-        self._versions = environment_versions(resolved)
         self._kind = "batch" if isinstance(env.unwrapped, simkit.BatchEnv) else "env"
         n = self.num_envs
+        self.tracker = EpisodeTracker(
+            self.writer,
+            n,
+            resolved,
+            self.env_kwargs,
+            environment_versions(resolved),
+            snapshot=self._get_state if snapshot_every else None,
+            snapshot_every=snapshot_every,
+        )
+        self.tracker.max_episodes = max_episodes
         self._roots: list[int | None] = [None] * n
         self._index = np.zeros(n, np.int64)
-        self._open: list[_Open | None] = [None] * n
-        self._live = np.zeros(n, bool)
         self._pending = np.zeros(n, bool)
-        self._buffer = StepBuffer(n)
         self._explicit: list[int | None] | None = None
         self._ever_reset = False
 
+    @property
+    def max_episodes(self) -> int | None:
+        """Stop recording after this many episodes (``None``: no limit)."""
+        return self.tracker.max_episodes
+
+    @max_episodes.setter
+    def max_episodes(self, value: int | None) -> None:
+        self.tracker.max_episodes = value
+
+    def _get_state(self, i: int) -> Any:
+        return self.env.unwrapped.envs[i].get_state()  # type: ignore[attr-defined]
+
     # ------------------------------------------------------------------ episodes
 
+    def _origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        """The seeds and origins of episodes number ``self._index[i]`` of envs ``ids``."""
+        roots = [self._roots[i] for i in ids]
+        index = [int(self._index[i]) for i in ids]
+        seeds = seeds_of(roots, ids, index)
+        out = []
+        for i, root, k, seed in zip(ids, roots, index, seeds, strict=True):
+            if root is None and k == 0 and self._explicit is not None:
+                seed = self._explicit[i]
+            origin = {"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind}
+            out.append((seed, origin))
+        return out
+
     def _start(self, i: int, obs_row: Any, reset_info: dict[str, Any], options: Any) -> None:
-        root, k = self._roots[i], int(self._index[i])
-        seed = None if root is None else episode_seed(root, i, k)
-        if root is None and k == 0 and self._explicit is not None:
-            seed = self._explicit[i]
-        opts = (
-            None if options is None else {k2: v for k2, v in options.items() if k2 != "reset_mask"}
-        )
-        ep = _Open(
-            reset_obs=obs_row,
-            reset_info=dict(reset_info),
-            seed=seed,
-            options=opts or None,
-            origin={"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind},
-        )
-        self._open[i] = ep
-        self._live[i] = True
-        self._buffer.clear(i)
-        self._snapshot(i, ep)
+        ((seed, origin),) = self._origins([i])
+        self.tracker.start(i, obs_row, reset_info, seed=seed, options=options, origin=origin)
 
-    def _snapshot(self, i: int, ep: _Open) -> None:
-        t = int(self._buffer.length[i])
-        if self.snapshot_every and t % self.snapshot_every == 0:
-            ep.snapshots[t] = self.env.unwrapped.envs[i].get_state()  # type: ignore[attr-defined]
-
-    def _finish(self, i: int) -> None:
-        ep = self._open[i]
-        self._open[i] = None
-        self._live[i] = False
-        if ep is None or not self._buffer.length[i]:
-            return
-        steps = self._buffer.take(i)
-        if self.max_episodes is not None and self.writer.episodes_written >= self.max_episodes:
-            return
-        self.writer.write(
-            Episode(
-                env_id=self.env_id,
-                obs=_prepend(ep.reset_obs, steps["next_obs"]),
-                actions=steps["actions"],
-                rewards=steps["reward"],
-                terminated=steps["terminated"],
-                truncated=steps["truncated"],
-                infos=steps["infos"],
-                reset_info=ep.reset_info,
-                seed=ep.seed,
-                options=ep.options,
-                params=dict(ep.reset_info.get("params", {})),
-                env_kwargs=self.env_kwargs,
-                policy_version=steps["version"],
-                snapshots=ep.snapshots,
-                versions=self._versions,
-                origin=ep.origin,
-            )
-        )
+    def _next_episodes(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        self._index[ids] += 1
+        return self._origins(ids)
 
     # --------------------------------------------------------------------- reset
 
@@ -246,11 +192,9 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             for i in ids:
                 self._roots[i], self._index[i] = None, 0
         obs, info = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # simkit vectors take Gymnasium's list form too
-        for i in ids:
-            self._open[int(i)] = None
-            self._live[int(i)] = False
-            self._pending[int(i)] = False
-            self._start(int(i), _row(obs, int(i)), env_info(info, int(i)), options)
+        for r in ids.tolist():
+            self._pending[r] = False
+            self._start(r, row_of(obs, r), env_info(info, r), options)
         self._explicit = None
         self._ever_reset = True
         return obs, info
@@ -261,55 +205,18 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         self._index[i] += 1
         self._start(i, obs_row, reset_info, None)
 
-    def _log_step(
-        self,
-        env_ids: np.ndarray,
-        rows: np.ndarray,
-        next_obs: Any,
-        actions: Any,
-        reward: Any,
-        terminated: Any,
-        truncated: Any,
-        infos: list[dict[str, Any]],
-    ) -> None:
-        live = self._live[env_ids]
-        every = bool(live.all())
-        self._buffer.append(
-            env_ids if every else env_ids[live],
-            rows if every else rows[live],
-            next_obs,
-            _as_tree(actions),
-            reward,
-            terminated,
-            truncated,
-            infos,
-            self.policy_version,
-        )
-
     def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
         """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
         res: BatchStep = self.env.unwrapped.step_batch(actions, *args, **kwargs)  # type: ignore[attr-defined]
-        ids = np.asarray(res.env_ids)
-        infos = [
-            {k: v for k, v in info.items() if k != "reset_info"} if "reset_info" in info else info
-            for info in res.infos
-        ] or [{} for _ in ids]
-        rows = np.arange(ids.size)
-        self._log_step(
-            ids, rows, res.final_obs, actions, res.reward, res.terminated, res.truncated, infos
+        self.tracker.log_batch_step(
+            res, actions, self.policy_version, self._next_episodes, faulted=self._faulted()
         )
-        done = np.flatnonzero(np.logical_or(res.terminated, res.truncated))
-        for r in done.tolist():
-            i = int(ids[r])
-            self._finish(i)
-            reset_info = res.infos[r].get("reset_info", {}) if res.infos else {}
-            self._autoreset(i, _row(res.obs, r), reset_info)
-        if self.snapshot_every:
-            for r in range(len(ids)):
-                ep = self._open[int(ids[r])]
-                if ep is not None and r not in done:
-                    self._snapshot(int(ids[r]), ep)
         return res
+
+    def _faulted(self) -> set[int]:
+        """Envs that raised on the last step (``RemoteVectorEnv.faults``): their episodes
+        were cut by the server, not by the env, and are not recorded."""
+        return {int(f.env_id) for f in getattr(self.env.unwrapped, "faults", None) or ()}
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Gymnasium's ``step``, recorded under the vector's autoreset mode."""
@@ -329,26 +236,36 @@ class RecordEpisodes(gym.vector.VectorWrapper):
                 infos.append({})
             else:
                 infos.append(env_info(info, i))
-        self._log_step(stepped, stepped, obs, actions, reward, terminated, truncated, infos)
+        tracker = self.tracker
+        tracker.log(
+            stepped,
+            stepped,
+            obs,
+            actions,
+            reward,
+            terminated,
+            truncated,
+            infos,
+            self.policy_version,
+        )
         if same_step:
             for i in done.tolist():
-                if self._open[i] is not None:
-                    self._buffer.set_last_obs(i, _row(info["final_obs"], i))
+                tracker.set_last_obs(i, row_of(info["final_obs"], i))
         for i in pending.tolist():
             self._pending[i] = False
-            self._autoreset(i, _row(obs, i), env_info(info, i))
+            self._autoreset(i, row_of(obs, i), env_info(info, i))
+        bad = self._faulted() if done.size else set()
         for i in done.tolist():
-            self._finish(i)
+            if i in bad:
+                tracker.drop(i)
+            else:
+                tracker.finish(i)
             if same_step:
                 merged = {k: v for k, v in info.items() if "final_" not in k}
-                self._autoreset(i, _row(obs, i), env_info(merged, i))
+                self._autoreset(i, row_of(obs, i), env_info(merged, i))
             elif mode == AutoresetMode.NEXT_STEP:
                 self._pending[i] = True
-        if self.snapshot_every:
-            for i in stepped.tolist():
-                ep = self._open[i]
-                if ep is not None and i not in done:
-                    self._snapshot(i, ep)
+        tracker.snapshots(i for i in stepped.tolist() if i not in set(done.tolist()))
         return obs, reward, terminated, truncated, info
 
     def close(self, **kwargs: Any) -> None:
@@ -356,4 +273,5 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         try:
             self.env.close(**kwargs)
         finally:
+            self.tracker.close()
             self.writer.close()

@@ -1,0 +1,204 @@
+"""``simkit serve --record DIR``: the rollout server records its sessions' episodes.
+
+One :class:`~simkit.recording.RecordingWriter` per server (one writer per directory),
+shared by every session; each session's host is wrapped in a :class:`RecordingHost`
+whose :class:`~simkit.recording.EpisodeTracker` follows that session's envs. Seeds
+come from the host's own :class:`simkit._seeding.EpisodeSeeds` (what the envs were
+really reset with), so the episodes replay locally with ``simkit replay --verify``.
+
+Recording never costs a client its reply: a recorder error is logged and counted
+(:attr:`ServerRecorder.errors`), the step goes out, the server serves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from simkit._seeding import EpisodeSeeds
+from simkit._types import BatchStep
+from simkit.protocol import EnvFault
+from simkit.recording import RecordingWriter, environment_versions
+from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
+from simkit.servers._batch_host import BatchEnvHost
+from simkit.servers._host import EnvListHost
+
+__all__ = ["ServerRecorder", "RecordingHost"]
+
+log = logging.getLogger("simkit.servers")
+
+
+class ServerRecorder:
+    """The server's recording: one writer for ``directory``, shared by all sessions.
+
+    Args:
+        directory: the recording directory (refused if another writer holds it).
+        env_id: the served env id; ``env_kwargs`` its constructor arguments.
+        writer_kwargs: passed to :class:`RecordingWriter`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        env_id: str,
+        env_kwargs: Mapping[str, Any],
+        **writer_kwargs: Any,
+    ) -> None:
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs)
+        self.versions = environment_versions(env_id)
+        self.errors = 0
+        """Recorder failures (logged; the sessions were served regardless)."""
+        self.writer = RecordingWriter(directory, on_error=self._write_failed, **writer_kwargs)
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """An episode failed to encode or write (on the writer thread): log, count, go on."""
+        self.errors += 1
+        log.error("recording an episode into %s failed: %r", self.writer.directory, exc)
+
+    def wrap(self, host: EnvListHost | BatchEnvHost, session: str) -> RecordingHost:
+        """``host`` recorded as session ``session`` (its hex id, kept in each origin)."""
+        return RecordingHost(host, self, session)
+
+    def close(self) -> None:
+        """Writes the queued episodes and releases the directory (errors are logged: a
+        server shutting down finishes shutting down)."""
+        try:
+            self.writer.close()
+        except Exception:
+            self.errors += 1
+            log.exception("closing the recording %s failed", self.writer.directory)
+
+
+class RecordingHost:
+    """A single-agent host whose resets and steps are recorded (the host interface).
+
+    Every call goes to the wrapped host first; the recorder only watches. Envs that
+    fault, or whose state a client sets, end their episode unrecorded (it could not
+    be re-simulated) and record again from their next reset.
+    """
+
+    def __init__(
+        self, host: EnvListHost | BatchEnvHost, recorder: ServerRecorder, session: str
+    ) -> None:
+        self.host = host
+        self.num_envs: int = host.num_envs
+        self.observation_space: spaces.Space[Any] = host.observation_space
+        self.action_space: spaces.Space[Any] = host.action_space
+        self.capabilities: frozenset[str] = host.capabilities
+        self.recorder = recorder
+        self.session = session
+        self._batch = isinstance(host, BatchEnvHost)
+        self._seeds: EpisodeSeeds = (
+            host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
+        )
+        self.tracker = EpisodeTracker(
+            recorder.writer, self.num_envs, recorder.env_id, recorder.env_kwargs, recorder.versions
+        )
+
+    def _origins(
+        self, ids: list[int], explicit: list[int] | None = None
+    ) -> list[tuple[int | None, dict[str, Any]]]:
+        """The current episodes of envs ``ids``: ``(seed, origin)`` from the host's
+        seeding (``explicit[k]``: ``ids[k]`` was reset with exactly that seed)."""
+        seeds = self._seeds
+        roots = [seeds.roots[i] for i in ids]
+        episodes = [int(seeds.episode[i]) for i in ids]
+        index = [seeds.env_offset + i for i in ids]
+        derived = seeds_of(roots, index, episodes)
+        out = []
+        for k, i in enumerate(ids):
+            origin = {
+                "root_seed": roots[k],
+                "env_index": i if self._batch else index[k],
+                "episode_index": episodes[k],
+                "kind": "batch" if self._batch else "env",
+                "session": self.session,
+            }
+            out.append((derived[k] if explicit is None else explicit[k], origin))
+        return out
+
+    def _next_origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        return self._origins(ids)  # autoresets: the host already advanced the seeding
+
+    def _failed(self, what: str) -> None:
+        self.recorder.errors += 1
+        log.exception("recording %s of session %s failed; serving on", what, self.session)
+
+    def reset(
+        self,
+        env_ids: np.ndarray,
+        *,
+        seed: int | None,
+        seeds: list[int] | None,
+        options: dict[str, Any] | None,
+        params: list[dict[str, Any]] | None,
+        env_offset: int = 0,
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """The host's reset; each reset env starts a recorded episode."""
+        obs, infos = self.host.reset(
+            env_ids, seed=seed, seeds=seeds, options=options, params=params, env_offset=env_offset
+        )
+        try:
+            ids = env_ids.tolist()
+            explicit = None if seeds is None else [int(x) for x in seeds]
+            for k, (i, (s, origin)) in enumerate(
+                zip(ids, self._origins(ids, explicit), strict=True)
+            ):
+                opts = _episode_options(options, k, None if params is None else params[k])
+                self.tracker.start(i, row_of(obs, k), infos[k], seed=s, options=opts, origin=origin)
+        except Exception:  # the reset happened: the client gets its reply regardless
+            self._failed("a reset")
+            for i in env_ids.tolist():
+                self.tracker.drop(i)
+        return obs, infos
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
+        """The host's step, recorded (an ended row writes its episode)."""
+        result, faults = self.host.step(env_ids, actions)
+        try:
+            if not np.array_equal(result.env_ids, env_ids):
+                where = {i: k for k, i in enumerate(env_ids.tolist())}
+                actions = row_of(actions, np.array([where[i] for i in result.env_ids.tolist()]))
+            self.tracker.log_batch_step(
+                result, actions, -1, self._next_origins, faulted=[f.env_id for f in faults]
+            )
+        except Exception:
+            self._failed("a step")
+            for i in env_ids.tolist():
+                self.tracker.drop(i)
+        return result, faults
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """The host's snapshots (recording is unaffected)."""
+        return self.host.get_state(env_ids)
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """The host's restore; the restored envs' episodes in flight are not recorded."""
+        self.host.set_state(env_ids, states)
+        for i in env_ids.tolist():
+            self.tracker.drop(i)
+
+    def close(self) -> None:
+        """Closes the host; unfinished episodes are dropped (the writer is the server's)."""
+        self.tracker.close()
+        self.host.close()
+
+
+def _episode_options(
+    options: Mapping[str, Any] | None, k: int, params: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """Row ``k``'s reset options as the env saw them: ``options["params"]`` (one map or
+    one per listed env) with the request's per-env ``params`` merged over it."""
+    opts = dict(options or {})
+    shared = opts.pop("params", None)
+    merged = dict(shared[k] if isinstance(shared, list) else shared or {})
+    merged.update(params or {})
+    if merged:
+        opts["params"] = merged
+    return opts or None
