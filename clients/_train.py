@@ -34,7 +34,7 @@ from simkit.clients._checkpoint import (
 from simkit.clients._local_source import LocalSource, make_vector
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
-from simkit.errors import InvalidCheckpoint
+from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
 from simkit.vector import MultiAgentVectorEnv
@@ -361,15 +361,34 @@ def run_training(
     )
 
 
-def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> np.ndarray:
+def evaluate_policy(
+    path: str | Path,
+    *,
+    episodes: int = 10,
+    seed: int = 0,
+    render: str | Path | None = None,
+    fps: int = 30,
+) -> np.ndarray:
     """Returns of ``episodes`` deterministic episodes of the policy at ``path``.
 
     ``path`` is a policy snapshot (``policy.safetensors``) or a checkpoint. For
-    multi-agent envs every agent's episode counts as one.
+    multi-agent envs every agent's episode counts as one. ``render`` writes a video
+    (``.mp4``, ``.gif``: whatever ``imageio`` writes) of those episodes, rendered with
+    ``render_mode="rgb_array"``, at ``fps`` frames per second; the returns are the same
+    as without it (same envs, same seeds).
 
     Raises:
         InvalidCheckpoint: ``path`` holds no valid policy.
+        MissingDependency: ``render`` and imageio is not installed (``simkit[bench]``).
+        RenderUnavailable: ``render`` and no OpenGL backend (MuJoCo envs; set
+            ``MUJOCO_GL=egl`` or ``osmesa``).
+        ValueError: ``render`` and the env is multi-agent or renders no RGB frames.
     """
+    imageio: Any = None
+    if render is not None:
+        from simkit._optional import require
+
+        imageio = require("imageio", extra="bench", purpose="simkit eval --render")
     tensors, meta = load_policy(path)
     env_id = str(meta["env_id"])
     obs_space, act_space = _spaces(env_id)
@@ -382,29 +401,52 @@ def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> n
     model = build_from_spec(spec, obs_space, act_space)
     check_tensors(Path(path), tensors, model.state_dict())
     model.load_state_dict(tensors)
-    vector = make_vector(env_id, 1)
-    multi = isinstance(vector, MultiAgentVectorEnv)
-    if isinstance(vector, MultiAgentVectorEnv):
-        obs, mask, _ = vector.reset(seed=seed)
-    else:
-        obs, _ = vector.reset(seed=seed)
-        mask = np.ones(1, dtype=np.bool_)
-    ep = np.zeros(len(mask))
-    out: list[float] = []
-    while len(out) < episodes:
-        actions = numpy_actions(model.act(np.asarray(obs), deterministic=True).actions)
-        if multi:
-            step: Any = vector.step(actions)
-            acted = step.acted
+    vector = make_vector(env_id, 1, render_mode=None if render is None else "rgb_array")
+    try:
+        multi = isinstance(vector, MultiAgentVectorEnv)
+        if render is not None and multi:
+            raise ValueError(
+                f"--render supports single-agent envs, got the multi-agent env {env_id!r}"
+            )
+        if isinstance(vector, MultiAgentVectorEnv):
+            obs, mask, _ = vector.reset(seed=seed)
         else:
-            step = vector.step_batch(actions)  # type: ignore[union-attr]  # single-agent vector
-            acted = np.ones(1, dtype=np.bool_)
-        ep += np.where(acted, step.reward, 0.0)
-        for row in np.flatnonzero((step.terminated | step.truncated) & acted):
-            out.append(float(ep[row]))
-            ep[row] = 0.0
-        obs = step.obs
-    vector.close()
+            obs, _ = vector.reset(seed=seed)
+            mask = np.ones(1, dtype=np.bool_)
+        frames: list[np.ndarray] = []
+
+        def grab() -> None:
+            frame = vector.envs[0].render()  # type: ignore[union-attr]  # single-agent vector
+            if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+                raise ValueError(
+                    f"env {env_id!r} renders no RGB frames with render_mode='rgb_array' "
+                    f"(render() returned {type(frame).__name__})"
+                )
+            frames.append(frame)
+
+        if render is not None:
+            grab()
+        ep = np.zeros(len(mask))
+        out: list[float] = []
+        while len(out) < episodes:
+            actions = numpy_actions(model.act(np.asarray(obs), deterministic=True).actions)
+            if multi:
+                step: Any = vector.step(actions)
+                acted = step.acted
+            else:
+                step = vector.step_batch(actions)  # type: ignore[union-attr]  # single-agent vector
+                acted = np.ones(1, dtype=np.bool_)
+            ep += np.where(acted, step.reward, 0.0)
+            for row in np.flatnonzero((step.terminated | step.truncated) & acted):
+                out.append(float(ep[row]))
+                ep[row] = 0.0
+            obs = step.obs
+            if render is not None and len(out) < episodes:
+                grab()
+    finally:
+        vector.close()
+    if render is not None:
+        imageio.mimwrite(str(render), frames, fps=fps)
     return np.asarray(out[:episodes])
 
 
@@ -447,6 +489,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="async: drop fragments older than this many versions",
     )
     parser.add_argument("--env-threads", type=int, default=d.env_threads)
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the minibatch loss: a one-off compile (~30 s), then a "
+        "cheaper update (pays on long runs)",
+    )
     parser.add_argument(
         "--checkpoint-every",
         type=int,
@@ -495,6 +543,7 @@ def run_train(ns: argparse.Namespace) -> int:
         mode=ns.mode,
         max_lag=ns.max_lag,
         env_threads=ns.env_threads,
+        compile=ns.compile,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logdir = Path(
@@ -553,6 +602,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--render",
+        default=None,
+        metavar="OUT",
+        help="write a video of the episodes (out.mp4; needs imageio and, for MuJoCo "
+        "envs, an OpenGL backend: MUJOCO_GL=egl or osmesa)",
+    )
+    parser.add_argument("--fps", type=int, default=30, help="frames per second of --render")
 
 
 def run_eval(ns: argparse.Namespace) -> int:
@@ -565,9 +622,16 @@ def run_eval(ns: argparse.Namespace) -> int:
     ):
         path = path / "policy.safetensors"
     try:
-        returns = evaluate_policy(path, episodes=ns.episodes, seed=ns.seed)
+        returns = evaluate_policy(
+            path, episodes=ns.episodes, seed=ns.seed, render=ns.render, fps=ns.fps
+        )
     except InvalidCheckpoint as exc:
         print(f"simkit eval: {exc}", file=sys.stderr)
         return 2
+    except (MissingDependency, RenderUnavailable, ValueError) as exc:
+        print(f"simkit eval: {exc}", file=sys.stderr)
+        return 1
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f}")
+    if ns.render is not None:
+        print(f"video: {ns.render}")
     return 0
