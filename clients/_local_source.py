@@ -32,7 +32,7 @@ from simkit.clients._lean import LeanMLP
 from simkit.models import ActorCritic, numpy_actions
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
-__all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX"]
+__all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX", "is_multi_agent", "make_vector"]
 
 GYM_PREFIX = "gym:"
 
@@ -47,7 +47,8 @@ class FragmentSource(Protocol):
     def close(self) -> None: ...
 
 
-def _is_multi_agent(env_id: str) -> bool:
+def is_multi_agent(env_id: str) -> bool:
+    """Whether ``env_id`` names a simkit multi-agent env (``gym:<id>`` never does)."""
     return (
         not env_id.startswith(GYM_PREFIX) and simkit.spec(env_id).kind is simkit.EnvKind.MULTI_AGENT
     )
@@ -65,7 +66,7 @@ def make_vector(
         gym_id = env_id[len(GYM_PREFIX) :]
         gym.spec(gym_id)
         return VectorEnv([lambda: gym.make(gym_id, **kwargs)] * num_envs, num_threads=num_threads)
-    if _is_multi_agent(env_id):
+    if is_multi_agent(env_id):
         return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)
     if simkit.spec(env_id).kind is simkit.EnvKind.BATCH:
         raise ValueError(f"{env_id!r} is a batch env; train it through a rollout server")

@@ -1,7 +1,10 @@
-"""The PPO learner: GAE, determinism, exact resume, checkpoints, SIGINT, multi-agent learning."""
+"""The PPO learner: GAE, determinism, exact resume, checkpoints, SIGINT, multi-agent
+learning, the lean act path, recording the fragment stream and rendering an evaluation."""
 
 from __future__ import annotations
 
+import ctypes.util
+import json
 import os
 import signal
 import subprocess
@@ -212,3 +215,109 @@ def evaluate_policy_untrained(args: PPOArgs, path: Path) -> float:
     model = build_model(args)
     save_policy(path, model.state_dict(), _policy_meta(args, 0))
     return float(evaluate_policy(path, episodes=12, seed=7).mean())
+
+
+def test_lean_act_path_samples_as_the_model_does() -> None:
+    from simkit.clients._lean import LeanMLP
+
+    for env_id in ("simkit/CartPole-v0", "simkit/GoalNav-v0", "simkit/Cheetah-v0"):
+        model = build_model(PPOArgs(env_id=env_id))
+        model.update_obs_stats(np.random.default_rng(0).normal(1.0, 3.0, (64, *model.obs_shape)))
+        lean = LeanMLP.of(model)
+        assert lean is not None, env_id
+        obs = np.random.default_rng(1).normal(size=(5, *model.obs_shape))
+        actions, log_probs, values = lean.act(obs, torch.Generator().manual_seed(2))
+        out = model.act(obs, generator=torch.Generator().manual_seed(2))
+        # The same noise around the same mean (up to float32 rounding of the matmuls).
+        np.testing.assert_allclose(actions, out.actions.numpy(), atol=1e-5)
+        assert actions.dtype == out.actions.numpy().dtype
+        np.testing.assert_allclose(log_probs, out.log_probs.numpy(), atol=1e-5)
+        np.testing.assert_allclose(values, out.values.numpy(), atol=1e-5)
+        np.testing.assert_allclose(lean.value(obs), out.values.numpy(), atol=1e-5)
+        # A weight push reaches the lean path only through load().
+        with torch.no_grad():
+            model.critic[-1].bias.add_(1.0)
+        assert not np.allclose(lean.value(obs), model.value(obs).detach().numpy(), atol=0.5)
+        lean.load()
+        np.testing.assert_allclose(lean.value(obs), model.value(obs).detach().numpy(), atol=1e-5)
+    cnn_like = build_model(PPOArgs(env_id="simkit/CartPole-v0"))
+    cnn_like.encoder = torch.nn.Identity()
+    assert LeanMLP.of(cnn_like) is None  # anything but the plain MLP keeps model.act
+
+
+def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path) -> None:
+    from simkit.recording import RecordingReader, verify_recording
+
+    r = run_training(
+        PPOArgs(**TINY),
+        logdir=tmp_path / "run",
+        max_updates=4,
+        tensorboard=False,
+        record=tmp_path / "rec",
+    )
+    reader = RecordingReader(tmp_path / "rec")
+    assert len(reader) >= 4
+    assert {v.error for v in verify_recording(reader)} == {None}  # replays bit for bit
+    versions = set()
+    for k in range(len(reader)):
+        ep = reader.load(k)
+        assert ep.policy_version is not None
+        versions |= set(ep.policy_version.tolist())
+    assert versions <= set(range(r.updates))
+    assert len(versions) > 1
+    with pytest.raises(ValueError, match=r"--record needs a single-agent simkit env"):
+        run_training(
+            PPOArgs(**{**TINY, "env_id": "simkit/GoalNav-v0"}),
+            logdir=tmp_path / "ma",
+            record=tmp_path / "rec2",
+            tensorboard=False,
+        )
+
+
+def test_eval_render_of_an_env_without_frames_is_refused(tmp_path: Path) -> None:
+    from simkit.clients._checkpoint import save_policy
+
+    args = PPOArgs(env_id="simkit/GoalNav-v0")
+    save_policy(tmp_path / "p.safetensors", build_model(args).state_dict(), _policy_meta(args, 0))
+    with pytest.raises(ValueError, match=r"--render supports single-agent envs"):
+        evaluate_policy(tmp_path / "p.safetensors", episodes=1, render=tmp_path / "x.mp4")
+    args = PPOArgs(env_id="simkit/CartPole-v0")
+    save_policy(tmp_path / "c.safetensors", build_model(args).state_dict(), _policy_meta(args, 0))
+    with pytest.raises(ValueError, match=r"'simkit/CartPole-v0' cannot render RGB frames"):
+        evaluate_policy(tmp_path / "c.safetensors", episodes=1, render=tmp_path / "x.mp4")
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("OSMesa") is None,
+    reason="libOSMesa not installed (apt-get install libosmesa6); .ci/run installs it",
+)
+def test_eval_renders_a_mujoco_policy_to_mp4(tmp_path: Path) -> None:
+    from simkit.clients._checkpoint import save_policy
+
+    args = PPOArgs(env_id="simkit/Reacher-v0")
+    policy = tmp_path / "policy.safetensors"
+    save_policy(policy, build_model(args).state_dict(), _policy_meta(args, 0))
+    out = tmp_path / "reacher.mp4"
+    env = {**os.environ, "MUJOCO_GL": "osmesa", "PYOPENGL_PLATFORM": "osmesa"}
+    cmd = [sys.executable, "-m", "simkit", "eval", str(policy), "--episodes", "1"]
+    proc = subprocess.run(
+        [*cmd, "--render", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"video: {out}" in proc.stdout
+    check = (
+        "import imageio, json, numpy as np, sys; f = imageio.mimread(sys.argv[1]); "
+        "print(json.dumps([len(f), list(f[0].shape), bool((f[0] != f[-1]).any())]))"
+    )
+    read = subprocess.run(
+        [sys.executable, "-c", check, str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert read.returncode == 0, read.stderr[-2000:]
+    frames, shape, moved = json.loads(read.stdout.strip().splitlines()[-1])
+    assert frames > 10
+    assert shape[2] == 3
+    assert moved

@@ -1,10 +1,14 @@
-"""PPO through rollout servers: training over a stream, and losing one of two servers."""
+"""PPO through rollout servers: training over a stream, losing one of two servers, and
+waiting for a lost server to come back (``--wait-for-servers``)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from simkit.clients._server_source import spawn_servers, stop_servers
 from simkit.clients._train import run_training
@@ -53,3 +57,52 @@ def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) ->
     assert f"server {endpoints[1]} stopped answering" in err
     assert "going on with 1 server(s)" in err
     assert r.updates == 20
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_wait_for_servers_reconnects_to_a_restarted_server(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    binds = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    procs, endpoints = spawn_servers("simkit/CartPole-v0", 2, binds=binds)
+    restarted: list = []  # type: ignore[type-arg]  # Popen of the restarted server
+
+    def kill_and_restart() -> None:
+        while not (tmp_path / "policy.safetensors").exists():
+            time.sleep(0.05)
+        procs[1].kill()
+        procs[1].wait()
+        time.sleep(3.0)  # longer than the server timeout: the learner notices and waits
+        more, _ = spawn_servers("simkit/CartPole-v0", 1, binds=[binds[1]])
+        restarted.extend(more)
+
+    killer = threading.Thread(target=kill_and_restart, daemon=True)
+    try:
+        killer.start()
+        r = run_training(
+            PPOArgs(**ARGS),
+            logdir=tmp_path,
+            connect=endpoints,
+            max_updates=6,
+            tensorboard=False,
+            server_timeout=1.0,
+            wait_for_servers=True,
+        )
+        killer.join(timeout=30)
+    finally:
+        stop_servers(procs + restarted)
+    err = capfd.readouterr().err
+    assert f"server {endpoints[1]} stopped answering" in err
+    assert "waiting for it to come back" in err
+    assert f"server {endpoints[1]} is back" in err
+    assert "going on with" not in err
+    assert restarted
+    # Every update had both servers' rows: the run never went on with one.
+    assert r.updates == 6
+    assert r.global_step == 6 * 4 * 16
