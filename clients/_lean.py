@@ -54,6 +54,17 @@ def _layers(seq: nn.Module) -> list[tuple[nn.Linear, str | None]] | None:
     return out
 
 
+def _weight(lin: nn.Linear) -> np.ndarray:
+    """``W.T`` (``x @ W.T`` is the layer), contiguous float32."""
+    return np.ascontiguousarray(lin.weight.detach().numpy().T)
+
+
+def _bias(lin: nn.Linear) -> np.ndarray:
+    if lin.bias is None:
+        return np.zeros(lin.out_features, np.float32)
+    return lin.bias.detach().numpy().copy()
+
+
 class LeanMLP:
     """Numpy forward of a separate-trunk MLP actor-critic (see the module docstring).
 
@@ -103,29 +114,25 @@ class LeanMLP:
         def mats(
             layers: list[tuple[nn.Linear, str | None]],
         ) -> list[tuple[np.ndarray, np.ndarray, str | None]]:
-            return [
-                (
-                    np.ascontiguousarray(lin.weight.detach().numpy().T),
-                    lin.bias.detach().numpy().copy(),
-                    act,
-                )
-                for lin, act in layers
-            ]
+            return [(_weight(lin), _bias(lin), act) for lin, act in layers]
 
         model = self.model
         self.actor = mats(self._actor_mods)
         self.critic = mats(self._critic_mods)
         head = model.head
         if isinstance(head, GaussianHead):
-            self.head_w = np.ascontiguousarray(head.mean.weight.detach().numpy().T)
-            self.head_b = head.mean.bias.detach().numpy().copy()
+            mean = head.mean
+            assert isinstance(mean, nn.Linear)  # layer_init keeps the Linear
+            self.head_w, self.head_b = _weight(mean), _bias(mean)
             log_std = head.log_std.detach()
             self.std = log_std.exp().numpy().copy()
             self.norm = np.float32((log_std.sum() + head.dim * _LOG_SQRT_2PI).item())
         else:
-            self.head_w = np.ascontiguousarray(head.logits.weight.detach().numpy().T)
-            self.head_b = head.logits.bias.detach().numpy().copy()
+            logits = head.logits
+            assert isinstance(logits, nn.Linear)  # layer_init keeps the Linear
+            self.head_w, self.head_b = _weight(logits), _bias(logits)
         rms = model.obs_rms
+        self.shift: np.ndarray | None = None
         if rms is not None:
             with torch.no_grad():
                 self.shift = rms.mean.to(torch.float32).numpy().reshape(-1).copy()
@@ -133,8 +140,6 @@ class LeanMLP:
                     torch.rsqrt(rms.var + 1e-8).to(torch.float32).numpy().reshape(-1).copy()
                 )
             self.clip = rms.clip
-        else:
-            self.shift = None
 
     def _input(self, obs: np.ndarray) -> np.ndarray:
         x = np.asarray(obs).reshape(len(obs), -1).astype(np.float32)

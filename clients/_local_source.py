@@ -61,7 +61,7 @@ def make_vector(
 
     ``render_mode`` (e.g. ``"rgb_array"``) is passed to every env's constructor.
     """
-    kwargs = {} if render_mode is None else {"render_mode": render_mode}
+    kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
     if env_id.startswith(GYM_PREFIX):
         gym_id = env_id[len(GYM_PREFIX) :]
         gym.spec(gym_id)

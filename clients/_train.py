@@ -484,7 +484,7 @@ def evaluate_policy(
         frames: list[np.ndarray] = []
 
         def grab() -> None:
-            frame = vector.envs[0].render()  # type: ignore[union-attr]  # single-agent vector
+            frame = vector.envs[0].render()
             if not isinstance(frame, np.ndarray) or frame.ndim != 3:
                 raise ValueError(
                     f"env {env_id!r} renders no RGB frames with render_mode='rgb_array' "
