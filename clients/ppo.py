@@ -21,6 +21,7 @@ the learner's for minibatch shuffling.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -28,13 +29,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from simkit._types import Fragment
 from simkit.clients._local_source import FragmentSource
 from simkit.models import ActorCritic
 
-__all__ = ["PPOArgs", "PPO", "UpdateStats", "compute_gae", "RewardScaler", "train"]
+__all__ = [
+    "PPOArgs",
+    "PPO",
+    "UpdateStats",
+    "compute_gae",
+    "RewardScaler",
+    "clip_grad_norm",
+    "train",
+]
 
 
 @dataclass
@@ -113,16 +121,17 @@ def compute_gae(
     Returns:
         ``(advantages, returns)``, each ``(T, R)`` float32; ``returns = advantages + values``.
     """
-    T = rewards.shape[0]
-    adv = np.zeros(rewards.shape, dtype=np.float64)
-    last = np.zeros(rewards.shape[1:], dtype=np.float64)
     ended = np.logical_or(terminated, truncated)
-    for t in reversed(range(T)):
-        next_values = last_values if t == T - 1 else values[t + 1]
-        bootstrap = np.where(ended[t], final_values[t], next_values)
-        bootstrap = np.where(terminated[t], 0.0, bootstrap)
-        delta = rewards[t] + gamma * bootstrap - values[t]
-        last = delta + gamma * lam * np.where(ended[t], 0.0, last)
+    next_values = np.concatenate([values[1:], last_values[None]])
+    bootstrap = np.where(ended, final_values, next_values)
+    bootstrap = np.where(terminated, 0.0, bootstrap)
+    delta = rewards + gamma * bootstrap - values
+    # (gamma * lam) where the episode goes on, 0 where it ended: the recursion stops.
+    carry = np.where(ended, 0.0, gamma * lam)
+    adv = np.empty(rewards.shape, dtype=np.float64)
+    last = np.zeros(rewards.shape[1:], dtype=np.float64)
+    for t in reversed(range(rewards.shape[0])):
+        last = delta[t] + carry[t] * last
         adv[t] = last
     return adv.astype(np.float32), (adv + values).astype(np.float32)
 
@@ -157,6 +166,11 @@ class RewardScaler:
         ret = self.returns.get(fragment.source)
         if ret is None:
             ret = np.zeros(fragment.num_rows)
+        if fragment.num_rows == 1 and fragment.agent_mask.all():
+            return self._scale_one_row(fragment, ret)
+        return self._scale_rows(fragment, ret)
+
+    def _scale_rows(self, fragment: Fragment, ret: np.ndarray) -> np.ndarray:
         out = np.empty_like(fragment.rewards)
         for t in range(fragment.num_steps):
             live = fragment.agent_mask[t]
@@ -167,6 +181,31 @@ class RewardScaler:
             ret = np.where(fragment.terminated[t], 0.0, ret)
         self.returns[fragment.source] = ret
         return np.clip(out, -self.clip, self.clip)
+
+    def _scale_one_row(self, fragment: Fragment, ret: np.ndarray) -> np.ndarray:
+        """:meth:`scale` of a one-row fragment in Python floats: the same IEEE operations
+        in the same order (so the same bits), without numpy's per-call cost."""
+        gamma, eps = self.gamma, self.epsilon
+        mean, var, count = self.mean, self.var, self.count
+        r = float(ret[0])
+        rewards = fragment.rewards[:, 0].tolist()
+        terminated = fragment.terminated[:, 0].tolist()
+        out = []
+        for reward, term in zip(rewards, terminated, strict=True):
+            r = r * gamma + reward
+            # _fold of one value: batch mean r, batch variance 0, batch count 1.
+            delta = r - mean
+            total = count + 1.0
+            mean += delta * 1.0 / total
+            var = (var * count + 0.0 * 1.0 + delta**2 * count * 1.0 / total) / total
+            count = total
+            out.append(reward / math.sqrt(var + eps))
+            if term:
+                r = 0.0
+        self.mean, self.var, self.count = mean, var, count
+        self.returns[fragment.source] = np.array([r])
+        scaled = np.asarray(out, dtype=fragment.rewards.dtype).reshape(-1, 1)
+        return np.clip(scaled, -self.clip, self.clip)
 
     def get_state(self) -> dict[str, Any]:
         """Plain data (checkpoints)."""
@@ -187,6 +226,20 @@ class RewardScaler:
         self.returns = {
             k: np.asarray(v, dtype=np.float64).copy() for k, v in state["returns"].items()
         }
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)``, the same
+    operations in the same order (so the same bits), without its per-call grouping of
+    tensors by device and dtype: ``params`` are one device's float32 parameters."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    norms = torch._foreach_norm(grads, 2.0)
+    total = torch.linalg.vector_norm(torch.stack(list(norms)), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, coef)
 
 
 @dataclass(frozen=True)
@@ -356,7 +409,7 @@ class PPO:
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(params, args.max_grad_norm, foreach=True)
+                clip_grad_norm(params, args.max_grad_norm)
                 self.optimizer.step()
                 pieces.append(stats)
         # (policy loss, value loss, entropy) of the last minibatch, mean KL and clip fraction.

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from simkit._types import Fragment
 from simkit.clients._checkpoint import load_checkpoint
 from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
-from simkit.clients.ppo import PPOArgs, compute_gae
+from simkit.clients.ppo import PPOArgs, RewardScaler, clip_grad_norm, compute_gae
 from simkit.errors import InvalidCheckpoint
 
 TINY = {
@@ -58,6 +59,58 @@ def test_gae_hand_computed_with_truncation_bootstrap() -> None:
         rewards, values, trunc, np.zeros_like(trunc), final, last, gamma=g, lam=lam
     )
     assert adv_t[1, 0] == pytest.approx(2.0 - 1.0)
+
+
+def _fragment(rng: np.random.Generator, T: int, R: int) -> Fragment:
+    term = rng.random((T, R)) < 0.02
+    return Fragment(
+        obs=rng.normal(size=(T, R, 3)),
+        actions=rng.normal(size=(T, R, 2)).astype(np.float32),
+        log_probs=np.zeros((T, R), np.float32),
+        values=rng.normal(size=(T, R)).astype(np.float32),
+        rewards=rng.normal(size=(T, R)) * 5,
+        terminated=term,
+        truncated=(rng.random((T, R)) < 0.02) & ~term,
+        final_values=rng.normal(size=(T, R)).astype(np.float32),
+        agent_mask=np.ones((T, R), bool),
+        policy_version=np.zeros(T, np.int64),
+        last_obs=np.zeros((R, 3)),
+        last_values=rng.normal(size=R).astype(np.float32),
+        env_ids=np.arange(R),
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64),
+        episode_rows=np.zeros(0, np.int64),
+        source="s",
+        sequence=0,
+    )
+
+
+def test_one_row_reward_scaling_is_the_generic_path_bit_for_bit() -> None:
+    rng = np.random.default_rng(0)
+    fast, generic = RewardScaler(0.99, 10.0), RewardScaler(0.99, 10.0)
+    for _ in range(3):  # the running return carries across fragments
+        f = _fragment(rng, 300, 1)
+        a = fast.scale(f)
+        b = generic._scale_rows(f, generic.returns.get("s", np.zeros(1)))
+        assert a.dtype == b.dtype
+        assert a.tobytes() == b.tobytes()
+        assert (fast.mean, fast.var, fast.count) == (generic.mean, generic.var, generic.count)
+        assert fast.returns["s"].tobytes() == generic.returns["s"].tobytes()
+
+
+def test_clip_grad_norm_is_torchs_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    params = [torch.randn(5, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    twins = [p.detach().clone().requires_grad_(True) for p in params]
+    for ps in (params, twins):
+        (ps[0].sum(0) * 30 + ps[1] ** 3).sum().backward()
+    clip_grad_norm(params, 0.5)
+    torch.nn.utils.clip_grad_norm_(twins, 0.5, foreach=True)
+    for p, q in zip(params, twins, strict=True):
+        assert p.grad is not None
+        assert q.grad is not None
+        assert torch.equal(p.grad, q.grad)
+    assert float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in params]))) < 0.51
 
 
 def test_same_seed_same_parameters(tmp_path: Path) -> None:
