@@ -106,3 +106,60 @@ def test_wait_for_servers_reconnects_to_a_restarted_server(
     # Every update had both servers' rows: the run never went on with one.
     assert r.updates == 6
     assert r.global_step == 6 * 4 * 16
+
+
+class _FakeStream:
+    """Two servers' fragments; ``b`` fails after delivering one, with two more queued."""
+
+    def __init__(self) -> None:
+        from simkit.clients._connection import ServerUnavailable
+
+        self.version = 0
+        self.endpoints = ["a", "b"]
+        self.script: list[object] = [
+            ("a", 0),
+            ("b", 0),
+            ("a", 1),
+            ServerUnavailable("b", 1.0, "a fragment"),
+            ("a", 2),
+        ]
+        self.queued_b = [("b", 1), ("b", 2)]
+
+    def next_fragment(self) -> object:
+        item = self.script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def server_config(self, endpoint: str) -> object:
+        return None
+
+    def remove_server(self, endpoint: str) -> list[object]:
+        self.endpoints.remove(endpoint)
+        kept, self.queued_b = self.queued_b, []
+        return kept
+
+
+def test_a_lost_servers_received_fragments_all_reach_the_learner() -> None:
+    from simkit.clients._server_source import ServerSource
+
+    lines: list[str] = []
+    source = ServerSource.__new__(ServerSource)  # the failure policy alone, on a fake stream
+    source.stream = _FakeStream()  # type: ignore[assignment]  # duck-typed PolicyStream
+    source.report = lines.append
+    source.wait_for_servers = False
+    source.give_up = lambda: False
+    source.mode = "sync"
+    source.lost = []
+    source.restored = []
+    source._kept = []
+    got = []
+    for item in source.fragments():
+        got.append(item)
+        if len(got) == 7:
+            break
+    # Everything b sent before it died is handed over, then None (rows changed).
+    assert got == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2), None, ("a", 2)]
+    assert source.lost == ["b"]
+    assert "server b stopped answering" in lines[0]
+    assert "kept its 2 received fragment(s), going on with 1 server(s): ['a']" in lines[0]
