@@ -244,7 +244,8 @@ def test_sigint_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert more.updates == version + 1
 
 
-def test_multi_agent_goalnav_return_rises(tmp_path: Path) -> None:
+@pytest.mark.parametrize("servers", [0, 1], ids=["in-process", "through-a-server"])
+def test_multi_agent_goalnav_return_rises(tmp_path: Path, servers: int) -> None:
     args = PPOArgs(
         env_id="simkit/GoalNav-v0",
         num_envs=4,
@@ -256,7 +257,7 @@ def test_multi_agent_goalnav_return_rises(tmp_path: Path) -> None:
         learning_rate=1e-3,
     )
     before = evaluate_policy_untrained(args, tmp_path / "untrained.safetensors")
-    r = run_training(args, logdir=tmp_path, tensorboard=False)
+    r = run_training(args, logdir=tmp_path, tensorboard=False, servers=servers)
     after = evaluate_policy(r.policy, episodes=12, seed=7)
     assert after.mean() > before + 5.0, (before, after.mean())
 

@@ -31,6 +31,26 @@ def test_trains_through_a_local_server(tmp_path: Path) -> None:
     assert r.global_step == 3 * 4 * 16
 
 
+def test_same_seed_same_parameters_through_a_server(tmp_path: Path) -> None:
+    import torch
+
+    from simkit.clients._checkpoint import load_checkpoint
+
+    runs = [
+        run_training(
+            PPOArgs(**ARGS), logdir=tmp_path / name, servers=1, max_updates=3, tensorboard=False
+        )
+        for name in ("a", "b")
+    ]
+    ckpt_a, ckpt_b = runs[0].checkpoint, runs[1].checkpoint
+    assert ckpt_a is not None
+    assert ckpt_b is not None
+    pa, pb = load_checkpoint(ckpt_a).model, load_checkpoint(ckpt_b).model
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+
+
 def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]  # pytest fixture
     procs, endpoints = spawn_servers("simkit/CartPole-v0", 2)
     try:
