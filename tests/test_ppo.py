@@ -129,6 +129,23 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
     assert not torch.equal(_params(c.checkpoint)["actor.0.weight"], pa["actor.0.weight"])
 
 
+# Importing torch's inductor imports torch/utils/mkldnn.py, which uses its own deprecated
+# torch.jit.script_method (torch 2.13); nothing of simkit's.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_compiled_update_is_deterministic(tmp_path: Path) -> None:
+    args = PPOArgs(**{**TINY, "compile": True})
+    a = run_training(args, logdir=tmp_path / "a", max_updates=2, tensorboard=False)
+    b = run_training(args, logdir=tmp_path / "b", max_updates=2, tensorboard=False)
+    eager = run_training(PPOArgs(**TINY), logdir=tmp_path / "e", max_updates=2, tensorboard=False)
+    assert a.checkpoint is not None
+    assert b.checkpoint is not None
+    assert eager.checkpoint is not None
+    pa, pb, pe = _params(a.checkpoint), _params(b.checkpoint), _params(eager.checkpoint)
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+        torch.testing.assert_close(pa[k], pe[k], rtol=1e-3, atol=1e-4)  # the same update
+
+
 @pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "simkit/GoalNav-v0"])
 def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
     args = {**TINY, "env_id": env_id, "num_steps": 37}  # episodes cross fragment boundaries
