@@ -567,7 +567,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the minibatch loss: a one-off compile (~30 s), then a "
+        help="torch.compile the minibatch loss: a one-off compile at start, then a "
         "cheaper update (pays on long runs)",
     )
     parser.add_argument(
