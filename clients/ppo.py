@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -229,7 +229,7 @@ class RewardScaler:
 
 
 @torch.no_grad()
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> None:
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> None:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)``, the same
     operations in the same order (so the same bits), without its per-call grouping of
     tensors by device and dtype: ``params`` are one device's float32 parameters."""
