@@ -28,10 +28,11 @@ import torch
 
 import simkit
 from simkit._types import Fragment
+from simkit.clients._lean import LeanMLP
 from simkit.models import ActorCritic, numpy_actions
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
-__all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX"]
+__all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX", "is_multi_agent", "make_vector"]
 
 GYM_PREFIX = "gym:"
 
@@ -46,25 +47,30 @@ class FragmentSource(Protocol):
     def close(self) -> None: ...
 
 
-def _is_multi_agent(env_id: str) -> bool:
+def is_multi_agent(env_id: str) -> bool:
+    """Whether ``env_id`` names a simkit multi-agent env (``gym:<id>`` never does)."""
     return (
         not env_id.startswith(GYM_PREFIX) and simkit.spec(env_id).kind is simkit.EnvKind.MULTI_AGENT
     )
 
 
 def make_vector(
-    env_id: str, num_envs: int, num_threads: int = 1
+    env_id: str, num_envs: int, num_threads: int = 1, *, render_mode: str | None = None
 ) -> VectorEnv | MultiAgentVectorEnv:
-    """The local vector of ``env_id`` (``gym:<id>`` builds the installed Gymnasium env)."""
+    """The local vector of ``env_id`` (``gym:<id>`` builds the installed Gymnasium env).
+
+    ``render_mode`` (e.g. ``"rgb_array"``) is passed to every env's constructor.
+    """
+    kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
     if env_id.startswith(GYM_PREFIX):
         gym_id = env_id[len(GYM_PREFIX) :]
         gym.spec(gym_id)
-        return VectorEnv([lambda: gym.make(gym_id)] * num_envs, num_threads=num_threads)
-    if _is_multi_agent(env_id):
-        return MultiAgentVectorEnv(env_id, num_envs)
+        return VectorEnv([lambda: gym.make(gym_id, **kwargs)] * num_envs, num_threads=num_threads)
+    if is_multi_agent(env_id):
+        return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)
     if simkit.spec(env_id).kind is simkit.EnvKind.BATCH:
         raise ValueError(f"{env_id!r} is a batch env; train it through a rollout server")
-    return VectorEnv(env_id, num_envs, num_threads=num_threads)
+    return VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs)
 
 
 class LocalSource:
@@ -79,6 +85,8 @@ class LocalSource:
         mode: ``"sync"`` or ``"async"``.
         prefetch: async only, fragments rolled out ahead of the learner.
         num_threads: env stepping threads (MuJoCo releases the GIL).
+        lean: act through :class:`~simkit.clients._lean.LeanMLP` (numpy) where the
+            model is a plain MLP; else ``model.act`` (torch).
     """
 
     def __init__(
@@ -92,6 +100,7 @@ class LocalSource:
         mode: str = "sync",
         prefetch: int = 1,
         num_threads: int = 1,
+        lean: bool = True,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
@@ -108,6 +117,8 @@ class LocalSource:
         self.num_rows = self.vector.num_rows if self.multi_agent else num_envs  # type: ignore[union-attr]  # num_rows exists on the multi-agent vector
         self.model = copy.deepcopy(model)
         self.model.eval()
+        self.lean = LeanMLP.of(self.model) if lean else None
+        """The numpy act path (:mod:`simkit.clients._lean`), None for other models."""
         self.version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.sequence = 0
@@ -145,13 +156,15 @@ class LocalSource:
         if pending is not None:
             self.version, tensors = pending
             self.model.load_state_dict(tensors)
+            if self.lean is not None:
+                self.lean.load()
 
     # ------------------------------------------------------------------ rollout
 
     def rollout(self) -> Fragment:
         """Steps ``T`` times with the current weights and returns the fragment."""
         T, R = self.num_steps, self.num_rows
-        model, gen = self.model, self.generator
+        model, gen, lean = self.model, self.generator, self.lean
         obs_buf = np.empty((T, *self._obs.shape), dtype=self._obs.dtype)
         act_list: list[np.ndarray] = []
         logp = np.empty((T, R), dtype=np.float32)
@@ -170,11 +183,14 @@ class LocalSource:
             t0 = time.perf_counter()
             obs_buf[t] = self._obs
             mask[t] = self._mask
-            out = model.act(self._obs, generator=gen)
-            actions = numpy_actions(out.actions)
+            if lean is not None:
+                actions, logp[t], values[t] = lean.act(self._obs, gen)
+            else:
+                out = model.act(self._obs, generator=gen)
+                actions = numpy_actions(out.actions)
+                logp[t] = out.log_probs.numpy()
+                values[t] = out.values.numpy()
             act_list.append(actions)
-            logp[t] = out.log_probs.numpy()
-            values[t] = out.values.numpy()
             t1 = time.perf_counter()
             if self.multi_agent:
                 step: Any = self.vector.step(actions)
@@ -192,8 +208,7 @@ class LocalSource:
             if cut.any():
                 rows = np.flatnonzero(cut)
                 final = np.asarray(step.final_obs)[rows]
-                with torch.no_grad():
-                    final_values[t, rows] = model.value(final).numpy()
+                final_values[t, rows] = self._value(final)
             self._ep_return += r
             self._ep_length += acted
             for row in np.flatnonzero(term[t] | trunc[t]):
@@ -207,8 +222,7 @@ class LocalSource:
             t_inf += (t1 - t0) + (t3 - t2)
             t_env += t2 - t1
         t0 = time.perf_counter()
-        with torch.no_grad():
-            last_values = model.value(self._obs).numpy()
+        last_values = self._value(self._obs)
         t_inf += time.perf_counter() - t0
         with self._lock:
             self._times["env"] += t_env
@@ -234,6 +248,13 @@ class LocalSource:
             source=self.name,
             sequence=start_seq,
         )
+
+    def _value(self, obs: np.ndarray) -> np.ndarray:
+        if self.lean is not None:
+            return self.lean.value(obs)
+        with torch.no_grad():
+            out: np.ndarray = self.model.value(obs).numpy()
+        return out
 
     def _produce(self) -> None:
         try:

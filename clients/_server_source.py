@@ -35,6 +35,11 @@ class ServerSource:
             (``num_envs`` slots in total, split over the servers).
         timeout: seconds a server may stay silent before it counts as dead.
         report: called with a line for a person when a server is lost.
+        wait_for_servers: instead of going on without a lost server, wait until it is
+            back on the same endpoint (retrying every ``timeout`` seconds) and reopen its
+            session: same env slots and seed (its envs start afresh), newest weights.
+        give_up: while waiting, checked between retries; when it turns true the lost
+            server is dropped as without ``wait_for_servers`` (e.g. on SIGINT).
     """
 
     def __init__(
@@ -50,6 +55,8 @@ class ServerSource:
         max_lag: int = 1,
         timeout: float = 30.0,
         report: Callable[[str], None] = print,
+        wait_for_servers: bool = False,
+        give_up: Callable[[], bool] = lambda: False,
     ) -> None:
         self.stream = PolicyStream(
             list(endpoints),
@@ -65,7 +72,11 @@ class ServerSource:
         self.observation_space = self.stream.observation_space
         self.action_space = self.stream.action_space
         self.report = report
+        self.wait_for_servers = wait_for_servers
+        self.give_up = give_up
+        self.mode = mode
         self.lost: list[str] = []
+        self.restored: list[str] = []
         self._kept: list[Fragment] = []
 
     @property
@@ -76,8 +87,11 @@ class ServerSource:
         )  # PolicyStream exposes no per-server row count
 
     def _lose(self, exc: ServerUnavailable) -> None:
+        config = self.stream.server_config(exc.endpoint)
         kept = self.stream.remove_server(exc.endpoint)
         self._kept.extend(kept)
+        if self.wait_for_servers and self._wait_for(exc, config, kept):
+            return
         self.lost.append(exc.endpoint)
         left = self.stream.endpoints
         self.report(
@@ -86,6 +100,33 @@ class ServerSource:
         )
         if not left:
             raise exc
+
+    def _wait_for(self, exc: ServerUnavailable, config: Any, kept: list[Fragment]) -> bool:
+        """Waits until ``exc.endpoint`` answers again and reopens its session; False if
+        :attr:`give_up` turned true first."""
+        version = self.stream.version
+        # Sync mode: a server whose fragment of the current version already arrived
+        # gets the next weights with everyone else; otherwise it needs them now.
+        have_current = any(int(f.policy_version.min()) == version for f in kept)
+        send_weights = self.mode == "async" or not have_current
+        self.report(
+            f"simkit train: server {exc.endpoint} stopped answering ({exc}); kept its "
+            f"{len(kept)} received fragment(s), waiting for it to come back "
+            "(--wait-for-servers)"
+        )
+        while not self.give_up():
+            try:
+                self.stream.add_server(exc.endpoint, config, send_weights=send_weights)
+            except ServerUnavailable:
+                continue
+            self.restored.append(exc.endpoint)
+            self.report(
+                f"simkit train: server {exc.endpoint} is back; its envs restart from "
+                f"seed {config.seed} (env slots {config.env_offset}.."
+                f"{config.env_offset + config.num_envs - 1})"
+            )
+            return True
+        return False
 
     def fragments(self) -> Iterator[Fragment | None]:
         """Fragments as they arrive; after a loss, the dead server's received ones, then
@@ -120,17 +161,26 @@ class ServerSource:
 
 
 def spawn_servers(
-    env_id: str, count: int, *, num_threads: int = 1, timeout: float = 60.0
+    env_id: str,
+    count: int,
+    *,
+    num_threads: int = 1,
+    binds: Sequence[str] | None = None,
 ) -> tuple[list[subprocess.Popen[str]], list[str]]:
     """Starts ``count`` local ``simkit serve ENV --policy`` processes; returns them and their endpoints.
 
+    ``binds`` gives each server's bind address (default: a free loopback port each).
+
     Raises:
         RuntimeError: a server did not start (its output is in the message).
+        ValueError: ``binds`` does not name ``count`` addresses.
     """
+    if binds is not None and len(binds) != count:
+        raise ValueError(f"binds must name {count} addresses, got {len(binds)}: {list(binds)}")
     procs: list[subprocess.Popen[str]] = []
     endpoints: list[str] = []
     try:
-        for _ in range(count):
+        for k in range(count):
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -140,7 +190,7 @@ def spawn_servers(
                     env_id,
                     "--policy",
                     "--bind",
-                    "tcp://127.0.0.1:*",
+                    "tcp://127.0.0.1:*" if binds is None else binds[k],
                     "--num-threads",
                     str(num_threads),
                 ],

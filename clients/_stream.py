@@ -73,6 +73,8 @@ class _Server:
     last_heard: float = 0.0
     delivered: int = 0
     opened_at: float = 0.0
+    config: StreamConfig | None = None
+    """The ``stream_open`` config (kept to reopen the session on a restarted server)."""
 
 
 class PolicyStream:
@@ -162,6 +164,9 @@ class PolicyStream:
         self.version: int | None = None
         """The newest weights version pushed."""
         self._versions_pushed = 0
+        self._weights: PolicyWeights | None = None
+        """The newest weights pushed (sent again to a server that is added back)."""
+        self._curve = curve
         self._context: zmq.Context[Any] = zmq.Context()
         self._servers: list[_Server] = []
         self._poller = zmq.Poller()
@@ -195,6 +200,7 @@ class PolicyStream:
                     client=client,
                     group_envs=group_envs,
                 )
+                srv.config = config
                 self._send(srv, srv.session.request_open(config))
                 offset += share
             row = 0
@@ -328,6 +334,7 @@ class PolicyStream:
                 self._await(srv, lambda s, rid=rid: s.acked >= rid, "'weights'")  # type: ignore[misc]
         self.version = pw.version
         self._versions_pushed += 1
+        self._weights = PolicyWeights(version=pw.version, tensors=tensors)
         return pw.version
 
     # ------------------------------------------------------------------ fragments
@@ -412,6 +419,62 @@ class PolicyStream:
         kept = list(srv.queue)
         self._retire(srv, polite=False)
         return kept
+
+    def server_config(self, endpoint: str) -> StreamConfig:
+        """The ``stream_open`` config of ``endpoint`` (its env slots, seed, model).
+
+        Raises:
+            ValueError: ``endpoint`` is not in the stream.
+        """
+        for srv in self._servers:
+            if srv.conn.endpoint == endpoint and srv.config is not None:
+                return srv.config
+        raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
+
+    def add_server(self, endpoint: str, config: StreamConfig, *, send_weights: bool) -> None:
+        """Opens a stream session on ``endpoint`` (a restarted server) with ``config``
+        (from :meth:`server_config` before :meth:`remove_server`) and grants it credit.
+
+        ``send_weights``: push the newest weights now (the server then produces a
+        fragment of the current version); else it waits for the next
+        :meth:`push_weights` (in sync mode: its fragment of the current version was
+        already received). Its envs start afresh from ``config``'s seed.
+
+        Raises:
+            ServerUnavailable: the server did not answer the open within the timeout
+                (nothing of the attempt is left in the stream).
+            RemoteError: it refused the config.
+        """
+        conn = Connection(endpoint, self.timeout, self._context, curve=self._curve, keepalive=False)
+        srv = _Server(
+            conn,
+            StreamClientSession(endpoint),
+            env_offset=config.env_offset,
+            num_envs=config.num_envs,
+            config=config,
+        )
+        srv.stats = ServerStats(endpoint)
+        self._by_socket[conn.socket] = srv
+        self._poller.register(conn.socket, zmq.POLLIN)
+        try:
+            self._send(srv, srv.session.request_open(config))
+            self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
+        except BaseException:
+            self._retire(srv, polite=False)
+            raise
+        srv.info = srv.session.info
+        assert srv.info is not None
+        srv.opened_at = time.monotonic()
+        if srv.info.heartbeat_timeout:
+            srv.keepalive = _Keepalive(srv.conn, srv.info.session, srv.info.heartbeat_timeout / 4)
+        self._servers.append(srv)
+        self._send(srv, srv.session.request_credit(self.credit))
+        srv.delivered = self._versions_pushed
+        if send_weights and self._weights is not None:
+            self._send(
+                srv, srv.session.request_weights(self._weights.version, self._weights.tensors)
+            )
+            srv.delivered = self._versions_pushed - 1
 
     # ---------------------------------------------------------------------- stats
 

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from simkit._types import Fragment
 from simkit.clients._checkpoint import (
     check_tensors,
     load_checkpoint,
@@ -31,10 +32,10 @@ from simkit.clients._checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from simkit.clients._local_source import LocalSource, make_vector
+from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
-from simkit.errors import InvalidCheckpoint
+from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
 from simkit.vector import MultiAgentVectorEnv
@@ -65,7 +66,8 @@ class TrainResult:
     dropped: int
     stopped: bool
     times: dict[str, float] = field(default_factory=dict)
-    """Seconds of the run spent in env, inference, update and idle."""
+    """Seconds of the run spent in env, inference, update and idle (in process); in
+    server mode in update and "rollout (server)" (waiting for the servers' fragments)."""
 
 
 def _spaces(env_id: str) -> tuple[Any, Any]:
@@ -110,6 +112,34 @@ def _learner_state(learner: PPO, source: LocalSource | ServerSource) -> dict[str
     }
 
 
+class _Recorded:
+    """A fragment source whose fragments also go to a :class:`FragmentRecorder`."""
+
+    def __init__(self, source: LocalSource | ServerSource, recorder: Any) -> None:
+        self.source = source
+        self.recorder = recorder
+
+    @property
+    def num_rows(self) -> int:
+        """The wrapped source's rows."""
+        return self.source.num_rows
+
+    def fragments(self) -> Iterator[Fragment | None]:
+        """The source's fragments, each recorded before the learner sees it."""
+        for fragment in self.source.fragments():
+            if fragment is not None:
+                self.recorder.record(fragment)
+            yield fragment
+
+    def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
+        """Passed on to the source."""
+        return self.source.push_weights(weights, version=version)
+
+    def close(self) -> None:
+        """Closes the source."""
+        self.source.close()
+
+
 def run_training(
     args: PPOArgs,
     *,
@@ -123,6 +153,8 @@ def run_training(
     connect: Sequence[str] = (),
     servers: int = 0,
     server_timeout: float = 30.0,
+    wait_for_servers: bool = False,
+    record: str | Path | None = None,
 ) -> TrainResult:
     """Trains ``args`` (or the run of checkpoint ``resume``, whose args win) in process.
 
@@ -137,12 +169,23 @@ def run_training(
         servers: start this many local ``simkit serve`` subprocesses and stream from
             them (stopped at the end). With neither, the rollout runs in process
             (:class:`LocalSource`), the only source whose envs resume from snapshots.
+        server_timeout: seconds a server may stay silent before it counts as lost.
+        wait_for_servers: wait for a lost server to come back on its endpoint instead
+            of going on with the others.
+        record: record every episode of the fragment stream, with the policy version
+            of every step, into this directory (:class:`simkit.recording.FragmentRecorder`;
+            single-agent simkit envs).
 
     Raises:
         InvalidCheckpoint: ``resume`` is not a valid checkpoint of this model.
     """
     logdir = Path(logdir)
     ckpt = load_checkpoint(resume) if resume is not None else None
+    if record is not None and (args.env_id.startswith(GYM_PREFIX) or is_multi_agent(args.env_id)):
+        raise ValueError(
+            "--record needs a single-agent simkit env (replay re-simulates it with "
+            f"simkit.make), got {args.env_id!r}"
+        )
     if ckpt is not None:
         try:
             args = PPOArgs.from_plain(ckpt.state["args"])
@@ -158,6 +201,7 @@ def run_training(
     if servers:
         procs, spawned = spawn_servers(args.env_id, servers, num_threads=args.env_threads)
         endpoints += spawned
+    stop_requested = False
     source: LocalSource | ServerSource
     try:
         if endpoints:
@@ -172,6 +216,8 @@ def run_training(
                 max_lag=args.max_lag,
                 timeout=server_timeout,
                 report=lambda line: print(line, file=sys.stderr, flush=True),
+                wait_for_servers=wait_for_servers,
+                give_up=lambda: stop_requested,
             )
         else:
             source = LocalSource(
@@ -206,8 +252,6 @@ def run_training(
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
     source.push_weights(model, version=learner.version)
 
-    stop_requested = False
-
     def _on_signal(signum: int, frame: FrameType | None) -> None:
         del frame
         nonlocal stop_requested
@@ -231,7 +275,15 @@ def run_training(
     ckpt_dir = logdir / "checkpoints"
     policy_path = logdir / "policy.safetensors"
     returns: deque[float] = deque(maxlen=20)
-    times = {"env": 0.0, "inference": 0.0, "update": 0.0, "idle": 0.0}
+    local = isinstance(source, LocalSource)
+    # In server mode the learner cannot see the servers' env and inference time: what
+    # it sees is how long it waited for their fragments (rollout not overlapped with the
+    # update, plus transfer), labelled as such.
+    times = (
+        {"env": 0.0, "inference": 0.0, "update": 0.0, "idle": 0.0}
+        if local
+        else {"rollout (server)": 0.0, "update": 0.0}
+    )
     start = time.perf_counter()
     start_step = learner.global_step
     last_ckpt: Path | None = None
@@ -267,12 +319,20 @@ def run_training(
     def on_update(stats: UpdateStats, wait: float) -> None:
         nonlocal last_ckpt, updates
         updates += 1
-        split = source.timings() if hasattr(source, "timings") else {"env": 0.0, "inference": 0.0}
-        times["env"] += split["env"]
-        times["inference"] += split["inference"]
         times["update"] += stats.update_s
-        idle = wait if args.mode == "async" else max(0.0, wait - split["env"] - split["inference"])
-        times["idle"] += idle
+        split: dict[str, float] = {}
+        if isinstance(source, LocalSource):
+            split = source.timings()
+            times["env"] += split["env"]
+            times["inference"] += split["inference"]
+            idle = (
+                wait if args.mode == "async" else max(0.0, wait - split["env"] - split["inference"])
+            )
+            split["idle"] = idle
+            times["idle"] += idle
+        else:
+            split["wait"] = wait
+            times["rollout (server)"] += wait
         returns.extend(stats.episode_returns.tolist())
         elapsed = time.perf_counter() - start
         sps = (learner.global_step - start_step) / max(elapsed, 1e-9)
@@ -312,10 +372,8 @@ def run_training(
                 ("policy/lag_mean", stats.lag[1]),
                 ("policy/lag_max", float(stats.lag[2])),
                 ("policy/dropped_fragments", float(learner.dropped)),
-                ("time/env_s", split["env"]),
-                ("time/inference_s", split["inference"]),
                 ("time/update_s", stats.update_s),
-                ("time/idle_s", idle),
+                *((f"time/{k}_s", v) for k, v in split.items()),
             ):
                 writer.add_scalar(name, value, step)
         if bar is not None:
@@ -327,10 +385,15 @@ def run_training(
                 info=f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  {split_txt}",
             )
 
+    recorder: Any = None
+    if record is not None:
+        from simkit.recording import FragmentRecorder
+
+        recorder = FragmentRecorder(record, args.env_id, root_seed=args.seed)
     try:
         train(
             learner,
-            source,
+            source if recorder is None else _Recorded(source, recorder),
             max_updates=max_updates,
             on_update=on_update,
             should_stop=lambda: stop_requested,
@@ -343,6 +406,8 @@ def run_training(
             writer.close()
         source.close()
         stop_servers(procs)
+        if recorder is not None:
+            recorder.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     elapsed = time.perf_counter() - start
@@ -361,15 +426,34 @@ def run_training(
     )
 
 
-def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> np.ndarray:
+def evaluate_policy(
+    path: str | Path,
+    *,
+    episodes: int = 10,
+    seed: int = 0,
+    render: str | Path | None = None,
+    fps: int = 30,
+) -> np.ndarray:
     """Returns of ``episodes`` deterministic episodes of the policy at ``path``.
 
     ``path`` is a policy snapshot (``policy.safetensors``) or a checkpoint. For
-    multi-agent envs every agent's episode counts as one.
+    multi-agent envs every agent's episode counts as one. ``render`` writes a video
+    (``.mp4``, ``.gif``: whatever ``imageio`` writes) of those episodes, rendered with
+    ``render_mode="rgb_array"``, at ``fps`` frames per second; the returns are the same
+    as without it (same envs, same seeds).
 
     Raises:
         InvalidCheckpoint: ``path`` holds no valid policy.
+        MissingDependency: ``render`` and imageio is not installed (``simkit[bench]``).
+        RenderUnavailable: ``render`` and no OpenGL backend (MuJoCo envs; set
+            ``MUJOCO_GL=egl`` or ``osmesa``).
+        ValueError: ``render`` and the env is multi-agent or renders no RGB frames.
     """
+    imageio: Any = None
+    if render is not None:
+        from simkit._optional import require
+
+        imageio = require("imageio", extra="bench", purpose="simkit eval --render")
     tensors, meta = load_policy(path)
     env_id = str(meta["env_id"])
     obs_space, act_space = _spaces(env_id)
@@ -382,29 +466,62 @@ def evaluate_policy(path: str | Path, *, episodes: int = 10, seed: int = 0) -> n
     model = build_from_spec(spec, obs_space, act_space)
     check_tensors(Path(path), tensors, model.state_dict())
     model.load_state_dict(tensors)
-    vector = make_vector(env_id, 1)
-    multi = isinstance(vector, MultiAgentVectorEnv)
-    if isinstance(vector, MultiAgentVectorEnv):
-        obs, mask, _ = vector.reset(seed=seed)
-    else:
-        obs, _ = vector.reset(seed=seed)
-        mask = np.ones(1, dtype=np.bool_)
-    ep = np.zeros(len(mask))
-    out: list[float] = []
-    while len(out) < episodes:
-        actions = numpy_actions(model.act(np.asarray(obs), deterministic=True).actions)
-        if multi:
-            step: Any = vector.step(actions)
-            acted = step.acted
+    if render is not None and is_multi_agent(env_id):
+        raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
+    try:
+        vector = make_vector(env_id, 1, render_mode=None if render is None else "rgb_array")
+    except ValueError as exc:
+        if render is None:
+            raise
+        raise ValueError(f"env {env_id!r} cannot render RGB frames: {exc}") from exc
+    try:
+        multi = isinstance(vector, MultiAgentVectorEnv)
+        if isinstance(vector, MultiAgentVectorEnv):
+            obs, mask, _ = vector.reset(seed=seed)
         else:
-            step = vector.step_batch(actions)  # type: ignore[union-attr]  # single-agent vector
-            acted = np.ones(1, dtype=np.bool_)
-        ep += np.where(acted, step.reward, 0.0)
-        for row in np.flatnonzero((step.terminated | step.truncated) & acted):
-            out.append(float(ep[row]))
-            ep[row] = 0.0
-        obs = step.obs
-    vector.close()
+            obs, _ = vector.reset(seed=seed)
+            mask = np.ones(1, dtype=np.bool_)
+        frames: list[np.ndarray] = []
+
+        def grab() -> None:
+            frame = vector.envs[0].render()
+            if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+                raise ValueError(
+                    f"env {env_id!r} renders no RGB frames with render_mode='rgb_array' "
+                    f"(render() returned {type(frame).__name__})"
+                )
+            frames.append(frame)
+
+        if render is not None:
+            grab()
+        ep = np.zeros(len(mask))
+        out: list[float] = []
+        while len(out) < episodes:
+            actions = numpy_actions(model.act(np.asarray(obs), deterministic=True).actions)
+            if multi:
+                step: Any = vector.step(actions)
+                acted = step.acted
+            else:
+                step = vector.step_batch(actions)  # type: ignore[union-attr]  # single-agent vector
+                acted = np.ones(1, dtype=np.bool_)
+            ep += np.where(acted, step.reward, 0.0)
+            for row in np.flatnonzero((step.terminated | step.truncated) & acted):
+                out.append(float(ep[row]))
+                ep[row] = 0.0
+            obs = step.obs
+            if render is not None and len(out) < episodes:
+                grab()
+    finally:
+        vector.close()
+    if render is not None:
+        try:
+            imageio.mimwrite(str(render), frames, fps=fps)
+        except ValueError as exc:  # imageio: no plugin writes this format
+            first = str(exc).splitlines()[0]
+            raise MissingDependency(
+                f"{render}: imageio cannot write this video format ({first}); for .mp4 "
+                "install the ffmpeg plugin: pip install 'simkit[bench]' (imageio[ffmpeg])"
+            ) from exc
     return np.asarray(out[:episodes])
 
 
@@ -448,6 +565,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--env-threads", type=int, default=d.env_threads)
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the minibatch loss: a one-off compile at start, then a "
+        "cheaper update (pays on long runs)",
+    )
+    parser.add_argument(
         "--checkpoint-every",
         type=int,
         default=10,
@@ -469,6 +592,19 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="start this many local `simkit serve` processes and stream from them "
         "(default 0: roll out in process, the exactly resumable mode)",
+    )
+    parser.add_argument(
+        "--wait-for-servers",
+        action="store_true",
+        help="when a server stops answering, wait for it to come back on its endpoint "
+        "(instead of going on with the others)",
+    )
+    parser.add_argument(
+        "--record",
+        default=None,
+        metavar="DIR",
+        help="record every episode of the fragment stream, with the policy version of "
+        "every step, into DIR (replay with `simkit replay DIR --verify`)",
     )
     parser.add_argument(
         "--server-timeout",
@@ -495,6 +631,7 @@ def run_train(ns: argparse.Namespace) -> int:
         mode=ns.mode,
         max_lag=ns.max_lag,
         env_threads=ns.env_threads,
+        compile=ns.compile,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logdir = Path(
@@ -511,8 +648,10 @@ def run_train(ns: argparse.Namespace) -> int:
             connect=ns.connect,
             servers=ns.servers,
             server_timeout=ns.server_timeout,
+            wait_for_servers=ns.wait_for_servers,
+            record=ns.record,
         )
-    except InvalidCheckpoint as exc:
+    except (InvalidCheckpoint, ValueError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
     _print_summary(args.env_id, result)
@@ -553,6 +692,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--render",
+        default=None,
+        metavar="OUT",
+        help="write a video of the episodes (out.mp4; needs imageio and, for MuJoCo "
+        "envs, an OpenGL backend: MUJOCO_GL=egl or osmesa)",
+    )
+    parser.add_argument("--fps", type=int, default=30, help="frames per second of --render")
 
 
 def run_eval(ns: argparse.Namespace) -> int:
@@ -565,9 +712,16 @@ def run_eval(ns: argparse.Namespace) -> int:
     ):
         path = path / "policy.safetensors"
     try:
-        returns = evaluate_policy(path, episodes=ns.episodes, seed=ns.seed)
+        returns = evaluate_policy(
+            path, episodes=ns.episodes, seed=ns.seed, render=ns.render, fps=ns.fps
+        )
     except InvalidCheckpoint as exc:
         print(f"simkit eval: {exc}", file=sys.stderr)
         return 2
+    except (MissingDependency, RenderUnavailable, ValueError) as exc:
+        print(f"simkit eval: {exc}", file=sys.stderr)
+        return 1
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f}")
+    if ns.render is not None:
+        print(f"video: {ns.render}")
     return 0

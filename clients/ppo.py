@@ -21,20 +21,28 @@ the learner's for minibatch shuffling.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from simkit._types import Fragment
 from simkit.clients._local_source import FragmentSource
 from simkit.models import ActorCritic
 
-__all__ = ["PPOArgs", "PPO", "UpdateStats", "compute_gae", "RewardScaler", "train"]
+__all__ = [
+    "PPOArgs",
+    "PPO",
+    "UpdateStats",
+    "compute_gae",
+    "RewardScaler",
+    "clip_grad_norm",
+    "train",
+]
 
 
 @dataclass
@@ -70,6 +78,9 @@ class PPOArgs:
     """async: drop fragments produced by a version older than ``version - max_lag``."""
     env_threads: int = 1
     torch_threads: int = 1
+    compile: bool = False
+    """``torch.compile`` the minibatch loss (forward and backward): a one-off compile,
+    then a cheaper update; deterministic run to run, but not bit-equal to eager."""
 
     def to_plain(self) -> dict[str, Any]:
         """JSON-able form (for checkpoints)."""
@@ -110,16 +121,17 @@ def compute_gae(
     Returns:
         ``(advantages, returns)``, each ``(T, R)`` float32; ``returns = advantages + values``.
     """
-    T = rewards.shape[0]
-    adv = np.zeros(rewards.shape, dtype=np.float64)
-    last = np.zeros(rewards.shape[1:], dtype=np.float64)
     ended = np.logical_or(terminated, truncated)
-    for t in reversed(range(T)):
-        next_values = last_values if t == T - 1 else values[t + 1]
-        bootstrap = np.where(ended[t], final_values[t], next_values)
-        bootstrap = np.where(terminated[t], 0.0, bootstrap)
-        delta = rewards[t] + gamma * bootstrap - values[t]
-        last = delta + gamma * lam * np.where(ended[t], 0.0, last)
+    next_values = np.concatenate([values[1:], last_values[None]])
+    bootstrap = np.where(ended, final_values, next_values)
+    bootstrap = np.where(terminated, 0.0, bootstrap)
+    delta = rewards + gamma * bootstrap - values
+    # (gamma * lam) where the episode goes on, 0 where it ended: the recursion stops.
+    carry = np.where(ended, 0.0, gamma * lam)
+    adv = np.empty(rewards.shape, dtype=np.float64)
+    last = np.zeros(rewards.shape[1:], dtype=np.float64)
+    for t in reversed(range(rewards.shape[0])):
+        last = delta[t] + carry[t] * last
         adv[t] = last
     return adv.astype(np.float32), (adv + values).astype(np.float32)
 
@@ -154,6 +166,11 @@ class RewardScaler:
         ret = self.returns.get(fragment.source)
         if ret is None:
             ret = np.zeros(fragment.num_rows)
+        if fragment.num_rows == 1 and fragment.agent_mask.all():
+            return self._scale_one_row(fragment, ret)
+        return self._scale_rows(fragment, ret)
+
+    def _scale_rows(self, fragment: Fragment, ret: np.ndarray) -> np.ndarray:
         out = np.empty_like(fragment.rewards)
         for t in range(fragment.num_steps):
             live = fragment.agent_mask[t]
@@ -164,6 +181,31 @@ class RewardScaler:
             ret = np.where(fragment.terminated[t], 0.0, ret)
         self.returns[fragment.source] = ret
         return np.clip(out, -self.clip, self.clip)
+
+    def _scale_one_row(self, fragment: Fragment, ret: np.ndarray) -> np.ndarray:
+        """:meth:`scale` of a one-row fragment in Python floats: the same IEEE operations
+        in the same order (so the same bits), without numpy's per-call cost."""
+        gamma, eps = self.gamma, self.epsilon
+        mean, var, count = self.mean, self.var, self.count
+        r = float(ret[0])
+        rewards = fragment.rewards[:, 0].tolist()
+        terminated = fragment.terminated[:, 0].tolist()
+        out = []
+        for reward, term in zip(rewards, terminated, strict=True):
+            r = r * gamma + reward
+            # _fold of one value: batch mean r, batch variance 0, batch count 1.
+            delta = r - mean
+            total = count + 1.0
+            mean += delta * 1.0 / total
+            var = (var * count + 0.0 * 1.0 + delta**2 * count * 1.0 / total) / total
+            count = total
+            out.append(reward / math.sqrt(var + eps))
+            if term:
+                r = 0.0
+        self.mean, self.var, self.count = mean, var, count
+        self.returns[fragment.source] = np.array([r])
+        scaled = np.asarray(out, dtype=fragment.rewards.dtype).reshape(-1, 1)
+        return np.clip(scaled, -self.clip, self.clip)
 
     def get_state(self) -> dict[str, Any]:
         """Plain data (checkpoints)."""
@@ -184,6 +226,20 @@ class RewardScaler:
         self.returns = {
             k: np.asarray(v, dtype=np.float64).copy() for k, v in state["returns"].items()
         }
+
+
+@torch.no_grad()
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)``, the same
+    operations in the same order (so the same bits), without its per-call grouping of
+    tensors by device and dtype: ``params`` are one device's float32 parameters."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    norms = torch._foreach_norm(grads, 2.0)
+    total = torch.linalg.vector_norm(torch.stack(list(norms)), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, coef)
 
 
 @dataclass(frozen=True)
@@ -229,6 +285,49 @@ class PPO:
         self.dropped = 0
         batch = args.num_steps * rows_per_update
         self.num_updates = args.total_steps // batch if args.total_steps > 0 else 0
+        self._loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
+            torch.compile(self.minibatch_loss, dynamic=False)
+            if args.compile
+            else self.minibatch_loss
+        )
+
+    def minibatch_loss(
+        self,
+        x: torch.Tensor,
+        actions: torch.Tensor,
+        old_logp: torch.Tensor,
+        adv: torch.Tensor,
+        returns: torch.Tensor,
+        old_values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clipped PPO loss of one minibatch (``x``: preprocessed observations).
+
+        Returns ``(loss, stats)`` with ``stats`` = detached ``[policy loss, value loss,
+        entropy, approx KL, clip fraction]`` (one tensor: one op to collect per minibatch).
+        """
+        args = self.args
+        newlogp, entropy, newvalue = self.model.evaluate(x, actions, preprocessed=True)
+        logratio = newlogp - old_logp
+        ratio = logratio.exp()
+        if args.norm_adv:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        pg_loss = torch.max(
+            -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+        ).mean()
+        if args.clip_vloss:
+            clipped = old_values + (newvalue - old_values).clamp(-args.clip_coef, args.clip_coef)
+            v_loss = (
+                0.5 * torch.max((newvalue - returns).square(), (clipped - returns).square()).mean()
+            )
+        else:
+            v_loss = 0.5 * (newvalue - returns).square().mean()
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+            stats = torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac])
+        return loss, stats.detach()
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The tensors a source needs to act as this learner's policy (parameters and stats)."""
@@ -289,41 +388,35 @@ class PPO:
         n = b_obs.shape[0]
         mb = max(1, n // args.num_minibatches)
         params = [p for p in model.parameters()]
-        kls: list[torch.Tensor] = []
-        clipfracs: list[torch.Tensor] = []
-        pg_loss = v_loss = entropy_loss = torch.zeros(())
+        # The statistics do not change during the update: normalise the batch once.
+        b_x = model.preprocess(b_obs).detach()
+        pieces: list[torch.Tensor] = []
         for _epoch in range(args.update_epochs):
             perm = torch.randperm(n, generator=self.generator)
+            # One gather per tensor and epoch; minibatches are then contiguous slices.
+            e_x, e_act, e_logp, e_adv, e_ret, e_val = (
+                t[perm] for t in (b_x, b_actions, b_logp, b_adv, b_ret, b_val)
+            )
             for begin in range(0, n - mb + 1, mb):
-                idx = perm[begin : begin + mb]
-                newlogp, entropy, newvalue = model.evaluate(b_obs[idx], b_actions[idx])
-                logratio = newlogp - b_logp[idx]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    kls.append(((ratio - 1) - logratio).mean())
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-                m_adv = b_adv[idx]
-                if args.norm_adv:
-                    m_adv = (m_adv - m_adv.mean()) / (m_adv.std() + 1e-8)
-                pg_loss = torch.max(
-                    -m_adv * ratio, -m_adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-                ).mean()
-                m_ret = b_ret[idx]
-                if args.clip_vloss:
-                    m_val = b_val[idx]
-                    clipped = m_val + (newvalue - m_val).clamp(-args.clip_coef, args.clip_coef)
-                    v_loss = (
-                        0.5
-                        * torch.max((newvalue - m_ret).square(), (clipped - m_ret).square()).mean()
-                    )
-                else:
-                    v_loss = 0.5 * (newvalue - m_ret).square().mean()
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
+                end = begin + mb
+                loss, stats = self._loss(
+                    e_x[begin:end],
+                    e_act[begin:end],
+                    e_logp[begin:end],
+                    e_adv[begin:end],
+                    e_ret[begin:end],
+                    e_val[begin:end],
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(params, args.max_grad_norm, foreach=True)
+                clip_grad_norm(params, args.max_grad_norm)
                 self.optimizer.step()
+                pieces.append(stats)
+        # (policy loss, value loss, entropy) of the last minibatch, mean KL and clip fraction.
+        last = pieces[-1] if pieces else torch.zeros(5)
+        means = torch.stack(pieces).mean(0) if pieces else torch.zeros(5)
+        pg_loss, v_loss, entropy_loss = last[0], last[1], last[2]
+        kl, clipfrac = float(means[3]), float(means[4])
 
         # Statistics change only after the update, so the update saw exactly what the
         # acting policy saw; the new ones travel with the next weights.
@@ -338,11 +431,11 @@ class PPO:
         return UpdateStats(
             version=self.version,
             global_step=self.global_step,
-            policy_loss=float(pg_loss.detach()),
-            value_loss=float(v_loss.detach()),
-            entropy=float(entropy_loss.detach()),
-            approx_kl=float(torch.stack(kls).mean()) if kls else 0.0,
-            clipfrac=float(torch.stack(clipfracs).mean()) if clipfracs else 0.0,
+            policy_loss=float(pg_loss),
+            value_loss=float(v_loss),
+            entropy=float(entropy_loss),
+            approx_kl=kl,
+            clipfrac=clipfrac,
             explained_variance=explained,
             learning_rate=lr,
             update_s=time.perf_counter() - t_start,

@@ -1,7 +1,10 @@
-"""The PPO learner: GAE, determinism, exact resume, checkpoints, SIGINT, multi-agent learning."""
+"""The PPO learner: GAE, determinism, exact resume, checkpoints, SIGINT, multi-agent
+learning, the lean act path, recording the fragment stream and rendering an evaluation."""
 
 from __future__ import annotations
 
+import ctypes.util
+import json
 import os
 import signal
 import subprocess
@@ -13,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from simkit._types import Fragment
 from simkit.clients._checkpoint import load_checkpoint
 from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
-from simkit.clients.ppo import PPOArgs, compute_gae
+from simkit.clients.ppo import PPOArgs, RewardScaler, clip_grad_norm, compute_gae
 from simkit.errors import InvalidCheckpoint
 
 TINY = {
@@ -57,6 +61,58 @@ def test_gae_hand_computed_with_truncation_bootstrap() -> None:
     assert adv_t[1, 0] == pytest.approx(2.0 - 1.0)
 
 
+def _fragment(rng: np.random.Generator, T: int, R: int) -> Fragment:
+    term = rng.random((T, R)) < 0.02
+    return Fragment(
+        obs=rng.normal(size=(T, R, 3)),
+        actions=rng.normal(size=(T, R, 2)).astype(np.float32),
+        log_probs=np.zeros((T, R), np.float32),
+        values=rng.normal(size=(T, R)).astype(np.float32),
+        rewards=rng.normal(size=(T, R)) * 5,
+        terminated=term,
+        truncated=(rng.random((T, R)) < 0.02) & ~term,
+        final_values=rng.normal(size=(T, R)).astype(np.float32),
+        agent_mask=np.ones((T, R), bool),
+        policy_version=np.zeros(T, np.int64),
+        last_obs=np.zeros((R, 3)),
+        last_values=rng.normal(size=R).astype(np.float32),
+        env_ids=np.arange(R),
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64),
+        episode_rows=np.zeros(0, np.int64),
+        source="s",
+        sequence=0,
+    )
+
+
+def test_one_row_reward_scaling_is_the_generic_path_bit_for_bit() -> None:
+    rng = np.random.default_rng(0)
+    fast, generic = RewardScaler(0.99, 10.0), RewardScaler(0.99, 10.0)
+    for _ in range(3):  # the running return carries across fragments
+        f = _fragment(rng, 300, 1)
+        a = fast.scale(f)
+        b = generic._scale_rows(f, generic.returns.get("s", np.zeros(1)))
+        assert a.dtype == b.dtype
+        assert a.tobytes() == b.tobytes()
+        assert (fast.mean, fast.var, fast.count) == (generic.mean, generic.var, generic.count)
+        assert fast.returns["s"].tobytes() == generic.returns["s"].tobytes()
+
+
+def test_clip_grad_norm_is_torchs_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    params = [torch.randn(5, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    twins = [p.detach().clone().requires_grad_(True) for p in params]
+    for ps in (params, twins):
+        (ps[0].sum(0) * 30 + ps[1] ** 3).sum().backward()
+    clip_grad_norm(params, 0.5)
+    torch.nn.utils.clip_grad_norm_(twins, 0.5, foreach=True)
+    for p, q in zip(params, twins, strict=True):
+        assert p.grad is not None
+        assert q.grad is not None
+        assert torch.equal(p.grad, q.grad)
+    assert float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in params]))) < 0.51
+
+
 def test_same_seed_same_parameters(tmp_path: Path) -> None:
     a = run_training(PPOArgs(**TINY), logdir=tmp_path / "a", max_updates=4, tensorboard=False)
     b = run_training(PPOArgs(**TINY), logdir=tmp_path / "b", max_updates=4, tensorboard=False)
@@ -71,6 +127,23 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
     )
     assert c.checkpoint is not None
     assert not torch.equal(_params(c.checkpoint)["actor.0.weight"], pa["actor.0.weight"])
+
+
+# Importing torch's inductor imports torch/utils/mkldnn.py, which uses its own deprecated
+# torch.jit.script_method (torch 2.13); nothing of simkit's.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_compiled_update_is_deterministic(tmp_path: Path) -> None:
+    args = PPOArgs(**{**TINY, "compile": True})
+    a = run_training(args, logdir=tmp_path / "a", max_updates=2, tensorboard=False)
+    b = run_training(args, logdir=tmp_path / "b", max_updates=2, tensorboard=False)
+    eager = run_training(PPOArgs(**TINY), logdir=tmp_path / "e", max_updates=2, tensorboard=False)
+    assert a.checkpoint is not None
+    assert b.checkpoint is not None
+    assert eager.checkpoint is not None
+    pa, pb, pe = _params(a.checkpoint), _params(b.checkpoint), _params(eager.checkpoint)
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+        torch.testing.assert_close(pa[k], pe[k], rtol=1e-3, atol=1e-4)  # the same update
 
 
 @pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "simkit/GoalNav-v0"])
@@ -188,7 +261,8 @@ def test_sigint_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert more.updates == version + 1
 
 
-def test_multi_agent_goalnav_return_rises(tmp_path: Path) -> None:
+@pytest.mark.parametrize("servers", [0, 1], ids=["in-process", "through-a-server"])
+def test_multi_agent_goalnav_return_rises(tmp_path: Path, servers: int) -> None:
     args = PPOArgs(
         env_id="simkit/GoalNav-v0",
         num_envs=4,
@@ -200,7 +274,7 @@ def test_multi_agent_goalnav_return_rises(tmp_path: Path) -> None:
         learning_rate=1e-3,
     )
     before = evaluate_policy_untrained(args, tmp_path / "untrained.safetensors")
-    r = run_training(args, logdir=tmp_path, tensorboard=False)
+    r = run_training(args, logdir=tmp_path, tensorboard=False, servers=servers)
     after = evaluate_policy(r.policy, episodes=12, seed=7)
     assert after.mean() > before + 5.0, (before, after.mean())
 
@@ -212,3 +286,109 @@ def evaluate_policy_untrained(args: PPOArgs, path: Path) -> float:
     model = build_model(args)
     save_policy(path, model.state_dict(), _policy_meta(args, 0))
     return float(evaluate_policy(path, episodes=12, seed=7).mean())
+
+
+def test_lean_act_path_samples_as_the_model_does() -> None:
+    from simkit.clients._lean import LeanMLP
+
+    for env_id in ("simkit/CartPole-v0", "simkit/GoalNav-v0", "simkit/Cheetah-v0"):
+        model = build_model(PPOArgs(env_id=env_id))
+        model.update_obs_stats(np.random.default_rng(0).normal(1.0, 3.0, (64, *model.obs_shape)))
+        lean = LeanMLP.of(model)
+        assert lean is not None, env_id
+        obs = np.random.default_rng(1).normal(size=(5, *model.obs_shape))
+        actions, log_probs, values = lean.act(obs, torch.Generator().manual_seed(2))
+        out = model.act(obs, generator=torch.Generator().manual_seed(2))
+        # The same noise around the same mean (up to float32 rounding of the matmuls).
+        np.testing.assert_allclose(actions, out.actions.numpy(), atol=1e-5)
+        assert actions.dtype == out.actions.numpy().dtype
+        np.testing.assert_allclose(log_probs, out.log_probs.numpy(), atol=1e-5)
+        np.testing.assert_allclose(values, out.values.numpy(), atol=1e-5)
+        np.testing.assert_allclose(lean.value(obs), out.values.numpy(), atol=1e-5)
+        # A weight push reaches the lean path only through load().
+        with torch.no_grad():
+            model.critic[-1].bias.add_(1.0)
+        assert not np.allclose(lean.value(obs), model.value(obs).detach().numpy(), atol=0.5)
+        lean.load()
+        np.testing.assert_allclose(lean.value(obs), model.value(obs).detach().numpy(), atol=1e-5)
+    cnn_like = build_model(PPOArgs(env_id="simkit/CartPole-v0"))
+    cnn_like.encoder = torch.nn.Identity()
+    assert LeanMLP.of(cnn_like) is None  # anything but the plain MLP keeps model.act
+
+
+def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path) -> None:
+    from simkit.recording import RecordingReader, verify_recording
+
+    r = run_training(
+        PPOArgs(**TINY),
+        logdir=tmp_path / "run",
+        max_updates=4,
+        tensorboard=False,
+        record=tmp_path / "rec",
+    )
+    reader = RecordingReader(tmp_path / "rec")
+    assert len(reader) >= 4
+    assert {v.error for v in verify_recording(reader)} == {None}  # replays bit for bit
+    versions = set()
+    for k in range(len(reader)):
+        ep = reader.load(k)
+        assert ep.policy_version is not None
+        versions |= set(ep.policy_version.tolist())
+    assert versions <= set(range(r.updates))
+    assert len(versions) > 1
+    with pytest.raises(ValueError, match=r"--record needs a single-agent simkit env"):
+        run_training(
+            PPOArgs(**{**TINY, "env_id": "simkit/GoalNav-v0"}),
+            logdir=tmp_path / "ma",
+            record=tmp_path / "rec2",
+            tensorboard=False,
+        )
+
+
+def test_eval_render_of_an_env_without_frames_is_refused(tmp_path: Path) -> None:
+    from simkit.clients._checkpoint import save_policy
+
+    args = PPOArgs(env_id="simkit/GoalNav-v0")
+    save_policy(tmp_path / "p.safetensors", build_model(args).state_dict(), _policy_meta(args, 0))
+    with pytest.raises(ValueError, match=r"--render supports single-agent envs"):
+        evaluate_policy(tmp_path / "p.safetensors", episodes=1, render=tmp_path / "x.mp4")
+    args = PPOArgs(env_id="simkit/CartPole-v0")
+    save_policy(tmp_path / "c.safetensors", build_model(args).state_dict(), _policy_meta(args, 0))
+    with pytest.raises(ValueError, match=r"'simkit/CartPole-v0' cannot render RGB frames"):
+        evaluate_policy(tmp_path / "c.safetensors", episodes=1, render=tmp_path / "x.mp4")
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("OSMesa") is None,
+    reason="libOSMesa not installed (apt-get install libosmesa6); .ci/run installs it",
+)
+def test_eval_renders_a_mujoco_policy_to_mp4(tmp_path: Path) -> None:
+    from simkit.clients._checkpoint import save_policy
+
+    args = PPOArgs(env_id="simkit/Reacher-v0")
+    policy = tmp_path / "policy.safetensors"
+    save_policy(policy, build_model(args).state_dict(), _policy_meta(args, 0))
+    out = tmp_path / "reacher.mp4"
+    env = {**os.environ, "MUJOCO_GL": "osmesa", "PYOPENGL_PLATFORM": "osmesa"}
+    cmd = [sys.executable, "-m", "simkit", "eval", str(policy), "--episodes", "1"]
+    proc = subprocess.run(
+        [*cmd, "--render", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"video: {out}" in proc.stdout
+    check = (
+        "import imageio, json, numpy as np, sys; f = imageio.mimread(sys.argv[1]); "
+        "print(json.dumps([len(f), list(f[0].shape), bool((f[0] != f[-1]).any())]))"
+    )
+    read = subprocess.run(
+        [sys.executable, "-c", check, str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert read.returncode == 0, read.stderr[-2000:]
+    frames, shape, moved = json.loads(read.stdout.strip().splitlines()[-1])
+    assert frames > 10
+    assert shape[2] == 3
+    assert moved

@@ -1,10 +1,14 @@
-"""PPO through rollout servers: training over a stream, and losing one of two servers."""
+"""PPO through rollout servers: training over a stream, losing one of two servers, and
+waiting for a lost server to come back (``--wait-for-servers``)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from simkit.clients._server_source import spawn_servers, stop_servers
 from simkit.clients._train import run_training
@@ -25,6 +29,26 @@ def test_trains_through_a_local_server(tmp_path: Path) -> None:
     r = run_training(PPOArgs(**ARGS), logdir=tmp_path, servers=1, max_updates=3, tensorboard=False)
     assert r.updates == 3
     assert r.global_step == 3 * 4 * 16
+
+
+def test_same_seed_same_parameters_through_a_server(tmp_path: Path) -> None:
+    import torch
+
+    from simkit.clients._checkpoint import load_checkpoint
+
+    runs = [
+        run_training(
+            PPOArgs(**ARGS), logdir=tmp_path / name, servers=1, max_updates=3, tensorboard=False
+        )
+        for name in ("a", "b")
+    ]
+    ckpt_a, ckpt_b = runs[0].checkpoint, runs[1].checkpoint
+    assert ckpt_a is not None
+    assert ckpt_b is not None
+    pa, pb = load_checkpoint(ckpt_a).model, load_checkpoint(ckpt_b).model
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
 
 
 def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]  # pytest fixture
@@ -53,3 +77,109 @@ def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) ->
     assert f"server {endpoints[1]} stopped answering" in err
     assert "going on with 1 server(s)" in err
     assert r.updates == 20
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_wait_for_servers_reconnects_to_a_restarted_server(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    binds = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
+    procs, endpoints = spawn_servers("simkit/CartPole-v0", 2, binds=binds)
+    restarted: list = []  # type: ignore[type-arg]  # Popen of the restarted server
+
+    def kill_and_restart() -> None:
+        while not (tmp_path / "policy.safetensors").exists():
+            time.sleep(0.05)
+        procs[1].kill()
+        procs[1].wait()
+        time.sleep(3.0)  # longer than the server timeout: the learner notices and waits
+        more, _ = spawn_servers("simkit/CartPole-v0", 1, binds=[binds[1]])
+        restarted.extend(more)
+
+    killer = threading.Thread(target=kill_and_restart, daemon=True)
+    try:
+        killer.start()
+        r = run_training(
+            PPOArgs(**ARGS),
+            logdir=tmp_path,
+            connect=endpoints,
+            max_updates=6,
+            tensorboard=False,
+            server_timeout=1.0,
+            wait_for_servers=True,
+        )
+        killer.join(timeout=30)
+    finally:
+        stop_servers(procs + restarted)
+    err = capfd.readouterr().err
+    assert f"server {endpoints[1]} stopped answering" in err
+    assert "waiting for it to come back" in err
+    assert f"server {endpoints[1]} is back" in err
+    assert "going on with" not in err
+    assert restarted
+    # Every update had both servers' rows: the run never went on with one.
+    assert r.updates == 6
+    assert r.global_step == 6 * 4 * 16
+
+
+class _FakeStream:
+    """Two servers' fragments; ``b`` fails after delivering one, with two more queued."""
+
+    def __init__(self) -> None:
+        from simkit.clients._connection import ServerUnavailable
+
+        self.version = 0
+        self.endpoints = ["a", "b"]
+        self.script: list[object] = [
+            ("a", 0),
+            ("b", 0),
+            ("a", 1),
+            ServerUnavailable("b", 1.0, "a fragment"),
+            ("a", 2),
+        ]
+        self.queued_b = [("b", 1), ("b", 2)]
+
+    def next_fragment(self) -> object:
+        item = self.script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def server_config(self, endpoint: str) -> object:
+        return None
+
+    def remove_server(self, endpoint: str) -> list[object]:
+        self.endpoints.remove(endpoint)
+        kept, self.queued_b = self.queued_b, []
+        return kept
+
+
+def test_a_lost_servers_received_fragments_all_reach_the_learner() -> None:
+    from simkit.clients._server_source import ServerSource
+
+    lines: list[str] = []
+    source = ServerSource.__new__(ServerSource)  # the failure policy alone, on a fake stream
+    source.stream = _FakeStream()  # type: ignore[assignment]  # duck-typed PolicyStream
+    source.report = lines.append
+    source.wait_for_servers = False
+    source.give_up = lambda: False
+    source.mode = "sync"
+    source.lost = []
+    source.restored = []
+    source._kept = []
+    got = []
+    for item in source.fragments():
+        got.append(item)
+        if len(got) == 7:
+            break
+    # Everything b sent before it died is handed over, then None (rows changed).
+    assert got == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("b", 2), None, ("a", 2)]
+    assert source.lost == ["b"]
+    assert "server b stopped answering" in lines[0]
+    assert "kept its 2 received fragment(s), going on with 1 server(s): ['a']" in lines[0]

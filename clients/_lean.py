@@ -1,0 +1,186 @@
+"""The act path of the built-in ``"mlp"`` policy in numpy, for the learner's own rollout.
+
+With one env (CleanRL's defaults) a rollout step is one forward pass over a single
+observation; through ``torch`` that is ~25 small operator calls whose dispatch costs
+several times the env step itself. :class:`LeanMLP` computes the same function (the
+model's float32 normalisation, tanh/relu trunks, Gaussian or categorical head) with
+numpy on arrays copied from the model's weights after every weight push, and draws its
+random numbers from the same seeded ``torch.Generator`` with the same calls as
+:meth:`simkit.models.ActorCritic.act` (so the actions follow the same noise; values and
+log-probabilities agree with ``torch`` up to float32 rounding, which the PPO ratio
+absorbs). Any other model returns ``None`` from :meth:`LeanMLP.of` and the caller keeps
+using ``model.act``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from simkit.models import ActorCritic
+from simkit.models._builtin import _Flatten
+from simkit.models._heads import CategoricalHead, GaussianHead
+
+__all__ = ["LeanMLP"]
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_ACTIVATIONS: dict[type[nn.Module], str] = {nn.Tanh: "tanh", nn.ReLU: "relu"}
+
+
+def _layers(seq: nn.Module) -> list[tuple[nn.Linear, str | None]] | None:
+    """``[(linear, "tanh" | "relu" | None), ...]`` of a Sequential of Linear/activation
+    pairs (nested Sequentials flattened), or None for anything else."""
+    mods: list[nn.Module] = []
+
+    def flat(m: nn.Module) -> None:
+        if isinstance(m, nn.Sequential):
+            for child in m:
+                flat(child)
+        else:
+            mods.append(m)
+
+    flat(seq)
+    out: list[tuple[nn.Linear, str | None]] = []
+    for m in mods:
+        if isinstance(m, nn.Linear):
+            out.append((m, None))
+        elif type(m) in _ACTIVATIONS and out and out[-1][1] is None:
+            out[-1] = (out[-1][0], _ACTIVATIONS[type(m)])
+        else:
+            return None
+    return out
+
+
+def _weight(lin: nn.Linear) -> np.ndarray:
+    """``W.T`` (``x @ W.T`` is the layer), contiguous float32."""
+    return np.ascontiguousarray(lin.weight.detach().numpy().T)
+
+
+def _bias(lin: nn.Linear) -> np.ndarray:
+    if lin.bias is None:
+        return np.zeros(lin.out_features, np.float32)
+    return lin.bias.detach().numpy().copy()
+
+
+class LeanMLP:
+    """Numpy forward of a separate-trunk MLP actor-critic (see the module docstring).
+
+    Build it with :meth:`of`; call :meth:`load` after the model's weights change.
+    """
+
+    def __init__(
+        self,
+        model: ActorCritic,
+        actor: list[tuple[nn.Linear, str | None]],
+        critic: list[tuple[nn.Linear, str | None]],
+    ) -> None:
+        self.model = model
+        self._actor_mods = actor
+        self._critic_mods = critic
+        head = model.head
+        self.gaussian = isinstance(head, GaussianHead)
+        self.dim = head.dim if isinstance(head, GaussianHead) else head.sizes[0]
+        self.action_dtype = (
+            (np.float64 if head.dtype == torch.float64 else np.float32)
+            if isinstance(head, GaussianHead)
+            else np.int64
+        )
+        self.start = 0 if isinstance(head, GaussianHead) else int(head.start.reshape(-1)[0].item())
+        self.load()
+
+    @classmethod
+    def of(cls, model: ActorCritic) -> LeanMLP | None:
+        """A lean act path for ``model``, or None when it is not a plain separate-trunk
+        MLP with a Gaussian (flat Box) or single categorical (Discrete) head."""
+        if not isinstance(model.encoder, _Flatten) or model.obs_scale is not None:
+            return None
+        actor, critic = _layers(model.actor), _layers(model.critic)
+        if not actor or not critic or critic[-1][1] is not None:
+            return None
+        head = model.head
+        if isinstance(head, GaussianHead):
+            if head.shape != (head.dim,):
+                return None
+        elif not (isinstance(head, CategoricalHead) and head.shape == ()):
+            return None
+        return cls(model, actor, critic)
+
+    def load(self) -> None:
+        """Copies the model's current weights and statistics (after a weight push)."""
+
+        def mats(
+            layers: list[tuple[nn.Linear, str | None]],
+        ) -> list[tuple[np.ndarray, np.ndarray, str | None]]:
+            return [(_weight(lin), _bias(lin), act) for lin, act in layers]
+
+        model = self.model
+        self.actor = mats(self._actor_mods)
+        self.critic = mats(self._critic_mods)
+        head = model.head
+        if isinstance(head, GaussianHead):
+            mean = head.mean
+            assert isinstance(mean, nn.Linear)  # layer_init keeps the Linear
+            self.head_w, self.head_b = _weight(mean), _bias(mean)
+            log_std = head.log_std.detach()
+            self.std = log_std.exp().numpy().copy()
+            self.norm = np.float32((log_std.sum() + head.dim * _LOG_SQRT_2PI).item())
+        else:
+            logits = head.logits
+            assert isinstance(logits, nn.Linear)  # layer_init keeps the Linear
+            self.head_w, self.head_b = _weight(logits), _bias(logits)
+        rms = model.obs_rms
+        self.shift: np.ndarray | None = None
+        if rms is not None:
+            with torch.no_grad():
+                self.shift = rms.mean.to(torch.float32).numpy().reshape(-1).copy()
+                self.scale = (
+                    torch.rsqrt(rms.var + 1e-8).to(torch.float32).numpy().reshape(-1).copy()
+                )
+            self.clip = rms.clip
+
+    def _input(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs).reshape(len(obs), -1).astype(np.float32)
+        if self.shift is not None:
+            x = np.minimum(np.maximum((x - self.shift) * self.scale, -self.clip), self.clip)
+        return x
+
+    @staticmethod
+    def _trunk(
+        x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray, str | None]]
+    ) -> np.ndarray:
+        for w, b, act in layers:
+            x = x @ w + b
+            if act == "tanh":
+                x = np.tanh(x)
+            elif act == "relu":
+                x = np.maximum(x, np.float32(0.0))
+        return x
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """``(B,)`` float32 values of observations ``(B, *obs_shape)``."""
+        return self._trunk(self._input(obs), self.critic).reshape(-1)
+
+    def act(
+        self, obs: np.ndarray, generator: torch.Generator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(actions, log_probs, values)`` sampled as :meth:`ActorCritic.act` samples."""
+        x = self._input(obs)
+        values = self._trunk(x, self.critic).reshape(-1)
+        params = self._trunk(x, self.actor) @ self.head_w + self.head_b
+        n = x.shape[0]
+        if self.gaussian:
+            noise = torch.randn((n, self.dim), generator=generator, dtype=torch.float32).numpy()
+            actions = (params + self.std * noise).astype(self.action_dtype, copy=False)
+            log_probs = np.square(noise).sum(-1) * np.float32(-0.5) - self.norm
+            return actions, log_probs.astype(np.float32, copy=False), values
+        u = torch.rand((n, 1), generator=generator, dtype=torch.float32).numpy()
+        top = params.max(-1, keepdims=True)
+        logp = params - top
+        logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+        cdf = np.exp(logp).cumsum(-1)
+        idx = np.minimum((cdf <= u * cdf[:, -1:]).sum(-1), self.dim - 1)
+        log_probs = logp[np.arange(n), idx]
+        return idx.astype(np.int64) + self.start, log_probs.astype(np.float32), values
