@@ -24,7 +24,12 @@ from simkit._types import Fragment
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable, _Keepalive
 from simkit.models import ModelSpec, PolicyWeights, get_weights
 from simkit.protocol import Message, ProtocolError, RemoteError, space_from_plain
-from simkit.protocol._stream_messages import STREAM_MODES, StreamConfig, StreamInfo
+from simkit.protocol._stream_messages import (
+    STREAM_MODES,
+    SessionSnapshot,
+    StreamConfig,
+    StreamInfo,
+)
 from simkit.protocol._stream_session import StreamClientSession
 
 __all__ = ["PolicyStream", "ServerStats", "stack_fragments", "fragment_to_torch"]
@@ -75,6 +80,10 @@ class _Server:
     opened_at: float = 0.0
     config: StreamConfig | None = None
     """The ``stream_open`` config (kept to reopen the session on a restarted server)."""
+    snapshot: SessionSnapshot | None = None
+    """The last ``stream_state`` reply, until :meth:`PolicyStream.session_states` takes it."""
+    restored: int = -1
+    """The id of the last ``stream_restore`` request the server applied."""
 
 
 class PolicyStream:
@@ -275,8 +284,12 @@ class PolicyStream:
             stats.fragments += 1
             stats.env_steps += item.num_steps * srv.num_envs
             srv.queue.append(item)
+        elif isinstance(item, SessionSnapshot):
+            srv.snapshot = item
         elif isinstance(item, Message) and item.kind == "weights":
             srv.acked = item.id
+        elif isinstance(item, Message) and item.kind == "stream_restore":
+            srv.restored = item.id
 
     def _await(self, srv: _Server, ready: Callable[[_Server], bool], what: str) -> None:
         """Pumps until ``ready(srv)``; ServerUnavailable if ``srv`` is silent too long."""
@@ -336,6 +349,72 @@ class PolicyStream:
         self._versions_pushed += 1
         self._weights = PolicyWeights(version=pw.version, tensors=tensors)
         return pw.version
+
+    # ------------------------------------------------------------ session states
+
+    def session_states(self) -> list[tuple[StreamConfig, SessionSnapshot]]:
+        """Every server's session snapshot (``stream_state``), with its open config.
+
+        Only in sync mode, between an update and the next :meth:`push_weights`, when
+        every fragment of the pushed version has been taken: then every session waits
+        at a fragment boundary (the learner's checkpoint point).
+
+        Raises:
+            RuntimeError: async mode, or fragments of the pushed version are still due.
+            RemoteError: a server refused (``unsupported`` for envs without snapshots,
+                ``session_state`` off a boundary).
+            ServerUnavailable: a server did not answer in time.
+        """
+        if self.mode != "sync":
+            raise RuntimeError("session states exist only in sync mode (async never pauses)")
+        due = [s.conn.endpoint for s in self._servers if s.delivered < self._versions_pushed]
+        if due:
+            raise RuntimeError(
+                f"servers {due} still owe a fragment of version {self.version}; take it "
+                "before asking for session states"
+            )
+        for srv in self._servers:
+            srv.snapshot = None
+            self._send(srv, srv.session.request_state())
+        out = []
+        for srv in self._servers:
+            self._await(srv, lambda s: s.snapshot is not None, "'stream_state'")
+            assert srv.snapshot is not None
+            assert srv.config is not None
+            out.append((srv.config, srv.snapshot))
+            srv.snapshot = None
+        return out
+
+    def restore_sessions(self, snapshots: Sequence[SessionSnapshot]) -> None:
+        """Restores one snapshot per server, in server order (``stream_restore``), before
+        the first :meth:`push_weights`; each must match its server's env slots.
+
+        Raises:
+            ValueError: not one snapshot per server, or one for other env slots (nothing
+                is sent then).
+            RuntimeError: weights were pushed already (the sessions may be mid-fragment).
+            RemoteError: a server refused its snapshot (``invalid_state``; unchanged).
+            ServerUnavailable: a server did not answer in time.
+        """
+        if self._versions_pushed:
+            raise RuntimeError("restore the sessions before the first push_weights")
+        if len(snapshots) != len(self._servers):
+            raise ValueError(
+                f"need one snapshot per server ({len(self._servers)}), got {len(snapshots)}"
+            )
+        for srv, snap in zip(self._servers, snapshots, strict=True):
+            want = (srv.env_offset, srv.num_envs)
+            if (snap.env_offset, snap.num_envs) != want:
+                raise ValueError(
+                    f"server {srv.conn.endpoint} runs env slots [{want[0]}, {sum(want)}), "
+                    f"the snapshot holds [{snap.env_offset}, {snap.env_offset + snap.num_envs})"
+                )
+        request_ids = []
+        for srv, snap in zip(self._servers, snapshots, strict=True):
+            self._send(srv, srv.session.request_restore(snap))
+            request_ids.append(srv.session.last_id)
+        for srv, rid in zip(self._servers, request_ids, strict=True):
+            self._await(srv, lambda s, rid=rid: s.restored >= rid, "'stream_restore'")  # type: ignore[misc]
 
     # ------------------------------------------------------------------ fragments
 

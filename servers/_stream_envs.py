@@ -195,6 +195,14 @@ class EnvRows:
         state: dict[str, Any] = self.env.get_state()
         return state
 
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`get_state` through the vector's ``set_state`` (all or nothing).
+
+        Raises:
+            simkit.errors.InvalidState: the snapshot does not fit these envs.
+        """
+        self.env.set_state(state)
+
     def close(self) -> None:
         """Closes the envs (idempotent)."""
         if not self.closed:

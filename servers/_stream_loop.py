@@ -148,6 +148,68 @@ class RolloutLoop:
         self._ret[:] = 0.0
         self._len[:] = 0
 
+    def boundary_state(self) -> dict[str, Any]:
+        """What the loop keeps between fragments, as copies: the envs' snapshot
+        (:meth:`EnvRows.get_state`), the observations and mask the next step acts on,
+        the running episode returns and lengths, the sampling generators and the next
+        sequence number.
+
+        Raises:
+            RuntimeError: a fragment is partly collected (only a boundary is a state).
+            TypeError: the envs have no snapshots (Gymnasium envs).
+        """
+        if self.in_fragment or self._in_flight:
+            raise RuntimeError("the loop is inside a fragment; its state exists only between two")
+        if not self._obs:
+            raise RuntimeError("reset() the loop first")
+        return {
+            "envs": self.envs.get_state(),
+            "obs": np.concatenate(self._obs) if len(self._obs) > 1 else self._obs[0].copy(),
+            "agent_mask": np.concatenate(self._mask),
+            "episode_returns": self._ret.copy(),
+            "episode_lengths": self._len.copy(),
+            "generators": self.policy.generator_states(),
+            "sequence": self.sequence,
+        }
+
+    def restore_boundary(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`boundary_state`: everything is checked before anything
+        changes, and the envs restore all or nothing, so on error the loop is unchanged.
+
+        Raises:
+            RuntimeError: a fragment is partly collected.
+            ValueError: an array does not fit (expected and actual in the message).
+            simkit.errors.InvalidState: the envs reject their snapshot.
+        """
+        if self.in_fragment or self._in_flight:
+            raise RuntimeError("the loop is inside a fragment; restore it between two")
+        if not self._obs:
+            raise RuntimeError("reset() the loop first")
+        r = self.envs.num_rows
+        current = np.concatenate(self._obs)
+        want: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {
+            "obs": (current.shape, current.dtype),
+            "agent_mask": ((r,), np.dtype(np.bool_)),
+            "episode_returns": ((r,), np.dtype(np.float64)),
+            "episode_lengths": ((r,), np.dtype(np.int64)),
+        }
+        for name, (shape, dtype) in want.items():
+            arr = np.asarray(state[name])
+            if arr.shape != shape or arr.dtype != dtype:
+                raise ValueError(f"{name} must be {dtype} {shape}, got {arr.dtype} {arr.shape}")
+        self.policy.check_generator_states(np.asarray(state["generators"]))
+        self.envs.set_state(state["envs"])
+        self.policy.set_generator_states(np.asarray(state["generators"]))
+        obs = np.array(state["obs"])
+        mask = np.array(state["agent_mask"], dtype=np.bool_)
+        self._obs = [obs[part] for part in self.parts]
+        self._mask = [mask[part] for part in self.parts]
+        self._ret[:] = state["episode_returns"]
+        self._len[:] = state["episode_lengths"]
+        self.sequence = int(state["sequence"])
+        self._buf = None
+        self._t = 0
+
     @property
     def in_fragment(self) -> bool:
         """Whether a fragment is partly collected."""

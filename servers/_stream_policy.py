@@ -92,6 +92,33 @@ class GroupedPolicy:
         set_weights(self.model, weights)
         self.version = weights.version
 
+    def generator_states(self) -> np.ndarray:
+        """``(G, S)`` uint8: every sampling group's ``Generator.get_state()``, in group order."""
+        return np.stack([g.get_state().numpy() for g in self.generators])
+
+    def check_generator_states(self, states: np.ndarray) -> None:
+        """Raises unless ``states`` fits :meth:`set_generator_states` (changes nothing).
+
+        Raises:
+            ValueError: not a ``(G, S)`` uint8 array of this policy's groups.
+        """
+        want = (len(self.generators), int(self.generators[0].get_state().numel()))
+        if states.dtype != np.uint8 or states.shape != want:
+            raise ValueError(
+                f"generator states must be uint8 {want} (one row per sampling group), "
+                f"got {states.dtype} {states.shape}"
+            )
+
+    def set_generator_states(self, states: np.ndarray) -> None:
+        """Restores :meth:`generator_states` (checked first: unchanged on error).
+
+        Raises:
+            ValueError: see :meth:`check_generator_states`.
+        """
+        self.check_generator_states(states)
+        for gen, row in zip(self.generators, states, strict=True):
+            gen.set_state(torch.from_numpy(np.array(row, dtype=np.uint8)))
+
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
         if not (obs.flags.writeable and obs.flags.c_contiguous):
             obs = np.array(obs, order="C")

@@ -19,11 +19,14 @@ import torch
 import zmq
 
 import simkit
-from simkit.errors import InvalidWeights, UnknownModel
+from simkit.errors import InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ModelSpec, PolicyWeights, build_model
 from simkit.protocol import InvalidField, ProtocolError, space_to_plain
+from simkit.protocol._errors import SessionStateError, Unsupported
 from simkit.protocol._stream_messages import (
+    InvalidSessionState,
     InvalidWeightsError,
+    SessionSnapshot,
     StaleVersion,
     StreamConfig,
     StreamInfo,
@@ -34,6 +37,8 @@ from simkit.protocol._stream_session import (
     CreditCommand,
     OpenCommand,
     PingCommand,
+    RestoreCommand,
+    StateCommand,
     StreamCommand,
     StreamServerSession,
     WeightsCommand,
@@ -226,12 +231,94 @@ class StreamWorker(threading.Thread):
             self._send(self.session.reply("close", cmd.id))
         elif isinstance(cmd, OpenCommand):
             self._open(cmd)
+        elif isinstance(cmd, StateCommand | RestoreCommand):
+            self._session_state(cmd)
         elif isinstance(cmd, WeightsCommand):
             loop = self._loop
             if self.session.mode == "sync" and loop is not None and loop.in_fragment:
                 self._deferred.append(cmd)
             else:
                 self._apply(cmd)
+
+    def _session_state(self, cmd: StateCommand | RestoreCommand) -> None:
+        """Answers ``stream_state`` with the session's snapshot, or applies
+        ``stream_restore``; both only between two fragments (sync mode, checked by the
+        session), else an error reply and nothing changes."""
+        kind = "stream_state" if isinstance(cmd, StateCommand) else "stream_restore"
+        try:
+            frames = self._state_reply(cmd)
+        except ProtocolError as exc:
+            exc.request_id = cmd.id  # type: ignore[attr-defined]
+            exc.request_kind = kind  # type: ignore[attr-defined]
+            self._metrics.error(exc.code)
+            self._send(self.session.error(exc))
+            return
+        self._send(frames)
+
+    def _state_reply(self, cmd: StateCommand | RestoreCommand) -> list[Any]:
+        loop = self._loop
+        assert loop is not None
+        kind = "stream_state" if isinstance(cmd, StateCommand) else "stream_restore"
+        if loop.in_fragment or self._deferred:
+            raise SessionStateError(
+                f"{kind} is only allowed between two fragments; this session is inside one",
+                expected="a fragment boundary (request it before the next weights)",
+                got=f"inside a fragment of {loop.fragment_length} steps",
+            )
+        config = self.session.config
+        assert config is not None
+        layout = {
+            "env_id": self._info_env_id,
+            "num_envs": self._envs_per_step,
+            "num_rows": loop.envs.num_rows,
+            "env_offset": config.env_offset,
+            "group_envs": self._group_envs,
+        }
+        if isinstance(cmd, StateCommand):
+            try:
+                state = loop.boundary_state()
+            except TypeError as exc:
+                raise Unsupported(
+                    f"this session's envs have no snapshots: {exc}",
+                    expected="simkit envs (get_state)",
+                    got=self._info_env_id,
+                ) from exc
+            snap = SessionSnapshot(**layout, **state)
+            return self.session.state_frames(cmd.id, snap)
+        snap = cmd.snapshot
+        got = {k: getattr(snap, k) for k in layout}
+        if got != layout:
+            bad = sorted(k for k in layout if got[k] != layout[k])
+            raise InvalidSessionState(
+                f"the snapshot belongs to another session layout (differs in {bad})",
+                expected={k: layout[k] for k in bad},
+                got={k: got[k] for k in bad},
+            )
+        state = {
+            "envs": snap.envs,
+            "obs": snap.obs,
+            "agent_mask": snap.agent_mask,
+            "episode_returns": snap.episode_returns,
+            "episode_lengths": snap.episode_lengths,
+            "generators": snap.generators,
+            "sequence": snap.sequence,
+        }
+        try:
+            loop.restore_boundary(state)
+        except (InvalidState, ValueError) as exc:
+            raise InvalidSessionState(
+                f"snapshot rejected, the session is unchanged: {exc}",
+                expected=getattr(exc, "expected", None),
+                got=getattr(exc, "got", None),
+            ) from exc
+        except TypeError as exc:
+            raise Unsupported(
+                f"this session's envs cannot be restored: {exc}",
+                expected="simkit envs (set_state)",
+                got=self._info_env_id,
+            ) from exc
+        self.session.restored(snap.sequence)
+        return self.session.reply("stream_restore", cmd.id, {"sequence": snap.sequence})
 
     def _apply(self, cmd: WeightsCommand) -> None:
         loop = self._loop
@@ -347,6 +434,8 @@ class StreamWorker(threading.Thread):
             source=self.session_name,
         )
         self._envs_per_step = num_envs
+        self._group_envs = group
+        self._info_env_id = env_id
         try:
             self._loop.reset(config.seed, config.env_offset)
         except Exception as exc:
@@ -371,6 +460,8 @@ class StreamWorker(threading.Thread):
         )
 
     _envs_per_step = 0
+    _group_envs = 0
+    _info_env_id = ""
 
 
 def _stale(current: int, got: int) -> ProtocolError:

@@ -79,10 +79,13 @@ from simkit.protocol._spaces import (
 from simkit.protocol._step_reply import EnvFault
 from simkit.protocol._stream_messages import (
     FRAGMENT_ARRAYS,
+    SESSION_STATE_FORMAT,
     STREAM_ERROR_CODES,
     STREAM_KINDS,
     STREAM_MODES,
+    InvalidSessionState,
     InvalidWeightsError,
+    SessionSnapshot,
     StaleVersion,
     StreamConfig,
     StreamInfo,
@@ -152,6 +155,9 @@ __all__ = [
     "FRAGMENT_ARRAYS",
     "StreamConfig",
     "StreamInfo",
+    "SessionSnapshot",
+    "SESSION_STATE_FORMAT",
+    "InvalidSessionState",
     "StreamState",
     "StreamServerSession",
     "StreamClientSession",

@@ -37,9 +37,24 @@ __all__ = [
     "fragment_message",
     "parse_fragment",
     "FRAGMENT_ARRAYS",
+    "SESSION_STATE_FORMAT",
+    "SESSION_STATE_ARRAYS",
+    "SessionSnapshot",
+    "InvalidSessionState",
+    "session_state_message",
+    "parse_session_state",
 ]
 
-STREAM_KINDS = ("stream_open", "weights", "credit", "fragment", "ping", "close")
+STREAM_KINDS = (
+    "stream_open",
+    "weights",
+    "credit",
+    "fragment",
+    "stream_state",
+    "stream_restore",
+    "ping",
+    "close",
+)
 """Message kinds of a stream session (``fragment`` goes server -> learner, unasked)."""
 
 STREAM_MODES = ("sync", "async")
@@ -65,6 +80,13 @@ class StaleVersion(ProtocolError):
     code = "stale_version"
 
 
+class InvalidSessionState(ProtocolError):
+    """A ``stream_restore`` snapshot does not fit the session (layout, shapes, dtypes,
+    or an env snapshot its envs reject)."""
+
+    code = "invalid_state"
+
+
 STREAM_ERROR_CODES: dict[str, str] = {
     "unknown_model": "the model name is not registered on the server (entry-point group simkit.models)",
     "invalid_weights": "weights do not fit the model: names, shapes, dtypes or non-finite values",
@@ -79,6 +101,13 @@ def _int_field(body: Mapping[str, Any], key: str, *, low: int, high: int, defaul
         return default
     if not low <= value <= high:
         raise InvalidField(f"field {key!r} is out of range", expected=f"[{low}, {high}]", got=value)
+    return int(value)
+
+
+def _required_int(body: Mapping[str, Any], key: str, *, high: int) -> int:
+    value = check_type(body, key, int)
+    if not 0 <= value <= high:
+        raise InvalidField(f"field {key!r} is out of range", expected=f"[0, {high}]", got=value)
     return int(value)
 
 
@@ -385,3 +414,160 @@ def parse_fragment(msg: Message, *, source: str | None = None) -> Fragment:
         sequence=sequence,
         start_state=start_state,
     )
+
+
+# ------------------------------------------------------------------ session state
+
+SESSION_STATE_FORMAT = "simkit.stream_state/1"
+"""The ``format`` of a stream session's snapshot (``stream_state`` / ``stream_restore``)."""
+
+SESSION_STATE_ARRAYS: dict[str, tuple[str | None, int]] = {
+    "obs": (None, 1),
+    "agent_mask": ("bool", 1),
+    "episode_returns": ("float64", 1),
+    "episode_lengths": ("int64", 1),
+    "generators": ("uint8", 2),
+}
+"""Every array of a session snapshot: name -> (dtype or None for the observation
+space's, ndim: 1 = at least ``(R,)``, 2 = ``(G, S)``)."""
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """A stream session's complete state at a fragment boundary (sync mode).
+
+    With the learner's weights, it is all a session needs to continue bit-identically:
+    a session restored from it produces the fragments the snapshotted one would have.
+
+    Attributes:
+        env_id: the env the session steps.
+        num_envs: env slots.
+        num_rows: policy rows per step ``R``.
+        env_offset: global index of slot 0.
+        group_envs: env slots per sampling group.
+        sequence: the next fragment's sequence number.
+        envs: the envs' snapshot, the execution core's ``get_state()`` (plain data).
+        obs: ``(R, *obs_shape)`` observations the next step acts on.
+        agent_mask: ``(R,)`` rows live at the next step.
+        episode_returns: ``(R,)`` float64 returns of the episodes in progress.
+        episode_lengths: ``(R,)`` int64 their lengths so far.
+        generators: ``(G, S)`` uint8, the state of each sampling group's
+            ``torch.Generator`` (``Generator.get_state()``), in group order.
+    """
+
+    env_id: str
+    num_envs: int
+    num_rows: int
+    env_offset: int
+    group_envs: int
+    sequence: int
+    envs: dict[str, Any]
+    obs: np.ndarray
+    agent_mask: np.ndarray
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    generators: np.ndarray
+
+    def header(self) -> dict[str, Any]:
+        """The scalar fields (the message body without ``envs``)."""
+        return {
+            "format": SESSION_STATE_FORMAT,
+            "env_id": self.env_id,
+            "num_envs": self.num_envs,
+            "num_rows": self.num_rows,
+            "env_offset": self.env_offset,
+            "group_envs": self.group_envs,
+            "sequence": self.sequence,
+        }
+
+    def to_plain(self) -> dict[str, Any]:
+        """Everything as plain data with numpy arrays (for :func:`simkit.snapshot.dumps`)."""
+        return {
+            **self.header(),
+            "envs": self.envs,
+            **{name: getattr(self, name) for name in SESSION_STATE_ARRAYS},
+        }
+
+    @classmethod
+    def from_plain(cls, state: Mapping[str, Any]) -> SessionSnapshot:
+        """Parses :meth:`to_plain` (or a message's body and arrays), checking types.
+
+        Raises:
+            InvalidField: a field is missing, mistyped or of another format.
+            InvalidDtype: an array has the wrong dtype.
+            InvalidShape: an array has the wrong number of dimensions, or the per-row
+                arrays disagree on ``R``.
+        """
+        fmt = check_type(state, "format", str)
+        if fmt != SESSION_STATE_FORMAT:
+            raise InvalidField(
+                "unknown session state format", expected=SESSION_STATE_FORMAT, got=fmt
+            )
+        arrays: dict[str, np.ndarray] = {}
+        for name, (dtype, ndim) in SESSION_STATE_ARRAYS.items():
+            arr = state.get(name)
+            if not isinstance(arr, np.ndarray):
+                raise InvalidField(
+                    f"session state array {name!r} is missing",
+                    expected="an array",
+                    got=type(arr).__name__,
+                )
+            if dtype is not None and arr.dtype.name != dtype:
+                raise InvalidDtype(
+                    f"session state array {name!r}", expected=dtype, got=arr.dtype.name
+                )
+            if arr.ndim < ndim or (ndim == 2 and arr.ndim != 2):
+                raise InvalidShape(
+                    f"session state array {name!r} has {arr.ndim} dimensions",
+                    expected=f"{ndim}" if ndim == 2 else f">= {ndim}",
+                    got=arr.shape,
+                )
+            arrays[name] = arr
+        num_rows = _required_int(state, "num_rows", high=2**40)
+        for name in ("obs", "agent_mask", "episode_returns", "episode_lengths"):
+            arr = arrays[name]
+            if arr.shape[:1] != (num_rows,) or (name != "obs" and arr.ndim != 1):
+                raise InvalidShape(
+                    f"session state array {name!r} must have one entry per row",
+                    expected=f"({num_rows}, ...)" if name == "obs" else f"({num_rows},)",
+                    got=arr.shape,
+                )
+        envs = check_type(state, "envs", dict)
+        return cls(
+            env_id=check_type(state, "env_id", str),
+            num_envs=_required_int(state, "num_envs", high=2**20),
+            num_rows=num_rows,
+            env_offset=_required_int(state, "env_offset", high=2**40),
+            group_envs=_required_int(state, "group_envs", high=2**20),
+            sequence=_required_int(state, "sequence", high=MAX_ROOT_SEED),
+            envs=envs,
+            **arrays,
+        )
+
+
+def session_state_message(snap: SessionSnapshot, *, kind: str, request_id: int) -> Message:
+    """A ``stream_state`` reply or a ``stream_restore`` request carrying ``snap``: the
+    header and the envs' snapshot (``__ndarray__`` maps) in the body, the session's
+    arrays as message arrays."""
+    if kind not in ("stream_state", "stream_restore"):
+        raise ValueError(f"kind must be 'stream_state' or 'stream_restore', got {kind!r}")
+    body = {**snap.header(), "envs": snapshot.to_plain(snap.envs)}
+    arrays = {name: np.ascontiguousarray(getattr(snap, name)) for name in SESSION_STATE_ARRAYS}
+    return Message(kind=kind, id=request_id, body=body, arrays=arrays)
+
+
+def parse_session_state(msg: Message) -> SessionSnapshot:
+    """The :class:`SessionSnapshot` of a ``stream_state`` reply or ``stream_restore``
+    request (arrays are read-only views of the frames).
+
+    Raises:
+        InvalidField / InvalidDtype / InvalidShape: not a session snapshot.
+    """
+    envs = check_type(msg.body, "envs", dict)
+    try:
+        plain_envs = snapshot.from_plain(envs)
+    except ValueError as exc:
+        raise InvalidField(
+            "session state 'envs' is not a snapshot", expected="a plain snapshot", got=str(exc)
+        ) from exc
+    return SessionSnapshot.from_plain({**msg.body, **msg.arrays, "envs": plain_envs})

@@ -27,6 +27,7 @@ from simkit.protocol._errors import (
     UnknownKind,
 )
 from simkit.protocol._stream_messages import (
+    SessionSnapshot,
     StaleVersion,
     StreamConfig,
     StreamInfo,
@@ -34,7 +35,9 @@ from simkit.protocol._stream_messages import (
     fragment_message,
     parse_credit,
     parse_fragment,
+    parse_session_state,
     parse_weights,
+    session_state_message,
     weights_message,
 )
 
@@ -47,6 +50,8 @@ __all__ = [
     "CreditCommand",
     "PingCommand",
     "CloseCommand",
+    "StateCommand",
+    "RestoreCommand",
     "StreamCommand",
 ]
 
@@ -99,7 +104,32 @@ class CloseCommand:
     id: int
 
 
-StreamCommand = OpenCommand | WeightsCommand | CreditCommand | PingCommand | CloseCommand
+@dataclass(frozen=True)
+class StateCommand:
+    """``stream_state``: answer with the session's :class:`SessionSnapshot` (sync mode,
+    at a fragment boundary; the worker checks the boundary)."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class RestoreCommand:
+    """``stream_restore``: replace the session's state with ``snapshot`` (parsed, not yet
+    checked against the session), then call :meth:`StreamServerSession.restored`."""
+
+    id: int
+    snapshot: SessionSnapshot
+
+
+StreamCommand = (
+    OpenCommand
+    | WeightsCommand
+    | CreditCommand
+    | PingCommand
+    | CloseCommand
+    | StateCommand
+    | RestoreCommand
+)
 
 
 class StreamServerSession:
@@ -187,9 +217,20 @@ class StreamServerSession:
             if kind == "close":
                 self.state = StreamState.CLOSED
                 return CloseCommand(msg.id)
+            if kind in ("stream_state", "stream_restore"):
+                if self.mode != "sync":
+                    raise SessionStateError(
+                        f"{kind} needs a sync-mode session (an async session never stops "
+                        "at a fragment boundary)",
+                        expected="mode sync",
+                        got=f"mode {self.mode}",
+                    )
+                if kind == "stream_state":
+                    return StateCommand(msg.id)
+                return RestoreCommand(msg.id, parse_session_state(msg))
             raise UnknownKind(
                 f"unknown stream request kind {kind!r}",
-                expected="stream_open, weights, credit, ping or close",
+                expected="stream_open, weights, credit, stream_state, stream_restore, ping or close",
                 got=kind,
             )
         except ProtocolError as exc:
@@ -234,6 +275,16 @@ class StreamServerSession:
         self.sequence += 1
         self._left_for_version -= 1
         return encode(fragment_message(fragment), inline_threshold=self.inline_threshold)
+
+    def restored(self, sequence: int) -> None:
+        """The session's state was replaced by a snapshot whose next fragment is
+        ``sequence`` (its fragments continue that numbering)."""
+        self.sequence = sequence
+
+    def state_frames(self, request_id: int, snap: SessionSnapshot) -> list[Any]:
+        """Frames of the ``stream_state`` reply carrying ``snap``."""
+        msg = session_state_message(snap, kind="stream_state", request_id=request_id)
+        return encode(msg, inline_threshold=self.inline_threshold)
 
     def reply(self, kind: str, request_id: int, body: Mapping[str, Any] | None = None) -> list[Any]:
         """Frames of a plain reply."""
@@ -286,11 +337,21 @@ class StreamClientSession:
         """``ping`` frames."""
         return self._frames(Message(kind="ping", id=next(self._ids)))
 
+    def request_state(self) -> list[Any]:
+        """``stream_state`` frames (sync mode, between fragments)."""
+        return self._frames(Message(kind="stream_state", id=next(self._ids)))
+
+    def request_restore(self, snap: SessionSnapshot) -> list[Any]:
+        """``stream_restore`` frames carrying ``snap`` (from a ``stream_state`` reply)."""
+        self.last_id = next(self._ids)
+        msg = session_state_message(snap, kind="stream_restore", request_id=self.last_id)
+        return encode(msg)
+
     def request_close(self) -> list[Any]:
         """``close`` frames."""
         return self._frames(Message(kind="close", id=next(self._ids)))
 
-    def parse(self, frames: Sequence[Any]) -> StreamInfo | Fragment | Message:
+    def parse(self, frames: Sequence[Any]) -> StreamInfo | Fragment | SessionSnapshot | Message:
         """One message from the server.
 
         Raises:
@@ -314,10 +375,13 @@ class StreamClientSession:
         if msg.kind == "stream_open":
             self.info = StreamInfo.from_plain(msg.body)
             return self.info
-        if msg.kind in ("weights", "ping", "close"):
+        if msg.kind == "stream_state":
+            return parse_session_state(msg)
+        if msg.kind in ("weights", "stream_restore", "ping", "close"):
             return msg
         raise MalformedMessage(
             "unexpected message kind from a stream server",
-            expected="stream_open, fragment, weights, ping, close or error",
+            expected="stream_open, fragment, weights, stream_state, stream_restore, ping, "
+            "close or error",
             got=msg.kind,
         )
