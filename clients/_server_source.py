@@ -21,6 +21,7 @@ from simkit._types import Fragment
 from simkit.clients._connection import ServerUnavailable
 from simkit.clients._stream import PolicyStream
 from simkit.models import ModelSpec
+from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
 
 __all__ = ["ServerSource", "spawn_servers", "stop_servers"]
 
@@ -150,6 +151,60 @@ class ServerSource:
         that cannot be re-sent (versions must increase).
         """
         return self.stream.push_weights(weights, version=version, wait=False)
+
+    def get_state(self, *, include_envs: bool = True) -> dict[str, Any]:
+        """Every server's session snapshot (``stream_state``), as plain data for the
+        checkpoint: ``{"sessions": [{"endpoint", "env_offset", "num_envs", "state"}]}``.
+
+        Call it where the learner's loop waits at a fragment boundary (after an update,
+        before its weights are pushed; sync mode). ``sessions`` is None without
+        ``include_envs`` (async mode, where the servers never pause) and for envs
+        without snapshots (Gymnasium's): such a run resumes with fresh envs.
+        """
+        if not include_envs or self.mode != "sync":
+            return {"sessions": None}
+        try:
+            states = self.stream.session_states()
+        except RemoteError as exc:
+            if exc.remote_code != "unsupported":
+                raise
+            return {"sessions": None}
+        return {
+            "sessions": [
+                {
+                    "endpoint": endpoint,
+                    "env_offset": config.env_offset,
+                    "num_envs": config.num_envs,
+                    "state": snap.to_plain(),
+                }
+                for endpoint, (config, snap) in zip(self.stream.endpoints, states, strict=True)
+            ]
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`get_state` into the (fresh) servers' sessions, before the first
+        weights: every session continues exactly where the checkpointed one stopped.
+
+        Raises:
+            ValueError: the snapshots do not fit the servers (another number of servers,
+                other env slots, malformed; the message says which).
+            RemoteError: a server refused its snapshot.
+        """
+        sessions = state.get("sessions")
+        if sessions is None:
+            return
+        try:
+            snaps = [SessionSnapshot.from_plain(s["state"]) for s in sessions]
+        except (KeyError, TypeError, ProtocolError) as exc:
+            raise ValueError(f"malformed server session state: {exc}") from exc
+        if len(snaps) != len(self.stream.endpoints):
+            raise ValueError(
+                f"the checkpoint holds {len(snaps)} server session(s) (env slots "
+                f"{[(s.env_offset, s.env_offset + s.num_envs) for s in snaps]}), this run "
+                f"streams from {len(self.stream.endpoints)} server(s); resume with "
+                f"--servers {len(snaps)} (or as many --connect)"
+            )
+        self.stream.restore_sessions(snaps)
 
     def stats(self) -> list[Any]:
         """Per-server throughput and lag (:meth:`PolicyStream.stats`)."""

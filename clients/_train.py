@@ -38,9 +38,11 @@ from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
 from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
+from simkit.protocol import RemoteError
 from simkit.vector import MultiAgentVectorEnv
 
 __all__ = [
+    "DEFAULT_SERVERS",
     "TrainResult",
     "run_training",
     "evaluate_policy",
@@ -49,6 +51,11 @@ __all__ = [
     "add_eval_arguments",
     "run_eval",
 ]
+
+
+DEFAULT_SERVERS = 0
+"""Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /
+``--servers`` (0: the in-process rollout; docs/training.md says why)."""
 
 
 @dataclass
@@ -106,10 +113,17 @@ def _learner_state(learner: PPO, source: LocalSource | ServerSource) -> dict[str
         "dropped": learner.dropped,
         "generator": learner.generator.get_state().numpy().copy(),
         "scaler": learner.scaler.get_state(),
-        "source": source.get_state(include_envs=learner.args.mode == "sync")
-        if isinstance(source, LocalSource)
-        else None,
+        "source_kind": "local" if isinstance(source, LocalSource) else "servers",
+        "source": source.get_state(include_envs=learner.args.mode == "sync"),
     }
+
+
+def _saved_servers(state: dict[str, Any]) -> int:
+    """How many server sessions a checkpoint's source state holds (0: in process)."""
+    if state.get("source_kind", "local") != "servers":
+        return 0
+    sessions = (state.get("source") or {}).get("sessions")
+    return len(sessions) if isinstance(sessions, list) else 0
 
 
 class _Recorded:
@@ -151,7 +165,7 @@ def run_training(
     tensorboard: bool = True,
     handle_signals: bool = False,
     connect: Sequence[str] = (),
-    servers: int = 0,
+    servers: int | None = None,
     server_timeout: float = 30.0,
     wait_for_servers: bool = False,
     record: str | Path | None = None,
@@ -167,8 +181,10 @@ def run_training(
             checkpoint (the CLI's behaviour).
         connect: rollout servers (``simkit serve ENV --policy``) to stream from.
         servers: start this many local ``simkit serve`` subprocesses and stream from
-            them (stopped at the end). With neither, the rollout runs in process
-            (:class:`LocalSource`), the only source whose envs resume from snapshots.
+            them (stopped at the end); 0 rolls out in process (:class:`LocalSource`).
+            None: as many as the checkpoint ``resume`` streamed from (so a resumed run
+            restores its server sessions), else :data:`DEFAULT_SERVERS` (0 with
+            ``connect``).
         server_timeout: seconds a server may stay silent before it counts as lost.
         wait_for_servers: wait for a lost server to come back on its endpoint instead
             of going on with the others.
@@ -196,6 +212,13 @@ def run_training(
     if ckpt is not None:
         check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())
         model.load_state_dict(ckpt.model)
+    if servers is None:
+        if connect:
+            servers = 0
+        elif ckpt is not None:
+            servers = _saved_servers(ckpt.state)
+        else:
+            servers = DEFAULT_SERVERS
     procs: list[Any] = []
     endpoints = list(connect)
     if servers:
@@ -244,9 +267,17 @@ def run_training(
                 torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
             )
             learner.scaler.set_state(state["scaler"])
-            if isinstance(source, LocalSource):
+            kind = "local" if isinstance(source, LocalSource) else "servers"
+            if state.get("source_kind", "local") == kind and state["source"] is not None:
                 source.set_state(state["source"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            else:
+                print(
+                    f"simkit train: the checkpoint's rollout state is from "
+                    f"{state.get('source_kind', 'local')!r} and this run rolls out "
+                    f"through {kind!r}: the learner resumes exactly, the envs start afresh",
+                    file=sys.stderr,
+                )
+        except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
             source.close()
             stop_servers(procs)
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
@@ -308,16 +339,24 @@ def run_training(
         )
 
     def checkpoint() -> Path:
-        return save_checkpoint(
+        nonlocal last_ckpt
+        last_ckpt = save_checkpoint(
             ckpt_dir,
             f"update-{learner.version:08d}",
             model=model.state_dict(),
             optimizer=learner.optimizer.state_dict(),
             state=_learner_state(learner, source),
         )
+        return last_ckpt
+
+    def at_boundary() -> None:
+        # Before the update's weights go out the servers wait at a fragment boundary
+        # (sync mode), where their session states are exact.
+        if checkpoint_every and learner.version % checkpoint_every == 0:
+            checkpoint()
 
     def on_update(stats: UpdateStats, wait: float) -> None:
-        nonlocal last_ckpt, updates
+        nonlocal updates
         updates += 1
         times["update"] += stats.update_s
         split: dict[str, float] = {}
@@ -349,8 +388,6 @@ def run_training(
             }
             fh.write(json.dumps(record) + "\n")
         save_policy(policy_path, learner.weights(), _policy_meta(args, learner.version))
-        if checkpoint_every and learner.version % checkpoint_every == 0:
-            last_ckpt = checkpoint()
         if writer is not None:
             step = learner.global_step
             if len(stats.episode_returns):
@@ -397,8 +434,9 @@ def run_training(
             max_updates=max_updates,
             on_update=on_update,
             should_stop=lambda: stop_requested,
+            on_boundary=at_boundary,
         )
-        last_ckpt = checkpoint()
+        checkpoint()  # the last update's weights were not pushed: still at the boundary
     finally:
         if bar is not None:
             bar.stop()
@@ -589,9 +627,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--servers",
         type=int,
-        default=0,
-        help="start this many local `simkit serve` processes and stream from them "
-        "(default 0: roll out in process, the exactly resumable mode)",
+        default=None,
+        help="start this many local `simkit serve` processes and stream from them; 0 "
+        f"rolls out in process (default: {DEFAULT_SERVERS}, or with --resume as many as "
+        "the checkpoint streamed from)",
     )
     parser.add_argument(
         "--wait-for-servers",

@@ -136,12 +136,19 @@ def compute_gae(
     return adv.astype(np.float32), (adv + values).astype(np.float32)
 
 
+def rows_key(fragment: Fragment) -> str:
+    """A fragment's rows by their env slots: ``"slots:<first env id>+<rows>"``."""
+    return f"slots:{int(fragment.env_ids[0])}+{fragment.num_rows}"
+
+
 @dataclass
 class RewardScaler:
     """Gymnasium's ``NormalizeReward`` for fragment rows: ``r / std(discounted return)``.
 
-    The discounted return is kept per (source, row) across fragments and reset when an
-    episode terminates, exactly as the wrapper does per env.
+    The discounted return is kept per row across fragments and reset when an episode
+    terminates, exactly as the wrapper does per env. Rows are named by their env slots
+    (:func:`rows_key`), not by the server that produced them, so a run resumed on new
+    servers (new endpoints) continues the same returns.
     """
 
     gamma: float
@@ -163,7 +170,9 @@ class RewardScaler:
 
     def scale(self, fragment: Fragment) -> np.ndarray:
         """``(T, R)`` scaled rewards; updates the running statistics step by step."""
-        ret = self.returns.get(fragment.source)
+        ret = self.returns.get(rows_key(fragment))
+        if ret is None:  # checkpoints written before rows_key named rows by source
+            ret = self.returns.pop(fragment.source, None)
         if ret is None:
             ret = np.zeros(fragment.num_rows)
         if fragment.num_rows == 1 and fragment.agent_mask.all():
@@ -179,7 +188,7 @@ class RewardScaler:
                 self._fold(ret[live])
             out[t] = fragment.rewards[t] / np.sqrt(self.var + self.epsilon)
             ret = np.where(fragment.terminated[t], 0.0, ret)
-        self.returns[fragment.source] = ret
+        self.returns[rows_key(fragment)] = ret
         return np.clip(out, -self.clip, self.clip)
 
     def _scale_one_row(self, fragment: Fragment, ret: np.ndarray) -> np.ndarray:
@@ -203,7 +212,7 @@ class RewardScaler:
             if term:
                 r = 0.0
         self.mean, self.var, self.count = mean, var, count
-        self.returns[fragment.source] = np.array([r])
+        self.returns[rows_key(fragment)] = np.array([r])
         scaled = np.asarray(out, dtype=fragment.rewards.dtype).reshape(-1, 1)
         return np.clip(scaled, -self.clip, self.clip)
 
@@ -340,7 +349,12 @@ class PPO:
         return frac * self.args.learning_rate
 
     def update(self, fragments: list[Fragment]) -> UpdateStats:
-        """One PPO update on ``fragments`` (the rows of one batch); bumps the version."""
+        """One PPO update on ``fragments`` (the rows of one batch); bumps the version.
+
+        The fragments are taken in env slot order (stable), not in the order servers
+        delivered them, so a sync run over several servers is deterministic too.
+        """
+        fragments = sorted(fragments, key=lambda f: int(f.env_ids[0]))
         args, model = self.args, self.model
         t_start = time.perf_counter()
         adv_parts, ret_parts, obs_parts, act_parts, logp_parts, val_parts, mask_parts = (
@@ -452,6 +466,7 @@ def train(
     max_updates: int | None = None,
     on_update: Callable[[UpdateStats, float], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_boundary: Callable[[], None] | None = None,
 ) -> None:
     """The loop: gather one update's rows of fragments, update, push the new weights.
 
@@ -461,7 +476,11 @@ def train(
     Stops after ``args.total_steps`` (never when it is 0), after ``max_updates`` updates
     of this call, or when ``should_stop()`` turns true (checked between updates).
     ``on_update(stats, wait_s)`` gets each update's statistics and the seconds the
-    learner waited for fragments.
+    learner waited for fragments. ``on_boundary()`` is called after an update and
+    before its weights go out: in sync mode every source then waits at a fragment
+    boundary, the one point where a checkpoint can capture its envs exactly. The last
+    update's weights are not pushed (nothing would use them), so on return the source
+    is at that boundary too.
 
     Raises:
         RuntimeError: sync mode and a fragment was made by another version than the
@@ -490,15 +509,21 @@ def train(
         # A source that lost producers has fewer rows per update from now on.
         if rows and rows >= min(learner.rows_per_update, getattr(source, "num_rows", rows)):
             stats = learner.update(batch)
-            source.push_weights(learner.model, version=learner.version)
             batch, rows = [], 0
             done += 1
+            finished = learner.num_updates and learner.version >= learner.num_updates
+            last = bool(
+                finished
+                or (max_updates is not None and done >= max_updates)
+                or (should_stop is not None and should_stop())
+            )
+            if not last:
+                if on_boundary is not None:
+                    on_boundary()
+                source.push_weights(learner.model, version=learner.version)
             if on_update is not None:
                 on_update(stats, wait)
             wait = 0.0
-            finished = learner.num_updates and learner.version >= learner.num_updates
-            if finished or (max_updates is not None and done >= max_updates):
-                return
-            if should_stop is not None and should_stop():
+            if last:
                 return
         t_wait = time.perf_counter()

@@ -51,6 +51,55 @@ def test_same_seed_same_parameters_through_a_server(tmp_path: Path) -> None:
         assert torch.equal(pa[k], pb[k]), k
 
 
+def _params(path: Path | None) -> dict[str, object]:
+    from simkit.clients._checkpoint import load_checkpoint
+
+    assert path is not None
+    return dict(load_checkpoint(path).model)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_resume_through_servers_is_exact(tmp_path: Path, servers: int) -> None:
+    import torch
+
+    from simkit.clients._checkpoint import load_checkpoint
+
+    args = {**ARGS, "num_steps": 37}  # episodes cross fragment boundaries
+    kw = {"servers": servers, "tensorboard": False, "checkpoint_every": 2}
+    full = run_training(PPOArgs(**args), logdir=tmp_path / "full", max_updates=5, **kw)
+    part = run_training(PPOArgs(**args), logdir=tmp_path / "part", max_updates=3, **kw)
+    state = load_checkpoint(tmp_path / "part").state
+    assert state["source_kind"] == "servers"
+    sessions = state["source"]["sessions"]
+    assert [s["env_offset"] for s in sessions] == [0, 2][:servers]
+    # The envs are mid-episode: the snapshot carries running episodes.
+    assert any(int(s["state"]["episode_lengths"].max()) > 0 for s in sessions)
+    assert part.updates == 3
+    # No --servers on resume: as many local servers as the checkpoint streamed from.
+    rest = run_training(
+        PPOArgs(**args),
+        logdir=tmp_path / "part",
+        resume=tmp_path / "part",
+        max_updates=2,
+        tensorboard=False,
+    )
+    assert rest.updates == full.updates == 5
+    assert rest.global_step == full.global_step
+    pf, pr = _params(full.checkpoint), _params(rest.checkpoint)
+    for k in pf:
+        assert torch.equal(pf[k], pr[k]), k  # type: ignore[arg-type]
+
+
+def test_resume_with_another_server_count_names_the_layout(tmp_path: Path) -> None:
+    from simkit.errors import InvalidCheckpoint
+
+    run_training(PPOArgs(**ARGS), logdir=tmp_path, servers=2, max_updates=1, tensorboard=False)
+    with pytest.raises(InvalidCheckpoint, match=r"holds 2 server session\(s\).*--servers 2"):
+        run_training(
+            PPOArgs(**ARGS), logdir=tmp_path, resume=tmp_path, servers=1, tensorboard=False
+        )
+
+
 def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]  # pytest fixture
     procs, endpoints = spawn_servers("simkit/CartPole-v0", 2)
     try:
