@@ -19,7 +19,7 @@ import torch
 from simkit._types import Fragment
 from simkit.clients._checkpoint import load_checkpoint
 from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
-from simkit.clients.ppo import PPOArgs, RewardScaler, clip_grad_norm, compute_gae
+from simkit.clients.ppo import PPOArgs, RewardScaler, clip_grad_norm, compute_gae, rows_key
 from simkit.errors import InvalidCheckpoint
 
 TINY = {
@@ -91,11 +91,13 @@ def test_one_row_reward_scaling_is_the_generic_path_bit_for_bit() -> None:
     for _ in range(3):  # the running return carries across fragments
         f = _fragment(rng, 300, 1)
         a = fast.scale(f)
-        b = generic._scale_rows(f, generic.returns.get("s", np.zeros(1)))
+        b = generic._scale_rows(f, generic.returns.get(rows_key(f), np.zeros(1)))
         assert a.dtype == b.dtype
         assert a.tobytes() == b.tobytes()
         assert (fast.mean, fast.var, fast.count) == (generic.mean, generic.var, generic.count)
-        assert fast.returns["s"].tobytes() == generic.returns["s"].tobytes()
+        key = rows_key(f)
+        assert key == "slots:0+1"
+        assert fast.returns[key].tobytes() == generic.returns[key].tobytes()
 
 
 def test_clip_grad_norm_is_torchs_bit_for_bit() -> None:
