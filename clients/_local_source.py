@@ -28,8 +28,8 @@ import torch
 
 import simkit
 from simkit._types import Fragment
-from simkit.clients._lean import LeanMLP
 from simkit.models import ActorCritic, numpy_actions
+from simkit.models._lean import LeanMLP
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX", "is_multi_agent", "make_vector"]
@@ -85,7 +85,7 @@ class LocalSource:
         mode: ``"sync"`` or ``"async"``.
         prefetch: async only, fragments rolled out ahead of the learner.
         num_threads: env stepping threads (MuJoCo releases the GIL).
-        lean: act through :class:`~simkit.clients._lean.LeanMLP` (numpy) where the
+        lean: act through :class:`~simkit.models._lean.LeanMLP` (numpy) where the
             model is a plain MLP; else ``model.act`` (torch).
     """
 
@@ -118,7 +118,7 @@ class LocalSource:
         self.model = copy.deepcopy(model)
         self.model.eval()
         self.lean = LeanMLP.of(self.model) if lean else None
-        """The numpy act path (:mod:`simkit.clients._lean`), None for other models."""
+        """The numpy act path (:mod:`simkit.models._lean`), None for other models."""
         self.version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.sequence = 0

@@ -169,6 +169,12 @@ class ServerSource:
             if exc.remote_code != "unsupported":
                 raise
             return {"sessions": None}
+        except ServerUnavailable as exc:  # the fragment path reports and handles the loss
+            self.report(
+                f"simkit train: server {exc.endpoint} did not send its session state "
+                f"({exc}); this checkpoint's envs will restart afresh"
+            )
+            return {"sessions": None}
         return {
             "sessions": [
                 {
@@ -252,6 +258,9 @@ def spawn_servers(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
+                # Its own session: Ctrl-C in a terminal reaches the learner only, which
+                # checkpoints (asking the servers for their sessions) and then stops them.
+                start_new_session=True,
             )
             procs.append(proc)
             assert proc.stdout is not None

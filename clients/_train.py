@@ -53,9 +53,9 @@ __all__ = [
 ]
 
 
-DEFAULT_SERVERS = 0
+DEFAULT_SERVERS = 1
 """Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /
-``--servers`` (0: the in-process rollout; docs/training.md says why)."""
+``--servers`` (the embedded default; ``--servers 0`` rolls out in process)."""
 
 
 @dataclass

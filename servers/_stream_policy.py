@@ -19,6 +19,7 @@ import torch
 from gymnasium import spaces
 
 from simkit.models import ActorCritic, PolicyWeights, set_weights
+from simkit.models._lean import LeanMLP
 
 __all__ = ["GroupedPolicy", "PolicyOutput", "policy_seed"]
 
@@ -60,6 +61,8 @@ class GroupedPolicy:
         group_rows: rows per sampling group (divides ``num_rows``).
         seeds: one torch seed per group (:func:`policy_seed`).
         action_space: the per-row action space (sets the actions' numpy dtype).
+        lean: act through :class:`LeanMLP` where the device is the CPU and the model
+            is the built-in MLP (else ``model.act``).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class GroupedPolicy:
         group_rows: int,
         seeds: list[int],
         action_space: spaces.Space[Any],
+        lean: bool = True,
     ) -> None:
         if num_rows % group_rows or len(seeds) != num_rows // group_rows:
             raise ValueError(
@@ -86,10 +90,14 @@ class GroupedPolicy:
             np.dtype(np.int64) if isinstance(action_space, spaces.Discrete) else action_space.dtype
         )
         self.version: int | None = None
+        self.lean = LeanMLP.of(self.model) if lean and device.type == "cpu" else None
+        """The numpy act path, None on other devices and for other models."""
 
     def set_weights(self, weights: PolicyWeights) -> None:
         """Loads ``weights`` (validated by the model; unchanged on error)."""
         set_weights(self.model, weights)
+        if self.lean is not None:
+            self.lean.load()
         self.version = weights.version
 
     def generator_states(self) -> np.ndarray:
@@ -153,9 +161,20 @@ class GroupedPolicy:
         every row, so acting part by part gives the same bits.
         """
         start = time.perf_counter()
-        x = self._tensor(obs)
         g = self.group_rows
         groups = self.groups(part)
+        lean = self.lean
+        if lean is not None:
+            outs = [
+                lean.act(obs[j * g : (j + 1) * g], self.generators[k]) for j, k in enumerate(groups)
+            ]
+            return PolicyOutput(
+                actions=np.concatenate([o[0] for o in outs]).astype(self.action_dtype, copy=False),
+                log_probs=np.concatenate([o[1] for o in outs]),
+                values=np.concatenate([o[2] for o in outs]),
+                seconds=time.perf_counter() - start,
+            )
+        x = self._tensor(obs)
         if len(groups) == 1:
             out = self.model.act(x, generator=self.generators[groups[0]])
             actions, log_probs, values = out.actions, out.log_probs, out.values
@@ -184,10 +203,15 @@ class GroupedPolicy:
         groups = self.groups(part)
         g = self.group_rows
         out = np.zeros(len(groups) * g, dtype=np.float32)
-        x = self._tensor(obs)
+        lean = self.lean
+        x = self._tensor(obs) if lean is None else None
         for j in range(len(groups)):
             sl = slice(j * g, (j + 1) * g)
             if rows is not None and not rows[sl].any():
                 continue
-            out[sl] = self.model.value(x[sl]).float().cpu().numpy().reshape(-1)
+            if lean is not None:
+                out[sl] = lean.value(obs[sl])
+            else:
+                assert x is not None
+                out[sl] = self.model.value(x[sl]).float().cpu().numpy().reshape(-1)
         return out

@@ -116,8 +116,12 @@ def test_clip_grad_norm_is_torchs_bit_for_bit() -> None:
 
 
 def test_same_seed_same_parameters(tmp_path: Path) -> None:
-    a = run_training(PPOArgs(**TINY), logdir=tmp_path / "a", max_updates=4, tensorboard=False)
-    b = run_training(PPOArgs(**TINY), logdir=tmp_path / "b", max_updates=4, tensorboard=False)
+    a = run_training(
+        PPOArgs(**TINY), logdir=tmp_path / "a", max_updates=4, tensorboard=False, servers=0
+    )
+    b = run_training(
+        PPOArgs(**TINY), logdir=tmp_path / "b", max_updates=4, tensorboard=False, servers=0
+    )
     assert a.checkpoint is not None
     assert b.checkpoint is not None
     pa, pb = _params(a.checkpoint), _params(b.checkpoint)
@@ -125,7 +129,11 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
     for k in pa:
         assert torch.equal(pa[k], pb[k]), k
     c = run_training(
-        PPOArgs(**{**TINY, "seed": 4}), logdir=tmp_path / "c", max_updates=4, tensorboard=False
+        PPOArgs(**{**TINY, "seed": 4}),
+        logdir=tmp_path / "c",
+        max_updates=4,
+        tensorboard=False,
+        servers=0,
     )
     assert c.checkpoint is not None
     assert not torch.equal(_params(c.checkpoint)["actor.0.weight"], pa["actor.0.weight"])
@@ -136,9 +144,11 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_update_is_deterministic(tmp_path: Path) -> None:
     args = PPOArgs(**{**TINY, "compile": True})
-    a = run_training(args, logdir=tmp_path / "a", max_updates=2, tensorboard=False)
-    b = run_training(args, logdir=tmp_path / "b", max_updates=2, tensorboard=False)
-    eager = run_training(PPOArgs(**TINY), logdir=tmp_path / "e", max_updates=2, tensorboard=False)
+    a = run_training(args, logdir=tmp_path / "a", max_updates=2, tensorboard=False, servers=0)
+    b = run_training(args, logdir=tmp_path / "b", max_updates=2, tensorboard=False, servers=0)
+    eager = run_training(
+        PPOArgs(**TINY), logdir=tmp_path / "e", max_updates=2, tensorboard=False, servers=0
+    )
     assert a.checkpoint is not None
     assert b.checkpoint is not None
     assert eager.checkpoint is not None
@@ -151,8 +161,12 @@ def test_compiled_update_is_deterministic(tmp_path: Path) -> None:
 @pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "simkit/GoalNav-v0"])
 def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
     args = {**TINY, "env_id": env_id, "num_steps": 37}  # episodes cross fragment boundaries
-    full = run_training(PPOArgs(**args), logdir=tmp_path / "full", max_updates=5, tensorboard=False)
-    part = run_training(PPOArgs(**args), logdir=tmp_path / "part", max_updates=3, tensorboard=False)
+    full = run_training(
+        PPOArgs(**args), logdir=tmp_path / "full", max_updates=5, tensorboard=False, servers=0
+    )
+    part = run_training(
+        PPOArgs(**args), logdir=tmp_path / "part", max_updates=3, tensorboard=False, servers=0
+    )
     assert part.checkpoint is not None
     state = load_checkpoint(part.checkpoint).state
     assert state["source"]["vector"] is not None  # envs resume mid-episode from snapshots
@@ -162,6 +176,7 @@ def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
         resume=tmp_path / "part",
         max_updates=2,
         tensorboard=False,
+        servers=0,
     )
     assert rest.updates == full.updates == 5
     assert rest.global_step == full.global_step
@@ -177,7 +192,7 @@ def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
 
 
 def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path: Path) -> None:
-    r = run_training(PPOArgs(**TINY), logdir=tmp_path, max_updates=1, tensorboard=False)
+    r = run_training(PPOArgs(**TINY), logdir=tmp_path, max_updates=1, tensorboard=False, servers=0)
     assert r.checkpoint is not None
     ckpt = r.checkpoint
     model_file = ckpt / "model.safetensors"
@@ -189,7 +204,9 @@ def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path: Path) -> None
     flipped[-3] ^= 0xFF
     model_file.write_bytes(bytes(flipped))
     with pytest.raises(InvalidCheckpoint, match=r"model\.safetensors: corrupt"):
-        run_training(PPOArgs(**TINY), logdir=tmp_path / "x", resume=ckpt, tensorboard=False)
+        run_training(
+            PPOArgs(**TINY), logdir=tmp_path / "x", resume=ckpt, tensorboard=False, servers=0
+        )
     model_file.write_bytes(data)
     (ckpt / "manifest.json").write_text("{not json")
     with pytest.raises(InvalidCheckpoint, match=r"manifest\.json: not valid JSON"):
@@ -206,7 +223,7 @@ def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path: Path) -> None
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
-    r = run_training(PPOArgs(**TINY), logdir=tmp_path, max_updates=1, tensorboard=False)
+    r = run_training(PPOArgs(**TINY), logdir=tmp_path, max_updates=1, tensorboard=False, servers=0)
     assert r.checkpoint is not None
     model = build_model(PPOArgs(**{**TINY, "hidden": (32,)}))
     from simkit.clients._checkpoint import check_tensors
@@ -244,19 +261,27 @@ def test_sigint_checkpoints_and_resumes(tmp_path: Path) -> None:
         str(logdir),
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # Its own process group, signalled as a whole: what Ctrl-C in a terminal does.
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
     deadline = time.monotonic() + 120
     while not (logdir / "policy.safetensors").exists():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert b"SIGINT received" in err
     ckpt = load_checkpoint(logdir)
     version = int(ckpt.state["version"])
     assert version >= 1
+    # The default rollout is one local server; the signal reached the learner only
+    # (the server runs in its own session), which took its session's snapshot.
+    assert ckpt.state["source_kind"] == "servers"
+    [session] = ckpt.state["source"]["sessions"]
+    assert session["state"]["sequence"] == version
     more = run_training(
         PPOArgs(**TINY), logdir=logdir, resume=logdir, max_updates=1, tensorboard=False
     )
@@ -291,7 +316,7 @@ def evaluate_policy_untrained(args: PPOArgs, path: Path) -> float:
 
 
 def test_lean_act_path_samples_as_the_model_does() -> None:
-    from simkit.clients._lean import LeanMLP
+    from simkit.models._lean import LeanMLP
 
     for env_id in ("simkit/CartPole-v0", "simkit/GoalNav-v0", "simkit/Cheetah-v0"):
         model = build_model(PPOArgs(env_id=env_id))
@@ -327,6 +352,7 @@ def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path) -> 
         max_updates=4,
         tensorboard=False,
         record=tmp_path / "rec",
+        servers=0,
     )
     reader = RecordingReader(tmp_path / "rec")
     assert len(reader) >= 4
@@ -344,6 +370,7 @@ def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path) -> 
             logdir=tmp_path / "ma",
             record=tmp_path / "rec2",
             tensorboard=False,
+            servers=0,
         )
 
 

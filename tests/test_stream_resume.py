@@ -309,3 +309,47 @@ def test_state_and_restore_are_stream_request_kinds() -> None:
     restore_reply = client.parse(session.reply("stream_restore", 4, {"sequence": 3}))
     assert isinstance(restore_reply, Message)
     assert restore_reply.kind == "stream_restore"
+
+
+@pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "simkit/GoalNav-v0", "simkit/Cheetah-v0"])
+def test_server_policy_lean_path_acts_as_torch(env_id: str) -> None:
+    """The CPU sessions' numpy act path draws the same noise from each group's generator
+    as ``model.act`` and agrees with it up to float32 rounding."""
+    from simkit.servers._stream_policy import GroupedPolicy, policy_seed
+
+    rows = make_env_rows(env_id, 4)
+    try:
+        model = build_model(SPEC, rows.observation_space, rows.action_space)
+        model.update_obs_stats(np.random.default_rng(0).normal(1.0, 3.0, (64, *model.obs_shape)))
+        weights = _weights(model, 0)
+        policies = [
+            GroupedPolicy(
+                build_model(SPEC, rows.observation_space, rows.action_space),
+                torch.device("cpu"),
+                num_rows=rows.num_rows,
+                group_rows=rows.num_rows // 2,
+                seeds=[policy_seed(3, 0), policy_seed(3, 2)],
+                action_space=rows.action_space,
+                lean=lean,
+            )
+            for lean in (True, False)
+        ]
+        assert policies[0].lean is not None
+        assert policies[1].lean is None
+        for p in policies:
+            p.set_weights(weights)
+        obs = np.random.default_rng(1).normal(size=(rows.num_rows, *model.obs_shape))
+        obs = obs.astype(rows.observation_space.dtype)
+        for _ in range(3):  # the generators advance alike
+            fast, slow = (p.act(obs) for p in policies)
+            assert fast.actions.dtype == slow.actions.dtype
+            np.testing.assert_allclose(fast.actions, slow.actions, atol=1e-5)
+            np.testing.assert_allclose(fast.log_probs, slow.log_probs, atol=1e-4)
+            np.testing.assert_allclose(fast.values, slow.values, atol=1e-5)
+        np.testing.assert_allclose(policies[0].value(obs), policies[1].value(obs), atol=1e-5)
+        # New weights reach the lean path.
+        policies[0].set_weights(_weights(model, 1))
+        policies[1].set_weights(_weights(model, 1))
+        np.testing.assert_allclose(policies[0].value(obs), policies[1].value(obs), atol=1e-5)
+    finally:
+        rows.close()

@@ -1,4 +1,8 @@
-"""The act path of the built-in ``"mlp"`` policy in numpy, for the learner's own rollout.
+"""The act path of the built-in ``"mlp"`` policy in numpy, for rollouts on the CPU.
+
+Both rollouts use it: the learner's in-process one (:mod:`simkit.clients._local_source`)
+and a rollout server's stream sessions on a CPU device
+(:mod:`simkit.servers._stream_policy`).
 
 With one env (CleanRL's defaults) a rollout step is one forward pass over a single
 observation; through ``torch`` that is ~25 small operator calls whose dispatch costs
@@ -20,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simkit.models import ActorCritic
+from simkit.models._actor_critic import ActorCritic
 from simkit.models._builtin import _Flatten
 from simkit.models._heads import CategoricalHead, GaussianHead
 
