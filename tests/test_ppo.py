@@ -343,7 +343,8 @@ def test_lean_act_path_samples_as_the_model_does() -> None:
     assert LeanMLP.of(cnn_like) is None  # anything but the plain MLP keeps model.act
 
 
-def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("servers", [0, 1], ids=["in-process", "through-a-server"])
+def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path, servers: int) -> None:
     from simkit.recording import RecordingReader, verify_recording
 
     r = run_training(
@@ -352,7 +353,7 @@ def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path) -> 
         max_updates=4,
         tensorboard=False,
         record=tmp_path / "rec",
-        servers=0,
+        servers=servers,
     )
     reader = RecordingReader(tmp_path / "rec")
     assert len(reader) >= 4
