@@ -508,13 +508,14 @@ class RolloutServer:
         self._reply(identity, reply, start)
 
     def _reply(self, identity: bytes, reply: Message, start: float, *, steps: int = 0) -> None:
-        """Sends ``reply`` and records it in the metrics under its request's kind."""
-        self._send(identity, reply)
+        """Records ``reply`` in the metrics under its request's kind, then sends it (in
+        that order, so a client that scrapes after its reply sees its request counted)."""
         if reply.kind == "error":
             kind, error = reply.body.get("request_kind") or "unknown", reply.body.get("code")
         else:
             kind, error = reply.kind, None
         self.metrics.observe(kind, time.perf_counter() - start, steps=steps, error=error)
+        self._send(identity, reply)
 
     def _send(self, identity: bytes, reply: Message) -> None:
         frames = encode(reply, inline_threshold=self.inline_threshold)
