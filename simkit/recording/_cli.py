@@ -154,7 +154,8 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         MissingDependency: imageio (or, for a video file, imageio-ffmpeg) is not
             installed (``simkit[bench]``).
         RenderUnavailable: no OpenGL backend.
-        ValueError: the episode has no seed or is not a single-instance env.
+        ValueError: the episode has no seed or is not of a single-instance env (batch
+            and multi-agent episodes are not rendered).
     """
     import simkit
     from simkit._optional import require
@@ -166,8 +167,14 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         require("imageio_ffmpeg", extra="bench", purpose=f"simkit replay --render {out}")
     if not 0 <= position < len(reader):
         raise IndexError(f"--episode must be in [0, {len(reader)}), got {position}")
+    from simkit.recording._episode import Episode
+
     episode = reader.load(position)
-    if episode.seed is None or episode.origin.get("kind") == "batch":
+    if (
+        not isinstance(episode, Episode)
+        or episode.seed is None
+        or episode.origin.get("kind") == "batch"
+    ):
         raise ValueError("rendering needs a seeded single-instance episode")
     env = simkit.make(episode.env_id, render_mode="rgb_array", **episode.env_kwargs)
     env.reset(seed=episode.seed, options=episode.options)
@@ -211,9 +218,11 @@ def export_minari(directory: str, dataset_id: str) -> int:
 
     Raises:
         MissingDependency: minari is not installed (``simkit[minari]``).
-        ValueError: the recording is empty or mixes env ids.
+        ValueError: the recording is empty, mixes env ids or holds multi-agent
+            episodes (a Minari dataset holds single-agent episodes).
     """
     from simkit._optional import require
+    from simkit.recording._episode import Episode
     from simkit.recording._io import RecordingReader
 
     minari = require("minari", extra="minari", purpose="simkit export --minari")
@@ -228,6 +237,11 @@ def export_minari(directory: str, dataset_id: str) -> int:
     env_id = ids.pop()
     buffers = []
     for k, ep in enumerate(reader):
+        if not isinstance(ep, Episode):
+            raise ValueError(
+                f"a Minari dataset holds single-agent episodes; episode {k} of {directory} "
+                f"is a multi-agent episode of {ep.env_id}"
+            )
         buffers.append(
             EpisodeBuffer(
                 id=k,
