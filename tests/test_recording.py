@@ -1251,3 +1251,36 @@ def test_an_agent_joining_late_is_recorded_from_its_first_observation(tmp_path: 
     assert reader.select(policy_version=4) == [0, 1, 2, 3]
     assert set(to_torch(ep)) == {"a", "b"}
     assert to_torch(ep)["b"]["obs"].shape == (5, 2)
+
+
+def test_remote_multi_agent_recording_replays_locally(tmp_path: Path) -> None:
+    from simkit.clients import RemoteMultiAgentVectorEnv
+    from simkit.recording import RecordMultiAgentEpisodes
+    from simkit.servers import RolloutServer
+
+    server = RolloutServer(GOALNAV, 2, f"ipc://{tmp_path}/s.sock", env_kwargs=GOALNAV_KW).start()
+    try:
+        remote = RemoteMultiAgentVectorEnv(server.endpoint, timeout=10)
+        env = RecordMultiAgentEpisodes(remote, tmp_path / "rec", env_kwargs=GOALNAV_KW)
+        assert env.env_id == GOALNAV
+        obs, _, _ = env.reset(seed=5)
+        rng = np.random.default_rng(1)
+        while env.writer.episodes_written < 4:
+            obs = env.step(_steer(obs, rng)).obs
+        env.close()
+    finally:
+        server.stop()
+    reader = RecordingReader(tmp_path / "rec")
+    assert {r.error for r in verify_recording(reader)} == {None}
+    assert {ep.seed for ep in reader} <= {
+        simkit._seeding.episode_seed(5, i, k) for i in range(2) for k in range(4)
+    }
+
+
+def test_record_episodes_points_a_multi_agent_vector_to_its_wrapper(tmp_path: Path) -> None:
+    from simkit.vector import MultiAgentVectorEnv
+
+    vec = MultiAgentVectorEnv(GOALNAV, 1)
+    with pytest.raises(TypeError, match="MultiAgentVectorEnv with RecordMultiAgentEpisodes"):
+        RecordEpisodes(vec, tmp_path, env_id=GOALNAV)  # type: ignore[arg-type]
+    assert not (tmp_path / "LOCK").exists()

@@ -36,7 +36,6 @@ class _Agent:
     first_obs: Any
     info: dict[str, Any]
     start: int
-    live: bool = True
 
 
 @dataclass
@@ -227,11 +226,7 @@ class MultiAgentTracker:
             version,
         )
         left = local[np.logical_or(res.terminated, res.truncated)[local]]
-        for r in left.tolist():
-            self.live[grows[r]] = False
-            ep = self._open[int(ids[r // A])]
-            if ep is not None:
-                ep.agents[r % A].live = False
+        self.live[grows[left]] = False
         env_reset = np.asarray(res.env_reset, bool)
         joined = ~np.asarray(res.acted, bool) & np.asarray(res.agent_mask, bool)
         joined &= ~np.repeat(env_reset, A)

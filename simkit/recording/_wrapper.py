@@ -155,6 +155,11 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         max_episodes: int | None = None,
         **writer_kwargs: Any,
     ) -> None:
+        if hasattr(env, "possible_agents"):
+            raise TypeError(
+                "RecordEpisodes records single-agent vectors; record the multi-agent vector "
+                f"{type(env).__name__} with RecordMultiAgentEpisodes"
+            )
         super().__init__(env)
         resolved = env_id or getattr(getattr(env, "spec", None), "id", None)
         resolved = resolved or getattr(env, "env_id", None)
