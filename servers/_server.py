@@ -44,7 +44,7 @@ from simkit.servers._multiagent_host import (
     make_parallel_env_factory,
 )
 from simkit.servers._prometheus import Metrics, MetricsHTTPServer
-from simkit.servers._recording import RecordingHost, ServerRecorder
+from simkit.servers._recording import MultiAgentRecordingHost, RecordingHost, ServerRecorder
 from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
@@ -82,7 +82,7 @@ class _ShuttingDown(ProtocolError):
 @dataclass
 class _Slot:
     session: ServerSession
-    host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost
+    host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | MultiAgentRecordingHost
     last_seen: float
 
 
@@ -141,7 +141,7 @@ class RolloutServer:
             it (a BatchEnv with subset steps and an even number of sampling groups;
             docs/server.md, "Policy serving"). The fragments are the same bits.
         record: a recording directory: every step session's episodes are recorded
-            there (docs/recording.md, "Recording a server"); single-agent env ids.
+            there (docs/recording.md, "Recording a server"); multi-agent env ids too.
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -211,10 +211,6 @@ class RolloutServer:
             if is_multi_agent_id(env_id)
             else None
         )
-        if record is not None and self._ma_factory is not None:
-            raise ValueError(
-                f"recording a server needs a single-agent env; {env_id!r} is multi-agent"
-            )
         if record is not None and policy:
             log.warning("--record records step sessions; record stream sessions on the learner")
         self._batch_spec = None if self._ma_factory else batch_spec_of(env_id)
@@ -248,9 +244,14 @@ class RolloutServer:
             ServerRecorder(record, env_id, self._env_kwargs) if record is not None else None
         )
         """The recording of the step sessions (``record``), else ``None``."""
-        self._shared_host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | None = (
-            self._recorded(self._new_host(num_envs), "shared") if shared else None
-        )
+        self._shared_host: (
+            EnvListHost
+            | BatchEnvHost
+            | ParallelEnvHost
+            | RecordingHost
+            | MultiAgentRecordingHost
+            | None
+        ) = self._recorded(self._new_host(num_envs), "shared") if shared else None
         self._slots: dict[bytes, _Slot] = {}
         self.registry = CollectorRegistry()
         self.metrics = Metrics(self.registry)
@@ -317,10 +318,16 @@ class RolloutServer:
         return EnvListHost([self._factory() for _ in range(n)], num_threads=self.num_threads)
 
     def _recorded(
-        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost, session: str
-    ) -> EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost:
+        self,
+        host: EnvListHost
+        | BatchEnvHost
+        | ParallelEnvHost
+        | RecordingHost
+        | MultiAgentRecordingHost,
+        session: str,
+    ) -> EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | MultiAgentRecordingHost:
         """``host`` wrapped in the server's recorder when recording (else as is)."""
-        if self.recorder is None or isinstance(host, ParallelEnvHost | RecordingHost):
+        if self.recorder is None or isinstance(host, RecordingHost | MultiAgentRecordingHost):
             return host
         return self.recorder.wrap(host, session)
 
@@ -414,9 +421,15 @@ class RolloutServer:
         return slot
 
     def _session_for(
-        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost, info: ServerInfo
+        self,
+        host: EnvListHost
+        | BatchEnvHost
+        | ParallelEnvHost
+        | RecordingHost
+        | MultiAgentRecordingHost,
+        info: ServerInfo,
     ) -> ServerSession:
-        if isinstance(host, ParallelEnvHost):
+        if isinstance(host, ParallelEnvHost | MultiAgentRecordingHost):
             return MultiAgentServerSession(
                 host, info, limits=self.limits, inline_threshold=self.inline_threshold
             )

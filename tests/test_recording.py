@@ -762,12 +762,31 @@ def test_serve_record_refuses_a_directory_with_a_writer(
     assert "is already being written by pid" in capsys.readouterr().err
 
 
-def test_multi_agent_server_recording_is_refused_with_the_reason(tmp_path: Path) -> None:
+def test_multi_agent_server_recording_replays_locally(tmp_path: Path) -> None:
+    from simkit.clients import RemoteMultiAgentVectorEnv
     from simkit.servers import RolloutServer
 
-    with pytest.raises(ValueError, match="needs a single-agent env; 'simkit/GoalNav-v0'"):
-        RolloutServer("simkit/GoalNav-v0", 1, f"ipc://{tmp_path}/s.sock", record=tmp_path / "r")
-    assert not (tmp_path / "r").exists()
+    kw = {"n_agents": 3, "max_episode_steps": 25}
+    server = RolloutServer(
+        "simkit/GoalNav-v0", 2, f"ipc://{tmp_path}/s.sock", env_kwargs=kw, record=tmp_path / "r"
+    ).start()
+    try:
+        with RemoteMultiAgentVectorEnv(server.endpoint, timeout=10) as remote:
+            obs, _, _ = remote.reset(seed=4)
+            rng = np.random.default_rng(2)
+            for _ in range(90):
+                obs = remote.step(_steer(obs, rng)).obs
+    finally:
+        server.stop()
+    reader = _verify_all(tmp_path / "r")
+    assert len(reader) >= 4
+    for ep in reader:
+        assert isinstance(ep, MultiAgentEpisode)
+        o = ep.origin
+        assert o["kind"] == "multi_agent"
+        assert int(o["session"], 16) >= 0  # the session's hex id
+        assert ep.seed == simkit._seeding.episode_seed(4, o["env_index"], o["episode_index"])
+        assert ep.env_kwargs == kw
 
 
 def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None:
@@ -1282,5 +1301,5 @@ def test_record_episodes_points_a_multi_agent_vector_to_its_wrapper(tmp_path: Pa
 
     vec = MultiAgentVectorEnv(GOALNAV, 1)
     with pytest.raises(TypeError, match="MultiAgentVectorEnv with RecordMultiAgentEpisodes"):
-        RecordEpisodes(vec, tmp_path, env_id=GOALNAV)  # type: ignore[arg-type]
+        RecordEpisodes(vec, tmp_path, env_id=GOALNAV)
     assert not (tmp_path / "LOCK").exists()
