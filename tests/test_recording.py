@@ -1303,3 +1303,30 @@ def test_record_episodes_points_a_multi_agent_vector_to_its_wrapper(tmp_path: Pa
     with pytest.raises(TypeError, match="MultiAgentVectorEnv with RecordMultiAgentEpisodes"):
         RecordEpisodes(vec, tmp_path, env_id=GOALNAV)
     assert not (tmp_path / "LOCK").exists()
+
+
+def test_cli_records_and_verifies_a_multi_agent_env(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+
+    out = tmp_path / "goalnav"
+    args = ["record", GOALNAV, "--episodes", "3", "--num-envs", "2", "--out", str(out)]
+    assert main([*args, "--snapshot-every", "50"]) == 0
+    reader = RecordingReader(out)
+    assert len(reader) == 3
+    assert all(isinstance(ep, MultiAgentEpisode) and 50 in ep.snapshots for ep in reader)
+    assert main(["replay", str(out), "--verify", "--workers", "2"]) == 0
+    assert "3/3 episodes replayed bit for bit" in capsys.readouterr().out
+
+    def perturb(k: int, ep: Any) -> Any:
+        if k == 2:
+            a = ep.agents["agent_2"]
+            a.rewards = a.rewards + 1.0
+        return ep
+
+    _rewrite(out, tmp_path / "bad", perturb)
+    assert main(["replay", str(tmp_path / "bad"), "--verify", "--workers", "1"]) == 1
+    printed = capsys.readouterr().out
+    assert "episode 2 " in printed
+    assert "step 0 agent 'agent_2': field reward differs" in printed

@@ -23,7 +23,9 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--episodes", type=int, required=True, help="episodes to record")
     parser.add_argument("--out", required=True, help="recording directory")
-    parser.add_argument("--num-envs", type=int, default=8, help="envs stepped together (8)")
+    parser.add_argument(
+        "--num-envs", type=int, default=8, help="envs stepped together (8; all agents of each)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="root seed (0)")
     parser.add_argument(
         "--snapshot-every", type=int, default=0, help="env snapshot every K steps (0: none)"
@@ -33,41 +35,46 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
 
 def _record_run(args: argparse.Namespace) -> int:
     import simkit
+    from simkit.recording._multiagent_wrapper import RecordMultiAgentEpisodes
     from simkit.recording._wrapper import RecordEpisodes
     from simkit.registry import EnvKind
-    from simkit.vector import VectorEnv
+    from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
     if args.episodes <= 0:
         print("simkit record: --episodes must be > 0", file=sys.stderr)
         return 2
     spec = simkit.spec(args.env_id)
-    if spec.kind is EnvKind.BATCH:
-        vec: Any = simkit.make(args.env_id, num_envs=args.num_envs)
-    elif spec.kind is EnvKind.SINGLE:
-        vec = VectorEnv(args.env_id, args.num_envs)
+    multi = spec.kind is EnvKind.MULTI_AGENT
+    record: dict[str, Any] = {
+        "env_id": args.env_id,
+        "snapshot_every": args.snapshot_every,
+        "max_episodes": args.episodes,
+        "compression": args.compression,
+    }
+    env: Any
+    if multi:  # (env, agent) rows; each env's episode is one multi-agent record
+        vec: Any = MultiAgentVectorEnv(args.env_id, args.num_envs)
+        env = RecordMultiAgentEpisodes(vec, args.out, **record)
+        rows = vec.num_rows
     else:
-        print("simkit record: multi-agent envs are not recorded by this command", file=sys.stderr)
-        return 2
-    env = RecordEpisodes(
-        vec,
-        args.out,
-        env_id=args.env_id,
-        snapshot_every=args.snapshot_every,
-        max_episodes=args.episodes,
-        compression=args.compression,
-    )
+        if spec.kind is EnvKind.BATCH:
+            vec = simkit.make(args.env_id, num_envs=args.num_envs)
+        else:
+            vec = VectorEnv(args.env_id, args.num_envs)
+        env = RecordEpisodes(vec, args.out, **record)
+        rows = vec.num_envs
     if args.policy == "random":
         space = vec.single_action_space
         space.seed(args.seed)
 
         def policy(obs: Any) -> Any:
-            return np.stack([np.asarray(space.sample()) for _ in range(vec.num_envs)])
+            return np.stack([np.asarray(space.sample()) for _ in range(rows)])
     else:
         policy = _checkpoint_policy(args.policy, vec, args.seed)
-    obs, _ = env.reset(seed=args.seed)
+    obs = env.reset(seed=args.seed)[0]
     try:
         while env.writer.episodes_written < args.episodes:
-            obs = env.step_batch(policy(obs)).obs
+            obs = (env.step(policy(obs)) if multi else env.step_batch(policy(obs))).obs
     finally:
         env.close()
     print(
