@@ -1216,8 +1216,9 @@ class _Relay(simkit.MultiAgentEnv[str, np.ndarray, np.ndarray]):
     """Runner ``a`` starts alone; ``b`` joins after the first step; ``a`` finishes at step
     3, ``b`` at step 5 (noisy observations: replay checks the generator too)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, fail_at: int = 0, comeback: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.fail_at, self.comeback = fail_at, comeback  # raise at step; ``a`` leaves, returns
         self.possible_agents = ["a", "b"]
         box = spaces.Box(-np.inf, np.inf, (2,), np.float64)
         self.observation_spaces = dict.fromkeys(self.possible_agents, box)
@@ -1233,10 +1234,15 @@ class _Relay(simkit.MultiAgentEnv[str, np.ndarray, np.ndarray]):
 
     def step_episode(self, actions: Any, rng: Any) -> Any:
         self.t += 1
-        live = [x for x in self.possible_agents if x in actions or (x == "b" and self.t == 1)]
+        if self.t == self.fail_at:
+            raise RuntimeError("the relay broke")
+        joins = {"b": self.t == 1, "a": self.comeback and self.t == 2}
+        live = [x for x in self.possible_agents if x in actions or joins[x]]
         obs = {x: rng.normal(size=2) for x in live}
         rewards = {x: float(np.sum(actions.get(x, 0.0))) for x in live}
         done = {x: self.t >= (3 if x == "a" else 5) for x in live}
+        if self.comeback and self.t == 1:
+            done["a"] = True
         return obs, rewards, done, {x: {"t": self.t} for x in live}
 
 
@@ -1330,3 +1336,28 @@ def test_cli_records_and_verifies_a_multi_agent_env(
     printed = capsys.readouterr().out
     assert "episode 2 " in printed
     assert "step 0 agent 'agent_2': field reward differs" in printed
+
+
+@pytest.mark.parametrize("case", ["comeback", "fault"])
+def test_multi_agent_episodes_that_cannot_be_recorded_are_left_out(
+    tmp_path: Path, case: str
+) -> None:
+    from simkit.recording import RecordMultiAgentEpisodes
+    from simkit.vector import MultiAgentVectorEnv
+
+    simkit.register("test/Relay-v0", _Relay, kind=simkit.EnvKind.MULTI_AGENT, override=True)
+    bad = {"comeback": True} if case == "comeback" else {"fail_at": 2}
+    vec = MultiAgentVectorEnv(
+        [_Relay, lambda: _Relay(**bad)],
+        isolate_faults=case == "fault",
+    )
+    env = RecordMultiAgentEpisodes(vec, tmp_path, env_id="test/Relay-v0")
+    env.reset(seed=2)
+    rng = np.random.default_rng(0)
+    for _ in range(10):  # env 0: two 5-step episodes; env 1: cut or an agent back
+        env.step(rng.uniform(-1, 1, (4, 1)).astype(np.float32))
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert [ep.origin["env_index"] for ep in reader] == [0, 0]
+    assert {r.error for r in verify_recording(reader)} == {None}
+    assert env.tracker.dropped == (2 if case == "comeback" else 5)
