@@ -1361,3 +1361,23 @@ def test_multi_agent_episodes_that_cannot_be_recorded_are_left_out(
     assert [ep.origin["env_index"] for ep in reader] == [0, 0]
     assert {r.error for r in verify_recording(reader)} == {None}
     assert env.tracker.dropped == (2 if case == "comeback" else 5)
+
+
+def test_a_multi_agent_recording_with_an_agent_cut_short_fails_on_the_live_agents(
+    tmp_path: Path,
+) -> None:
+    _record_goalnav(tmp_path / "a", episodes=1)
+
+    def cut(k: int, ep: Any) -> Any:
+        a = ep.agents["agent_2"]
+        a.obs, a.actions = a.obs[:-1], a.actions[:-1]
+        a.rewards, a.terminated, a.truncated = a.rewards[:-1], a.terminated[:-1], a.truncated[:-1]
+        a.infos = a.infos[:-1]
+        return ep
+
+    _rewrite(tmp_path / "a", tmp_path / "b", cut)
+    ep = RecordingReader(tmp_path / "b").load(0)
+    assert isinstance(ep, MultiAgentEpisode)
+    last = ep.agents["agent_2"].length
+    with pytest.raises(ReplayDivergence, match=rf"step {last}: field agents differs: recorded \["):
+        verify_episode(ep)

@@ -212,6 +212,10 @@ def verify_multi_agent_episode(episode: MultiAgentEpisode, where: str = "episode
             for agent in acting:
                 a, j = agents[agent], t - agents[agent].start
                 label = f"{where} step {t} agent {agent!r}"
+                if agent not in obs:
+                    raise ReplayDivergence(
+                        f"{label}: field agents differs: recorded an observation, replayed none"
+                    )
                 _check_obs("obs", _row(a.obs, j + 1), obs[agent], label)
                 recorded = (a.rewards[j], a.terminated[j], a.truncated[j])
                 _check_step(label, rewards[agent], (terms[agent], truncs[agent]), recorded)
