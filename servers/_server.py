@@ -49,6 +49,9 @@ from simkit.servers._stream_host import StreamHost, StreamSettings, default_devi
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
+#: A step session's host: plain, or wrapped by the server's recorder.
+_AnyHost = EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | MultiAgentRecordingHost
+
 BUSY_POLL_US = 250
 """Default microseconds a server polls for the next request before blocking
 (bench/bench_remote.py measures the per-request latency with and without it)."""
@@ -82,7 +85,7 @@ class _ShuttingDown(ProtocolError):
 @dataclass
 class _Slot:
     session: ServerSession
-    host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | MultiAgentRecordingHost
+    host: _AnyHost
     last_seen: float
 
 
@@ -244,14 +247,9 @@ class RolloutServer:
             ServerRecorder(record, env_id, self._env_kwargs) if record is not None else None
         )
         """The recording of the step sessions (``record``), else ``None``."""
-        self._shared_host: (
-            EnvListHost
-            | BatchEnvHost
-            | ParallelEnvHost
-            | RecordingHost
-            | MultiAgentRecordingHost
-            | None
-        ) = self._recorded(self._new_host(num_envs), "shared") if shared else None
+        self._shared_host: _AnyHost | None = (
+            self._recorded(self._new_host(num_envs), "shared") if shared else None
+        )
         self._slots: dict[bytes, _Slot] = {}
         self.registry = CollectorRegistry()
         self.metrics = Metrics(self.registry)
@@ -317,15 +315,7 @@ class RolloutServer:
         assert self._factory is not None
         return EnvListHost([self._factory() for _ in range(n)], num_threads=self.num_threads)
 
-    def _recorded(
-        self,
-        host: EnvListHost
-        | BatchEnvHost
-        | ParallelEnvHost
-        | RecordingHost
-        | MultiAgentRecordingHost,
-        session: str,
-    ) -> EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | MultiAgentRecordingHost:
+    def _recorded(self, host: _AnyHost, session: str) -> _AnyHost:
         """``host`` wrapped in the server's recorder when recording (else as is)."""
         if self.recorder is None or isinstance(host, RecordingHost | MultiAgentRecordingHost):
             return host
@@ -420,15 +410,7 @@ class RolloutServer:
         self.metrics.set_sessions(len(self._slots))
         return slot
 
-    def _session_for(
-        self,
-        host: EnvListHost
-        | BatchEnvHost
-        | ParallelEnvHost
-        | RecordingHost
-        | MultiAgentRecordingHost,
-        info: ServerInfo,
-    ) -> ServerSession:
+    def _session_for(self, host: _AnyHost, info: ServerInfo) -> ServerSession:
         if isinstance(host, ParallelEnvHost | MultiAgentRecordingHost):
             return MultiAgentServerSession(
                 host, info, limits=self.limits, inline_threshold=self.inline_threshold
