@@ -1381,3 +1381,29 @@ def test_a_multi_agent_recording_with_an_agent_cut_short_fails_on_the_live_agent
     last = ep.agents["agent_2"].length
     with pytest.raises(ReplayDivergence, match=rf"step {last}: field agents differs: recorded \["):
         verify_episode(ep)
+
+
+def test_a_recording_from_before_multi_agent_records_reads_and_encodes_the_same(
+    tmp_path: Path,
+) -> None:
+    """tests/data/recording-v1 was written by the single-agent-only writer (compression
+    none): it still reads, by index and by scan, and re-encodes to the same bytes."""
+    old = Path(__file__).parent / "data" / "recording-v1"
+    scan = tmp_path / "scan"
+    scan.mkdir()
+    (scan / "chunk-000000.skr").write_bytes((old / "chunk-000000.skr").read_bytes())
+    for reader in (RecordingReader(old), RecordingReader(scan)):
+        ep = reader.load(0)
+        assert isinstance(ep, Episode)
+        assert (ep.env_id, ep.seed, ep.length, ep.infos[1]) == (
+            "simkit/CartPole-v0",
+            7,
+            2,
+            {"nested": {"a": [1, None]}},
+        )
+        assert ep.obs.tolist() == np.arange(12, dtype=np.float32).reshape(3, 4).tolist()
+        assert reader.stats()[0].agent_returns is None
+    with RecordingWriter(tmp_path / "new", compression="none", background=False) as writer:
+        writer.write(ep)
+    new = (tmp_path / "new" / "chunk-000000.skr").read_bytes()
+    assert new == (old / "chunk-000000.skr").read_bytes()
