@@ -21,7 +21,7 @@ from simkit._types import MultiAgentBatchStep
 from simkit.recording._buffer import StepBuffer
 from simkit.recording._io import RecordingWriter
 from simkit.recording._multiagent import AgentEpisode, MultiAgentEpisode
-from simkit.recording._tracker import _prepend, row_of, strip_reset_mask
+from simkit.recording._tracker import prepend_row, row_of, strip_reset_mask
 
 __all__ = ["MultiAgentTracker"]
 
@@ -150,7 +150,7 @@ class MultiAgentTracker:
             self.live[base + s] = False
             agents[self.possible_agents[s]] = AgentEpisode(
                 start=agent.start,
-                obs=_prepend(agent.first_obs, steps["next_obs"]),
+                obs=prepend_row(agent.first_obs, steps["next_obs"]),
                 actions=steps["actions"],
                 rewards=steps["reward"],
                 terminated=steps["terminated"],
