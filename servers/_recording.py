@@ -12,6 +12,7 @@ Recording never costs a client its reply: a recorder error is logged and counted
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 from collections.abc import Mapping
@@ -21,14 +22,16 @@ import numpy as np
 from gymnasium import spaces
 
 from simkit._seeding import EpisodeSeeds
-from simkit._types import BatchStep
+from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit.protocol import EnvFault
 from simkit.recording import RecordingWriter, environment_versions
+from simkit.recording._multiagent_tracker import MultiAgentTracker
 from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost
+from simkit.servers._multiagent_host import ParallelEnvHost
 
-__all__ = ["ServerRecorder", "RecordingHost"]
+__all__ = ["ServerRecorder", "RecordingHost", "MultiAgentRecordingHost"]
 
 log = logging.getLogger("simkit.servers")
 
@@ -61,8 +64,12 @@ class ServerRecorder:
         self.errors += 1
         log.error("recording an episode into %s failed: %r", self.writer.directory, exc)
 
-    def wrap(self, host: EnvListHost | BatchEnvHost, session: str) -> RecordingHost:
+    def wrap(
+        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost, session: str
+    ) -> RecordingHost | MultiAgentRecordingHost:
         """``host`` recorded as session ``session`` (its hex id, kept in each origin)."""
+        if isinstance(host, ParallelEnvHost):
+            return MultiAgentRecordingHost(host, self, session)
         return RecordingHost(host, self, session)
 
     def close(self) -> None:
@@ -75,31 +82,33 @@ class ServerRecorder:
             log.exception("closing the recording %s failed", self.writer.directory)
 
 
-class RecordingHost:
-    """A single-agent host whose resets and steps are recorded (the host interface).
+class _RecordedHost(abc.ABC):
+    """What every recorded host shares: the host answers first and the recorder only
+    watches; seeds and origins come from the host's own :class:`EpisodeSeeds`; envs
+    that fault, or whose state a client sets, end their episode unrecorded (it could
+    not be re-simulated) and record again from their next reset.
 
-    Every call goes to the wrapped host first; the recorder only watches. Envs that
-    fault, or whose state a client sets, end their episode unrecorded (it could not
-    be re-simulated) and record again from their next reset.
+    Subclasses set :attr:`tracker` and implement ``_start`` and ``step``.
     """
 
+    tracker: EpisodeTracker | MultiAgentTracker
+
     def __init__(
-        self, host: EnvListHost | BatchEnvHost, recorder: ServerRecorder, session: str
+        self,
+        host: EnvListHost | BatchEnvHost | ParallelEnvHost,
+        recorder: ServerRecorder,
+        session: str,
+        seeds: EpisodeSeeds,
+        kind: str,
     ) -> None:
-        self.host = host
         self.num_envs: int = host.num_envs
         self.observation_space: spaces.Space[Any] = host.observation_space
         self.action_space: spaces.Space[Any] = host.action_space
         self.capabilities: frozenset[str] = host.capabilities
         self.recorder = recorder
         self.session = session
-        self._batch = isinstance(host, BatchEnvHost)
-        self._seeds: EpisodeSeeds = (
-            host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
-        )
-        self.tracker = EpisodeTracker(
-            recorder.writer, self.num_envs, recorder.env_id, recorder.env_kwargs, recorder.versions
-        )
+        self._seeds = seeds
+        self._kind = kind
 
     def _origins(
         self, ids: list[int], explicit: list[int] | None = None
@@ -115,9 +124,9 @@ class RecordingHost:
         for k, i in enumerate(ids):
             origin = {
                 "root_seed": roots[k],
-                "env_index": i if self._batch else index[k],
+                "env_index": i if self._kind == "batch" else index[k],
                 "episode_index": episodes[k],
-                "kind": "batch" if self._batch else "env",
+                "kind": self._kind,
                 "session": self.session,
             }
             out.append((derived[k] if explicit is None else explicit[k], origin))
@@ -126,9 +135,20 @@ class RecordingHost:
     def _next_origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
         return self._origins(ids)  # autoresets: the host already advanced the seeding
 
-    def _failed(self, what: str) -> None:
+    def _failed(self, what: str, env_ids: np.ndarray) -> None:
+        """A recorder error: logged and counted, the envs' episodes in flight dropped."""
         self.recorder.errors += 1
         log.exception("recording %s of session %s failed; serving on", what, self.session)
+        for i in env_ids.tolist():
+            self.tracker.drop(i)
+
+    @abc.abstractmethod
+    def _host(self) -> EnvListHost | BatchEnvHost | ParallelEnvHost:
+        """The wrapped host."""
+
+    @abc.abstractmethod
+    def _start(self, k: int, i: int, obs: Any, infos: list[dict[str, Any]], **kw: Any) -> None:
+        """Env ``i`` (reply row ``k``) starts a recorded episode."""
 
     def reset(
         self,
@@ -141,7 +161,7 @@ class RecordingHost:
         env_offset: int = 0,
     ) -> tuple[Any, list[dict[str, Any]]]:
         """The host's reset; each reset env starts a recorded episode."""
-        obs, infos = self.host.reset(
+        obs, infos = self._host().reset(
             env_ids, seed=seed, seeds=seeds, options=options, params=params, env_offset=env_offset
         )
         try:
@@ -151,12 +171,46 @@ class RecordingHost:
                 zip(ids, self._origins(ids, explicit), strict=True)
             ):
                 opts = _episode_options(options, k, None if params is None else params[k])
-                self.tracker.start(i, row_of(obs, k), infos[k], seed=s, options=opts, origin=origin)
+                self._start(k, i, obs, infos, seed=s, options=opts, origin=origin)
         except Exception:  # the reset happened: the client gets its reply regardless
-            self._failed("a reset")
-            for i in env_ids.tolist():
-                self.tracker.drop(i)
+            self._failed("a reset", env_ids)
         return obs, infos
+
+    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
+        """The host's snapshots (recording is unaffected)."""
+        return self._host().get_state(env_ids)
+
+    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
+        """The host's restore; the restored envs' episodes in flight are not recorded."""
+        self._host().set_state(env_ids, states)
+        for i in env_ids.tolist():
+            self.tracker.drop(i)
+
+    def close(self) -> None:
+        """Closes the host; unfinished episodes are dropped (the writer is the server's)."""
+        self.tracker.close()
+        self._host().close()
+
+
+class RecordingHost(_RecordedHost):
+    """A single-agent host whose resets and steps are recorded (the host interface)."""
+
+    def __init__(
+        self, host: EnvListHost | BatchEnvHost, recorder: ServerRecorder, session: str
+    ) -> None:
+        batch = isinstance(host, BatchEnvHost)
+        seeds = host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
+        super().__init__(host, recorder, session, seeds, "batch" if batch else "env")
+        self.host = host
+        self.tracker = self._tracker = EpisodeTracker(
+            recorder.writer, self.num_envs, recorder.env_id, recorder.env_kwargs, recorder.versions
+        )
+
+    def _host(self) -> EnvListHost | BatchEnvHost:
+        return self.host
+
+    def _start(self, k: int, i: int, obs: Any, infos: list[dict[str, Any]], **kw: Any) -> None:
+        self._tracker.start(i, row_of(obs, k), infos[k], **kw)
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
         """The host's step, recorded (an ended row writes its episode)."""
@@ -165,29 +219,56 @@ class RecordingHost:
             if not np.array_equal(result.env_ids, env_ids):
                 where = {i: k for k, i in enumerate(env_ids.tolist())}
                 actions = row_of(actions, np.array([where[i] for i in result.env_ids.tolist()]))
-            self.tracker.log_batch_step(
+            self._tracker.log_batch_step(
                 result, actions, -1, self._next_origins, faulted=[f.env_id for f in faults]
             )
         except Exception:
-            self._failed("a step")
-            for i in env_ids.tolist():
-                self.tracker.drop(i)
+            self._failed("a step", env_ids)
         return result, faults
 
-    def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
-        """The host's snapshots (recording is unaffected)."""
-        return self.host.get_state(env_ids)
 
-    def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """The host's restore; the restored envs' episodes in flight are not recorded."""
-        self.host.set_state(env_ids, states)
-        for i in env_ids.tolist():
-            self.tracker.drop(i)
+class MultiAgentRecordingHost(_RecordedHost):
+    """A multi-agent host (:class:`ParallelEnvHost`) whose resets and steps are recorded
+    (the multi-agent host interface): each env's episode is one multi-agent record,
+    built by a :class:`MultiAgentTracker`."""
 
-    def close(self) -> None:
-        """Closes the host; unfinished episodes are dropped (the writer is the server's)."""
-        self.tracker.close()
-        self.host.close()
+    def __init__(self, host: ParallelEnvHost, recorder: ServerRecorder, session: str) -> None:
+        super().__init__(host, recorder, session, host.vector.seeds, "multi_agent")
+        self.host = host
+        self.possible_agents: list[str] = host.possible_agents
+        self.num_agents: int = host.num_agents
+        self.tracker = self._tracker = MultiAgentTracker(
+            recorder.writer,
+            self.num_envs,
+            host.possible_agents,
+            recorder.env_id,
+            recorder.env_kwargs,
+            recorder.versions,
+        )
+
+    def _host(self) -> ParallelEnvHost:
+        return self.host
+
+    def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
+        """The host's live rows of ``env_ids``."""
+        return self.host.agent_mask(env_ids)
+
+    def _start(self, k: int, i: int, obs: Any, infos: list[dict[str, Any]], **kw: Any) -> None:
+        A = self.num_agents
+        rows = np.arange(k * A, (k + 1) * A)
+        mask = self.host.agent_mask(np.array([i], np.int64))
+        self._tracker.start(i, row_of(obs, rows), mask, [infos[r] for r in rows.tolist()], **kw)
+
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
+        """The host's step, recorded (an ended env writes its episode)."""
+        result, faults = self.host.step(env_ids, actions)
+        try:
+            self._tracker.log_step(
+                result, env_ids, actions, -1, self._next_origins, faulted=[f.env_id for f in faults]
+            )
+        except Exception:
+            self._failed("a step", env_ids)
+        return result, faults
 
 
 def _episode_options(

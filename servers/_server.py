@@ -44,10 +44,13 @@ from simkit.servers._multiagent_host import (
     make_parallel_env_factory,
 )
 from simkit.servers._prometheus import Metrics, MetricsHTTPServer
-from simkit.servers._recording import RecordingHost, ServerRecorder
+from simkit.servers._recording import MultiAgentRecordingHost, RecordingHost, ServerRecorder
 from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
 
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
+
+#: A step session's host: plain, or wrapped by the server's recorder.
+_AnyHost = EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | MultiAgentRecordingHost
 
 BUSY_POLL_US = 250
 """Default microseconds a server polls for the next request before blocking
@@ -82,7 +85,7 @@ class _ShuttingDown(ProtocolError):
 @dataclass
 class _Slot:
     session: ServerSession
-    host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost
+    host: _AnyHost
     last_seen: float
 
 
@@ -141,7 +144,7 @@ class RolloutServer:
             it (a BatchEnv with subset steps and an even number of sampling groups;
             docs/server.md, "Policy serving"). The fragments are the same bits.
         record: a recording directory: every step session's episodes are recorded
-            there (docs/recording.md, "Recording a server"); single-agent env ids.
+            there (docs/recording.md, "Recording a server"); multi-agent env ids too.
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -211,10 +214,6 @@ class RolloutServer:
             if is_multi_agent_id(env_id)
             else None
         )
-        if record is not None and self._ma_factory is not None:
-            raise ValueError(
-                f"recording a server needs a single-agent env; {env_id!r} is multi-agent"
-            )
         if record is not None and policy:
             log.warning("--record records step sessions; record stream sessions on the learner")
         self._batch_spec = None if self._ma_factory else batch_spec_of(env_id)
@@ -248,7 +247,7 @@ class RolloutServer:
             ServerRecorder(record, env_id, self._env_kwargs) if record is not None else None
         )
         """The recording of the step sessions (``record``), else ``None``."""
-        self._shared_host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | None = (
+        self._shared_host: _AnyHost | None = (
             self._recorded(self._new_host(num_envs), "shared") if shared else None
         )
         self._slots: dict[bytes, _Slot] = {}
@@ -316,11 +315,9 @@ class RolloutServer:
         assert self._factory is not None
         return EnvListHost([self._factory() for _ in range(n)], num_threads=self.num_threads)
 
-    def _recorded(
-        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost, session: str
-    ) -> EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost:
+    def _recorded(self, host: _AnyHost, session: str) -> _AnyHost:
         """``host`` wrapped in the server's recorder when recording (else as is)."""
-        if self.recorder is None or isinstance(host, ParallelEnvHost | RecordingHost):
+        if self.recorder is None or isinstance(host, RecordingHost | MultiAgentRecordingHost):
             return host
         return self.recorder.wrap(host, session)
 
@@ -413,10 +410,8 @@ class RolloutServer:
         self.metrics.set_sessions(len(self._slots))
         return slot
 
-    def _session_for(
-        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost, info: ServerInfo
-    ) -> ServerSession:
-        if isinstance(host, ParallelEnvHost):
+    def _session_for(self, host: _AnyHost, info: ServerInfo) -> ServerSession:
+        if isinstance(host, ParallelEnvHost | MultiAgentRecordingHost):
             return MultiAgentServerSession(
                 host, info, limits=self.limits, inline_threshold=self.inline_threshold
             )
@@ -508,13 +503,14 @@ class RolloutServer:
         self._reply(identity, reply, start)
 
     def _reply(self, identity: bytes, reply: Message, start: float, *, steps: int = 0) -> None:
-        """Sends ``reply`` and records it in the metrics under its request's kind."""
-        self._send(identity, reply)
+        """Records ``reply`` in the metrics under its request's kind, then sends it (in
+        that order, so a client that scrapes after its reply sees its request counted)."""
         if reply.kind == "error":
             kind, error = reply.body.get("request_kind") or "unknown", reply.body.get("code")
         else:
             kind, error = reply.kind, None
         self.metrics.observe(kind, time.perf_counter() - start, steps=steps, error=error)
+        self._send(identity, reply)
 
     def _send(self, identity: bytes, reply: Message) -> None:
         frames = encode(reply, inline_threshold=self.inline_threshold)

@@ -190,26 +190,53 @@ def test_permuted_env_ids_step_the_named_envs(serve: Any, layout: tuple[int, ...
         local.close()
 
 
+class _ClockSpy:
+    """Stands in for the ``time`` module of simkit.clients._connection: records every
+    ``perf_counter`` reading (the busy-poll loop's clock) and passes the rest through."""
+
+    def __init__(self) -> None:
+        self.readings: list[float] = []
+
+    def perf_counter(self) -> float:
+        now = time.perf_counter()
+        self.readings.append(now)
+        return now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 @pytest.mark.parametrize("busy_poll_us", [0, 30_000])
-def test_busy_polling_client_spins_then_sleeps(tmp_path: Path, busy_poll_us: int) -> None:
-    """With busy_poll_us the waiting thread spins that long (CPU), then blocks (none)."""
+def test_busy_polling_client_spins_then_sleeps(
+    tmp_path: Path, busy_poll_us: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With busy_poll_us the waiting thread polls for that long, then blocks in recv for
+    a late reply; without it, it never polls. Asserted on the poll loop's own clock
+    readings, not on CPU time (which a loaded machine distorts)."""
+    import simkit.clients._connection as connection
+
     ctx = zmq.Context.instance()
     router = ctx.socket(zmq.ROUTER)
     router.bind(f"ipc://{tmp_path}/late.sock")
     conn = Connection(f"ipc://{tmp_path}/late.sock", 5.0, ctx, busy_poll_us=busy_poll_us)
+    spy = _ClockSpy()
     try:
         conn.send("ping", conn.session.request_ping())
         request = router.recv_multipart()
         reply = threading.Timer(0.15, router.send_multipart, args=([request[0], b"late"],))
+        monkeypatch.setattr(connection, "time", spy)
         reply.start()
-        cpu = time.thread_time()
+        sent_at = time.perf_counter() + 0.15
         assert [bytes(f) for f in conn.recv()] == [b"late"]
-        spent = time.thread_time() - cpu
         reply.join()
+        monkeypatch.undo()
         if busy_poll_us:
-            assert 0.015 < spent < 0.1  # spun ~30 ms, then slept the remaining ~120 ms
+            first, last = spy.readings[0], spy.readings[-1]
+            assert len(spy.readings) > 2  # it polled
+            assert last - first >= busy_poll_us * 1e-6  # until its window was spent
+            assert last < sent_at  # and then blocked: no polling while the reply was late
         else:
-            assert spent < 0.01
+            assert spy.readings == []
     finally:
         conn.close(polite=False)
         router.close(linger=0)

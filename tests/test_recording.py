@@ -24,7 +24,9 @@ from simkit import snapshot
 from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence, SimkitError
 from simkit.protocol import DTYPES
 from simkit.recording import (
+    AgentEpisode,
     Episode,
+    MultiAgentEpisode,
     RecordEpisodes,
     RecordingReader,
     RecordingWriter,
@@ -760,12 +762,31 @@ def test_serve_record_refuses_a_directory_with_a_writer(
     assert "is already being written by pid" in capsys.readouterr().err
 
 
-def test_multi_agent_server_recording_is_refused_with_the_reason(tmp_path: Path) -> None:
+def test_multi_agent_server_recording_replays_locally(tmp_path: Path) -> None:
+    from simkit.clients import RemoteMultiAgentVectorEnv
     from simkit.servers import RolloutServer
 
-    with pytest.raises(ValueError, match="needs a single-agent env; 'simkit/GoalNav-v0'"):
-        RolloutServer("simkit/GoalNav-v0", 1, f"ipc://{tmp_path}/s.sock", record=tmp_path / "r")
-    assert not (tmp_path / "r").exists()
+    kw = {"n_agents": 3, "max_episode_steps": 25}
+    server = RolloutServer(
+        "simkit/GoalNav-v0", 2, f"ipc://{tmp_path}/s.sock", env_kwargs=kw, record=tmp_path / "r"
+    ).start()
+    try:
+        with RemoteMultiAgentVectorEnv(server.endpoint, timeout=10) as remote:
+            obs, _, _ = remote.reset(seed=4)
+            rng = np.random.default_rng(2)
+            for _ in range(90):
+                obs = remote.step(_steer(obs, rng)).obs
+    finally:
+        server.stop()
+    reader = _verify_all(tmp_path / "r")
+    assert len(reader) >= 4
+    for ep in reader:
+        assert isinstance(ep, MultiAgentEpisode)
+        o = ep.origin
+        assert o["kind"] == "multi_agent"
+        assert int(o["session"], 16) >= 0  # the session's hex id
+        assert ep.seed == simkit._seeding.episode_seed(4, o["env_index"], o["episode_index"])
+        assert ep.env_kwargs == kw
 
 
 def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None:
@@ -967,3 +988,422 @@ def test_a_sigkilled_recording_server_leaves_a_readable_replayable_directory(
     assert len(reader) == ended  # every ended episode was written before the kill
     assert [r.error for r in verify_recording(reader)] == [None] * ended
     RecordingWriter(rec).close()  # the dead server's lock is gone
+
+
+# ------------------------------------------------------------------ multi-agent
+
+
+@st.composite
+def agent_episodes(draw: st.DrawFn, t: int) -> AgentEpisode:
+    obs_space = draw(any_space)
+    act_space = draw(any_space)
+    seed = draw(st.integers(0, 2**32))
+    obs_space.seed(seed)
+    act_space.seed(seed + 1)
+    start = draw(st.integers(0, t))
+    n = draw(st.integers(0, t - start))
+    rng = np.random.default_rng(seed)
+    return AgentEpisode(
+        start=start,
+        obs=_stack([obs_space.sample() for _ in range(n + 1)]),
+        actions=_stack([act_space.sample() for _ in range(n)]) if n else _empty_like(act_space),
+        rewards=rng.normal(size=n),
+        terminated=rng.random(n) < 0.3,
+        truncated=rng.random(n) < 0.3,
+        infos=[draw(st.one_of(st.just({}), infos)) for _ in range(n)],
+        reset_info=draw(st.one_of(st.just({}), infos)),
+        policy_version=None if draw(st.booleans()) or n == 0 else np.arange(n, dtype=np.int64),
+    )
+
+
+@st.composite
+def multi_agent_episodes(draw: st.DrawFn) -> MultiAgentEpisode:
+    t = draw(st.integers(0, 6))
+    ids = draw(
+        st.lists(
+            st.one_of(st.text(min_size=1, max_size=4), st.integers(-3, 3)), max_size=3, unique=True
+        )
+    )
+    return MultiAgentEpisode(
+        env_id="simkit/GoalNav-v0",
+        agents={agent: draw(agent_episodes(t)) for agent in ids},
+        length=t,
+        seed=draw(st.one_of(st.none(), st.integers(0, 2**64 - 1))),
+        options=draw(st.one_of(st.none(), st.just({"params": {"drag": 0.5}}))),
+        params={"drag": 0.3, "nested": {"a": [1, {"b": None}]}},
+        env_kwargs={"n_agents": len(ids)},
+        snapshots={0: {"x": np.arange(3.0), "s": "state"}} if draw(st.booleans()) else {},
+        versions={"simkit": simkit.__version__},
+        origin={"root_seed": 3, "env_index": 1, "episode_index": 2, "kind": "multi_agent"},
+    )
+
+
+def _assert_same_agent(a: AgentEpisode, b: AgentEpisode) -> None:
+    assert a.start == b.start
+    assert _same_tree(a.obs, b.obs)
+    assert _same_tree(a.actions, b.actions)
+    for name in ("rewards", "terminated", "truncated"):
+        assert snapshot.states_equal(getattr(a, name), np.array(getattr(b, name)))
+    assert snapshot.to_plain(a.infos) == snapshot.to_plain(b.infos)
+    assert snapshot.to_plain(a.reset_info) == snapshot.to_plain(b.reset_info)
+    if a.policy_version is None:
+        assert b.policy_version is None
+    else:
+        assert b.policy_version is not None
+        assert np.array_equal(a.policy_version, b.policy_version)
+
+
+def _assert_same_multi_agent(a: MultiAgentEpisode, b: Any) -> None:
+    assert isinstance(b, MultiAgentEpisode)
+    assert list(a.agents) == list(b.agents)
+    assert [type(k) for k in a.agents] == [type(k) for k in b.agents]
+    for agent in a.agents:
+        _assert_same_agent(a.agents[agent], b.agents[agent])
+    assert (a.env_id, a.length, a.seed, a.options, a.params, a.env_kwargs) == (
+        b.env_id,
+        b.length,
+        b.seed,
+        b.options,
+        b.params,
+        b.env_kwargs,
+    )
+    assert snapshot.states_equal(a.snapshots, b.snapshots)
+    assert (a.versions, a.origin) == (b.versions, b.origin)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    eps=st.lists(st.one_of(multi_agent_episodes(), episodes()), min_size=1, max_size=4),
+    codec=st.sampled_from(["zstd", "zlib", "none"]),
+)
+def test_multi_agent_round_trip_is_identical(tmp_path: Path, eps: list[Any], codec: str) -> None:
+    directory = tmp_path / f"ma-{time.perf_counter_ns()}"
+    with RecordingWriter(directory, compression=codec, max_chunk_bytes=3000) as writer:
+        for ep in eps:
+            writer.write(ep)
+    for reader in (RecordingReader(directory), _scanned(directory)):
+        assert len(reader) == len(eps)
+        for k, ep in enumerate(eps):
+            stats = reader.stats()[k]
+            assert (stats.length, stats.seed, stats.total_return) == (
+                ep.length,
+                ep.seed,
+                ep.total_return,
+            )
+            if isinstance(ep, MultiAgentEpisode):
+                _assert_same_multi_agent(ep, reader.load(k))
+                assert stats.agent_returns == ep.returns
+                assert (stats.terminated, stats.truncated) == (ep.terminated, ep.truncated)
+            else:
+                _assert_same_episode(ep, reader.load(k))
+                assert stats.agent_returns is None
+
+
+def _scanned(directory: Path) -> RecordingReader:
+    """A reader that scans the chunks (their indexes removed)."""
+    for idx in directory.glob("*.idx"):
+        idx.unlink()
+    return RecordingReader(directory)
+
+
+def _agent(start: int, steps: int) -> AgentEpisode:
+    return AgentEpisode(
+        start=start,
+        obs=np.zeros((steps + 1, 2), np.float32),
+        actions=np.zeros((steps, 2), np.float32),
+        rewards=np.zeros(steps),
+        terminated=np.zeros(steps, bool),
+        truncated=np.zeros(steps, bool),
+        infos=[{}] * steps,
+    )
+
+
+def test_multi_agent_record_refuses_what_it_cannot_hold(tmp_path: Path) -> None:
+    with RecordingWriter(tmp_path, background=False) as writer:
+        with pytest.raises(ValueError, match=r"agent 'b': steps 2\.\.5 must lie in the .* T = 4"):
+            writer.write(MultiAgentEpisode("simkit/GoalNav-v0", {"b": _agent(2, 3)}, length=4))
+        with pytest.raises(TypeError, match=r"agent ids must be str or int .*got \('a', 1\)"):
+            writer.write(MultiAgentEpisode("simkit/GoalNav-v0", {("a", 1): _agent(0, 1)}, 1))
+        bad = _agent(0, 2)
+        bad.obs = np.zeros((2, 2), np.float32)
+        with pytest.raises(ValueError, match=r"agent 'a': obs leaf 0 must have 3 rows"):
+            writer.write(MultiAgentEpisode("simkit/GoalNav-v0", {"a": bad}, length=2))
+
+
+GOALNAV = "simkit/GoalNav-v0"
+GOALNAV_KW = {"n_agents": 3, "max_episode_steps": 40}
+
+
+def _steer(obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Towards the goal (``obs[:, 4:6]``), with noise: agents arrive at different times."""
+    goal = obs[:, 4:6]
+    force = goal / np.maximum(np.linalg.norm(goal, axis=1, keepdims=True), 1e-6)
+    return (force + rng.normal(0.0, 0.3, force.shape)).astype(np.float32)
+
+
+def _record_goalnav(directory: Path, episodes: int = 6, **kw: Any) -> RecordingReader:
+    from simkit.recording import RecordMultiAgentEpisodes
+    from simkit.vector import MultiAgentVectorEnv
+
+    vec = MultiAgentVectorEnv(GOALNAV, 2, env_kwargs=GOALNAV_KW)
+    env = RecordMultiAgentEpisodes(vec, directory, env_id=GOALNAV, env_kwargs=GOALNAV_KW, **kw)
+    obs, _, _ = env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    while env.writer.episodes_written < episodes:
+        obs = env.step(_steer(obs, rng)).obs
+    env.close()
+    return RecordingReader(directory)
+
+
+def test_goalnav_recording_replays_bit_for_bit(tmp_path: Path) -> None:
+    reader = _record_goalnav(tmp_path, snapshot_every=7)
+    assert len(reader) >= 6
+    results = verify_recording(reader, workers=2)
+    assert [r.error for r in results] == [None] * len(results)
+    lengths = []
+    for k, ep in enumerate(reader):
+        assert isinstance(ep, MultiAgentEpisode)
+        assert list(ep.agents) == ["agent_0", "agent_1", "agent_2"]
+        assert ep.length == max(a.start + a.length for a in ep.agents.values())
+        assert ep.seed == simkit._seeding.episode_seed(
+            3, ep.origin["env_index"], ep.origin["episode_index"]
+        )
+        assert ep.origin["kind"] == "multi_agent"
+        assert 7 in ep.snapshots
+        assert ep.params == ep.agents["agent_0"].reset_info["params"]
+        stats = reader.stats()[k]
+        assert stats.total_return == pytest.approx(sum(ep.returns.values()))
+        lengths.extend(a.length for a in ep.agents.values())
+    assert min(lengths) < max(lengths) == GOALNAV_KW["max_episode_steps"]  # some left early
+
+
+@pytest.mark.parametrize("field", ["obs", "reward", "terminated"])
+def test_perturbed_multi_agent_recording_names_episode_step_agent_and_field(
+    tmp_path: Path, field: str
+) -> None:
+    _record_goalnav(tmp_path / "a", episodes=3)
+
+    def perturb(k: int, ep: Any) -> Any:
+        if k == 1:
+            a = ep.agents["agent_1"]
+            if field == "obs":
+                a.obs = a.obs.copy()
+                a.obs[4, 2] = np.nextafter(a.obs[4, 2], np.float32(9), dtype=np.float32)
+            elif field == "reward":
+                a.rewards = a.rewards.copy()
+                a.rewards[5] += 1e-12
+            else:
+                a.terminated = a.terminated.copy()
+                a.terminated[2] = True
+        return ep
+
+    _rewrite(tmp_path / "a", tmp_path / "b", perturb)
+    failed = [r for r in verify_recording(RecordingReader(tmp_path / "b")) if r.error]
+    assert [r.position for r in failed] == [1]
+    step = {"obs": 3, "reward": 5, "terminated": 2}[field]
+    where = f"step {step} agent 'agent_1': field {field}"
+    assert "episode 1 " in str(failed[0].error)
+    assert where in str(failed[0].error)
+    if field == "obs":
+        assert "field obs[2] differs" in str(failed[0].error)
+    with pytest.raises(ReplayDivergence, match=where):
+        verify_episode(RecordingReader(tmp_path / "b").load(1))
+
+
+class _Relay(simkit.MultiAgentEnv[str, np.ndarray, np.ndarray]):
+    """Runner ``a`` starts alone; ``b`` joins after the first step; ``a`` finishes at step
+    3, ``b`` at step 5 (noisy observations: replay checks the generator too)."""
+
+    def __init__(self, fail_at: int = 0, comeback: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail_at, self.comeback = fail_at, comeback  # raise at step; ``a`` leaves, returns
+        self.possible_agents = ["a", "b"]
+        box = spaces.Box(-np.inf, np.inf, (2,), np.float64)
+        self.observation_spaces = dict.fromkeys(self.possible_agents, box)
+        self.action_spaces = {
+            a: spaces.Box(-1.0, 1.0, (1,), np.float32) for a in self.possible_agents
+        }
+        self.t = 0
+
+    def reset_episode(self, rng: Any, params: Any, options: Any) -> Any:
+        self.t = 0
+        self.agents = ["a"]
+        return {"a": rng.normal(size=2)}, {"a": {"hello": [1, {"x": None}]}}
+
+    def step_episode(self, actions: Any, rng: Any) -> Any:
+        self.t += 1
+        if self.t == self.fail_at:
+            raise RuntimeError("the relay broke")
+        joins = {"b": self.t == 1, "a": self.comeback and self.t == 2}
+        live = [x for x in self.possible_agents if x in actions or joins[x]]
+        obs = {x: rng.normal(size=2) for x in live}
+        rewards = {x: float(np.sum(actions.get(x, 0.0))) for x in live}
+        done = {x: self.t >= (3 if x == "a" else 5) for x in live}
+        if self.comeback and self.t == 1:
+            done["a"] = True
+        return obs, rewards, done, {x: {"t": self.t} for x in live}
+
+
+def test_an_agent_joining_late_is_recorded_from_its_first_observation(tmp_path: Path) -> None:
+    from simkit.recording import RecordMultiAgentEpisodes
+    from simkit.vector import MultiAgentVectorEnv
+
+    simkit.register("test/Relay-v0", _Relay, kind=simkit.EnvKind.MULTI_AGENT, override=True)
+    vec = MultiAgentVectorEnv("test/Relay-v0", 2)
+    env = RecordMultiAgentEpisodes(vec, tmp_path, env_id="test/Relay-v0", policy_version=4)
+    assert env.possible_agents == ["a", "b"]
+    env.reset(seed=1)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        env.step(rng.uniform(-1, 1, (4, 1)).astype(np.float32))
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) == 4
+    assert {r.error for r in verify_recording(reader)} == {None}
+    ep = reader.load(0)
+    assert isinstance(ep, MultiAgentEpisode)
+    a, b = ep.agents["a"], ep.agents["b"]
+    assert (ep.length, a.start, a.length, b.start, b.length) == (5, 0, 3, 1, 4)
+    assert a.reset_info["hello"] == [1, {"x": None}]
+    assert b.reset_info == {"t": 1}
+    assert [i["t"] for i in b.infos] == [2, 3, 4, 5]
+    assert ep.terminated
+    assert not ep.truncated
+    assert b.policy_version is not None
+    assert set(b.policy_version.tolist()) == {4}
+    assert reader.select(policy_version=4) == [0, 1, 2, 3]
+    assert set(to_torch(ep)) == {"a", "b"}
+    assert to_torch(ep)["b"]["obs"].shape == (5, 2)
+
+
+def test_remote_multi_agent_recording_replays_locally(tmp_path: Path) -> None:
+    from simkit.clients import RemoteMultiAgentVectorEnv
+    from simkit.recording import RecordMultiAgentEpisodes
+    from simkit.servers import RolloutServer
+
+    server = RolloutServer(GOALNAV, 2, f"ipc://{tmp_path}/s.sock", env_kwargs=GOALNAV_KW).start()
+    try:
+        remote = RemoteMultiAgentVectorEnv(server.endpoint, timeout=10)
+        env = RecordMultiAgentEpisodes(remote, tmp_path / "rec", env_kwargs=GOALNAV_KW)
+        assert env.env_id == GOALNAV
+        obs, _, _ = env.reset(seed=5)
+        rng = np.random.default_rng(1)
+        while env.writer.episodes_written < 4:
+            obs = env.step(_steer(obs, rng)).obs
+        env.close()
+    finally:
+        server.stop()
+    reader = RecordingReader(tmp_path / "rec")
+    assert {r.error for r in verify_recording(reader)} == {None}
+    assert {ep.seed for ep in reader} <= {
+        simkit._seeding.episode_seed(5, i, k) for i in range(2) for k in range(4)
+    }
+
+
+def test_record_episodes_points_a_multi_agent_vector_to_its_wrapper(tmp_path: Path) -> None:
+    from simkit.vector import MultiAgentVectorEnv
+
+    vec = MultiAgentVectorEnv(GOALNAV, 1)
+    with pytest.raises(TypeError, match="MultiAgentVectorEnv with RecordMultiAgentEpisodes"):
+        RecordEpisodes(vec, tmp_path, env_id=GOALNAV)
+    assert not (tmp_path / "LOCK").exists()
+
+
+def test_cli_records_and_verifies_a_multi_agent_env(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+
+    out = tmp_path / "goalnav"
+    args = ["record", GOALNAV, "--episodes", "3", "--num-envs", "2", "--out", str(out)]
+    assert main([*args, "--snapshot-every", "50"]) == 0
+    reader = RecordingReader(out)
+    assert len(reader) == 3
+    assert all(isinstance(ep, MultiAgentEpisode) and 50 in ep.snapshots for ep in reader)
+    assert main(["replay", str(out), "--verify", "--workers", "2"]) == 0
+    assert "3/3 episodes replayed bit for bit" in capsys.readouterr().out
+
+    def perturb(k: int, ep: Any) -> Any:
+        if k == 2:
+            a = ep.agents["agent_2"]
+            a.rewards = a.rewards + 1.0
+        return ep
+
+    _rewrite(out, tmp_path / "bad", perturb)
+    assert main(["replay", str(tmp_path / "bad"), "--verify", "--workers", "1"]) == 1
+    printed = capsys.readouterr().out
+    assert "episode 2 " in printed
+    assert "step 0 agent 'agent_2': field reward differs" in printed
+
+
+@pytest.mark.parametrize("case", ["comeback", "fault"])
+def test_multi_agent_episodes_that_cannot_be_recorded_are_left_out(
+    tmp_path: Path, case: str
+) -> None:
+    from simkit.recording import RecordMultiAgentEpisodes
+    from simkit.vector import MultiAgentVectorEnv
+
+    simkit.register("test/Relay-v0", _Relay, kind=simkit.EnvKind.MULTI_AGENT, override=True)
+    bad = {"comeback": True} if case == "comeback" else {"fail_at": 2}
+    vec = MultiAgentVectorEnv(
+        [_Relay, lambda: _Relay(**bad)],
+        isolate_faults=case == "fault",
+    )
+    env = RecordMultiAgentEpisodes(vec, tmp_path, env_id="test/Relay-v0")
+    env.reset(seed=2)
+    rng = np.random.default_rng(0)
+    for _ in range(10):  # env 0: two 5-step episodes; env 1: cut or an agent back
+        env.step(rng.uniform(-1, 1, (4, 1)).astype(np.float32))
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert [ep.origin["env_index"] for ep in reader] == [0, 0]
+    assert {r.error for r in verify_recording(reader)} == {None}
+    assert env.tracker.dropped == (2 if case == "comeback" else 5)
+
+
+def test_a_multi_agent_recording_with_an_agent_cut_short_fails_on_the_live_agents(
+    tmp_path: Path,
+) -> None:
+    _record_goalnav(tmp_path / "a", episodes=1)
+
+    def cut(k: int, ep: Any) -> Any:
+        a = ep.agents["agent_2"]
+        a.obs, a.actions = a.obs[:-1], a.actions[:-1]
+        a.rewards, a.terminated, a.truncated = a.rewards[:-1], a.terminated[:-1], a.truncated[:-1]
+        a.infos = a.infos[:-1]
+        return ep
+
+    _rewrite(tmp_path / "a", tmp_path / "b", cut)
+    ep = RecordingReader(tmp_path / "b").load(0)
+    assert isinstance(ep, MultiAgentEpisode)
+    last = ep.agents["agent_2"].length
+    with pytest.raises(ReplayDivergence, match=rf"step {last}: field agents differs: recorded \["):
+        verify_episode(ep)
+
+
+def test_a_recording_from_before_multi_agent_records_reads_and_encodes_the_same(
+    tmp_path: Path,
+) -> None:
+    """tests/data/recording-v1 was written by the single-agent-only writer (compression
+    none): it still reads, by index and by scan, and re-encodes to the same bytes."""
+    old = Path(__file__).parent / "data" / "recording-v1"
+    scan = tmp_path / "scan"
+    scan.mkdir()
+    (scan / "chunk-000000.skr").write_bytes((old / "chunk-000000.skr").read_bytes())
+    for reader in (RecordingReader(old), RecordingReader(scan)):
+        ep = reader.load(0)
+        assert isinstance(ep, Episode)
+        assert (ep.env_id, ep.seed, ep.length, ep.infos[1]) == (
+            "simkit/CartPole-v0",
+            7,
+            2,
+            {"nested": {"a": [1, None]}},
+        )
+        assert ep.obs.tolist() == np.arange(12, dtype=np.float32).reshape(3, 4).tolist()
+        assert reader.stats()[0].agent_returns is None
+    with RecordingWriter(tmp_path / "new", compression="none", background=False) as writer:
+        writer.write(ep)
+    new = (tmp_path / "new" / "chunk-000000.skr").read_bytes()
+    assert new == (old / "chunk-000000.skr").read_bytes()

@@ -319,6 +319,29 @@ def test_metrics_are_scraped_in_prometheus_format(server: RolloutServer, connect
     assert rate > 0
 
 
+def test_metrics_count_a_request_before_its_reply_leaves(
+    tmp_path: Path, connect: Clients, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that scrapes right after its reply sees that request counted (the
+    metrics were once updated after the send, so a fast scrape could miss it)."""
+    srv = RolloutServer("simkit/CartPole-v0", 1, f"ipc://{tmp_path}/m.sock")
+    seen: list[dict[str, int]] = []
+    send = srv._send
+
+    def counting_send(identity: bytes, reply: Any) -> None:
+        seen.append(srv.metrics.requests)
+        send(identity, reply)
+
+    monkeypatch.setattr(srv, "_send", counting_send)
+    with srv:
+        client = connect(srv.endpoint)
+        client.hello()
+        client.reset(seed=0)
+        client.step(np.zeros(1, dtype=np.int64))
+    assert [s.get("step", 0) for s in seen] == [0, 0, 1]
+    assert [s.get("reset", 0) for s in seen] == [0, 1, 1]
+
+
 def test_curve_allows_listed_clients_and_refuses_others(tmp_path: Path, connect: Clients) -> None:
     server_public, server_secret = zmq.curve_keypair()
     client_public, client_secret = zmq.curve_keypair()

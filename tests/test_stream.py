@@ -257,6 +257,50 @@ def test_a_learner_that_vanishes_is_freed_by_heartbeat(serve: Servers) -> None:
     assert _sample(srv, "simkit_stream_sessions_expired_total") == 1
 
 
+_LEARNER = """
+import sys, time
+from simkit.clients import PolicyStream
+from simkit.models import ModelSpec, build_model
+from simkit.vector import VectorEnv
+envs = VectorEnv("simkit/CartPole-v0", 1)
+spec = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
+model = build_model(spec, envs.single_observation_space, envs.single_action_space)
+stream = PolicyStream(sys.argv[1], spec, num_envs=2, mode="async", credit=2, timeout=20)
+stream.push_weights(model)
+stream.next_fragment()
+print("streaming", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_learner_process_frees_its_stream_session_and_envs(serve: Servers) -> None:
+    """SIGKILL of a real learner process (no goodbye, its socket gone with it): the
+    server frees the session and closes its envs after the heartbeat timeout."""
+    srv = serve(heartbeat_timeout=0.5, metrics_port=0)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LEARNER, srv.endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "streaming"
+        assert srv.stream_sessions == 1
+        worker = next(iter(srv._streams.workers.values()))
+        proc.kill()
+        proc.wait(10)
+        assert _wait_for(lambda: srv.stream_sessions == 0, 10)
+        assert worker.envs_closed.wait(5)
+        assert _sample(srv, "simkit_stream_sessions_expired_total") == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def test_a_dead_server_is_named_within_the_timeout_and_nothing_received_is_lost(
     serve: Servers,
 ) -> None:

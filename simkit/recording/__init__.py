@@ -1,6 +1,7 @@
 """Trajectory recording: crash-safe episode files, a lazy reader and verified replay.
 
-``env = RecordEpisodes(env, "runs/rec")`` records every episode a vector steps;
+``env = RecordEpisodes(env, "runs/rec")`` records every episode a vector steps
+(``RecordMultiAgentEpisodes`` a multi-agent vector's);
 :class:`RecordingReader` reads them back (filters, statistics without decoding
 arrays); :func:`verify_recording` re-simulates them bit for bit. The format is
 specified in docs/recording.md.
@@ -18,12 +19,21 @@ from simkit.recording._io import (
     episode_arrays,
     to_torch,
 )
-from simkit.recording._replay import VerifyResult, verify_episode, verify_recording
+from simkit.recording._multiagent import AgentEpisode, MultiAgentEpisode
+from simkit.recording._multiagent_wrapper import RecordMultiAgentEpisodes
+from simkit.recording._replay import (
+    VerifyResult,
+    verify_episode,
+    verify_multi_agent_episode,
+    verify_recording,
+)
 from simkit.recording._wrapper import RecordEpisodes, environment_versions
 
 __all__ = [
     "Episode",
     "EpisodeStats",
+    "MultiAgentEpisode",
+    "AgentEpisode",
     "Skipped",
     "RecordingWriter",
     "RecordingReader",
@@ -31,9 +41,11 @@ __all__ = [
     "episode_arrays",
     "to_torch",
     "RecordEpisodes",
+    "RecordMultiAgentEpisodes",
     "FragmentRecorder",
     "environment_versions",
     "verify_episode",
+    "verify_multi_agent_episode",
     "verify_recording",
     "VerifyResult",
     "export_minari",

@@ -23,7 +23,9 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--episodes", type=int, required=True, help="episodes to record")
     parser.add_argument("--out", required=True, help="recording directory")
-    parser.add_argument("--num-envs", type=int, default=8, help="envs stepped together (8)")
+    parser.add_argument(
+        "--num-envs", type=int, default=8, help="envs stepped together (8; all agents of each)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="root seed (0)")
     parser.add_argument(
         "--snapshot-every", type=int, default=0, help="env snapshot every K steps (0: none)"
@@ -33,41 +35,46 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
 
 def _record_run(args: argparse.Namespace) -> int:
     import simkit
+    from simkit.recording._multiagent_wrapper import RecordMultiAgentEpisodes
     from simkit.recording._wrapper import RecordEpisodes
     from simkit.registry import EnvKind
-    from simkit.vector import VectorEnv
+    from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
     if args.episodes <= 0:
         print("simkit record: --episodes must be > 0", file=sys.stderr)
         return 2
     spec = simkit.spec(args.env_id)
-    if spec.kind is EnvKind.BATCH:
-        vec: Any = simkit.make(args.env_id, num_envs=args.num_envs)
-    elif spec.kind is EnvKind.SINGLE:
-        vec = VectorEnv(args.env_id, args.num_envs)
+    multi = spec.kind is EnvKind.MULTI_AGENT
+    record: dict[str, Any] = {
+        "env_id": args.env_id,
+        "snapshot_every": args.snapshot_every,
+        "max_episodes": args.episodes,
+        "compression": args.compression,
+    }
+    env: Any
+    if multi:  # (env, agent) rows; each env's episode is one multi-agent record
+        vec: Any = MultiAgentVectorEnv(args.env_id, args.num_envs)
+        env = RecordMultiAgentEpisodes(vec, args.out, **record)
+        rows = vec.num_rows
     else:
-        print("simkit record: multi-agent envs are not recorded by this command", file=sys.stderr)
-        return 2
-    env = RecordEpisodes(
-        vec,
-        args.out,
-        env_id=args.env_id,
-        snapshot_every=args.snapshot_every,
-        max_episodes=args.episodes,
-        compression=args.compression,
-    )
+        if spec.kind is EnvKind.BATCH:
+            vec = simkit.make(args.env_id, num_envs=args.num_envs)
+        else:
+            vec = VectorEnv(args.env_id, args.num_envs)
+        env = RecordEpisodes(vec, args.out, **record)
+        rows = vec.num_envs
     if args.policy == "random":
         space = vec.single_action_space
         space.seed(args.seed)
 
         def policy(obs: Any) -> Any:
-            return np.stack([np.asarray(space.sample()) for _ in range(vec.num_envs)])
+            return np.stack([np.asarray(space.sample()) for _ in range(rows)])
     else:
         policy = _checkpoint_policy(args.policy, vec, args.seed)
-    obs, _ = env.reset(seed=args.seed)
+    obs = env.reset(seed=args.seed)[0]
     try:
         while env.writer.episodes_written < args.episodes:
-            obs = env.step_batch(policy(obs)).obs
+            obs = (env.step(policy(obs)) if multi else env.step_batch(policy(obs))).obs
     finally:
         env.close()
     print(
@@ -154,7 +161,8 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         MissingDependency: imageio (or, for a video file, imageio-ffmpeg) is not
             installed (``simkit[bench]``).
         RenderUnavailable: no OpenGL backend.
-        ValueError: the episode has no seed or is not a single-instance env.
+        ValueError: the episode has no seed or is not of a single-instance env (batch
+            and multi-agent episodes are not rendered).
     """
     import simkit
     from simkit._optional import require
@@ -166,8 +174,14 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         require("imageio_ffmpeg", extra="bench", purpose=f"simkit replay --render {out}")
     if not 0 <= position < len(reader):
         raise IndexError(f"--episode must be in [0, {len(reader)}), got {position}")
+    from simkit.recording._episode import Episode
+
     episode = reader.load(position)
-    if episode.seed is None or episode.origin.get("kind") == "batch":
+    if (
+        not isinstance(episode, Episode)
+        or episode.seed is None
+        or episode.origin.get("kind") == "batch"
+    ):
         raise ValueError("rendering needs a seeded single-instance episode")
     env = simkit.make(episode.env_id, render_mode="rgb_array", **episode.env_kwargs)
     env.reset(seed=episode.seed, options=episode.options)
@@ -211,9 +225,11 @@ def export_minari(directory: str, dataset_id: str) -> int:
 
     Raises:
         MissingDependency: minari is not installed (``simkit[minari]``).
-        ValueError: the recording is empty or mixes env ids.
+        ValueError: the recording is empty, mixes env ids or holds multi-agent
+            episodes (a Minari dataset holds single-agent episodes).
     """
     from simkit._optional import require
+    from simkit.recording._episode import Episode
     from simkit.recording._io import RecordingReader
 
     minari = require("minari", extra="minari", purpose="simkit export --minari")
@@ -228,6 +244,11 @@ def export_minari(directory: str, dataset_id: str) -> int:
     env_id = ids.pop()
     buffers = []
     for k, ep in enumerate(reader):
+        if not isinstance(ep, Episode):
+            raise ValueError(
+                f"a Minari dataset holds single-agent episodes; episode {k} of {directory} "
+                f"is a multi-agent episode of {ep.env_id}"
+            )
         buffers.append(
             EpisodeBuffer(
                 id=k,

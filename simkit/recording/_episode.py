@@ -12,7 +12,20 @@ import numpy as np
 from simkit import snapshot
 from simkit.errors import CorruptRecording, InvalidState
 
-__all__ = ["Episode", "EpisodeStats", "encode_episode", "decode_episode", "stats_from_meta"]
+__all__ = [
+    "Episode",
+    "EpisodeStats",
+    "encode_episode",
+    "decode_episode",
+    "stats_from_meta",
+    "trajectory_arrays",
+    "plain_infos",
+    "plain_body",
+    "pack_record",
+    "unpack_record",
+    "version_range",
+    "leaves_of",
+]
 
 RECORD_FORMAT = 1
 _U64 = struct.Struct("<Q")
@@ -89,6 +102,9 @@ class EpisodeStats:
     policy_version_max: int
     path: str
     offset: int
+    agent_returns: dict[Any, float] | None = None
+    """Multi-agent episodes: each agent's return (``total_return`` is their sum);
+    ``None`` for single-agent episodes."""
 
 
 def _flatten(tree: Any, leaves: list[Any]) -> Any:
@@ -114,67 +130,144 @@ def _numeric(arr: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
-    """``(meta, blob)`` of one record (see docs/recording.md, "Episode records")."""
-    t = ep.length
-    final = 0 if ep.origin.get("final_obs") is False else 1
+def trajectory_arrays(
+    prefix: str,
+    what: str,
+    obs: Any,
+    actions: Any,
+    columns: dict[str, Any],
+    n_obs: int,
+) -> tuple[Any, Any, list[tuple[str, np.ndarray]]]:
+    """``(obs_tree, action_tree, [(name, array), ...])`` of one trajectory, checked.
+
+    ``columns`` holds ``rewards``, ``terminated``, ``truncated`` and ``policy_version``
+    (``None``: unknown); ``T`` is the length of ``rewards``. ``prefix`` starts every
+    array name (``""`` for a single-agent episode, ``"agents/J/"`` for agent ``J``),
+    ``what`` every error message.
+    """
+    t = int(np.shape(columns["rewards"])[0])
     arrays: list[tuple[str, np.ndarray]] = []
     obs_leaves: list[Any] = []
-    obs_tree = _flatten(ep.obs, obs_leaves)
+    obs_tree = _flatten(obs, obs_leaves)
     act_leaves: list[Any] = []
-    act_tree = _flatten(ep.actions, act_leaves)
+    act_tree = _flatten(actions, act_leaves)
     for k, leaf in enumerate(obs_leaves):
-        arr = _numeric(np.asarray(leaf), f"obs leaf {k}")
-        if arr.shape[:1] != (t + final,):
-            raise ValueError(f"obs leaf {k} must have {t + final} rows (T = {t}), got {arr.shape}")
-        arrays.append((f"obs/{k}", arr))
+        arr = _numeric(np.asarray(leaf), f"{what}obs leaf {k}")
+        if arr.shape[:1] != (n_obs,):
+            raise ValueError(
+                f"{what}obs leaf {k} must have {n_obs} rows (T = {t}), got {arr.shape}"
+            )
+        arrays.append((f"{prefix}obs/{k}", arr))
     for k, leaf in enumerate(act_leaves):
-        arr = _numeric(np.asarray(leaf), f"action leaf {k}")
+        arr = _numeric(np.asarray(leaf), f"{what}action leaf {k}")
         if arr.shape[:1] != (t,):
-            raise ValueError(f"action leaf {k} must have T = {t} rows, got {arr.shape}")
-        arrays.append((f"actions/{k}", arr))
-    version = (
-        np.full(t, -1, np.int64)
-        if ep.policy_version is None
-        else np.asarray(ep.policy_version, np.int64)
-    )
+            raise ValueError(f"{what}action leaf {k} must have T = {t} rows, got {arr.shape}")
+        arrays.append((f"{prefix}actions/{k}", arr))
+    pv = columns["policy_version"]
+    version = np.full(t, -1, np.int64) if pv is None else np.asarray(pv, np.int64)
     for name, arr, dtype in (
-        ("rewards", ep.rewards, np.float64),
-        ("terminated", ep.terminated, np.bool_),
-        ("truncated", ep.truncated, np.bool_),
+        ("rewards", columns["rewards"], np.float64),
+        ("terminated", columns["terminated"], np.bool_),
+        ("truncated", columns["truncated"], np.bool_),
         ("policy_version", version, np.int64),
     ):
         a = np.asarray(arr)
         if a.shape != (t,) or a.dtype != dtype:
-            raise ValueError(f"{name} must be ({t},) {np.dtype(dtype)}, got {a.shape} {a.dtype}")
-        arrays.append((name, np.ascontiguousarray(a)))
-    if len(ep.infos) != t:
-        raise ValueError(f"infos must hold T = {t} dicts, got {len(ep.infos)}")
-    try:
-        infos = [snapshot.to_plain(x, f"infos[{k}]") if x else {} for k, x in enumerate(ep.infos)]
-        body = msgpack.packb(
-            snapshot.to_plain(
-                {
-                    "reset_info": ep.reset_info,
-                    "options": ep.options,
-                    "snapshots": [[int(k), v] for k, v in sorted(ep.snapshots.items())],
-                },
-                "episode",
+            raise ValueError(
+                f"{what}{name} must be ({t},) {np.dtype(dtype)}, got {a.shape} {a.dtype}"
             )
-            | {"infos": infos},
-            use_bin_type=True,
-        )
-    except InvalidState as exc:
-        raise TypeError(f"episode infos/options/snapshots must be plain data: {exc}") from exc
+        arrays.append((f"{prefix}{name}", np.ascontiguousarray(a)))
+    return obs_tree, act_tree, arrays
+
+
+def plain_infos(infos: list[dict[str, Any]], t: int, what: str) -> list[dict[str, Any]]:
+    """The ``T`` step infos as plain data (``{}`` for an empty one)."""
+    if len(infos) != t:
+        raise ValueError(f"{what}infos must hold T = {t} dicts, got {len(infos)}")
+    return [snapshot.to_plain(x, f"{what}infos[{k}]") if x else {} for k, x in enumerate(infos)]
+
+
+def pack_record(
+    body: dict[str, Any], arrays: list[tuple[str, np.ndarray]]
+) -> tuple[list[list[Any]], bytes]:
+    """``(array descriptors, blob)``: ``u64 body_len``, the msgpack body, then the arrays.
+
+    ``body`` must already be plain data (:func:`snapshot.to_plain`).
+    """
+    packed = msgpack.packb(body, use_bin_type=True)
     descriptors = []
-    parts = [_U64.pack(len(body)), body]
-    offset = _U64.size + len(body)
+    parts = [_U64.pack(len(packed)), packed]
+    offset = _U64.size + len(packed)
     for name, arr in arrays:
         data = arr.tobytes()
         descriptors.append([name, arr.dtype.str, list(arr.shape), offset, len(data)])
         parts.append(data)
         offset += len(data)
-    versions = version[version >= 0]
+    return descriptors, b"".join(parts)
+
+
+def unpack_record(meta: dict[str, Any], blob: bytes) -> tuple[Any, dict[str, np.ndarray]]:
+    """Inverse of :func:`pack_record`: the decoded body and the arrays by name (read-only
+    views of ``blob``).
+
+    Raises:
+        ValueError: a wrong record format, dtype or extent (the caller names the file).
+    """
+    if meta.get("format") != RECORD_FORMAT:
+        raise ValueError(f"record format {meta.get('format')!r}, expected {RECORD_FORMAT}")
+    (body_len,) = _U64.unpack_from(blob, 0)
+    body = snapshot.from_plain(
+        msgpack.unpackb(blob[_U64.size : _U64.size + body_len], raw=False, strict_map_key=True),
+        "episode",
+    )
+    arrays: dict[str, np.ndarray] = {}
+    for name, dtype, shape, start, nbytes in meta["arrays"]:
+        dt = np.dtype(dtype)
+        if dt.kind not in "biufc" or start + nbytes > len(blob):
+            raise ValueError(f"array {name!r}: bad dtype {dtype} or extent")
+        arrays[name] = np.frombuffer(blob, dt, count=nbytes // max(dt.itemsize, 1), offset=start)
+        arrays[name] = arrays[name].reshape(tuple(shape))
+    return body, arrays
+
+
+def plain_body(fields: dict[str, Any], what: str) -> dict[str, Any]:
+    """``fields`` as plain data, or :class:`TypeError` naming what is not."""
+    try:
+        return snapshot.to_plain(fields, what)
+    except InvalidState as exc:
+        raise TypeError(f"episode infos/options/snapshots must be plain data: {exc}") from exc
+
+
+def version_range(versions: list[np.ndarray]) -> list[int] | None:
+    """``[min, max]`` of the known (>= 0) policy versions, ``None`` if none is known."""
+    known = np.concatenate([np.zeros(0, np.int64), *(v[v >= 0] for v in versions)])
+    return [int(known.min()), int(known.max())] if known.size else None
+
+
+def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
+    """``(meta, blob)`` of one record (see docs/recording.md, "Episode records")."""
+    t = ep.length
+    final = 0 if ep.origin.get("final_obs") is False else 1
+    columns = {
+        "rewards": ep.rewards,
+        "terminated": ep.terminated,
+        "truncated": ep.truncated,
+        "policy_version": ep.policy_version,
+    }
+    obs_tree, act_tree, arrays = trajectory_arrays("", "", ep.obs, ep.actions, columns, t + final)
+    try:
+        infos = plain_infos(ep.infos, t, "")
+    except InvalidState as exc:
+        raise TypeError(f"episode infos/options/snapshots must be plain data: {exc}") from exc
+    body = plain_body(
+        {
+            "reset_info": ep.reset_info,
+            "options": ep.options,
+            "snapshots": [[int(k), v] for k, v in sorted(ep.snapshots.items())],
+        },
+        "episode",
+    ) | {"infos": infos}
+    descriptors, blob = pack_record(body, arrays)
     meta = {
         "format": RECORD_FORMAT,
         "env_id": ep.env_id,
@@ -187,12 +280,12 @@ def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
         "return": ep.total_return,
         "terminated": bool(t and ep.terminated[-1]),
         "truncated": bool(t and ep.truncated[-1]),
-        "policy_version": [int(versions.min()), int(versions.max())] if versions.size else None,
+        "policy_version": version_range([dict(arrays)["policy_version"]]),
         "obs_tree": obs_tree,
         "action_tree": act_tree,
         "arrays": descriptors,
     }
-    return meta, b"".join(parts)
+    return meta, blob
 
 
 def stats_from_meta(meta: dict[str, Any], path: str, offset: int) -> EpisodeStats:
@@ -210,6 +303,11 @@ def stats_from_meta(meta: dict[str, Any], path: str, offset: int) -> EpisodeStat
             policy_version_max=-1 if pv is None else int(pv[1]),
             path=path,
             offset=offset,
+            agent_returns=(
+                None
+                if "agents" not in meta
+                else {a["id"]: float(a["return"]) for a in meta["agents"]}
+            ),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise CorruptRecording(
@@ -222,24 +320,9 @@ def stats_from_meta(meta: dict[str, Any], path: str, offset: int) -> EpisodeStat
 def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) -> Episode:
     """Inverse of :func:`encode_episode` (the blob already checked and decompressed)."""
     try:
-        if meta.get("format") != RECORD_FORMAT:
-            raise ValueError(f"record format {meta.get('format')!r}, expected {RECORD_FORMAT}")
-        (body_len,) = _U64.unpack_from(blob, 0)
-        body = snapshot.from_plain(
-            msgpack.unpackb(blob[_U64.size : _U64.size + body_len], raw=False, strict_map_key=True),
-            "episode",
-        )
-        arrays: dict[str, np.ndarray] = {}
-        for name, dtype, shape, start, nbytes in meta["arrays"]:
-            dt = np.dtype(dtype)
-            if dt.kind not in "biufc" or start + nbytes > len(blob):
-                raise ValueError(f"array {name!r}: bad dtype {dtype} or extent")
-            arrays[name] = np.frombuffer(
-                blob, dt, count=nbytes // max(dt.itemsize, 1), offset=start
-            )
-            arrays[name] = arrays[name].reshape(tuple(shape))
-        obs = _unflatten(meta["obs_tree"], _leaves(arrays, "obs"))
-        actions = _unflatten(meta["action_tree"], _leaves(arrays, "actions"))
+        body, arrays = unpack_record(meta, blob)
+        obs = _unflatten(meta["obs_tree"], leaves_of(arrays, "obs"))
+        actions = _unflatten(meta["action_tree"], leaves_of(arrays, "actions"))
         version = arrays["policy_version"]
         return Episode(
             env_id=str(meta["env_id"]),
@@ -265,7 +348,7 @@ def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) ->
         ) from exc
 
 
-def _leaves(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+def leaves_of(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
     out = []
     k = 0
     while f"{prefix}/{k}" in arrays:

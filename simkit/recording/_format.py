@@ -6,7 +6,7 @@ optional ``chunk-NNNNNN.idx`` per chunk, and ``LOCK``. A frame is::
     header (36 bytes, little-endian)   struct "<4sBBHIQQII"
         magic     b"SKR1"
         codec     0 raw, 1 zlib, 2 zstd        (of the blob only)
-        kind      1 episode
+        kind      1 episode, 2 multi-agent episode
         reserved  0
         meta_len  bytes of the msgpack meta map that follows
         blob_len  bytes of the (compressed) array blob after the meta
@@ -43,6 +43,8 @@ except ImportError:  # zstandard is a dependency; zlib is the fallback where it 
 __all__ = [
     "MAGIC",
     "HEADER",
+    "KIND_EPISODE",
+    "KIND_MULTI_AGENT",
     "CODECS",
     "FrameInfo",
     "Skipped",
@@ -62,6 +64,8 @@ __all__ = [
 MAGIC = b"SKR1"
 HEADER = struct.Struct("<4sBBHIQQII")
 KIND_EPISODE = 1
+KIND_MULTI_AGENT = 2
+KINDS = (KIND_EPISODE, KIND_MULTI_AGENT)
 CODECS = {"none": 0, "zlib": 1, "zstd": 2}
 _CHUNK_RE = re.compile(r"^chunk-(\d{6})\.skr$")
 INDEX_FORMAT = 1
@@ -104,18 +108,26 @@ def _compress(codec: int, data: bytes, level: int) -> bytes:
 
 
 def encode_frame(
-    meta: dict[str, Any], blob: bytes, *, codec: str = "zstd", level: int = -1
+    meta: dict[str, Any],
+    blob: bytes,
+    *,
+    codec: str = "zstd",
+    level: int = -1,
+    kind: int = KIND_EPISODE,
 ) -> bytes:
-    """One complete frame: header + meta (msgpack) + compressed blob."""
+    """One complete frame: header + meta (msgpack) + compressed blob.
+
+    ``kind`` is the record kind byte (:data:`KIND_EPISODE`, :data:`KIND_MULTI_AGENT`).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"record kind must be one of {KINDS}, got {kind}")
     if codec not in CODECS:
         raise ValueError(f"compression must be one of {sorted(CODECS)}, got {codec!r}")
     code = CODECS[codec]
     stored = _compress(code, blob, level)
     meta_bytes = msgpack.packb(meta, use_bin_type=True)
     crc = zlib.crc32(stored, zlib.crc32(meta_bytes))
-    head = HEADER.pack(
-        MAGIC, code, KIND_EPISODE, 0, len(meta_bytes), len(stored), len(blob), crc, 0
-    )
+    head = HEADER.pack(MAGIC, code, kind, 0, len(meta_bytes), len(stored), len(blob), crc, 0)
     head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
     return head + meta_bytes + stored
 
@@ -175,7 +187,7 @@ class _Torn(Exception):
     """The file ends inside a frame (nbytes short)."""
 
 
-def _parse_header(head: bytes, path: str, offset: int) -> tuple[int, int, int, int, int]:
+def _parse_header(head: bytes, path: str, offset: int) -> tuple[int, int, int, int, int, int]:
     magic, code, kind, _, meta_len, blob_len, raw_len, crc, hcrc = HEADER.unpack(head)
     if magic != MAGIC:
         raise CorruptRecording(
@@ -185,19 +197,20 @@ def _parse_header(head: bytes, path: str, offset: int) -> tuple[int, int, int, i
         raise CorruptRecording(
             f"{path}: record header checksum mismatch at offset {offset}", path=path, offset=offset
         )
-    if kind != KIND_EPISODE or code not in CODECS.values() or meta_len > _MAX_META:
+    if kind not in KINDS or code not in CODECS.values() or meta_len > _MAX_META:
         raise CorruptRecording(
             f"{path}: record at offset {offset} has unknown kind {kind} or codec {code}",
             path=path,
             offset=offset,
         )
-    return code, meta_len, blob_len, raw_len, crc
+    return kind, code, meta_len, blob_len, raw_len, crc
 
 
 def read_frame(
     f: Any, path: str, offset: int, *, with_blob: bool
-) -> tuple[dict[str, Any], int, bytes | None, int, int]:
-    """Reads the frame at ``offset``: ``(meta, frame size, stored blob or None, codec, raw_len)``.
+) -> tuple[dict[str, Any], int, bytes | None, int, int, int]:
+    """Reads the frame at ``offset``: ``(meta, frame size, stored blob or None, codec,
+    raw_len, kind)``.
 
     Raises:
         _Torn: the file ends inside the frame.
@@ -207,7 +220,7 @@ def read_frame(
     head = f.read(HEADER.size)
     if len(head) < HEADER.size:
         raise _Torn(len(head))
-    code, meta_len, blob_len, raw_len, crc = _parse_header(head, path, offset)
+    kind, code, meta_len, blob_len, raw_len, crc = _parse_header(head, path, offset)
     meta_bytes = f.read(meta_len)
     stored = f.read(blob_len)
     size = HEADER.size + meta_len + blob_len
@@ -218,20 +231,21 @@ def read_frame(
             f"{path}: record checksum mismatch at offset {offset}", path=path, offset=offset
         )
     meta = unpack_map(meta_bytes, "record meta", path, offset)
-    return meta, size, stored if with_blob else None, code, raw_len
+    return meta, size, stored if with_blob else None, code, raw_len, kind
 
 
-def read_meta(path: str, offset: int) -> tuple[dict[str, Any], bytes]:
-    """The meta map and the decompressed blob of the frame at ``offset`` (checked)."""
+def read_meta(path: str, offset: int) -> tuple[int, dict[str, Any], bytes]:
+    """The kind byte, the meta map and the decompressed blob of the frame at ``offset``
+    (checked)."""
     with open(path, "rb") as f:
         try:
-            meta, _, stored, code, raw_len = read_frame(f, path, offset, with_blob=True)
+            meta, _, stored, code, raw_len, kind = read_frame(f, path, offset, with_blob=True)
         except _Torn as exc:
             raise CorruptRecording(
                 f"{path}: truncated record at offset {offset}", path=path, offset=offset
             ) from exc
     assert stored is not None
-    return meta, decode_blob(code, stored, raw_len, path, offset)
+    return kind, meta, decode_blob(code, stored, raw_len, path, offset)
 
 
 def scan_chunk(path: str, *, recover: bool = False) -> tuple[list[FrameInfo], list[Skipped]]:
@@ -249,7 +263,7 @@ def scan_chunk(path: str, *, recover: bool = False) -> tuple[list[FrameInfo], li
     with open(path, "rb") as f:
         while offset < size:
             try:
-                meta, n, _, _, _ = read_frame(f, path, offset, with_blob=False)
+                meta, n, _, _, _, _ = read_frame(f, path, offset, with_blob=False)
             except _Torn:
                 skipped.append(
                     Skipped(path, offset, size - offset, "torn tail (incomplete record)")

@@ -22,6 +22,8 @@ from simkit.recording._episode import (
     stats_from_meta,
 )
 from simkit.recording._format import (
+    KIND_EPISODE,
+    KIND_MULTI_AGENT,
     DirectoryLock,
     FrameInfo,
     Skipped,
@@ -34,8 +36,37 @@ from simkit.recording._format import (
     scan_chunk,
     write_index,
 )
+from simkit.recording._multiagent import (
+    AgentEpisode,
+    MultiAgentEpisode,
+    decode_multi_agent,
+    encode_multi_agent,
+)
 
-__all__ = ["RecordingWriter", "RecordingReader", "FSYNC_POLICIES"]
+__all__ = ["RecordingWriter", "RecordingReader", "FSYNC_POLICIES", "encode_record", "decode_record"]
+
+AnyEpisode = Episode | MultiAgentEpisode
+
+
+def encode_record(episode: AnyEpisode) -> tuple[int, dict[str, Any], bytes]:
+    """``(kind byte, meta, blob)`` of a single-agent or multi-agent episode."""
+    if isinstance(episode, MultiAgentEpisode):
+        return (KIND_MULTI_AGENT, *encode_multi_agent(episode))
+    if isinstance(episode, Episode):
+        return (KIND_EPISODE, *encode_episode(episode))
+    raise TypeError(
+        f"a recording holds Episode or MultiAgentEpisode records, got {type(episode).__name__}"
+    )
+
+
+def decode_record(
+    kind: int, meta: dict[str, Any], blob: bytes, path: str, offset: int
+) -> AnyEpisode:
+    """The episode of a checked record, by its kind byte."""
+    if kind == KIND_MULTI_AGENT:
+        return decode_multi_agent(meta, blob, path, offset)
+    return decode_episode(meta, blob, path, offset)
+
 
 FSYNC_POLICIES = ("episode", "chunk", "never")
 
@@ -121,7 +152,7 @@ class RecordingWriter:
         self._closed = False
         self._error: BaseException | None = None
         self._on_error = on_error
-        self._queue: queue.Queue[Episode | None] | None = None
+        self._queue: queue.Queue[AnyEpisode | None] | None = None
         self._thread: threading.Thread | None = None
         if background:
             self._queue = queue.Queue(max_pending)
@@ -131,7 +162,7 @@ class RecordingWriter:
             self._thread.start()
             _OPEN_WRITERS.add(self)
 
-    def write(self, episode: Episode) -> None:
+    def write(self, episode: AnyEpisode) -> None:
         """Appends one episode (one frame, one ``write``), now or on the writer thread.
 
         Raises:
@@ -181,9 +212,9 @@ class RecordingWriter:
         self._frames = []
         self._size = 0
 
-    def _append(self, episode: Episode) -> None:
-        meta, blob = encode_episode(episode)
-        frame = encode_frame(meta, blob, codec=self.compression, level=self.level)
+    def _append(self, episode: AnyEpisode) -> None:
+        kind, meta, blob = encode_record(episode)
+        frame = encode_frame(meta, blob, codec=self.compression, level=self.level, kind=kind)
         if self._fd is None:
             self._open_chunk()
         assert self._fd is not None
@@ -311,18 +342,19 @@ class RecordingReader:
             out.append(k)
         return out
 
-    def load(self, position: int) -> Episode:
-        """Decodes episode ``position`` (checksums checked)."""
+    def load(self, position: int) -> AnyEpisode:
+        """Decodes episode ``position`` (checksums checked): an :class:`Episode`, or a
+        :class:`MultiAgentEpisode` for a multi-agent record."""
         frame = self._frames[position]
-        meta, blob = read_meta(frame.path, frame.offset)
-        return decode_episode(meta, blob, frame.path, frame.offset)
+        kind, meta, blob = read_meta(frame.path, frame.offset)
+        return decode_record(kind, meta, blob, frame.path, frame.offset)
 
-    def episodes(self, **filters: Any) -> Iterator[Episode]:
+    def episodes(self, **filters: Any) -> Iterator[AnyEpisode]:
         """Lazily decodes the episodes passing :meth:`select`'s ``filters``."""
         for k in self.select(**filters):
             yield self.load(k)
 
-    def __iter__(self) -> Iterator[Episode]:
+    def __iter__(self) -> Iterator[AnyEpisode]:
         return self.episodes()
 
     def verify_checksums(self) -> None:
@@ -331,8 +363,11 @@ class RecordingReader:
             read_meta(frame.path, frame.offset)
 
 
-def episode_arrays(episode: Episode) -> dict[str, Any]:
-    """The episode's arrays by name (``obs``/``actions`` keep their tree)."""
+def episode_arrays(episode: AnyEpisode | AgentEpisode) -> dict[str, Any]:
+    """The episode's arrays by name (``obs``/``actions`` keep their tree); for a
+    multi-agent episode ``{agent: arrays of that agent}``."""
+    if isinstance(episode, MultiAgentEpisode):
+        return {agent: episode_arrays(a) for agent, a in episode.agents.items()}
     return {
         "obs": episode.obs,
         "actions": episode.actions,
@@ -347,7 +382,7 @@ def episode_arrays(episode: Episode) -> dict[str, Any]:
     }
 
 
-def to_torch(episode: Episode) -> dict[str, Any]:
+def to_torch(episode: AnyEpisode | AgentEpisode) -> dict[str, Any]:
     """:func:`episode_arrays` as torch tensors (copies; the record's buffers stay read-only)."""
     import torch
 

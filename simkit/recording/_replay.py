@@ -13,12 +13,13 @@ import numpy as np
 import simkit
 from simkit import snapshot
 from simkit.errors import ReplayDivergence
-from simkit.recording._episode import Episode, decode_episode
+from simkit.recording._episode import Episode
 from simkit.recording._format import read_meta
-from simkit.recording._io import RecordingReader
+from simkit.recording._io import RecordingReader, decode_record
+from simkit.recording._multiagent import MultiAgentEpisode
 from simkit.recording._tracker import row_of as _row
 
-__all__ = ["verify_episode", "verify_recording", "VerifyResult"]
+__all__ = ["verify_episode", "verify_multi_agent_episode", "verify_recording", "VerifyResult"]
 
 
 @dataclass(frozen=True)
@@ -104,15 +105,34 @@ def _expand(tree: Any) -> Any:
     return np.asarray(tree)[None]
 
 
-def verify_episode(episode: Episode, where: str = "episode") -> None:
+def _check_step(label: str, reward: Any, flags: tuple[Any, Any], rec: tuple[Any, ...]) -> None:
+    """Reward and flags of one step against the recorded ``(reward, terminated, truncated)``."""
+    if not _same(rec[0], np.float64(reward)):
+        raise ReplayDivergence(
+            f"{label}: field reward differs: recorded {rec[0]!r}, replayed {reward!r}"
+        )
+    for name, recorded, replayed in zip(("terminated", "truncated"), rec[1:], flags, strict=True):
+        if bool(recorded) != bool(replayed):
+            raise ReplayDivergence(
+                f"{label}: field {name} differs: recorded {bool(recorded)}, replayed {bool(replayed)}"
+            )
+
+
+def verify_episode(episode: Episode | MultiAgentEpisode, where: str = "episode") -> None:
     """Re-simulates ``episode`` from its seed, options and actions; checks every step.
 
     Observations (the final one included), rewards, ``terminated`` and ``truncated``
     are compared bit for bit, and every recorded snapshot against the env's state.
+    A :class:`MultiAgentEpisode` is checked agent by agent
+    (:func:`verify_multi_agent_episode`).
 
     Raises:
-        ReplayDivergence: the first difference, naming ``where``, the step and the field.
+        ReplayDivergence: the first difference, naming ``where``, the step and the field
+            (and the agent).
     """
+    if isinstance(episode, MultiAgentEpisode):
+        verify_multi_agent_episode(episode, where)
+        return
     if episode.seed is None and episode.origin.get("kind") != "batch":
         raise ReplayDivergence(f"{where}: no seed was recorded; the episode is not replayable")
     actions = episode.actions
@@ -142,24 +162,75 @@ def verify_episode(episode: Episode, where: str = "episode") -> None:
         label = f"{where} step {t}"
         if t + 1 < n_obs:
             _check_obs("obs", _row(episode.obs, t + 1), obs, label)
-        if not _same(episode.rewards[t], np.float64(reward)):
-            raise ReplayDivergence(
-                f"{label}: field reward differs: recorded {episode.rewards[t]!r}, replayed {reward!r}"
-            )
-        for name, rec, rep in (
-            ("terminated", episode.terminated[t], terminated),
-            ("truncated", episode.truncated[t], truncated),
-        ):
-            if bool(rec) != bool(rep):
+        recorded = (episode.rewards[t], episode.terminated[t], episode.truncated[t])
+        _check_step(label, reward, (terminated, truncated), recorded)
+
+
+def verify_multi_agent_episode(episode: MultiAgentEpisode, where: str = "episode") -> None:
+    """Re-simulates a multi-agent episode on ``simkit.make(env_id, **env_kwargs)`` (a
+    PettingZoo Parallel env) and checks every agent's observations, rewards and flags.
+
+    ``reset(seed=seed, options=options)``, then at every env step ``t`` each agent that
+    acts at ``t`` is given its recorded action. The live agents of the replayed env must
+    be the recorded ones at every step (field ``agents``); an agent that joins is
+    checked on its first observation.
+
+    Raises:
+        ReplayDivergence: the first difference, naming ``where``, the step, the agent
+            and the field.
+    """
+    if episode.seed is None:
+        raise ReplayDivergence(f"{where}: no seed was recorded; the episode is not replayable")
+    env = simkit.make(episode.env_id, **episode.env_kwargs)
+    try:
+        first, _ = env.reset(seed=episode.seed, options=episode.options)
+        agents = episode.agents
+        for agent, a in agents.items():
+            if a.start == 0:
+                if agent not in first:
+                    raise ReplayDivergence(
+                        f"{where} step 0 (reset) agent {agent!r}: field agents differs: "
+                        f"recorded present, replayed absent"
+                    )
+                label = f"{where} step 0 (reset) agent {agent!r}"
+                _check_obs("obs", _row(a.obs, 0), first[agent], label)
+        for t in range(episode.length):
+            if t in episode.snapshots and not snapshot.states_equal(
+                episode.snapshots[t], env.get_state()
+            ):
+                raise ReplayDivergence(f"{where} step {t}: field snapshot differs")
+            acting = episode.acting(t)
+            if set(acting) != set(env.agents):
                 raise ReplayDivergence(
-                    f"{label}: field {name} differs: recorded {bool(rec)}, replayed {bool(rep)}"
+                    f"{where} step {t}: field agents differs: recorded {acting!r}, "
+                    f"replayed {list(env.agents)!r}"
                 )
+            actions = {
+                agent: _row(agents[agent].actions, t - agents[agent].start) for agent in acting
+            }
+            obs, rewards, terms, truncs, _ = env.step(actions)
+            for agent in acting:
+                a, j = agents[agent], t - agents[agent].start
+                label = f"{where} step {t} agent {agent!r}"
+                if agent not in obs:
+                    raise ReplayDivergence(
+                        f"{label}: field agents differs: recorded an observation, replayed none"
+                    )
+                _check_obs("obs", _row(a.obs, j + 1), obs[agent], label)
+                recorded = (a.rewards[j], a.terminated[j], a.truncated[j])
+                _check_step(label, rewards[agent], (terms[agent], truncs[agent]), recorded)
+            for agent, a in agents.items():
+                if a.start == t + 1:
+                    label = f"{where} step {t} agent {agent!r} (joined)"
+                    _check_obs("obs", _row(a.obs, 0), obs.get(agent), label)
+    finally:
+        env.close()
 
 
 def _verify_one(position: int, path: str, offset: int) -> VerifyResult:
     try:
-        meta, blob = read_meta(path, offset)
-        episode = decode_episode(meta, blob, path, offset)
+        kind, meta, blob = read_meta(path, offset)
+        episode = decode_record(kind, meta, blob, path, offset)
         verify_episode(episode, f"episode {position} ({os.path.basename(path)} @ {offset})")
     except Exception as exc:  # report every episode's verdict; one failure does not stop others
         return VerifyResult(position, path, offset, -1, f"{type(exc).__name__}: {exc}")

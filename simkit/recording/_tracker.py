@@ -21,7 +21,7 @@ from simkit.recording._buffer import StepBuffer
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
 
-__all__ = ["EpisodeTracker", "row_of", "seeds_of", "strip_reset_mask"]
+__all__ = ["EpisodeTracker", "prepend_row", "row_of", "seeds_of", "strip_reset_mask"]
 
 
 def row_of(tree: Any, k: int | np.ndarray) -> Any:
@@ -33,12 +33,12 @@ def row_of(tree: Any, k: int | np.ndarray) -> Any:
     return np.array(np.asarray(tree)[k])
 
 
-def _prepend(first: Any, rest: Any) -> Any:
+def prepend_row(first: Any, rest: Any) -> Any:
     """``first`` (one row) stacked before ``rest`` (``(T, ...)``), leaf by leaf."""
     if isinstance(first, dict):
-        return {k: _prepend(first[k], rest[k]) for k in first}
+        return {k: prepend_row(first[k], rest[k]) for k in first}
     if isinstance(first, tuple):
-        return tuple(_prepend(a, b) for a, b in zip(first, rest, strict=True))
+        return tuple(prepend_row(a, b) for a, b in zip(first, rest, strict=True))
     b = np.asarray(rest)
     return np.concatenate([np.asarray(first, b.dtype)[None], b])
 
@@ -166,7 +166,7 @@ class EpisodeTracker:
         self.writer.write(
             Episode(
                 env_id=self.env_id,
-                obs=_prepend(ep.reset_obs, steps["next_obs"]),
+                obs=prepend_row(ep.reset_obs, steps["next_obs"]),
                 actions=steps["actions"],
                 rewards=steps["reward"],
                 terminated=steps["terminated"],

@@ -18,7 +18,7 @@ from simkit._types import BatchStep
 from simkit.recording._io import RecordingWriter
 from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 
-__all__ = ["RecordEpisodes", "environment_versions", "env_info"]
+__all__ = ["RecordEpisodes", "SeedBook", "environment_versions", "env_info"]
 
 
 def environment_versions(env_id: str) -> dict[str, str]:
@@ -55,6 +55,67 @@ def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
             continue
         out[key] = env_info(value, i) if isinstance(value, Mapping) else value[i]
     return out
+
+
+class SeedBook:
+    """The seed of every env's current episode, as a recording wrapper follows it.
+
+    The vectors' shared derivation: after ``reset(seed=root)`` episode ``k`` of env
+    ``i`` was reset with ``episode_seed(root, i, k)``. A first ``reset()`` without a
+    seed gets a root drawn here (from OS entropy) to pass down, so its episodes are
+    replayable too; after ``reset(seed=[s_0, ...])`` only each env's first episode has
+    a known seed.
+
+    Args:
+        num_envs: N.
+        kind: ``origin["kind"]`` of the episodes (``"env"``, ``"batch"``,
+            ``"multi_agent"``).
+    """
+
+    def __init__(self, num_envs: int, kind: str) -> None:
+        self.kind = kind
+        self.roots: list[int | None] = [None] * num_envs
+        self.index = np.zeros(num_envs, np.int64)
+        self._explicit: list[int | None] | None = None
+        self._ever_reset = False
+
+    def plan(
+        self, seed: int | Sequence[int | None] | None, ids: Sequence[int]
+    ) -> int | Sequence[int | None] | None:
+        """Books a reset of envs ``ids`` with ``seed``; returns the seed to pass down."""
+        self._explicit = None
+        if seed is None and not self._ever_reset:
+            seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
+        if seed is None:
+            for i in ids:
+                self.index[i] += 1
+        elif isinstance(seed, int | np.integer):
+            for i in ids:
+                self.roots[i], self.index[i] = int(seed), 0
+        else:
+            self._explicit = [None if s is None else int(s) for s in seed]
+            for i in ids:
+                self.roots[i], self.index[i] = None, 0
+        self._ever_reset = True
+        return seed
+
+    def origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        """``(seed, origin)`` of the current episodes of envs ``ids``."""
+        roots = [self.roots[i] for i in ids]
+        index = [int(self.index[i]) for i in ids]
+        seeds = seeds_of(roots, ids, index)
+        out = []
+        for i, root, k, seed in zip(ids, roots, index, seeds, strict=True):
+            if root is None and k == 0 and self._explicit is not None:
+                seed = self._explicit[i]
+            origin = {"root_seed": root, "env_index": i, "episode_index": k, "kind": self.kind}
+            out.append((seed, origin))
+        return out
+
+    def next_episodes(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
+        """Envs ``ids`` started their next episode (an autoreset): their ``(seed, origin)``."""
+        self.index[ids] += 1
+        return self.origins(ids)
 
 
 class RecordEpisodes(gym.vector.VectorWrapper):
@@ -94,6 +155,11 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         max_episodes: int | None = None,
         **writer_kwargs: Any,
     ) -> None:
+        if hasattr(env, "possible_agents"):
+            raise TypeError(
+                "RecordEpisodes records single-agent vectors; record the multi-agent vector "
+                f"{type(env).__name__} with RecordMultiAgentEpisodes"
+            )
         super().__init__(env)
         resolved = env_id or getattr(getattr(env, "spec", None), "id", None)
         resolved = resolved or getattr(env, "env_id", None)
@@ -125,11 +191,8 @@ class RecordEpisodes(gym.vector.VectorWrapper):
             snapshot_every=snapshot_every,
         )
         self.tracker.max_episodes = max_episodes
-        self._roots: list[int | None] = [None] * n
-        self._index = np.zeros(n, np.int64)
+        self.seeds = SeedBook(n, self._kind)
         self._pending = np.zeros(n, bool)
-        self._explicit: list[int | None] | None = None
-        self._ever_reset = False
 
     @property
     def max_episodes(self) -> int | None:
@@ -145,26 +208,9 @@ class RecordEpisodes(gym.vector.VectorWrapper):
 
     # ------------------------------------------------------------------ episodes
 
-    def _origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
-        """The seeds and origins of episodes number ``self._index[i]`` of envs ``ids``."""
-        roots = [self._roots[i] for i in ids]
-        index = [int(self._index[i]) for i in ids]
-        seeds = seeds_of(roots, ids, index)
-        out = []
-        for i, root, k, seed in zip(ids, roots, index, seeds, strict=True):
-            if root is None and k == 0 and self._explicit is not None:
-                seed = self._explicit[i]
-            origin = {"root_seed": root, "env_index": i, "episode_index": k, "kind": self._kind}
-            out.append((seed, origin))
-        return out
-
     def _start(self, i: int, obs_row: Any, reset_info: dict[str, Any], options: Any) -> None:
-        ((seed, origin),) = self._origins([i])
+        ((seed, origin),) = self.seeds.origins([i])
         self.tracker.start(i, obs_row, reset_info, seed=seed, options=options, origin=origin)
-
-    def _next_episodes(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
-        self._index[ids] += 1
-        return self._origins(ids)
 
     # --------------------------------------------------------------------- reset
 
@@ -178,38 +224,24 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         n = self.num_envs
         mask = None if options is None else options.get("reset_mask")
         ids = np.arange(n) if mask is None else np.flatnonzero(np.asarray(mask))
-        self._explicit = None
-        if seed is None and not self._ever_reset:
-            seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
-        if seed is None:
-            for i in ids:
-                self._index[i] += 1
-        elif isinstance(seed, int | np.integer):
-            for i in ids:
-                self._roots[i], self._index[i] = int(seed), 0
-        else:
-            self._explicit = [None if s is None else int(s) for s in seed]
-            for i in ids:
-                self._roots[i], self._index[i] = None, 0
+        seed = self.seeds.plan(seed, ids.tolist())
         obs, info = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # simkit vectors take Gymnasium's list form too
         for r in ids.tolist():
             self._pending[r] = False
             self._start(r, row_of(obs, r), env_info(info, r), options)
-        self._explicit = None
-        self._ever_reset = True
         return obs, info
 
     # ---------------------------------------------------------------------- step
 
     def _autoreset(self, i: int, obs_row: Any, reset_info: dict[str, Any]) -> None:
-        self._index[i] += 1
-        self._start(i, obs_row, reset_info, None)
+        ((seed, origin),) = self.seeds.next_episodes([i])
+        self.tracker.start(i, obs_row, reset_info, seed=seed, options=None, origin=origin)
 
     def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
         """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
         res: BatchStep = self.env.unwrapped.step_batch(actions, *args, **kwargs)  # type: ignore[attr-defined]
         self.tracker.log_batch_step(
-            res, actions, self.policy_version, self._next_episodes, faulted=self._faulted()
+            res, actions, self.policy_version, self.seeds.next_episodes, faulted=self._faulted()
         )
         return res
 
