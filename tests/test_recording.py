@@ -239,6 +239,29 @@ def test_vector_recording_replays_bit_for_bit(tmp_path: Path, mode: str) -> None
     assert "mujoco" in first.versions
 
 
+def test_a_seed_list_with_none_entries_keeps_those_envs_under_their_root(tmp_path: Path) -> None:
+    """reset(seed=[5, None]): env 0 restarts with seed 5, env 1 starts its next episode
+    under its root, as the vector seeds it (the recorder once booked env 1 as unknown)."""
+    vec = VectorEnv("simkit/CartPole-v0", 2)
+    env = RecordEpisodes(vec, tmp_path, env_id="simkit/CartPole-v0")
+    env.reset(seed=3)
+    env.reset(seed=[5, None])
+    rng = np.random.default_rng(0)
+    while env.writer.episodes_written < 6:
+        env.step_batch(rng.integers(0, 2, 2))
+    env.close()
+    reader = RecordingReader(tmp_path)
+    first: dict[int, Any] = {}
+    for e in reader:
+        first.setdefault(e.origin["env_index"], e)
+    assert first[0].seed == 5
+    assert first[1].seed == simkit._seeding.episode_seed(3, 1, 1)
+    known = [e.seed is not None for e in reader]
+    errors = [r.error for r in verify_recording(reader)]
+    assert [err is None for err in errors] == known  # only env 0's later episodes are unknown
+    assert all("no seed was recorded" in err for err in errors if err is not None)
+
+
 def test_batch_env_recording_replays(tmp_path: Path) -> None:
     batch = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
     env = RecordEpisodes(batch, tmp_path, env_id="simkit/BatchCartPole-v0")

@@ -13,10 +13,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 import simkit
-from simkit._seeding import MAX_ROOT_SEED
+from simkit._seeding import EpisodeSeeds, random_root
 from simkit._types import BatchStep
 from simkit.recording._io import RecordingWriter
-from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
+from simkit.recording._tracker import EpisodeTracker, row_of
 
 __all__ = ["RecordEpisodes", "SeedBook", "environment_versions", "env_info"]
 
@@ -60,11 +60,13 @@ def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
 class SeedBook:
     """The seed of every env's current episode, as a recording wrapper follows it.
 
-    The vectors' shared derivation: after ``reset(seed=root)`` episode ``k`` of env
-    ``i`` was reset with ``episode_seed(root, i, k)``. A first ``reset()`` without a
-    seed gets a root drawn here (from OS entropy) to pass down, so its episodes are
-    replayable too; after ``reset(seed=[s_0, ...])`` only each env's first episode has
-    a known seed.
+    A mirror of the wrapped vector's seeding: it plans every reset and autoreset
+    through its own :class:`~simkit._seeding.EpisodeSeeds` (the one seeding mechanism
+    of the vectors, BatchEnv and the server hosts), so after ``reset(seed=root)``
+    episode ``k`` of env ``i`` has the seed the vector gave it. A first ``reset()``
+    without a seed gets a root drawn here (from OS entropy) to pass down, so its
+    episodes are replayable too; after ``reset(seed=[s_0, ...])`` an env given an int
+    has that seed for its first episode and unknown (``None``) ones after it.
 
     Args:
         num_envs: N.
@@ -74,47 +76,43 @@ class SeedBook:
 
     def __init__(self, num_envs: int, kind: str) -> None:
         self.kind = kind
-        self.roots: list[int | None] = [None] * num_envs
-        self.index = np.zeros(num_envs, np.int64)
-        self._explicit: list[int | None] | None = None
+        self._mirror = EpisodeSeeds(num_envs)
+        self._current: list[int | None] = [None] * num_envs
         self._ever_reset = False
 
     def plan(
         self, seed: int | Sequence[int | None] | None, ids: Sequence[int]
     ) -> int | Sequence[int | None] | None:
         """Books a reset of envs ``ids`` with ``seed``; returns the seed to pass down."""
-        self._explicit = None
         if seed is None and not self._ever_reset:
-            seed = int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
-        if seed is None:
-            for i in ids:
-                self.index[i] += 1
-        elif isinstance(seed, int | np.integer):
-            for i in ids:
-                self.roots[i], self.index[i] = int(seed), 0
-        else:
-            self._explicit = [None if s is None else int(s) for s in seed]
-            for i in ids:
-                self.roots[i], self.index[i] = None, 0
+            seed = random_root()
+        self._book(ids, self._mirror.plan(np.asarray(ids, dtype=np.int64), seed))
         self._ever_reset = True
         return seed
 
+    def _book(self, ids: Sequence[int], seeds: list[int | None]) -> None:
+        for i, s in zip(ids, seeds, strict=True):
+            self._current[i] = s
+
     def origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
         """``(seed, origin)`` of the current episodes of envs ``ids``."""
-        roots = [self.roots[i] for i in ids]
-        index = [int(self.index[i]) for i in ids]
-        seeds = seeds_of(roots, ids, index)
-        out = []
-        for i, root, k, seed in zip(ids, roots, index, seeds, strict=True):
-            if root is None and k == 0 and self._explicit is not None:
-                seed = self._explicit[i]
-            origin = {"root_seed": root, "env_index": i, "episode_index": k, "kind": self.kind}
-            out.append((seed, origin))
-        return out
+        mirror = self._mirror
+        return [
+            (
+                self._current[i],
+                {
+                    "root_seed": mirror.roots[i],
+                    "env_index": i,
+                    "episode_index": int(mirror.episode[i]),
+                    "kind": self.kind,
+                },
+            )
+            for i in ids
+        ]
 
     def next_episodes(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
         """Envs ``ids`` started their next episode (an autoreset): their ``(seed, origin)``."""
-        self.index[ids] += 1
+        self._book(ids, self._mirror.next(np.asarray(ids, dtype=np.int64)))
         return self.origins(ids)
 
 
