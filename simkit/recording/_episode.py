@@ -244,6 +244,20 @@ def version_range(versions: list[np.ndarray]) -> list[int] | None:
     return [int(known.min()), int(known.max())] if known.size else None
 
 
+def record_origin_meta(ep: Episode | Any) -> dict[str, Any]:
+    """The meta fields every record kind starts with: the format, and what re-simulates
+    the episode (env id and kwargs, seed, params, versions, origin)."""
+    return {
+        "format": RECORD_FORMAT,
+        "env_id": ep.env_id,
+        "env_kwargs": snapshot.to_plain(ep.env_kwargs, "env_kwargs"),
+        "seed": ep.seed,
+        "params": snapshot.to_plain(ep.params, "params"),
+        "versions": dict(ep.versions),
+        "origin": snapshot.to_plain(ep.origin, "origin"),
+    }
+
+
 def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
     """``(meta, blob)`` of one record (see docs/recording.md, "Episode records")."""
     t = ep.length
@@ -269,13 +283,7 @@ def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
     ) | {"infos": infos}
     descriptors, blob = pack_record(body, arrays)
     meta = {
-        "format": RECORD_FORMAT,
-        "env_id": ep.env_id,
-        "env_kwargs": snapshot.to_plain(ep.env_kwargs, "env_kwargs"),
-        "seed": ep.seed,
-        "params": snapshot.to_plain(ep.params, "params"),
-        "versions": dict(ep.versions),
-        "origin": snapshot.to_plain(ep.origin, "origin"),
+        **record_origin_meta(ep),
         "length": t,
         "return": ep.total_return,
         "terminated": bool(t and ep.terminated[-1]),

@@ -18,12 +18,12 @@ import numpy as np
 from simkit import snapshot
 from simkit.errors import CorruptRecording, InvalidState
 from simkit.recording._episode import (
-    RECORD_FORMAT,
     _unflatten,
     leaves_of,
     pack_record,
     plain_body,
     plain_infos,
+    record_origin_meta,
     trajectory_arrays,
     unpack_record,
     version_range,
@@ -188,13 +188,7 @@ def encode_multi_agent(ep: MultiAgentEpisode) -> tuple[dict[str, Any], bytes]:
     ) | {"agents": agents_body}
     descriptors, blob = pack_record(body, arrays)
     meta = {
-        "format": RECORD_FORMAT,
-        "env_id": ep.env_id,
-        "env_kwargs": snapshot.to_plain(ep.env_kwargs, "env_kwargs"),
-        "seed": ep.seed,
-        "params": snapshot.to_plain(ep.params, "params"),
-        "versions": dict(ep.versions),
-        "origin": snapshot.to_plain(ep.origin, "origin"),
+        **record_origin_meta(ep),
         "length": int(ep.length),
         "return": ep.total_return,
         "terminated": ep.terminated,
