@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from simkit._seeding import episode_seed
+from simkit._seeding import EpisodeSeeds
 from simkit._types import Fragment
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
@@ -15,6 +15,8 @@ from simkit.recording._tracker import row_of as _row
 from simkit.recording._wrapper import environment_versions
 
 __all__ = ["FragmentRecorder"]
+
+_ONLY = np.zeros(1, np.int64)
 
 
 class _Rows:
@@ -43,8 +45,9 @@ class FragmentRecorder:
 
     Call :meth:`record` with every fragment, in sequence order. Row ``r`` of a
     fragment is env slot ``env_ids[r]``; with ``root_seed`` (the root the stream was
-    reset with) episode ``k`` of slot ``g`` gets ``episode_seed(root_seed, g, k)``, as
-    every simkit batch path seeds it. Every step keeps the policy version that chose it.
+    reset with) episode ``k`` of slot ``g`` gets the seed the stream session's
+    :class:`~simkit._seeding.EpisodeSeeds` gives it (slot ``g`` is env ``g`` of the
+    learner's vector, the servers' ``env_offset`` included), mirrored here per slot. Every step keeps the policy version that chose it.
 
     A fragment does not carry the final observation of an episode (its next row is
     already the next episode's first observation), so fragment episodes hold ``T``
@@ -78,6 +81,19 @@ class FragmentRecorder:
         self._versions = environment_versions(env_id)
         self._rows: dict[int, _Rows | None] = {}
         self._episode: dict[int, int | None] = {}
+        self._seeds: dict[int, EpisodeSeeds] = {}
+        self._seed: dict[int, int | None] = {}
+
+    def _next_episode(self, slot: int, first: bool) -> None:
+        """Slot ``slot`` starts an episode: its number and, under a root, its seed."""
+        k = self._episode.get(slot)
+        self._episode[slot] = 0 if first else None if k is None else k + 1
+        mirror = self._seeds.get(slot)
+        if first and self.root_seed is not None:
+            mirror = self._seeds[slot] = EpisodeSeeds(1)
+            mirror.env_offset = slot
+            mirror.restart(self.root_seed)
+        self._seed[slot] = None if mirror is None else mirror.next(_ONLY)[0]
 
     def record(self, fragment: Fragment) -> int:
         """Adds one fragment; returns the number of episodes it completed and wrote.
@@ -94,7 +110,7 @@ class FragmentRecorder:
         for r, slot in enumerate(np.asarray(fragment.env_ids).tolist()):
             if slot not in self._rows:
                 self._rows[slot] = _Rows() if fragment.sequence == 0 else None
-                self._episode[slot] = 0 if fragment.sequence == 0 else None
+                self._next_episode(slot, first=fragment.sequence == 0)
             for t in range(fragment.num_steps):
                 rows = self._rows[slot]
                 if rows is not None:
@@ -108,8 +124,7 @@ class FragmentRecorder:
                     if rows is not None:
                         self._write(slot, rows)
                         written += 1
-                    k = self._episode[slot]
-                    self._episode[slot] = None if k is None else k + 1
+                    self._next_episode(slot, first=False)
                     self._rows[slot] = _Rows()
         return written
 
@@ -125,7 +140,7 @@ class FragmentRecorder:
                 terminated=np.array(rows.terminated, bool),
                 truncated=np.array(rows.truncated, bool),
                 infos=[{} for _ in rows.rewards],
-                seed=None if root is None or k is None else episode_seed(root, slot, k),
+                seed=self._seed[slot],
                 env_kwargs=self.env_kwargs,
                 policy_version=np.array(rows.versions, np.int64),
                 versions=self._versions,
