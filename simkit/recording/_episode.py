@@ -184,6 +184,8 @@ def plain_infos(infos: list[dict[str, Any]], t: int, what: str) -> list[dict[str
     """The ``T`` step infos as plain data (``{}`` for an empty one)."""
     if len(infos) != t:
         raise ValueError(f"{what}infos must hold T = {t} dicts, got {len(infos)}")
+    if not any(infos):
+        return [{}] * t
     return [snapshot.to_plain(x, f"{what}infos[{k}]") if x else {} for k, x in enumerate(infos)]
 
 
