@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,24 +137,33 @@ def _free_port() -> int:
 
 
 def test_wait_for_servers_reconnects_to_a_restarted_server(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The second server is killed inside the first update's bookkeeping (so always
+    mid-run, however fast the updates are) and restarted on its port 3 s later."""
+    import simkit.clients._train as train_module
+
     binds = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
     procs, endpoints = spawn_servers("simkit/CartPole-v0", 2, binds=binds)
     restarted: list = []  # type: ignore[type-arg]  # Popen of the restarted server
 
-    def kill_and_restart() -> None:
-        while not (tmp_path / "policy.safetensors").exists():
-            time.sleep(0.05)
-        procs[1].kill()
-        procs[1].wait()
+    def restart() -> None:
         time.sleep(3.0)  # longer than the server timeout: the learner notices and waits
         more, _ = spawn_servers("simkit/CartPole-v0", 1, binds=[binds[1]])
         restarted.extend(more)
 
-    killer = threading.Thread(target=kill_and_restart, daemon=True)
+    killer = threading.Thread(target=restart, daemon=True)
+    save_policy = train_module.save_policy
+
+    def kill_after_first_update(*args: Any, **kwargs: Any) -> None:
+        save_policy(*args, **kwargs)
+        if not killer.is_alive() and not restarted:
+            procs[1].kill()
+            procs[1].wait()
+            killer.start()
+
+    monkeypatch.setattr(train_module, "save_policy", kill_after_first_update)
     try:
-        killer.start()
         r = run_training(
             PPOArgs(**ARGS),
             logdir=tmp_path,
