@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,17 +102,33 @@ def test_resume_with_another_server_count_names_the_layout(tmp_path: Path) -> No
         )
 
 
-def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) -> None:  # type: ignore[no-untyped-def]  # pytest fixture
+def _kill_after_first_update(
+    monkeypatch: pytest.MonkeyPatch, proc: Any, then: Callable[[], None] = lambda: None
+) -> None:
+    """Kills ``proc`` inside the first update's bookkeeping (its policy snapshot), so
+    always mid-run however fast the updates are, then calls ``then``."""
+    import simkit.clients._train as train_module
+
+    save_policy = train_module.save_policy
+    done: list[bool] = []
+
+    def save_then_kill(*args: Any, **kwargs: Any) -> None:
+        save_policy(*args, **kwargs)
+        if not done:
+            done.append(True)
+            proc.kill()
+            proc.wait()
+            then()
+
+    monkeypatch.setattr(train_module, "save_policy", save_then_kill)
+
+
+def test_killed_server_is_reported_and_the_run_goes_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     procs, endpoints = spawn_servers("simkit/CartPole-v0", 2)
+    _kill_after_first_update(monkeypatch, procs[1])
     try:
-
-        def kill_after_first_update() -> None:
-            while not (tmp_path / "policy.safetensors").exists():
-                time.sleep(0.05)
-            procs[1].kill()
-
-        killer = threading.Thread(target=kill_after_first_update, daemon=True)
-        killer.start()
         r = run_training(
             PPOArgs(**ARGS),
             logdir=tmp_path,
@@ -120,7 +137,6 @@ def test_killed_server_is_reported_and_the_run_goes_on(tmp_path: Path, capfd) ->
             tensorboard=False,
             server_timeout=3.0,
         )
-        killer.join(timeout=5)
     finally:
         stop_servers(procs)
     err = capfd.readouterr().err
@@ -139,10 +155,8 @@ def _free_port() -> int:
 def test_wait_for_servers_reconnects_to_a_restarted_server(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The second server is killed inside the first update's bookkeeping (so always
-    mid-run, however fast the updates are) and restarted on its port 3 s later."""
-    import simkit.clients._train as train_module
-
+    """The second server is killed after the first update and restarted on its port
+    3 s later."""
     binds = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
     procs, endpoints = spawn_servers("simkit/CartPole-v0", 2, binds=binds)
     restarted: list = []  # type: ignore[type-arg]  # Popen of the restarted server
@@ -153,16 +167,7 @@ def test_wait_for_servers_reconnects_to_a_restarted_server(
         restarted.extend(more)
 
     killer = threading.Thread(target=restart, daemon=True)
-    save_policy = train_module.save_policy
-
-    def kill_after_first_update(*args: Any, **kwargs: Any) -> None:
-        save_policy(*args, **kwargs)
-        if not killer.is_alive() and not restarted:
-            procs[1].kill()
-            procs[1].wait()
-            killer.start()
-
-    monkeypatch.setattr(train_module, "save_policy", kill_after_first_update)
+    _kill_after_first_update(monkeypatch, procs[1], then=killer.start)
     try:
         r = run_training(
             PPOArgs(**ARGS),
