@@ -17,13 +17,14 @@ import torch
 import zmq
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from stream_helpers import assert_same_fragment, weights_version
 
 import simkit
 from simkit._types import Fragment
 from simkit.clients import PolicyStream, RemoteVectorEnv, ServerUnavailable
 from simkit.envs.batch_cartpole import BatchCartPole
-from simkit.models import ModelSpec, PolicyWeights, build_model, get_weights
-from simkit.protocol import FRAGMENT_ARRAYS, RemoteError, StreamClientSession, StreamConfig
+from simkit.models import ModelSpec, PolicyWeights, build_model
+from simkit.protocol import RemoteError, StreamClientSession, StreamConfig
 from simkit.servers import RolloutServer
 from simkit.servers._stream_policy import GroupedPolicy, policy_seed
 from simkit.vector import VectorEnv
@@ -51,19 +52,6 @@ def serve() -> Iterator[Servers]:
         srv.stop()
 
 
-def _weights(model: torch.nn.Module, version: int) -> PolicyWeights:
-    """Version ``version`` of a fixed sequence: the model's weights plus seeded noise."""
-    base = get_weights(model, version)
-    rng = np.random.default_rng(version)
-    tensors = {
-        name: (arr + rng.normal(0, 0.1, arr.shape).astype(arr.dtype))
-        if arr.dtype.kind == "f" and arr.ndim
-        else arr
-        for name, arr in base.tensors.items()
-    }
-    return PolicyWeights(version, tensors)
-
-
 def _model(env_id: str = CARTPOLE) -> torch.nn.Module:
     envs = VectorEnv(env_id, 1)
     try:
@@ -80,17 +68,9 @@ def _run(
     ) as stream:
         out = []
         for version in range(updates):
-            stream.push_weights(_weights(model, version))
+            stream.push_weights(weights_version(model, version))
             out.append(stream.next_batch())
         return out
-
-
-def _same(a: Fragment, b: Fragment) -> None:
-    for name in FRAGMENT_ARRAYS:
-        x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
-        assert x.dtype == y.dtype, name
-        assert x.shape == y.shape, name
-        assert x.tobytes() == y.tobytes(), name
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +113,7 @@ def test_sync_fragments_are_bit_identical_across_runs_threads_and_server_splits(
         _run(layouts["two"], model, seed=seed, updates=3),
     ):
         for a, b in zip(reference, other, strict=True):
-            _same(a, b)
+            assert_same_fragment(a, b)
 
 
 def test_a_fragment_replays_through_a_local_vector_bit_for_bit(serve: Servers) -> None:
@@ -142,7 +122,7 @@ def test_a_fragment_replays_through_a_local_vector_bit_for_bit(serve: Servers) -
     with PolicyStream(
         srv.endpoint, SPEC, num_envs=3, seed=11, with_states=True, fragment_length=10, timeout=20
     ) as stream:
-        weights = _weights(model, 0)
+        weights = weights_version(model, 0)
         stream.push_weights(weights)
         fragment = stream.next_fragment()
     assert fragment.start_state is not None
@@ -403,7 +383,7 @@ def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
 
     model = _model()
     with PolicyStream(srv.endpoint, SPEC, num_envs=4, timeout=20) as stream:
-        good = _weights(model, 3)
+        good = weights_version(model, 3)
         stream.push_weights(good)
         wrong = dict(good.tensors)
         name = next(n for n in wrong if n.endswith("weight"))
@@ -426,7 +406,7 @@ def test_bad_spec_and_bad_weights_are_named_and_the_last_good_policy_stays(
         with pytest.raises(RemoteError, match="wrong dtype: expected float32, got float64"):
             stream.push_weights(PolicyWeights(4, widened))
         with pytest.raises(RemoteError, match="must increase") as stale:
-            stream.push_weights(_weights(model, 2))
+            stream.push_weights(weights_version(model, 2))
         assert stale.value.remote_code == "stale_version"
         assert stale.value.expected == "version > 3"
         assert stale.value.got == "2"
@@ -493,9 +473,9 @@ def test_async_mode_drops_fragments_older_than_max_lag(serve: Servers) -> None:
     with PolicyStream(
         srv.endpoint, SPEC, num_envs=2, mode="async", max_lag=0, credit=3, timeout=20
     ) as stream:
-        stream.push_weights(_weights(model, 0))
+        stream.push_weights(weights_version(model, 0))
         assert _wait_for(lambda: _sample(srv, "simkit_stream_fragments_total") >= 3, 10)
-        stream.push_weights(_weights(model, 1))  # the three queued fragments are now stale
+        stream.push_weights(weights_version(model, 1))  # the three queued fragments are now stale
         fragment = stream.next_fragment()
         assert fragment.policy_version.tolist() == [1] * 4
         (stats,) = stream.stats()
@@ -563,7 +543,7 @@ def test_double_buffered_loop_gives_the_plain_loops_fragments(
     n = 8
     loops = [_loop(env_id, n, n // groups, halves=h, length=6) for h in (False, True)]
     model = loops[0][1]
-    weights = [_weights(model, v) for v in range(len(swaps) + 1)]  # before loading any
+    weights = [weights_version(model, v) for v in range(len(swaps) + 1)]  # before loading any
     got: list[list[Fragment]] = [[], []]
     for (loop, _), out in zip(loops, got, strict=True):
         assert loop.double_buffered == (out is got[1])
@@ -581,7 +561,7 @@ def test_double_buffered_loop_gives_the_plain_loops_fragments(
     assert len(got[0]) == len(got[1]) == 5
     assert any(f.truncated.any() for f in got[0])  # final values were computed
     for a, b in zip(*got, strict=True):
-        _same(a, b)
+        assert_same_fragment(a, b)
 
 
 class _FixedArgsCartPole(BatchCartPole):
@@ -620,7 +600,7 @@ def test_a_double_buffered_loop_rejects_parts_that_split_a_sampling_group() -> N
 
 def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Servers) -> None:
     model = _model()  # BatchCartPole has CartPole's spaces
-    weights = [_weights(model, v) for v in range(3)]
+    weights = [weights_version(model, v) for v in range(3)]
     kw: dict[str, Any] = {"env_kwargs": {"max_episode_steps": 5}}
     plain = serve("simkit/BatchCartPole-v0", 4, **kw)
     double = serve("simkit/BatchCartPole-v0", 4, double_buffer=True, **kw)
@@ -636,7 +616,7 @@ def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Ser
                 out.append(stream.next_batch())
             runs.append(out)
     for a, b in zip(*runs, strict=True):
-        _same(a, b)
+        assert_same_fragment(a, b)
     # One sampling group cannot be halved, nor can a list of single envs: plain loop.
     with PolicyStream(double.endpoint, SPEC, num_envs=4, timeout=20) as stream:
         assert not stream.infos[0].double_buffered

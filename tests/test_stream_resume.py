@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from stream_helpers import assert_same_fragment, weights_version
 
 from simkit._types import Fragment
 from simkit.clients import PolicyStream
-from simkit.models import ModelSpec, PolicyWeights, build_model, get_weights
+from simkit.models import ModelSpec, build_model, get_weights
 from simkit.protocol import (
-    FRAGMENT_ARRAYS,
     SESSION_STATE_FORMAT,
     InvalidDtype,
     InvalidField,
@@ -45,25 +45,8 @@ def _model(env_id: str) -> torch.nn.Module:
         rows.close()
 
 
-def _weights(model: torch.nn.Module, version: int) -> PolicyWeights:
-    """Version ``version`` of a fixed sequence: the model's weights plus seeded noise."""
-    base = get_weights(model, version)
-    rng = np.random.default_rng(version)
-    tensors = {
-        name: (arr + rng.normal(0, 0.1, arr.shape).astype(arr.dtype))
-        if arr.dtype.kind == "f" and arr.ndim
-        else arr
-        for name, arr in base.tensors.items()
-    }
-    return PolicyWeights(version, tensors)
-
-
 def _same(a: Fragment, b: Fragment) -> None:
-    for name in FRAGMENT_ARRAYS:
-        x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
-        assert x.dtype == y.dtype, name
-        assert x.shape == y.shape, name
-        assert x.tobytes() == y.tobytes(), name
+    assert_same_fragment(a, b)
     assert a.sequence == b.sequence
 
 
@@ -123,11 +106,11 @@ def test_restored_session_continues_bit_identically(
     with _stream([eps[0]], env_id, num_envs) as stream:
         reference = []
         for v in range(4):
-            stream.push_weights(_weights(model, v))
+            stream.push_weights(weights_version(model, v))
             reference.append(stream.next_batch())
     with _stream([eps[0]], env_id, num_envs) as stream:
         for v in range(2):
-            stream.push_weights(_weights(model, v))
+            stream.push_weights(weights_version(model, v))
             _same(stream.next_batch(), reference[v])
         [(config, snap)] = stream.session_states()
     assert config.env_offset == 0
@@ -136,7 +119,7 @@ def test_restored_session_continues_bit_identically(
     with _stream([eps[1]], env_id, num_envs) as stream:
         stream.restore_sessions([snap])
         for v in range(2, 4):
-            stream.push_weights(_weights(model, v))
+            stream.push_weights(weights_version(model, v))
             _same(stream.next_batch(), reference[v])
 
 
@@ -146,10 +129,10 @@ def test_two_servers_restore_their_own_slots(servers: dict[str, list[str]]) -> N
     with _stream(eps[:2], "simkit/CartPole-v0", 4) as stream:
         reference = []
         for v in range(3):
-            stream.push_weights(_weights(model, v))
+            stream.push_weights(weights_version(model, v))
             reference.append(stream.next_batch())
     with _stream(eps[:2], "simkit/CartPole-v0", 4) as stream:
-        stream.push_weights(_weights(model, 0))
+        stream.push_weights(weights_version(model, 0))
         stream.next_batch()
         states = stream.session_states()
     assert [c.env_offset for c, _ in states] == [0, 2]
@@ -161,7 +144,7 @@ def test_two_servers_restore_their_own_slots(servers: dict[str, list[str]]) -> N
             stream.restore_sessions(snaps[::-1])
         stream.restore_sessions(snaps)
         for v in (1, 2):
-            stream.push_weights(_weights(model, v))
+            stream.push_weights(weights_version(model, v))
             _same(stream.next_batch(), reference[v])
 
 
@@ -171,12 +154,12 @@ def test_bad_snapshots_are_refused_and_the_session_is_unchanged(
     eps = servers["simkit/CartPole-v0"]
     model = _model("simkit/CartPole-v0")
     with _stream([eps[0]], "simkit/CartPole-v0", 4) as stream:
-        stream.push_weights(_weights(model, 0))
+        stream.push_weights(weights_version(model, 0))
         reference = [stream.next_batch()]
-        stream.push_weights(_weights(model, 1))
+        stream.push_weights(weights_version(model, 1))
         reference.append(stream.next_batch())
     with _stream([eps[0]], "simkit/CartPole-v0", 4) as stream:
-        stream.push_weights(_weights(model, 0))
+        stream.push_weights(weights_version(model, 0))
         stream.next_batch()
         [(_, snap)] = stream.session_states()
     fields = snap.to_plain()
@@ -195,7 +178,7 @@ def test_bad_snapshots_are_refused_and_the_session_is_unchanged(
                 stream._await(srv, lambda s: False, "an error")
             assert info.value.remote_code == code
         # Nothing of those changed the fresh session: it produces the fresh run's data.
-        stream.push_weights(_weights(model, 0))
+        stream.push_weights(weights_version(model, 0))
         _same(stream.next_batch(), reference[0])
 
 
@@ -321,7 +304,7 @@ def test_server_policy_lean_path_acts_as_torch(env_id: str) -> None:
     try:
         model = build_model(SPEC, rows.observation_space, rows.action_space)
         model.update_obs_stats(np.random.default_rng(0).normal(1.0, 3.0, (64, *model.obs_shape)))
-        weights = _weights(model, 0)
+        weights = weights_version(model, 0)
         policies = [
             GroupedPolicy(
                 build_model(SPEC, rows.observation_space, rows.action_space),
@@ -348,8 +331,8 @@ def test_server_policy_lean_path_acts_as_torch(env_id: str) -> None:
             np.testing.assert_allclose(fast.values, slow.values, atol=1e-5)
         np.testing.assert_allclose(policies[0].value(obs), policies[1].value(obs), atol=1e-5)
         # New weights reach the lean path.
-        policies[0].set_weights(_weights(model, 1))
-        policies[1].set_weights(_weights(model, 1))
+        policies[0].set_weights(weights_version(model, 1))
+        policies[1].set_weights(weights_version(model, 1))
         np.testing.assert_allclose(policies[0].value(obs), policies[1].value(obs), atol=1e-5)
     finally:
         rows.close()
