@@ -817,18 +817,22 @@ def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None
 
     buf = StepBuffer(3, capacity=1)
     obs = {"a": np.arange(6.0).reshape(3, 2), "b": (np.arange(3, dtype=np.int8),)}
+    for i in range(3):
+        buf.start(i, {"a": np.full(2, -1.0 - i), "b": (np.int8(-1 - i),)})
     acts = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
     flags = np.zeros(3, bool)
     infos: list[dict[str, Any]] = [{}, {"x": 1}, {}]
     buf.append(np.arange(3), None, obs, acts, np.ones(3), flags, flags, infos, 7)
     # rows 2 and 0 of a batch for envs 0 and 2, out of order, past the capacity
     buf.append(np.array([2, 0]), np.array([0, 2]), obs, acts, np.ones(3), flags, flags, infos, 8)
+    buf.set_last_obs(0, {"a": np.array([9.0, 9.0]), "b": (np.int8(9),)})
     two = buf.take(2)
-    assert two["next_obs"]["a"].tolist() == [[4.0, 5.0], [0.0, 1.0]]
-    assert two["next_obs"]["b"][0].tolist() == [2, 0]
+    assert two["obs"]["a"].tolist() == [[-3.0, -3.0], [4.0, 5.0], [0.0, 1.0]]
+    assert two["obs"]["b"][0].tolist() == [-3, 2, 0]
     assert two["actions"].tolist() == [[5, 6], [1, 2]]
     assert two["version"].tolist() == [7, 8]
     assert buf.take(1)["infos"] == [{"x": 1}]
+    assert buf.take(0)["obs"]["a"].tolist() == [[-1.0, -1.0], [0.0, 1.0], [9.0, 9.0]]
     with pytest.raises(ValueError, match=r"expected \(2,\), got \(3,\)"):
         buf.append(
             np.arange(3), None, obs, np.zeros((3, 3), np.int32), np.ones(3), flags, flags, infos, 9

@@ -40,6 +40,8 @@ class Client:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
+        # A DEALER with no peer blocks in send (a CURVE handshake the server refused).
+        self.sock.setsockopt(zmq.SNDTIMEO, TIMEOUT_MS)
         for key, value in sockopts.items():
             setattr(self.sock, key, value)
         self.sock.connect(endpoint)
@@ -366,10 +368,11 @@ def test_curve_allows_listed_clients_and_refuses_others(tmp_path: Path, connect:
             curve_publickey=other_public,
             curve_secretkey=other_secret,
             rcvtimeo=1000,
+            sndtimeo=1000,
         )
         with pytest.raises(zmq.Again):
             stranger.hello()
-        plain = connect(srv.endpoint, rcvtimeo=500)
+        plain = connect(srv.endpoint, rcvtimeo=500, sndtimeo=500)
         with pytest.raises(zmq.Again):
             plain.hello()
         assert srv.sessions == 1

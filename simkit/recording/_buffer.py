@@ -1,4 +1,4 @@
-"""Per-env columnar step storage for the recording wrappers (a few numpy calls per step)."""
+"""Per-env columnar step storage for the recorders (a few numpy calls per batch step)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ __all__ = ["StepBuffer"]
 
 
 class _Column:
-    """One array leaf, time-major: ``(capacity, num_envs, *shape)``; env ``i``'s steps
-    are ``data[:length[i], i]``.
+    """One array leaf, env-major: ``(num_envs, capacity, *shape)``.
 
-    Time-major because appends are the hot path: a batch step of envs that move in
-    lock step writes one contiguous block. ``flat`` is the same memory as
-    ``(capacity * num_envs, *shape)``: one fancy index (``t * num_envs + i``) scatters
-    any batch step.
+    Env ``i``'s trajectory is ``data[i, :length + 1]``: row 0 holds the first
+    observation (observation columns) or nothing (the others), row ``t`` step ``t``.
+    ``flat`` is the same memory as ``(num_envs * capacity, *shape)``, so one fancy index
+    (``i * capacity + t``) scatters any batch step, and an ended episode is one
+    contiguous copy per column.
     """
 
     def __init__(self, num_envs: int, sample: np.ndarray, capacity: int) -> None:
@@ -27,7 +27,7 @@ class _Column:
         # Rows of a leaf with a shape move as single void items: a 1-D fancy index,
         # several times cheaper than numpy's multi-dimensional one.
         self._item = np.dtype((np.void, max(sample[:1].nbytes, 1))) if self.shape else None
-        self._view(np.zeros((capacity, num_envs, *self.shape), self.dtype))
+        self._view(np.zeros((num_envs, capacity, *self.shape), self.dtype))
 
     def _view(self, data: np.ndarray) -> None:
         self.data = data
@@ -35,9 +35,10 @@ class _Column:
         self._rows = None if self._item is None else self.flat.view(self._item).reshape(-1)
 
     def grow(self, capacity: int) -> None:
-        if capacity > self.data.shape[0]:
-            new = np.zeros((capacity, *self.data.shape[1:]), self.dtype)
-            new[: self.data.shape[0]] = self.data
+        old = self.data.shape[1]
+        if capacity > old:
+            new = np.zeros((self.data.shape[0], capacity, *self.shape), self.dtype)
+            new[:, :old] = self.data
             self._view(new)
 
     def put(self, where: np.ndarray, value: Any) -> None:
@@ -46,8 +47,8 @@ class _Column:
         Raises:
             ValueError: rows of another shape than the first batch's.
         """
-        item = self._item
-        if self._rows is None or item is None or np.ndim(value) == 0:
+        rows_view = self._rows
+        if rows_view is None:
             self.flat[where] = value
             return
         rows = np.ascontiguousarray(value, dtype=self.dtype)
@@ -55,21 +56,33 @@ class _Column:
             raise ValueError(
                 f"recorded rows must keep one shape: expected {self.shape}, got {rows.shape[1:]}"
             )
-        self._rows[where] = rows.view(item).reshape(-1)
+        rows_view[where] = rows.view(self._item).reshape(-1)
+
+
+def _leaves(tree: Any) -> tuple[Any, list[np.ndarray]]:
+    """(tree spec, leaves as arrays); a plain array is its own single leaf."""
+    if type(tree) is np.ndarray:
+        return None, [tree]
+    leaves: list[Any] = []
+    spec = _flatten(tree, leaves)
+    return spec, [np.asarray(x) for x in leaves]
 
 
 class StepBuffer:
-    """The steps of every env's current episode, stored column by column.
+    """The trajectory of every env's current episode, stored column by column.
 
-    ``append`` writes one batch step for the listed envs with one fancy-index assignment
-    per leaf; ``take(i)`` copies env ``i``'s episode out and empties its row. Trees
-    (dict / tuple observations and actions) keep one column per leaf.
+    ``start(i, obs)`` opens env ``i``'s trajectory at its first observation;
+    ``append`` writes one batch step for the listed envs with one fancy-index
+    assignment per leaf; ``take(i)`` copies env ``i``'s trajectory out and empties its
+    row. Trees (dict / tuple observations and actions) keep one column per leaf.
     """
 
     def __init__(self, num_envs: int, capacity: int = 256) -> None:
         self.num_envs = num_envs
         self.length = np.zeros(num_envs, np.int64)
+        """Steps of each env's trajectory (its observations are one more)."""
         self._capacity = capacity
+        self._bound = 0  # >= every length: the exact max is taken only near the capacity
         self._obs_spec: Any = None
         self._act_spec: Any = None
         self._obs: list[_Column] = []
@@ -77,10 +90,26 @@ class StepBuffer:
         self._scalars: dict[str, _Column] = {}
         self._infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(num_envs)]
 
-    def _setup(self, obs: list[np.ndarray], act: list[np.ndarray]) -> None:
+    def _grow(self, bound: int) -> None:
+        """``bound``: the longest trajectory after the next append; past the capacity,
+        every column doubles."""
+        self._bound = bound
+        if bound >= self._capacity:
+            self._capacity = max(bound + 1, 2 * self._capacity)
+            for col in self._columns():
+                col.grow(self._capacity)
+
+    def _columns(self) -> list[_Column]:
+        return [*self._obs, *self._act, *self._scalars.values()]
+
+    def _setup_obs(self, spec: Any, leaves: list[np.ndarray]) -> None:
+        self._obs_spec = spec
+        self._obs = [_Column(self.num_envs, leaf, self._capacity) for leaf in leaves]
+
+    def _setup_steps(self, spec: Any, leaves: list[np.ndarray]) -> None:
         n, cap = self.num_envs, self._capacity
-        self._obs = [_Column(n, leaf, cap) for leaf in obs]
-        self._act = [_Column(n, leaf, cap) for leaf in act]
+        self._act_spec = spec
+        self._act = [_Column(n, leaf, cap) for leaf in leaves]
         self._scalars = {
             "reward": _Column(n, np.zeros(1, np.float64), cap),
             "terminated": _Column(n, np.zeros(1, bool), cap),
@@ -88,8 +117,16 @@ class StepBuffer:
             "version": _Column(n, np.zeros(1, np.int64), cap),
         }
 
-    def _columns(self) -> list[_Column]:
-        return [*self._obs, *self._act, *self._scalars.values()]
+    def start(self, i: int, obs_row: Any) -> None:
+        """Opens env ``i``'s trajectory at ``obs_row`` (one row; its steps are dropped)."""
+        spec, leaves = _leaves(obs_row)
+        rows = [leaf[None] for leaf in leaves]
+        if not self._obs:
+            self._setup_obs(spec, rows)
+        self.clear(i)
+        where = np.array([i * self._capacity])
+        for col, row in zip(self._obs, rows, strict=True):
+            col.put(where, row)
 
     def append(
         self,
@@ -103,67 +140,75 @@ class StepBuffer:
         infos: list[dict[str, Any]],
         version: int,
     ) -> None:
-        """Appends batch row ``rows[k]`` to env ``ids[k]``'s episode.
+        """Appends batch row ``rows[k]`` to env ``ids[k]``'s trajectory (opened by
+        :meth:`start`).
 
         ``rows=None``: row ``k`` of the batch is env ``ids[k]``'s. One fancy index per
         leaf, whatever the batch.
         """
         if ids.size == 0:
             return
-        obs_leaves: list[Any] = []
-        act_leaves: list[Any] = []
-        obs_spec = _flatten(next_obs, obs_leaves)
-        act_spec = _flatten(actions, act_leaves)
-        obs_arrays = [np.asarray(x) for x in obs_leaves]
-        act_arrays = [np.asarray(x) for x in act_leaves]
-        if self._obs_spec is None:
-            self._obs_spec, self._act_spec = obs_spec, act_spec
-            self._setup(obs_arrays, act_arrays)
+        _, obs_arrays = _leaves(next_obs)
+        act_spec, act_arrays = _leaves(actions)
+        if not self._obs:
+            raise RuntimeError("StepBuffer.start() an env before appending its steps")
+        if not self._act:
+            self._setup_steps(act_spec, act_arrays)
         pos = self.length[ids]
-        top = int(pos.max())
-        if top + 1 > self._capacity:
-            self._capacity = max(top + 1, 2 * self._capacity)
-            for col in self._columns():
-                col.grow(self._capacity)
-        pick: Any = slice(None) if rows is None else rows
-        where = pos * self.num_envs + ids
-        values = [
-            *(leaf[pick] for leaf in obs_arrays),
-            *(leaf[pick] for leaf in act_arrays),
-            np.asarray(reward)[pick],
-            np.asarray(terminated)[pick],
-            np.asarray(truncated)[pick],
-            version,
-        ]
-        for col, value in zip(self._columns(), values, strict=True):
-            col.put(where, value)
+        pos += 1
+        self._bound += 1
+        if self._bound >= self._capacity:
+            self._grow(int(self.length.max()) + 1)
+        where = ids * self._capacity
+        where += pos
+        if rows is not None:
+            obs_arrays = [leaf[rows] for leaf in obs_arrays]
+            act_arrays = [leaf[rows] for leaf in act_arrays]
+            reward, terminated, truncated = (
+                np.asarray(reward)[rows],
+                np.asarray(terminated)[rows],
+                np.asarray(truncated)[rows],
+            )
+        for col, leaf in zip(self._obs, obs_arrays, strict=True):
+            col.put(where, leaf)
+        for col, leaf in zip(self._act, act_arrays, strict=True):
+            col.put(where, leaf)
+        scalars = self._scalars
+        scalars["reward"].flat[where] = reward
+        scalars["terminated"].flat[where] = terminated
+        scalars["truncated"].flat[where] = truncated
+        scalars["version"].flat[where] = version
         if any(infos):
             picked = range(ids.size) if rows is None else rows.tolist()
             for i, r, t in zip(ids.tolist(), picked, pos.tolist(), strict=True):
                 if infos[r]:
-                    self._infos[i][t] = infos[r]
-        self.length[ids] += 1
+                    self._infos[i][t - 1] = infos[r]
+        self.length[ids] = pos
 
     def set_last_obs(self, i: int, obs_row: Any) -> None:
-        """Replaces env ``i``'s last next-observation (an autoreset's final observation)."""
-        leaves: list[Any] = []
-        _flatten(obs_row, leaves)
-        t = int(self.length[i]) - 1
+        """Replaces env ``i``'s last observation (an autoreset's final observation)."""
+        _, leaves = _leaves(obs_row)
+        t = int(self.length[i])
         for col, leaf in zip(self._obs, leaves, strict=True):
-            col.data[t, i] = leaf
+            col.data[i, t] = leaf
 
     def take(self, i: int) -> dict[str, Any]:
-        """Env ``i``'s episode so far (copies), and its row emptied."""
+        """Env ``i``'s trajectory so far (copies: ``obs`` with ``T + 1`` rows, the rest
+        with ``T``), and its row emptied."""
         t = int(self.length[i])
         out: dict[str, Any] = {
-            "next_obs": _unflatten(self._obs_spec, [c.data[:t, i].copy() for c in self._obs]),
-            "actions": _unflatten(self._act_spec, [c.data[:t, i].copy() for c in self._act]),
+            "obs": _unflatten_or_leaf(
+                self._obs_spec, [c.data[i, : t + 1].copy() for c in self._obs]
+            ),
+            "actions": _unflatten_or_leaf(
+                self._act_spec, [c.data[i, 1 : t + 1].copy() for c in self._act]
+            ),
             "infos": [infos.get(k, {}) for k in range(t)]
             if (infos := self._infos[i])
             else [{}] * t,
         }
         for name, col in self._scalars.items():
-            out[name] = col.data[:t, i].copy()
+            out[name] = col.data[i, 1 : t + 1].copy()
         self.clear(i)
         return out
 
@@ -171,3 +216,7 @@ class StepBuffer:
         """Drops env ``i``'s steps."""
         self.length[i] = 0
         self._infos[i] = {}
+
+
+def _unflatten_or_leaf(spec: Any, leaves: list[np.ndarray]) -> Any:
+    return leaves[0] if spec is None else _unflatten(spec, leaves)

@@ -198,10 +198,10 @@ def pack_record(
     """
     packed = msgpack.packb(body, use_bin_type=True)
     descriptors = []
-    parts = [_U64.pack(len(packed)), packed]
+    parts: list[bytes | memoryview] = [_U64.pack(len(packed)), packed]
     offset = _U64.size + len(packed)
     for name, arr in arrays:
-        data = arr.tobytes()
+        data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
         descriptors.append([name, arr.dtype.str, list(arr.shape), offset, len(data)])
         parts.append(data)
         offset += len(data)

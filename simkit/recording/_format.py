@@ -25,6 +25,7 @@ import fcntl
 import os
 import re
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,20 @@ def default_codec() -> str:
     return "zstd" if zstandard is not None else "zlib"
 
 
+_compressors = threading.local()
+
+
+def _zstd(level: int) -> Any:
+    """This thread's ``ZstdCompressor`` at ``level`` (one context reused: a compressor is
+    not thread-safe, and a new one per record costs its setup every time)."""
+    cache: dict[int, Any] | None = getattr(_compressors, "zstd", None)
+    if cache is None:
+        cache = _compressors.zstd = {}
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level)
+    return cache[level]
+
+
 def _compress(codec: int, data: bytes, level: int) -> bytes:
     if codec == 0:
         return data
@@ -104,7 +119,7 @@ def _compress(codec: int, data: bytes, level: int) -> bytes:
         return zlib.compress(data, level if level >= 0 else 6)
     if zstandard is None:
         raise ValueError("compression 'zstd' needs the zstandard package; use 'zlib'")
-    return zstandard.ZstdCompressor(level=level if level >= 0 else 3).compress(data)
+    return bytes(_zstd(level if level >= 0 else 3).compress(data))
 
 
 def encode_frame(

@@ -21,7 +21,7 @@ from simkit._types import MultiAgentBatchStep
 from simkit.recording._buffer import StepBuffer
 from simkit.recording._io import RecordingWriter
 from simkit.recording._multiagent import AgentEpisode, MultiAgentEpisode
-from simkit.recording._tracker import prepend_row, row_of, strip_reset_mask
+from simkit.recording._tracker import row_of, strip_reset_mask
 
 __all__ = ["MultiAgentTracker"]
 
@@ -31,9 +31,8 @@ NextEpisodes = Callable[[list[int]], list[tuple[int | None, dict[str, Any]]]]
 
 @dataclass
 class _Agent:
-    """How one agent's part started (its steps are in its :class:`StepBuffer` row)."""
+    """How one agent's part started (its trajectory is in its :class:`StepBuffer` row)."""
 
-    first_obs: Any
     info: dict[str, Any]
     start: int
 
@@ -121,7 +120,8 @@ class MultiAgentTracker:
         ep = _OpenEnv(seed=seed, options=strip_reset_mask(options), origin=dict(origin))
         base = i * self.num_agents
         for s in np.flatnonzero(np.asarray(agent_mask)).tolist():
-            ep.agents[s] = _Agent(row_of(obs_rows, s), dict(infos[s]), 0)
+            ep.agents[s] = _Agent(dict(infos[s]), 0)
+            self.buffer.start(base + s, row_of(obs_rows, s))
             self.live[base + s] = True
         self._open[i] = ep
         self._take_snapshot(i, ep)
@@ -150,7 +150,7 @@ class MultiAgentTracker:
             self.live[base + s] = False
             agents[self.possible_agents[s]] = AgentEpisode(
                 start=agent.start,
-                obs=prepend_row(agent.first_obs, steps["next_obs"]),
+                obs=steps["obs"],
                 actions=steps["actions"],
                 rewards=steps["reward"],
                 terminated=steps["terminated"],
@@ -245,7 +245,8 @@ class MultiAgentTracker:
         if s in ep.agents:  # came back after leaving: one trajectory per agent
             ep.unrecordable = True
             return
-        ep.agents[s] = _Agent(obs_row, dict(info), ep.steps + 1)
+        ep.agents[s] = _Agent(dict(info), ep.steps + 1)
+        self.buffer.start(i * self.num_agents + s, obs_row)
         self.live[i * self.num_agents + s] = True
 
     def _end_envs(

@@ -21,7 +21,7 @@ from simkit.recording._buffer import StepBuffer
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
 
-__all__ = ["EpisodeTracker", "prepend_row", "row_of", "seeds_of", "strip_reset_mask"]
+__all__ = ["EpisodeTracker", "row_of", "seeds_of", "strip_reset_mask"]
 
 
 def row_of(tree: Any, k: int | np.ndarray) -> Any:
@@ -31,16 +31,6 @@ def row_of(tree: Any, k: int | np.ndarray) -> Any:
     if isinstance(tree, tuple):
         return tuple(row_of(v, k) for v in tree)
     return np.array(np.asarray(tree)[k])
-
-
-def prepend_row(first: Any, rest: Any) -> Any:
-    """``first`` (one row) stacked before ``rest`` (``(T, ...)``), leaf by leaf."""
-    if isinstance(first, dict):
-        return {k: prepend_row(first[k], rest[k]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(prepend_row(a, b) for a, b in zip(first, rest, strict=True))
-    b = np.asarray(rest)
-    return np.concatenate([np.asarray(first, b.dtype)[None], b])
 
 
 def seeds_of(roots: list[int | None], env_index: list[int], episode: list[int]) -> list[int | None]:
@@ -68,9 +58,9 @@ def strip_reset_mask(options: Mapping[str, Any] | None) -> dict[str, Any] | None
 
 @dataclass
 class _Open:
-    """How env ``i``'s current episode started (its steps are in the :class:`StepBuffer`)."""
+    """How env ``i``'s current episode started (its trajectory is in the
+    :class:`StepBuffer`)."""
 
-    reset_obs: Any
     reset_info: dict[str, Any]
     seed: int | None
     options: dict[str, Any] | None
@@ -113,6 +103,7 @@ class EpisodeTracker:
         self._snapshot_of = snapshot
         self._open: list[_Open | None] = [None] * num_envs
         self.live = np.zeros(num_envs, bool)
+        self._live_count = 0
         self.buffer = StepBuffer(num_envs)
         self.max_episodes: int | None = None
         self.dropped = 0
@@ -134,14 +125,14 @@ class EpisodeTracker:
         """Env ``i`` starts an episode at ``obs_row`` (an unfinished one is dropped)."""
         self.drop(i)
         ep = _Open(
-            reset_obs=obs_row,
             reset_info=dict(reset_info),
             seed=seed,
             options=strip_reset_mask(options),
             origin=dict(origin),
         )
+        self.buffer.start(i, obs_row)
         self._open[i] = ep
-        self.live[i] = True
+        self._set_live(i, True)
         self._take_snapshot(i, ep)
 
     def drop(self, i: int) -> None:
@@ -149,14 +140,14 @@ class EpisodeTracker:
         if self._open[i] is not None and self.buffer.length[i]:
             self.dropped += 1
         self._open[i] = None
-        self.live[i] = False
+        self._set_live(i, False)
         self.buffer.clear(i)
 
     def finish(self, i: int) -> None:
         """Env ``i``'s episode ended: writes it (unless :attr:`max_episodes` are written)."""
         ep = self._open[i]
         self._open[i] = None
-        self.live[i] = False
+        self._set_live(i, False)
         if ep is None or not self.buffer.length[i]:
             self.buffer.clear(i)
             return
@@ -166,7 +157,7 @@ class EpisodeTracker:
         self.writer.write(
             Episode(
                 env_id=self.env_id,
-                obs=prepend_row(ep.reset_obs, steps["next_obs"]),
+                obs=steps["obs"],
                 actions=steps["actions"],
                 rewards=steps["reward"],
                 terminated=steps["terminated"],
@@ -183,6 +174,10 @@ class EpisodeTracker:
                 origin=ep.origin,
             )
         )
+
+    def _set_live(self, i: int, live: bool) -> None:
+        self._live_count += int(live) - int(self.live[i])
+        self.live[i] = live
 
     def _take_snapshot(self, i: int, ep: _Open) -> None:
         if self.snapshot_every and self.buffer.length[i] % self.snapshot_every == 0:
@@ -214,8 +209,7 @@ class EpisodeTracker:
     ) -> None:
         """Appends batch row ``rows[k]`` (``None``: row ``k``) to env ``env_ids[k]``'s
         episode, for the envs with an episode in flight."""
-        live = self.live[env_ids]
-        if not live.all():
+        if self._live_count < self.num_envs and not (live := self.live[env_ids]).all():
             rows = (np.arange(env_ids.size) if rows is None else rows)[live]
             env_ids = env_ids[live]
         self.buffer.append(

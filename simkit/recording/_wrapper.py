@@ -190,6 +190,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         )
         self.tracker.max_episodes = max_episodes
         self.seeds = SeedBook(n, self._kind)
+        self._inner: Any = env.unwrapped
         self._pending = np.zeros(n, bool)
 
     @property
@@ -237,16 +238,22 @@ class RecordEpisodes(gym.vector.VectorWrapper):
 
     def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
         """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
-        res: BatchStep = self.env.unwrapped.step_batch(actions, *args, **kwargs)  # type: ignore[attr-defined]
+        inner = self._inner
+        res: BatchStep = inner.step_batch(actions, *args, **kwargs)
+        faults = getattr(inner, "faults", None)
         self.tracker.log_batch_step(
-            res, actions, self.policy_version, self.seeds.next_episodes, faulted=self._faulted()
+            res,
+            actions,
+            self.policy_version,
+            self.seeds.next_episodes,
+            faulted=self._faulted() if faults else (),
         )
         return res
 
     def _faulted(self) -> set[int]:
         """Envs that raised on the last step (``RemoteVectorEnv.faults``): their episodes
         were cut by the server, not by the env, and are not recorded."""
-        return {int(f.env_id) for f in getattr(self.env.unwrapped, "faults", None) or ()}
+        return {int(f.env_id) for f in getattr(self._inner, "faults", None) or ()}
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Gymnasium's ``step``, recorded under the vector's autoreset mode."""
