@@ -160,13 +160,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--server-rounds", type=int, default=5, help="0: skip the server rows")
     parser.add_argument("--verify-episodes", type=int, default=8)
+    parser.add_argument("--level", type=int, default=None, help="zstd level (default: 3)")
     args = parser.parse_args()
     n = args.num_envs
     rng = np.random.default_rng(0)
     actions = rng.uniform(-1, 1, (args.steps, n, 6)).astype(np.float32)
     root = Path(tempfile.mkdtemp(prefix="bench_record_"))
     plain = simkit.make(ENV_ID, num_envs=n)
-    rec = RecordEpisodes(simkit.make(ENV_ID, num_envs=n), root / "r0", env_id=ENV_ID)
+    rec = RecordEpisodes(
+        simkit.make(ENV_ID, num_envs=n), root / "r0", env_id=ENV_ID, level=args.level
+    )
     plain_times, rec_times, plain_cpu, rec_cpu = [], [], [], []
     try:
         print(f"load average before: {os.getloadavg()}")

@@ -50,6 +50,7 @@ __all__ = [
     "FrameInfo",
     "Skipped",
     "encode_frame",
+    "check_level",
     "decode_blob",
     "scan_chunk",
     "read_meta",
@@ -112,14 +113,29 @@ def _zstd(level: int) -> Any:
     return cache[level]
 
 
-def _compress(codec: int, data: bytes, level: int) -> bytes:
+def check_level(codec: str, level: int | None) -> None:
+    """Raises ``ValueError`` unless ``level`` is one of ``codec``'s levels (``None``: its
+    default)."""
+    if level is None or codec == "none":
+        return
+    if codec == "zlib":
+        low, high = -1, 9
+    elif zstandard is None:
+        return  # refused by the codec check, which names the missing package
+    else:
+        low, high = -(1 << 17), zstandard.MAX_COMPRESSION_LEVEL
+    if not low <= level <= high:
+        raise ValueError(f"{codec} compression level must be in [{low}, {high}], got {level}")
+
+
+def _compress(codec: int, data: bytes, level: int | None) -> bytes:
     if codec == 0:
         return data
     if codec == 1:
-        return zlib.compress(data, level if level >= 0 else 6)
+        return zlib.compress(data, 6 if level is None else level)
     if zstandard is None:
         raise ValueError("compression 'zstd' needs the zstandard package; use 'zlib'")
-    return bytes(_zstd(level if level >= 0 else 3).compress(data))
+    return bytes(_zstd(3 if level is None else level).compress(data))
 
 
 def encode_frame(
@@ -127,7 +143,7 @@ def encode_frame(
     blob: bytes,
     *,
     codec: str = "zstd",
-    level: int = -1,
+    level: int | None = None,
     kind: int = KIND_EPISODE,
 ) -> bytes:
     """One complete frame: header + meta (msgpack) + compressed blob.
