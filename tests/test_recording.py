@@ -839,6 +839,50 @@ def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None
         )
 
 
+def test_step_buffer_fast_path_and_append_keep_every_step_and_refuse_other_steps() -> None:
+    from simkit.recording._buffer import StepBuffer
+
+    rng = np.random.default_rng(0)
+    n = 4
+    buffers = StepBuffer(n, capacity=2), StepBuffer(n, capacity=2)
+    ids = np.arange(n)
+    nothing: list[dict[str, Any]] = [{}] * n
+    want: list[dict[str, list[Any]]] = []
+    for i in range(n):
+        want.append({"obs": [np.full(3, float(i))], "actions": [], "reward": [], "version": []})
+        for buf in buffers:
+            buf.start(i, np.full(3, float(i)))
+    for t in range(7):  # past the capacity twice; env 2 restarts midway
+        obs, acts = rng.normal(size=(n, 3)), rng.normal(size=(n, 2)).astype(np.float32)
+        reward, flags = rng.normal(size=n), rng.random(n) < 0.5
+        fast, slow = buffers
+        slow.append(ids, None, obs, acts, reward, flags, ~flags, nothing, t)
+        if t == 0:  # the action columns exist after a first append
+            assert not fast.append_all(obs, acts, reward, flags, ~flags, t)
+            fast.append(ids, None, obs, acts, reward, flags, ~flags, nothing, t)
+        else:
+            assert fast.append_all(obs, acts, reward, flags, ~flags, t)
+        for i in range(n):
+            for key, value in (("obs", obs[i]), ("actions", acts[i]), ("reward", reward[i])):
+                want[i][key].append(value)
+            want[i]["version"].append(t)
+        if t == 3:
+            for buf in buffers:
+                buf.take(2)
+                buf.start(2, np.zeros(3))
+            want[2] = {"obs": [np.zeros(3)], "actions": [], "reward": [], "version": []}
+    obs = np.zeros((n, 3))
+    fast = buffers[0]
+    assert not fast.append_all(obs, np.zeros((n, 2)), np.zeros(n), flags, flags, 9)  # float64
+    assert not fast.append_all(obs[:2], np.zeros((2, 2), np.float32), np.zeros(2), flags, flags, 9)
+    assert not fast.append_all(np.zeros((3, n)).T, acts, reward, flags, flags, 9)  # not C-ordered
+    for buf in buffers:
+        for i in range(n):
+            got = buf.take(i)
+            for key, rows in want[i].items():
+                np.testing.assert_array_equal(got[key], np.array(rows), err_msg=f"env {i} {key}")
+
+
 def test_a_policy_stream_recorded_by_the_learner_replays_bit_for_bit(tmp_path: Path) -> None:
     from simkit.clients import PolicyStream
     from simkit.models import ModelSpec, build_model, get_weights

@@ -41,6 +41,24 @@ class _Column:
             new[:, :old] = self.data
             self._view(new)
 
+    def fits(self, value: Any, rows: int) -> bool:
+        """``value`` is ``rows`` C-ordered rows of this column's dtype and shape."""
+        return (
+            type(value) is np.ndarray
+            and value.dtype == self.dtype
+            and value.shape[1:] == self.shape
+            and value.shape[0] == rows
+            and value.flags.c_contiguous
+        )
+
+    def put_rows(self, where: np.ndarray, value: np.ndarray) -> None:
+        """:meth:`put` of rows that :meth:`fits` (no conversion, no checks)."""
+        rows, item = self._rows, self._item
+        if rows is None or item is None:
+            self.flat[where] = value
+        else:
+            rows[where] = value.view(item).reshape(-1)
+
     def put(self, where: np.ndarray, value: Any) -> None:
         """Writes ``value[k]`` at flat position ``where[k]``.
 
@@ -51,7 +69,9 @@ class _Column:
         if rows_view is None:
             self.flat[where] = value
             return
-        rows = np.ascontiguousarray(value, dtype=self.dtype)
+        rows = value
+        if type(rows) is not np.ndarray or rows.dtype != self.dtype or not rows.flags.c_contiguous:
+            rows = np.ascontiguousarray(value, dtype=self.dtype)
         if rows.shape[1:] != self.shape:
             raise ValueError(
                 f"recorded rows must keep one shape: expected {self.shape}, got {rows.shape[1:]}"
@@ -83,6 +103,8 @@ class StepBuffer:
         """Steps of each env's trajectory (its observations are one more)."""
         self._capacity = capacity
         self._bound = 0  # >= every length: the exact max is taken only near the capacity
+        self._in_order = np.arange(num_envs, dtype=np.int64).tobytes()
+        self._row0 = np.arange(num_envs, dtype=np.int64) * capacity
         self._obs_spec: Any = None
         self._act_spec: Any = None
         self._obs: list[_Column] = []
@@ -96,8 +118,24 @@ class StepBuffer:
         self._bound = bound
         if bound >= self._capacity:
             self._capacity = max(bound + 1, 2 * self._capacity)
+            self._row0 = np.arange(self.num_envs, dtype=np.int64) * self._capacity
             for col in self._columns():
                 col.grow(self._capacity)
+
+    def _reserve(self) -> None:
+        """Makes room for one more step of any env."""
+        self._bound += 1
+        if self._bound >= self._capacity:
+            self._grow(int(self.length.max()) + 1)
+
+    def _put_scalars(
+        self, where: np.ndarray, reward: Any, terminated: Any, truncated: Any, version: int
+    ) -> None:
+        scalars = self._scalars
+        scalars["reward"].flat[where] = reward
+        scalars["terminated"].flat[where] = terminated
+        scalars["truncated"].flat[where] = truncated
+        scalars["version"].flat[where] = version
 
     def _columns(self) -> list[_Column]:
         return [*self._obs, *self._act, *self._scalars.values()]
@@ -128,6 +166,34 @@ class StepBuffer:
         for col, row in zip(self._obs, rows, strict=True):
             col.put(where, row)
 
+    def append_all(
+        self,
+        next_obs: Any,
+        actions: Any,
+        reward: Any,
+        terminated: Any,
+        truncated: Any,
+        version: int,
+    ) -> bool:
+        """The fast path of :meth:`append`: one step of every env, rows in env order, no
+        infos, observations and actions single C-ordered arrays of their columns' dtype
+        and shapes (``(num_envs, *shape)``). Returns ``False``, writing nothing, when
+        the step is not of that kind (the caller then uses :meth:`append`)."""
+        obs_cols, act_cols = self._obs, self._act
+        if len(obs_cols) != 1 or len(act_cols) != 1:
+            return False
+        o, a = obs_cols[0], act_cols[0]
+        if not (o.fits(next_obs, self.num_envs) and a.fits(actions, self.num_envs)):
+            return False
+        self._reserve()
+        length = self.length
+        length += 1
+        where = self._row0 + length
+        o.put_rows(where, next_obs)
+        a.put_rows(where, actions)
+        self._put_scalars(where, reward, terminated, truncated, version)
+        return True
+
     def append(
         self,
         ids: np.ndarray,
@@ -154,13 +220,17 @@ class StepBuffer:
             raise RuntimeError("StepBuffer.start() an env before appending its steps")
         if not self._act:
             self._setup_steps(act_spec, act_arrays)
-        pos = self.length[ids]
-        pos += 1
-        self._bound += 1
-        if self._bound >= self._capacity:
-            self._grow(int(self.length.max()) + 1)
-        where = ids * self._capacity
-        where += pos
+        self._reserve()
+        if rows is None and ids.size == self.num_envs and ids.tobytes() == self._in_order:
+            pos = self.length
+            pos += 1
+            where = self._row0 + pos  # every env, in order: no gather, no scatter of lengths
+        else:
+            pos = self.length[ids]
+            pos += 1
+            where = ids * self._capacity
+            where += pos
+            self.length[ids] = pos
         if rows is not None:
             obs_arrays = [leaf[rows] for leaf in obs_arrays]
             act_arrays = [leaf[rows] for leaf in act_arrays]
@@ -173,17 +243,12 @@ class StepBuffer:
             col.put(where, leaf)
         for col, leaf in zip(self._act, act_arrays, strict=True):
             col.put(where, leaf)
-        scalars = self._scalars
-        scalars["reward"].flat[where] = reward
-        scalars["terminated"].flat[where] = terminated
-        scalars["truncated"].flat[where] = truncated
-        scalars["version"].flat[where] = version
+        self._put_scalars(where, reward, terminated, truncated, version)
         if any(infos):
             picked = range(ids.size) if rows is None else rows.tolist()
             for i, r, t in zip(ids.tolist(), picked, pos.tolist(), strict=True):
                 if infos[r]:
                     self._infos[i][t - 1] = infos[r]
-        self.length[ids] = pos
 
     def set_last_obs(self, i: int, obs_row: Any) -> None:
         """Replaces env ``i``'s last observation (an autoreset's final observation)."""

@@ -201,7 +201,7 @@ def pack_record(
     parts: list[bytes | memoryview] = [_U64.pack(len(packed)), packed]
     offset = _U64.size + len(packed)
     for name, arr in arrays:
-        data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
         descriptors.append([name, arr.dtype.str, list(arr.shape), offset, len(data)])
         parts.append(data)
         offset += len(data)

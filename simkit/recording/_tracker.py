@@ -104,6 +104,7 @@ class EpisodeTracker:
         self._open: list[_Open | None] = [None] * num_envs
         self.live = np.zeros(num_envs, bool)
         self._live_count = 0
+        self._in_order = np.arange(num_envs, dtype=np.int64).tobytes()
         self.buffer = StepBuffer(num_envs)
         self.max_episodes: int | None = None
         self.dropped = 0
@@ -249,25 +250,34 @@ class EpisodeTracker:
         """
         ids = np.asarray(res.env_ids)
         raw = res.infos
-        infos = (
-            [
-                {k: v for k, v in x.items() if k != "reset_info"} if "reset_info" in x else x
-                for x in raw
-            ]
-            if raw and any(raw)
-            else [{}] * ids.size
-        )
-        self.log(
-            ids,
-            None,
-            res.final_obs,
-            actions,
-            res.reward,
-            res.terminated,
-            res.truncated,
-            infos,
-            version,
-        )
+        with_infos = bool(raw) and any(raw)
+        if not (
+            not with_infos
+            and self._live_count == self.num_envs
+            and ids.tobytes() == self._in_order
+            and self.buffer.append_all(
+                res.final_obs, actions, res.reward, res.terminated, res.truncated, version
+            )
+        ):
+            infos = (
+                [
+                    {k: v for k, v in x.items() if k != "reset_info"} if "reset_info" in x else x
+                    for x in raw
+                ]
+                if with_infos
+                else [{}] * ids.size
+            )
+            self.log(
+                ids,
+                None,
+                res.final_obs,
+                actions,
+                res.reward,
+                res.terminated,
+                res.truncated,
+                infos,
+                version,
+            )
         bad = set(faulted)
         done = np.flatnonzero(np.logical_or(res.terminated, res.truncated)).tolist()
         starting: list[tuple[int, int, dict[str, Any]]] = []
