@@ -8,12 +8,18 @@ Usage: ``python bench/bench_record.py [--num-envs 64] [--steps 1000] [--rounds 5
   (plain, recorded, plain, ...). Both first step ``steps / 2`` untimed, so every
   round of ``steps`` batch steps ends each env's episode mid-round (BatchCheetah's
   episodes are 1000 steps): the background writer works while the round steps, and
-  each recorded round ends with ``writer.flush()`` inside its timing. The figure is
-  the median ratio of env steps per second (wall and process CPU time).
+  each recorded round ends with ``writer.flush()`` inside its timing. The figures are
+  the ratio of env steps per second over all rounds together (wall and process CPU
+  time), and the median of the per-round ratios. On a machine whose speed drifts,
+  short rounds (``--steps 250 --rounds 40``: every fourth holds the episode ends)
+  interleave finer, and the all-rounds ratio is the one to read.
 - Recording cost, server: two ``simkit serve`` subprocesses, one with ``--record``,
   each stepped by one ``RemoteVectorEnv`` client (``step_batch``, same actions, same
   mid-round episode ends), interleaved round by round; also the servers' own CPU
   seconds per round (``/proc/PID/stat``), which other processes' load does not inflate.
+- Recording cost with the env stubbed out (replaying captured steps): the recorder's
+  stepping-thread CPU per batch step and the writer's CPU per episode, the figures
+  that do not swing with the physics' share of a noisy machine.
 - Size: bytes per million env steps, zstd (default) and uncompressed.
 - Write / read speed: the recorded episodes re-written from memory (encode + write,
   ``background=False``) and read back (open + decode every episode), in MB/s and
@@ -91,6 +97,44 @@ def _time_writer(writer: RecordingWriter) -> list[float]:
     return spent
 
 
+def _stubbed_cost(n: int, rounds: int, root: Path, steps: int = 1000) -> None:
+    """The recorder's own cost with the env stubbed out: a BatchEnv whose
+    ``step_batch`` replays ``steps`` captured BatchCheetah steps (an episode's 1000:
+    the last one ends every episode), so the figure is the recorder's CPU alone, free of the physics'
+    noise: stepping-thread CPU per batch step and writer-thread CPU per episode."""
+    env = simkit.make(ENV_ID, num_envs=n)
+    env.reset(seed=0)
+    rng = np.random.default_rng(1)
+    actions = rng.uniform(-1, 1, (steps, n, 6)).astype(np.float32)
+    captured = [env.step_batch(a) for a in actions]
+    rec = RecordEpisodes(env, root / "stub", env_id=ENV_ID)
+    rec.reset(seed=0)
+    at = [0]
+
+    def replay(*args: object, **kwargs: object) -> object:
+        at[0] += 1
+        return captured[(at[0] - 1) % steps]
+
+    env.step_batch = replay  # type: ignore[method-assign]
+    writing = _time_writer(rec.writer)
+    _steps(rec, actions[: steps // 2])
+    rec.writer.flush()
+    per_step, per_episode = [], []
+    for _ in range(rounds):
+        written, writing[0] = rec.writer.episodes_written, 0.0
+        start = time.thread_time()
+        _steps(rec, actions)
+        per_step.append((time.thread_time() - start) / steps * 1e6)
+        rec.writer.flush()
+        per_episode.append(writing[0] / (rec.writer.episodes_written - written) * 1e6)
+    rec.close()
+    print(
+        f"env stubbed: recorder {statistics.median(per_step):.1f} us of stepping-thread CPU "
+        f"per batch step (rounds: {', '.join(f'{x:.1f}' for x in per_step)}); writer "
+        f"{statistics.median(per_episode):.0f} us of CPU per {steps}-step episode"
+    )
+
+
 def _serve(n: int, endpoint: str, *extra: str) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "simkit.servers", ENV_ID, "--num-envs", str(n), *extra]
     return subprocess.Popen(
@@ -107,7 +151,8 @@ def _cpu_seconds(pid: int) -> float:
 def _ratios(name: str, plain: list[float], recorded: list[float]) -> None:
     ratios = [p / q for p, q in zip(plain, recorded, strict=True)]
     print(
-        f"{name}: median {statistics.median(ratios):.3f} "
+        f"{name}: {sum(plain) / sum(recorded):.3f} over all rounds, "
+        f"median {statistics.median(ratios):.3f} "
         f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})"
     )
 
@@ -160,7 +205,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--server-rounds", type=int, default=5, help="0: skip the server rows")
     parser.add_argument("--verify-episodes", type=int, default=8)
-    parser.add_argument("--level", type=int, default=None, help="zstd level (default: 3)")
+    parser.add_argument("--level", type=int, default=None, help="zstd level (default: adaptive)")
+    parser.add_argument("--stub-rounds", type=int, default=5, help="0: skip the stubbed-env row")
     args = parser.parse_args()
     n = args.num_envs
     rng = np.random.default_rng(0)
@@ -202,6 +248,8 @@ def main() -> None:
                 f"{name} / env stepping time: median {statistics.median(shares):.2%} "
                 f"(rounds: {', '.join(f'{x:.2%}' for x in shares)})"
             )
+        if args.stub_rounds:
+            _stubbed_cost(n, args.stub_rounds, root)
         if args.server_rounds:
             _server_cost(n, args.steps, args.server_rounds, root)
         print(f"load average after: {os.getloadavg()}")

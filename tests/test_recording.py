@@ -1478,3 +1478,23 @@ def test_a_recording_from_before_multi_agent_records_reads_and_encodes_the_same(
         writer.write(ep)
     new = (tmp_path / "new" / "chunk-000000.skr").read_bytes()
     assert new == (old / "chunk-000000.skr").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"a": 1, "infos": [{}] * 3},
+        {"infos": [{}] * 1000, "x": [[1, {"q": 2}]]},
+        {"infos": [{}] * 70_000},  # an array32 header
+        {"infos": [{}, {"a": 1}], "snapshots": []},
+        {"infos": []},
+        {"k": [{}] * 5, **{f"f{i}": i for i in range(20)}},  # a map16 header
+    ],
+)
+def test_pack_map_writes_msgpacks_bytes(body: dict[str, Any]) -> None:
+    import msgpack
+
+    from simkit.recording._episode import pack_map
+
+    assert pack_map(body) == msgpack.packb(body, use_bin_type=True)

@@ -189,6 +189,21 @@ def plain_infos(infos: list[dict[str, Any]], t: int, what: str) -> list[dict[str
     return [snapshot.to_plain(x, f"{what}infos[{k}]") if x else {} for k, x in enumerate(infos)]
 
 
+def pack_map(body: dict[str, Any]) -> bytes:
+    """``msgpack.packb(body)``, byte for byte, with a value that is a list of empty maps
+    (the infos of an episode without any) written as its array header and one byte
+    per map instead of going through the packer item by item."""
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(body))]
+    for key, value in body.items():
+        parts.append(packer.pack(key))
+        if type(value) is list and value and value.count({}) == len(value):
+            parts.append(packer.pack_array_header(len(value)) + b"\x80" * len(value))
+        else:
+            parts.append(packer.pack(value))
+    return b"".join(parts)
+
+
 def pack_record(
     body: dict[str, Any], arrays: list[tuple[str, np.ndarray]]
 ) -> tuple[list[list[Any]], bytes]:
@@ -196,7 +211,7 @@ def pack_record(
 
     ``body`` must already be plain data (:func:`snapshot.to_plain`).
     """
-    packed = msgpack.packb(body, use_bin_type=True)
+    packed = pack_map(body)
     descriptors = []
     parts: list[bytes | memoryview] = [_U64.pack(len(packed)), packed]
     offset = _U64.size + len(packed)
