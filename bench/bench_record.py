@@ -50,6 +50,16 @@ from simkit.recording import RecordEpisodes, RecordingReader, RecordingWriter, v
 ENV_ID = "simkit/BatchCheetah-v0"
 
 
+def _action_rounds(rng: np.random.Generator, n: int, steps: int, rounds: int) -> list[np.ndarray]:
+    """Warm-up actions (``steps // 2`` batch steps), then ``rounds`` rounds of ``steps``,
+    cut from one cycle of 1000 pre-drawn batch steps: within an episode (1000 steps)
+    no action repeats, whatever the round length, so sizes do not depend on it."""
+    cycle = rng.uniform(-1, 1, (1000, n, 6)).astype(np.float32)
+    cursor = np.arange(steps // 2 + rounds * steps) % len(cycle)
+    warm, rest = cycle[cursor[: steps // 2]], cycle[cursor[steps // 2 :]]
+    return [warm, *(rest[k * steps : (k + 1) * steps] for k in range(rounds))]
+
+
 def _steps(env: Any, actions: np.ndarray) -> None:
     for a in actions:
         env.step_batch(a)
@@ -115,7 +125,7 @@ def _stubbed_cost(n: int, rounds: int, root: Path, steps: int = 1000) -> None:
         at[0] += 1
         return captured[(at[0] - 1) % steps]
 
-    env.step_batch = replay  # type: ignore[method-assign]
+    env.step_batch = replay
     writing = _time_writer(rec.writer)
     _steps(rec, actions[: steps // 2])
     rec.writer.flush()
@@ -167,13 +177,13 @@ def _server_cost(n: int, steps: int, rounds: int, root: Path) -> None:
     ]
     try:
         clients = [RemoteVectorEnv(f"ipc://{root}/{k}.sock", timeout=120) for k in ("plain", "rec")]
-        actions = np.random.default_rng(1).uniform(-1, 1, (steps, n, 6)).astype(np.float32)
+        warm, *action_rounds = _action_rounds(np.random.default_rng(1), n, steps, rounds)
         for c in clients:
             c.reset(seed=0)
-            _steps(c, actions[: steps // 2])
+            _steps(c, warm)
         times: list[list[float]] = [[], []]
         cpu: list[list[float]] = [[], []]
-        for _ in range(rounds):
+        for actions in action_rounds:
             for k, c in enumerate(clients):
                 start, used = time.perf_counter(), _cpu_seconds(procs[k].pid)
                 _steps(c, actions)
@@ -210,7 +220,7 @@ def main() -> None:
     args = parser.parse_args()
     n = args.num_envs
     rng = np.random.default_rng(0)
-    actions = rng.uniform(-1, 1, (args.steps, n, 6)).astype(np.float32)
+    warm, *rounds = _action_rounds(rng, n, args.steps, args.rounds)
     root = Path(tempfile.mkdtemp(prefix="bench_record_"))
     plain = simkit.make(ENV_ID, num_envs=n)
     rec = RecordEpisodes(
@@ -221,10 +231,10 @@ def main() -> None:
         print(f"load average before: {os.getloadavg()}")
         for env in (plain, rec):
             env.reset(seed=0)
-            _steps(env, actions[: args.steps // 2])
+            _steps(env, warm)
         inner, writing = _time_inner(rec), _time_writer(rec.writer)
         own, thread = [], []
-        for _ in range(args.rounds):
+        for actions in rounds:
             wall, cpu = _round(plain, actions, None)
             plain_times.append(wall)
             plain_cpu.append(cpu)
@@ -278,6 +288,8 @@ def main() -> None:
                 f"[MB/s of array data]"
             )
 
+        if not args.verify_episodes:
+            return
         vdir = root / "verify"
         with RecordingWriter(vdir) as writer:
             for e in episodes[: args.verify_episodes]:
