@@ -255,7 +255,8 @@ def main() -> None:
             ("writer thread CPU time (encode + compress + write)", thread),
         ):
             print(
-                f"{name} / env stepping time: median {statistics.median(shares):.2%} "
+                f"{name} / env stepping time: mean {statistics.fmean(shares):.2%}, "
+                f"median {statistics.median(shares):.2%} "
                 f"(rounds: {', '.join(f'{x:.2%}' for x in shares)})"
             )
         if args.stub_rounds:
