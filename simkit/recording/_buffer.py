@@ -122,6 +122,10 @@ class StepBuffer:
             for col in self._columns():
                 col.grow(self._capacity)
 
+    def every_env_in_order(self, ids: np.ndarray) -> bool:
+        """``ids`` is ``0, 1, ..., num_envs - 1`` as int64 (one bytes comparison)."""
+        return ids.size == self.num_envs and ids.tobytes() == self._in_order
+
     def _reserve(self) -> None:
         """Makes room for one more step of any env."""
         self._bound += 1
@@ -221,7 +225,7 @@ class StepBuffer:
         if not self._act:
             self._setup_steps(act_spec, act_arrays)
         self._reserve()
-        if rows is None and ids.size == self.num_envs and ids.tobytes() == self._in_order:
+        if rows is None and self.every_env_in_order(ids):
             pos = self.length
             pos += 1
             where = self._row0 + pos  # every env, in order: no gather, no scatter of lengths

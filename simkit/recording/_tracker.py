@@ -104,7 +104,6 @@ class EpisodeTracker:
         self._open: list[_Open | None] = [None] * num_envs
         self.live = np.zeros(num_envs, bool)
         self._live_count = 0
-        self._in_order = np.arange(num_envs, dtype=np.int64).tobytes()
         self.buffer = StepBuffer(num_envs)
         self.max_episodes: int | None = None
         self.dropped = 0
@@ -254,7 +253,7 @@ class EpisodeTracker:
         if not (
             not with_infos
             and self._live_count == self.num_envs
-            and ids.tobytes() == self._in_order
+            and self.buffer.every_env_in_order(ids)
             and self.buffer.append_all(
                 res.final_obs, actions, res.reward, res.terminated, res.truncated, version
             )
