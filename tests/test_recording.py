@@ -201,6 +201,24 @@ def test_round_trip_is_identical(tmp_path: Path, eps: list[Episode], codec: str)
         assert stats.total_return == ep.total_return
 
 
+def _nudge(
+    trajectory: Any, field: str, *, obs_at: tuple[int, int], reward_at: int, flag_at: int
+) -> None:
+    """Perturbs one value of a recorded trajectory (an episode or an agent's part): an
+    observation by one float32 ulp, a reward by 1e-12, or sets a terminated flag."""
+    if field == "obs":
+        trajectory.obs = trajectory.obs.copy()
+        trajectory.obs[obs_at] = np.nextafter(
+            trajectory.obs[obs_at], np.float32(9), dtype=np.float32
+        )
+    elif field == "reward":
+        trajectory.rewards = trajectory.rewards.copy()
+        trajectory.rewards[reward_at] += 1e-12
+    else:
+        trajectory.terminated = trajectory.terminated.copy()
+        trajectory.terminated[flag_at] = True
+
+
 def _write_cartpole(directory: Path, *, episodes: int = 6, **kw: Any) -> None:
     env = RecordEpisodes(
         VectorEnv("simkit/CartPole-v0", 3), directory, env_id="simkit/CartPole-v0", **kw
@@ -312,15 +330,7 @@ def test_perturbed_recording_names_episode_step_and_field(tmp_path: Path, field:
 
     def perturb(k: int, ep: Episode) -> Episode:
         if k == 2:
-            if field == "obs":
-                ep.obs = ep.obs.copy()
-                ep.obs[3, 1] = np.nextafter(ep.obs[3, 1], np.float32(9), dtype=np.float32)
-            elif field == "reward":
-                ep.rewards = ep.rewards.copy()
-                ep.rewards[2] += 1e-12
-            else:
-                ep.terminated = ep.terminated.copy()
-                ep.terminated[1] = True
+            _nudge(ep, field, obs_at=(3, 1), reward_at=2, flag_at=1)
         return ep
 
     _rewrite(tmp_path / "a", tmp_path / "b", perturb)
@@ -1258,16 +1268,7 @@ def test_perturbed_multi_agent_recording_names_episode_step_agent_and_field(
 
     def perturb(k: int, ep: Any) -> Any:
         if k == 1:
-            a = ep.agents["agent_1"]
-            if field == "obs":
-                a.obs = a.obs.copy()
-                a.obs[4, 2] = np.nextafter(a.obs[4, 2], np.float32(9), dtype=np.float32)
-            elif field == "reward":
-                a.rewards = a.rewards.copy()
-                a.rewards[5] += 1e-12
-            else:
-                a.terminated = a.terminated.copy()
-                a.terminated[2] = True
+            _nudge(ep.agents["agent_1"], field, obs_at=(4, 2), reward_at=5, flag_at=2)
         return ep
 
     _rewrite(tmp_path / "a", tmp_path / "b", perturb)
