@@ -836,51 +836,70 @@ def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None
     # rows 2 and 0 of a batch for envs 0 and 2, out of order, past the capacity
     buf.append(np.array([2, 0]), np.array([0, 2]), obs, acts, np.ones(3), flags, flags, infos, 8)
     buf.set_last_obs(0, {"a": np.array([9.0, 9.0]), "b": (np.int8(9),)})
-    two = buf.take(2)
+    two, _ = buf.take(2)
     assert two["obs"]["a"].tolist() == [[-3.0, -3.0], [4.0, 5.0], [0.0, 1.0]]
     assert two["obs"]["b"][0].tolist() == [-3, 2, 0]
     assert two["actions"].tolist() == [[5, 6], [1, 2]]
     assert two["version"].tolist() == [7, 8]
-    assert buf.take(1)["infos"] == [{"x": 1}]
-    assert buf.take(0)["obs"]["a"].tolist() == [[-1.0, -1.0], [0.0, 1.0], [9.0, 9.0]]
+    assert buf.take(1)[0]["infos"] == [{"x": 1}]
+    assert buf.take(0)[0]["obs"]["a"].tolist() == [[-1.0, -1.0], [0.0, 1.0], [9.0, 9.0]]
     with pytest.raises(ValueError, match=r"expected \(2,\), got \(3,\)"):
         buf.append(
             np.arange(3), None, obs, np.zeros((3, 3), np.int32), np.ones(3), flags, flags, infos, 9
         )
 
 
-def test_step_buffer_fast_path_and_append_keep_every_step_and_refuse_other_steps() -> None:
+def _want_rows(first_obs: np.ndarray) -> dict[str, list[Any]]:
+    keys = ("actions", "reward", "terminated", "version")
+    return {"obs": [first_obs], **{k: [] for k in keys}}
+
+
+@pytest.mark.parametrize("stage", [3, 64])
+def test_step_buffer_fast_path_and_append_keep_every_step_and_refuse_other_steps(
+    stage: int,
+) -> None:
     from simkit.recording._buffer import StepBuffer
 
     rng = np.random.default_rng(0)
     n = 4
     buffers = StepBuffer(n, capacity=2), StepBuffer(n, capacity=2)
+    buffers[0].STAGE = stage
     ids = np.arange(n)
     nothing: list[dict[str, Any]] = [{}] * n
     want: list[dict[str, list[Any]]] = []
     for i in range(n):
-        want.append({"obs": [np.full(3, float(i))], "actions": [], "reward": [], "version": []})
+        want.append(_want_rows(np.full(3, float(i))))
         for buf in buffers:
             buf.start(i, np.full(3, float(i)))
-    for t in range(7):  # past the capacity twice; env 2 restarts midway
+    for t in range(20):  # past the capacity thrice, past the stage; env 2 restarts twice
         obs, acts = rng.normal(size=(n, 3)), rng.normal(size=(n, 2)).astype(np.float32)
         reward, flags = rng.normal(size=n), rng.random(n) < 0.5
         fast, slow = buffers
         slow.append(ids, None, obs, acts, reward, flags, ~flags, nothing, t)
-        if t == 0:  # the action columns exist after a first append
-            assert not fast.append_all(obs, acts, reward, flags, ~flags, t)
+        if t in (0, 9):  # the action columns exist after a first append; a slow step midway
+            assert t or not fast.append_all(obs, acts, reward, flags, ~flags, t)
             fast.append(ids, None, obs, acts, reward, flags, ~flags, nothing, t)
         else:
             assert fast.append_all(obs, acts, reward, flags, ~flags, t)
         for i in range(n):
-            for key, value in (("obs", obs[i]), ("actions", acts[i]), ("reward", reward[i])):
+            for key, value in (
+                ("obs", obs[i]),
+                ("actions", acts[i]),
+                ("reward", reward[i]),
+                ("terminated", flags[i]),
+                ("version", t),
+            ):
                 want[i][key].append(value)
-            want[i]["version"].append(t)
-        if t == 3:
+        if t == 13:
+            lengths = [len(w["reward"]) for w in want]
+            assert fast.length.tolist() == slow.length.tolist() == lengths == [14, 14, 2, 14]
+        if t in (3, 11):
             for buf in buffers:
-                buf.take(2)
+                got, slot = buf.take(2)
+                np.testing.assert_array_equal(got["reward"], want[2]["reward"])
+                buf.release(slot)
                 buf.start(2, np.zeros(3))
-            want[2] = {"obs": [np.zeros(3)], "actions": [], "reward": [], "version": []}
+            want[2] = _want_rows(np.zeros(3))
     obs = np.zeros((n, 3))
     fast = buffers[0]
     assert not fast.append_all(obs, np.zeros((n, 2)), np.zeros(n), flags, flags, 9)  # float64
@@ -888,9 +907,106 @@ def test_step_buffer_fast_path_and_append_keep_every_step_and_refuse_other_steps
     assert not fast.append_all(np.zeros((3, n)).T, acts, reward, flags, flags, 9)  # not C-ordered
     for buf in buffers:
         for i in range(n):
-            got = buf.take(i)
+            got, _ = buf.take(i)
             for key, rows in want[i].items():
                 np.testing.assert_array_equal(got[key], np.array(rows), err_msg=f"env {i} {key}")
+
+
+def test_ended_rows_reads_flags_of_every_kind() -> None:
+    from simkit.recording._tracker import ended_rows
+
+    no = np.zeros(4, bool)
+    assert ended_rows(no, no) == []
+    assert ended_rows(no, np.array([0, 1, 0, 1], bool)) == [1, 3]
+    assert ended_rows(np.array([1, 0, 0, 0], bool), no) == [0]
+    odd = np.array([0, 2, 0, 0], np.uint8).view(bool)  # a true byte that is not 1
+    assert ended_rows(odd, no) == [1]
+    assert ended_rows([0, 1, 0, 0], np.zeros(4, np.int64)) == [1]
+
+
+def test_step_buffer_lends_a_taken_slot_until_it_is_released() -> None:
+    from simkit.recording._buffer import StepBuffer
+
+    n = 2
+    buf = StepBuffer(n, capacity=2)
+    flags = np.zeros(n, bool)
+
+    def steps(k: int, first: float) -> None:
+        for t in range(k):
+            obs = np.full((n, 3), first + t)
+            buf.append(np.arange(n), None, obs, obs[:, :1], obs[:, 0], flags, flags, [{}] * n, 0)
+
+    for i in range(n):
+        buf.start(i, np.full(3, -1.0))
+    steps(3, 0.0)
+    lent, slot = buf.take(0)  # no slot is free: the storage doubles
+    assert buf.slots == 2 * n
+    buf.start(0, np.full(3, -2.0))
+    steps(5, 10.0)  # env 0 writes a new slot, past the capacity twice, while the old one is lent
+    assert lent["obs"][:, 0].tolist() == [-1.0, 0.0, 1.0, 2.0]
+    assert lent["reward"].tolist() == [0.0, 1.0, 2.0]
+    again, _ = buf.take(0)
+    assert again["obs"][:, 0].tolist() == [-2.0, 10.0, 11.0, 12.0, 13.0, 14.0]
+    assert lent["obs"][:, 0].tolist() == [-1.0, 0.0, 1.0, 2.0]  # still untouched
+    buf.release(slot)
+    for _ in range(10):  # released slots are reused: the storage stops growing
+        buf.start(1, np.zeros(3))
+        steps(1, 0.0)
+        buf.release(buf.take(1)[1])
+    assert buf.slots == 2 * n
+
+
+def test_writer_release_is_called_once_the_episode_is_written_or_not(tmp_path: Path) -> None:
+    good = list(RecordingReader(_seeded(tmp_path / "src")))
+    bad = Episode(**{**good[0].__dict__, "infos": [{"odd": object()}] * good[0].length})
+    released: list[str] = []
+    for background in (True, False):
+        with RecordingWriter(tmp_path / f"rec-{background}", background=background) as writer:
+            writer.write(good[0], release=lambda: released.append("good"))
+
+            def write_bad(w: RecordingWriter = writer) -> None:  # raises here or at the flush
+                w.write(bad, release=lambda: released.append("bad"))
+                w.flush()
+
+            with pytest.raises(TypeError, match=r"infos\[0\]\.odd"):
+                write_bad()
+        assert released == ["good", "bad"]
+        with pytest.raises(ValueError, match="is closed"):
+            writer.write(good[0], release=lambda: released.append("closed"))
+        assert released == ["good", "bad", "closed"]
+        released.clear()
+
+
+def test_a_stalled_background_writer_still_writes_every_episode_as_it_ended(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    n = 3
+    env = RecordEpisodes(
+        simkit.make("simkit/BatchCartPole-v0", num_envs=n),
+        tmp_path,
+        env_id="simkit/BatchCartPole-v0",
+    )
+    gate = threading.Event()
+    append = env.writer._append
+
+    def stalled(episode: Any) -> None:
+        gate.wait()
+        append(episode)
+
+    env.writer._append = stalled  # type: ignore[method-assign]
+    env.reset(seed=11)
+    rng = np.random.default_rng(3)
+    for _ in range(300):  # every episode is held by the stalled writer: slots are lent
+        env.step_batch(rng.integers(0, 2, n))
+    assert env.writer.episodes_written >= 2 * n
+    assert env.tracker.buffer.slots > n
+    gate.set()
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) == env.writer.episodes_written
+    assert [r.error for r in verify_recording(reader)] == [None] * len(reader)
 
 
 def test_a_policy_stream_recorded_by_the_learner_replays_bit_for_bit(tmp_path: Path) -> None:

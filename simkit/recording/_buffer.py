@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -12,34 +13,36 @@ __all__ = ["StepBuffer"]
 
 
 class _Column:
-    """One array leaf, env-major: ``(num_envs, capacity, *shape)``.
+    """One array leaf, slot-major: ``(slots, capacity, *shape)``.
 
-    Env ``i``'s trajectory is ``data[i, :length + 1]``: row 0 holds the first
+    A trajectory lives in one slot ``s``: ``data[s, :length + 1]``, row 0 the first
     observation (observation columns) or nothing (the others), row ``t`` step ``t``.
-    ``flat`` is the same memory as ``(num_envs * capacity, *shape)``, so one fancy index
-    (``i * capacity + t``) scatters any batch step, and an ended episode is one
-    contiguous copy per column.
+    ``flat`` is the same memory as ``(slots * capacity, *shape)``, so one fancy index
+    (``s * capacity + t``) scatters any batch step, and an ended episode is one
+    contiguous view per column.
     """
 
-    def __init__(self, num_envs: int, sample: np.ndarray, capacity: int) -> None:
+    def __init__(self, slots: int, sample: np.ndarray, capacity: int) -> None:
         self.shape = sample.shape[1:]
         self.dtype = sample.dtype
         # Rows of a leaf with a shape move as single void items: a 1-D fancy index,
         # several times cheaper than numpy's multi-dimensional one.
         self._item = np.dtype((np.void, max(sample[:1].nbytes, 1))) if self.shape else None
-        self._view(np.zeros((num_envs, capacity, *self.shape), self.dtype))
+        self._view(np.zeros((slots, capacity, *self.shape), self.dtype))
 
     def _view(self, data: np.ndarray) -> None:
         self.data = data
         self.flat = data.reshape(-1, *self.shape)
         self._rows = None if self._item is None else self.flat.view(self._item).reshape(-1)
 
-    def grow(self, capacity: int) -> None:
-        old = self.data.shape[1]
-        if capacity > old:
-            new = np.zeros((self.data.shape[0], capacity, *self.shape), self.dtype)
-            new[:, :old] = self.data
-            self._view(new)
+    def grow(self, slots: int, capacity: int) -> None:
+        """A new array of ``slots`` slots of ``capacity`` rows, holding the old one
+        (views of the old array stay valid: they keep it alive, and it is not written
+        again)."""
+        old_slots, old = self.data.shape[:2]
+        new = np.zeros((slots, capacity, *self.shape), self.dtype)
+        new[:old_slots, :old] = self.data
+        self._view(new)
 
     def fits(self, value: Any, rows: int) -> bool:
         """``value`` is ``rows`` C-ordered rows of this column's dtype and shape."""
@@ -93,47 +96,80 @@ class StepBuffer:
 
     ``start(i, obs)`` opens env ``i``'s trajectory at its first observation;
     ``append`` writes one batch step for the listed envs with one fancy-index
-    assignment per leaf; ``take(i)`` copies env ``i``'s trajectory out and empties its
-    row. Trees (dict / tuple observations and actions) keep one column per leaf.
+    assignment per leaf; ``take(i)`` hands env ``i``'s trajectory out as views, without
+    copying it, and moves env ``i`` to a free slot. Trees (dict / tuple observations
+    and actions) keep one column per leaf.
+
+    Every env writes into a slot of the storage; a taken trajectory keeps its slot
+    until :meth:`release` (a writer thread may still be reading it), so the storage
+    holds ``num_envs`` slots plus those of the episodes not yet written, and grows
+    (doubling) when none is free. Copying an episode out into fresh memory would cost
+    a page fault per 4 KiB on the stepping thread; handing out the slot costs nothing.
     """
+
+    STAGE = 64
+    """Steps :meth:`append_all` stages before moving them into the slots."""
 
     def __init__(self, num_envs: int, capacity: int = 256) -> None:
         self.num_envs = num_envs
-        self.length = np.zeros(num_envs, np.int64)
-        """Steps of each env's trajectory (its observations are one more)."""
+        self._length = np.zeros(num_envs, np.int64)
         self._capacity = capacity
         self._bound = 0  # >= every length: the exact max is taken only near the capacity
         self._in_order = np.arange(num_envs, dtype=np.int64).tobytes()
-        self._row0 = np.arange(num_envs, dtype=np.int64) * capacity
+        self._slots = num_envs
+        self._slot = np.arange(num_envs, dtype=np.int64)
+        """Env ``i`` writes into slot ``_slot[i]``."""
+        self._row0 = self._slot * capacity
+        self._free: deque[int] = deque()  # appended by release() on a writer thread
         self._obs_spec: Any = None
         self._act_spec: Any = None
         self._obs: list[_Column] = []
         self._act: list[_Column] = []
         self._scalars: dict[str, _Column] = {}
         self._infos: list[dict[int, dict[str, Any]]] = [{} for _ in range(num_envs)]
+        self._stage: list[np.ndarray] = []  # (STAGE, num_envs, *shape) per fast-path column
+        self._staged = 0
+        self._staged_versions: list[int] = []
+
+    @property
+    def length(self) -> np.ndarray:
+        """Steps of each env's trajectory (its observations are one more); read-only."""
+        self._drain()
+        out = self._length.view()
+        out.flags.writeable = False
+        return out
+
+    @property
+    def slots(self) -> int:
+        """Trajectory slots in the storage: ``num_envs`` plus the taken, unreleased ones
+        and the free ones."""
+        return self._slots
+
+    def _resize(self, slots: int, capacity: int) -> None:
+        self._slots, self._capacity = slots, capacity
+        self._row0 = self._slot * capacity
+        for col in self._columns():
+            col.grow(slots, capacity)
 
     def _grow(self, bound: int) -> None:
         """``bound``: the longest trajectory after the next append; past the capacity,
         every column doubles."""
         self._bound = bound
         if bound >= self._capacity:
-            self._capacity = max(bound + 1, 2 * self._capacity)
-            self._row0 = np.arange(self.num_envs, dtype=np.int64) * self._capacity
-            for col in self._columns():
-                col.grow(self._capacity)
+            self._resize(self._slots, max(bound + 1, 2 * self._capacity))
 
     def every_env_in_order(self, ids: np.ndarray) -> bool:
         """``ids`` is ``0, 1, ..., num_envs - 1`` as int64 (one bytes comparison)."""
         return ids.size == self.num_envs and ids.tobytes() == self._in_order
 
-    def _reserve(self) -> None:
-        """Makes room for one more step of any env."""
-        self._bound += 1
+    def _reserve(self, steps: int = 1) -> None:
+        """Makes room for ``steps`` more steps of any env."""
+        self._bound += steps
         if self._bound >= self._capacity:
-            self._grow(int(self.length.max()) + 1)
+            self._grow(int(self._length.max()) + steps)
 
     def _put_scalars(
-        self, where: np.ndarray, reward: Any, terminated: Any, truncated: Any, version: int
+        self, where: np.ndarray, reward: Any, terminated: Any, truncated: Any, version: Any
     ) -> None:
         scalars = self._scalars
         scalars["reward"].flat[where] = reward
@@ -146,10 +182,10 @@ class StepBuffer:
 
     def _setup_obs(self, spec: Any, leaves: list[np.ndarray]) -> None:
         self._obs_spec = spec
-        self._obs = [_Column(self.num_envs, leaf, self._capacity) for leaf in leaves]
+        self._obs = [_Column(self._slots, leaf, self._capacity) for leaf in leaves]
 
     def _setup_steps(self, spec: Any, leaves: list[np.ndarray]) -> None:
-        n, cap = self.num_envs, self._capacity
+        n, cap = self._slots, self._capacity
         self._act_spec = spec
         self._act = [_Column(n, leaf, cap) for leaf in leaves]
         self._scalars = {
@@ -165,8 +201,8 @@ class StepBuffer:
         rows = [leaf[None] for leaf in leaves]
         if not self._obs:
             self._setup_obs(spec, rows)
-        self.clear(i)
-        where = np.array([i * self._capacity])
+        self.clear(i)  # (drains the stage)
+        where = self._row0[i : i + 1]
         for col, row in zip(self._obs, rows, strict=True):
             col.put(where, row)
 
@@ -182,21 +218,59 @@ class StepBuffer:
         """The fast path of :meth:`append`: one step of every env, rows in env order, no
         infos, observations and actions single C-ordered arrays of their columns' dtype
         and shapes (``(num_envs, *shape)``). Returns ``False``, writing nothing, when
-        the step is not of that kind (the caller then uses :meth:`append`)."""
+        the step is not of that kind (the caller then uses :meth:`append`).
+
+        The step is copied into a time-major stage (one contiguous copy per column);
+        every :attr:`STAGE` steps, or before anything else reads or changes the buffer,
+        the staged steps move into the slots with one scatter per column."""
         obs_cols, act_cols = self._obs, self._act
         if len(obs_cols) != 1 or len(act_cols) != 1:
             return False
         o, a = obs_cols[0], act_cols[0]
         if not (o.fits(next_obs, self.num_envs) and a.fits(actions, self.num_envs)):
             return False
-        self._reserve()
-        length = self.length
-        length += 1
-        where = self._row0 + length
-        o.put_rows(where, next_obs)
-        a.put_rows(where, actions)
-        self._put_scalars(where, reward, terminated, truncated, version)
+        k = self._staged
+        if k == self.STAGE:
+            self._drain()
+            k = 0
+        stage = self._stage or self._setup_stage()
+        stage[0][k] = next_obs
+        stage[1][k] = actions
+        stage[2][k] = reward
+        stage[3][k] = terminated
+        stage[4][k] = truncated
+        self._staged_versions.append(version)
+        self._staged = k + 1
         return True
+
+    def _setup_stage(self) -> list[np.ndarray]:
+        b, n = self.STAGE, self.num_envs
+        self._stage = [
+            np.zeros((b, n, *c.shape), c.dtype)
+            for c in (self._obs[0], self._act[0], *list(self._scalars.values())[:3])
+        ]
+        return self._stage
+
+    def _drain(self) -> None:
+        """Moves the staged steps into the slots (env ``i``'s ``k`` staged steps land at
+        its next ``k`` rows)."""
+        k = self._staged
+        if not k:
+            return
+        self._staged = 0
+        self._reserve(k)
+        where = (self._row0 + self._length)[:, None] + np.arange(1, k + 1)
+        where = where.reshape(-1)
+        self._length += k
+        obs, act, reward, terminated, truncated = (
+            np.ascontiguousarray(x[:k].swapaxes(0, 1)).reshape(-1, *x.shape[2:])
+            for x in self._stage
+        )
+        self._obs[0].put_rows(where, obs)
+        self._act[0].put_rows(where, act)
+        versions = np.array(self._staged_versions, np.int64)
+        self._staged_versions = []
+        self._put_scalars(where, reward, terminated, truncated, np.tile(versions, self.num_envs))
 
     def append(
         self,
@@ -218,6 +292,7 @@ class StepBuffer:
         """
         if ids.size == 0:
             return
+        self._drain()
         _, obs_arrays = _leaves(next_obs)
         act_spec, act_arrays = _leaves(actions)
         if not self._obs:
@@ -226,15 +301,15 @@ class StepBuffer:
             self._setup_steps(act_spec, act_arrays)
         self._reserve()
         if rows is None and self.every_env_in_order(ids):
-            pos = self.length
+            pos = self._length
             pos += 1
             where = self._row0 + pos  # every env, in order: no gather, no scatter of lengths
         else:
-            pos = self.length[ids]
+            pos = self._length[ids]
             pos += 1
-            where = ids * self._capacity
+            where = self._row0[ids]
             where += pos
-            self.length[ids] = pos
+            self._length[ids] = pos
         if rows is not None:
             obs_arrays = [leaf[rows] for leaf in obs_arrays]
             act_arrays = [leaf[rows] for leaf in act_arrays]
@@ -256,34 +331,55 @@ class StepBuffer:
 
     def set_last_obs(self, i: int, obs_row: Any) -> None:
         """Replaces env ``i``'s last observation (an autoreset's final observation)."""
+        self._drain()
         _, leaves = _leaves(obs_row)
-        t = int(self.length[i])
+        s, t = int(self._slot[i]), int(self._length[i])
         for col, leaf in zip(self._obs, leaves, strict=True):
-            col.data[i, t] = leaf
+            col.data[s, t] = leaf
 
-    def take(self, i: int) -> dict[str, Any]:
-        """Env ``i``'s trajectory so far (copies: ``obs`` with ``T + 1`` rows, the rest
-        with ``T``), and its row emptied."""
-        t = int(self.length[i])
+    def take(self, i: int) -> tuple[dict[str, Any], int]:
+        """Env ``i``'s trajectory so far and its slot; env ``i`` goes on, emptied, in
+        another slot.
+
+        The trajectory's arrays (``obs`` with ``T + 1`` rows, the rest with ``T``) are
+        views of the slot, which no env writes until :meth:`release` gives it back:
+        release it once nothing reads them (an unreleased slot is only memory)."""
+        self._drain()
+        s, t = int(self._slot[i]), int(self._length[i])
         out: dict[str, Any] = {
-            "obs": _unflatten_or_leaf(
-                self._obs_spec, [c.data[i, : t + 1].copy() for c in self._obs]
-            ),
+            "obs": _unflatten_or_leaf(self._obs_spec, [c.data[s, : t + 1] for c in self._obs]),
             "actions": _unflatten_or_leaf(
-                self._act_spec, [c.data[i, 1 : t + 1].copy() for c in self._act]
+                self._act_spec, [c.data[s, 1 : t + 1] for c in self._act]
             ),
             "infos": [infos.get(k, {}) for k in range(t)]
             if (infos := self._infos[i])
             else [{}] * t,
         }
         for name, col in self._scalars.items():
-            out[name] = col.data[i, 1 : t + 1].copy()
+            out[name] = col.data[s, 1 : t + 1]
+        self._move(i)
         self.clear(i)
-        return out
+        return out, s
+
+    def _move(self, i: int) -> None:
+        """Env ``i`` to a free slot (growing the storage when none is)."""
+        if not self._free:
+            old = self._slots
+            self._resize(2 * old, self._capacity)
+            self._free.extend(range(old, 2 * old))
+        s = self._free.popleft()
+        self._slot[i] = s
+        self._row0[i] = s * self._capacity
+
+    def release(self, *slots: int) -> None:
+        """Slots of taken trajectories whose views nobody reads any more (thread-safe:
+        a writer thread calls it)."""
+        self._free.extend(slots)
 
     def clear(self, i: int) -> None:
         """Drops env ``i``'s steps."""
-        self.length[i] = 0
+        self._drain()
+        self._length[i] = 0
         self._infos[i] = {}
 
 

@@ -191,7 +191,7 @@ class RecordingWriter:
         self._closed = False
         self._error: BaseException | None = None
         self._on_error = on_error
-        self._queue: queue.Queue[AnyEpisode | None] | None = None
+        self._queue: queue.Queue[tuple[AnyEpisode, Callable[[], None] | None] | None] | None = None
         self._thread: threading.Thread | None = None
         if background:
             self._queue = queue.Queue(max_pending)
@@ -201,8 +201,16 @@ class RecordingWriter:
             self._thread.start()
             _OPEN_WRITERS.add(self)
 
-    def write(self, episode: AnyEpisode) -> None:
+    def write(self, episode: AnyEpisode, *, release: Callable[[], None] | None = None) -> None:
         """Appends one episode (one frame, one ``write``), now or on the writer thread.
+
+        Args:
+            episode: the episode; with ``background=True`` its arrays are read later,
+                on the writer thread, so they must not change until then.
+            release: called once the writer no longer reads the episode's arrays,
+                whether it was written or not (on the writer thread, or in this call
+                when it raises before queueing): lets a caller reuse the memory they
+                view (the recorders' step buffers do).
 
         Raises:
             ValueError: the writer is closed.
@@ -210,12 +218,18 @@ class RecordingWriter:
                 call's episode is queued all the same).
         """
         if self._closed:
+            if release is not None:
+                release()
             raise ValueError(f"the recording writer of {str(self.directory)!r} is closed")
         self.episodes_written += 1
         if self._queue is None:
-            self._append(episode)
+            try:
+                self._append(episode)
+            finally:
+                if release is not None:
+                    release()
         else:
-            self._queue.put(episode)
+            self._queue.put((episode, release))
         self._raise_error()
 
     def flush(self) -> None:
@@ -232,11 +246,16 @@ class RecordingWriter:
     def _run(self) -> None:
         assert self._queue is not None
         while True:
-            episode = self._queue.get()
+            item = self._queue.get()
             try:
-                if episode is None:
+                if item is None:
                     return
-                self._append(episode)
+                episode, release = item
+                try:
+                    self._append(episode)
+                finally:
+                    if release is not None:
+                        release()
             except BaseException as exc:  # handed to the caller at its next call
                 if self._on_error is not None:
                     self._on_error(exc)

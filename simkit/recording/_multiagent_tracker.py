@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -145,8 +146,10 @@ class MultiAgentTracker:
         self._open[i] = None
         base = i * self.num_agents
         agents: dict[Any, AgentEpisode] = {}
+        slots: list[int] = []
         for s in sorted(ep.agents):
-            agent, steps = ep.agents[s], self.buffer.take(base + s)
+            agent, (steps, slot) = ep.agents[s], self.buffer.take(base + s)
+            slots.append(slot)
             self.live[base + s] = False
             agents[self.possible_agents[s]] = AgentEpisode(
                 start=agent.start,
@@ -160,6 +163,7 @@ class MultiAgentTracker:
                 policy_version=steps["version"],
             )
         if self.max_episodes is not None and self.writer.episodes_written >= self.max_episodes:
+            self.buffer.release(*slots)
             return
         first = next(iter(ep.agents.values()), None)
         self.writer.write(
@@ -174,7 +178,8 @@ class MultiAgentTracker:
                 snapshots=ep.snapshots,
                 versions=self.versions,
                 origin=ep.origin,
-            )
+            ),
+            release=partial(self.buffer.release, *slots),
         )
 
     def _take_snapshot(self, i: int, ep: _OpenEnv) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from simkit.recording._buffer import StepBuffer
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
 
-__all__ = ["EpisodeTracker", "row_of", "seeds_of", "strip_reset_mask"]
+__all__ = ["EpisodeTracker", "ended_rows", "row_of", "seeds_of", "strip_reset_mask"]
 
 
 def row_of(tree: Any, k: int | np.ndarray) -> Any:
@@ -46,6 +47,23 @@ def seeds_of(roots: list[int | None], env_index: list[int], episode: list[int]) 
         for k, seed in zip(ks, seeds.tolist(), strict=True):
             out[k] = int(seed)
     return out
+
+
+def ended_rows(terminated: Any, truncated: Any) -> list[int]:
+    """The rows whose episode ended (``terminated | truncated``), as ints.
+
+    Most steps end no episode: for bool arrays that is seen in their bytes (all zero),
+    without a numpy reduction."""
+    if (
+        type(terminated) is np.ndarray
+        and type(truncated) is np.ndarray
+        and terminated.dtype == np.bool_
+        and truncated.dtype == np.bool_
+        and not terminated.tobytes().strip(b"\0")
+        and not truncated.tobytes().strip(b"\0")
+    ):
+        return []
+    return np.flatnonzero(np.logical_or(terminated, truncated)).tolist()
 
 
 def strip_reset_mask(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -151,8 +169,9 @@ class EpisodeTracker:
         if ep is None or not self.buffer.length[i]:
             self.buffer.clear(i)
             return
-        steps = self.buffer.take(i)
+        steps, slot = self.buffer.take(i)
         if self.max_episodes is not None and self.writer.episodes_written >= self.max_episodes:
+            self.buffer.release(slot)
             return
         self.writer.write(
             Episode(
@@ -172,7 +191,8 @@ class EpisodeTracker:
                 snapshots=ep.snapshots,
                 versions=self.versions,
                 origin=ep.origin,
-            )
+            ),
+            release=partial(self.buffer.release, slot),
         )
 
     def _set_live(self, i: int, live: bool) -> None:
@@ -277,8 +297,12 @@ class EpisodeTracker:
                 infos,
                 version,
             )
+        done = ended_rows(res.terminated, res.truncated)
+        if not done:
+            if self.snapshot_every:
+                self.snapshots(ids.tolist())
+            return
         bad = set(faulted)
-        done = np.flatnonzero(np.logical_or(res.terminated, res.truncated)).tolist()
         starting: list[tuple[int, int, dict[str, Any]]] = []
         for r in done:
             i = int(ids[r])
