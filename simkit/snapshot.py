@@ -31,6 +31,16 @@ _ARRAY_KEY = "__ndarray__"
 
 def to_plain(obj: Any, path: str = "state") -> Any:
     """Converts a snapshot tree into msgpack-native types (arrays become tagged maps)."""
+    kind = type(obj)
+    if kind is str or kind is float or kind is bool or obj is None:
+        return obj
+    if kind is dict or isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise InvalidState(f"{path}: snapshot keys must be str, got {type(key).__name__}")
+            out[key] = to_plain(value, f"{path}.{key}")
+        return out
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biufc":
             raise InvalidState(
@@ -48,13 +58,6 @@ def to_plain(obj: Any, path: str = "state") -> Any:
                 f"{path}: only numeric/bool scalars can be snapshotted, got {obj.dtype}"
             )
         return obj.item()
-    if isinstance(obj, Mapping):
-        out = {}
-        for key, value in obj.items():
-            if not isinstance(key, str):
-                raise InvalidState(f"{path}: snapshot keys must be str, got {type(key).__name__}")
-            out[key] = to_plain(value, f"{path}.{key}")
-        return out
     if isinstance(obj, list | tuple):
         return [to_plain(v, f"{path}[{i}]") for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, bool | int | float | str | bytes):

@@ -977,6 +977,25 @@ def test_writer_release_is_called_once_the_episode_is_written_or_not(tmp_path: P
         released.clear()
 
 
+def test_a_short_writev_is_completed_and_the_frame_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = list(RecordingReader(_seeded(tmp_path / "src")))
+    writev = os.writev
+
+    def short(fd: int, parts: list[bytes]) -> int:  # as a full pipe or a signal would
+        return writev(fd, [parts[0][:7]])
+
+    monkeypatch.setattr(os, "writev", short)
+    with RecordingWriter(tmp_path / "rec", background=False) as writer:
+        for ep in good[:2]:
+            writer.write(ep)
+    monkeypatch.undo()
+    back = list(RecordingReader(tmp_path / "rec"))
+    assert [e.seed for e in back] == [e.seed for e in good[:2]]
+    np.testing.assert_array_equal(back[1].obs, good[1].obs)
+
+
 def test_a_stalled_background_writer_still_writes_every_episode_as_it_ended(
     tmp_path: Path,
 ) -> None:

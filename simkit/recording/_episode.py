@@ -184,7 +184,7 @@ def plain_infos(infos: list[dict[str, Any]], t: int, what: str) -> list[dict[str
     """The ``T`` step infos as plain data (``{}`` for an empty one)."""
     if len(infos) != t:
         raise ValueError(f"{what}infos must hold T = {t} dicts, got {len(infos)}")
-    if not any(infos):
+    if not t or (not infos[0] and infos.count(infos[0]) == t):  # one identity scan when shared
         return [{}] * t
     return [snapshot.to_plain(x, f"{what}infos[{k}]") if x else {} for k, x in enumerate(infos)]
 
@@ -197,7 +197,7 @@ def pack_map(body: dict[str, Any]) -> bytes:
     parts = [packer.pack_map_header(len(body))]
     for key, value in body.items():
         parts.append(packer.pack(key))
-        if type(value) is list and value and value.count({}) == len(value):
+        if type(value) is list and value and value[0] == {} and value.count(value[0]) == len(value):
             parts.append(packer.pack_array_header(len(value)) + b"\x80" * len(value))
         else:
             parts.append(packer.pack(value))

@@ -150,6 +150,19 @@ def encode_frame(
 
     ``kind`` is the record kind byte (:data:`KIND_EPISODE`, :data:`KIND_MULTI_AGENT`).
     """
+    return b"".join(frame_parts(meta, blob, codec=codec, level=level, kind=kind))
+
+
+def frame_parts(
+    meta: dict[str, Any],
+    blob: bytes,
+    *,
+    codec: str = "zstd",
+    level: int | None = None,
+    kind: int = KIND_EPISODE,
+) -> tuple[bytes, bytes, bytes]:
+    """:func:`encode_frame` as its three parts (header, meta, stored blob), for a
+    ``writev`` that copies them straight into the file."""
     if kind not in KINDS:
         raise ValueError(f"record kind must be one of {KINDS}, got {kind}")
     if codec not in CODECS:
@@ -160,7 +173,7 @@ def encode_frame(
     crc = zlib.crc32(stored, zlib.crc32(meta_bytes))
     head = HEADER.pack(MAGIC, code, kind, 0, len(meta_bytes), len(stored), len(blob), crc, 0)
     head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
-    return head + meta_bytes + stored
+    return head, meta_bytes, stored
 
 
 def decode_blob(code: int, stored: bytes, raw_len: int, path: str, offset: int) -> bytes:

@@ -22,7 +22,6 @@ from simkit.recording._episode import (
     stats_from_meta,
 )
 from simkit.recording._format import (
-    HEADER,
     KIND_EPISODE,
     KIND_MULTI_AGENT,
     DirectoryLock,
@@ -33,6 +32,7 @@ from simkit.recording._format import (
     chunk_paths,
     default_codec,
     encode_frame,
+    frame_parts,
     read_index,
     read_meta,
     scan_chunk,
@@ -109,7 +109,7 @@ class AdaptiveLevel:
 class RecordingWriter:
     """Appends episodes to a recording directory; the one writer of that directory.
 
-    Every episode is one frame written with a single ``write`` on an ``O_APPEND``
+    Every episode is one frame written with a single ``writev`` on an ``O_APPEND``
     file, so a process killed at any moment (SIGKILL included) leaves every episode
     already written complete and at most a torn tail.
 
@@ -202,7 +202,7 @@ class RecordingWriter:
             _OPEN_WRITERS.add(self)
 
     def write(self, episode: AnyEpisode, *, release: Callable[[], None] | None = None) -> None:
-        """Appends one episode (one frame, one ``write``), now or on the writer thread.
+        """Appends one episode (one frame, one ``writev``), now or on the writer thread.
 
         Args:
             episode: the episode; with ``background=True`` its arrays are read later,
@@ -274,21 +274,23 @@ class RecordingWriter:
         kind, meta, blob = encode_record(episode)
         adaptive = self._adaptive
         level = adaptive.next() if adaptive is not None else self.level
-        frame = encode_frame(meta, blob, codec=self.compression, level=level, kind=kind)
+        parts = frame_parts(meta, blob, codec=self.compression, level=level, kind=kind)
         if adaptive is not None and level is not None:
-            *_, stored, raw, _, _ = HEADER.unpack_from(frame)
-            adaptive.observe(level, stored, raw)
+            adaptive.observe(level, len(parts[2]), len(blob))
         if self._fd is None:
             self._open_chunk()
         assert self._fd is not None
-        view = memoryview(frame)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        size = sum(len(p) for p in parts)
+        done = os.writev(self._fd, parts)
+        if done < size:  # a short write (a full disk, a signal): the rest as one buffer
+            view = memoryview(b"".join(parts))[done:]
+            while view:
+                view = view[os.write(self._fd, view) :]
         if self.fsync == "episode":
             os.fsync(self._fd)
-        self._frames.append((self._size, len(frame), meta))
-        self._size += len(frame)
-        self.bytes_written += len(frame)
+        self._frames.append((self._size, size, meta))
+        self._size += size
+        self.bytes_written += size
         if self._size >= self.max_chunk_bytes:
             self._close_chunk()
 
