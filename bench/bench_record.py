@@ -4,15 +4,17 @@ Usage: ``python bench/bench_record.py [--num-envs 64] [--steps 1000] [--rounds 5
 [--server-rounds 5]``
 
 - Recording cost, in process: the same BatchEnv stepped with the same pre-drawn
-  actions, plain and wrapped in ``RecordEpisodes``, interleaved round by round
-  (plain, recorded, plain, ...). Both first step ``steps / 2`` untimed, so every
-  round of ``steps`` batch steps ends each env's episode mid-round (BatchCheetah's
-  episodes are 1000 steps): the background writer works while the round steps, and
-  each recorded round ends with ``writer.flush()`` inside its timing. The figures are
-  the ratio of env steps per second over all rounds together (wall and process CPU
-  time), and the median of the per-round ratios. On a machine whose speed drifts,
-  short rounds (``--steps 250 --rounds 40``: every fourth holds the episode ends)
-  interleave finer, and the all-rounds ratio is the one to read.
+  actions, plain, wrapped in ``RecordEpisodes``, and plain again in a second instance
+  (the control), interleaved round by round with each of the three first in turn. All
+  first step ``steps / 2`` untimed, so every round of ``steps`` batch steps ends each
+  env's episode mid-round (BatchCheetah's episodes are 1000 steps): the background
+  writer works while the round steps, and each recorded round ends with
+  ``writer.flush()`` inside its timing. The figures are the ratio of env steps per
+  second over all rounds together (wall and process CPU time), and the median of the
+  per-round ratios. The control / plain ratio is the noise floor of the comparison (two
+  identical envs): a recorded / plain ratio reads to within it. On a machine whose
+  speed drifts, short rounds (``--steps 250 --rounds 40``: every fourth holds the
+  episode ends) interleave finer, and the all-rounds ratio is the one to read.
 - Recording cost, server: two ``simkit serve`` subprocesses, one with ``--record``,
   each stepped by one ``RemoteVectorEnv`` client (``step_batch``, same actions, same
   mid-round episode ends), interleaved round by round; also the servers' own CPU
@@ -223,33 +225,51 @@ def main() -> None:
     warm, *rounds = _action_rounds(rng, n, args.steps, args.rounds)
     root = Path(tempfile.mkdtemp(prefix="bench_record_"))
     plain = simkit.make(ENV_ID, num_envs=n)
+    control = simkit.make(ENV_ID, num_envs=n)
     rec = RecordEpisodes(
         simkit.make(ENV_ID, num_envs=n), root / "r0", env_id=ENV_ID, level=args.level
     )
-    plain_times, rec_times, plain_cpu, rec_cpu = [], [], [], []
+    names = ("plain", "control", "recorded")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    cpus: dict[str, list[float]] = {k: [] for k in names}
     try:
         print(f"load average before: {os.getloadavg()}")
-        for env in (plain, rec):
+        for env in (plain, control, rec):
             env.reset(seed=0)
             _steps(env, warm)
         inner, writing = _time_inner(rec), _time_writer(rec.writer)
-        own, thread = [], []
-        for actions in rounds:
-            wall, cpu = _round(plain, actions, None)
-            plain_times.append(wall)
-            plain_cpu.append(cpu)
-            inner[0] = writing[0] = 0.0
-            wall, cpu = _round(rec, actions, rec.writer)
-            rec_times.append(wall)
-            rec_cpu.append(cpu)
-            own.append((wall - inner[0]) / inner[0])
+        own, thread, physics = [], [], []
+        envs = {"plain": plain, "control": control, "recorded": rec}
+        for k, actions in enumerate(rounds):
+            for name in names[k % 3 :] + names[: k % 3]:  # each env first in turn
+                if name == "recorded":
+                    inner[0] = writing[0] = 0.0
+                wall, cpu = _round(envs[name], actions, rec.writer if name == "recorded" else None)
+                times[name].append(wall)
+                cpus[name].append(cpu)
+            own.append((times["recorded"][-1] - inner[0]) / inner[0])
             thread.append(writing[0] / inner[0])
+            physics.append(inner[0] / times["plain"][-1])
         rec.close()
         steps = args.steps * n
-        plain_rate = statistics.median(steps / t for t in plain_times)
+        plain_rate = statistics.median(steps / t for t in times["plain"])
         print(f"plain  {plain_rate:,.0f} env steps/s (median of {args.rounds})")
-        _ratios("recorded / plain throughput, wall clock", plain_times, rec_times)
-        _ratios("recorded / plain throughput, process CPU time", plain_cpu, rec_cpu)
+        _ratios("recorded / plain throughput, wall clock", times["plain"], times["recorded"])
+        _ratios("recorded / plain throughput, process CPU time", cpus["plain"], cpus["recorded"])
+        _ratios(
+            "control (a second plain env, the noise floor) / plain throughput, wall clock",
+            times["plain"],
+            times["control"],
+        )
+        both = [p + c for p, c in zip(times["plain"], times["control"], strict=True)]
+        print(
+            "recorded / mean of plain and control, wall clock: "
+            f"{sum(both) / 2 / sum(times['recorded']):.3f} over all rounds"
+        )
+        print(
+            "recorded env's own step_batch (the physics, under the recorder) / plain "
+            f"step time: {sum(physics) / len(physics):.3f} mean"
+        )
         for name, shares in (
             ("recorder's own time on the stepping thread (wrapper - inner step_batch)", own),
             ("writer thread CPU time (encode + compress + write)", thread),
@@ -268,6 +288,9 @@ def main() -> None:
         reader = RecordingReader(root / "r0")
         episodes = list(reader)
         recorded_steps = sum(e.length for e in episodes)
+        if not episodes:
+            print("no episode ended: run 1000 batch steps or more for the size and speed rows")
+            return
         for codec in ("zstd", "none"):
             out = root / f"w-{codec}"
             start = time.perf_counter()
@@ -307,6 +330,7 @@ def main() -> None:
         )
     finally:
         plain.close()
+        control.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
