@@ -266,9 +266,14 @@ def main() -> None:
             "recorded / mean of plain and control, wall clock: "
             f"{sum(both) / 2 / sum(times['recorded']):.3f} over all rounds"
         )
+        writing_rounds = [k for k, x in enumerate(thread) if x > 0]
+        quiet = [x for k, x in enumerate(physics) if k not in writing_rounds]
+        busy = [physics[k] for k in writing_rounds] or [float("nan")]
         print(
-            "recorded env's own step_batch (the physics, under the recorder) / plain "
-            f"step time: {sum(physics) / len(physics):.3f} mean"
+            "recorded env's own step_batch (the physics, under the recorder) / plain round: "
+            f"median {statistics.median(physics):.3f}; rounds the writer wrote in "
+            f"{statistics.median(busy):.3f}, the others {statistics.median(quiet):.3f} "
+            f"(rounds: {', '.join(f'{x:.3f}' for x in physics)})"
         )
         for name, shares in (
             ("recorder's own time on the stepping thread (wrapper - inner step_batch)", own),

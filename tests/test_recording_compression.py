@@ -103,3 +103,16 @@ def test_an_out_of_range_level_is_refused_naming_the_range(
     with pytest.raises(ValueError, match=message):
         RecordingWriter(tmp_path / "r", compression=codec, level=level)
     RecordingWriter(tmp_path / "r", compression=codec).close()  # the lock was not kept
+
+
+def test_frame_checksums_are_zlibs_crc32_computed_by_zlib_ng() -> None:
+    import zlib
+
+    from zlib_ng import zlib_ng
+
+    from simkit.recording import _format
+
+    assert _format.crc32 is zlib_ng.crc32  # the SIMD one is in use (a dependency)
+    data = np.random.default_rng(0).bytes(100_000)
+    assert _format.crc32(data) == zlib.crc32(data)  # files stay checkable with plain zlib
+    assert _format.crc32(data, 12345) == zlib.crc32(data, 12345)
