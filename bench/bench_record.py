@@ -5,14 +5,16 @@ Usage: ``python bench/bench_record.py [--num-envs 64] [--steps 1000] [--rounds 5
 
 - Recording cost, in process: the same BatchEnv stepped with the same pre-drawn
   actions, plain, wrapped in ``RecordEpisodes``, and plain again in a second instance
-  (the control), interleaved round by round with each of the three first in turn. All
+  (the control), interleaved round by round with each first in turn. All
   first step ``steps / 2`` untimed, so every round of ``steps`` batch steps ends each
   env's episode mid-round (BatchCheetah's episodes are 1000 steps): the background
   writer works while the round steps, and each recorded round ends with
   ``writer.flush()`` inside its timing. The figures are the ratio of env steps per
   second over all rounds together (wall and process CPU time), and the median of the
   per-round ratios. The control / plain ratio is the noise floor of the comparison (two
-  identical envs): a recorded / plain ratio reads to within it. On a machine whose
+  identical envs): a recorded / plain ratio reads to within it. A fourth env,
+  "unwritten", records with a writer that discards every episode: it splits the cost
+  between the stepping side and the writer thread. On a machine whose
   speed drifts, short rounds (``--steps 250 --rounds 40``: every fourth holds the
   episode ends) interleave finer, and the all-rounds ratio is the one to read.
 - Recording cost, server: two ``simkit serve`` subprocesses, one with ``--record``,
@@ -91,6 +93,12 @@ def _time_inner(env: RecordEpisodes) -> list[float]:
 
     inner.step_batch = timed  # type: ignore[attr-defined]
     return spent
+
+
+def _discard(episode: Any, *, release: Any = None) -> None:
+    """A writer's ``write`` that drops the episode (handing its buffer slot back)."""
+    if release is not None:
+        release()
 
 
 def _time_writer(writer: RecordingWriter) -> list[float]:
@@ -229,28 +237,36 @@ def main() -> None:
     rec = RecordEpisodes(
         simkit.make(ENV_ID, num_envs=n), root / "r0", env_id=ENV_ID, level=args.level
     )
-    names = ("plain", "control", "recorded")
+    unwritten = RecordEpisodes(simkit.make(ENV_ID, num_envs=n), root / "r1", env_id=ENV_ID)
+    unwritten.writer.write = _discard  # type: ignore[method-assign]
+    names = ("plain", "control", "recorded", "unwritten")
     times: dict[str, list[float]] = {k: [] for k in names}
     cpus: dict[str, list[float]] = {k: [] for k in names}
     try:
         print(f"load average before: {os.getloadavg()}")
-        for env in (plain, control, rec):
+        envs = {"plain": plain, "control": control, "recorded": rec, "unwritten": unwritten}
+        for env in envs.values():
             env.reset(seed=0)
             _steps(env, warm)
         inner, writing = _time_inner(rec), _time_writer(rec.writer)
-        own, thread, physics = [], [], []
-        envs = {"plain": plain, "control": control, "recorded": rec}
+        inner_unwritten = _time_inner(unwritten)
+        own, thread, physics, physics_unwritten = [], [], [], []
         for k, actions in enumerate(rounds):
-            for name in names[k % 3 :] + names[: k % 3]:  # each env first in turn
-                if name == "recorded":
-                    inner[0] = writing[0] = 0.0
+            m = k % len(names)
+            for name in names[m:] + names[:m]:  # each env first in turn
+                inner[0] = writing[0] = inner_unwritten[0] = 0.0
                 wall, cpu = _round(envs[name], actions, rec.writer if name == "recorded" else None)
                 times[name].append(wall)
                 cpus[name].append(cpu)
-            own.append((times["recorded"][-1] - inner[0]) / inner[0])
-            thread.append(writing[0] / inner[0])
-            physics.append(inner[0] / times["plain"][-1])
+                if name == "recorded":
+                    own.append((wall - inner[0]) / inner[0])
+                    thread.append(writing[0] / inner[0])
+                    physics.append(inner[0])
+                elif name == "unwritten":
+                    physics_unwritten.append(inner_unwritten[0])
+        physics = [x / p for x, p in zip(physics, times["plain"], strict=True)]
         rec.close()
+        unwritten.close()
         steps = args.steps * n
         plain_rate = statistics.median(steps / t for t in times["plain"])
         print(f"plain  {plain_rate:,.0f} env steps/s (median of {args.rounds})")
@@ -260,6 +276,19 @@ def main() -> None:
             "control (a second plain env, the noise floor) / plain throughput, wall clock",
             times["plain"],
             times["control"],
+        )
+        _ratios(
+            "unwritten (recorded, every episode discarded instead of written) / plain "
+            "throughput, wall clock",
+            times["plain"],
+            times["unwritten"],
+        )
+        plain_total = sum(times["plain"])
+        recorded_physics = sum(x * p for x, p in zip(physics, times["plain"], strict=True))
+        print(
+            "the physics (the inner step_batch) / plain over all rounds: recorded "
+            f"{recorded_physics / plain_total:.3f}, unwritten "
+            f"{sum(physics_unwritten) / plain_total:.3f}"
         )
         both = [p + c for p, c in zip(times["plain"], times["control"], strict=True)]
         print(
