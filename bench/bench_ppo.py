@@ -119,13 +119,12 @@ def main() -> None:
     base = statistics.median(x["sps"] for x in rows["cleanrl"])
     print(f"load average {os.getloadavg()}")
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
-    for name, runs in rows.items():
-        if not runs:
+    for name, results in rows.items():
+        if not results:
             continue
-        med = statistics.median(x["sps"] for x in runs)
-        print(
-            f"{name:26s} {med:8.1f} steps/s  {med / base:5.2f}x  split {runs[len(runs) // 2]['split']}"
-        )
+        med = statistics.median(x["sps"] for x in results)
+        split = results[len(results) // 2]["split"]
+        print(f"{name:26s} {med:8.1f} steps/s  {med / base:5.2f}x  split {split}")
 
 
 if __name__ == "__main__":

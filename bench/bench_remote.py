@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -203,6 +204,11 @@ def bench_async(n: int, seconds: float) -> float:
         env.close()
 
 
+def _step_rows(env: RemoteVectorEnv, actions: np.ndarray) -> int:
+    """One ``step_batch`` of ``env``: the rows it stepped."""
+    return int(env.step_batch(actions).env_ids.size)
+
+
 def bench_overhead(servers: list[tuple[str, int]], bare: str, seconds: float) -> list[float]:
     """Median seconds per request: remote 1-env CartPole steps against each
     ``(endpoint, client busy_poll_us)`` of ``servers``, then a bare msgpack round trip.
@@ -216,13 +222,13 @@ def bench_overhead(servers: list[tuple[str, int]], bare: str, seconds: float) ->
     for server, client_spin in servers:
         env = RemoteVectorEnv(server, timeout=60, busy_poll_us=client_spin)
         env.reset(seed=0)
-        _, remote = _rate(lambda env=env: env.step_batch(act).env_ids.size, seconds)
+        _, remote = _rate(partial(_step_rows, env, act), seconds)
         env.close()
         medians.append(statistics.median(remote))
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(bare)
-    request = dict(_BARE_REQUEST)
+    request: dict[str, Any] = dict(_BARE_REQUEST)
 
     def round_trip() -> int:
         request["id"] += 1

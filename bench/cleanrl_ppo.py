@@ -61,7 +61,7 @@ def make_env(env_id: str, gamma: float) -> gym.Env[Any, Any]:
         env, lambda obs: np.clip(obs, -10, 10), env.observation_space
     )
     env = gym.wrappers.NormalizeReward(env, gamma=gamma)
-    env = gym.wrappers.TransformReward(env, lambda reward: float(np.clip(reward, -10, 10)))
+    env = gym.wrappers.TransformReward(env, lambda reward: float(np.clip(float(reward), -10, 10)))
     return env
 
 
@@ -94,7 +94,7 @@ class Agent(nn.Module):
         self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(x)  # type: ignore[no-any-return]  # nn.Sequential is untyped
+        return self.critic(x)
 
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None

@@ -15,7 +15,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after choosing the backend
 import numpy as np
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_accumulator import (  # type: ignore[import-untyped]  # tensorboard ships no type information
+    EventAccumulator,
+)
 
 
 def curve(logdir: Path, tag: str = "charts/episodic_return") -> tuple[np.ndarray, np.ndarray]:
