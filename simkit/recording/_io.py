@@ -208,9 +208,9 @@ class RecordingWriter:
             episode: the episode; with ``background=True`` its arrays are read later,
                 on the writer thread, so they must not change until then.
             release: called once the writer no longer reads the episode's arrays,
-                whether it was written or not (on the writer thread, or in this call
-                when it raises before queueing): lets a caller reuse the memory they
-                view (the recorders' step buffers do).
+                whether it was written or not (on the writer thread; within this call
+                with ``background=False`` or a closed writer): lets a caller reuse the
+                memory they view (the recorders' step buffers do).
 
         Raises:
             ValueError: the writer is closed.
