@@ -150,24 +150,12 @@ def encode_frame(
     codec: str = "zstd",
     level: int | None = None,
     kind: int = KIND_EPISODE,
-) -> bytes:
-    """One complete frame: header + meta (msgpack) + compressed blob.
+) -> tuple[bytes, bytes, bytes]:
+    """One complete frame as its three parts: header, meta (msgpack), compressed blob
+    (a ``writev`` copies them straight into the file; joined, they are the frame).
 
     ``kind`` is the record kind byte (:data:`KIND_EPISODE`, :data:`KIND_MULTI_AGENT`).
     """
-    return b"".join(frame_parts(meta, blob, codec=codec, level=level, kind=kind))
-
-
-def frame_parts(
-    meta: dict[str, Any],
-    blob: bytes,
-    *,
-    codec: str = "zstd",
-    level: int | None = None,
-    kind: int = KIND_EPISODE,
-) -> tuple[bytes, bytes, bytes]:
-    """:func:`encode_frame` as its three parts (header, meta, stored blob), for a
-    ``writev`` that copies them straight into the file."""
     if kind not in KINDS:
         raise ValueError(f"record kind must be one of {KINDS}, got {kind}")
     if codec not in CODECS:

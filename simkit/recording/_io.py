@@ -32,7 +32,6 @@ from simkit.recording._format import (
     chunk_paths,
     default_codec,
     encode_frame,
-    frame_parts,
     read_index,
     read_meta,
     scan_chunk,
@@ -274,7 +273,7 @@ class RecordingWriter:
         kind, meta, blob = encode_record(episode)
         adaptive = self._adaptive
         level = adaptive.next() if adaptive is not None else self.level
-        parts = frame_parts(meta, blob, codec=self.compression, level=level, kind=kind)
+        parts = encode_frame(meta, blob, codec=self.compression, level=level, kind=kind)
         if adaptive is not None and level is not None:
             adaptive.observe(level, len(parts[2]), len(blob))
         if self._fd is None:
