@@ -238,22 +238,17 @@ class RecordEpisodes(gym.vector.VectorWrapper):
 
     def step_batch(self, actions: Any, *args: Any, **kwargs: Any) -> BatchStep:
         """``step_batch`` of the wrapped vector, recorded (``final_obs`` ends episodes)."""
-        inner = self._inner
-        res: BatchStep = inner.step_batch(actions, *args, **kwargs)
-        faults = getattr(inner, "faults", None)
+        res: BatchStep = self._inner.step_batch(actions, *args, **kwargs)
         self.tracker.log_batch_step(
-            res,
-            actions,
-            self.policy_version,
-            self.seeds.next_episodes,
-            faulted=self._faulted() if faults else (),
+            res, actions, self.policy_version, self.seeds.next_episodes, faulted=self._faulted()
         )
         return res
 
     def _faulted(self) -> set[int]:
         """Envs that raised on the last step (``RemoteVectorEnv.faults``): their episodes
         were cut by the server, not by the env, and are not recorded."""
-        return {int(f.env_id) for f in getattr(self._inner, "faults", None) or ()}
+        faults = getattr(self._inner, "faults", None)
+        return {int(f.env_id) for f in faults} if faults else set()
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Gymnasium's ``step``, recorded under the vector's autoreset mode."""
