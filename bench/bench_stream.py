@@ -13,10 +13,9 @@ medians reported:
   fragments; this process is a learner that only receives them (``PolicyStream``,
   async mode, ``--credit`` fragments in flight; sync mode too, the learner pushing
   weights after every fragment, as an on-policy learner does);
-- stream, double-buffered: a second server started with ``--double-buffer``, the
-  learner asking for two sampling groups (``group_envs = N/2``) so the server can step
-  one half's physics while it evaluates the policy for the other; the plain server
-  with the same two groups is the row to compare it with;
+- stream, double-buffered: a second server started with ``--double-buffer`` steps
+  one half's physics while it evaluates the policy for the other; the plain server is
+  the row to compare it with;
 - RemoteVectorEnv: this process steps the plain server over the step protocol and
   runs the policy on its own side (one round trip per step).
 
@@ -59,7 +58,7 @@ from simkit.models import ModelSpec, build_model, get_weights
 from simkit.protocol import StreamClientSession, StreamServerSession
 from simkit.servers._stream_envs import make_env_rows
 from simkit.servers._stream_loop import RolloutLoop
-from simkit.servers._stream_policy import GroupedPolicy
+from simkit.servers._stream_policy import RowPolicy
 
 ENV = "simkit/BatchCheetah-v0"
 SPEC = ModelSpec("mlp", {"hidden_sizes": [64, 64]})
@@ -131,12 +130,9 @@ def stream(
     *,
     mode: str,
     credit: int,
-    group_envs: int = 0,
 ) -> Result:
     """Fragments received by a learner that only receives them (sync: and pushes weights)."""
-    with PolicyStream(
-        endpoint, SPEC, num_envs=n, mode=mode, credit=credit, group_envs=group_envs, timeout=60
-    ) as s:
+    with PolicyStream(endpoint, SPEC, num_envs=n, mode=mode, credit=credit, timeout=60) as s:
         s.push_weights(model)
         s.next_fragment()  # warm-up: the session built its envs and policy
         if mode == "sync":
@@ -182,17 +178,13 @@ def breakdown(
     actions = model.act(x, generator=gen).actions.numpy()
     envs = RemoteVectorEnv(endpoint, timeout=60)
     envs.reset(seed=0)
-    loops = [
-        _server_loop(model, n, groups, halves)
-        for groups, halves in ((1, False), (2, False), (2, True))
-    ]
+    loops = [_server_loop(model, n, halves) for halves in (False, True)]
     ways: dict[str, tuple[Callable[[], object], int | None]] = {
         "step_batch": (lambda: env.step_batch(actions), None),
         "act": (lambda: model.act(x, generator=gen), None),
         "RemoteVectorEnv.step": (lambda: envs.step(actions), server.pid),
         "server loop step (RolloutLoop.step, in process)": (loops[0].step, None),
-        "server loop step, 2 sampling groups": (loops[1].step, None),
-        "server loop step, 2 groups, double-buffered": (loops[2].step, None),
+        "server loop step, double-buffered": (loops[1].step, None),
     }
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in ways}
     try:
@@ -214,17 +206,18 @@ def breakdown(
     }
 
 
-def _server_loop(model: Any, n: int, groups: int, halves: bool) -> RolloutLoop:
+def _server_loop(model: Any, n: int, halves: bool) -> RolloutLoop:
     """The stream server's own loop over ``n`` envs, in this process (no sockets)."""
     envs = make_env_rows(ENV, n, halves=halves)
     if halves:
         envs.split()
-    policy = GroupedPolicy(
+    policy = RowPolicy(
         model,
         torch.device("cpu"),
-        num_rows=n,
-        group_rows=n // groups,
-        seeds=list(range(groups)),
+        seed=0,
+        first_slot=0,
+        num_slots=n,
+        rows_per_slot=1,
         action_space=envs.action_space,
     )
     policy.set_weights(get_weights(model, 0))
@@ -279,17 +272,9 @@ def main() -> None:
             f"stream, async (credit {credit}), learner only receives",
             lambda: stream(model, proc, endpoint, n, sec, mode="async", credit=credit),
         ),
-        "async2": (
-            f"stream, async, 2 sampling groups of {half}",
-            lambda: stream(
-                model, proc, endpoint, n, sec, mode="async", credit=credit, group_envs=half
-            ),
-        ),
         "double": (
-            f"stream, async, 2 groups of {half}, --double-buffer",
-            lambda: stream(
-                model, double, double_endpoint, n, sec, mode="async", credit=credit, group_envs=half
-            ),
+            f"stream, async, halves of {half}, --double-buffer",
+            lambda: stream(model, double, double_endpoint, n, sec, mode="async", credit=credit),
         ),
         "sync": (
             "stream, sync (weights pushed after every fragment)",
@@ -305,7 +290,7 @@ def main() -> None:
         time.sleep(0.5)
         sec = 0.5  # warm-up of both servers
         stream(model, proc, endpoint, n, sec, mode="async", credit=credit)
-        stream(model, double, double_endpoint, n, sec, mode="async", credit=credit, group_envs=half)
+        stream(model, double, double_endpoint, n, sec, mode="async", credit=credit)
         sec = args.seconds
         for _ in range(args.rounds):
             for key, (_, way) in ways.items():

@@ -49,7 +49,7 @@ __all__ = [
     "unflatten_optimizer",
 ]
 
-CHECKPOINT_FORMAT = "simkit.ppo.checkpoint/1"
+CHECKPOINT_FORMAT = "simkit.ppo.checkpoint/2"
 POLICY_FORMAT = "simkit.ppo.policy/1"
 _FILES = ("model.safetensors", "optimizer.safetensors", "state.msgpack")
 
@@ -222,8 +222,14 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise InvalidCheckpoint(f"{manifest_file}: not valid JSON: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        why = (
+            " (written before placement-independent sampling; its envs' noise streams "
+            "cannot be continued)"
+            if got == "simkit.ppo.checkpoint/1"
+            else ""
+        )
         raise InvalidCheckpoint(
-            f"{manifest_file}: format must be {CHECKPOINT_FORMAT!r}, got {got!r}"
+            f"{manifest_file}: format must be {CHECKPOINT_FORMAT!r}, got {got!r}{why}"
         )
     files = manifest.get("files")
     if not isinstance(files, dict) or set(files) != set(_FILES):

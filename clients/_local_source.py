@@ -1,11 +1,15 @@
-"""An in-process fragment source: the learner's local loop and the baseline of the stream.
+"""An in-process fragment source: the rollout servers' own loop, in the learner's process.
 
-:class:`LocalSource` steps a :class:`simkit.vector.VectorEnv` (single-agent ids and
-``gym:<id>``) or a :class:`simkit.vector.MultiAgentVectorEnv` (multi-agent ids, one row
-per (env, agent)) with one batched forward per step, sampling with its own seeded
-``torch.Generator``, and cuts :class:`simkit.Fragment` s of ``T`` steps with exactly the
-semantics of that type's docstring. It satisfies :class:`FragmentSource`, the small
-interface the PPO learner consumes, which a stream of rollout servers satisfies too.
+:class:`LocalSource` runs exactly what a stream session runs (one mechanism, one place):
+the envs as policy rows (:func:`simkit.servers._stream_envs.make_env_rows`: a
+:class:`simkit.vector.VectorEnv` for single-agent ids and ``gym:<id>``, a
+:class:`simkit.vector.MultiAgentVectorEnv` with one row per (env, agent), a
+:class:`simkit.BatchEnv`), the policy with keyed sampling noise
+(:class:`simkit.servers._stream_policy.RowPolicy`) and the fragment loop
+(:class:`simkit.servers._stream_loop.RolloutLoop`). So a run in process and a run
+through any number of servers give the same fragments, bit for bit, for the same seed.
+It satisfies :class:`FragmentSource`, the small interface the PPO learner consumes,
+which a stream of rollout servers satisfies too.
 
 Sync mode rolls out a fragment when the learner asks for one, with the weights it last
 pushed (exactly on-policy, deterministic). Async mode rolls out on a thread with the
@@ -18,18 +22,18 @@ from __future__ import annotations
 import copy
 import queue
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 import simkit
 from simkit._types import Fragment
-from simkit.models import ActorCritic, numpy_actions
-from simkit.models._lean import LeanMLP
+from simkit.models import ActorCritic
+from simkit.servers._stream_envs import make_env_rows
+from simkit.servers._stream_loop import RolloutLoop
+from simkit.servers._stream_policy import RowPolicy
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX", "is_multi_agent", "make_vector"]
@@ -74,14 +78,14 @@ def make_vector(
 
 
 class LocalSource:
-    """Rolls out ``model`` over a local vector and yields :class:`Fragment` s.
+    """Rolls out ``model`` over local envs and yields :class:`Fragment` s.
 
     Args:
-        env_id: a simkit id (single or multi-agent) or ``gym:<id>``.
+        env_id: a simkit id (single-agent, multi-agent or batch) or ``gym:<id>``.
         model: the policy; the source keeps its own copy and only reads pushed weights.
         num_envs: env slots.
         num_steps: ``T``, steps per fragment.
-        seed: root seed of the envs and of the sampling generator.
+        seed: root seed of the envs and of the sampling noise.
         mode: ``"sync"`` or ``"async"``.
         prefetch: async only, fragments rolled out ahead of the learner.
         num_threads: env stepping threads (MuJoCo releases the GIL).
@@ -110,33 +114,40 @@ class LocalSource:
         self.mode = mode
         self.num_steps = num_steps
         self.name = f"local:{env_id}"
-        self.vector = make_vector(env_id, num_envs, num_threads)
-        self.multi_agent = isinstance(self.vector, MultiAgentVectorEnv)
-        self.observation_space = self.vector.single_observation_space
-        self.action_space = self.vector.single_action_space
-        self.num_rows = self.vector.num_rows if self.multi_agent else num_envs  # type: ignore[union-attr]  # num_rows exists on the multi-agent vector
-        self.model = copy.deepcopy(model)
-        self.model.eval()
-        self.lean = LeanMLP.of(self.model) if lean else None
-        """The numpy act path (:mod:`simkit.models._lean`), None for other models."""
-        self.version = 0
-        self.generator = torch.Generator().manual_seed(seed)
-        self.sequence = 0
-        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        self.envs = make_env_rows(env_id, num_envs, num_threads=num_threads)
+        self.multi_agent = self.envs.kind == "multi_agent"
+        self.observation_space = self.envs.observation_space
+        self.action_space = self.envs.action_space
         self.num_envs = num_envs
+        self.num_rows = self.envs.num_rows
+        self.policy = RowPolicy(
+            copy.deepcopy(model),
+            torch.device("cpu"),
+            seed=seed,
+            first_slot=0,
+            num_slots=num_envs,
+            rows_per_slot=self.envs.agents_per_env,
+            action_space=self.action_space,
+            lean=lean,
+        )
+        self.loop = RolloutLoop(self.envs, self.policy, fragment_length=num_steps, source=self.name)
+        self.loop.reset(seed, 0)
+        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
         self._lock = threading.Lock()
         self._times = {"env": 0.0, "inference": 0.0}
-        if isinstance(self.vector, MultiAgentVectorEnv):
-            obs, self._mask, _ = self.vector.reset(seed=seed)
-        else:
-            obs, _ = self.vector.reset(seed=seed)
-            self._mask = np.ones(num_envs, dtype=np.bool_)
-        self._obs = np.asarray(obs)
-        self._ep_return = np.zeros(self.num_rows)
-        self._ep_length = np.zeros(self.num_rows, dtype=np.int64)
         self._queue: queue.Queue[Fragment | BaseException] = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the rollout acts with (0 before any push)."""
+        return self.policy.version or 0
+
+    @property
+    def sequence(self) -> int:
+        """The next fragment's sequence number."""
+        return self.loop.sequence
 
     # ------------------------------------------------------------------ weights
 
@@ -154,107 +165,21 @@ class LocalSource:
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            self.version, tensors = pending
-            self.model.load_state_dict(tensors)
-            if self.lean is not None:
-                self.lean.load()
+            self.policy.load_state_dict(pending[1], pending[0])
 
     # ------------------------------------------------------------------ rollout
 
     def rollout(self) -> Fragment:
         """Steps ``T`` times with the current weights and returns the fragment."""
-        T, R = self.num_steps, self.num_rows
-        model, gen, lean = self.model, self.generator, self.lean
-        obs_buf = np.empty((T, *self._obs.shape), dtype=self._obs.dtype)
-        act_list: list[np.ndarray] = []
-        logp = np.empty((T, R), dtype=np.float32)
-        values = np.empty((T, R), dtype=np.float32)
-        rewards = np.empty((T, R), dtype=np.float64)
-        term = np.empty((T, R), dtype=np.bool_)
-        trunc = np.empty((T, R), dtype=np.bool_)
-        final_values = np.zeros((T, R), dtype=np.float32)
-        mask = np.empty((T, R), dtype=np.bool_)
-        ep_returns: list[float] = []
-        ep_lengths: list[int] = []
-        ep_rows: list[int] = []
-        t_env = t_inf = 0.0
-        start_seq = self.sequence
-        for t in range(T):
-            t0 = time.perf_counter()
-            obs_buf[t] = self._obs
-            mask[t] = self._mask
-            if lean is not None:
-                actions, logp[t], values[t] = lean.act(self._obs, gen)
-            else:
-                out = model.act(self._obs, generator=gen)
-                actions = numpy_actions(out.actions)
-                logp[t] = out.log_probs.numpy()
-                values[t] = out.values.numpy()
-            act_list.append(actions)
-            t1 = time.perf_counter()
-            if self.multi_agent:
-                step: Any = self.vector.step(actions)
-                acted = step.acted
-                self._mask = step.agent_mask
-            else:
-                step = self.vector.step_batch(actions)  # type: ignore[union-attr]  # single-agent vector
-                acted = self._mask
-            t2 = time.perf_counter()
-            r = np.where(acted, step.reward, 0.0)
-            rewards[t] = r
-            term[t] = step.terminated & acted
-            trunc[t] = step.truncated & acted
-            cut = trunc[t] & ~term[t]
-            if cut.any():
-                rows = np.flatnonzero(cut)
-                final = np.asarray(step.final_obs)[rows]
-                final_values[t, rows] = self._value(final)
-            self._ep_return += r
-            self._ep_length += acted
-            for row in np.flatnonzero(term[t] | trunc[t]):
-                ep_returns.append(float(self._ep_return[row]))
-                ep_lengths.append(int(self._ep_length[row]))
-                ep_rows.append(int(row))
-                self._ep_return[row] = 0.0
-                self._ep_length[row] = 0
-            self._obs = np.asarray(step.obs)
-            t3 = time.perf_counter()
-            t_inf += (t1 - t0) + (t3 - t2)
-            t_env += t2 - t1
-        t0 = time.perf_counter()
-        last_values = self._value(self._obs)
-        t_inf += time.perf_counter() - t0
+        loop = self.loop
+        fragment = None
+        while fragment is None:
+            fragment = loop.step()
+        times = loop.take_times()
         with self._lock:
-            self._times["env"] += t_env
-            self._times["inference"] += t_inf
-        self.sequence += 1
-        return Fragment(
-            obs=obs_buf,
-            actions=np.stack(act_list),
-            log_probs=logp,
-            values=values,
-            rewards=rewards,
-            terminated=term,
-            truncated=trunc,
-            final_values=final_values,
-            agent_mask=mask,
-            policy_version=np.full(T, self.version, dtype=np.int64),
-            last_obs=self._obs.copy(),
-            last_values=last_values.astype(np.float32),
-            env_ids=np.arange(R, dtype=np.int64) // (R // self.vector.num_envs),
-            episode_returns=np.asarray(ep_returns, dtype=np.float64),
-            episode_lengths=np.asarray(ep_lengths, dtype=np.int64),
-            episode_rows=np.asarray(ep_rows, dtype=np.int64),
-            source=self.name,
-            sequence=start_seq,
-        )
-
-    def _value(self, obs: np.ndarray) -> np.ndarray:
-        if self.lean is not None:
-            return self.lean.value(obs)
-        with torch.no_grad():
-            out: np.ndarray = self.model.value(obs).numpy()
-        return out
+            self._times["env"] += times.env
+            self._times["inference"] += times.inference
+        return fragment
 
     def _produce(self) -> None:
         try:
@@ -295,44 +220,37 @@ class LocalSource:
     # ------------------------------------------------------------------ state
 
     def get_state(self, *, include_envs: bool = True) -> dict[str, Any]:
-        """Plain data to resume the rollout exactly (sync mode): envs, obs, generator, counters.
+        """Plain data to resume the rollout exactly (sync mode): the loop's boundary
+        state (envs, observations, episode accumulators, the sequence number that keys
+        the sampling noise).
 
-        The env snapshot is ``None`` for envs without ``get_state`` (Gymnasium's) and
-        without ``include_envs`` (async mode, where the rollout thread owns the envs);
-        such envs restart with a fresh reset on resume.
+        ``loop`` is ``None`` for envs without ``get_state`` (Gymnasium's) and without
+        ``include_envs`` (async mode, where the rollout thread owns the envs); such
+        envs restart with a fresh reset on resume, the noise continuing from
+        ``sequence``.
         """
-        vector_state: Any = None
+        loop_state: Any = None
         if include_envs:
             try:
-                vector_state = self.vector.get_state()
+                loop_state = self.loop.boundary_state()
             except TypeError:
-                vector_state = None
-        return {
-            "vector": vector_state,
-            "obs": self._obs.copy(),
-            "mask": self._mask.copy(),
-            "ep_return": self._ep_return.copy(),
-            "ep_length": self._ep_length.copy(),
-            "generator": self.generator.get_state().numpy().copy(),
-            "sequence": self.sequence,
-        }
+                loop_state = None
+        return {"loop": loop_state, "sequence": self.loop.sequence}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores :meth:`get_state` (the vector's snapshot only where one was taken)."""
-        if state["vector"] is not None:
-            self.vector.set_state(state["vector"])
-            self._obs = np.asarray(state["obs"]).copy()
-            self._mask = np.asarray(state["mask"], dtype=np.bool_).copy()
-            self._ep_return = np.asarray(state["ep_return"], dtype=np.float64).copy()
-            self._ep_length = np.asarray(state["ep_length"], dtype=np.int64).copy()
-        self.generator.set_state(
-            torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
-        )
-        self.sequence = int(state["sequence"])
+        """Restores :meth:`get_state` (the loop's boundary state only where one was taken).
+
+        Raises:
+            KeyError: not a :meth:`get_state` of this version (a checkpoint from before
+                keyed sampling noise).
+        """
+        if state["loop"] is not None:
+            self.loop.restore_boundary(dict(state["loop"]))
+        self.loop.sequence = int(state["sequence"])
 
     def close(self) -> None:
         """Stops the rollout thread and closes the envs."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.vector.close()
+        self.envs.close()

@@ -91,8 +91,8 @@ class PolicyStream:
 
     ``num_envs`` env slots are split over ``endpoints`` in contiguous ranges (server
     ``k`` gets slots ``[offset_k, offset_k + n_k)``); slot ``i`` is seeded with
-    ``episode_seed(seed, i, 0)`` wherever it runs. With ``group_envs`` dividing every
-    server's share, the data of every slot is the same with one server or several.
+    ``episode_seed(seed, i, 0)`` and samples from the noise keyed by ``(seed, i, step)``
+    wherever it runs, so the data of every slot is the same with one server or several.
 
     Typical sync (on-policy) loop::
 
@@ -121,7 +121,6 @@ class PolicyStream:
         env_id: an env other than the servers' own (None = theirs).
         env_kwargs: its constructor arguments.
         device: the servers' torch device for the policy (None = their default).
-        group_envs: env slots per sampling group (0 = each server's whole share).
         with_states: fragments carry the envs' snapshot at their first step.
         timeout: seconds a server may stay silent while the learner waits on it.
         curve: CURVE keys, for servers beyond loopback.
@@ -146,7 +145,6 @@ class PolicyStream:
         env_id: str | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
         device: str | None = None,
-        group_envs: int = 0,
         with_states: bool = False,
         timeout: float = 30.0,
         curve: CurveKeys | None = None,
@@ -207,7 +205,6 @@ class PolicyStream:
                     device=device,
                     with_states=with_states,
                     client=client,
-                    group_envs=group_envs,
                 )
                 srv.config = config
                 self._send(srv, srv.session.request_open(config))

@@ -136,9 +136,12 @@ def compute_gae(
     return adv.astype(np.float32), (adv + values).astype(np.float32)
 
 
-def rows_key(fragment: Fragment) -> str:
-    """A fragment's rows by their env slots: ``"slots:<first env id>+<rows>"``."""
-    return f"slots:{int(fragment.env_ids[0])}+{fragment.num_rows}"
+def global_rows(fragment: Fragment) -> np.ndarray:
+    """``(R,)`` int64: each row's index among all the run's rows (``slot * A + agent``
+    for ``A`` rows per slot), whichever producer's fragment it came in."""
+    env_ids = np.asarray(fragment.env_ids, dtype=np.int64)
+    per_slot = int(np.count_nonzero(env_ids == env_ids[0]))
+    return env_ids * per_slot + np.arange(len(env_ids), dtype=np.int64) % per_slot
 
 
 @dataclass
@@ -146,9 +149,9 @@ class RewardScaler:
     """Gymnasium's ``NormalizeReward`` for fragment rows: ``r / std(discounted return)``.
 
     The discounted return is kept per row across fragments and reset when an episode
-    terminates, exactly as the wrapper does per env. Rows are named by their env slots
-    (:func:`rows_key`), not by the server that produced them, so a run resumed on new
-    servers (new endpoints) continues the same returns.
+    terminates, exactly as the wrapper does per env. Rows are named by their global
+    index (:func:`global_rows`), not by the server that produced them, so a run resumed
+    on new servers (new endpoints) continues the same returns.
     """
 
     gamma: float
@@ -157,7 +160,8 @@ class RewardScaler:
     mean: float = 0.0
     var: float = 1.0
     count: float = 1e-4
-    returns: dict[str, np.ndarray] = field(default_factory=dict)
+    returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Running discounted return of every global row seen so far."""
 
     def _fold(self, x: np.ndarray) -> None:
         b_mean, b_var, b_count = float(x.mean()), float(x.var()), float(x.size)
@@ -170,16 +174,20 @@ class RewardScaler:
 
     def scale(self, fragment: Fragment) -> np.ndarray:
         """``(T, R)`` scaled rewards; updates the running statistics step by step."""
-        ret = self.returns.get(rows_key(fragment))
-        if ret is None:  # checkpoints written before rows_key named rows by source
-            ret = self.returns.pop(fragment.source, None)
-        if ret is None:
-            ret = np.zeros(fragment.num_rows)
+        rows = global_rows(fragment)
+        if len(self.returns) <= rows.max():
+            grown = np.zeros(int(rows.max()) + 1)
+            grown[: len(self.returns)] = self.returns
+            self.returns = grown
+        ret = self.returns[rows]
         if fragment.num_rows == 1 and fragment.agent_mask.all():
-            return self._scale_one_row(fragment, ret)
-        return self._scale_rows(fragment, ret)
+            out, ret = self._scale_one_row(fragment, ret)
+        else:
+            out, ret = self._scale_rows(fragment, ret)
+        self.returns[rows] = ret
+        return out
 
-    def _scale_rows(self, fragment: Fragment, ret: np.ndarray) -> np.ndarray:
+    def _scale_rows(self, fragment: Fragment, ret: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out = np.empty_like(fragment.rewards)
         for t in range(fragment.num_steps):
             live = fragment.agent_mask[t]
@@ -188,10 +196,9 @@ class RewardScaler:
                 self._fold(ret[live])
             out[t] = fragment.rewards[t] / np.sqrt(self.var + self.epsilon)
             ret = np.where(fragment.terminated[t], 0.0, ret)
-        self.returns[rows_key(fragment)] = ret
-        return np.clip(out, -self.clip, self.clip)
+        return np.clip(out, -self.clip, self.clip), ret
 
-    def _scale_one_row(self, fragment: Fragment, ret: np.ndarray) -> np.ndarray:
+    def _scale_one_row(self, fragment: Fragment, ret: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`scale` of a one-row fragment in Python floats: the same IEEE operations
         in the same order (so the same bits), without numpy's per-call cost."""
         gamma, eps = self.gamma, self.epsilon
@@ -212,9 +219,8 @@ class RewardScaler:
             if term:
                 r = 0.0
         self.mean, self.var, self.count = mean, var, count
-        self.returns[rows_key(fragment)] = np.array([r])
         scaled = np.asarray(out, dtype=fragment.rewards.dtype).reshape(-1, 1)
-        return np.clip(scaled, -self.clip, self.clip)
+        return np.clip(scaled, -self.clip, self.clip), np.array([r])
 
     def get_state(self) -> dict[str, Any]:
         """Plain data (checkpoints)."""
@@ -222,7 +228,7 @@ class RewardScaler:
             "mean": self.mean,
             "var": self.var,
             "count": self.count,
-            "returns": {k: v.copy() for k, v in self.returns.items()},
+            "returns": self.returns.copy(),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -232,9 +238,12 @@ class RewardScaler:
             float(state["var"]),
             float(state["count"]),
         )
-        self.returns = {
-            k: np.asarray(v, dtype=np.float64).copy() for k, v in state["returns"].items()
-        }
+        returns = np.asarray(state["returns"])
+        if returns.dtype != np.float64 or returns.ndim != 1:
+            raise ValueError(
+                f"scaler returns must be a float64 (rows,) array, got {returns.dtype} {returns.shape}"
+            )
+        self.returns = returns.copy()
 
 
 @torch.no_grad()
@@ -351,50 +360,36 @@ class PPO:
     def update(self, fragments: list[Fragment]) -> UpdateStats:
         """One PPO update on ``fragments`` (the rows of one batch); bumps the version.
 
-        The fragments are taken in env slot order (stable), not in the order servers
-        delivered them, so a sync run over several servers is deterministic too.
+        The fragments are joined side by side in env slot order
+        (:meth:`Fragment.concat_rows`), whatever order the servers delivered them in:
+        the update sees the one fragment a single producer would have made for all their
+        slots, so a sync run gives the same parameters in process, with one server or
+        with several.
         """
-        fragments = sorted(fragments, key=lambda f: int(f.env_ids[0]))
+        versions = np.concatenate([f.policy_version for f in fragments])
+        f = Fragment.concat_rows(fragments)
         args, model = self.args, self.model
         t_start = time.perf_counter()
-        adv_parts, ret_parts, obs_parts, act_parts, logp_parts, val_parts, mask_parts = (
-            [],
-            [],
-            [],
-            [],
-            [],
-            [],
-            [],
+        rewards = self.scaler.scale(f) if args.normalize_reward else f.rewards
+        adv, ret = compute_gae(
+            rewards,
+            f.values,
+            f.terminated,
+            f.truncated,
+            f.final_values,
+            f.last_values,
+            gamma=args.gamma,
+            lam=args.gae_lambda,
         )
-        for f in fragments:
-            rewards = self.scaler.scale(f) if args.normalize_reward else f.rewards
-            adv, ret = compute_gae(
-                rewards,
-                f.values,
-                f.terminated,
-                f.truncated,
-                f.final_values,
-                f.last_values,
-                gamma=args.gamma,
-                lam=args.gae_lambda,
-            )
-            adv_parts.append(adv.reshape(-1))
-            ret_parts.append(ret.reshape(-1))
-            obs = np.asarray(f.obs)
-            obs_parts.append(obs.reshape(f.num_steps * f.num_rows, *obs.shape[2:]))
-            acts = np.asarray(f.actions)
-            act_parts.append(acts.reshape(f.num_steps * f.num_rows, *acts.shape[2:]))
-            logp_parts.append(f.log_probs.reshape(-1))
-            val_parts.append(f.values.reshape(-1))
-            mask_parts.append(f.agent_mask.reshape(-1))
-        mask = np.concatenate(mask_parts)
-        keep = torch.from_numpy(np.flatnonzero(mask))
-        b_obs = torch.from_numpy(np.concatenate(obs_parts))[keep]
-        b_actions = torch.from_numpy(np.concatenate(act_parts))[keep]
-        b_logp = torch.from_numpy(np.concatenate(logp_parts))[keep]
-        b_adv = torch.from_numpy(np.concatenate(adv_parts))[keep]
-        b_ret = torch.from_numpy(np.concatenate(ret_parts))[keep]
-        b_val = torch.from_numpy(np.concatenate(val_parts))[keep]
+        n_rows = f.num_steps * f.num_rows
+        obs, acts = np.asarray(f.obs), np.asarray(f.actions)
+        keep = np.flatnonzero(f.agent_mask.reshape(-1))  # indexing copies: fragments are read-only
+        b_obs = torch.from_numpy(obs.reshape(n_rows, *obs.shape[2:])[keep])
+        b_actions = torch.from_numpy(acts.reshape(n_rows, *acts.shape[2:])[keep])
+        b_logp = torch.from_numpy(f.log_probs.reshape(-1)[keep])
+        b_adv = torch.from_numpy(adv.reshape(-1)[keep])
+        b_ret = torch.from_numpy(ret.reshape(-1)[keep])
+        b_val = torch.from_numpy(f.values.reshape(-1)[keep])
 
         lr = self._learning_rate()
         for group in self.optimizer.param_groups:
@@ -440,7 +435,6 @@ class PPO:
         self.global_step += n
         var_y = float(b_ret.var())
         explained = float("nan") if var_y == 0 else 1.0 - float((b_ret - b_val).var()) / var_y
-        versions = np.concatenate([f.policy_version for f in fragments])
         lag = (self.version - 1) - versions
         return UpdateStats(
             version=self.version,
@@ -453,8 +447,8 @@ class PPO:
             explained_variance=explained,
             learning_rate=lr,
             update_s=time.perf_counter() - t_start,
-            episode_returns=np.concatenate([f.episode_returns for f in fragments]),
-            episode_lengths=np.concatenate([f.episode_lengths for f in fragments]),
+            episode_returns=f.episode_returns,
+            episode_lengths=f.episode_lengths,
             lag=(int(lag.min()), float(lag.mean()), int(lag.max())),
         )
 

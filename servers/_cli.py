@@ -119,8 +119,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--double-buffer",
         action="store_true",
         help="step a session's envs in two halves, one half's physics overlapping the "
-        "policy for the other (BatchEnvs with subset steps, an even number of sampling "
-        "groups; same fragments)",
+        "policy for the other (BatchEnvs with subset steps, an even number of env "
+        "slots; same fragments)",
     )
 
 

@@ -141,7 +141,7 @@ class RolloutServer:
         fragment_length: ``T`` of a stream session that asks for none.
         double_buffer: step stream sessions' envs in two halves, one half's physics
             overlapping the policy's forward pass for the other, where the envs allow
-            it (a BatchEnv with subset steps and an even number of sampling groups;
+            it (a BatchEnv with subset steps and an even number of env slots;
             docs/server.md, "Policy serving"). The fragments are the same bits.
         record: a recording directory: every step session's episodes are recorded
             there (docs/recording.md, "Recording a server"); multi-agent env ids too.

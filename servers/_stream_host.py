@@ -67,7 +67,7 @@ class StreamSettings:
         max_envs: the most env slots one session may ask for.
         double_buffer: step a session's envs in two halves, one half's physics
             overlapping the policy's forward pass for the other, where the envs allow
-            it (a BatchEnv with subset steps, an even number of sampling groups).
+            it (a BatchEnv with subset steps, an even number of env slots).
     """
 
     env_id: str

@@ -1,7 +1,7 @@
 """The inference loop of a stream session: act, step, accumulate ``T``-step fragments.
 
 No sockets: :class:`RolloutLoop` owns the session's :class:`EnvRows` and
-:class:`GroupedPolicy` and turns them into :class:`simkit.Fragment` objects, one
+:class:`RowPolicy` and turns them into :class:`simkit.Fragment` objects, one
 :meth:`~RolloutLoop.step` at a time, so a worker can check for new weights and
 credit between any two steps.
 
@@ -23,7 +23,7 @@ import numpy as np
 from simkit._types import Fragment
 from simkit.models import PolicyWeights
 from simkit.servers._stream_envs import EnvRows
-from simkit.servers._stream_policy import GroupedPolicy
+from simkit.servers._stream_policy import RowPolicy
 
 __all__ = ["RolloutLoop", "LoopTimes"]
 
@@ -77,10 +77,10 @@ class RolloutLoop:
     Step ``t`` stores the observation acted on, the sampled action, its log-prob and
     value, the reward and flags; where an episode was truncated (and not terminated),
     ``final_values`` holds the value of the final observation under the same policy
-    version, computed right after the env step for the groups that need it. At the
+    version, computed right after the env step for the rows that need it. At the
     end, ``last_obs``/``last_values`` bootstrap the rest.
 
-    With ``envs`` split in two parts (each whole sampling groups), the parts are acted
+    With ``envs`` split in two parts, the parts are acted
     on and stepped one after the other through ``send``/``recv``, so one part's physics
     overlaps the other's forward pass. Weights must not change while a step is in
     flight: load them with :meth:`set_weights`, which settles first.
@@ -92,15 +92,12 @@ class RolloutLoop:
         env_offset: global index of env slot 0 (fragments' ``env_ids``).
         with_states: attach the envs' snapshot at step 0 to each fragment.
         source: the name fragments carry.
-
-    Raises:
-        ValueError: a part of ``envs`` does not cover whole sampling groups.
     """
 
     def __init__(
         self,
         envs: EnvRows,
-        policy: GroupedPolicy,
+        policy: RowPolicy,
         *,
         fragment_length: int,
         env_offset: int = 0,
@@ -113,8 +110,6 @@ class RolloutLoop:
         self.with_states = with_states
         self.source = source
         self.parts = list(envs.parts)
-        for part in self.parts:
-            policy.groups(part)  # raises unless the part is whole groups
         # The one-part loop acts on every row at once (the policy's whole-batch path).
         self._act_parts: list[slice | None] = [*self.parts] if len(self.parts) > 1 else [None]
         per_env = envs.agents_per_env
@@ -151,8 +146,8 @@ class RolloutLoop:
     def boundary_state(self) -> dict[str, Any]:
         """What the loop keeps between fragments, as copies: the envs' snapshot
         (:meth:`EnvRows.get_state`), the observations and mask the next step acts on,
-        the running episode returns and lengths, the sampling generators and the next
-        sequence number.
+        the running episode returns and lengths and the next sequence number (which
+        also fixes the step count the sampling noise is keyed by).
 
         Raises:
             RuntimeError: a fragment is partly collected (only a boundary is a state).
@@ -168,7 +163,6 @@ class RolloutLoop:
             "agent_mask": np.concatenate(self._mask),
             "episode_returns": self._ret.copy(),
             "episode_lengths": self._len.copy(),
-            "generators": self.policy.generator_states(),
             "sequence": self.sequence,
         }
 
@@ -197,9 +191,7 @@ class RolloutLoop:
             arr = np.asarray(state[name])
             if arr.shape != shape or arr.dtype != dtype:
                 raise ValueError(f"{name} must be {dtype} {shape}, got {arr.dtype} {arr.shape}")
-        self.policy.check_generator_states(np.asarray(state["generators"]))
         self.envs.set_state(state["envs"])
-        self.policy.set_generator_states(np.asarray(state["generators"]))
         obs = np.array(state["obs"])
         mask = np.array(state["agent_mask"], dtype=np.bool_)
         self._obs = [obs[part] for part in self.parts]
@@ -248,7 +240,7 @@ class RolloutLoop:
             if self._in_flight:
                 self._collect(k, t - 1)
             obs, mask = self._obs[k], self._mask[k]
-            out = policy.act(obs, self._act_parts[k])
+            out = policy.act(obs, self.sequence * self.fragment_length + t, self._act_parts[k])
             self._sent[k] = time.perf_counter()
             self.envs.send(k, out.actions)
             buf.obs[t, part] = obs
@@ -297,7 +289,7 @@ class RolloutLoop:
         times = self.times
         if cut.any():
             v0 = time.perf_counter()
-            values = self.policy.value(step.final_obs, cut, self._act_parts[k])
+            values = self.policy.value(step.final_obs, cut)
             buf.final_values[t, part] = np.where(cut, values, 0.0)
             times.inference += time.perf_counter() - v0
         ret, length = self._ret[part], self._len[part]  # views

@@ -47,7 +47,7 @@ from simkit.servers._stream_envs import make_env_rows
 from simkit.servers._stream_host import TAG_DONE, TAG_FRAGMENT, TAG_REPLY, StreamSettings
 from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_metrics import StreamMetrics
-from simkit.servers._stream_policy import GroupedPolicy, policy_seed
+from simkit.servers._stream_policy import RowPolicy
 
 __all__ = ["StreamWorker"]
 
@@ -94,7 +94,7 @@ class StreamWorker(threading.Thread):
             limits=settings.limits, inline_threshold=settings.inline_threshold
         )
         self._loop: RolloutLoop | None = None
-        self._policy: GroupedPolicy | None = None
+        self._policy: RowPolicy | None = None
         self._deferred: list[WeightsCommand] = []
         self.stalled_s = 0.0
 
@@ -272,7 +272,7 @@ class StreamWorker(threading.Thread):
             "num_envs": self._envs_per_step,
             "num_rows": loop.envs.num_rows,
             "env_offset": config.env_offset,
-            "group_envs": self._group_envs,
+            "fragment_length": loop.fragment_length,
         }
         if isinstance(cmd, StateCommand):
             try:
@@ -300,7 +300,6 @@ class StreamWorker(threading.Thread):
             "agent_mask": snap.agent_mask,
             "episode_returns": snap.episode_returns,
             "episode_lengths": snap.episode_lengths,
-            "generators": snap.generators,
             "sequence": snap.sequence,
         }
         try:
@@ -365,11 +364,6 @@ class StreamWorker(threading.Thread):
             raise InvalidField(
                 "too many env slots for one session", expected=f"<= {s.max_envs}", got=num_envs
             )
-        group = config.group_envs or num_envs
-        if num_envs % group:
-            raise InvalidField(
-                "group_envs must divide num_envs", expected=f"a divisor of {num_envs}", got=group
-            )
         device_name = config.device or s.device
         try:
             device = torch.device(device_name)
@@ -379,8 +373,7 @@ class StreamWorker(threading.Thread):
             ) from exc
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidField("this server has no CUDA device", expected="cpu", got=device_name)
-        # Double buffering splits the slots in two halves of whole sampling groups.
-        halves = s.double_buffer and (num_envs // group) % 2 == 0
+        halves = s.double_buffer and num_envs % 2 == 0
         try:
             envs = make_env_rows(
                 env_id, num_envs, env_kwargs=env_kwargs, num_threads=s.num_threads, halves=halves
@@ -412,16 +405,13 @@ class StreamWorker(threading.Thread):
                 got=config.model.get("kwargs"),
             ) from exc
         per_env = envs.agents_per_env
-        seeds = [
-            policy_seed(config.seed, config.env_offset + k * group)
-            for k in range(num_envs // group)
-        ]
-        self._policy = GroupedPolicy(
+        self._policy = RowPolicy(
             model,
             device,
-            num_rows=envs.num_rows,
-            group_rows=group * per_env,
-            seeds=seeds,
+            seed=config.seed,
+            first_slot=config.env_offset,
+            num_slots=num_envs,
+            rows_per_slot=per_env,
             action_space=envs.action_space,
         )
         length = config.fragment_length or s.fragment_length
@@ -434,7 +424,6 @@ class StreamWorker(threading.Thread):
             source=self.session_name,
         )
         self._envs_per_step = num_envs
-        self._group_envs = group
         self._info_env_id = env_id
         try:
             self._loop.reset(config.seed, config.env_offset)
@@ -460,7 +449,6 @@ class StreamWorker(threading.Thread):
         )
 
     _envs_per_step = 0
-    _group_envs = 0
     _info_env_id = ""
 
 

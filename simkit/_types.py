@@ -152,6 +152,54 @@ class Fragment:
         """``R``."""
         return int(self.log_probs.shape[1])
 
+    @classmethod
+    def concat_rows(cls, fragments: list[Fragment]) -> Fragment:
+        """One fragment holding the rows of ``fragments`` side by side, in env slot order.
+
+        The fragments of one update from several servers become the fragment one server
+        (or the in-process rollout) would have produced for all their slots, so what the
+        learner computes from it does not depend on how the slots were split. Each step's
+        ``policy_version`` is the oldest among the fragments; ``source`` joins theirs.
+
+        Raises:
+            ValueError: no fragments, or fragments of different lengths.
+        """
+        if not fragments:
+            raise ValueError("concat_rows needs at least one fragment")
+        parts = sorted(fragments, key=lambda f: int(f.env_ids[0]))
+        if len(parts) == 1:
+            return parts[0]
+        lengths = {f.num_steps for f in parts}
+        if len(lengths) != 1:
+            raise ValueError(f"fragments of one batch must have one length, got {sorted(lengths)}")
+        offsets = np.cumsum([0] + [f.num_rows for f in parts[:-1]])
+
+        def rows(name: str, axis: int = 1) -> np.ndarray:
+            return np.concatenate([np.asarray(getattr(f, name)) for f in parts], axis=axis)
+
+        return cls(
+            obs=rows("obs"),
+            actions=rows("actions"),
+            log_probs=rows("log_probs"),
+            values=rows("values"),
+            rewards=rows("rewards"),
+            terminated=rows("terminated"),
+            truncated=rows("truncated"),
+            final_values=rows("final_values"),
+            agent_mask=rows("agent_mask"),
+            policy_version=np.min([f.policy_version for f in parts], axis=0),
+            last_obs=rows("last_obs", 0),
+            last_values=rows("last_values", 0),
+            env_ids=rows("env_ids", 0),
+            episode_returns=rows("episode_returns", 0),
+            episode_lengths=rows("episode_lengths", 0),
+            episode_rows=np.concatenate(
+                [f.episode_rows + off for f, off in zip(parts, offsets, strict=True)]
+            ),
+            source=",".join(f.source for f in parts),
+            sequence=min(f.sequence for f in parts),
+        )
+
 
 @dataclass(frozen=True)
 class StepFault:

@@ -4,6 +4,7 @@ learning, the lean act path, recording the fragment stream and rendering an eval
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import json
 import os
 import signal
@@ -19,7 +20,13 @@ import torch
 from simkit._types import Fragment
 from simkit.clients._checkpoint import load_checkpoint
 from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
-from simkit.clients.ppo import PPOArgs, RewardScaler, clip_grad_norm, compute_gae, rows_key
+from simkit.clients.ppo import (
+    PPOArgs,
+    RewardScaler,
+    clip_grad_norm,
+    compute_gae,
+    global_rows,
+)
 from simkit.errors import InvalidCheckpoint
 
 TINY = {
@@ -91,13 +98,52 @@ def test_one_row_reward_scaling_is_the_generic_path_bit_for_bit() -> None:
     for _ in range(3):  # the running return carries across fragments
         f = _fragment(rng, 300, 1)
         a = fast.scale(f)
-        b = generic._scale_rows(f, generic.returns.get(rows_key(f), np.zeros(1)))
+        b, generic_ret = generic._scale_rows(
+            f, generic.returns if len(generic.returns) else np.zeros(1)
+        )
+        generic.returns = generic_ret
         assert a.dtype == b.dtype
         assert a.tobytes() == b.tobytes()
         assert (fast.mean, fast.var, fast.count) == (generic.mean, generic.var, generic.count)
-        key = rows_key(f)
-        assert key == "slots:0+1"
-        assert fast.returns[key].tobytes() == generic.returns[key].tobytes()
+        assert fast.returns.tobytes() == generic.returns.tobytes()
+
+
+def test_fragments_split_over_servers_scale_and_join_as_one() -> None:
+    """The rows of one update, split over producers, give the learner the same batch
+    (rewards scaled with the same statistics) as one producer's fragment."""
+    rng = np.random.default_rng(1)
+    whole = _fragment(rng, 40, 4)
+    cut = 3
+    halves = [
+        dataclasses.replace(
+            whole,
+            **{
+                name: getattr(whole, name)[:, rows]
+                for name in (
+                    "obs",
+                    "actions",
+                    "log_probs",
+                    "values",
+                    "rewards",
+                    "terminated",
+                    "truncated",
+                    "final_values",
+                    "agent_mask",
+                )
+            },
+            last_obs=whole.last_obs[rows],
+            last_values=whole.last_values[rows],
+            env_ids=whole.env_ids[rows],
+        )
+        for rows in (slice(cut, 4), slice(0, cut))  # delivered out of slot order
+    ]
+    joined = Fragment.concat_rows(halves)
+    for name in ("obs", "rewards", "terminated", "last_values", "env_ids"):
+        assert np.array_equal(getattr(joined, name), getattr(whole, name)), name
+    one, two = RewardScaler(0.99, 10.0), RewardScaler(0.99, 10.0)
+    assert one.scale(whole).tobytes() == two.scale(joined).tobytes()
+    assert one.returns.tobytes() == two.returns.tobytes()
+    assert np.array_equal(global_rows(halves[0]), [3])
 
 
 def test_clip_grad_norm_is_torchs_bit_for_bit() -> None:
@@ -169,7 +215,7 @@ def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
     )
     assert part.checkpoint is not None
     state = load_checkpoint(part.checkpoint).state
-    assert state["source"]["vector"] is not None  # envs resume mid-episode from snapshots
+    assert state["source"]["loop"] is not None  # envs resume mid-episode from snapshots
     rest = run_training(
         PPOArgs(**args),
         logdir=tmp_path / "part",
@@ -324,8 +370,9 @@ def test_lean_act_path_samples_as_the_model_does() -> None:
         lean = LeanMLP.of(model)
         assert lean is not None, env_id
         obs = np.random.default_rng(1).normal(size=(5, *model.obs_shape))
-        actions, log_probs, values = lean.act(obs, torch.Generator().manual_seed(2))
-        out = model.act(obs, generator=torch.Generator().manual_seed(2))
+        noise = np.random.default_rng(2).random((5, model.head.noise_width), dtype=np.float32)
+        actions, log_probs, values = lean.act(obs, noise)
+        out = model.act(obs, noise=torch.from_numpy(noise))
         # The same noise around the same mean (up to float32 rounding of the matmuls).
         np.testing.assert_allclose(actions, out.actions.numpy(), atol=1e-5)
         assert actions.dtype == out.actions.numpy().dtype

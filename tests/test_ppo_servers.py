@@ -53,6 +53,34 @@ def test_same_seed_same_parameters_through_a_server(tmp_path: Path) -> None:
         assert torch.equal(pa[k], pb[k]), k
 
 
+@pytest.mark.parametrize(
+    ("env_id", "num_envs"), [("simkit/CartPole-v0", 4), ("simkit/GoalNav-v0", 2)]
+)
+def test_placement_does_not_change_the_parameters(
+    tmp_path: Path, env_id: str, num_envs: int
+) -> None:
+    """Sync mode, same seed: in process, 1 server and 2 servers train the same bits."""
+    import torch
+
+    args = {**ARGS, "env_id": env_id, "num_envs": num_envs, "num_steps": 23}
+    params = [
+        _params(
+            run_training(
+                PPOArgs(**args),
+                logdir=tmp_path / str(servers),
+                servers=servers,
+                max_updates=3,
+                tensorboard=False,
+            ).checkpoint
+        )
+        for servers in (0, 1, 2)
+    ]
+    for other in params[1:]:
+        assert other.keys() == params[0].keys()
+        for k in params[0]:
+            assert torch.equal(params[0][k], other[k]), k  # type: ignore[arg-type]
+
+
 def _params(path: Path | None) -> dict[str, object]:
     from simkit.clients._checkpoint import load_checkpoint
 

@@ -26,7 +26,7 @@ from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.models import ModelSpec, PolicyWeights, build_model
 from simkit.protocol import RemoteError, StreamClientSession, StreamConfig
 from simkit.servers import RolloutServer
-from simkit.servers._stream_policy import GroupedPolicy, policy_seed
+from simkit.servers._stream_policy import RowPolicy
 from simkit.vector import VectorEnv
 
 SPEC = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
@@ -63,9 +63,7 @@ def _model(env_id: str = CARTPOLE) -> torch.nn.Module:
 def _run(
     endpoints: list[str], model: torch.nn.Module, *, seed: int, updates: int, **kw: Any
 ) -> list[Fragment]:
-    with PolicyStream(
-        endpoints, SPEC, num_envs=4, seed=seed, group_envs=2, timeout=20, **kw
-    ) as stream:
+    with PolicyStream(endpoints, SPEC, num_envs=4, seed=seed, timeout=20, **kw) as stream:
         out = []
         for version in range(updates):
             stream.push_weights(weights_version(model, version))
@@ -130,19 +128,20 @@ def test_a_fragment_replays_through_a_local_vector_bit_for_bit(serve: Servers) -
     local = VectorEnv(CARTPOLE, 3, env_kwargs={"max_episode_steps": 6})
     local.reset(seed=0)
     local.set_state(fragment.start_state)
-    # The actions: the same weights and the session's seeded generator.
+    # The actions: the same weights and the noise keyed by (seed, slot, step).
     replica = build_model(SPEC, local.single_observation_space, local.single_action_space)
-    policy = GroupedPolicy(
+    policy = RowPolicy(
         replica,
         torch.device("cpu"),
-        num_rows=3,
-        group_rows=3,
-        seeds=[policy_seed(11, 0)],
+        seed=11,
+        first_slot=0,
+        num_slots=3,
+        rows_per_slot=1,
         action_space=local.single_action_space,
     )
     policy.set_weights(weights)
     for t in range(fragment.num_steps):
-        out = policy.act(np.asarray(fragment.obs[t]))
+        out = policy.act(np.asarray(fragment.obs[t]), t)
         assert out.actions.tobytes() == fragment.actions[t].tobytes()
         assert out.log_probs.tobytes() == fragment.log_probs[t].tobytes()
         step = local.step_batch(np.asarray(fragment.actions[t]))
@@ -335,9 +334,7 @@ def test_a_killed_server_process_is_named_and_every_fragment_it_sent_is_delivere
     try:
         assert proc.stdout is not None
         assert "policy serving on cpu" in proc.stdout.readline()
-        stream = PolicyStream(
-            endpoint, SPEC, num_envs=4, group_envs=2, mode="async", credit=3, timeout=2.0
-        )
+        stream = PolicyStream(endpoint, SPEC, num_envs=4, mode="async", credit=3, timeout=2.0)
         assert stream.infos[0].double_buffered  # the command-line flag reached the sessions
         stream.push_weights(_model())
         taken = [stream.next_fragment()]
@@ -505,7 +502,7 @@ def test_serve_command_line_takes_the_policy_options() -> None:
 # ------------------------------------------------------------- double buffering
 
 
-def _loop(env_id: str, num_envs: int, group: int, *, halves: bool, length: int) -> tuple[Any, Any]:
+def _loop(env_id: str, num_envs: int, *, halves: bool, length: int) -> tuple[Any, Any]:
     """A RolloutLoop over ``num_envs`` envs of ``env_id`` (split in two when ``halves``)."""
     from simkit.servers._stream_envs import make_env_rows
     from simkit.servers._stream_loop import RolloutLoop
@@ -514,12 +511,13 @@ def _loop(env_id: str, num_envs: int, group: int, *, halves: bool, length: int) 
     if halves:
         envs.split()
     model = build_model(SPEC, envs.observation_space, envs.action_space)
-    policy = GroupedPolicy(
+    policy = RowPolicy(
         model,
         torch.device("cpu"),
-        num_rows=num_envs,
-        group_rows=group,
-        seeds=[policy_seed(3, k * group) for k in range(num_envs // group)],
+        seed=3,
+        first_slot=0,
+        num_slots=num_envs,
+        rows_per_slot=1,
         action_space=envs.action_space,
     )
     return RolloutLoop(envs, policy, fragment_length=length), model
@@ -529,19 +527,18 @@ def _loop(env_id: str, num_envs: int, group: int, *, halves: bool, length: int) 
 @given(
     env_id=st.sampled_from(["simkit/BatchCartPole-v0", "simkit/BatchCheetah-v0"]),
     seed=st.integers(0, 2**32 - 1),
-    groups=st.sampled_from([2, 4]),
     swaps=st.lists(st.integers(0, 29), max_size=3, unique=True),
 )
 # Cheetah never terminates: episodes are truncated at steps 7, 14, ... and swaps right
 # after them find a truncation in flight, whose final value needs the old weights.
-@example(env_id="simkit/BatchCheetah-v0", seed=1, groups=2, swaps=[7, 14])
+@example(env_id="simkit/BatchCheetah-v0", seed=1, swaps=[7, 14])
 def test_double_buffered_loop_gives_the_plain_loops_fragments(
-    env_id: str, seed: int, groups: int, swaps: list[int]
+    env_id: str, seed: int, swaps: list[int]
 ) -> None:
     """Halves overlapping physics and policy give the same bits as one whole-batch step,
     also when weights change mid-fragment (async mode)."""
     n = 8
-    loops = [_loop(env_id, n, n // groups, halves=h, length=6) for h in (False, True)]
+    loops = [_loop(env_id, n, halves=h, length=6) for h in (False, True)]
     model = loops[0][1]
     weights = [weights_version(model, v) for v in range(len(swaps) + 1)]  # before loading any
     got: list[list[Fragment]] = [[], []]
@@ -593,11 +590,6 @@ def test_double_buffering_skips_a_batch_env_whose_constructor_takes_no_batch_siz
         envs.close()
 
 
-def test_a_double_buffered_loop_rejects_parts_that_split_a_sampling_group() -> None:
-    with pytest.raises(ValueError, match=r"whole sampling groups of 8 rows .* got rows \[0, 4\)"):
-        _loop("simkit/BatchCartPole-v0", 8, 8, halves=True, length=4)
-
-
 def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Servers) -> None:
     model = _model()  # BatchCartPole has CartPole's spaces
     weights = [weights_version(model, v) for v in range(3)]
@@ -606,9 +598,7 @@ def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Ser
     double = serve("simkit/BatchCartPole-v0", 4, double_buffer=True, **kw)
     runs = []
     for srv in (plain, double):
-        with PolicyStream(
-            srv.endpoint, SPEC, num_envs=4, seed=9, group_envs=2, timeout=20
-        ) as stream:
+        with PolicyStream(srv.endpoint, SPEC, num_envs=4, seed=9, timeout=20) as stream:
             assert stream.infos[0].double_buffered == (srv is double)
             out = []
             for w in weights:
@@ -617,9 +607,9 @@ def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Ser
             runs.append(out)
     for a, b in zip(*runs, strict=True):
         assert_same_fragment(a, b)
-    # One sampling group cannot be halved, nor can a list of single envs: plain loop.
-    with PolicyStream(double.endpoint, SPEC, num_envs=4, timeout=20) as stream:
+    # An odd number of slots cannot be halved, nor can a list of single envs: plain loop.
+    with PolicyStream(double.endpoint, SPEC, num_envs=3, timeout=20) as stream:
         assert not stream.infos[0].double_buffered
     single = serve(CARTPOLE, 4, double_buffer=True)
-    with PolicyStream(single.endpoint, SPEC, num_envs=4, group_envs=2, timeout=20) as stream:
+    with PolicyStream(single.endpoint, SPEC, num_envs=4, timeout=20) as stream:
         assert not stream.infos[0].double_buffered

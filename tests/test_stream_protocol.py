@@ -65,7 +65,7 @@ def _open(session: StreamServerSession, **body: object) -> OpenCommand:
 
 
 def test_config_round_trips_and_bad_fields_name_what_was_expected() -> None:
-    config = StreamConfig(model=MODEL, num_envs=4, seed=7, env_offset=4, mode="async", group_envs=2)
+    config = StreamConfig(model=MODEL, num_envs=4, seed=7, env_offset=4, mode="async")
     assert StreamConfig.from_plain(config.to_plain()) == config
     with pytest.raises(InvalidField, match="unknown stream mode") as info:
         StreamConfig.from_plain({**config.to_plain(), "mode": "lockstep"})

@@ -83,7 +83,6 @@ def _stream(endpoints: list[str], env_id: str, num_envs: int) -> PolicyStream:
         SPEC,
         num_envs=num_envs,
         seed=11,
-        group_envs=num_envs // 2 or 1,
         timeout=20,
         env_id=env_id,
     )
@@ -166,7 +165,7 @@ def test_bad_snapshots_are_refused_and_the_session_is_unchanged(
     fields = snap.to_plain()
     bad_cases = [
         ({"obs": snap.obs[:, :3].copy()}, "invalid_state", r"obs must be float32 \(4, 4\)"),
-        ({"generators": snap.generators[:1].copy()}, "invalid_state", "generator states"),
+        ({"fragment_length": 7}, "invalid_state", r"differs in \['fragment_length'\]"),
         ({"env_offset": 2}, "invalid_state", r"differs in \['env_offset'\]"),
         ({"envs": {**snap.envs, "num_envs": 3}}, "invalid_state", "snapshot rejected"),
     ]
@@ -242,14 +241,13 @@ def _snapshot(**change: Any) -> SessionSnapshot:
         "num_envs": 2,
         "num_rows": 2,
         "env_offset": 0,
-        "group_envs": 2,
+        "fragment_length": 16,
         "sequence": 3,
         "envs": {"format": "x", "nested": np.arange(3)},
         "obs": np.zeros((2, 4), np.float32),
         "agent_mask": np.ones(2, np.bool_),
         "episode_returns": np.array([1.5, 2.0]),
         "episode_lengths": np.array([3, 4], np.int64),
-        "generators": np.zeros((1, 16), np.uint8),
     }
     fields.update(change)
     return SessionSnapshot.from_plain(fields)
@@ -263,7 +261,7 @@ def test_session_snapshot_round_trips_through_the_codec() -> None:
         back = parse_session_state(msg)
         assert back.header() == snap.header()
         np.testing.assert_array_equal(back.envs["nested"], snap.envs["nested"])
-        for name in ("obs", "agent_mask", "episode_returns", "episode_lengths", "generators"):
+        for name in ("obs", "agent_mask", "episode_returns", "episode_lengths"):
             got, want = getattr(back, name), getattr(snap, name)
             assert got.dtype == want.dtype, name
             assert got.tobytes() == want.tobytes(), name
@@ -273,8 +271,8 @@ def test_session_snapshot_round_trips_through_the_codec() -> None:
     ("change", "error", "match"),
     [
         ({"format": "other/1"}, InvalidField, "unknown session state format"),
-        ({"generators": np.zeros((1, 16), np.int64)}, InvalidDtype, "generators"),
-        ({"generators": np.zeros(16, np.uint8)}, InvalidShape, "generators"),
+        ({"episode_lengths": np.zeros(2, np.int32)}, InvalidDtype, "episode_lengths"),
+        ({"obs": np.float32(0.0)}, InvalidField, "'obs' is missing"),
         ({"episode_returns": np.zeros(3)}, InvalidShape, "one entry per row"),
         ({"agent_mask": None}, InvalidField, "'agent_mask' is missing"),
         ({"sequence": -1}, InvalidField, "'sequence' is out of range"),
@@ -309,9 +307,9 @@ def test_state_and_restore_are_stream_request_kinds() -> None:
 
 @pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "simkit/GoalNav-v0", "simkit/Cheetah-v0"])
 def test_server_policy_lean_path_acts_as_torch(env_id: str) -> None:
-    """The CPU sessions' numpy act path draws the same noise from each group's generator
-    as ``model.act`` and agrees with it up to float32 rounding."""
-    from simkit.servers._stream_policy import GroupedPolicy, policy_seed
+    """The CPU sessions' numpy act path samples from the same keyed noise as
+    ``model.act`` and agrees with it up to float32 rounding."""
+    from simkit.servers._stream_policy import RowPolicy
 
     rows = make_env_rows(env_id, 4)
     try:
@@ -319,12 +317,13 @@ def test_server_policy_lean_path_acts_as_torch(env_id: str) -> None:
         model.update_obs_stats(np.random.default_rng(0).normal(1.0, 3.0, (64, *model.obs_shape)))
         weights = weights_version(model, 0)
         policies = [
-            GroupedPolicy(
+            RowPolicy(
                 build_model(SPEC, rows.observation_space, rows.action_space),
                 torch.device("cpu"),
-                num_rows=rows.num_rows,
-                group_rows=rows.num_rows // 2,
-                seeds=[policy_seed(3, 0), policy_seed(3, 2)],
+                seed=3,
+                first_slot=0,
+                num_slots=4,
+                rows_per_slot=rows.agents_per_env,
                 action_space=rows.action_space,
                 lean=lean,
             )
@@ -336,8 +335,8 @@ def test_server_policy_lean_path_acts_as_torch(env_id: str) -> None:
             p.set_weights(weights)
         obs = np.random.default_rng(1).normal(size=(rows.num_rows, *model.obs_shape))
         obs = obs.astype(rows.observation_space.dtype)
-        for _ in range(3):  # the generators advance alike
-            fast, slow = (p.act(obs) for p in policies)
+        for step in range(3):
+            fast, slow = (p.act(obs, step) for p in policies)
             assert fast.actions.dtype == slow.actions.dtype
             np.testing.assert_allclose(fast.actions, slow.actions, atol=1e-5)
             np.testing.assert_allclose(fast.log_probs, slow.log_probs, atol=1e-4)

@@ -126,27 +126,35 @@ class ActorCritic(nn.Module):
         obs: Any,
         *,
         generator: torch.Generator | None = None,
+        noise: Any = None,
         deterministic: bool = False,
     ) -> ActOutput:
         """Actions for a batch of observations ``(B, *obs_shape)``, without gradients.
 
-        Sampling draws only from ``generator`` (never the global torch RNG): the same
-        weights and generator state give the same actions. ``deterministic`` takes the
-        mean (Gaussian) or the argmax (categorical) and needs no generator.
+        Sampling draws only from ``generator`` or uses the given ``noise`` (``(B,
+        head.noise_width)``, see :meth:`ActionHead.sample_noise`), never the global
+        torch RNG: the same weights and noise give the same actions. ``deterministic``
+        takes the mean (Gaussian) or the argmax (categorical) and needs neither.
 
         Raises:
-            ValueError: wrong observation shape, or no generator to sample from.
+            ValueError: wrong observation or noise shape, or nothing to sample from.
         """
-        if generator is None and not deterministic:
+        if generator is None and noise is None and not deterministic:
             raise ValueError(
-                "act needs a torch.Generator to sample from (generator=...), or "
-                "deterministic=True; it never draws from the global torch RNG"
+                "act needs a torch.Generator (generator=...) or noise (noise=...) to sample "
+                "from, or deterministic=True; it never draws from the global torch RNG"
             )
         with torch.no_grad():
             features, values = self._features(obs)
             params = self.head(features)
             if deterministic:
                 actions, log_probs = self.head.mode(params)
+            elif noise is not None:
+                noise = torch.as_tensor(noise)
+                want = (params.shape[0], self.head.noise_width)
+                if tuple(noise.shape) != want:
+                    raise ValueError(f"noise must have shape {want}, got {tuple(noise.shape)}")
+                actions, log_probs = self.head.sample_noise(params, noise)
             else:
                 assert generator is not None  # checked above
                 actions, log_probs = self.head.sample(params, generator)

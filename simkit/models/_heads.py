@@ -1,8 +1,10 @@
 """Action heads: features -> a distribution over the env's actions, sampled from a generator.
 
-Every head samples only from the ``torch.Generator`` it is given (``torch.randn`` /
-``torch.rand`` with ``generator=``), never from the global torch RNG, so the same
-weights and the same generator state give the same actions.
+Every head samples from noise it is handed: ``(B, noise_width)`` standard normals or
+uniforms (:meth:`ActionHead.sample_noise`), drawn by the caller from a keyed source
+(:class:`simkit._noise.SlotNoise`, the rollouts) or from a ``torch.Generator``
+(:meth:`ActionHead.sample`), never from the global torch RNG, so the same weights and
+the same noise give the same actions.
 """
 
 from __future__ import annotations
@@ -37,9 +39,25 @@ class ActionHead(nn.Module):
     :meth:`entropy` give ``(B,)`` tensors, differentiable.
     """
 
+    noise_kind: str
+    """What :meth:`sample_noise` takes: ``"normal"`` or ``"uniform"`` values."""
+    noise_width: int
+    """Noise values per row (see :class:`simkit._noise.SlotNoise`)."""
+
     def sample(
         self, params: torch.Tensor, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draws ``(B, noise_width)`` noise from ``generator`` and samples from it."""
+        shape = (params.shape[0], self.noise_width)
+        draw = torch.randn if self.noise_kind == "normal" else torch.rand
+        noise = draw(shape, generator=generator, dtype=params.dtype, device=params.device)
+        return self.sample_noise(params, noise)
+
+    def sample_noise(
+        self, params: torch.Tensor, noise: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
+        """``(actions, log_probs)`` from ``(B, noise_width)`` noise: the same noise gives
+        the same actions, whoever drew it."""
         raise NotImplementedError
 
     def mode(
@@ -74,6 +92,8 @@ class GaussianHead(ActionHead):
         self.dim = int(np.prod(shape))
         self.mean = layer_init(nn.Linear(features, self.dim), 0.01)
         self.log_std = nn.Parameter(torch.full((self.dim,), float(log_std_init)))
+        self.noise_kind = "normal"
+        self.noise_width = self.dim
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.mean(features)
@@ -88,12 +108,10 @@ class GaussianHead(ActionHead):
             raw = raw.reshape(raw.shape[0], *self.shape)
         return raw if raw.dtype == self.dtype else raw.to(self.dtype)
 
-    def sample(
-        self, params: torch.Tensor, generator: torch.Generator
+    def sample_noise(
+        self, params: torch.Tensor, noise: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        noise = torch.randn(
-            params.shape, generator=generator, dtype=params.dtype, device=params.device
-        )
+        noise = noise.to(dtype=params.dtype, device=params.device)
         raw = params + self.log_std.exp() * noise
         log_probs = noise.square().sum(-1).mul_(-0.5).sub_(self._norm())
         return self._actions(raw), log_probs
@@ -129,6 +147,8 @@ class CategoricalHead(ActionHead):
         )
         self.has_start = bool(start.any())
         self.logits = layer_init(nn.Linear(features, sum(self.sizes)), 0.01)
+        self.noise_kind = "uniform"
+        self.noise_width = len(self.sizes)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.logits(features)
@@ -154,15 +174,10 @@ class CategoricalHead(ActionHead):
         lp = log_probs[0] if len(log_probs) == 1 else torch.cat(log_probs, dim=-1)
         return self._actions(idx), lp.sum(-1)
 
-    def sample(
-        self, params: torch.Tensor, generator: torch.Generator
+    def sample_noise(
+        self, params: torch.Tensor, noise: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        u = torch.rand(
-            (params.shape[0], len(self.sizes)),
-            generator=generator,
-            dtype=params.dtype,
-            device=params.device,
-        )
+        u = noise.to(dtype=params.dtype, device=params.device)
 
         def inverse_cdf(d: int, logp: torch.Tensor) -> torch.Tensor:
             cdf = logp.exp().cumsum(-1)

@@ -8,12 +8,17 @@ With one env (CleanRL's defaults) a rollout step is one forward pass over a sing
 observation; through ``torch`` that is ~25 small operator calls whose dispatch costs
 several times the env step itself. :class:`LeanMLP` computes the same function (the
 model's float32 normalisation, tanh/relu trunks, Gaussian or categorical head) with
-numpy on arrays copied from the model's weights after every weight push, and draws its
-random numbers from the same seeded ``torch.Generator`` with the same calls as
-:meth:`simkit.models.ActorCritic.act` (so the actions follow the same noise; values and
-log-probabilities agree with ``torch`` up to float32 rounding, which the PPO ratio
-absorbs). Any other model returns ``None`` from :meth:`LeanMLP.of` and the caller keeps
-using ``model.act``.
+numpy on arrays copied from the model's weights after every weight push, and samples
+from the noise it is given with the same arithmetic as
+:meth:`simkit.models.ActorCritic.act` (values and log-probabilities agree with
+``torch`` up to float32 rounding, which the PPO ratio absorbs). Any other model returns
+``None`` from :meth:`LeanMLP.of` and the caller keeps using ``model.act``.
+
+Every row is computed alone: each layer is a stack of one-row products
+(``x[:, None, :] @ W``), so a row's bits do not depend on how many rows share the call
+or where it sits among them (a plain ``X @ W`` lets BLAS pick kernels and summation
+orders by batch shape). That, with keyed noise (:mod:`simkit._noise`), is what makes a
+rollout's result independent of how its env slots are split over servers.
 """
 
 from __future__ import annotations
@@ -61,6 +66,12 @@ def _layers(seq: nn.Module) -> list[tuple[nn.Linear, str | None]] | None:
 def _weight(lin: nn.Linear) -> np.ndarray:
     """``W.T`` (``x @ W.T`` is the layer), contiguous float32."""
     return np.ascontiguousarray(lin.weight.detach().numpy().T)
+
+
+def _rowwise(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``x @ w + b`` computed one row at a time (the same bits for a row in any batch)."""
+    out: np.ndarray = np.matmul(x[:, None, :], w)[:, 0] + b
+    return out
 
 
 def _bias(lin: nn.Linear) -> np.ndarray:
@@ -156,7 +167,7 @@ class LeanMLP:
         x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray, str | None]]
     ) -> np.ndarray:
         for w, b, act in layers:
-            x = x @ w + b
+            x = _rowwise(x, w, b)
             if act == "tanh":
                 x = np.tanh(x)
             elif act == "relu":
@@ -167,20 +178,18 @@ class LeanMLP:
         """``(B,)`` float32 values of observations ``(B, *obs_shape)``."""
         return self._trunk(self._input(obs), self.critic).reshape(-1)
 
-    def act(
-        self, obs: np.ndarray, generator: torch.Generator
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(actions, log_probs, values)`` sampled as :meth:`ActorCritic.act` samples."""
+    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(actions, log_probs, values)`` of observations ``(B, *obs_shape)``, sampled
+        from ``noise`` (``(B, noise_width)`` float32) as :meth:`ActorCritic.act` samples."""
         x = self._input(obs)
         values = self._trunk(x, self.critic).reshape(-1)
-        params = self._trunk(x, self.actor) @ self.head_w + self.head_b
+        params = _rowwise(self._trunk(x, self.actor), self.head_w, self.head_b)
         n = x.shape[0]
         if self.gaussian:
-            noise = torch.randn((n, self.dim), generator=generator, dtype=torch.float32).numpy()
             actions = (params + self.std * noise).astype(self.action_dtype, copy=False)
             log_probs = np.square(noise).sum(-1) * np.float32(-0.5) - self.norm
             return actions, log_probs.astype(np.float32, copy=False), values
-        u = torch.rand((n, 1), generator=generator, dtype=torch.float32).numpy()
+        u = noise
         top = params.max(-1, keepdims=True)
         logp = params - top
         logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))

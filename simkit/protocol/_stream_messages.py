@@ -119,7 +119,9 @@ class StreamConfig:
         model: ``{"name": str, "kwargs": map}``, a :class:`simkit.models.ModelSpec`.
         num_envs: env slots of this session (0 = the server's ``--num-envs``).
         seed: root seed: env slot ``i`` starts with ``episode_seed(seed, env_offset + i, 0)``
-            and the policy's sampling streams derive from it too.
+            and samples its actions from the noise keyed by ``(seed, env_offset + i,
+            step)`` (``simkit._noise.SlotNoise``), so any split of the slots over
+            servers gives the same fragments.
         env_offset: global index of this session's slot 0 among the learner's slots
             (a learner splitting slots over servers gives each its offset).
         fragment_length: ``T`` steps per fragment (0 = the server's default).
@@ -129,10 +131,6 @@ class StreamConfig:
         device: torch device for the policy (None = the server's ``--device``).
         with_states: attach each fragment's start state (plain-data snapshot).
         client: a name for logs.
-        group_envs: env slots per sampling group (0 = all of this session's slots):
-            each group samples with its own generator seeded by ``seed`` and the
-            global index of its first slot, so splitting slots over servers at group
-            boundaries changes nothing.
     """
 
     model: dict[str, Any]
@@ -146,7 +144,6 @@ class StreamConfig:
     device: str | None = None
     with_states: bool = False
     client: str = ""
-    group_envs: int = 0
 
     def to_plain(self) -> dict[str, Any]:
         """The ``stream_open`` body."""
@@ -162,7 +159,6 @@ class StreamConfig:
             "device": self.device,
             "with_states": self.with_states,
             "client": self.client,
-            "group_envs": self.group_envs,
         }
 
     @classmethod
@@ -209,7 +205,6 @@ class StreamConfig:
             device=check_type(body, "device", str, optional=True),
             with_states=bool(with_states),
             client=check_type(body, "client", str, optional=True) or "",
-            group_envs=_int_field(body, "group_envs", low=0, high=2**20, default=0),
         )
 
 
@@ -418,7 +413,7 @@ def parse_fragment(msg: Message, *, source: str | None = None) -> Fragment:
 
 # ------------------------------------------------------------------ session state
 
-SESSION_STATE_FORMAT = "simkit.stream_state/1"
+SESSION_STATE_FORMAT = "simkit.stream_state/2"
 """The ``format`` of a stream session's snapshot (``stream_state`` / ``stream_restore``)."""
 
 SESSION_STATE_ARRAYS: dict[str, tuple[str | None, int]] = {
@@ -426,10 +421,9 @@ SESSION_STATE_ARRAYS: dict[str, tuple[str | None, int]] = {
     "agent_mask": ("bool", 1),
     "episode_returns": ("float64", 1),
     "episode_lengths": ("int64", 1),
-    "generators": ("uint8", 2),
 }
 """Every array of a session snapshot: name -> (dtype or None for the observation
-space's, ndim: 1 = at least ``(R,)``, 2 = ``(G, S)``)."""
+space's, ndim: at least ``(R,)``)."""
 
 
 @dataclass(frozen=True)
@@ -444,29 +438,27 @@ class SessionSnapshot:
         num_envs: env slots.
         num_rows: policy rows per step ``R``.
         env_offset: global index of slot 0.
-        group_envs: env slots per sampling group.
+        fragment_length: ``T``; with ``sequence`` it fixes the step the sampling
+            noise continues from (``sequence * T``).
         sequence: the next fragment's sequence number.
         envs: the envs' snapshot, the execution core's ``get_state()`` (plain data).
         obs: ``(R, *obs_shape)`` observations the next step acts on.
         agent_mask: ``(R,)`` rows live at the next step.
         episode_returns: ``(R,)`` float64 returns of the episodes in progress.
         episode_lengths: ``(R,)`` int64 their lengths so far.
-        generators: ``(G, S)`` uint8, the state of each sampling group's
-            ``torch.Generator`` (``Generator.get_state()``), in group order.
     """
 
     env_id: str
     num_envs: int
     num_rows: int
     env_offset: int
-    group_envs: int
+    fragment_length: int
     sequence: int
     envs: dict[str, Any]
     obs: np.ndarray
     agent_mask: np.ndarray
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
-    generators: np.ndarray
 
     def header(self) -> dict[str, Any]:
         """The scalar fields (the message body without ``envs``)."""
@@ -476,7 +468,7 @@ class SessionSnapshot:
             "num_envs": self.num_envs,
             "num_rows": self.num_rows,
             "env_offset": self.env_offset,
-            "group_envs": self.group_envs,
+            "fragment_length": self.fragment_length,
             "sequence": self.sequence,
         }
 
@@ -516,10 +508,10 @@ class SessionSnapshot:
                 raise InvalidDtype(
                     f"session state array {name!r}", expected=dtype, got=arr.dtype.name
                 )
-            if arr.ndim < ndim or (ndim == 2 and arr.ndim != 2):
+            if arr.ndim < ndim:
                 raise InvalidShape(
                     f"session state array {name!r} has {arr.ndim} dimensions",
-                    expected=f"{ndim}" if ndim == 2 else f">= {ndim}",
+                    expected=f">= {ndim}",
                     got=arr.shape,
                 )
             arrays[name] = arr
@@ -538,7 +530,7 @@ class SessionSnapshot:
             num_envs=_required_int(state, "num_envs", high=2**20),
             num_rows=num_rows,
             env_offset=_required_int(state, "env_offset", high=2**40),
-            group_envs=_required_int(state, "group_envs", high=2**20),
+            fragment_length=_required_int(state, "fragment_length", high=2**20),
             sequence=_required_int(state, "sequence", high=MAX_ROOT_SEED),
             envs=envs,
             **arrays,
