@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from simkit._types import Fragment
-from simkit.clients._connection import ServerUnavailable
+from simkit.clients._connection import CurveKeys, ServerUnavailable
 from simkit.clients._stream import PolicyStream
 from simkit.models import ModelSpec
 from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
@@ -29,6 +29,19 @@ __all__ = ["ServerSource", "spawn_servers", "stop_servers"]
 class ServerSource:
     """Fragments from rollout servers, surviving the loss of some of them.
 
+    Without supervision a lost server is reported and dropped; its received fragments
+    still reach the learner and the run goes on with the others. Supervised (with
+    ``wait_for_servers``, or a ``locate`` that says where a restarted server answers,
+    as Ray's :meth:`~simkit.clients._launch.RayServers.locate` does) the lost server's
+    session is reopened on its replacement. In sync mode the replacement continues
+    exactly: the source keeps every session's snapshot at each fragment boundary
+    (``stream_state``, taken right before each weight push), restores it into the new
+    session, sends the current weights again and lets the replacement produce the lost
+    fragment anew (a fragment already received from the dead server is discarded, or,
+    if the learner used it, the replacement's copy is), so the run ends with the
+    parameters of an undisturbed one. Async mode reopens the session with fresh envs
+    and counts the lost fragment as dropped.
+
     Args:
         endpoints: the servers.
         spec: the policy's model spec (the servers build it).
@@ -36,11 +49,13 @@ class ServerSource:
             (``num_envs`` slots in total, split over the servers).
         timeout: seconds a server may stay silent before it counts as dead.
         report: called with a line for a person when a server is lost.
-        wait_for_servers: instead of going on without a lost server, wait until it is
-            back on the same endpoint (retrying every ``timeout`` seconds) and reopen its
-            session: same env slots and seed (its envs start afresh), newest weights.
+        wait_for_servers: supervise: wait until a lost server is back on the same
+            endpoint (retrying every ``timeout`` seconds) and reopen its session.
         give_up: while waiting, checked between retries; when it turns true the lost
-            server is dropped as without ``wait_for_servers`` (e.g. on SIGINT).
+            server is dropped as without supervision (e.g. on SIGINT).
+        curve: CURVE keys for servers that require them.
+        locate: supervise: ``locate(endpoint)`` waits until the server lost at
+            ``endpoint`` runs again and returns where (raises if it never will).
     """
 
     def __init__(
@@ -58,6 +73,8 @@ class ServerSource:
         report: Callable[[str], None] = print,
         wait_for_servers: bool = False,
         give_up: Callable[[], bool] = lambda: False,
+        curve: CurveKeys | None = None,
+        locate: Callable[[str], str] | None = None,
     ) -> None:
         self.stream = PolicyStream(
             list(endpoints),
@@ -69,16 +86,30 @@ class ServerSource:
             max_lag=max_lag,
             env_id=env_id,
             timeout=timeout,
+            curve=curve,
         )
         self.observation_space = self.stream.observation_space
         self.action_space = self.stream.action_space
         self.report = report
-        self.wait_for_servers = wait_for_servers
         self.give_up = give_up
         self.mode = mode
+        self.locate = (
+            locate if locate is not None else ((lambda ep: ep) if wait_for_servers else None)
+        )
         self.lost: list[str] = []
         self.restored: list[str] = []
+        self.dropped = 0
+        """Fragments lost with a server and not produced again (async mode)."""
         self._kept: list[Fragment] = []
+        self._boundary: dict[int, SessionSnapshot] | None = {} if self.supervised else None
+        """Sync, supervised: every session's snapshot at the current version's start, by
+        env offset (None once the envs turned out to have no snapshots)."""
+        self._boundary_version: int | None = None
+
+    @property
+    def supervised(self) -> bool:
+        """Whether a lost server is replaced (else dropped)."""
+        return self.locate is not None
 
     @property
     def num_rows(self) -> int:
@@ -87,11 +118,17 @@ class ServerSource:
             sum(srv.info.num_rows for srv in self.stream._servers if srv.info is not None)
         )  # PolicyStream exposes no per-server row count
 
-    def _lose(self, exc: ServerUnavailable) -> None:
+    def _lose(self, exc: ServerUnavailable, *, used: bool = False) -> None:
+        """Replaces (supervised) or drops the server lost at ``exc.endpoint``. ``used``:
+        its fragment of the current version already reached the learner."""
         config = self.stream.server_config(exc.endpoint)
         kept = self.stream.remove_server(exc.endpoint)
+        snap = None if self._boundary is None else self._boundary.get(config.env_offset)
+        exact = self.mode == "sync" and snap is not None
+        if exact:
+            kept = []  # the replacement produces them again, bit for bit
         self._kept.extend(kept)
-        if self.wait_for_servers and self._wait_for(exc, config, kept):
+        if self.supervised and self._replace(exc, config, snap, used=used, kept=len(kept)):
             return
         self.lost.append(exc.endpoint)
         left = self.stream.endpoints
@@ -102,30 +139,54 @@ class ServerSource:
         if not left:
             raise exc
 
-    def _wait_for(self, exc: ServerUnavailable, config: Any, kept: list[Fragment]) -> bool:
-        """Waits until ``exc.endpoint`` answers again and reopens its session; False if
-        :attr:`give_up` turned true first."""
+    def _replace(
+        self,
+        exc: ServerUnavailable,
+        config: Any,
+        snap: SessionSnapshot | None,
+        *,
+        used: bool,
+        kept: int,
+    ) -> bool:
+        """Reopens the lost session where :attr:`locate` finds its server; False if
+        :attr:`give_up` turned true first (or the server is gone for good)."""
+        assert self.locate is not None
         version = self.stream.version
-        # Sync mode: a server whose fragment of the current version already arrived
-        # gets the next weights with everyone else; otherwise it needs them now.
-        have_current = any(int(f.policy_version.min()) == version for f in kept)
-        send_weights = self.mode == "async" or not have_current
+        exact = self.mode == "sync" and snap is not None
+        slots = f"env slots {config.env_offset}..{config.env_offset + config.num_envs - 1}"
         self.report(
-            f"simkit train: server {exc.endpoint} stopped answering ({exc}); kept its "
-            f"{len(kept)} received fragment(s), waiting for it to come back "
-            "(--wait-for-servers)"
+            f"simkit train: server {exc.endpoint} stopped answering ({exc}); waiting for "
+            f"it to come back ({slots})"
         )
         while not self.give_up():
             try:
-                self.stream.add_server(exc.endpoint, config, send_weights=send_weights)
+                endpoint = self.locate(exc.endpoint)
+            except (RuntimeError, KeyError) as gone:
+                self.report(f"simkit train: {gone}")
+                return False
+            if exact:
+                send_weights = True
+            elif self.mode == "sync":
+                send_weights = kept == 0 and not used
+            else:
+                send_weights = True
+            try:
+                self.stream.add_server(
+                    endpoint, config, send_weights=send_weights, restore=snap if exact else None
+                )
+                if exact and used:
+                    self.stream.take(endpoint)  # the learner has this fragment already
             except ServerUnavailable:
                 continue
-            self.restored.append(exc.endpoint)
-            self.report(
-                f"simkit train: server {exc.endpoint} is back; its envs restart from "
-                f"seed {config.seed} (env slots {config.env_offset}.."
-                f"{config.env_offset + config.num_envs - 1})"
-            )
+            self.restored.append(endpoint)
+            if exact:
+                how = f"its session restored at version {version}'s boundary"
+            else:
+                how = f"its envs restart from seed {config.seed}"
+                if self.mode == "async":
+                    self.dropped += 1
+                    how += ", its fragment in flight counted as dropped"
+            self.report(f"simkit train: server {exc.endpoint} is back at {endpoint}; {how}")
             return True
         return False
 
@@ -143,13 +204,41 @@ class ServerSource:
                 continue
             yield fragment
 
+    def _capture(self) -> list[tuple[Any, SessionSnapshot]] | None:
+        """Every session's snapshot at this boundary (sync mode), replacing a server
+        that died since it delivered its fragment; None for envs without snapshots."""
+        while True:
+            try:
+                states = self.stream.session_states()
+            except RemoteError as exc:
+                if exc.remote_code != "unsupported":
+                    raise
+                self._boundary = None
+                return None
+            except ServerUnavailable as exc:
+                if not self.supervised:
+                    raise
+                self._lose(exc, used=True)
+                continue
+            if self._boundary is not None:
+                self._boundary = {config.env_offset: snap for config, snap in states}
+                self._boundary_version = self.stream.version
+            return states
+
     def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
         """Sends new weights to every live server without waiting for the acks.
 
-        A server refusing them or gone surfaces at the next fragment, where
-        :meth:`fragments` handles it; waiting here would leave a half-pushed version
-        that cannot be re-sent (versions must increase).
+        Supervised in sync mode, every session's boundary snapshot is taken first (the
+        point a replacement continues from). A server refusing them or gone surfaces at
+        the next fragment, where :meth:`fragments` handles it; waiting here would leave
+        a half-pushed version that cannot be re-sent (versions must increase).
         """
+        if (
+            self._boundary is not None
+            and self.mode == "sync"
+            and (self._boundary_version != self.stream.version or not self._boundary)
+        ):
+            self._capture()
         return self.stream.push_weights(weights, version=version, wait=False)
 
     def get_state(self, *, include_envs: bool = True) -> dict[str, Any]:
@@ -164,16 +253,14 @@ class ServerSource:
         if not include_envs or self.mode != "sync":
             return {"sessions": None}
         try:
-            states = self.stream.session_states()
-        except RemoteError as exc:
-            if exc.remote_code != "unsupported":
-                raise
-            return {"sessions": None}
+            states = self._capture()
         except ServerUnavailable as exc:  # the fragment path reports and handles the loss
             self.report(
                 f"simkit train: server {exc.endpoint} did not send its session state "
                 f"({exc}); this checkpoint's envs will restart afresh"
             )
+            return {"sessions": None}
+        if states is None:
             return {"sessions": None}
         return {
             "sessions": [

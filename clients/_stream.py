@@ -474,6 +474,18 @@ class PolicyStream:
         while True:
             yield self.next_batch() if stacked else self.next_fragment()
 
+    def take(self, endpoint: str) -> Fragment:
+        """The next fragment of the server at ``endpoint`` (waits for it).
+
+        Raises:
+            ValueError: ``endpoint`` is not in the stream.
+            ServerUnavailable: it did not send one in time.
+        """
+        for srv in self._servers:
+            if srv.conn.endpoint == endpoint:
+                return self._take(srv)
+        raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
+
     def received(self) -> list[Fragment]:
         """Fragments received and not yet taken (kept when a server fails), in order."""
         out: list[Fragment] = []
@@ -507,14 +519,22 @@ class PolicyStream:
                 return srv.config
         raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
 
-    def add_server(self, endpoint: str, config: StreamConfig, *, send_weights: bool) -> None:
+    def add_server(
+        self,
+        endpoint: str,
+        config: StreamConfig,
+        *,
+        send_weights: bool,
+        restore: SessionSnapshot | None = None,
+    ) -> None:
         """Opens a stream session on ``endpoint`` (a restarted server) with ``config``
         (from :meth:`server_config` before :meth:`remove_server`) and grants it credit.
 
         ``send_weights``: push the newest weights now (the server then produces a
         fragment of the current version); else it waits for the next
         :meth:`push_weights` (in sync mode: its fragment of the current version was
-        already received). Its envs start afresh from ``config``'s seed.
+        already received). Its envs start afresh from ``config``'s seed, or with
+        ``restore`` from that session snapshot (``stream_restore``, before any weights).
 
         Raises:
             ServerUnavailable: the server did not answer the open within the timeout
@@ -535,6 +555,10 @@ class PolicyStream:
         try:
             self._send(srv, srv.session.request_open(config))
             self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
+            if restore is not None:
+                self._send(srv, srv.session.request_restore(restore))
+                rid = srv.session.last_id
+                self._await(srv, lambda s: s.restored >= rid, "'stream_restore'")
         except BaseException:
             self._retire(srv, polite=False)
             raise

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -154,6 +154,18 @@ class _Recorded:
         self.source.close()
 
 
+def _relocator(launched: Any, logdir: Path) -> Callable[[str], str]:
+    """Ray's answer to "where is the server lost at this endpoint now", keeping the
+    Prometheus targets file current."""
+
+    def locate(endpoint: str) -> str:
+        found: str = launched.locate(endpoint)
+        launched.write_prometheus_targets(logdir / "prometheus_targets.json")
+        return found
+
+    return locate
+
+
 def run_training(
     args: PPOArgs,
     *,
@@ -169,6 +181,10 @@ def run_training(
     server_timeout: float = 30.0,
     wait_for_servers: bool = False,
     record: str | Path | None = None,
+    ray: str | None = None,
+    server_cpus: float = 1.0,
+    server_gpus: float = 0.0,
+    max_restarts: int = 3,
 ) -> TrainResult:
     """Trains ``args`` (or the run of checkpoint ``resume``, whose args win) in process.
 
@@ -191,6 +207,11 @@ def run_training(
         record: record every episode of the fragment stream, with the policy version
             of every step, into this directory (:class:`simkit.recording.FragmentRecorder`;
             single-agent simkit envs).
+        ray: launch the ``servers`` as Ray actors (:func:`simkit.clients.launch`) on the
+            cluster at this address (``""``: a local Ray instance); Ray restarts a dead
+            one and the learner continues with its replacement (exactly, in sync mode).
+        server_cpus, server_gpus, max_restarts: each Ray server's reserved CPUs and
+            (fractional) GPUs, and how often Ray restarts it.
 
     Raises:
         InvalidCheckpoint: ``resume`` is not a valid checkpoint of this model.
@@ -221,7 +242,31 @@ def run_training(
             servers = DEFAULT_SERVERS
     procs: list[Any] = []
     endpoints = list(connect)
-    if servers:
+    launched: Any = None
+    if ray is not None:
+        if connect or not servers:
+            raise ValueError(
+                f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
+                f"got --servers {servers} and {len(connect)} --connect"
+            )
+        from simkit.clients._launch import launch
+
+        launched = launch(
+            args.env_id,
+            servers,
+            num_envs=max(1, args.num_envs // servers),
+            address=ray or None,
+            server_cpus=server_cpus,
+            server_gpus=server_gpus,
+            max_restarts=max_restarts,
+            num_threads=args.env_threads,
+            fragment_length=args.num_steps,
+            heartbeat_timeout=max(60.0, 4 * server_timeout),
+        )
+        endpoints += launched.endpoints
+        logdir.mkdir(parents=True, exist_ok=True)
+        launched.write_prometheus_targets(logdir / "prometheus_targets.json")
+    elif servers:
         procs, spawned = spawn_servers(args.env_id, servers, num_threads=args.env_threads)
         endpoints += spawned
     stop_requested = False
@@ -241,6 +286,8 @@ def run_training(
                 report=lambda line: print(line, file=sys.stderr, flush=True),
                 wait_for_servers=wait_for_servers,
                 give_up=lambda: stop_requested,
+                curve=None if launched is None else launched.curve,
+                locate=None if launched is None else _relocator(launched, logdir),
             )
         else:
             source = LocalSource(
@@ -254,6 +301,8 @@ def run_training(
             )
     except BaseException:
         stop_servers(procs)
+        if launched is not None:
+            launched.close()
         raise
     learner = PPO(args, model, source.num_rows)
     if ckpt is not None:
@@ -280,6 +329,8 @@ def run_training(
         except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
             source.close()
             stop_servers(procs)
+            if launched is not None:
+                launched.close()
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
     source.push_weights(model, version=learner.version)
 
@@ -444,6 +495,8 @@ def run_training(
             writer.close()
         source.close()
         stop_servers(procs)
+        if launched is not None:
+            launched.close()
         if recorder is not None:
             recorder.close()
         for sig, handler in previous.items():
@@ -651,6 +704,28 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds before a silent server is dropped",
     )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="launch the --servers as Ray actors (pip install 'simkit[ray]') on the cluster "
+        "at ADDRESS (none: a local Ray instance); Ray restarts a dead server and the run "
+        "continues with it (exactly, in sync mode)",
+    )
+    parser.add_argument(
+        "--server-cpus", type=float, default=1.0, help="--ray: CPUs reserved per server"
+    )
+    parser.add_argument(
+        "--server-gpus",
+        type=float,
+        default=0.0,
+        help="--ray: GPUs reserved per server, fractional allowed (1: one server per GPU)",
+    )
+    parser.add_argument(
+        "--max-restarts", type=int, default=3, help="--ray: times Ray restarts a dead server"
+    )
 
 
 def run_train(ns: argparse.Namespace) -> int:
@@ -689,8 +764,12 @@ def run_train(ns: argparse.Namespace) -> int:
             server_timeout=ns.server_timeout,
             wait_for_servers=ns.wait_for_servers,
             record=ns.record,
+            ray=ns.ray,
+            server_cpus=ns.server_cpus,
+            server_gpus=ns.server_gpus,
+            max_restarts=ns.max_restarts,
         )
-    except (InvalidCheckpoint, ValueError) as exc:
+    except (InvalidCheckpoint, ValueError, MissingDependency) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
     _print_summary(args.env_id, result)

@@ -46,8 +46,20 @@ __all__ = [
     "randomization",
     "snapshot",
     "vector",
+    "launch",
     "__version__",
 ]
 
+
 # Registers the reference envs; cheap, as no env module is imported until make().
 import simkit.envs  # noqa: F401
+
+
+def __getattr__(name: str) -> object:
+    """``simkit.launch``: :func:`simkit.clients.launch`, imported on first use (it pulls in
+    the learner-side clients, which the SDK alone does not need)."""
+    if name == "launch":
+        from simkit.clients import launch
+
+        return launch
+    raise AttributeError(f"module 'simkit' has no attribute {name!r}")

@@ -1,0 +1,319 @@
+"""Rollout servers as Ray actors: placed, supervised and restarted by Ray; data over ZeroMQ.
+
+:func:`launch` starts ``K`` policy-serving rollout servers (``simkit serve ENV --policy``,
+each in a Ray actor process) spread over a Ray cluster's nodes with a placement group
+(``SPREAD``: one bundle of ``server_cpus`` CPUs and ``server_gpus`` GPUs per server).
+Each server binds ZeroMQ on its node's address with CURVE keys made for the run, so the
+learner's traffic to it is encrypted whatever network lies between them, and serves
+Prometheus metrics on its node. :class:`RayServers` returns the endpoints, the client's
+CURVE keys and the metrics targets, so any learner (``simkit train --ray``, a custom one
+over :class:`~simkit.clients.PolicyStream` or :class:`~simkit.clients.RemoteVectorEnv`)
+uses the same servers.
+
+Ray restarts a server actor that dies (``max_restarts``, on a remaining node if its node
+is gone); :meth:`RayServers.locate` waits for the replacement and returns its new
+endpoint. The actors are owned by the learner's Ray driver: when the learner exits or is
+killed, Ray stops them (and a local Ray instance started by the learner goes with it).
+Nothing here supervises or restarts anything itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from simkit._optional import require
+from simkit.clients._connection import CurveKeys
+
+__all__ = ["RayServers", "ServerInfo", "launch"]
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """Where one server actor runs now.
+
+    Attributes:
+        index: the server's place in the run (its env slot share).
+        endpoint: its ZeroMQ endpoint (``tcp://<node address>:<port>``).
+        metrics: its Prometheus target, ``host:port``.
+        node_id: the Ray node it runs on.
+        pid: its process id (on that node).
+        restarts: times Ray restarted it so far, as far as it knows (0 or 1: a
+            restarted actor only knows that it was restarted).
+    """
+
+    index: int
+    endpoint: str
+    metrics: str
+    node_id: str
+    pid: int
+    restarts: int
+
+
+class _ServerActor:
+    """The body of a server actor (wrapped by ``ray.remote`` in :func:`launch`)."""
+
+    def __init__(self, index: int, settings: dict[str, Any]) -> None:
+        import ray
+        import torch
+
+        from simkit.servers import RolloutServer
+
+        torch.set_num_threads(int(settings["torch_threads"]))
+        host = ray.util.get_node_ip_address()
+        self.index = index
+        self.server = RolloutServer(
+            settings["env_id"],
+            int(settings["num_envs"]),
+            f"tcp://{host}:*",
+            env_kwargs=settings["env_kwargs"],
+            curve_secret_key=settings["server_secret"],
+            curve_allowed_clients=[settings["client_public"]],
+            metrics_port=0,
+            metrics_host=host,
+            num_threads=int(settings["num_threads"]),
+            policy=True,
+            device=settings["device"],
+            fragment_length=int(settings["fragment_length"]),
+            heartbeat_timeout=float(settings["heartbeat_timeout"]),
+        ).start()
+        context = ray.get_runtime_context()
+        self.info = ServerInfo(
+            index=index,
+            endpoint=self.server.endpoint,
+            metrics=f"{host}:{self.server.metrics_port}",
+            node_id=context.get_node_id(),
+            pid=os.getpid(),
+            restarts=int(context.was_current_actor_reconstructed),
+        )
+
+    def describe(self) -> ServerInfo:
+        return self.info
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class RayServers:
+    """The servers of one run on a Ray cluster (from :func:`launch`).
+
+    Attributes:
+        curve: the CURVE keys a learner connects with (:class:`CurveKeys`).
+        started_s: seconds from :func:`launch` until every server answered.
+    """
+
+    def __init__(
+        self,
+        actors: list[Any],
+        placement: Any,
+        curve: CurveKeys,
+        started_s: float,
+        owns_ray: bool,
+    ) -> None:
+        self._actors = actors
+        self._placement = placement
+        self.curve = curve
+        self.started_s = started_s
+        self._owns_ray = owns_ray
+        self._infos = [self._describe(k) for k in range(len(actors))]
+        self.restarts = [0] * len(actors)
+        """Restarts seen per server (counted by :meth:`locate`)."""
+
+    def _describe(self, k: int, timeout: float | None = 120.0) -> ServerInfo:
+        import ray
+
+        info: ServerInfo = ray.get(self._actors[k].describe.remote(), timeout=timeout)
+        return info
+
+    @property
+    def infos(self) -> list[ServerInfo]:
+        """Every server's :class:`ServerInfo`, as last seen."""
+        return list(self._infos)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The servers' ZeroMQ endpoints, in run order."""
+        return [i.endpoint for i in self._infos]
+
+    @property
+    def metrics_targets(self) -> list[str]:
+        """The servers' Prometheus targets (``host:port``), in run order."""
+        return [i.metrics for i in self._infos]
+
+    def locate(self, endpoint: str, timeout: float = 120.0) -> str:
+        """The endpoint the server last seen at ``endpoint`` serves on now: waits until
+        Ray has restarted it if it died (on another node if its node is gone).
+
+        Raises:
+            KeyError: ``endpoint`` is none of this run's servers.
+            RuntimeError: Ray gave the server up (its restarts are used up) or it did
+                not come back within ``timeout`` seconds.
+        """
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        k = next((i.index for i in self._infos if i.endpoint == endpoint), None)
+        if k is None:
+            raise KeyError(f"{endpoint} is not one of this run's servers: {self.endpoints}")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                info = self._describe(k, timeout=max(0.1, deadline - time.monotonic()))
+            except RayActorError as exc:
+                if "restart" in str(exc).lower() and time.monotonic() < deadline:
+                    time.sleep(0.2)  # the actor is restarting: ask again
+                    continue
+                raise RuntimeError(f"server {k} ({endpoint}) is gone for good: {exc}") from exc
+            except GetTimeoutError as exc:
+                raise RuntimeError(
+                    f"server {k} ({endpoint}) did not come back within {timeout:g} s"
+                ) from exc
+            if info.endpoint != endpoint:
+                self.restarts[k] += 1
+            self._infos[k] = info
+            return info.endpoint
+
+    def write_prometheus_targets(self, path: str | os.PathLike[str], job: str = "simkit") -> None:
+        """Writes a Prometheus file-based service-discovery file (``file_sd_configs``)
+        listing every server's metrics target, atomically (rewritten after restarts)."""
+        import json
+
+        body = [
+            {
+                "targets": [info.metrics],
+                "labels": {
+                    "job": job,
+                    "server": str(info.index),
+                    "node": info.node_id[:12],
+                    "pid": str(info.pid),
+                },
+            }
+            for info in self._infos
+        ]
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(body, f, indent=1)
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        """Stops the servers, removes the placement group and, where :func:`launch`
+        started a local Ray instance, shuts it down."""
+        import ray
+
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        ray.util.remove_placement_group(self._placement)
+        if self._owns_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> RayServers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def launch(
+    env_id: str,
+    servers: int,
+    *,
+    num_envs: int,
+    address: str | None = None,
+    server_cpus: float = 1.0,
+    server_gpus: float = 0.0,
+    max_restarts: int = 3,
+    device: str | None = None,
+    num_threads: int = 1,
+    fragment_length: int = 128,
+    env_kwargs: dict[str, Any] | None = None,
+    heartbeat_timeout: float = 60.0,
+) -> RayServers:
+    """Starts ``servers`` policy-serving rollout servers of ``env_id`` as Ray actors.
+
+    Args:
+        env_id: the env (a simkit id or ``gym:<id>``), as ``simkit serve``.
+        servers: how many (K >= 1).
+        num_envs: env slots per server session by default (a learner asks for its own).
+        address: a Ray cluster (``ray://...``, ``host:port`` or ``"auto"``); None starts
+            a local Ray instance owned by this process (or joins the one already
+            initialised in it).
+        server_cpus: CPUs reserved per server (its placement bundle).
+        server_gpus: GPUs reserved per server, fractional allowed (0.5 = two per GPU);
+            the server's policy then runs on ``cuda`` unless ``device`` says otherwise.
+        max_restarts: times Ray restarts a server that died (-1 = forever).
+        device: the servers' torch device for the policy (None: ``cuda`` with GPUs
+            reserved, else ``cpu``).
+        num_threads: env stepping threads per server.
+        fragment_length: ``T`` for a learner that asks for none.
+        env_kwargs: constructor arguments of every env.
+        heartbeat_timeout: seconds a silent learner session is kept.
+
+    Raises:
+        simkit.errors.MissingDependency: Ray is not installed (``pip install
+            'simkit[ray]'``).
+        ValueError: a count or resource out of range.
+    """
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+    if server_cpus < 0 or server_gpus < 0 or (server_cpus == 0 and server_gpus == 0):
+        raise ValueError(
+            f"server_cpus and server_gpus must be >= 0 and not both 0, got {server_cpus}, "
+            f"{server_gpus}"
+        )
+    if max_restarts < -1:
+        raise ValueError(f"max_restarts must be >= -1, got {max_restarts}")
+    ray = require("ray", extra="ray", purpose="launching rollout servers on Ray")
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    start = time.perf_counter()
+    owns_ray = False
+    if not ray.is_initialized():
+        ray.init(
+            address=address or "local",  # never join a cluster by accident
+            include_dashboard=False,
+            logging_level="ERROR",
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        owns_ray = address is None
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    settings = {
+        "env_id": env_id,
+        "num_envs": num_envs,
+        "env_kwargs": dict(env_kwargs or {}),
+        "server_secret": server_secret,
+        "client_public": client_public,
+        "num_threads": num_threads,
+        "torch_threads": max(1, int(server_cpus)),
+        "device": device or ("cuda" if server_gpus > 0 else "cpu"),
+        "fragment_length": fragment_length,
+        "heartbeat_timeout": heartbeat_timeout,
+    }
+    bundle = {"CPU": server_cpus, **({"GPU": server_gpus} if server_gpus else {})}
+    placement = placement_group([dict(bundle) for _ in range(servers)], strategy="SPREAD")
+    ray.get(placement.ready())
+    actor_class = ray.remote(_ServerActor)
+    actors = [
+        actor_class.options(
+            num_cpus=server_cpus,
+            num_gpus=server_gpus,
+            max_restarts=max_restarts,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement, placement_group_bundle_index=k
+            ),
+        ).remote(k, settings)
+        for k in range(servers)
+    ]
+    curve = CurveKeys(server_public, client_public, client_secret)
+    try:
+        return RayServers(actors, placement, curve, time.perf_counter() - start, owns_ray)
+    except BaseException:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        ray.util.remove_placement_group(placement)
+        raise

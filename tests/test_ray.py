@@ -1,0 +1,210 @@
+"""Rollout servers on Ray: a two-node cluster on this machine (``ray.cluster_utils``).
+
+Servers are placed on both nodes, PPO trains through them with the parameters of an
+in-process run, a killed server actor and a removed node are replaced by Ray and the
+sync run ends bit-identical to an undisturbed one, and a SIGKILLed learner leaves no
+server behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# One machine, no network: Ray's nodes, and the servers' ZeroMQ endpoints, on loopback.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray", reason="Ray is the optional extra simkit[ray]")
+
+import simkit.clients._launch as launch_module  # noqa: E402
+from simkit.clients._train import run_training  # noqa: E402
+from simkit.clients.ppo import PPOArgs  # noqa: E402
+
+ARGS = {
+    "env_id": "simkit/CartPole-v0",
+    "num_envs": 4,
+    "num_steps": 23,
+    "num_minibatches": 2,
+    "update_epochs": 1,
+    "total_steps": 0,
+    "seed": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"node_ip_address": "127.0.0.1", "num_cpus": 2, "include_dashboard": False},
+    )
+    c.add_node(node_ip_address="127.0.0.1", num_cpus=2)
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _params(path: Path | None) -> dict[str, Any]:
+    from simkit.clients._checkpoint import load_checkpoint
+
+    assert path is not None
+    return dict(load_checkpoint(path).model)
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every :class:`RayServers` the runs of a test launch."""
+    runs: list[Any] = []
+    real = launch_module.launch
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        servers = real(*args, **kwargs)
+        runs.append(servers)
+        return servers
+
+    monkeypatch.setattr(launch_module, "launch", keep)
+    return runs
+
+
+def _run(path: Path, **kw: Any) -> Any:
+    return run_training(
+        PPOArgs(**ARGS), logdir=path, max_updates=4, tensorboard=False, server_timeout=5.0, **kw
+    )
+
+
+def test_ray_servers_spread_over_nodes_and_train_the_in_process_bits(
+    cluster: Any, tmp_path: Path, launched: list[Any]
+) -> None:
+    ray_run = _run(tmp_path / "ray", ray=cluster.address, servers=2)
+    [servers] = launched
+    infos = servers.infos
+    assert len({i.node_id for i in infos}) == 2  # SPREAD: one server per node
+    assert all(i.endpoint.startswith("tcp://127.0.0.1:") for i in infos)
+    assert servers.curve is not None  # CURVE keys made for the run
+    targets = json.loads((tmp_path / "ray" / "prometheus_targets.json").read_text())
+    assert [t["targets"] for t in targets] == [[i.metrics] for i in infos]
+    local = _run(tmp_path / "local", servers=0)
+    assert ray_run.updates == local.updates == 4
+    _same(_params(local.checkpoint), _params(ray_run.checkpoint))
+
+
+def _kill_during_second_update(monkeypatch: pytest.MonkeyPatch, kill: Any) -> None:
+    import simkit.clients._train as train_module
+
+    save_policy = train_module.save_policy
+    calls: list[int] = []
+
+    def save_then_kill(*args: Any, **kwargs: Any) -> None:
+        save_policy(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            kill()
+
+    monkeypatch.setattr(train_module, "save_policy", save_then_kill)
+
+
+def test_a_killed_server_actor_is_restarted_and_the_run_ends_exactly(
+    cluster: Any, tmp_path: Path, launched: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calm = _run(tmp_path / "calm", ray=cluster.address, servers=2)
+
+    def kill() -> None:
+        os.kill(launched[-1].infos[1].pid, signal.SIGKILL)
+
+    _kill_during_second_update(monkeypatch, kill)
+    hit = _run(tmp_path / "hit", ray=cluster.address, servers=2)
+    servers = launched[-1]
+    assert servers.restarts == [0, 1]
+    assert hit.updates == calm.updates == 4
+    _same(_params(calm.checkpoint), _params(hit.checkpoint))
+
+
+def test_a_removed_nodes_server_comes_back_on_the_other_node(
+    cluster: Any, tmp_path: Path, launched: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    extra = cluster.add_node(node_ip_address="127.0.0.1", num_cpus=2)
+    cluster.wait_for_nodes()
+    calm = _run(tmp_path / "calm", ray=cluster.address, servers=2)
+    victim: list[str] = []
+
+    def remove_a_node() -> None:
+        infos = launched[-1].infos
+        if infos[1].node_id == extra.node_id or infos[0].node_id == extra.node_id:
+            victim.append(extra.node_id)
+            cluster.remove_node(extra)
+
+    _kill_during_second_update(monkeypatch, remove_a_node)
+    hit = _run(tmp_path / "hit", ray=cluster.address, servers=2)
+    if not victim:
+        cluster.remove_node(extra)
+        pytest.skip("Ray placed no server on the added node this time")
+    assert all(i.node_id != victim[0] for i in launched[-1].infos)
+    assert sum(launched[-1].restarts) == 1
+    _same(_params(calm.checkpoint), _params(hit.checkpoint))
+
+
+def test_a_sigkilled_learner_leaves_no_ray_server_behind(tmp_path: Path) -> None:
+    """The learner starts its own local Ray instance; SIGKILL it and every process of
+    that instance (the server actors included) is gone within seconds."""
+    logdir = tmp_path / "run"
+    err = (tmp_path / "stderr").open("w")
+    learner = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "simkit", "train", "simkit/CartPole-v0", "--ray"),
+            *("--servers", "1", "--num-envs", "2", "--num-steps", "16"),
+            *("--num-minibatches", "2", "--update-epochs", "1", "--total-steps", "0"),
+            *("--no-progress", "--logdir", str(logdir)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},  # not the fixture's
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        },
+    )
+    targets = logdir / "prometheus_targets.json"
+    deadline = time.monotonic() + 120
+    while not (targets.exists() and (logdir / "progress.jsonl").exists()):
+        if learner.poll() is not None:
+            err.close()
+            pytest.fail((tmp_path / "stderr").read_text()[-2000:])
+        assert time.monotonic() < deadline, "the learner did not start training in 120 s"
+        time.sleep(0.2)
+    [target] = json.loads(targets.read_text())
+    server_pid = int(target["labels"]["pid"])
+    os.kill(server_pid, 0)  # alive
+    learner.kill()
+    learner.wait()
+    err.close()
+    deadline = time.monotonic() + 20
+    while _alive(server_pid):
+        assert time.monotonic() < deadline, f"server {server_pid} outlived its learner by 20 s"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
