@@ -275,3 +275,48 @@ def test_a_lost_servers_received_fragments_all_reach_the_learner() -> None:
     assert source.lost == ["b"]
     assert "server b stopped answering" in lines[0]
     assert "kept its 2 received fragment(s), going on with 1 server(s): ['a']" in lines[0]
+
+
+def test_a_sigkilled_learner_leaves_no_local_server_behind(tmp_path: Path) -> None:
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    learner = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "simkit", "train", "simkit/CartPole-v0", "--servers", "1"),
+            *("--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2"),
+            *("--total-steps", "0", "--no-progress", "--logdir", str(tmp_path)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "progress.jsonl").exists():
+        assert learner.poll() is None, "the learner exited before training"
+        assert time.monotonic() < deadline, "the learner did not start training in 60 s"
+        time.sleep(0.1)
+    children = [
+        int(pid)
+        for task in Path(f"/proc/{learner.pid}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    assert children, "the learner started no server process"
+    learner.send_signal(signal.SIGKILL)
+    learner.wait()
+    deadline = time.monotonic() + 10
+    for pid in children:
+        while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+            assert time.monotonic() < deadline, f"server {pid} outlived its learner by 10 s"
+            time.sleep(0.1)
+        with contextlib.suppress(ChildProcessError):  # not our child: init reaps it
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
