@@ -70,7 +70,7 @@ def flatten_optimizer(opt_state: dict[str, Any]) -> tuple[dict[str, torch.Tensor
     for index, per_param in opt_state["state"].items():
         for key, value in per_param.items():
             tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-            tensors[f"state.{int(index)}.{key}"] = tensor.detach().contiguous()
+            tensors[f"state.{int(index)}.{key}"] = tensor.detach().cpu().contiguous()
     groups = [
         {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()}
         for group in opt_state["param_groups"]
@@ -130,7 +130,7 @@ def save_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     opt_tensors, groups = flatten_optimizer(optimizer)
     blobs = {
-        "model.safetensors": st_save({k: v.detach().contiguous() for k, v in model.items()}),
+        "model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in model.items()}),
         "optimizer.safetensors": st_save(opt_tensors),
         "state.msgpack": snapshot.dumps({**state, "optimizer_param_groups": groups}),
     }

@@ -34,7 +34,7 @@ from simkit.clients._checkpoint import (
 )
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
-from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
+from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, resolve_device, train
 from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
@@ -228,6 +228,7 @@ def run_training(
             args = PPOArgs.from_plain(ckpt.state["args"])
         except (KeyError, TypeError) as exc:
             raise InvalidCheckpoint(f"{ckpt.path / 'state.msgpack'}: bad args: {exc}") from exc
+    resolve_device(args.device)  # a bad --device fails before any server starts
     torch.set_num_threads(args.torch_threads)
     model = build_model(args)
     if ckpt is not None:
@@ -649,6 +650,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mode", choices=("sync", "async"), default=d.mode)
     parser.add_argument(
+        "--device",
+        default=d.device,
+        help="the learner's torch device for the update: cpu, cuda[:k] or auto (cuda where "
+        f"available); the servers keep their own --device (default {d.device})",
+    )
+    parser.add_argument(
         "--max-lag",
         type=int,
         default=d.max_lag,
@@ -746,6 +753,7 @@ def run_train(ns: argparse.Namespace) -> int:
         max_lag=ns.max_lag,
         env_threads=ns.env_threads,
         compile=ns.compile,
+        device=ns.device,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     logdir = Path(

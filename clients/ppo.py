@@ -42,6 +42,7 @@ __all__ = [
     "RewardScaler",
     "clip_grad_norm",
     "train",
+    "resolve_device",
 ]
 
 
@@ -81,6 +82,9 @@ class PPOArgs:
     compile: bool = False
     """``torch.compile`` the minibatch loss (forward and backward): a one-off compile,
     then a cheaper update; deterministic run to run, but not bit-equal to eager."""
+    device: str = "cpu"
+    """The learner's torch device for the update: ``cpu``, ``cuda[:k]`` or ``auto``
+    (``cuda`` where available, else ``cpu``). The rollout keeps its own device."""
 
     def to_plain(self) -> dict[str, Any]:
         """JSON-able form (for checkpoints)."""
@@ -94,6 +98,25 @@ class PPOArgs:
         values = dict(plain)
         values["hidden"] = tuple(values.get("hidden", (64, 64)))
         return cls(**values)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``torch.device`` of a ``--device`` value (``auto``: ``cuda`` where available).
+
+    Raises:
+        ValueError: not a torch device, or CUDA asked for where there is none.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device must be cpu, cuda[:k] or auto, got {name!r}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this machine has no CUDA device (use cpu or auto)")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu, cuda[:k] or auto, got {name!r}")
+    return device
 
 
 def compute_gae(
@@ -291,7 +314,8 @@ class PPO:
 
     def __init__(self, args: PPOArgs, model: ActorCritic, rows_per_update: int) -> None:
         self.args = args
-        self.model = model
+        self.device = resolve_device(args.device)
+        self.model = model.to(self.device)
         self.rows_per_update = rows_per_update
         self.optimizer = torch.optim.Adam(
             model.parameters(), lr=args.learning_rate, eps=1e-5, fused=True
@@ -348,8 +372,9 @@ class PPO:
         return loss, stats.detach()
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The tensors a source needs to act as this learner's policy (parameters and stats)."""
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        """The tensors a source needs to act as this learner's policy (parameters and
+        stats), on the CPU."""
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def _learning_rate(self) -> float:
         if not self.args.anneal_lr or self.num_updates == 0:
@@ -384,12 +409,16 @@ class PPO:
         n_rows = f.num_steps * f.num_rows
         obs, acts = np.asarray(f.obs), np.asarray(f.actions)
         keep = np.flatnonzero(f.agent_mask.reshape(-1))  # indexing copies: fragments are read-only
-        b_obs = torch.from_numpy(obs.reshape(n_rows, *obs.shape[2:])[keep])
-        b_actions = torch.from_numpy(acts.reshape(n_rows, *acts.shape[2:])[keep])
-        b_logp = torch.from_numpy(f.log_probs.reshape(-1)[keep])
-        b_adv = torch.from_numpy(adv.reshape(-1)[keep])
-        b_ret = torch.from_numpy(ret.reshape(-1)[keep])
-        b_val = torch.from_numpy(f.values.reshape(-1)[keep])
+
+        def batch(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(x[keep]).to(self.device)
+
+        b_obs = batch(obs.reshape(n_rows, *obs.shape[2:]))
+        b_actions = batch(acts.reshape(n_rows, *acts.shape[2:]))
+        b_logp = batch(f.log_probs.reshape(-1))
+        b_adv = batch(adv.reshape(-1))
+        b_ret = batch(ret.reshape(-1))
+        b_val = batch(f.values.reshape(-1))
 
         lr = self._learning_rate()
         for group in self.optimizer.param_groups:
@@ -401,7 +430,7 @@ class PPO:
         b_x = model.preprocess(b_obs).detach()
         pieces: list[torch.Tensor] = []
         for _epoch in range(args.update_epochs):
-            perm = torch.randperm(n, generator=self.generator)
+            perm = torch.randperm(n, generator=self.generator).to(self.device)
             # One gather per tensor and epoch; minibatches are then contiguous slices.
             e_x, e_act, e_logp, e_adv, e_ret, e_val = (
                 t[perm] for t in (b_x, b_actions, b_logp, b_adv, b_ret, b_val)

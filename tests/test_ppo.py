@@ -469,3 +469,46 @@ def test_eval_renders_a_mujoco_policy_to_mp4(tmp_path: Path) -> None:
     assert frames > 10
     assert shape[2] == 3
     assert moved
+
+
+def test_learner_device_auto_on_a_cpu_machine_trains_the_cpu_bits(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("auto picks CUDA here; the CPU-only equality is checked on CPU machines")
+    runs = [
+        run_training(
+            PPOArgs(**{**TINY, "device": device}),
+            logdir=tmp_path / device,
+            max_updates=2,
+            tensorboard=False,
+            servers=0,
+        )
+        for device in ("cpu", "auto")
+    ]
+    pa, pb = _params(runs[0].checkpoint), _params(runs[1].checkpoint)
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+
+
+def test_learner_device_cuda_without_cuda_is_a_one_line_error(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from simkit.clients.ppo import resolve_device
+
+    with pytest.raises(ValueError, match="--device cuda: this machine has no CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="--device must be cpu, cuda\\[:k\\] or auto, got 'tpu'"):
+        resolve_device("tpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_learner_on_cuda_trains_and_checkpoints(tmp_path: Path) -> None:
+    r = run_training(
+        PPOArgs(**{**TINY, "device": "cuda"}),
+        logdir=tmp_path,
+        max_updates=2,
+        tensorboard=False,
+        servers=0,
+    )
+    params = _params(r.checkpoint)
+    assert all(t.device.type == "cpu" for t in params.values())
+    assert all(torch.isfinite(t).all() for t in params.values() if t.is_floating_point())

@@ -259,12 +259,14 @@ def test_a_lost_servers_received_fragments_all_reach_the_learner() -> None:
     source = ServerSource.__new__(ServerSource)  # the failure policy alone, on a fake stream
     source.stream = _FakeStream()  # type: ignore[assignment]  # duck-typed PolicyStream
     source.report = lines.append
-    source.wait_for_servers = False
+    source.locate = None  # unsupervised: a lost server is dropped
     source.give_up = lambda: False
     source.mode = "sync"
     source.lost = []
     source.restored = []
+    source.dropped = 0
     source._kept = []
+    source._boundary = None
     got = []
     for item in source.fragments():
         got.append(item)
