@@ -277,6 +277,27 @@ class ServerSource:
             ]
         }
 
+    def view(self) -> dict[str, Any]:
+        """One view of the servers, JSON-able: how many are alive, were restarted
+        (replaced after a loss) or lost for good, and per server share (by first env
+        slot) its endpoint, env steps/s and mean policy lag."""
+        stats = sorted(self.stream.stats(), key=lambda st: st.first_slot)
+        return {
+            "alive": sum(st.alive for st in stats),
+            "restarted": len(self.restored),
+            "lost": len(self.lost),
+            "servers": [
+                {
+                    "first_slot": st.first_slot,
+                    "endpoint": st.endpoint,
+                    "steps_per_s": round(st.steps_per_second, 1),
+                    "lag_mean": st.lag_avg,
+                    "alive": st.alive,
+                }
+                for st in stats
+            ],
+        }
+
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores :meth:`get_state` into the (fresh) servers' sessions, before the first
         weights: every session continues exactly where the checkpointed one stopped.

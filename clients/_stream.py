@@ -49,6 +49,8 @@ class ServerStats:
             fragments handed to the learner (learner's newest version minus the
             version that produced each step), over the last 100 fragments.
         alive: False once the server stopped answering.
+        first_slot: global index of the server's first env slot (names its share,
+            whichever server holds it after a restart).
     """
 
     endpoint: str
@@ -60,6 +62,7 @@ class ServerStats:
     lag_avg: float = 0.0
     lag_max: float = 0.0
     alive: bool = True
+    first_slot: int = 0
 
 
 @dataclass
@@ -189,7 +192,7 @@ class PolicyStream:
                 srv = _Server(
                     conn, StreamClientSession(endpoint), env_offset=offset, num_envs=share
                 )
-                srv.stats = ServerStats(endpoint)
+                srv.stats = ServerStats(endpoint, first_slot=offset)
                 self._servers.append(srv)
                 self._by_socket[conn.socket] = srv
                 self._poller.register(conn.socket, zmq.POLLIN)
@@ -549,7 +552,7 @@ class PolicyStream:
             num_envs=config.num_envs,
             config=config,
         )
-        srv.stats = ServerStats(endpoint)
+        srv.stats = ServerStats(endpoint, first_slot=config.env_offset)
         self._by_socket[conn.socket] = srv
         self._poller.register(conn.socket, zmq.POLLIN)
         try:

@@ -154,6 +154,16 @@ class _Recorded:
         self.source.close()
 
 
+def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
+    """TensorBoard scalars of :meth:`ServerSource.view`: counts, then per server share
+    (named by its first env slot) its env steps/s and mean policy lag."""
+    out = [(f"servers/{k}", float(view[k])) for k in ("alive", "restarted", "lost")]
+    for srv in view["servers"]:
+        name = f"servers/slot_{srv['first_slot']}"
+        out += [(f"{name}/steps_per_s", srv["steps_per_s"]), (f"{name}/lag_mean", srv["lag_mean"])]
+    return out
+
+
 def _relocator(launched: Any, logdir: Path) -> Callable[[str], str]:
     """Ray's answer to "where is the server lost at this endpoint now", keeping the
     Prometheus targets file current."""
@@ -424,12 +434,13 @@ def run_training(
         else:
             split["wait"] = wait
             times["rollout (server)"] += wait
+        view = None if isinstance(source, LocalSource) else source.view()
         returns.extend(stats.episode_returns.tolist())
         elapsed = time.perf_counter() - start
         sps = (learner.global_step - start_step) / max(elapsed, 1e-9)
         mean_ret = float(np.mean(returns)) if returns else float("nan")
         with open(logdir / "progress.jsonl", "a") as fh:
-            record = {
+            record: dict[str, Any] = {
                 "version": learner.version,
                 "global_step": learner.global_step,
                 "elapsed_s": round(elapsed, 3),
@@ -438,6 +449,8 @@ def run_training(
                 "approx_kl": stats.approx_kl,
                 "lag_mean": stats.lag[1],
             }
+            if view is not None:
+                record["servers"] = view
             fh.write(json.dumps(record) + "\n")
         save_policy(policy_path, learner.weights(), _policy_meta(args, learner.version))
         if writer is not None:
@@ -463,15 +476,22 @@ def run_training(
                 ("policy/dropped_fragments", float(learner.dropped)),
                 ("time/update_s", stats.update_s),
                 *((f"time/{k}_s", v) for k, v in split.items()),
+                *(() if view is None else _server_scalars(view)),
             ):
                 writer.add_scalar(name, value, step)
         if bar is not None:
             total_t = sum(times.values()) or 1.0
             split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.items())
+            servers_txt = ""
+            if view is not None:
+                servers_txt = f"  servers {view['alive']}/{view['alive'] + view['lost']}"
+                if view["restarted"]:
+                    servers_txt += f" ({view['restarted']} restarted)"
             bar.update(
                 task,
                 completed=learner.global_step,
-                info=f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  {split_txt}",
+                info=f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  "
+                f"{split_txt}{servers_txt}",
             )
 
     recorder: Any = None

@@ -136,6 +136,13 @@ def test_a_killed_server_actor_is_restarted_and_the_run_ends_exactly(
     servers = launched[-1]
     assert servers.restarts == [0, 1]
     assert hit.updates == calm.updates == 4
+    # One view of the servers: alive, restarted, per share throughput and lag.
+    last = json.loads((tmp_path / "hit" / "progress.jsonl").read_text().splitlines()[-1])
+    view = last["servers"]
+    assert (view["alive"], view["restarted"], view["lost"]) == (2, 1, 0)
+    assert [s["first_slot"] for s in view["servers"]] == [0, 2]
+    assert view["servers"][1]["endpoint"] == servers.endpoints[1]
+    assert all(s["steps_per_s"] > 0 for s in view["servers"])
     _same(_params(calm.checkpoint), _params(hit.checkpoint))
 
 

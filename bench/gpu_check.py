@@ -1,0 +1,413 @@
+"""GPU paths of simkit, each timed on the GPU and on the CPU in the same run.
+
+Run it on a machine with a CUDA device; on a CPU-only machine it reports the CPU
+figures alone and says that no CUDA device was found. Markdown on stdout::
+
+    .venv/bin/python bench/gpu_check.py              # full run (a few minutes)
+    .venv/bin/python bench/gpu_check.py --quick      # smoke run: small batches, few repeats
+    .venv/bin/python bench/gpu_check.py --threads 1  # CPU rows with one torch thread
+
+What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actions):
+
+1. Inference, rows/s at B = 1k, 4k, 16k, 64k rows:
+   - ``model.act``: the built-in ``"mlp"`` policy (64x64) acting on an observation
+     tensor already on the device, with a seeded ``torch.Generator`` of that device,
+     under ``torch.inference_mode()``;
+   - ``RowPolicy.act``: the rollout's act path (``simkit.servers._stream_policy``) on
+     numpy observations, keyed noise drawn per step, actions back as numpy: host <->
+     device copies included. On the CPU it runs the numpy ``LeanMLP``; on CUDA
+     ``model.act`` with the noise.
+2. PPO update, samples/s and seconds per update: ``PPO.update`` on one synthetic
+   fragment of 2048 (T=2048, R=1) and 16384 (T=2048, R=8) rows x steps, 32 minibatches,
+   10 epochs. The GPU row needs ``PPOArgs.device`` (detected; without it only the CPU
+   is timed).
+3. ``simkit/BatchCartPole-v0``, instance-steps/s at N = 4k and 64k: the BatchEnv with
+   ``device=`` (torch arrays on that device; rewards and flags come back as numpy,
+   same-step autoreset with per-instance generators), plus its physics kernel alone
+   (``_advance``: no autoreset, no host copies) and the default numpy BatchEnv.
+
+Every timed call on CUDA is bracketed by ``torch.cuda.synchronize()``. Each case is
+warmed up, then timed in ``--repeats`` rounds (the cases of a section interleaved, so
+machine load hits them alike); the tables give medians. "GPU/CPU" is the CUDA rate over
+the CPU rate of the same path and batch (above 1: the GPU is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+import simkit
+from simkit._types import Fragment
+from simkit.clients.ppo import PPO, PPOArgs
+from simkit.models import ActorCritic, ModelSpec, build_model
+from simkit.servers._stream_policy import RowPolicy
+
+OBS_DIM, ACT_DIM = 17, 6
+SEED = 0
+K = 1024
+
+
+@dataclass
+class Case:
+    """One timed thing: ``fn`` does ``batch`` rows (or instance-steps, or samples) of work."""
+
+    path: str
+    device: torch.device
+    batch: int
+    fn: Callable[[], None]
+    calls: int = 1
+    rates: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def seconds_per_call(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(case: Case, calls: int) -> float:
+    _sync(case.device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        case.fn()
+    _sync(case.device)
+    return time.perf_counter() - start
+
+
+def run_cases(cases: list[Case], repeats: int, min_time: float, warmup: int) -> None:
+    """Warms up each case, sizes its round to about ``min_time`` s, then times
+    ``repeats`` interleaved rounds."""
+    for case in cases:
+        _time(case, warmup)
+        calls, elapsed = 1, _time(case, 1)
+        while elapsed < min_time and calls < 1 << 20:
+            calls = max(calls * 2, int(calls * min_time / max(elapsed, 1e-9)))
+            elapsed = _time(case, calls)
+        case.calls = calls
+    for _ in range(repeats):
+        for case in cases:
+            elapsed = _time(case, case.calls)
+            case.seconds.append(elapsed / case.calls)
+            case.rates.append(case.batch * case.calls / elapsed)
+
+
+# ------------------------------------------------------------------------ reporting
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (else ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({cpu_name()}, {torch.get_num_threads()} torch threads)"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
+
+
+def table(
+    title: str, cases: list[Case], unit: str, extra: tuple[str, Callable[[Case], str]] | None = None
+) -> None:
+    """A markdown table: path | device | batch | rate | GPU/CPU (same path and batch)."""
+    cpu_rate = {(c.path, c.batch): c.rate for c in cases if c.device.type == "cpu"}
+    head = ["path", "device", "batch", unit]
+    if extra is not None:
+        head.append(extra[0])
+    head.append("GPU/CPU")
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(head) + " |")
+    print("|---|---|" + "---:|" * (len(head) - 2))
+    for c in cases:
+        ratio = "—"
+        base = cpu_rate.get((c.path, c.batch))
+        if c.device.type == "cuda" and base:
+            ratio = f"{c.rate / base:.2f}x"
+        cells = [c.path, str(c.device), f"{c.batch:,}", _fmt(c.rate)]
+        if extra is not None:
+            cells.append(extra[1](c))
+        cells.append(ratio)
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+# ------------------------------------------------------------------------ 1. inference
+
+
+def make_model() -> tuple[ActorCritic, spaces.Box, spaces.Box]:
+    obs_space = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+    act_space = spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
+    model = build_model(ModelSpec("mlp", {"hidden_sizes": [64, 64]}), obs_space, act_space)
+    rms = model.obs_rms
+    if rms is not None:  # statistics as after some training
+        with torch.no_grad():
+            rms.mean.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(SEED))
+            rms.var.uniform_(0.5, 2.0, generator=torch.Generator().manual_seed(SEED + 1))
+    model.eval()
+    return model, obs_space, act_space
+
+
+def inference_cases(
+    devices: list[torch.device], batches: list[int]
+) -> tuple[list[Case], list[Case]]:
+    base, _, act_space = make_model()
+    rng = np.random.default_rng(SEED)
+    act_cases: list[Case] = []
+    row_cases: list[Case] = []
+    for dev in devices:
+        model = copy.deepcopy(base).to(dev)
+        for b in batches:
+            obs_np = rng.normal(size=(b, OBS_DIM)).astype(np.float32)
+            obs_t = torch.from_numpy(obs_np).to(dev)
+            gen = torch.Generator(device=dev).manual_seed(SEED)
+
+            def act(
+                model: ActorCritic = model, obs: torch.Tensor = obs_t, gen: torch.Generator = gen
+            ) -> None:
+                with torch.inference_mode():
+                    model.act(obs, generator=gen)
+
+            act_cases.append(Case("model.act", dev, b, act))
+
+            policy = RowPolicy(
+                copy.deepcopy(base),
+                dev,
+                seed=SEED,
+                first_slot=0,
+                num_slots=b,
+                rows_per_slot=1,
+                action_space=act_space,
+                lean=True,
+            )
+
+            def row_act(
+                policy: RowPolicy = policy,
+                obs: np.ndarray = obs_np,
+                steps: Iterator[int] = itertools.count(),
+            ) -> None:
+                policy.act(obs, next(steps))  # a new step each call: one noise draw per call
+
+            # On the CPU this is LeanMLP, on CUDA model.act: one label pairs them.
+            row_cases.append(Case("RowPolicy.act", dev, b, row_act))
+    return act_cases, row_cases
+
+
+# ------------------------------------------------------------------------ 2. PPO update
+
+
+def synthetic_fragment(rng: np.random.Generator, T: int, R: int) -> Fragment:
+    """A fragment shaped as a Cheetah rollout's (as tests/test_ppo.py's ``_fragment``)."""
+    term = rng.random((T, R)) < 0.02
+    return Fragment(
+        obs=rng.normal(size=(T, R, OBS_DIM)).astype(np.float32),
+        actions=rng.normal(size=(T, R, ACT_DIM)).astype(np.float32),
+        log_probs=rng.normal(-6.0, 1.0, size=(T, R)).astype(np.float32),
+        values=rng.normal(size=(T, R)).astype(np.float32),
+        rewards=rng.normal(size=(T, R)) * 5,
+        terminated=term,
+        truncated=(rng.random((T, R)) < 0.02) & ~term,
+        final_values=rng.normal(size=(T, R)).astype(np.float32),
+        agent_mask=np.ones((T, R), bool),
+        policy_version=np.zeros(T, np.int64),
+        last_obs=rng.normal(size=(R, OBS_DIM)).astype(np.float32),
+        last_values=rng.normal(size=R).astype(np.float32),
+        env_ids=np.arange(R),
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64),
+        episode_rows=np.zeros(0, np.int64),
+        source="gpu_check",
+        sequence=0,
+    )
+
+
+def ppo_has_device() -> bool:
+    return "device" in getattr(PPOArgs, "__dataclass_fields__", {})
+
+
+def ppo_cases(devices: list[torch.device], shapes: list[tuple[int, int]]) -> list[Case]:
+    rng = np.random.default_rng(SEED)
+    cases: list[Case] = []
+    for dev in devices:
+        for T, R in shapes:
+            kwargs: dict[str, Any] = {
+                "env_id": "simkit/Cheetah-v0",
+                "num_envs": R,
+                "num_steps": T,
+                "num_minibatches": 32,
+                "update_epochs": 10,
+                "total_steps": 0,  # no learning-rate annealing
+            }
+            if ppo_has_device():
+                kwargs["device"] = str(dev)
+            model, _, _ = make_model()
+            learner = PPO(PPOArgs(**kwargs), model.train(), R)
+            fragment = synthetic_fragment(rng, T, R)
+
+            def update(learner: PPO = learner, fragment: Fragment = fragment) -> None:
+                learner.update([fragment])
+
+            cases.append(Case("PPO.update", dev, T * R, update))
+    return cases
+
+
+# ------------------------------------------------------------------------ 3. BatchEnv
+
+
+def batch_env_cases(devices: list[torch.device], sizes: list[int]) -> list[Case]:
+    cases: list[Case] = []
+    for n in sizes:
+        # The default numpy BatchEnv, for reference (CPU only, no ratio).
+        env = simkit.make("simkit/BatchCartPole-v0", num_envs=n)
+        env.reset(seed=SEED)
+        rng = np.random.default_rng(SEED)
+        np_actions = [rng.integers(0, 2, n) for _ in range(8)]
+
+        def step_np(
+            env: Any = env,
+            actions: list[np.ndarray] = np_actions,
+            k: Iterator[int] = itertools.count(),
+        ) -> None:
+            env.step_batch(actions[next(k) % len(actions)])
+
+        cases.append(Case("step_batch, numpy (device=None)", torch.device("cpu"), n, step_np))
+        for dev in devices:
+            tenv = simkit.make("simkit/BatchCartPole-v0", num_envs=n, device=dev)
+            tenv.reset(seed=SEED)
+            gen = torch.Generator(device=dev).manual_seed(SEED)
+            t_actions = [torch.randint(0, 2, (n,), device=dev, generator=gen) for _ in range(8)]
+
+            def step_t(
+                env: Any = tenv,
+                actions: list[torch.Tensor] = t_actions,
+                k: Iterator[int] = itertools.count(),
+            ) -> None:
+                env.step_batch(actions[next(k) % len(actions)])
+
+            cases.append(Case("step_batch, torch", dev, n, step_t))
+            if hasattr(tenv, "_advance"):
+
+                def kernel(env: Any = tenv, actions: torch.Tensor = t_actions[0]) -> None:
+                    env._advance(env.state, actions, env._p)
+
+                cases.append(Case("physics kernel only (_advance)", dev, n, kernel))
+    return cases
+
+
+# ------------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small batches, few repeats")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument(
+        "--only", choices=("inference", "ppo", "batchenv"), action="append", default=None
+    )
+    ns = parser.parse_args()
+    if ns.threads is not None:
+        torch.set_num_threads(ns.threads)
+    quick: bool = ns.quick
+    repeats: int = ns.repeats or (3 if quick else 7)
+    min_time = 0.05 if quick else 0.2
+    sections: list[str] = ns.only or ["inference", "ppo", "batchenv"]
+
+    has_cuda = torch.cuda.is_available()
+    devices = [torch.device("cpu")]
+    if has_cuda:
+        devices.append(torch.device("cuda", torch.cuda.current_device()))
+
+    print("## simkit GPU paths (bench/gpu_check.py" + (" --quick" if quick else "") + ")\n")
+    cuda_version = torch.version.cuda or "none"
+    print(f"torch {torch.__version__} (CUDA {cuda_version}), Python {platform.python_version()}")
+    for dev in devices:
+        print(f"- {device_name(dev)}")
+    if not has_cuda:
+        print(
+            "- no CUDA device found (torch.cuda.is_available() is False): CPU figures only, "
+            "the GPU rows are not measured"
+        )
+    load_before = os.getloadavg()
+    print(f"- load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+    print(f"- {repeats} timed rounds per case (median), rounds of >= {min_time} s")
+    t0 = time.perf_counter()
+
+    if "inference" in sections:
+        batches = [K, 4 * K] if quick else [K, 4 * K, 16 * K, 64 * K]
+        act_cases, row_cases = inference_cases(devices, batches)
+        run_cases(act_cases + row_cases, repeats, min_time, warmup=3)
+        note = "model.act: observations already on the device; no host copies"
+        table(f"Inference: model.act ({note})", act_cases, "rows/s")
+        table(
+            "Inference: RowPolicy.act (numpy in and out, keyed noise; LeanMLP on the CPU)",
+            row_cases,
+            "rows/s",
+        )
+
+    if "ppo" in sections:
+        shapes = [(2048, 1)] if quick else [(2048, 1), (2048, 8)]
+        ppo_devices = devices if ppo_has_device() else devices[:1]
+        cases = ppo_cases(ppo_devices, shapes)
+        run_cases(cases, max(2, repeats // 2), 0.0, warmup=1)
+        table(
+            "PPO update (32 minibatches x 10 epochs; batch = rows x steps)",
+            cases,
+            "samples/s",
+            ("s/update", lambda c: f"{c.seconds_per_call:.3f}"),
+        )
+        if not ppo_has_device():
+            print(
+                "\nPPOArgs has no `device` field: the learner has no device option yet (CPU only)."
+            )
+        elif not has_cuda:
+            print("\n(PPOArgs.device exists; no CUDA device to time it on.)")
+
+    if "batchenv" in sections:
+        sizes = [4 * K] if quick else [4 * K, 64 * K]
+        cases = batch_env_cases(devices, sizes)
+        run_cases(cases, repeats, min_time, warmup=5)
+        table(
+            "simkit/BatchCartPole-v0 (torch BatchEnv; random actions, same-step autoreset)",
+            cases,
+            "instance-steps/s",
+        )
+
+    load_after = os.getloadavg()
+    print(
+        f"\nload average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; "
+        f"total {time.perf_counter() - t0:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
