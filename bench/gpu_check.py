@@ -41,7 +41,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +177,23 @@ def make_model() -> tuple[ActorCritic, spaces.Box, spaces.Box]:
     return model, obs_space, act_space
 
 
+def _model_act(model: ActorCritic, obs: torch.Tensor, gen: torch.Generator) -> Callable[[], None]:
+    def act() -> None:
+        with torch.inference_mode():
+            model.act(obs, generator=gen)
+
+    return act
+
+
+def _row_act(policy: RowPolicy, obs: np.ndarray) -> Callable[[], None]:
+    steps = itertools.count()
+
+    def act() -> None:
+        policy.act(obs, next(steps))  # a new step each call: one noise draw per call
+
+    return act
+
+
 def inference_cases(
     devices: list[torch.device], batches: list[int]
 ) -> tuple[list[Case], list[Case]]:
@@ -191,13 +208,7 @@ def inference_cases(
             obs_t = torch.from_numpy(obs_np).to(dev)
             gen = torch.Generator(device=dev).manual_seed(SEED)
 
-            def act(
-                model: ActorCritic = model, obs: torch.Tensor = obs_t, gen: torch.Generator = gen
-            ) -> None:
-                with torch.inference_mode():
-                    model.act(obs, generator=gen)
-
-            act_cases.append(Case("model.act", dev, b, act))
+            act_cases.append(Case("model.act", dev, b, _model_act(model, obs_t, gen)))
 
             policy = RowPolicy(
                 copy.deepcopy(base),
@@ -209,16 +220,8 @@ def inference_cases(
                 action_space=act_space,
                 lean=True,
             )
-
-            def row_act(
-                policy: RowPolicy = policy,
-                obs: np.ndarray = obs_np,
-                steps: Iterator[int] = itertools.count(),
-            ) -> None:
-                policy.act(obs, next(steps))  # a new step each call: one noise draw per call
-
             # On the CPU this is LeanMLP, on CUDA model.act: one label pairs them.
-            row_cases.append(Case("RowPolicy.act", dev, b, row_act))
+            row_cases.append(Case("RowPolicy.act", dev, b, _row_act(policy, obs_np)))
     return act_cases, row_cases
 
 
@@ -254,6 +257,13 @@ def ppo_has_device() -> bool:
     return "device" in getattr(PPOArgs, "__dataclass_fields__", {})
 
 
+def _update(learner: PPO, fragment: Fragment) -> Callable[[], None]:
+    def update() -> None:
+        learner.update([fragment])
+
+    return update
+
+
 def ppo_cases(devices: list[torch.device], shapes: list[tuple[int, int]]) -> list[Case]:
     rng = np.random.default_rng(SEED)
     cases: list[Case] = []
@@ -272,15 +282,30 @@ def ppo_cases(devices: list[torch.device], shapes: list[tuple[int, int]]) -> lis
             model, _, _ = make_model()
             learner = PPO(PPOArgs(**kwargs), model.train(), R)
             fragment = synthetic_fragment(rng, T, R)
-
-            def update(learner: PPO = learner, fragment: Fragment = fragment) -> None:
-                learner.update([fragment])
-
-            cases.append(Case("PPO.update", dev, T * R, update))
+            cases.append(Case("PPO.update", dev, T * R, _update(learner, fragment)))
     return cases
 
 
 # ------------------------------------------------------------------------ 3. BatchEnv
+
+
+def _stepper(env: Any, actions: list[Any]) -> Callable[[], None]:
+    """``env.step_batch`` cycling through pre-drawn batches of actions."""
+    k = itertools.count()
+
+    def step() -> None:
+        env.step_batch(actions[next(k) % len(actions)])
+
+    return step
+
+
+def _kernel(env: Any, actions: torch.Tensor) -> Callable[[], None]:
+    """BatchCartPole's Euler step of every instance alone (the state is not written back)."""
+
+    def step() -> None:
+        env._advance(env.state, actions, env._p)
+
+    return step
 
 
 def batch_env_cases(devices: list[torch.device], sizes: list[int]) -> list[Case]:
@@ -291,34 +316,16 @@ def batch_env_cases(devices: list[torch.device], sizes: list[int]) -> list[Case]
         env.reset(seed=SEED)
         rng = np.random.default_rng(SEED)
         np_actions = [rng.integers(0, 2, n) for _ in range(8)]
-
-        def step_np(
-            env: Any = env,
-            actions: list[np.ndarray] = np_actions,
-            k: Iterator[int] = itertools.count(),
-        ) -> None:
-            env.step_batch(actions[next(k) % len(actions)])
-
+        step_np = _stepper(env, np_actions)
         cases.append(Case("step_batch, numpy (device=None)", torch.device("cpu"), n, step_np))
         for dev in devices:
             tenv = simkit.make("simkit/BatchCartPole-v0", num_envs=n, device=dev)
             tenv.reset(seed=SEED)
             gen = torch.Generator(device=dev).manual_seed(SEED)
             t_actions = [torch.randint(0, 2, (n,), device=dev, generator=gen) for _ in range(8)]
-
-            def step_t(
-                env: Any = tenv,
-                actions: list[torch.Tensor] = t_actions,
-                k: Iterator[int] = itertools.count(),
-            ) -> None:
-                env.step_batch(actions[next(k) % len(actions)])
-
-            cases.append(Case("step_batch, torch", dev, n, step_t))
+            cases.append(Case("step_batch, torch", dev, n, _stepper(tenv, t_actions)))
             if hasattr(tenv, "_advance"):
-
-                def kernel(env: Any = tenv, actions: torch.Tensor = t_actions[0]) -> None:
-                    env._advance(env.state, actions, env._p)
-
+                kernel = _kernel(tenv, t_actions[0])
                 cases.append(Case("physics kernel only (_advance)", dev, n, kernel))
     return cases
 
@@ -396,10 +403,18 @@ def main() -> None:
         sizes = [4 * K] if quick else [4 * K, 64 * K]
         cases = batch_env_cases(devices, sizes)
         run_cases(cases, repeats, min_time, warmup=5)
+        numpy_rate = {c.batch: c.rate for c in cases if c.path.endswith("(device=None)")}
+
+        def vs_numpy(c: Case) -> str:
+            if c.device.type != "cuda" or c.path != "step_batch, torch":
+                return "—"
+            return f"{c.rate / numpy_rate[c.batch]:.2f}x"
+
         table(
             "simkit/BatchCartPole-v0 (torch BatchEnv; random actions, same-step autoreset)",
             cases,
             "instance-steps/s",
+            ("GPU/numpy", vs_numpy),
         )
 
     load_after = os.getloadavg()

@@ -103,7 +103,8 @@ class RayServers:
 
     Attributes:
         curve: the CURVE keys a learner connects with (:class:`CurveKeys`).
-        started_s: seconds from :func:`launch` until every server answered.
+        started_s: seconds from :func:`launch` (Ray's start-up included) until every
+            server answered.
     """
 
     def __init__(
@@ -111,13 +112,12 @@ class RayServers:
         actors: list[Any],
         placement: Any,
         curve: CurveKeys,
-        started_s: float,
         owns_ray: bool,
     ) -> None:
         self._actors = actors
         self._placement = placement
         self.curve = curve
-        self.started_s = started_s
+        self.started_s = 0.0
         self._owns_ray = owns_ray
         self._infos = [self._describe(k) for k in range(len(actors))]
         self.restarts = [0] * len(actors)
@@ -311,9 +311,11 @@ def launch(
     ]
     curve = CurveKeys(server_public, client_public, client_secret)
     try:
-        return RayServers(actors, placement, curve, time.perf_counter() - start, owns_ray)
+        servers = RayServers(actors, placement, curve, owns_ray)  # waits for every actor
     except BaseException:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         ray.util.remove_placement_group(placement)
         raise
+    servers.started_s = time.perf_counter() - start
+    return servers

@@ -10,9 +10,7 @@ loopback ports and :func:`stop_servers` shuts them down.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +23,7 @@ from simkit.clients._connection import CurveKeys, ServerUnavailable
 from simkit.clients._stream import PolicyStream
 from simkit.models import ModelSpec
 from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
+from simkit.servers import PARENT_ENV
 
 __all__ = ["ServerSource", "spawn_servers", "stop_servers"]
 
@@ -372,7 +371,8 @@ def spawn_servers(
                 # Its own session: Ctrl-C in a terminal reaches the learner only, which
                 # checkpoints (asking the servers for their sessions) and then stops them.
                 start_new_session=True,
-                preexec_fn=_die_with(os.getpid()),
+                # The server stops when this process is gone, even killed by SIGKILL.
+                env={**os.environ, PARENT_ENV: str(os.getpid())},
             )
             procs.append(proc)
             assert proc.stdout is not None
@@ -386,25 +386,6 @@ def spawn_servers(
         stop_servers(procs)
         raise
     return procs, endpoints
-
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child get SIGTERM when ``parent`` dies, even by
-    SIGKILL (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing), so no server outlives the
-    learner that started it."""
-
-    def arm() -> None:
-        if not sys.platform.startswith("linux"):
-            return
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return arm
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 def stop_servers(procs: Sequence[subprocess.Popen[str]], timeout: float = 10.0) -> None:

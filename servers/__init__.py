@@ -4,7 +4,7 @@ See docs/server.md; the wire protocol is :mod:`simkit.protocol` (docs/protocol.m
 """
 
 from simkit.servers._batch_host import BatchEnvHost
-from simkit.servers._cli import add_serve_arguments, run_serve
+from simkit.servers._cli import PARENT_ENV, add_serve_arguments, run_serve
 from simkit.servers._host import EnvListHost, make_env_factory
 from simkit.servers._multiagent_host import (
     PZ_PREFIX,
@@ -28,5 +28,6 @@ __all__ = [
     "Metrics",
     "is_loopback",
     "add_serve_arguments",
+    "PARENT_ENV",
     "run_serve",
 ]

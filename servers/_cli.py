@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -152,6 +156,25 @@ def _client_keys(paths: Sequence[Path]) -> list[bytes]:
     return keys
 
 
+PARENT_ENV = "SIMKIT_PARENT_PID"
+"""Set by a learner that starts ``simkit serve``: the server stops once that process is
+gone (killed by SIGKILL included), so no server outlives the run that started it."""
+
+
+def _stop_when_orphaned(server: RolloutServer, parent: int, interval: float = 0.5) -> None:
+    """Stops ``server`` when this process's parent is no longer ``parent`` (it died
+    and the process was re-parented); a daemon thread checks every ``interval`` s."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        server.request_stop()
+        with contextlib.suppress(OSError):  # the parent's end of a pipe may be gone too
+            print(f"simkit serve: parent process {parent} is gone, shutting down", file=sys.stderr)
+
+    threading.Thread(target=watch, name="simkit-parent-watch", daemon=True).start()
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Runs the server until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -201,6 +224,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    parent = os.environ.get(PARENT_ENV)
+    if parent:
+        _stop_when_orphaned(server, int(parent))
     metrics = (
         f", metrics on http://{args.metrics_host}:{server.metrics_port}/metrics"
         if server.metrics_port

@@ -76,6 +76,8 @@ class RowPolicy:
         self.model.eval()
         self.device = device
         self.num_rows = num_slots * rows_per_slot
+        self.first_row = first_slot * rows_per_slot
+        """Global index of this policy's row 0 (the lean forward aligns on it)."""
         head = self.model.head
         kind: NoiseKind = "normal" if head.noise_kind == "normal" else "uniform"
         self.noise = SlotNoise(
@@ -128,11 +130,13 @@ class RowPolicy:
         if drawn is None or drawn[0] != step:  # the parts of one step share one draw
             drawn = self._drawn = (step, self.noise.draw(step))
         noise = drawn[1]
+        first = self.first_row
         if part is not None:
             noise = noise[part]
+            first += part.start or 0
         lean = self.lean
         if lean is not None:
-            actions, log_probs, values = lean.act(obs, noise)
+            actions, log_probs, values = lean.act(obs, noise, first)
             return PolicyOutput(
                 actions=actions.astype(self.action_dtype, copy=False),
                 log_probs=log_probs,
@@ -153,15 +157,16 @@ class RowPolicy:
     def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """float32 values of ``obs`` ``(B, ...)``; with ``rows`` (bool ``(B,)``), only the
         selected rows are evaluated (0 elsewhere)."""
+        lean = self.lean
         if rows is None:
-            return self._value(obs)
+            if lean is not None:
+                return lean.value(obs, self.first_row)
+            return self.model.value(self._tensor(obs)).float().cpu().numpy().reshape(-1)
         out = np.zeros(len(obs), dtype=np.float32)
         picked = np.flatnonzero(rows)
-        if len(picked):
-            out[picked] = self._value(np.asarray(obs)[picked])
+        if len(picked) and lean is not None:
+            out[picked] = lean.value(obs, self.first_row, picked)
+        elif len(picked):
+            x = self._tensor(np.asarray(obs)[picked])
+            out[picked] = self.model.value(x).float().cpu().numpy().reshape(-1)
         return out
-
-    def _value(self, obs: np.ndarray) -> np.ndarray:
-        if self.lean is not None:
-            return self.lean.value(obs)
-        return self.model.value(self._tensor(obs)).float().cpu().numpy().reshape(-1)

@@ -79,21 +79,29 @@ def test_noise_refuses_bad_layouts() -> None:
     ids=["categorical", "gaussian"],
 )
 def test_lean_rows_are_computed_alone(action_space: spaces.Space) -> None:  # type: ignore[type-arg]
-    """A row's action, log-prob and value have the same bits in any batch."""
+    """A row's action, log-prob and value have the same bits in any batch: any slice
+    of the rows, at any offset, beside any neighbours."""
     obs_space = spaces.Box(-5.0, 5.0, (7,), np.float32)
     torch.manual_seed(0)
     model = build_model(ModelSpec("mlp", {"hidden_sizes": [64, 64]}), obs_space, action_space)
     lean = LeanMLP.of(model)
     assert lean is not None
     rng = np.random.default_rng(0)
-    obs = rng.standard_normal((37, 7)).astype(np.float32)
-    noise = _noise(3, 0, 37, model.head.noise_kind, width=model.head.noise_width).draw(0)
+    obs = rng.standard_normal((70, 7)).astype(np.float32)
+    noise = _noise(3, 0, 70, model.head.noise_kind, width=model.head.noise_width).draw(0)
     full = lean.act(obs, noise)
-    for lo, hi in [(0, 1), (5, 6), (3, 20), (17, 37), (0, 36)]:
-        part = lean.act(obs[lo:hi], noise[lo:hi])
+    for lo, hi in [(0, 1), (5, 6), (3, 20), (17, 37), (0, 36), (16, 48), (33, 70)]:
+        part = lean.act(obs[lo:hi], noise[lo:hi], lo)
         for got, want in zip(part, full, strict=True):
             assert np.array_equal(got, want[lo:hi])
-        assert np.array_equal(lean.value(obs[lo:hi]), full[2][lo:hi])
+        assert np.array_equal(lean.value(obs[lo:hi], lo), full[2][lo:hi])
+        # A subset of rows (final values of truncated episodes) keeps their bits too.
+        picked = np.arange(lo, hi, 3) - lo
+        assert np.array_equal(lean.value(obs[lo:hi], lo, picked), full[2][lo:hi][picked])
+    # Rows at the same global index have the same bits whatever their neighbours.
+    other = obs.copy()
+    other[::2] = rng.standard_normal(other[::2].shape).astype(np.float32)
+    assert np.array_equal(lean.act(other, noise)[2][1::2], full[2][1::2])
 
 
 def test_row_policy_acts_alike_in_one_part_or_two() -> None:

@@ -14,11 +14,14 @@ from the noise it is given with the same arithmetic as
 ``torch`` up to float32 rounding, which the PPO ratio absorbs). Any other model returns
 ``None`` from :meth:`LeanMLP.of` and the caller keeps using ``model.act``.
 
-Every row is computed alone: each layer is a stack of one-row products
-(``x[:, None, :] @ W``), so a row's bits do not depend on how many rows share the call
-or where it sits among them (a plain ``X @ W`` lets BLAS pick kernels and summation
-orders by batch shape). That, with keyed noise (:mod:`simkit._noise`), is what makes a
-rollout's result independent of how its env slots are split over servers.
+A row's bits do not depend on the batch it came in. A plain ``X @ W`` lets BLAS pick
+kernels and summation orders by batch shape and by a row's place in it; here every
+layer is a stack of products of :data:`BLOCK` rows (``(n / BLOCK, BLOCK, K) @ (K, N)``),
+the blocks aligned to the run's global row index (``first_row``, padded with zeros),
+so global row ``g`` is always computed by the same kernel at the same place ``g %
+BLOCK`` of a block, whichever other rows share its call. That, with keyed noise
+(:mod:`simkit._noise`), is what makes a rollout's result independent of how its env
+slots are split over servers.
 """
 
 from __future__ import annotations
@@ -68,10 +71,40 @@ def _weight(lin: nn.Linear) -> np.ndarray:
     return np.ascontiguousarray(lin.weight.detach().numpy().T)
 
 
-def _rowwise(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``x @ w + b`` computed one row at a time (the same bits for a row in any batch)."""
-    out: np.ndarray = np.matmul(x[:, None, :], w)[:, 0] + b
+BLOCK = 16
+"""Rows per product: one BLAS call per block of 16 globally aligned rows."""
+
+
+def _blocked(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``x @ w + b`` of ``(m * BLOCK, K)`` block-aligned rows, one product per block."""
+    out: np.ndarray = np.matmul(x.reshape(-1, BLOCK, x.shape[1]), w).reshape(len(x), -1) + b
     return out
+
+
+def _blocks(
+    x: np.ndarray, first_row: int, rows: np.ndarray | None
+) -> tuple[np.ndarray, slice | np.ndarray]:
+    """``x`` (rows ``first_row`` on of the run) laid out in whole aligned blocks.
+
+    Returns the padded ``(m * BLOCK, K)`` input and where the wanted rows (``rows``,
+    indices into ``x``; all by default) sit in it.
+    """
+    n = len(x)
+    if rows is None:
+        pad = first_row % BLOCK
+        total = -(-(pad + n) // BLOCK) * BLOCK
+        if pad == 0 and total == n:
+            return x, slice(0, n)
+        buf = np.zeros((total, x.shape[1]), dtype=x.dtype)
+        buf[pad : pad + n] = x
+        return buf, slice(pad, pad + n)
+    wanted = np.asarray(rows, dtype=np.int64) + first_row
+    blocks = np.unique(wanted // BLOCK)
+    source = (blocks[:, None] * BLOCK + np.arange(BLOCK)).reshape(-1) - first_row
+    inside = (source >= 0) & (source < n)
+    buf = np.zeros((len(source), x.shape[1]), dtype=x.dtype)
+    buf[inside] = x[source[inside]]
+    return buf, np.searchsorted(blocks, wanted // BLOCK) * BLOCK + wanted % BLOCK
 
 
 def _bias(lin: nn.Linear) -> np.ndarray:
@@ -156,35 +189,45 @@ class LeanMLP:
                 )
             self.clip = rms.clip
 
-    def _input(self, obs: np.ndarray) -> np.ndarray:
+    def _input(
+        self, obs: np.ndarray, first_row: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, slice | np.ndarray]:
+        """Normalised float32 inputs in aligned blocks, and where the wanted rows are."""
         x = np.asarray(obs).reshape(len(obs), -1).astype(np.float32)
         if self.shift is not None:
             x = np.minimum(np.maximum((x - self.shift) * self.scale, -self.clip), self.clip)
-        return x
+        return _blocks(x, first_row, rows)
 
     @staticmethod
     def _trunk(
         x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray, str | None]]
     ) -> np.ndarray:
         for w, b, act in layers:
-            x = _rowwise(x, w, b)
+            x = _blocked(x, w, b)
             if act == "tanh":
                 x = np.tanh(x)
             elif act == "relu":
                 x = np.maximum(x, np.float32(0.0))
         return x
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        """``(B,)`` float32 values of observations ``(B, *obs_shape)``."""
-        return self._trunk(self._input(obs), self.critic).reshape(-1)
+    def value(
+        self, obs: np.ndarray, first_row: int = 0, rows: np.ndarray | None = None
+    ) -> np.ndarray:
+        """float32 values of observations ``(B, *obs_shape)``, the run's rows
+        ``first_row`` on: ``(B,)``, or with ``rows`` (indices into ``obs``) only theirs."""
+        x, at = self._input(obs, first_row, rows)
+        return self._trunk(x, self.critic).reshape(-1)[at]
 
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(actions, log_probs, values)`` of observations ``(B, *obs_shape)``, sampled
-        from ``noise`` (``(B, noise_width)`` float32) as :meth:`ActorCritic.act` samples."""
-        x = self._input(obs)
-        values = self._trunk(x, self.critic).reshape(-1)
-        params = _rowwise(self._trunk(x, self.actor), self.head_w, self.head_b)
-        n = x.shape[0]
+    def act(
+        self, obs: np.ndarray, noise: np.ndarray, first_row: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(actions, log_probs, values)`` of observations ``(B, *obs_shape)``, the run's
+        rows ``first_row`` on, sampled from ``noise`` (``(B, noise_width)`` float32) as
+        :meth:`ActorCritic.act` samples."""
+        x, at = self._input(obs, first_row)
+        values = self._trunk(x, self.critic).reshape(-1)[at]
+        params = _blocked(self._trunk(x, self.actor), self.head_w, self.head_b)[at]
+        n = len(obs)
         if self.gaussian:
             actions = (params + self.std * noise).astype(self.action_dtype, copy=False)
             log_probs = np.square(noise).sum(-1) * np.float32(-0.5) - self.norm
