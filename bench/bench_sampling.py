@@ -11,8 +11,9 @@ observation normalisation on, one torch thread) acting through its numpy path
 
 - new: :class:`simkit.servers._stream_policy.RowPolicy` as it is: each step draws the
   noise of every env slot from :class:`simkit._noise.SlotNoise` (a PCG64 stream
-  advanced to the window of (step, block)) and ``LeanMLP`` computes every row alone
-  (``np.matmul(x[:, None, :], W)[:, 0] + b`` per layer);
+  advanced to the window of (step, block)) and ``LeanMLP`` computes the rows in
+  zero-padded blocks of 16 aligned to their global index (one ``(m, 16, K) @ (K, N)``
+  stacked product per layer), so a row's bits do not depend on its batch;
 - old: :class:`OldPolicy`, a re-implementation of the act path this replaced
   (``GroupedPolicy`` with one sampling group, the default, and the ``LeanMLP`` of
   then): one ``torch.Generator`` seeded once, ``torch.randn((n, dim))`` (Gaussian
@@ -32,7 +33,7 @@ Then the cost split per loop step (``RolloutLoop.take_times``: ``inference`` is 
 value, ``env`` the env step, the rest fragment assembly) and, out of the loop, the two
 parts of an act timed alone (medians of interleaved rounds): the noise draw
 (``SlotNoise.draw`` vs ``torch.randn``/``torch.rand`` with the generator) and the
-forward + sampling given the noise (row-at-a-time vs gemm trunks). The load average is
+forward + sampling given the noise (aligned-block vs plain gemm trunks). The load average is
 printed before and after.
 
 numpy's OpenBLAS runs a large enough gemm on every core unless told otherwise
