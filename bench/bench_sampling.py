@@ -74,6 +74,12 @@ SEED = 1
 Layers = list[tuple[np.ndarray, np.ndarray, str | None]]
 
 
+def _normalised(lean: LeanMLP, obs: np.ndarray) -> np.ndarray:
+    """The policy's float32, normalised inputs (unpadded, as the old forward took them)."""
+    x, at = lean._input(obs, 0)
+    return x[at]
+
+
 def _gemm_trunk(x: np.ndarray, layers: Layers) -> np.ndarray:
     """The old ``LeanMLP._trunk``: one ``x @ w + b`` per layer."""
     for w, b, act in layers:
@@ -131,7 +137,7 @@ class OldPolicy(RowPolicy):
         start = time.perf_counter()
         lean = self.lean
         assert lean is not None
-        x = lean._input(obs)
+        x = _normalised(lean, obs)
         actions, log_probs, values = _old_sample(lean, x, self.draw(x.shape[0]))
         return PolicyOutput(
             # the old path concatenated its groups' outputs (one group: one copy)
@@ -148,7 +154,7 @@ class OldPolicy(RowPolicy):
             return np.zeros(len(obs), dtype=np.float32)
         lean = self.lean
         assert lean is not None
-        out: np.ndarray = _gemm_trunk(lean._input(obs), lean.critic).reshape(-1)
+        out: np.ndarray = _gemm_trunk(_normalised(lean, obs), lean.critic).reshape(-1)
         return out
 
 
@@ -236,7 +242,7 @@ def _check_peer(old: Way, new: Way) -> None:
     n = len(obs)
     lean = new_policy.lean
     noise = old_policy.draw(n)
-    a_old, lp_old, v_old = _old_sample(lean, lean._input(obs), noise)
+    a_old, lp_old, v_old = _old_sample(lean, _normalised(lean, obs), noise)
     width = new_policy.noise.width
     a_new, lp_new, v_new = lean.act(obs, np.ascontiguousarray(noise[:, :width]))
     np.testing.assert_allclose(v_old, v_new, rtol=1e-4, atol=1e-5)
@@ -255,7 +261,7 @@ def _parts(old: Way, new: Way, rounds: int, reps: int) -> dict[str, tuple[float,
     assert lean is not None
     obs = np.asarray(new.loop._obs[0])
     n = len(obs)
-    x = lean._input(obs)
+    x = _normalised(lean, obs)
     old_noise = old_policy.draw(n)
     new_noise = new_policy.noise.draw(0)
     counter = iter(range(1 << 62))

@@ -27,11 +27,10 @@ def test_ray_runs_without_ray_installed_name_the_extra(
     import sys
 
     from simkit.cli import main
+    from simkit.clients import launch
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(MissingDependency, match=r"pip install 'simkit\[ray\]'"):
-        from simkit.clients import launch
-
         launch("simkit/CartPole-v0", 1, num_envs=1)
     rc = main(["train", "simkit/CartPole-v0", "--ray", "--servers", "1", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
