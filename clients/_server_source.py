@@ -278,13 +278,15 @@ class ServerSource:
 
     def view(self) -> dict[str, Any]:
         """One view of the servers, JSON-able: how many are alive, were restarted
-        (replaced after a loss) or lost for good, and per server share (by first env
-        slot) its endpoint, env steps/s and mean policy lag."""
+        (replaced after a loss) or lost for good, fragments lost with a server (async),
+        and per server share (by first env slot) its endpoint, env steps/s and mean
+        policy lag."""
         stats = sorted(self.stream.stats(), key=lambda st: st.first_slot)
         return {
             "alive": sum(st.alive for st in stats),
             "restarted": len(self.restored),
             "lost": len(self.lost),
+            "dropped": self.dropped,
             "servers": [
                 {
                     "first_slot": st.first_slot,

@@ -157,7 +157,7 @@ class _Recorded:
 def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
     """TensorBoard scalars of :meth:`ServerSource.view`: counts, then per server share
     (named by its first env slot) its env steps/s and mean policy lag."""
-    out = [(f"servers/{k}", float(view[k])) for k in ("alive", "restarted", "lost")]
+    out = [(f"servers/{k}", float(view[k])) for k in ("alive", "restarted", "lost", "dropped")]
     for srv in view["servers"]:
         name = f"servers/slot_{srv['first_slot']}"
         out += [(f"{name}/steps_per_s", srv["steps_per_s"]), (f"{name}/lag_mean", srv["lag_mean"])]
