@@ -40,6 +40,7 @@ import itertools
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,14 +72,30 @@ class Case:
     calls: int = 1
     rates: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    error: str | None = None
+    """Why the case could not be set up or run (the run goes on without it)."""
 
     @property
     def rate(self) -> float:
-        return statistics.median(self.rates)
+        return statistics.median(self.rates) if self.rates else float("nan")
 
     @property
     def seconds_per_call(self) -> float:
         return statistics.median(self.seconds)
+
+
+def _nothing() -> None:
+    pass
+
+
+def guarded(
+    path: str, device: torch.device, batch: int, build: Callable[[], Callable[[], None]]
+) -> Case:
+    """The case ``build()`` makes; a failing set-up becomes a case with its ``error``."""
+    try:
+        return Case(path, device, batch, build())
+    except Exception as exc:  # a GPU check reports a broken path and goes on
+        return Case(path, device, batch, _nothing, error=f"{type(exc).__name__}: {exc}")
 
 
 def _sync(device: torch.device) -> None:
@@ -99,15 +116,26 @@ def run_cases(cases: list[Case], repeats: int, min_time: float, warmup: int) -> 
     """Warms up each case, sizes its round to about ``min_time`` s, then times
     ``repeats`` interleaved rounds."""
     for case in cases:
-        _time(case, warmup)
-        calls, elapsed = 1, _time(case, 1)
-        while elapsed < min_time and calls < 1 << 20:
-            calls = max(calls * 2, int(calls * min_time / max(elapsed, 1e-9)))
-            elapsed = _time(case, calls)
-        case.calls = calls
+        if case.error is not None:
+            continue
+        try:
+            _time(case, warmup)
+            calls, elapsed = 1, _time(case, 1)
+            while elapsed < min_time and calls < 1 << 20:
+                calls = max(calls * 2, int(calls * min_time / max(elapsed, 1e-9)))
+                elapsed = _time(case, calls)
+            case.calls = calls
+        except Exception as exc:
+            case.error = f"{type(exc).__name__}: {exc}"
     for _ in range(repeats):
         for case in cases:
-            elapsed = _time(case, case.calls)
+            if case.error is not None:
+                continue
+            try:
+                elapsed = _time(case, case.calls)
+            except Exception as exc:
+                case.error = f"{type(exc).__name__}: {exc}"
+                continue
             case.seconds.append(elapsed / case.calls)
             case.rates.append(case.batch * case.calls / elapsed)
 
@@ -141,7 +169,9 @@ def table(
     title: str, cases: list[Case], unit: str, extra: tuple[str, Callable[[Case], str]] | None = None
 ) -> None:
     """A markdown table: path | device | batch | rate | GPU/CPU (same path and batch)."""
-    cpu_rate = {(c.path, c.batch): c.rate for c in cases if c.device.type == "cpu"}
+    cpu_rate = {
+        (c.path, c.batch): c.rate for c in cases if c.device.type == "cpu" and c.error is None
+    }
     head = ["path", "device", "batch", unit]
     if extra is not None:
         head.append(extra[0])
@@ -149,7 +179,14 @@ def table(
     print(f"\n### {title}\n")
     print("| " + " | ".join(head) + " |")
     print("|---|---|" + "---:|" * (len(head) - 2))
+    failed: list[Case] = []
     for c in cases:
+        if c.error is not None:
+            failed.append(c)
+            cells = [c.path, str(c.device), f"{c.batch:,}", f"FAILED ({len(failed)})"]
+            cells += ["—"] * (len(head) - len(cells))
+            print("| " + " | ".join(cells) + " |")
+            continue
         ratio = "—"
         base = cpu_rate.get((c.path, c.batch))
         if c.device.type == "cuda" and base:
@@ -158,7 +195,10 @@ def table(
         if extra is not None:
             cells.append(extra[1](c))
         cells.append(ratio)
-        print("| " + " | ".join(cells) + " |", flush=True)
+        print("| " + " | ".join(cells) + " |")
+    for k, c in enumerate(failed, 1):
+        print(f"\n({k}) {c.path} on {c.device}, batch {c.batch:,}: {c.error}")
+    sys.stdout.flush()
 
 
 # ------------------------------------------------------------------------ 1. inference

@@ -311,11 +311,11 @@ def launch(
     ]
     curve = CurveKeys(server_public, client_public, client_secret)
     try:
-        servers = RayServers(actors, placement, curve, owns_ray)  # waits for every actor
+        launched = RayServers(actors, placement, curve, owns_ray)  # waits for every actor
     except BaseException:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         ray.util.remove_placement_group(placement)
         raise
-    servers.started_s = time.perf_counter() - start
-    return servers
+    launched.started_s = time.perf_counter() - start
+    return launched
