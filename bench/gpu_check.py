@@ -5,7 +5,7 @@ figures alone and says that no CUDA device was found. Markdown on stdout::
 
     .venv/bin/python bench/gpu_check.py              # full run (a few minutes)
     .venv/bin/python bench/gpu_check.py --quick      # smoke run: small batches, few repeats
-    .venv/bin/python bench/gpu_check.py --threads 1  # CPU rows with one torch thread
+    .venv/bin/python bench/gpu_check.py --threads 0  # CPU rows on every core (torch's default)
 
 What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actions):
 
@@ -29,7 +29,10 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
 Every timed call on CUDA is bracketed by ``torch.cuda.synchronize()``. Each case is
 warmed up, then timed in ``--repeats`` rounds (the cases of a section interleaved, so
 machine load hits them alike); the tables give medians. "GPU/CPU" is the CUDA rate over
-the CPU rate of the same path and batch (above 1: the GPU is faster).
+the CPU rate of the same path and batch (above 1: the GPU is faster). The CPU rows run
+with ``--threads`` torch threads, 1 by default: what ``simkit train`` (``--torch-threads``)
+and ``simkit serve`` use unless told otherwise; ``--threads 0`` keeps torch's default
+(every physical core), the CPU's best case for large batches.
 """
 
 from __future__ import annotations
@@ -89,11 +92,15 @@ def _nothing() -> None:
 
 
 def guarded(
-    path: str, device: torch.device, batch: int, build: Callable[[], Callable[[], None]]
+    path: str,
+    device: torch.device,
+    batch: int,
+    build: Callable[..., Callable[[], None]],
+    *args: Any,
 ) -> Case:
-    """The case ``build()`` makes; a failing set-up becomes a case with its ``error``."""
+    """The case ``build(*args)`` makes; a failing set-up becomes a case with its ``error``."""
     try:
-        return Case(path, device, batch, build())
+        return Case(path, device, batch, build(*args))
     except Exception as exc:  # a GPU check reports a broken path and goes on
         return Case(path, device, batch, _nothing, error=f"{type(exc).__name__}: {exc}")
 
@@ -158,7 +165,8 @@ def cpu_name() -> str:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({cpu_name()}, {torch.get_num_threads()} torch threads)"
+    n = torch.get_num_threads()
+    return f"cpu ({cpu_name()}, {n} torch thread{'' if n == 1 else 's'})"
 
 
 def _fmt(x: float) -> str:
@@ -217,7 +225,12 @@ def make_model() -> tuple[ActorCritic, spaces.Box, spaces.Box]:
     return model, obs_space, act_space
 
 
-def _model_act(model: ActorCritic, obs: torch.Tensor, gen: torch.Generator) -> Callable[[], None]:
+def _model_act(model: ActorCritic, dev: torch.device, obs_np: np.ndarray) -> Callable[[], None]:
+    """``model.act`` on observations already on ``dev``, with a seeded generator of ``dev``."""
+    model = model.to(dev)
+    obs = torch.from_numpy(obs_np).to(dev)
+    gen = torch.Generator(device=dev).manual_seed(SEED)
+
     def act() -> None:
         with torch.inference_mode():
             model.act(obs, generator=gen)
@@ -225,11 +238,24 @@ def _model_act(model: ActorCritic, obs: torch.Tensor, gen: torch.Generator) -> C
     return act
 
 
-def _row_act(policy: RowPolicy, obs: np.ndarray) -> Callable[[], None]:
+def _row_act(
+    base: ActorCritic, dev: torch.device, obs: np.ndarray, act_space: spaces.Box
+) -> Callable[[], None]:
+    """``RowPolicy.act`` on numpy observations, a new step (one noise draw) each call."""
+    policy = RowPolicy(
+        copy.deepcopy(base),
+        dev,
+        seed=SEED,
+        first_slot=0,
+        num_slots=len(obs),
+        rows_per_slot=1,
+        action_space=act_space,
+        lean=True,
+    )
     steps = itertools.count()
 
     def act() -> None:
-        policy.act(obs, next(steps))  # a new step each call: one noise draw per call
+        policy.act(obs, next(steps))
 
     return act
 
@@ -239,29 +265,17 @@ def inference_cases(
 ) -> tuple[list[Case], list[Case]]:
     base, _, act_space = make_model()
     rng = np.random.default_rng(SEED)
+    obs = {b: rng.normal(size=(b, OBS_DIM)).astype(np.float32) for b in batches}
     act_cases: list[Case] = []
     row_cases: list[Case] = []
     for dev in devices:
-        model = copy.deepcopy(base).to(dev)
+        model = copy.deepcopy(base)
         for b in batches:
-            obs_np = rng.normal(size=(b, OBS_DIM)).astype(np.float32)
-            obs_t = torch.from_numpy(obs_np).to(dev)
-            gen = torch.Generator(device=dev).manual_seed(SEED)
-
-            act_cases.append(Case("model.act", dev, b, _model_act(model, obs_t, gen)))
-
-            policy = RowPolicy(
-                copy.deepcopy(base),
-                dev,
-                seed=SEED,
-                first_slot=0,
-                num_slots=b,
-                rows_per_slot=1,
-                action_space=act_space,
-                lean=True,
-            )
+            act_cases.append(guarded("model.act", dev, b, _model_act, model, dev, obs[b]))
             # On the CPU this is LeanMLP, on CUDA model.act: one label pairs them.
-            row_cases.append(Case("RowPolicy.act", dev, b, _row_act(policy, obs_np)))
+            row_cases.append(
+                guarded("RowPolicy.act", dev, b, _row_act, base, dev, obs[b], act_space)
+            )
     return act_cases, row_cases
 
 
@@ -294,10 +308,25 @@ def synthetic_fragment(rng: np.random.Generator, T: int, R: int) -> Fragment:
 
 
 def ppo_has_device() -> bool:
+    """Whether the learner takes a device (``PPOArgs.device``)."""
     return "device" in getattr(PPOArgs, "__dataclass_fields__", {})
 
 
-def _update(learner: PPO, fragment: Fragment) -> Callable[[], None]:
+def _update(dev: torch.device, fragment: Fragment) -> Callable[[], None]:
+    """``PPO.update`` of a fresh learner on ``dev`` (CPU without ``PPOArgs.device``)."""
+    kwargs: dict[str, Any] = {
+        "env_id": "simkit/Cheetah-v0",
+        "num_envs": fragment.num_rows,
+        "num_steps": fragment.num_steps,
+        "num_minibatches": 32,
+        "update_epochs": 10,
+        "total_steps": 0,  # no learning-rate annealing
+    }
+    if ppo_has_device():
+        kwargs["device"] = str(dev)
+    model, _, _ = make_model()
+    learner = PPO(PPOArgs(**kwargs), model.train(), fragment.num_rows)
+
     def update() -> None:
         learner.update([fragment])
 
@@ -306,41 +335,54 @@ def _update(learner: PPO, fragment: Fragment) -> Callable[[], None]:
 
 def ppo_cases(devices: list[torch.device], shapes: list[tuple[int, int]]) -> list[Case]:
     rng = np.random.default_rng(SEED)
-    cases: list[Case] = []
-    for dev in devices:
-        for T, R in shapes:
-            kwargs: dict[str, Any] = {
-                "env_id": "simkit/Cheetah-v0",
-                "num_envs": R,
-                "num_steps": T,
-                "num_minibatches": 32,
-                "update_epochs": 10,
-                "total_steps": 0,  # no learning-rate annealing
-            }
-            if ppo_has_device():
-                kwargs["device"] = str(dev)
-            model, _, _ = make_model()
-            learner = PPO(PPOArgs(**kwargs), model.train(), R)
-            fragment = synthetic_fragment(rng, T, R)
-            cases.append(Case("PPO.update", dev, T * R, _update(learner, fragment)))
-    return cases
+    fragments = [synthetic_fragment(rng, T, R) for T, R in shapes]
+    return [
+        guarded("PPO.update", dev, f.num_steps * f.num_rows, _update, dev, f)
+        for dev in devices
+        for f in fragments
+    ]
 
 
 # ------------------------------------------------------------------------ 3. BatchEnv
 
+ENV_ID = "simkit/BatchCartPole-v0"
+STEADY_STEPS = 100
+NUMPY_PATH = "step_batch, numpy (device=None)"
+TORCH_PATH = "step_batch, torch"
+KERNEL_PATH = "physics kernel only (_advance)"
 
-def _stepper(env: Any, actions: list[Any]) -> Callable[[], None]:
-    """``env.step_batch`` cycling through pre-drawn batches of actions."""
+
+def _stepper(n: int, dev: torch.device | None) -> Callable[[], None]:
+    """``step_batch`` of ``n`` instances (numpy where ``dev`` is None), cycling through
+    pre-drawn random actions; stepped to a steady rate of autoresets first."""
+    env = simkit.make(ENV_ID, num_envs=n, device=dev)
+    env.reset(seed=SEED)
+    actions: list[Any]
+    if dev is None:
+        rng = np.random.default_rng(SEED)
+        actions = [rng.integers(0, 2, n) for _ in range(8)]
+    else:
+        gen = torch.Generator(device=dev).manual_seed(SEED)
+        actions = [torch.randint(0, 2, (n,), device=dev, generator=gen) for _ in range(8)]
     k = itertools.count()
 
     def step() -> None:
         env.step_batch(actions[next(k) % len(actions)])
 
+    # Random-action episodes last ~20 steps: until then nothing resets and a step is
+    # several times cheaper than in a running rollout.
+    for _ in range(STEADY_STEPS):
+        step()
     return step
 
 
-def _kernel(env: Any, actions: torch.Tensor) -> Callable[[], None]:
+def _kernel(n: int, dev: torch.device) -> Callable[[], None]:
     """BatchCartPole's Euler step of every instance alone (the state is not written back)."""
+    env: Any = simkit.make(ENV_ID, num_envs=n, device=dev)
+    env.reset(seed=SEED)
+    actions = torch.randint(
+        0, 2, (n,), device=dev, generator=torch.Generator(device=dev).manual_seed(SEED)
+    )
 
     def step() -> None:
         env._advance(env.state, actions, env._p)
@@ -350,23 +392,13 @@ def _kernel(env: Any, actions: torch.Tensor) -> Callable[[], None]:
 
 def batch_env_cases(devices: list[torch.device], sizes: list[int]) -> list[Case]:
     cases: list[Case] = []
+    cpu = torch.device("cpu")
     for n in sizes:
-        # The default numpy BatchEnv, for reference (CPU only, no ratio).
-        env = simkit.make("simkit/BatchCartPole-v0", num_envs=n)
-        env.reset(seed=SEED)
-        rng = np.random.default_rng(SEED)
-        np_actions = [rng.integers(0, 2, n) for _ in range(8)]
-        step_np = _stepper(env, np_actions)
-        cases.append(Case("step_batch, numpy (device=None)", torch.device("cpu"), n, step_np))
+        # The default numpy BatchEnv, for reference.
+        cases.append(guarded(NUMPY_PATH, cpu, n, _stepper, n, None))
         for dev in devices:
-            tenv = simkit.make("simkit/BatchCartPole-v0", num_envs=n, device=dev)
-            tenv.reset(seed=SEED)
-            gen = torch.Generator(device=dev).manual_seed(SEED)
-            t_actions = [torch.randint(0, 2, (n,), device=dev, generator=gen) for _ in range(8)]
-            cases.append(Case("step_batch, torch", dev, n, _stepper(tenv, t_actions)))
-            if hasattr(tenv, "_advance"):
-                kernel = _kernel(tenv, t_actions[0])
-                cases.append(Case("physics kernel only (_advance)", dev, n, kernel))
+            cases.append(guarded(TORCH_PATH, dev, n, _stepper, n, dev))
+            cases.append(guarded(KERNEL_PATH, dev, n, _kernel, n, dev))
     return cases
 
 
@@ -376,13 +408,15 @@ def batch_env_cases(devices: list[torch.device], sizes: list[int]) -> list[Case]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small batches, few repeats")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of the CPU rows (0: torch's default)"
+    )
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
         "--only", choices=("inference", "ppo", "batchenv"), action="append", default=None
     )
     ns = parser.parse_args()
-    if ns.threads is not None:
+    if ns.threads > 0:
         torch.set_num_threads(ns.threads)
     quick: bool = ns.quick
     repeats: int = ns.repeats or (3 if quick else 7)
@@ -413,7 +447,7 @@ def main() -> None:
         batches = [K, 4 * K] if quick else [K, 4 * K, 16 * K, 64 * K]
         act_cases, row_cases = inference_cases(devices, batches)
         run_cases(act_cases + row_cases, repeats, min_time, warmup=3)
-        note = "model.act: observations already on the device; no host copies"
+        note = "observations already on the device; no host copies"
         table(f"Inference: model.act ({note})", act_cases, "rows/s")
         table(
             "Inference: RowPolicy.act (numpy in and out, keyed noise; LeanMLP on the CPU)",
@@ -443,10 +477,10 @@ def main() -> None:
         sizes = [4 * K] if quick else [4 * K, 64 * K]
         cases = batch_env_cases(devices, sizes)
         run_cases(cases, repeats, min_time, warmup=5)
-        numpy_rate = {c.batch: c.rate for c in cases if c.path.endswith("(device=None)")}
+        numpy_rate = {c.batch: c.rate for c in cases if c.path == NUMPY_PATH}
 
         def vs_numpy(c: Case) -> str:
-            if c.device.type != "cuda" or c.path != "step_batch, torch":
+            if c.device.type != "cuda" or c.path != TORCH_PATH or not numpy_rate.get(c.batch):
                 return "—"
             return f"{c.rate / numpy_rate[c.batch]:.2f}x"
 
