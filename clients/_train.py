@@ -1,6 +1,7 @@
-"""``simkit train`` and ``simkit eval``: the PPO learner as a command, with checkpoints.
+"""The PPO learner as a run, with checkpoints: the Python API behind ``simkit train``
+and ``simkit eval`` (their command lines: :mod:`simkit.clients._train_cli`).
 
-:func:`run_training` is the Python API behind ``simkit train``: it builds (or resumes)
+:func:`run_training` it builds (or resumes)
 the model, the learner and the fragment source, runs :func:`simkit.clients.ppo.train`,
 and around it writes TensorBoard scalars, a policy snapshot after every update, a
 checkpoint every K updates and at the end (also on SIGINT/SIGTERM), shows a live
@@ -9,14 +10,13 @@ checkpoint every K updates and at the end (also on SIGINT/SIGTERM), shows a live
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,8 +34,8 @@ from simkit.clients._checkpoint import (
 )
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
-from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, resolve_device, train
-from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable
+from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
+from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
 from simkit.protocol import RemoteError
@@ -46,10 +46,8 @@ __all__ = [
     "TrainResult",
     "run_training",
     "evaluate_policy",
-    "add_train_arguments",
-    "run_train",
-    "add_eval_arguments",
-    "run_eval",
+    "resume_args",
+    "RESUME_FREE",
 ]
 
 
@@ -75,6 +73,38 @@ class TrainResult:
     times: dict[str, float] = field(default_factory=dict)
     """Seconds of the run spent in env, inference, update and idle (in process); in
     server mode in update and "rollout (server)" (waiting for the servers' fragments)."""
+    complete: bool = False
+    """A resumed run that had already reached its ``total_steps``: nothing was done."""
+    record: Path | None = None
+    """The recording directory (``record``), if any."""
+
+
+RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads", "compile")
+""":class:`PPOArgs` fields a resumed run may change; the rest must match the checkpoint."""
+
+
+def resume_args(saved: PPOArgs, asked: PPOArgs) -> PPOArgs:
+    """The settings of a resumed run: the checkpoint's, with :data:`RESUME_FREE` taken
+    from ``asked``.
+
+    Raises:
+        ValueError: ``asked`` differs from ``saved`` elsewhere (names every field).
+    """
+    differ = [
+        f.name
+        for f in fields(PPOArgs)
+        if f.name not in RESUME_FREE and getattr(asked, f.name) != getattr(saved, f.name)
+    ]
+    if differ:
+        raise ValueError(
+            "--resume continues the checkpoint's settings; "
+            + ", ".join(
+                f"--{k.replace('_', '-')} {getattr(asked, k)} differs from its {getattr(saved, k)}"
+                for k in differ
+            )
+            + f" (a resumed run may change {', '.join('--' + k.replace('_', '-') for k in RESUME_FREE)})"
+        )
+    return replace(saved, **{k: getattr(asked, k) for k in RESUME_FREE})
 
 
 def _spaces(env_id: str) -> tuple[Any, Any]:
@@ -182,8 +212,10 @@ def run_training(
     logdir: str | Path,
     resume: str | Path | None = None,
     checkpoint_every: int = 10,
+    checkpoint_minutes: float = 0.0,
     max_updates: int | None = None,
     progress: bool = False,
+    print_every: float = 10.0,
     tensorboard: bool = True,
     handle_signals: bool = False,
     connect: Sequence[str] = (),
@@ -196,13 +228,20 @@ def run_training(
     server_gpus: float = 0.0,
     max_restarts: int = 3,
 ) -> TrainResult:
-    """Trains ``args`` (or the run of checkpoint ``resume``, whose args win) in process.
+    """Trains ``args``, or continues the run of checkpoint ``resume`` (its settings, with
+    :data:`RESUME_FREE` ones from ``args``; :func:`resume_args`).
+
+    A resumed run that already reached ``args.total_steps`` does nothing and returns a
+    result with ``complete`` set.
 
     Args:
         logdir: where ``checkpoints/``, ``policy.safetensors`` and ``tb/`` go.
         checkpoint_every: checkpoint every K updates (0: only at the end).
+        checkpoint_minutes: also checkpoint at the first update boundary once this many
+            minutes passed since the last checkpoint (0: never by time).
         max_updates: stop after this many updates of this call.
-        progress: show a live ``rich`` progress bar.
+        progress: show a live ``rich`` progress bar; where stdout is not a terminal,
+            a plain line every ``print_every`` seconds instead.
         handle_signals: SIGINT/SIGTERM stop the run after the current update, with a
             checkpoint (the CLI's behaviour).
         connect: rollout servers (``simkit serve ENV --policy``) to stream from.
@@ -235,10 +274,26 @@ def run_training(
         )
     if ckpt is not None:
         try:
-            args = PPOArgs.from_plain(ckpt.state["args"])
-        except (KeyError, TypeError) as exc:
+            saved = PPOArgs.from_plain(ckpt.state["args"])
+            done_steps = int(ckpt.state["global_step"])
+        except (KeyError, TypeError, ValueError) as exc:
             raise InvalidCheckpoint(f"{ckpt.path / 'state.msgpack'}: bad args: {exc}") from exc
-    resolve_device(args.device)  # a bad --device fails before any server starts
+        args = resume_args(saved, args)
+        if args.total_steps and done_steps >= args.total_steps:
+            return TrainResult(
+                logdir=logdir,
+                checkpoint=ckpt.path,
+                policy=logdir / "policy.safetensors",
+                global_step=done_steps,
+                updates=int(ckpt.state.get("version", 0)),
+                elapsed_s=0.0,
+                steps_per_s=0.0,
+                mean_return=float("nan"),
+                dropped=int(ckpt.state.get("dropped", 0)),
+                stopped=False,
+                complete=True,
+            )
+    args.check()  # bad settings fail before any server starts
     torch.set_num_threads(args.torch_threads)
     model = build_model(args)
     if ckpt is not None:
@@ -384,7 +439,9 @@ def run_training(
 
     bar: Any = None
     task: Any = None
-    if progress:
+    plain = progress and not sys.stdout.isatty()
+    last_print = time.perf_counter()
+    if progress and not plain:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         bar = Progress(
@@ -400,8 +457,11 @@ def run_training(
             "train", total=total, completed=learner.global_step, env=args.env_id, info=""
         )
 
+    last_ckpt_at = time.monotonic()
+
     def checkpoint() -> Path:
-        nonlocal last_ckpt
+        nonlocal last_ckpt, last_ckpt_at
+        last_ckpt_at = time.monotonic()
         last_ckpt = save_checkpoint(
             ckpt_dir,
             f"update-{learner.version:08d}",
@@ -414,11 +474,13 @@ def run_training(
     def at_boundary() -> None:
         # Before the update's weights go out the servers wait at a fragment boundary
         # (sync mode), where their session states are exact.
-        if checkpoint_every and learner.version % checkpoint_every == 0:
+        due = checkpoint_every and learner.version % checkpoint_every == 0
+        late = checkpoint_minutes and time.monotonic() - last_ckpt_at >= 60 * checkpoint_minutes
+        if due or late:
             checkpoint()
 
     def on_update(stats: UpdateStats, wait: float) -> None:
-        nonlocal updates
+        nonlocal updates, last_print
         updates += 1
         times["update"] += stats.update_s
         split: dict[str, float] = {}
@@ -479,7 +541,7 @@ def run_training(
                 *(() if view is None else _server_scalars(view)),
             ):
                 writer.add_scalar(name, value, step)
-        if bar is not None:
+        if bar is not None or (plain and time.perf_counter() - last_print >= print_every):
             total_t = sum(times.values()) or 1.0
             split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.items())
             servers_txt = ""
@@ -487,12 +549,15 @@ def run_training(
                 servers_txt = f"  servers {view['alive']}/{view['alive'] + view['lost']}"
                 if view["restarted"]:
                     servers_txt += f" ({view['restarted']} restarted)"
-            bar.update(
-                task,
-                completed=learner.global_step,
-                info=f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  "
-                f"{split_txt}{servers_txt}",
+            info = (
+                f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  "
+                f"{split_txt}{servers_txt}"
             )
+            if bar is not None:
+                bar.update(task, completed=learner.global_step, info=info)
+            else:
+                last_print = time.perf_counter()
+                print(f"{args.env_id} {learner.global_step:,} steps  {info}", flush=True)
 
     recorder: Any = None
     if record is not None:
@@ -535,6 +600,7 @@ def run_training(
         dropped=learner.dropped,
         stopped=stop_requested,
         times=times,
+        record=None if record is None else Path(record),
     )
 
 
@@ -635,239 +701,3 @@ def evaluate_policy(
                 "install the ffmpeg plugin: pip install 'simkit[bench]' (imageio[ffmpeg])"
             ) from exc
     return np.asarray(out[:episodes])
-
-
-# ---------------------------------------------------------------------------- CLI
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """``simkit train`` options."""
-    d = PPOArgs()
-    parser.add_argument("env_id", help="simkit env id (single or multi-agent) or gym:<id>")
-    parser.add_argument(
-        "--num-envs", type=int, default=d.num_envs, help=f"env slots (default {d.num_envs})"
-    )
-    parser.add_argument(
-        "--num-steps",
-        type=int,
-        default=d.num_steps,
-        help=f"steps per env slot per update, T (default {d.num_steps})",
-    )
-    parser.add_argument(
-        "--total-steps",
-        type=int,
-        default=d.total_steps,
-        help="env steps to train; 0 = until stopped",
-    )
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
-    parser.add_argument("--num-minibatches", type=int, default=d.num_minibatches)
-    parser.add_argument("--update-epochs", type=int, default=d.update_epochs)
-    parser.add_argument("--ent-coef", type=float, default=d.ent_coef)
-    parser.add_argument("--gamma", type=float, default=d.gamma)
-    parser.add_argument(
-        "--hidden", type=int, nargs="+", default=list(d.hidden), help="hidden layer sizes"
-    )
-    parser.add_argument("--mode", choices=("sync", "async"), default=d.mode)
-    parser.add_argument(
-        "--device",
-        default=d.device,
-        help="the learner's torch device for the update: cpu, cuda[:k] or auto (cuda where "
-        f"available); the servers keep their own --device (default {d.device})",
-    )
-    parser.add_argument(
-        "--max-lag",
-        type=int,
-        default=d.max_lag,
-        help="async: drop fragments older than this many versions",
-    )
-    parser.add_argument("--env-threads", type=int, default=d.env_threads)
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the minibatch loss: a one-off compile at start, then a "
-        "cheaper update (pays on long runs)",
-    )
-    parser.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=10,
-        help="checkpoint every K updates (0: only at the end)",
-    )
-    parser.add_argument("--resume", default=None, help="checkpoint (or log directory) to continue")
-    parser.add_argument("--logdir", default=None, help="default runs/<env>-<seed>-<time>")
-    parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    parser.add_argument(
-        "--connect",
-        action="append",
-        default=[],
-        metavar="ENDPOINT",
-        help="stream from a running `simkit serve ENV --policy` (repeatable)",
-    )
-    parser.add_argument(
-        "--servers",
-        type=int,
-        default=None,
-        help="start this many local `simkit serve` processes and stream from them; 0 "
-        f"rolls out in process (default: {DEFAULT_SERVERS}, or with --resume as many as "
-        "the checkpoint streamed from)",
-    )
-    parser.add_argument(
-        "--wait-for-servers",
-        action="store_true",
-        help="when a server stops answering, wait for it to come back on its endpoint "
-        "(instead of going on with the others)",
-    )
-    parser.add_argument(
-        "--record",
-        default=None,
-        metavar="DIR",
-        help="record every episode of the fragment stream, with the policy version of "
-        "every step, into DIR (replay with `simkit replay DIR --verify`)",
-    )
-    parser.add_argument(
-        "--server-timeout",
-        type=float,
-        default=30.0,
-        help="seconds before a silent server is dropped",
-    )
-    parser.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="launch the --servers as Ray actors (pip install 'simkit[ray]') on the cluster "
-        "at ADDRESS (none: a local Ray instance); Ray restarts a dead server and the run "
-        "continues with it (exactly, in sync mode)",
-    )
-    parser.add_argument(
-        "--server-cpus", type=float, default=1.0, help="--ray: CPUs reserved per server"
-    )
-    parser.add_argument(
-        "--server-gpus",
-        type=float,
-        default=0.0,
-        help="--ray: GPUs reserved per server, fractional allowed (1: one server per GPU)",
-    )
-    parser.add_argument(
-        "--max-restarts", type=int, default=3, help="--ray: times Ray restarts a dead server"
-    )
-
-
-def run_train(ns: argparse.Namespace) -> int:
-    """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0."""
-    args = PPOArgs(
-        env_id=ns.env_id,
-        seed=ns.seed,
-        total_steps=ns.total_steps,
-        num_envs=ns.num_envs,
-        num_steps=ns.num_steps,
-        learning_rate=ns.learning_rate,
-        num_minibatches=ns.num_minibatches,
-        update_epochs=ns.update_epochs,
-        ent_coef=ns.ent_coef,
-        gamma=ns.gamma,
-        hidden=tuple(ns.hidden),
-        mode=ns.mode,
-        max_lag=ns.max_lag,
-        env_threads=ns.env_threads,
-        compile=ns.compile,
-        device=ns.device,
-    )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    logdir = Path(
-        ns.logdir or f"runs/{ns.env_id.replace('/', '_').replace(':', '_')}-{ns.seed}-{stamp}"
-    )
-    try:
-        result = run_training(
-            args,
-            logdir=logdir,
-            resume=ns.resume,
-            checkpoint_every=ns.checkpoint_every,
-            progress=not ns.no_progress,
-            handle_signals=True,
-            connect=ns.connect,
-            servers=ns.servers,
-            server_timeout=ns.server_timeout,
-            wait_for_servers=ns.wait_for_servers,
-            record=ns.record,
-            ray=ns.ray,
-            server_cpus=ns.server_cpus,
-            server_gpus=ns.server_gpus,
-            max_restarts=ns.max_restarts,
-        )
-    except (InvalidCheckpoint, ValueError, MissingDependency) as exc:
-        print(f"simkit train: {exc}", file=sys.stderr)
-        return 2
-    _print_summary(args.env_id, result)
-    return 0
-
-
-def _print_summary(env_id: str, r: TrainResult) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"simkit train {env_id}" + (" (stopped)" if r.stopped else ""))
-    table.add_column("", style="bold")
-    table.add_column("")
-    total = sum(r.times.values()) or 1.0
-    rows = [
-        ("env steps", f"{r.global_step:,}"),
-        ("updates (policy version)", str(r.updates)),
-        ("wall time", f"{r.elapsed_s:.1f} s"),
-        ("steps/s", f"{r.steps_per_s:,.0f}"),
-        ("mean return (last 20 episodes)", f"{r.mean_return:.2f}"),
-        ("time split", " ".join(f"{k} {100 * v / total:.0f}%" for k, v in r.times.items())),
-        ("dropped fragments", str(r.dropped)),
-        ("checkpoint", str(r.checkpoint)),
-        ("policy snapshot", str(r.policy)),
-        ("TensorBoard", f"tensorboard --logdir {r.logdir / 'tb'}"),
-        ("evaluate", f"simkit eval {r.policy}"),
-        ("resume", f"simkit train {env_id} --resume {r.logdir}"),
-    ]
-    for k, v in rows:
-        table.add_row(k, v)
-    Console().print(table)
-
-
-def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    """``simkit eval`` options."""
-    parser.add_argument(
-        "checkpoint", help="policy.safetensors, a checkpoint or a run's log directory"
-    )
-    parser.add_argument("--episodes", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--render",
-        default=None,
-        metavar="OUT",
-        help="write a video of the episodes (out.mp4; needs imageio and, for MuJoCo "
-        "envs, an OpenGL backend: MUJOCO_GL=egl or osmesa)",
-    )
-    parser.add_argument("--fps", type=int, default=30, help="frames per second of --render")
-
-
-def run_eval(ns: argparse.Namespace) -> int:
-    """Runs ``simkit eval``: mean and std of deterministic episode returns."""
-    path = Path(ns.checkpoint)
-    if (
-        path.is_dir()
-        and (path / "policy.safetensors").is_file()
-        and not (path / "manifest.json").exists()
-    ):
-        path = path / "policy.safetensors"
-    try:
-        returns = evaluate_policy(
-            path, episodes=ns.episodes, seed=ns.seed, render=ns.render, fps=ns.fps
-        )
-    except InvalidCheckpoint as exc:
-        print(f"simkit eval: {exc}", file=sys.stderr)
-        return 2
-    except (MissingDependency, RenderUnavailable, ValueError) as exc:
-        print(f"simkit eval: {exc}", file=sys.stderr)
-        return 1
-    print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f}")
-    if ns.render is not None:
-        print(f"video: {ns.render}")
-    return 0

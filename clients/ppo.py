@@ -86,6 +86,49 @@ class PPOArgs:
     """The learner's torch device for the update: ``cpu``, ``cuda[:k]`` or ``auto``
     (``cuda`` where available, else ``cpu``). The rollout keeps its own device."""
 
+    def check(self) -> None:
+        """Refuses values no run can use, before anything starts.
+
+        Raises:
+            ValueError: one line naming the flag, what it must be and what came.
+        """
+        rules: list[tuple[str, Any, bool, str]] = [
+            ("total_steps", self.total_steps, self.total_steps >= 0, ">= 0 (0: until stopped)"),
+            ("num_envs", self.num_envs, self.num_envs >= 1, ">= 1"),
+            ("num_steps", self.num_steps, self.num_steps >= 1, ">= 1"),
+            ("learning_rate", self.learning_rate, self.learning_rate > 0, "> 0"),
+            ("gamma", self.gamma, 0 < self.gamma <= 1, "in (0, 1]"),
+            ("gae_lambda", self.gae_lambda, 0 <= self.gae_lambda <= 1, "in [0, 1]"),
+            ("num_minibatches", self.num_minibatches, self.num_minibatches >= 1, ">= 1"),
+            ("update_epochs", self.update_epochs, self.update_epochs >= 1, ">= 1"),
+            ("clip_coef", self.clip_coef, self.clip_coef > 0, "> 0"),
+            ("ent_coef", self.ent_coef, self.ent_coef >= 0, ">= 0"),
+            ("vf_coef", self.vf_coef, self.vf_coef >= 0, ">= 0"),
+            ("max_grad_norm", self.max_grad_norm, self.max_grad_norm > 0, "> 0"),
+            ("reward_clip", self.reward_clip, self.reward_clip > 0, "> 0"),
+            ("max_lag", self.max_lag, self.max_lag >= 0, ">= 0"),
+            ("env_threads", self.env_threads, self.env_threads >= 1, ">= 1"),
+            ("torch_threads", self.torch_threads, self.torch_threads >= 1, ">= 1"),
+            (
+                "hidden",
+                list(self.hidden),
+                bool(self.hidden) and min(self.hidden) >= 1,
+                "sizes >= 1",
+            ),
+            ("mode", self.mode, self.mode in ("sync", "async"), "sync or async"),
+        ]
+        for name, value, ok, want in rules:
+            if not ok:
+                raise ValueError(f"--{name.replace('_', '-')} must be {want}, got {value}")
+        batch = self.num_envs * self.num_steps
+        if batch // self.num_minibatches < 2:
+            raise ValueError(
+                f"--num-minibatches {self.num_minibatches} splits a batch of {batch} env "
+                "steps (--num-envs x --num-steps) into minibatches of fewer than 2 samples "
+                f"(advantages cannot be normalised); use at most {max(1, batch // 2)}"
+            )
+        resolve_device(self.device)
+
     def to_plain(self) -> dict[str, Any]:
         """JSON-able form (for checkpoints)."""
         plain = asdict(self)

@@ -329,7 +329,11 @@ def test_sigint_checkpoints_and_resumes(tmp_path: Path) -> None:
     [session] = ckpt.state["source"]["sessions"]
     assert session["state"]["sequence"] == version
     more = run_training(
-        PPOArgs(**TINY), logdir=logdir, resume=logdir, max_updates=1, tensorboard=False
+        PPOArgs.from_plain(ckpt.state["args"]),
+        logdir=logdir,
+        resume=logdir,
+        max_updates=1,
+        tensorboard=False,
     )
     assert more.updates == version + 1
 

@@ -1,0 +1,357 @@
+"""``simkit train`` and ``simkit eval``: the command lines over :mod:`simkit.clients._train`.
+
+The PPO flags come from :class:`~simkit.clients.ppo.PPOArgs` itself (one flag per
+field, its default shown in ``--help``), and every value is checked before anything
+starts (:meth:`PPOArgs.check`, and the run settings here). A flag that is not given is
+``None`` here, which is how ``--resume`` tells what the command line asks for from
+what the checkpoint holds: only flags given are compared with the checkpoint
+(:func:`~simkit.clients._train.resume_args`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from simkit.clients._checkpoint import load_checkpoint
+from simkit.clients._train import (
+    DEFAULT_SERVERS,
+    TrainResult,
+    evaluate_policy,
+    run_training,
+)
+from simkit.clients.ppo import PPOArgs
+from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable
+
+__all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
+
+_HELP: dict[str, str] = {
+    "total_steps": "env steps to train (at least; whole updates); 0 = until stopped",
+    "num_envs": "env slots (multi-agent: rows are slots x agents)",
+    "num_steps": "steps per env slot per update, T (the fragment length)",
+    "seed": "seeds the model, the envs, the sampling noise and the minibatch order",
+    "hidden": "hidden layer sizes of the policy and value MLPs",
+    "mode": "sync (on-policy, reproducible) or async (bounded policy lag)",
+    "max_lag": "async: drop fragments older than this many policy versions",
+    "env_threads": "threads stepping the envs (MuJoCo releases the GIL)",
+    "torch_threads": "torch intra-op threads of the learner",
+    "compile": "torch.compile the minibatch loss (a one-off compile, then a cheaper update)",
+    "device": "the learner's torch device for the update: cpu, cuda[:k] or auto",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """``simkit train`` options: every :class:`PPOArgs` field, then the run's settings."""
+    d = PPOArgs()
+    parser.add_argument("env_id", help="simkit env id (single or multi-agent) or gym:<id>")
+    ppo = parser.add_argument_group("PPO (a flag not given keeps the checkpoint's on --resume)")
+    for f in dataclasses.fields(PPOArgs):
+        if f.name == "env_id":
+            continue
+        default = getattr(d, f.name)
+        help_ = f"{_HELP.get(f.name, 'PPO hyperparameter')} (default: {default})"
+        if isinstance(default, bool):
+            ppo.add_argument(
+                _flag(f.name),
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_,
+            )
+        elif isinstance(default, tuple):
+            ppo.add_argument(_flag(f.name), type=int, nargs="+", default=None, help=help_)
+        elif f.name == "mode":
+            ppo.add_argument(_flag(f.name), choices=("sync", "async"), default=None, help=help_)
+        else:
+            ppo.add_argument(_flag(f.name), type=type(default), default=None, help=help_)
+    run = parser.add_argument_group("run")
+    run.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=10,
+        help="checkpoint every K updates; 0: only by time and at the end (default: 10)",
+    )
+    run.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=5.0,
+        help="also checkpoint when this many minutes passed since the last one; 0: never "
+        "by time (default: 5)",
+    )
+    run.add_argument(
+        "--resume",
+        default=None,
+        help="continue the run of this checkpoint, its checkpoints/ folder or its log "
+        "directory (in that directory unless --logdir says otherwise)",
+    )
+    run.add_argument("--logdir", default=None, help="default: runs/<env>-<seed>-<time>")
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no live progress bar (without a terminal: plain lines, see --print-every)",
+    )
+    run.add_argument(
+        "--print-every",
+        type=float,
+        default=10.0,
+        help="seconds between plain progress lines when stdout is not a terminal (default: 10)",
+    )
+    servers = parser.add_argument_group("rollout servers")
+    servers.add_argument(
+        "--connect",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="stream from a running `simkit serve ENV --policy` (repeatable)",
+    )
+    servers.add_argument(
+        "--servers",
+        type=int,
+        default=None,
+        help="start this many local `simkit serve` processes and stream from them; 0 "
+        f"rolls out in process (default: {DEFAULT_SERVERS}, or with --resume as many as "
+        "the checkpoint streamed from)",
+    )
+    servers.add_argument(
+        "--wait-for-servers",
+        action="store_true",
+        help="when a server stops answering, wait for it to come back on its endpoint "
+        "(instead of going on with the others)",
+    )
+    servers.add_argument(
+        "--record",
+        default=None,
+        metavar="DIR",
+        help="record every episode of the fragment stream, with the policy version of "
+        "every step, into DIR (replay with `simkit replay DIR --verify`)",
+    )
+    servers.add_argument(
+        "--server-timeout",
+        type=float,
+        default=30.0,
+        help="seconds before a silent server is dropped (default: 30)",
+    )
+    servers.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="launch the --servers as Ray actors (pip install 'simkit[ray]') on the cluster "
+        "at ADDRESS (none: a local Ray instance); Ray restarts a dead server and the run "
+        "continues with it (exactly, in sync mode)",
+    )
+    servers.add_argument(
+        "--server-cpus", type=float, default=1.0, help="--ray: CPUs reserved per server (1)"
+    )
+    servers.add_argument(
+        "--server-gpus",
+        type=float,
+        default=0.0,
+        help="--ray: GPUs reserved per server, fractional allowed (1: one server per GPU) (0)",
+    )
+    servers.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="--ray: times Ray restarts a dead server; -1: always (default: 3)",
+    )
+
+
+def _given(ns: argparse.Namespace) -> dict[str, Any]:
+    """The PPOArgs fields the command line set (not None), as PPOArgs values."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(PPOArgs):
+        if f.name == "env_id":
+            continue
+        value = getattr(ns, f.name, None)
+        if value is not None:
+            out[f.name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def check_run_settings(ns: argparse.Namespace, num_envs: int) -> None:
+    """The run's own numeric settings, checked before anything starts.
+
+    Raises:
+        ValueError: a value out of range, naming the flag, what it must be and what came.
+    """
+    checks: list[tuple[str, float, bool, str]] = [
+        ("--checkpoint-every", ns.checkpoint_every, ns.checkpoint_every >= 0, ">= 0"),
+        ("--checkpoint-minutes", ns.checkpoint_minutes, ns.checkpoint_minutes >= 0, ">= 0"),
+        ("--print-every", ns.print_every, ns.print_every > 0, "> 0"),
+        ("--server-timeout", ns.server_timeout, ns.server_timeout > 0, "> 0"),
+        ("--server-cpus", ns.server_cpus, ns.server_cpus >= 0, ">= 0"),
+        ("--server-gpus", ns.server_gpus, ns.server_gpus >= 0, ">= 0"),
+        ("--max-restarts", ns.max_restarts, ns.max_restarts >= -1, ">= -1"),
+    ]
+    if ns.servers is not None:
+        checks.append(("--servers", ns.servers, ns.servers >= 0, ">= 0"))
+    for flag, value, ok, want in checks:
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, got {value:g}")
+    count = (ns.servers or 0) + len(ns.connect)
+    if count > num_envs:
+        raise ValueError(
+            f"{count} server(s) need at least one env slot each: --num-envs must be >= "
+            f"{count}, got {num_envs}"
+        )
+
+
+def _resumed_logdir(resume: str) -> Path:
+    """The log directory of the run a ``--resume`` path belongs to."""
+    path = Path(resume)
+    for candidate in (path, *path.parents):
+        if candidate.name == "checkpoints":
+            return candidate.parent
+        if (candidate / "checkpoints").is_dir():
+            return candidate
+    return path
+
+
+def run_train(ns: argparse.Namespace) -> int:
+    """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0; bad input is one line
+    on stderr and exit 2 before anything starts."""
+    given = _given(ns)
+    try:
+        if ns.resume is not None:
+            saved = PPOArgs.from_plain(load_checkpoint(ns.resume).state["args"])
+            if ns.env_id != saved.env_id:
+                raise ValueError(
+                    f"--resume: the checkpoint trains {saved.env_id!r}, the command line "
+                    f"names {ns.env_id!r}"
+                )
+            args = dataclasses.replace(saved, **given)
+        else:
+            args = dataclasses.replace(PPOArgs(env_id=ns.env_id), **given)
+        args.check()
+        check_run_settings(ns, args.num_envs)
+    except (InvalidCheckpoint, ValueError, TypeError) as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 2
+    if ns.logdir is not None:
+        logdir = Path(ns.logdir)
+    elif ns.resume is not None:
+        logdir = _resumed_logdir(ns.resume)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        logdir = Path(f"runs/{args.env_id.replace('/', '_').replace(':', '_')}-{args.seed}-{stamp}")
+    try:
+        result = run_training(
+            args,
+            logdir=logdir,
+            resume=ns.resume,
+            checkpoint_every=ns.checkpoint_every,
+            checkpoint_minutes=ns.checkpoint_minutes,
+            progress=not ns.no_progress,
+            print_every=ns.print_every,
+            handle_signals=True,
+            connect=ns.connect,
+            servers=ns.servers,
+            server_timeout=ns.server_timeout,
+            wait_for_servers=ns.wait_for_servers,
+            record=ns.record,
+            ray=ns.ray,
+            server_cpus=ns.server_cpus,
+            server_gpus=ns.server_gpus,
+            max_restarts=ns.max_restarts,
+        )
+    except (InvalidCheckpoint, ValueError, MissingDependency) as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 2
+    if result.complete:
+        print(
+            f"simkit train: the run in {result.logdir} is complete ({result.global_step:,} "
+            f"env steps, --total-steps {args.total_steps:,}); nothing to do. Resume with a "
+            "larger --total-steps to train on."
+        )
+        return 0
+    _print_summary(args.env_id, result)
+    return 0
+
+
+def _print_summary(env_id: str, r: TrainResult) -> None:
+    """The end-of-run table; without a terminal, plain ``name: value`` lines, whole."""
+    total = sum(r.times.values()) or 1.0
+    rows = [
+        ("env steps", f"{r.global_step:,}"),
+        ("updates (policy version)", str(r.updates)),
+        ("wall time", f"{r.elapsed_s:.1f} s"),
+        ("steps/s", f"{r.steps_per_s:,.0f}"),
+        ("mean return (last 20 episodes)", f"{r.mean_return:.2f}"),
+        ("time split", " ".join(f"{k} {100 * v / total:.0f}%" for k, v in r.times.items())),
+        ("dropped fragments", str(r.dropped)),
+        ("checkpoint", str(r.checkpoint)),
+        ("policy snapshot", str(r.policy)),
+        ("TensorBoard", f"tensorboard --logdir {r.logdir / 'tb'}"),
+        ("evaluate", f"simkit eval {r.policy}"),
+        ("resume", f"simkit train {env_id} --resume {r.logdir}"),
+    ]
+    if r.record is not None:
+        rows.append(("recording", f"simkit replay {r.record} --verify"))
+    title = f"simkit train {env_id}" + (" (stopped)" if r.stopped else "")
+    if not sys.stdout.isatty():
+        print(title)
+        for k, v in rows:
+            print(f"  {k}: {v}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("", style="bold")
+    table.add_column("", overflow="fold")
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """``simkit eval`` options."""
+    parser.add_argument(
+        "checkpoint", help="policy.safetensors, a checkpoint or a run's log directory"
+    )
+    parser.add_argument("--episodes", type=int, default=10, help="episodes (default: 10)")
+    parser.add_argument("--seed", type=int, default=0, help="root seed (default: 0)")
+    parser.add_argument(
+        "--render",
+        default=None,
+        metavar="OUT",
+        help="write a video of the episodes (out.mp4; needs imageio and, for MuJoCo "
+        "envs, an OpenGL backend: MUJOCO_GL=egl or osmesa)",
+    )
+    parser.add_argument(
+        "--fps", type=int, default=30, help="frames per second of --render (default: 30)"
+    )
+
+
+def run_eval(ns: argparse.Namespace) -> int:
+    """Runs ``simkit eval``: mean and std of deterministic episode returns."""
+    path = Path(ns.checkpoint)
+    if (
+        path.is_dir()
+        and (path / "policy.safetensors").is_file()
+        and not (path / "manifest.json").exists()
+    ):
+        path = path / "policy.safetensors"
+    try:
+        returns = evaluate_policy(
+            path, episodes=ns.episodes, seed=ns.seed, render=ns.render, fps=ns.fps
+        )
+    except InvalidCheckpoint as exc:
+        print(f"simkit eval: {exc}", file=sys.stderr)
+        return 2
+    except (MissingDependency, RenderUnavailable, ValueError) as exc:
+        print(f"simkit eval: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f}")
+    if ns.render is not None:
+        print(f"video: {ns.render}")
+    return 0

@@ -1,0 +1,114 @@
+"""``simkit train`` as a user meets it: resume semantics, bad input refused up front,
+output a user can copy without a terminal, checkpoints by time."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from simkit.cli import main
+from simkit.clients._checkpoint import load_checkpoint
+
+RUN = [
+    *("simkit/CartPole-v0", "--servers", "0", "--num-envs", "4", "--num-steps", "64"),
+    *("--num-minibatches", "2", "--update-epochs", "1", "--no-progress"),
+]
+
+
+def _train(tmp: Path, *extra: str) -> int:
+    return main(["train", *RUN, "--logdir", str(tmp), *extra])
+
+
+def test_resume_with_more_total_steps_trains_exactly_to_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _train(tmp_path, "--total-steps", "2048") == 0
+    assert int(load_checkpoint(tmp_path).state["global_step"]) == 2048
+    rc = main(["train", *RUN, "--resume", str(tmp_path), "--total-steps", "4096"])
+    assert rc == 0
+    assert int(load_checkpoint(tmp_path).state["global_step"]) == 4096  # in the same logdir
+    capsys.readouterr()
+    # Same or fewer steps: the run is complete, nothing is done.
+    latest = (tmp_path / "checkpoints" / "latest").read_text()
+    for total in ("4096", "1000"):
+        assert main(["train", *RUN, "--resume", str(tmp_path), "--total-steps", total]) == 0
+        out = capsys.readouterr().out
+        assert "is complete (4,096 env steps" in out
+        assert "nothing to do" in out
+    assert (tmp_path / "checkpoints" / "latest").read_text() == latest
+
+
+def test_resume_refuses_other_settings_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _train(tmp_path, "--total-steps", "512") == 0
+    capsys.readouterr()
+    rc = main(["train", *RUN, "--resume", str(tmp_path), "--seed", "7", "--total-steps", "1024"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1
+    assert "--seed 7 differs from its 1" in err[0]
+    rc = main(["train", "simkit/Pendulum-v0", "--resume", str(tmp_path)])
+    assert rc == 2
+    assert "the checkpoint trains 'simkit/CartPole-v0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--total-steps", "-5"], r"--total-steps must be >= 0 \(0: until stopped\), got -5"),
+        (["--num-steps", "0"], "--num-steps must be >= 1, got 0"),
+        (["--learning-rate", "-1"], "--learning-rate must be > 0, got -1.0"),
+        (["--gamma", "1.5"], r"--gamma must be in \(0, 1\], got 1.5"),
+        (["--servers", "2", "--num-envs", "1"], "--num-envs must be >= 2, got 1"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1"),
+        (["--num-minibatches", "2048"], "minibatches of fewer than 2 samples"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    start = time.monotonic()
+    rc = main(["train", "simkit/CartPole-v0", "--logdir", str(tmp_path / "run"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1
+    assert err[0].startswith("simkit train: ")
+    assert re.search(message, err[0]), err[0]
+    assert time.monotonic() - start < 2.0  # no server was started
+    assert not (tmp_path / "run").exists()
+
+
+def test_without_a_terminal_the_summary_is_whole_and_progress_is_plain_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = tmp_path / ("a-rather-long-directory-name-" * 3) / "run"
+    rc = main(
+        [
+            "train",
+            *RUN[:-1],  # progress on: without a terminal it prints plain lines
+            *("--total-steps", "1024", "--print-every", "0.001", "--logdir", str(deep)),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "…" not in out
+    assert f"  checkpoint: {deep}/checkpoints/update-00000004" in out
+    assert f"  resume: simkit train simkit/CartPole-v0 --resume {deep}" in out
+    assert "simkit/CartPole-v0 1,024 steps" in out  # a plain progress line
+
+
+def test_checkpoints_by_time(tmp_path: Path) -> None:
+    rc = _train(
+        tmp_path,
+        *("--total-steps", "1280", "--checkpoint-every", "0", "--checkpoint-minutes", "1e-9"),
+    )
+    assert rc == 0
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert names == ["update-00000004", "update-00000005"]  # the last two are kept
+    lines = (tmp_path / "progress.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["version"] == 5
