@@ -230,6 +230,7 @@ def launch(
     fragment_length: int = 128,
     env_kwargs: dict[str, Any] | None = None,
     heartbeat_timeout: float = 60.0,
+    env_vars: dict[str, str] | None = None,
 ) -> RayServers:
     """Starts ``servers`` policy-serving rollout servers of ``env_id`` as Ray actors.
 
@@ -250,6 +251,8 @@ def launch(
         fragment_length: ``T`` for a learner that asks for none.
         env_kwargs: constructor arguments of every env.
         heartbeat_timeout: seconds a silent learner session is kept.
+        env_vars: environment variables the server processes start with (the pinned
+            kernels of reproducible mode, :mod:`simkit._kernels`).
 
     Raises:
         simkit.errors.MissingDependency: Ray is not installed (``pip install
@@ -303,6 +306,7 @@ def launch(
             num_cpus=server_cpus,
             num_gpus=server_gpus,
             max_restarts=max_restarts,
+            runtime_env={"env_vars": dict(env_vars)} if env_vars else None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement, placement_group_bundle_index=k
             ),

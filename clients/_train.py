@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from simkit._kernels import pinned_vars
 from simkit._types import Fragment
 from simkit.clients._checkpoint import (
     check_tensors,
@@ -328,6 +329,7 @@ def run_training(
             num_threads=args.env_threads,
             fragment_length=args.num_steps,
             heartbeat_timeout=max(60.0, 4 * server_timeout),
+            env_vars=pinned_vars(),
         )
         endpoints += launched.endpoints
         logdir.mkdir(parents=True, exist_ok=True)

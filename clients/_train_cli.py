@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from simkit._kernels import is_pinned, reexec_pinned
 from simkit.clients._checkpoint import load_checkpoint
 from simkit.clients._train import (
     DEFAULT_SERVERS,
@@ -92,6 +93,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "directory (in that directory unless --logdir says otherwise)",
     )
     run.add_argument("--logdir", default=None, help="default: runs/<env>-<seed>-<time>")
+    run.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="pin the numeric kernels (OpenBLAS, numpy SIMD, MKL, oneDNN, PyTorch) of the "
+        "learner and of every server it starts to their AVX2 paths, so the same seed gives "
+        "the same parameters on any x86-64 CPU (docs/training.md)",
+    )
     run.add_argument(
         "--no-progress",
         action="store_true",
@@ -219,6 +227,8 @@ def _resumed_logdir(resume: str) -> Path:
 def run_train(ns: argparse.Namespace) -> int:
     """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0; bad input is one line
     on stderr and exit 2 before anything starts."""
+    if ns.reproducible and not is_pinned():
+        reexec_pinned()  # the kernels are chosen when numpy and torch load
     given = _given(ns)
     try:
         if ns.resume is not None:

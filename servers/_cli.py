@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq.auth
 
+from simkit._kernels import is_pinned, reexec_pinned
 from simkit.errors import SimkitError
 from simkit.servers._server import BUSY_POLL_US, RolloutServer
 
@@ -126,6 +127,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "policy for the other (BatchEnvs with subset steps, an even number of env "
         "slots; same fragments)",
     )
+    policy.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="pin the numeric kernels to their AVX2 paths, as `simkit train "
+        "--reproducible` does for the servers it starts (for servers a learner reaches "
+        "with --connect)",
+    )
 
 
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -177,6 +185,8 @@ def _stop_when_orphaned(server: RolloutServer, parent: int, interval: float = 0.
 
 def run_serve(args: argparse.Namespace) -> int:
     """Runs the server until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
+    if getattr(args, "reproducible", False) and not is_pinned():
+        reexec_pinned()  # the kernels are chosen when numpy and torch load
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     secret = None
     if args.curve_secret_key is not None:

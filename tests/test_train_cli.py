@@ -7,6 +7,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,34 @@ def test_checkpoints_by_time(tmp_path: Path) -> None:
     assert names == ["update-00000004", "update-00000005"]  # the last two are kept
     lines = (tmp_path / "progress.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["version"] == 5
+
+
+def _run_under(tmp: Path, name: str, env: dict[str, str], *extra: str) -> dict[str, Any]:
+    import os
+    import subprocess
+    import sys
+
+    logdir = tmp / name
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "simkit", "train", *RUN, "--total-steps", "768"),
+            *("--hidden", "32", "32", "--logdir", str(logdir), *extra),
+        ],
+        env={**os.environ, **env},
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return dict(load_checkpoint(logdir).model)
+
+
+def test_reproducible_mode_gives_the_same_parameters_under_other_kernels(tmp_path: Path) -> None:
+    """Two kernel environments (as on an AVX-512 and an AVX2 machine): --reproducible
+    pins both to the same kernels, so the parameters are the same bits."""
+    import torch
+
+    avx512 = {"OPENBLAS_CORETYPE": "SkylakeX", "ATEN_CPU_CAPABILITY": "avx512"}
+    avx2 = {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"}
+    a = _run_under(tmp_path, "a", avx512, "--reproducible")
+    b = _run_under(tmp_path, "b", avx2, "--reproducible")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
