@@ -25,20 +25,18 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-import gymnasium as gym
 import torch
 
 import simkit
 from simkit._types import Fragment
 from simkit.models import ActorCritic
+from simkit.registry import GYM_PREFIX
 from simkit.servers._stream_envs import make_env_rows
 from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_policy import RowPolicy
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX", "is_multi_agent", "make_vector"]
-
-GYM_PREFIX = "gym:"
 
 
 class FragmentSource(Protocol):
@@ -53,9 +51,7 @@ class FragmentSource(Protocol):
 
 def is_multi_agent(env_id: str) -> bool:
     """Whether ``env_id`` names a simkit multi-agent env (``gym:<id>`` never does)."""
-    return (
-        not env_id.startswith(GYM_PREFIX) and simkit.spec(env_id).kind is simkit.EnvKind.MULTI_AGENT
-    )
+    return simkit.spec(env_id).kind is simkit.EnvKind.MULTI_AGENT
 
 
 def make_vector(
@@ -66,10 +62,6 @@ def make_vector(
     ``render_mode`` (e.g. ``"rgb_array"``) is passed to every env's constructor.
     """
     kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
-    if env_id.startswith(GYM_PREFIX):
-        gym_id = env_id[len(GYM_PREFIX) :]
-        gym.spec(gym_id)
-        return VectorEnv([lambda: gym.make(gym_id, **kwargs)] * num_envs, num_threads=num_threads)
     if is_multi_agent(env_id):
         return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)
     if simkit.spec(env_id).kind is simkit.EnvKind.BATCH:

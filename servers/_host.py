@@ -18,6 +18,7 @@ import simkit
 from simkit._contract import ContractCore
 from simkit._types import BatchStep, MultiAgentBatchStep, StepFault
 from simkit.protocol import EnvFault, Unsupported, error_code_of
+from simkit.registry import GYM_PREFIX
 from simkit.vector import VectorEnv
 
 __all__ = [
@@ -30,8 +31,6 @@ __all__ = [
     "GYM_PREFIX",
 ]
 
-GYM_PREFIX = "gym:"
-
 
 def make_env_factory(env_id: str, **kwargs: Any) -> Callable[[], gym.Env[Any, Any]]:
     """A zero-argument constructor for ``env_id``.
@@ -39,11 +38,7 @@ def make_env_factory(env_id: str, **kwargs: Any) -> Callable[[], gym.Env[Any, An
     ``"gym:CartPole-v1"`` builds the installed Gymnasium env; any other id is looked
     up in the simkit registry (raising :class:`simkit.errors.UnknownEnv` now, not later).
     """
-    if env_id.startswith(GYM_PREFIX):
-        gym_id = env_id[len(GYM_PREFIX) :]
-        gym.spec(gym_id)  # raises for unknown ids before any client connects
-        return lambda: gym.make(gym_id, **kwargs)
-    env_spec = simkit.spec(env_id)
+    env_spec = simkit.spec(env_id)  # raises for unknown ids before any client connects
     if env_spec.kind is not simkit.EnvKind.SINGLE:
         raise ValueError(
             f"the rollout server hosts single-agent envs; {env_id!r} is {env_spec.kind.value}"
@@ -53,8 +48,6 @@ def make_env_factory(env_id: str, **kwargs: Any) -> Callable[[], gym.Env[Any, An
 
 def batch_spec_of(env_id: str) -> simkit.EnvSpec | None:
     """The registry spec of ``env_id`` if it is a :class:`simkit.BatchEnv`, else None."""
-    if env_id.startswith(GYM_PREFIX):
-        return None
     env_spec = simkit.spec(env_id)
     return env_spec if env_spec.kind is simkit.EnvKind.BATCH else None
 

@@ -24,7 +24,6 @@ import numpy as np
 from gymnasium import spaces
 
 import simkit
-from simkit.servers._host import GYM_PREFIX, make_env_factory
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = ["EnvRows", "RowStep", "make_env_rows", "ENV_KINDS"]
@@ -228,9 +227,6 @@ def make_env_rows(
         ValueError: a multi-agent id that is not a simkit MultiAgentEnv.
     """
     kwargs = dict(env_kwargs or {})
-    if env_id.startswith(GYM_PREFIX):
-        factory = make_env_factory(env_id, **kwargs)
-        return EnvRows(VectorEnv([factory] * num_envs, num_threads=num_threads), "single")
     env_spec = simkit.spec(env_id)
     if env_spec.kind is simkit.EnvKind.BATCH:
         if (

@@ -35,10 +35,13 @@ _NUMPY = "NPY_DISABLE_CPU_FEATURES"
 def _numpy_features_to_disable() -> str:
     """numpy's AVX-512 dispatch targets present on this CPU (disabling absent ones is
     an error in some numpy versions)."""
+    import importlib
+
     try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
+        umath = importlib.import_module("numpy._core._multiarray_umath")
     except ImportError:  # numpy < 2
-        from numpy.core._multiarray_umath import __cpu_features__ as features
+        umath = importlib.import_module("numpy.core._multiarray_umath")
+    features: dict[str, bool] = umath.__cpu_features__
     return " ".join(
         sorted(k for k, on in features.items() if on and (k.startswith("AVX512") or k == "X86_V4"))
     )

@@ -137,12 +137,35 @@ def _kind_of(cls: type) -> EnvKind:
     return kind if isinstance(kind, EnvKind) else EnvKind.SINGLE
 
 
+GYM_PREFIX = "gym:"
+"""``gym:<id>`` names an installed Gymnasium env (``gymnasium.make(<id>)``)."""
+
+
+def _gym_spec(id: str) -> EnvSpec:
+    """The spec of ``gym:<id>``: Gymnasium's env, built with ``gymnasium.make``."""
+    import functools
+
+    gym_id = id[len(GYM_PREFIX) :]
+    try:
+        gymnasium.spec(gym_id)
+    except gymnasium.error.Error as exc:
+        raise UnknownEnv(f"no Gymnasium env {gym_id!r} for {id!r}: {exc}") from None
+    return EnvSpec(
+        id=id,
+        entry_point=functools.partial(gymnasium.make, gym_id),
+        kind=EnvKind.SINGLE,
+        description=f"Gymnasium's {gym_id} (gymnasium.make)",
+    )
+
+
 def spec(id: str) -> EnvSpec:
-    """The registration of ``id``.
+    """The registration of ``id``; ``gym:<id>`` is Gymnasium's env ``<id>``.
 
     Raises:
         UnknownEnv: ``id`` is not registered; the message lists close matches.
     """
+    if id.startswith(GYM_PREFIX):
+        return _gym_spec(id)
     _load_plugins()
     try:
         return _REGISTRY[id]
@@ -155,7 +178,8 @@ def spec(id: str) -> EnvSpec:
 
 
 def make(id: str, **kwargs: Any) -> Any:
-    """Builds the env registered as ``id`` (no wrappers: simkit envs own their contract)."""
+    """Builds the env registered as ``id`` (no wrappers: simkit envs own their contract;
+    ``gym:<id>`` is ``gymnasium.make(<id>)``, with Gymnasium's own wrappers)."""
     return spec(id).make(**kwargs)
 
 

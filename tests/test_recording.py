@@ -1634,3 +1634,31 @@ def test_pack_map_writes_msgpacks_bytes(body: dict[str, Any]) -> None:
     from simkit.recording._episode import pack_map
 
     assert pack_map(body) == msgpack.packb(body, use_bin_type=True)
+
+
+def test_gymnasium_env_recordings_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gym:`` ids record and replay like simkit ids: through ``simkit record`` and a
+    server's ``--record``."""
+    from simkit.cli import main
+    from simkit.clients import RemoteVectorEnv
+    from simkit.servers import RolloutServer
+
+    out = tmp_path / "cli"
+    assert main(["record", "gym:CartPole-v1", "--episodes", "3", "--out", str(out)]) == 0
+    assert main(["replay", str(out), "--verify"]) == 0
+    assert "3/3 episodes replayed bit for bit" in capsys.readouterr().out
+    server = RolloutServer(
+        "gym:CartPole-v1", 2, f"ipc://{tmp_path}/s.sock", record=tmp_path / "rec"
+    ).start()
+    try:
+        remote = RemoteVectorEnv(server.endpoint, timeout=10)
+        remote.reset(seed=3)
+        rng = np.random.default_rng(3)
+        for _ in range(150):
+            remote.step(rng.integers(0, 2, 2))
+        remote.close()
+    finally:
+        server.stop()
+    assert len(_verify_all(tmp_path / "rec")) >= 2

@@ -19,7 +19,7 @@ from simkit._state import restore_all
 from simkit._types import BatchStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import InvalidState, ResetNeeded
-from simkit.registry import make
+from simkit.registry import GYM_PREFIX, make
 from simkit.vector._actions import check_batch, split_rows
 from simkit.vector._pool import WorkerPool
 
@@ -761,8 +761,8 @@ def _build_envs(
         n = _positive_int(num_envs, "num_envs")
         per_env = _per_env_params(params, n)
         kwargs = dict(env_kwargs or {})
-        if validate_actions:
-            kwargs["validate_actions"] = False
+        if validate_actions and not env_fns.startswith(GYM_PREFIX):  # Gymnasium's have no
+            kwargs["validate_actions"] = False  # switch: the vector checks their batches
         envs: list[gym.Env[Any, Any]] = []
         for i in range(n):
             extra = {"params": per_env[i]} if per_env[i] is not None else {}
