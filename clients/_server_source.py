@@ -90,6 +90,8 @@ class ServerSource:
             timeout=timeout,
             curve=curve,
         )
+        self.num_servers = len(endpoints)
+        """Servers the run started with (a resumed run starts as many)."""
         self.observation_space = self.stream.observation_space
         self.action_space = self.stream.action_space
         self.report = report
@@ -252,8 +254,9 @@ class ServerSource:
         ``include_envs`` (async mode, where the servers never pause) and for envs
         without snapshots (Gymnasium's): such a run resumes with fresh envs.
         """
-        if not include_envs or self.mode != "sync":
-            return {"sessions": None}
+        count = {"servers": self.num_servers}
+        if not include_envs or self.mode != "sync" or not self.stream.endpoints:
+            return {"sessions": None, **count}
         try:
             states = self._capture()
         except ServerUnavailable as exc:  # the fragment path reports and handles the loss
@@ -261,10 +264,11 @@ class ServerSource:
                 f"simkit train: server {exc.endpoint} did not send its session state "
                 f"({exc}); this checkpoint's envs will restart afresh"
             )
-            return {"sessions": None}
+            return {"sessions": None, **count}
         if states is None:
-            return {"sessions": None}
+            return {"sessions": None, **count}
         return {
+            **count,
             "sessions": [
                 {
                     "endpoint": endpoint,
@@ -273,7 +277,7 @@ class ServerSource:
                     "state": snap.to_plain(),
                 }
                 for endpoint, (config, snap) in zip(self.stream.endpoints, states, strict=True)
-            ]
+            ],
         }
 
     def view(self) -> dict[str, Any]:

@@ -33,10 +33,11 @@ from simkit.clients._checkpoint import (
     save_checkpoint,
     save_policy,
 )
+from simkit.clients._connection import ServerUnavailable
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
-from simkit.errors import InvalidCheckpoint, MissingDependency
+from simkit.errors import InvalidCheckpoint, MissingDependency, ServersLost
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
 from simkit.protocol import RemoteError
@@ -153,8 +154,9 @@ def _saved_servers(state: dict[str, Any]) -> int:
     """How many server sessions a checkpoint's source state holds (0: in process)."""
     if state.get("source_kind", "local") != "servers":
         return 0
-    sessions = (state.get("source") or {}).get("sessions")
-    return len(sessions) if isinstance(sessions, list) else 0
+    source = state.get("source") or {}
+    sessions = source.get("sessions")
+    return len(sessions) if isinstance(sessions, list) else int(source.get("servers", 0))
 
 
 class _Recorded:
@@ -373,6 +375,15 @@ def run_training(
             launched.close()
         raise
     learner = PPO(args, model, source.num_rows)
+    batch = args.num_steps * source.num_rows
+    if args.total_steps % batch and ckpt is None:
+        per_row = " (one per (env, agent) row)" if source.num_rows != args.num_envs else ""
+        print(
+            f"simkit train: --total-steps {args.total_steps:,} is {learner.num_updates} "
+            f"updates of {batch:,} env steps{per_row}: training stops at "
+            f"{learner.num_updates * batch:,}",
+            file=sys.stderr,
+        )
     if ckpt is not None:
         try:
             learner.optimizer.load_state_dict(ckpt.optimizer)
@@ -576,6 +587,14 @@ def run_training(
             on_boundary=at_boundary,
         )
         checkpoint()  # the last update's weights were not pushed: still at the boundary
+    except ServerUnavailable as exc:  # the last server is gone: keep what the learner has
+        saved = checkpoint()
+        if not stop_requested:
+            raise ServersLost(
+                f"every rollout server was lost (last: {exc}); the learner's progress "
+                f"({learner.global_step:,} env steps) is checkpointed at {saved}; continue "
+                f"with: simkit train {args.env_id} --resume {logdir}"
+            ) from exc
     finally:
         if bar is not None:
             bar.stop()

@@ -26,7 +26,7 @@ from simkit.clients._train import (
     run_training,
 )
 from simkit.clients.ppo import PPOArgs
-from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable
+from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable, ServersLost
 
 __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
 
@@ -276,6 +276,9 @@ def run_train(ns: argparse.Namespace) -> int:
     except (InvalidCheckpoint, ValueError, MissingDependency) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
+    except ServersLost as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 1
     if result.complete:
         print(
             f"simkit train: the run in {result.logdir} is complete ({result.global_step:,} "

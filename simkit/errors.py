@@ -23,6 +23,7 @@ __all__ = [
     "RecordingLocked",
     "ReplayDivergence",
     "InvalidCheckpoint",
+    "ServersLost",
 ]
 
 
@@ -99,3 +100,8 @@ class InvalidCheckpoint(SimkitError, ValueError):
 
     The message names the file and what is wrong.
     """
+
+
+class ServersLost(SimkitError, RuntimeError):
+    """Every rollout server of a run was lost; the learner checkpointed what it had
+    (names the checkpoint and the command that resumes it)."""

@@ -322,3 +322,46 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import simkit.clients._train as train_module
+    from simkit.cli import main
+
+    spawned: list[Any] = []
+    real_spawn = train_module.spawn_servers
+
+    def spawn(*args: Any, **kwargs: Any) -> Any:
+        procs, endpoints = real_spawn(*args, **kwargs)
+        spawned.extend(procs)
+        return procs, endpoints
+
+    monkeypatch.setattr(train_module, "spawn_servers", spawn)
+    save_policy = train_module.save_policy
+
+    def save_then_kill(*args: Any, **kwargs: Any) -> None:
+        save_policy(*args, **kwargs)
+        if spawned and spawned[0].poll() is None:
+            spawned[0].kill()
+            spawned[0].wait()
+
+    monkeypatch.setattr(train_module, "save_policy", save_then_kill)
+    rc = main(
+        [
+            *("train", "simkit/CartPole-v0", "--servers", "1", "--num-envs", "4"),
+            *("--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"),
+            *("--total-steps", "0", "--server-timeout", "1", "--no-progress"),
+            *("--logdir", str(tmp_path)),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert err[-1].startswith("simkit train: every rollout server was lost")
+    assert f"--resume {tmp_path}" in err[-1]
+    from simkit.clients._checkpoint import load_checkpoint
+
+    state = load_checkpoint(tmp_path).state
+    assert int(state["version"]) >= 1  # the update made before the loss is kept
+    assert state["source"]["servers"] == 1  # a resume starts one server again
