@@ -268,6 +268,32 @@ def check_tensors(
                 f"{file}: tensor {name!r} is {have.dtype} {tuple(have.shape)}, "
                 f"the model expects {want.dtype} {tuple(want.shape)}"
             )
+        if have.is_floating_point() and not bool(torch.isfinite(have).all()):
+            bad = int((~torch.isfinite(have)).sum())
+            raise InvalidCheckpoint(f"{file}: tensor {name!r} has {bad} non-finite value(s)")
+
+
+def check_optimizer(file: Path, state: dict[str, Any], params: list[torch.Tensor]) -> None:
+    """Raises :class:`InvalidCheckpoint` unless the optimiser state (``unflatten_optimizer``
+    form) has, for every parameter it names, per-parameter tensors of that parameter's
+    shape (Adam's moments) or scalars (its step)."""
+    for index, per_param in state.get("state", {}).items():
+        if not 0 <= int(index) < len(params):
+            raise InvalidCheckpoint(
+                f"{file}: optimizer state names parameter {index}, the model has {len(params)}"
+            )
+        want = tuple(params[int(index)].shape)
+        for key, value in per_param.items():
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+            if shape not in (want, ()) or (key != "step" and shape != want):
+                raise InvalidCheckpoint(
+                    f"{file}: optimizer state {key!r} of parameter {index} is {shape}, "
+                    f"the parameter is {want}"
+                )
+            if isinstance(value, torch.Tensor) and not bool(torch.isfinite(value).all()):
+                raise InvalidCheckpoint(
+                    f"{file}: optimizer state {key!r} of parameter {index} is not finite"
+                )
 
 
 def save_policy(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:

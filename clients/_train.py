@@ -27,6 +27,7 @@ import torch
 from simkit._kernels import pinned_vars
 from simkit._types import Fragment
 from simkit.clients._checkpoint import (
+    check_optimizer,
     check_tensors,
     load_checkpoint,
     load_policy,
@@ -386,6 +387,9 @@ def run_training(
         )
     if ckpt is not None:
         try:
+            check_optimizer(
+                ckpt.path / "optimizer.safetensors", ckpt.optimizer, list(model.parameters())
+            )
             learner.optimizer.load_state_dict(ckpt.optimizer)
             state = ckpt.state
             learner.version = int(state["version"])
@@ -588,11 +592,11 @@ def run_training(
         )
         checkpoint()  # the last update's weights were not pushed: still at the boundary
     except ServerUnavailable as exc:  # the last server is gone: keep what the learner has
-        saved = checkpoint()
+        kept_at = checkpoint()
         if not stop_requested:
             raise ServersLost(
                 f"every rollout server was lost (last: {exc}); the learner's progress "
-                f"({learner.global_step:,} env steps) is checkpointed at {saved}; continue "
+                f"({learner.global_step:,} env steps) is checkpointed at {kept_at}; continue "
                 f"with: simkit train {args.env_id} --resume {logdir}"
             ) from exc
     finally:
@@ -654,7 +658,9 @@ def evaluate_policy(
 
         imageio = require("imageio", extra="bench", purpose="simkit eval --render")
     tensors, meta = load_policy(path)
-    env_id = str(meta["env_id"])
+    env_id = meta.get("env_id") if isinstance(meta, dict) else None
+    if not isinstance(env_id, str):
+        raise InvalidCheckpoint(f"{path}: the policy metadata names no env_id")
     obs_space, act_space = _spaces(env_id)
     try:
         spec = ModelSpec.from_plain(meta["model"])

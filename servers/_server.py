@@ -190,10 +190,18 @@ class RolloutServer:
             or fragment_length < 1
         ):
             raise ValueError(f"fragment_length must be a positive int, got {fragment_length!r}")
+        if not bind.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(
+                f"bind address {bind!r} is not a ZeroMQ endpoint: expected tcp://HOST:PORT "
+                f"(e.g. tcp://{bind if ':' in bind else '127.0.0.1:5555'}), ipc://PATH or "
+                "inproc://NAME"
+            )
         if not is_loopback(bind) and curve_secret_key is None and not insecure:
             raise ValueError(
                 f"binding {bind!r} exposes the server beyond this machine: pass CURVE keys "
-                "(curve_secret_key and curve_allowed_clients) or insecure=True"
+                "(--curve-secret-key and --curve-allow; from Python curve_secret_key and "
+                "curve_allowed_clients) or allow it without encryption (--insecure / "
+                "insecure=True)"
             )
         if curve_secret_key is not None and not curve_allowed_clients:
             raise ValueError("CURVE needs an allow-list of client public keys, got none")

@@ -516,3 +516,52 @@ def test_learner_on_cuda_trains_and_checkpoints(tmp_path: Path) -> None:
     params = _params(r.checkpoint)
     assert all(t.device.type == "cpu" for t in params.values())
     assert all(torch.isfinite(t).all() for t in params.values() if t.is_floating_point())
+
+
+def test_checkpoints_with_bad_optimizer_state_or_nan_weights_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import load_file
+
+    from simkit.cli import main
+    from simkit.clients._checkpoint import load_policy, save_checkpoint, save_policy
+
+    run_training(
+        PPOArgs(**TINY), logdir=tmp_path / "run", max_updates=1, tensorboard=False, servers=0
+    )
+    ckpt = load_checkpoint(tmp_path / "run")
+    # Adam's moment of the wrong shape for its parameter.
+    opt = ckpt.optimizer
+    state = opt["state"][0]
+    state["exp_avg"] = torch.zeros(state["exp_avg"].numel() + 1)
+    save_checkpoint(
+        tmp_path / "bad" / "checkpoints",
+        "update-00000001",
+        model=ckpt.model,
+        optimizer=opt,
+        state=ckpt.state,
+    )
+    with pytest.raises(
+        InvalidCheckpoint, match=r"optimizer.safetensors: optimizer state 'exp_avg' of parameter 0"
+    ):
+        run_training(
+            PPOArgs(**TINY),
+            logdir=tmp_path / "bad",
+            resume=tmp_path / "bad",
+            tensorboard=False,
+            servers=0,
+        )
+    # A policy of NaN weights does not evaluate.
+    policy = tmp_path / "run" / "policy.safetensors"
+    tensors = load_file(str(policy))
+    nan = {
+        k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+        for k, v in tensors.items()
+    }
+    _tensors, meta = load_policy(policy)
+    save_policy(tmp_path / "nan.safetensors", nan, meta)
+    assert main(["eval", str(tmp_path / "nan.safetensors"), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "non-finite value(s)" in err[0]
+    assert "nan.safetensors" in err[0]

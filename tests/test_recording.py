@@ -1662,3 +1662,16 @@ def test_gymnasium_env_recordings_verify(
     finally:
         server.stop()
     assert len(_verify_all(tmp_path / "rec")) >= 2
+
+
+def test_replay_of_a_folder_that_is_not_a_recording_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main(["replay", str(tmp_path), "--verify"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"simkit replay: {tmp_path} holds no recorded episode (not a recording, or nothing complete was written)"
+    ]

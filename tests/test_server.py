@@ -491,3 +491,15 @@ def test_env_kwargs_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert "no_such_arg" in capsys.readouterr().err
     assert main(["simkit/CartPole-v0", "--bind", bind, "--busy-poll-us", "-1"]) == 2
     assert "busy_poll_us must be an int >= 0" in capsys.readouterr().err
+
+
+def test_a_bind_without_a_scheme_says_what_is_wrong_with_the_address() -> None:
+    from simkit.servers import RolloutServer
+
+    with pytest.raises(
+        ValueError,
+        match=r"'127.0.0.1:5600' is not a ZeroMQ endpoint: expected tcp://HOST:PORT \(e.g. tcp://127.0.0.1:5600\)",
+    ):
+        RolloutServer("simkit/CartPole-v0", 1, "127.0.0.1:5600")
+    with pytest.raises(ValueError, match=r"--curve-secret-key and --curve-allow"):
+        RolloutServer("simkit/CartPole-v0", 1, "tcp://0.0.0.0:5600")

@@ -132,6 +132,13 @@ def _replay_run(args: argparse.Namespace) -> int:
         return 1
     for s in reader.skipped:
         print(f"skipped {s.nbytes} bytes of {s.path} at offset {s.offset}: {s.reason}")
+    if len(reader) == 0:
+        print(
+            f"simkit replay: {args.directory} holds no recorded episode (not a recording, "
+            "or nothing complete was written)",
+            file=sys.stderr,
+        )
+        return 1
     status = 0
     if args.verify:
         results = verify_recording(reader, workers=args.workers)
