@@ -10,12 +10,42 @@ streams trajectory fragments from servers that run the learner's policy.
 returns their endpoints and CURVE keys (:class:`RayServers`).
 """
 
-from simkit.clients._connection import CurveKeys, ServerUnavailable
-from simkit.clients._demo import DemoFigures, remote_demo
-from simkit.clients._launch import RayServers, ServerInfo, launch
-from simkit.clients._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
-from simkit.clients._stream import PolicyStream, ServerStats, fragment_to_torch, stack_fragments
-from simkit.clients._vector import RemoteVectorEnv
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simkit.clients._connection import CurveKeys, ServerUnavailable
+    from simkit.clients._demo import DemoFigures, remote_demo
+    from simkit.clients._launch import RayServers, ServerInfo, launch
+    from simkit.clients._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
+    from simkit.clients._stream import PolicyStream, ServerStats, fragment_to_torch, stack_fragments
+    from simkit.clients._vector import RemoteVectorEnv
+
+_WHERE = {
+    "CurveKeys": "_connection",
+    "ServerUnavailable": "_connection",
+    "DemoFigures": "_demo",
+    "remote_demo": "_demo",
+    "RayServers": "_launch",
+    "ServerInfo": "_launch",
+    "launch": "_launch",
+    "RemoteMultiAgentVectorEnv": "_parallel",
+    "RemoteParallelEnv": "_parallel",
+    "PolicyStream": "_stream",
+    "ServerStats": "_stream",
+    "fragment_to_torch": "_stream",
+    "stack_fragments": "_stream",
+    "RemoteVectorEnv": "_vector",
+}
+"""Where each public name lives: imported on first use, so a submodule (the command
+line's) can be imported without loading torch."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"simkit.clients.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'simkit.clients' has no attribute {name!r}")
+
 
 __all__ = [
     "RemoteVectorEnv",

@@ -37,6 +37,7 @@ from simkit.clients._checkpoint import (
 from simkit.clients._connection import ServerUnavailable
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
+from simkit.clients._train_cli import DEFAULT_SERVERS
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
 from simkit.errors import InvalidCheckpoint, MissingDependency, ServersLost
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
@@ -52,11 +53,6 @@ __all__ = [
     "resume_args",
     "RESUME_FREE",
 ]
-
-
-DEFAULT_SERVERS = 1
-"""Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /
-``--servers`` (the embedded default; ``--servers 0`` rolls out in process)."""
 
 
 @dataclass

@@ -15,18 +15,18 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients._checkpoint import load_checkpoint
-from simkit.clients._train import (
-    DEFAULT_SERVERS,
-    TrainResult,
-    evaluate_policy,
-    run_training,
-)
-from simkit.clients.ppo import PPOArgs
+from simkit.clients._args import PPOArgs
 from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable, ServersLost
+
+if TYPE_CHECKING:
+    from simkit.clients._train import TrainResult
+
+DEFAULT_SERVERS = 1
+"""Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /
+``--servers`` (the embedded default; ``--servers 0`` rolls out in process)."""
 
 __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
 
@@ -229,6 +229,9 @@ def run_train(ns: argparse.Namespace) -> int:
     on stderr and exit 2 before anything starts."""
     if ns.reproducible and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
+    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients._train import run_training
+
     given = _given(ns)
     try:
         if ns.resume is not None:
@@ -347,6 +350,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
+    from simkit.clients._train import evaluate_policy
+
     path = Path(ns.checkpoint)
     if (
         path.is_dir()

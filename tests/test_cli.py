@@ -154,3 +154,16 @@ def test_serve_verb_serves_until_sigterm(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+def test_the_command_line_is_built_without_torch() -> None:
+    """``simkit --help`` and ``simkit list`` stay fast: building every verb's parser
+    loads no torch (each verb imports what it needs when it runs)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, simkit.cli; simkit.cli.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "False"
