@@ -352,6 +352,10 @@ def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
     from simkit.clients._train import evaluate_policy
 
+    for flag, value in (("--episodes", ns.episodes), ("--fps", ns.fps)):
+        if value < 1:
+            print(f"simkit eval: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return 2
     path = Path(ns.checkpoint)
     if (
         path.is_dir()

@@ -144,3 +144,8 @@ def test_reproducible_mode_gives_the_same_parameters_under_other_kernels(tmp_pat
     b = _run_under(tmp_path, "b", avx2, "--reproducible")
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_eval_refuses_a_count_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", str(tmp_path), "--episodes", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "simkit eval: --episodes must be >= 1, got 0"
