@@ -276,7 +276,15 @@ class RolloutServer:
             self._sock.curve_secretkey = curve_secret_key
             self._sock.curve_publickey = zmq.curve_public(curve_secret_key)
             self._sock.curve_server = True
-        self._sock.bind(bind)
+        self._sock.ipv6 = "[" in bind  # tcp://[::1]:PORT needs IPv6 on the socket
+        try:
+            self._sock.bind(bind)
+        except zmq.ZMQError as exc:
+            self._sock.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+            raise ValueError(f"cannot bind {bind!r}: {exc.strerror}") from exc
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.device: str | None = (device or default_device()) if policy else None
         """The stream sessions' default torch device (None without ``policy``)."""

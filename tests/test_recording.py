@@ -1675,3 +1675,27 @@ def test_replay_of_a_folder_that_is_not_a_recording_fails(
     assert err == [
         f"simkit replay: {tmp_path} holds no recorded episode (not a recording, or nothing complete was written)"
     ]
+
+
+def test_record_with_a_bad_policy_or_a_locked_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+    from simkit.recording import RecordingWriter
+
+    out = tmp_path / "rec"
+    argv = ["record", "simkit/CartPole-v0", "--episodes", "1", "--out", str(out)]
+    assert main([*argv, "--policy", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"simkit record: --policy {tmp_path / 'nope'}: ")
+    assert not out.exists()  # nothing left behind
+    holder = RecordingWriter(out)
+    try:
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        assert err[0].startswith("simkit record: ")
+        assert f"pid {os.getpid()}" in err[0]  # names the holder
+    finally:
+        holder.close()

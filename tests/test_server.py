@@ -503,3 +503,19 @@ def test_a_bind_without_a_scheme_says_what_is_wrong_with_the_address() -> None:
         RolloutServer("simkit/CartPole-v0", 1, "127.0.0.1:5600")
     with pytest.raises(ValueError, match=r"--curve-secret-key and --curve-allow"):
         RolloutServer("simkit/CartPole-v0", 1, "tcp://0.0.0.0:5600")
+
+
+def test_a_port_in_use_and_ipv6_loopback() -> None:
+    from simkit.servers import RolloutServer
+
+    first = RolloutServer("simkit/CartPole-v0", 1, "tcp://127.0.0.1:*")
+    try:
+        with pytest.raises(
+            ValueError, match=r"cannot bind 'tcp://127.0.0.1:\d+': Address already in use"
+        ):
+            RolloutServer("simkit/CartPole-v0", 1, first.endpoint)
+    finally:
+        first.stop()
+    six = RolloutServer("simkit/CartPole-v0", 1, "tcp://[::1]:*")  # IPv6 loopback binds
+    assert six.endpoint.startswith("tcp://[::1]:")
+    six.stop()

@@ -35,6 +35,7 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
 
 def _record_run(args: argparse.Namespace) -> int:
     import simkit
+    from simkit.errors import RecordingLocked, SimkitError
     from simkit.recording._multiagent_wrapper import RecordMultiAgentEpisodes
     from simkit.recording._wrapper import RecordEpisodes
     from simkit.registry import EnvKind
@@ -54,14 +55,12 @@ def _record_run(args: argparse.Namespace) -> int:
     env: Any
     if multi:  # (env, agent) rows; each env's episode is one multi-agent record
         vec: Any = MultiAgentVectorEnv(args.env_id, args.num_envs)
-        env = RecordMultiAgentEpisodes(vec, args.out, **record)
         rows = vec.num_rows
+    elif spec.kind is EnvKind.BATCH:
+        vec = simkit.make(args.env_id, num_envs=args.num_envs)
+        rows = vec.num_envs
     else:
-        if spec.kind is EnvKind.BATCH:
-            vec = simkit.make(args.env_id, num_envs=args.num_envs)
-        else:
-            vec = VectorEnv(args.env_id, args.num_envs)
-        env = RecordEpisodes(vec, args.out, **record)
+        vec = VectorEnv(args.env_id, args.num_envs)
         rows = vec.num_envs
     if args.policy == "random":
         space = vec.single_action_space
@@ -70,7 +69,19 @@ def _record_run(args: argparse.Namespace) -> int:
         def policy(obs: Any) -> Any:
             return np.stack([np.asarray(space.sample()) for _ in range(rows)])
     else:
-        policy = _checkpoint_policy(args.policy, vec, args.seed)
+        try:  # before the recording directory exists: nothing is left behind
+            policy = _checkpoint_policy(args.policy, vec, args.seed)
+        except (SimkitError, KeyError, ValueError) as exc:
+            vec.close()
+            print(f"simkit record: --policy {args.policy}: {exc}", file=sys.stderr)
+            return 2
+    try:
+        wrapper = RecordMultiAgentEpisodes if multi else RecordEpisodes
+        env = wrapper(vec, args.out, **record)
+    except RecordingLocked as exc:
+        vec.close()
+        print(f"simkit record: {exc}", file=sys.stderr)
+        return 1
     obs = env.reset(seed=args.seed)[0]
     try:
         while env.writer.episodes_written < args.episodes:
