@@ -510,7 +510,9 @@ def test_export_passes_minari_checks(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     src = _seeded(tmp_path / "rec")
-    assert export_minari(str(src), "simkit/cartpole-test-v0") == 2
+    count, where = export_minari(str(src), "simkit/cartpole-test-v0")
+    assert count == 2
+    assert where == tmp_path / "minari" / "simkit" / "cartpole-test-v0"
     dataset = minari.load_dataset("simkit/cartpole-test-v0")
     reader = RecordingReader(src)
     assert dataset.total_episodes == 2
@@ -523,6 +525,35 @@ def test_export_passes_minari_checks(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         assert all(dataset.observation_space.contains(o) for o in theirs.observations)
         assert all(dataset.action_space.contains(a) for a in theirs.actions)
     assert isinstance(dataset.recover_environment(), gym.Env)
+
+
+def test_export_refuses_bad_input_in_one_line_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("minari")
+    pytest.importorskip("h5py")
+    from simkit.cli import main
+
+    store = tmp_path / "minari"
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(store))
+    src = _seeded(tmp_path / "rec")
+    (tmp_path / "empty").mkdir()
+    cases = [
+        ([str(tmp_path / "missing"), "simkit/a-v0"], "no recording directory"),
+        ([str(tmp_path / "empty"), "simkit/a-v0"], "holds no recorded episode"),
+        ([str(src), "simkit/no-version"], "look like [namespace/]name-vN"),
+    ]
+    for argv, message in cases:
+        assert main(["export", "--minari", *argv]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert err[0].startswith("simkit export: ")
+        assert message in err[0]
+    assert not list(store.rglob("*-v*"))  # no dataset, whole or half made
+    assert main(["export", "--minari", str(src), "simkit/a-v0"]) == 0
+    assert f"in {store / 'simkit' / 'a-v0'}" in capsys.readouterr().out
+    assert main(["export", "--minari", str(src), "simkit/a-v0"]) == 1
+    assert "exists already" in capsys.readouterr().err
 
 
 def test_disabled_autoreset_records_masked_resets(tmp_path: Path) -> None:

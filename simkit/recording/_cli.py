@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import shutil
 import sys
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -223,28 +228,32 @@ def _export_configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _export_run(args: argparse.Namespace) -> int:
-    from simkit.errors import MissingDependency
+    from simkit.errors import CorruptRecording, MissingDependency
 
     directory, name = args.minari
     try:
-        count = export_minari(directory, name)
-    except MissingDependency as exc:
+        count, where = export_minari(directory, name)
+    except (MissingDependency, ValueError, FileNotFoundError, CorruptRecording) as exc:
         print(f"simkit export: {exc}", file=sys.stderr)
         return 1
-    print(f"exported {count} episodes to the Minari dataset {name!r}")
+    print(f"exported {count} episodes to the Minari dataset {name!r} in {where}")
     return 0
 
 
-def export_minari(directory: str, dataset_id: str) -> int:
+def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
     """Writes every episode of ``directory`` as the Minari dataset ``dataset_id``.
 
     Observations, actions, rewards and flags are exported with each episode's seed and
-    reset options; infos stay in the recording. Returns the number of episodes.
+    reset options; infos stay in the recording. Everything is checked before the
+    dataset is created, and a dataset half made by a failure is removed. Returns the
+    number of episodes and the dataset's directory.
 
     Raises:
         MissingDependency: minari is not installed (``simkit[minari]``).
-        ValueError: the recording is empty, mixes env ids or holds multi-agent
-            episodes (a Minari dataset holds single-agent episodes).
+        FileNotFoundError: ``directory`` does not exist.
+        ValueError: a dataset id Minari refuses (``[namespace/]name-vN``) or one that
+            exists already; a recording that is empty, mixes env ids or holds
+            multi-agent episodes (a Minari dataset holds single-agent episodes).
     """
     from simkit._optional import require
     from simkit.recording._episode import Episode
@@ -252,10 +261,24 @@ def export_minari(directory: str, dataset_id: str) -> int:
 
     minari = require("minari", extra="minari", purpose="simkit export --minari")
     from minari.data_collector import EpisodeBuffer  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
+    from minari.dataset.minari_dataset import DATASET_ID_RE  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
+    from minari.storage import get_dataset_path  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
 
     import simkit
 
+    if not re.fullmatch(r"(?:[\w-]+/)?[\w-]+-v\d+", dataset_id) or not DATASET_ID_RE.fullmatch(
+        dataset_id
+    ):
+        raise ValueError(
+            f"Minari dataset ids look like [namespace/]name-vN (e.g. cartpole/random-v0), "
+            f"got {dataset_id!r}"
+        )
+    target = Path(get_dataset_path(dataset_id))
+    if target.exists():
+        raise ValueError(f"the Minari dataset {dataset_id!r} exists already ({target})")
     reader = RecordingReader(directory)
+    if len(reader) == 0:
+        raise ValueError(f"{directory} holds no recorded episode (not a recording?)")
     ids = {s.env_id for s in reader.stats()}
     if len(ids) != 1:
         raise ValueError(f"a Minari dataset holds one env; {directory} holds {sorted(ids)}")
@@ -289,7 +312,7 @@ def export_minari(directory: str, dataset_id: str) -> int:
     import gymnasium as gym
 
     gym_spec = gym.spec(env_id) if simkit.spec(env_id).kind.value == "single" else None
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _removed_on_failure(target):
         # minari nags about missing author e-mail / permalinks; the dataset is complete.
         warnings.filterwarnings("ignore", category=UserWarning, module="minari")
         minari.create_dataset_from_buffers(
@@ -304,7 +327,17 @@ def export_minari(directory: str, dataset_id: str) -> int:
             author="simkit",
             description=f"{env_id} exported from the simkit recording {directory}",
         )
-    return len(buffers)
+    return len(buffers), target
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: Path) -> Iterator[None]:
+    """Removes ``path`` (which did not exist) if the block fails: nothing half made."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def _to_lists(tree: Any) -> Any:
