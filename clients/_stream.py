@@ -20,7 +20,7 @@ import torch
 import zmq
 from gymnasium import spaces
 
-from simkit._types import Fragment
+from simkit._types import ROW_FIELDS, Fragment, stack_fragments
 from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable, _Keepalive
 from simkit.models import ModelSpec, PolicyWeights, get_weights
 from simkit.protocol import Message, ProtocolError, RemoteError, space_from_plain
@@ -637,64 +637,13 @@ class PolicyStream:
         self.close()
 
 
-_ROW_FIELDS = (
-    "obs",
-    "actions",
-    "log_probs",
-    "values",
-    "rewards",
-    "terminated",
-    "truncated",
-    "final_values",
-    "agent_mask",
-)
-
-
-def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
-    """Concatenates fragments of the same ``T`` along rows (servers side by side).
-
-    ``policy_version`` is the elementwise minimum (equal in sync mode); episode rows
-    are shifted by the rows of the fragments before;
-    ``start_state`` is kept only for a single fragment; ``sequence`` is the first's.
-
-    Raises:
-        ValueError: no fragments, or different ``T``.
-    """
-    if not fragments:
-        raise ValueError("stack_fragments needs at least one fragment")
-    if len(fragments) == 1:
-        return fragments[0]
-    steps = {f.num_steps for f in fragments}
-    if len(steps) != 1:
-        raise ValueError(f"fragments must share T to be stacked, got {sorted(steps)}")
-    row_offsets = np.cumsum([0] + [f.num_rows for f in fragments[:-1]]).tolist()
-    rows = {
-        name: np.concatenate([getattr(f, name) for f in fragments], axis=1) for name in _ROW_FIELDS
-    }
-    return Fragment(
-        **rows,
-        policy_version=np.minimum.reduce([f.policy_version for f in fragments]),
-        last_obs=np.concatenate([f.last_obs for f in fragments]),
-        last_values=np.concatenate([f.last_values for f in fragments]),
-        env_ids=np.concatenate([f.env_ids for f in fragments]),
-        episode_returns=np.concatenate([f.episode_returns for f in fragments]),
-        episode_lengths=np.concatenate([f.episode_lengths for f in fragments]),
-        episode_rows=np.concatenate(
-            [f.episode_rows + off for f, off in zip(fragments, row_offsets, strict=True)]
-        ),
-        source=",".join(f.source for f in fragments),
-        sequence=fragments[0].sequence,
-        start_state=None,
-    )
-
-
 def fragment_to_torch(
     fragment: Fragment, device: str | torch.device = "cpu"
 ) -> dict[str, torch.Tensor]:
     """Every array of ``fragment`` as a torch tensor on ``device`` (copied: received
     arrays are read-only views of network buffers)."""
     names = (
-        *_ROW_FIELDS,
+        *ROW_FIELDS,
         "policy_version",
         "last_obs",
         "last_values",

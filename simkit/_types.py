@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchStep", "MultiAgentBatchStep", "Fragment", "StepFault"]
+__all__ = ["BatchStep", "MultiAgentBatchStep", "Fragment", "StepFault", "stack_fragments"]
 
 
 @dataclass(frozen=True)
@@ -152,54 +153,6 @@ class Fragment:
         """``R``."""
         return int(self.log_probs.shape[1])
 
-    @classmethod
-    def concat_rows(cls, fragments: list[Fragment]) -> Fragment:
-        """One fragment holding the rows of ``fragments`` side by side, in env slot order.
-
-        The fragments of one update from several servers become the fragment one server
-        (or the in-process rollout) would have produced for all their slots, so what the
-        learner computes from it does not depend on how the slots were split. Each step's
-        ``policy_version`` is the oldest among the fragments; ``source`` joins theirs.
-
-        Raises:
-            ValueError: no fragments, or fragments of different lengths.
-        """
-        if not fragments:
-            raise ValueError("concat_rows needs at least one fragment")
-        parts = sorted(fragments, key=lambda f: int(f.env_ids[0]))
-        if len(parts) == 1:
-            return parts[0]
-        lengths = {f.num_steps for f in parts}
-        if len(lengths) != 1:
-            raise ValueError(f"fragments of one batch must have one length, got {sorted(lengths)}")
-        offsets = np.cumsum([0] + [f.num_rows for f in parts[:-1]])
-
-        def rows(name: str, axis: int = 1) -> np.ndarray:
-            return np.concatenate([np.asarray(getattr(f, name)) for f in parts], axis=axis)
-
-        return cls(
-            obs=rows("obs"),
-            actions=rows("actions"),
-            log_probs=rows("log_probs"),
-            values=rows("values"),
-            rewards=rows("rewards"),
-            terminated=rows("terminated"),
-            truncated=rows("truncated"),
-            final_values=rows("final_values"),
-            agent_mask=rows("agent_mask"),
-            policy_version=np.min([f.policy_version for f in parts], axis=0),
-            last_obs=rows("last_obs", 0),
-            last_values=rows("last_values", 0),
-            env_ids=rows("env_ids", 0),
-            episode_returns=rows("episode_returns", 0),
-            episode_lengths=rows("episode_lengths", 0),
-            episode_rows=np.concatenate(
-                [f.episode_rows + off for f, off in zip(parts, offsets, strict=True)]
-            ),
-            source=",".join(f.source for f in parts),
-            sequence=min(f.sequence for f in parts),
-        )
-
 
 @dataclass(frozen=True)
 class StepFault:
@@ -218,3 +171,58 @@ class StepFault:
     env_id: int
     error: Exception | None
     during: str
+
+
+ROW_FIELDS = (
+    "obs",
+    "actions",
+    "log_probs",
+    "values",
+    "rewards",
+    "terminated",
+    "truncated",
+    "final_values",
+    "agent_mask",
+)
+"""The ``(T, R)`` fields of a :class:`Fragment`, joined along rows by :func:`stack_fragments`."""
+
+
+def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
+    """Concatenates fragments of the same ``T`` along rows (servers side by side).
+
+    The learner joins one update's fragments this way, in env slot order, so what it
+    computes does not depend on how the slots were split over producers.
+
+    ``policy_version`` is the elementwise minimum (equal in sync mode); episode rows
+    are shifted by the rows of the fragments before;
+    ``start_state`` is kept only for a single fragment; ``sequence`` is the first's.
+
+    Raises:
+        ValueError: no fragments, or different ``T``.
+    """
+    if not fragments:
+        raise ValueError("stack_fragments needs at least one fragment")
+    if len(fragments) == 1:
+        return fragments[0]
+    steps = {f.num_steps for f in fragments}
+    if len(steps) != 1:
+        raise ValueError(f"fragments must share T to be stacked, got {sorted(steps)}")
+    row_offsets = np.cumsum([0] + [f.num_rows for f in fragments[:-1]]).tolist()
+    rows = {
+        name: np.concatenate([getattr(f, name) for f in fragments], axis=1) for name in ROW_FIELDS
+    }
+    return Fragment(
+        **rows,
+        policy_version=np.minimum.reduce([f.policy_version for f in fragments]),
+        last_obs=np.concatenate([f.last_obs for f in fragments]),
+        last_values=np.concatenate([f.last_values for f in fragments]),
+        env_ids=np.concatenate([f.env_ids for f in fragments]),
+        episode_returns=np.concatenate([f.episode_returns for f in fragments]),
+        episode_lengths=np.concatenate([f.episode_lengths for f in fragments]),
+        episode_rows=np.concatenate(
+            [f.episode_rows + off for f, off in zip(fragments, row_offsets, strict=True)]
+        ),
+        source=",".join(f.source for f in fragments),
+        sequence=fragments[0].sequence,
+        start_state=None,
+    )

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from simkit._types import Fragment
+from simkit._types import Fragment, stack_fragments
 from simkit.clients._checkpoint import load_checkpoint
 from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
 from simkit.clients.ppo import (
@@ -137,7 +137,7 @@ def test_fragments_split_over_servers_scale_and_join_as_one() -> None:
         )
         for rows in (slice(cut, 4), slice(0, cut))  # delivered out of slot order
     ]
-    joined = Fragment.concat_rows(halves)
+    joined = stack_fragments(sorted(halves, key=lambda f: int(f.env_ids[0])))
     for name in ("obs", "rewards", "terminated", "last_values", "env_ids"):
         assert np.array_equal(getattr(joined, name), getattr(whole, name)), name
     one, two = RewardScaler(0.99, 10.0), RewardScaler(0.99, 10.0)
