@@ -10,7 +10,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PPOArgs", "resolve_device"]
+__all__ = ["PPOArgs", "resolve_device", "refuse_unless"]
+
+
+def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
+    """Raises for the first ``(flag, value, ok, must be)`` rule that does not hold.
+
+    Raises:
+        ValueError: ``"<flag> must be <must be>, got <value>"``.
+    """
+    for flag, value, ok, want in rules:
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, got {value}")
 
 
 @dataclass
@@ -84,9 +95,7 @@ class PPOArgs:
             ),
             ("mode", self.mode, self.mode in ("sync", "async"), "sync or async"),
         ]
-        for name, value, ok, want in rules:
-            if not ok:
-                raise ValueError(f"--{name.replace('_', '-')} must be {want}, got {value}")
+        refuse_unless([(f"--{name.replace('_', '-')}", *rest) for name, *rest in rules])
         batch = self.num_envs * self.num_steps
         if batch // self.num_minibatches < 2:
             raise ValueError(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients._args import PPOArgs
+from simkit.clients._args import PPOArgs, refuse_unless
 from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable, ServersLost
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ def check_run_settings(ns: argparse.Namespace, num_envs: int) -> None:
     Raises:
         ValueError: a value out of range, naming the flag, what it must be and what came.
     """
-    checks: list[tuple[str, float, bool, str]] = [
+    checks: list[tuple[str, Any, bool, str]] = [
         ("--checkpoint-every", ns.checkpoint_every, ns.checkpoint_every >= 0, ">= 0"),
         ("--checkpoint-minutes", ns.checkpoint_minutes, ns.checkpoint_minutes >= 0, ">= 0"),
         ("--print-every", ns.print_every, ns.print_every > 0, "> 0"),
@@ -202,9 +202,7 @@ def check_run_settings(ns: argparse.Namespace, num_envs: int) -> None:
     ]
     if ns.servers is not None:
         checks.append(("--servers", ns.servers, ns.servers >= 0, ">= 0"))
-    for flag, value, ok, want in checks:
-        if not ok:
-            raise ValueError(f"{flag} must be {want}, got {value:g}")
+    refuse_unless(checks)
     count = (ns.servers or 0) + len(ns.connect)
     if count > num_envs:
         raise ValueError(

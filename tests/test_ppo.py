@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from simkit._types import Fragment, stack_fragments
+from simkit._types import ROW_FIELDS, Fragment, stack_fragments
 from simkit.clients._checkpoint import load_checkpoint
 from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
 from simkit.clients.ppo import (
@@ -117,20 +117,7 @@ def test_fragments_split_over_servers_scale_and_join_as_one() -> None:
     halves = [
         dataclasses.replace(
             whole,
-            **{
-                name: getattr(whole, name)[:, rows]
-                for name in (
-                    "obs",
-                    "actions",
-                    "log_probs",
-                    "values",
-                    "rewards",
-                    "terminated",
-                    "truncated",
-                    "final_values",
-                    "agent_mask",
-                )
-            },
+            **{name: getattr(whole, name)[:, rows] for name in ROW_FIELDS},
             last_obs=whole.last_obs[rows],
             last_values=whole.last_values[rows],
             env_ids=whole.env_ids[rows],
