@@ -8,6 +8,7 @@ arguments to an ``argparse`` parser and a function running it. Adding a verb is 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -272,7 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``simkit`` console script; returns the exit status."""
+    """Entry point of the ``simkit`` console script; returns the exit status.
+
+    The working directory is importable, as with ``python -m``, so ``simkit train
+    mypkg.envs:MyEnv`` finds an unpackaged env next to the user."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)

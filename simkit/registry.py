@@ -158,14 +158,42 @@ def _gym_spec(id: str) -> EnvSpec:
     )
 
 
+def _class_spec(id: str) -> EnvSpec:
+    """The spec of ``package.module:Class``: an env class used without registering it,
+    its kind read from its base class."""
+    module_name, _, attr = id.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownEnv(
+            f"{id!r}: cannot import {module_name!r} ({exc}); run from the folder that "
+            "holds it or put it on PYTHONPATH"
+        ) from None
+    constructor = getattr(module, attr, None)
+    if constructor is None:
+        raise UnknownEnv(f"{id!r}: module {module_name} has no {attr!r}")
+    from simkit._batch import BatchEnv
+    from simkit._multiagent import MultiAgentEnv
+
+    kind = EnvKind.SINGLE
+    if isinstance(constructor, type) and issubclass(constructor, MultiAgentEnv):
+        kind = EnvKind.MULTI_AGENT
+    elif isinstance(constructor, type) and issubclass(constructor, BatchEnv):
+        kind = EnvKind.BATCH
+    return EnvSpec(id=id, entry_point=constructor, kind=kind, description=f"{id} (unregistered)")
+
+
 def spec(id: str) -> EnvSpec:
-    """The registration of ``id``; ``gym:<id>`` is Gymnasium's env ``<id>``.
+    """The registration of ``id``; ``gym:<id>`` is Gymnasium's env ``<id>`` and
+    ``package.module:Class`` an env class used without registering it.
 
     Raises:
         UnknownEnv: ``id`` is not registered; the message lists close matches.
     """
     if id.startswith(GYM_PREFIX):
         return _gym_spec(id)
+    if ":" in id and id not in _REGISTRY:
+        return _class_spec(id)
     _load_plugins()
     try:
         return _REGISTRY[id]

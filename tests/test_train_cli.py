@@ -149,3 +149,31 @@ def test_reproducible_mode_gives_the_same_parameters_under_other_kernels(tmp_pat
 def test_eval_refuses_a_count_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", str(tmp_path), "--episodes", "0"]) == 2
     assert capsys.readouterr().err.strip() == "simkit eval: --episodes must be >= 1, got 0"
+
+
+def test_an_unpackaged_env_class_reaches_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``simkit train module:Class`` from the folder that holds the module: no packaging,
+    no registering; a local server (a subprocess in the same folder) finds it too."""
+    import shutil
+    import sys
+
+    example = Path(__file__).parents[1] / "docs" / "examples" / "authoring_example.py"
+    shutil.copy(example, tmp_path / "my_envs.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_envs", raising=False)
+    for servers in ("0", "1"):
+        rc = main(
+            [
+                *("train", "my_envs:PointMass", "--servers", servers, "--num-envs", "2"),
+                *("--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"),
+                *("--total-steps", "128", "--no-progress", "--logdir", f"run{servers}"),
+            ]
+        )
+        assert rc == 0, capsys.readouterr().err
+        assert int(load_checkpoint(tmp_path / f"run{servers}").state["global_step"]) == 128
+    rc = main(["train", "my_envs:Nope", "--servers", "0"])
+    assert rc == 2
+    assert "module my_envs has no 'Nope'" in capsys.readouterr().err
