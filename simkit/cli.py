@@ -262,13 +262,40 @@ add_command(
 )
 
 
+class _Defaults(argparse.HelpFormatter):
+    """Shows every option's default in ``--help`` where its help does not already say
+    it (a ``None`` default means "not given" and is left out)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" not in text and _shows_default(action):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` states the option's default (flags: their presence is the
+    value; ``None``: "not given")."""
+    return (
+        bool(action.option_strings)
+        and action.default not in (None, argparse.SUPPRESS)
+        and action.nargs != 0
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
     parser = argparse.ArgumentParser(prog="simkit", description=simkit.__doc__)
     parser.add_argument("--version", action="version", version=f"simkit {simkit.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS.values():
-        command.configure(sub.add_parser(command.name, help=command.help, description=command.help))
+        verb = sub.add_parser(
+            command.name, help=command.help, description=command.help, formatter_class=_Defaults
+        )
+        command.configure(verb)
+        for action in verb._actions:  # argparse formats no help-less option: give it one
+            if action.help is None and action.option_strings and _shows_default(action):
+                action.help = "(default: %(default)s)"
     return parser
 
 

@@ -167,3 +167,23 @@ def test_the_command_line_is_built_without_torch() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False"
+
+
+def test_every_option_shows_its_default_in_help() -> None:
+    """Every option with a value shows its default: the verb's help says it, or the
+    formatter adds it (options whose default is "not given" excepted)."""
+    import argparse
+
+    from simkit.cli import build_parser
+
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in verbs.choices.items():
+        for action in sub._actions:
+            if not action.option_strings or action.nargs == 0 or action.default is None:
+                continue
+            if action.default == argparse.SUPPRESS:
+                continue
+            block = sub._get_formatter()._format_action(action)
+            flag = action.option_strings[-1]
+            assert "default" in block, f"simkit {name} {flag}: no default in --help"
