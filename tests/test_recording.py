@@ -368,6 +368,10 @@ def test_flipped_byte_is_reported_with_file_and_offset(tmp_path: Path) -> None:
         CorruptRecording, match=f"{chunk}: record checksum mismatch at offset {offset}"
     ):
         reader.load(1)
+    # --recover skips it where the chunk has an index, too.
+    indexed = RecordingReader(tmp_path, recover=True)
+    assert len(indexed) == 2
+    assert indexed.skipped[0].offset == offset
     (tmp_path / "chunk-000000.idx").unlink()
     with pytest.raises(CorruptRecording, match=f"offset {offset}"):
         RecordingReader(tmp_path)  # a scan finds it too

@@ -349,7 +349,8 @@ class RecordingReader:
     loaded. A torn tail (a writer killed mid-record, or one still writing) is left out
     and reported in :attr:`skipped`. A corrupted record raises
     :class:`~simkit.errors.CorruptRecording` naming the file and offset; with
-    ``recover=True`` it is skipped and reported instead.
+    ``recover=True`` every chunk is scanned and every record's checksum checked (an
+    index is not trusted), and a corrupted record is skipped and reported instead.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, recover: bool = False) -> None:
@@ -360,7 +361,7 @@ class RecordingReader:
         self.skipped: list[Skipped] = []
         self._frames: list[FrameInfo] = []
         for _, chunk in chunk_paths(self.directory):
-            frames = read_index(chunk)
+            frames = None if recover else read_index(chunk)  # recover checks every record
             if frames is None:
                 frames, skipped = scan_chunk(str(chunk), recover=recover)
                 self.skipped.extend(skipped)
