@@ -22,7 +22,7 @@ import simkit
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ModelSpec, PolicyWeights, build_model
 from simkit.protocol import InvalidField, ProtocolError, space_to_plain
-from simkit.protocol._errors import SessionStateError, Unsupported
+from simkit.protocol._errors import InternalError, SessionStateError, Unsupported
 from simkit.protocol._stream_messages import (
     InvalidSessionState,
     InvalidWeightsError,
@@ -119,7 +119,7 @@ class StreamWorker(threading.Thread):
             self._serve()
         except Exception:  # a bug: log it, tell the learner, free everything
             log.exception("stream session %s failed", self.session_name)
-            err = InvalidField("internal error in the stream session")
+            err = InternalError("internal error in the stream session (a bug; see the server log)")
             frames = self.session.error(err)
             self._send(frames)
         finally:

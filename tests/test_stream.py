@@ -613,3 +613,33 @@ def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Ser
     single = serve(CARTPOLE, 4, double_buffer=True)
     with PolicyStream(single.endpoint, SPEC, num_envs=4, timeout=20) as stream:
         assert not stream.infos[0].double_buffered
+
+
+def test_a_bug_in_a_stream_session_is_the_internal_code_and_the_server_goes_on(
+    serve: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simkit.servers._stream_loop import RolloutLoop
+
+    srv = serve()
+    real_step = RolloutLoop.step
+    calls: list[int] = []
+
+    def broken(self: RolloutLoop) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return real_step(self)
+
+    monkeypatch.setattr(RolloutLoop, "step", broken)
+
+    def push_and_take(stream: PolicyStream) -> None:  # the error answers whichever waits
+        stream.push_weights(_model())
+        stream.next_fragment()
+
+    with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+        with pytest.raises(RemoteError, match="internal error in the stream session") as info:
+            push_and_take(stream)
+        assert info.value.remote_code == "internal"
+    with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:  # still serving
+        stream.push_weights(_model())
+        assert stream.next_fragment().num_rows == 2

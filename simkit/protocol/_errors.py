@@ -9,6 +9,7 @@ from simkit.errors import SimkitError
 __all__ = [
     "ERROR_CODES",
     "ProtocolError",
+    "InternalError",
     "MalformedMessage",
     "VersionMismatch",
     "UnknownKind",
@@ -66,6 +67,12 @@ class InvalidField(ProtocolError):
     """A header or body field is missing, of the wrong type or out of range."""
 
     code = "invalid_field"
+
+
+class InternalError(ProtocolError):
+    """An unexpected server error (a bug): the server says so and keeps serving."""
+
+    code = "internal"
 
 
 class InvalidDtype(ProtocolError):
