@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-# One machine, no network: Ray's nodes, and the servers' ZeroMQ endpoints, on loopback.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# One machine, no network: Ray on loopback (tests/conftest.py sets it before Ray loads).
+assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0"
 ray = pytest.importorskip("ray", reason="Ray is the optional extra simkit[ray]")
 
 import simkit.clients._launch as launch_module  # noqa: E402
