@@ -65,6 +65,10 @@ class StreamSettings:
         inline_threshold: arrays up to this many bytes go inside the header.
         server: server software and version.
         max_envs: the most env slots one session may ask for.
+        max_fragment_bytes: the largest fragment one session may ask for (env slots x
+            agents x ``T`` x the bytes of one step's row), refused at open.
+        max_model_params: the most parameters a session's model may have, refused at
+            open (for the built-in ``mlp`` before it is built).
         double_buffer: step a session's envs in two halves, one half's physics
             overlapping the policy's forward pass for the other, where the envs allow
             it (a BatchEnv with subset steps, an even number of env slots).
@@ -81,6 +85,8 @@ class StreamSettings:
     inline_threshold: int = 16384
     server: str = ""
     max_envs: int = 4096
+    max_fragment_bytes: int = 256 << 20
+    max_model_params: int = 16_000_000
     double_buffer: bool = False
 
 

@@ -9,12 +9,14 @@ socket thread forwards from (ZeroMQ sockets are not thread-safe).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import zmq
 
@@ -382,9 +384,22 @@ class StreamWorker(threading.Thread):
             raise InvalidField(f"cannot build env {env_id!r}: {exc}", got=env_id) from exc
         if halves and envs.can_split:
             envs.split()
+        length = config.fragment_length or s.fragment_length
+        try:
+            _check_sizes(s, envs, length, config.model)
+        except ProtocolError:
+            envs.close()
+            raise
         try:
             spec = ModelSpec.from_plain(config.model)
             model = build_model(spec, envs.observation_space, envs.action_space)
+            params = sum(p.numel() for p in model.parameters())
+            if params > s.max_model_params:
+                raise InvalidField(
+                    f"model {spec.name!r} has {params:,} parameters",
+                    expected=f"<= {s.max_model_params:,}",
+                    got=params,
+                )
             obs_plain = space_to_plain(envs.observation_space)
             act_plain = space_to_plain(envs.action_space)
         except UnknownModel as exc:
@@ -414,7 +429,6 @@ class StreamWorker(threading.Thread):
             rows_per_slot=per_env,
             action_space=envs.action_space,
         )
-        length = config.fragment_length or s.fragment_length
         self._loop = RolloutLoop(
             envs,
             self._policy,
@@ -450,6 +464,43 @@ class StreamWorker(threading.Thread):
 
     _envs_per_step = 0
     _info_env_id = ""
+
+
+def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any]) -> None:
+    """Refuses, before anything large is allocated, a session whose fragments or
+    built-in MLP would exceed the server's limits.
+
+    Raises:
+        InvalidField: naming the limit, what it allows and what was asked.
+    """
+    obs, act = envs.observation_space, envs.action_space
+    obs_bytes = int(np.prod(obs.shape or (1,))) * np.dtype(obs.dtype or np.float32).itemsize
+    act_bytes = int(np.prod(act.shape or (1,))) * max(8, np.dtype(act.dtype or np.int64).itemsize)
+    row_bytes = obs_bytes + act_bytes + 4 + 4 + 8 + 1 + 1 + 4 + 1  # logp, value, reward, flags
+    fragment = length * envs.num_rows * row_bytes
+    if fragment > s.max_fragment_bytes:
+        raise InvalidField(
+            f"a fragment of {envs.num_rows} rows x {length} steps would hold {fragment:,} "
+            "bytes; ask for fewer env slots or a shorter fragment_length",
+            expected=f"<= {s.max_fragment_bytes:,} bytes",
+            got=fragment,
+        )
+    if model.get("name") != "mlp":
+        return
+    hidden = (model.get("kwargs") or {}).get("hidden_sizes", [64, 64])
+    if not isinstance(hidden, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) for h in hidden
+    ):
+        return  # the model itself refuses malformed kwargs
+    widths = [int(np.prod(obs.shape or (1,))), *hidden, 64]
+    estimate = 2 * sum(a * b for a, b in itertools.pairwise(widths))  # actor and critic
+    if estimate > s.max_model_params:
+        raise InvalidField(
+            f"model 'mlp' with hidden_sizes of {len(hidden)} layers would have about "
+            f"{estimate:,} parameters",
+            expected=f"<= {s.max_model_params:,}",
+            got=estimate,
+        )
 
 
 def _stale(current: int, got: int) -> ProtocolError:

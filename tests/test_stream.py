@@ -643,3 +643,30 @@ def test_a_bug_in_a_stream_session_is_the_internal_code_and_the_server_goes_on(
     with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:  # still serving
         stream.push_weights(_model())
         assert stream.next_fragment().num_rows == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "model", "message"),
+    [
+        ({"num_envs": 4096, "fragment_length": 2**20}, SPEC.to_plain(), "would hold"),
+        ({"num_envs": 2}, {"name": "mlp", "kwargs": {"hidden_sizes": [6000, 6000]}}, "parameters"),
+        ({"num_envs": 2}, {"name": "mlp", "kwargs": {"hidden_sizes": [64] * 65536}}, "parameters"),
+    ],
+)
+def test_sessions_beyond_the_servers_limits_are_refused_at_open(
+    serve: Servers, kwargs: dict[str, Any], model: dict[str, Any], message: str
+) -> None:
+    """Refused before anything large is allocated: the process grows by little, and the
+    server goes on serving."""
+    import resource
+
+    srv = serve()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(RemoteError, match=message) as info:
+        PolicyStream(srv.endpoint, model, timeout=20, **kwargs)
+    assert info.value.remote_code == "invalid_field"
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100, f"the refused open grew the process by {grown_mb:.0f} MB"
+    with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+        stream.push_weights(_model())
+        assert stream.next_fragment().num_rows == 2
