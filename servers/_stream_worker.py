@@ -238,6 +238,18 @@ class StreamWorker(threading.Thread):
         elif isinstance(cmd, WeightsCommand):
             loop = self._loop
             if self.session.mode == "sync" and loop is not None and loop.in_fragment:
+                if len(self._deferred) >= MAX_DEFERRED_WEIGHTS:
+                    exc = SessionStateError(
+                        "too many weights wait for this sync fragment's end; push the next "
+                        "version after its fragment arrived",
+                        expected=f"<= {MAX_DEFERRED_WEIGHTS} waiting",
+                        got=len(self._deferred) + 1,
+                    )
+                    exc.request_id = cmd.id  # type: ignore[attr-defined]
+                    exc.request_kind = "weights"  # type: ignore[attr-defined]
+                    self._metrics.error(exc.code)
+                    self._send(self.session.error(exc))
+                    return
                 self._deferred.append(cmd)
             else:
                 self._apply(cmd)
@@ -464,6 +476,11 @@ class StreamWorker(threading.Thread):
 
     _envs_per_step = 0
     _info_env_id = ""
+
+
+MAX_DEFERRED_WEIGHTS = 2
+"""Weights a sync session keeps waiting for its fragment's end (a learner pushes one
+version per fragment; more are refused, not queued without bound)."""
 
 
 def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any]) -> None:

@@ -670,3 +670,20 @@ def test_sessions_beyond_the_servers_limits_are_refused_at_open(
     with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:
         stream.push_weights(_model())
         assert stream.next_fragment().num_rows == 2
+
+
+def test_weights_piling_up_in_a_sync_fragment_are_refused_not_queued(serve: Servers) -> None:
+    from simkit.models import get_weights
+
+    srv = serve(fragment_length=65536)  # a long fragment: the pushes arrive inside it
+    model = _model()
+    with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+        stream.push_weights(model)  # version 0 starts the fragment
+        time.sleep(0.2)  # well inside its 65536 steps
+        server = stream._servers[0]
+        tensors = get_weights(model, 0).tensors
+        for version in range(1, 6):
+            stream._send(server, server.session.request_weights(version, tensors))
+        with pytest.raises(RemoteError, match="too many weights wait") as info:
+            stream._await(server, lambda s: False, "an error")
+        assert info.value.remote_code == "session_state"
