@@ -687,3 +687,26 @@ def test_weights_piling_up_in_a_sync_fragment_are_refused_not_queued(serve: Serv
         with pytest.raises(RemoteError, match="too many weights wait") as info:
             stream._await(server, lambda s: False, "an error")
         assert info.value.remote_code == "session_state"
+
+
+def test_stream_requests_without_a_session_get_session_state(serve: Servers) -> None:
+    import zmq
+
+    from simkit.protocol._codec import decode
+
+    srv = serve()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(srv.endpoint)
+    client = StreamClientSession(srv.endpoint)
+    try:
+        for request in (client.request_state(), client.request_credit(1)):
+            sock.send_multipart(request)
+            assert sock.poll(5000)
+            reply = decode(sock.recv_multipart())
+            assert reply.kind == "error"
+            assert reply.body["code"] == "session_state"
+            assert "needs a stream session" in reply.body["message"]
+    finally:
+        sock.close(0)
+        ctx.term()

@@ -36,6 +36,7 @@ from simkit.protocol._handshake import REQUEST_KINDS, ServerInfo, SessionState, 
 from simkit.protocol._infos import infos_to_wire
 from simkit.protocol._spaces import check_batch, flatten_batch, unflatten_batch
 from simkit.protocol._step_reply import SINGLE_AGENT_STEP, EnvFault, encode_step_reply
+from simkit.protocol._stream_messages import STREAM_KINDS
 from simkit.snapshot import from_plain, to_plain
 
 __all__ = [
@@ -46,6 +47,9 @@ __all__ = [
     "is_keepalive",
     "request_env_ids",
 ]
+
+_STREAM_ONLY = frozenset(STREAM_KINDS) - set(REQUEST_KINDS) - {"stream_open"}
+"""Requests of a stream session that reach a connection without one."""
 
 
 class EnvHost(Protocol):
@@ -193,6 +197,12 @@ class ServerSession:
         return Message(kind=msg.kind, id=msg.id, body=body, arrays=arrays)
 
     def _dispatch(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        if msg.kind in _STREAM_ONLY:
+            raise SessionStateError(
+                f"{msg.kind!r} needs a stream session; this connection has none",
+                expected="stream_open first",
+                got=msg.kind,
+            )
         if msg.kind not in REQUEST_KINDS:
             raise UnknownKind(
                 "unknown request kind", expected="|".join(REQUEST_KINDS), got=msg.kind
