@@ -330,4 +330,7 @@ def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, An
         except (KeyError, json.JSONDecodeError) as exc:
             raise InvalidCheckpoint(f"{p}: malformed policy metadata: {exc}") from exc
     ckpt = load_checkpoint(p)
-    return ckpt.model, dict(ckpt.state["policy"])
+    policy = ckpt.state.get("policy") if isinstance(ckpt.state, dict) else None
+    if not isinstance(policy, dict):
+        raise InvalidCheckpoint(f"{ckpt.path / 'state.msgpack'}: holds no policy metadata")
+    return ckpt.model, dict(policy)

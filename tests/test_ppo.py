@@ -552,3 +552,23 @@ def test_checkpoints_with_bad_optimizer_state_or_nan_weights_are_refused(
     assert len(err) == 1
     assert "non-finite value(s)" in err[0]
     assert "nan.safetensors" in err[0]
+
+
+def test_eval_of_a_checkpoint_without_policy_metadata_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+    from simkit.clients._checkpoint import save_checkpoint
+
+    run_training(
+        PPOArgs(**TINY), logdir=tmp_path / "run", max_updates=1, tensorboard=False, servers=0
+    )
+    ckpt = load_checkpoint(tmp_path / "run")
+    state = {k: v for k, v in ckpt.state.items() if k != "policy"}
+    opt_state = ckpt.optimizer
+    saved = save_checkpoint(
+        tmp_path / "bad", "update-00000001", model=ckpt.model, optimizer=opt_state, state=state
+    )
+    assert main(["eval", str(saved), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"simkit eval: {saved / 'state.msgpack'}: holds no policy metadata"]
