@@ -177,3 +177,16 @@ def test_an_unpackaged_env_class_reaches_the_cli(
     rc = main(["train", "my_envs:Nope", "--servers", "0"])
     assert rc == 2
     assert "module my_envs has no 'Nope'" in capsys.readouterr().err
+
+
+def test_the_rounding_of_total_steps_is_said_up_front_and_the_summary_names_the_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec = tmp_path / "rec"
+    rc = _train(tmp_path / "run", "--total-steps", "1000", "--record", str(rec))
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert (
+        "--total-steps 1,000 is 3 updates of 256 env steps: training stops at 768" in captured.err
+    )
+    assert f"  recording: simkit replay {rec} --verify" in captured.out
