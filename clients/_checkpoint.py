@@ -36,6 +36,7 @@ from safetensors.torch import save as st_save
 
 from simkit import snapshot
 from simkit.errors import InvalidCheckpoint, InvalidState
+from simkit.models._weights import canonical_safetensors
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -297,9 +298,12 @@ def check_optimizer(file: Path, state: dict[str, Any], params: list[torch.Tensor
 
 
 def save_policy(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
-    """Writes a policy snapshot (tensors + JSON metadata) atomically."""
+    """Writes a policy snapshot (tensors + JSON metadata) atomically; the same policy
+    always gives the same bytes (:func:`~simkit.models._weights.canonical_safetensors`)."""
     meta = {"format": POLICY_FORMAT, "meta": json.dumps(metadata)}
-    data = st_save({k: v.detach().contiguous() for k, v in tensors.items()}, metadata=meta)
+    data = canonical_safetensors(
+        st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=meta)
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     _replace_atomically(path, data)
 

@@ -572,3 +572,29 @@ def test_eval_of_a_checkpoint_without_policy_metadata_is_one_line(
     assert main(["eval", str(saved), "--episodes", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"simkit eval: {saved / 'state.msgpack'}: holds no policy metadata"]
+
+
+def test_the_same_policy_is_always_the_same_bytes(tmp_path: Path) -> None:
+    """safetensors writes metadata in a hash map's random order; saved policies and
+    weights sort it, so a run's files repeat byte for byte (fails before: two orders)."""
+    from simkit.clients._checkpoint import load_policy, save_policy
+    from simkit.models import get_weights, load_weights, save_weights
+
+    model = build_model(PPOArgs(**TINY))
+    tensors = {k: v.detach() for k, v in model.state_dict().items()}
+    meta = {"env_id": TINY["env_id"], "model": {"name": "mlp", "kwargs": {}}}
+    outputs = set()
+    for k in range(24):
+        save_policy(tmp_path / f"p{k}.safetensors", tensors, meta)
+        outputs.add((tmp_path / f"p{k}.safetensors").read_bytes())
+    assert len(outputs) == 1
+    back, back_meta = load_policy(tmp_path / "p0.safetensors")
+    assert back_meta == meta
+    assert all(torch.equal(back[k], tensors[k]) for k in tensors)
+    weights = get_weights(model, 3)
+    files = set()
+    for k in range(24):
+        save_weights(tmp_path / f"w{k}.safetensors", weights)
+        files.add((tmp_path / f"w{k}.safetensors").read_bytes())
+    assert len(files) == 1
+    assert load_weights(tmp_path / "w0.safetensors").version == 3

@@ -228,12 +228,33 @@ def weights_from_wire(
     return PolicyWeights(body.get("version"), tensors, spec)  # type: ignore[arg-type]  # validated in __post_init__
 
 
+def canonical_safetensors(data: bytes) -> bytes:
+    """``data`` (a safetensors file's bytes) with its header's ``__metadata__`` keys in
+    sorted order, so the same tensors and metadata are always the same bytes.
+
+    safetensors writes the metadata map in a hash map's random order (upstream
+    safetensors issue #584); sorting the keys keeps the header's length, so the length
+    prefix, the data offsets and the tensor bytes are unchanged.
+    """
+    import struct
+
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    meta = header.pop("__metadata__", None)
+    ordered = ({"__metadata__": dict(sorted(meta.items()))} if meta is not None else {}) | header
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) > size:  # cannot happen for a reordering; keep the original then
+        return data
+    return data[:8] + text + b" " * (size - len(text)) + data[8 + size :]
+
+
 def save_weights(path: str | os.PathLike[str], weights: PolicyWeights) -> None:
     """Writes ``weights`` to a safetensors file, atomically (a temp file, then rename).
 
-    The metadata holds ``format``, ``version`` and ``spec`` (JSON).
+    The metadata holds ``format``, ``version`` and ``spec`` (JSON); the same weights
+    always give the same bytes (:func:`canonical_safetensors`).
     """
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
@@ -242,7 +263,8 @@ def save_weights(path: str | os.PathLike[str], weights: PolicyWeights) -> None:
         "version": str(weights.version),
         "spec": json.dumps(None if weights.spec is None else weights.spec.to_plain()),
     }
-    save_file({k: np.array(v, order="C") for k, v in weights.tensors.items()}, tmp, metadata)
+    data = save({k: np.array(v, order="C") for k, v in weights.tensors.items()}, metadata)
+    tmp.write_bytes(canonical_safetensors(data))
     os.replace(tmp, target)
 
 
