@@ -192,11 +192,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.curve_secret_key is not None:
         _, secret = zmq.auth.load_certificate(args.curve_secret_key)
         if secret is None:
-            print(f"error: {args.curve_secret_key} holds no secret key", file=sys.stderr)
+            print(f"simkit serve: {args.curve_secret_key} holds no secret key", file=sys.stderr)
             return 2
     if args.policy:
         if args.torch_threads < 1:
-            print(f"error: --torch-threads must be >= 1, got {args.torch_threads}", file=sys.stderr)
+            print(f"simkit serve: --torch-threads must be >= 1, got {args.torch_threads}", file=sys.stderr)
             return 2
         import torch  # only a policy-serving server needs torch
 
@@ -224,7 +224,7 @@ def run_serve(args: argparse.Namespace) -> int:
             record=args.record,
         )
     except (ValueError, TypeError, KeyError, ImportError, SimkitError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"simkit serve: {exc}", file=sys.stderr)
         return 2
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
