@@ -196,7 +196,10 @@ def run_serve(args: argparse.Namespace) -> int:
             return 2
     if args.policy:
         if args.torch_threads < 1:
-            print(f"simkit serve: --torch-threads must be >= 1, got {args.torch_threads}", file=sys.stderr)
+            print(
+                f"simkit serve: --torch-threads must be >= 1, got {args.torch_threads}",
+                file=sys.stderr,
+            )
             return 2
         import torch  # only a policy-serving server needs torch
 
