@@ -192,9 +192,9 @@ def spec(id: str) -> EnvSpec:
     """
     if id.startswith(GYM_PREFIX):
         return _gym_spec(id)
+    _load_plugins()
     if ":" in id and id not in _REGISTRY:
         return _class_spec(id)
-    _load_plugins()
     try:
         return _REGISTRY[id]
     except KeyError:

@@ -19,7 +19,7 @@ from simkit._state import restore_all
 from simkit._types import BatchStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import InvalidState, ResetNeeded
-from simkit.registry import GYM_PREFIX, make
+from simkit.registry import make
 from simkit.vector._actions import check_batch, split_rows
 from simkit.vector._pool import WorkerPool
 
@@ -67,7 +67,8 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             all envs, or a list of N mappings (e.g. a different gravity per env).
         env_kwargs: other constructor arguments for envs built from an id.
         validate_actions: check each batch of actions once (shape, dtype, NaN, range)
-            and build the envs with ``validate_actions=False``.
+            and turn the envs' own per-action check off (``validate_actions = False``
+            where they have one).
         isolate_faults: an env whose ``step`` raises ends its episode (truncated, reward
             0, last observation) and is reset while the others go on; the failure is
             reported by :meth:`step_envs` as a :class:`~simkit._types.StepFault` (what a
@@ -90,7 +91,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self.closed = False
         self.isolate_faults = isolate_faults
         self._pool: WorkerPool | None = None
-        self.envs = _build_envs(env_fns, num_envs, params, env_kwargs, validate_actions)
+        self.envs = _build_envs(env_fns, num_envs, params, env_kwargs)
         n = len(self.envs)
         self.num_envs = n
         self.autoreset_mode = AutoresetMode(autoreset_mode)
@@ -753,7 +754,6 @@ def _build_envs(
     num_envs: int | None,
     params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
     env_kwargs: Mapping[str, Any] | None,
-    validate_actions: bool,
 ) -> list[gym.Env[Any, Any]]:
     if isinstance(env_fns, str):
         if num_envs is None:
@@ -761,8 +761,6 @@ def _build_envs(
         n = _positive_int(num_envs, "num_envs")
         per_env = _per_env_params(params, n)
         kwargs = dict(env_kwargs or {})
-        if validate_actions and not env_fns.startswith(GYM_PREFIX):  # Gymnasium's have no
-            kwargs["validate_actions"] = False  # switch: the vector checks their batches
         envs: list[gym.Env[Any, Any]] = []
         for i in range(n):
             extra = {"params": per_env[i]} if per_env[i] is not None else {}
