@@ -8,6 +8,11 @@ multi-agent servers. :class:`CurveKeys` connects them to servers that require CU
 streams trajectory fragments from servers that run the learner's policy.
 :func:`launch` starts such servers as Ray actors across a cluster (``simkit[ray]``) and
 returns their endpoints and CURVE keys (:class:`RayServers`).
+
+Off-policy learning: :class:`ReplayBuffer` (transitions from fragments and recordings),
+:class:`SAC` / :func:`train_sac` (the learner and its loops) and :func:`run_sac` (the
+run behind ``simkit train ENV --algo sac``), :class:`LearnerMetrics` (its Prometheus
+metrics).
 """
 
 import importlib
@@ -17,9 +22,13 @@ if TYPE_CHECKING:
     from simkit.clients._connection import CurveKeys, ServerUnavailable
     from simkit.clients._demo import DemoFigures, remote_demo
     from simkit.clients._launch import RayServers, ServerInfo, launch
+    from simkit.clients._learner_metrics import LearnerMetrics
     from simkit.clients._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
+    from simkit.clients._replay import ReplayBatch, ReplayBuffer
     from simkit.clients._stream import PolicyStream, ServerStats, fragment_to_torch, stack_fragments
+    from simkit.clients._train_sac import run_sac
     from simkit.clients._vector import RemoteVectorEnv
+    from simkit.clients.sac import SAC, SACArgs, TwinQ, train_sac
 
 _WHERE = {
     "CurveKeys": "_connection",
@@ -36,6 +45,14 @@ _WHERE = {
     "fragment_to_torch": "_stream",
     "stack_fragments": "_stream",
     "RemoteVectorEnv": "_vector",
+    "ReplayBuffer": "_replay",
+    "ReplayBatch": "_replay",
+    "SAC": "sac",
+    "SACArgs": "sac",
+    "TwinQ": "sac",
+    "train_sac": "sac",
+    "run_sac": "_train_sac",
+    "LearnerMetrics": "_learner_metrics",
 }
 """Where each public name lives: imported on first use, so a submodule (the command
 line's) can be imported without loading torch."""
@@ -64,4 +81,13 @@ __all__ = [
     "launch",
     "RayServers",
     "ServerInfo",
+    # off-policy
+    "ReplayBuffer",
+    "ReplayBatch",
+    "SAC",
+    "SACArgs",
+    "TwinQ",
+    "train_sac",
+    "run_sac",
+    "LearnerMetrics",
 ]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PPOArgs", "resolve_device", "refuse_unless"]
+__all__ = ["PPOArgs", "SACArgs", "resolve_device", "refuse_unless"]
 
 
 def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
@@ -24,8 +24,51 @@ def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
             raise ValueError(f"{flag} must be {want}, got {value}")
 
 
+class _Plain:
+    """Settings as plain data for checkpoints (``hidden`` as a list)."""
+
+    hidden: tuple[int, ...]
+    total_steps: int
+    num_envs: int
+    num_steps: int
+    env_threads: int
+    torch_threads: int
+    mode: str
+
+    def _shared_rules(self) -> list[tuple[str, Any, bool, str]]:
+        """The checks of the fields both learners have: ``(field, value, ok, must be)``."""
+        return [
+            ("total_steps", self.total_steps, self.total_steps >= 0, ">= 0 (0: until stopped)"),
+            ("num_envs", self.num_envs, self.num_envs >= 1, ">= 1"),
+            ("num_steps", self.num_steps, self.num_steps >= 1, ">= 1"),
+            ("env_threads", self.env_threads, self.env_threads >= 1, ">= 1"),
+            ("torch_threads", self.torch_threads, self.torch_threads >= 1, ">= 1"),
+            (
+                "hidden",
+                list(self.hidden),
+                bool(self.hidden) and min(self.hidden) >= 1,
+                "sizes >= 1",
+            ),
+            ("mode", self.mode, self.mode in ("sync", "async"), "sync or async"),
+        ]
+
+    def to_plain(self) -> dict[str, Any]:
+        """JSON-able form (for checkpoints)."""
+        plain = asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
+        plain["hidden"] = list(self.hidden)
+        return plain
+
+    @classmethod
+    def from_plain(cls, plain: Mapping[str, Any]) -> Self:
+        """Inverse of :meth:`to_plain`; unknown keys are an error."""
+        values = dict(plain)
+        if "hidden" in values:
+            values["hidden"] = tuple(values["hidden"])
+        return cls(**values)
+
+
 @dataclass
-class PPOArgs:
+class PPOArgs(_Plain):
     """Hyperparameters and run settings (defaults: CleanRL's ``ppo_continuous_action``)."""
 
     env_id: str = "simkit/CartPole-v0"
@@ -71,9 +114,7 @@ class PPOArgs:
             ValueError: one line naming the flag, what it must be and what came.
         """
         rules: list[tuple[str, Any, bool, str]] = [
-            ("total_steps", self.total_steps, self.total_steps >= 0, ">= 0 (0: until stopped)"),
-            ("num_envs", self.num_envs, self.num_envs >= 1, ">= 1"),
-            ("num_steps", self.num_steps, self.num_steps >= 1, ">= 1"),
+            *self._shared_rules(),
             ("learning_rate", self.learning_rate, self.learning_rate > 0, "> 0"),
             ("gamma", self.gamma, 0 < self.gamma <= 1, "in (0, 1]"),
             ("gae_lambda", self.gae_lambda, 0 <= self.gae_lambda <= 1, "in [0, 1]"),
@@ -85,15 +126,6 @@ class PPOArgs:
             ("max_grad_norm", self.max_grad_norm, self.max_grad_norm > 0, "> 0"),
             ("reward_clip", self.reward_clip, self.reward_clip > 0, "> 0"),
             ("max_lag", self.max_lag, self.max_lag >= 0, ">= 0"),
-            ("env_threads", self.env_threads, self.env_threads >= 1, ">= 1"),
-            ("torch_threads", self.torch_threads, self.torch_threads >= 1, ">= 1"),
-            (
-                "hidden",
-                list(self.hidden),
-                bool(self.hidden) and min(self.hidden) >= 1,
-                "sizes >= 1",
-            ),
-            ("mode", self.mode, self.mode in ("sync", "async"), "sync or async"),
         ]
         refuse_unless([(f"--{name.replace('_', '-')}", *rest) for name, *rest in rules])
         batch = self.num_envs * self.num_steps
@@ -105,18 +137,77 @@ class PPOArgs:
             )
         resolve_device(self.device)
 
-    def to_plain(self) -> dict[str, Any]:
-        """JSON-able form (for checkpoints)."""
-        plain = asdict(self)
-        plain["hidden"] = list(self.hidden)
-        return plain
 
-    @classmethod
-    def from_plain(cls, plain: Mapping[str, Any]) -> PPOArgs:
-        """Inverse of :meth:`to_plain`; unknown keys are an error."""
-        values = dict(plain)
-        values["hidden"] = tuple(values.get("hidden", (64, 64)))
-        return cls(**values)
+@dataclass
+class SACArgs(_Plain):
+    """SAC hyperparameters and run settings (defaults: CleanRL's ``sac_continuous_action``)."""
+
+    env_id: str = "gym:HalfCheetah-v5"
+    seed: int = 1
+    total_steps: int = 1_000_000
+    """env steps to train for; 0 trains until stopped."""
+    num_envs: int = 1
+    num_steps: int = 1
+    """``T``: steps per env slot per fragment (each sync round is one fragment per slot)."""
+    buffer_size: int = 1_000_000
+    """replay capacity in transitions."""
+    gamma: float = 0.99
+    tau: float = 0.005
+    batch_size: int = 256
+    learning_starts: int = 5000
+    """transitions in the buffer before the first gradient step (random actions until then)."""
+    policy_lr: float = 3e-4
+    q_lr: float = 1e-3
+    policy_frequency: int = 2
+    """actor (and entropy) updates happen every this many gradient steps, this many times."""
+    target_network_frequency: int = 1
+    alpha: float = 0.2
+    """entropy coefficient (its start value with ``autotune``)."""
+    autotune: bool = True
+    utd: float = 1.0
+    """update-to-data ratio: gradient steps per env step."""
+    hidden: tuple[int, ...] = (256, 256)
+    mode: str = "sync"
+    """``"sync"``: the UTD enforced exactly, reproducible; ``"async"``: free-running."""
+    push_every: int = 8
+    """async: gradient steps between weight pushes."""
+    env_threads: int = 1
+    torch_threads: int = 1
+    device: str = "cpu"
+
+    def check(self) -> None:
+        """Refuses values no run can use, before anything starts.
+
+        Raises:
+            ValueError: one line naming the flag, what it must be and what came.
+        """
+        rules: list[tuple[str, Any, bool, str]] = [
+            *self._shared_rules(),
+            ("buffer_size", self.buffer_size, self.buffer_size >= 1, ">= 1"),
+            ("gamma", self.gamma, 0 < self.gamma <= 1, "in (0, 1]"),
+            ("tau", self.tau, 0 < self.tau <= 1, "in (0, 1]"),
+            ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
+            ("learning_starts", self.learning_starts, self.learning_starts >= 1, ">= 1"),
+            ("policy_lr", self.policy_lr, self.policy_lr > 0, "> 0"),
+            ("q_lr", self.q_lr, self.q_lr > 0, "> 0"),
+            ("policy_frequency", self.policy_frequency, self.policy_frequency >= 1, ">= 1"),
+            (
+                "target_network_frequency",
+                self.target_network_frequency,
+                self.target_network_frequency >= 1,
+                ">= 1",
+            ),
+            ("alpha", self.alpha, self.alpha > 0, "> 0"),
+            ("utd", self.utd, self.utd > 0, "> 0"),
+            ("push_every", self.push_every, self.push_every >= 1, ">= 1"),
+        ]
+        refuse_unless([(f"--{name.replace('_', '-')}", *rest) for name, *rest in rules])
+        if self.learning_starts > self.buffer_size:
+            raise ValueError(
+                f"--learning-starts {self.learning_starts} exceeds --buffer-size "
+                f"{self.buffer_size}: learning would never start"
+            )
+        resolve_device(self.device)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -7,6 +7,7 @@ A checkpoint is a directory::
     optimizer.safetensors  Adam's per-parameter state, flattened to ``state.<i>.<key>``
     state.msgpack        args, counters, RNG states, reward scaler, param groups and
                          the source's env snapshots (simkit.snapshot encoding)
+    replay.safetensors.zst  SAC only: the replay buffer (:class:`ReplayBuffer`'s file)
 
 It is written into a temporary sibling directory and renamed into place, then
 ``latest`` (a one-line file naming the newest checkpoint) is replaced atomically, so a
@@ -25,7 +26,8 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,8 @@ __all__ = [
 CHECKPOINT_FORMAT = "simkit.ppo.checkpoint/2"
 POLICY_FORMAT = "simkit.ppo.policy/1"
 _FILES = ("model.safetensors", "optimizer.safetensors", "state.msgpack")
+EXTRA_FILES = ("replay.safetensors.zst",)
+"""Files a checkpoint may hold beyond :data:`_FILES`, written by their owners."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class Checkpoint:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     state: dict[str, Any]
+    extra: dict[str, Path] = field(default_factory=dict)
+    """Verified extra files (:data:`EXTRA_FILES`) by name."""
 
 
 def flatten_optimizer(opt_state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[Any]]:
@@ -95,6 +101,14 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _file_entry(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
 def _write_file(path: Path, data: bytes) -> None:
     with open(path, "wb") as fh:
         fh.write(data)
@@ -116,6 +130,7 @@ def save_checkpoint(
     optimizer: dict[str, Any],
     state: dict[str, Any],
     keep: int = 2,
+    extra: Mapping[str, Callable[[Path], None]] | None = None,
 ) -> Path:
     """Writes checkpoint ``directory/name`` atomically and points ``directory/latest`` at it.
 
@@ -124,6 +139,8 @@ def save_checkpoint(
         optimizer: the optimiser's ``state_dict()``.
         state: plain data (see :mod:`simkit.snapshot`): args, counters, RNG states, envs.
         keep: how many checkpoints to keep (older ones are removed after the rename).
+        extra: name (one of :data:`EXTRA_FILES`) -> a writer of that file at the path
+            it is given (inside the temporary directory; hashed into the manifest).
 
     Returns:
         The checkpoint's path.
@@ -135,16 +152,19 @@ def save_checkpoint(
         "optimizer.safetensors": st_save(opt_tensors),
         "state.msgpack": snapshot.dumps({**state, "optimizer_param_groups": groups}),
     }
-    manifest = {
-        "format": CHECKPOINT_FORMAT,
-        "files": {n: {"bytes": len(b), "sha256": _sha256(b)} for n, b in blobs.items()},
-    }
+    files: dict[str, Any] = {n: {"bytes": len(b), "sha256": _sha256(b)} for n, b in blobs.items()}
+    manifest = {"format": CHECKPOINT_FORMAT, "files": files}
     tmp = directory / f".{name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     for file_name, blob in blobs.items():
         _write_file(tmp / file_name, blob)
+    for file_name, write in (extra or {}).items():
+        if file_name not in EXTRA_FILES:
+            raise ValueError(f"extra checkpoint files must be in {EXTRA_FILES}, got {file_name!r}")
+        write(tmp / file_name)
+        files[file_name] = _file_entry(tmp / file_name)
     _write_file(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
     final = directory / name
     if final.exists():
@@ -233,9 +253,27 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             f"{manifest_file}: format must be {CHECKPOINT_FORMAT!r}, got {got!r}{why}"
         )
     files = manifest.get("files")
-    if not isinstance(files, dict) or set(files) != set(_FILES):
-        raise InvalidCheckpoint(f"{manifest_file}: must list {list(_FILES)}, got {files!r}")
+    if (
+        not isinstance(files, dict)
+        or not set(_FILES) <= set(files)
+        or not set(files) <= {*_FILES, *EXTRA_FILES}
+    ):
+        raise InvalidCheckpoint(
+            f"{manifest_file}: must list {list(_FILES)} (and may list {list(EXTRA_FILES)}), "
+            f"got {files!r}"
+        )
     blobs = {name: _read_verified(directory, name, files[name]) for name in _FILES}
+    extra: dict[str, Path] = {}
+    for name in EXTRA_FILES:
+        if name in files:
+            file = directory / name
+            if not file.is_file():
+                raise InvalidCheckpoint(f"{file}: missing (the manifest lists it)")
+            if _file_entry(file) != files[name]:
+                raise InvalidCheckpoint(
+                    f"{file}: corrupt or truncated: its size or sha256 does not match the manifest"
+                )
+            extra[name] = file
     model = _load_tensors(directory / "model.safetensors", blobs["model.safetensors"])
     opt_tensors = _load_tensors(directory / "optimizer.safetensors", blobs["optimizer.safetensors"])
     try:
@@ -250,7 +288,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise InvalidCheckpoint(
             f"{directory / 'optimizer.safetensors'}: bad tensor names: {exc}"
         ) from exc
-    return Checkpoint(directory, model, optimizer, state)
+    return Checkpoint(directory, model, optimizer, state, extra)
 
 
 def check_tensors(
@@ -337,4 +375,8 @@ def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     policy = ckpt.state.get("policy") if isinstance(ckpt.state, dict) else None
     if not isinstance(policy, dict):
         raise InvalidCheckpoint(f"{ckpt.path / 'state.msgpack'}: holds no policy metadata")
+    if ckpt.state.get("algo") == "sac":  # the actor's tensors, without the learner's
+        prefix = "actor."
+        actor = {k[len(prefix) :]: v for k, v in ckpt.model.items() if k.startswith(prefix)}
+        return actor, dict(policy)
     return ckpt.model, dict(policy)

@@ -146,11 +146,12 @@ class LocalSource:
     def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
         """New weights (normalisation buffers included), used from the next fragment on."""
         v = self.version + 1 if version is None else version
+        if self.mode == "sync":  # copied into the rollout's model right away
+            self.policy.load_state_dict(weights.state_dict(keep_vars=False), v)
+            return v
         copied = {k: t.detach().clone() for k, t in weights.state_dict().items()}
         with self._lock:
             self._pending = (v, copied)
-        if self.mode == "sync":
-            self._swap()
         return v
 
     def _swap(self) -> None:
@@ -202,6 +203,11 @@ class LocalSource:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+    def pending(self) -> bool:
+        """Whether a fragment is ready without waiting (async: rolled out ahead; sync
+        rolls out on demand, so never)."""
+        return self.mode == "async" and not self._queue.empty()
 
     def timings(self) -> dict[str, float]:
         """Seconds spent stepping envs and in inference since the last call."""

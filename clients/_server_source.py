@@ -208,6 +208,13 @@ class ServerSource:
                 continue
             yield fragment
 
+    def pending(self) -> bool:
+        """Whether a fragment is ready without waiting (a lost server's kept ones count)."""
+        try:
+            return bool(self._kept) or self.stream.pending()
+        except ServerUnavailable:
+            return True  # fragments() reports it
+
     def _capture(self) -> list[tuple[Any, SessionSnapshot]] | None:
         """Every session's snapshot at this boundary (sync mode), replacing a server
         that died since it delivered its fragment; None for envs without snapshots."""

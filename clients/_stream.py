@@ -444,6 +444,12 @@ class PolicyStream:
         srv.lags.append((int(lag.min()), float(lag.mean()), int(lag.max())))
         return True
 
+    def pending(self) -> bool:
+        """Whether a fragment has arrived and waits to be taken (reads the sockets
+        without waiting)."""
+        self._pump(0.0)
+        return any(s.queue for s in self._servers)
+
     def next_fragment(self) -> Fragment:
         """The next fragment of whichever server has one first (waits for one)."""
         while True:

@@ -11,20 +11,17 @@ checkpoint every K updates and at the end (also on SIGINT/SIGTERM), shows a live
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import numpy as np
 import torch
 
-from simkit._kernels import pinned_vars
 from simkit._types import Fragment
 from simkit.clients._checkpoint import (
     check_optimizer,
@@ -36,7 +33,9 @@ from simkit.clients._checkpoint import (
 )
 from simkit.clients._connection import ServerUnavailable
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
-from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
+from simkit.clients._rollout import open_rollout
+from simkit.clients._run_parts import ProgressLine, StopRequest, restore_rollout
+from simkit.clients._server_source import ServerSource
 from simkit.clients._train_cli import DEFAULT_SERVERS
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
 from simkit.errors import InvalidCheckpoint, MissingDependency, ServersLost
@@ -76,6 +75,8 @@ class TrainResult:
     """A resumed run that had already reached its ``total_steps``: nothing was done."""
     record: Path | None = None
     """The recording directory (``record``), if any."""
+    learning: tuple[float, int] | None = None
+    """Off-policy runs: (seconds into the run, env step) of its first gradient step."""
 
 
 RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads", "compile")
@@ -194,18 +195,6 @@ def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
     return out
 
 
-def _relocator(launched: Any, logdir: Path) -> Callable[[str], str]:
-    """Ray's answer to "where is the server lost at this endpoint now", keeping the
-    Prometheus targets file current."""
-
-    def locate(endpoint: str) -> str:
-        found: str = launched.locate(endpoint)
-        launched.write_prometheus_targets(logdir / "prometheus_targets.json")
-        return found
-
-    return locate
-
-
 def run_training(
     args: PPOArgs,
     *,
@@ -273,6 +262,10 @@ def run_training(
             f"simkit.make), got {args.env_id!r}"
         )
     if ckpt is not None:
+        if ckpt.state.get("algo", "ppo") != "ppo":
+            raise InvalidCheckpoint(
+                f"{ckpt.path}: a {ckpt.state['algo']} checkpoint; PPO resumes PPO checkpoints"
+            )
         try:
             saved = PPOArgs.from_plain(ckpt.state["args"])
             done_steps = int(ckpt.state["global_step"])
@@ -306,71 +299,29 @@ def run_training(
             servers = _saved_servers(ckpt.state)
         else:
             servers = DEFAULT_SERVERS
-    procs: list[Any] = []
-    endpoints = list(connect)
-    launched: Any = None
-    if ray is not None:
-        if connect or not servers:
-            raise ValueError(
-                f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
-                f"got --servers {servers} and {len(connect)} --connect"
-            )
-        from simkit.clients._launch import launch
-
-        launched = launch(
-            args.env_id,
-            servers,
-            num_envs=max(1, args.num_envs // servers),
-            address=ray or None,
-            server_cpus=server_cpus,
-            server_gpus=server_gpus,
-            max_restarts=max_restarts,
-            num_threads=args.env_threads,
-            fragment_length=args.num_steps,
-            heartbeat_timeout=max(60.0, 4 * server_timeout),
-            env_vars=pinned_vars(),
-        )
-        endpoints += launched.endpoints
-        logdir.mkdir(parents=True, exist_ok=True)
-        launched.write_prometheus_targets(logdir / "prometheus_targets.json")
-    elif servers:
-        procs, spawned = spawn_servers(args.env_id, servers, num_threads=args.env_threads)
-        endpoints += spawned
-    stop_requested = False
-    source: LocalSource | ServerSource
-    try:
-        if endpoints:
-            source = ServerSource(
-                endpoints,
-                model_spec(args),
-                env_id=args.env_id,
-                num_envs=args.num_envs,
-                num_steps=args.num_steps,
-                seed=args.seed,
-                mode=args.mode,
-                max_lag=args.max_lag,
-                timeout=server_timeout,
-                report=lambda line: print(line, file=sys.stderr, flush=True),
-                wait_for_servers=wait_for_servers,
-                give_up=lambda: stop_requested,
-                curve=None if launched is None else launched.curve,
-                locate=None if launched is None else _relocator(launched, logdir),
-            )
-        else:
-            source = LocalSource(
-                args.env_id,
-                model,
-                num_envs=args.num_envs,
-                num_steps=args.num_steps,
-                seed=args.seed,
-                mode=args.mode,
-                num_threads=args.env_threads,
-            )
-    except BaseException:
-        stop_servers(procs)
-        if launched is not None:
-            launched.close()
-        raise
+    stop = StopRequest(after="after this update")
+    rollout = open_rollout(
+        args.env_id,
+        model_spec(args),
+        model,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        seed=args.seed,
+        mode=args.mode,
+        max_lag=args.max_lag,
+        env_threads=args.env_threads,
+        servers=servers,
+        connect=connect,
+        ray=ray,
+        server_cpus=server_cpus,
+        server_gpus=server_gpus,
+        max_restarts=max_restarts,
+        server_timeout=server_timeout,
+        wait_for_servers=wait_for_servers,
+        give_up=stop,
+        logdir=logdir,
+    )
+    source = rollout.source
     learner = PPO(args, model, source.num_rows)
     batch = args.num_steps * source.num_rows
     if args.total_steps % batch and ckpt is None:
@@ -395,37 +346,15 @@ def run_training(
                 torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
             )
             learner.scaler.set_state(state["scaler"])
-            kind = "local" if isinstance(source, LocalSource) else "servers"
-            if state.get("source_kind", "local") == kind and state["source"] is not None:
-                source.set_state(state["source"])
-            else:
-                print(
-                    f"simkit train: the checkpoint's rollout state is from "
-                    f"{state.get('source_kind', 'local')!r} and this run rolls out "
-                    f"through {kind!r}: the learner resumes exactly, the envs start afresh",
-                    file=sys.stderr,
-                )
+            restore_rollout(
+                source, state, "local" if isinstance(source, LocalSource) else "servers"
+            )
         except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
-            source.close()
-            stop_servers(procs)
-            if launched is not None:
-                launched.close()
+            rollout.close()
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
     source.push_weights(model, version=learner.version)
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        del frame
-        nonlocal stop_requested
-        stop_requested = True
-        print(
-            f"\nsimkit train: {signal.Signals(signum).name} received, checkpointing after this update",
-            file=sys.stderr,
-        )
-
-    previous: dict[signal.Signals, Any] = {}
     if handle_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _on_signal)
+        stop.install()
 
     writer: Any = None
     logdir.mkdir(parents=True, exist_ok=True)
@@ -450,25 +379,13 @@ def run_training(
     last_ckpt: Path | None = None
     updates = 0
 
-    bar: Any = None
-    task: Any = None
-    plain = progress and not sys.stdout.isatty()
-    last_print = time.perf_counter()
-    if progress and not plain:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        bar = Progress(
-            TextColumn("[bold]{task.fields[env]}"),
-            BarColumn(),
-            TextColumn("{task.completed:,.0f} steps"),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-        )
-        bar.start()
-        total = learner.num_updates * args.num_steps * source.num_rows or None
-        task = bar.add_task(
-            "train", total=total, completed=learner.global_step, env=args.env_id, info=""
-        )
+    line = ProgressLine(
+        progress=progress,
+        print_every=print_every,
+        env_id=args.env_id,
+        total=learner.num_updates * args.num_steps * source.num_rows,
+        done=learner.global_step,
+    )
 
     last_ckpt_at = time.monotonic()
 
@@ -493,7 +410,7 @@ def run_training(
             checkpoint()
 
     def on_update(stats: UpdateStats, wait: float) -> None:
-        nonlocal updates, last_print
+        nonlocal updates
         updates += 1
         times["update"] += stats.update_s
         split: dict[str, float] = {}
@@ -554,7 +471,7 @@ def run_training(
                 *(() if view is None else _server_scalars(view)),
             ):
                 writer.add_scalar(name, value, step)
-        if bar is not None or (plain and time.perf_counter() - last_print >= print_every):
+        if line.due():
             total_t = sum(times.values()) or 1.0
             split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.items())
             servers_txt = ""
@@ -566,11 +483,7 @@ def run_training(
                 f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  "
                 f"{split_txt}{servers_txt}"
             )
-            if bar is not None:
-                bar.update(task, completed=learner.global_step, info=info)
-            else:
-                last_print = time.perf_counter()
-                print(f"{args.env_id} {learner.global_step:,} steps  {info}", flush=True)
+            line.show(learner.global_step, info)
 
     recorder: Any = None
     if record is not None:
@@ -583,31 +496,26 @@ def run_training(
             source if recorder is None else _Recorded(source, recorder),
             max_updates=max_updates,
             on_update=on_update,
-            should_stop=lambda: stop_requested,
+            should_stop=stop,
             on_boundary=at_boundary,
         )
         checkpoint()  # the last update's weights were not pushed: still at the boundary
     except ServerUnavailable as exc:  # the last server is gone: keep what the learner has
         kept_at = checkpoint()
-        if not stop_requested:
+        if not stop.requested:
             raise ServersLost(
                 f"every rollout server was lost (last: {exc}); the learner's progress "
                 f"({learner.global_step:,} env steps) is checkpointed at {kept_at}; continue "
                 f"with: simkit train {args.env_id} --resume {logdir}"
             ) from exc
     finally:
-        if bar is not None:
-            bar.stop()
+        line.stop()
         if writer is not None:
             writer.close()
-        source.close()
-        stop_servers(procs)
-        if launched is not None:
-            launched.close()
+        rollout.close()
         if recorder is not None:
             recorder.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stop.restore()
     elapsed = time.perf_counter() - start
     return TrainResult(
         logdir=logdir,
@@ -619,7 +527,7 @@ def run_training(
         steps_per_s=(learner.global_step - start_step) / max(elapsed, 1e-9),
         mean_return=float(np.mean(returns)) if returns else float("nan"),
         dropped=learner.dropped,
-        stopped=stop_requested,
+        stopped=stop.requested,
         times=times,
         record=None if record is None else Path(record),
     )

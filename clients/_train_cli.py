@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients._args import PPOArgs, refuse_unless
+from simkit.clients._args import PPOArgs, SACArgs, refuse_unless
 from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable, ServersLost
 
 if TYPE_CHECKING:
@@ -42,7 +42,18 @@ _HELP: dict[str, str] = {
     "torch_threads": "torch intra-op threads of the learner",
     "compile": "torch.compile the minibatch loss (a one-off compile, then a cheaper update)",
     "device": "the learner's torch device for the update: cpu, cuda[:k] or auto",
+    "buffer_size": "replay buffer capacity in transitions",
+    "learning_starts": "transitions in the buffer before the first gradient step "
+    "(the servers act uniformly at random until then)",
+    "utd": "update-to-data ratio: gradient steps per env step (sync: exact; async: a "
+    "target, the achieved ratio is reported)",
+    "push_every": "async: gradient steps between weight pushes",
+    "policy_frequency": "actor and entropy updates: this many, every this many gradient steps",
+    "autotune": "tune the entropy coefficient towards entropy -dim(A)",
 }
+
+_SAC_ONLY = [f.name for f in dataclasses.fields(SACArgs) if not hasattr(PPOArgs(), f.name)]
+_PPO_ONLY = [f.name for f in dataclasses.fields(PPOArgs) if not hasattr(SACArgs(), f.name)]
 
 
 def _flag(name: str) -> str:
@@ -53,31 +64,69 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """``simkit train`` options: every :class:`PPOArgs` field, then the run's settings."""
     d = PPOArgs()
     parser.add_argument("env_id", help="simkit env id (single or multi-agent) or gym:<id>")
-    ppo = parser.add_argument_group("PPO (a flag not given keeps the checkpoint's on --resume)")
-    for f in dataclasses.fields(PPOArgs):
+    parser.add_argument(
+        "--algo",
+        choices=("ppo", "sac"),
+        default="ppo",
+        help="ppo (on-policy) or sac (off-policy, replay buffer; continuous actions) "
+        "(default: ppo)",
+    )
+    sac_d = SACArgs()
+    ppo = parser.add_argument_group(
+        "PPO, and shared with SAC (a flag not given keeps the checkpoint's on --resume)"
+    )
+    sac = parser.add_argument_group("SAC only (--algo sac)")
+    sac_fields = [g for g in dataclasses.fields(SACArgs) if g.name in _SAC_ONLY]
+    for f in [*dataclasses.fields(PPOArgs), *sac_fields]:
         if f.name == "env_id":
             continue
-        default = getattr(d, f.name)
-        help_ = f"{_HELP.get(f.name, 'PPO hyperparameter')} (default: {default})"
+        group = sac if f.name in _SAC_ONLY else ppo
+        default = getattr(sac_d if f.name in _SAC_ONLY else d, f.name)
+        help_ = f"{_HELP.get(f.name, 'hyperparameter')} (default: {default}"
+        shared = f.name not in _SAC_ONLY and f.name not in _PPO_ONLY
+        if shared and getattr(sac_d, f.name) != default:
+            help_ += f"; SAC: {getattr(sac_d, f.name)}"
+        help_ += ")"
         if isinstance(default, bool):
-            ppo.add_argument(
+            group.add_argument(
                 _flag(f.name),
                 action=argparse.BooleanOptionalAction,
                 default=None,
                 help=help_,
             )
         elif isinstance(default, tuple):
-            ppo.add_argument(_flag(f.name), type=int, nargs="+", default=None, help=help_)
+            group.add_argument(_flag(f.name), type=int, nargs="+", default=None, help=help_)
         elif f.name == "mode":
-            ppo.add_argument(_flag(f.name), choices=("sync", "async"), default=None, help=help_)
+            group.add_argument(_flag(f.name), choices=("sync", "async"), default=None, help=help_)
         else:
-            ppo.add_argument(_flag(f.name), type=type(default), default=None, help=help_)
+            group.add_argument(_flag(f.name), type=type(default), default=None, help=help_)
     run = parser.add_argument_group("run")
     run.add_argument(
         "--checkpoint-every",
         type=int,
         default=10,
         help="checkpoint every K updates; 0: only by time and at the end (default: 10)",
+    )
+    run.add_argument(
+        "--checkpoint-steps",
+        type=int,
+        default=100_000,
+        help="--algo sac: checkpoint (with the replay buffer) every N env steps; 0: only "
+        "by time and at the end (default: 100000)",
+    )
+    run.add_argument(
+        "--buffer-from",
+        default=None,
+        metavar="DIR",
+        help="--algo sac: fill the replay buffer with the episodes recorded in DIR "
+        "(`simkit record` / --record) before the first update",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="--algo sac: serve the learner's Prometheus metrics on this port (0: any free "
+        "one; rules: docs/alerts.yml)",
     )
     run.add_argument(
         "--checkpoint-minutes",
@@ -124,8 +173,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="start this many local `simkit serve` processes and stream from them; 0 "
-        f"rolls out in process (default: {DEFAULT_SERVERS}, or with --resume as many as "
-        "the checkpoint streamed from)",
+        f"rolls out in process (default: {DEFAULT_SERVERS}, --algo sac: 0; with --resume as "
+        "many as the checkpoint streamed from)",
     )
     servers.add_argument(
         "--wait-for-servers",
@@ -173,10 +222,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _given(ns: argparse.Namespace) -> dict[str, Any]:
-    """The PPOArgs fields the command line set (not None), as PPOArgs values."""
+def _given(ns: argparse.Namespace, cls: type[Any] = PPOArgs) -> dict[str, Any]:
+    """The ``cls`` (PPOArgs or SACArgs) fields the command line set (not None)."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(PPOArgs):
+    for f in dataclasses.fields(cls):
         if f.name == "env_id":
             continue
         value = getattr(ns, f.name, None)
@@ -222,28 +271,61 @@ def _resumed_logdir(resume: str) -> Path:
     return path
 
 
+def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
+    """The run's settings: the command line's flags over the defaults of ``--algo``, or
+    over the checkpoint's with ``--resume``; checked.
+
+    Raises:
+        ValueError / TypeError / InvalidCheckpoint: one line for the person.
+    """
+    sac = ns.algo == "sac"
+    cls: type[PPOArgs] | type[SACArgs] = SACArgs if sac else PPOArgs
+    _refuse_other_algo(ns, _PPO_ONLY if sac else _SAC_ONLY, "ppo" if sac else "sac")
+    given = _given(ns, cls)
+    args: PPOArgs | SACArgs
+    if ns.resume is not None:
+        from simkit.clients._checkpoint import load_checkpoint
+
+        state = load_checkpoint(ns.resume).state
+        algo = state.get("algo", "ppo")
+        if algo != ns.algo:
+            raise ValueError(f"--resume {ns.resume}: a {algo} checkpoint; use --algo {algo}")
+        saved = cls.from_plain(state["args"])
+        if ns.env_id != saved.env_id:
+            raise ValueError(
+                f"--resume: the checkpoint trains {saved.env_id!r}, the command line "
+                f"names {ns.env_id!r}"
+            )
+        args = dataclasses.replace(saved, **given)
+    else:
+        args = dataclasses.replace(cls(env_id=ns.env_id), **given)
+    args.check()
+    check_run_settings(ns, args.num_envs)
+    if sac:
+        refuse_unless(
+            [
+                ("--checkpoint-steps", ns.checkpoint_steps, ns.checkpoint_steps >= 0, ">= 0"),
+                (
+                    "--metrics-port",
+                    ns.metrics_port,
+                    ns.metrics_port is None or 0 <= ns.metrics_port < 65536,
+                    "a port in [0, 65535]",
+                ),
+            ]
+        )
+        from simkit.clients._train_sac import check_env
+
+        check_env(args.env_id)
+    return args
+
+
 def run_train(ns: argparse.Namespace) -> int:
     """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0; bad input is one line
     on stderr and exit 2 before anything starts."""
     if ns.reproducible and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
-    from simkit.clients._checkpoint import load_checkpoint
-    from simkit.clients._train import run_training
-
-    given = _given(ns)
     try:
-        if ns.resume is not None:
-            saved = PPOArgs.from_plain(load_checkpoint(ns.resume).state["args"])
-            if ns.env_id != saved.env_id:
-                raise ValueError(
-                    f"--resume: the checkpoint trains {saved.env_id!r}, the command line "
-                    f"names {ns.env_id!r}"
-                )
-            args = dataclasses.replace(saved, **given)
-        else:
-            args = dataclasses.replace(PPOArgs(env_id=ns.env_id), **given)
-        args.check()
-        check_run_settings(ns, args.num_envs)
+        args = _settings(ns)
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
@@ -253,28 +335,43 @@ def run_train(ns: argparse.Namespace) -> int:
         logdir = _resumed_logdir(ns.resume)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        logdir = Path(f"runs/{args.env_id.replace('/', '_').replace(':', '_')}-{args.seed}-{stamp}")
+        tag = "-sac" if ns.algo == "sac" else ""
+        name = args.env_id.replace("/", "_").replace(":", "_")
+        logdir = Path(f"runs/{name}{tag}-{args.seed}-{stamp}")
+    common: dict[str, Any] = {
+        "logdir": logdir,
+        "resume": ns.resume,
+        "checkpoint_minutes": ns.checkpoint_minutes,
+        "progress": not ns.no_progress,
+        "print_every": ns.print_every,
+        "handle_signals": True,
+        "connect": ns.connect,
+        "servers": ns.servers,
+        "server_timeout": ns.server_timeout,
+        "wait_for_servers": ns.wait_for_servers,
+        "record": ns.record,
+        "ray": ns.ray,
+        "server_cpus": ns.server_cpus,
+        "server_gpus": ns.server_gpus,
+        "max_restarts": ns.max_restarts,
+    }
     try:
-        result = run_training(
-            args,
-            logdir=logdir,
-            resume=ns.resume,
-            checkpoint_every=ns.checkpoint_every,
-            checkpoint_minutes=ns.checkpoint_minutes,
-            progress=not ns.no_progress,
-            print_every=ns.print_every,
-            handle_signals=True,
-            connect=ns.connect,
-            servers=ns.servers,
-            server_timeout=ns.server_timeout,
-            wait_for_servers=ns.wait_for_servers,
-            record=ns.record,
-            ray=ns.ray,
-            server_cpus=ns.server_cpus,
-            server_gpus=ns.server_gpus,
-            max_restarts=ns.max_restarts,
-        )
-    except (InvalidCheckpoint, ValueError, MissingDependency) as exc:
+        if isinstance(args, SACArgs):
+            from simkit.clients._train_sac import run_sac
+
+            result = run_sac(
+                args,
+                given=list(_given(ns, SACArgs)),
+                checkpoint_steps=ns.checkpoint_steps,
+                buffer_from=ns.buffer_from,
+                metrics_port=ns.metrics_port,
+                **common,
+            )
+        else:
+            from simkit.clients._train import run_training
+
+            result = run_training(args, checkpoint_every=ns.checkpoint_every, **common)
+    except (InvalidCheckpoint, ValueError, MissingDependency, FileNotFoundError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
     except ServersLost as exc:
@@ -287,26 +384,50 @@ def run_train(ns: argparse.Namespace) -> int:
             "larger --total-steps to train on."
         )
         return 0
-    _print_summary(args.env_id, result)
+    _print_summary(args.env_id, result, ns.algo)
     return 0
 
 
-def _print_summary(env_id: str, r: TrainResult) -> None:
+def _refuse_other_algo(ns: argparse.Namespace, names: list[str], algo: str) -> None:
+    """Raises for a flag of the other algorithm ``algo`` (it would be silently ignored)."""
+    wrong = [_flag(n) for n in names if getattr(ns, n, None) is not None]
+    if algo == "sac":
+        wrong += [
+            flag
+            for flag, value in (
+                ("--buffer-from", ns.buffer_from),
+                ("--metrics-port", ns.metrics_port),
+            )
+            if value is not None
+        ]
+    if wrong:
+        here = "ppo" if algo == "sac" else "sac"
+        raise ValueError(f"{', '.join(wrong)}: --algo {algo} options, this run is --algo {here}")
+
+
+def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo") -> None:
     """The end-of-run table; without a terminal, plain ``name: value`` lines, whole."""
     total = sum(r.times.values()) or 1.0
+    sac = algo == "sac"
     rows = [
         ("env steps", f"{r.global_step:,}"),
-        ("updates (policy version)", str(r.updates)),
+        ("gradient steps" if sac else "updates (policy version)", str(r.updates)),
         ("wall time", f"{r.elapsed_s:.1f} s"),
         ("steps/s", f"{r.steps_per_s:,.0f}"),
         ("mean return (last 20 episodes)", f"{r.mean_return:.2f}"),
-        ("time split", " ".join(f"{k} {100 * v / total:.0f}%" for k, v in r.times.items())),
-        ("dropped fragments", str(r.dropped)),
+    ]
+    if not sac:
+        rows += [
+            ("time split", " ".join(f"{k} {100 * v / total:.0f}%" for k, v in r.times.items())),
+            ("dropped fragments", str(r.dropped)),
+        ]
+    algo_flag = " --algo sac" if sac else ""
+    rows += [
         ("checkpoint", str(r.checkpoint)),
         ("policy snapshot", str(r.policy)),
         ("TensorBoard", f"tensorboard --logdir {r.logdir / 'tb'}"),
         ("evaluate", f"simkit eval {r.policy}"),
-        ("resume", f"simkit train {env_id} --resume {r.logdir}"),
+        ("resume", f"simkit train {env_id}{algo_flag} --resume {r.logdir}"),
     ]
     if r.record is not None:
         rows.append(("recording", f"simkit replay {r.record} --verify"))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from simkit._types import Fragment, stack_fragments
+from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients._args import PPOArgs, resolve_device
 from simkit.clients._local_source import FragmentSource
 from simkit.models import ActorCritic
@@ -314,14 +314,14 @@ class PPO:
         """One PPO update on ``fragments`` (the rows of one batch); bumps the version.
 
         The fragments are joined side by side in env slot order
-        (:func:`~simkit._types.stack_fragments`), whatever order the servers delivered
+        (:func:`~simkit._types.stack_in_slot_order`), whatever order the servers delivered
         them in:
         the update sees the one fragment a single producer would have made for all their
         slots, so a sync run gives the same parameters in process, with one server or
         with several.
         """
         versions = np.concatenate([f.policy_version for f in fragments])
-        f = stack_fragments(sorted(fragments, key=lambda fr: int(fr.env_ids[0])))
+        f = stack_in_slot_order(fragments)
         args, model = self.args, self.model
         t_start = time.perf_counter()
         rewards = self.scaler.scale(f) if args.normalize_reward else f.rewards

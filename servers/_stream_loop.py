@@ -69,6 +69,8 @@ class _Buffer:
         self.ep_returns: list[float] = []
         self.ep_lengths: list[int] = []
         self.ep_rows: list[int] = []
+        self.final_obs: list[np.ndarray] = []
+        self.final_index: list[np.ndarray] = []
 
 
 class RolloutLoop:
@@ -297,6 +299,9 @@ class RolloutLoop:
         length += mask
         ended = np.flatnonzero((step.terminated | step.truncated) & mask)
         first = part.start or 0
+        if len(ended):
+            buf.final_obs.append(np.asarray(step.final_obs)[ended])
+            buf.final_index.append(t * self.envs.num_rows + first + ended)
         for row in ended.tolist():
             buf.ep_returns.append(float(ret[row]))
             buf.ep_lengths.append(int(length[row]))
@@ -318,6 +323,14 @@ class RolloutLoop:
         order = np.argsort(
             np.asarray(buf.ep_rows, dtype=np.int64), kind="stable"
         )  # by row, then time
+        if buf.final_index:
+            final_index = np.concatenate(buf.final_index).astype(np.int64, copy=False)
+            in_order = np.argsort(final_index, kind="stable")
+            final_index = final_index[in_order]
+            final_obs = np.concatenate(buf.final_obs)[in_order]
+        else:
+            final_index = np.zeros(0, dtype=np.int64)
+            final_obs = np.zeros((0, *obs.shape[1:]), dtype=obs.dtype)
         fragment = Fragment(
             obs=buf.obs,
             actions=buf.actions,
@@ -338,6 +351,8 @@ class RolloutLoop:
             source=self.source,
             sequence=self.sequence,
             start_state=self._start_state,
+            final_obs=final_obs,
+            final_index=final_index,
         )
         self.sequence += 1
         self._t = 0

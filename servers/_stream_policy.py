@@ -92,6 +92,7 @@ class RowPolicy:
             np.dtype(np.int64) if isinstance(action_space, spaces.Discrete) else action_space.dtype
         )
         self.version: int | None = None
+        self._own: tuple[list[str], list[torch.Tensor]] | None = None
         self._drawn: tuple[int, np.ndarray] | None = None
         self.lean = LeanMLP.of(self.model) if lean and device.type == "cpu" else None
         """The numpy act path, None on other devices and for other models."""
@@ -104,8 +105,16 @@ class RowPolicy:
         self.version = weights.version
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Loads a state dict the learner holds (in process: no wire form, no checks)."""
-        self.model.load_state_dict(tensors)
+        """Loads a state dict the learner holds (in process: no wire form, no checks
+        beyond the names: one fused copy into the model's own tensors)."""
+        own = self._own
+        if own is None or own[0] != list(tensors):
+            mine = self.model.state_dict()  # views of the parameters and buffers
+            if set(mine) != set(tensors):
+                self.model.load_state_dict(tensors)  # raises, naming the difference
+            own = self._own = (list(tensors), [mine[k] for k in tensors])
+        with torch.no_grad():
+            torch._foreach_copy_(own[1], list(tensors.values()))
         if self.lean is not None:
             self.lean.load()
         self.version = version

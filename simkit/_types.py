@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchStep", "MultiAgentBatchStep", "Fragment", "StepFault", "stack_fragments"]
+__all__ = [
+    "BatchStep",
+    "MultiAgentBatchStep",
+    "Fragment",
+    "StepFault",
+    "stack_fragments",
+    "stack_in_slot_order",
+]
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,11 @@ class Fragment:
         sequence: the producer's running fragment number, from 0.
         start_state: optional plain-data snapshot of the envs at step 0 (the local
             vector's ``get_state()`` layout), so the fragment can be re-simulated.
+        final_obs: ``(D, *obs_shape)`` the final observations of the ``D`` steps where
+            an episode ended (``terminated | truncated`` of an acting row), in ``(t, r)``
+            order: what those actions led to, which ``obs`` no longer shows after the
+            autoreset (an off-policy learner's bootstrap target). ``None``: not carried.
+        final_index: ``(D,)`` int64 ``t * R + r`` of each final observation.
     """
 
     obs: Any
@@ -142,6 +154,8 @@ class Fragment:
     source: str = ""
     sequence: int = 0
     start_state: dict[str, Any] | None = None
+    final_obs: Any = None
+    final_index: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -187,6 +201,13 @@ ROW_FIELDS = (
 """The ``(T, R)`` fields of a :class:`Fragment`, joined along rows by :func:`stack_fragments`."""
 
 
+def stack_in_slot_order(fragments: Sequence[Fragment]) -> Fragment:
+    """:func:`stack_fragments` of ``fragments`` sorted by their first env slot: the one
+    fragment a single producer would have made for all their slots, whatever order
+    the servers delivered them in (how a learner joins one round)."""
+    return stack_fragments(sorted(fragments, key=lambda f: int(f.env_ids[0])))
+
+
 def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
     """Concatenates fragments of the same ``T`` along rows (servers side by side).
 
@@ -208,6 +229,7 @@ def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
     if len(steps) != 1:
         raise ValueError(f"fragments must share T to be stacked, got {sorted(steps)}")
     row_offsets = np.cumsum([0] + [f.num_rows for f in fragments[:-1]]).tolist()
+    final_obs, final_index = _stack_finals(fragments, row_offsets)
     rows = {
         name: np.concatenate([getattr(f, name) for f in fragments], axis=1) for name in ROW_FIELDS
     }
@@ -225,4 +247,26 @@ def stack_fragments(fragments: Sequence[Fragment]) -> Fragment:
         source=",".join(f.source for f in fragments),
         sequence=fragments[0].sequence,
         start_state=None,
+        final_obs=final_obs,
+        final_index=final_index,
     )
+
+
+def _stack_finals(
+    fragments: Sequence[Fragment], row_offsets: list[int]
+) -> tuple[Any, np.ndarray | None]:
+    """The stacked fragments' final observations, re-indexed to the joined rows and in
+    ``(t, r)`` order (None unless every fragment carries them)."""
+    if any(f.final_obs is None or f.final_index is None for f in fragments):
+        return None, None
+    rows = sum(f.num_rows for f in fragments)
+    index = np.concatenate(
+        [
+            (f.final_index // f.num_rows) * rows + f.final_index % f.num_rows + off
+            for f, off in zip(fragments, row_offsets, strict=True)
+            if f.final_index is not None
+        ]
+    )
+    order = np.argsort(index, kind="stable")
+    obs = np.concatenate([f.final_obs for f in fragments])
+    return obs[order], index[order]

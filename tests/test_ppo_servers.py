@@ -327,18 +327,19 @@ def _state(pid: int) -> str:
 def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import simkit.clients._rollout as rollout_module
     import simkit.clients._train as train_module
     from simkit.cli import main
 
     spawned: list[Any] = []
-    real_spawn = train_module.spawn_servers
+    real_spawn = rollout_module.spawn_servers
 
     def spawn(*args: Any, **kwargs: Any) -> Any:
         procs, endpoints = real_spawn(*args, **kwargs)
         spawned.extend(procs)
         return procs, endpoints
 
-    monkeypatch.setattr(train_module, "spawn_servers", spawn)
+    monkeypatch.setattr(rollout_module, "spawn_servers", spawn)
     save_policy = train_module.save_policy
 
     def save_then_kill(*args: Any, **kwargs: Any) -> None:

@@ -213,3 +213,27 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_sac_on_ray_servers_trains_the_bits_of_local_servers(cluster: Any, tmp_path: Path) -> None:
+    from simkit.clients._args import SACArgs
+    from simkit.clients._train_sac import run_sac
+
+    args = SACArgs(
+        env_id="simkit/Pendulum-v0",
+        seed=3,
+        total_steps=240,
+        num_envs=2,
+        num_steps=4,
+        buffer_size=500,
+        batch_size=16,
+        learning_starts=40,
+        hidden=(16, 16),
+    )
+    on_ray = run_sac(
+        args, logdir=tmp_path / "ray", ray=cluster.address, servers=2, tensorboard=False
+    )
+    local = run_sac(args, logdir=tmp_path / "local", servers=2, tensorboard=False)
+    assert on_ray.global_step == local.global_step == 240
+    assert on_ray.updates == local.updates > 0
+    _same(_params(local.checkpoint), _params(on_ray.checkpoint))

@@ -577,8 +577,11 @@ def test_disabled_autoreset_records_masked_resets(tmp_path: Path) -> None:
     assert {r.error for r in verify_recording(reader)} == {None}
 
 
-def _fragments(env_id: str, n: int, steps: int, count: int, seed: int) -> list[Any]:
-    """Fragments as a rollout server streams them, made from a local VectorEnv."""
+def _fragments(
+    env_id: str, n: int, steps: int, count: int, seed: int, *, finals: bool = False
+) -> list[Any]:
+    """Fragments as a rollout server streams them, made from a local VectorEnv (with
+    ``finals``, carrying final observations as servers now do)."""
     from simkit._types import Fragment
 
     vec = VectorEnv(env_id, n)
@@ -587,7 +590,9 @@ def _fragments(env_id: str, n: int, steps: int, count: int, seed: int) -> list[A
     out = []
     for seq in range(count):
         rows: dict[str, list[Any]] = {k: [] for k in ("obs", "act", "rew", "term", "trunc")}
-        for _ in range(steps):
+        final_obs: list[Any] = []
+        final_index: list[int] = []
+        for t in range(steps):
             actions = rng.integers(0, 2, n)
             res = vec.step_batch(actions)
             rows["obs"].append(obs)
@@ -595,6 +600,9 @@ def _fragments(env_id: str, n: int, steps: int, count: int, seed: int) -> list[A
             rows["rew"].append(res.reward)
             rows["term"].append(res.terminated)
             rows["trunc"].append(res.truncated)
+            for r in np.flatnonzero(res.terminated | res.truncated).tolist():
+                final_obs.append(res.final_obs[r])
+                final_index.append(t * n + r)
             obs = res.obs
         z = np.zeros((steps, n), np.float32)
         out.append(
@@ -616,6 +624,10 @@ def _fragments(env_id: str, n: int, steps: int, count: int, seed: int) -> list[A
                 episode_lengths=np.zeros(0, np.int64),
                 episode_rows=np.zeros(0, np.int64),
                 sequence=seq,
+                final_obs=np.array(final_obs, np.float32).reshape(-1, *obs.shape[1:])
+                if finals
+                else None,
+                final_index=np.array(final_index, np.int64) if finals else None,
             )
         )
     vec.close()
@@ -635,6 +647,21 @@ def test_fragment_stream_recording_replays(tmp_path: Path) -> None:
     assert ep.obs.shape == (ep.length, 4)
     assert ep.policy_version is not None
     assert set(ep.policy_version.tolist()) <= {0, 1, 2, 3}
+
+
+def test_fragments_with_final_observations_record_whole_episodes(tmp_path: Path) -> None:
+    from simkit.recording import FragmentRecorder
+
+    recorder = FragmentRecorder(tmp_path, "simkit/CartPole-v0", root_seed=21)
+    fragments = _fragments("simkit/CartPole-v0", 3, 16, 8, 21, finals=True)
+    written = sum(recorder.record(f) for f in fragments)
+    recorder.close()
+    reader = RecordingReader(tmp_path)
+    assert len(reader) == written >= 4
+    assert {r.error for r in verify_recording(reader)} == {None}
+    ep = reader.load(0)
+    assert ep.obs.shape == (ep.length + 1, 4)  # the final observation included
+    assert ep.origin["final_obs"] is True
 
 
 def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:

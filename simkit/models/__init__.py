@@ -12,6 +12,7 @@ from simkit.models._actor_critic import ActorCritic, ActOutput, numpy_actions
 from simkit.models._builtin import ACTIVATIONS, build_cnn, build_mlp
 from simkit.models._heads import ActionHead, CategoricalHead, GaussianHead, layer_init, make_head
 from simkit.models._normalize import RunningMeanStd
+from simkit.models._sac import SquashedGaussianHead, build_sac_mlp
 from simkit.models._spec import (
     ENTRY_POINT_GROUP,
     ModelBuilder,
@@ -48,10 +49,12 @@ __all__ = [
     # built-in models and their parts
     "build_mlp",
     "build_cnn",
+    "build_sac_mlp",
     "ACTIVATIONS",
     "ActionHead",
     "GaussianHead",
     "CategoricalHead",
+    "SquashedGaussianHead",
     "make_head",
     "layer_init",
     # weights

@@ -9,7 +9,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from simkit.models._heads import CategoricalHead, GaussianHead, make_head
+from simkit.models._heads import ActionHead, make_head
 from simkit.models._normalize import RunningMeanStd, _writable
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class ActorCritic(nn.Module):
         obs_scale: multiply observations by this before the encoder (e.g. ``1/255``
             for uint8 images); ignored when ``normalize_obs`` is set.
         log_std_init: initial log-std of the Gaussian head (Box actions).
+        head: the action head (default: :func:`make_head` of the action space).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = False,
         obs_scale: float | None = None,
         log_std_init: float = 0.0,
+        head: ActionHead | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(observation_space, spaces.Box):
@@ -84,8 +86,10 @@ class ActorCritic(nn.Module):
         self.encoder = encoder
         self.actor = actor
         self.critic = critic
-        self.head: GaussianHead | CategoricalHead = make_head(
-            action_space, actor_features, log_std_init=log_std_init
+        self.head: ActionHead = (
+            make_head(action_space, actor_features, log_std_init=log_std_init)
+            if head is None
+            else head
         )
 
     # -- the forward path --------------------------------------------------------------

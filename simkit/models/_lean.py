@@ -129,6 +129,7 @@ class LeanMLP:
         self._actor_mods = actor
         self._critic_mods = critic
         head = model.head
+        assert isinstance(head, GaussianHead | CategoricalHead)  # LeanMLP.of checked it
         self.gaussian = isinstance(head, GaussianHead)
         self.dim = head.dim if isinstance(head, GaussianHead) else head.sizes[0]
         self.action_dtype = (

@@ -343,6 +343,8 @@ FRAGMENT_ARRAYS: dict[str, tuple[str | None, int]] = {
     "episode_returns": ("float64", 1),
     "episode_lengths": ("int64", 1),
     "episode_rows": ("int64", 1),
+    "final_obs": (None, 1),
+    "final_index": ("int64", 1),
 }
 """Every array of a ``fragment`` message: name -> (dtype or None for the space's, leading
 dims checked: 2 = ``(T, R)``, 1 = ``(T,)``, ``(R,)`` or ``(E,)``)."""
@@ -354,6 +356,11 @@ def fragment_message(fragment: Fragment) -> Message:
     if fragment.start_state is not None:
         body["start_state"] = snapshot.to_plain(fragment.start_state)
     arrays = {name: getattr(fragment, name) for name in FRAGMENT_ARRAYS}
+    if fragment.final_obs is None or fragment.final_index is None:
+        arrays["final_index"] = np.zeros(0, dtype=np.int64)
+        arrays["final_obs"] = np.zeros(
+            (0, *np.shape(fragment.last_obs)[1:]), fragment.last_obs.dtype
+        )
     return Message(kind="fragment", id=fragment.sequence, body=body, arrays=arrays)
 
 
@@ -394,6 +401,20 @@ def parse_fragment(msg: Message, *, source: str | None = None) -> Fragment:
     for name in ("episode_lengths", "episode_rows"):
         if arrays[name].shape != (e,):
             raise InvalidShape(f"fragment array {name!r}", expected=(e,), got=arrays[name].shape)
+    final_index = arrays["final_index"]
+    d = final_index.shape[0] if final_index.ndim == 1 else -1
+    if final_index.ndim != 1 or arrays["final_obs"].shape[:1] != (d,):
+        raise InvalidShape(
+            "fragment arrays 'final_obs' and 'final_index' must share their first dim D",
+            expected=("D",),
+            got=(arrays["final_obs"].shape, final_index.shape),
+        )
+    if d and (final_index.min() < 0 or final_index.max() >= t * r):
+        raise InvalidField(
+            "fragment array 'final_index' out of range",
+            expected=f"t * R + r in [0, {t * r})",
+            got=f"[{final_index.min()}, {final_index.max()}]",
+        )
     sequence = check_type(msg.body, "sequence", int)
     start_state = check_type(msg.body, "start_state", dict, optional=True)
     if start_state is not None:

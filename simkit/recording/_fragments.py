@@ -49,10 +49,11 @@ class FragmentRecorder:
     :class:`~simkit._seeding.EpisodeSeeds` gives it (slot ``g`` is env ``g`` of the
     learner's vector, the servers' ``env_offset`` included), mirrored here per slot. Every step keeps the policy version that chose it.
 
-    A fragment does not carry the final observation of an episode (its next row is
-    already the next episode's first observation), so fragment episodes hold ``T``
-    observations (those acted on) and ``origin["final_obs"]`` is ``False``; replay
-    verification checks every one of them, rewards and flags.
+    Fragments carry the final observation of every episode that ends in them
+    (``final_obs``), so an episode holds its ``T + 1`` observations like any recorded
+    episode; from a fragment without them (an older server) it holds the ``T`` acted on
+    and ``origin["final_obs"]`` is ``False``. Replay verification checks every
+    observation, reward and flag.
 
     Rows first seen in a fragment with ``sequence > 0`` start recording at their first
     episode boundary (the episode in progress has no known start), without seeds (their
@@ -107,6 +108,10 @@ class FragmentRecorder:
             )
         written = 0
         done = np.logical_or(fragment.terminated, fragment.truncated)
+        finals: dict[int, int] = {}
+        if fragment.final_obs is not None and fragment.final_index is not None:
+            finals = {int(i): k for k, i in enumerate(fragment.final_index.tolist())}
+        n_rows = fragment.num_rows
         for r, slot in enumerate(np.asarray(fragment.env_ids).tolist()):
             if slot not in self._rows:
                 self._rows[slot] = _Rows() if fragment.sequence == 0 else None
@@ -122,6 +127,9 @@ class FragmentRecorder:
                     rows.versions.append(int(fragment.policy_version[t]))
                 if done[t, r]:
                     if rows is not None:
+                        k = finals.get(t * n_rows + r)
+                        if k is not None:
+                            rows.obs.append(_row(fragment.final_obs, k))
                         self._write(slot, rows)
                         written += 1
                     self._next_episode(slot, first=False)
@@ -149,7 +157,7 @@ class FragmentRecorder:
                     "env_index": slot,
                     "episode_index": k,
                     "kind": "env",
-                    "final_obs": False,
+                    "final_obs": len(rows.obs) == len(rows.rewards) + 1,
                 },
             )
         )

@@ -1,0 +1,215 @@
+"""The off-policy learner's Prometheus metrics (``simkit train --algo sac --metrics-port``).
+
+The metric names are the contract of the shipped alert rules (``docs/alerts.yml``, checked
+by ``tests/test_alerts.py`` with ``promtool``) and of the docs. The metrics live in the
+learner's own ``CollectorRegistry``, never the process-global one, so two learners in one
+process (tests) keep their figures apart; :meth:`LearnerMetrics.start` serves it with
+``prometheus_client.start_http_server``.
+
+Exported (``prometheus_client`` appends ``_total`` to counters):
+
+* ``simkit_learner_env_steps_total``, ``simkit_learner_updates_total`` (counters),
+  ``simkit_learner_utd_target``, ``simkit_learner_utd_achieved``,
+  ``simkit_learner_policy_version``, ``simkit_learner_updates_per_second``,
+  ``simkit_learner_env_steps_per_second``;
+* ``simkit_replay_size``, ``simkit_replay_capacity``, ``simkit_replay_inserts_total``
+  (counter: the fill rate is its ``rate()``), ``simkit_replay_newest_age_versions``,
+  ``simkit_replay_sample_age_versions``;
+* ``simkit_learner_last_fragment_timestamp_seconds``, ``simkit_learner_servers_alive``,
+  ``simkit_learner_servers_lost``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+__all__ = ["LearnerMetrics"]
+
+
+class LearnerMetrics:
+    """Gauges and counters of the learner, its replay buffer and the servers it sees.
+
+    The training loop reports plain numbers: :meth:`observe` with running totals and
+    current values (every few seconds), :meth:`fragment_received` for each fragment.
+    Methods are thread-safe (``prometheus_client`` metrics are).
+
+    Args:
+        registry: the registry to register in (a new one by default).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = self.registry = registry if registry is not None else CollectorRegistry()
+        self._lock = threading.Lock()
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self.env_steps = Counter(
+            "simkit_learner_env_steps", "Env steps (transitions) received.", registry=reg
+        )
+        self.updates = Counter("simkit_learner_updates", "Gradient steps done.", registry=reg)
+        self.utd_target = Gauge(
+            "simkit_learner_utd_target",
+            "Target update-to-data ratio (gradient steps per env step).",
+            registry=reg,
+        )
+        self.utd_achieved = Gauge(
+            "simkit_learner_utd_achieved",
+            "Gradient steps per env step since learning started.",
+            registry=reg,
+        )
+        self.version = Gauge(
+            "simkit_learner_policy_version",
+            "Version of the learner's newest weights.",
+            registry=reg,
+        )
+        self.updates_per_s = Gauge(
+            "simkit_learner_updates_per_second", "Recent gradient steps per second.", registry=reg
+        )
+        self.env_steps_per_s = Gauge(
+            "simkit_learner_env_steps_per_second", "Recent env steps per second.", registry=reg
+        )
+        self.replay_size = Gauge(
+            "simkit_replay_size", "Transitions stored in the replay buffer.", registry=reg
+        )
+        self.replay_capacity = Gauge(
+            "simkit_replay_capacity", "Replay buffer capacity (transitions).", registry=reg
+        )
+        self.replay_inserts = Counter(
+            "simkit_replay_inserts",
+            "Transitions ever inserted in the replay buffer (fill rate: rate()).",
+            registry=reg,
+        )
+        self.newest_age = Gauge(
+            "simkit_replay_newest_age_versions",
+            "Learner policy version minus the policy version of the newest stored transition.",
+            registry=reg,
+        )
+        self.sample_age = Gauge(
+            "simkit_replay_sample_age_versions",
+            "Mean age, in policy versions, of the last sampled batch.",
+            registry=reg,
+        )
+        self.last_fragment = Gauge(
+            "simkit_learner_last_fragment_timestamp_seconds",
+            "Unix time of the last fragment received.",
+            registry=reg,
+        )
+        self.servers_alive = Gauge(
+            "simkit_learner_servers_alive", "Rollout servers streaming.", registry=reg
+        )
+        self.servers_lost = Gauge(
+            "simkit_learner_servers_lost", "Rollout servers lost and not replaced.", registry=reg
+        )
+        self._totals = {"env_steps": 0, "updates": 0, "replay_inserted": 0}
+        self._version = 0
+
+    def start(self, port: int, addr: str = "127.0.0.1") -> int:
+        """Serves the registry on ``http://addr:port/metrics`` (port 0: any free port).
+
+        Returns:
+            the port actually bound.
+
+        Raises:
+            RuntimeError: already serving.
+            OSError: the port cannot be bound.
+        """
+        if self._server is not None:
+            raise RuntimeError("LearnerMetrics: already serving")
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        return int(self._server.server_port)
+
+    @property
+    def port(self) -> int | None:
+        """The port served on, None when not serving."""
+        return None if self._server is None else int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stops serving and closes the listening socket (the port is free afterwards).
+        Idempotent."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def fragment_received(self, timestamp: float) -> None:
+        """A fragment arrived at unix time ``timestamp`` (``time.time()``)."""
+        self.last_fragment.set(timestamp)
+
+    def observe(
+        self,
+        *,
+        env_steps: int | None = None,
+        updates: int | None = None,
+        utd_target: float | None = None,
+        utd_achieved: float | None = None,
+        version: int | None = None,
+        replay_size: int | None = None,
+        replay_capacity: int | None = None,
+        replay_inserted: int | None = None,
+        newest_version: int | None = None,
+        sample_age: float | None = None,
+        updates_per_s: float | None = None,
+        env_steps_per_s: float | None = None,
+        servers_alive: int | None = None,
+        servers_lost: int | None = None,
+    ) -> None:
+        """Sets the metrics from the learner's current figures; None leaves one unchanged.
+
+        Args:
+            env_steps: env steps received so far (running total; the counter advances by
+                the difference to the last total seen, never backwards).
+            updates: gradient steps done so far (running total).
+            utd_target: the target update-to-data ratio.
+            utd_achieved: gradient steps per env step since learning started.
+            version: the version of the learner's newest weights.
+            replay_size: transitions stored.
+            replay_capacity: the buffer's capacity.
+            replay_inserted: transitions ever inserted (running total).
+            newest_version: the policy version of the newest stored transition; with
+                ``version`` (this call's or the last one) it sets
+                ``simkit_replay_newest_age_versions``. Negative: the buffer is empty,
+                the age is left unchanged.
+            sample_age: mean age (versions) of the last sampled batch; NaN: none sampled
+                yet, left unchanged.
+            updates_per_s: recent gradient steps per second.
+            env_steps_per_s: recent env steps per second.
+            servers_alive: rollout servers streaming.
+            servers_lost: rollout servers lost and not replaced.
+        """
+        with self._lock:
+            for name, counter, total in (
+                ("env_steps", self.env_steps, env_steps),
+                ("updates", self.updates, updates),
+                ("replay_inserted", self.replay_inserts, replay_inserted),
+            ):
+                if total is None:
+                    continue
+                grow = total - self._totals[name]
+                if grow > 0:
+                    counter.inc(grow)
+                    self._totals[name] = total
+            if version is not None:
+                self._version = version
+                self.version.set(version)
+            if newest_version is not None and newest_version >= 0:
+                self.newest_age.set(self._version - newest_version)
+        for gauge, value in (
+            (self.utd_target, utd_target),
+            (self.utd_achieved, utd_achieved),
+            (self.replay_size, replay_size),
+            (self.replay_capacity, replay_capacity),
+            (self.updates_per_s, updates_per_s),
+            (self.env_steps_per_s, env_steps_per_s),
+            (self.servers_alive, servers_alive),
+            (self.servers_lost, servers_lost),
+        ):
+            if value is not None and not math.isnan(value):
+                gauge.set(value)
+        if sample_age is not None and not math.isnan(sample_age):
+            self.sample_age.set(sample_age)

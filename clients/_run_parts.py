@@ -1,0 +1,110 @@
+"""What every learner run has around its loop: a stop request on SIGINT/SIGTERM, the
+live progress display and the rollout state of a resumed checkpoint, written once for
+PPO (:mod:`simkit.clients._train`) and SAC (:mod:`simkit.clients._train_sac`)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+__all__ = ["StopRequest", "ProgressLine", "restore_rollout"]
+
+
+class StopRequest:
+    """A request to stop after the current round: SIGINT/SIGTERM make it once
+    :meth:`install` ed (:meth:`restore` puts the previous handlers back); it is also
+    what a supervised source checks while waiting for a lost server (``give_up``)."""
+
+    def __init__(self, *, after: str) -> None:
+        self.requested = False
+        self._after = after
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> None:
+        """Catches SIGINT and SIGTERM from now on."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self.requested = True
+        print(
+            f"\nsimkit train: {signal.Signals(signum).name} received, checkpointing {self._after}",
+            file=sys.stderr,
+        )
+
+    def __call__(self) -> bool:
+        """Whether a stop was requested."""
+        return self.requested
+
+    def restore(self) -> None:
+        """Puts the previous signal handlers back."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class ProgressLine:
+    """A live ``rich`` bar on a terminal; plain lines every ``print_every`` seconds
+    without one; nothing without ``progress``."""
+
+    def __init__(
+        self, *, progress: bool, print_every: float, env_id: str, total: int | None, done: int
+    ) -> None:
+        self.env_id = env_id
+        self.print_every = print_every
+        self.plain = progress and not sys.stdout.isatty()
+        self.last_print = time.perf_counter()
+        self.bar: Any = None
+        self.task: Any = None
+        if progress and not self.plain:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("[bold]{task.fields[env]}"),
+                BarColumn(),
+                TextColumn("{task.completed:,.0f} steps"),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(
+                "train", total=total or None, completed=done, env=env_id, info=""
+            )
+
+    def due(self) -> bool:
+        """Whether :meth:`show` would show anything now."""
+        return self.bar is not None or (
+            self.plain and time.perf_counter() - self.last_print >= self.print_every
+        )
+
+    def show(self, steps: int, info: str) -> None:
+        """Updates the bar, or prints a plain line (call when :meth:`due`)."""
+        if self.bar is not None:
+            self.bar.update(self.task, completed=steps, info=info)
+        else:
+            self.last_print = time.perf_counter()
+            print(f"{self.env_id} {steps:,} steps  {info}", flush=True)
+
+    def stop(self) -> None:
+        """Removes the live bar."""
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def restore_rollout(source: Any, state: dict[str, Any], kind: str) -> None:
+    """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``
+    or ``"servers"``), or says on stderr that the envs start afresh when the
+    checkpoint's rollout ran the other way (the learner still resumes exactly)."""
+    saved = state.get("source_kind", "local")
+    if saved == kind and state.get("source") is not None:
+        source.set_state(state["source"])
+    else:
+        print(
+            f"simkit train: the checkpoint's rollout state is from {saved!r} and this run "
+            f"rolls out through {kind!r}: the learner resumes exactly, the envs start afresh",
+            file=sys.stderr,
+        )

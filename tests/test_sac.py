@@ -1,0 +1,211 @@
+"""SAC: deterministic-mode reproducibility, exact resume, the UTD, exploration from the
+server, learning from recordings, the CLI's refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from simkit.clients._args import SACArgs
+from simkit.clients._checkpoint import load_checkpoint
+from simkit.clients._train_sac import run_sac
+
+ENV = "simkit/Pendulum-v0"
+SMALL = SACArgs(
+    env_id=ENV,
+    seed=7,
+    total_steps=360,
+    num_envs=2,
+    num_steps=4,
+    buffer_size=1000,
+    batch_size=32,
+    learning_starts=64,
+    hidden=(32, 32),
+)
+
+
+def _run(tmp: Path, args: SACArgs = SMALL, **kw: Any) -> Any:
+    kw.setdefault("servers", 0)
+    kw.setdefault("tensorboard", False)
+    return run_sac(args, logdir=tmp, **kw)
+
+
+def _tensors(logdir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(logdir).model
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_sync_mode_same_seed_same_parameters_in_process_and_on_a_server(tmp_path: Path) -> None:
+    r0 = _run(tmp_path / "a")
+    r1 = _run(tmp_path / "b")
+    r2 = _run(tmp_path / "c", servers=1)
+    assert r0.global_step == SMALL.total_steps
+    a = _tensors(tmp_path / "a")
+    _same(a, _tensors(tmp_path / "b"))
+    _same(a, _tensors(tmp_path / "c"))
+    other = _run(tmp_path / "d", dataclasses.replace(SMALL, seed=8))
+    assert other.global_step == r1.global_step == r2.global_step
+    assert not torch.equal(a["qf.weights.0"], _tensors(tmp_path / "d")["qf.weights.0"])
+
+
+def test_sync_mode_does_exactly_utd_gradient_steps_per_env_step(tmp_path: Path) -> None:
+    for utd in (0.5, 2.0):
+        args = dataclasses.replace(SMALL, utd=utd)
+        _run(tmp_path / str(utd), args)
+        counters = load_checkpoint(tmp_path / str(utd)).state["counters"]
+        since = counters["global_step"] - counters["learning_step"] + 1
+        assert counters["updates"] == int(np.floor(utd * since))
+        assert counters["learning_step"] == args.learning_starts
+
+
+def test_resume_is_exact(tmp_path: Path) -> None:
+    _run(tmp_path / "straight")
+    first = _run(tmp_path / "split", max_rounds=20)
+    assert first.global_step == 20 * SMALL.num_envs * SMALL.num_steps
+    resumed = _run(tmp_path / "split", resume=tmp_path / "split")
+    assert resumed.global_step == SMALL.total_steps
+    _same(_tensors(tmp_path / "straight"), _tensors(tmp_path / "split"))
+    a, b = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
+    assert a.state["counters"]["updates"] == b.state["counters"]["updates"]
+    from simkit.clients._replay import ReplayBuffer
+
+    ra = ReplayBuffer.load(a.extra["replay.safetensors.zst"])
+    rb = ReplayBuffer.load(b.extra["replay.safetensors.zst"])
+    for name, arr in ra.state_dict().items():
+        np.testing.assert_array_equal(arr, rb.state_dict()[name], err_msg=name)
+
+
+def test_resume_over_servers_is_exact(tmp_path: Path) -> None:
+    _run(tmp_path / "straight", servers=1)
+    _run(tmp_path / "split", servers=1, max_rounds=25)
+    _run(tmp_path / "split", resume=tmp_path / "split", servers=None)
+    _same(_tensors(tmp_path / "straight"), _tensors(tmp_path / "split"))
+
+
+def test_the_server_explores_uniformly_until_learning_starts(tmp_path: Path) -> None:
+    import simkit
+    from simkit.clients._local_source import LocalSource
+    from simkit.clients._train_sac import build_actor
+
+    model = build_actor(SMALL)
+    env = simkit.make(ENV)
+    low, high = float(env.action_space.low[0]), float(env.action_space.high[0])
+    scale = (env.action_space.high - env.action_space.low) / 2
+    env.close()
+    source = LocalSource(ENV, model, num_envs=2, num_steps=50, seed=1)
+    try:
+        source.push_weights(model, version=0)
+        f = source.rollout()
+        np.testing.assert_allclose(f.log_probs, -np.log(2 * scale).sum(), rtol=1e-6)
+        actions = np.asarray(f.actions).reshape(-1)
+        quarter = (high - low) / 4  # uniform over the box: both outer quarters are hit
+        assert actions.min() < low + quarter
+        assert actions.max() > high - quarter
+        assert actions.min() >= low
+        assert actions.max() <= high
+        model.head.explore.fill_(0.0)
+        source.push_weights(model, version=1)
+        g = source.rollout()
+        assert not np.allclose(g.log_probs, f.log_probs[0])
+    finally:
+        source.close()
+
+
+def test_async_mode_runs_and_reports_the_achieved_ratio(tmp_path: Path) -> None:
+    args = dataclasses.replace(SMALL, mode="async", total_steps=400, push_every=4)
+    result = _run(tmp_path, args)
+    assert result.global_step >= 400
+    state = load_checkpoint(tmp_path).state
+    counters = state["counters"]
+    since = counters["global_step"] - counters["learning_step"] + 1
+    assert 0 < counters["updates"] <= since
+
+
+def test_buffer_from_a_recording_fills_the_buffer_first(tmp_path: Path) -> None:
+    from simkit.recording import RecordEpisodes
+    from simkit.vector import VectorEnv
+
+    rec = tmp_path / "rec"
+    vec = RecordEpisodes(VectorEnv(ENV, 2), rec, env_id=ENV)
+    vec.reset(seed=5)
+    rng = np.random.default_rng(0)
+    for _ in range(210):
+        vec.step(rng.uniform(-2, 2, size=(2, 1)).astype(np.float32))
+    vec.close()
+    args = dataclasses.replace(SMALL, learning_starts=300, total_steps=16)
+    _run(tmp_path / "run", args, buffer_from=rec)
+    counters = load_checkpoint(tmp_path / "run").state["counters"]
+    assert counters["learning_step"] == 8  # learning started in the first round
+    assert counters["updates"] == 16 - 8 + 1
+    ckpt = load_checkpoint(tmp_path / "run")
+    from simkit.clients._replay import ReplayBuffer
+
+    buf = ReplayBuffer.load(ckpt.extra["replay.safetensors.zst"])
+    assert len(buf) == 2 * 200 + 16  # two 200-step episodes, then the run's steps
+
+
+def test_buffer_from_a_recording_of_another_env_is_refused(tmp_path: Path) -> None:
+    from simkit.recording import RecordEpisodes
+    from simkit.vector import VectorEnv
+
+    rec = tmp_path / "rec"
+    vec = RecordEpisodes(VectorEnv("simkit/Reacher-v0", 1), rec, env_id="simkit/Reacher-v0")
+    vec.reset(seed=5)
+    for _ in range(1001):
+        vec.step(np.zeros((1, 2), dtype=np.float32))
+    vec.close()
+    with pytest.raises(
+        ValueError, match=r"recorded on 'simkit/Reacher-v0'.*trains 'simkit/Pendulum-v0'"
+    ):
+        _run(tmp_path / "run", buffer_from=rec)
+
+
+def test_discrete_actions_are_refused_naming_ppo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+
+    assert main(["train", "simkit/CartPole-v0", "--algo", "sac", "--logdir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--algo sac needs continuous (Box) actions" in err
+    assert "--algo ppo" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_flags_of_the_other_algorithm_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from simkit.cli import main
+
+    assert main(["train", ENV, "--algo", "sac", "--clip-coef", "0.1"]) == 2
+    assert "--clip-coef: --algo ppo options, this run is --algo sac" in capsys.readouterr().err
+    assert main(["train", ENV, "--utd", "2"]) == 2
+    assert "--utd: --algo sac options, this run is --algo ppo" in capsys.readouterr().err
+
+
+def test_cli_trains_and_the_policy_evaluates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+    from simkit.clients._train import evaluate_policy
+
+    code = main(
+        [
+            "train", ENV, "--algo", "sac", "--servers", "0", "--total-steps", "200",
+            "--learning-starts", "50", "--batch-size", "16", "--hidden", "16", "16",
+            "--buffer-size", "500", "--logdir", str(tmp_path), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    returns = evaluate_policy(tmp_path / "policy.safetensors", episodes=2)
+    np.testing.assert_array_equal(evaluate_policy(tmp_path, episodes=2), returns)  # checkpoint
+    assert returns.shape == (2,)
+    assert np.all(np.isfinite(returns))
