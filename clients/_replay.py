@@ -192,6 +192,19 @@ class ReplayBuffer:
         per = _record(obs_shape, obs_dtype, action_shape, action_dtype).itemsize
         return _count("capacity", capacity, 1) * per
 
+    @staticmethod
+    def describe_needed(
+        capacity: int,
+        obs_shape: tuple[int, ...],
+        action_shape: tuple[int, ...],
+        obs_dtype: Any = np.float32,
+        action_dtype: Any = np.float32,
+    ) -> str:
+        """:meth:`describe` of the buffer these arguments would make, before allocating it."""
+        per = _record(obs_shape, obs_dtype, action_shape, action_dtype).itemsize
+        n = _count("capacity", capacity, 1)
+        return f"{n:,} transitions x {per:,} B = {_human(n * per)}"
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the ring (equals :meth:`bytes_needed` of its arguments)."""
@@ -199,8 +212,9 @@ class ReplayBuffer:
 
     def describe(self) -> str:
         """One line: ``"1,000,000 transitions x 176 B = 176 MB"``."""
-        per = self._records.dtype.itemsize
-        return f"{self.capacity:,} transitions x {per:,} B = {_human(self.nbytes)}"
+        return self.describe_needed(
+            self.capacity, self.obs_shape, self.action_shape, self.obs_dtype, self.action_dtype
+        )
 
     def __len__(self) -> int:
         return min(self.inserted, self.capacity)

@@ -271,12 +271,8 @@ def run_sac(
     torch.set_num_threads(args.torch_threads)
     model = build_actor(args)
     learner = SAC(args, model, device)
-    need = ReplayBuffer.bytes_needed(args.buffer_size, obs_space.shape, act_space.shape)
-    print(
-        f"simkit train: replay buffer of {args.buffer_size:,} transitions needs "
-        f"{need / 2**20:,.1f} MiB",
-        file=sys.stderr,
-    )
+    need = ReplayBuffer.describe_needed(args.buffer_size, obs_space.shape, act_space.shape)
+    print(f"simkit train: replay buffer of {need}", file=sys.stderr)
     if ckpt is not None and REPLAY_FILE in ckpt.extra:
         buffer = ReplayBuffer.load(ckpt.extra[REPLAY_FILE])
         if buffer.capacity != args.buffer_size:
@@ -480,7 +476,7 @@ def run_sac(
                 servers_alive=0 if view is None else view["alive"],
                 servers_lost=0 if view is None else view["lost"],
             )
-            record: dict[str, Any] = {
+            row: dict[str, Any] = {
                 "version": learner.version,
                 "global_step": learner.global_step,
                 "updates": learner.updates,
@@ -493,9 +489,9 @@ def run_sac(
                 **{k: (None if np.isnan(v) else round(v, 5)) for k, v in recent.items()},
             }
             if view is not None:
-                record["servers"] = view
+                row["servers"] = view
             with open(logdir / "progress.jsonl", "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(json.dumps(row) + "\n")
             save_policy(policy_path, model.state_dict(), meta())
             if writer is not None:
                 step = learner.global_step
@@ -564,6 +560,6 @@ def run_sac(
         mean_return=float(np.mean(returns)) if returns else float("nan"),
         dropped=0,
         stopped=stop.requested,
-        times={},
+        record=None if record is None else Path(record),
         learning=learning,
     )

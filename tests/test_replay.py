@@ -428,6 +428,9 @@ def test_memory_is_stated_before_allocating() -> None:
     buf = ReplayBuffer(1000, obs_shape=(17,), action_shape=(6,))
     assert buf.nbytes == ReplayBuffer.bytes_needed(1000, (17,), (6,)) == 176_000
     assert buf.describe() == "1,000 transitions x 176 B = 176 kB"
+    assert ReplayBuffer.describe_needed(1_000_000, (17,), (6,)) == (
+        "1,000,000 transitions x 176 B = 176 MB"
+    )
     assert (len(buf), buf.newest_version) == (0, -1)
     img = ReplayBuffer(10, obs_shape=(4, 4), obs_dtype=np.uint8, action_shape=(1,))
     assert img.nbytes == ReplayBuffer.bytes_needed(10, (4, 4), (1,), obs_dtype=np.uint8)

@@ -209,3 +209,25 @@ def test_cli_trains_and_the_policy_evaluates(
     np.testing.assert_array_equal(evaluate_policy(tmp_path, episodes=2), returns)  # checkpoint
     assert returns.shape == (2,)
     assert np.all(np.isfinite(returns))
+
+
+def test_record_keeps_verifiable_episodes_and_the_summary_names_the_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+    from simkit.recording import RecordingReader
+
+    rec = tmp_path / "rec"
+    code = main(
+        [
+            "train", ENV, "--algo", "sac", "--servers", "0", "--total-steps", "400",
+            "--num-envs", "2", "--learning-starts", "50", "--batch-size", "16",
+            "--hidden", "16", "16", "--buffer-size", "500", "--logdir", str(tmp_path / "run"),
+            "--no-progress", "--record", str(rec),
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"  recording: simkit replay {rec} --verify" in captured.out
+    assert len(RecordingReader(rec)) == 2  # 2 envs x one 200-step episode each
+    assert main(["replay", str(rec), "--verify"]) == 0, capsys.readouterr().err
