@@ -231,3 +231,14 @@ def test_record_keeps_verifiable_episodes_and_the_summary_names_the_recording(
     assert f"  recording: simkit replay {rec} --verify" in captured.out
     assert len(RecordingReader(rec)) == 2  # 2 envs x one 200-step episode each
     assert main(["replay", str(rec), "--verify"]) == 0, capsys.readouterr().err
+    # the recorded episodes carry their final observations: every transition is data
+    args = dataclasses.replace(SMALL, learning_starts=400, total_steps=8)
+    _run(tmp_path / "again", args, buffer_from=rec)
+    ckpt = load_checkpoint(tmp_path / "again")
+    from simkit.clients._replay import ReplayBuffer
+
+    buf = ReplayBuffer.load(ckpt.extra["replay.safetensors.zst"])
+    assert len(buf) == 2 * 200 + 8
+    assert int(buf.truncated.sum()) == 2
+    finals = np.stack([np.asarray(RecordingReader(rec).load(i).obs)[-1] for i in range(2)])
+    np.testing.assert_array_equal(buf.next_obs[np.flatnonzero(buf.truncated)], finals)
