@@ -1,16 +1,23 @@
 """What every learner run has around its loop: a stop request on SIGINT/SIGTERM, the
-live progress display and the rollout state of a resumed checkpoint, written once for
+live progress display, the rollout state of a resumed checkpoint and what happens when
+the last server is lost, written once for
 PPO (:mod:`simkit.clients._train`) and SAC (:mod:`simkit.clients._train_sac`)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["StopRequest", "ProgressLine", "restore_rollout"]
+from simkit.clients._connection import ServerUnavailable
+from simkit.errors import ServersLost
+
+__all__ = ["StopRequest", "ProgressLine", "restore_rollout", "checkpoint_if_servers_lost"]
 
 
 class StopRequest:
@@ -108,3 +115,27 @@ def restore_rollout(source: Any, state: dict[str, Any], kind: str) -> None:
             f"rolls out through {kind!r}: the learner resumes exactly, the envs start afresh",
             file=sys.stderr,
         )
+
+
+@contextlib.contextmanager
+def checkpoint_if_servers_lost(
+    checkpoint: Callable[[], Path],
+    stop: StopRequest,
+    *,
+    env_steps: Callable[[], int],
+    resume: str,
+) -> Iterator[None]:
+    """Around a learner's loop: when the last server is lost (``ServerUnavailable``),
+    keeps what the learner has (``checkpoint()``) and raises :class:`ServersLost` naming
+    that checkpoint and the ``resume`` command; after a stop request (the loop gave up
+    waiting for a server on purpose) it only checkpoints."""
+    try:
+        yield
+    except ServerUnavailable as exc:
+        kept_at = checkpoint()
+        if not stop.requested:
+            raise ServersLost(
+                f"every rollout server was lost (last: {exc}); the learner's progress "
+                f"({env_steps():,} env steps) is checkpointed at {kept_at}; continue "
+                f"with: {resume}"
+            ) from exc

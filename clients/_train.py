@@ -31,14 +31,18 @@ from simkit.clients._checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from simkit.clients._connection import ServerUnavailable
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._rollout import open_rollout
-from simkit.clients._run_parts import ProgressLine, StopRequest, restore_rollout
+from simkit.clients._run_parts import (
+    ProgressLine,
+    StopRequest,
+    checkpoint_if_servers_lost,
+    restore_rollout,
+)
 from simkit.clients._server_source import ServerSource
 from simkit.clients._train_cli import DEFAULT_SERVERS
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
-from simkit.errors import InvalidCheckpoint, MissingDependency, ServersLost
+from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
 from simkit.protocol import RemoteError
@@ -491,23 +495,21 @@ def run_training(
 
         recorder = FragmentRecorder(record, args.env_id, root_seed=args.seed)
     try:
-        train(
-            learner,
-            source if recorder is None else _Recorded(source, recorder),
-            max_updates=max_updates,
-            on_update=on_update,
-            should_stop=stop,
-            on_boundary=at_boundary,
-        )
-        checkpoint()  # the last update's weights were not pushed: still at the boundary
-    except ServerUnavailable as exc:  # the last server is gone: keep what the learner has
-        kept_at = checkpoint()
-        if not stop.requested:
-            raise ServersLost(
-                f"every rollout server was lost (last: {exc}); the learner's progress "
-                f"({learner.global_step:,} env steps) is checkpointed at {kept_at}; continue "
-                f"with: simkit train {args.env_id} --resume {logdir}"
-            ) from exc
+        with checkpoint_if_servers_lost(
+            checkpoint,
+            stop,
+            env_steps=lambda: learner.global_step,
+            resume=f"simkit train {args.env_id} --resume {logdir}",
+        ):
+            train(
+                learner,
+                source if recorder is None else _Recorded(source, recorder),
+                max_updates=max_updates,
+                on_update=on_update,
+                should_stop=stop,
+                on_boundary=at_boundary,
+            )
+            checkpoint()  # the last update's weights were not pushed: still at the boundary
     finally:
         line.stop()
         if writer is not None:

@@ -31,15 +31,19 @@ from simkit.clients._checkpoint import (
     save_checkpoint,
     save_policy,
 )
-from simkit.clients._connection import ServerUnavailable
 from simkit.clients._learner_metrics import LearnerMetrics
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._replay import ReplayBuffer
 from simkit.clients._rollout import open_rollout
-from simkit.clients._run_parts import ProgressLine, StopRequest, restore_rollout
+from simkit.clients._run_parts import (
+    ProgressLine,
+    StopRequest,
+    checkpoint_if_servers_lost,
+    restore_rollout,
+)
 from simkit.clients._train import TrainResult
 from simkit.clients.sac import SAC, SACStats, train_sac
-from simkit.errors import InvalidCheckpoint, ServersLost
+from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
 from simkit.protocol import RemoteError
@@ -520,25 +524,23 @@ def run_sac(
             line.show(learner.global_step, info)
 
     try:
-        train_sac(
-            learner,
-            source,
-            buffer,
-            max_rounds=max_rounds,
-            on_round=on_round,
-            should_stop=stop,
-            on_boundary=at_boundary,
-            on_fragment=on_fragment,
-        )
-        checkpoint()
-    except ServerUnavailable as exc:
-        kept_at = checkpoint()
-        if not stop.requested:
-            raise ServersLost(
-                f"every rollout server was lost (last: {exc}); the learner's progress "
-                f"({learner.global_step:,} env steps) is checkpointed at {kept_at}; continue "
-                f"with: simkit train {args.env_id} --algo sac --resume {logdir}"
-            ) from exc
+        with checkpoint_if_servers_lost(
+            checkpoint,
+            stop,
+            env_steps=lambda: learner.global_step,
+            resume=f"simkit train {args.env_id} --algo sac --resume {logdir}",
+        ):
+            train_sac(
+                learner,
+                source,
+                buffer,
+                max_rounds=max_rounds,
+                on_round=on_round,
+                should_stop=stop,
+                on_boundary=at_boundary,
+                on_fragment=on_fragment,
+            )
+            checkpoint()
     finally:
         line.stop()
         if writer is not None:

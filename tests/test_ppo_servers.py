@@ -324,12 +324,39 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+_LOSE_THE_SERVER = {
+    "ppo": (
+        "simkit.clients._train",
+        [
+            *("simkit/CartPole-v0", "--num-envs", "4", "--num-steps", "16"),
+            *("--num-minibatches", "2", "--update-epochs", "1"),
+        ],
+    ),
+    "sac": (
+        "simkit.clients._train_sac",
+        [
+            *("simkit/Pendulum-v0", "--algo", "sac", "--num-envs", "2", "--num-steps", "4"),
+            *("--learning-starts", "16", "--batch-size", "8", "--buffer-size", "100"),
+            *("--hidden", "8", "--checkpoint-steps", "8"),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("algo", sorted(_LOSE_THE_SERVER))
 def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    algo: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    import importlib
+
     import simkit.clients._rollout as rollout_module
-    import simkit.clients._train as train_module
     from simkit.cli import main
+
+    module_name, flags = _LOSE_THE_SERVER[algo]
+    train_module = importlib.import_module(module_name)
 
     spawned: list[Any] = []
     real_spawn = rollout_module.spawn_servers
@@ -351,18 +378,21 @@ def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
     monkeypatch.setattr(train_module, "save_policy", save_then_kill)
     rc = main(
         [
-            *("train", "simkit/CartPole-v0", "--servers", "1", "--num-envs", "4"),
-            *("--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"),
-            *("--total-steps", "0", "--server-timeout", "1", "--no-progress"),
-            *("--logdir", str(tmp_path)),
+            *("train", *flags, "--servers", "1", "--total-steps", "0"),
+            *("--server-timeout", "1", "--no-progress", "--logdir", str(tmp_path)),
         ]
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
     assert err[-1].startswith("simkit train: every rollout server was lost")
-    assert f"--resume {tmp_path}" in err[-1]
+    resume = "--algo sac --resume" if algo == "sac" else "--resume"
+    assert f"{resume} {tmp_path}" in err[-1]
     from simkit.clients._checkpoint import load_checkpoint
 
     state = load_checkpoint(tmp_path).state
-    assert int(state["version"]) >= 1  # the update made before the loss is kept
-    assert state["source"]["servers"] == 1  # a resume starts one server again
+    if algo == "ppo":
+        assert int(state["version"]) >= 1  # the update made before the loss is kept
+        assert state["source"]["servers"] == 1  # a resume starts one server again
+    else:
+        assert int(state["counters"]["global_step"]) >= 8  # the rounds before the loss
+        assert state["servers"] == 1
