@@ -432,7 +432,7 @@ def run_sac(
 
     learning: tuple[float, int] | None = None
 
-    def on_round(stats: SACStats, wait: float) -> None:
+    def on_round(stats: SACStats, wait: float, last: bool) -> None:
         nonlocal last_write, learning
         if learning is None and stats.updates:
             learning = (time.perf_counter() - start, learner.global_step)
@@ -448,7 +448,8 @@ def run_sac(
                 q_mean=stats.q_mean,
                 sample_age=stats.sample_age,
             )
-        if now - last_write < _WRITE_EVERY_S and not line.due():
+        write = last or now - last_write >= _WRITE_EVERY_S
+        if not write and not line.due():
             return
         t0, s0, u0 = window[0]
         span = max(now - t0, 1e-9)
@@ -462,7 +463,7 @@ def run_sac(
         utd = learner.updates / learned if learned else 0.0
         mean_ret = float(np.mean(returns)) if returns else float("nan")
         view = None if isinstance(source, LocalSource) else source.view()
-        if now - last_write >= _WRITE_EVERY_S:
+        if write:
             last_write = now
             metrics.observe(
                 env_steps=learner.global_step,

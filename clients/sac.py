@@ -308,7 +308,7 @@ def train_sac(
     buffer: ReplayBuffer,
     *,
     max_rounds: int | None = None,
-    on_round: Callable[[SACStats, float], None] | None = None,
+    on_round: Callable[[SACStats, float, bool], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_boundary: Callable[[], None] | None = None,
     on_fragment: Callable[[Fragment], None] | None = None,
@@ -326,8 +326,9 @@ def train_sac(
 
     Stops after ``args.total_steps`` env steps (never when 0), after ``max_rounds``
     rounds (pushes) of this call, or when ``should_stop()`` turns true.
-    ``on_round(stats, wait_s)`` gets each round's statistics (with the episodes that
-    ended in it) and the seconds spent waiting for fragments.
+    ``on_round(stats, wait_s, last)`` gets each round's statistics (with the episodes
+    that ended in it), the seconds spent waiting for fragments and whether it is the
+    call's last round.
     """
     args = learner.args
     stream = source.fragments()
@@ -390,6 +391,6 @@ def train_sac(
                 on_boundary()
             source.push_weights(learner.model, version=learner.version)
         if on_round is not None:
-            on_round(stats, wait)
+            on_round(stats, wait, last)
         if last:
             return

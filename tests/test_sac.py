@@ -242,3 +242,13 @@ def test_record_keeps_verifiable_episodes_and_the_summary_names_the_recording(
     assert int(buf.truncated.sum()) == 2
     finals = np.stack([np.asarray(RecordingReader(rec).load(i).obs)[-1] for i in range(2)])
     np.testing.assert_array_equal(buf.next_obs[np.flatnonzero(buf.truncated)], finals)
+
+
+def test_progress_ends_with_the_runs_last_round(tmp_path: Path) -> None:
+    import json
+
+    result = _run(tmp_path, dataclasses.replace(SMALL, total_steps=480))
+    rows = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert rows[-1]["global_step"] == result.global_step == 480
+    assert rows[-1]["mean_return"] == round(result.mean_return, 3)
+    assert rows[-1]["updates"] == result.updates
