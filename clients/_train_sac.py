@@ -234,7 +234,7 @@ def run_sac(
     Raises:
         InvalidCheckpoint: ``resume`` is not a valid SAC checkpoint.
         ValueError: the env has no continuous actions, a bad setting, a recording
-            that does not fit.
+            that does not fit, ``buffer_from`` with ``resume``.
     """
     logdir = Path(logdir)
     ckpt = load_checkpoint(resume) if resume is not None else None
@@ -244,6 +244,11 @@ def run_sac(
             f"got {args.env_id!r}"
         )
     if ckpt is not None:
+        if buffer_from is not None:
+            raise ValueError(
+                "--buffer-from fills the buffer of a new run; a resumed run's buffer comes "
+                f"from its checkpoint ({ckpt.path})"
+            )
         if ckpt.state.get("algo") != "sac":
             raise InvalidCheckpoint(
                 f"{ckpt.path}: a {ckpt.state.get('algo', 'ppo')} checkpoint; --algo sac "

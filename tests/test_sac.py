@@ -252,3 +252,9 @@ def test_progress_ends_with_the_runs_last_round(tmp_path: Path) -> None:
     assert rows[-1]["global_step"] == result.global_step == 480
     assert rows[-1]["mean_return"] == round(result.mean_return, 3)
     assert rows[-1]["updates"] == result.updates
+
+
+def test_buffer_from_on_a_resume_is_refused(tmp_path: Path) -> None:
+    _run(tmp_path / "run", max_rounds=2)
+    with pytest.raises(ValueError, match=r"--buffer-from fills the buffer of a new run"):
+        _run(tmp_path / "run", resume=tmp_path / "run", buffer_from=tmp_path / "rec")
