@@ -347,6 +347,14 @@ def run_sac(
     )
     source = rollout.source
     source_kind = "local" if isinstance(source, LocalSource) else "servers"
+    per_round = args.num_steps * source.num_rows
+    if args.mode == "sync" and args.total_steps % per_round and ckpt is None:
+        rounds = -(-args.total_steps // per_round)
+        print(
+            f"simkit train: --total-steps {args.total_steps:,} is {rounds:,} rounds of "
+            f"{per_round:,} env steps: training stops at {rounds * per_round:,}",
+            file=sys.stderr,
+        )
     if ckpt is not None:
         try:
             restore_rollout(source, ckpt.state, source_kind)

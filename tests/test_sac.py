@@ -258,3 +258,12 @@ def test_buffer_from_on_a_resume_is_refused(tmp_path: Path) -> None:
     _run(tmp_path / "run", max_rounds=2)
     with pytest.raises(ValueError, match=r"--buffer-from fills the buffer of a new run"):
         _run(tmp_path / "run", resume=tmp_path / "run", buffer_from=tmp_path / "rec")
+
+
+def test_the_rounding_of_total_steps_is_said_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = _run(tmp_path, dataclasses.replace(SMALL, total_steps=100))
+    err = capsys.readouterr().err
+    assert "--total-steps 100 is 13 rounds of 8 env steps: training stops at 104" in err
+    assert result.global_step == 104
