@@ -267,3 +267,32 @@ def test_the_rounding_of_total_steps_is_said_up_front(
     err = capsys.readouterr().err
     assert "--total-steps 100 is 13 rounds of 8 env steps: training stops at 104" in err
     assert result.global_step == 104
+
+
+def test_the_update_bootstraps_truncated_transitions_and_not_terminated_ones() -> None:
+    from simkit.clients._replay import ReplayBatch
+    from simkit.clients._train_sac import build_actor
+    from simkit.clients.sac import SAC
+
+    rng = np.random.default_rng(3)
+    n = SMALL.batch_size
+    base = ReplayBatch(
+        obs=rng.standard_normal((n, 3)).astype(np.float32),
+        actions=rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+        rewards=rng.standard_normal(n).astype(np.float32),
+        next_obs=rng.standard_normal((n, 3)).astype(np.float32),
+        terminated=np.zeros(n, np.bool_),
+        truncated=np.zeros(n, np.bool_),
+        versions=np.zeros(n, np.int64),
+    )
+    flags = np.arange(n) % 2 == 0
+
+    def after_one_step(batch: ReplayBatch) -> dict[str, torch.Tensor]:
+        learner = SAC(SMALL, build_actor(SMALL), torch.device("cpu"))
+        learner.step(batch)
+        return {k: v.clone() for k, v in learner.tensors().items()}
+
+    plain = after_one_step(base)
+    _same(plain, after_one_step(base._replace(truncated=flags)))
+    ended = after_one_step(base._replace(terminated=flags))
+    assert not torch.equal(plain["qf.weights.0"], ended["qf.weights.0"])
