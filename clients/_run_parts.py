@@ -1,6 +1,6 @@
 """What every learner run has around its loop: a stop request on SIGINT/SIGTERM, the
-live progress display, the rollout state of a resumed checkpoint and what happens when
-the last server is lost, written once for
+live progress display, the tally a resumed run goes on with, the rollout state of a
+resumed checkpoint and what happens when the last server is lost, written once for
 PPO (:mod:`simkit.clients._train`) and SAC (:mod:`simkit.clients._train_sac`)."""
 
 from __future__ import annotations
@@ -9,15 +9,24 @@ import contextlib
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
+
 from simkit.clients._connection import ServerUnavailable
 from simkit.errors import ServersLost
 
-__all__ = ["StopRequest", "ProgressLine", "restore_rollout", "checkpoint_if_servers_lost"]
+__all__ = [
+    "StopRequest",
+    "ProgressLine",
+    "RunTally",
+    "restore_rollout",
+    "checkpoint_if_servers_lost",
+]
 
 
 class StopRequest:
@@ -100,6 +109,48 @@ class ProgressLine:
         """Removes the live bar."""
         if self.bar is not None:
             self.bar.stop()
+
+
+class RunTally:
+    """What a run reports that spans its resumes: the returns of its last
+    :attr:`WINDOW` episodes and its wall time. A checkpoint carries :meth:`to_state`, so
+    a resumed run's mean return is over the same episodes and its ``elapsed_s`` goes on
+    from the interrupted run's instead of starting again at 0 and over no episodes.
+
+    Args:
+        state: a checkpoint's ``tally`` (``None``, or a checkpoint written before
+            tallies were kept: a fresh tally).
+    """
+
+    WINDOW = 20
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        state = state or {}
+        self.returns: deque[float] = deque(
+            (float(r) for r in state.get("returns", ())), maxlen=self.WINDOW
+        )
+        self._before = float(state.get("elapsed_s", 0.0))
+        self._start = time.perf_counter()
+
+    def add(self, episode_returns: np.ndarray) -> None:
+        """Counts the returns of episodes that just ended."""
+        self.returns.extend(np.asarray(episode_returns, dtype=np.float64).tolist())
+
+    def mean_return(self) -> float:
+        """Mean return of the last :attr:`WINDOW` episodes (NaN before the first)."""
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+    def session_s(self) -> float:
+        """Seconds since this process started the run (or resumed it)."""
+        return time.perf_counter() - self._start
+
+    def elapsed_s(self) -> float:
+        """Seconds of the whole run: before the resume and since."""
+        return self._before + self.session_s()
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain state for a checkpoint."""
+        return {"returns": list(self.returns), "elapsed_s": self.elapsed_s()}
 
 
 def restore_rollout(source: Any, state: dict[str, Any], kind: str) -> None:

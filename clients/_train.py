@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent
 from simkit.clients._rollout import open_rollout
 from simkit.clients._run_parts import (
     ProgressLine,
+    RunTally,
     StopRequest,
     checkpoint_if_servers_lost,
     restore_rollout,
@@ -138,7 +138,9 @@ def _policy_meta(args: PPOArgs, version: int) -> dict[str, Any]:
     return {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
 
 
-def _learner_state(learner: PPO, source: LocalSource | ServerSource) -> dict[str, Any]:
+def _learner_state(
+    learner: PPO, source: LocalSource | ServerSource, tally: RunTally
+) -> dict[str, Any]:
     return {
         "args": learner.args.to_plain(),
         "policy": _policy_meta(learner.args, learner.version),
@@ -149,6 +151,7 @@ def _learner_state(learner: PPO, source: LocalSource | ServerSource) -> dict[str
         "scaler": learner.scaler.get_state(),
         "source_kind": "local" if isinstance(source, LocalSource) else "servers",
         "source": source.get_state(include_envs=learner.args.mode == "sync"),
+        "tally": tally.to_state(),
     }
 
 
@@ -368,7 +371,7 @@ def run_training(
         writer = SummaryWriter(str(logdir / "tb"))
     ckpt_dir = logdir / "checkpoints"
     policy_path = logdir / "policy.safetensors"
-    returns: deque[float] = deque(maxlen=20)
+    tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))
     local = isinstance(source, LocalSource)
     # In server mode the learner cannot see the servers' env and inference time: what
     # it sees is how long it waited for their fragments (rollout not overlapped with the
@@ -378,7 +381,6 @@ def run_training(
         if local
         else {"rollout (server)": 0.0, "update": 0.0}
     )
-    start = time.perf_counter()
     start_step = learner.global_step
     last_ckpt: Path | None = None
     updates = 0
@@ -401,7 +403,7 @@ def run_training(
             f"update-{learner.version:08d}",
             model=model.state_dict(),
             optimizer=learner.optimizer.state_dict(),
-            state=_learner_state(learner, source),
+            state=_learner_state(learner, source, tally),
         )
         return last_ckpt
 
@@ -431,15 +433,14 @@ def run_training(
             split["wait"] = wait
             times["rollout (server)"] += wait
         view = None if isinstance(source, LocalSource) else source.view()
-        returns.extend(stats.episode_returns.tolist())
-        elapsed = time.perf_counter() - start
-        sps = (learner.global_step - start_step) / max(elapsed, 1e-9)
-        mean_ret = float(np.mean(returns)) if returns else float("nan")
+        tally.add(stats.episode_returns)
+        sps = (learner.global_step - start_step) / max(tally.session_s(), 1e-9)
+        mean_ret = tally.mean_return()
         with open(logdir / "progress.jsonl", "a") as fh:
             record: dict[str, Any] = {
                 "version": learner.version,
                 "global_step": learner.global_step,
-                "elapsed_s": round(elapsed, 3),
+                "elapsed_s": round(tally.elapsed_s(), 3),
                 "sps": round(sps, 1),
                 "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
                 "approx_kl": stats.approx_kl,
@@ -518,7 +519,7 @@ def run_training(
         if recorder is not None:
             recorder.close()
         stop.restore()
-    elapsed = time.perf_counter() - start
+    elapsed = tally.session_s()
     return TrainResult(
         logdir=logdir,
         checkpoint=last_ckpt,
@@ -527,7 +528,7 @@ def run_training(
         updates=learner.version,
         elapsed_s=elapsed,
         steps_per_s=(learner.global_step - start_step) / max(elapsed, 1e-9),
-        mean_return=float(np.mean(returns)) if returns else float("nan"),
+        mean_return=tally.mean_return(),
         dropped=learner.dropped,
         stopped=stop.requested,
         times=times,

@@ -37,6 +37,7 @@ from simkit.clients._replay import ReplayBuffer
 from simkit.clients._rollout import open_rollout
 from simkit.clients._run_parts import (
     ProgressLine,
+    RunTally,
     StopRequest,
     checkpoint_if_servers_lost,
     restore_rollout,
@@ -379,8 +380,7 @@ def run_sac(
         print(f"simkit train: learner metrics on http://127.0.0.1:{port}/metrics", file=sys.stderr)
     ckpt_dir = logdir / "checkpoints"
     policy_path = logdir / "policy.safetensors"
-    returns: deque[float] = deque(maxlen=20)
-    start = time.perf_counter()
+    tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))
     start_step = learner.global_step
     last_ckpt: Path | None = None
     last_ckpt_at = time.monotonic()
@@ -420,6 +420,7 @@ def run_sac(
                 "servers": getattr(source, "num_servers", 0),
                 "source_kind": source_kind,
                 "source": source.get_state(include_envs=args.mode == "sync"),
+                "tally": tally.to_state(),
             },
             extra={REPLAY_FILE: buffer.save},
         )
@@ -448,8 +449,8 @@ def run_sac(
     def on_round(stats: SACStats, wait: float, last: bool) -> None:
         nonlocal last_write, learning
         if learning is None and stats.updates:
-            learning = (time.perf_counter() - start, learner.global_step)
-        returns.extend(stats.episode_returns.tolist())
+            learning = (tally.session_s(), learner.global_step)
+        tally.add(stats.episode_returns)
         now = time.perf_counter()
         window.append((now, learner.global_step, learner.updates))
         if stats.updates:
@@ -474,7 +475,7 @@ def run_sac(
             else 0
         )
         utd = learner.updates / learned if learned else 0.0
-        mean_ret = float(np.mean(returns)) if returns else float("nan")
+        mean_ret = tally.mean_return()
         view = None if isinstance(source, LocalSource) else source.view()
         if write:
             last_write = now
@@ -498,7 +499,7 @@ def run_sac(
                 "version": learner.version,
                 "global_step": learner.global_step,
                 "updates": learner.updates,
-                "elapsed_s": round(time.perf_counter() - start, 3),
+                "elapsed_s": round(tally.elapsed_s(), 3),
                 "sps": round(sps, 1),
                 "updates_per_s": round(ups, 1),
                 "utd": round(utd, 4),
@@ -513,7 +514,7 @@ def run_sac(
             save_policy(policy_path, model.state_dict(), meta())
             if writer is not None:
                 step = learner.global_step
-                if returns:
+                if tally.returns:
                     writer.add_scalar("charts/episodic_return", mean_ret, step)
                 for name, value in (
                     ("charts/SPS", sps),
@@ -564,7 +565,7 @@ def run_sac(
         if recorder is not None:
             recorder.close()
         stop.restore()
-    elapsed = time.perf_counter() - start
+    elapsed = tally.session_s()
     return TrainResult(
         logdir=logdir,
         checkpoint=last_ckpt,
@@ -573,7 +574,7 @@ def run_sac(
         updates=learner.updates,
         elapsed_s=elapsed,
         steps_per_s=(learner.global_step - start_step) / max(elapsed, 1e-9),
-        mean_return=float(np.mean(returns)) if returns else float("nan"),
+        mean_return=tally.mean_return(),
         dropped=0,
         stopped=stop.requested,
         record=None if record is None else Path(record),

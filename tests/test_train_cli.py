@@ -190,3 +190,60 @@ def test_the_rounding_of_total_steps_is_said_up_front_and_the_summary_names_the_
         "--total-steps 1,000 is 3 updates of 256 env steps: training stops at 768" in captured.err
     )
     assert f"  recording: simkit replay {rec} --verify" in captured.out
+
+
+def _interrupted(algo: str, logdir: Path, *, stop_early: bool, resume: bool = False) -> None:
+    """A small run of ``algo`` stopped early (``stop_early``: fewer than 20 episodes
+    before its end), or to its end; ``resume`` continues the run in ``logdir``."""
+    from simkit.clients._args import SACArgs
+    from simkit.clients._train import run_training
+    from simkit.clients._train_sac import run_sac
+    from simkit.clients.ppo import PPOArgs
+
+    common: dict[str, Any] = {"logdir": logdir, "tensorboard": False, "servers": 0}
+    if resume:
+        common["resume"] = logdir
+    if algo == "ppo":
+        args = PPOArgs(
+            env_id="simkit/CartPole-v0",
+            num_envs=4,
+            num_steps=64,
+            num_minibatches=2,
+            update_epochs=1,
+            total_steps=64 * 4 * 8,
+        )
+        run_training(args, max_updates=7 if stop_early else None, **common)
+    else:
+        sac = SACArgs(
+            env_id="simkit/Pendulum-v0",
+            total_steps=1200,
+            num_envs=2,
+            num_steps=4,
+            buffer_size=2000,
+            batch_size=32,
+            learning_starts=64,
+            hidden=(32, 32),
+        )
+        run_sac(sac, max_rounds=75 if stop_early else None, **common)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_a_resumed_run_reports_over_the_same_episodes_and_goes_on_with_the_wall_time(
+    tmp_path: Path, algo: str
+) -> None:
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    _interrupted(algo, straight, stop_early=False)
+    _interrupted(algo, resumed, stop_early=True)
+
+    def rows(logdir: Path) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in (logdir / "progress.jsonl").read_text().splitlines()]
+
+    before = rows(resumed)[-1]
+    _interrupted(algo, resumed, stop_early=False, resume=True)
+    after = [r for r in rows(resumed) if r["global_step"] > before["global_step"]]
+    assert after, "the resumed run wrote no progress"
+    last_straight, last_resumed = rows(straight)[-1], after[-1]
+    assert last_resumed["global_step"] == last_straight["global_step"]
+    # The same 20 episodes; before, only those since the resume.
+    assert last_resumed["mean_return"] == last_straight["mean_return"]
+    assert after[0]["elapsed_s"] >= before["elapsed_s"]  # was 0 again: the time before lost
