@@ -135,6 +135,29 @@ def _decompress(path: Path) -> bytes:
     return blob
 
 
+class _SamplePlan(NamedTuple):
+    """A checked output batch of :meth:`ReplayBuffer.sample_into`, with the raw gather
+    buffer its fields are copied from (one record per row)."""
+
+    out: ReplayBatch
+    size: int
+    raw: np.ndarray
+    pairs: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+    @staticmethod
+    def check(out: ReplayBatch, records: np.ndarray) -> _SamplePlan:
+        """Raises ValueError naming the first array of ``out`` that does not fit."""
+        rec = records.dtype
+        b = int(np.shape(out.rewards)[0]) if np.ndim(out.rewards) else 0
+        for name, arr in zip(_FIELDS, out, strict=True):
+            _fit(f"out.{name}", arr, (b, *rec[name].shape), rec[name].base)
+        raw = np.empty((b, rec.itemsize), np.uint8)
+        rows = raw.view(rec).reshape(b)
+        return _SamplePlan(
+            out, b, raw, tuple((a, rows[f]) for f, a in zip(_FIELDS, out, strict=True))
+        )
+
+
 class ReplayBuffer:
     """Uniform experience replay over the newest ``capacity`` transitions.
 
@@ -179,6 +202,7 @@ class ReplayBuffer:
         self.versions = self._views["versions"]
         self.inserted = 0
         self.dropped_no_final = 0
+        self._plan: _SamplePlan | None = None
 
     @staticmethod
     def bytes_needed(
@@ -353,23 +377,37 @@ class ReplayBuffer:
         Raises:
             ValueError: the buffer is empty, or ``batch_size < 1``.
         """
-        return self.sample_into(self.empty_batch(batch_size), generator)
+        b = _count("batch_size", batch_size, 1)
+        rows = self._gather(b, generator).view(self._records.dtype).reshape(b)
+        return ReplayBatch(*(np.ascontiguousarray(rows[f]) for f in _FIELDS))
 
     def sample_into(self, out: ReplayBatch, generator: np.random.Generator) -> ReplayBatch:
         """:meth:`sample` into preallocated arrays (:meth:`empty_batch`); the same draws
-        as :meth:`sample` of ``len(out.rewards)``. Returns ``out``."""
+        as :meth:`sample` of ``len(out.rewards)``. Returns ``out``.
+
+        ``out`` is checked the first time it comes (a batch is an immutable tuple);
+        repeated calls with the same ``out`` reuse that check and a gather buffer.
+
+        Raises:
+            ValueError: the buffer is empty, or an array of ``out`` that does not fit
+                (named, expected and actual).
+        """
+        plan = self._plan
+        if plan is None or plan.out is not out:
+            plan = self._plan = _SamplePlan.check(out, self._records)
+        np.take(self._raw, self._draw(plan.size, generator), axis=0, out=plan.raw, mode="wrap")
+        for dst, src in plan.pairs:
+            np.copyto(dst, src)
+        return out
+
+    def _draw(self, b: int, generator: np.random.Generator) -> np.ndarray:
         size = len(self)
         if size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
-        b = out.rewards.shape[0]
-        for name, arr in zip(_FIELDS, out, strict=True):
-            want = self._views[name]
-            _fit(f"out.{name}", arr, (b, *want.shape[1:]), want.dtype)
-        idx = generator.integers(0, size, size=b)
-        rows = np.take(self._raw, idx, axis=0).view(self._records.dtype).reshape(b)
-        for name, arr in zip(_FIELDS, out, strict=True):
-            arr[...] = rows[name]
-        return out
+        return generator.integers(0, size, size=b)
+
+    def _gather(self, b: int, generator: np.random.Generator) -> np.ndarray:
+        return np.take(self._raw, self._draw(b, generator), axis=0)
 
     # ------------------------------------------------------------------ state
 

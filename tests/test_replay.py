@@ -277,6 +277,25 @@ def test_sampling_is_seeded_uniform_and_leaves_the_global_rng_alone() -> None:
         )
 
 
+def test_sample_into_reuses_its_output_and_checks_each_new_one() -> None:
+    buf = filled(capacity=50, n=80)
+    gen, ref = np.random.default_rng(3), np.random.default_rng(3)
+    out = buf.empty_batch(16)
+    for _ in range(3):
+        got = buf.sample_into(out, gen)
+        assert got is out
+        want = buf.sample(16, ref)
+        for x, y in zip(got, want, strict=True):
+            np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match=r"out.versions must be int64 \(16,\), got int32"):
+        buf.sample_into(out._replace(versions=np.zeros(16, np.int32)), gen)
+    with pytest.raises(
+        ValueError, match=r"out.obs must be float32 \(16, 3\), got float32 \(4, 3\)"
+    ):
+        buf.sample_into(out._replace(obs=np.zeros((4, 3), np.float32)), gen)
+    np.testing.assert_array_equal(buf.sample_into(out, gen).obs, buf.sample(16, ref).obs)
+
+
 # ---------------------------------------------------------------- save / load
 
 
