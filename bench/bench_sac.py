@@ -108,6 +108,22 @@ def run_sb3(
     return total / (end - start), learn
 
 
+class CurveLog:
+    """A learning curve as JSON lines (``global_step``, ``elapsed_s``, ``mean_return``),
+    the format of a simkit run's ``progress.jsonl`` that bench/plot_sac.py reads. The
+    file is created new (its folder too), so a rerun never appends to an old curve."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+
+    def write(self, global_step: int, elapsed_s: float, mean_return: float) -> None:
+        row = {"global_step": global_step, "elapsed_s": elapsed_s, "mean_return": mean_return}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
 def learn_sb3(total: int, threads: int, seed: int, threshold: float, out: Path) -> None:
     """One Stable-Baselines3 learning run of ``total`` steps (same settings), writing
     ``(env step, seconds, mean return of the last 20 episodes)`` every 1,000 steps to
@@ -121,19 +137,15 @@ def learn_sb3(total: int, threads: int, seed: int, threshold: float, out: Path) 
     start = time.perf_counter()
     hit: list[tuple[int, float]] = []
 
+    curve = CurveLog(out)
+
     class Log(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % 1000 == 0:
                 rets = env.get_episode_rewards()[-20:]
                 mean = sum(rets) / len(rets) if rets else float("nan")
                 t = time.perf_counter() - start
-                with open(out, "a") as fh:
-                    fh.write(
-                        json.dumps(
-                            {"global_step": self.num_timesteps, "elapsed_s": t, "mean_return": mean}
-                        )
-                        + "\n"
-                    )
+                curve.write(self.num_timesteps, t, mean)
                 if not hit and mean >= threshold:
                     hit.append((self.num_timesteps, t))
             return True

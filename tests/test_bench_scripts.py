@@ -1,0 +1,36 @@
+"""The benchmark scripts' own file handling (their measurements run in bench/, not here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sb3_curve_goes_to_a_new_folder_and_a_rerun_starts_it_afresh(tmp_path: Path) -> None:
+    bench_sac = load_script("bench_sac")
+    path = tmp_path / "runs" / "sb3-hc-1" / "progress.jsonl"
+    curve = bench_sac.CurveLog(path)
+    curve.write(1000, 2.5, -300.0)
+    curve.write(2000, 5.0, -250.0)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [
+        {"global_step": 1000, "elapsed_s": 2.5, "mean_return": -300.0},
+        {"global_step": 2000, "elapsed_s": 5.0, "mean_return": -250.0},
+    ]
+    bench_sac.CurveLog(path).write(1000, 3.0, -310.0)
+    assert len(path.read_text().splitlines()) == 1
