@@ -291,7 +291,7 @@ class RolloutLoop:
         times = self.times
         if cut.any():
             v0 = time.perf_counter()
-            values = self.policy.value(step.final_obs, cut)
+            values = self.policy.value(step.final_obs, cut, part)
             buf.final_values[t, part] = np.where(cut, values, 0.0)
             times.inference += time.perf_counter() - v0
         ret, length = self._ret[part], self._len[part]  # views

@@ -163,18 +163,23 @@ class RowPolicy:
         )
 
     @torch.inference_mode()
-    def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    def value(
+        self, obs: np.ndarray, rows: np.ndarray | None = None, part: slice | None = None
+    ) -> np.ndarray:
         """float32 values of ``obs`` ``(B, ...)``; with ``rows`` (bool ``(B,)``), only the
-        selected rows are evaluated (0 elsewhere)."""
+        selected rows are evaluated (0 elsewhere). ``obs`` holds every row, or with
+        ``part`` only the rows ``part`` (as :meth:`act`): a row's value has the same bits
+        either way."""
         lean = self.lean
+        first = self.first_row + ((part.start or 0) if part is not None else 0)
         if rows is None:
             if lean is not None:
-                return lean.value(obs, self.first_row)
+                return lean.value(obs, first)
             return self.model.value(self._tensor(obs)).float().cpu().numpy().reshape(-1)
         out = np.zeros(len(obs), dtype=np.float32)
         picked = np.flatnonzero(rows)
         if len(picked) and lean is not None:
-            out[picked] = lean.value(obs, self.first_row, picked)
+            out[picked] = lean.value(obs, first, picked)
         elif len(picked):
             x = self._tensor(np.asarray(obs)[picked])
             out[picked] = self.model.value(x).float().cpu().numpy().reshape(-1)

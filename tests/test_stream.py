@@ -523,6 +523,43 @@ def _loop(env_id: str, num_envs: int, *, halves: bool, length: int) -> tuple[Any
     return RolloutLoop(envs, policy, fragment_length=length), model
 
 
+def test_a_parts_final_values_are_computed_at_its_rows_place_in_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The double-buffered loop evaluates a half's final observations alone; they must
+    sit at their global rows (as the half's actions do), or a row's value bits depend on
+    the split wherever BLAS sums by a row's place in its block (AVX2 machines)."""
+    envs = VectorEnv(CARTPOLE, 8)
+    model = build_model(SPEC, envs.single_observation_space, envs.single_action_space)
+    envs.close()
+    policy = RowPolicy(
+        model,
+        torch.device("cpu"),
+        seed=3,
+        first_slot=16,
+        num_slots=8,
+        rows_per_slot=1,
+        action_space=envs.single_action_space,
+    )
+    lean = policy.lean
+    assert lean is not None
+    seen: list[int] = []
+    value = lean.value
+
+    def spy(obs: np.ndarray, first_row: int = 0, rows: np.ndarray | None = None) -> np.ndarray:
+        seen.append(first_row)
+        return value(obs, first_row, rows)
+
+    monkeypatch.setattr(lean, "value", spy)
+    obs = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    rows = np.array([True, False, True, True])
+    half = policy.value(obs[4:], rows, slice(4, 8))
+    whole = policy.value(obs, np.concatenate([np.zeros(4, bool), rows]))
+    assert seen == [20, 16]
+    assert half.tobytes() == whole[4:].tobytes()
+    assert (half[~rows] == 0).all()
+
+
 @settings(max_examples=4, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(
     env_id=st.sampled_from(["simkit/BatchCartPole-v0", "simkit/BatchCheetah-v0"]),
