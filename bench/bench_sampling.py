@@ -148,8 +148,11 @@ class OldPolicy(RowPolicy):
         )
 
     @torch.inference_mode()
-    def value(self, obs: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """Values of every row, or zeros where no row is asked for (one group)."""
+    def value(
+        self, obs: np.ndarray, rows: np.ndarray | None = None, part: slice | None = None
+    ) -> np.ndarray:
+        """Values of every row, or zeros where no row is asked for (one group; ``part``
+        unused, as in :meth:`act`)."""
         if rows is not None and not rows.any():
             return np.zeros(len(obs), dtype=np.float32)
         lean = self.lean
