@@ -32,6 +32,20 @@ from simkit.vector import VectorEnv
 SPEC = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
 CARTPOLE = "simkit/CartPole-v0"
 
+
+def row_policy(model: Any, space: Any, seed: int, num_slots: int, first_slot: int = 0) -> RowPolicy:
+    """A CPU ``RowPolicy`` of ``model`` for ``num_slots`` one-row slots from ``first_slot``."""
+    return RowPolicy(
+        model,
+        torch.device("cpu"),
+        seed=seed,
+        first_slot=first_slot,
+        num_slots=num_slots,
+        rows_per_slot=1,
+        action_space=space,
+    )
+
+
 Servers = Callable[..., RolloutServer]
 
 
@@ -130,15 +144,7 @@ def test_a_fragment_replays_through_a_local_vector_bit_for_bit(serve: Servers) -
     local.set_state(fragment.start_state)
     # The actions: the same weights and the noise keyed by (seed, slot, step).
     replica = build_model(SPEC, local.single_observation_space, local.single_action_space)
-    policy = RowPolicy(
-        replica,
-        torch.device("cpu"),
-        seed=11,
-        first_slot=0,
-        num_slots=3,
-        rows_per_slot=1,
-        action_space=local.single_action_space,
-    )
+    policy = row_policy(replica, local.single_action_space, 11, 3)
     policy.set_weights(weights)
     for t in range(fragment.num_steps):
         out = policy.act(np.asarray(fragment.obs[t]), t)
@@ -511,15 +517,7 @@ def _loop(env_id: str, num_envs: int, *, halves: bool, length: int) -> tuple[Any
     if halves:
         envs.split()
     model = build_model(SPEC, envs.observation_space, envs.action_space)
-    policy = RowPolicy(
-        model,
-        torch.device("cpu"),
-        seed=3,
-        first_slot=0,
-        num_slots=num_envs,
-        rows_per_slot=1,
-        action_space=envs.action_space,
-    )
+    policy = row_policy(model, envs.action_space, 3, num_envs)
     return RolloutLoop(envs, policy, fragment_length=length), model
 
 
@@ -532,15 +530,7 @@ def test_a_parts_final_values_are_computed_at_its_rows_place_in_the_run(
     envs = VectorEnv(CARTPOLE, 8)
     model = build_model(SPEC, envs.single_observation_space, envs.single_action_space)
     envs.close()
-    policy = RowPolicy(
-        model,
-        torch.device("cpu"),
-        seed=3,
-        first_slot=16,
-        num_slots=8,
-        rows_per_slot=1,
-        action_space=envs.single_action_space,
-    )
+    policy = row_policy(model, envs.single_action_space, 3, 8, first_slot=16)
     lean = policy.lean
     assert lean is not None
     seen: list[int] = []
