@@ -378,7 +378,8 @@ class ReplayBuffer:
             ValueError: the buffer is empty, or ``batch_size < 1``.
         """
         b = _count("batch_size", batch_size, 1)
-        rows = self._gather(b, generator).view(self._records.dtype).reshape(b)
+        raw = np.take(self._raw, self._draw(b, generator), axis=0)
+        rows = raw.view(self._records.dtype).reshape(b)
         return ReplayBatch(*(np.ascontiguousarray(rows[f]) for f in _FIELDS))
 
     def sample_into(self, out: ReplayBatch, generator: np.random.Generator) -> ReplayBatch:
@@ -405,9 +406,6 @@ class ReplayBuffer:
         if size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
         return generator.integers(0, size, size=b)
-
-    def _gather(self, b: int, generator: np.random.Generator) -> np.ndarray:
-        return np.take(self._raw, self._draw(b, generator), axis=0)
 
     # ------------------------------------------------------------------ state
 

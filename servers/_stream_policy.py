@@ -127,6 +127,10 @@ class RowPolicy:
             t = t.float()
         return t.to(self.device, non_blocking=True)
 
+    def _first_row(self, part: slice | None) -> int:
+        """The run's global index of the first row of ``part`` (of every row: None)."""
+        return self.first_row + (0 if part is None else part.start or 0)
+
     @torch.inference_mode()
     def act(self, obs: np.ndarray, step: int, part: slice | None = None) -> PolicyOutput:
         """Samples an action for every row of ``obs`` at ``step`` (the slots' step count).
@@ -138,11 +142,8 @@ class RowPolicy:
         drawn = self._drawn
         if drawn is None or drawn[0] != step:  # the parts of one step share one draw
             drawn = self._drawn = (step, self.noise.draw(step))
-        noise = drawn[1]
-        first = self.first_row
-        if part is not None:
-            noise = noise[part]
-            first += part.start or 0
+        noise = drawn[1] if part is None else drawn[1][part]
+        first = self._first_row(part)
         lean = self.lean
         if lean is not None:
             actions, log_probs, values = lean.act(obs, noise, first)
@@ -171,7 +172,7 @@ class RowPolicy:
         ``part`` only the rows ``part`` (as :meth:`act`): a row's value has the same bits
         either way."""
         lean = self.lean
-        first = self.first_row + ((part.start or 0) if part is not None else 0)
+        first = self._first_row(part)
         if rows is None:
             if lean is not None:
                 return lean.value(obs, first)
