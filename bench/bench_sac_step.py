@@ -79,8 +79,11 @@ def sb3_steps() -> Callable[[int], float]:
     )
     model.set_logger(configure(None, []))
     t = random_transitions(FILL, np.random.default_rng(0))
+    buffer = model.replay_buffer
+    if buffer is None:
+        raise RuntimeError("Stable-Baselines3's SAC made no replay buffer")
     for i in range(FILL):
-        model.replay_buffer.add(  # type: ignore[union-attr]  # SAC always has one
+        buffer.add(
             t["obs"][i : i + 1],
             t["next_obs"][i : i + 1],
             t["actions"][i : i + 1],
