@@ -8,6 +8,12 @@ of 20,000 random HalfCheetah-sized transitions (observation 17, action 6): the s
 each does at UTD 1 in the learning phase of bench/bench_sac.py, without the env, the
 actor's act or the buffer insert. Rounds interleave the two (the order alternates);
 the figures are medians of the per-round means.
+
+``--profile`` then runs ``--steps`` more steps of each under ``torch.profiler`` and
+splits their time per step into the matrix products (``mm``, ``addmm``, ``bmm``,
+``baddbmm``: the arithmetic no implementation of the same networks can skip) and
+everything else (elementwise ops, the optimizer, autograd and Python; profiler
+overhead included).
 """
 
 from __future__ import annotations
@@ -100,11 +106,29 @@ def sb3_steps() -> Callable[[int], float]:
     return run
 
 
+MATRIX_PRODUCTS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+
+
+def profile_split(run: Callable[[int], float], steps: int) -> tuple[float, float]:
+    """``(matrix products, the rest)`` in ms per step over ``steps`` profiled steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run(steps)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    products = sum(e.self_cpu_time_total for e in events if e.key in MATRIX_PRODUCTS)
+    return products / steps / 1e3, (total - products) / steps / 1e3
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200, help="gradient steps per round")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (both)")
+    p.add_argument(
+        "--profile", action="store_true", help="then split each step into products and rest"
+    )
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     runs = {"simkit SAC.step": simkit_steps(), "Stable-Baselines3 SAC.train(1)": sb3_steps()}
@@ -125,6 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|")
     for name, ts in times.items():
         print(f"| {name} | {statistics.median(ts):.2f} | {min(ts):.2f}-{max(ts):.2f} |")
+    if a.profile:
+        print("\n| learner (profiled) | matrix products, ms per step | the rest, ms per step |")
+        print("|---|---:|---:|")
+        for name, run in runs.items():
+            products, rest = profile_split(run, a.steps)
+            print(f"| {name} | {products:.2f} | {rest:.2f} |")
 
 
 if __name__ == "__main__":

@@ -34,3 +34,26 @@ def test_the_sb3_curve_goes_to_a_new_folder_and_a_rerun_starts_it_afresh(tmp_pat
     ]
     bench_sac.CurveLog(path).write(1000, 3.0, -310.0)
     assert len(path.read_text().splitlines()) == 1
+
+
+def test_the_sac_step_profile_counts_only_matrix_products_as_products() -> None:
+    import torch
+
+    bench_sac_step = load_script("bench_sac_step")
+    a = torch.ones(64, 64)
+
+    def products(k: int) -> float:
+        for _ in range(k):
+            torch.mm(a, a)
+            torch.bmm(a[None], a[None])
+        return 0.0
+
+    def elementwise(k: int) -> float:
+        for _ in range(k):
+            torch.relu(a + 1.0)
+        return 0.0
+
+    assert bench_sac_step.profile_split(products, 4)[0] > 0.0
+    no_products, rest = bench_sac_step.profile_split(elementwise, 4)
+    assert no_products == 0.0
+    assert rest > 0.0
