@@ -2,7 +2,7 @@
 
 Reads each run's TensorBoard scalars (``charts/episodic_return``)::
 
-    .venv/bin/python bench/plot_training.py runs/main --title "CartPole-v0" --out docs/ppo_cartpole.png
+    .venv/bin/python bench/plot_training.py runs/main --title "CartPole-v0" --target 475 --out docs/ppo_cartpole.png
 """
 
 from __future__ import annotations
