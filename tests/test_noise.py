@@ -74,16 +74,27 @@ def test_noise_refuses_bad_layouts() -> None:
 
 
 @pytest.mark.parametrize(
-    "action_space",
-    [spaces.Discrete(3), spaces.Box(-1.0, 1.0, (3,), np.float32)],
-    ids=["categorical", "gaussian"],
+    ("name", "action_space", "explore"),
+    [
+        ("mlp", spaces.Discrete(3), False),
+        ("mlp", spaces.Box(-1.0, 1.0, (3,), np.float32), False),
+        ("sac_mlp", spaces.Box(-2.0, 3.0, (3,), np.float32), False),
+        ("sac_mlp", spaces.Box(-2.0, 3.0, (3,), np.float32), True),
+    ],
+    ids=["categorical", "gaussian", "sac-squashed", "sac-exploring"],
 )
-def test_lean_rows_are_computed_alone(action_space: spaces.Space) -> None:  # type: ignore[type-arg]
+def test_lean_rows_are_computed_alone(
+    name: str,
+    action_space: spaces.Space,  # type: ignore[type-arg]
+    explore: bool,
+) -> None:
     """A row's action, log-prob and value have the same bits in any batch: any slice
     of the rows, at any offset, beside any neighbours."""
     obs_space = spaces.Box(-5.0, 5.0, (7,), np.float32)
     torch.manual_seed(0)
-    model = build_model(ModelSpec("mlp", {"hidden_sizes": [64, 64]}), obs_space, action_space)
+    model = build_model(ModelSpec(name, {"hidden_sizes": [64, 64]}), obs_space, action_space)
+    if name == "sac_mlp":
+        model.head.explore.fill_(float(explore))
     lean = LeanMLP.of(model)
     assert lean is not None
     rng = np.random.default_rng(0)

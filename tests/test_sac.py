@@ -58,6 +58,46 @@ def test_sync_mode_same_seed_same_parameters_in_process_and_on_a_server(tmp_path
     assert not torch.equal(a["qf.weights.0"], _tensors(tmp_path / "d")["qf.weights.0"])
 
 
+def test_sync_mode_same_parameters_whatever_the_split_of_the_slots_over_servers(
+    tmp_path: Path,
+) -> None:
+    """The actor acts through the lean numpy path on aligned row blocks with keyed
+    noise, so one process and two servers of 3 + 4 slots train the same bits."""
+    args = dataclasses.replace(SMALL, num_envs=7, total_steps=7 * 4 * 12, hidden=(64, 64))
+    _run(tmp_path / "one", args)
+    _run(tmp_path / "two", args, servers=2)
+    _same(_tensors(tmp_path / "one"), _tensors(tmp_path / "two"))
+
+
+def test_the_lean_actor_samples_as_the_model_does() -> None:
+    from gymnasium import spaces
+
+    from simkit.models import ModelSpec, build_model
+    from simkit.models._lean import LeanMLP
+
+    obs_space = spaces.Box(-5.0, 5.0, (5,), np.float32)
+    act_space = spaces.Box(np.float32([-1.0, 0.0]), np.float32([1.0, 4.0]), dtype=np.float32)
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("sac_mlp", {"hidden_sizes": [32, 32]}), obs_space, act_space)
+    lean = LeanMLP.of(model)
+    assert lean is not None
+    obs = np.random.default_rng(1).normal(size=(9, 5)).astype(np.float32)
+    noise = np.random.default_rng(2).standard_normal((9, 2), dtype=np.float32)
+    for explore in (1.0, 0.0):
+        with torch.no_grad():
+            model.head.explore.fill_(explore)  # a weight push reaches lean only by load()
+        lean.load()
+        actions, log_probs, values = lean.act(obs, noise)
+        out = model.act(torch.from_numpy(obs), noise=torch.from_numpy(noise))
+        np.testing.assert_allclose(actions, out.actions.numpy(), atol=1e-5)
+        assert actions.dtype == np.float32
+        assert np.all((actions >= act_space.low) & (actions <= act_space.high))
+        np.testing.assert_allclose(log_probs, out.log_probs.numpy(), atol=1e-4)
+        assert not values.any()
+        assert not lean.value(obs).any()
+        assert lean.value(obs, 0, np.array([1, 4])).shape == (2,)
+
+
 def test_sync_mode_does_exactly_utd_gradient_steps_per_env_step(tmp_path: Path) -> None:
     for utd in (0.5, 2.0):
         args = dataclasses.replace(SMALL, utd=utd)

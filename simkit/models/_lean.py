@@ -1,4 +1,5 @@
-"""The act path of the built-in ``"mlp"`` policy in numpy, for rollouts on the CPU.
+"""The act path of the built-in ``"mlp"`` and ``"sac_mlp"`` policies in numpy, for
+rollouts on the CPU.
 
 Both rollouts use it: the learner's in-process one (:mod:`simkit.clients._local_source`)
 and a rollout server's stream sessions on a CPU device
@@ -7,7 +8,8 @@ and a rollout server's stream sessions on a CPU device
 With one env (CleanRL's defaults) a rollout step is one forward pass over a single
 observation; through ``torch`` that is ~25 small operator calls whose dispatch costs
 several times the env step itself. :class:`LeanMLP` computes the same function (the
-model's float32 normalisation, tanh/relu trunks, Gaussian or categorical head) with
+model's float32 normalisation, tanh/relu trunks, Gaussian, categorical or SAC's
+tanh-squashed Gaussian head) with
 numpy on arrays copied from the model's weights after every weight push, and samples
 from the noise it is given with the same arithmetic as
 :meth:`simkit.models.ActorCritic.act` (values and log-probabilities agree with
@@ -35,6 +37,7 @@ from torch import nn
 from simkit.models._actor_critic import ActorCritic
 from simkit.models._builtin import _Flatten
 from simkit.models._heads import CategoricalHead, GaussianHead
+from simkit.models._sac import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianHead, _NoValue
 
 __all__ = ["LeanMLP"]
 
@@ -129,28 +132,39 @@ class LeanMLP:
         self._actor_mods = actor
         self._critic_mods = critic
         head = model.head
-        assert isinstance(head, GaussianHead | CategoricalHead)  # LeanMLP.of checked it
+        # LeanMLP.of checked it.
+        assert isinstance(head, GaussianHead | CategoricalHead | SquashedGaussianHead)
         self.gaussian = isinstance(head, GaussianHead)
-        self.dim = head.dim if isinstance(head, GaussianHead) else head.sizes[0]
+        self.squashed = isinstance(head, SquashedGaussianHead)
+        self.dim = head.sizes[0] if isinstance(head, CategoricalHead) else head.dim
         self.action_dtype = (
-            (np.float64 if head.dtype == torch.float64 else np.float32)
-            if isinstance(head, GaussianHead)
-            else np.int64
+            np.int64
+            if isinstance(head, CategoricalHead)
+            else (np.float64 if head.dtype == torch.float64 else np.float32)
         )
-        self.start = 0 if isinstance(head, GaussianHead) else int(head.start.reshape(-1)[0].item())
+        self.start = (
+            int(head.start.reshape(-1)[0].item()) if isinstance(head, CategoricalHead) else 0
+        )
         self.load()
 
     @classmethod
     def of(cls, model: ActorCritic) -> LeanMLP | None:
         """A lean act path for ``model``, or None when it is not a plain separate-trunk
-        MLP with a Gaussian (flat Box) or single categorical (Discrete) head."""
+        MLP with a Gaussian (flat Box) or single categorical (Discrete) head, or SAC's
+        ``"sac_mlp"`` (no critic: values are 0)."""
         if not isinstance(model.encoder, _Flatten) or model.obs_scale is not None:
             return None
-        actor, critic = _layers(model.actor), _layers(model.critic)
-        if not actor or not critic or critic[-1][1] is not None:
-            return None
         head = model.head
-        if isinstance(head, GaussianHead):
+        actor = _layers(model.actor)
+        critic = [] if isinstance(model.critic, _NoValue) else _layers(model.critic)
+        if not actor or critic is None or (critic and critic[-1][1] is not None):
+            return None
+        if isinstance(head, SquashedGaussianHead):
+            if critic:
+                return None
+        elif not critic:
+            return None
+        elif isinstance(head, GaussianHead):
             if head.shape != (head.dim,):
                 return None
         elif not (isinstance(head, CategoricalHead) and head.shape == ()):
@@ -169,7 +183,13 @@ class LeanMLP:
         self.actor = mats(self._actor_mods)
         self.critic = mats(self._critic_mods)
         head = model.head
-        if isinstance(head, GaussianHead):
+        if isinstance(head, SquashedGaussianHead):
+            self.head_w = np.concatenate([_weight(head.mean), _weight(head.log_std)], axis=1)
+            self.head_b = np.concatenate([_bias(head.mean), _bias(head.log_std)])
+            self.action_scale = head.scale.numpy().copy()
+            self.action_bias = head.bias.numpy().copy()
+            self.explore = bool(head.explore > 0.5)
+        elif isinstance(head, GaussianHead):
             mean = head.mean
             assert isinstance(mean, nn.Linear)  # layer_init keeps the Linear
             self.head_w, self.head_b = _weight(mean), _bias(mean)
@@ -216,6 +236,8 @@ class LeanMLP:
     ) -> np.ndarray:
         """float32 values of observations ``(B, *obs_shape)``, the run's rows
         ``first_row`` on: ``(B,)``, or with ``rows`` (indices into ``obs``) only theirs."""
+        if not self.critic:
+            return np.zeros(len(obs) if rows is None else len(rows), np.float32)
         x, at = self._input(obs, first_row, rows)
         return self._trunk(x, self.critic).reshape(-1)[at]
 
@@ -225,10 +247,19 @@ class LeanMLP:
         """``(actions, log_probs, values)`` of observations ``(B, *obs_shape)``, the run's
         rows ``first_row`` on, sampled from ``noise`` (``(B, noise_width)`` float32) as
         :meth:`ActorCritic.act` samples."""
-        x, at = self._input(obs, first_row)
-        values = self._trunk(x, self.critic).reshape(-1)[at]
-        params = _blocked(self._trunk(x, self.actor), self.head_w, self.head_b)[at]
         n = len(obs)
+        if self.squashed and self.explore:
+            actions, log_probs = self._uniform(noise)
+            return actions, log_probs, np.zeros(n, np.float32)
+        x, at = self._input(obs, first_row)
+        if self.critic:
+            values = self._trunk(x, self.critic).reshape(-1)[at]
+        else:
+            values = np.zeros(n, np.float32)
+        params = _blocked(self._trunk(x, self.actor), self.head_w, self.head_b)[at]
+        if self.squashed:
+            actions, log_probs = self._squashed(params, noise)
+            return actions, log_probs, values
         if self.gaussian:
             actions = (params + self.std * noise).astype(self.action_dtype, copy=False)
             log_probs = np.square(noise).sum(-1) * np.float32(-0.5) - self.norm
@@ -241,3 +272,32 @@ class LeanMLP:
         idx = np.minimum((cdf <= u * cdf[:, -1:]).sum(-1), self.dim - 1)
         log_probs = logp[np.arange(n), idx]
         return idx.astype(np.int64) + self.start, log_probs.astype(np.float32), values
+
+    def _squashed(self, params: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """SAC's ``tanh(mu + std * z) * scale + bias`` and its log-probability, as
+        :meth:`SquashedGaussianHead.rsample` computes them."""
+        mean, log_std = params[:, : self.dim], np.tanh(params[:, self.dim :])
+        log_std = np.float32(LOG_STD_MIN) + np.float32(0.5 * (LOG_STD_MAX - LOG_STD_MIN)) * (
+            log_std + np.float32(1.0)
+        )
+        y = np.tanh(mean + np.exp(log_std) * noise)
+        log_probs = (np.square(noise) * np.float32(-0.5) - log_std - _F32_LOG_SQRT_2PI).sum(
+            -1
+        ) - np.log(self.action_scale * (np.float32(1.0) - np.square(y)) + _F32_EPS).sum(-1)
+        actions = (y * self.action_scale + self.action_bias).astype(self.action_dtype, copy=False)
+        return actions, log_probs.astype(np.float32, copy=False)
+
+    def _uniform(self, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The exploring SAC head's uniform actions over the box, ``low + Phi(z) *
+        (high - low)``, and their log-density. ``Phi`` is evaluated one value at a time
+        in float64 (numpy has no ``erf``), so a row's bits never depend on its place."""
+        u = 0.5 * (1.0 + _erf(noise.astype(np.float64) / math.sqrt(2.0)))
+        scale = self.action_scale.astype(np.float64)
+        actions = self.action_bias.astype(np.float64) + scale * (2.0 * u - 1.0)
+        log_u = np.float32(-np.log(2.0 * scale).sum())
+        return actions.astype(self.action_dtype), np.full(len(noise), log_u, np.float32)
+
+
+_F32_LOG_SQRT_2PI = np.float32(_LOG_SQRT_2PI)
+_F32_EPS = np.float32(1e-6)
+_erf = np.vectorize(math.erf, otypes=[np.float64])
