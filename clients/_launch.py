@@ -59,11 +59,11 @@ class _ServerActor:
 
     def __init__(self, index: int, settings: dict[str, Any]) -> None:
         import ray
-        import torch
 
+        from simkit.models._threads import set_compute_threads
         from simkit.servers import RolloutServer
 
-        torch.set_num_threads(int(settings["torch_threads"]))
+        set_compute_threads(int(settings["torch_threads"]))
         host = ray.util.get_node_ip_address()
         self.index = index
         self.server = RolloutServer(

@@ -45,6 +45,7 @@ from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
+from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
 from simkit.vector import MultiAgentVectorEnv
 
@@ -294,7 +295,7 @@ def run_training(
                 complete=True,
             )
     args.check()  # bad settings fail before any server starts
-    torch.set_num_threads(args.torch_threads)
+    set_compute_threads(args.torch_threads)
     model = build_model(args)
     if ckpt is not None:
         check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())

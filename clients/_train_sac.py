@@ -47,6 +47,7 @@ from simkit.clients.sac import SAC, SACStats, train_sac
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
+from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
 
 __all__ = ["run_sac", "sac_spec", "SAC_RESUME_FREE", "fill_from_recording"]
@@ -278,7 +279,7 @@ def run_sac(
     args.check()
     obs_space, act_space = check_env(args.env_id)
     device = resolve_device(args.device)
-    torch.set_num_threads(args.torch_threads)
+    set_compute_threads(args.torch_threads)
     model = build_actor(args)
     learner = SAC(args, model, device)
     need = ReplayBuffer.describe_needed(args.buffer_size, obs_space.shape, act_space.shape)

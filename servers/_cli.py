@@ -201,9 +201,10 @@ def run_serve(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        import torch  # only a policy-serving server needs torch
+        # Only a policy-serving server needs torch.
+        from simkit.models._threads import set_compute_threads
 
-        torch.set_num_threads(args.torch_threads)
+        set_compute_threads(args.torch_threads)
     try:
         server = RolloutServer(
             args.env_id,

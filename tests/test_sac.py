@@ -336,3 +336,39 @@ def test_the_update_bootstraps_truncated_transitions_and_not_terminated_ones() -
     _same(plain, after_one_step(base._replace(truncated=flags)))
     ended = after_one_step(base._replace(terminated=flags))
     assert not torch.equal(plain["qf.weights.0"], ended["qf.weights.0"])
+
+
+@pytest.mark.parametrize("algo", ["sac", "ppo"])
+def test_training_runs_numpy_blas_on_one_thread(tmp_path: Path, algo: str) -> None:
+    """The lean actor's tiny numpy products must not leave BLAS threads spinning on the
+    cores torch's update needs (simkit/models/_threads.py)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from simkit.clients._args import PPOArgs
+    from simkit.clients._train import run_training
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        if algo == "sac":
+            _run(tmp_path, dataclasses.replace(SMALL, total_steps=80))
+        else:
+            run_training(
+                PPOArgs(
+                    env_id="simkit/CartPole-v0",
+                    num_envs=2,
+                    num_steps=8,
+                    num_minibatches=2,
+                    update_epochs=1,
+                    total_steps=16,
+                ),
+                logdir=tmp_path,
+                tensorboard=False,
+            )
+        blas = {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    assert blas == {1}
+
+
+def test_compute_threads_must_be_positive() -> None:
+    from simkit.models._threads import set_compute_threads
+
+    with pytest.raises(ValueError, match="torch_threads must be >= 1, got 0"):
+        set_compute_threads(0)
