@@ -37,7 +37,7 @@ from torch import nn
 from simkit.models._actor_critic import ActorCritic
 from simkit.models._builtin import _Flatten
 from simkit.models._heads import CategoricalHead, GaussianHead
-from simkit.models._sac import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianHead, _NoValue
+from simkit.models._sac import _EPS, LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianHead, _NoValue
 
 __all__ = ["LeanMLP"]
 
@@ -154,20 +154,18 @@ class LeanMLP:
         ``"sac_mlp"`` (no critic: values are 0)."""
         if not isinstance(model.encoder, _Flatten) or model.obs_scale is not None:
             return None
-        head = model.head
         actor = _layers(model.actor)
-        critic = [] if isinstance(model.critic, _NoValue) else _layers(model.critic)
+        critic = [] if isinstance(model.critic, _NoValue) else (_layers(model.critic) or None)
         if not actor or critic is None or (critic and critic[-1][1] is not None):
             return None
-        if isinstance(head, SquashedGaussianHead):
-            if critic:
-                return None
-        elif not critic:
-            return None
-        elif isinstance(head, GaussianHead):
+        head = model.head
+        if isinstance(head, GaussianHead):
             if head.shape != (head.dim,):
                 return None
-        elif not (isinstance(head, CategoricalHead) and head.shape == ()):
+        elif isinstance(head, CategoricalHead):
+            if head.shape != ():
+                return None
+        elif not isinstance(head, SquashedGaussianHead):
             return None
         return cls(model, actor, critic)
 
@@ -189,6 +187,7 @@ class LeanMLP:
             self.action_scale = head.scale.numpy().copy()
             self.action_bias = head.bias.numpy().copy()
             self.explore = bool(head.explore > 0.5)
+            self.uniform_log_density = np.float32(-np.log(2.0 * head.scale.double().numpy()).sum())
         elif isinstance(head, GaussianHead):
             mean = head.mean
             assert isinstance(mean, nn.Linear)  # layer_init keeps the Linear
@@ -294,10 +293,10 @@ class LeanMLP:
         u = 0.5 * (1.0 + _erf(noise.astype(np.float64) / math.sqrt(2.0)))
         scale = self.action_scale.astype(np.float64)
         actions = self.action_bias.astype(np.float64) + scale * (2.0 * u - 1.0)
-        log_u = np.float32(-np.log(2.0 * scale).sum())
-        return actions.astype(self.action_dtype), np.full(len(noise), log_u, np.float32)
+        log_density = np.full(len(noise), self.uniform_log_density, np.float32)
+        return actions.astype(self.action_dtype), log_density
 
 
 _F32_LOG_SQRT_2PI = np.float32(_LOG_SQRT_2PI)
-_F32_EPS = np.float32(1e-6)
+_F32_EPS = np.float32(_EPS)
 _erf = np.vectorize(math.erf, otypes=[np.float64])
