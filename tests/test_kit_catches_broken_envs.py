@@ -164,6 +164,24 @@ def test_incomplete_snapshot_is_caught() -> None:
         testing.check_snapshot(IncompleteSnapshotWalker, steps=60)
 
 
+class UprightWalker(Walker):
+    """A correct env whose episodes always run to the time limit (never terminate)."""
+
+    def step_episode(
+        self, action: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        obs, reward, _, info = super().step_episode(action, rng)
+        return obs, reward, False, info
+
+
+def test_snapshot_check_resets_when_the_warm_up_ends_an_episode() -> None:
+    # The warm-up is steps // 3 = 25 steps: exactly one episode, so its last step truncates.
+    # The kit must reset before the snapshot instead of stepping an ended episode (ResetNeeded),
+    # as `simkit check simkit/CartPole-v0` did with the default seed and steps.
+    testing.check_snapshot(UprightWalker, steps=75)
+    testing.check_snapshot("simkit/CartPole-v0", seed=0, steps=100)
+
+
 def test_params_ignoring_the_seed_are_caught() -> None:
     with pytest.raises(ConformanceError, match=r"'drift' took the same value .* ignores the seed"):
         testing.check_randomization(FixedParamsWalker)

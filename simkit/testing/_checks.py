@@ -131,9 +131,9 @@ def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100)
     factory = as_factory(env_fn)
     env = factory()
     driver = Driver(env, seed)
-    driver.run(max(1, steps // 3), seed=seed)
-    if driver.multi and not env.agents:
-        driver.reset()
+    warm_up = driver.run(max(1, steps // 3), seed=seed)
+    if warm_up[-1].ended or (driver.multi and not env.agents):
+        driver.reset()  # the snapshot is taken mid-episode, never after an episode's end
     state = env.get_state()
     frozen = snapshot.dumps(state)
     restored = snapshot.loads(frozen)
