@@ -16,7 +16,8 @@ round by round); the table gives medians.
 
 Two rates per run: env steps/s over the whole run, and over the learning phase alone
 (from the first gradient step to the end: what a long run converges to). simkit
-runs in process (``--servers 0``) and with one local server process (``--servers 1``).
+runs as ``simkit train --algo sac`` does by default (no ``--servers``: in process, the
+first row) and with one local server process (``--servers 1``).
 """
 
 from __future__ import annotations
@@ -33,15 +34,18 @@ from typing import Any
 import torch
 
 from simkit.clients._args import SACArgs
-from simkit.clients._train_sac import run_sac
+from simkit.clients._train_sac import SAC_DEFAULT_SERVERS, run_sac
 
 ENV = "gym:HalfCheetah-v5"
 
 
 def run_simkit(
-    servers: int, learning_starts: int, learning_steps: int, threads: int, seed: int
+    servers: int | None, learning_starts: int, learning_steps: int, threads: int, seed: int
 ) -> tuple[float, float]:
-    """(whole-run steps/s, learning-phase steps/s) of one simkit run."""
+    """(whole-run steps/s, learning-phase steps/s) of one simkit run.
+
+    ``servers=None`` is the default placement, as ``simkit train --algo sac`` without
+    ``--servers`` runs."""
     args = SACArgs(
         env_id=ENV,
         seed=seed,
@@ -181,12 +185,13 @@ def main(argv: list[str] | None = None) -> None:
     if a.learn_sb3:
         learn_sb3(a.learn_sb3, a.threads, a.seed, a.threshold, a.curve)
         return
+    other = 1 if SAC_DEFAULT_SERVERS == 0 else 0
     impls: dict[str, Any] = {
-        "simkit --servers 0": lambda seed: run_simkit(
-            0, a.learning_starts, a.learning_steps, a.threads, seed
+        f"simkit, the default (--servers {SAC_DEFAULT_SERVERS})": lambda seed: run_simkit(
+            None, a.learning_starts, a.learning_steps, a.threads, seed
         ),
-        "simkit --servers 1": lambda seed: run_simkit(
-            1, a.learning_starts, a.learning_steps, a.threads, seed
+        f"simkit --servers {other}": lambda seed: run_simkit(
+            other, a.learning_starts, a.learning_steps, a.threads, seed
         ),
         "Stable-Baselines3": lambda seed: run_sb3(
             a.learning_starts, a.learning_steps, a.threads, seed

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -57,3 +59,23 @@ def test_the_sac_step_profile_counts_only_matrix_products_as_products() -> None:
     no_products, rest = bench_sac_step.profile_split(elementwise, 4)
     assert no_products == 0.0
     assert rest > 0.0
+
+
+def test_the_sac_bench_measures_the_default_placement_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its first row runs ``run_sac`` as ``simkit train --algo sac`` does without
+    ``--servers`` (servers=None), whatever the default is; the second the other placement."""
+    bench_sac = load_script("bench_sac")
+    asked: list[int | None] = []
+
+    def fake_run_simkit(servers: int | None, *_: object) -> tuple[float, float]:
+        asked.append(servers)
+        return 1.0, 1.0
+
+    monkeypatch.setattr(bench_sac, "run_simkit", fake_run_simkit)
+    monkeypatch.setattr(bench_sac, "run_sb3", lambda *_: (1.0, 1.0))
+    bench_sac.main(["--rounds", "1"])
+    from simkit.clients._train_sac import SAC_DEFAULT_SERVERS
+
+    assert asked == [None, 1 if SAC_DEFAULT_SERVERS == 0 else 0]
