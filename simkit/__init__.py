@@ -3,16 +3,20 @@
 The public API lives here; submodules with a leading underscore are implementation.
 """
 
+from typing import TYPE_CHECKING
+
 from simkit import errors, randomization, snapshot, vector
 from simkit._batch import BatchEnv
-from simkit._batch_mujoco import BatchMujocoEnv
 from simkit._env import Env
-from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
 from simkit._multiagent import MultiAgentEnv
 from simkit._validation import ActionBounds, validate_action
 from simkit.randomization import Choice, Distribution, LogUniform, Normal, Uniform
 from simkit.registry import EnvKind, EnvSpec, env_ids, make, register, spec
 from simkit.vector import make_vec
+
+if TYPE_CHECKING:
+    from simkit._batch_mujoco import BatchMujocoEnv
+    from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
 
 __version__ = "0.1.0"
 
@@ -54,12 +58,26 @@ __all__ = [
 # Registers the reference envs; cheap, as no env module is imported until make().
 import simkit.envs  # noqa: F401
 
+# MuJoCo loads at first use of these names, not with simkit: MuJoCo loads the OpenGL backend
+# named by MUJOCO_GL at import, and a missing one must not break the envs that need neither.
+_MUJOCO_NAMES = {
+    "MujocoEnv": "simkit._mujoco",
+    "ModelField": "simkit._mujoco",
+    "PHYSICS_STATE": "simkit._mujoco",
+    "BatchMujocoEnv": "simkit._batch_mujoco",
+}
+
 
 def __getattr__(name: str) -> object:
     """``simkit.launch``: :func:`simkit.clients.launch`, imported on first use (it pulls in
-    the learner-side clients, which the SDK alone does not need)."""
+    the learner-side clients, which the SDK alone does not need); the MuJoCo classes, which
+    import MuJoCo on first use."""
     if name == "launch":
         from simkit.clients import launch
 
         return launch
+    if name in _MUJOCO_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(_MUJOCO_NAMES[name]), name)
     raise AttributeError(f"module 'simkit' has no attribute {name!r}")

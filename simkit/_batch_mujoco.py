@@ -30,11 +30,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import mujoco
 import numpy as np
 
 from simkit._batch import BatchEnv, PendingStep
-from simkit._mujoco import PHYSICS_STATE, ModelField, _load_model, _resolve, write_model_fields
+from simkit._mujoco import (  # first: says what MUJOCO_GL lacks if MuJoCo will not load
+    PHYSICS_STATE,
+    ModelField,
+    _load_model,
+    _resolve,
+    mujoco,
+    write_model_fields,
+)
 from simkit.errors import InvalidState
 from simkit.randomization import Params
 

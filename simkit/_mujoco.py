@@ -3,18 +3,83 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import mujoco
 import numpy as np
 
 from simkit._env import ActType, Env, ObsType
 from simkit.errors import InvalidState, RenderUnavailable
 from simkit.randomization import Params
+
+GL_BACKENDS = ("egl", "osmesa", "glfw")
+"""The values of ``MUJOCO_GL`` that MuJoCo accepts."""
+
+_GL_MISSING = {
+    "egl": "libEGL could not be loaded (a GPU driver's EGL, or Debian's libegl1)",
+    "osmesa": "libOSMesa is not installed (Debian/Ubuntu: apt-get install libosmesa6)",
+    "glfw": "GLFW could not be loaded (pip install glfw, and a display)",
+}
+
+
+@functools.cache
+def _backend_works(backend: str) -> bool:
+    """Whether MuJoCo makes an OpenGL context with ``MUJOCO_GL=backend`` (in a child process:
+    a failed import leaves MuJoCo half-loaded in this one)."""
+    probe = "import mujoco; mujoco.GLContext(1, 1).make_current()"
+    env = {k: v for k, v in os.environ.items() if k != "PYOPENGL_PLATFORM"}  # set by MuJoCo
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**env, "MUJOCO_GL": backend},
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def gl_unavailable(backend: str, exc: BaseException, *, at_import: bool) -> RenderUnavailable:
+    """The one-line error for MuJoCo refusing ``MUJOCO_GL=backend`` (``at_import``: MuJoCo
+    itself would not load, else only rendering failed): what is missing, and which backends
+    work on this machine (each probed in a child process)."""
+    if backend in _GL_MISSING:
+        missing = _GL_MISSING[backend]
+    else:
+        missing = f"MuJoCo knows no such backend (expected one of {', '.join(GL_BACKENDS)})"
+    working = [b for b in GL_BACKENDS if b != backend and _backend_works(b)]
+    works = (
+        f"MUJOCO_GL={' or MUJOCO_GL='.join(working)} works here"
+        if working
+        else "no OpenGL backend works here"
+    )
+    detail = str(exc).splitlines()[-1] if str(exc) else type(exc).__name__
+    if not at_import:
+        return RenderUnavailable(
+            f"MuJoCo cannot render with MUJOCO_GL={backend}: {missing} ({detail}); {works}"
+        )
+    return RenderUnavailable(
+        f"MuJoCo cannot load with MUJOCO_GL={backend}: {missing} ({detail}); {works}, "
+        "and with MUJOCO_GL unset everything but rendering works"
+    )
+
+
+try:
+    import mujoco
+except (ImportError, RuntimeError, AttributeError) as _exc:
+    # MuJoCo loads the OpenGL backend named by MUJOCO_GL at import: a missing library or an
+    # unknown name fails every MuJoCo env, rendering or not.
+    _backend = os.environ.get("MUJOCO_GL")
+    if _backend is None or isinstance(_exc, ModuleNotFoundError):
+        raise
+    raise gl_unavailable(_backend, _exc, at_import=True) from _exc
 
 __all__ = ["MujocoEnv", "ModelField", "PHYSICS_STATE"]
 
@@ -163,11 +228,8 @@ class MujocoEnv(Env[ObsType, ActType]):
             try:
                 self._renderer = mujoco.Renderer(self.model, self.height, self.width)
             except Exception as exc:
-                backend = os.environ.get("MUJOCO_GL", "<unset>")
-                raise RenderUnavailable(
-                    f"MuJoCo could not create an OpenGL context (MUJOCO_GL={backend}): {exc}. "
-                    "Set MUJOCO_GL=egl (GPU) or MUJOCO_GL=osmesa (CPU, needs libosmesa6)."
-                ) from exc
+                backend = os.environ.get("MUJOCO_GL", "glfw")  # MuJoCo's default
+                raise gl_unavailable(backend, exc, at_import=False) from exc
         self._renderer.update_scene(self.data, camera=self.camera)
         return np.asarray(self._renderer.render())
 

@@ -312,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except simkit.errors.UnknownEnv as exc:
         print(f"simkit: {exc}", file=sys.stderr)
         return 2
+    except simkit.errors.RenderUnavailable as exc:  # e.g. MUJOCO_GL names a missing backend
+        print(f"simkit: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
@@ -24,12 +25,9 @@ __all__ = ["RecordEpisodes", "SeedBook", "environment_versions", "env_info"]
 def environment_versions(env_id: str) -> dict[str, str]:
     """simkit, gymnasium, mujoco and the env's own package versions (for the record)."""
     out = {"simkit": simkit.__version__, "gymnasium": gym.__version__}
-    try:
-        import mujoco
-
-        out["mujoco"] = str(mujoco.__version__)
-    except ImportError:
-        pass
+    # The installed version, without importing MuJoCo (which a bad MUJOCO_GL breaks).
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        out["mujoco"] = importlib.metadata.version("mujoco")
     try:
         entry = simkit.spec(env_id).entry_point
         module = entry.split(":")[0] if isinstance(entry, str) else entry.__module__
