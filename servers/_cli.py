@@ -84,7 +84,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port"
     )
     parser.add_argument(
-        "--metrics-host", default="127.0.0.1", help="interface for the metrics HTTP server"
+        "--metrics-host",
+        default="127.0.0.1",
+        help="interface for the metrics HTTP server (default loopback; any other warns: "
+        "the metrics are unauthenticated)",
     )
     parser.add_argument(
         "--record",

@@ -65,13 +65,17 @@ def is_loopback(bind: str) -> bool:
         return True
     if not bind.startswith("tcp://"):
         return False
-    host = urlsplit(bind).hostname or ""
+    return _is_loopback_host(urlsplit(bind).hostname or "")
+
+
+def _is_loopback_host(host: str) -> bool:
+    """Whether an interface name or address is reachable only from this machine."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
-        return False  # "*", interface names, hostnames
+        return False  # "*", "", interface names, hostnames
 
 
 class _Busy(ProtocolError):
@@ -321,6 +325,12 @@ class RolloutServer:
             else None
         )
         self.metrics_port: int | None = self._metrics_http.port if self._metrics_http else None
+        if self._metrics_http is not None and not _is_loopback_host(metrics_host):
+            print(
+                f"WARNING: simkit server metrics on {metrics_host}:{self.metrics_port} can be "
+                "read by anyone from the network, unauthenticated (--metrics-host)",
+                file=sys.stderr,
+            )
         self._closed = False
 
     def _new_host(self, n: int) -> EnvListHost | BatchEnvHost | ParallelEnvHost:

@@ -68,7 +68,9 @@ class StreamSettings:
         max_fragment_bytes: the largest fragment one session may ask for (env slots x
             agents x ``T`` x the bytes of one step's row), refused at open.
         max_model_params: the most parameters a session's model may have, refused at
-            open (for the built-in ``mlp`` before it is built).
+            open (for the built-in ``mlp`` and ``sac_mlp`` before they are built).
+        max_model_layers: the most ``hidden_sizes`` layers a session's model may ask
+            for, refused at open before anything is built.
         double_buffer: step a session's envs in two halves, one half's physics
             overlapping the policy's forward pass for the other, where the envs allow
             it (a BatchEnv with subset steps, an even number of env slots).
@@ -87,6 +89,7 @@ class StreamSettings:
     max_envs: int = 4096
     max_fragment_bytes: int = 256 << 20
     max_model_params: int = 16_000_000
+    max_model_layers: int = 64
     double_buffer: bool = False
 
 

@@ -378,15 +378,8 @@ class StreamWorker(threading.Thread):
             raise InvalidField(
                 "too many env slots for one session", expected=f"<= {s.max_envs}", got=num_envs
             )
-        device_name = config.device or s.device
-        try:
-            device = torch.device(device_name)
-        except RuntimeError as exc:
-            raise InvalidField(
-                "unknown torch device", expected="cpu or cuda[:k]", got=device_name
-            ) from exc
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise InvalidField("this server has no CUDA device", expected="cpu", got=device_name)
+        _check_layers(s, config.model)
+        device = _device(config.device or s.device)
         halves = s.double_buffer and num_envs % 2 == 0
         try:
             envs = make_env_rows(
@@ -502,22 +495,76 @@ def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any
             expected=f"<= {s.max_fragment_bytes:,} bytes",
             got=fragment,
         )
-    if model.get("name") != "mlp":
+    name = model.get("name")
+    if name not in _TRUNKS:
         return
-    hidden = (model.get("kwargs") or {}).get("hidden_sizes", [64, 64])
+    kwargs = model.get("kwargs") or {}
+    hidden = kwargs.get("hidden_sizes", _TRUNKS[name][1])
     if not isinstance(hidden, list) or not all(
         isinstance(h, int) and not isinstance(h, bool) for h in hidden
     ):
         return  # the model itself refuses malformed kwargs
+    trunks = 1 if kwargs.get("shared_trunk") is True else _TRUNKS[name][0]
     widths = [int(np.prod(obs.shape or (1,))), *hidden, 64]
-    estimate = 2 * sum(a * b for a, b in itertools.pairwise(widths))  # actor and critic
+    estimate = trunks * sum(a * b for a, b in itertools.pairwise(widths))
     if estimate > s.max_model_params:
         raise InvalidField(
-            f"model 'mlp' with hidden_sizes of {len(hidden)} layers would have about "
+            f"model {name!r} with hidden_sizes of {len(hidden)} layers would have about "
             f"{estimate:,} parameters",
             expected=f"<= {s.max_model_params:,}",
             got=estimate,
         )
+
+
+_TRUNKS: dict[str, tuple[int, list[int]]] = {"mlp": (2, [64, 64]), "sac_mlp": (1, [256, 256])}
+"""Built-in models whose size is estimated from the spec: trunks (actor and critic, or
+the actor alone) and the default ``hidden_sizes``."""
+
+
+def _check_layers(s: StreamSettings, model: dict[str, Any]) -> None:
+    """Refuses a spec with more ``hidden_sizes`` layers than the server allows, before
+    anything is built (a deep model costs memory and time even with narrow layers).
+
+    Raises:
+        InvalidField: naming the limit and the layers asked for.
+    """
+    hidden = (model.get("kwargs") or {}).get("hidden_sizes")
+    if isinstance(hidden, list) and len(hidden) > s.max_model_layers:
+        raise InvalidField(
+            f"model {model.get('name')!r} asks for {len(hidden):,} hidden layers",
+            expected=f"<= {s.max_model_layers} layers",
+            got=len(hidden),
+        )
+
+
+def _device(name: str) -> torch.device:
+    """The torch device ``name`` when this server can run a policy on it.
+
+    Raises:
+        InvalidField: not a device name, a device type other than cpu and cuda (meta,
+            mps, ...), or a CUDA device this machine does not have.
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise InvalidField("unknown torch device", expected="cpu or cuda[:k]", got=name) from exc
+    if device.type not in ("cpu", "cuda"):
+        raise InvalidField(
+            f"policies run on cpu or cuda devices, not on {device.type!r}",
+            expected="cpu or cuda[:k]",
+            got=name,
+        )
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InvalidField("this server has no CUDA device", expected="cpu", got=name)
+        if device.index is not None and device.index >= count:
+            raise InvalidField(
+                f"this server has {count} CUDA device(s)",
+                expected=f"cuda:k with k < {count}",
+                got=name,
+            )
+    return device
 
 
 def _stale(current: int, got: int) -> ProtocolError:

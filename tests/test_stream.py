@@ -677,7 +677,7 @@ def test_a_bug_in_a_stream_session_is_the_internal_code_and_the_server_goes_on(
     [
         ({"num_envs": 4096, "fragment_length": 2**20}, SPEC.to_plain(), "would hold"),
         ({"num_envs": 2}, {"name": "mlp", "kwargs": {"hidden_sizes": [6000, 6000]}}, "parameters"),
-        ({"num_envs": 2}, {"name": "mlp", "kwargs": {"hidden_sizes": [64] * 65536}}, "parameters"),
+        ({"num_envs": 2}, {"name": "mlp", "kwargs": {"hidden_sizes": [64] * 65536}}, "layers"),
     ],
 )
 def test_sessions_beyond_the_servers_limits_are_refused_at_open(
