@@ -531,6 +531,24 @@ def test_export_passes_minari_checks(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert isinstance(dataset.recover_environment(), gym.Env)
 
 
+def test_export_of_a_gymnasium_recording_names_gymnasiums_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    minari = pytest.importorskip("minari")
+    pytest.importorskip("h5py")
+    from simkit.cli import main
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    src = tmp_path / "gym-rec"
+    argv = ["record", "gym:CartPole-v1", "--episodes", "2", "--out", str(src)]
+    assert main(argv) == 0
+    assert main(["export", "--minari", str(src), "simkit/gym-cartpole-v0"]) == 0
+    dataset = minari.load_dataset("simkit/gym-cartpole-v0")
+    assert dataset.total_episodes == 2
+    assert dataset.spec.env_spec.id == "CartPole-v1"  # Gymnasium's id, not simkit's gym:CartPole-v1
+    assert isinstance(dataset.recover_environment(), gym.Env)
+
+
 def test_export_refuses_bad_input_in_one_line_and_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -309,9 +309,7 @@ def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
         act_space = getattr(probe, "single_action_space", probe.action_space)
     finally:
         probe.close()
-    import gymnasium as gym
-
-    gym_spec = gym.spec(env_id) if simkit.spec(env_id).kind.value == "single" else None
+    gym_spec = _gymnasium_spec(env_id)
     with warnings.catch_warnings(), _removed_on_failure(target):
         # minari nags about missing author e-mail / permalinks; the dataset is complete.
         warnings.filterwarnings("ignore", category=UserWarning, module="minari")
@@ -328,6 +326,25 @@ def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
             description=f"{env_id} exported from the simkit recording {directory}",
         )
     return len(buffers), target
+
+
+def _gymnasium_spec(env_id: str) -> Any:
+    """Gymnasium's spec of the env ``env_id`` names, for the dataset to recover it: ``gym:<id>``
+    is Gymnasium's ``<id>``, a single-agent simkit id is registered there too; None for an env
+    Gymnasium does not know (multi-agent, batched, an unregistered ``module:Class``)."""
+    import gymnasium as gym
+
+    import simkit
+    from simkit.registry import GYM_PREFIX, EnvKind
+
+    if env_id.startswith(GYM_PREFIX):
+        return gym.spec(env_id[len(GYM_PREFIX) :])
+    if simkit.spec(env_id).kind is not EnvKind.SINGLE:
+        return None
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error:
+        return None
 
 
 @contextlib.contextmanager
