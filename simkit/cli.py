@@ -296,7 +296,34 @@ def build_parser() -> argparse.ArgumentParser:
         for action in verb._actions:  # argparse formats no help-less option: give it one
             if action.help is None and action.option_strings and _shows_default(action):
                 action.help = "(default: %(default)s)"
+        verb.usage = _usage(verb)
     return parser
+
+
+def _usage(verb: argparse.ArgumentParser) -> str:
+    """The one-line usage of a verb (its options are in ``--help``): ``simkit train
+    [options] ENV_ID`` instead of argparse's every option, 37 lines for ``train``."""
+    positionals = [
+        str(a.metavar or a.dest).upper()
+        for a in verb._actions
+        if not a.option_strings and a.help != argparse.SUPPRESS
+    ]
+    return " ".join([verb.prog, "[options]", *positionals])
+
+
+def _unrecognized(verb: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for arguments ``verb`` does not know, naming the closest flag of the
+    first unknown one (``--num-evns``: ``did you mean --num-envs?``)."""
+    import difflib
+
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    unknown = next((e.split("=", 1)[0] for e in extras if e.startswith("--")), None)
+    if unknown is not None:
+        flags = [f for a in verb._actions for f in a.option_strings if f.startswith("--")]
+        close = difflib.get_close_matches(unknown, flags, n=1, cutoff=0.6)
+        if close:
+            message += f" (did you mean {close[0]}?)"
+    return message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -306,7 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     mypkg.envs:MyEnv`` finds an unpackaged env next to the user."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        verb = verbs.choices[args.command]
+        verb.error(_unrecognized(verb, extras))
     try:
         return COMMANDS[args.command].run(args)
     except simkit.errors.UnknownEnv as exc:

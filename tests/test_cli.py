@@ -187,3 +187,31 @@ def test_every_option_shows_its_default_in_help() -> None:
             block = sub._get_formatter()._format_action(action)
             flag = action.option_strings[-1]
             assert "default" in block, f"simkit {name} {flag}: no default in --help"
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["train", "simkit/CartPole-v0", "--num-evns", "4"],
+            "simkit train: error: unrecognized arguments: --num-evns 4 (did you mean --num-envs?)",
+        ),
+        (
+            ["train", "simkit/CartPole-v0", "--num-envs", "x"],
+            "simkit train: error: argument --num-envs: invalid int value: 'x'",
+        ),
+        (["eval", "runs/x", "--episdoes=3"], "(did you mean --episodes?)"),
+        (["list", "--frobnicate"], "simkit list: error: unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_usage_is_one_usage_line_and_one_error_naming_the_closest_flag(
+    capsys: pytest.CaptureFixture[str], argv: list[str], error: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith(f"usage: simkit {argv[0]} ")
+    assert err[0].endswith(("ENV_ID", "CHECKPOINT", "[options]")), err[0]
+    assert error in err[1], err[1]
