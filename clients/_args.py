@@ -3,6 +3,7 @@ command line (``simkit train --help``) is built without loading torch."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Self
@@ -10,7 +11,38 @@ from typing import TYPE_CHECKING, Any, Self
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PPOArgs", "SACArgs", "resolve_device", "refuse_unless"]
+__all__ = [
+    "PPOArgs",
+    "SACArgs",
+    "resolve_device",
+    "refuse_unless",
+    "MAX_TOTAL_STEPS_VAR",
+    "capped_total_steps",
+]
+
+MAX_TOTAL_STEPS_VAR = "SIMKIT_MAX_TOTAL_STEPS"
+"""The environment variable that caps every run's ``total_steps`` (``simkit train``,
+``./run main``, :func:`simkit.train`): the docs' test runs the documented training commands
+with it, so each stops after a few updates."""
+
+
+def capped_total_steps(total_steps: int) -> int:
+    """``total_steps`` capped by ``$SIMKIT_MAX_TOTAL_STEPS`` where that is set (0, "until
+    stopped", becomes the cap too).
+
+    Raises:
+        ValueError: the variable is set to anything but an integer >= 1.
+    """
+    raw = os.environ.get(MAX_TOTAL_STEPS_VAR)
+    if raw is None or raw == "":
+        return total_steps
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(f"{MAX_TOTAL_STEPS_VAR} must be an integer >= 1, got {raw!r}")
+    return cap if total_steps == 0 else min(total_steps, cap)
 
 
 def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
@@ -28,6 +60,7 @@ class _Plain:
     """Settings as plain data for checkpoints (``hidden`` as a list)."""
 
     hidden: tuple[int, ...]
+    seed: int
     total_steps: int
     num_envs: int
     num_steps: int
@@ -38,6 +71,7 @@ class _Plain:
     def _shared_rules(self) -> list[tuple[str, Any, bool, str]]:
         """The checks of the fields both learners have: ``(field, value, ok, must be)``."""
         return [
+            ("seed", self.seed, 0 <= self.seed < 2**63, "in [0, 2**63)"),
             ("total_steps", self.total_steps, self.total_steps >= 0, ">= 0 (0: until stopped)"),
             ("num_envs", self.num_envs, self.num_envs >= 1, ">= 1"),
             ("num_steps", self.num_steps, self.num_steps >= 1, ">= 1"),

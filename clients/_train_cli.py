@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
 from simkit.clients._args import PPOArgs, SACArgs, refuse_unless
-from simkit.errors import InvalidCheckpoint, MissingDependency, RenderUnavailable, ServersLost
+from simkit.errors import (
+    InvalidCheckpoint,
+    MissingDependency,
+    RenderUnavailable,
+    ServersLost,
+    WriteFailed,
+)
 
 if TYPE_CHECKING:
     from simkit.clients._train import TrainResult
@@ -32,7 +38,8 @@ __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
 
 _HELP: dict[str, str] = {
     "total_steps": "env steps to train (at least; whole updates); 0 = until stopped",
-    "num_envs": "env slots (multi-agent: rows are slots x agents)",
+    "num_envs": "env slots (multi-agent: rows are slots x agents); unset: at least one per "
+    "rollout server (--servers, --connect)",
     "num_steps": "steps per env slot per update, T (the fragment length)",
     "seed": "seeds the model, the envs, the sampling noise and the minibatch order",
     "hidden": "hidden layer sizes of the policy and value MLPs",
@@ -67,9 +74,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algo",
         choices=("ppo", "sac"),
-        default="ppo",
+        default=None,
         help="ppo (on-policy) or sac (off-policy, replay buffer; continuous actions) "
-        "(default: ppo)",
+        "(default: ppo; with --resume the checkpoint's)",
     )
     sac_d = SACArgs()
     ppo = parser.add_argument_group(
@@ -278,19 +285,28 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
     Raises:
         ValueError / TypeError / InvalidCheckpoint: one line for the person.
     """
+    ckpt = None
+    if ns.resume is not None:  # --algo defaults to the checkpoint's
+        from simkit.clients._checkpoint import checkpoint_algo, load_checkpoint
+
+        ckpt = load_checkpoint(ns.resume)
+        algo = checkpoint_algo(ckpt)
+        if ns.algo not in (None, algo):
+            raise ValueError(f"--resume {ns.resume}: a {algo} checkpoint; use --algo {algo}")
+        ns.algo = algo
+    ns.algo = ns.algo or "ppo"
     sac = ns.algo == "sac"
     cls: type[PPOArgs] | type[SACArgs] = SACArgs if sac else PPOArgs
     _refuse_other_algo(ns, _PPO_ONLY if sac else _SAC_ONLY, "ppo" if sac else "sac")
     given = _given(ns, cls)
+    slots = (ns.servers or 0) + len(ns.connect)  # every server needs an env slot
+    if ns.resume is None and "num_envs" not in given and slots > cls.num_envs:
+        given["num_envs"] = slots
     args: PPOArgs | SACArgs
-    if ns.resume is not None:
-        from simkit.clients._checkpoint import load_checkpoint
+    if ckpt is not None:
+        from simkit.clients._checkpoint import checkpoint_args
 
-        state = load_checkpoint(ns.resume).state
-        algo = state.get("algo", "ppo")
-        if algo != ns.algo:
-            raise ValueError(f"--resume {ns.resume}: a {algo} checkpoint; use --algo {algo}")
-        saved = cls.from_plain(state["args"])
+        saved = checkpoint_args(ckpt, cls.from_plain)
         if ns.env_id != saved.env_id:
             raise ValueError(
                 f"--resume: the checkpoint trains {saved.env_id!r}, the command line "
@@ -374,7 +390,7 @@ def run_train(ns: argparse.Namespace) -> int:
     except (InvalidCheckpoint, ValueError, MissingDependency, FileNotFoundError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
-    except ServersLost as exc:
+    except (ServersLost, WriteFailed) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
     if result.complete:

@@ -68,6 +68,8 @@ def test_resume_refuses_other_settings_naming_them(
         (["--servers", "2", "--num-envs", "1"], "--num-envs must be >= 2, got 1"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be >= 0, got -1"),
         (["--num-minibatches", "2048"], "minibatches of fewer than 2 samples"),
+        (["--seed", "-1"], r"--seed must be in \[0, 2\*\*63\), got -1"),
+        (["--algo", "sac", "--seed", str(2**63)], r"--seed must be in \[0, 2\*\*63\), got 9"),
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(
@@ -247,3 +249,28 @@ def test_a_resumed_run_reports_over_the_same_episodes_and_goes_on_with_the_wall_
     # The same 20 episodes; before, only those since the resume.
     assert last_resumed["mean_return"] == last_straight["mean_return"]
     assert after[0]["elapsed_s"] >= before["elapsed_s"]  # was 0 again: the time before lost
+
+
+def _settings_of(*argv: str) -> Any:
+    from simkit.cli import build_parser
+    from simkit.clients._train_cli import _settings
+
+    return _settings(build_parser().parse_args(["train", *argv]))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["simkit/Cheetah-v0", "--servers", "2", "--wait-for-servers"],
+        ["simkit/Cheetah-v0", "--ray", "--servers", "2"],
+        ["simkit/Cheetah-v0", "--connect", "tcp://127.0.0.1:1", "--connect", "tcp://127.0.0.1:2"],
+        ["simkit/Pendulum-v0", "--algo", "sac", "--servers", "2"],
+    ],
+)
+def test_an_unset_num_envs_gives_every_server_a_slot(flags: list[str]) -> None:
+    """The README's ``--servers 2`` commands run: without --num-envs each server gets
+    one env slot (the default 1 refused two servers)."""
+    assert _settings_of(*flags).num_envs == 2
+    assert _settings_of(*flags[:1]).num_envs == 1
+    with pytest.raises(ValueError, match="--num-envs must be >= 2, got 1"):
+        _settings_of(*flags, "--num-envs", "1")
