@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +27,9 @@ from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
 from simkit.servers import PARENT_ENV
 
 __all__ = ["ServerSource", "spawn_servers", "stop_servers"]
+
+_LAST_LINES = 20
+"""Lines of a server's output a failed start shows."""
 
 
 class ServerSource:
@@ -388,17 +392,33 @@ def spawn_servers(
                 env={**os.environ, PARENT_ENV: str(os.getpid())},
             )
             procs.append(proc)
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            while line and " on tcp://" not in line:
-                line = proc.stdout.readline()
-            if " on tcp://" not in line:
-                raise RuntimeError(f"simkit serve {env_id} did not start: {line.strip()!r}")
-            endpoints.append("tcp://" + line.split(" on tcp://", 1)[1].split(",")[0].split()[0])
+            endpoints.append(_started_endpoint(proc, env_id))
     except BaseException:
         stop_servers(procs)
         raise
     return procs, endpoints
+
+
+def _started_endpoint(proc: subprocess.Popen[str], env_id: str) -> str:
+    """The endpoint ``proc`` (a starting ``simkit serve``) says it serves on.
+
+    Raises:
+        RuntimeError: it exited first; the message holds its exit code and its last
+            lines (an import error's traceback, a bind error).
+    """
+    assert proc.stdout is not None
+    last: deque[str] = deque(maxlen=_LAST_LINES)
+    for line in proc.stdout:
+        if " on tcp://" in line:
+            return "tcp://" + line.split(" on tcp://", 1)[1].split(",")[0].split()[0]
+        if line.strip():
+            last.append(line.rstrip())
+    try:
+        code: int | str = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = "still running, its output closed"
+    said = "\n".join(last) if last else "(it printed nothing)"
+    raise RuntimeError(f"simkit serve {env_id} did not start (exit {code}):\n{said}")
 
 
 def stop_servers(procs: Sequence[subprocess.Popen[str]], timeout: float = 10.0) -> None:

@@ -180,6 +180,18 @@ def _free_port() -> int:
         return port
 
 
+def test_a_server_that_does_not_start_shows_its_own_last_lines() -> None:
+    """Its import error, its bind error: what the server printed, not ``''``."""
+    with pytest.raises(RuntimeError, match=r"(?s)did not start \(exit 2\):.*no env registered as"):
+        spawn_servers("simkit/Nope-v0", 1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        bind = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(RuntimeError, match=rf"cannot bind '{bind}': Address already in use"):
+            spawn_servers("simkit/CartPole-v0", 1, binds=[bind])
+
+
 def test_wait_for_servers_reconnects_to_a_restarted_server(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
