@@ -64,6 +64,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-sessions", type=int, default=64, help="concurrent client sessions")
     parser.add_argument(
+        "--max-sessions-per-peer",
+        type=int,
+        default=None,
+        help="sessions one peer (a CURVE key, else a non-loopback IP address) may hold "
+        "(default half of --max-sessions)",
+    )
+    parser.add_argument(
         "--curve-secret-key",
         type=Path,
         help="server secret key file (zmq.auth.create_certificates format); enables CURVE",
@@ -219,6 +226,7 @@ def run_serve(args: argparse.Namespace) -> int:
             busy_poll_us=args.busy_poll_us,
             heartbeat_timeout=args.heartbeat_timeout,
             max_sessions=args.max_sessions,
+            max_sessions_per_peer=args.max_sessions_per_peer,
             curve_secret_key=secret,
             curve_allowed_clients=_client_keys(args.curve_allow),
             insecure=args.insecure,

@@ -43,6 +43,7 @@ from simkit.servers._multiagent_host import (
     is_multi_agent_id,
     make_parallel_env_factory,
 )
+from simkit.servers._peers import Peer, PeerWatch, quota_used
 from simkit.servers._prometheus import Metrics, MetricsHTTPServer
 from simkit.servers._recording import MultiAgentRecordingHost, RecordingHost, ServerRecorder
 from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
@@ -86,11 +87,19 @@ class _ShuttingDown(ProtocolError):
     code = "shutting_down"
 
 
+DISCONNECT_GRACE_S = 2.0
+"""Seconds a session outlives its connection (ZeroMQ reported it closed) before it is
+freed, keepalives or not (at most the heartbeat timeout)."""
+
+
 @dataclass
 class _Slot:
     session: ServerSession
     host: _AnyHost
     last_seen: float
+    peer: Peer
+    gone_at: float | None = None
+    """When the connection that opened the session closed (None while it is open)."""
 
 
 class _AllowList:
@@ -120,6 +129,10 @@ class RolloutServer:
         env_kwargs: constructor arguments for every env.
         heartbeat_timeout: seconds of silence after which a session is dropped.
         max_sessions: session limit; further clients get ``busy``.
+        max_sessions_per_peer: sessions one peer may hold (default half of
+            ``max_sessions``); its further opens get ``busy``. A peer is a CURVE key,
+            else a non-loopback IP address; this machine's own processes (loopback,
+            ipc) are not limited. Step and stream sessions count apart.
         curve_secret_key: the server's z85 CURVE secret key (enables CURVE).
         curve_allowed_clients: z85 public keys of the clients allowed to connect.
         insecure: allow a non-loopback bind without CURVE (prints a warning).
@@ -165,6 +178,7 @@ class RolloutServer:
         env_kwargs: Mapping[str, Any] | None = None,
         heartbeat_timeout: float = 60.0,
         max_sessions: int = 64,
+        max_sessions_per_peer: int | None = None,
         curve_secret_key: bytes | None = None,
         curve_allowed_clients: Iterable[bytes] | None = None,
         insecure: bool = False,
@@ -215,6 +229,18 @@ class RolloutServer:
         self.shared = shared
         self.heartbeat_timeout = heartbeat_timeout
         self.max_sessions = max_sessions
+        if max_sessions_per_peer is None:
+            max_sessions_per_peer = max(1, max_sessions // 2)
+        if (
+            isinstance(max_sessions_per_peer, bool)
+            or not isinstance(max_sessions_per_peer, int)
+            or max_sessions_per_peer < 1
+        ):
+            raise ValueError(
+                f"max_sessions_per_peer must be a positive int, got {max_sessions_per_peer!r}"
+            )
+        self.max_sessions_per_peer = max_sessions_per_peer
+        self._grace = min(DISCONNECT_GRACE_S, float(heartbeat_timeout))
         self.limits = limits or Limits()
         self.inline_threshold = inline_threshold
         self.insecure = insecure and not is_loopback(bind) and curve_secret_key is None
@@ -290,6 +316,7 @@ class RolloutServer:
             self._ctx.term()
             raise ValueError(f"cannot bind {bind!r}: {exc.strerror}") from exc
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._peers = PeerWatch(self._sock)
         self.device: str | None = (device or default_device()) if policy else None
         """The stream sessions' default torch device (None without ``policy``)."""
         self._streams = StreamHost(
@@ -312,6 +339,7 @@ class RolloutServer:
             self.registry,
             heartbeat_timeout=heartbeat_timeout,
             max_sessions=max_sessions,
+            max_sessions_per_peer=max_sessions_per_peer,
         )
         if self.insecure:
             print(
@@ -354,6 +382,7 @@ class RolloutServer:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._streams.pull, zmq.POLLIN)
+        poller.register(self._peers.monitor, zmq.POLLIN)
         next_sweep = time.monotonic() + 1.0
         spin_us = self.busy_poll_us
         if spin_us is None:
@@ -364,6 +393,7 @@ class RolloutServer:
         self._ready.set()
         try:
             while not self._stop.is_set():
+                self._disconnected(self._peers.closed())
                 if self._request_waiting(spin_until) or poller.poll(100):
                     self._serve_one()
                     spin_until = time.perf_counter() + spin
@@ -372,7 +402,7 @@ class RolloutServer:
                 now = time.monotonic()
                 if now >= next_sweep:
                     self._expire(now)
-                    self._streams.expire(now)
+                    self._streams.expire(now, self._grace)
                     next_sweep = now + min(1.0, self.heartbeat_timeout / 4)
             self._drain()
         finally:
@@ -417,7 +447,7 @@ class RolloutServer:
 
     # -------------------------------------------------------------------- serving
 
-    def _slot(self, identity: bytes) -> _Slot:
+    def _slot(self, identity: bytes, peer: Peer) -> _Slot:
         slot = self._slots.get(identity)
         if slot is not None:
             return slot
@@ -427,11 +457,18 @@ class RolloutServer:
                 expected=f"<= {self.max_sessions} sessions",
                 got=f"{len(self._slots)} connected",
             )
+        held = quota_used(peer, (s.peer for s in self._slots.values()))
+        if held >= self.max_sessions_per_peer:
+            raise _Busy(
+                f"this peer ({peer.name}) holds its share of the session slots",
+                expected=f"<= {self.max_sessions_per_peer} sessions per peer",
+                got=f"{held} held",
+            )
         host = self._shared_host
         if host is None:
             host = self._recorded(self._new_host(self.num_envs), identity.hex())
         info = dataclasses.replace(self._info, session=identity.hex())
-        slot = _Slot(self._session_for(host, info), host, time.monotonic())
+        slot = _Slot(self._session_for(host, info), host, time.monotonic(), peer)
         self._slots[identity] = slot
         self.metrics.set_sessions(len(self._slots))
         return slot
@@ -444,33 +481,40 @@ class RolloutServer:
         return ServerSession(host, info, limits=self.limits, inline_threshold=self.inline_threshold)
 
     def _serve_one(self) -> None:
+        sock = self._sock
         try:
-            # Copied: requests are small (actions), and bytes are cheaper than zmq Frames.
-            parts = self._sock.recv_multipart(zmq.NOBLOCK)
+            # The identity as a Frame, for the connection's properties (Peer); the rest
+            # copied: requests are small (actions), and bytes are cheaper than zmq Frames.
+            first = sock.recv(zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return
-        identity, frames = parts[0], parts[1:]
+        frames: list[Any] = []
+        while sock.getsockopt(zmq.RCVMORE):
+            frames.append(sock.recv())
+        identity = first.bytes
         start = time.perf_counter()
         slot = self._slots.get(identity)
         request: Message | None = None
         if slot is None:
             if self._streams.owns(identity):
-                self._streams.deliver(identity, frames)
+                self._streams.deliver(identity, frames, first)
                 return
             request = _decode_or_none(frames, self.limits)
             if request is not None and request.kind == "stream_open":
-                refusal = self._streams.open(identity, request, frames)
+                refusal = self._streams.open(identity, request, frames, Peer.of(first))
                 if refusal is not None:
                     self._send(identity, refusal)
                 return
             if request is None or request.kind != "hello":
-                self._serve_sessionless(identity, frames, request, start)
+                self._serve_sessionless(identity, frames, request, start, first)
                 return
             try:
-                slot = self._slot(identity)
+                slot = self._slot(identity, Peer.of(first))
             except ProtocolError as exc:
                 self._reply(identity, _error_for(frames, exc), start)
                 return
+        elif slot.gone_at is not None and first.get(zmq.SRCFD) != slot.peer.fd:
+            slot.peer, slot.gone_at = Peer.of(first), None  # its identity reconnected
         slot.last_seen = time.monotonic()
         try:
             if request is not None:  # a hello, decoded above
@@ -489,7 +533,12 @@ class RolloutServer:
         self._reply(identity, reply, start, steps=steps)
 
     def _serve_sessionless(
-        self, identity: bytes, frames: list[Any], request: Message | None, start: float
+        self,
+        identity: bytes,
+        frames: list[Any],
+        request: Message | None,
+        start: float,
+        first: zmq.Frame,
     ) -> None:
         """Answers a connection that has no session and did not send ``hello``.
 
@@ -499,7 +548,7 @@ class RolloutServer:
         are created and no session is kept.
         """
         if request is not None and is_keepalive(request):
-            self._keepalive(identity, request, start)
+            self._keepalive(identity, request, start, Peer.of(first))
             return
         if request is None:
             reply = self._sessionless.handle_message(frames)  # the decode error, with its id
@@ -507,18 +556,24 @@ class RolloutServer:
             reply = self._sessionless.dispatch(request)
         self._reply(identity, reply, start)
 
-    def _keepalive(self, identity: bytes, request: Message, start: float) -> None:
-        """Refreshes the session a keepalive names; answers without opening a session."""
+    def _keepalive(self, identity: bytes, request: Message, start: float, peer: Peer) -> None:
+        """Refreshes the session a keepalive names; answers without opening a session.
+
+        Only a session whose connection is open, named from the peer that opened it: a
+        token alone does not keep a session alive."""
         token = request.body["session"]
         try:
             target = self._slots.get(bytes.fromhex(token))
         except ValueError:
             target = None
-        if target is None and self._streams.touch(token):
+        if target is not None and (target.gone_at is not None or target.peer.name != peer.name):
+            target = None
+        if target is None and self._streams.touch(token, peer):
             reply = Message(kind="ping", id=request.id)
         elif target is None:
             exc = SessionStateError(
-                "no live session has this token (dropped, closed or never opened)",
+                "no live session has this token (dropped, closed, its connection gone, "
+                "opened by another peer, or never opened)",
                 expected="the 'session' of a live session's hello reply",
                 got=token[:64],
             )
@@ -557,8 +612,23 @@ class RolloutServer:
         for identity, slot in list(self._slots.items()):
             if now - slot.last_seen > self.heartbeat_timeout:
                 log.info("session %s timed out; freeing its envs", identity.hex())
-                self._free(identity)
-                self.metrics.session_expired()
+            elif slot.gone_at is not None and now - slot.gone_at > self._grace:
+                log.info("session %s lost its connection; freeing its envs", identity.hex())
+            else:
+                continue
+            self._free(identity)
+            self.metrics.session_expired()
+
+    def _disconnected(self, fds: list[int]) -> None:
+        """Marks the sessions of connections that closed: freed after the grace."""
+        if not fds:
+            return
+        now = time.monotonic()
+        closed = set(fds)
+        for slot in self._slots.values():
+            if slot.peer.fd in closed and slot.gone_at is None:
+                slot.gone_at = now
+        self._streams.disconnected(closed, now)
 
     def _drain(self, grace_s: float = 0.2) -> None:
         """Refuses every request already queued or arriving within ``grace_s`` of quiet."""
@@ -580,6 +650,7 @@ class RolloutServer:
             self._shared_host.close()
         if self.recorder is not None:
             self.recorder.close()
+        self._peers.close()
         self._sock.close(linger=1000)
         if self._auth is not None:
             self._auth.stop()

@@ -18,6 +18,7 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from simkit.protocol import Limits, Message, SessionStateError, Unsupported, error_reply
+from simkit.servers._peers import Peer, quota_used
 from simkit.servers._stream_metrics import StreamMetrics
 
 if TYPE_CHECKING:
@@ -103,6 +104,8 @@ class StreamHost:
         registry: the server's Prometheus registry.
         heartbeat_timeout: seconds of silence after which a session is dropped.
         max_sessions: stream session limit.
+        max_sessions_per_peer: stream sessions one peer may hold
+            (:class:`~simkit.servers._peers.Peer`).
     """
 
     def __init__(
@@ -113,10 +116,17 @@ class StreamHost:
         *,
         heartbeat_timeout: float,
         max_sessions: int = 64,
+        max_sessions_per_peer: int = 64,
     ) -> None:
         self.settings = settings
         self.heartbeat_timeout = heartbeat_timeout
         self.max_sessions = max_sessions
+        self.max_sessions_per_peer = max_sessions_per_peer
+        self.peers: dict[bytes, Peer] = {}
+        """The connection that opened each session."""
+        self.gone: dict[bytes, float] = {}
+        """When the connection of a session closed (sessions whose connection is open
+        are not listed)."""
         self.metrics = StreamMetrics(registry)
         self.workers: dict[bytes, StreamWorker] = {}
         self._context = context
@@ -129,15 +139,22 @@ class StreamHost:
         """Whether ``identity`` has a stream session."""
         return identity in self.workers
 
-    def deliver(self, identity: bytes, frames: list[Any]) -> None:
-        """Hands a message of an open stream session to its worker."""
+    def deliver(self, identity: bytes, frames: list[Any], first: zmq.Frame) -> None:
+        """Hands a message of an open stream session to its worker (``first``: the
+        message's identity frame, telling its connection)."""
         worker = self.workers[identity]
+        if identity in self.gone and first.get(zmq.SRCFD) != self.peers[identity].fd:
+            self.peers[identity] = Peer.of(first)  # its identity reconnected
+            del self.gone[identity]
         worker.last_seen = time.monotonic()
         worker.inbox.put(frames)
 
-    def open(self, identity: bytes, request: Message, frames: list[Any]) -> Message | None:
-        """Starts a session for a ``stream_open`` (its worker answers); or the error reply
-        when the server runs no policy or has no free slot."""
+    def open(
+        self, identity: bytes, request: Message, frames: list[Any], peer: Peer
+    ) -> Message | None:
+        """Starts a session for a ``stream_open`` from ``peer`` (its worker answers); or
+        the error reply when the server runs no policy or has no free slot (for
+        ``peer``)."""
         if self.settings is None:
             exc: Exception = Unsupported(
                 "this server runs no policy (start it with --policy)",
@@ -154,23 +171,36 @@ class StreamHost:
             reply = error_reply(exc, request_id=request.id, request_kind=request.kind)
             reply.body["code"] = "busy"
             return reply
+        held = quota_used(peer, self.peers.values())
+        if held >= self.max_sessions_per_peer:
+            exc = SessionStateError(
+                f"this peer ({peer.name}) holds its share of the stream session slots",
+                expected=f"<= {self.max_sessions_per_peer} stream sessions per peer",
+                got=f"{held} held",
+            )
+            reply = error_reply(exc, request_id=request.id, request_kind=request.kind)
+            reply.body["code"] = "busy"
+            return reply
         from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
 
         worker = StreamWorker(
             identity, frames, self.settings, self._context, self.address, self.metrics
         )
         self.workers[identity] = worker
+        self.peers[identity] = peer
         self.metrics.sessions.set(len(self.workers))
         worker.start()
         return None
 
-    def touch(self, token: str) -> bool:
-        """Refreshes the heartbeat of the session named ``token``; whether it exists."""
+    def touch(self, token: str, peer: Peer) -> bool:
+        """Refreshes the heartbeat of the session named ``token``; whether it exists,
+        its connection is open and ``peer`` opened it."""
         try:
-            worker = self.workers.get(bytes.fromhex(token))
+            identity = bytes.fromhex(token)
         except ValueError:
             return False
-        if worker is None:
+        worker = self.workers.get(identity)
+        if worker is None or identity in self.gone or self.peers[identity].name != peer.name:
             return False
         worker.last_seen = time.monotonic()
         return True
@@ -199,17 +229,34 @@ class StreamHost:
     def _drop(self, identity: bytes) -> None:
         worker = self.workers.get(identity)
         if worker is not None and worker.done.is_set():
-            del self.workers[identity]
+            self._forget(identity)
             self.metrics.sessions.set(len(self.workers))
 
-    def expire(self, now: float) -> None:
-        """Stops sessions silent for the heartbeat timeout (their workers free the envs)."""
+    def _forget(self, identity: bytes) -> None:
+        del self.workers[identity]
+        self.peers.pop(identity, None)
+        self.gone.pop(identity, None)
+
+    def disconnected(self, fds: set[int], now: float) -> None:
+        """Marks the sessions whose connection closed (``fds``): :meth:`expire` stops
+        them after the grace."""
+        for identity, peer in self.peers.items():
+            if peer.fd in fds and identity not in self.gone:
+                self.gone[identity] = now
+
+    def expire(self, now: float, grace: float) -> None:
+        """Stops sessions silent for the heartbeat timeout, or whose connection closed
+        more than ``grace`` seconds ago (their workers free the envs)."""
         for identity, worker in list(self.workers.items()):
             if now - worker.last_seen > self.heartbeat_timeout:
                 log.info("stream session %s timed out; freeing its envs", identity.hex())
-                worker.stop()
-                del self.workers[identity]
-                self.metrics.sessions_expired.inc()
+            elif now - self.gone.get(identity, now) > grace:
+                log.info("stream session %s lost its connection; freeing its envs", identity.hex())
+            else:
+                continue
+            worker.stop()
+            self._forget(identity)
+            self.metrics.sessions_expired.inc()
         self.metrics.sessions.set(len(self.workers))
 
     def close(self, timeout: float = 5.0) -> None:
@@ -221,6 +268,8 @@ class StreamHost:
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
         self.workers.clear()
+        self.peers.clear()
+        self.gone.clear()
         self.metrics.sessions.set(0)
         self.pull.close(linger=0)
 

@@ -4,14 +4,16 @@ models too deep to build, exposed metrics, and peers that hold every session slo
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from simkit.clients import PolicyStream
 from simkit.models import ModelSpec
-from simkit.protocol import RemoteError
+from simkit.protocol import ClientSession, RemoteError, StreamClientSession, StreamConfig
 from simkit.servers import RolloutServer
 
 SPEC = ModelSpec("mlp", {"hidden_sizes": [16]})
@@ -32,6 +34,16 @@ def _opens(endpoint: str, spec: ModelSpec = SPEC, **kw: Any) -> None:
         pass
 
 
+def _until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Whether ``condition`` turns true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 @pytest.mark.parametrize("device", ["meta", "mps", "xla", "cpu:0x"])
 def test_stream_open_refuses_devices_the_policy_cannot_run_on(
     server: RolloutServer, device: str
@@ -40,7 +52,7 @@ def test_stream_open_refuses_devices_the_policy_cannot_run_on(
         _opens(server.endpoint, device=device)
     assert info.value.got == device
     _opens(server.endpoint)  # the server goes on serving
-    assert server.stream_sessions == 0
+    assert _until(lambda: server.stream_sessions == 0)
 
 
 @pytest.mark.parametrize(
@@ -90,3 +102,126 @@ def test_metrics_on_a_non_loopback_host_warn(
         else:
             assert "WARNING" not in err
     assert hosts == ["127.0.0.1", "localhost", "::1", "0.0.0.0", "10.1.2.3"]
+
+
+class _Peer:
+    """Raw DEALER connections of one peer to a server (with CURVE: one client key)."""
+
+    def __init__(self, ctx: zmq.Context[Any], curve: tuple[bytes, bytes] | None = None) -> None:
+        self.public, self.secret = zmq.curve_keypair()
+        self.ctx, self.curve = ctx, curve
+        self.endpoint = ""
+        self.socks: list[zmq.Socket[Any]] = []
+
+    def connect(self) -> zmq.Socket[Any]:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.linger, sock.rcvtimeo, sock.sndtimeo = 0, 5000, 5000
+        if self.curve is not None:
+            sock.curve_serverkey = self.curve[0]
+            sock.curve_publickey, sock.curve_secretkey = self.public, self.secret
+        sock.connect(self.endpoint)
+        self.socks.append(sock)
+        return sock
+
+    def hello(self) -> Any:
+        session = ClientSession()
+        sock = self.connect()
+        sock.send_multipart(session.request_hello())
+        return session.parse_hello(sock.recv_multipart())
+
+    def stream_open(self) -> Any:
+        session = StreamClientSession()
+        sock = self.connect()
+        sock.send_multipart(session.request_open(StreamConfig(SPEC.to_plain(), num_envs=1)))
+        return session.parse(sock.recv_multipart())
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close(linger=0)
+        self.socks.clear()
+
+
+Peers = Callable[..., _Peer]
+
+
+@pytest.fixture
+def peers() -> Iterator[Peers]:
+    """Makes :class:`_Peer` objects; closes their sockets at teardown."""
+    context: zmq.Context[Any] = zmq.Context()
+    made: list[_Peer] = []
+
+    def make(curve: tuple[bytes, bytes] | None = None) -> _Peer:
+        made.append(_Peer(context, curve))
+        return made[-1]
+
+    yield make
+    for peer in made:
+        peer.close()
+    context.term()
+
+
+def test_a_peer_holds_at_most_its_share_of_the_session_slots(peers: Peers) -> None:
+    """Peers are told apart by their CURVE key: one that takes every slot it can leaves
+    the rest of them to the others, for step and for stream sessions."""
+    server_keys = zmq.curve_keypair()
+    hog, other = peers(server_keys), peers(server_keys)
+    with RolloutServer(
+        "simkit/CartPole-v0",
+        1,
+        "tcp://127.0.0.1:0",
+        policy=True,
+        device="cpu",
+        max_sessions=4,
+        curve_secret_key=server_keys[1],
+        curve_allowed_clients=[hog.public, other.public],
+    ) as srv:
+        assert srv.max_sessions_per_peer == 2
+        hog.endpoint = other.endpoint = srv.endpoint
+        for _ in range(2):
+            hog.hello()
+            hog.stream_open()
+        with pytest.raises(RemoteError, match=r"\[busy\] this peer \(curve:.*\) holds its share"):
+            hog.hello()
+        with pytest.raises(RemoteError, match=r"\[busy\] this peer .* stream session slots"):
+            hog.stream_open()
+        for _ in range(2):
+            assert other.hello().num_envs == 1
+            assert other.stream_open().num_envs == 1
+        assert (srv.sessions, srv.stream_sessions) == (4, 4)
+
+
+def test_sessions_whose_connection_closed_end_after_a_grace_keepalives_or_not(
+    tmp_path: Path, peers: Peers
+) -> None:
+    """A peer that opens every slot, closes its connections and keeps the sessions
+    alive by token from one socket no longer holds them: they end once ZeroMQ reports
+    the connections closed (well inside the heartbeat timeout), and others get in."""
+    hog, other = peers(), peers()
+    with RolloutServer(
+        "simkit/CartPole-v0",
+        1,
+        f"ipc://{tmp_path}/hog.sock",
+        policy=True,
+        device="cpu",
+        max_sessions=3,
+        heartbeat_timeout=60,
+    ) as srv:
+        hog.endpoint = other.endpoint = srv.endpoint
+        tokens = [hog.hello().session for _ in range(3)]
+        tokens += [hog.stream_open().session for _ in range(3)]
+        assert (srv.sessions, srv.stream_sessions) == (3, 3)
+        hog.close()
+        pinger, session = hog.connect(), ClientSession()
+        deadline = time.monotonic() + 8
+        while (srv.sessions or srv.stream_sessions) and time.monotonic() < deadline:
+            for token in tokens:
+                pinger.send_multipart(session.request_keepalive(token))
+                pinger.recv_multipart()
+            time.sleep(0.1)
+        assert (srv.sessions, srv.stream_sessions) == (0, 0)
+        pinger.send_multipart(session.request_keepalive(tokens[0]))
+        with pytest.raises(RemoteError, match=r"\[session_state\] no live session"):
+            session.parse_ping(pinger.recv_multipart())
+        for _ in range(3):  # the slots are free
+            assert other.hello().num_envs == 1
+            assert other.stream_open().num_envs == 1
