@@ -54,6 +54,8 @@ __all__ = [
     "TrainResult",
     "run_training",
     "evaluate_policy",
+    "evaluate_model",
+    "load_model",
     "resume_args",
     "RESUME_FREE",
 ]
@@ -560,11 +562,25 @@ def evaluate_policy(
             ``MUJOCO_GL=egl`` or ``osmesa``).
         ValueError: ``render`` and the env is multi-agent or renders no RGB frames.
     """
-    imageio: Any = None
     if render is not None:
         from simkit._optional import require
 
-        imageio = require("imageio", extra="bench", purpose="simkit eval --render")
+        require("imageio", extra="bench", purpose="simkit eval --render")
+    model, env_id = load_model(path)
+    return evaluate_model(model, env_id, episodes=episodes, seed=seed, render=render, fps=fps)
+
+
+def load_model(path: str | Path) -> tuple[ActorCritic, str]:
+    """The model saved at ``path`` (a policy snapshot, a checkpoint, or a run's log directory:
+    its ``policy.safetensors``) and the id of the env it acts in.
+
+    Raises:
+        InvalidCheckpoint: ``path`` holds no valid policy.
+    """
+    path = Path(path)
+    is_logdir = (path / "policy.safetensors").is_file() and not (path / "manifest.json").exists()
+    if path.is_dir() and is_logdir:  # a checkpoint directory holds a manifest
+        path = path / "policy.safetensors"
     tensors, meta = load_policy(path)
     env_id = meta.get("env_id") if isinstance(meta, dict) else None
     if not isinstance(env_id, str):
@@ -577,8 +593,26 @@ def evaluate_policy(
             f"{path}: no valid model spec in the policy metadata: {exc}"
         ) from exc
     model = build_from_spec(spec, obs_space, act_space)
-    check_tensors(Path(path), tensors, model.state_dict())
+    check_tensors(path, tensors, model.state_dict())
     model.load_state_dict(tensors)
+    return model, env_id
+
+
+def evaluate_model(
+    model: ActorCritic,
+    env_id: str,
+    *,
+    episodes: int = 10,
+    seed: int = 0,
+    render: str | Path | None = None,
+    fps: int = 30,
+) -> np.ndarray:
+    """:func:`evaluate_policy` of a model in memory that acts in ``env_id``."""
+    imageio: Any = None
+    if render is not None:
+        from simkit._optional import require
+
+        imageio = require("imageio", extra="bench", purpose="simkit eval --render")
     if render is not None and is_multi_agent(env_id):
         raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
     try:

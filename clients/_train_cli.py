@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients._args import PPOArgs, SACArgs, refuse_unless
+from simkit.clients._args import PPOArgs, SACArgs, capped_total_steps, refuse_unless
 from simkit.errors import (
     InvalidCheckpoint,
     MissingDependency,
@@ -315,6 +315,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
         args = dataclasses.replace(saved, **given)
     else:
         args = dataclasses.replace(cls(env_id=ns.env_id), **given)
+    args = dataclasses.replace(args, total_steps=capped_total_steps(args.total_steps))
     args.check()
     check_run_settings(ns, args.num_envs)
     if sac:

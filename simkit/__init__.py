@@ -17,6 +17,7 @@ from simkit.vector import make_vec
 if TYPE_CHECKING:
     from simkit._batch_mujoco import BatchMujocoEnv
     from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
+    from simkit.learn import Policy, evaluate, load_policy, train
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,11 @@ __all__ = [
     "snapshot",
     "vector",
     "launch",
+    # training from Python (simkit.learn)
+    "train",
+    "load_policy",
+    "evaluate",
+    "Policy",
     "__version__",
 ]
 
@@ -66,12 +72,14 @@ _MUJOCO_NAMES = {
     "PHYSICS_STATE": "simkit._mujoco",
     "BatchMujocoEnv": "simkit._batch_mujoco",
 }
+# simkit.learn loads torch: on first use too.
+_LEARN_NAMES = ("train", "load_policy", "evaluate", "Policy")
 
 
 def __getattr__(name: str) -> object:
     """``simkit.launch``: :func:`simkit.clients.launch`, imported on first use (it pulls in
     the learner-side clients, which the SDK alone does not need); the MuJoCo classes, which
-    import MuJoCo on first use."""
+    import MuJoCo on first use; :mod:`simkit.learn`'s functions, which import torch."""
     if name == "launch":
         from simkit.clients import launch
 
@@ -80,4 +88,8 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return getattr(importlib.import_module(_MUJOCO_NAMES[name]), name)
+    if name in _LEARN_NAMES:
+        from simkit import learn
+
+        return getattr(learn, name)
     raise AttributeError(f"module 'simkit' has no attribute {name!r}")

@@ -1,0 +1,79 @@
+"""simkit.train / load_policy / evaluate: the Python API of `simkit train` and `simkit eval`;
+SIMKIT_MAX_TOTAL_STEPS, the cap on every run's total steps that the docs' test trains under."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import simkit
+from simkit.clients._args import capped_total_steps
+
+TINY = {"num_envs": 2, "num_steps": 32, "num_minibatches": 2, "update_epochs": 1}
+
+
+def test_the_total_steps_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIMKIT_MAX_TOTAL_STEPS", raising=False)
+    assert capped_total_steps(1_000_000) == 1_000_000
+    monkeypatch.setenv("SIMKIT_MAX_TOTAL_STEPS", "128")
+    assert capped_total_steps(1_000_000) == 128
+    assert capped_total_steps(64) == 64
+    assert capped_total_steps(0) == 128  # "until stopped" stops at the cap too
+    for bad in ("0", "-3", "many"):
+        monkeypatch.setenv("SIMKIT_MAX_TOTAL_STEPS", bad)
+        with pytest.raises(ValueError, match=rf"SIMKIT_MAX_TOTAL_STEPS must be .* got '{bad}'"):
+            capped_total_steps(10)
+
+
+def test_simkit_train_honours_the_cap(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.cli import main
+
+    monkeypatch.setenv("SIMKIT_MAX_TOTAL_STEPS", "128")
+    argv = ["train", "simkit/CartPole-v0", "--servers", "0", "--num-envs", "2", "--num-steps"]
+    argv += ["32", "--num-minibatches", "2", "--update-epochs", "1", "--no-progress"]
+    assert main([*argv, "--total-steps", "0", "--logdir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "env steps: 128" in out
+
+
+def test_train_load_act_and_evaluate(tmp_path: Path) -> None:
+    result = simkit.train(
+        "simkit/CartPole-v0", total_steps=256, seed=3, logdir=tmp_path / "run", servers=0, **TINY
+    )
+    assert result.logdir == tmp_path / "run"
+    assert result.global_step == 256
+    assert result.checkpoint is not None
+    assert result.checkpoint.is_dir()
+    assert np.isfinite(result.mean_return)
+
+    policy = simkit.load_policy(result.logdir)  # a run's logdir, its policy file or a checkpoint
+    assert policy.env_id == "simkit/CartPole-v0"
+    env = simkit.make("simkit/CartPole-v0")
+    obs, _ = env.reset(seed=0)
+    action = policy.act(obs)
+    assert env.action_space.contains(action)
+    batch = policy.act(np.stack([obs, obs]))
+    assert batch.shape == (2,)
+    assert policy.predict(obs) == (action, None)  # stable-baselines3's form
+    same = simkit.load_policy(result.policy)
+    assert same.act(obs) == action
+
+    returns = simkit.evaluate(policy, episodes=3)
+    assert returns.shape == (3,)
+    assert np.array_equal(returns, simkit.evaluate(result.policy, episodes=3))
+
+
+def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"unknown setting 'num_env' for --algo ppo"):
+        simkit.train("simkit/CartPole-v0", logdir=tmp_path / "a", num_env=4)
+    with pytest.raises(ValueError, match=r"--num-envs must be >= 1, got 0"):
+        simkit.train("simkit/CartPole-v0", logdir=tmp_path / "b", num_envs=0)
+    with pytest.raises(ValueError, match=r"algo must be 'ppo' or 'sac', got 'dqn'"):
+        simkit.train("simkit/CartPole-v0", algo="dqn")
+    with pytest.raises(ValueError, match=r"--algo sac needs continuous \(Box\) actions"):
+        simkit.train("simkit/CartPole-v0", algo="sac", logdir=tmp_path / "c")
+    assert not list(tmp_path.iterdir())
