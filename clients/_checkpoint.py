@@ -22,6 +22,7 @@ update, for evaluation while training goes on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,7 +30,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -37,7 +38,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from simkit import snapshot
-from simkit.errors import InvalidCheckpoint, InvalidState
+from simkit.errors import InvalidCheckpoint, InvalidState, WriteFailed
 from simkit.models._weights import canonical_safetensors
 
 __all__ = [
@@ -46,8 +47,11 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "resolve_checkpoint",
+    "checkpoint_algo",
+    "checkpoint_args",
     "save_policy",
     "load_policy",
+    "write_atomically",
     "flatten_optimizer",
     "unflatten_optimizer",
 ]
@@ -56,6 +60,7 @@ CHECKPOINT_FORMAT = "simkit.ppo.checkpoint/2"
 POLICY_FORMAT = "simkit.ppo.policy/1"
 _FILES = ("model.safetensors", "optimizer.safetensors", "state.msgpack")
 EXTRA_FILES = ("replay.safetensors.zst",)
+_T = TypeVar("_T")
 """Files a checkpoint may hold beyond :data:`_FILES`, written by their owners."""
 
 
@@ -116,10 +121,29 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def _replace_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
+    """Writes ``path`` through a temporary sibling (fsynced) and a rename; on failure
+    the temporary is removed and ``path`` keeps its previous content (the OSError is
+    raised as it came)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    _write_file(tmp, data)
-    os.replace(tmp, path)
+    try:
+        _write_file(tmp, data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _previous(directory: Path) -> str:
+    """What a failed write leaves intact: the checkpoint ``latest`` names, if any."""
+    try:
+        name = (directory / "latest").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if name and "/" not in name and (directory / name / "manifest.json").is_file():
+        return f"; the previous checkpoint {directory / name} is intact"
+    return "; no earlier checkpoint was kept"
 
 
 def save_checkpoint(
@@ -144,8 +168,15 @@ def save_checkpoint(
 
     Returns:
         The checkpoint's path.
+
+    Raises:
+        WriteFailed: a file could not be written (a full disk, a read-only folder): one
+            line naming it, its errno and the previous checkpoint, which is intact and
+            still what ``latest`` names; nothing of the new one is left.
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    for file_name in extra or {}:
+        if file_name not in EXTRA_FILES:
+            raise ValueError(f"extra checkpoint files must be in {EXTRA_FILES}, got {file_name!r}")
     opt_tensors, groups = flatten_optimizer(optimizer)
     blobs = {
         "model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in model.items()}),
@@ -154,23 +185,43 @@ def save_checkpoint(
     }
     files: dict[str, Any] = {n: {"bytes": len(b), "sha256": _sha256(b)} for n, b in blobs.items()}
     manifest = {"format": CHECKPOINT_FORMAT, "files": files}
-    tmp = directory / f".{name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    for file_name, blob in blobs.items():
-        _write_file(tmp / file_name, blob)
-    for file_name, write in (extra or {}).items():
-        if file_name not in EXTRA_FILES:
-            raise ValueError(f"extra checkpoint files must be in {EXTRA_FILES}, got {file_name!r}")
-        write(tmp / file_name)
-        files[file_name] = _file_entry(tmp / file_name)
-    _write_file(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
     final = directory / name
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _replace_atomically(directory / "latest", (name + "\n").encode())
+    tmp = directory / f".{name}.tmp-{os.getpid()}"
+    aside = directory / f".{name}.old-{os.getpid()}"
+    writing = directory
+    placed = False
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for file_name, blob in blobs.items():
+            writing = final / file_name
+            _write_file(tmp / file_name, blob)
+        for file_name, write in (extra or {}).items():
+            writing = final / file_name
+            write(tmp / file_name)
+            files[file_name] = _file_entry(tmp / file_name)
+        writing = final / "manifest.json"
+        _write_file(tmp / "manifest.json", json.dumps(manifest, indent=1).encode())
+        writing = final
+        if final.exists():  # the same step again: the old one stays until the new is in
+            os.replace(final, aside)
+        os.replace(tmp, final)
+        placed = True
+        writing = directory / "latest"
+        write_atomically(directory / "latest", (name + "\n").encode())
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if placed:
+            shutil.rmtree(final, ignore_errors=True)
+        if aside.exists():
+            with contextlib.suppress(OSError):
+                os.replace(aside, final)
+        if isinstance(exc, OSError) and not isinstance(exc, WriteFailed):
+            raise WriteFailed(writing, exc, _previous(directory)) from exc
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
     existing = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
     for old in existing[:-keep] if keep > 0 else []:
         if old != final:
@@ -196,6 +247,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
             if not name or "/" in name:
                 raise InvalidCheckpoint(f"{latest}: expected a checkpoint name, got {name!r}")
             return base / name
+    if (p / "checkpoints").is_dir() or (p.name == "checkpoints" and p.is_dir()):
+        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+        raise InvalidCheckpoint(
+            f"{folder}: no complete checkpoint (no latest pointer): the run wrote none, "
+            "or its first checkpoint failed"
+        )
+    if not p.exists():
+        raise InvalidCheckpoint(f"{p}: not a checkpoint (no such file or directory)")
     raise InvalidCheckpoint(
         f"{p}: not a checkpoint (no manifest.json, no latest pointer, no checkpoints/ inside)"
     )
@@ -291,6 +350,36 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(directory, model, optimizer, state, extra)
 
 
+def checkpoint_algo(ckpt: Checkpoint) -> str:
+    """The algorithm that wrote ``ckpt`` (``"ppo"`` for checkpoints that name none).
+
+    Raises:
+        InvalidCheckpoint: it names another.
+    """
+    algo = ckpt.state.get("algo", "ppo")
+    if algo not in ("ppo", "sac"):
+        raise InvalidCheckpoint(
+            f"{ckpt.path / 'state.msgpack'}: algo must be 'ppo' or 'sac', got {algo!r}"
+        )
+    return str(algo)
+
+
+def checkpoint_args(ckpt: Checkpoint, parse: Callable[[Any], _T]) -> _T:
+    """The run settings ``ckpt`` holds, through ``parse`` (``PPOArgs.from_plain`` or
+    ``SACArgs.from_plain``).
+
+    Raises:
+        InvalidCheckpoint: none, or ``parse`` refuses them (naming ``state.msgpack``).
+    """
+    file = ckpt.path / "state.msgpack"
+    if "args" not in ckpt.state:
+        raise InvalidCheckpoint(f"{file}: no args (the run's settings); not a learner's state")
+    try:
+        return parse(ckpt.state["args"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidCheckpoint(f"{file}: bad args: {exc}") from exc
+
+
 def check_tensors(
     file: Path, got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
 ) -> None:
@@ -337,13 +426,21 @@ def check_optimizer(file: Path, state: dict[str, Any], params: list[torch.Tensor
 
 def save_policy(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
     """Writes a policy snapshot (tensors + JSON metadata) atomically; the same policy
-    always gives the same bytes (:func:`~simkit.models._weights.canonical_safetensors`)."""
+    always gives the same bytes (:func:`~simkit.models._weights.canonical_safetensors`).
+
+    Raises:
+        WriteFailed: it could not be written (naming it and the errno); the previous
+            snapshot is intact.
+    """
     meta = {"format": POLICY_FORMAT, "meta": json.dumps(metadata)}
     data = canonical_safetensors(
         st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, metadata=meta)
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(path, data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, data)
+    except OSError as exc:
+        raise WriteFailed(path, exc, "; the previous policy snapshot is intact") from exc
 
 
 def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

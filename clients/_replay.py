@@ -120,19 +120,95 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-def _decompress(path: Path) -> bytes:
-    """The one zstd frame of ``path``, streamed (truncation and trailing bytes refused)."""
-    stream = zstandard.ZstdDecompressor().decompressobj()
-    parts = []
+_HEADER_LIMIT = 1 << 20
+"""The largest safetensors header a replay file may have (its own are ~1 kB)."""
+
+
+def _read_exactly(reader: Any, n: int, what: str) -> bytes:
+    """``n`` bytes of ``reader`` (a zstd stream reader: it inflates no more than asked)."""
+    parts, got = [], 0
+    while got < n:
+        part = reader.read(min(n - got, 1 << 24))
+        if not part:
+            raise ValueError(f"truncated zstd frame: {what} ends after {got} of {n} bytes")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def _header(text: bytes) -> tuple[dict[str, str], int]:
+    """The metadata of a safetensors header and the bytes of the arrays it declares."""
+    header = json.loads(text)
+    if not isinstance(header, dict):
+        raise ValueError("the safetensors header is not a map")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or meta.get("format") != REPLAY_FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else meta
+        raise ValueError(f"format must be {REPLAY_FORMAT!r}, got {got!r}")
+    ends = [0]
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and o >= 0 for o in offsets)
+        ):
+            raise ValueError(f"array {name!r} has no valid data_offsets: {entry!r}")
+        ends.append(offsets[1])
+    return meta, max(ends)
+
+
+def _spec(meta: dict[str, str]) -> dict[str, Any]:
+    """Capacity, shapes and dtypes from a replay file's metadata (validated)."""
+    return {
+        "capacity": _count("capacity", int(meta["capacity"]), 1),
+        "obs_shape": _shape("obs_shape", json.loads(meta["obs_shape"])),
+        "obs_dtype": _dtype("obs_dtype", meta["obs_dtype"]),
+        "action_shape": _shape("action_shape", json.loads(meta["action_shape"])),
+        "action_dtype": _dtype("action_dtype", meta["action_dtype"]),
+    }
+
+
+def _decompress(path: Path, expect: dict[str, Any]) -> bytes:
+    """The one zstd frame of ``path``, inflated no further than its header allows.
+
+    The safetensors header comes first (at most :data:`_HEADER_LIMIT` bytes); its
+    metadata must match ``expect`` (capacity, shapes, dtypes: what the caller will
+    allocate) and the arrays it declares must fit a buffer of that capacity (one
+    record per transition, plus the counters). Only then are the arrays inflated,
+    exactly as many bytes as declared: a frame that inflates further (a zstd bomb),
+    ends early or has bytes after it is refused.
+    """
     with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            parts.append(stream.decompress(chunk))
-    if not stream.eof or stream.unused_data:
-        raise ValueError("truncated zstd frame" if not stream.eof else "bytes after the zstd frame")
-    blob = b"".join(parts)
-    if len(blob) < 8:
-        raise ValueError("no safetensors header")
-    return blob
+        reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=False)
+        try:
+            size = int.from_bytes(_read_exactly(reader, 8, "the header length"), "little")
+            if size > _HEADER_LIMIT:
+                raise ValueError(
+                    f"a safetensors header of {size:,} bytes (a replay file's is at most "
+                    f"{_HEADER_LIMIT:,})"
+                )
+            text = _read_exactly(reader, size, "the safetensors header")
+            meta, body = _header(text)
+            spec = _spec(meta)
+            for key, want in expect.items():
+                if spec[key] != want:
+                    raise ValueError(f"{key} {spec[key]}, expected {want}")
+            most = ReplayBuffer.bytes_needed(**spec) + 3 * 8  # every record, the counters
+            if body > most:
+                raise ValueError(
+                    f"its header declares {body:,} bytes of arrays; a buffer of capacity "
+                    f"{spec['capacity']:,} of these shapes holds at most {most:,}"
+                )
+            data = _read_exactly(reader, body, "the arrays")
+            if reader.read(1):
+                raise ValueError(
+                    f"the zstd frame holds more data than the {body:,} bytes of arrays its "
+                    "header declares"
+                )
+        finally:
+            reader.close()
+    return size.to_bytes(8, "little") + text + data
 
 
 class _SamplePlan(NamedTuple):
@@ -426,8 +502,9 @@ class ReplayBuffer:
         what the saved one would have for the same generator state.
 
         Raises:
-            ValueError: a missing or extra array, a wrong shape or dtype, or counters
-                that do not fit (named, expected and actual). Nothing is changed then.
+            ValueError: a missing or extra array, a wrong shape or dtype, a NaN or
+                infinite value, or counters that do not fit (named, expected and
+                actual). Nothing is changed then.
         """
         names = {*_FIELDS, "counters"}
         if set(state) != names:
@@ -443,6 +520,9 @@ class ReplayBuffer:
         size = min(inserted, capacity)
         for f, want in self._views.items():
             _fit(f"replay array {f!r}", np.asarray(state[f]), (size, *want.shape[1:]), want.dtype)
+            if want.dtype.kind == "f" and not np.isfinite(state[f]).all():
+                bad = int(np.count_nonzero(~np.isfinite(state[f])))
+                raise ValueError(f"replay array {f!r} has {bad} non-finite value(s)")
         self.inserted, self.dropped_no_final = inserted, dropped
         start = self._oldest()
         for f, dst in self._views.items():
@@ -487,36 +567,60 @@ class ReplayBuffer:
                 os.close(fd)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> ReplayBuffer:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        capacity: int | None = None,
+        obs_shape: tuple[int, ...] | None = None,
+        action_shape: tuple[int, ...] | None = None,
+        obs_dtype: Any = None,
+        action_dtype: Any = None,
+    ) -> ReplayBuffer:
         """Reads :meth:`save`'s file into a new buffer of the saved capacity.
 
+        The file is untrusted: its header is read first and the arrays are inflated
+        only up to what a buffer of its capacity holds (a zstd bomb is refused before
+        it is inflated), and every float value must be finite (a NaN reward would only
+        show later as NaN parameters).
+
+        Args:
+            capacity, obs_shape, action_shape, obs_dtype, action_dtype: when given, the
+                file must hold a buffer of exactly these (checked from its header,
+                before anything is allocated or inflated).
+
         Raises:
-            InvalidCheckpoint: unreadable, not this format, corrupt or inconsistent (the
-                message names the file and what is wrong).
+            InvalidCheckpoint: unreadable, not this format, corrupt, inconsistent,
+                non-finite, or not what was expected (the message names the file and
+                what is wrong).
         """
         path = Path(path)
+        given = {
+            "capacity": capacity,
+            "obs_shape": None if obs_shape is None else tuple(obs_shape),
+            "obs_dtype": None if obs_dtype is None else np.dtype(obs_dtype),
+            "action_shape": None if action_shape is None else tuple(action_shape),
+            "action_dtype": None if action_dtype is None else np.dtype(action_dtype),
+        }
+        expect = {k: v for k, v in given.items() if v is not None}
         try:
-            blob = _decompress(path)
-        except (OSError, zstandard.ZstdError, ValueError) as exc:
+            blob = _decompress(path, expect)
+        except (OSError, zstandard.ZstdError) as exc:
             raise InvalidCheckpoint(f"{path}: not a zstd-compressed replay buffer: {exc}") from exc
+        except _LOAD_ERRORS as exc:
+            raise InvalidCheckpoint(
+                f"{path}: not a replay buffer ({REPLAY_FORMAT}): {exc}"
+            ) from exc
         try:
             arrays = st_load(blob)  # checks the header: then it is a dict of str -> str
             header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
             meta = header.get("__metadata__") or {}
-            if meta.get("format") != REPLAY_FORMAT:
-                raise ValueError(f"format must be {REPLAY_FORMAT!r}, got {meta.get('format')!r}")
             counters = [int(meta[k]) for k in ("capacity", "inserted", "dropped_no_final")]
             if np.asarray(arrays.get("counters")).tolist() != counters:
                 raise ValueError(
                     f"counters {arrays.get('counters')} disagree with metadata {counters}"
                 )
-            buf = cls(
-                counters[0],
-                obs_shape=tuple(json.loads(meta["obs_shape"])),
-                obs_dtype=meta["obs_dtype"],
-                action_shape=tuple(json.loads(meta["action_shape"])),
-                action_dtype=meta["action_dtype"],
-            )
+            buf = cls(**_spec(meta))
             buf.load_state_dict(arrays)
         except _LOAD_ERRORS as exc:
             raise InvalidCheckpoint(

@@ -6,19 +6,23 @@ PPO (:mod:`simkit.clients._train`) and SAC (:mod:`simkit.clients._train_sac`).""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import numpy as np
 
+from simkit.clients._checkpoint import write_atomically
 from simkit.clients._connection import ServerUnavailable
-from simkit.errors import ServersLost
+from simkit.errors import ServersLost, WriteFailed
 
 __all__ = [
     "StopRequest",
@@ -26,6 +30,10 @@ __all__ = [
     "RunTally",
     "restore_rollout",
     "checkpoint_if_servers_lost",
+    "CheckpointCadence",
+    "prepare_logdir",
+    "append_progress",
+    "trim_progress",
 ]
 
 
@@ -190,3 +198,151 @@ def checkpoint_if_servers_lost(
                 f"({env_steps():,} env steps) is checkpointed at {kept_at}; continue "
                 f"with: {resume}"
             ) from exc
+
+
+def prepare_logdir(logdir: Path) -> None:
+    """Makes the run's log directory and checks this process can write there, before
+    anything starts (a run that could not checkpoint would only lose its work later).
+
+    Raises:
+        ValueError: ``logdir`` is a file, or cannot be made or written (one line
+            naming it and the errno).
+    """
+    if logdir.exists() and not logdir.is_dir():
+        raise ValueError(f"--logdir {logdir}: a file, not a folder")
+    try:
+        logdir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=logdir, prefix=".simkit-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(
+            f"--logdir {logdir}: cannot write there: {WriteFailed.reason(exc)}"
+        ) from exc
+
+
+def append_progress(path: Path, row: Mapping[str, Any]) -> None:
+    """Appends ``row`` as one JSON line to ``path`` (``progress.jsonl``), whole or not
+    at all: a line the disk had no room for is cut off again.
+
+    Raises:
+        WriteFailed: the line could not be written (naming the file and the errno).
+    """
+    data = (json.dumps(row) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from exc
+    try:
+        size = os.fstat(fd).st_size
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise WriteFailed(path, exc, "; its earlier lines are intact") from exc
+    finally:
+        os.close(fd)
+
+
+def trim_progress(path: Path, global_step: int) -> int:
+    """Drops the lines of ``path`` (``progress.jsonl``) past ``global_step``, the
+    checkpoint a run resumes from: what the interrupted run did after it is done
+    again, and plots must not count it twice (nor see the steps go backwards). A torn
+    last line goes too. Returns how many lines were dropped (the file is rewritten
+    atomically only then, and stderr says so).
+
+    Raises:
+        WriteFailed: the file could not be rewritten (it is left as it was).
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    kept: list[str] = []
+    for line in lines:
+        try:
+            step = int(json.loads(line)["global_step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if step <= global_step:
+            kept.append(line + "\n")
+    dropped = len(lines) - len(kept)
+    if dropped:
+        try:
+            write_atomically(path, "".join(kept).encode())
+        except OSError as exc:
+            raise WriteFailed(path, exc) from exc
+        print(
+            f"simkit train: {path}: {dropped} line(s) past the checkpoint's {global_step:,} "
+            "env steps dropped (the resumed run does them again)",
+            file=sys.stderr,
+        )
+    return dropped
+
+
+class CheckpointCadence:
+    """When an off-policy run checkpoints, so a crash never loses much of it.
+
+    A checkpoint holds the replay buffer, so it is not cheap, and a run's speed is not
+    known up front (20 env steps/s on one machine, 2,000 on another): a cadence in env
+    steps alone loses whole runs when they are slow. So, besides every ``steps`` env
+    steps (0: never by steps):
+
+    - the first checkpoint comes as soon as learning starts (unless the run resumed
+      from one that had learned already);
+    - then by time: a checkpoint is due once the time since the last one reaches the
+      run's age at that last one (this session's), so a crash loses at most about
+      half of the run; never sooner than :attr:`MIN_INTERVAL_S` or than
+      1 / :attr:`MAX_OVERHEAD` times what the last checkpoint took to write (writing
+      checkpoints costs at most 5% of the time); never later than ``minutes`` (0: not
+      by time at all).
+
+    Args:
+        steps: env steps between checkpoints (0: not by steps).
+        minutes: the longest time between checkpoints (0: not by time).
+        now: the session's start (a monotonic clock, seconds).
+        step: the env steps done at the start.
+        learning: whether the run had started learning at its start (a resumed one).
+    """
+
+    MIN_INTERVAL_S = 30.0
+    MAX_OVERHEAD = 0.05
+
+    def __init__(
+        self, *, steps: int, minutes: float, now: float, step: int, learning: bool
+    ) -> None:
+        self.steps = steps
+        self.max_interval_s = 60.0 * minutes
+        self._start = now
+        self._last_at = now
+        self._last_step = step
+        self._learned = learning
+        self._took_s = 0.0
+
+    def interval_s(self) -> float:
+        """Seconds from the last checkpoint to the next one by time (inf: not by time)."""
+        if not self.max_interval_s:
+            return float("inf")
+        grown = max(
+            self.MIN_INTERVAL_S, self._last_at - self._start, self._took_s / self.MAX_OVERHEAD
+        )
+        return min(self.max_interval_s, grown)
+
+    def due(self, *, now: float, step: int, learning: bool) -> bool:
+        """Whether to checkpoint at this boundary (``learning``: the learner has
+        started its gradient steps)."""
+        if learning and not self._learned:
+            return True
+        if self.steps and step - self._last_step >= self.steps:
+            return True
+        return now - self._last_at >= self.interval_s()
+
+    def written(self, *, now: float, step: int, learning: bool, took_s: float) -> None:
+        """Counts a checkpoint that ``now`` finished, at env step ``step``, after
+        ``took_s`` seconds of writing."""
+        self._last_at = now
+        self._last_step = step
+        self._learned = self._learned or learning
+        self._took_s = took_s

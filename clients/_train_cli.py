@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -306,7 +307,8 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
     if ckpt is not None:
         from simkit.clients._checkpoint import checkpoint_args
 
-        saved = checkpoint_args(ckpt, cls.from_plain)
+        parse: Callable[[Any], PPOArgs | SACArgs] = cls.from_plain
+        saved = checkpoint_args(ckpt, parse)
         if ns.env_id != saved.env_id:
             raise ValueError(
                 f"--resume: the checkpoint trains {saved.env_id!r}, the command line "

@@ -10,7 +10,6 @@ metrics, and shows the progress bar.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import deque
@@ -27,6 +26,8 @@ from simkit._types import Fragment
 from simkit.clients._args import SACArgs, resolve_device
 from simkit.clients._checkpoint import (
     check_optimizer,
+    checkpoint_algo,
+    checkpoint_args,
     load_checkpoint,
     save_checkpoint,
     save_policy,
@@ -36,11 +37,15 @@ from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent
 from simkit.clients._replay import ReplayBuffer
 from simkit.clients._rollout import open_rollout
 from simkit.clients._run_parts import (
+    CheckpointCadence,
     ProgressLine,
     RunTally,
     StopRequest,
+    append_progress,
     checkpoint_if_servers_lost,
+    prepare_logdir,
     restore_rollout,
+    trim_progress,
 )
 from simkit.clients._train import TrainResult
 from simkit.clients.sac import SAC, SACStats, train_sac
@@ -128,6 +133,25 @@ def resume_sac_args(saved: SACArgs, asked: SACArgs, given: Sequence[str] | None)
     return replace(saved, **{k: getattr(asked, k) for k in SAC_RESUME_FREE})
 
 
+def check_buffer_actions(file: Path, buffer: ReplayBuffer, act_space: spaces.Box) -> None:
+    """Raises :class:`InvalidCheckpoint` (naming ``file``) when a stored action lies
+    outside the env's action box (beyond float32 rounding): no actor of this env chose
+    it, so the buffer was made for another env or crafted."""
+    actions = buffer.actions[: len(buffer)]
+    low = np.asarray(act_space.low, np.float32)
+    high = np.asarray(act_space.high, np.float32)
+    slack = 1e-5 * (1.0 + np.maximum(np.abs(low), np.abs(high)))
+    outside = np.any(
+        (actions < low - slack) | (actions > high + slack), axis=tuple(range(1, actions.ndim))
+    )
+    if outside.any():
+        raise InvalidCheckpoint(
+            f"{file}: {int(outside.sum())} stored action(s) outside the env's action box "
+            f"[{act_space.low.tolist()}, {act_space.high.tolist()}] (the first at row "
+            f"{int(np.flatnonzero(outside)[0])}); not a buffer of this env"
+        )
+
+
 def fill_from_recording(
     buffer: ReplayBuffer,
     directory: str | Path,
@@ -201,7 +225,7 @@ def run_sac(
     resume: str | Path | None = None,
     given: Sequence[str] | None = None,
     checkpoint_steps: int = 100_000,
-    checkpoint_minutes: float = 0.0,
+    checkpoint_minutes: float = 5.0,
     max_rounds: int | None = None,
     progress: bool = False,
     print_every: float = 10.0,
@@ -226,8 +250,12 @@ def run_sac(
     Args:
         given: the :class:`SACArgs` fields the command line set (on ``resume`` only
             those are compared with the checkpoint; None: all).
-        checkpoint_steps: checkpoint every this many env steps (0: only by time and at
-            the end). A checkpoint holds the replay buffer, so it is not cheap.
+        checkpoint_steps: checkpoint every this many env steps (0: not by steps). A
+            checkpoint holds the replay buffer, so it is not cheap.
+        checkpoint_minutes: the longest time between checkpoints (0: not by time).
+            Besides these the run checkpoints once learning starts, then as often as
+            bounds the work a crash loses to about half the run
+            (:class:`~simkit.clients._run_parts.CheckpointCadence`), and at the end.
         max_rounds: stop after this many rounds (weight pushes) of this call.
         buffer_from: a recording directory whose episodes fill the buffer first.
         metrics_port: serve the learner's Prometheus metrics on this port (0: any).
@@ -251,24 +279,27 @@ def run_sac(
                 "--buffer-from fills the buffer of a new run; a resumed run's buffer comes "
                 f"from its checkpoint ({ckpt.path})"
             )
-        if ckpt.state.get("algo") != "sac":
+        algo = checkpoint_algo(ckpt)
+        if algo != "sac":
             raise InvalidCheckpoint(
-                f"{ckpt.path}: a {ckpt.state.get('algo', 'ppo')} checkpoint; --algo sac "
-                "resumes SAC checkpoints"
+                f"{ckpt.path}: a {algo} checkpoint; --algo sac resumes SAC checkpoints"
             )
-        try:
-            saved = SACArgs.from_plain(ckpt.state["args"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidCheckpoint(f"{ckpt.path / 'state.msgpack'}: bad args: {exc}") from exc
+        saved = checkpoint_args(ckpt, SACArgs.from_plain)
         args = resume_sac_args(saved, args, given)
-        done = int(ckpt.state["counters"]["global_step"])
+        try:
+            done = int(ckpt.state["counters"]["global_step"])
+            done_updates = int(ckpt.state["counters"]["updates"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidCheckpoint(
+                f"{ckpt.path / 'state.msgpack'}: bad counters: {exc!r}"
+            ) from exc
         if args.total_steps and done >= args.total_steps:
             return TrainResult(
                 logdir=logdir,
                 checkpoint=ckpt.path,
                 policy=logdir / "policy.safetensors",
                 global_step=done,
-                updates=int(ckpt.state["counters"]["updates"]),
+                updates=done_updates,
                 elapsed_s=0.0,
                 steps_per_s=0.0,
                 mean_return=float("nan"),
@@ -278,6 +309,9 @@ def run_sac(
             )
     args.check()
     obs_space, act_space = check_env(args.env_id)
+    prepare_logdir(logdir)
+    if ckpt is not None:
+        trim_progress(logdir / "progress.jsonl", done)
     device = resolve_device(args.device)
     set_compute_threads(args.torch_threads)
     model = build_actor(args)
@@ -285,12 +319,15 @@ def run_sac(
     need = ReplayBuffer.describe_needed(args.buffer_size, obs_space.shape, act_space.shape)
     print(f"simkit train: replay buffer of {need}", file=sys.stderr)
     if ckpt is not None and REPLAY_FILE in ckpt.extra:
-        buffer = ReplayBuffer.load(ckpt.extra[REPLAY_FILE])
-        if buffer.capacity != args.buffer_size:
-            raise InvalidCheckpoint(
-                f"{ckpt.extra[REPLAY_FILE]}: capacity {buffer.capacity}, the run's "
-                f"--buffer-size is {args.buffer_size}"
-            )
+        buffer = ReplayBuffer.load(  # what the run expects bounds what is inflated
+            ckpt.extra[REPLAY_FILE],
+            capacity=args.buffer_size,
+            obs_shape=obs_space.shape,
+            action_shape=act_space.shape,
+            obs_dtype=np.float32,
+            action_dtype=np.float32,
+        )
+        check_buffer_actions(ckpt.extra[REPLAY_FILE], buffer, act_space)
     else:
         buffer = ReplayBuffer(
             args.buffer_size,
@@ -368,7 +405,6 @@ def run_sac(
     if handle_signals:
         stop.install()
 
-    logdir.mkdir(parents=True, exist_ok=True)
     writer: Any = None
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
@@ -384,8 +420,13 @@ def run_sac(
     tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))
     start_step = learner.global_step
     last_ckpt: Path | None = None
-    last_ckpt_at = time.monotonic()
-    last_ckpt_step = learner.global_step
+    cadence = CheckpointCadence(
+        steps=checkpoint_steps,
+        minutes=checkpoint_minutes,
+        now=time.monotonic(),
+        step=learner.global_step,
+        learning=learner.learning_step is not None,
+    )
     last_write = 0.0
     window: deque[tuple[float, int, int]] = deque(maxlen=64)
     recent: dict[str, float] = {}
@@ -405,9 +446,8 @@ def run_sac(
         }
 
     def checkpoint() -> Path:
-        nonlocal last_ckpt, last_ckpt_at, last_ckpt_step
-        last_ckpt_at = time.monotonic()
-        last_ckpt_step = learner.global_step
+        nonlocal last_ckpt
+        began = time.monotonic()
         last_ckpt = save_checkpoint(
             ckpt_dir,
             f"step-{learner.global_step:010d}",
@@ -425,13 +465,22 @@ def run_sac(
             },
             extra={REPLAY_FILE: buffer.save},
         )
+        now = time.monotonic()
+        cadence.written(
+            now=now,
+            step=learner.global_step,
+            learning=learner.learning_step is not None,
+            took_s=now - began,
+        )
         save_policy(policy_path, model.state_dict(), meta())
         return last_ckpt
 
     def at_boundary() -> None:
-        due = checkpoint_steps and learner.global_step - last_ckpt_step >= checkpoint_steps
-        late = checkpoint_minutes and time.monotonic() - last_ckpt_at >= 60 * checkpoint_minutes
-        if due or late:
+        if cadence.due(
+            now=time.monotonic(),
+            step=learner.global_step,
+            learning=learner.learning_step is not None,
+        ):
             checkpoint()
 
     recorder: Any = None
@@ -510,8 +559,7 @@ def run_sac(
             }
             if view is not None:
                 row["servers"] = view
-            with open(logdir / "progress.jsonl", "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_progress(logdir / "progress.jsonl", row)
             save_policy(policy_path, model.state_dict(), meta())
             if writer is not None:
                 step = learner.global_step

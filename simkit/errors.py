@@ -7,6 +7,9 @@ from the matching built-in (``ValueError``/``TypeError``) so generic handlers ke
 
 from __future__ import annotations
 
+import errno as _errno
+import os as _os
+
 __all__ = [
     "SimkitError",
     "InvalidAction",
@@ -24,6 +27,7 @@ __all__ = [
     "ReplayDivergence",
     "InvalidCheckpoint",
     "ServersLost",
+    "WriteFailed",
 ]
 
 
@@ -105,3 +109,29 @@ class InvalidCheckpoint(SimkitError, ValueError):
 class ServersLost(SimkitError, RuntimeError):
     """Every rollout server of a run was lost; the learner checkpointed what it had
     (names the checkpoint and the command that resumes it)."""
+
+
+class WriteFailed(SimkitError, OSError):
+    """Writing a file failed (a full disk, a read-only folder, no permission).
+
+    The message is one line naming the path and the errno (``cannot write PATH: No
+    space left on device (ENOSPC)``, then what is still intact); ``errno`` and
+    ``filename`` are set as on any ``OSError``. Whoever raises it has removed what it
+    half wrote.
+    """
+
+    def __init__(self, path: str | _os.PathLike[str], error: OSError, detail: str = "") -> None:
+        super().__init__(f"cannot write {_os.fspath(path)}: {self.reason(error)}{detail}")
+        self.errno = error.errno
+        self.strerror = error.strerror
+        self.filename = _os.fspath(path)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @staticmethod
+    def reason(error: OSError) -> str:
+        """``error`` in words with its errno's name: ``No space left on device (ENOSPC)``."""
+        code = _errno.errorcode.get(error.errno or 0)
+        why = error.strerror or str(error) or type(error).__name__
+        return f"{why} ({code})" if code else why

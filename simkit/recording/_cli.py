@@ -83,21 +83,39 @@ def _record_run(args: argparse.Namespace) -> int:
     try:
         wrapper = RecordMultiAgentEpisodes if multi else RecordEpisodes
         env = wrapper(vec, args.out, **record)
-    except RecordingLocked as exc:
+    except (RecordingLocked, OSError) as exc:  # locked, a read-only folder, a full disk
         vec.close()
-        print(f"simkit record: {exc}", file=sys.stderr)
+        print(f"simkit record: {_write_error(args.out, exc)}", file=sys.stderr)
         return 1
-    obs = env.reset(seed=args.seed)[0]
+    failed: BaseException | None = None
     try:
+        obs = env.reset(seed=args.seed)[0]
         while env.writer.episodes_written < args.episodes:
             obs = (env.step(policy(obs)) if multi else env.step_batch(policy(obs))).obs
+    except OSError as exc:  # the writer's: every episode before it is kept whole
+        failed = exc
     finally:
-        env.close()
+        try:
+            env.close()
+        except OSError as exc:
+            failed = failed or exc
+    if failed is not None:
+        print(f"simkit record: {_write_error(args.out, failed)}", file=sys.stderr)
+        return 1
     print(
         f"recorded {env.writer.episodes_written} episodes of {args.env_id} into {args.out} "
         f"({env.writer.bytes_written / 1e6:.2f} MB)"
     )
     return 0
+
+
+def _write_error(out: str, exc: BaseException) -> str:
+    """One line for a recording that could not be written (naming the path and errno)."""
+    from simkit.errors import WriteFailed
+
+    if isinstance(exc, OSError) and not isinstance(exc, WriteFailed):
+        return str(WriteFailed(exc.filename or out, exc))
+    return str(exc)
 
 
 def _checkpoint_policy(path: str, vec: Any, seed: int) -> Any:

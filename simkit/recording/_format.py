@@ -21,6 +21,7 @@ docs/recording.md is the full specification.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -342,18 +343,24 @@ def chunk_paths(directory: Path) -> list[tuple[int, Path]]:
 
 
 def write_index(chunk: Path, frames: list[tuple[int, int, dict[str, Any]]]) -> None:
-    """Writes the index of a closed chunk atomically (tmp file + rename)."""
+    """Writes the index of a closed chunk atomically (tmp file + rename; the tmp file
+    is removed when that fails)."""
     body = {
         "format": INDEX_FORMAT,
         "chunk_size": sum(n for _, n, _ in frames),
         "records": [{"offset": o, "size": n, "meta": m} for o, n, m in frames],
     }
     tmp = index_path(chunk).with_suffix(".idx.tmp")
-    with open(tmp, "wb") as f:
-        f.write(msgpack.packb(body, use_bin_type=True))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, index_path(chunk))
+    try:
+        with open(tmp, "wb") as f:
+            f.write(msgpack.packb(body, use_bin_type=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, index_path(chunk))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_index(chunk: Path) -> list[FrameInfo] | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from simkit.errors import WriteFailed
 from simkit.recording._episode import (
     Episode,
     EpisodeStats,
@@ -171,8 +172,11 @@ class RecordingWriter:
         encode_frame({}, b"", codec=compression)  # an unknown codec fails here, not later
         check_level(compression, level)
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock = DirectoryLock(self.directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock = DirectoryLock(self.directory)
+        except OSError as exc:
+            raise WriteFailed(self.directory, exc) from exc
         self.compression = compression
         self.level = level
         self._adaptive = AdaptiveLevel() if compression == "zstd" and level is None else None
@@ -277,16 +281,26 @@ class RecordingWriter:
         if adaptive is not None and level is not None:
             adaptive.observe(level, len(parts[2]), len(blob))
         if self._fd is None:
-            self._open_chunk()
+            try:
+                self._open_chunk()
+            except OSError as exc:
+                raise WriteFailed(self._path, exc) from exc
         assert self._fd is not None
         size = sum(len(p) for p in parts)
-        done = os.writev(self._fd, parts)
-        if done < size:  # a short write (a full disk, a signal): the rest as one buffer
-            view = memoryview(b"".join(parts))[done:]
-            while view:
-                view = view[os.write(self._fd, view) :]
-        if self.fsync == "episode":
-            os.fsync(self._fd)
+        try:
+            done = os.writev(self._fd, parts)
+            if done < size:  # a short write (a full disk, a signal): the rest as one buffer
+                view = memoryview(b"".join(parts))[done:]
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            if self.fsync == "episode":
+                os.fsync(self._fd)
+        except OSError as exc:  # a full disk: the torn frame goes, the episodes before stay
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise WriteFailed(
+                self._path, exc, f"; its {len(self._frames)} earlier episode(s) are intact"
+            ) from exc
         self._frames.append((self._size, size, meta))
         self._size += size
         self.bytes_written += size
@@ -296,12 +310,17 @@ class RecordingWriter:
     def _close_chunk(self) -> None:
         if self._fd is None:
             return
-        if self.fsync != "never":
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
-        write_index(self._path, self._frames)
+        fd, self._fd = self._fd, None
         self._number += 1
+        try:
+            try:
+                if self.fsync != "never":
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            write_index(self._path, self._frames)
+        except OSError as exc:  # readers scan a chunk without a valid index
+            raise WriteFailed(self._path, exc) from exc
 
     def close(self) -> None:
         """Writes what is queued, closes the open chunk (writing its index) and releases
