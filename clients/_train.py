@@ -10,7 +10,6 @@ checkpoint every K updates and at the end (also on SIGINT/SIGTERM), shows a live
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +24,8 @@ from simkit._types import Fragment
 from simkit.clients._checkpoint import (
     check_optimizer,
     check_tensors,
+    checkpoint_algo,
+    checkpoint_args,
     load_checkpoint,
     load_policy,
     save_checkpoint,
@@ -36,8 +37,11 @@ from simkit.clients._run_parts import (
     ProgressLine,
     RunTally,
     StopRequest,
+    append_progress,
     checkpoint_if_servers_lost,
+    prepare_logdir,
     restore_rollout,
+    trim_progress,
 )
 from simkit.clients._server_source import ServerSource
 from simkit.clients._train_cli import DEFAULT_SERVERS
@@ -272,15 +276,17 @@ def run_training(
             f"simkit.make), got {args.env_id!r}"
         )
     if ckpt is not None:
-        if ckpt.state.get("algo", "ppo") != "ppo":
+        if checkpoint_algo(ckpt) != "ppo":
             raise InvalidCheckpoint(
                 f"{ckpt.path}: a {ckpt.state['algo']} checkpoint; PPO resumes PPO checkpoints"
             )
+        saved = checkpoint_args(ckpt, PPOArgs.from_plain)
         try:
-            saved = PPOArgs.from_plain(ckpt.state["args"])
             done_steps = int(ckpt.state["global_step"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidCheckpoint(f"{ckpt.path / 'state.msgpack'}: bad args: {exc}") from exc
+            raise InvalidCheckpoint(
+                f"{ckpt.path / 'state.msgpack'}: bad global_step: {exc!r}"
+            ) from exc
         args = resume_args(saved, args)
         if args.total_steps and done_steps >= args.total_steps:
             return TrainResult(
@@ -297,6 +303,9 @@ def run_training(
                 complete=True,
             )
     args.check()  # bad settings fail before any server starts
+    prepare_logdir(logdir)
+    if ckpt is not None:
+        trim_progress(logdir / "progress.jsonl", done_steps)
     set_compute_threads(args.torch_threads)
     model = build_model(args)
     if ckpt is not None:
@@ -367,7 +376,6 @@ def run_training(
         stop.install()
 
     writer: Any = None
-    logdir.mkdir(parents=True, exist_ok=True)
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -439,19 +447,18 @@ def run_training(
         tally.add(stats.episode_returns)
         sps = (learner.global_step - start_step) / max(tally.session_s(), 1e-9)
         mean_ret = tally.mean_return()
-        with open(logdir / "progress.jsonl", "a") as fh:
-            record: dict[str, Any] = {
-                "version": learner.version,
-                "global_step": learner.global_step,
-                "elapsed_s": round(tally.elapsed_s(), 3),
-                "sps": round(sps, 1),
-                "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
-                "approx_kl": stats.approx_kl,
-                "lag_mean": stats.lag[1],
-            }
-            if view is not None:
-                record["servers"] = view
-            fh.write(json.dumps(record) + "\n")
+        record: dict[str, Any] = {
+            "version": learner.version,
+            "global_step": learner.global_step,
+            "elapsed_s": round(tally.elapsed_s(), 3),
+            "sps": round(sps, 1),
+            "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
+            "approx_kl": stats.approx_kl,
+            "lag_mean": stats.lag[1],
+        }
+        if view is not None:
+            record["servers"] = view
+        append_progress(logdir / "progress.jsonl", record)
         save_policy(policy_path, learner.weights(), _policy_meta(args, learner.version))
         if writer is not None:
             step = learner.global_step
