@@ -374,6 +374,8 @@ def run_train(ns: argparse.Namespace) -> int:
         "server_gpus": ns.server_gpus,
         "max_restarts": ns.max_restarts,
     }
+    from simkit.clients._connection import ServerUnavailable
+
     try:
         if isinstance(args, SACArgs):
             from simkit.clients._train_sac import run_sac
@@ -396,6 +398,12 @@ def run_train(ns: argparse.Namespace) -> int:
     except (ServersLost, WriteFailed) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
+    except ServerUnavailable as exc:  # at start-up: once training runs, ServersLost
+        print(f"simkit train: {_unanswered(exc, ns, args.env_id)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # once training runs, SIGINT checkpoints and stops instead
+        print("simkit train: interrupted before training started", file=sys.stderr)
+        return 130
     if result.complete:
         print(
             f"simkit train: the run in {result.logdir} is complete ({result.global_step:,} "
@@ -405,6 +413,21 @@ def run_train(ns: argparse.Namespace) -> int:
         return 0
     _print_summary(args.env_id, result, ns.algo)
     return 0
+
+
+def _unanswered(exc: Any, ns: argparse.Namespace, env_id: str) -> str:
+    """What to do about a rollout server that did not answer at start-up
+    (``ServerUnavailable``; its own text ends in a Python API hint)."""
+    if exc.endpoint in ns.connect:
+        return (
+            f"no rollout server answered at {exc.endpoint} within {exc.timeout:g} s: start "
+            f"one there (simkit serve {env_id} --policy --bind {exc.endpoint}) or wait "
+            "longer (--server-timeout)"
+        )
+    return (
+        f"the rollout server at {exc.endpoint} did not answer within {exc.timeout:g} s "
+        "(wait longer: --server-timeout)"
+    )
 
 
 def _refuse_other_algo(ns: argparse.Namespace, names: list[str], algo: str) -> None:

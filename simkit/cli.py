@@ -333,17 +333,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     mypkg.envs:MyEnv`` finds an unpackaged env next to the user."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    parser = build_parser()
-    args, extras = parser.parse_known_args(argv)
-    if extras:
-        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        verb = verbs.choices[args.command]
-        verb.error(_unrecognized(verb, extras))
     try:
+        parser = build_parser()
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            verb = verbs.choices[args.command]
+            verb.error(_unrecognized(verb, extras))
         return COMMANDS[args.command].run(args)
     except simkit.errors.UnknownEnv as exc:
         print(f"simkit: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (130: killed by SIGINT)
+        words = sys.argv[1:] if argv is None else list(argv)
+        name = next((w for w in words if w in COMMANDS), None)
+        print(f"simkit{'' if name is None else ' ' + name}: interrupted", file=sys.stderr)
+        return 130
     except simkit.errors.RenderUnavailable as exc:  # e.g. MUJOCO_GL names a missing backend
         print(f"simkit: {exc}", file=sys.stderr)
         return 1

@@ -274,3 +274,112 @@ def test_an_unset_num_envs_gives_every_server_a_slot(flags: list[str]) -> None:
     assert _settings_of(*flags[:1]).num_envs == 1
     with pytest.raises(ValueError, match="--num-envs must be >= 2, got 1"):
         _settings_of(*flags, "--num-envs", "1")
+
+
+def test_connecting_to_a_dead_endpoint_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    endpoint = f"ipc://{tmp_path}/nobody.sock"
+    rc = main(
+        [
+            *("train", *RUN[:1], "--connect", endpoint, "--server-timeout", "0.5"),
+            *("--logdir", str(tmp_path / "run")),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert len(err) == 1, err
+    assert err[0].startswith(f"simkit train: no rollout server answered at {endpoint}")
+    assert "simkit serve simkit/CartPole-v0 --policy" in err[0]
+    assert "reconnect()" not in err[0]
+
+
+def _interrupt(
+    argv: list[str], ready: Any, tmp: Path, pids: list[int] | None = None
+) -> tuple[int, str]:
+    """Runs ``simkit *argv`` in its own process group (its pid appended to ``pids``)
+    and, once ``ready()`` holds, sends SIGINT to the group (Ctrl-C in a terminal);
+    returns its exit status and stderr."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simkit", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=tmp,
+    )
+    if pids is not None:
+        pids.append(proc.pid)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1]
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, err
+
+
+def test_ctrl_c_during_start_up_eval_and_record_is_one_line(tmp_path: Path) -> None:
+    from simkit.clients._train import run_training
+    from simkit.clients.ppo import PPOArgs
+    from simkit.recording import RecordingReader
+
+    def spawning() -> bool:  # the learner started its servers: it is starting up
+        return any(Path(f"/proc/{pid}/task/{pid}/children").read_text() for pid in pids)
+
+    pids: list[int] = []
+    rc, err = _interrupt(
+        ["train", *RUN[:1], "--servers", "2", "--logdir", "run"], spawning, tmp_path, pids
+    )
+    assert (rc, err.strip()) == (130, "simkit train: interrupted before training started"), err
+    assert not (tmp_path / "run" / "progress.jsonl").exists()
+
+    args = PPOArgs(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, total_steps=64)
+    run_training(args, logdir=tmp_path / "policy", servers=0, tensorboard=False)
+    started = time.monotonic()
+    rc, err = _interrupt(
+        ["eval", str(tmp_path / "policy"), "--episodes", "1000000"],
+        lambda: time.monotonic() - started > 2.0,
+        tmp_path,
+    )
+    assert (rc, err.strip()) == (130, "simkit eval: interrupted"), err
+
+    out = tmp_path / "rec"
+    rc, err = _interrupt(
+        [*("record", *RUN[:1], "--episodes", "1000000", "--out", str(out))],
+        lambda: any(out.glob("*")) and time.sleep(0.5) is None,
+        tmp_path,
+    )
+    kept = len(RecordingReader(out))
+    assert rc == 130, err
+    assert err.strip() == f"simkit record: interrupted; {kept} complete episodes kept in {out}"
+
+
+def test_record_into_an_existing_recording_needs_append(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.recording import RecordingReader
+
+    out = tmp_path / "rec"
+    argv = ["record", "simkit/CartPole-v0", "--episodes", "2", "--num-envs", "2", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"simkit record: --out {out} already holds a recording (2 episodes); add --append "
+        "to add episodes to it, or choose another --out"
+    ]
+    assert len(RecordingReader(out)) == 2
+    assert main([*argv, "--append"]) == 0
+    assert len(RecordingReader(out)) == 4

@@ -36,6 +36,27 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
         "--snapshot-every", type=int, default=0, help="env snapshot every K steps (0: none)"
     )
     parser.add_argument("--compression", choices=["zstd", "zlib", "none"], default=None)
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add the episodes to the recording already in --out (without it, an existing "
+        "recording is refused)",
+    )
+
+
+def _existing_recording(out: Path) -> str | None:
+    """What ``out`` already holds, in words (``"3 episodes"``), or None when it holds no
+    recording."""
+    from simkit.errors import SimkitError
+    from simkit.recording import RecordingReader
+    from simkit.recording._format import chunk_paths
+
+    if not out.is_dir() or not chunk_paths(out):
+        return None
+    try:
+        return f"{len(RecordingReader(out))} episodes"
+    except (SimkitError, OSError):
+        return "chunk files"
 
 
 def _record_run(args: argparse.Namespace) -> int:
@@ -48,6 +69,14 @@ def _record_run(args: argparse.Namespace) -> int:
 
     if args.episodes <= 0:
         print("simkit record: --episodes must be > 0", file=sys.stderr)
+        return 2
+    held = None if args.append else _existing_recording(Path(args.out))
+    if held is not None:
+        print(
+            f"simkit record: --out {args.out} already holds a recording ({held}); add "
+            "--append to add episodes to it, or choose another --out",
+            file=sys.stderr,
+        )
         return 2
     spec = simkit.spec(args.env_id)
     multi = spec.kind is EnvKind.MULTI_AGENT
@@ -88,10 +117,13 @@ def _record_run(args: argparse.Namespace) -> int:
         print(f"simkit record: {_write_error(args.out, exc)}", file=sys.stderr)
         return 1
     failed: BaseException | None = None
+    interrupted = False
     try:
         obs = env.reset(seed=args.seed)[0]
         while env.writer.episodes_written < args.episodes:
             obs = (env.step(policy(obs)) if multi else env.step_batch(policy(obs))).obs
+    except KeyboardInterrupt:  # Ctrl-C: close() below keeps every complete episode
+        interrupted = True
     except OSError as exc:  # the writer's: every episode before it is kept whole
         failed = exc
     finally:
@@ -102,6 +134,13 @@ def _record_run(args: argparse.Namespace) -> int:
     if failed is not None:
         print(f"simkit record: {_write_error(args.out, failed)}", file=sys.stderr)
         return 1
+    if interrupted:
+        print(
+            f"simkit record: interrupted; {env.writer.episodes_written} complete episodes "
+            f"kept in {args.out}",
+            file=sys.stderr,
+        )
+        return 130
     print(
         f"recorded {env.writer.episodes_written} episodes of {args.env_id} into {args.out} "
         f"({env.writer.bytes_written / 1e6:.2f} MB)"
