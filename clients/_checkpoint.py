@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -135,6 +136,32 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+_LEFTOVER = re.compile(r"^\..+\.(?:tmp|old)-(\d+)$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or no pid at all
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Removes what a writer killed mid-checkpoint left (``.NAME.tmp-PID``,
+    ``.NAME.old-PID``): only where that process is gone."""
+    for entry in directory.iterdir():
+        m = _LEFTOVER.match(entry.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
 def _previous(directory: Path) -> str:
     """What a failed write leaves intact: the checkpoint ``latest`` names, if any."""
     try:
@@ -192,6 +219,7 @@ def save_checkpoint(
     placed = False
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(directory)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()

@@ -34,6 +34,7 @@ __all__ = [
     "prepare_logdir",
     "append_progress",
     "trim_progress",
+    "TensorBoard",
 ]
 
 
@@ -280,6 +281,52 @@ def trim_progress(path: Path, global_step: int) -> int:
             file=sys.stderr,
         )
     return dropped
+
+
+class TensorBoard:
+    """TensorBoard scalars under ``folder``, whose file errors (a full disk, a read-only
+    folder) come as :class:`~simkit.errors.WriteFailed` naming the folder, not as the
+    ``OSError`` its writer thread raised: a run ends on them in one line. The
+    ``SummaryWriter`` is made at the first scalar, inside the run's loop (so a failure
+    there closes what the run opened)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._writer: Any = None
+        self._failed = False
+
+    def _fail(self, exc: OSError) -> WriteFailed:
+        self._failed = True
+        return WriteFailed(self.folder, exc, " (TensorBoard scalars)")
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        """``SummaryWriter.add_scalar``.
+
+        Raises:
+            WriteFailed: the events file could not be written.
+        """
+        try:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.folder))
+            self._writer.add_scalar(name, value, step)
+        except OSError as exc:
+            raise self._fail(exc) from exc
+
+    def close(self) -> None:
+        """Writes what is buffered and closes the file (after a failure: quietly).
+
+        Raises:
+            WriteFailed: the last events could not be written.
+        """
+        if self._writer is None:
+            return
+        try:
+            self._writer.close()
+        except OSError as exc:
+            if not self._failed:
+                raise self._fail(exc) from exc
 
 
 class CheckpointCadence:

@@ -37,6 +37,7 @@ from simkit.clients._run_parts import (
     ProgressLine,
     RunTally,
     StopRequest,
+    TensorBoard,
     append_progress,
     checkpoint_if_servers_lost,
     prepare_logdir,
@@ -375,11 +376,7 @@ def run_training(
     if handle_signals:
         stop.install()
 
-    writer: Any = None
-    if tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(logdir / "tb"))
+    writer = TensorBoard(logdir / "tb") if tensorboard else None
     ckpt_dir = logdir / "checkpoints"
     policy_path = logdir / "policy.safetensors"
     tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))

@@ -41,6 +41,7 @@ from simkit.clients._run_parts import (
     ProgressLine,
     RunTally,
     StopRequest,
+    TensorBoard,
     append_progress,
     checkpoint_if_servers_lost,
     prepare_logdir,
@@ -405,11 +406,7 @@ def run_sac(
     if handle_signals:
         stop.install()
 
-    writer: Any = None
-    if tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(logdir / "tb"))
+    writer = TensorBoard(logdir / "tb") if tensorboard else None
     metrics = LearnerMetrics()
     metrics.fragment_received(time.time())  # start-up counts as news: no alert before T s
     if metrics_port is not None:

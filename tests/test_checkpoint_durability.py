@@ -335,6 +335,25 @@ def test_a_failed_checkpoint_leaves_nothing_and_the_previous_one_resumable(
     assert float(load_checkpoint(tmp_path).model["w"][0]) == 1.0
 
 
+def test_leftovers_of_a_killed_writer_are_removed_by_the_next_checkpoint(
+    tmp_path: Path,
+) -> None:
+    ckpts = tmp_path / "checkpoints"
+    _tiny_checkpoint(ckpts, "step-0000000001", 1.0)
+    dead = 2**22 + 12345  # above any pid_max: no such process
+    (ckpts / f".step-0000000002.tmp-{dead}").mkdir()
+    (ckpts / f".step-0000000002.tmp-{dead}" / "model.safetensors").write_bytes(b"half")
+    (ckpts / f".latest.tmp-{dead}").write_text("step-0000000002")
+    (ckpts / f".step-0000000003.tmp-{os.getppid()}").mkdir()  # a live writer's: kept
+    _tiny_checkpoint(ckpts, "step-0000000004", 4.0)
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        f".step-0000000003.tmp-{os.getppid()}",
+        "latest",
+        "step-0000000001",
+        "step-0000000004",
+    ]
+
+
 def test_a_sac_run_whose_first_checkpoint_fails_says_so_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -380,6 +399,27 @@ def test_a_ppo_run_on_a_full_disk_ends_in_one_line_keeping_its_checkpoint(
     assert "No space left on device (ENOSPC)" in line
     assert _hidden(tmp_path) == []
     assert load_checkpoint(tmp_path).path == saved[0]
+
+
+@pytest.mark.parametrize("argv", [PPO_CLI, SAC_CLI], ids=["ppo", "sac"])
+def test_tensorboard_on_a_full_disk_ends_the_run_in_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    def full(self: Any, *args: Any, **kw: Any) -> None:  # what its writer thread raises
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full)
+    assert main([*argv, "--logdir", str(tmp_path)]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert line == (
+        f"simkit train: cannot write {tmp_path / 'tb'}: No space left on device (ENOSPC) "
+        "(TensorBoard scalars)"
+    )
 
 
 def test_logdir_naming_a_file_or_a_read_only_folder_is_one_line(
