@@ -119,8 +119,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-steps",
         type=int,
         default=100_000,
-        help="--algo sac: checkpoint (with the replay buffer) every N env steps; 0: only "
-        "by time and at the end (default: 100000)",
+        help="--algo sac: also checkpoint (with the replay buffer) every N env steps; 0: not "
+        "by steps. SAC checkpoints once learning starts, then by time, at most half the "
+        "run's age apart (docs/offpolicy.md) (default: 100000)",
     )
     run.add_argument(
         "--buffer-from",
@@ -140,8 +141,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-minutes",
         type=float,
         default=5.0,
-        help="also checkpoint when this many minutes passed since the last one; 0: never "
-        "by time (default: 5)",
+        help="also checkpoint when this many minutes passed since the last one (--algo "
+        "sac: at most this many apart, sooner early in a run); 0: never by time (default: 5)",
     )
     run.add_argument(
         "--resume",
