@@ -120,8 +120,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=100_000,
         help="--algo sac: also checkpoint (with the replay buffer) every N env steps; 0: not "
-        "by steps. SAC checkpoints once learning starts, then by time, at most half the "
-        "run's age apart (docs/offpolicy.md) (default: 100000)",
+        "by steps. SAC also checkpoints once learning starts, then by time so that a crash "
+        "loses at most about half the run (docs/offpolicy.md) (default: 100000)",
     )
     run.add_argument(
         "--buffer-from",
