@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
@@ -18,12 +18,13 @@ __all__ = [
     "refuse_unless",
     "MAX_TOTAL_STEPS_VAR",
     "capped_total_steps",
+    "capped",
 ]
 
 MAX_TOTAL_STEPS_VAR = "SIMKIT_MAX_TOTAL_STEPS"
 """The environment variable that caps every run's ``total_steps`` (``simkit train``,
-``./run main``, :func:`simkit.train`): the docs' test runs the documented training commands
-with it, so each stops after a few updates."""
+``./run main``, :func:`simkit.train`) and its rollout per update (:func:`capped`): the docs'
+test runs the documented training commands with it, so each takes seconds."""
 
 
 def capped_total_steps(total_steps: int) -> int:
@@ -43,6 +44,17 @@ def capped_total_steps(total_steps: int) -> int:
     if cap < 1:
         raise ValueError(f"{MAX_TOTAL_STEPS_VAR} must be an integer >= 1, got {raw!r}")
     return cap if total_steps == 0 else min(total_steps, cap)
+
+
+def capped(args: PPOArgs | SACArgs) -> PPOArgs | SACArgs:
+    """``args`` under ``$SIMKIT_MAX_TOTAL_STEPS`` (unchanged where it is unset): ``total_steps``
+    capped (:func:`capped_total_steps`) and the rollout per update (``num_steps`` per env)
+    shortened so that one update fits the cap, so a capped run takes seconds."""
+    total = capped_total_steps(args.total_steps)
+    if total == args.total_steps and MAX_TOTAL_STEPS_VAR not in os.environ:
+        return args
+    steps = min(args.num_steps, max(1, total // max(1, args.num_envs)))
+    return replace(args, total_steps=total, num_steps=steps)
 
 
 def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients._args import PPOArgs, SACArgs, capped_total_steps, refuse_unless
+from simkit.clients._args import PPOArgs, SACArgs, capped, refuse_unless
 from simkit.errors import (
     InvalidCheckpoint,
     MissingDependency,
@@ -318,7 +318,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
         args = dataclasses.replace(saved, **given)
     else:
         args = dataclasses.replace(cls(env_id=ns.env_id), **given)
-    args = dataclasses.replace(args, total_steps=capped_total_steps(args.total_steps))
+    args = capped(args)  # $SIMKIT_MAX_TOTAL_STEPS, where set
     args.check()
     check_run_settings(ns, args.num_envs)
     if sac:
@@ -448,8 +448,23 @@ def _refuse_other_algo(ns: argparse.Namespace, names: list[str], algo: str) -> N
         raise ValueError(f"{', '.join(wrong)}: --algo {algo} options, this run is --algo {here}")
 
 
+def runnable(name: str) -> str:
+    """How this shell runs the console script ``name`` (``simkit``, ``tensorboard``) of this
+    interpreter's environment: the bare name where PATH finds that one (an activated venv),
+    else its full path (``./run main`` does not activate ``.venv``)."""
+    import shutil
+
+    here = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if not here.exists() or (found is not None and Path(found).absolute() == here.absolute()):
+        return name
+    return str(here)
+
+
 def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo") -> None:
-    """The end-of-run table; without a terminal, plain ``name: value`` lines, whole."""
+    """The end-of-run table; without a terminal, plain ``name: value`` lines, whole. Its
+    commands run as printed (:func:`runnable`)."""
+    simkit, tensorboard = runnable("simkit"), runnable("tensorboard")
     total = sum(r.times.values()) or 1.0
     sac = algo == "sac"
     rows = [
@@ -468,12 +483,12 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo") -> None:
     rows += [
         ("checkpoint", str(r.checkpoint)),
         ("policy snapshot", str(r.policy)),
-        ("TensorBoard", f"tensorboard --logdir {r.logdir / 'tb'}"),
-        ("evaluate", f"simkit eval {r.policy}"),
-        ("resume", f"simkit train {env_id}{algo_flag} --resume {r.logdir}"),
+        ("TensorBoard", f"{tensorboard} --logdir {r.logdir / 'tb'}"),
+        ("evaluate", f"{simkit} eval {r.policy}"),
+        ("resume", f"{simkit} train {env_id}{algo_flag} --resume {r.logdir}"),
     ]
     if r.record is not None:
-        rows.append(("recording", f"simkit replay {r.record} --verify"))
+        rows.append(("recording", f"{simkit} replay {r.record} --verify"))
     title = f"simkit train {env_id}" + (" (stopped)" if r.stopped else "")
     if not sys.stdout.isatty():
         print(title)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from simkit.clients._args import PPOArgs, SACArgs, capped_total_steps
+from simkit.clients._args import PPOArgs, SACArgs, capped
 from simkit.clients._train import TrainResult, evaluate_model, load_model
 from simkit.models import ActorCritic, numpy_actions
 
@@ -88,7 +88,7 @@ def train(
     if "hidden" in given:
         given["hidden"] = tuple(given["hidden"])
     args = dataclasses.replace(cls(env_id=env_id), **given)
-    args = dataclasses.replace(args, total_steps=capped_total_steps(args.total_steps))
+    args = capped(args)  # $SIMKIT_MAX_TOTAL_STEPS, where set
     args.check()
     if servers is not None and servers < 0:
         raise ValueError(f"servers must be >= 0, got {servers}")

@@ -27,6 +27,20 @@ def test_the_total_steps_cap(monkeypatch: pytest.MonkeyPatch) -> None:
             capped_total_steps(10)
 
 
+def test_the_cap_also_fits_one_update_into_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from simkit.clients._args import PPOArgs, SACArgs, capped
+
+    args = PPOArgs(num_envs=8, num_steps=256, total_steps=1_000_000)
+    monkeypatch.delenv("SIMKIT_MAX_TOTAL_STEPS", raising=False)
+    assert capped(args) == args
+    monkeypatch.setenv("SIMKIT_MAX_TOTAL_STEPS", "256")
+    assert (capped(args).total_steps, capped(args).num_steps) == (256, 32)
+    small = PPOArgs(num_envs=2, num_steps=16, total_steps=0)
+    assert (capped(small).total_steps, capped(small).num_steps) == (256, 16)
+    sac = SACArgs(total_steps=1_000_000)
+    assert (capped(sac).total_steps, capped(sac).num_steps) == (256, sac.num_steps)
+
+
 def test_simkit_train_honours_the_cap(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -77,3 +91,36 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"--algo sac needs continuous \(Box\) actions"):
         simkit.train("simkit/CartPole-v0", algo="sac", logdir=tmp_path / "c")
     assert not list(tmp_path.iterdir())
+
+
+def test_the_run_summary_prints_commands_that_run_from_this_shell(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import sys
+
+    from simkit.clients._train import TrainResult
+    from simkit.clients._train_cli import _print_summary
+
+    result = TrainResult(
+        logdir=tmp_path / "run",
+        checkpoint=None,
+        policy=tmp_path / "run" / "policy.safetensors",
+        global_step=1,
+        updates=1,
+        elapsed_s=1.0,
+        steps_per_s=1.0,
+        mean_return=0.0,
+        dropped=0,
+        stopped=False,
+    )
+    bin_dir = Path(sys.executable).parent
+    monkeypatch.setenv("PATH", "/nonexistent")  # ./run main's venv is not on PATH
+    _print_summary("simkit/CartPole-v0", result)
+    out = capsys.readouterr().out
+    assert f"evaluate: {bin_dir / 'simkit'} eval {result.policy}" in out
+    assert f"TensorBoard: {bin_dir / 'tensorboard'} --logdir {result.logdir / 'tb'}" in out
+    monkeypatch.setenv("PATH", str(bin_dir))  # an activated venv: the bare commands run
+    _print_summary("simkit/CartPole-v0", result)
+    out = capsys.readouterr().out
+    assert f"evaluate: simkit eval {result.policy}" in out
+    assert f"resume: simkit train simkit/CartPole-v0 --resume {result.logdir}" in out
