@@ -46,7 +46,7 @@ from simkit.clients._run_parts import (
 )
 from simkit.clients._server_source import ServerSource
 from simkit.clients._train_cli import DEFAULT_SERVERS
-from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train
+from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train, updates_for
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
@@ -123,6 +123,17 @@ def _spaces(env_id: str) -> tuple[Any, Any]:
     vector = make_vector(env_id, 1)
     try:
         return vector.single_observation_space, vector.single_action_space
+    finally:
+        vector.close()
+
+
+def _rows(args: PPOArgs) -> int:
+    """Policy rows of ``args``'s env slots: one per (env, agent) for a multi-agent env."""
+    if not is_multi_agent(args.env_id):
+        return args.num_envs
+    vector = make_vector(args.env_id, 1)
+    try:
+        return args.num_envs * vector.num_rows
     finally:
         vector.close()
 
@@ -289,7 +300,8 @@ def run_training(
                 f"{ckpt.path / 'state.msgpack'}: bad global_step: {exc!r}"
             ) from exc
         args = resume_args(saved, args)
-        if args.total_steps and done_steps >= args.total_steps:
+        batch = args.num_steps * _rows(args)
+        if int(ckpt.state.get("version", 0)) >= updates_for(args.total_steps, batch) > 0:
             return TrainResult(
                 logdir=logdir,
                 checkpoint=ckpt.path,
@@ -348,7 +360,8 @@ def run_training(
         per_row = " (one per (env, agent) row)" if source.num_rows != args.num_envs else ""
         print(
             f"simkit train: --total-steps {args.total_steps:,} is {learner.num_updates} "
-            f"updates of {batch:,} env steps{per_row}: training stops at "
+            f"update{'s' * (learner.num_updates != 1)} of {batch:,} env steps{per_row}: "
+            "training stops at "
             f"{learner.num_updates * batch:,}",
             file=sys.stderr,
         )

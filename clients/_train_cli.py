@@ -38,7 +38,8 @@ DEFAULT_SERVERS = 1
 __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
 
 _HELP: dict[str, str] = {
-    "total_steps": "env steps to train (at least; whole updates); 0 = until stopped",
+    "total_steps": "env steps to train, in whole updates rounded down (at least one update; "
+    "--algo sac: whole rounds, rounded up); the start says where it stops; 0 = until stopped",
     "num_envs": "env slots (multi-agent: rows are slots x agents); unset: at least one per "
     "rollout server (--servers, --connect)",
     "num_steps": "steps per env slot per update, T (the fragment length)",

@@ -44,7 +44,15 @@ __all__ = [
     "clip_grad_norm",
     "train",
     "resolve_device",
+    "updates_for",
 ]
+
+
+def updates_for(total_steps: int, batch: int) -> int:
+    """PPO's rounding of ``--total-steps``: whole updates of ``batch`` env steps, rounded
+    down, at least one; 0 ("until stopped") stays 0. One rule for a fresh run and a
+    resume (a resumed run whose checkpoint holds that many updates is complete)."""
+    return max(1, total_steps // batch) if total_steps > 0 else 0
 
 
 def compute_gae(
@@ -254,7 +262,7 @@ class PPO:
         self.global_step = 0
         self.dropped = 0
         batch = args.num_steps * rows_per_update
-        self.num_updates = args.total_steps // batch if args.total_steps > 0 else 0
+        self.num_updates = updates_for(args.total_steps, batch)
         self._loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
             torch.compile(self.minibatch_loss, dynamic=False)
             if args.compile
@@ -390,7 +398,7 @@ class PPO:
         if args.normalize_obs:
             model.update_obs_stats(b_obs)
         self.version += 1
-        self.global_step += n
+        self.global_step += n_rows  # rows x steps, as --total-steps counts (left agents too)
         var_y = float(b_ret.var())
         explained = float("nan") if var_y == 0 else 1.0 - float((b_ret - b_val).var()) / var_y
         lag = (self.version - 1) - versions

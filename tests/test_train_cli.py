@@ -383,3 +383,48 @@ def test_record_into_an_existing_recording_needs_append(
     assert len(RecordingReader(out)) == 2
     assert main([*argv, "--append"]) == 0
     assert len(RecordingReader(out)) == 4
+
+
+def _ppo(env_id: str, total: int, **kw: Any) -> Any:
+    from simkit.clients.ppo import PPOArgs
+
+    return PPOArgs(
+        env_id=env_id,
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=1,
+        total_steps=total,
+        hidden=(16,),
+        **kw,
+    )
+
+
+def test_a_total_below_one_update_trains_one_and_a_resume_rounds_the_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--total-steps 1000 with 2048-step updates trained forever (0 updates: "until
+    stopped"); a resume of a finished run trained one update more."""
+    from simkit.clients._train import run_training
+
+    r = run_training(_ppo(RUN[0], 40), logdir=tmp_path, servers=0, max_updates=3)
+    assert (r.updates, r.global_step) == (1, 64)
+    assert "--total-steps 40 is 1 update of 64 env steps: training stops at 64" in (
+        capsys.readouterr().err
+    )
+    r = run_training(_ppo(RUN[0], 100), logdir=tmp_path, servers=0, resume=tmp_path)
+    assert (r.updates, r.global_step) == (1, 64)  # 100 // 64: one update, the one done
+    assert r.complete
+    r = run_training(_ppo(RUN[0], 130), logdir=tmp_path, servers=0, resume=tmp_path)
+    assert (r.updates, r.global_step, r.complete) == (2, 128, False)
+
+
+def test_a_multi_agent_run_counts_steps_as_it_said_it_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.clients._train import run_training
+
+    r = run_training(_ppo("simkit/GoalNav-v0", 1000), logdir=tmp_path, servers=0)
+    said = re.search(r"training stops at ([\d,]+)", capsys.readouterr().err)
+    assert said is not None
+    assert r.global_step == int(said.group(1).replace(",", ""))
