@@ -20,6 +20,7 @@ import zmq.auth
 
 from simkit._kernels import is_pinned, reexec_pinned
 from simkit.errors import SimkitError
+from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes, return_large_allocations
 from simkit.servers._server import BUSY_POLL_US, RolloutServer
 
 __all__ = ["add_serve_arguments", "run_serve", "main", "parse_env_kwargs"]
@@ -69,6 +70,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="sessions one peer (a CURVE key, else a non-loopback IP address) may hold "
         "(default half of --max-sessions)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        type=_size,
+        default=DEFAULT_MAX_MEMORY,
+        metavar="SIZE",
+        help="memory budget beyond the idle server, e.g. 512M or 4G (default 2G): stream "
+        "sessions reserve from it at open and get busy when it is spent; the largest "
+        "message is an eighth of it (docs/server.md, Memory)",
     )
     parser.add_argument(
         "--curve-secret-key",
@@ -146,6 +156,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
     """``["KEY=VALUE", ...]`` as constructor arguments; each VALUE is JSON, else a string.
 
@@ -198,6 +215,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if getattr(args, "reproducible", False) and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return_large_allocations()  # this process is the server: large buffers unmap when freed
     secret = None
     if args.curve_secret_key is not None:
         _, secret = zmq.auth.load_certificate(args.curve_secret_key)
@@ -227,6 +245,7 @@ def run_serve(args: argparse.Namespace) -> int:
             heartbeat_timeout=args.heartbeat_timeout,
             max_sessions=args.max_sessions,
             max_sessions_per_peer=args.max_sessions_per_peer,
+            max_memory=args.max_memory,
             curve_secret_key=secret,
             curve_allowed_clients=_client_keys(args.curve_allow),
             insecure=args.insecure,

@@ -35,9 +35,11 @@ from simkit.protocol import (
     encode,
     error_reply,
     is_keepalive,
+    message_bytes,
 )
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
+from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, give_back_memory
 from simkit.servers._multiagent_host import (
     ParallelEnvHost,
     is_multi_agent_id,
@@ -85,6 +87,25 @@ class _Busy(ProtocolError):
 
 class _ShuttingDown(ProtocolError):
     code = "shutting_down"
+
+
+SEND_HWM = 8
+"""Messages ZeroMQ queues for one connection before it drops more (default 1000)."""
+RECV_HWM = 8
+"""Messages ZeroMQ reads ahead from one connection before it stops reading it."""
+LARGE_REQUEST_BYTES = 1 << 20
+"""A request this large makes the server give freed memory back at its next sweep."""
+
+
+def _within_budget(limits: Limits, max_memory: int) -> Limits:
+    """``limits`` with the largest message at most an eighth of ``max_memory``: ZeroMQ
+    takes messages up to twice that before the size check, and receiving copies them."""
+    cap = max(1 << 20, max_memory // 8)
+    if limits.max_message_bytes <= cap:
+        return limits
+    return dataclasses.replace(
+        limits, max_message_bytes=cap, max_header_bytes=min(limits.max_header_bytes, cap)
+    )
 
 
 DISCONNECT_GRACE_S = 2.0
@@ -139,7 +160,14 @@ class RolloutServer:
         metrics_port: serve Prometheus metrics on ``metrics_host:metrics_port`` (0 = any
             free port, None = off).
         metrics_host: interface for the metrics HTTP server.
-        limits: request size limits.
+        limits: request size limits; the largest message is at most an eighth of
+            ``max_memory`` (lowered to it, and announced in the handshake).
+        max_memory: the memory budget in bytes (default
+            :data:`~simkit.servers._memory.DEFAULT_MAX_MEMORY`, 2 GiB): what stream
+            sessions may hold (fragments on their way out, models, weights waiting) is
+            reserved from it at ``stream_open``, which gets ``busy`` when too little is
+            left; requests waiting for stream sessions may use a quarter of it
+            (docs/server.md, "Memory").
         inline_threshold: reply arrays up to this many bytes go inside the header.
         num_threads: worker threads per session stepping its envs (single-agent env
             ids; a BatchEnv steps with its own threads).
@@ -188,6 +216,7 @@ class RolloutServer:
         inline_threshold: int = INLINE_THRESHOLD,
         num_threads: int = 1,
         busy_poll_us: int | None = None,
+        max_memory: int = DEFAULT_MAX_MEMORY,
         policy: bool = False,
         device: str | None = None,
         fragment_length: int = 128,
@@ -241,7 +270,9 @@ class RolloutServer:
             )
         self.max_sessions_per_peer = max_sessions_per_peer
         self._grace = min(DISCONNECT_GRACE_S, float(heartbeat_timeout))
-        self.limits = limits or Limits()
+        self.budget = MemoryBudget(max_memory)
+        """The memory budget (``max_memory``) and what sessions reserved from it."""
+        self.limits = _within_budget(limits or Limits(), max_memory)
         self.inline_threshold = inline_threshold
         self.insecure = insecure and not is_loopback(bind) and curve_secret_key is None
         self.num_threads = num_threads
@@ -299,6 +330,11 @@ class RolloutServer:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.limits.max_message_bytes)
+        # Few messages queue per connection inside ZeroMQ, where no budget sees them:
+        # a peer that stops reading has at most SEND_HWM replies dropped for it, not
+        # a thousand queued (stream sessions stop stepping instead, see StreamWorker).
+        self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        self._sock.setsockopt(zmq.RCVHWM, RECV_HWM)
         if curve_secret_key is not None:
             self._auth = zmq.auth.thread.ThreadAuthenticator(self._ctx)
             self._auth.start()
@@ -340,7 +376,12 @@ class RolloutServer:
             heartbeat_timeout=heartbeat_timeout,
             max_sessions=max_sessions,
             max_sessions_per_peer=max_sessions_per_peer,
+            budget=self.budget,
         )
+        self._freed = 0
+        """Step sessions freed and large requests handled (memory to give back)."""
+        self._trimmed_at = (0, 0)
+        self._trims_due = 0
         if self.insecure:
             print(
                 f"WARNING: simkit server on {self.endpoint} accepts unauthenticated, "
@@ -403,6 +444,7 @@ class RolloutServer:
                 if now >= next_sweep:
                     self._expire(now)
                     self._streams.expire(now, self._grace)
+                    self._give_back_memory()
                     next_sweep = now + min(1.0, self.heartbeat_timeout / 4)
             self._drain()
         finally:
@@ -493,11 +535,15 @@ class RolloutServer:
             frames.append(sock.recv())
         identity = first.bytes
         start = time.perf_counter()
+        if message_bytes(frames) > LARGE_REQUEST_BYTES:
+            self._freed += 1  # its memory is given back at the next sweep
         slot = self._slots.get(identity)
         request: Message | None = None
         if slot is None:
             if self._streams.owns(identity):
-                self._streams.deliver(identity, frames, first)
+                busy = self._streams.deliver(identity, frames, first)
+                if busy is not None:
+                    self._send(identity, _error_for(frames, busy))
                 return
             request = _decode_or_none(frames, self.limits)
             if request is not None and request.kind == "stream_open":
@@ -606,7 +652,19 @@ class RolloutServer:
         slot = self._slots.pop(identity, None)
         if slot is not None and slot.host is not self._shared_host:
             slot.host.close()
+            self._freed += 1
         self.metrics.set_sessions(len(self._slots))
+
+    def _give_back_memory(self) -> None:
+        """After sessions ended or large requests were handled, hands the memory the C
+        allocator kept back to the system, at this sweep and the next (a stream
+        worker finishes on its own thread after it was told to stop)."""
+        marker = (self._freed, self._streams.ended)
+        if marker != self._trimmed_at:
+            self._trimmed_at, self._trims_due = marker, 2
+        if self._trims_due:
+            self._trims_due -= 1
+            give_back_memory()
 
     def _expire(self, now: float) -> None:
         for identity, slot in list(self._slots.items()):

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from prometheus_client import CollectorRegistry
 
-from simkit.protocol import Limits, Message, SessionStateError, Unsupported, error_reply
+from simkit.protocol import (
+    Busy,
+    Limits,
+    Message,
+    SessionStateError,
+    Unsupported,
+    error_reply,
+    message_bytes,
+)
+from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget
 from simkit.servers._peers import Peer, quota_used
 from simkit.servers._stream_metrics import StreamMetrics
 
@@ -72,6 +81,8 @@ class StreamSettings:
             open (for the built-in ``mlp`` and ``sac_mlp`` before they are built).
         max_model_layers: the most ``hidden_sizes`` layers a session's model may ask
             for, refused at open before anything is built.
+        max_credit: the most credit a learner may have outstanding in one session
+            (announced in the ``stream_open`` reply; a grant beyond it is refused).
         double_buffer: step a session's envs in two halves, one half's physics
             overlapping the policy's forward pass for the other, where the envs allow
             it (a BatchEnv with subset steps, an even number of env slots).
@@ -91,6 +102,7 @@ class StreamSettings:
     max_fragment_bytes: int = 256 << 20
     max_model_params: int = 16_000_000
     max_model_layers: int = 64
+    max_credit: int = 64
     double_buffer: bool = False
 
 
@@ -106,6 +118,8 @@ class StreamHost:
         max_sessions: stream session limit.
         max_sessions_per_peer: stream sessions one peer may hold
             (:class:`~simkit.servers._peers.Peer`).
+        budget: the server's memory budget: sessions reserve from it at open, and
+            requests waiting for a worker may use a quarter of it.
     """
 
     def __init__(
@@ -117,11 +131,15 @@ class StreamHost:
         heartbeat_timeout: float,
         max_sessions: int = 64,
         max_sessions_per_peer: int = 64,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.settings = settings
         self.heartbeat_timeout = heartbeat_timeout
         self.max_sessions = max_sessions
         self.max_sessions_per_peer = max_sessions_per_peer
+        self.budget = budget or MemoryBudget(DEFAULT_MAX_MEMORY)
+        self.ended = 0
+        """Sessions that ended so far (their memory is free to give back)."""
         self.peers: dict[bytes, Peer] = {}
         """The connection that opened each session."""
         self.gone: dict[bytes, float] = {}
@@ -139,15 +157,31 @@ class StreamHost:
         """Whether ``identity`` has a stream session."""
         return identity in self.workers
 
-    def deliver(self, identity: bytes, frames: list[Any], first: zmq.Frame) -> None:
+    def deliver(self, identity: bytes, frames: list[Any], first: zmq.Frame) -> Busy | None:
         """Hands a message of an open stream session to its worker (``first``: the
-        message's identity frame, telling its connection)."""
+        message's identity frame, telling its connection); or, when the requests
+        waiting for workers would hold more than their share of the memory budget
+        (a quarter; one session's at most the largest message), the error to answer
+        it with (the message is dropped)."""
         worker = self.workers[identity]
         if identity in self.gone and first.get(zmq.SRCFD) != self.peers[identity].fd:
             self.peers[identity] = Peer.of(first)  # its identity reconnected
             del self.gone[identity]
         worker.last_seen = time.monotonic()
+        size = message_bytes(frames)
+        waiting = worker.inbox_waiting
+        total = sum(w.inbox_waiting for w in self.workers.values())
+        limit = self.settings.limits.max_message_bytes if self.settings else 0
+        if waiting and (waiting + size > limit or total + size > self.budget.total // 4):
+            return Busy(
+                "requests waiting for this stream session would exceed the server's "
+                "memory budget; send it after the session answered the ones before",
+                expected=f"<= {min(limit, self.budget.total // 4):,} bytes waiting",
+                got=f"{waiting + size:,} bytes for this session, {total + size:,} in all",
+            )
+        worker.inbox_in += size
         worker.inbox.put(frames)
+        return None
 
     def open(
         self, identity: bytes, request: Message, frames: list[Any], peer: Peer
@@ -184,7 +218,7 @@ class StreamHost:
         from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
 
         worker = StreamWorker(
-            identity, frames, self.settings, self._context, self.address, self.metrics
+            identity, frames, self.settings, self._context, self.address, self.metrics, self.budget
         )
         self.workers[identity] = worker
         self.peers[identity] = peer
@@ -233,6 +267,7 @@ class StreamHost:
             self.metrics.sessions.set(len(self.workers))
 
     def _forget(self, identity: bytes) -> None:
+        self.ended += 1
         del self.workers[identity]
         self.peers.pop(identity, None)
         self.gone.pop(identity, None)

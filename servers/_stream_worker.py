@@ -23,7 +23,7 @@ import zmq
 import simkit
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ModelSpec, PolicyWeights, build_model
-from simkit.protocol import InvalidField, ProtocolError, space_to_plain
+from simkit.protocol import Busy, InvalidField, ProtocolError, message_bytes, space_to_plain
 from simkit.protocol._errors import InternalError, SessionStateError, Unsupported
 from simkit.protocol._stream_messages import (
     InvalidSessionState,
@@ -45,6 +45,7 @@ from simkit.protocol._stream_session import (
     StreamServerSession,
     WeightsCommand,
 )
+from simkit.servers._memory import MemoryBudget
 from simkit.servers._stream_envs import make_env_rows
 from simkit.servers._stream_host import TAG_DONE, TAG_FRAGMENT, TAG_REPLY, StreamSettings
 from simkit.servers._stream_loop import RolloutLoop
@@ -68,6 +69,8 @@ class StreamWorker(threading.Thread):
         context: the ZeroMQ context (the worker makes its own PUSH socket in it).
         address: the inproc endpoint the socket thread pulls from.
         metrics: the server's stream metrics.
+        budget: the server's memory budget; the session reserves what it may hold
+            (:func:`session_bytes`) at open and gives it back when it ends.
     """
 
     def __init__(
@@ -78,12 +81,17 @@ class StreamWorker(threading.Thread):
         context: zmq.Context[Any],
         address: str,
         metrics: StreamMetrics,
+        budget: MemoryBudget,
     ) -> None:
         super().__init__(name=f"simkit-stream-{identity.hex()[:8]}", daemon=True)
         self.identity = identity
         self.settings = settings
         self.inbox: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
         self.inbox.put(open_frames)
+        self.inbox_in = message_bytes(open_frames)
+        """Bytes of the messages put in the inbox (by the socket thread)."""
+        self.inbox_out = 0
+        """Bytes of the inbox's messages handled (by this thread)."""
         self.done = threading.Event()
         self.envs_closed = threading.Event()
         self.last_seen = time.monotonic()
@@ -93,8 +101,15 @@ class StreamWorker(threading.Thread):
         self._stopping = threading.Event()
         self._push: zmq.Socket[Any] | None = None
         self.session = StreamServerSession(
-            limits=settings.limits, inline_threshold=settings.inline_threshold
+            limits=settings.limits,
+            inline_threshold=settings.inline_threshold,
+            max_credit=settings.max_credit,
         )
+        self._budget = budget
+        self._reserved = 0
+        self._model_bytes = 0
+        self._leaving: list[zmq.MessageTracker] = []
+        """Trackers of fragments handed to ZeroMQ and not yet released by it."""
         self._loop: RolloutLoop | None = None
         self._policy: RowPolicy | None = None
         self._deferred: list[WeightsCommand] = []
@@ -104,6 +119,11 @@ class StreamWorker(threading.Thread):
     def session_name(self) -> str:
         """The session token (the identity in hex)."""
         return self.identity.hex()
+
+    @property
+    def inbox_waiting(self) -> int:
+        """Bytes of the messages in the inbox not handled yet."""
+        return self.inbox_in - self.inbox_out
 
     def stop(self) -> None:
         """Asks the worker to finish (it closes its envs on the way out)."""
@@ -128,6 +148,10 @@ class StreamWorker(threading.Thread):
             self.done.set()
             if self._loop is not None:
                 self._loop.envs.close()
+            self._loop = self._policy = None
+            self._deferred.clear()
+            self._budget.release(self._reserved)
+            self._reserved = 0
             self.envs_closed.set()
             self._send(None)
             push.close(linger=0)
@@ -142,6 +166,12 @@ class StreamWorker(threading.Thread):
             tag, frames = TAG_DONE, []
         elif tag == TAG_FRAGMENT:
             self._metrics.queue_depth.inc()
+            # Tracked: ZeroMQ releases the last frame once the whole message left the
+            # process (or was dropped), which is when the fragment stops costing memory.
+            last = zmq.Frame(frames[-1], copy=False, track=True)
+            assert last.tracker is not None
+            self._leaving.append(last.tracker)
+            frames = [*frames[:-1], last]
         parts = [self.identity, tag, *frames]
         try:
             push.send_multipart(parts, copy=False)
@@ -161,16 +191,20 @@ class StreamWorker(threading.Thread):
                 self._apply(self._deferred.pop(0))
                 continue
             why = self.session.waiting_for() if not loop.in_fragment else None
+            if why is None and not loop.in_fragment and self._still_leaving() > 1:
+                why = "network"
             if why is not None:
                 waited = time.perf_counter()
                 try:
-                    item = self.inbox.get(timeout=_IDLE_WAIT_S)
+                    item = self.inbox.get(
+                        timeout=_NETWORK_WAIT_S if why == "network" else _IDLE_WAIT_S
+                    )
                 except queue.Empty:
                     item = None
                     if self._stopping.is_set():
                         return
                 spent = time.perf_counter() - waited
-                if why == "credit":
+                if why in ("credit", "network"):
                     self.stalled_s += spent
                     self._metrics.stalled(spent)
                 else:
@@ -181,6 +215,11 @@ class StreamWorker(threading.Thread):
                     return
                 continue
             self._step(loop)
+
+    def _still_leaving(self) -> int:
+        """Fragments handed to ZeroMQ and still in this process (on their way out)."""
+        self._leaving = [t for t in self._leaving if not t.done]
+        return len(self._leaving)
 
     def _step(self, loop: RolloutLoop) -> None:
         fragment = loop.step()
@@ -222,6 +261,8 @@ class StreamWorker(threading.Thread):
             self._metrics.error(exc.code)
             self._send(self.session.error(exc))
             return
+        finally:
+            self.inbox_out += message_bytes(frames)
         self._command(cmd)
 
     def _command(self, cmd: StreamCommand) -> None:
@@ -238,6 +279,19 @@ class StreamWorker(threading.Thread):
         elif isinstance(cmd, WeightsCommand):
             loop = self._loop
             if self.session.mode == "sync" and loop is not None and loop.in_fragment:
+                size = sum(t.nbytes for t in cmd.tensors.values())
+                if size > self._model_bytes:
+                    exc: ProtocolError = InvalidWeightsError(
+                        f"weights of {size:,} bytes for a model of {self._model_bytes:,}; "
+                        f"the session keeps version {self.session.version}",
+                        expected=f"<= {self._model_bytes:,} bytes",
+                        got=size,
+                    )
+                    exc.request_id = cmd.id  # type: ignore[attr-defined]
+                    exc.request_kind = "weights"  # type: ignore[attr-defined]
+                    self._metrics.error(exc.code)
+                    self._send(self.session.error(exc))
+                    return
                 if len(self._deferred) >= MAX_DEFERRED_WEIGHTS:
                     exc = SessionStateError(
                         "too many weights wait for this sync fragment's end; push the next "
@@ -391,7 +445,7 @@ class StreamWorker(threading.Thread):
             envs.split()
         length = config.fragment_length or s.fragment_length
         try:
-            _check_sizes(s, envs, length, config.model)
+            fragment_bytes = _check_sizes(s, envs, length, config.model)
         except ProtocolError:
             envs.close()
             raise
@@ -405,6 +459,8 @@ class StreamWorker(threading.Thread):
                     expected=f"<= {s.max_model_params:,}",
                     got=params,
                 )
+            self._model_bytes = sum(t.nbytes for t in model.state_dict().values())
+            self._reserve(session_bytes(fragment_bytes, self._model_bytes))
             obs_plain = space_to_plain(envs.observation_space)
             act_plain = space_to_plain(envs.action_space)
         except UnknownModel as exc:
@@ -465,7 +521,25 @@ class StreamWorker(threading.Thread):
             heartbeat_timeout=s.heartbeat_timeout,
             server=s.server or f"simkit {simkit.__version__}",
             double_buffered=self._loop.double_buffered,
+            max_credit=s.max_credit,
         )
+
+    def _reserve(self, nbytes: int) -> None:
+        """Reserves what the session may hold from the server's budget.
+
+        Raises:
+            Busy: the budget has less left.
+        """
+        budget = self._budget
+        if not budget.reserve(nbytes):
+            raise Busy(
+                f"the server's memory budget ({budget.total:,} bytes) has too little left "
+                f"for this session's fragments and model; retry later or ask for fewer "
+                "env slots or a shorter fragment_length",
+                expected=f"<= {max(0, budget.total - budget.used):,} bytes",
+                got=nbytes,
+            )
+        self._reserved = nbytes
 
     _envs_per_step = 0
     _info_env_id = ""
@@ -475,10 +549,21 @@ MAX_DEFERRED_WEIGHTS = 2
 """Weights a sync session keeps waiting for its fragment's end (a learner pushes one
 version per fragment; more are refused, not queued without bound)."""
 
+_NETWORK_WAIT_S = 0.002
+"""How often a session stalled on its learner's connection looks again."""
 
-def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any]) -> None:
+
+def session_bytes(fragment_bytes: int, model_bytes: int) -> int:
+    """What a stream session may hold, reserved from the server's budget at open: two
+    fragments (one on its way out, one being filled: a session does not start a third
+    while an older one is still in the process) and its model four times (the model,
+    its CPU act copy and the weights that may wait for a sync fragment's end)."""
+    return 2 * fragment_bytes + (2 + MAX_DEFERRED_WEIGHTS) * model_bytes
+
+
+def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any]) -> int:
     """Refuses, before anything large is allocated, a session whose fragments or
-    built-in MLP would exceed the server's limits.
+    built-in MLP would exceed the server's limits; returns the bytes of one fragment.
 
     Raises:
         InvalidField: naming the limit, what it allows and what was asked.
@@ -497,13 +582,13 @@ def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any
         )
     name = model.get("name")
     if name not in _TRUNKS:
-        return
+        return fragment
     kwargs = model.get("kwargs") or {}
     hidden = kwargs.get("hidden_sizes", _TRUNKS[name][1])
     if not isinstance(hidden, list) or not all(
         isinstance(h, int) and not isinstance(h, bool) for h in hidden
     ):
-        return  # the model itself refuses malformed kwargs
+        return fragment  # the model itself refuses malformed kwargs
     trunks = 1 if kwargs.get("shared_trunk") is True else _TRUNKS[name][0]
     widths = [int(np.prod(obs.shape or (1,))), *hidden, 64]
     estimate = trunks * sum(a * b for a, b in itertools.pairwise(widths))
@@ -514,6 +599,7 @@ def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any
             expected=f"<= {s.max_model_params:,}",
             got=estimate,
         )
+    return fragment
 
 
 _TRUNKS: dict[str, tuple[int, list[int]]] = {"mlp": (2, [64, 64]), "sac_mlp": (1, [256, 256])}

@@ -12,9 +12,18 @@ import pytest
 import zmq
 
 from simkit.clients import PolicyStream
-from simkit.models import ModelSpec
-from simkit.protocol import ClientSession, RemoteError, StreamClientSession, StreamConfig
+from simkit.models import ModelSpec, build_model
+from simkit.protocol import (
+    ClientSession,
+    InvalidField,
+    RemoteError,
+    StreamClientSession,
+    StreamConfig,
+    StreamServerSession,
+)
 from simkit.servers import RolloutServer
+from simkit.servers._cli import main as serve_main
+from simkit.servers._memory import parse_bytes
 
 SPEC = ModelSpec("mlp", {"hidden_sizes": [16]})
 
@@ -225,3 +234,53 @@ def test_sessions_whose_connection_closed_end_after_a_grace_keepalives_or_not(
         for _ in range(3):  # the slots are free
             assert other.hello().num_envs == 1
             assert other.stream_open().num_envs == 1
+
+
+def test_credit_beyond_a_sessions_cap_is_refused_and_changes_nothing() -> None:
+    session = StreamServerSession(max_credit=4)
+    frames = StreamClientSession().request_open(StreamConfig(SPEC.to_plain()))
+    session.receive(frames)
+    client = StreamClientSession()
+    session.receive(client.request_credit(3))
+    with pytest.raises(InvalidField, match=r"credit beyond this session's cap of 4") as info:
+        session.receive(client.request_credit(2))
+    assert (info.value.expected, info.value.got) == ("a grant <= 1", "2")
+    assert session.credit == 3
+    session.receive(client.request_credit(1))
+    assert session.credit == 4
+
+
+def test_stream_sessions_announce_their_credit_cap(server: RolloutServer) -> None:
+    with PolicyStream(server.endpoint, SPEC, num_envs=2, timeout=10) as stream:
+        assert stream.infos[0].max_credit == 64
+
+    def over_the_cap() -> None:
+        with PolicyStream(server.endpoint, SPEC, num_envs=2, credit=65, timeout=10) as stream:
+            stream.push_weights(build_model(SPEC, stream.observation_space, stream.action_space))
+            stream.next_fragment()
+
+    with pytest.raises(RemoteError, match=r"\[invalid_field\] .*credit beyond"):
+        over_the_cap()
+
+
+def test_the_memory_budget_bounds_the_largest_message() -> None:
+    with RolloutServer("simkit/CartPole-v0", 1, "inproc://budget", max_memory=64 << 20) as srv:
+        assert srv.limits.max_message_bytes == 8 << 20
+        assert srv._info.max_message_bytes == 8 << 20
+    assert parse_bytes("512M") == 512 << 20
+    assert parse_bytes("1.5GiB") == 3 << 29
+    assert parse_bytes("4096") == 4096
+    for bad in ("", "12X", "-1G", "0"):
+        with pytest.raises(ValueError, match="size"):
+            parse_bytes(bad)
+
+
+def test_serve_refuses_a_bad_memory_budget_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        serve_main(["simkit/CartPole-v0", "--max-memory", "lots"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --max-memory: expected a size such as 512M or 2G, got 'lots'" in err
+    assert "Traceback" not in err

@@ -3,15 +3,30 @@ included: limits are checked at open, and a closed session's memory is given bac
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import zmq
 
+from simkit._types import Fragment
 from simkit.clients import PolicyStream
 from simkit.clients._server_source import spawn_servers, stop_servers
-from simkit.models import ModelSpec, build_model
-from simkit.protocol import RemoteError
+from simkit.models import ModelSpec, build_model, get_weights
+from simkit.protocol import (
+    RemoteError,
+    StreamClientSession,
+    StreamConfig,
+    StreamInfo,
+    decode,
+    space_from_plain,
+)
 from simkit.vector import VectorEnv
 
 
@@ -58,3 +73,158 @@ def test_server_memory_stays_bounded_under_random_and_hostile_sessions() -> None
         stop_servers(procs)
     assert refused == ["invalid_field"] * 3
     assert grown < 150, f"the server grew by {grown:.0f} MB over the sessions"
+
+
+_PLAIN = ("--device", "cpu", "--bind", "tcp://127.0.0.1:*")
+
+
+class _ServerProcess:
+    """``simkit serve ENV --policy ARGS`` in a subprocess (output to a file), its
+    resident size, and raw connections to it."""
+
+    def __init__(self, tmp_path: Path, env_id: str, *args: str) -> None:
+        self.log = tmp_path / "server.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "simkit", "serve", env_id, "--policy", *_PLAIN, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        deadline = time.monotonic() + 60
+        while " on tcp://" not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server did not start: {self.log.read_text()}")
+            time.sleep(0.05)
+        line = self.log.read_text().split(" on tcp://", 1)[1].splitlines()[0]
+        self.endpoint = "tcp://" + line.split(",")[0].split()[0]
+        self.metrics_url = line.split("metrics on ", 1)[1].strip() if "metrics on" in line else ""
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.peak = 0.0
+        self._watching = threading.Event()
+
+    def rss(self) -> float:
+        """Resident MB now (and the peak seen by :meth:`watch`)."""
+        rss = _rss_mb(self.proc.pid)
+        self.peak = max(self.peak, rss)
+        return rss
+
+    def watch(self) -> None:
+        """Samples the resident size every 20 ms from a thread until :meth:`stop`."""
+
+        def run() -> None:
+            while not self._watching.wait(0.02) and self.proc.poll() is None:
+                self.rss()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    def metric(self, name: str) -> float:
+        """A metric's value from the server's ``/metrics`` (``--metrics-port``)."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as page:
+            for line in page.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise AssertionError(f"no metric {name}")
+
+    def dealer(self, opts: dict[int, int] | None = None) -> zmq.Socket[Any]:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.linger, sock.rcvtimeo, sock.sndtimeo = 0, 20_000, 20_000
+        for key, value in (opts or {}).items():
+            sock.setsockopt(key, value)
+        sock.connect(self.endpoint)
+        return sock
+
+    def stop(self) -> None:
+        self._watching.set()
+        if hasattr(self, "ctx"):
+            self.ctx.destroy(linger=0)
+        stop_servers([self.proc])
+
+
+def _stream(
+    server: _ServerProcess, spec: ModelSpec, sock: zmq.Socket[Any], **config: Any
+) -> tuple[StreamClientSession, Any]:
+    """Opens a stream session on ``sock`` and pushes version 0 of ``spec``'s weights."""
+    session = StreamClientSession()
+    sock.send_multipart(session.request_open(StreamConfig(spec.to_plain(), **config)))
+    info = session.parse(sock.recv_multipart())
+    assert isinstance(info, StreamInfo)
+    model = build_model(
+        spec, space_from_plain(info.observation_space), space_from_plain(info.action_space)
+    )
+    sock.send_multipart(session.request_weights(0, get_weights(model, 0).tensors))
+    reply = session.parse(sock.recv_multipart())
+    assert getattr(reply, "kind", None) == "weights"
+    return session, info
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_stalled_reader_and_hostile_sessions_stay_within_the_budget_and_leave_nothing(
+    tmp_path: Path,
+) -> None:
+    """A learner that stops reading at the TCP level with all the credit it may grant
+    stalls its session instead of growing the server; sessions beyond the budget are
+    refused; and once they all leave, the server is back near its idle size."""
+    budget_mb = 192
+    server = _ServerProcess(
+        tmp_path,
+        "simkit/BatchCartPole-v0",
+        *("--max-memory", f"{budget_mb}M", "--max-sessions", "16", "--metrics-port", "0"),
+    )
+    spec = ModelSpec("mlp", {"hidden_sizes": [32]})
+    try:
+        warm = server.dealer()
+        session, _ = _stream(server, spec, warm, num_envs=8, fragment_length=8)
+        warm.send_multipart(session.request_credit(1))
+        assert isinstance(session.parse(warm.recv_multipart()), Fragment)
+        warm.send_multipart(session.request_close())
+        session.parse(warm.recv_multipart())
+        warm.close(linger=0)
+        time.sleep(0.5)
+        idle = server.rss()
+        server.watch()
+        # A reader that stops reading at the TCP level, its session granted all it may.
+        stalled = server.dealer({zmq.RCVHWM: 1, zmq.RCVBUF: 4096})
+        session, info = _stream(
+            server, spec, stalled, num_envs=256, fragment_length=64, mode="async"
+        )
+        cap = getattr(info, "max_credit", None) or 2**20
+        stalled.send_multipart(session.request_credit(min(cap, 2**20)))
+        time.sleep(2.0)
+        sent = server.metric("simkit_stream_fragments_total")
+        time.sleep(1.5)
+        sent_while_stalled = server.metric("simkit_stream_fragments_total") - sent
+        stalled_growth = server.rss() - idle
+        # Sessions of large fragments until the budget is spent.
+        refused: list[str] = []
+        held: list[zmq.Socket[Any]] = []
+        for _ in range(10):
+            sock = server.dealer()
+            held.append(sock)
+            try:
+                _stream(server, spec, sock, num_envs=4096, fragment_length=128)
+            except RemoteError as exc:
+                refused.append(exc.remote_code)
+        # Oversized and malformed messages, and weights that fit no model.
+        junk = server.dealer()
+        for size in (40 << 20, 40 << 20, 1 << 20):
+            junk.send_multipart([b"\x93" + bytes(size)])
+            assert decode(junk.recv_multipart()).kind == "error"
+        big = {"w": np.zeros(10 << 20, np.float32)}
+        stalled.send_multipart(session.request_weights(5, big))
+        peak = server.peak
+        for sock in [stalled, *held, junk]:
+            sock.close(linger=0)
+        deadline = time.monotonic() + 10
+        while server.rss() > 1.2 * idle and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = server.rss()
+    finally:
+        server.stop()
+    assert sent_while_stalled == 0  # stepping stalled instead of queueing
+    assert stalled_growth < 64, f"a stalled reader grew the server by {stalled_growth:.0f} MB"
+    assert peak < idle + budget_mb, f"peak {peak:.0f} MB, idle {idle:.0f} MB"
+    assert "busy" in refused
+    assert set(refused) == {"busy"}
+    assert after < 1.2 * idle, f"{after:.0f} MB after the sessions left, idle {idle:.0f} MB"

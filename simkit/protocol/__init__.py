@@ -12,11 +12,13 @@ from simkit.protocol._codec import (
     Message,
     decode,
     encode,
+    message_bytes,
     plain_safe,
 )
 from simkit.protocol._error_reply import error_code_of, error_reply
 from simkit.protocol._errors import (
     ERROR_CODES,
+    Busy,
     InvalidDtype,
     InvalidEnvIds,
     InvalidField,
@@ -179,6 +181,8 @@ __all__ = [
     "OutOfSpace",
     "MessageTooLarge",
     "SessionStateError",
+    "Busy",
+    "message_bytes",
     "Unsupported",
     "UnsupportedSpace",
     "RemoteError",

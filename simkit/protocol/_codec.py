@@ -37,6 +37,7 @@ __all__ = [
     "Message",
     "encode",
     "decode",
+    "message_bytes",
     "plain_safe",
     "MAX_ID",
 ]
@@ -155,6 +156,11 @@ def _no_ext(code: int, data: bytes) -> Any:
 
 def _nbytes(frame: Any) -> int:
     return len(frame) if type(frame) is bytes else memoryview(frame).nbytes
+
+
+def message_bytes(frames: Sequence[Any]) -> int:
+    """Bytes of every frame of a message (what it holds in memory), without decoding."""
+    return sum(_nbytes(f) for f in frames)
 
 
 def decode(frames: Sequence[Any], *, limits: Limits | None = None) -> Message:

@@ -21,6 +21,7 @@ __all__ = [
     "OutOfSpace",
     "MessageTooLarge",
     "SessionStateError",
+    "Busy",
     "Unsupported",
     "UnsupportedSpace",
     "RemoteError",
@@ -117,6 +118,13 @@ class SessionStateError(ProtocolError):
     code = "session_state"
 
 
+class Busy(ProtocolError):
+    """The server cannot take this now (no free slot, its peer's share or its memory
+    budget spent); nothing changed, retry later."""
+
+    code = "busy"
+
+
 class Unsupported(ProtocolError):
     """The env lacks the capability the request needs (e.g. ``state`` snapshots)."""
 
@@ -164,7 +172,8 @@ ERROR_CODES: dict[str, str] = {
     "reset_needed": "the env must be reset first",
     "env_error": "the env raised an exception",
     "shutting_down": "the server is stopping and refuses new work",
-    "busy": "the server has no free session slots; retry later",
+    "busy": "the server has no free session slot (or none for this peer), or its memory "
+    "budget is spent; retry later",
     "internal": "an unexpected server error (a bug); the server keeps serving",
 }
 """Every error code with its meaning (documented in docs/protocol.md)."""

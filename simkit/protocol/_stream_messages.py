@@ -229,6 +229,8 @@ class StreamInfo:
         double_buffered: whether the server steps the session's envs in two halves,
             one half's physics overlapping the policy for the other (the fragments are
             the same either way).
+        max_credit: the most credit the learner may have outstanding (None: the
+            server announced no cap).
     """
 
     session: str
@@ -245,6 +247,7 @@ class StreamInfo:
     heartbeat_timeout: float | None
     server: str
     double_buffered: bool = False
+    max_credit: int | None = None
 
     def to_plain(self) -> dict[str, Any]:
         """The reply body."""
@@ -273,6 +276,7 @@ class StreamInfo:
             heartbeat_timeout=check_type(body, "heartbeat_timeout", (int, float), optional=True),
             server=check_type(body, "server", str, optional=True) or "",
             double_buffered=bool(check_type(body, "double_buffered", bool, optional=True)),
+            max_credit=check_type(body, "max_credit", int, optional=True),
         )
 
 

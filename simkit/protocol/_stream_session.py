@@ -20,6 +20,7 @@ from simkit._types import Fragment
 from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, decode, encode
 from simkit.protocol._error_reply import error_reply
 from simkit.protocol._errors import (
+    InvalidField,
     MalformedMessage,
     ProtocolError,
     RemoteError,
@@ -144,6 +145,9 @@ class StreamServerSession:
     Args:
         fragments_per_version: in sync mode, fragments produced with one version
             before the session waits for the next.
+        max_credit: the most credit the learner may have outstanding (granted and
+            not yet spent); a grant beyond it is refused (``invalid_field``) and
+            changes nothing. None: no cap.
     """
 
     def __init__(
@@ -152,12 +156,14 @@ class StreamServerSession:
         limits: Limits | None = None,
         inline_threshold: int = INLINE_THRESHOLD,
         fragments_per_version: int = 1,
+        max_credit: int | None = None,
     ) -> None:
         self.state = StreamState.NEW
         self.config: StreamConfig | None = None
         self.limits = limits or Limits()
         self.inline_threshold = inline_threshold
         self.fragments_per_version = fragments_per_version
+        self.max_credit = max_credit
         self.credit = 0
         """Fragments the learner granted and has not received yet."""
         self.version: int | None = None
@@ -212,6 +218,13 @@ class StreamServerSession:
                 return WeightsCommand(msg.id, version, tensors)
             if kind == "credit":
                 grant = parse_credit(msg)
+                if self.max_credit is not None and self.credit + grant > self.max_credit:
+                    raise InvalidField(
+                        f"credit beyond this session's cap of {self.max_credit} fragments "
+                        f"outstanding ({self.credit} are)",
+                        expected=f"a grant <= {self.max_credit - self.credit}",
+                        got=grant,
+                    )
                 self.credit += grant
                 return CreditCommand(msg.id, grant)
             if kind == "close":
