@@ -69,13 +69,13 @@ class BatchCartPole(simkit.BatchEnv):
         rngs: Sequence[np.random.Generator],
         params: Sequence[Params],
         options: dict[str, Any],
-    ) -> tuple[Any, list[dict[str, Any]]]:
+    ) -> tuple[Any, None]:
         rows = uniform_rows(rngs, -0.05, 0.05, 4)
         rows_x = self._as(rows)
         idx = ids if self.xp is np else self.xp.as_tensor(ids, device=self.device)
         self.state[idx] = rows_x
         self._refresh_params()
-        return self._observe(rows_x), [{} for _ in range(len(ids))]
+        return self._observe(rows_x), None
 
     def step_instances(
         self, actions: Any, rngs: Sequence[np.random.Generator]

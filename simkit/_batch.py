@@ -24,9 +24,9 @@ from gymnasium.vector.utils import batch_space
 from simkit._batch_actions import check_torch_actions
 from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, Sampler
 from simkit._batch_gym import GymStepAdapter, scatter
-from simkit._batch_queue import BatchQueue, PendingStep, take_rows, to_numpy
+from simkit._batch_queue import BatchQueue, PendingStep, RowInfos, take_rows, to_numpy
 from simkit._contract import check_max_episode_steps
-from simkit._seeding import EpisodeSeeds
+from simkit._seeding import EpisodeSeeds, StreamTable
 from simkit._types import BatchStep
 from simkit._validation import validate_action
 from simkit.errors import InvalidAction, ResetNeeded
@@ -137,8 +137,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         ]
         n = self.num_envs
         self._seeds = EpisodeSeeds(n)
-        self._rngs: list[np.random.Generator | None] = [None] * n
-        self._params: list[Params] = [{} for _ in range(n)]
+        self._streams = StreamTable(n)
+        self._all_streams = self._streams.rows(np.arange(n, dtype=np.int64))
+        self._params = np.empty(n, dtype=object)
+        self._params[:] = [{} for _ in range(n)]
         self.param_arrays: dict[str, np.ndarray] = {}
         self._param_block: tuple[tuple[str, ...], np.ndarray] | None = None
         self._elapsed = np.zeros(n, dtype=np.int64)
@@ -157,15 +159,19 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         rngs: Sequence[np.random.Generator],
         params: Sequence[Params],
         options: dict[str, Any],
-    ) -> tuple[Any, list[dict[str, Any]]]:
+    ) -> tuple[Any, list[dict[str, Any]] | None]:
         """Starts an episode for the instances ``ids`` (sorted int64 indices).
 
-        ``rngs[k]`` and ``params[k]`` belong to instance ``ids[k]``; :attr:`param_arrays`
-        already holds the new values. Draw each instance's initial state from its own
-        generator, in the order a single-instance env would.
+        ``rngs`` are the instances' random streams (row ``k`` is instance ``ids[k]``'s)
+        and ``params[k]`` its parameters; :attr:`param_arrays` already holds the new
+        values. Draw the initial states for all rows at once with ``rngs.uniform`` /
+        ``rngs.random`` (row ``k`` gets what instance ``ids[k]``'s own generator would
+        give a single-instance env making the same calls, in the same order);
+        ``rngs[k]`` is that ``np.random.Generator`` itself, for other draws (slower).
 
         Returns:
-            ``(len(ids), *obs_shape)`` first observations and one info dict per row.
+            ``(len(ids), *obs_shape)`` first observations and one info dict per row, or
+            ``None`` for none.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement reset_instances()")
 
@@ -193,7 +199,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             ``(obs, reward, terminated, infos)`` with ``len(ids)`` rows.
         """
         if len(ids) == self.num_envs:
-            return self.step_instances(actions, self._rngs)  # type: ignore[arg-type]
+            return self.step_instances(actions, self._all_streams)
         raise NotImplementedError(
             f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
             f"{self.num_envs} instances (step_batch() or send() with env_ids, or batch_size < num_envs)"
@@ -219,7 +225,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
 
         The default defers the whole step to :meth:`recv` (runs it on the calling thread).
         """
-        rngs: list[np.random.Generator] = [self._rngs[i] for i in ids.tolist()]
+        rngs = self._streams.rows(ids)
         return PendingStep(finish=lambda: self.step_subset(ids, actions, rngs))
 
     def _prepare_instances(self, ids: np.ndarray) -> None:
@@ -249,7 +255,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
 
     def _reset(
         self, seed: int | None, options: dict[str, Any] | None
-    ) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    ) -> tuple[np.ndarray, RowInfos]:
         self._require_idle("reset()")
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
@@ -370,7 +376,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         final_obs: Any,
         reward: np.ndarray,
         terminated: np.ndarray,
-        infos: list[dict[str, Any]],
+        infos: Sequence[dict[str, Any]],
     ) -> BatchStep:
         """Truncation and same-step autoreset of the stepped rows ``ids`` (sorted)."""
         truncated = self._truncated(ids)
@@ -380,8 +386,14 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             rows = np.flatnonzero(done)
             reset_rows, reset_infos = self._reset_ids(ids[rows], None, {})
             obs = scatter(final_obs, rows, reset_rows)
-            for k, r in enumerate(rows.tolist()):
-                infos[r] = {**infos[r], "reset_info": reset_infos[k]}
+            where = np.full(len(ids), -1, dtype=np.int64)
+            where[rows] = np.arange(len(rows), dtype=np.int64)
+
+            def reset_info(k: int) -> dict[str, Any] | None:
+                j = int(where[k])
+                return {"reset_info": reset_infos[j]} if j >= 0 else None
+
+            infos = RowInfos(len(ids), infos, reset_info)
         self._obs = obs if len(ids) == self.num_envs else scatter(self._obs, ids, obs)
         return BatchStep(
             obs=obs,
@@ -393,14 +405,13 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             infos=infos,
         )
 
-    def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
-        rngs: list[np.random.Generator] = self._rngs  # type: ignore[assignment]
-        result = self.step_instances(actions, rngs)
+    def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]:
+        result = self.step_instances(actions, self._all_streams)
         return self._checked(result, self.num_envs, "step_instances")
 
     def _checked(
         self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
-    ) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    ) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]:
         obs, reward, terminated, infos = result
         reward_np = to_numpy(reward).astype(np.float64, copy=False)
         term_np = to_numpy(terminated).astype(np.bool_, copy=False)
@@ -409,16 +420,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
                 f"{type(self).__name__}.{hook} must return reward and terminated of "
                 f"shape ({n},), got {reward_np.shape} and {term_np.shape}"
             )
-        if infos is None:
-            row_infos: list[dict[str, Any]] = [{} for _ in range(n)]
-        else:
-            if len(infos) != n:
-                raise ValueError(
-                    f"{type(self).__name__}.{hook} must return {n} info dicts or None, "
-                    f"got {len(infos)}"
-                )
-            row_infos = [dict(info) for info in infos]
-        return obs, reward_np.copy(), term_np.copy(), row_infos
+        if infos is not None and len(infos) != n:
+            raise ValueError(
+                f"{type(self).__name__}.{hook} must return {n} info dicts or None, got {len(infos)}"
+            )
+        return obs, reward_np.copy(), term_np.copy(), RowInfos(n, infos)
 
     # ------------------------------------------------------------ action validation
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from simkit._batch_queue import RowInfos
 from simkit._contract import action_bounds_of, declared_state_attributes
-from simkit._seeding import EpisodeSeeds
+from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
 from simkit._state import check_state_attributes
 from simkit._validation import ActionBounds
 from simkit.errors import InvalidState, ResetNeeded
@@ -28,7 +29,6 @@ from simkit.randomization import (
     resolve_overrides,
     sample_params,
 )
-from simkit.snapshot import rng_from_plain, rng_to_plain
 
 __all__ = ["BATCH_STATE_FORMAT", "BatchContract"]
 
@@ -50,8 +50,8 @@ class BatchContract:
     param_arrays: dict[str, np.ndarray]
     _param_block: tuple[tuple[str, ...], np.ndarray] | None
     _seeds: EpisodeSeeds
-    _rngs: list[np.random.Generator | None]
-    _params: list[Params]
+    _streams: StreamTable
+    _params: np.ndarray
     _samplers: list[Sampler]
     _env_overrides: list[Mapping[str, Any]]
     _elapsed: np.ndarray
@@ -71,14 +71,37 @@ class BatchContract:
             rngs: Sequence[np.random.Generator],
             params: Sequence[Params],
             options: dict[str, Any],
-        ) -> tuple[Any, list[dict[str, Any]]]: ...
+        ) -> tuple[Any, list[dict[str, Any]] | None]: ...
 
     # ------------------------------------------------------------------- properties
 
     @property
     def params(self) -> list[Params]:
         """Each instance's randomized parameters of its current episode (a copy)."""
-        return copy.deepcopy(self._params)
+        return [self._param_row(i) for i in range(self.num_envs)]
+
+    def _param_row(self, i: int) -> Params:
+        """Instance ``i``'s parameters, a new dict: stored for one drawn the slow way,
+        else rebuilt from :attr:`param_arrays` and its sampler's fixed values."""
+        stored = self._params[i]
+        if stored is not None:
+            return _copy_params(stored)
+        sampler = self._samplers[i]
+        return sampler.row([float(self.param_arrays[name][i]) for name in sampler.names])
+
+    def _sampler_groups(self) -> tuple[list[Sampler], np.ndarray]:
+        """The distinct samplers of the instances and each instance's index among them."""
+        cached = getattr(self, "_sampler_cache", None)
+        if cached is None:
+            unique: dict[int, int] = {}
+            index = np.array(
+                [unique.setdefault(id(smp), len(unique)) for smp in self._samplers],
+                dtype=np.int64,
+            )
+            by_id = {id(smp): smp for smp in self._samplers}
+            cached = ([by_id[key] for key in unique], index)
+            self._sampler_cache = cached
+        return cached
 
     @property
     def elapsed_steps(self) -> np.ndarray:
@@ -105,63 +128,83 @@ class BatchContract:
         ids: np.ndarray,
         per_reset: list[Mapping[str, Any]] | None,
         options: dict[str, Any],
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        id_list = ids.tolist()
-        all_rngs = self._rngs
-        rngs = self._seeds.next_generators(ids, [all_rngs[i] for i in id_list])
-        for i, rng in zip(id_list, rngs, strict=True):
-            all_rngs[i] = rng
-        params, values = self._sample(id_list, rngs, per_reset)
+    ) -> tuple[Any, RowInfos]:
+        """Starts the next episode of ``ids``: keyed streams, parameters, the author's
+        hook; returns the first observations and the rows' reset infos (lazy)."""
+        self._streams.start(ids, self._seeds.next_states(ids))
+        rngs = self._streams.rows(ids)
+        params = self._sample(ids, rngs, per_reset)
         self._elapsed[ids] = 0
-        self._update_param_arrays(ids, values)
         self._prepare_instances(ids)
         obs_rows, infos = self.reset_instances(ids, rngs, params, options)
-        if len(infos) != len(ids):
+        if infos is not None and len(infos) != len(ids):
             raise ValueError(
-                f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts, "
-                f"got {len(infos)}"
+                f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts "
+                f"or None, got {len(infos)}"
             )
-        copy_params = dict if values is not None else _copy_params
-        return obs_rows, [
-            {**info, "params": copy_params(p)} for info, p in zip(infos, params, strict=True)
-        ]
+        return obs_rows, RowInfos(len(ids), infos, lambda k: {"params": params[k]})
 
     def _sample(
         self,
-        id_list: list[int],
-        rngs: Sequence[np.random.Generator],
+        ids: np.ndarray,
+        rngs: KeyedStreams,
         per_reset: list[Mapping[str, Any]] | None,
-    ) -> tuple[list[Params], np.ndarray | None]:
-        """Each instance's parameters for its new episode, drawn from its generator, and
-        their values as one array when one sampler's fast path drew them all."""
-        samplers = self._samplers
-        params: list[Params] = [{}] * len(id_list)
-        values = None
-        groups: dict[int, list[int]] = {}
-        for k, i in enumerate(id_list):
-            if per_reset is None or not per_reset[i]:
-                groups.setdefault(id(samplers[i]), []).append(k)
+    ) -> ParamRows:
+        """Each instance's parameters for its new episode, drawn from its stream: for
+        all instances of one sampler at once on the fast path (scalar ``Uniform`` /
+        ``LogUniform``), else one instance at a time from its generator."""
+        rows = ParamRows(len(ids))
+        samplers, index = self._sampler_groups()
+        explicit: list[int] = []
+        if per_reset is not None:
+            mine = np.array([bool(per_reset[i]) for i in ids.tolist()], dtype=np.bool_)
+            explicit = np.flatnonzero(mine).tolist()
+            shared = np.flatnonzero(~mine)
+        else:
+            shared = None
+        which = index[ids] if shared is None else index[ids[shared]]
+        groups = [0] if len(samplers) == 1 else np.unique(which).tolist()
+        for g in groups:
+            if len(groups) == 1 and shared is None:
+                ks = None
             else:
-                overrides = {**self._env_overrides[i], **per_reset[i]}
-                params[k] = sample_params(resolve_overrides(self.randomization, overrides), rngs[k])
-        for ks in groups.values():
-            whole = len(ks) == len(id_list)
-            rows, drawn = samplers[id_list[ks[0]]].rows(rngs if whole else [rngs[k] for k in ks])
-            values = drawn if whole else None
-            for k, p in zip(ks, rows, strict=True):
-                params[k] = p
-        for i, p in zip(id_list, params, strict=True):
-            self._params[i] = p
-        return params, values
+                sel = which == g
+                ks = shared[sel] if shared is not None else np.flatnonzero(sel)
+            sampler = samplers[g]
+            sub = rngs if ks is None else KeyedStreams(self._streams, ids[ks])
+            if sampler.fast:
+                values = sampler.values(sub)
+                rows.add(ks, sampler, values)
+                self._params[sub.ids] = None
+                self._update_param_arrays(sub.ids, values, sampler)
+            else:
+                explicit.extend(range(len(ids)) if ks is None else ks.tolist())
+        if explicit:
+            explicit.sort()
+            for k in explicit:
+                i = int(ids[k])
+                resolved: Mapping[str, Any]
+                if per_reset is not None and per_reset[i]:
+                    overrides = {**self._env_overrides[i], **per_reset[i]}
+                    resolved = resolve_overrides(self.randomization, overrides)
+                else:
+                    resolved = self._samplers[i]._resolved
+                p = sample_params(resolved, rngs[k])
+                rows.set(k, p)
+                self._params[i] = p
+            self._update_param_arrays(ids[explicit])
+        return rows
 
-    def _update_param_arrays(self, ids: np.ndarray, values: np.ndarray | None = None) -> None:
+    def _update_param_arrays(
+        self, ids: np.ndarray, values: np.ndarray | None = None, sampler: Sampler | None = None
+    ) -> None:
         """Writes the new parameters of ``ids`` into :attr:`param_arrays`; ``values`` are
-        those of the sampled names (:attr:`Sampler.names`), one row per id."""
+        those of ``sampler``'s sampled names (:attr:`Sampler.names`), one row per id."""
         if not len(ids):
             return
-        columns = {}
-        if values is not None:
-            names = self._samplers[int(ids[0])].names
+        columns: dict[str, Any] = {}
+        if values is not None and sampler is not None:
+            names = sampler.names
             block = self._param_block
             if block is None and not self.param_arrays and names == tuple(self.randomization):
                 # every declared parameter is a sampled scalar: one (N, m) array whose
@@ -175,7 +218,9 @@ class BatchContract:
                 block[1][ids] = values
                 return
             columns = {name: values[:, j] for j, name in enumerate(names)}
-        first = self._params[int(ids[0])]
+            first = sampler.row(values[0].tolist())
+        else:
+            first = self._param_row(int(ids[0]))
         for name, dist in self.randomization.items():
             sample = first.get(name)
             if not isinstance(sample, int | float | np.ndarray) or isinstance(sample, bool):
@@ -185,8 +230,10 @@ class BatchContract:
                 arr = np.zeros((self.num_envs, *dist.shape), dtype=np.float64)
                 self.param_arrays[name] = arr
             column = columns.get(name)
+            if column is None and sampler is not None:
+                column = sample  # a fixed value of the sampler, the same for every row
             arr[ids] = (
-                column if column is not None else [self._params[i][name] for i in ids.tolist()]
+                column if column is not None else [self._param_row(i)[name] for i in ids.tolist()]
             )
 
     def _truncated(self, ids: np.ndarray | None = None) -> np.ndarray:
@@ -239,8 +286,8 @@ class BatchContract:
             "root_seed": self._seeds.roots[0],
             "env_offset": self._seeds.env_offset,
             "episode_index": self._seeds.episode.copy(),
-            "rngs": [rng_to_plain(r) for r in self._rngs if r is not None],
-            "params": copy.deepcopy(self._params),
+            "rngs": self._streams.to_plain(),
+            "params": self.params,
             "elapsed_steps": self._elapsed.copy(),
             "max_episode_steps": self.max_episode_steps,
             "pending_reset": self._pending_reset.copy(),
@@ -287,9 +334,12 @@ class BatchContract:
                 f"state holds {state['num_envs']} instances, this batch has {self.num_envs}"
             )
         n = self.num_envs
+        params = np.empty(n, dtype=object)
+        for i, p in enumerate(_per_env_list(state, "params", n)):
+            params[i] = copy.deepcopy(dict(p))
+        streams = StreamTable.parse_plain(state["rngs"], n)
         core = {
-            "_rngs": [rng_from_plain(r) for r in state["rngs"]],
-            "_params": [copy.deepcopy(dict(p)) for p in _per_env_list(state, "params", n)],
+            "_params": params,
             "_elapsed": _per_env_array(state, "elapsed_steps", np.int64, n),
             "max_episode_steps": state.get("max_episode_steps", self.max_episode_steps),
             "_pending_reset": _per_env_array(state, "pending_reset", np.bool_, n),
@@ -308,12 +358,15 @@ class BatchContract:
         )
         obs = self._restore_like(self._obs, state["obs"])
         saved = {name: getattr(self, name, None) for name in core}
+        saved_streams = (self._streams.states, self._streams.pos, self._streams.live)
+        saved_values = {name: arr.copy() for name, arr in self.param_arrays.items()}
         saved_seeds = EpisodeSeeds.parse_state(self._seeds.get_state(), n)
         saved_obs, saved_data = self._obs, self.get_env_state()
         try:
             for name, value in core.items():
                 setattr(self, name, value)
             self._seeds.set_state(seeds)
+            self._streams.restore(streams)
             self._obs = obs
             self._update_param_arrays(np.arange(n, dtype=np.int64))
             self.set_env_state(state["data"])
@@ -321,8 +374,11 @@ class BatchContract:
             for name, value in saved.items():
                 setattr(self, name, value)
             self._seeds.set_state(saved_seeds)
+            table = self._streams
+            table.states, table.pos, table.live = saved_streams
             self._obs = saved_obs
-            self._update_param_arrays(np.arange(n, dtype=np.int64))
+            for name, arr in saved_values.items():
+                self.param_arrays[name][...] = arr
             self.set_env_state(saved_data)
             raise
 
@@ -409,6 +465,29 @@ class Sampler:
         self._log = [j for j, p in enumerate(plan) if p[5]]
         self._plain = not self._fixed and list(names) == self._order
 
+    def values(self, streams: KeyedStreams) -> np.ndarray:
+        """Fast path only: the ``(len(streams), len(names))`` float64 values of every
+        row, drawn from the keyed streams at once (what :meth:`rows` gives the same
+        rows' generators)."""
+        return self._scale(streams.random(len(self.names)))
+
+    def _scale(self, values: np.ndarray) -> np.ndarray:
+        if not len(self.names):
+            return values
+        values = self._start + self._width * values
+        for c in self._log:
+            values[:, c] = np.exp(np.ascontiguousarray(values[:, c]))
+        np.minimum(np.maximum(values, self._low), self._high, out=values)
+        return values
+
+    def row(self, values: Sequence[float]) -> Params:
+        """The parameters of one row of :meth:`values`, in the declared order."""
+        drawn = dict(zip(self.names, values, strict=True))
+        if self._plain:
+            return drawn
+        merged = {**_copy_params(self._fixed), **drawn}
+        return {name: merged[name] for name in self._order}
+
     def rows(self, rngs: Sequence[np.random.Generator]) -> tuple[list[Params], np.ndarray | None]:
         """Each generator's parameters, and on the fast path their ``(len(rngs),
         len(names))`` float64 values (``None`` otherwise)."""
@@ -419,10 +498,7 @@ class Sampler:
         if count:
             for j, rng in enumerate(rngs):
                 rng.random(out=values[j])
-            values = self._start + self._width * values
-            for c in self._log:
-                values[:, c] = np.exp(np.ascontiguousarray(values[:, c]))
-            np.minimum(np.maximum(values, self._low), self._high, out=values)
+            values = self._scale(values)
         names = self.names
         if self._plain:
             return [dict(zip(names, row, strict=True)) for row in values.tolist()], values
@@ -431,3 +507,49 @@ class Sampler:
             drawn = {**self._fixed, **dict(zip(names, row, strict=True))}
             out.append({name: drawn[name] for name in self._order})
         return out, values
+
+
+class ParamRows(Sequence[Params]):
+    """The parameters of the rows of one reset (what ``reset_instances`` receives as
+    ``params``), each dict built when read: from a sampler and its row of drawn values,
+    or stored as drawn the slow way."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._explicit: dict[int, Params] = {}
+        self._groups: list[tuple[Sampler, np.ndarray]] = []
+        self._which = np.full(n, -1, dtype=np.int64)
+        self._at = np.zeros(n, dtype=np.int64)
+
+    def add(self, ks: np.ndarray | None, sampler: Sampler, values: np.ndarray) -> None:
+        """Rows ``ks`` (all if ``None``) hold ``sampler``'s rows of ``values``, in order."""
+        g = len(self._groups)
+        self._groups.append((sampler, values))
+        if ks is None:
+            self._which[:] = g
+            self._at = np.arange(self._n, dtype=np.int64)
+        else:
+            self._which[ks] = g
+            self._at[ks] = np.arange(len(ks), dtype=np.int64)
+
+    def set(self, k: int, params: Params) -> None:
+        """Row ``k`` holds ``params`` (drawn the slow way)."""
+        self._explicit[k] = params
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _row(self, k: int) -> Params:
+        stored = self._explicit.get(k)
+        if stored is not None:
+            return _copy_params(stored)
+        sampler, values = self._groups[int(self._which[k])]
+        return sampler.row(values[int(self._at[k])].tolist())
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self._row(j) for j in range(*k.indices(self._n))]
+        j = int(k) + (self._n if int(k) < 0 else 0)
+        if not 0 <= j < self._n:
+            raise IndexError(f"row {k} out of range for {self._n} rows")
+        return self._row(j)

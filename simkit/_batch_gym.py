@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from simkit._batch_queue import RowInfos
 from simkit._types import BatchStep
 from simkit.errors import ResetNeeded
 
@@ -30,15 +31,13 @@ class GymStepAdapter:
 
         def _require_idle(self, what: str) -> None: ...
 
-        def _step_all(
-            self, actions: Any
-        ) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]: ...
+        def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]: ...
 
         def _truncated(self, ids: np.ndarray | None = None) -> np.ndarray: ...
 
         def _reset_ids(
             self, ids: np.ndarray, per_reset: Any, options: dict[str, Any]
-        ) -> tuple[Any, list[dict[str, Any]]]: ...
+        ) -> tuple[Any, RowInfos]: ...
 
         def _add_info(
             self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int

@@ -192,7 +192,7 @@ class BatchMujocoEnv(BatchEnv):
         model = self.models[i]
         for attribute, nominal in self._nominal.items():
             _resolve(model, attribute)[...] = nominal
-        self.apply_params(model, self._params[i])
+        self.apply_params(model, self._param_row(i))
         self._models_dirty = True
 
     # ------------------------------------------------------------ split step hooks
@@ -242,7 +242,7 @@ class BatchMujocoEnv(BatchEnv):
     def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
         if not (self._split and self._native is not None):
             return super()._start_subset(ids, actions)  # runs whole in recv()
-        rngs = [self._rngs[i] for i in ids.tolist()]
+        rngs = self._streams.rows(ids)
         before = self.before_physics(ids, actions)
         sub = self._write_ctrl(np.asarray(actions), ids)
         if self._stepper is None:

@@ -7,7 +7,7 @@ Sends start subset steps (in the background where the subclass can) and queue th
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ from simkit._types import BatchStep
 from simkit._validation import check_send_ids
 from simkit.errors import ResetNeeded
 
-__all__ = ["BatchQueue", "PendingStep"]
+__all__ = ["BatchQueue", "PendingStep", "RowInfos"]
 
 
 class BatchQueue:
@@ -42,7 +42,7 @@ class BatchQueue:
 
         def _checked(
             self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
-        ) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]: ...
+        ) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]: ...
 
         def _complete(
             self,
@@ -50,12 +50,12 @@ class BatchQueue:
             final_obs: Any,
             reward: np.ndarray,
             terminated: np.ndarray,
-            infos: list[dict[str, Any]],
+            infos: Sequence[dict[str, Any]],
         ) -> BatchStep: ...
 
         def _reset(
             self, seed: int | None, options: dict[str, Any] | None
-        ) -> tuple[np.ndarray, list[dict[str, Any]]]: ...
+        ) -> tuple[np.ndarray, RowInfos]: ...
 
     def send(self, actions: Any, env_ids: Any = None) -> None:
         """Starts stepping the instances ``env_ids`` (default all) with ``actions`` rows.
@@ -216,3 +216,68 @@ def to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):
         return np.asarray(x.detach().cpu().numpy())
     return np.asarray(x)
+
+
+class RowInfos(Sequence[dict[str, Any]]):
+    """Per-row info dicts of a batch step or reset, built when a row is read.
+
+    Row ``k`` is ``{**base[k], **extra(k)}`` (``base`` ``None``: no author infos), made
+    on first access and kept, so reading it twice gives the same dict and changes to
+    it stay. A batch of thousands of rows costs nothing until someone reads a row.
+
+    Args:
+        n: the number of rows.
+        base: the author's info dicts, or ``None`` for empty ones.
+        extra: the base class's additions to row ``k`` (``reset_info``, ``params``), or
+            ``None``; called at most once per row.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        base: Sequence[dict[str, Any]] | None = None,
+        extra: Callable[[int], dict[str, Any] | None] | None = None,
+    ) -> None:
+        self._n = n
+        self._base = base
+        self._extra = extra
+        self._rows: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _row(self, k: int) -> dict[str, Any]:
+        row = self._rows.get(k)
+        if row is None:
+            row = dict(self._base[k]) if self._base is not None else {}
+            more = self._extra(k) if self._extra is not None else None
+            if more:
+                row.update(more)
+            self._rows[k] = row
+        return row
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self._row(j) for j in range(*k.indices(self._n))]
+        j = int(k)
+        if j < 0:
+            j += self._n
+        if not 0 <= j < self._n:
+            raise IndexError(f"row {k} out of range for {self._n} rows")
+        return self._row(j)
+
+    def __setitem__(self, k: int, value: dict[str, Any]) -> None:
+        j = int(k) + (self._n if int(k) < 0 else 0)
+        if not 0 <= j < self._n:
+            raise IndexError(f"row {k} out of range for {self._n} rows")
+        self._rows[j] = value
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RowInfos({list(self)!r})"

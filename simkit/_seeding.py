@@ -28,10 +28,17 @@ import numpy as np
 
 __all__ = [
     "EpisodeSeeds",
+    "KeyedStreams",
     "MAX_ROOT_SEED",
+    "StreamTable",
     "episode_seed",
     "episode_seeds",
+    "pcg64_at",
+    "pcg64_doubles",
+    "pcg64_doubles_torch",
     "pcg64_generators",
+    "pcg64_outputs",
+    "pcg64_outputs_torch",
     "random_root",
 ]
 
@@ -188,7 +195,7 @@ _LO32 = np.uint64(_M32)
 _MULT_HI, _MULT_LO = np.uint64(_PCG_MULT >> 64), np.uint64(_PCG_MULT & ((1 << 64) - 1))
 
 
-def _mul_hi(a: np.ndarray, b: np.uint64) -> np.ndarray:
+def _mul_hi(a: np.ndarray, b: np.ndarray | np.uint64) -> np.ndarray:
     """The high 64 bits of each 128-bit product ``a * b`` (uint64 arrays, 32-bit halves)."""
     a0, a1, b0, b1 = a & _LO32, a >> _U32, b & _LO32, b >> _U32
     cross_a, cross_b = a0 * b1, a1 * b0
@@ -212,6 +219,168 @@ def _pcg64_states(seeds: np.ndarray) -> np.ndarray:
     st_lo = p_lo + inc_lo
     st_hi = p_hi + inc_hi + (st_lo < p_lo).astype(np.uint64)
     return np.stack([st_hi, st_lo, inc_hi, inc_lo], axis=1)
+
+
+# ------------------------------------------------------------------ keyed draws
+#
+# PCG64 is a 128-bit LCG, ``s' = MULT * s + inc``, read through the XSL-RR output
+# ``rotr64(hi ^ lo, hi >> 58)`` of the new state. So its ``p``-th output after the state
+# ``s`` is ``out(A[p + 1] * s + G[p + 1] * inc)`` with ``A[n] = MULT**n`` and
+# ``G[n] = 1 + MULT + ... + MULT**(n - 1)`` (mod 2**128): a pure function of the stream's
+# key (its start state) and the draw index, computed for many streams and draws at once.
+
+_M64 = (1 << 64) - 1
+_M128 = (1 << 128) - 1
+_JUMPS: list[tuple[int, int]] = [(1, 0)]
+_JUMP_TABLE: dict[str, np.ndarray] = {}
+
+
+def _jump_table(n: int) -> np.ndarray:
+    """``(m, 4)`` uint64 rows ``(A_hi, A_lo, G_hi, G_lo)`` for jumps ``0 .. m-1``, m >= n."""
+    table = _JUMP_TABLE.get("np")
+    if table is not None and len(table) >= n:
+        return table
+    m = max(n, 64, 2 * (0 if table is None else len(table)))
+    while len(_JUMPS) < m:
+        a, g = _JUMPS[-1]
+        _JUMPS.append(((a * _PCG_MULT) & _M128, (g * _PCG_MULT + 1) & _M128))
+    rows = [(a >> 64, a & _M64, g >> 64, g & _M64) for a, g in _JUMPS[:m]]
+    table = np.array(rows, dtype=np.uint64)
+    _JUMP_TABLE.clear()
+    _JUMP_TABLE["np"] = table
+    return table
+
+
+def pcg64_outputs(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` 64-bit outputs of PCG64 streams from draw ``pos`` on, bit for bit
+    ``Generator(PCG64).bit_generator.random_raw``.
+
+    Args:
+        states: ``(n, 4)`` uint64 rows ``(state_hi, state_lo, inc_hi, inc_lo)``: each
+            stream's state before its first draw (as :func:`pcg64_states` gives).
+        pos: ``(n,)`` int64 draws already taken from each stream.
+        count: draws to take.
+
+    Returns:
+        ``(n, count)`` uint64.
+    """
+    n = len(states)
+    pos = np.asarray(pos, dtype=np.int64).reshape(n)
+    if n == 0 or count == 0:
+        return np.zeros((n, count), dtype=np.uint64)
+    first, last = int(pos.min()), int(pos.max())
+    table = _jump_table(last + count + 1)
+    if first == last:
+        jumps = table[first + 1 : first + 1 + count][None]
+    else:
+        jumps = table[pos[:, None] + np.arange(1, count + 1)]
+    a_hi, a_lo, g_hi, g_lo = (jumps[..., j] for j in range(4))
+    s_hi, s_lo, i_hi, i_lo = (states[:, j : j + 1] for j in range(4))
+    p_lo = s_lo * a_lo
+    p_hi = _mul_hi(s_lo, a_lo) + s_lo * a_hi + s_hi * a_lo
+    q_lo = i_lo * g_lo
+    q_hi = _mul_hi(i_lo, g_lo) + i_lo * g_hi + i_hi * g_lo
+    lo = p_lo + q_lo
+    hi = p_hi + q_hi + (lo < p_lo).astype(np.uint64)
+    v = hi ^ lo
+    rot = hi >> np.uint64(58)
+    out: np.ndarray = (v >> rot) | (v << ((np.uint64(64) - rot) & np.uint64(63)))
+    return out
+
+
+def pcg64_doubles(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray:
+    """``Generator.random(count)`` of every stream of :func:`pcg64_outputs`: ``(n, count)``
+    float64, ``(output >> 11) * 2**-53``."""
+    out = (pcg64_outputs(states, pos, count) >> np.uint64(11)).astype(np.float64)
+    out *= 2.0**-53
+    return out
+
+
+def pcg64_at(states: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Each stream's state after ``pos`` draws, as ``(n, 4)`` rows like ``states``."""
+    pos = np.asarray(pos, dtype=np.int64).reshape(len(states))
+    table = _jump_table(int(pos.max(initial=0)) + 1)[pos]
+    a_hi, a_lo, g_hi, g_lo = (table[:, j] for j in range(4))
+    s_hi, s_lo, i_hi, i_lo = (states[:, j] for j in range(4))
+    p_lo = s_lo * a_lo
+    p_hi = _mul_hi(s_lo, a_lo) + s_lo * a_hi + s_hi * a_lo
+    q_lo = i_lo * g_lo
+    q_hi = _mul_hi(i_lo, g_lo) + i_lo * g_hi + i_hi * g_lo
+    lo = p_lo + q_lo
+    hi = p_hi + q_hi + (lo < p_lo).astype(np.uint64)
+    return np.stack([hi, lo, i_hi, i_lo], axis=1)
+
+
+def _torch_shr(torch: Any, x: Any, k: int) -> Any:
+    """Logical right shift of int64 tensors holding uint64 bits."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _torch_mul_hi(torch: Any, a: Any, b: Any) -> Any:
+    """:func:`_mul_hi` on int64 tensors holding uint64 bits (products wrap mod 2**64)."""
+    m32 = 0xFFFFFFFF
+    a0, a1, b0, b1 = a & m32, _torch_shr(torch, a, 32), b & m32, _torch_shr(torch, b, 32)
+    cross_a, cross_b = a0 * b1, a1 * b0
+    mid = _torch_shr(torch, a0 * b0, 32) + (cross_a & m32) + (cross_b & m32)
+    return (
+        a1 * b1
+        + _torch_shr(torch, cross_a, 32)
+        + _torch_shr(torch, cross_b, 32)
+        + _torch_shr(torch, mid, 32)
+    )
+
+
+def pcg64_outputs_torch(states: Any, pos: Any, count: int) -> Any:
+    """:func:`pcg64_outputs` in torch, on the tensors' device: int64 tensors holding
+    the same uint64 bits (``states`` ``(n, 4)``, ``pos`` ``(n,)``); ``(n, count)`` int64."""
+    import torch
+
+    n = states.shape[0]
+    if n == 0 or count == 0:
+        return torch.zeros((n, count), dtype=torch.int64, device=states.device)
+    table = _torch_jump_table(torch, states.device)
+    need = int(pos.max()) + count + 1 if pos.numel() else count + 1
+    if len(table) < need:
+        _jump_table(need)
+        _TORCH_TABLES.clear()
+        table = _torch_jump_table(torch, states.device)
+    idx = pos[:, None] + torch.arange(1, count + 1, device=states.device)
+    jumps = table[idx]
+    a_hi, a_lo, g_hi, g_lo = (jumps[..., j] for j in range(4))
+    s_hi, s_lo, i_hi, i_lo = (states[:, j : j + 1] for j in range(4))
+    p_lo = s_lo * a_lo
+    p_hi = _torch_mul_hi(torch, s_lo, a_lo) + s_lo * a_hi + s_hi * a_lo
+    q_lo = i_lo * g_lo
+    q_hi = _torch_mul_hi(torch, i_lo, g_lo) + i_lo * g_hi + i_hi * g_lo
+    lo = p_lo + q_lo
+    sign = -(2**63)
+    carry = ((lo ^ sign) < (p_lo ^ sign)).to(torch.int64)
+    hi = p_hi + q_hi + carry
+    v = hi ^ lo
+    rot = _torch_shr(torch, hi, 58)
+    right_mask = torch.where(rot == 0, -1, (1 << (64 - rot).clamp(max=63)) - 1)
+    return ((v >> rot) & right_mask) | (v << ((64 - rot) & 63))
+
+
+def pcg64_doubles_torch(states: Any, pos: Any, count: int) -> Any:
+    """:func:`pcg64_doubles` in torch (float64, same bits)."""
+    import torch
+
+    raw = pcg64_outputs_torch(states, pos, count)
+    return _torch_shr(torch, raw, 11).to(torch.float64) * 2.0**-53
+
+
+_TORCH_TABLES: dict[str, Any] = {}
+
+
+def _torch_jump_table(torch: Any, device: Any) -> Any:
+    key = str(device)
+    table = _TORCH_TABLES.get(key)
+    base = _jump_table(1)
+    if table is None or len(table) < len(base):
+        table = torch.as_tensor(base.view(np.int64), device=device)
+        _TORCH_TABLES[key] = table
+    return table
 
 
 def _seed_generator(rng: np.random.Generator | None, row: Sequence[int]) -> np.random.Generator:
@@ -289,6 +458,9 @@ class EpisodeSeeds:
         self.env_offset = 0
         self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
         self._words: dict[tuple[int, int, int], np.ndarray] = {}
+        self._shared_root: int | None = None
+        """The root of every env when they all have one (set by :meth:`restart`), which
+        spares the per-env grouping by root; ``None`` when unknown."""
 
     def plan(self, ids: np.ndarray, seed: Any = None) -> list[int | None]:
         """Seeds for resetting envs ``ids`` (in that order); advances the counters.
@@ -311,12 +483,14 @@ class EpisodeSeeds:
                 raise ValueError(f"seed must be in [0, 2**63), got {seed}")
             for i in ids.tolist():
                 self.roots[i] = seed
+            self._shared_root = None
             self.episode[ids] = -1
             return self.next(ids)
         if isinstance(seed, Sequence) and not isinstance(seed, str | bytes):
             if len(seed) != n:
                 raise ValueError(f"a list of seeds must hold num_envs={n} entries, got {len(seed)}")
             out: list[int | None] = [None] * len(ids)
+            self._shared_root = None
             follow = []
             for k, i in enumerate(ids.tolist()):
                 s = seed[i]
@@ -353,6 +527,7 @@ class EpisodeSeeds:
         if not 0 <= root <= MAX_ROOT_SEED:
             raise ValueError(f"seed must be in [0, 2**63), got {root}")
         self.roots = [root] * self.num_envs
+        self._shared_root = root
         self.episode[:] = -1
 
     def plan_explicit(self, ids: np.ndarray, seeds: Sequence[int]) -> list[int | None]:
@@ -417,6 +592,47 @@ class EpisodeSeeds:
                 out[k] = _seed_generator(reuse[k], w)
         return out
 
+    def next_states(self, ids: np.ndarray) -> np.ndarray:
+        """Starts the next episode of each env in ``ids``; returns their PCG64 start states.
+
+        Row ``k`` is what ``np.random.Generator(np.random.PCG64(seed))`` starts from for
+        the seed :meth:`next` would return (``(state_hi, state_lo, inc_hi, inc_lo)``,
+        the keys of :class:`KeyedStreams`), gathered from cached tables of all N envs,
+        with no per-env Python work.
+
+        Raises:
+            ValueError: an env has no root seed.
+        """
+        ids = self._advance(ids)
+        root = self._shared_root
+        if root is not None:
+            groups: dict[int, np.ndarray | None] = {root: None}
+        else:
+            by_root = self._by_root(ids)
+            if sum(len(ks) for ks in by_root.values()) != len(ids):
+                raise ValueError("next_states needs every env to have a root seed")
+            groups = {r: np.asarray(ks, dtype=np.int64) for r, ks in by_root.items()}
+        out = np.empty((len(ids), 4), dtype=np.uint64)
+        for r, ks in groups.items():
+            rows = ids if ks is None else ids[ks]
+            if not len(rows):
+                continue
+            episodes = self.episode[rows]
+            blocks = episodes // _BLOCK
+            first, last = int(blocks.min()), int(blocks.max())
+            if first == last:
+                got = self._words_block(r, first)[rows, episodes - first * _BLOCK]
+            else:
+                got = np.empty((len(rows), 4), dtype=np.uint64)
+                for b in np.unique(blocks).tolist():
+                    sel = blocks == b
+                    got[sel] = self._words_block(r, b)[rows[sel], episodes[sel] - b * _BLOCK]
+            if ks is None:
+                out[:] = got
+            else:
+                out[ks] = got
+        return out
+
     def _words_block(self, root: int, b: int) -> np.ndarray:
         """PCG64 states (:func:`_pcg64_states`) of episodes ``b * _BLOCK ...`` of all N
         envs: ``(N, _BLOCK, 4)``."""
@@ -432,6 +648,9 @@ class EpisodeSeeds:
 
     def _advance(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
+        if self._shared_root is not None:
+            self.episode[ids] += 1
+            return ids
         fresh = [i for i in ids.tolist() if self.roots[i] is None and self.episode[i] < 0]
         if fresh:
             root = random_root()
@@ -503,6 +722,7 @@ class EpisodeSeeds:
     def set_env_state(self, i: int, parsed: tuple[int | None, int]) -> None:
         """Restores what :meth:`parse_env_state` returned for env ``i``."""
         self.roots[i], self.episode[i] = parsed
+        self._shared_root = None
 
     def get_state(self) -> dict[str, Any]:
         """Plain data: ``root_seeds``, ``episode_index`` (a copy) and ``env_offset``."""
@@ -547,3 +767,153 @@ class EpisodeSeeds:
         self.roots = list(parsed["roots"])
         self.episode = np.array(parsed["episode"], dtype=np.int64)
         self.env_offset = int(parsed["env_offset"])
+        first = self.roots[0] if self.roots else None
+        shared = first is not None and self.roots.count(first) == len(self.roots)
+        self._shared_root = first if shared else None
+
+
+class StreamTable:
+    """The random streams of N instances as arrays: a PCG64 key per instance and the
+    draws taken from it since.
+
+    Instance ``i``'s stream is the one ``np.random.Generator(np.random.PCG64(seed))``
+    draws for its episode's seed, kept as its start state ``states[i]`` and a draw
+    count ``pos[i]``: every draw is a pure function of (key, draw index)
+    (:func:`pcg64_outputs`), computed for many instances at once. A generator object
+    exists only for an instance whose author asked for one (:meth:`generator`, the
+    compatible path for draws other than uniform ones); it then owns the stream until
+    the instance's next episode.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+        self.states = np.zeros((num_envs, 4), dtype=np.uint64)
+        self.pos = np.zeros(num_envs, dtype=np.int64)
+        self.live: dict[int, np.random.Generator] = {}
+
+    def start(self, ids: np.ndarray, states: np.ndarray) -> None:
+        """Instances ``ids`` start new streams from ``states`` (``(len(ids), 4)``)."""
+        self.states[ids] = states
+        self.pos[ids] = 0
+        if self.live:
+            for i in np.asarray(ids).tolist():
+                self.live.pop(i, None)
+
+    def rows(self, ids: np.ndarray) -> KeyedStreams:
+        """The streams of instances ``ids``, row ``k`` for ``ids[k]``."""
+        return KeyedStreams(self, np.asarray(ids, dtype=np.int64))
+
+    def generator(self, i: int) -> np.random.Generator:
+        """Instance ``i``'s stream as a ``np.random.Generator`` at its current draw
+        (the same object until the instance's next episode)."""
+        rng = self.live.get(i)
+        if rng is None:
+            state = pcg64_at(self.states[i : i + 1], self.pos[i : i + 1])[0]
+            rng = _seed_generator(None, state.tolist())
+            self.live[i] = rng
+        return rng
+
+    def to_plain(self) -> list[dict[str, Any]]:
+        """Every instance's generator state as ``rng_to_plain`` writes it."""
+        from simkit.snapshot import rng_to_plain
+
+        at = pcg64_at(self.states, self.pos).tolist()
+        out = []
+        for i, (st_hi, st_lo, inc_hi, inc_lo) in enumerate(at):
+            rng = self.live.get(i)
+            if rng is not None:
+                out.append(rng_to_plain(rng))
+                continue
+            plain = {
+                "bit_generator": "PCG64",
+                "state": {"state": st_hi << 64 | st_lo, "inc": inc_hi << 64 | inc_lo},
+                "has_uint32": 0,
+                "uinteger": 0,
+            }
+            out.append(_plain_ints(plain))
+        return out
+
+    @staticmethod
+    def parse_plain(states: Sequence[Any], n: int) -> tuple[np.ndarray, dict[int, Any]]:
+        """Checks :meth:`to_plain` output: ``(states, live generators)``, changing nothing.
+
+        Raises:
+            simkit.errors.InvalidState: a malformed entry.
+        """
+        from simkit.snapshot import rng_from_plain
+
+        rows = np.zeros((n, 4), dtype=np.uint64)
+        live: dict[int, np.random.Generator] = {}
+        for i, plain in enumerate(states):
+            rng = rng_from_plain(plain)
+            state = rng.bit_generator.state
+            if state.get("bit_generator") == "PCG64" and not state.get("has_uint32"):
+                s, inc = state["state"]["state"], state["state"]["inc"]
+                rows[i] = (s >> 64, s & _M64, inc >> 64, inc & _M64)
+            else:
+                live[i] = rng
+        return rows, live
+
+    def restore(self, parsed: tuple[np.ndarray, dict[int, Any]]) -> None:
+        """Restores what :meth:`parse_plain` returned."""
+        self.states = parsed[0].copy()
+        self.pos = np.zeros(self.num_envs, dtype=np.int64)
+        self.live = dict(parsed[1])
+
+
+def _plain_ints(plain: dict[str, Any]) -> dict[str, Any]:
+    from simkit.snapshot import _ints_to_hex
+
+    out: dict[str, Any] = _ints_to_hex(plain)
+    return out
+
+
+class KeyedStreams(Sequence[np.random.Generator]):
+    """The random streams of the instances ``ids`` of a batch, drawn for all at once.
+
+    What a :class:`simkit.BatchEnv` author's hooks receive as ``rngs``. The
+    vectorised draws (:meth:`random`, :meth:`uniform`) give row ``k`` exactly what
+    instance ``ids[k]``'s own ``np.random.Generator`` would give for the same calls
+    (``Generator.random`` / ``Generator.uniform`` on its stream, in order). Indexing
+    (``rngs[k]``) returns that generator itself, for any other kind of draw; it is
+    built on first use and is the slow path.
+    """
+
+    def __init__(self, table: StreamTable, ids: np.ndarray) -> None:
+        self._table = table
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self._table.generator(int(i)) for i in self.ids[k].tolist()]
+        return self._table.generator(int(self.ids[k]))
+
+    def random(self, size: int | tuple[int, ...] = ()) -> np.ndarray:
+        """``(len(ids), *size)`` float64: each row's ``Generator.random(size)``."""
+        shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+        count = 1
+        for d in shape:
+            count *= int(d)
+        table, ids = self._table, self.ids
+        if not table.live:
+            out = pcg64_doubles(table.states[ids], table.pos[ids], count)
+            table.pos[ids] += count
+            return out.reshape(len(ids), *shape)
+        out = np.empty((len(ids), count))
+        live = np.array([i in table.live for i in ids.tolist()], dtype=np.bool_)
+        keyed = ids[~live]
+        out[~live] = pcg64_doubles(table.states[keyed], table.pos[keyed], count)
+        table.pos[keyed] += count
+        for k in np.flatnonzero(live).tolist():
+            table.live[int(ids[k])].random(out=out[k])
+        return out.reshape(len(ids), *shape)
+
+    def uniform(self, low: Any = 0.0, high: Any = 1.0, size: int | tuple[int, ...] = ()) -> Any:
+        """Each row's ``Generator.uniform(low, high, size)``: ``low + (high - low) * u``
+        (``low``/``high`` broadcast against ``size``, as numpy does)."""
+        u = self.random(size)
+        lo, hi = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+        return lo + (hi - lo) * u

@@ -46,7 +46,7 @@ class BatchStep:
     truncated: np.ndarray
     final_obs: Any
     env_ids: np.ndarray
-    infos: list[dict[str, Any]] = field(default_factory=list)
+    infos: Sequence[dict[str, Any]] = field(default_factory=list)
 
     @property
     def done(self) -> np.ndarray:

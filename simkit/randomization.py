@@ -359,7 +359,8 @@ def uniform_rows(
     one ``rng.random(out=...)`` call and scaled for all rows at once.
 
     Args:
-        rngs: one generator per row, each advanced by ``prod(size)`` draws.
+        rngs: one generator per row, each advanced by ``prod(size)`` draws, or a
+            :class:`simkit.BatchEnv`'s keyed streams (drawn for all rows at once).
         low: the lower bound (a float).
         high: the upper bound (a float, ``>= low``).
         size: the shape of one row.
@@ -375,6 +376,13 @@ def uniform_rows(
     if not (math.isfinite(width) and width >= 0):
         raise ValueError(f"uniform_rows needs finite low <= high, got low={low!r}, high={high!r}")
     shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+    from simkit._seeding import KeyedStreams
+
+    if isinstance(rngs, KeyedStreams):
+        keyed = rngs.random(shape)
+        keyed *= width
+        keyed += lo
+        return keyed
     out = np.empty((len(rngs), *shape))
     flat = out.reshape(len(rngs), math.prod(shape))
     for j, rng in enumerate(rngs):

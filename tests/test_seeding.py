@@ -3,6 +3,8 @@ for bit, and EpisodeSeeds plans the seeds of every reset form."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,9 +13,15 @@ from hypothesis import strategies as st
 from simkit._seeding import (
     MAX_ROOT_SEED,
     EpisodeSeeds,
+    StreamTable,
+    _pcg64_states,
     episode_seed,
     episode_seeds,
+    pcg64_doubles,
+    pcg64_doubles_torch,
     pcg64_generators,
+    pcg64_outputs,
+    pcg64_outputs_torch,
 )
 from simkit.errors import InvalidState
 
@@ -165,3 +173,75 @@ def test_state_round_trips_and_rejects_bad_input() -> None:
         EpisodeSeeds.parse_state({**state, "episode_index": [0, 0, 0]}, 2)
     with pytest.raises(InvalidState, match="env_offset'] must be an int >= 0, got -1"):
         EpisodeSeeds.parse_state({**state, "env_offset": -1}, 2)
+
+
+@given(
+    seeds=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6),
+    skip=st.integers(0, 200),
+    count=st.integers(1, 9),
+)
+def test_keyed_pcg64_draws_equal_numpy_streams_and_torch_bits(
+    seeds: list[int], skip: int, count: int
+) -> None:
+    """A draw is a pure function of (stream key, draw index): numpy's outputs of
+    ``PCG64(seed)`` after ``skip + k`` draws, the same bits from torch on the CPU."""
+    torch = pytest.importorskip("torch")
+    states = _pcg64_states(np.array(seeds, dtype=np.uint64))
+    pos = np.array([skip + k for k in range(len(seeds))], dtype=np.int64)
+    raw = pcg64_outputs(states, pos, count)
+    doubles = pcg64_doubles(states, pos, count)
+    for k, seed in enumerate(seeds):
+        bits = np.random.PCG64(seed)
+        bits.random_raw(int(pos[k]))
+        assert raw[k].tolist() == bits.random_raw(count).tolist()
+        rng = np.random.Generator(np.random.PCG64(seed))
+        rng.random(int(pos[k]))
+        assert doubles[k].tolist() == rng.random(count).tolist()
+    t_states, t_pos = torch.as_tensor(states.view(np.int64)), torch.as_tensor(pos)
+    assert (pcg64_outputs_torch(t_states, t_pos, count).numpy().view(np.uint64) == raw).all()
+    assert pcg64_doubles_torch(t_states, t_pos, count).numpy().tolist() == doubles.tolist()
+
+
+def test_keyed_streams_draw_what_each_instances_generator_draws() -> None:
+    """Vectorised draws, a generator taken for one row, then vectorised again: every row
+    gets exactly its own ``Generator(PCG64(seed))`` sequence."""
+    seeds = EpisodeSeeds(5)
+    seeds.restart(9)
+    table = StreamTable(5)
+    ids = np.array([0, 2, 3, 4])
+    table.start(ids, seeds.next_states(ids))
+    streams = table.rows(ids)
+    refs = [np.random.Generator(np.random.PCG64(episode_seed(9, i, 0))) for i in ids.tolist()]
+    first = streams.uniform(-1.0, 2.0, (2, 3))
+    assert first.shape == (4, 2, 3)
+    assert first.tolist() == [r.uniform(-1.0, 2.0, (2, 3)).tolist() for r in refs]
+    assert streams[1].standard_normal() == refs[1].standard_normal()  # the slow path
+    assert streams.random(3).tolist() == [r.random(3).tolist() for r in refs]
+    plain = table.to_plain()
+    restored = StreamTable(5)
+    restored.restore(StreamTable.parse_plain(plain, 5))
+    again = restored.rows(ids).random(2)
+    assert again.tolist() == [r.random(2).tolist() for r in refs]
+
+
+def test_batch_steps_build_no_per_instance_generators(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steady autoresets of a BatchEnv draw from keyed streams: no generator objects."""
+    import simkit
+    import simkit._seeding as seeding
+
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=64)
+    env.reset(seed=3)
+    built: list[int] = []
+    original = seeding._seed_generator
+
+    def counting(rng: np.random.Generator | None, row: Any) -> np.random.Generator:
+        built.append(1)
+        return original(rng, row)
+
+    monkeypatch.setattr(seeding, "_seed_generator", counting)
+    actions = np.random.default_rng(0).integers(0, 2, (60, 64))
+    resets = 0
+    for a in actions:
+        resets += int(env.step_batch(a).done.sum())
+    assert resets > 64
+    assert built == []
