@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -563,6 +563,7 @@ def evaluate_policy(
     seed: int = 0,
     render: str | Path | None = None,
     fps: int = 30,
+    on_frame: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
     """Returns of ``episodes`` deterministic episodes of the policy at ``path``.
 
@@ -584,7 +585,9 @@ def evaluate_policy(
 
         require("imageio", extra="bench", purpose="simkit eval --render")
     model, env_id = load_model(path)
-    return evaluate_model(model, env_id, episodes=episodes, seed=seed, render=render, fps=fps)
+    return evaluate_model(
+        model, env_id, episodes=episodes, seed=seed, render=render, fps=fps, on_frame=on_frame
+    )
 
 
 def load_model(path: str | Path) -> tuple[ActorCritic, str]:
@@ -623,8 +626,11 @@ def evaluate_model(
     seed: int = 0,
     render: str | Path | None = None,
     fps: int = 30,
+    on_frame: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
-    """:func:`evaluate_policy` of a model in memory that acts in ``env_id``."""
+    """:func:`evaluate_policy` of a model in memory that acts in ``env_id``; with ``render``,
+    ``on_frame(frames, episodes_done)`` after every rendered frame (a progress report:
+    software OpenGL renders a 1000-step episode in minutes)."""
     imageio: Any = None
     if render is not None:
         from simkit._optional import require
@@ -655,11 +661,13 @@ def evaluate_model(
                     f"(render() returned {type(frame).__name__})"
                 )
             frames.append(frame)
+            if on_frame is not None:
+                on_frame(len(frames), len(out))
 
-        if render is not None:
-            grab()
         ep = np.zeros(len(mask))
         out: list[float] = []
+        if render is not None:
+            grab()
         while len(out) < episodes:
             actions = numpy_actions(model.act(np.asarray(obs), deterministic=True).actions)
             if multi:
@@ -675,6 +683,8 @@ def evaluate_model(
             obs = step.obs
             if render is not None and len(out) < episodes:
                 grab()
+            elif render is not None and on_frame is not None:
+                on_frame(len(frames), len(out))  # the last episode's end
     finally:
         vector.close()
     if render is not None:

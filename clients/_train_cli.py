@@ -526,6 +526,23 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _render_progress(episodes: int) -> Callable[[int, int], None]:
+    """``simkit eval --render``'s progress on stderr: a line every 100 frames and at every
+    episode's end (software OpenGL takes minutes for a 1000-step episode)."""
+    last = [0]
+
+    def report(frames: int, done: int) -> None:
+        if frames % 100 == 0 or done > last[0]:
+            last[0] = done
+            print(
+                f"simkit eval: rendered {frames} frames, {done}/{episodes} episodes",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return report
+
+
 def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
     from simkit.clients._train import evaluate_policy
@@ -543,7 +560,12 @@ def run_eval(ns: argparse.Namespace) -> int:
         path = path / "policy.safetensors"
     try:
         returns = evaluate_policy(
-            path, episodes=ns.episodes, seed=ns.seed, render=ns.render, fps=ns.fps
+            path,
+            episodes=ns.episodes,
+            seed=ns.seed,
+            render=ns.render,
+            fps=ns.fps,
+            on_frame=None if ns.render is None else _render_progress(ns.episodes),
         )
     except InvalidCheckpoint as exc:
         print(f"simkit eval: {exc}", file=sys.stderr)

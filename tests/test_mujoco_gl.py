@@ -88,3 +88,32 @@ def test_every_cli_command_prints_a_render_error_in_one_line(
     monkeypatch.setitem(cli.COMMANDS, "list", dataclasses.replace(cli.COMMANDS["list"], run=broken))
     assert cli.main(["list"]) == 1
     assert capsys.readouterr().err == "simkit: MuJoCo cannot load with MUJOCO_GL=foo: ...\n"
+
+
+def test_eval_render_shows_its_progress(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("imageio")
+    import numpy as np
+
+    import simkit
+    from simkit.cli import main
+    from simkit.clients._checkpoint import save_policy
+    from simkit.clients._train import _policy_meta, build_model
+    from simkit.clients.ppo import PPOArgs
+
+    # Tiny frames instead of OpenGL: the progress is what is under test (tests/test_ppo.py
+    # renders for real where libOSMesa is installed).
+    monkeypatch.setattr(simkit.MujocoEnv, "render", lambda self: np.zeros((16, 16, 3), np.uint8))
+    args = PPOArgs(env_id="simkit/Reacher-v0")
+    policy = tmp_path / "policy.safetensors"
+    save_policy(policy, build_model(args).state_dict(), _policy_meta(args, 0))
+    out = tmp_path / "out.mp4"
+    assert main(["eval", str(policy), "--episodes", "2", "--render", str(out)]) == 0
+    assert out.is_file()
+    assert capsys.readouterr().err.splitlines() == [  # two 100-step episodes: 200 frames
+        "simkit eval: rendered 100 frames, 0/2 episodes",
+        "simkit eval: rendered 101 frames, 1/2 episodes",
+        "simkit eval: rendered 200 frames, 1/2 episodes",
+        "simkit eval: rendered 200 frames, 2/2 episodes",
+    ]
