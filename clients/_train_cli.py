@@ -30,6 +30,7 @@ from simkit.errors import (
 
 if TYPE_CHECKING:
     from simkit.clients._train import TrainResult
+    from simkit.recording._format import DirectoryLock
 
 DEFAULT_SERVERS = 1
 """Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /
@@ -342,7 +343,62 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
 
 def run_train(ns: argparse.Namespace) -> int:
     """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0; bad input is one line
-    on stderr and exit 2 before anything starts."""
+    on stderr and exit 2 before anything starts. The log directory is locked while the
+    run writes it (:func:`_claim_logdir`)."""
+    locks: list[DirectoryLock] = []
+    try:
+        return _run_train(ns, locks)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _claim_logdir(logdir: Path, ns: argparse.Namespace) -> DirectoryLock:
+    """Makes and locks the run's log directory (the recorder's one-writer lock), and
+    refuses one that holds another run unless this run resumes it: two runs in one
+    directory would interleave ``progress.jsonl`` and overwrite each other's checkpoints.
+
+    Raises:
+        RecordingLocked: another process writes there.
+        ValueError: it holds a run and this one does not ``--resume`` it (or it cannot
+            be made or written).
+    """
+    from simkit.clients._run_parts import prepare_logdir
+    from simkit.recording._format import DirectoryLock
+
+    prepare_logdir(logdir)
+    lock = DirectoryLock(
+        logdir,
+        what="log directory",
+        advice="one run per log directory (pick another --logdir or stop it)",
+    )
+    resumes = ns.resume is not None and _resumed_logdir(ns.resume).resolve() == logdir.resolve()
+    if not resumes and ((logdir / "checkpoints").is_dir() or (logdir / "progress.jsonl").exists()):
+        lock.release()
+        raise ValueError(
+            f"--logdir {logdir} holds a run already ({_run_in(logdir)}): continue it with "
+            f"--resume {logdir}, or choose another --logdir"
+        )
+    return lock
+
+
+def _run_in(logdir: Path) -> str:
+    """The run a log directory holds, in words: its env and env steps where its latest
+    checkpoint says them."""
+    from simkit.clients._checkpoint import load_checkpoint
+
+    try:
+        state = load_checkpoint(logdir).state
+        counters = state.get("counters", state)
+        return f"{state['args']['env_id']}, {int(counters['global_step']):,} env steps"
+    except (InvalidCheckpoint, FileNotFoundError, KeyError, TypeError, ValueError):
+        return "progress.jsonl" if (logdir / "progress.jsonl").exists() else "checkpoints/"
+
+
+def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
+    """:func:`run_train`, holding its log directory's lock in ``locks``."""
+    from simkit.errors import RecordingLocked
+
     if ns.reproducible and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
     try:
@@ -359,6 +415,14 @@ def run_train(ns: argparse.Namespace) -> int:
         tag = "-sac" if ns.algo == "sac" else ""
         name = args.env_id.replace("/", "_").replace(":", "_")
         logdir = Path(f"runs/{name}{tag}-{args.seed}-{stamp}")
+    try:
+        locks.append(_claim_logdir(logdir, ns))
+    except ValueError as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 2
+    except RecordingLocked as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 1
     common: dict[str, Any] = {
         "logdir": logdir,
         "resume": ns.resume,

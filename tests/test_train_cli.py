@@ -13,6 +13,7 @@ import pytest
 
 from simkit.cli import main
 from simkit.clients._checkpoint import load_checkpoint
+from simkit.clients._train_cli import runnable
 
 RUN = [
     *("simkit/CartPole-v0", "--servers", "0", "--num-envs", "4", "--num-steps", "64"),
@@ -101,7 +102,8 @@ def test_without_a_terminal_the_summary_is_whole_and_progress_is_plain_lines(
     assert rc == 0
     assert "…" not in out
     assert f"  checkpoint: {deep}/checkpoints/update-00000004" in out
-    assert f"  resume: simkit train simkit/CartPole-v0 --resume {deep}" in out
+    simkit = runnable("simkit")  # the commands run from this shell as printed
+    assert f"  resume: {simkit} train simkit/CartPole-v0 --resume {deep}" in out
     assert "simkit/CartPole-v0 1,024 steps" in out  # a plain progress line
 
 
@@ -191,7 +193,7 @@ def test_the_rounding_of_total_steps_is_said_up_front_and_the_summary_names_the_
     assert (
         "--total-steps 1,000 is 3 updates of 256 env steps: training stops at 768" in captured.err
     )
-    assert f"  recording: simkit replay {rec} --verify" in captured.out
+    assert f"  recording: {runnable('simkit')} replay {rec} --verify" in captured.out
 
 
 def _interrupted(algo: str, logdir: Path, *, stop_early: bool, resume: bool = False) -> None:
@@ -428,3 +430,38 @@ def test_a_multi_agent_run_counts_steps_as_it_said_it_would(
     said = re.search(r"training stops at ([\d,]+)", capsys.readouterr().err)
     assert said is not None
     assert r.global_step == int(said.group(1).replace(",", ""))
+
+
+def test_a_logdir_holds_one_run_unless_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second training into a logdir, or another env into it, mixed silently
+    (progress.jsonl interleaved, checkpoints overwritten); --resume continues it."""
+    from simkit.recording._format import DirectoryLock
+
+    assert _train(tmp_path, "--total-steps", "256") == 0
+    capsys.readouterr()
+    before = (tmp_path / "progress.jsonl").read_text()
+    for argv in (RUN, ["simkit/Pendulum-v0", *RUN[1:]]):
+        assert main(["train", *argv, "--logdir", str(tmp_path), "--total-steps", "512"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"simkit train: --logdir {tmp_path} holds a run already (simkit/CartPole-v0, "
+            f"256 env steps): continue it with --resume {tmp_path}, or choose another --logdir"
+        ]
+    assert (tmp_path / "progress.jsonl").read_text() == before
+    lock = DirectoryLock(tmp_path)  # a run in progress there
+    try:
+        rc = main(["train", *RUN, "--resume", str(tmp_path), "--total-steps", "512"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1
+        assert len(err) == 1
+        assert re.fullmatch(
+            rf"simkit train: log directory '{tmp_path}' is already being written by pid "
+            r"\d+; one run per log directory \(pick another --logdir or stop it\)",
+            err[0],
+        ), err[0]
+    finally:
+        lock.release()
+    assert main(["train", *RUN, "--resume", str(tmp_path), "--total-steps", "512"]) == 0
+    assert int(load_checkpoint(tmp_path).state["global_step"]) == 512

@@ -389,10 +389,17 @@ class DirectoryLock:
     """The one-writer-per-directory lock: ``fcntl.flock`` on ``DIR/LOCK`` holding the pid.
 
     The kernel drops the lock when the process dies (SIGKILL included), so a crashed
-    writer never blocks the next one.
+    writer never blocks the next one. ``simkit train`` locks its log directory with it
+    too (``what`` and ``advice`` word the refusal).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        what: str = "recording directory",
+        advice: str = "one writer per directory (pick another directory or stop it)",
+    ) -> None:
         self.path = directory / "LOCK"
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -401,8 +408,7 @@ class DirectoryLock:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
             raise RecordingLocked(
-                f"recording directory {str(directory)!r} is already being written by pid "
-                f"{holder}; one writer per directory (pick another directory or stop it)"
+                f"{what} {str(directory)!r} is already being written by pid {holder}; {advice}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
