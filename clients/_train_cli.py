@@ -401,6 +401,13 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
 
     if ns.reproducible and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
+    if ns.reproducible:
+        print(
+            "simkit train: --reproducible: numeric kernels pinned to their AVX2 paths in the "
+            "learner and the servers it starts (the same seed gives the same parameters on "
+            "any x86-64 CPU)",
+            file=sys.stderr,
+        )
     try:
         args = _settings(ns)
     except (InvalidCheckpoint, ValueError, TypeError) as exc:

@@ -465,3 +465,18 @@ def test_a_logdir_holds_one_run_unless_resumed(
         lock.release()
     assert main(["train", *RUN, "--resume", str(tmp_path), "--total-steps", "512"]) == 0
     assert int(load_checkpoint(tmp_path).state["global_step"]) == 512
+
+
+def test_reproducible_mode_says_it_is_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import simkit.clients._train_cli as train_cli
+
+    monkeypatch.setattr(train_cli, "is_pinned", lambda: True)  # as after the re-exec
+    assert _train(tmp_path, "--total-steps", "256", "--reproducible") == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "simkit train: --reproducible: numeric kernels pinned to their AVX2 paths in the "
+        "learner and the servers it starts (the same seed gives the same parameters on any "
+        "x86-64 CPU)"
+    )
