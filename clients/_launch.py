@@ -148,28 +148,42 @@ class RayServers:
         """The endpoint the server last seen at ``endpoint`` serves on now: waits until
         Ray has restarted it if it died (on another node if its node is gone).
 
+        While Ray has not yet noticed a crashed node (its health checks) or re-places
+        the actor, it answers "temporarily unavailable" (``ActorUnavailableError``):
+        that is waited through like a restart, until ``timeout``.
+
         Raises:
             KeyError: ``endpoint`` is none of this run's servers.
             RuntimeError: Ray gave the server up (its restarts are used up) or it did
                 not come back within ``timeout`` seconds.
         """
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
         k = next((i.index for i in self._infos if i.endpoint == endpoint), None)
         if k is None:
             raise KeyError(f"{endpoint} is not one of this run's servers: {self.endpoints}")
         deadline = time.monotonic() + timeout
+        last: RayActorError | None = None
         while True:
             try:
                 info = self._describe(k, timeout=max(0.1, deadline - time.monotonic()))
             except RayActorError as exc:
-                if "restart" in str(exc).lower() and time.monotonic() < deadline:
-                    time.sleep(0.2)  # the actor is restarting: ask again
+                # Unavailable: Ray has not yet noticed that the actor's node is gone, or
+                # re-places it; "restart": it restarts the actor. Both pass: ask again.
+                passing = isinstance(exc, ActorUnavailableError) or "restart" in str(exc).lower()
+                if passing and time.monotonic() < deadline:
+                    last = exc
+                    time.sleep(0.2)
                     continue
+                if passing:
+                    raise RuntimeError(
+                        f"server {k} ({endpoint}) did not come back within {timeout:g} s: {exc}"
+                    ) from exc
                 raise RuntimeError(f"server {k} ({endpoint}) is gone for good: {exc}") from exc
             except GetTimeoutError as exc:
+                still = f" (last: {last})" if last is not None else ""
                 raise RuntimeError(
-                    f"server {k} ({endpoint}) did not come back within {timeout:g} s"
+                    f"server {k} ({endpoint}) did not come back within {timeout:g} s{still}"
                 ) from exc
             if info.endpoint != endpoint:
                 self.restarts[k] += 1

@@ -8,6 +8,7 @@ server behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,9 +88,8 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def _run(path: Path, **kw: Any) -> Any:
-    return run_training(
-        PPOArgs(**ARGS), logdir=path, max_updates=4, tensorboard=False, server_timeout=5.0, **kw
-    )
+    kw.setdefault("server_timeout", 5.0)
+    return run_training(PPOArgs(**ARGS), logdir=path, max_updates=4, tensorboard=False, **kw)
 
 
 def test_ray_servers_spread_over_nodes_and_train_the_in_process_bits(
@@ -146,25 +146,52 @@ def test_a_killed_server_actor_is_restarted_and_the_run_ends_exactly(
     _same(_params(calm.checkpoint), _params(hit.checkpoint))
 
 
+def _during_second_fragment(monkeypatch: pytest.MonkeyPatch, hit: Any) -> None:
+    """Calls ``hit()`` right after the second weights went out: the servers are
+    rolling out that version's fragment."""
+    from simkit.clients._server_source import ServerSource
+
+    push_weights = ServerSource.push_weights
+    calls: list[int] = []
+
+    def push_then_hit(self: ServerSource, *args: Any, **kwargs: Any) -> int:
+        version = push_weights(self, *args, **kwargs)
+        calls.append(version)
+        if len(calls) == 2:
+            hit()
+        return version
+
+    monkeypatch.setattr(ServerSource, "push_weights", push_then_hit)
+
+
 def test_a_removed_nodes_server_comes_back_on_the_other_node(
     cluster: Any, tmp_path: Path, launched: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The node goes while a fragment is in flight, and the learner asks Ray for the
+    server soon after (``server_timeout`` 2 s), while Ray still re-places the actor
+    (``ActorUnavailableError``): the learner waits for it instead of giving it up."""
     cluster.add_node(node_ip_address="127.0.0.1", num_cpus=2)  # room left after a removal
     cluster.wait_for_nodes()
     calm = _run(tmp_path / "calm", ray=cluster.address, servers=2)
     victim: list[str] = []
 
     def remove_a_servers_node() -> None:
-        hosting = {i.node_id for i in launched[-1].infos}
+        hosting = {i.node_id: i.pid for i in launched[-1].infos}
         node = next(n for n in cluster.worker_nodes if n.node_id in hosting)
         victim.append(node.node_id)
-        cluster.remove_node(node)  # its raylet and every worker on it die
+        # The node crashes: its raylet is SIGKILLed (Ray learns of it only when its
+        # health checks fail), and so is the server on it (a worker would otherwise
+        # outlive its raylet for a while).
+        cluster.remove_node(node, allow_graceful=False)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hosting[node.node_id], signal.SIGKILL)
 
-    _kill_during_second_update(monkeypatch, remove_a_servers_node)
-    hit = _run(tmp_path / "hit", ray=cluster.address, servers=2)
+    _during_second_fragment(monkeypatch, remove_a_servers_node)
+    hit = _run(tmp_path / "hit", ray=cluster.address, servers=2, server_timeout=2.0)
     assert victim
     assert all(i.node_id != victim[0] for i in launched[-1].infos)
     assert sum(launched[-1].restarts) == 1
+    assert (hit.updates, hit.global_step) == (calm.updates, calm.global_step)
     _same(_params(calm.checkpoint), _params(hit.checkpoint))
 
 
