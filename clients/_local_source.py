@@ -65,7 +65,10 @@ def make_vector(
     if is_multi_agent(env_id):
         return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)
     if simkit.spec(env_id).kind is simkit.EnvKind.BATCH:
-        raise ValueError(f"{env_id!r} is a batch env; train it through a rollout server")
+        raise ValueError(
+            f"{env_id!r} is a batch env: a vector of single envs cannot hold it (it steps "
+            f"as one: simkit.make({env_id!r}, num_envs=N))"
+        )
     return VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs)
 
 

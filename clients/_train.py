@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import simkit
 from simkit._types import Fragment
 from simkit.clients._checkpoint import (
     check_optimizer,
@@ -52,6 +53,7 @@ from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
 from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
+from simkit.servers._stream_envs import make_env_rows
 from simkit.vector import MultiAgentVectorEnv
 
 __all__ = [
@@ -120,22 +122,24 @@ def resume_args(saved: PPOArgs, asked: PPOArgs) -> PPOArgs:
 
 
 def _spaces(env_id: str) -> tuple[Any, Any]:
-    vector = make_vector(env_id, 1)
+    """One policy row's observation and action spaces (any kind of env: a batch env too,
+    which a local vector cannot hold)."""
+    rows = make_env_rows(env_id, 1)
     try:
-        return vector.single_observation_space, vector.single_action_space
+        return rows.observation_space, rows.action_space
     finally:
-        vector.close()
+        rows.close()
 
 
 def _rows(args: PPOArgs) -> int:
     """Policy rows of ``args``'s env slots: one per (env, agent) for a multi-agent env."""
     if not is_multi_agent(args.env_id):
         return args.num_envs
-    vector = make_vector(args.env_id, 1)
+    rows = make_env_rows(args.env_id, 1)
     try:
-        return args.num_envs * vector.num_rows
+        return args.num_envs * rows.num_rows
     finally:
-        vector.close()
+        rows.close()
 
 
 def model_spec(args: PPOArgs) -> ModelSpec:
@@ -639,7 +643,11 @@ def evaluate_model(
     if render is not None and is_multi_agent(env_id):
         raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
     try:
-        vector = make_vector(env_id, 1, render_mode=None if render is None else "rgb_array")
+        vector: Any = (
+            simkit.make(env_id, num_envs=1)  # a BatchEnv steps as a vector does
+            if render is None and simkit.spec(env_id).kind is simkit.EnvKind.BATCH
+            else make_vector(env_id, 1, render_mode=None if render is None else "rgb_array")
+        )
     except ValueError as exc:
         if render is None:
             raise
@@ -674,7 +682,7 @@ def evaluate_model(
                 step: Any = vector.step(actions)
                 acted = step.acted
             else:
-                step = vector.step_batch(actions)  # type: ignore[union-attr]  # single-agent vector
+                step = vector.step_batch(actions)  # a single-agent vector or a BatchEnv
                 acted = np.ones(1, dtype=np.bool_)
             ep += np.where(acted, step.reward, 0.0)
             for row in np.flatnonzero((step.terminated | step.truncated) & acted):

@@ -480,3 +480,23 @@ def test_reproducible_mode_says_it_is_on(
         "learner and the servers it starts (the same seed gives the same parameters on any "
         "x86-64 CPU)"
     )
+
+
+@pytest.mark.parametrize("servers", ["0", "1"])
+def test_a_batch_env_trains_in_process_and_through_a_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], servers: str
+) -> None:
+    """A batch env was refused with "train it through a rollout server", --servers 1
+    included: its spaces were read through a local vector, which cannot hold one."""
+    rc = main(
+        [
+            *("train", "simkit/BatchCartPole-v0", "--servers", servers, "--num-envs", "4"),
+            *RUN[5:],
+            *("--total-steps", "256", "--logdir", str(tmp_path)),
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    assert int(load_checkpoint(tmp_path).state["global_step"]) == 256
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path), "--episodes", "2"]) == 0
+    assert capsys.readouterr().out.startswith("2 episodes: mean return")
