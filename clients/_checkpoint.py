@@ -402,6 +402,10 @@ def checkpoint_args(ckpt: Checkpoint, parse: Callable[[Any], _T]) -> _T:
     file = ckpt.path / "state.msgpack"
     if "args" not in ckpt.state:
         raise InvalidCheckpoint(f"{file}: no args (the run's settings); not a learner's state")
+    if not isinstance(ckpt.state["args"], dict):
+        raise InvalidCheckpoint(
+            f"{file}: bad args: a map of settings expected, got {type(ckpt.state['args']).__name__}"
+        )
     try:
         return parse(ckpt.state["args"])
     except (KeyError, TypeError, ValueError) as exc:

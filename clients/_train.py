@@ -40,6 +40,7 @@ from simkit.clients._run_parts import (
     StopRequest,
     TensorBoard,
     append_progress,
+    check_resumed_state,
     checkpoint_if_servers_lost,
     prepare_logdir,
     restore_rollout,
@@ -297,12 +298,7 @@ def run_training(
                 f"{ckpt.path}: a {ckpt.state['algo']} checkpoint; PPO resumes PPO checkpoints"
             )
         saved = checkpoint_args(ckpt, PPOArgs.from_plain)
-        try:
-            done_steps = int(ckpt.state["global_step"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidCheckpoint(
-                f"{ckpt.path / 'state.msgpack'}: bad global_step: {exc!r}"
-            ) from exc
+        done_steps = check_resumed_state(ckpt, ("global_step", "version", "dropped"))["global_step"]
         args = resume_args(saved, args)
         batch = args.num_steps * _rows(args)
         if int(ckpt.state.get("version", 0)) >= updates_for(args.total_steps, batch) > 0:
@@ -386,7 +382,7 @@ def run_training(
             restore_rollout(
                 source, state, "local" if isinstance(source, LocalSource) else "servers"
             )
-        except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError, RuntimeError, RemoteError) as exc:
             rollout.close()
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
     source.push_weights(model, version=learner.version)

@@ -43,6 +43,7 @@ from simkit.clients._run_parts import (
     StopRequest,
     TensorBoard,
     append_progress,
+    check_resumed_state,
     checkpoint_if_servers_lost,
     prepare_logdir,
     restore_rollout,
@@ -287,13 +288,8 @@ def run_sac(
             )
         saved = checkpoint_args(ckpt, SACArgs.from_plain)
         args = resume_sac_args(saved, args, given)
-        try:
-            done = int(ckpt.state["counters"]["global_step"])
-            done_updates = int(ckpt.state["counters"]["updates"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidCheckpoint(
-                f"{ckpt.path / 'state.msgpack'}: bad counters: {exc!r}"
-            ) from exc
+        counts = check_resumed_state(ckpt, ("global_step", "updates", "version"), within="counters")
+        done, done_updates = counts["global_step"], counts["updates"]
         if args.total_steps and done >= args.total_steps:
             return TrainResult(
                 logdir=logdir,
@@ -345,7 +341,7 @@ def run_sac(
             )
             learner.optimizer.load_state_dict(ckpt.optimizer)
             learner.load_counters(ckpt.state["counters"])
-        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError, RuntimeError) as exc:
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
     elif buffer_from is not None:
         episodes, added = fill_from_recording(

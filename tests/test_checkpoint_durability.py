@@ -504,6 +504,39 @@ def test_a_resigned_state_without_args_is_refused_in_one_line(
         _sac(tmp_path / "x", resume=tmp_path / "simkit_Pendulum-v0")
 
 
+@pytest.mark.parametrize(
+    ("algo", "key", "bad", "match"),
+    [
+        ("sac", "servers", None, r"servers must be an integer >= 0, got None"),
+        ("sac", "tally", "x", r"tally must be \{'returns'"),
+        ("sac", "counters", {"global_step": -5}, r"counters.global_step must be an integer"),
+        ("ppo", "version", None, r"version must be an integer >= 0, got None"),
+        ("ppo", "tally", -5, r"tally must be"),
+        ("ppo", "generator", -5, r"cannot restore the learner: .*out of bounds"),
+        ("ppo", "global_step", -5, r"global_step must be an integer >= 0, got -5"),
+        ("ppo", "source_kind", "x", r"source_kind must be 'local' or 'servers', got 'x'"),
+        ("ppo", "args", [], r"bad args: a map of settings expected, got list"),
+    ],
+)
+def test_resigned_state_entries_of_the_wrong_kind_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], algo: str, key: str, bad: Any, match: str
+) -> None:
+    argv = SAC_CLI if algo == "sac" else PPO_CLI
+    assert main([*argv, "--logdir", str(tmp_path), "--total-steps", "256"]) == 0
+    ckpt = load_checkpoint(tmp_path)
+    state = snapshot.loads((ckpt.path / "state.msgpack").read_bytes())
+    state[key] = bad
+    _resign(ckpt.path, "state.msgpack", snapshot.dumps(state))
+    progress = (tmp_path / "progress.jsonl").read_text()
+    capsys.readouterr()
+    rc = main(["train", argv[1], "--resume", str(tmp_path), "--total-steps", "512"])
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2
+    assert line.startswith(f"simkit train: {ckpt.path}")
+    assert re.search(match, line), line
+    assert (tmp_path / "progress.jsonl").read_text() == progress
+
+
 def _saved_buffer(tmp: Path, **fields: np.ndarray) -> Path:
     buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(1,))
     n = 4

@@ -13,6 +13,7 @@ import torch
 
 from simkit.clients._args import SACArgs
 from simkit.clients._checkpoint import load_checkpoint
+from simkit.clients._train_cli import runnable
 from simkit.clients._train_sac import run_sac
 
 ENV = "simkit/Pendulum-v0"
@@ -268,7 +269,7 @@ def test_record_keeps_verifiable_episodes_and_the_summary_names_the_recording(
     )  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert f"  recording: simkit replay {rec} --verify" in captured.out
+    assert f"  recording: {runnable('simkit')} replay {rec} --verify" in captured.out
     assert len(RecordingReader(rec)) == 2  # 2 envs x one 200-step episode each
     assert main(["replay", str(rec), "--verify"]) == 0, capsys.readouterr().err
     # the recorded episodes carry their final observations: every transition is data
