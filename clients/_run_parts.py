@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import reprlib
+import signal
 import sys
 import tempfile
 import time
