@@ -387,7 +387,7 @@ class CheckpointCadence:
     steps (0: never by steps):
 
     - the first checkpoint comes as soon as learning starts (unless the run resumed
-      from one that had learned already);
+      from one that had learned already, or ``minutes`` is 0);
     - then by time: a checkpoint is due once the time since the last one reaches the
       run's age at that last one (this session's), so a crash loses at most about
       half of the run; never sooner than :attr:`MIN_INTERVAL_S` or than
@@ -429,7 +429,7 @@ class CheckpointCadence:
     def due(self, *, now: float, step: int, learning: bool) -> bool:
         """Whether to checkpoint at this boundary (``learning``: the learner has
         started its gradient steps)."""
-        if learning and not self._learned:
+        if learning and not self._learned and self.max_interval_s:
             return True
         if self.steps and step - self._last_step >= self.steps:
             return True

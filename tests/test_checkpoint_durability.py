@@ -207,6 +207,8 @@ def test_the_cadence_bounds_the_lost_time_by_half_the_run_and_the_minutes() -> N
     steps = CheckpointCadence(steps=1000, minutes=0.0, now=0.0, step=0, learning=True)
     assert not steps.due(now=1e6, step=999, learning=True)
     assert steps.due(now=1e6, step=1000, learning=True)
+    never = CheckpointCadence(steps=0, minutes=0.0, now=0.0, step=0, learning=False)
+    assert not never.due(now=1e6, step=10**9, learning=True)  # only at the end
 
 
 # ---------------------------------------------------- item 9: --resume takes --algo
