@@ -376,6 +376,28 @@ def test_a_sac_run_whose_first_checkpoint_fails_says_so_in_one_line(
     assert "no checkpoints/ inside" not in line
 
 
+def test_a_sac_run_whose_later_checkpoint_fails_resumes_exactly_from_the_one_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _sac(tmp_path / "straight")
+    real = ReplayBuffer.save
+    calls = [0]
+
+    def full_the_second_time(self: ReplayBuffer, path: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # the first (learning starts) is written, the final one is not
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, path)
+
+    monkeypatch.setattr(ReplayBuffer, "save", full_the_second_time)
+    with pytest.raises(WriteFailed, match=r"the previous checkpoint .*step-\d+ is intact"):
+        _sac(tmp_path / "run")
+    monkeypatch.undo()
+    assert _hidden(tmp_path / "run") == []
+    _sac(tmp_path / "run", resume=tmp_path / "run")
+    _same(load_checkpoint(tmp_path / "straight").model, load_checkpoint(tmp_path / "run").model)
+
+
 def test_a_ppo_run_on_a_full_disk_ends_in_one_line_keeping_its_checkpoint(
     tmp_path: Path, enospc_on_fsync: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
