@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -456,3 +459,24 @@ def test_worker_threads_stop_on_close_and_collection() -> None:
     del v
     gc.collect()
     assert workers() == before
+
+
+def test_exiting_with_steps_in_flight_does_not_crash(tmp_path: Path) -> None:
+    # The documented send/recv loop ends with steps still running on the worker threads;
+    # the interpreter tore MuJoCo down under them (exit by SIGSEGV) unless they are stopped
+    # first.
+    script = (
+        "import numpy as np\n"
+        "from simkit.vector import VectorEnv\n"
+        "envs = VectorEnv('simkit/Cheetah-v0', 64, num_threads=2, batch_size=16)\n"
+        "envs.async_reset(seed=0)\n"
+        "for _ in range(20):\n"
+        "    step = envs.recv()\n"
+        "    envs.send(np.zeros((len(step.env_ids), 6), np.float32), step.env_ids)\n"
+        "print('done')\n"
+    )
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert (done.returncode, done.stdout.strip()) == (0, "done"), done.stderr[-2000:]

@@ -6,12 +6,26 @@ a chunk of envs to a worker costs one thread wake-up, not one per env.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
 
 __all__ = ["WorkerPool"]
+
+_LIVE: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    """Stops every pool still running at interpreter exit: a daemon worker in the middle of
+    a step (a vector left with steps in flight) would run on while the interpreter tears
+    down the env under it (MuJoCo: a segfault)."""
+    for pool in list(_LIVE):
+        pool.close(timeout=30.0)  # a hung env step must not hang the exit too
+
 
 _Task = tuple[Callable[[Any], Any], Any, Any]
 
@@ -34,6 +48,7 @@ class WorkerPool:
         ]
         for thread in self._threads:
             thread.start()
+        _LIVE.add(self)
 
     def _loop(self, inbox: SimpleQueue[_Task | None]) -> None:
         while True:
@@ -54,9 +69,11 @@ class WorkerPool:
         """Blocks for the next finished task: ``(tag, result, exception or None)``."""
         return self._outbox.get()
 
-    def close(self) -> None:
-        """Stops every worker (after its queued tasks) and joins it."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stops every worker (after its queued tasks) and joins it, waiting at most
+        ``timeout`` seconds for each (None: as long as it takes)."""
+        _LIVE.discard(self)
         for box in self._inboxes:
             box.put(None)
         for thread in self._threads:
-            thread.join()
+            thread.join(timeout)
