@@ -20,7 +20,7 @@ import zmq.auth
 
 from simkit._kernels import is_pinned, reexec_pinned
 from simkit.errors import SimkitError
-from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes, return_large_allocations
+from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes
 from simkit.servers._server import BUSY_POLL_US, RolloutServer
 
 __all__ = ["add_serve_arguments", "run_serve", "main", "parse_env_kwargs"]
@@ -215,7 +215,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if getattr(args, "reproducible", False) and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    return_large_allocations()  # this process is the server: large buffers unmap when freed
     secret = None
     if args.curve_secret_key is not None:
         _, secret = zmq.auth.load_certificate(args.curve_secret_key)

@@ -21,7 +21,6 @@ __all__ = [
     "MemoryBudget",
     "parse_bytes",
     "give_back_memory",
-    "return_large_allocations",
 ]
 
 DEFAULT_MAX_MEMORY = 2 << 30
@@ -89,7 +88,7 @@ def _libc() -> Any:
         libc = ctypes.CDLL(name)
     except OSError:
         return None
-    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    return libc if hasattr(libc, "malloc_trim") else None
 
 
 def give_back_memory() -> bool:
@@ -105,20 +104,3 @@ def give_back_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
-
-
-_M_MMAP_THRESHOLD = -3
-
-
-def return_large_allocations(threshold: int = 1 << 20) -> bool:
-    """Makes glibc serve allocations of ``threshold`` bytes or more with their own
-    mappings, unmapped as soon as they are freed (``mallopt(M_MMAP_THRESHOLD)``, which
-    also stops glibc raising the threshold after each such free); whether it could.
-
-    For a server process (``simkit serve``): received messages, fragments and weights
-    are large and short-lived, and would otherwise stay in the heaps after use.
-    """
-    libc = _libc()
-    if libc is None:
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))

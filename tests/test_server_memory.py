@@ -20,6 +20,7 @@ from simkit.clients import PolicyStream
 from simkit.clients._server_source import spawn_servers, stop_servers
 from simkit.models import ModelSpec, build_model, get_weights
 from simkit.protocol import (
+    ClientSession,
     RemoteError,
     StreamClientSession,
     StreamConfig,
@@ -191,8 +192,12 @@ def test_a_stalled_reader_and_hostile_sessions_stay_within_the_budget_and_leave_
         )
         cap = getattr(info, "max_credit", None) or 2**20
         stalled.send_multipart(session.request_credit(min(cap, 2**20)))
-        time.sleep(2.0)
-        sent = server.metric("simkit_stream_fragments_total")
+        sent, deadline = -1.0, time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the kernel's socket buffers are full
+            time.sleep(0.5)
+            before, sent = sent, server.metric("simkit_stream_fragments_total")
+            if sent == before:
+                break
         time.sleep(1.5)
         sent_while_stalled = server.metric("simkit_stream_fragments_total") - sent
         stalled_growth = server.rss() - idle
@@ -227,4 +232,57 @@ def test_a_stalled_reader_and_hostile_sessions_stay_within_the_budget_and_leave_
     assert peak < idle + budget_mb, f"peak {peak:.0f} MB, idle {idle:.0f} MB"
     assert "busy" in refused
     assert set(refused) == {"busy"}
+    assert after < 1.2 * idle, f"{after:.0f} MB after the sessions left, idle {idle:.0f} MB"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_a_peer_that_closed_its_connections_cannot_hold_the_slots_by_token(
+    tmp_path: Path,
+) -> None:
+    """Every stream slot opened, the connections closed and the sessions pinged by token
+    from one socket: the slots come free within the grace (not the 60 s heartbeat), every
+    legitimate open succeeds, and the server's memory is back near its idle size."""
+    slots = 8
+    server = _ServerProcess(
+        tmp_path, "simkit/CartPole-v0", "--max-sessions", str(slots), "--metrics-port", "0"
+    )
+    spec = ModelSpec("mlp", {"hidden_sizes": [32]})
+    try:
+        warm = server.dealer()
+        _stream(server, spec, warm, num_envs=4, fragment_length=8)
+        warm.close(linger=0)
+        deadline = time.monotonic() + 10
+        while server.metric("simkit_stream_sessions") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        idle = server.rss()
+        hog = [server.dealer() for _ in range(slots)]
+        tokens = [_stream(server, spec, sock, num_envs=4)[1].session for sock in hog]
+        assert server.metric("simkit_stream_sessions") == slots
+        for sock in hog:
+            sock.close(linger=0)
+        pinger, ping = server.dealer(), ClientSession()
+        freed_after = None
+        start = time.monotonic()
+        while time.monotonic() - start < 8:
+            for token in tokens:
+                pinger.send_multipart(ping.request_keepalive(token))
+                pinger.recv_multipart()
+            if server.metric("simkit_stream_sessions") == 0:
+                freed_after = time.monotonic() - start
+                break
+            time.sleep(0.2)
+        legit = [server.dealer() for _ in range(slots)]
+        opened = [_stream(server, spec, sock, num_envs=4)[1].num_envs for sock in legit]
+        for sock in legit:
+            sock.close(linger=0)
+        deadline = time.monotonic() + 10
+        while server.metric("simkit_stream_sessions") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        while server.rss() > 1.2 * idle and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = server.rss()
+    finally:
+        server.stop()
+    assert freed_after is not None, "the closed connections' sessions kept every slot"
+    assert opened == [4] * slots
     assert after < 1.2 * idle, f"{after:.0f} MB after the sessions left, idle {idle:.0f} MB"
