@@ -1,6 +1,7 @@
 """What every learner run has around its loop: a stop request on SIGINT/SIGTERM, the
-live progress display, the tally a resumed run goes on with, the rollout state of a
-resumed checkpoint and what happens when the last server is lost, written once for
+tally a resumed run goes on with, the rollout state of a resumed checkpoint and what
+happens when the last server is lost (the live progress line is
+:mod:`simkit.clients._progress`), written once for
 PPO (:mod:`simkit.clients._train`) and SAC (:mod:`simkit.clients._train_sac`)."""
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from simkit.errors import InvalidCheckpoint, ServersLost, WriteFailed
 
 __all__ = [
     "StopRequest",
-    "ProgressLine",
     "RunTally",
     "restore_rollout",
     "checkpoint_if_servers_lost",
@@ -72,101 +72,6 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-
-
-class ProgressLine:
-    """A live ``rich`` bar on a terminal; plain lines every ``print_every`` seconds
-    without one; nothing without ``progress``."""
-
-    def __init__(
-        self, *, progress: bool, print_every: float, env_id: str, total: int | None, done: int
-    ) -> None:
-        self.env_id = env_id
-        self.print_every = print_every
-        self.plain = progress and not sys.stdout.isatty()
-        self.last_print = time.perf_counter()
-        self.bar: Any = None
-        self.task: Any = None
-        if progress and not self.plain:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(
-                TextColumn("[bold]{task.fields[env]}"),
-                BarColumn(),
-                TextColumn("{task.completed:,.0f} steps"),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[info]}"),
-            )
-            self.bar.start()
-            self.task = self.bar.add_task(
-                "train", total=total or None, completed=done, env=env_id, info=""
-            )
-
-    def due(self) -> bool:
-        """Whether :meth:`show` would show anything now."""
-        return self.bar is not None or (
-            self.plain and time.perf_counter() - self.last_print >= self.print_every
-        )
-
-    def show(self, steps: int, info: str) -> None:
-        """Updates the bar, or prints a plain line (call when :meth:`due`)."""
-        if self.bar is not None:
-            self.bar.update(self.task, completed=steps, info=info)
-        else:
-            self.last_print = time.perf_counter()
-            print(f"{self.env_id} {steps:,} steps  {info}", flush=True)
-
-def check_resumed_state(
-    ckpt: Checkpoint, counts: tuple[str, ...], *, within: str | None = None
-) -> dict[str, int]:
-    """Checks what a run reads from a checkpoint's state before it starts anything,
-    so that a crafted (re-signed) one is refused in one line instead of failing on it
-    later: the counters ``counts`` (of ``state[within]``, or of the state itself) must
-    be integers >= 0, ``servers`` (where present) too, ``source_kind`` ``"local"`` or
-    ``"servers"``, and ``tally`` a :meth:`RunTally.to_state` map. Returns the counters.
-
-    Raises:
-        InvalidCheckpoint: naming ``state.msgpack`` and the entry.
-    """
-    file = ckpt.path / "state.msgpack"
-    state = ckpt.state
-    table = state.get(within) if within is not None else state
-    if not isinstance(table, dict):
-        raise InvalidCheckpoint(f"{file}: {within} must be a map, got {reprlib.repr(table)}")
-    out: dict[str, int] = {}
-    for name, value in [*((k, table.get(k)) for k in counts), ("servers", state.get("servers", 0))]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            where = f"{within}.{name}" if within is not None and name != "servers" else name
-            raise InvalidCheckpoint(
-                f"{file}: {where} must be an integer >= 0, got {reprlib.repr(value)}"
-            )
-        out[name] = int(value)
-    kind = state.get("source_kind", "local")
-    if kind not in ("local", "servers"):
-        raise InvalidCheckpoint(
-            f"{file}: source_kind must be 'local' or 'servers', got {reprlib.repr(kind)}"
-        )
-    tally = state.get("tally")
-    if tally is not None:
-        returns = tally.get("returns", []) if isinstance(tally, dict) else None
-        elapsed = tally.get("elapsed_s", 0.0) if isinstance(tally, dict) else None
-        if (
-            not isinstance(returns, list)
-            or not all(isinstance(r, int | float) and np.isfinite(r) for r in returns)
-            or not isinstance(elapsed, int | float)
-            or not 0 <= elapsed < float("inf")
-        ):
-            raise InvalidCheckpoint(
-                f"{file}: tally must be {{'returns': [finite numbers], 'elapsed_s': a number "
-                f">= 0}}, got {reprlib.repr(tally)}"
-            )
-    return out
-
-
-    def stop(self) -> None:
-        """Removes the live bar."""
-        if self.bar is not None:
-            self.bar.stop()
 
 
 class RunTally:

@@ -33,9 +33,9 @@ from simkit.clients._checkpoint import (
     save_policy,
 )
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
+from simkit.clients._progress import ProgressLine
 from simkit.clients._rollout import open_rollout
 from simkit.clients._run_parts import (
-    ProgressLine,
     RunTally,
     StopRequest,
     TensorBoard,
@@ -499,16 +499,12 @@ def run_training(
         if line.due():
             total_t = sum(times.values()) or 1.0
             split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.items())
-            servers_txt = ""
+            extra = [f"lag {stats.lag[1]:.1f}", split_txt]
             if view is not None:
-                servers_txt = f"  servers {view['alive']}/{view['alive'] + view['lost']}"
+                extra.append(f"servers {view['alive']}/{view['alive'] + view['lost']}")
                 if view["restarted"]:
-                    servers_txt += f" ({view['restarted']} restarted)"
-            info = (
-                f"{sps:,.0f} steps/s  return {mean_ret:.1f}  lag {stats.lag[1]:.1f}  "
-                f"{split_txt}{servers_txt}"
-            )
-            line.show(learner.global_step, info)
+                    extra[-1] += f" ({view['restarted']} restarted)"
+            line.show(learner.global_step, sps, mean_ret, extra)
 
     recorder: Any = None
     if record is not None:

@@ -533,9 +533,11 @@ def runnable(name: str) -> str:
     return str(here)
 
 
-def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo") -> None:
-    """The end-of-run table; without a terminal, plain ``name: value`` lines, whole. Its
-    commands run as printed (:func:`runnable`)."""
+def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo", *, console: Any = None) -> None:
+    """The end-of-run table of figures, then where things are and the commands to go on,
+    one ``name: value`` line each, never broken (a terminal's own wrapping pastes whole);
+    without a terminal, all of it as plain lines. Its commands run as printed
+    (:func:`runnable`). ``console``: the ``rich`` console to print on (default: stdout's)."""
     simkit, tensorboard = runnable("simkit"), runnable("tensorboard")
     total = sum(r.times.values()) or 1.0
     sac = algo == "sac"
@@ -552,7 +554,7 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo") -> None:
             ("dropped fragments", str(r.dropped)),
         ]
     algo_flag = " --algo sac" if sac else ""
-    rows += [
+    where = [
         ("checkpoint", str(r.checkpoint)),
         ("policy snapshot", str(r.policy)),
         ("TensorBoard", f"{tensorboard} --logdir {r.logdir / 'tb'}"),
@@ -560,22 +562,26 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo") -> None:
         ("resume", f"{simkit} train {env_id}{algo_flag} --resume {r.logdir}"),
     ]
     if r.record is not None:
-        rows.append(("recording", f"{simkit} replay {r.record} --verify"))
+        where.append(("recording", f"{simkit} replay {r.record} --verify"))
     title = f"simkit train {env_id}" + (" (stopped)" if r.stopped else "")
-    if not sys.stdout.isatty():
+    if console is None and not sys.stdout.isatty():
         print(title)
-        for k, v in rows:
+        for k, v in [*rows, *where]:
             print(f"  {k}: {v}")
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    console = console or Console()
     table = Table(title=title)
     table.add_column("", style="bold")
-    table.add_column("", overflow="fold")
+    table.add_column("")
     for k, v in rows:
         table.add_row(k, v)
-    Console().print(table)
+    console.print(table)
+    for k, v in where:
+        console.print(Text(f"  {k}: ", style="bold") + Text(v), soft_wrap=True)
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:

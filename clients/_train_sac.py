@@ -34,11 +34,11 @@ from simkit.clients._checkpoint import (
 )
 from simkit.clients._learner_metrics import LearnerMetrics
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
+from simkit.clients._progress import ProgressLine
 from simkit.clients._replay import ReplayBuffer
 from simkit.clients._rollout import open_rollout
 from simkit.clients._run_parts import (
     CheckpointCadence,
-    ProgressLine,
     RunTally,
     StopRequest,
     TensorBoard,
@@ -571,14 +571,15 @@ def run_sac(
                 ):
                     writer.add_scalar(name, value, step)
         if line.due():
-            info = (
-                f"{sps:,.0f} steps/s  {ups:,.0f} updates/s  utd {utd:.2f}/{args.utd:g}  "
-                f"buffer {len(buffer):,} (+{sps:,.0f}/s, age {recent.get('sample_age', 0.0):,.0f} "
-                f"versions)  return {mean_ret:.1f}"
-            )
+            extra = [
+                f"{ups:,.0f} updates/s",
+                f"utd {utd:.2f}/{args.utd:g}",
+                f"buffer {len(buffer):,} (+{sps:,.0f}/s, age "
+                f"{recent.get('sample_age', 0.0):,.0f} versions)",
+            ]
             if view is not None:
-                info += f"  servers {view['alive']}/{view['alive'] + view['lost']}"
-            line.show(learner.global_step, info)
+                extra.append(f"servers {view['alive']}/{view['alive'] + view['lost']}")
+            line.show(learner.global_step, sps, mean_ret, extra)
 
     try:
         with checkpoint_if_servers_lost(

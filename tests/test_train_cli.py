@@ -104,7 +104,7 @@ def test_without_a_terminal_the_summary_is_whole_and_progress_is_plain_lines(
     assert f"  checkpoint: {deep}/checkpoints/update-00000004" in out
     simkit = runnable("simkit")  # the commands run from this shell as printed
     assert f"  resume: {simkit} train simkit/CartPole-v0 --resume {deep}" in out
-    assert "simkit/CartPole-v0 1,024 steps" in out  # a plain progress line
+    assert "simkit/CartPole-v0  1,024/1,024 steps  " in out  # a plain progress line
 
 
 def test_checkpoints_by_time(tmp_path: Path) -> None:
@@ -500,3 +500,74 @@ def test_a_batch_env_trains_in_process_and_through_a_server(
     capsys.readouterr()
     assert main(["eval", str(tmp_path), "--episodes", "2"]) == 0
     assert capsys.readouterr().out.startswith("2 episodes: mean return")
+
+
+def test_the_live_line_fits_the_terminal_with_the_key_fields_first() -> None:
+    """At 80 columns it read "simkit... 2... 8,169 steps/s...", with no ETA at any width."""
+    import io
+
+    from rich.console import Console
+
+    from simkit.clients._progress import ProgressLine
+
+    screen = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    line = ProgressLine(
+        progress=True,
+        print_every=1.0,
+        env_id="simkit/Cheetah-v0",
+        total=1_000_000,
+        done=0,
+        console=screen,
+    )
+    extra = ["lag 0.0", "env 48% inference 18% update 28% idle 6%", "servers 2/2"]
+    line.show(8_169, 8_169.4, -12.34, extra)
+    line.stop()
+    key = ["simkit/Cheetah-v0", "8,169/1,000,000 steps", "8,169 steps/s", "return -12.3"]
+    for width in (60, 80, 100, 200):
+        text = line.text(width)
+        assert len(text) <= width, text
+        shown = [f for f in [*key, "ETA 2:01", *extra] if f in text]
+        assert text.startswith(" ".join(shown[:5])) or text.startswith("  ".join(shown))
+        assert shown == [*key, "ETA 2:01", *extra][: len(shown)]  # most important first
+        assert len(shown) >= (5 if width >= 80 else 3), text
+    assert "lag 0.0" in line.text(200)
+    assert "─" in line.text(200)
+    assert line.text(20) == "simkit/Cheetah-v0"
+    assert line.text(10) == "simkit/Ch…"
+    assert "ETA 2:01" in screen.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_the_summary_never_breaks_a_path_at_80_columns(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from simkit.clients._train import TrainResult
+    from simkit.clients._train_cli import _print_summary
+
+    logdir = tmp_path / ("a-rather-long-directory-name-" * 3) / "run"
+    result = TrainResult(
+        logdir=logdir,
+        checkpoint=logdir / "checkpoints" / "update-00000004",
+        policy=logdir / "policy.safetensors",
+        global_step=1024,
+        updates=4,
+        elapsed_s=1.5,
+        steps_per_s=682.0,
+        mean_return=21.5,
+        dropped=0,
+        stopped=False,
+        times={"env": 1.0, "update": 0.5},
+    )
+    screen = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    _print_summary("simkit/CartPole-v0", result, console=screen)
+    out = screen.file.getvalue()  # type: ignore[attr-defined]
+    simkit = runnable("simkit")
+    for whole in (
+        f"checkpoint: {logdir}/checkpoints/update-00000004",
+        f"{simkit} eval {logdir}/policy.safetensors",
+        f"{simkit} train simkit/CartPole-v0 --resume {logdir}",
+    ):
+        assert whole in out, out
+    assert "env steps" in out
+    assert "1,024" in out
