@@ -74,6 +74,53 @@ class StopRequest:
         self._previous.clear()
 
 
+def check_resumed_state(
+    ckpt: Checkpoint, counts: tuple[str, ...], *, within: str | None = None
+) -> dict[str, int]:
+    """Checks what a run reads from a checkpoint's state before it starts anything,
+    so that a crafted (re-signed) one is refused in one line instead of failing on it
+    later: the counters ``counts`` (of ``state[within]``, or of the state itself) must
+    be integers >= 0, ``servers`` (where present) too, ``source_kind`` ``"local"`` or
+    ``"servers"``, and ``tally`` a :meth:`RunTally.to_state` map. Returns the counters.
+
+    Raises:
+        InvalidCheckpoint: naming ``state.msgpack`` and the entry.
+    """
+    file = ckpt.path / "state.msgpack"
+    state = ckpt.state
+    table = state.get(within) if within is not None else state
+    if not isinstance(table, dict):
+        raise InvalidCheckpoint(f"{file}: {within} must be a map, got {reprlib.repr(table)}")
+    out: dict[str, int] = {}
+    for name, value in [*((k, table.get(k)) for k in counts), ("servers", state.get("servers", 0))]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            where = f"{within}.{name}" if within is not None and name != "servers" else name
+            raise InvalidCheckpoint(
+                f"{file}: {where} must be an integer >= 0, got {reprlib.repr(value)}"
+            )
+        out[name] = int(value)
+    kind = state.get("source_kind", "local")
+    if kind not in ("local", "servers"):
+        raise InvalidCheckpoint(
+            f"{file}: source_kind must be 'local' or 'servers', got {reprlib.repr(kind)}"
+        )
+    tally = state.get("tally")
+    if tally is not None:
+        returns = tally.get("returns", []) if isinstance(tally, dict) else None
+        elapsed = tally.get("elapsed_s", 0.0) if isinstance(tally, dict) else None
+        if (
+            not isinstance(returns, list)
+            or not all(isinstance(r, int | float) and np.isfinite(r) for r in returns)
+            or not isinstance(elapsed, int | float)
+            or not 0 <= elapsed < float("inf")
+        ):
+            raise InvalidCheckpoint(
+                f"{file}: tally must be {{'returns': [finite numbers], 'elapsed_s': a number "
+                f">= 0}}, got {reprlib.repr(tally)}"
+            )
+    return out
+
+
 class RunTally:
     """What a run reports that spans its resumes: the returns of its last
     :attr:`WINDOW` episodes and its wall time. A checkpoint carries :meth:`to_state`, so
