@@ -628,6 +628,9 @@ def run_eval(ns: argparse.Namespace) -> int:
         if value < 1:
             print(f"simkit eval: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
+    if not 0 <= ns.seed < 2**63:
+        print(f"simkit eval: --seed must be in [0, 2**63), got {ns.seed}", file=sys.stderr)
+        return 2
     path = Path(ns.checkpoint)
     if (
         path.is_dir()

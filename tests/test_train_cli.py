@@ -571,3 +571,21 @@ def test_the_summary_never_breaks_a_path_at_80_columns(tmp_path: Path) -> None:
         assert whole in out, out
     assert "env steps" in out
     assert "1,024" in out
+
+
+@pytest.mark.parametrize("verb", ["eval", "record"])
+def test_eval_and_record_refuse_a_negative_seed_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str
+) -> None:
+    """``record --seed -1`` ended in a Gymnasium traceback, ``eval`` named no flag."""
+    argv = {
+        "eval": ["eval", str(tmp_path), "--seed", "-1"],
+        "record": [
+            *("record", RUN[0], "--episodes", "1", "--out", str(tmp_path / "r")),
+            "--seed",
+            "-1",
+        ],
+    }[verb]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"simkit {verb}: --seed must be in [0, 2**63), got -1"
+    assert not (tmp_path / "r").exists()

@@ -70,6 +70,9 @@ def _record_run(args: argparse.Namespace) -> int:
     if args.episodes <= 0:
         print("simkit record: --episodes must be > 0", file=sys.stderr)
         return 2
+    if not 0 <= args.seed < 2**63:
+        print(f"simkit record: --seed must be in [0, 2**63), got {args.seed}", file=sys.stderr)
+        return 2
     held = None if args.append else _existing_recording(Path(args.out))
     if held is not None:
         print(
