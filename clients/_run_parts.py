@@ -74,6 +74,48 @@ class StopRequest:
         self._previous.clear()
 
 
+class RunTally:
+    """What a run reports that spans its resumes: the returns of its last
+    :attr:`WINDOW` episodes and its wall time. A checkpoint carries :meth:`to_state`, so
+    a resumed run's mean return is over the same episodes and its ``elapsed_s`` goes on
+    from the interrupted run's instead of starting again at 0 and over no episodes.
+
+    Args:
+        state: a checkpoint's ``tally`` (``None``, or a checkpoint written before
+            tallies were kept: a fresh tally).
+    """
+
+    WINDOW = 20
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        state = state or {}
+        self.returns: deque[float] = deque(
+            (float(r) for r in state.get("returns", ())), maxlen=self.WINDOW
+        )
+        self._before = float(state.get("elapsed_s", 0.0))
+        self._start = time.perf_counter()
+
+    def add(self, episode_returns: np.ndarray) -> None:
+        """Counts the returns of episodes that just ended."""
+        self.returns.extend(np.asarray(episode_returns, dtype=np.float64).tolist())
+
+    def mean_return(self) -> float:
+        """Mean return of the last :attr:`WINDOW` episodes (NaN before the first)."""
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+    def session_s(self) -> float:
+        """Seconds since this process started the run (or resumed it)."""
+        return time.perf_counter() - self._start
+
+    def elapsed_s(self) -> float:
+        """Seconds of the whole run: before the resume and since."""
+        return self._before + self.session_s()
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain state for a checkpoint."""
+        return {"returns": list(self.returns), "elapsed_s": self.elapsed_s()}
+
+
 def check_resumed_state(
     ckpt: Checkpoint, counts: tuple[str, ...], *, within: str | None = None
 ) -> dict[str, int]:
@@ -119,48 +161,6 @@ def check_resumed_state(
                 f">= 0}}, got {reprlib.repr(tally)}"
             )
     return out
-
-
-class RunTally:
-    """What a run reports that spans its resumes: the returns of its last
-    :attr:`WINDOW` episodes and its wall time. A checkpoint carries :meth:`to_state`, so
-    a resumed run's mean return is over the same episodes and its ``elapsed_s`` goes on
-    from the interrupted run's instead of starting again at 0 and over no episodes.
-
-    Args:
-        state: a checkpoint's ``tally`` (``None``, or a checkpoint written before
-            tallies were kept: a fresh tally).
-    """
-
-    WINDOW = 20
-
-    def __init__(self, state: dict[str, Any] | None = None) -> None:
-        state = state or {}
-        self.returns: deque[float] = deque(
-            (float(r) for r in state.get("returns", ())), maxlen=self.WINDOW
-        )
-        self._before = float(state.get("elapsed_s", 0.0))
-        self._start = time.perf_counter()
-
-    def add(self, episode_returns: np.ndarray) -> None:
-        """Counts the returns of episodes that just ended."""
-        self.returns.extend(np.asarray(episode_returns, dtype=np.float64).tolist())
-
-    def mean_return(self) -> float:
-        """Mean return of the last :attr:`WINDOW` episodes (NaN before the first)."""
-        return float(np.mean(self.returns)) if self.returns else float("nan")
-
-    def session_s(self) -> float:
-        """Seconds since this process started the run (or resumed it)."""
-        return time.perf_counter() - self._start
-
-    def elapsed_s(self) -> float:
-        """Seconds of the whole run: before the resume and since."""
-        return self._before + self.session_s()
-
-    def to_state(self) -> dict[str, Any]:
-        """Plain state for a checkpoint."""
-        return {"returns": list(self.returns), "elapsed_s": self.elapsed_s()}
 
 
 def restore_rollout(source: Any, state: dict[str, Any], kind: str) -> None:
@@ -289,10 +289,18 @@ class TensorBoard:
     folder) come as :class:`~simkit.errors.WriteFailed` naming the folder, not as the
     ``OSError`` its writer thread raised: a run ends on them in one line. The
     ``SummaryWriter`` is made at the first scalar, inside the run's loop (so a failure
-    there closes what the run opened)."""
+    there closes what the run opened).
 
-    def __init__(self, folder: Path) -> None:
+    Args:
+        folder: the event files' folder (``LOGDIR/tb``).
+        purge_step: a resumed run's first step (its checkpoint's + 1): TensorBoard hides
+            the events the interrupted run wrote from there on, which the resumed run
+            writes again (as ``progress.jsonl`` is trimmed), so no plot counts them twice.
+    """
+
+    def __init__(self, folder: Path, *, purge_step: int | None = None) -> None:
         self.folder = folder
+        self.purge_step = purge_step
         self._writer: Any = None
         self._failed = False
 
@@ -310,7 +318,7 @@ class TensorBoard:
             if self._writer is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(str(self.folder))
+                self._writer = SummaryWriter(str(self.folder), purge_step=self.purge_step)
             self._writer.add_scalar(name, value, step)
         except OSError as exc:
             raise self._fail(exc) from exc

@@ -389,7 +389,8 @@ def run_training(
     if handle_signals:
         stop.install()
 
-    writer = TensorBoard(logdir / "tb") if tensorboard else None
+    purge = None if ckpt is None else learner.global_step + 1  # what the resume redoes
+    writer = TensorBoard(logdir / "tb", purge_step=purge) if tensorboard else None
     ckpt_dir = logdir / "checkpoints"
     policy_path = logdir / "policy.safetensors"
     tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))

@@ -402,7 +402,8 @@ def run_sac(
     if handle_signals:
         stop.install()
 
-    writer = TensorBoard(logdir / "tb") if tensorboard else None
+    purge = None if ckpt is None else learner.global_step + 1  # what the resume redoes
+    writer = TensorBoard(logdir / "tb", purge_step=purge) if tensorboard else None
     metrics = LearnerMetrics()
     metrics.fragment_received(time.time())  # start-up counts as news: no alert before T s
     if metrics_port is not None:

@@ -236,6 +236,15 @@ def _steps(logdir: Path) -> list[int]:
     return [json.loads(line)["global_step"] for line in lines]
 
 
+def _tb_steps(logdir: Path) -> list[int]:
+    """The steps of TensorBoard's ``charts/SPS`` as TensorBoard shows them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir / "tb"))
+    events.Reload()
+    return [e.step for e in events.Scalars("charts/SPS")]
+
+
 def test_sac_progress_never_goes_backwards_after_a_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -244,15 +253,16 @@ def test_sac_progress_never_goes_backwards_after_a_resume(
     monkeypatch.setattr(train_sac, "_WRITE_EVERY_S", 0.0)  # a line every round
     _crash_on_call(monkeypatch, SAC, "run", 8)
     with pytest.raises(RuntimeError, match="crash"):
-        _sac(tmp_path)
+        _sac(tmp_path, tensorboard=True)
     monkeypatch.undo()
     kept = int(load_checkpoint(tmp_path).state["counters"]["global_step"])
     assert max(_steps(tmp_path)) > kept  # lines past the checkpoint were written
     monkeypatch.setattr(train_sac, "_WRITE_EVERY_S", 0.0)
-    _sac(tmp_path, resume=tmp_path)
+    _sac(tmp_path, resume=tmp_path, tensorboard=True)
     steps = _steps(tmp_path)
     assert steps == sorted(set(steps)), steps
     assert steps[-1] == SMALL.total_steps
+    assert _tb_steps(tmp_path) == steps  # TensorBoard hides what the resume redid
 
 
 def test_ppo_progress_never_goes_backwards_after_a_resume(
@@ -270,11 +280,12 @@ def test_ppo_progress_never_goes_backwards_after_a_resume(
     )
     _crash_on_call(monkeypatch, PPO, "update", 6)
     with pytest.raises(RuntimeError, match="crash"):
-        run_training(args, logdir=tmp_path, servers=0, tensorboard=False, checkpoint_every=4)
+        run_training(args, logdir=tmp_path, servers=0, checkpoint_every=4)
     monkeypatch.undo()
     assert _steps(tmp_path) == [256 * k for k in range(1, 6)]
-    run_training(args, logdir=tmp_path, servers=0, tensorboard=False, resume=tmp_path)
+    run_training(args, logdir=tmp_path, servers=0, resume=tmp_path)
     assert _steps(tmp_path) == [256 * k for k in range(1, 9)]
+    assert _tb_steps(tmp_path) == [256 * k for k in range(1, 9)]
 
 
 # --------------------------------------------- item 11: full disks, read-only folders
