@@ -139,8 +139,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._seeds = EpisodeSeeds(n)
         self._streams = StreamTable(n)
         self._all_streams = self._streams.rows(np.arange(n, dtype=np.int64))
-        self._params = np.empty(n, dtype=object)
-        self._params[:] = [{} for _ in range(n)]
+        self._params: dict[int, Params] = {i: {} for i in range(n)}
         self.param_arrays: dict[str, np.ndarray] = {}
         self._param_block: tuple[tuple[str, ...], np.ndarray] | None = None
         self._elapsed = np.zeros(n, dtype=np.int64)
@@ -386,12 +385,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             rows = np.flatnonzero(done)
             reset_rows, reset_infos = self._reset_ids(ids[rows], None, {})
             obs = scatter(final_obs, rows, reset_rows)
-            where = np.full(len(ids), -1, dtype=np.int64)
-            where[rows] = np.arange(len(rows), dtype=np.int64)
 
             def reset_info(k: int) -> dict[str, Any] | None:
-                j = int(where[k])
-                return {"reset_info": reset_infos[j]} if j >= 0 else None
+                j = int(np.searchsorted(rows, k))
+                return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
 
             infos = RowInfos(len(ids), infos, reset_info)
         self._obs = obs if len(ids) == self.num_envs else scatter(self._obs, ids, obs)
@@ -443,7 +440,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         n = self.num_envs if num_rows is None else num_rows
         if self.xp is not np:
             return check_torch_actions(self.xp, space, actions, n, self.action_bounds, self.device)
-        arr = check_batch_array(space, actions, np.arange(n), self.action_bounds, "rows")
+        row_ids = self._all_streams.ids if n == self.num_envs else np.arange(n)
+        arr = check_batch_array(space, actions, row_ids, self.action_bounds, "rows")
         if arr is not None:
             return arr
         rows = list(actions)

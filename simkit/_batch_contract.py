@@ -51,7 +51,7 @@ class BatchContract:
     _param_block: tuple[tuple[str, ...], np.ndarray] | None
     _seeds: EpisodeSeeds
     _streams: StreamTable
-    _params: np.ndarray
+    _params: dict[int, Params]
     _samplers: list[Sampler]
     _env_overrides: list[Mapping[str, Any]]
     _elapsed: np.ndarray
@@ -83,7 +83,7 @@ class BatchContract:
     def _param_row(self, i: int) -> Params:
         """Instance ``i``'s parameters, a new dict: stored for one drawn the slow way,
         else rebuilt from :attr:`param_arrays` and its sampler's fixed values."""
-        stored = self._params[i]
+        stored = self._params.get(i)
         if stored is not None:
             return _copy_params(stored)
         sampler = self._samplers[i]
@@ -131,12 +131,14 @@ class BatchContract:
     ) -> tuple[Any, RowInfos]:
         """Starts the next episode of ``ids``: keyed streams, parameters, the author's
         hook; returns the first observations and the rows' reset infos (lazy)."""
-        self._streams.start(ids, self._seeds.next_states(ids))
-        rngs = self._streams.rows(ids)
+        states, ahead = self._seeds.next_states(ids, self._streams.prefetch)
+        self._streams.start(ids, states)
+        rngs = self._streams.rows(ids, ahead)
         params = self._sample(ids, rngs, per_reset)
         self._elapsed[ids] = 0
         self._prepare_instances(ids)
         obs_rows, infos = self.reset_instances(ids, rngs, params, options)
+        self._streams.prefetch = rngs.taken
         if infos is not None and len(infos) != len(ids):
             raise ValueError(
                 f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts "
@@ -175,7 +177,13 @@ class BatchContract:
             if sampler.fast:
                 values = sampler.values(sub)
                 rows.add(ks, sampler, values)
-                self._params[sub.ids] = None
+                stored = self._params
+                if stored:  # instances drawn the slow way (or restored) before
+                    if len(sub.ids) == self.num_envs:
+                        stored.clear()
+                    else:
+                        for i in sub.ids.tolist():
+                            stored.pop(i, None)
                 self._update_param_arrays(sub.ids, values, sampler)
             else:
                 explicit.extend(range(len(ids)) if ks is None else ks.tolist())
@@ -334,9 +342,9 @@ class BatchContract:
                 f"state holds {state['num_envs']} instances, this batch has {self.num_envs}"
             )
         n = self.num_envs
-        params = np.empty(n, dtype=object)
-        for i, p in enumerate(_per_env_list(state, "params", n)):
-            params[i] = copy.deepcopy(dict(p))
+        params = {
+            i: copy.deepcopy(dict(p)) for i, p in enumerate(_per_env_list(state, "params", n))
+        }
         streams = StreamTable.parse_plain(state["rngs"], n)
         core = {
             "_params": params,
@@ -518,19 +526,19 @@ class ParamRows(Sequence[Params]):
         self._n = n
         self._explicit: dict[int, Params] = {}
         self._groups: list[tuple[Sampler, np.ndarray]] = []
-        self._which = np.full(n, -1, dtype=np.int64)
-        self._at = np.zeros(n, dtype=np.int64)
+        self._which: np.ndarray | None = None
+        self._at: np.ndarray | None = None
 
     def add(self, ks: np.ndarray | None, sampler: Sampler, values: np.ndarray) -> None:
         """Rows ``ks`` (all if ``None``) hold ``sampler``'s rows of ``values``, in order."""
-        g = len(self._groups)
         self._groups.append((sampler, values))
         if ks is None:
-            self._which[:] = g
-            self._at = np.arange(self._n, dtype=np.int64)
-        else:
-            self._which[ks] = g
-            self._at[ks] = np.arange(len(ks), dtype=np.int64)
+            return  # the only group: row k is values[k]
+        if self._which is None or self._at is None:
+            self._which = np.full(self._n, -1, dtype=np.int64)
+            self._at = np.zeros(self._n, dtype=np.int64)
+        self._which[ks] = len(self._groups) - 1
+        self._at[ks] = np.arange(len(ks), dtype=np.int64)
 
     def set(self, k: int, params: Params) -> None:
         """Row ``k`` holds ``params`` (drawn the slow way)."""
@@ -543,6 +551,9 @@ class ParamRows(Sequence[Params]):
         stored = self._explicit.get(k)
         if stored is not None:
             return _copy_params(stored)
+        if self._which is None or self._at is None:
+            sampler, values = self._groups[0]
+            return sampler.row(values[k].tolist())
         sampler, values = self._groups[int(self._which[k])]
         return sampler.row(values[int(self._at[k])].tolist())
 

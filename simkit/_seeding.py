@@ -44,6 +44,8 @@ __all__ = [
 
 MAX_ROOT_SEED = 2**63 - 1
 _BLOCK = 16
+_CHUNK = 4096
+_MAX_AHEAD = 2**22  # doubles per block of precomputed reset draws (32 MiB)
 _MAX_BLOCKS = 16
 
 _M32 = 0xFFFFFFFF
@@ -67,11 +69,12 @@ def _words(n: int) -> list[int]:
     return out
 
 
-def _mix_pool(entropy: list[np.ndarray]) -> list[np.ndarray]:
-    """``SeedSequence.mix_entropy`` over columns of uint32 entropy words (one per seed)."""
+def _mix_pool(entropy: list[Any]) -> list[np.ndarray]:
+    """``SeedSequence.mix_entropy`` over columns of uint32 entropy words (one per seed;
+    a numpy scalar for a word that all seeds share)."""
     const = _INIT_A
 
-    def hashmix(value: np.ndarray) -> np.ndarray:
+    def hashmix(value: Any) -> np.ndarray:
         nonlocal const
         value = value ^ np.uint32(const)
         const = (const * _MULT_A) & _M32
@@ -82,7 +85,7 @@ def _mix_pool(entropy: list[np.ndarray]) -> list[np.ndarray]:
         result: np.ndarray = x * np.uint32(_MIX_MULT_L) - y * np.uint32(_MIX_MULT_R)
         return result ^ (result >> np.uint32(16))
 
-    zeros = np.zeros_like(entropy[0])
+    zeros = np.uint32(0)
     pool = [hashmix(entropy[i] if i < len(entropy) else zeros) for i in range(_POOL_SIZE)]
     for src in range(_POOL_SIZE):
         for dst in range(_POOL_SIZE):
@@ -147,15 +150,17 @@ def episode_seeds(root_seed: int, env_index: Any, episode_index: Any) -> np.ndar
             sel = ((env_hi != 0) == env_two) & ((ep_hi != 0) == ep_two)
             if not sel.any():
                 continue
-            n = int(sel.sum())
-            columns = [np.full(n, w, dtype=np.uint32) for w in root]
+            # the root's words are the same for every seed: numpy scalars, so the part
+            # of the mixing that only depends on them is computed once, not per seed
+            columns: list[Any] = [np.uint32(w) for w in root]
             columns.append((envs[sel] & _M32).astype(np.uint32))
             if env_two:
                 columns.append(env_hi[sel].astype(np.uint32))
             columns.append((episodes[sel] & _M32).astype(np.uint32))
             if ep_two:
                 columns.append(ep_hi[sel].astype(np.uint32))
-            lo, hi = _generate(_mix_pool(columns), 2)
+            with np.errstate(over="ignore"):
+                lo, hi = _generate(_mix_pool(columns), 2)
             out[sel] = _as_u64(lo, hi)
     return out
 
@@ -183,7 +188,8 @@ def _pcg64_words(seeds: np.ndarray) -> np.ndarray:
     two = hi != 0
     for mask, columns in ((two, [lo, hi]), (~two, [lo])):
         if mask.any():
-            words = _generate(_mix_pool([c[mask] for c in columns]), 8)
+            with np.errstate(over="ignore"):
+                words = _generate(_mix_pool([c[mask] for c in columns]), 8)
             out[mask] = np.stack(
                 [_as_u64(words[2 * j], words[2 * j + 1]) for j in range(4)], axis=1
             )
@@ -269,23 +275,69 @@ def pcg64_outputs(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray
     if n == 0 or count == 0:
         return np.zeros((n, count), dtype=np.uint64)
     first, last = int(pos.min()), int(pos.max())
-    table = _jump_table(last + count + 1)
+    columns = _jump_columns(last + count + 1)
     if first == last:
-        jumps = table[first + 1 : first + 1 + count][None]
+        jumps = [c[None, first + 1 : first + 1 + count] for c in columns]
     else:
-        jumps = table[pos[:, None] + np.arange(1, count + 1)]
-    a_hi, a_lo, g_hi, g_lo = (jumps[..., j] for j in range(4))
-    s_hi, s_lo, i_hi, i_lo = (states[:, j : j + 1] for j in range(4))
-    p_lo = s_lo * a_lo
-    p_hi = _mul_hi(s_lo, a_lo) + s_lo * a_hi + s_hi * a_lo
-    q_lo = i_lo * g_lo
-    q_hi = _mul_hi(i_lo, g_lo) + i_lo * g_hi + i_hi * g_lo
-    lo = p_lo + q_lo
-    hi = p_hi + q_hi + (lo < p_lo).astype(np.uint64)
+        index = pos[:, None] + np.arange(1, count + 1)
+        jumps = [c[index] for c in columns]
+    a_hi, a_lo, a0, a1, g_hi, g_lo, g0, g1 = jumps
+    s_hi, s_lo, i_hi, i_lo = (np.ascontiguousarray(states[:, j : j + 1]) for j in range(4))
+    hi, lo = _mul128(s_hi, s_lo, a_hi, a_lo, a0, a1)
+    q_hi, q_lo = _mul128(i_hi, i_lo, g_hi, g_lo, g0, g1)
+    carry = lo + q_lo
+    hi += q_hi
+    hi += carry < lo
+    lo = carry
     v = hi ^ lo
     rot = hi >> np.uint64(58)
-    out: np.ndarray = (v >> rot) | (v << ((np.uint64(64) - rot) & np.uint64(63)))
+    out: np.ndarray = v >> rot
+    v <<= (np.uint64(64) - rot) & np.uint64(63)
+    out |= v
     return out
+
+
+def _mul128(
+    x_hi: np.ndarray,
+    x_lo: np.ndarray,
+    c_hi: np.ndarray,
+    c_lo: np.ndarray,
+    c0: np.ndarray,
+    c1: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(x_hi, x_lo) * (c_hi, c_lo)`` mod 2**128 as ``(hi, lo)`` uint64 arrays
+    (broadcast); ``c0``/``c1`` are the 32-bit halves of ``c_lo``."""
+    x0, x1 = x_lo & _LO32, x_lo >> _U32
+    t, cross_a, cross_b = x0 * c0, x0 * c1, x1 * c0
+    mid = t >> _U32
+    mid += cross_a & _LO32
+    mid += cross_b & _LO32
+    hi = x1 * c1
+    cross_a >>= _U32
+    cross_b >>= _U32
+    mid >>= _U32
+    hi += cross_a
+    hi += cross_b
+    hi += mid
+    hi += x_lo * c_hi
+    hi += x_hi * c_lo
+    return hi, x_lo * c_lo
+
+
+def _jump_columns(n: int) -> list[np.ndarray]:
+    """:func:`_jump_table` as contiguous columns ``A_hi, A_lo, A_lo & 0xFFFFFFFF,
+    A_lo >> 32, G_hi, G_lo, G_lo & 0xFFFFFFFF, G_lo >> 32``."""
+    table = _jump_table(n)
+    cached = _JUMP_COLUMNS.get(len(table))
+    if cached is None:
+        a_hi, a_lo, g_hi, g_lo = (np.ascontiguousarray(table[:, j]) for j in range(4))
+        cached = [a_hi, a_lo, a_lo & _LO32, a_lo >> _U32, g_hi, g_lo, g_lo & _LO32, g_lo >> _U32]
+        _JUMP_COLUMNS.clear()
+        _JUMP_COLUMNS[len(table)] = cached
+    return cached
+
+
+_JUMP_COLUMNS: dict[int, list[np.ndarray]] = {}
 
 
 def pcg64_doubles(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray:
@@ -294,6 +346,41 @@ def pcg64_doubles(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray
     out = (pcg64_outputs(states, pos, count) >> np.uint64(11)).astype(np.float64)
     out *= 2.0**-53
     return out
+
+
+_MULT_LO0, _MULT_LO1 = _MULT_LO & _LO32, _MULT_LO >> _U32
+
+
+def _pcg64_first_doubles(states: np.ndarray, out: np.ndarray) -> None:
+    """:func:`pcg64_doubles` from draw 0 into ``out`` (``(n, k)``), stepping the LCG
+    draw after draw: one 128-bit product by the multiplier per draw instead of two
+    (the jump's), for the blocks of reset draws computed ahead."""
+    hi, lo = states[:, 0].copy(), states[:, 1].copy()
+    inc_hi, inc_lo = states[:, 2], states[:, 3]
+    for k in range(out.shape[1]):
+        x0, x1 = lo & _LO32, lo >> _U32
+        t, cross_a, cross_b = x0 * _MULT_LO0, x0 * _MULT_LO1, x1 * _MULT_LO0
+        mid = t >> _U32
+        mid += cross_a & _LO32
+        mid += cross_b & _LO32
+        new_hi = x1 * _MULT_LO1
+        new_hi += cross_a >> _U32
+        new_hi += cross_b >> _U32
+        new_hi += mid >> _U32
+        new_hi += lo * _MULT_HI
+        new_hi += hi * _MULT_LO
+        lo *= _MULT_LO
+        lo += inc_lo
+        new_hi += inc_hi
+        new_hi += lo < inc_lo
+        hi = new_hi
+        v = hi ^ lo
+        rot = hi >> np.uint64(58)
+        word = v >> rot
+        v <<= (np.uint64(64) - rot) & np.uint64(63)
+        word |= v
+        word >>= np.uint64(11)
+        np.multiply(word, 2.0**-53, out=out[:, k])
 
 
 def pcg64_at(states: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -458,6 +545,7 @@ class EpisodeSeeds:
         self.env_offset = 0
         self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
         self._words: dict[tuple[int, int, int], np.ndarray] = {}
+        self._ahead: dict[tuple[int, int, int, int], np.ndarray] = {}
         self._shared_root: int | None = None
         """The root of every env when they all have one (set by :meth:`restart`), which
         spares the per-env grouping by root; ``None`` when unknown."""
@@ -582,28 +670,42 @@ class EpisodeSeeds:
             blocks = episodes // _BLOCK
             first = int(blocks[0])
             if (blocks == first).all():
-                words = self._words_block(root, first)[rows, episodes - first * _BLOCK].tolist()
+                flat = rows * _BLOCK + episodes - first * _BLOCK
+                words = self._words_block(root, first)[flat].tolist()
             else:
                 words = [
-                    self._words_block(root, e // _BLOCK)[i, e % _BLOCK].tolist()
+                    self._words_block(root, e // _BLOCK)[i * _BLOCK + e % _BLOCK].tolist()
                     for i, e in zip(rows.tolist(), episodes.tolist(), strict=True)
                 ]
             for k, w in zip(ks, words, strict=True):
                 out[k] = _seed_generator(reuse[k], w)
         return out
 
-    def next_states(self, ids: np.ndarray) -> np.ndarray:
-        """Starts the next episode of each env in ``ids``; returns their PCG64 start states.
+    def next_states(self, ids: np.ndarray, draws: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+        """Starts the next episode of each env in ``ids``; returns their PCG64 start
+        states and, with ``draws``, the first ``draws`` doubles of each stream.
 
         Row ``k`` is what ``np.random.Generator(np.random.PCG64(seed))`` starts from for
         the seed :meth:`next` would return (``(state_hi, state_lo, inc_hi, inc_lo)``,
-        the keys of :class:`KeyedStreams`), gathered from cached tables of all N envs,
-        with no per-env Python work.
+        the keys of :class:`KeyedStreams`), and its ``random(draws)``: gathered from
+        tables computed for blocks of episodes of all N envs at once, with no per-env
+        Python work.
 
         Raises:
             ValueError: an env has no root seed.
         """
         ids = self._advance(ids)
+        if draws and self.num_envs * _BLOCK * draws > _MAX_AHEAD:
+            draws = 0
+        if not draws:
+            return self._gather(ids, self._words_block, 0), None
+        rows = self._gather(ids, self._draws_block, draws)
+        return rows[:, :4], rows[:, 4:].view(np.float64)
+
+    def _gather(self, ids: np.ndarray, block: Any, draws: int) -> np.ndarray:
+        """Rows of the current episodes of ``ids`` from the block tables ``block(root, b,
+        draws)`` (``(N * _BLOCK, width)``: env ``i``'s episode ``b * _BLOCK + e`` at row
+        ``i * _BLOCK + e``)."""
         root = self._shared_root
         if root is not None:
             groups: dict[int, np.ndarray | None] = {root: None}
@@ -612,35 +714,67 @@ class EpisodeSeeds:
             if sum(len(ks) for ks in by_root.values()) != len(ids):
                 raise ValueError("next_states needs every env to have a root seed")
             groups = {r: np.asarray(ks, dtype=np.int64) for r, ks in by_root.items()}
-        out = np.empty((len(ids), 4), dtype=np.uint64)
+        out: np.ndarray | None = None
         for r, ks in groups.items():
             rows = ids if ks is None else ids[ks]
             if not len(rows):
                 continue
             episodes = self.episode[rows]
             blocks = episodes // _BLOCK
+            flat = rows * _BLOCK + (episodes - blocks * _BLOCK)
             first, last = int(blocks.min()), int(blocks.max())
             if first == last:
-                got = self._words_block(r, first)[rows, episodes - first * _BLOCK]
+                got = block(r, first, draws).take(flat, axis=0)
             else:
-                got = np.empty((len(rows), 4), dtype=np.uint64)
-                for b in np.unique(blocks).tolist():
+                got = None
+                for b in range(first, last + 1):
                     sel = blocks == b
-                    got[sel] = self._words_block(r, b)[rows[sel], episodes[sel] - b * _BLOCK]
+                    if not sel.any():
+                        continue
+                    part = block(r, b, draws).take(flat[sel], axis=0)
+                    if got is None:
+                        got = np.empty((len(rows), part.shape[1]), dtype=part.dtype)
+                    got[sel] = part
+            assert got is not None
             if ks is None:
-                out[:] = got
-            else:
-                out[ks] = got
+                return got
+            if out is None:
+                out = np.empty((len(ids), got.shape[1]), dtype=got.dtype)
+            out[ks] = got
+        if out is None:
+            width = draws or 4
+            return np.empty((0, width), dtype=np.float64 if draws else np.uint64)
         return out
 
-    def _words_block(self, root: int, b: int) -> np.ndarray:
+    def _draws_block(self, root: int, b: int, draws: int) -> np.ndarray:
+        """:meth:`_words_block` with the first ``draws`` doubles of each stream after
+        its 4 state words (their bits, as uint64): ``(N * _BLOCK, 4 + draws)``."""
+        key = (root, self.env_offset, b, draws)
+        table = self._ahead.get(key)
+        if table is None:
+            states = self._words_block(root, b)
+            table = np.empty((len(states), 4 + draws), dtype=np.uint64)
+            table[:, :4] = states
+            doubles = table[:, 4:].view(np.float64)
+            for start in range(0, len(states), _CHUNK):
+                end = start + _CHUNK
+                _pcg64_first_doubles(states[start:end], doubles[start:end])
+            if len(self._ahead) >= _MAX_BLOCKS:
+                self._ahead.clear()
+            self._ahead[key] = table
+        return table
+
+    def _words_block(self, root: int, b: int, draws: int = 0) -> np.ndarray:
         """PCG64 states (:func:`_pcg64_states`) of episodes ``b * _BLOCK ...`` of all N
-        envs: ``(N, _BLOCK, 4)``."""
+        envs: ``(N * _BLOCK, 4)``, env ``i``'s episode ``b * _BLOCK + e`` at row
+        ``i * _BLOCK + e``."""
         key = (root, self.env_offset, b)
         table = self._words.get(key)
         if table is None:
-            seeds = self._block(root, b)
-            table = _pcg64_states(seeds.reshape(-1)).reshape(self.num_envs, _BLOCK, 4)
+            seeds = self._block(root, b).reshape(-1)
+            table = np.empty((len(seeds), 4), dtype=np.uint64)
+            for start in range(0, len(seeds), _CHUNK):  # temporaries that fit in cache
+                table[start : start + _CHUNK] = _pcg64_states(seeds[start : start + _CHUNK])
             if len(self._words) >= _MAX_BLOCKS:
                 self._words.clear()
             self._words[key] = table
@@ -690,7 +824,11 @@ class EpisodeSeeds:
             n = self.num_envs
             envs = np.repeat(np.arange(n, dtype=np.int64) + self.env_offset, _BLOCK)
             eps = np.tile(np.arange(b * _BLOCK, (b + 1) * _BLOCK, dtype=np.int64), n)
-            table = episode_seeds(root, envs, eps).reshape(n, _BLOCK)
+            table = np.empty(n * _BLOCK, dtype=np.uint64)
+            for start in range(0, n * _BLOCK, _CHUNK):
+                end = start + _CHUNK
+                table[start:end] = episode_seeds(root, envs[start:end], eps[start:end])
+            table = table.reshape(n, _BLOCK)
             if len(self._seeds) >= _MAX_BLOCKS:
                 self._seeds.clear()
             self._seeds[key] = table
@@ -790,6 +928,11 @@ class StreamTable:
         self.states = np.zeros((num_envs, 4), dtype=np.uint64)
         self.pos = np.zeros(num_envs, dtype=np.int64)
         self.live: dict[int, np.random.Generator] = {}
+        self.prefetch = 0
+        """Draws the last reset took per row: a reset's first draw computes that many at
+        once (its later draws then cost a slice)."""
+        self.version = 0
+        """Counts draws, so a stream view knows whether its prefetched draws are current."""
 
     def start(self, ids: np.ndarray, states: np.ndarray) -> None:
         """Instances ``ids`` start new streams from ``states`` (``(len(ids), 4)``)."""
@@ -799,9 +942,13 @@ class StreamTable:
             for i in np.asarray(ids).tolist():
                 self.live.pop(i, None)
 
-    def rows(self, ids: np.ndarray) -> KeyedStreams:
-        """The streams of instances ``ids``, row ``k`` for ``ids[k]``."""
-        return KeyedStreams(self, np.asarray(ids, dtype=np.int64))
+    def rows(self, ids: np.ndarray, ahead: np.ndarray | None = None) -> KeyedStreams:
+        """The streams of instances ``ids``, row ``k`` for ``ids[k]``; ``ahead`` holds
+        each row's next draws (doubles) where already computed."""
+        streams = KeyedStreams(self, np.asarray(ids, dtype=np.int64))
+        if ahead is not None:
+            streams._ahead, streams._used, streams._version = ahead, 0, self.version
+        return streams
 
     def generator(self, i: int) -> np.random.Generator:
         """Instance ``i``'s stream as a ``np.random.Generator`` at its current draw
@@ -882,6 +1029,11 @@ class KeyedStreams(Sequence[np.random.Generator]):
     def __init__(self, table: StreamTable, ids: np.ndarray) -> None:
         self._table = table
         self.ids = ids
+        self.taken = 0
+        """Draws taken per row through this view."""
+        self._ahead: np.ndarray | None = None
+        self._used = 0
+        self._version = -1
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -899,9 +1051,27 @@ class KeyedStreams(Sequence[np.random.Generator]):
             count *= int(d)
         table, ids = self._table, self.ids
         if not table.live:
-            out = pcg64_doubles(table.states[ids], table.pos[ids], count)
+            ahead = self._ahead
+            if (
+                ahead is not None
+                and self._version == table.version
+                and ahead.shape[1] - self._used >= count
+            ):
+                out = ahead[:, self._used : self._used + count]
+                self._used += count
+            else:
+                fetch = max(count, table.prefetch - self.taken)
+                ahead = pcg64_doubles(table.states[ids], table.pos[ids], fetch)
+                self._ahead, self._used = ahead, count
+                out = ahead[:, :count]
             table.pos[ids] += count
+            self.taken += count
+            table.version += 1
+            self._version = table.version
             return out.reshape(len(ids), *shape)
+        self._ahead = None
+        self.taken += count
+        table.version += 1
         out = np.empty((len(ids), count))
         live = np.array([i in table.live for i in ids.tolist()], dtype=np.bool_)
         keyed = ids[~live]

@@ -209,7 +209,7 @@ def test_keyed_streams_draw_what_each_instances_generator_draws() -> None:
     seeds.restart(9)
     table = StreamTable(5)
     ids = np.array([0, 2, 3, 4])
-    table.start(ids, seeds.next_states(ids))
+    table.start(ids, seeds.next_states(ids)[0])
     streams = table.rows(ids)
     refs = [np.random.Generator(np.random.PCG64(episode_seed(9, i, 0))) for i in ids.tolist()]
     first = streams.uniform(-1.0, 2.0, (2, 3))
