@@ -690,7 +690,9 @@ def evaluate_model(
         vector.close()
     if render is not None:
         try:
-            imageio.mimwrite(str(render), frames, fps=fps)
+            from simkit.recording._cli import video_options
+
+            imageio.mimwrite(str(render), frames, **video_options(render, fps))
         except ValueError as exc:  # imageio: no plugin writes this format
             first = str(exc).splitlines()[0]
             raise MissingDependency(

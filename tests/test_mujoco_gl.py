@@ -117,3 +117,29 @@ def test_eval_render_shows_its_progress(
         "simkit eval: rendered 200 frames, 1/2 episodes",
         "simkit eval: rendered 200 frames, 2/2 episodes",
     ]
+
+
+def test_eval_renders_a_gif_at_the_asked_frame_rate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    imageio = pytest.importorskip("imageio")
+    import itertools
+
+    import numpy as np
+
+    import simkit
+    from simkit.clients._checkpoint import save_policy
+    from simkit.clients._train import _policy_meta, build_model, evaluate_policy
+    from simkit.clients.ppo import PPOArgs
+
+    shade = itertools.count()  # frames that differ, or the GIF writer merges them
+    monkeypatch.setattr(
+        simkit.MujocoEnv, "render", lambda self: np.full((16, 16, 3), next(shade) % 256, np.uint8)
+    )
+    args = PPOArgs(env_id="simkit/Reacher-v0")
+    policy = tmp_path / "policy.safetensors"
+    save_policy(policy, build_model(args).state_dict(), _policy_meta(args, 0))
+    out = tmp_path / "out.gif"
+    evaluate_policy(policy, episodes=1, render=out, fps=20)  # imageio's gif writer has no fps
+    assert imageio.v3.improps(out).n_images == 100  # the reset and 99 of the 100 steps
+    assert imageio.v3.immeta(out)["duration"] == 50  # ms per frame

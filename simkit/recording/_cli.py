@@ -273,8 +273,16 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         env.step(_row(episode.actions, t))
         frames.append(env.render())
     env.close()
-    imageio.mimwrite(out, frames, fps=fps)
+    imageio.mimwrite(out, frames, **video_options(out, fps))
     return len(frames)
+
+
+def video_options(out: str | Path, fps: int) -> dict[str, Any]:
+    """imageio's writer options for ``fps`` frames per second: a GIF (Pillow's writer) takes
+    the time per frame in ms and refuses ``fps``; the video containers take ``fps``."""
+    if str(out).lower().endswith(".gif"):
+        return {"duration": 1000.0 / fps, "loop": 0}
+    return {"fps": fps}
 
 
 def _export_configure(parser: argparse.ArgumentParser) -> None:
