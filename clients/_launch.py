@@ -245,6 +245,7 @@ def launch(
     env_kwargs: dict[str, Any] | None = None,
     heartbeat_timeout: float = 60.0,
     env_vars: dict[str, str] | None = None,
+    placement_timeout: float = 120.0,
 ) -> RayServers:
     """Starts ``servers`` policy-serving rollout servers of ``env_id`` as Ray actors.
 
@@ -267,11 +268,16 @@ def launch(
         heartbeat_timeout: seconds a silent learner session is kept.
         env_vars: environment variables the server processes start with (the pinned
             kernels of reproducible mode, :mod:`simkit._kernels`).
+        placement_timeout: seconds to wait for the bundles to be placed (room the
+            cluster has but other work holds now).
 
     Raises:
         simkit.errors.MissingDependency: Ray is not installed (``pip install
             'simkit[ray]'``).
-        ValueError: a count or resource out of range.
+        ValueError: a count or resource out of range; the cluster's live nodes cannot
+            hold ``servers`` bundles (checked before anything is asked of Ray), or they
+            were not placed within ``placement_timeout``: one line naming what is
+            needed and what the cluster has.
     """
     if servers < 1:
         raise ValueError(f"servers must be >= 1, got {servers}")
@@ -312,8 +318,12 @@ def launch(
         "heartbeat_timeout": heartbeat_timeout,
     }
     bundle = {"CPU": server_cpus, **({"GPU": server_gpus} if server_gpus else {})}
-    placement = placement_group([dict(bundle) for _ in range(servers)], strategy="SPREAD")
-    ray.get(placement.ready())
+    try:
+        placement = _place(ray, placement_group, servers, bundle, placement_timeout)
+    except BaseException:
+        if owns_ray:
+            ray.shutdown()
+        raise
     actor_class = ray.remote(_ServerActor)
     actors = [
         actor_class.options(
@@ -337,3 +347,48 @@ def launch(
         raise
     launched.started_s = time.perf_counter() - start
     return launched
+
+
+def _amounts(resources: dict[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in resources.items()) + " in all"
+
+
+def _place(
+    ray: Any, placement_group: Any, servers: int, bundle: dict[str, float], timeout: float
+) -> Any:
+    """A ready placement group of ``servers`` ``bundle`` s (``SPREAD``).
+
+    Raises:
+        ValueError: the live nodes cannot hold them (nodes and totals named), or Ray
+            did not place them within ``timeout`` seconds (the free resources named).
+    """
+    from ray.exceptions import GetTimeoutError
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    # SPREAD packs bundles onto a node when there are fewer nodes than bundles.
+    room = sum(
+        min(int(node.get(k, 0.0) / v + 1e-9) for k, v in bundle.items() if v > 0) for node in nodes
+    )
+    needed = f"--servers {servers} needs {servers} bundles of {bundle} "
+    needed += f"({_amounts({k: servers * v for k, v in bundle.items()})})"
+    if room < servers:
+        there = _amounts({k: sum(node.get(k, 0.0) for node in nodes) for k in bundle})
+        raise ValueError(
+            f"{needed}; the cluster has {len(nodes)} node(s) with {there}, room for {room} "
+            "such bundle(s): start fewer servers, give each less (--server-cpus, "
+            "--server-gpus) or add nodes"
+        )
+    placement = placement_group([dict(bundle) for _ in range(servers)], strategy="SPREAD")
+    try:
+        ray.get(placement.ready(), timeout=timeout)
+    except GetTimeoutError:
+        ray.util.remove_placement_group(placement)
+        free = ray.available_resources()
+        raise ValueError(
+            f"{needed}; the cluster did not place them within {timeout:g} s (free now: "
+            f"{_amounts({k: free.get(k, 0.0) for k in bundle})}; other work holds the rest)"
+        ) from None
+    except BaseException:
+        ray.util.remove_placement_group(placement)
+        raise
+    return placement

@@ -108,6 +108,33 @@ def test_ray_servers_spread_over_nodes_and_train_the_in_process_bits(
     _same(_params(local.checkpoint), _params(ray_run.checkpoint))
 
 
+@pytest.mark.timeout(60, method="thread")  # the bundles used to wait forever
+def test_servers_the_cluster_cannot_hold_fail_at_once_saying_what_is_needed_and_there(
+    cluster: Any,
+) -> None:
+    """Three 2-CPU servers on two 2-CPU nodes: one line, before any actor starts."""
+    before = len(ray.util.placement_group_table())
+    with pytest.raises(
+        ValueError,
+        match=r"^--servers 3 needs 3 bundles of \{'CPU': 2\.0\} \(6 CPU in all\); the "
+        r"cluster has 2 node\(s\) with 4 CPU in all, room for 2 such bundle\(s\)",
+    ):
+        launch_module.launch("simkit/CartPole-v0", 3, num_envs=1, server_cpus=2.0)
+    with pytest.raises(ValueError, match=r"1 GPU in all\); the cluster has .* 0 GPU in all"):
+        launch_module.launch("simkit/CartPole-v0", 1, num_envs=1, server_gpus=1.0)
+    assert len(ray.util.placement_group_table()) == before  # nothing was asked of Ray
+    # Room the cluster has but other work holds: the placement times out, same line.
+    held = ray.util.placement_group([{"CPU": 2.0}, {"CPU": 2.0}], strategy="SPREAD")
+    ray.get(held.ready(), timeout=30)
+    try:
+        with pytest.raises(
+            ValueError, match=r"did not place them within 1 s \(free now: 0 CPU in all;"
+        ):
+            launch_module.launch("simkit/CartPole-v0", 1, num_envs=1, placement_timeout=1.0)
+    finally:
+        ray.util.remove_placement_group(held)
+
+
 def _kill_during_second_update(monkeypatch: pytest.MonkeyPatch, kill: Any) -> None:
     import simkit.clients._train as train_module
 
