@@ -9,6 +9,7 @@ Importing this package only registers ids; each env module is imported on first 
 | ``simkit/BatchCheetah-v0`` | BatchMujocoEnv, Box(6) | N planar runners, MuJoCo batch stepping |
 | ``simkit/Cheetah-v0`` | MujocoEnv, Box(6) | planar MuJoCo runner, run forward |
 | ``simkit/Pendulum-v0`` | Env, Box(1) | swing a pendulum up and hold it |
+| ``simkit/BatchPendulum-v0`` | BatchEnv, Box(1) | N pendulums as numpy/torch arrays |
 | ``simkit/Reacher-v0`` | MujocoEnv, Box(2) | two-link arm reaching a random target |
 | ``simkit/GoalNav-v0`` | MultiAgentEnv, Box(2) | N point masses to their goals, leaving early |
 """
@@ -40,6 +41,13 @@ register(
     "simkit/Pendulum-v0",
     "simkit.envs.pendulum:Pendulum",
     description="pendulum swing-up (continuous torque, randomized physics)",
+)
+
+register(
+    "simkit/BatchPendulum-v0",
+    "simkit.envs.batch_pendulum:BatchPendulum",
+    kind=EnvKind.BATCH,
+    description="N pendulum swing-ups stepped as arrays, numpy or torch (bit-identical to N Pendulum-v0)",
 )
 
 register(

@@ -109,6 +109,62 @@ def test_torch_batch_cartpole_equals_numpy() -> None:
         tb.step_batch(torch.full((6,), 2))
 
 
+@given(
+    root=st.integers(0, 2**63 - 1),
+    n=st.integers(1, 4),
+    limit=st.integers(1, 25),
+    action_seed=st.integers(0, 2**32 - 1),
+)
+def test_batch_pendulum_equals_single_instances(
+    root: int, n: int, limit: int, action_seed: int
+) -> None:
+    """Keyed reset draws (params, then theta and theta_dot from array bounds), continuous
+    actions, per-row infos: each row is the single Pendulum-v0 of its seed, bit for bit."""
+    batch = simkit.make(
+        "simkit/BatchPendulum-v0", num_envs=n, max_episode_steps=limit, step_infos=True
+    )
+    actions = np.random.default_rng(action_seed).uniform(-1, 1, size=(40, n, 1))
+    ends = assert_batch_matches_singles(
+        batch,
+        lambda: simkit.make("simkit/Pendulum-v0", max_episode_steps=limit),
+        root,
+        actions.astype(np.float32),
+        compare_infos=True,
+    )
+    assert ends == n * (40 // limit)
+
+
+def test_torch_batch_pendulum_is_deterministic_and_close_to_numpy() -> None:
+    """On torch the reset draws are the numpy batch's bits (the same keyed streams); the
+    dynamics agree to rounding (torch's sin/cos), and same seed, same snapshot give the
+    same bits."""
+    torch = pytest.importorskip("torch")
+    ref = simkit.make("simkit/BatchPendulum-v0", num_envs=5, max_episode_steps=30)
+    tb = simkit.make("simkit/BatchPendulum-v0", num_envs=5, max_episode_steps=30, device="cpu")
+    o1, _ = ref.reset(seed=8)
+    o2, _ = tb.reset(seed=8)
+    assert isinstance(o2, torch.Tensor)
+    assert o2.dtype == torch.float32
+    np.testing.assert_allclose(o1, o2.numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(ref.state, tb.state.numpy())
+    actions = np.random.default_rng(1).uniform(-1, 1, size=(70, 5, 1)).astype(np.float32)
+    rewards = []
+    for a in actions:
+        r1, r2 = ref.step_batch(a), tb.step_batch(torch.as_tensor(a))
+        np.testing.assert_allclose(r1.obs, r2.obs.numpy(), rtol=0, atol=1e-4)
+        np.testing.assert_array_equal(r1.truncated, r2.truncated)
+        rewards.append(r2.reward)
+    assert np.isfinite(np.concatenate(rewards)).all()
+    state = tb.get_state()
+    again = simkit.make("simkit/BatchPendulum-v0", num_envs=5, max_episode_steps=30, device="cpu")
+    again.set_state(loads(dumps(state)))
+    a = torch.as_tensor(actions[0])
+    for _ in range(35):  # crosses an autoreset
+        s1, s2 = tb.step_batch(a), again.step_batch(a)
+        assert torch.equal(s1.obs, s2.obs)
+        np.testing.assert_array_equal(s1.reward, s2.reward)
+
+
 def test_is_a_gymnasium_vector_env_with_same_step_infos() -> None:
     env = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=4)
     assert isinstance(env, gym.vector.VectorEnv)
