@@ -152,10 +152,20 @@ def _gym_spec(id: str) -> EnvSpec:
         raise UnknownEnv(f"no Gymnasium env {gym_id!r} for {id!r}: {exc}") from None
     return EnvSpec(
         id=id,
-        entry_point=functools.partial(gymnasium.make, gym_id),
+        entry_point=functools.partial(_gym_make, gym_id),
         kind=EnvKind.SINGLE,
         description=f"Gymnasium's {gym_id} (gymnasium.make)",
     )
+
+
+def _gym_make(gym_id: str, **kwargs: Any) -> Any:
+    """``gymnasium.make(gym_id)``; a Gymnasium MuJoCo env loads MuJoCo through
+    :mod:`simkit._mujoco` first, so a broken ``MUJOCO_GL`` is one line naming what is
+    missing (``RenderUnavailable``), not MuJoCo's traceback."""
+    if "mujoco" in str(gymnasium.spec(gym_id).entry_point):
+        import simkit._mujoco  # noqa: F401
+
+    return gymnasium.make(gym_id, **kwargs)
 
 
 def _class_spec(id: str) -> EnvSpec:

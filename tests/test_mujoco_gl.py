@@ -60,6 +60,22 @@ def test_a_mujoco_env_says_in_one_line_what_is_missing(backend: str, tmp_path: P
     ]
 
 
+def test_a_gymnasium_mujoco_env_says_it_in_one_line_too(tmp_path: Path) -> None:
+    # Gymnasium imports MuJoCo itself (gym:HalfCheetah-v5); gym:CartPole-v1 needs none.
+    script = (
+        "import simkit\n"
+        "simkit.make('gym:CartPole-v1').reset(seed=0)\n"
+        "simkit.make('gym:HalfCheetah-v5')\n"
+    )
+    made = _run(["-c", script], "foo", tmp_path)
+    assert made.returncode == 1
+    assert (
+        made.stderr.strip()
+        .splitlines()[-1]
+        .startswith("simkit.errors.RenderUnavailable: MuJoCo cannot load with MUJOCO_GL=foo: ")
+    )
+
+
 def test_the_message_names_what_is_missing_and_what_works() -> None:
     from simkit._mujoco import GL_BACKENDS, _backend_works, gl_unavailable
 
