@@ -265,7 +265,87 @@ def close_all(closers: list[Any]) -> None:
 
 # -------------------------------------------------------------------------------- main
 
-SECTIONS = ("cheetah", "gym", "cartpole", "cost", "breakdown")
+SECTIONS = ("kernel", "cheetah", "gym", "cartpole", "cost", "breakdown")
+
+
+def steady_runner(env: Any, actions: np.ndarray) -> Runner:
+    """``step_batch`` over pre-drawn actions, continuing (no reset between repeats): the
+    instances' episodes are desynchronised, so every step resets its steady share."""
+
+    def run() -> int:
+        for a in actions:
+            env.step_batch(a)
+        return actions.shape[0] * actions.shape[1]
+
+    return run
+
+
+def kernel_runner(env: Any, actions: np.ndarray) -> Runner:
+    """The env's own physics kernel (``_advance(state, actions, params)``) alone, over the
+    same actions from the env's current state: the rate ``step_batch`` is measured against."""
+    state = env.state.clone() if hasattr(env.state, "clone") else env.state.copy()
+    params = env._p
+
+    def run() -> int:
+        rows = state
+        for a in actions:
+            rows = env._advance(rows, a, params)[0]
+        return actions.shape[0] * actions.shape[1]
+
+    return run
+
+
+def kernel_section(quick: bool, repeats: int) -> None:
+    """``step_batch`` with steady autoresets vs the env's physics kernel, N=4,096."""
+    n = 4096
+    steps = 20 if quick else 100
+    print("## Batched envs at the physics limit: `step_batch` vs its own kernel, N=4,096\n")
+    print(
+        "Instance-steps/s, medians of round-robin repeats of "
+        f"{steps} steps (wall clock, and per CPU-second of this process); uniform random "
+        "actions, so BatchCartPole resets ~190 instances a step (episodes ~22 steps) and "
+        "BatchPendulum 1/200 of them a step. kernel = the env's `_advance` alone on the same "
+        "arrays (no validation, resets, truncation, observations). share = step_batch / "
+        f"kernel. Load average before: {os.getloadavg()[0]:.1f}.\n"
+    )
+    print(
+        "| env | arrays | step_batch | kernel | share | CPU: step_batch | CPU: kernel | "
+        "CPU: share |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    rows = [("simkit/BatchCartPole-v0", None), ("simkit/BatchPendulum-v0", None)]
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        rows += [("simkit/BatchCartPole-v0", "cpu"), ("simkit/BatchPendulum-v0", "cpu")]
+    except ImportError:
+        pass
+    for env_id, device in rows:
+        env = simkit.make(env_id, num_envs=n, device=device)
+        rng = np.random.default_rng(1)
+        if "CartPole" in env_id:
+            acts: Any = rng.integers(0, 2, (steps, n))
+        else:
+            acts = rng.uniform(-1, 1, (steps, n, 1)).astype(np.float32)
+        if device is not None:
+            import torch
+
+            acts = torch.as_tensor(acts)
+        env.reset(seed=0)
+        warm = steady_runner(env, acts)
+        for _ in range(3):  # desynchronise the episodes
+            warm()
+        r, c = compare_wall_cpu(
+            {"step": steady_runner(env, acts), "kernel": kernel_runner(env, acts)}, repeats
+        )
+        label = "numpy" if device is None else f"torch ({device})"
+        print(
+            f"| `{env_id}` | {label} | {fmt(r['step'])} | {fmt(r['kernel'])} | "
+            f"{ratio(r['step'], r['kernel'])} | {fmt(c['step'])} | {fmt(c['kernel'])} | "
+            f"{ratio(c['step'], c['kernel'])} |"
+        )
+    print(f"\nLoad average after: {os.getloadavg()[0]:.1f}.\n")
 
 
 def main() -> None:
@@ -292,6 +372,8 @@ def main() -> None:
 
     print(f"# bench_batch ({NCPU} CPUs, mujoco {mujoco.__version__}, repeats={repeats})\n")
     raw64: float | None = None
+    if "kernel" in sections:
+        kernel_section(args.quick, repeats)
     if "cheetah" in sections:
         print("## Cheetah: BatchMujocoEnv vs the raw MuJoCo limit and EnvPool\n")
         print(
