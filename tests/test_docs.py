@@ -217,6 +217,27 @@ def _wait_for(port: int, deadline: float) -> bool:
     return False
 
 
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, bytes] | None:
+    """Runs ``argv`` in its own process group; ``(exit status, stderr + stdout)``, or None
+    after :data:`COMMAND_TIMEOUT` (the group, servers it started included, is killed)."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=COMMAND_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return proc.returncode, err + out
+
+
 def _tail(out: bytes) -> str:
     return "\n".join(out.decode(errors="replace").strip().splitlines()[-12:])
 
@@ -242,17 +263,11 @@ def run_page(page: Path, cwd: Path) -> list[str]:
                 if _continued(block, blocks):
                     pending = [code]
                     continue
-                done = subprocess.run(
-                    [sys.executable, "-c", code],
-                    cwd=cwd,
-                    env=env,
-                    capture_output=True,
-                    timeout=COMMAND_TIMEOUT,
-                )
-                if done.returncode != 0:
-                    failures.append(
-                        f"{block.where} python block: exit {done.returncode}\n{_tail(done.stderr)}"
-                    )
+                ran = _run([sys.executable, "-c", code], cwd, env)
+                if ran is None:
+                    failures.append(f"{block.where} python block: still running after timeout")
+                elif ran[0] != 0:
+                    failures.append(f"{block.where} python block: exit {ran[0]}\n{_tail(ran[1])}")
                 continue
             skipped = _skipped_lines(block)
             for command in commands_of(block):
@@ -273,25 +288,13 @@ def run_page(page: Path, cwd: Path) -> list[str]:
                             )
                         )
                     continue
-                try:
-                    done = subprocess.run(
-                        ["bash", "-c", command],
-                        cwd=here,
-                        env=env,
-                        capture_output=True,
-                        timeout=COMMAND_TIMEOUT,
-                        start_new_session=True,
-                    )
-                except subprocess.TimeoutExpired:
+                ran = _run(["bash", "-c", command], here, env)
+                if ran is None:
                     failures.append(
                         f"{block.where} `{command}`: still running after {COMMAND_TIMEOUT:.0f} s"
                     )
-                    continue
-                if done.returncode != 0:
-                    failures.append(
-                        f"{block.where} `{command}`: exit {done.returncode}\n"
-                        f"{_tail(done.stderr + done.stdout)}"
-                    )
+                elif ran[0] != 0:
+                    failures.append(f"{block.where} `{command}`: exit {ran[0]}\n{_tail(ran[1])}")
             for port in block.marker("wait-for"):
                 real = int(ports.get(port, port))
                 if not _wait_for(real, time.monotonic() + 60):
@@ -380,6 +383,24 @@ def test_the_harness_reads_blocks_markers_and_commands(tmp_path: Path) -> None:
     assert len(failures) == 2
     assert failures[0].startswith("page.md:1 python block: exit 3")
     assert "`false`: exit 1" in failures[1]
+
+
+def test_a_command_that_hangs_is_stopped_and_reported(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "COMMAND_TIMEOUT", 1.0)
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\nsleep 60 & sleep 60\n```\n```python\nimport time; time.sleep(60)\n```\n"
+    )
+    (tmp_path / "cwd").mkdir()
+    started = time.monotonic()
+    failures = run_page(page, tmp_path / "cwd")
+    assert time.monotonic() - started < 30  # the background sleep of the group is killed too
+    assert failures == [
+        "page.md:1 `sleep 60 & sleep 60`: still running after 1 s",
+        "page.md:4 python block: still running after timeout",
+    ]
 
 
 def test_ports_are_replaced_consistently() -> None:
