@@ -113,6 +113,10 @@ class ServerSource:
         """Sync, supervised: every session's snapshot at the current version's start, by
         env offset (None once the envs turned out to have no snapshots)."""
         self._boundary_version: int | None = None
+        self.env_id = env_id
+        self.not_exact: str | None = None
+        """Why this run's continuation after a server loss and from its checkpoints is
+        not exact (its envs have no snapshots), once the servers said so; else None."""
 
     @property
     def supervised(self) -> bool:
@@ -229,6 +233,7 @@ class ServerSource:
                 if exc.remote_code != "unsupported":
                     raise
                 self._boundary = None
+                self._no_snapshots()
                 return None
             except ServerUnavailable as exc:
                 if not self.supervised:
@@ -239,6 +244,21 @@ class ServerSource:
                 self._boundary = {config.env_offset: snap for config, snap in states}
                 self._boundary_version = self.stream.version
             return states
+
+    def _no_snapshots(self) -> None:
+        """Says once that this run's envs have no snapshots and what that costs: a lost
+        server's session (supervised) and a resumed checkpoint restart them afresh."""
+        if self.not_exact is not None:
+            return
+        self.not_exact = f"the envs of {self.env_id} have no snapshots"
+        if self.supervised:
+            what = (
+                "a lost server's session reopens with fresh envs and a resume from a "
+                "checkpoint restarts them afresh: neither continues exactly"
+            )
+        else:
+            what = "a resume from a checkpoint restarts them afresh: it does not continue exactly"
+        self.report(f"simkit train: {self.not_exact}: {what}")
 
     def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
         """Sends new weights to every live server without waiting for the acks.
@@ -325,6 +345,11 @@ class ServerSource:
         """
         sessions = state.get("sessions")
         if sessions is None:
+            self.report(
+                "simkit train: the checkpoint holds no env states (envs without snapshots, "
+                "or async mode): the envs restart afresh, so this run does not continue "
+                "exactly where the checkpointed one stopped (the learner does)"
+            )
             return
         try:
             snaps = [SessionSnapshot.from_plain(s["state"]) for s in sessions]

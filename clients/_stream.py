@@ -85,6 +85,9 @@ class _Server:
     """The ``stream_open`` config (kept to reopen the session on a restarted server)."""
     snapshot: SessionSnapshot | None = None
     """The last ``stream_state`` reply, until :meth:`PolicyStream.session_states` takes it."""
+    state_error: RemoteError | None = None
+    """A refused ``stream_state`` (kept, so that every server's answer is taken before
+    :meth:`PolicyStream.session_states` raises it, and none is left to arrive later)."""
     restored: int = -1
     """The id of the last ``stream_restore`` request the server applied."""
 
@@ -272,12 +275,16 @@ class PolicyStream:
         try:
             item = srv.session.parse(frames)
         except RemoteError as exc:
-            raise RemoteError(
+            named = RemoteError(
                 exc.remote_code,
                 f"server {srv.conn.endpoint}: {exc.message.split('] ', 1)[-1]}",
                 expected=exc.expected,
                 got=exc.got,
-            ) from None
+            )
+            if getattr(exc, "request_kind", None) == "stream_state":
+                srv.state_error = named
+                return
+            raise named from None
         if isinstance(item, Fragment):
             stats = srv.stats
             assert stats is not None
@@ -375,10 +382,18 @@ class PolicyStream:
             )
         for srv in self._servers:
             srv.snapshot = None
+            srv.state_error = None
             self._send(srv, srv.session.request_state())
         out = []
+        for srv in self._servers:  # every answer is taken, refusals included
+            self._await(
+                srv,
+                lambda s: s.snapshot is not None or s.state_error is not None,
+                "'stream_state'",
+            )
         for srv in self._servers:
-            self._await(srv, lambda s: s.snapshot is not None, "'stream_state'")
+            if srv.state_error is not None:
+                raise srv.state_error
             assert srv.snapshot is not None
             assert srv.config is not None
             out.append((srv.config, srv.snapshot))

@@ -92,6 +92,9 @@ class TrainResult:
     """The recording directory (``record``), if any."""
     learning: tuple[float, int] | None = None
     """Off-policy runs: (seconds into the run, env step) of its first gradient step."""
+    not_exact: str | None = None
+    """Why a continuation of this run after a server loss or from its checkpoints is not
+    exact (its envs have no snapshots: Gymnasium's), where the servers said so."""
 
 
 RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads", "compile")
@@ -550,6 +553,7 @@ def run_training(
         stopped=stop.requested,
         times=times,
         record=None if record is None else Path(record),
+        not_exact=None if isinstance(source, LocalSource) else source.not_exact,
     )
 
 

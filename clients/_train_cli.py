@@ -563,6 +563,8 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo", *, console: A
     ]
     if r.record is not None:
         where.append(("recording", f"{simkit} replay {r.record} --verify"))
+    if r.not_exact is not None:
+        rows.append(("continuation", f"not exact after a server loss or resume: {r.not_exact}"))
     title = f"simkit train {env_id}" + (" (stopped)" if r.stopped else "")
     if console is None and not sys.stdout.isatty():
         print(title)

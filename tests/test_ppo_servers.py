@@ -3,6 +3,7 @@ waiting for a lost server to come back (``--wait-for-servers``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
@@ -192,25 +193,31 @@ def test_a_server_that_does_not_start_shows_its_own_last_lines() -> None:
             spawn_servers("simkit/CartPole-v0", 1, binds=[bind])
 
 
+@pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "gym:CartPole-v1"])
 def test_wait_for_servers_reconnects_to_a_restarted_server(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    env_id: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The second server is killed after the first update and restarted on its port
-    3 s later."""
+    3 s later. simkit envs continue from the boundary snapshot; a Gymnasium env has
+    none: its session reopens with fresh envs, and the run says at start and in its
+    result that such a continuation is not exact."""
     binds = [f"tcp://127.0.0.1:{_free_port()}" for _ in range(2)]
-    procs, endpoints = spawn_servers("simkit/CartPole-v0", 2, binds=binds)
+    procs, endpoints = spawn_servers(env_id, 2, binds=binds)
     restarted: list = []  # type: ignore[type-arg]  # Popen of the restarted server
 
     def restart() -> None:
         time.sleep(3.0)  # longer than the server timeout: the learner notices and waits
-        more, _ = spawn_servers("simkit/CartPole-v0", 1, binds=[binds[1]])
+        more, _ = spawn_servers(env_id, 1, binds=[binds[1]])
         restarted.extend(more)
 
     killer = threading.Thread(target=restart, daemon=True)
     _kill_after_first_update(monkeypatch, procs[1], then=killer.start)
     try:
         r = run_training(
-            PPOArgs(**ARGS),
+            PPOArgs(**{**ARGS, "env_id": env_id}),
             logdir=tmp_path,
             connect=endpoints,
             max_updates=6,
@@ -230,6 +237,14 @@ def test_wait_for_servers_reconnects_to_a_restarted_server(
     # Every update had both servers' rows: the run never went on with one.
     assert r.updates == 6
     assert r.global_step == 6 * 4 * 16
+    if env_id.startswith("gym:"):
+        assert "its envs restart from seed" in err
+        assert err.index("have no snapshots") < err.index("stopped answering")  # at start
+        assert r.not_exact is not None
+        assert "have no snapshots" in r.not_exact
+    else:
+        assert "its session restored at version 1's boundary" in err
+        assert r.not_exact is None
 
 
 class _FakeStream:
@@ -408,3 +423,43 @@ def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
     else:
         assert int(state["counters"]["global_step"]) >= 8  # the rounds before the loss
         assert state["servers"] == 1
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_a_gym_runs_checkpoint_and_resume_say_they_are_not_exact(
+    algo: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A Gymnasium env has no snapshots: its checkpoints hold no env states and a
+    resume restarts the envs afresh: the run
+    says so when it checkpoints and when it resumes."""
+    env = "gym:Pendulum-v1"
+    if algo == "ppo":
+        ppo = PPOArgs(**{**ARGS, "env_id": env, "num_envs": 2})
+        kw: dict[str, Any] = {"servers": 1, "tensorboard": False}
+        run_training(ppo, logdir=tmp_path, max_updates=2, **kw)
+        err = capfd.readouterr().err
+        r = run_training(ppo, logdir=tmp_path, resume=tmp_path, max_updates=1, **kw)
+    else:
+        from simkit.clients._args import SACArgs
+        from simkit.clients._train_sac import run_sac
+
+        sac = SACArgs(
+            env_id=env,
+            num_envs=2,
+            num_steps=4,
+            total_steps=32,
+            learning_starts=16,
+            batch_size=8,
+            buffer_size=100,
+            hidden=(8,),
+        )
+        run_sac(sac, logdir=tmp_path, servers=1, tensorboard=False, checkpoint_steps=16)
+        err = capfd.readouterr().err
+        sac = dataclasses.replace(sac, total_steps=48)
+        r = run_sac(sac, logdir=tmp_path, resume=tmp_path, servers=1, tensorboard=False)
+    assert f"the envs of {env} have no snapshots: a resume from a checkpoint restarts" in err
+    assert "does not continue exactly" in err
+    resumed = capfd.readouterr().err
+    assert "the checkpoint holds no env states" in resumed
+    assert "does not continue exactly where the checkpointed one stopped" in resumed
+    assert r.not_exact == f"the envs of {env} have no snapshots"
