@@ -23,6 +23,7 @@ from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
     ENV_KIND_SINGLE,
     INLINE_THRESHOLD,
+    Busy,
     Limits,
     Message,
     MultiAgentServerSession,
@@ -79,10 +80,6 @@ def _is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # "*", "", interface names, hostnames
-
-
-class _Busy(ProtocolError):
-    code = "busy"
 
 
 class _ShuttingDown(ProtocolError):
@@ -494,14 +491,14 @@ class RolloutServer:
         if slot is not None:
             return slot
         if len(self._slots) >= self.max_sessions:
-            raise _Busy(
+            raise Busy(
                 "the server has no free session slots",
                 expected=f"<= {self.max_sessions} sessions",
                 got=f"{len(self._slots)} connected",
             )
         held = quota_used(peer, (s.peer for s in self._slots.values()))
         if held >= self.max_sessions_per_peer:
-            raise _Busy(
+            raise Busy(
                 f"this peer ({peer.name}) holds its share of the session slots",
                 expected=f"<= {self.max_sessions_per_peer} sessions per peer",
                 got=f"{held} held",

@@ -21,7 +21,6 @@ from simkit.protocol import (
     Busy,
     Limits,
     Message,
-    SessionStateError,
     Unsupported,
     error_reply,
     message_bytes,
@@ -197,24 +196,20 @@ class StreamHost:
             )
             return error_reply(exc, request_id=request.id, request_kind=request.kind)
         if len(self.workers) >= self.max_sessions:
-            exc = SessionStateError(
+            exc = Busy(
                 "the server has no free stream session slots",
                 expected=f"<= {self.max_sessions} stream sessions",
                 got=f"{len(self.workers)} open",
             )
-            reply = error_reply(exc, request_id=request.id, request_kind=request.kind)
-            reply.body["code"] = "busy"
-            return reply
+            return error_reply(exc, request_id=request.id, request_kind=request.kind)
         held = quota_used(peer, self.peers.values())
         if held >= self.max_sessions_per_peer:
-            exc = SessionStateError(
+            exc = Busy(
                 f"this peer ({peer.name}) holds its share of the stream session slots",
                 expected=f"<= {self.max_sessions_per_peer} stream sessions per peer",
                 got=f"{held} held",
             )
-            reply = error_reply(exc, request_id=request.id, request_kind=request.kind)
-            reply.body["code"] = "busy"
-            return reply
+            return error_reply(exc, request_id=request.id, request_kind=request.kind)
         from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
 
         worker = StreamWorker(
