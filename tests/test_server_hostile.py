@@ -3,19 +3,24 @@ models too deep to build, exposed metrics, and peers that hold every session slo
 
 from __future__ import annotations
 
+import queue
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import zmq
+from prometheus_client import CollectorRegistry
 
 from simkit.clients import PolicyStream
 from simkit.models import ModelSpec, build_model
 from simkit.protocol import (
     ClientSession,
     InvalidField,
+    Limits,
     RemoteError,
     StreamClientSession,
     StreamConfig,
@@ -23,7 +28,8 @@ from simkit.protocol import (
 )
 from simkit.servers import RolloutServer
 from simkit.servers._cli import main as serve_main
-from simkit.servers._memory import parse_bytes
+from simkit.servers._memory import MemoryBudget, parse_bytes
+from simkit.servers._stream_host import StreamHost, StreamSettings
 
 SPEC = ModelSpec("mlp", {"hidden_sizes": [16]})
 
@@ -284,3 +290,72 @@ def test_serve_refuses_a_bad_memory_budget_in_one_line(
     err = capsys.readouterr().err
     assert "argument --max-memory: expected a size such as 512M or 2G, got 'lots'" in err
     assert "Traceback" not in err
+
+
+def test_weights_larger_than_the_model_are_refused_before_they_wait() -> None:
+    """In a sync fragment, weights wait for its end; weights larger than the session's
+    model would never fit it and are refused at once instead of held."""
+    srv = RolloutServer(
+        "simkit/CartPole-v0",
+        2,
+        "tcp://127.0.0.1:0",
+        policy=True,
+        device="cpu",
+        fragment_length=65536,
+    ).start()
+    try:
+        with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+            model = build_model(SPEC, stream.observation_space, stream.action_space)
+            stream.push_weights(model)  # version 0 starts a long fragment
+            time.sleep(0.2)
+            server = stream._servers[0]
+            big = {"w": np.zeros(1 << 20, np.float32)}
+            stream._send(server, server.session.request_weights(1, big))
+            with pytest.raises(RemoteError, match=r"weights of 4,194,304 bytes for a model of"):
+                stream._await(server, lambda s: False, "an error")
+    finally:
+        srv.stop()
+
+
+class _StandIn:
+    """A stream worker that never drains its inbox."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.inbox_in = self.inbox_out = 0
+        self.last_seen = 0.0
+
+    @property
+    def inbox_waiting(self) -> int:
+        return self.inbox_in - self.inbox_out
+
+
+def test_requests_waiting_for_a_stream_worker_are_bounded() -> None:
+    """The socket thread answers ``busy`` (and drops) a request that would make one
+    session's waiting requests exceed the largest message, or all sessions' a quarter
+    of the budget; a session with nothing waiting always gets its request."""
+    settings = StreamSettings("simkit/CartPole-v0", {}, 1, limits=Limits(max_message_bytes=1000))
+    ctx: zmq.Context[Any] = zmq.Context()
+    host = StreamHost(
+        ctx, settings, CollectorRegistry(), heartbeat_timeout=60, budget=MemoryBudget(8000)
+    )
+    frame = types.SimpleNamespace(get=lambda prop: 7)  # the identity frame's SRCFD
+    host.workers.update({name: _StandIn() for name in (b"a", b"b", b"c")})  # type: ignore[misc]
+
+    def deliver(name: bytes, size: int) -> str | None:
+        busy = host.deliver(name, [bytes(size)], frame)  # type: ignore[arg-type]
+        return None if busy is None else f"{busy.code} {busy.got}"
+
+    try:
+        assert deliver(b"a", 600) is None
+        assert deliver(b"a", 600) == "busy 1,200 bytes for this session, 1,200 in all"
+        assert deliver(b"a", 400) is None
+        assert deliver(b"b", 900) is None
+        assert deliver(b"b", 100) is None
+        assert deliver(b"c", 500) is None  # nothing of c's waits yet
+        assert deliver(b"c", 10) == "busy 510 bytes for this session, 2,510 in all"
+        assert [w.inbox.qsize() for w in host.workers.values()] == [2, 2, 1]
+    finally:
+        host.workers.clear()
+        host.close()
+        ctx.term()
