@@ -110,6 +110,7 @@ class StreamWorker(threading.Thread):
         self._model_bytes = 0
         self._leaving: list[zmq.MessageTracker] = []
         """Trackers of fragments handed to ZeroMQ and not yet released by it."""
+        self._network_wait = _NETWORK_WAIT_S / 2
         self._loop: RolloutLoop | None = None
         self._policy: RowPolicy | None = None
         self._deferred: list[WeightsCommand] = []
@@ -195,9 +196,11 @@ class StreamWorker(threading.Thread):
                 why = "network"
             if why is not None:
                 waited = time.perf_counter()
+                if why == "network":  # look again soon, then less often while it lasts
+                    self._network_wait = min(_IDLE_WAIT_S, 2 * self._network_wait)
                 try:
                     item = self.inbox.get(
-                        timeout=_NETWORK_WAIT_S if why == "network" else _IDLE_WAIT_S
+                        timeout=self._network_wait if why == "network" else _IDLE_WAIT_S
                     )
                 except queue.Empty:
                     item = None
@@ -214,6 +217,7 @@ class StreamWorker(threading.Thread):
                 elif self._stopping.is_set():
                     return
                 continue
+            self._network_wait = _NETWORK_WAIT_S / 2
             self._step(loop)
 
     def _still_leaving(self) -> int:
@@ -550,7 +554,8 @@ MAX_DEFERRED_WEIGHTS = 2
 version per fragment; more are refused, not queued without bound)."""
 
 _NETWORK_WAIT_S = 0.002
-"""How often a session stalled on its learner's connection looks again."""
+"""How soon a session stalled on its learner's connection first looks again (then
+twice as long each time, up to the idle wait)."""
 
 
 def session_bytes(fragment_bytes: int, model_bytes: int) -> int:
