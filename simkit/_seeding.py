@@ -46,6 +46,7 @@ MAX_ROOT_SEED = 2**63 - 1
 _BLOCK = 16
 _CHUNK = 4096
 _MAX_AHEAD = 2**22  # doubles per block of precomputed reset draws (32 MiB)
+_RING = 4  # blocks of reset draws kept per root
 _MAX_BLOCKS = 16
 
 _M32 = 0xFFFFFFFF
@@ -545,7 +546,7 @@ class EpisodeSeeds:
         self.env_offset = 0
         self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
         self._words: dict[tuple[int, int, int], np.ndarray] = {}
-        self._ahead: dict[tuple[int, int, int, int], np.ndarray] = {}
+        self._rings: dict[tuple[int, int, int], tuple[np.ndarray, list[int]]] = {}
         self._shared_root: int | None = None
         """The root of every env when they all have one (set by :meth:`restart`), which
         spares the per-env grouping by root; ``None`` when unknown."""
@@ -699,8 +700,28 @@ class EpisodeSeeds:
             draws = 0
         if not draws:
             return self._gather(ids, self._words_block, 0), None
-        rows = self._gather(ids, self._draws_block, draws)
+        rows = self._gather_ring(ids, draws)
+        if rows is None:
+            rows = self._gather(ids, self._draws_block, draws)
         return rows[:, :4], rows[:, 4:].view(np.float64)
+
+    def _gather_ring(self, ids: np.ndarray, draws: int) -> np.ndarray | None:
+        """:meth:`_gather` of the draws tables in one indexed read, when every env has the
+        same root and the current episodes of ``ids`` span fewer than ``_RING`` blocks
+        (``None`` otherwise)."""
+        root = self._shared_root
+        if root is None or not len(ids):
+            return None
+        episodes = self.episode[ids]
+        blocks = episodes // _BLOCK
+        first, last = int(blocks.min()), int(blocks.max())
+        if last - first >= _RING:
+            return None
+        for b in range(first, last + 1):
+            self._draws_block(root, b, draws)
+        table = self._rings[(root, self.env_offset, draws)][0]
+        rows: np.ndarray = table[blocks % _RING, ids * _BLOCK + (episodes - blocks * _BLOCK)]
+        return rows
 
     def _gather(self, ids: np.ndarray, block: Any, draws: int) -> np.ndarray:
         """Rows of the current episodes of ``ids`` from the block tables ``block(root, b,
@@ -749,19 +770,22 @@ class EpisodeSeeds:
     def _draws_block(self, root: int, b: int, draws: int) -> np.ndarray:
         """:meth:`_words_block` with the first ``draws`` doubles of each stream after
         its 4 state words (their bits, as uint64): ``(N * _BLOCK, 4 + draws)``."""
-        key = (root, self.env_offset, b, draws)
-        table = self._ahead.get(key)
-        if table is None:
+        key = (root, self.env_offset, draws)
+        ring = self._rings.get(key)
+        if ring is None:
+            slots = np.empty((_RING, self.num_envs * _BLOCK, 4 + draws), dtype=np.uint64)
+            self._rings = {key: (slots, [-1] * _RING)}  # one ring at a time
+            ring = self._rings[key]
+        slots, held = ring
+        table = slots[b % _RING]
+        if held[b % _RING] != b:
             states = self._words_block(root, b)
-            table = np.empty((len(states), 4 + draws), dtype=np.uint64)
             table[:, :4] = states
             doubles = table[:, 4:].view(np.float64)
             for start in range(0, len(states), _CHUNK):
                 end = start + _CHUNK
                 _pcg64_first_doubles(states[start:end], doubles[start:end])
-            if len(self._ahead) >= _MAX_BLOCKS:
-                self._ahead.clear()
-            self._ahead[key] = table
+            held[b % _RING] = b
         return table
 
     def _words_block(self, root: int, b: int, draws: int = 0) -> np.ndarray:
