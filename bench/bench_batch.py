@@ -313,7 +313,10 @@ def kernel_section(quick: bool, repeats: int) -> None:
         "CPU: share |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    rows = [("simkit/BatchCartPole-v0", None), ("simkit/BatchPendulum-v0", None)]
+    rows: list[tuple[str, str | None]] = [
+        ("simkit/BatchCartPole-v0", None),
+        ("simkit/BatchPendulum-v0", None),
+    ]
     try:
         import torch
 
