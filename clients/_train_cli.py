@@ -73,7 +73,9 @@ def _flag(name: str) -> str:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """``simkit train`` options: every :class:`PPOArgs` field, then the run's settings."""
     d = PPOArgs()
-    parser.add_argument("env_id", help="simkit env id (single or multi-agent) or gym:<id>")
+    parser.add_argument(
+        "env_id", help="simkit env id (single-agent, multi-agent or batch) or gym:<id>"
+    )
     parser.add_argument(
         "--algo",
         choices=("ppo", "sac"),

@@ -247,7 +247,8 @@ def _eval_run(args: argparse.Namespace) -> int:
 add_command(
     Command(
         "train",
-        "train a PPO policy, with checkpoints and TensorBoard logs (see docs/training.md)",
+        "train a policy (PPO, or SAC with --algo sac), with checkpoints and TensorBoard logs "
+        "(see docs/training.md)",
         _train_configure,
         _train_run,
     )
