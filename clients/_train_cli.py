@@ -400,6 +400,7 @@ def _run_in(logdir: Path) -> str:
 def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
     """:func:`run_train`, holding its log directory's lock in ``locks``."""
     from simkit.errors import RecordingLocked
+    from simkit.recording._format import DirectoryLock
 
     if ns.reproducible and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
@@ -426,6 +427,8 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
         logdir = Path(f"runs/{name}{tag}-{args.seed}-{stamp}")
     try:
         locks.append(_claim_logdir(logdir, ns))
+        if ns.record is not None and Path(ns.record).is_dir():  # another writer: now, not
+            DirectoryLock(Path(ns.record)).release()  # once the servers run
     except ValueError as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
@@ -471,6 +474,9 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
     except (ServersLost, WriteFailed) as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 1
+    except RecordingLocked as exc:  # --record DIR: another writer holds it
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
     except ServerUnavailable as exc:  # at start-up: once training runs, ServersLost

@@ -589,3 +589,22 @@ def test_eval_and_record_refuse_a_negative_seed_naming_it(
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == f"simkit {verb}: --seed must be in [0, 2**63), got -1"
     assert not (tmp_path / "r").exists()
+
+
+def test_recording_into_a_folder_another_writer_holds_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simkit.recording._format import DirectoryLock
+
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    lock = DirectoryLock(rec)
+    try:
+        rc = _train(tmp_path / "run", "--total-steps", "256", "--record", str(rec))
+    finally:
+        lock.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert len(err) == 1
+    assert err[0].startswith(f"simkit train: recording directory '{rec}' is already being")
+    assert not (tmp_path / "run" / "progress.jsonl").exists()  # refused before training
