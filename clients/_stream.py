@@ -123,7 +123,8 @@ class PolicyStream:
             behind the newest pushed one are dropped (and counted).
         credit: fragments each server may produce ahead of the learner (credit is
             granted again as the learner takes fragments; a learner that stops taking
-            them stalls the servers within this many fragments).
+            them stalls the servers within this many fragments); at most the cap a
+            server announces (``max_credit``, 64 by default), else ``ValueError``.
         env_id: an env other than the servers' own (None = theirs).
         env_kwargs: its constructor arguments.
         device: the servers' torch device for the policy (None = their default).
@@ -222,6 +223,12 @@ class PolicyStream:
                 assert srv.info is not None
                 row += srv.info.num_rows
                 srv.opened_at = time.monotonic()
+                cap = srv.info.max_credit
+                if cap is not None and credit > cap:
+                    raise ValueError(
+                        f"credit must be <= {cap} (the most fragments {srv.conn.endpoint} lets "
+                        f"a session have outstanding), got {credit}"
+                    )
                 timeout_s = srv.info.heartbeat_timeout
                 if timeout_s:
                     srv.keepalive = _Keepalive(srv.conn, srv.info.session, timeout_s / 4)

@@ -224,6 +224,15 @@ def test_close_frees_the_session_and_its_envs(serve: Servers) -> None:
     assert worker.envs_closed.wait(5)
 
 
+def test_credit_beyond_the_servers_cap_is_refused_at_open_naming_credit(serve: Servers) -> None:
+    """The server announces its credit cap; asking for more fails at once, in the
+    learner's terms, and frees the session (it failed at the first fragment)."""
+    srv = serve()
+    with pytest.raises(ValueError, match=r"credit must be <= 64 .*got 65"):
+        PolicyStream(srv.endpoint, SPEC, num_envs=4, timeout=20, credit=65)
+    assert _wait_for(lambda: srv.stream_sessions == 0, 5)
+
+
 def test_a_learner_that_vanishes_is_freed_by_heartbeat(serve: Servers) -> None:
     srv = serve(heartbeat_timeout=0.5)
     ctx: zmq.Context[Any] = zmq.Context()
