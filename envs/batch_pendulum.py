@@ -74,6 +74,9 @@ class BatchPendulum(simkit.BatchEnv):
         return xp.stack([xp.cos(theta), xp.sin(theta), theta_dot], dim=1).to(xp.float32)
 
     def _refresh_params(self) -> None:
+        if self.xp is np:
+            self._p = self.param_arrays  # the live (N,) columns themselves
+            return
         self._p = {name: self._as(arr) for name, arr in self.param_arrays.items()}
 
     def reset_instances(

@@ -383,7 +383,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         obs = final_obs
         if done.any():
             rows = np.flatnonzero(done)
-            reset_rows, reset_infos = self._reset_ids(ids[rows], None, {})
+            whole = len(ids) == self.num_envs  # ids is arange(N): rows are the instances
+            reset_rows, reset_infos = self._reset_ids(rows if whole else ids[rows], None, {})
             obs = scatter(final_obs, rows, reset_rows)
 
             def reset_info(k: int) -> dict[str, Any] | None:

@@ -164,12 +164,16 @@ class BatchContract:
             shared = np.flatnonzero(~mine)
         else:
             shared = None
-        which = index[ids] if shared is None else index[ids[shared]]
-        groups = [0] if len(samplers) == 1 else np.unique(which).tolist()
+        if len(samplers) == 1:
+            groups, which = [0], None
+        else:
+            which = index[ids] if shared is None else index[ids[shared]]
+            groups = np.unique(which).tolist()
         for g in groups:
-            if len(groups) == 1 and shared is None:
-                ks = None
+            if len(groups) == 1:
+                ks = shared  # every shared row (all rows if None)
             else:
+                assert which is not None
                 sel = which == g
                 ks = shared[sel] if shared is not None else np.flatnonzero(sel)
             sampler = samplers[g]
