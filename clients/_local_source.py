@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import queue
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
@@ -36,7 +37,35 @@ from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_policy import RowPolicy
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
-__all__ = ["FragmentSource", "LocalSource", "GYM_PREFIX", "is_multi_agent", "make_vector"]
+__all__ = [
+    "FragmentSource",
+    "LocalSource",
+    "GYM_PREFIX",
+    "is_multi_agent",
+    "make_vector",
+    "no_snapshots_line",
+    "NO_ENV_STATES_LINE",
+]
+
+NO_ENV_STATES_LINE = (
+    "simkit train: the checkpoint holds no env states (envs without snapshots, or async "
+    "mode): the envs restart afresh, so this run does not continue exactly where the "
+    "checkpointed one stopped (the learner does)"
+)
+"""What a source says when it resumes from a checkpoint without env states."""
+
+
+def no_snapshots_line(not_exact: str, *, supervised: bool) -> str:
+    """What a source says, once, when its envs turn out to have no snapshots
+    (``not_exact``: the reason, as :attr:`TrainResult.not_exact` keeps it)."""
+    if supervised:
+        what = (
+            "a lost server's session reopens with fresh envs and a resume from a "
+            "checkpoint restarts them afresh: neither continues exactly"
+        )
+    else:
+        what = "a resume from a checkpoint restarts them afresh: it does not continue exactly"
+    return f"simkit train: {not_exact}: {what}"
 
 
 class FragmentSource(Protocol):
@@ -133,6 +162,9 @@ class LocalSource:
         self._queue: queue.Queue[Fragment | BaseException] = queue.Queue(maxsize=max(1, prefetch))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.not_exact: str | None = None
+        """Why a resume of this run does not continue exactly (its envs have no
+        snapshots), once a checkpoint found so; else None."""
 
     @property
     def version(self) -> int:
@@ -236,6 +268,9 @@ class LocalSource:
                 loop_state = self.loop.boundary_state()
             except TypeError:
                 loop_state = None
+                if self.not_exact is None:
+                    self.not_exact = f"the envs of {self.env_id} have no snapshots"
+                    print(no_snapshots_line(self.not_exact, supervised=False), file=sys.stderr)
         return {"loop": loop_state, "sequence": self.loop.sequence}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -247,6 +282,8 @@ class LocalSource:
         """
         if state["loop"] is not None:
             self.loop.restore_boundary(dict(state["loop"]))
+        else:
+            print(NO_ENV_STATES_LINE, file=sys.stderr)
         self.loop.sequence = int(state["sequence"])
 
     def close(self) -> None:

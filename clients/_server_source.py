@@ -21,6 +21,7 @@ import torch
 
 from simkit._types import Fragment
 from simkit.clients._connection import CurveKeys, ServerUnavailable
+from simkit.clients._local_source import NO_ENV_STATES_LINE, no_snapshots_line
 from simkit.clients._stream import PolicyStream
 from simkit.models import ModelSpec
 from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
@@ -251,14 +252,7 @@ class ServerSource:
         if self.not_exact is not None:
             return
         self.not_exact = f"the envs of {self.env_id} have no snapshots"
-        if self.supervised:
-            what = (
-                "a lost server's session reopens with fresh envs and a resume from a "
-                "checkpoint restarts them afresh: neither continues exactly"
-            )
-        else:
-            what = "a resume from a checkpoint restarts them afresh: it does not continue exactly"
-        self.report(f"simkit train: {self.not_exact}: {what}")
+        self.report(no_snapshots_line(self.not_exact, supervised=self.supervised))
 
     def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
         """Sends new weights to every live server without waiting for the acks.
@@ -345,11 +339,7 @@ class ServerSource:
         """
         sessions = state.get("sessions")
         if sessions is None:
-            self.report(
-                "simkit train: the checkpoint holds no env states (envs without snapshots, "
-                "or async mode): the envs restart afresh, so this run does not continue "
-                "exactly where the checkpointed one stopped (the learner does)"
-            )
+            self.report(NO_ENV_STATES_LINE)
             return
         try:
             snaps = [SessionSnapshot.from_plain(s["state"]) for s in sessions]

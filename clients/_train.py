@@ -553,7 +553,7 @@ def run_training(
         stopped=stop.requested,
         times=times,
         record=None if record is None else Path(record),
-        not_exact=None if isinstance(source, LocalSource) else source.not_exact,
+        not_exact=source.not_exact,
     )
 
 

@@ -623,5 +623,5 @@ def run_sac(
         stopped=stop.requested,
         record=None if record is None else Path(record),
         learning=learning,
-        not_exact=None if isinstance(source, LocalSource) else source.not_exact,
+        not_exact=source.not_exact,
     )

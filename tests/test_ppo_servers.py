@@ -425,17 +425,18 @@ def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
         assert state["servers"] == 1
 
 
+@pytest.mark.parametrize("servers", [0, 1])
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_a_gym_runs_checkpoint_and_resume_say_they_are_not_exact(
-    algo: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    algo: str, servers: int, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A Gymnasium env has no snapshots: its checkpoints hold no env states and a
-    resume restarts the envs afresh: the run
-    says so when it checkpoints and when it resumes."""
+    resume restarts the envs afresh: the run, in process (SAC's default) or through a
+    server, says so when it checkpoints and when it resumes."""
     env = "gym:Pendulum-v1"
     if algo == "ppo":
         ppo = PPOArgs(**{**ARGS, "env_id": env, "num_envs": 2})
-        kw: dict[str, Any] = {"servers": 1, "tensorboard": False}
+        kw: dict[str, Any] = {"servers": servers, "tensorboard": False}
         run_training(ppo, logdir=tmp_path, max_updates=2, **kw)
         err = capfd.readouterr().err
         r = run_training(ppo, logdir=tmp_path, resume=tmp_path, max_updates=1, **kw)
@@ -453,10 +454,10 @@ def test_a_gym_runs_checkpoint_and_resume_say_they_are_not_exact(
             buffer_size=100,
             hidden=(8,),
         )
-        run_sac(sac, logdir=tmp_path, servers=1, tensorboard=False, checkpoint_steps=16)
+        run_sac(sac, logdir=tmp_path, servers=servers, tensorboard=False, checkpoint_steps=16)
         err = capfd.readouterr().err
         sac = dataclasses.replace(sac, total_steps=48)
-        r = run_sac(sac, logdir=tmp_path, resume=tmp_path, servers=1, tensorboard=False)
+        r = run_sac(sac, logdir=tmp_path, resume=tmp_path, servers=servers, tensorboard=False)
     assert f"the envs of {env} have no snapshots: a resume from a checkpoint restarts" in err
     assert "does not continue exactly" in err
     resumed = capfd.readouterr().err
