@@ -814,6 +814,8 @@ class EpisodeSeeds:
             root = random_root()
             for i in fresh:
                 self.roots[i] = root
+            if len(fresh) == self.num_envs:  # every env under the one fresh root
+                self._shared_root = root
         self.episode[ids] += 1
         return ids
 

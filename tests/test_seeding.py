@@ -245,3 +245,25 @@ def test_batch_steps_build_no_per_instance_generators(monkeypatch: pytest.Monkey
         resets += int(env.step_batch(a).done.sum())
     assert resets > 64
     assert built == []
+
+
+def test_a_batch_reset_without_seed_shares_one_root_and_skips_per_env_grouping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A first reset without a seed gives every instance one fresh root, so later
+    resets take the shared-root path (no per-instance grouping by root)."""
+    import simkit
+
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=16)
+    env.reset()
+    root = env.root_seed
+    assert root is not None
+    assert env.seeds.roots == [root] * 16
+
+    def grouping(self: EpisodeSeeds, ids: np.ndarray) -> dict[int, list[int]]:
+        raise AssertionError("per-env grouping by root on a shared-root batch")
+
+    monkeypatch.setattr(EpisodeSeeds, "_by_root", grouping)
+    for a in np.random.default_rng(0).integers(0, 2, (40, 16)):
+        env.step_batch(a)
+    assert int(env.episode_index.sum()) > 16
