@@ -10,9 +10,11 @@ loopback ports and :func:`stop_servers` shuts them down.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -23,6 +25,7 @@ from simkit._types import Fragment
 from simkit.clients._connection import CurveKeys, ServerUnavailable
 from simkit.clients._local_source import NO_ENV_STATES_LINE, no_snapshots_line
 from simkit.clients._stream import PolicyStream
+from simkit.errors import ServerStartFailed
 from simkit.models import ModelSpec
 from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
 from simkit.servers import PARENT_ENV
@@ -375,7 +378,7 @@ def spawn_servers(
     ``binds`` gives each server's bind address (default: a free loopback port each).
 
     Raises:
-        RuntimeError: a server did not start (its output is in the message).
+        ServerStartFailed: a server did not start (its output is in the message).
         ValueError: ``binds`` does not name ``count`` addresses.
     """
     if binds is not None and len(binds) != count:
@@ -417,14 +420,19 @@ def spawn_servers(
 def _started_endpoint(proc: subprocess.Popen[str], env_id: str) -> str:
     """The endpoint ``proc`` (a starting ``simkit serve``) says it serves on.
 
+    From then on its output is read by a thread and dropped (the learner reports what
+    it sees of the server), so that a server that goes on printing never blocks on a
+    full pipe.
+
     Raises:
-        RuntimeError: it exited first; the message holds its exit code and its last
-            lines (an import error's traceback, a bind error).
+        ServerStartFailed: it exited first; the message holds its exit code and its
+            last lines (an import error's traceback, a bind error).
     """
     assert proc.stdout is not None
     last: deque[str] = deque(maxlen=_LAST_LINES)
     for line in proc.stdout:
         if " on tcp://" in line:
+            _drain(proc)
             return "tcp://" + line.split(" on tcp://", 1)[1].split(",")[0].split()[0]
         if line.strip():
             last.append(line.rstrip())
@@ -433,7 +441,20 @@ def _started_endpoint(proc: subprocess.Popen[str], env_id: str) -> str:
     except subprocess.TimeoutExpired:
         code = "still running, its output closed"
     said = "\n".join(last) if last else "(it printed nothing)"
-    raise RuntimeError(f"simkit serve {env_id} did not start (exit {code}):\n{said}")
+    raise ServerStartFailed(f"simkit serve {env_id} did not start (exit {code}):\n{said}")
+
+
+def _drain(proc: subprocess.Popen[str]) -> None:
+    """Reads ``proc``'s output until it ends, on a daemon thread."""
+    stdout = proc.stdout
+    assert stdout is not None
+
+    def read() -> None:
+        with contextlib.suppress(ValueError, OSError):  # closed by stop_servers
+            for _ in stdout:
+                pass
+
+    threading.Thread(target=read, name=f"simkit-serve-{proc.pid}-output", daemon=True).start()
 
 
 def stop_servers(procs: Sequence[subprocess.Popen[str]], timeout: float = 10.0) -> None:

@@ -25,6 +25,7 @@ from simkit.errors import (
     MissingDependency,
     RenderUnavailable,
     ServersLost,
+    ServerStartFailed,
     WriteFailed,
 )
 
@@ -473,7 +474,7 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
     except (InvalidCheckpoint, ValueError, MissingDependency, FileNotFoundError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
-    except (ServersLost, WriteFailed) as exc:
+    except (ServersLost, ServerStartFailed, WriteFailed) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
     except RecordingLocked as exc:  # --record DIR: another writer holds it

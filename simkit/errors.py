@@ -27,6 +27,7 @@ __all__ = [
     "ReplayDivergence",
     "InvalidCheckpoint",
     "ServersLost",
+    "ServerStartFailed",
     "WriteFailed",
 ]
 
@@ -109,6 +110,11 @@ class InvalidCheckpoint(SimkitError, ValueError):
 class ServersLost(SimkitError, RuntimeError):
     """Every rollout server of a run was lost; the learner checkpointed what it had
     (names the checkpoint and the command that resumes it)."""
+
+
+class ServerStartFailed(SimkitError, RuntimeError):
+    """A rollout server the learner started exited before it served; the message holds
+    its exit code and its own last lines (an import error, a bind error)."""
 
 
 class WriteFailed(SimkitError, OSError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -13,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from simkit.clients._server_source import spawn_servers, stop_servers
+from simkit.clients._server_source import _started_endpoint, spawn_servers, stop_servers
 from simkit.clients._train import run_training
 from simkit.clients.ppo import PPOArgs
+from simkit.errors import ServerStartFailed
 
 ARGS = {
     "env_id": "simkit/CartPole-v0",
@@ -183,14 +186,54 @@ def _free_port() -> int:
 
 def test_a_server_that_does_not_start_shows_its_own_last_lines() -> None:
     """Its import error, its bind error: what the server printed, not ``''``."""
-    with pytest.raises(RuntimeError, match=r"(?s)did not start \(exit 2\):.*no env registered as"):
+    with pytest.raises(
+        ServerStartFailed, match=r"(?s)did not start \(exit 2\):.*no env registered as"
+    ):
         spawn_servers("simkit/Nope-v0", 1)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         bind = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
-        with pytest.raises(RuntimeError, match=rf"cannot bind '{bind}': Address already in use"):
+        with pytest.raises(
+            ServerStartFailed, match=rf"cannot bind '{bind}': Address already in use"
+        ):
             spawn_servers("simkit/CartPole-v0", 1, binds=[bind])
+
+
+def test_a_started_server_that_goes_on_printing_never_blocks_on_its_pipe() -> None:
+    """After the line that names its endpoint nobody waits on a server's output: it is
+    read and dropped, so a server that logs a lot (lost sessions, warnings) never
+    blocks on a full pipe."""
+    talker = (
+        "import sys; print('simkit serve: serving x on tcp://127.0.0.1:5555', flush=True); "
+        "sys.stdout.write(('a lost session ' * 8 + '\\n') * 16384); sys.stdout.flush()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", talker], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert _started_endpoint(proc, "x") == "tcp://127.0.0.1:5555"
+        assert proc.wait(timeout=30) == 0  # 2 MB through a 64 KiB pipe
+    finally:
+        stop_servers([proc])
+
+
+def test_simkit_train_says_in_one_line_why_its_server_did_not_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The server's own lines, no traceback, exit 1."""
+    from simkit.cli import main
+
+    def fail(env_id: str, count: int, **_: Any) -> Any:
+        raise ServerStartFailed(f"simkit serve {env_id} did not start (exit 1):\nImportError: x")
+
+    monkeypatch.setattr("simkit.clients._rollout.spawn_servers", fail)
+    code = main(["train", "simkit/CartPole-v0", "--logdir", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "simkit train: simkit serve simkit/CartPole-v0 did not start (exit 1):" in err
+    assert "ImportError: x" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "gym:CartPole-v1"])
