@@ -131,9 +131,12 @@ class BatchContract:
     ) -> tuple[Any, RowInfos]:
         """Starts the next episode of ``ids``: keyed streams, parameters, the author's
         hook; returns the first observations and the rows' reset infos (lazy)."""
-        states, ahead = self._seeds.next_states(ids, self._streams.prefetch)
+        samplers = self._sampler_groups()[0]
+        one = samplers[0] if per_reset is None and len(samplers) == 1 else None
+        scale = one if one is not None and one.fast and one.names else None
+        states, ahead, scaled = self._seeds.next_states(ids, self._streams.prefetch, scale)
         self._streams.start(ids, states)
-        rngs = self._streams.rows(ids, ahead)
+        rngs = self._streams.rows(ids, ahead, scaled)
         params = self._sample(ids, rngs, per_reset)
         self._elapsed[ids] = 0
         self._prepare_instances(ids)
@@ -481,7 +484,17 @@ class Sampler:
         """Fast path only: the ``(len(streams), len(names))`` float64 values of every
         row, drawn from the keyed streams at once (what :meth:`rows` gives the same
         rows' generators)."""
+        prescaled = streams.prescaled(self, len(self.names))
+        if prescaled is not None:
+            return prescaled
         return self._scale(streams.random(len(self.names)))
+
+    def prescale(self, doubles: np.ndarray) -> None:
+        """Turns the first ``len(names)`` columns of ``doubles`` (uniform draws) into
+        parameter values in place, as :meth:`values` would (for
+        :meth:`simkit._seeding.EpisodeSeeds.next_states`)."""
+        m = len(self.names)
+        doubles[:, :m] = self._scale(np.ascontiguousarray(doubles[:, :m]))
 
     def _scale(self, values: np.ndarray) -> np.ndarray:
         if not len(self.names):

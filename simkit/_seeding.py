@@ -546,7 +546,7 @@ class EpisodeSeeds:
         self.env_offset = 0
         self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
         self._words: dict[tuple[int, int, int], np.ndarray] = {}
-        self._rings: dict[tuple[int, int, int], tuple[np.ndarray, list[int]]] = {}
+        self._rings: dict[tuple[int, int, int, Any], tuple[np.ndarray, list[int]]] = {}
         self._shared_root: int | None = None
         """The root of every env when they all have one (set by :meth:`restart`), which
         spares the per-env grouping by root; ``None`` when unknown."""
@@ -682,9 +682,17 @@ class EpisodeSeeds:
                 out[k] = _seed_generator(reuse[k], w)
         return out
 
-    def next_states(self, ids: np.ndarray, draws: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+    def next_states(
+        self, ids: np.ndarray, draws: int = 0, scale: Any = None
+    ) -> tuple[np.ndarray, np.ndarray | None, Any]:
         """Starts the next episode of each env in ``ids``; returns their PCG64 start
-        states and, with ``draws``, the first ``draws`` doubles of each stream.
+        states, with ``draws`` the first ``draws`` doubles of each stream, and the
+        ``scale`` applied to them (or ``None``).
+
+        ``scale`` (an object with ``names`` and ``prescale(doubles)``, a
+        :class:`simkit._batch_contract.Sampler`) turns the first ``len(names)`` doubles
+        into the episode's parameters when the block is computed, so a reset reads its
+        parameters instead of computing them; it applies only if ``draws`` covers them.
 
         Row ``k`` is what ``np.random.Generator(np.random.PCG64(seed))`` starts from for
         the seed :meth:`next` would return (``(state_hi, state_lo, inc_hi, inc_lo)``,
@@ -699,13 +707,15 @@ class EpisodeSeeds:
         if draws and self.num_envs * _BLOCK * draws > _MAX_AHEAD:
             draws = 0
         if not draws:
-            return self._gather(ids, self._words_block, 0), None
-        rows = self._gather_ring(ids, draws)
+            return self._gather(ids, self._words_block, 0), None, None
+        if scale is not None and draws < len(scale.names):
+            scale = None
+        rows = self._gather_ring(ids, draws, scale)
         if rows is None:
-            rows = self._gather(ids, self._draws_block, draws)
-        return rows[:, :4], rows[:, 4:].view(np.float64)
+            rows = self._gather(ids, lambda r, b, d: self._draws_block(r, b, d, scale), draws)
+        return rows[:, :4], rows[:, 4:].view(np.float64), scale
 
-    def _gather_ring(self, ids: np.ndarray, draws: int) -> np.ndarray | None:
+    def _gather_ring(self, ids: np.ndarray, draws: int, scale: Any = None) -> np.ndarray | None:
         """:meth:`_gather` of the draws tables in one indexed read, when every env has the
         same root and the current episodes of ``ids`` span fewer than ``_RING`` blocks
         (``None`` otherwise)."""
@@ -718,8 +728,8 @@ class EpisodeSeeds:
         if last - first >= _RING:
             return None
         for b in range(first, last + 1):
-            self._draws_block(root, b, draws)
-        table = self._rings[(root, self.env_offset, draws)][0]
+            self._draws_block(root, b, draws, scale)
+        table = self._rings[(root, self.env_offset, draws, scale)][0]
         rows: np.ndarray = table[blocks % _RING, ids * _BLOCK + (episodes - blocks * _BLOCK)]
         return rows
 
@@ -767,10 +777,11 @@ class EpisodeSeeds:
             return np.empty((0, width), dtype=np.float64 if draws else np.uint64)
         return out
 
-    def _draws_block(self, root: int, b: int, draws: int) -> np.ndarray:
+    def _draws_block(self, root: int, b: int, draws: int, scale: Any = None) -> np.ndarray:
         """:meth:`_words_block` with the first ``draws`` doubles of each stream after
-        its 4 state words (their bits, as uint64): ``(N * _BLOCK, 4 + draws)``."""
-        key = (root, self.env_offset, draws)
+        its 4 state words (their bits, as uint64): ``(N * _BLOCK, 4 + draws)``; with
+        ``scale``, the first doubles are already its parameters (:meth:`next_states`)."""
+        key = (root, self.env_offset, draws, scale)
         ring = self._rings.get(key)
         if ring is None:
             slots = np.empty((_RING, self.num_envs * _BLOCK, 4 + draws), dtype=np.uint64)
@@ -785,6 +796,8 @@ class EpisodeSeeds:
             for start in range(0, len(states), _CHUNK):
                 end = start + _CHUNK
                 _pcg64_first_doubles(states[start:end], doubles[start:end])
+                if scale is not None:
+                    scale.prescale(doubles[start:end])
             held[b % _RING] = b
         return table
 
@@ -968,12 +981,16 @@ class StreamTable:
             for i in np.asarray(ids).tolist():
                 self.live.pop(i, None)
 
-    def rows(self, ids: np.ndarray, ahead: np.ndarray | None = None) -> KeyedStreams:
+    def rows(
+        self, ids: np.ndarray, ahead: np.ndarray | None = None, scaled_by: Any = None
+    ) -> KeyedStreams:
         """The streams of instances ``ids``, row ``k`` for ``ids[k]``; ``ahead`` holds
-        each row's next draws (doubles) where already computed."""
+        each row's next draws (doubles) where already computed, their first ones turned
+        into parameters by ``scaled_by`` if given (:meth:`EpisodeSeeds.next_states`)."""
         streams = KeyedStreams(self, np.asarray(ids, dtype=np.int64))
         if ahead is not None:
             streams._ahead, streams._used, streams._version = ahead, 0, self.version
+            streams._scaled_by = scaled_by
         return streams
 
     def generator(self, i: int) -> np.random.Generator:
@@ -1060,6 +1077,7 @@ class KeyedStreams(Sequence[np.random.Generator]):
         self._ahead: np.ndarray | None = None
         self._used = 0
         self._version = -1
+        self._scaled_by: Any = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -1068,6 +1086,27 @@ class KeyedStreams(Sequence[np.random.Generator]):
         if isinstance(k, slice):
             return [self._table.generator(int(i)) for i in self.ids[k].tolist()]
         return self._table.generator(int(self.ids[k]))
+
+    def prescaled(self, scale: Any, count: int) -> np.ndarray | None:
+        """The first ``count`` draws of every row already turned into parameters by
+        ``scale`` (taken from the stream like :meth:`random`), or ``None`` where they
+        were not computed that way."""
+        table, ahead = self._table, self._ahead
+        if (
+            self._scaled_by is not scale
+            or ahead is None
+            or self.taken
+            or table.live
+            or self._version != table.version
+            or ahead.shape[1] < count
+        ):
+            return None
+        self._used = count
+        table.pos[self.ids] += count
+        self.taken += count
+        table.version += 1
+        self._version = table.version
+        return ahead[:, :count]
 
     def random(self, size: int | tuple[int, ...] = ()) -> np.ndarray:
         """``(len(ids), *size)`` float64: each row's ``Generator.random(size)``."""
