@@ -163,6 +163,18 @@ def check_resumed_state(
     return out
 
 
+def open_recorder(record: str | Path | None, env_id: str, seed: int) -> Any:
+    """The run's :class:`~simkit.recording.FragmentRecorder` (``record``: its folder), or
+    None. A run opens it before anything else starts, so that a folder it cannot write,
+    or another writer's lock, ends the run with nothing to undo (no server, no signal
+    handler)."""
+    if record is None:
+        return None
+    from simkit.recording import FragmentRecorder
+
+    return FragmentRecorder(record, env_id, root_seed=seed)
+
+
 def restore_rollout(source: Any, state: dict[str, Any], kind: str) -> None:
     """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``
     or ``"servers"``), or says on stderr that the envs start afresh when the

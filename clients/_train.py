@@ -42,6 +42,7 @@ from simkit.clients._run_parts import (
     append_progress,
     check_resumed_state,
     checkpoint_if_servers_lost,
+    open_recorder,
     prepare_logdir,
     restore_rollout,
     trim_progress,
@@ -334,28 +335,34 @@ def run_training(
             servers = _saved_servers(ckpt.state)
         else:
             servers = DEFAULT_SERVERS
+    recorder = open_recorder(record, args.env_id, args.seed)
     stop = StopRequest(after="after this update")
-    rollout = open_rollout(
-        args.env_id,
-        model_spec(args),
-        model,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        seed=args.seed,
-        mode=args.mode,
-        max_lag=args.max_lag,
-        env_threads=args.env_threads,
-        servers=servers,
-        connect=connect,
-        ray=ray,
-        server_cpus=server_cpus,
-        server_gpus=server_gpus,
-        max_restarts=max_restarts,
-        server_timeout=server_timeout,
-        wait_for_servers=wait_for_servers,
-        give_up=stop,
-        logdir=logdir,
-    )
+    try:
+        rollout = open_rollout(
+            args.env_id,
+            model_spec(args),
+            model,
+            num_envs=args.num_envs,
+            num_steps=args.num_steps,
+            seed=args.seed,
+            mode=args.mode,
+            max_lag=args.max_lag,
+            env_threads=args.env_threads,
+            servers=servers,
+            connect=connect,
+            ray=ray,
+            server_cpus=server_cpus,
+            server_gpus=server_gpus,
+            max_restarts=max_restarts,
+            server_timeout=server_timeout,
+            wait_for_servers=wait_for_servers,
+            give_up=stop,
+            logdir=logdir,
+        )
+    except BaseException:
+        if recorder is not None:
+            recorder.close()
+        raise
     source = rollout.source
     learner = PPO(args, model, source.num_rows)
     batch = args.num_steps * source.num_rows
@@ -387,6 +394,8 @@ def run_training(
             )
         except (KeyError, ValueError, TypeError, OverflowError, RuntimeError, RemoteError) as exc:
             rollout.close()
+            if recorder is not None:
+                recorder.close()
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
     source.push_weights(model, version=learner.version)
     if handle_signals:
@@ -510,11 +519,6 @@ def run_training(
                     extra[-1] += f" ({view['restarted']} restarted)"
             line.show(learner.global_step, sps, mean_ret, extra)
 
-    recorder: Any = None
-    if record is not None:
-        from simkit.recording import FragmentRecorder
-
-        recorder = FragmentRecorder(record, args.env_id, root_seed=args.seed)
     try:
         with checkpoint_if_servers_lost(
             checkpoint,

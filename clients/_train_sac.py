@@ -45,6 +45,7 @@ from simkit.clients._run_parts import (
     append_progress,
     check_resumed_state,
     checkpoint_if_servers_lost,
+    open_recorder,
     prepare_logdir,
     restore_rollout,
     trim_progress,
@@ -359,28 +360,34 @@ def run_sac(
             servers = int(ckpt.state.get("servers", 0))
         else:
             servers = SAC_DEFAULT_SERVERS
+    recorder = open_recorder(record, args.env_id, args.seed)
     stop = StopRequest(after="after this round")
-    rollout = open_rollout(
-        args.env_id,
-        sac_spec(args),
-        model,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        seed=args.seed,
-        mode=args.mode,
-        max_lag=2**30,  # off-policy: every fragment is kept, whatever its version
-        env_threads=args.env_threads,
-        servers=servers,
-        connect=connect,
-        ray=ray,
-        server_cpus=server_cpus,
-        server_gpus=server_gpus,
-        max_restarts=max_restarts,
-        server_timeout=server_timeout,
-        wait_for_servers=wait_for_servers,
-        give_up=stop,
-        logdir=logdir,
-    )
+    try:
+        rollout = open_rollout(
+            args.env_id,
+            sac_spec(args),
+            model,
+            num_envs=args.num_envs,
+            num_steps=args.num_steps,
+            seed=args.seed,
+            mode=args.mode,
+            max_lag=2**30,  # off-policy: every fragment is kept, whatever its version
+            env_threads=args.env_threads,
+            servers=servers,
+            connect=connect,
+            ray=ray,
+            server_cpus=server_cpus,
+            server_gpus=server_gpus,
+            max_restarts=max_restarts,
+            server_timeout=server_timeout,
+            wait_for_servers=wait_for_servers,
+            give_up=stop,
+            logdir=logdir,
+        )
+    except BaseException:
+        if recorder is not None:
+            recorder.close()
+        raise
     source = rollout.source
     source_kind = "local" if isinstance(source, LocalSource) else "servers"
     per_round = args.num_steps * source.num_rows
@@ -396,6 +403,8 @@ def run_sac(
             restore_rollout(source, ckpt.state, source_kind)
         except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
             rollout.close()
+            if recorder is not None:
+                recorder.close()
             raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the rollout: {exc}") from exc
     source.push_weights(model, version=learner.version)
 
@@ -476,12 +485,6 @@ def run_sac(
             learning=learner.learning_step is not None,
         ):
             checkpoint()
-
-    recorder: Any = None
-    if record is not None:
-        from simkit.recording import FragmentRecorder
-
-        recorder = FragmentRecorder(record, args.env_id, root_seed=args.seed)
 
     def on_fragment(fragment: Fragment) -> None:
         metrics.fragment_received(time.time())

@@ -507,3 +507,47 @@ def test_a_gym_runs_checkpoint_and_resume_say_they_are_not_exact(
     assert "the checkpoint holds no env states" in resumed
     assert "does not continue exactly where the checkpointed one stopped" in resumed
     assert r.not_exact == f"the envs of {env} have no snapshots"
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_a_recording_the_run_cannot_open_stops_it_before_anything_starts(
+    algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``record`` held by another writer: the run (from Python, not only the CLI, which
+    checks the lock itself) raises before it starts a server or takes over Ctrl-C, so
+    nothing is left running and Ctrl-C still interrupts the caller."""
+    import signal
+
+    from simkit.clients._args import SACArgs
+    from simkit.clients._train_sac import run_sac
+    from simkit.errors import RecordingLocked
+    from simkit.recording import FragmentRecorder
+
+    started: list[Any] = []
+
+    def spawn(*a: Any, **kw: Any) -> Any:
+        procs, endpoints = spawn_servers(*a, **kw)
+        started.extend(procs)
+        return procs, endpoints
+
+    monkeypatch.setattr("simkit.clients._rollout.spawn_servers", spawn)
+    env_id = "simkit/CartPole-v0" if algo == "ppo" else "simkit/Cheetah-v0"
+    held = FragmentRecorder(tmp_path / "rec", env_id, root_seed=1)
+    handler = signal.getsignal(signal.SIGINT)
+    kw: dict[str, Any] = {"logdir": tmp_path / "run", "servers": 1, "record": tmp_path / "rec"}
+
+    def run() -> None:
+        if algo == "ppo":
+            run_training(PPOArgs(**ARGS), tensorboard=False, **kw)
+        else:
+            sac = SACArgs(env_id=env_id, num_envs=1, total_steps=64, learning_starts=32)
+            run_sac(sac, tensorboard=False, **kw)
+
+    try:
+        with pytest.raises(RecordingLocked):
+            run()
+    finally:
+        held.close()
+        stop_servers(started)
+    assert started == []
+    assert signal.getsignal(signal.SIGINT) is handler
