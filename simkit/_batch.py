@@ -382,7 +382,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         done = terminated | truncated
         obs = final_obs
         if done.any():
-            rows = np.flatnonzero(done)
+            rows = done.nonzero()[0]
             whole = len(ids) == self.num_envs  # ids is arange(N): rows are the instances
             reset_rows, reset_infos = self._reset_ids(rows if whole else ids[rows], None, {})
             obs = scatter(final_obs, rows, reset_rows)

@@ -727,9 +727,12 @@ class EpisodeSeeds:
         first, last = int(blocks.min()), int(blocks.max())
         if last - first >= _RING:
             return None
-        for b in range(first, last + 1):
-            self._draws_block(root, b, draws, scale)
-        table = self._rings[(root, self.env_offset, draws, scale)][0]
+        ring = self._rings.get((root, self.env_offset, draws, scale))
+        if ring is None or any(ring[1][b % _RING] != b for b in range(first, last + 1)):
+            for b in range(first, last + 1):
+                self._draws_block(root, b, draws, scale)
+            ring = self._rings[(root, self.env_offset, draws, scale)]
+        table = ring[0]
         rows: np.ndarray = table[blocks % _RING, ids * _BLOCK + (episodes - blocks * _BLOCK)]
         return rows
 
