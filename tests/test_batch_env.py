@@ -738,3 +738,28 @@ def test_param_arrays_follow_every_instances_params(params: dict[str, Any] | Non
     for _ in range(30):
         env.step_batch(rng.integers(0, 2, 8))
         check()
+
+
+def test_step_infos_are_built_per_row_on_read_and_behave_like_a_list() -> None:
+    """A step's infos (lazy rows): one dict per row, ``reset_info`` with the new
+    episode's params only on rows that ended, the same dict on a second read (changes
+    stay), slices and equality like a list."""
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=6, max_episode_steps=3)
+    env.reset(seed=2)
+    env.step_batch(np.ones(6, dtype=np.int64))
+    env.step_batch(np.ones(6, dtype=np.int64))
+    step = env.step_batch(np.ones(6, dtype=np.int64))  # the time limit ends every row
+    assert step.truncated.all()
+    assert len(step.infos) == 6
+    for i, info in enumerate(step.infos):
+        assert set(info) == {"reset_info"}
+        assert params_equal(info["reset_info"]["params"], env.params[i])
+    step.infos[2]["mine"] = 1
+    assert step.infos[2]["mine"] == 1
+    assert step.infos[-4] is step.infos[2]
+    assert step.infos[4:] == [step.infos[4], step.infos[5]]
+    assert step.infos == list(step.infos)
+    after = env.step_batch(np.ones(6, dtype=np.int64))
+    assert after.infos == [{}] * 6
+    with pytest.raises(IndexError, match="row 6 out of range for 6 rows"):
+        after.infos[6]
