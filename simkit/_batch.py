@@ -1,11 +1,14 @@
 """``simkit.BatchEnv``: the author writes reset/step over arrays of N instances.
 
 A :class:`BatchEnv` is a ``gymnasium.vector.VectorEnv``: learners and Gymnasium vector
-wrappers take it directly. The base class owns the contract, per instance: one
-``np.random.Generator`` per instance and episode (seeded with
-:func:`simkit._seeding.episode_seed`), declared randomization, the time limit, typed
-autoreset and snapshots. So instance ``i`` of a batch behaves bit for bit like a
-single-instance env reset with ``episode_seed(root, i, k)`` for its ``k``-th episode.
+wrappers take it directly. The base class owns the contract, per instance: the random
+stream of ``Generator(PCG64(episode_seed(root, i, k)))`` for instance ``i``'s episode
+``k``, kept as keyed streams (:class:`simkit._seeding.StreamTable`: every draw a pure
+function of key and draw index, computed for all resetting instances at once),
+declared randomization, the time limit, typed autoreset and snapshots. So instance
+``i`` of a batch behaves bit for bit like a single-instance env reset with
+``episode_seed(root, i, k)`` for its ``k``-th episode, with no per-instance Python
+work on the hot path.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
 
     Class attributes:
         randomization: parameter name to :class:`~simkit.randomization.Distribution`,
-            sampled per instance per episode from that instance's generator.
+            sampled per instance per episode from that instance's stream.
         max_episode_steps: default time limit (``None`` for none).
         state_attributes: names of attributes holding the batch's dynamic state.
 

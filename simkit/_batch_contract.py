@@ -1,10 +1,11 @@
 """The per-instance contract of a :class:`simkit.BatchEnv`: seeds, params, counters, snapshots.
 
 Instance ``i`` of a batch behaves bit for bit like a single-instance env reset with
-``episode_seed(root, i, k)`` for its ``k``-th episode: one ``np.random.Generator`` per
-instance and episode (from :class:`simkit._seeding.EpisodeSeeds`), declared
-randomization sampled from it, a step counter and time limit, and snapshots restored
-all or nothing. The validators are :class:`simkit._contract.ContractCore`'s.
+``episode_seed(root, i, k)`` for its ``k``-th episode: that generator's stream as a keyed
+stream (keys from :class:`simkit._seeding.EpisodeSeeds`, held in a
+:class:`simkit._seeding.StreamTable`), declared randomization sampled from it for all
+instances at once, a step counter and time limit, and snapshots restored all or
+nothing. The validators are :class:`simkit._contract.ContractCore`'s.
 """
 
 from __future__ import annotations

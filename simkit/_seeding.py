@@ -17,6 +17,16 @@ reset: :func:`episode_seeds` reimplements NumPy's ``SeedSequence`` mixing in uin
 array arithmetic (bit-identical, pinned by a test), and :func:`pcg64_generators` builds
 ``Generator(PCG64(seed))`` for many seeds at once by computing the PCG64 states the
 same way and setting them on reusable generators.
+
+Keyed draws. A ``BatchEnv`` builds no generators: PCG64 is an LCG read through a fixed
+output function, so the ``p``-th draw of a stream is a pure function of the stream's
+key (its start state) and ``p`` (:func:`pcg64_outputs`, and
+:func:`pcg64_outputs_torch` with the same bits on any torch device).
+:meth:`EpisodeSeeds.next_states` gathers the keys (and the first draws of each
+episode, computed ahead for blocks of episodes of all N envs) of the envs being reset;
+:class:`StreamTable` holds every env's key and draw count as arrays and
+:class:`KeyedStreams` draws for many rows at once, exactly what each row's own
+``Generator`` would draw.
 """
 
 from __future__ import annotations
