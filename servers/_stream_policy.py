@@ -8,7 +8,9 @@ other slots) changes nothing. On the CPU, the built-in MLP acts through
 :class:`~simkit.models._lean.LeanMLP`, whose forward pass computes each row alone, so
 the rollout's fragments are bit-identical for any split of the slots; other models and
 devices act through ``model.act`` (the same noise; the forward's last bits may depend
-on the batch shape).
+on the batch shape). On a device other than the CPU, uniform noise (categorical heads)
+is computed there (:class:`simkit._noise.TorchSlotNoise`, the same bits), so no noise
+crosses from the host; normal noise is drawn on the host and copied.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from simkit._noise import NoiseKind, SlotNoise
+from simkit._noise import NoiseKind, SlotNoise, TorchSlotNoise
 from simkit.models import ActorCritic, PolicyWeights, set_weights
 from simkit.models._lean import LeanMLP
 
@@ -96,6 +98,13 @@ class RowPolicy:
         self._drawn: tuple[int, np.ndarray] | None = None
         self.lean = LeanMLP.of(self.model) if lean and device.type == "cpu" else None
         """The numpy act path, None on other devices and for other models."""
+        self.device_noise = (
+            TorchSlotNoise(self.noise, device)
+            if device.type != "cpu" and kind == "uniform"
+            else None
+        )
+        """The noise computed on ``device`` (uniform noise off the CPU), else None."""
+        self._drawn_on_device: tuple[int, torch.Tensor] | None = None
 
     def set_weights(self, weights: PolicyWeights) -> None:
         """Loads ``weights`` (validated by the model; unchanged on error)."""
@@ -139,6 +148,8 @@ class RowPolicy:
         from its own noise, so acting part by part gives the same actions.
         """
         start = time.perf_counter()
+        if self.device_noise is not None:
+            return self._act_device_noise(obs, step, part, start)
         drawn = self._drawn
         if drawn is None or drawn[0] != step:  # the parts of one step share one draw
             drawn = self._drawn = (step, self.noise.draw(step))
@@ -156,6 +167,23 @@ class RowPolicy:
         out = self.model.act(
             self._tensor(obs), noise=torch.from_numpy(noise).to(self.device, non_blocking=True)
         )
+        return PolicyOutput(
+            actions=out.actions.cpu().numpy().astype(self.action_dtype, copy=False),
+            log_probs=out.log_probs.float().cpu().numpy().reshape(-1),
+            values=out.values.float().cpu().numpy().reshape(-1),
+            seconds=time.perf_counter() - start,
+        )
+
+    def _act_device_noise(
+        self, obs: np.ndarray, step: int, part: slice | None, start: float
+    ) -> PolicyOutput:
+        """:meth:`act` with the noise computed on the policy's device."""
+        assert self.device_noise is not None
+        drawn = self._drawn_on_device
+        if drawn is None or drawn[0] != step:
+            drawn = self._drawn_on_device = (step, self.device_noise.draw(step))
+        noise = drawn[1] if part is None else drawn[1][part]
+        out = self.model.act(self._tensor(obs), noise=noise)
         return PolicyOutput(
             actions=out.actions.cpu().numpy().astype(self.action_dtype, copy=False),
             log_probs=out.log_probs.float().cpu().numpy().reshape(-1),

@@ -16,15 +16,25 @@ float32, row after row. Slot ``i`` owns rows ``(i % NOISE_BLOCK) * rows_per_slot
 its block's table. A generator fills a table sequentially, so a draw of the table's
 first ``n`` rows equals the first ``n`` rows of the whole table: a session draws each
 block only up to the last row it owns.
+
+On a torch device, :class:`TorchSlotNoise` computes the same uniform noise where it is
+used: the PCG64 stream is an integer recurrence (state ``k`` of a table is
+``A_k * s + C_k`` mod 2**128, with ``s`` the advanced state and ``A_k, C_k`` fixed per
+``k``), evaluated in 16-bit limbs in int64 tensors, so the bits are the numpy ones on
+any device. Normal noise (numpy's ziggurat, whose rejections make a value's position in
+the stream depend on the values before it) is drawn on the host and copied.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-__all__ = ["NOISE_BLOCK", "NoiseKind", "SlotNoise"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["NOISE_BLOCK", "NoiseKind", "SlotNoise", "TorchSlotNoise"]
 
 NOISE_BLOCK = 1024
 """Env slots per noise table."""
@@ -33,6 +43,8 @@ NoiseKind = Literal["normal", "uniform"]
 
 _NOISE_KEY = 0x706F6C  # "pol": keeps the policy's stream apart from episode seeds
 _MAX_TABLE = 2**31  # values one table may draw (its window holds 2**32 draws)
+_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645  # PCG64's 128-bit LCG multiplier
+_MASK128 = (1 << 128) - 1
 
 
 class SlotNoise:
@@ -100,3 +112,104 @@ class SlotNoise:
                 table = gen.random((hi, self.width), dtype=np.float32)
             parts.append(table[lo:] if lo else table)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _limbs(values: list[int]) -> np.ndarray:
+    """``(len(values), 8)`` int64: 128-bit integers as 16-bit limbs, least significant first."""
+    out = np.empty((len(values), 8), dtype=np.int64)
+    for j in range(8):
+        out[:, j] = [(v >> (16 * j)) & 0xFFFF for v in values]
+    return out
+
+
+class TorchSlotNoise:
+    """:class:`SlotNoise`'s uniform noise computed by torch on ``device``: the same bits.
+
+    The state of every PCG64 output a table uses is computed at once: output ``k``
+    (from 1) of a table whose advanced state is ``s`` uses the state ``A_k * s + C_k``
+    mod 2**128, where ``A_k = M**k`` and ``C_k = inc * (M**(k-1) + ... + 1)`` depend on
+    ``k`` alone (precomputed here, on the device). The 128-bit product runs in 16-bit
+    limbs (every partial sum fits an int64), then PCG64's XSL-RR output and numpy's
+    ``float32`` uniform (``(u32 >> 8) * 2**-24``, low half of each 64-bit output first)
+    follow. Only the advanced state of each block (a few Python integers) crosses from
+    the host per draw.
+
+    Args:
+        noise: the host noise whose draws this one reproduces (kind ``"uniform"``).
+        device: torch device computing the noise.
+
+    Raises:
+        ValueError: ``noise`` is not of kind ``"uniform"``.
+    """
+
+    def __init__(self, noise: SlotNoise, device: torch.device) -> None:
+        import torch
+
+        if noise.kind != "uniform":
+            raise ValueError(f"TorchSlotNoise draws uniform noise only, got kind {noise.kind!r}")
+        self.noise = noise
+        self.device = device
+        self.width = noise.width
+        self.num_rows = noise.num_rows
+        most = max(hi for _, _, hi in noise._blocks) * noise.width
+        outputs = (most + 1) // 2
+        inc = int(noise._start["state"]["inc"])
+        mults, adds = [], []
+        a, c = 1, 0
+        for _ in range(outputs):
+            a, c = (a * _PCG_MULT) & _MASK128, (c * _PCG_MULT + inc) & _MASK128
+            mults.append(a)
+            adds.append(c)
+        self._mult = torch.from_numpy(_limbs(mults)).to(device)
+        self._add = torch.from_numpy(_limbs(adds)).to(device)
+        self._shift16 = torch.arange(0, 64, 16, dtype=torch.int64, device=device)
+
+    def _states(self, step: int) -> list[int]:
+        """The advanced state of each block at ``step`` (host integers)."""
+        bits, out = self.noise._bits, []
+        for block, _, _ in self.noise._blocks:
+            bits.state = self.noise._start
+            bits.advance((step << 64) | (block << 32))
+            out.append(int(bits.state["state"]["state"]))
+        return out
+
+    def _uint32(self, state: int, count: int) -> torch.Tensor:
+        """The first ``count`` 32-bit draws of the stream at ``state`` (int64 tensor)."""
+        import torch
+
+        n = (count + 1) // 2
+        s = torch.from_numpy(_limbs([state])[0]).to(self.device, non_blocking=True)
+        mult, add = self._mult[:n], self._add[:n]
+        acc = add.clone()
+        for j in range(8):
+            acc[:, j:] += mult[:, : 8 - j] * s[j]
+        limbs = []
+        carry = torch.zeros(n, dtype=torch.int64, device=self.device)
+        for j in range(8):
+            v = acc[:, j] + carry
+            limbs.append(v & 0xFFFF)
+            carry = v >> 16
+        lo = torch.stack(limbs[:4], 1)
+        hi = torch.stack(limbs[4:], 1)
+        x = hi ^ lo
+        low = x[:, 0] | (x[:, 1] << 16)
+        high = x[:, 2] | (x[:, 3] << 16)
+        rot = limbs[7] >> 10
+        wide = rot >= 32
+        low, high = torch.where(wide, high, low), torch.where(wide, low, high)
+        r = rot & 31
+        mask = 0xFFFFFFFF
+        new_low = ((low >> r) | (high << (32 - r))) & mask
+        new_high = ((high >> r) | (low << (32 - r))) & mask
+        return torch.stack([new_low, new_high], 1).reshape(-1)[:count]
+
+    def draw(self, step: int) -> torch.Tensor:
+        """``(num_rows, width)`` float32 on the device: :meth:`SlotNoise.draw`'s bits."""
+        import torch
+
+        parts = []
+        for state, (_, lo, hi) in zip(self._states(step), self.noise._blocks, strict=True):
+            u = self._uint32(state, hi * self.width)[lo * self.width :]
+            parts.append((u >> 8).to(torch.float32) * (2.0**-24))
+        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return flat.reshape(self.num_rows, self.width)

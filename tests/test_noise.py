@@ -9,7 +9,7 @@ from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simkit._noise import NOISE_BLOCK, SlotNoise
+from simkit._noise import NOISE_BLOCK, SlotNoise, TorchSlotNoise
 from simkit.models import ModelSpec, build_model
 from simkit.models._lean import LeanMLP
 from simkit.servers._stream_policy import RowPolicy
@@ -138,3 +138,91 @@ def test_row_policy_acts_alike_in_one_part_or_two() -> None:
     assert np.array_equal(np.concatenate([h.log_probs for h in halves]), whole.log_probs)
     parted = policy(0, 6)
     assert np.array_equal(parted.act(obs[3:], 4, slice(3, 6)).actions, whole.actions[3:])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    first=st.integers(0, 3 * NOISE_BLOCK),
+    n=st.integers(1, NOISE_BLOCK + 40),
+    step=st.integers(0, 2**40),
+    rows=st.integers(1, 3),
+    width=st.integers(1, 5),
+)
+def test_torch_noise_has_the_numpy_bits(
+    seed: int, first: int, n: int, step: int, rows: int, width: int
+) -> None:
+    host = _noise(seed, first, n, "uniform", rows, width)
+    torch_noise = TorchSlotNoise(host, torch.device("cpu"))
+    for s in (step, step + 1):
+        got = torch_noise.draw(s)
+        assert got.dtype == torch.float32
+        assert np.array_equal(got.numpy(), host.draw(s))
+
+
+def test_torch_noise_refuses_normal_noise() -> None:
+    with pytest.raises(ValueError, match="uniform noise only, got kind 'normal'"):
+        TorchSlotNoise(_noise(0, 0, 1), torch.device("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_torch_noise_on_cuda_has_the_numpy_bits() -> None:
+    cuda = torch.device("cuda")
+    for seed, first, n, rows, width in [
+        (0, 0, 1, 1, 1),
+        (9, 1000, 3000, 2, 3),
+        (2**62, 5, 70, 1, 4),
+    ]:
+        host = _noise(seed, first, n, "uniform", rows, width)
+        on_cuda = TorchSlotNoise(host, cuda)
+        for step in (0, 1, 77, 2**40):
+            assert np.array_equal(on_cuda.draw(step).cpu().numpy(), host.draw(step))
+
+
+def _discrete_policy(device: torch.device, first: int, n: int) -> RowPolicy:
+    obs_space = spaces.Box(-5.0, 5.0, (4,), np.float32)
+    act_space = spaces.Discrete(3)
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("mlp", {"hidden_sizes": [16]}), obs_space, act_space)
+    return RowPolicy(
+        model,
+        device,
+        seed=4,
+        first_slot=first,
+        num_slots=n,
+        rows_per_slot=1,
+        action_space=act_space,
+        lean=False,
+    )
+
+
+def test_row_policy_with_device_noise_acts_as_with_host_noise() -> None:
+    """The device-noise act path (run here on the CPU) samples the host path's actions,
+    whole and part by part."""
+    obs = np.random.default_rng(2).standard_normal((40, 4)).astype(np.float32)
+    host = _discrete_policy(torch.device("cpu"), 3, 40)
+    assert host.device_noise is None
+    device = _discrete_policy(torch.device("cpu"), 3, 40)
+    device.device_noise = TorchSlotNoise(device.noise, torch.device("cpu"))
+    for step in (0, 5):
+        want = host.act(obs, step)
+        got = device.act(obs, step)
+        assert np.array_equal(got.actions, want.actions)
+        assert got.actions.dtype == np.int64
+        assert np.array_equal(got.log_probs, want.log_probs)
+        assert np.array_equal(got.values, want.values)
+        part = device.act(obs[10:30], step, slice(10, 30))
+        assert np.array_equal(part.actions, want.actions[10:30])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_row_policy_on_cuda_computes_its_noise_there() -> None:
+    obs = np.random.default_rng(2).standard_normal((40, 4)).astype(np.float32)
+    on_cuda = _discrete_policy(torch.device("cuda"), 3, 40)
+    assert on_cuda.device_noise is not None
+    host = _discrete_policy(torch.device("cpu"), 3, 40)
+    for step in (0, 5):
+        got, want = on_cuda.act(obs, step), host.act(obs, step)
+        # Same noise; the forward's last bits may differ across devices.
+        assert (got.actions == want.actions).mean() > 0.9
+        assert np.array_equal(on_cuda.device_noise.draw(step).cpu().numpy(), host.noise.draw(step))
