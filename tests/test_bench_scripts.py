@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -79,3 +81,44 @@ def test_the_sac_bench_measures_the_default_placement_first(
     from simkit.clients._train_sac import SAC_DEFAULT_SERVERS
 
     assert asked == [None, 1 if SAC_DEFAULT_SERVERS == 0 else 0]
+
+
+@pytest.mark.parametrize("script", ["device_check.sh", "fetch_device_wheels.sh"])
+def test_the_device_scripts_parse(script: str) -> None:
+    done = subprocess.run(["bash", "-n", str(ROOT / "bench" / script)], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def test_the_device_check_refuses_an_unknown_option(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_check.sh"), "--gpu"],
+        capture_output=True,
+        env={**os.environ, "OUT": str(tmp_path)},
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode() == "usage: bench/device_check.sh [--cpu], got '--gpu'\n"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
+    """``--cpu``: the CUDA tests collected, gpu_check's quick PPO row and one tiny
+    training run per learner, all in one markdown report."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_check.sh"), "--cpu"],
+        capture_output=True,
+        env={**os.environ, "OUT": str(tmp_path)},
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    report = (tmp_path / "device_check.md").read_text()
+    assert "# simkit device check (cpu mode)" in report
+    assert "test_torch_noise_on_cuda_has_the_numpy_bits" in report
+    assert "| PPO.update | cpu | 2,048 |" in report
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "| cpu |" in line]
+    assert [r.split(" | ")[0] for r in rows[1:]] == [
+        "| PPO simkit/Cheetah-v0, 64 envs x 64 steps, 4096 steps",
+        "| SAC gym:Pendulum-v1, 300 steps (200 random)",
+    ]
+    assert report.count("`: exit ") == 3  # the CUDA tests and the two trainings
+    assert report.count("`: exit 0, ") == 3

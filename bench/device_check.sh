@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issue 26): one command for a session that is lent the GPU
+# test machine, at most 8 minutes there, markdown to one file. It
+#   1. installs the wheels the machine's image lacks from build/wheels (fetched here,
+#      beforehand, by bench/fetch_device_wheels.sh; the device tool's `carry` brings them)
+#      into a target folder on PYTHONPATH, and the project editable (docs/benchmarks.md);
+#   2. runs the CUDA tests (the tests that skip without CUDA, selected by "cuda" in their
+#      names, in the files that check torch.cuda.is_available());
+#   3. runs bench/gpu_check.py (GPU and CPU of the same machine, same run);
+#   4. trains once per learner with --device cuda and with --device cpu: PPO on
+#      simkit/Cheetah-v0 (64 envs x 64 steps, in process) and SAC on gym:Pendulum-v1,
+#      and tabulates each run's steps/s, wall time and time split.
+# Each step has its own time limit and the whole stops starting steps after 7 minutes,
+# so the report always comes back; a step that fails is reported and the rest go on.
+#
+#   bench/device_check.sh          # on the GPU machine (report: $OUT/device_check.md)
+#   bench/device_check.sh --cpu    # dry run here: the project's .venv, no install, no
+#                                  # CUDA runs, tiny sizes (report: build/device-check/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+mode=gpu
+case "${1:-}" in
+    --cpu) mode=cpu ;;
+    "") ;;
+    *)
+        echo "usage: bench/device_check.sh [--cpu], got '$1'" >&2
+        exit 2
+        ;;
+esac
+
+out=${OUT:-build/device-check}
+mkdir -p "$out"
+report=$out/device_check.md
+work=$(mktemp -d)
+start=$(date +%s)
+budget=420 # seconds after which no further step starts
+export PYTHONUNBUFFERED=1
+
+say() { printf '%s\n' "$@" >>"$report"; }
+
+# step TITLE SECONDS CMD...: runs CMD under a time limit and appends its output's tail
+# in a code block; returns CMD's status (124 on its time limit).
+step() {
+    local title=$1 limit=$2
+    shift 2
+    local log=$work/step.log t0 rc
+    if [ $(($(date +%s) - start)) -ge $budget ]; then
+        say "" "### $title" "" "not run: the check's $budget s budget was spent"
+        return 125
+    fi
+    t0=$(date +%s)
+    timeout "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    say "" "### $title" "" "\`$*\`: exit $rc, $(($(date +%s) - t0)) s" "" '```'
+    tail -n 40 "$log" >>"$report"
+    say '```'
+    cp "$log" "$work/last.log"
+    return $rc
+}
+
+: >"$report"
+say "# simkit device check ($mode mode)" ""
+say "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+say "- host: $(nproc) CPUs, $(uname -m)"
+if command -v nvidia-smi >/dev/null; then
+    say "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+fi
+
+if [ "$mode" = gpu ]; then
+    PY=python3
+    site=/tmp/simkit-site
+    shopt -s nullglob
+    wheels=(build/wheels/*.whl)
+    if [ ${#wheels[@]} -eq 0 ]; then
+        say "" "no wheels in build/wheels: run bench/fetch_device_wheels.sh here and carry build/wheels"
+        echo "no wheels in build/wheels" >&2
+        exit 2
+    fi
+    step "install the wheels (${#wheels[@]}) and the project" 120 bash -c "
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target $site ${wheels[*]} &&
+        PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation -e ." \
+        || { echo "install failed: see $report" >&2; exit 1; }
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+    devices=(cuda cpu)
+    ppo_steps=65536
+    sac_steps=3000
+    sac_starts=1000
+    check_args=()
+else
+    PY=.venv/bin/python
+    devices=(cpu)
+    ppo_steps=4096
+    sac_steps=300
+    sac_starts=200
+    check_args=(--quick --only ppo --repeats 1)
+fi
+say "- $($PY -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")' 2>&1)"
+
+cuda_tests=$(grep -l "torch.cuda.is_available" tests/test_*.py | tr '\n' ' ')
+if [ "$mode" = gpu ]; then
+    # shellcheck disable=SC2086
+    step "CUDA tests" 150 $PY -m pytest -q -p no:cacheprovider -rs -k cuda $cuda_tests
+else
+    # shellcheck disable=SC2086
+    step "CUDA tests (collected only: no CUDA here)" 60 $PY -m pytest -q -p no:cacheprovider --collect-only -k cuda $cuda_tests
+fi
+
+if [ $(($(date +%s) - start)) -lt $budget ]; then
+    say "" "## bench/gpu_check.py ${check_args[*]}" ""
+    timeout 200 $PY bench/gpu_check.py "${check_args[@]}" >>"$report" 2>"$work/gpu_check.err"
+    rc=$?
+    [ $rc -ne 0 ] && say "" "gpu_check.py: exit $rc" '```' "$(tail -n 20 "$work/gpu_check.err")" '```'
+fi
+
+say "" "## Training, --device cuda vs --device cpu" ""
+rows=()
+for dev in "${devices[@]}"; do
+    step "PPO simkit/Cheetah-v0 --device $dev" 90 $PY -m simkit train simkit/Cheetah-v0 \
+        --num-envs 64 --num-steps 64 --servers 0 --total-steps $ppo_steps --device "$dev" \
+        --logdir "$work/ppo-$dev" --no-progress
+    rows+=("| PPO simkit/Cheetah-v0, 64 envs x 64 steps, $ppo_steps steps | $dev | $(grep -m1 'steps/s:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'wall time:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'time split:' "$work/last.log" | sed 's/.*split: //') |")
+    step "SAC gym:Pendulum-v1 --device $dev" 90 $PY -m simkit train gym:Pendulum-v1 --algo sac \
+        --total-steps $sac_steps --learning-starts $sac_starts --device "$dev" \
+        --logdir "$work/sac-$dev" --no-progress
+    rows+=("| SAC gym:Pendulum-v1, $sac_steps steps ($sac_starts random) | $dev | $(grep -m1 'steps/s:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'wall time:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'time split:' "$work/last.log" | sed 's/.*split: //') |")
+done
+say "" "| run | device | steps/s | wall time | time split |" "|---|---|---:|---:|---|"
+for row in "${rows[@]}"; do say "$row"; done
+
+say "" "total: $(($(date +%s) - start)) s"
+rm -rf "$work"
+echo "report: $report"
