@@ -261,7 +261,11 @@ def test_stream_sessions_announce_their_credit_cap(server: RolloutServer) -> Non
         assert stream.infos[0].max_credit == 64
 
     def over_the_cap() -> None:
-        with PolicyStream(server.endpoint, SPEC, num_envs=2, credit=65, timeout=10) as stream:
+        # PolicyStream itself refuses credit=65 at open; one more grant past its 64
+        # reaches the server, which enforces the cap for any client.
+        with PolicyStream(server.endpoint, SPEC, num_envs=2, credit=64, timeout=10) as stream:
+            srv = stream._servers[0]
+            stream._send(srv, srv.session.request_credit(1))
             stream.push_weights(build_model(SPEC, stream.observation_space, stream.action_space))
             stream.next_fragment()
 
