@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 import simkit
+from simkit._batch_device import DeviceDraws
 from simkit.envs.cartpole import CartPole
 from simkit.randomization import Params, uniform_rows
 
@@ -79,6 +80,13 @@ class BatchCartPole(simkit.BatchEnv):
         self.state[idx] = rows_x
         self._refresh_params()
         return self._observe(rows_x), None
+
+    def reset_masked(self, mask: Any, draws: DeviceDraws, params: dict[str, Any]) -> Any:
+        """:meth:`reset_instances` for the rows of ``mask``, on the device (the same draws)."""
+        rows = draws.uniform(-0.05, 0.05, 4)
+        self.state = self.xp.where(mask[:, None], rows, self.state)
+        self._p = params
+        return self._observe(self.state)
 
     def step_instances(
         self, actions: Any, rngs: Sequence[np.random.Generator]

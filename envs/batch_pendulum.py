@@ -16,6 +16,7 @@ from typing import Any, cast
 import numpy as np
 
 import simkit
+from simkit._batch_device import DeviceDraws
 from simkit._seeding import KeyedStreams
 from simkit.envs.pendulum import Pendulum
 from simkit.randomization import Params
@@ -91,6 +92,13 @@ class BatchPendulum(simkit.BatchEnv):
         self.state[idx] = rows
         self._refresh_params()
         return self._observe(rows), None
+
+    def reset_masked(self, mask: Any, draws: DeviceDraws, params: dict[str, Any]) -> Any:
+        """:meth:`reset_instances` for the rows of ``mask``, on the device (the same draws)."""
+        rows = draws.uniform(_RESET_LOW, _RESET_HIGH, (2,))
+        self.state = self.xp.where(mask[:, None], rows, self.state)
+        self._p = params
+        return self._observe(self.state)
 
     def step_instances(
         self, actions: Any, rngs: Sequence[np.random.Generator]

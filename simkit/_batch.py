@@ -26,6 +26,14 @@ from gymnasium.vector.utils import batch_space
 
 from simkit._batch_actions import check_torch_actions
 from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, Sampler
+from simkit._batch_device import (
+    DEFAULT_WINDOW,
+    DeviceDraws,
+    DeviceLoop,
+    DeviceRowInfos,
+    NoStepDraws,
+    check_step_shapes,
+)
 from simkit._batch_gym import GymStepAdapter, scatter
 from simkit._batch_queue import BatchQueue, PendingStep, RowInfos, take_rows, to_numpy
 from simkit._contract import check_max_episode_steps
@@ -152,6 +160,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._in_flight = np.zeros(n, dtype=np.bool_)
         self._pending: deque[tuple[np.ndarray, PendingStep]] = deque()
         self._ready: deque[BatchStep] = deque()
+        self._device_loop: DeviceLoop | None = None
+        self._device_ready = False
+        self._device_sampler: Sampler | None = None
+        self._reset_draws_known = False
+        self._all_ids = np.arange(n, dtype=np.int64)
 
     # ----------------------------------------------------------------- author hooks
 
@@ -207,6 +220,30 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             f"{self.num_envs} instances (step_batch() or send() with env_ids, or batch_size < num_envs)"
         )
 
+    def reset_masked(self, mask: Any, draws: DeviceDraws, params: dict[str, Any]) -> Any:
+        """Starts an episode for the instances where ``mask`` is true, on the device
+        (optional; torch batches only): what makes :meth:`step_batch` device-resident.
+
+        Called in every device-resident step, with every row, so that nothing depends on
+        how many instances reset (no host synchronisation): update the state with
+        ``torch.where(mask[:, None], new_rows, old_rows)`` and return the first
+        observations of all N rows (only the masked ones are used).
+
+        Args:
+            mask: ``(N,)`` bool tensor, the instances starting a new episode.
+            draws: their streams' next draws after the parameters: ``draws.uniform(low,
+                high, size)`` / ``draws.random(size)`` give row ``i`` what
+                ``rngs.uniform``/``rngs.random`` give instance ``i`` in
+                :meth:`reset_instances` (same calls, same order, same bits).
+            params: parameter name to ``(N,)`` float64 tensor, every numeric parameter
+                of every row, the new values on the masked rows (live tensors the base
+                class updates in place; keep them for the step hooks).
+
+        Returns:
+            ``(N, *obs_shape)`` first observations.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement reset_masked()")
+
     def _supports_subset(self) -> bool:
         return type(self).step_subset is not BatchEnv.step_subset
 
@@ -259,6 +296,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self, seed: int | None, options: dict[str, Any] | None
     ) -> tuple[np.ndarray, RowInfos]:
         self._require_idle("reset()")
+        self._host_sync()
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
         opts = dict(options or {})
@@ -325,10 +363,15 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         if env_ids is None:
             if self.validate_actions:
                 actions = self.check_actions(actions)
+            if self.xp is not np and self._device_steps():
+                return self._step_device(actions)
+            self._host_sync()
             final_obs, reward, terminated, infos = self._step_all(actions)
-            return self._complete(
+            step = self._complete(
                 np.arange(self.num_envs, dtype=np.int64), final_obs, reward, terminated, infos
             )
+            return step if self.xp is np else self._on_device(step)
+        self._host_sync()
         ids, actions, order = self._sorted_subset(env_ids, actions, "step_batch()")
         pending = self._start_subset(ids, actions)
         try:
@@ -338,18 +381,196 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
                 pending.drain()
             raise
         step = self._complete(ids, *result)
-        if order is None:
-            return step
-        back = np.argsort(order)
+        if order is not None:
+            back = np.argsort(order)
+            step = BatchStep(
+                obs=take_rows(step.obs, back),
+                reward=step.reward[back],
+                terminated=step.terminated[back],
+                truncated=step.truncated[back],
+                final_obs=take_rows(step.final_obs, back),
+                env_ids=step.env_ids[back],
+                infos=[step.infos[k] for k in back.tolist()],
+            )
+        return step if self.xp is np else self._on_device(step)
+
+    def _on_device(self, step: BatchStep) -> BatchStep:
+        """A host-path step of a torch batch with its rewards and flags as device
+        tensors, like a device-resident step's."""
+        xp, device = self.xp, self.device
         return BatchStep(
-            obs=take_rows(step.obs, back),
-            reward=step.reward[back],
-            terminated=step.terminated[back],
-            truncated=step.truncated[back],
-            final_obs=take_rows(step.final_obs, back),
-            env_ids=step.env_ids[back],
-            infos=[step.infos[k] for k in back.tolist()],
+            obs=step.obs,
+            reward=xp.as_tensor(step.reward, device=device),
+            terminated=xp.as_tensor(step.terminated, device=device),
+            truncated=xp.as_tensor(step.truncated, device=device),
+            final_obs=step.final_obs,
+            env_ids=step.env_ids,
+            infos=step.infos,
         )
+
+    # --------------------------------------------------------- device-resident steps
+
+    def _device_steps(self) -> bool:
+        """Whether whole-batch steps can stay on the device: the class has
+        :meth:`reset_masked`, every instance is under one root seed with one sampler of
+        scalar parameters, and no stream is held as a generator."""
+        if self._device_ready:
+            return True
+        if type(self).reset_masked is BatchEnv.reset_masked:
+            return False
+        samplers = self._sampler_groups()[0]
+        if (
+            not self._reset_draws_known  # how many draws a reset takes (learnt by one)
+            or self._seeds._shared_root is None
+            or len(samplers) != 1
+            or not samplers[0].fast
+            or self._streams.live
+            or any(arr.ndim != 1 for arr in self.param_arrays.values())
+            or any(name not in self.param_arrays for name in samplers[0].names)
+        ):
+            return False
+        self._device_push(samplers[0])
+        return True
+
+    def _device_push(self, sampler: Sampler, width: int = DEFAULT_WINDOW) -> None:
+        """Loads the host state onto the device and computes the key window."""
+        loop = self._device_loop
+        if loop is None:
+            loop = self._device_loop = DeviceLoop(self.xp, self.device, self.num_envs)
+        streams = self._streams
+        loop.push(
+            self._elapsed,
+            self._seeds.episode,
+            streams.states,
+            streams.pos,
+            self.param_arrays,
+            sampler.names,
+        )
+        self._params.clear()  # one fast sampler: every row's params rebuild from the arrays
+        self._device_sampler = sampler
+        self._device_window(width)
+        self._device_ready = True
+
+    def _device_window(self, width: int) -> None:
+        """Next-episode keys of every instance for ``width`` steps, from the host's
+        episode counters (read back from the device when it is ahead)."""
+        loop = self._device_loop
+        assert loop is not None
+        episode = loop.pull_counters() if loop.ahead else self._seeds.episode
+        sampler = self._device_sampler
+        assert sampler is not None
+        m = len(sampler.names)
+        draws = max(self._streams.prefetch, m)
+        window = self._seeds.window(width, draws, sampler if m else None, episode)
+        loop.load_window(window, episode, m)
+
+    def prepare_device_steps(self, steps: int) -> bool:
+        """Makes the next ``steps`` whole-batch :meth:`step_batch` calls of a torch batch
+        run without any host synchronisation (call it once per fragment): loads the
+        state onto the device if a host operation changed it, and computes the keys of
+        every instance's next ``steps`` episodes (reading the episode counters back
+        once). Without it a device-resident batch does this itself every 32 steps.
+
+        Returns:
+            Whether steps are device-resident (a torch batch whose class has
+            :meth:`reset_masked`, one root seed, scalar parameters); ``False`` means
+            they run through the host path.
+
+        Raises:
+            ValueError: ``steps`` < 1.
+            ResetNeeded: before the first :meth:`reset`.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        if not self._has_reset:
+            raise ResetNeeded("prepare_device_steps() called before reset(); call reset() first")
+        self._require_idle("prepare_device_steps()")
+        if self.xp is np or not self._device_steps():
+            return False
+        loop = self._device_loop
+        assert loop is not None
+        if loop.steps_left < steps:
+            self._device_window(max(int(steps), DEFAULT_WINDOW))
+        return True
+
+    def _step_device(self, actions: Any) -> BatchStep:
+        """A whole-batch step that never waits on the device (see :mod:`simkit._batch_device`)."""
+        loop = self._device_loop
+        assert loop is not None
+        if loop.steps_left <= 0:
+            self._device_window(DEFAULT_WINDOW)  # one read of the counters per window
+        n = self.num_envs
+        final_obs, reward, terminated, base = self.step_instances(actions, NoStepDraws(n))
+        xp = self.xp
+        reward = xp.as_tensor(reward, device=self.device).to(xp.float64)
+        terminated = xp.as_tensor(terminated, device=self.device).to(xp.bool)
+        check_step_shapes(reward, terminated, n, type(self).__name__, "step_instances")
+        if base is not None and len(base) != n:
+            raise ValueError(
+                f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
+                f"got {len(base)}"
+            )
+        truncated, done, new, draws, params = loop.step(reward, terminated, self.max_episode_steps)
+        reset_obs = self.reset_masked(done, draws, params)
+        loop.took(done, loop.param_draws + draws.taken)
+        obs = xp.where(done.view(n, *([1] * (final_obs.dim() - 1))), reset_obs, final_obs)
+        self._obs = obs
+        sampler = self._device_sampler
+        assert sampler is not None
+        infos = DeviceRowInfos(
+            n, base, done, new, lambda k, values: sampler.row([float(v) for v in values])
+        )
+        return BatchStep(
+            obs=obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+            env_ids=self._all_ids,
+            infos=infos,
+        )
+
+    def _host_sync(self) -> None:
+        """Brings the host copies of the contract up to date after device-resident steps
+        (one read back), before a host-side operation; later steps load them again."""
+        loop = self._device_loop
+        if loop is not None and loop.ahead:
+            self._elapsed = loop.elapsed.cpu().numpy().copy()
+            self._seeds.episode = loop.episode.cpu().numpy().copy()
+            self._streams.states = loop.states.cpu().numpy().view(np.uint64).copy()
+            self._streams.pos = loop.pos.cpu().numpy().copy()
+            self._streams.version += 1
+            values = loop.params.cpu().numpy()
+            for j, name in enumerate(loop.names):
+                self.param_arrays[name][...] = values[:, j]
+            self._params.clear()
+            loop.ahead = False
+        self._device_ready = False
+
+    def read_episode_stats(self) -> dict[str, np.ndarray]:
+        """The episodes completed in device-resident steps since the last call, per
+        instance, and clears them: ``episodes`` (int64 count), ``return_sum`` (float64)
+        and ``length_sum`` (int64). One read back from the device: call it once per
+        fragment, not per step.
+
+        Raises:
+            RuntimeError: not a device-resident torch batch.
+        """
+        loop = self._device_loop
+        if loop is None:
+            raise RuntimeError(
+                f"{type(self).__name__} keeps episode statistics only in device-resident "
+                "steps (a torch batch with reset_masked())"
+            )
+        out = {
+            "episodes": loop.count.cpu().numpy().copy(),
+            "return_sum": loop.return_sum.cpu().numpy().copy(),
+            "length_sum": loop.length_sum.cpu().numpy().copy(),
+        }
+        loop.count.zero_()
+        loop.return_sum.zero_()
+        loop.length_sum.zero_()
+        return out
 
     def _sorted_subset(
         self, env_ids: Any, actions: Any, what: str

@@ -58,11 +58,14 @@ class BatchContract:
     _elapsed: np.ndarray
     _pending_reset: np.ndarray
     _has_reset: bool
+    _reset_draws_known: bool
     _obs: Any
 
     if TYPE_CHECKING:
 
         def _require_idle(self, what: str) -> None: ...
+
+        def _host_sync(self) -> None: ...
 
         def _prepare_instances(self, ids: np.ndarray) -> None: ...
 
@@ -79,6 +82,7 @@ class BatchContract:
     @property
     def params(self) -> list[Params]:
         """Each instance's randomized parameters of its current episode (a copy)."""
+        self._host_sync()
         return [self._param_row(i) for i in range(self.num_envs)]
 
     def _param_row(self, i: int) -> Params:
@@ -107,11 +111,13 @@ class BatchContract:
     @property
     def elapsed_steps(self) -> np.ndarray:
         """Steps taken in each instance's current episode (a copy)."""
+        self._host_sync()
         return self._elapsed.copy()
 
     @property
     def episode_index(self) -> np.ndarray:
         """Each instance's episode number under the current root seed (a copy)."""
+        self._host_sync()
         return self._seeds.episode.copy()
 
     @property
@@ -143,6 +149,7 @@ class BatchContract:
         self._prepare_instances(ids)
         obs_rows, infos = self.reset_instances(ids, rngs, params, options)
         self._streams.prefetch = rngs.taken
+        self._reset_draws_known = True
         if infos is not None and len(infos) != len(ids):
             raise ValueError(
                 f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts "
@@ -295,6 +302,7 @@ class BatchContract:
         if not self._has_reset:
             raise ResetNeeded("get_state() called before reset(); call reset() first")
         self._require_idle("get_state()")
+        self._host_sync()
         return {
             "format": BATCH_STATE_FORMAT,
             "env": f"{type(self).__module__}:{type(self).__qualname__}",
@@ -320,6 +328,7 @@ class BatchContract:
         if not isinstance(state, Mapping):
             raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
         self._require_idle("set_state()")
+        self._host_sync()
         fields = {
             "format",
             "env",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from simkit._batch_queue import RowInfos
+from simkit._batch_queue import RowInfos, to_numpy
 from simkit._types import BatchStep
 from simkit.errors import ResetNeeded
 
@@ -30,6 +30,8 @@ class GymStepAdapter:
         def check_actions(self, actions: Any, num_rows: int | None = None) -> Any: ...
 
         def _require_idle(self, what: str) -> None: ...
+
+        def _host_sync(self) -> None: ...
 
         def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]: ...
 
@@ -56,7 +58,10 @@ class GymStepAdapter:
             return self._step_next(actions)
         result = self.step_batch(actions)
         vector_info: dict[str, Any] = {}
-        done = result.done
+        reward, terminated, truncated = (
+            to_numpy(x) for x in (result.reward, result.terminated, result.truncated)
+        )
+        done = terminated | truncated
         for i, info in enumerate(result.infos):
             if done[i]:
                 step_info = {k: v for k, v in info.items() if k != "reset_info"}
@@ -68,7 +73,7 @@ class GymStepAdapter:
                 vector_info = self._add_info(vector_info, info["reset_info"], i)
             elif info:
                 vector_info = self._add_info(vector_info, info, i)
-        return result.obs, result.reward, result.terminated, result.truncated, vector_info
+        return result.obs, reward, terminated, truncated, vector_info
 
     def _step_next(
         self, actions: Any
@@ -76,6 +81,7 @@ class GymStepAdapter:
         if not self._has_reset:
             raise ResetNeeded("step() called before reset(); call reset() first")
         self._require_idle("step()")
+        self._host_sync()
         if self.validate_actions:
             actions = self.check_actions(actions)
         pending = self._pending_reset.copy()

@@ -40,6 +40,8 @@ class BatchQueue:
 
         def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep: ...
 
+        def _host_sync(self) -> None: ...
+
         def _checked(
             self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
         ) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]: ...
@@ -75,6 +77,7 @@ class BatchQueue:
         """
         if not self._has_reset:
             raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
+        self._host_sync()
         ids, actions, _ = self._sorted_subset(env_ids, actions, "send()")
         pending = self._start_subset(ids, actions)
         self._in_flight[ids] = True

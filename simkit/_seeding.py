@@ -428,16 +428,27 @@ def _torch_mul_hi(torch: Any, a: Any, b: Any) -> Any:
     )
 
 
-def pcg64_outputs_torch(states: Any, pos: Any, count: int) -> Any:
+def pcg64_outputs_torch(states: Any, pos: Any, count: int, *, max_pos: int | None = None) -> Any:
     """:func:`pcg64_outputs` in torch, on the tensors' device: int64 tensors holding
-    the same uint64 bits (``states`` ``(n, 4)``, ``pos`` ``(n,)``); ``(n, count)`` int64."""
+    the same uint64 bits (``states`` ``(n, 4)``, ``pos`` ``(n,)``); ``(n, count)`` int64.
+
+    ``max_pos``, an upper bound on ``pos`` the caller knows (e.g. the draws an episode
+    takes), sizes the jump table without reading ``pos``: the call then never waits on
+    the device. Without it the bound is ``pos.max()``, read back from the device (one
+    host synchronisation). A ``pos`` above ``max_pos`` raises where the device reports
+    it (an index error), never a wrong draw.
+    """
     import torch
 
     n = states.shape[0]
     if n == 0 or count == 0:
         return torch.zeros((n, count), dtype=torch.int64, device=states.device)
     table = _torch_jump_table(torch, states.device)
-    need = int(pos.max()) + count + 1 if pos.numel() else count + 1
+    if max_pos is None:
+        max_pos = int(pos.max()) if pos.numel() else 0
+    elif isinstance(max_pos, bool) or not isinstance(max_pos, int | np.integer) or max_pos < 0:
+        raise ValueError(f"max_pos must be an int >= 0 or None, got {max_pos!r}")
+    need = int(max_pos) + count + 1
     if len(table) < need:
         _jump_table(need)
         _TORCH_TABLES.clear()
@@ -460,11 +471,12 @@ def pcg64_outputs_torch(states: Any, pos: Any, count: int) -> Any:
     return ((v >> rot) & right_mask) | (v << ((64 - rot) & 63))
 
 
-def pcg64_doubles_torch(states: Any, pos: Any, count: int) -> Any:
-    """:func:`pcg64_doubles` in torch (float64, same bits)."""
+def pcg64_doubles_torch(states: Any, pos: Any, count: int, *, max_pos: int | None = None) -> Any:
+    """:func:`pcg64_doubles` in torch (float64, same bits; ``max_pos`` as in
+    :func:`pcg64_outputs_torch`)."""
     import torch
 
-    raw = pcg64_outputs_torch(states, pos, count)
+    raw = pcg64_outputs_torch(states, pos, count, max_pos=max_pos)
     return _torch_shr(torch, raw, 11).to(torch.float64) * 2.0**-53
 
 
@@ -724,6 +736,51 @@ class EpisodeSeeds:
         if rows is None:
             rows = self._gather(ids, lambda r, b, d: self._draws_block(r, b, d, scale), draws)
         return rows[:, :4], rows[:, 4:].view(np.float64), scale
+
+    def window(
+        self, width: int, draws: int = 0, scale: Any = None, episode: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The keys of every env's next ``width`` episodes, changing nothing: ``(N,
+        width, 4 + draws)`` uint64, row ``[i, w]`` for env ``i``'s episode
+        ``episode[i] + 1 + w`` as :meth:`next_states` would return it (its PCG64 start
+        state, then the bits of its first ``draws`` doubles, the first
+        ``len(scale.names)`` turned into parameters by ``scale`` if given). ``episode``
+        (default :attr:`episode`) holds the current episodes to start from.
+
+        What a device-resident batch gathers its resets from: an env starts at most one
+        episode per step, so a window of ``width`` episodes lasts ``width`` steps.
+
+        Raises:
+            ValueError: the envs do not share one root seed.
+        """
+        root = self._shared_root
+        if root is None:
+            raise ValueError("window() needs every env under one root seed")
+        n = self.num_envs
+        if scale is not None and draws < len(scale.names):
+            scale = None
+        shared = not draws or n * _BLOCK * draws <= _MAX_AHEAD  # the numpy path's blocks
+        current = self.episode if episode is None else np.asarray(episode, dtype=np.int64)
+        episodes = (current[:, None] + np.arange(1, width + 1, dtype=np.int64)).reshape(-1)
+        envs = np.repeat(np.arange(n, dtype=np.int64), width)
+        out = np.empty((n * width, 4 + draws), dtype=np.uint64)
+        blocks = episodes // _BLOCK
+        for b in np.unique(blocks).tolist():
+            sel = np.flatnonzero(blocks == b)
+            flat = envs[sel] * _BLOCK + (episodes[sel] - b * _BLOCK)
+            if draws and shared:
+                out[sel] = self._draws_block(root, b, draws, scale)[flat]
+            else:
+                out[sel, :4] = self._words_block(root, b)[flat]
+        if draws and not shared:
+            for start in range(0, len(out), _CHUNK):
+                part = out[start : start + _CHUNK]
+                doubles = np.empty((len(part), draws), dtype=np.float64)
+                _pcg64_first_doubles(np.ascontiguousarray(part[:, :4]), doubles)
+                if scale is not None:
+                    scale.prescale(doubles)
+                part[:, 4:] = doubles.view(np.uint64)
+        return out.reshape(n, width, 4 + draws)
 
     def _gather_ring(self, ids: np.ndarray, draws: int, scale: Any = None) -> np.ndarray | None:
         """:meth:`_gather` of the draws tables in one indexed read, when every env has the

@@ -10,6 +10,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from device_helpers import no_host_reads
 from gymnasium.vector import AutoresetMode
 from hypothesis import given
 from hypothesis import strategies as st
@@ -763,3 +764,146 @@ def test_step_infos_are_built_per_row_on_read_and_behave_like_a_list() -> None:
     assert after.infos == [{}] * 6
     with pytest.raises(IndexError, match="row 6 out of range for 6 rows"):
         after.infos[6]
+
+
+def _clones(step: Any) -> tuple[np.ndarray, ...]:
+    return tuple(
+        np.asarray(x.numpy() if hasattr(x, "numpy") else x).copy()
+        for x in (step.obs, step.final_obs, step.reward, step.terminated, step.truncated)
+    )
+
+
+@pytest.mark.parametrize("env_id", ["simkit/BatchCartPole-v0", "simkit/BatchPendulum-v0"])
+def test_device_steps_return_tensors_and_never_read_the_device(env_id: str) -> None:
+    """With a device, whole-batch steps return device tensors and never read one back
+    (every host read of a tensor raises while they run), resets included; episode
+    statistics accumulate there and are read once."""
+    torch = pytest.importorskip("torch")
+    env = simkit.make(env_id, num_envs=16, max_episode_steps=7, device="cpu")
+    env.validate_actions = False  # value checks read a flag back: the caller's choice
+    env.reset(seed=5)
+    assert env.prepare_device_steps(40)
+    rng = np.random.default_rng(1)
+    if env_id.endswith("CartPole-v0"):
+        actions = [torch.as_tensor(rng.integers(0, 2, 16)) for _ in range(40)]
+    else:
+        actions = [
+            torch.as_tensor(rng.uniform(-1, 1, (16, 1)), dtype=torch.float32) for _ in range(40)
+        ]
+    steps = []
+    with no_host_reads(torch):
+        for a in actions:
+            res = env.step_batch(a)
+            assert isinstance(res.reward, torch.Tensor)
+            assert res.reward.dtype == torch.float64
+            assert isinstance(res.terminated, torch.Tensor)
+            assert res.terminated.dtype == torch.bool
+            assert isinstance(res.truncated, torch.Tensor)
+            assert isinstance(res.obs, torch.Tensor)
+            steps.append(res)
+    ended = sum(int((s.terminated | s.truncated).sum()) for s in steps)
+    assert ended >= 16 * (40 // 7)
+    stats = env.read_episode_stats()
+    assert int(stats["episodes"].sum()) == ended
+    returns = np.zeros(16)
+    lengths = np.zeros(16, dtype=np.int64)
+    run, count = np.zeros(16), np.zeros(16, dtype=np.int64)
+    for s in steps:
+        done = (s.terminated | s.truncated).numpy()
+        run += s.reward.numpy()
+        count += 1
+        returns[done] += run[done]
+        lengths[done] += count[done]
+        run[done], count[done] = 0.0, 0
+    assert stats["return_sum"].tolist() == returns.tolist()
+    assert stats["length_sum"].tolist() == lengths.tolist()
+    assert env.read_episode_stats()["episodes"].sum() == 0
+
+
+def test_device_steps_equal_numpy_across_host_operations() -> None:
+    """The device-resident torch CartPole equals the numpy batch bit for bit (obs, final
+    obs, rewards, flags, reset params), with host operations between device steps:
+    snapshots into a fresh batch, counters read, reset() continuing, a masked reset,
+    subset steps and Gymnasium's step(); windows run out and refill on their own."""
+    torch = pytest.importorskip("torch")
+    ref = simkit.make("simkit/BatchCartPole-v0", num_envs=7, max_episode_steps=9)
+    dev = simkit.make("simkit/BatchCartPole-v0", num_envs=7, max_episode_steps=9, device="cpu")
+    ref.reset(seed=21)
+    dev.reset(seed=21)
+    rng = np.random.default_rng(4)
+
+    def both(k: int) -> None:
+        nonlocal dev
+        for _ in range(k):
+            a = rng.integers(0, 2, 7)
+            r, d = ref.step_batch(a), dev.step_batch(torch.as_tensor(a))
+            for x, y in zip(_clones(r), _clones(d), strict=True):
+                assert x.tolist() == y.tolist()
+            for i in np.flatnonzero(r.terminated | r.truncated).tolist():
+                assert params_equal(
+                    r.infos[i]["reset_info"]["params"], d.infos[i]["reset_info"]["params"]
+                )
+
+    both(45)  # more than a window (32 steps)
+    assert ref.elapsed_steps.tolist() == dev.elapsed_steps.tolist()
+    assert ref.episode_index.tolist() == dev.episode_index.tolist()
+    assert all(params_equal(p, q) for p, q in zip(ref.params, dev.params, strict=True))
+    both(5)
+    state = dev.get_state()
+    assert states_equal(ref.get_state(), {**state, "obs": state["obs"], "data": state["data"]})
+    dev = simkit.make("simkit/BatchCartPole-v0", num_envs=7, max_episode_steps=9, device="cpu")
+    dev.set_state(loads(dumps(state)))
+    both(12)
+    ref.reset()
+    dev.reset()
+    both(6)
+    mask = np.array([True, False, False, True, False, True, False])
+    ref.reset(options={"reset_mask": mask})
+    dev.reset(options={"reset_mask": mask})
+    both(6)
+    ids = np.array([5, 1, 2])
+    a = rng.integers(0, 2, 3)
+    r, d = ref.step_batch(a, ids), dev.step_batch(torch.as_tensor(a), ids)
+    assert isinstance(d.reward, torch.Tensor)
+    assert all(x.tolist() == y.tolist() for x, y in zip(_clones(r), _clones(d), strict=True))
+    both(4)
+    a = rng.integers(0, 2, 7)
+    r5, d5 = ref.step(a), dev.step(torch.as_tensor(a))
+    assert isinstance(d5[1], np.ndarray)
+    assert all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(r5[:4], d5[:4], strict=True)
+    )
+    both(30)
+
+
+def test_device_pendulum_resets_draw_the_numpy_bits_and_repeat() -> None:
+    """Device-resident resets of the torch Pendulum draw the numpy batch's exact start
+    states and parameters; the same seed gives the same tensors."""
+    torch = pytest.importorskip("torch")
+    ref = simkit.make("simkit/BatchPendulum-v0", num_envs=6, max_episode_steps=5)
+    runs = []
+    for _ in range(2):
+        dev = simkit.make("simkit/BatchPendulum-v0", num_envs=6, max_episode_steps=5, device="cpu")
+        dev.reset(seed=8)
+        runs.append([dev.step_batch(torch.zeros((6, 1))).obs for _ in range(12)])
+        assert dev.prepare_device_steps(1)
+    ref.reset(seed=8)
+    for _ in range(10):
+        ref.step_batch(np.zeros((6, 1), np.float32))  # every row restarts at steps 5 and 10
+    again = simkit.make("simkit/BatchPendulum-v0", num_envs=6, max_episode_steps=5, device="cpu")
+    again.reset(seed=8)
+    for _ in range(10):
+        again.step_batch(torch.zeros((6, 1)))
+    assert again.state.numpy().tolist() == ref.state.tolist()
+    assert all(params_equal(p, q) for p, q in zip(again.params, ref.params, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(runs[0], runs[1], strict=True))
+
+
+def test_episode_stats_need_a_device_resident_batch() -> None:
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=2)
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="episode statistics only in device-resident"):
+        env.read_episode_stats()
+    assert not env.prepare_device_steps(5)
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
+        env.prepare_device_steps(0)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from device_helpers import no_host_reads
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -200,6 +201,70 @@ def test_keyed_pcg64_draws_equal_numpy_streams_and_torch_bits(
     t_states, t_pos = torch.as_tensor(states.view(np.int64)), torch.as_tensor(pos)
     assert (pcg64_outputs_torch(t_states, t_pos, count).numpy().view(np.uint64) == raw).all()
     assert pcg64_doubles_torch(t_states, t_pos, count).numpy().tolist() == doubles.tolist()
+    bound = int(pos.max())
+    with no_host_reads(torch):
+        bounded = pcg64_doubles_torch(t_states, t_pos, count, max_pos=bound)
+    assert bounded.numpy().tolist() == doubles.tolist()
+
+
+def test_torch_keyed_draws_bounded_by_the_caller_never_read_the_device() -> None:
+    """``max_pos`` sizes the jump table from what the caller knows: no read of ``pos``
+    (without it the bound is read back, a host synchronisation); a bad bound is named."""
+    torch = pytest.importorskip("torch")
+    states = torch.as_tensor(_pcg64_states(np.array([3, 4], dtype=np.uint64)).view(np.int64))
+    pos = torch.as_tensor(np.array([0, 700], dtype=np.int64))
+    with no_host_reads(torch), pytest.raises(AssertionError, match="host read"):
+        pcg64_outputs_torch(states, pos, 2)
+    with no_host_reads(torch):
+        out = pcg64_outputs_torch(states, pos, 2, max_pos=700)
+    assert (
+        out.numpy().view(np.uint64) == pcg64_outputs(states.numpy().view(np.uint64), pos.numpy(), 2)
+    ).all()
+    with pytest.raises(ValueError, match=r"max_pos must be an int >= 0 or None, got -1"):
+        pcg64_outputs_torch(states, pos, 2, max_pos=-1)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_episode_window_holds_the_keys_and_draws_of_the_next_episodes(
+    shared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row ``[i, w]`` of a window is what ``next_states`` returns for env ``i``'s episode
+    ``w`` ahead (key, prescaled parameters, draws), from the numpy path's blocks or, for
+    batches too large for them, computed directly; building it changes nothing."""
+    import simkit._seeding as seeding
+
+    if not shared:
+        monkeypatch.setattr(seeding, "_MAX_AHEAD", 1)
+
+    class Halve:
+        names = ("a",)
+
+        def prescale(self, doubles: np.ndarray) -> None:
+            doubles[:, :1] = doubles[:, :1] * 0.5
+
+    scale = Halve()
+    seeds = EpisodeSeeds(5)
+    seeds.restart(11)
+    ids = np.arange(5)
+    seeds.next_states(ids, 3, scale)
+    seeds.next_states(np.array([1, 3]), 3, scale)  # envs at different episodes
+    before = seeds.episode.copy()
+    window = seeds.window(20, 3, scale)
+    assert window.shape == (5, 20, 7)
+    assert (seeds.episode == before).all()
+    reference = EpisodeSeeds(5)
+    reference.restart(11)
+    reference.episode[:] = before
+    for w in range(20):
+        states, ahead, _ = reference.next_states(ids, 3, scale)
+        assert (window[:, w, :4] == states).all()
+        expected = pcg64_doubles(states, np.zeros(5, dtype=np.int64), 3)
+        scale.prescale(expected)
+        assert window[:, w, 4:].view(np.float64).tolist() == expected.tolist()
+        if ahead is not None:
+            assert ahead.tolist() == expected.tolist()
+    other = seeds.window(4, 3, scale, episode=before + 2)
+    assert (other == window[:, 2:6]).all()
 
 
 def test_keyed_streams_draw_what_each_instances_generator_draws() -> None:

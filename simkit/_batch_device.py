@@ -1,0 +1,306 @@
+"""Device-resident steps of a torch :class:`simkit.BatchEnv`: no host round trip per step.
+
+With ``device`` set and the author's :meth:`simkit.BatchEnv.reset_masked` hook, a
+whole-batch :meth:`~simkit.BatchEnv.step_batch` keeps everything the contract needs on
+the device: step counters, episode counters, every instance's stream key and draw
+count, the declared parameters, and running episode statistics. Same-step resets are
+masked (``torch.where`` over all N rows, no data-dependent shapes), and the keys of the
+next episodes come from a window computed on the host once per ``width`` steps
+(:meth:`simkit._seeding.EpisodeSeeds.window`, the same keyed draws as the numpy path),
+so a step never waits on the device. The host copies (counters, keys, parameters) are
+brought up to date only when a host-side operation needs them (:meth:`DeviceLoop.pull`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
+
+DEFAULT_WINDOW = 32
+"""Steps a window of next-episode keys covers before the host reads the counters."""
+
+
+class DeviceDraws:
+    """The reset draws a masked reset hook receives: each row's next uniform doubles of
+    its new episode's stream (after the parameters), on the device.
+
+    ``uniform(low, high, size)`` and ``random(size)`` give row ``i`` exactly what
+    ``rngs.uniform``/``rngs.random`` give instance ``i`` in ``reset_instances``, bit for
+    bit, for every row at once (rows not in the mask hold draws that are not used).
+    """
+
+    def __init__(self, doubles: Any, constants: dict[Any, Any] | None = None) -> None:
+        self._doubles = doubles
+        self._constants = {} if constants is None else constants
+        self.taken = 0
+        """Draws taken per row so far."""
+
+    @property
+    def available(self) -> int:
+        """Draws per row the window holds (what the last host reset took)."""
+        return int(self._doubles.shape[1])
+
+    def random(self, size: int | tuple[int, ...] = ()) -> Any:
+        """``(N, *size)`` float64 tensor: each row's ``Generator.random(size)``.
+
+        Raises:
+            ValueError: more draws than the window holds (the last host reset drew
+                fewer; draw the same amounts in ``reset_instances``).
+        """
+        shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if self.taken + count > self.available:
+            raise ValueError(
+                f"reset_masked drew {self.taken + count} doubles per row, the window holds "
+                f"{self.available} (what reset_instances drew); draw the same in both hooks"
+            )
+        out = self._doubles[:, self.taken : self.taken + count]
+        self.taken += count
+        return out.reshape(len(out), *shape)
+
+    def uniform(self, low: Any = 0.0, high: Any = 1.0, size: int | tuple[int, ...] = ()) -> Any:
+        """Each row's ``Generator.uniform(low, high, size)``: ``low + (high - low) * u``
+        (``low``/``high`` floats or arrays broadcast against ``size``; arrays are copied
+        to the device once and kept)."""
+        u = self.random(size)
+        lo, hi = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+        if lo.ndim == 0 and hi.ndim == 0:
+            return float(lo) + float(hi - lo) * u
+        key = (lo.tobytes(), hi.tobytes(), lo.shape, hi.shape)
+        pair = self._constants.get(key)
+        if pair is None:
+            import torch
+
+            pair = tuple(torch.as_tensor(x, device=u.device) for x in (lo, hi - lo))
+            self._constants[key] = pair
+        return pair[0] + pair[1] * u
+
+
+class NoStepDraws(Sequence[Any]):
+    """What a step hook receives as ``rngs`` in a device-resident step: the streams live
+    on the device there, so a draw raises instead of reading stale host streams."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, k: Any) -> Any:
+        raise RuntimeError(
+            "a device-resident step_batch() keeps the streams on the device: step hooks "
+            "cannot draw from rngs there (draw in the reset hooks)"
+        )
+
+    def random(self, *args: Any, **kwargs: Any) -> Any:
+        return self[0]
+
+    def uniform(self, *args: Any, **kwargs: Any) -> Any:
+        return self[0]
+
+
+class DeviceRowInfos(Sequence[dict[str, Any]]):
+    """The per-row infos of a device-resident step, built on first read: the author's
+    step infos, plus ``{"reset_info": {"params": ...}}`` on the rows that ended.
+
+    Reading any row copies the step's flags and new parameters to the host (the one
+    host synchronisation of reading infos); a step whose infos are never read costs
+    nothing here.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        base: Sequence[dict[str, Any]] | None,
+        done: Any,
+        new_params: Any,
+        row: Any,
+    ) -> None:
+        self._n = n
+        self._base = base
+        self._done = done
+        self._new_params = new_params
+        self._row_of = row
+        self._rows: dict[int, dict[str, Any]] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _build(self) -> dict[int, dict[str, Any]]:
+        if self._rows is None:
+            done = self._done.cpu().numpy()
+            values = None if self._new_params is None else self._new_params.cpu().numpy()
+            rows: dict[int, dict[str, Any]] = {}
+            for k in np.flatnonzero(done).tolist():
+                params = self._row_of(k, None if values is None else values[k])
+                rows[k] = {"reset_info": {"params": params}}
+            self._rows = rows
+        return self._rows
+
+    def _row(self, k: int) -> dict[str, Any]:
+        rows = self._build()
+        row = rows.get(-1 - k)
+        if row is None:
+            row = dict(self._base[k]) if self._base is not None else {}
+            row.update(rows.get(k, {}))
+            rows[-1 - k] = row
+        return row
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self._row(j) for j in range(*k.indices(self._n))]
+        j = int(k) + (self._n if int(k) < 0 else 0)
+        if not 0 <= j < self._n:
+            raise IndexError(f"row {k} out of range for {self._n} rows")
+        return self._row(j)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class DeviceLoop:
+    """The per-instance contract of a batch held on its torch device between host reads.
+
+    Built from the host state (:meth:`push`), advanced by :meth:`step` with no host
+    synchronisation, and written back to the host state by :meth:`pull`.
+
+    Attributes:
+        elapsed, episode, pos: ``(N,)`` int64 step counters, episode counters and draws
+            taken from each instance's stream.
+        states: ``(N, 4)`` int64 (uint64 bits) each instance's PCG64 start state.
+        params: ``(N, m)`` float64, column ``j`` the parameter ``names[j]``.
+        steps_left: steps the key window still covers (host count).
+    """
+
+    def __init__(self, torch: Any, device: Any, n: int) -> None:
+        self.torch = torch
+        self.device = device
+        self.n = n
+        self.ahead = False
+        """Whether the device holds state the host copies lack (steps since the last pull)."""
+        z = torch.zeros(n, dtype=torch.int64, device=device)
+        self.elapsed, self.episode, self.pos = z.clone(), z.clone(), z.clone()
+        self.states = torch.zeros((n, 4), dtype=torch.int64, device=device)
+        self.names: tuple[str, ...] = ()
+        self.sampled: list[int] = []
+        self.sampled_idx: Any = None
+        self.contiguous = True
+        self.params = torch.zeros((n, 0), dtype=torch.float64, device=device)
+        self.columns: dict[str, Any] = {}
+        self.window: Any = None
+        self.base: Any = None
+        self.width = 0
+        self.steps_left = 0
+        self.param_draws = 0
+        self.rows = torch.arange(n, device=device)
+        self.constants: dict[Any, Any] = {}
+        self.ret = torch.zeros(n, dtype=torch.float64, device=device)
+        self.count = z.clone()
+        self.return_sum = torch.zeros(n, dtype=torch.float64, device=device)
+        self.length_sum = z.clone()
+
+    def upload(self, array: np.ndarray) -> Any:
+        return self.torch.as_tensor(np.ascontiguousarray(array), device=self.device)
+
+    def push(
+        self,
+        elapsed: np.ndarray,
+        episode: np.ndarray,
+        states: np.ndarray,
+        pos: np.ndarray,
+        param_arrays: dict[str, np.ndarray],
+        sampled: tuple[str, ...],
+    ) -> None:
+        """Loads the host state: counters, stream keys, parameters (every numeric one;
+        ``sampled`` are redrawn at each reset, the others stay)."""
+        self.elapsed = self.upload(elapsed.astype(np.int64))
+        self.episode = self.upload(episode.astype(np.int64))
+        self.states = self.upload(states.view(np.int64))
+        self.pos = self.upload(pos.astype(np.int64))
+        names = tuple(name for name, arr in param_arrays.items() if arr.ndim == 1)
+        self.names = names
+        self.sampled = [names.index(name) for name in sampled]
+        self.sampled_idx = self.upload(np.array(self.sampled, dtype=np.int64))
+        self.contiguous = self.sampled == list(range(len(self.sampled)))
+        host = np.empty((self.n, len(names)), dtype=np.float64)
+        for j, name in enumerate(names):
+            host[:, j] = param_arrays[name]
+        self.params = self.upload(host)
+        self.columns = {name: self.params[:, j] for j, name in enumerate(names)}
+        self.window = None
+        self.steps_left = 0
+
+    def load_window(self, window: np.ndarray, episode: np.ndarray, param_draws: int) -> None:
+        """Takes a window of next-episode keys (:meth:`EpisodeSeeds.window`) for the
+        episodes after ``episode``; the first ``param_draws`` doubles are parameters."""
+        self.window = self.upload(window.view(np.int64))
+        self.base = self.upload(episode.astype(np.int64) + 1)
+        self.width = window.shape[1]
+        self.steps_left = self.width
+        self.param_draws = param_draws
+
+    def pull_counters(self) -> np.ndarray:
+        """The episode counters, read back (a host synchronisation)."""
+        out: np.ndarray = self.episode.cpu().numpy()
+        return out
+
+    def step(
+        self, reward: Any, terminated: Any, max_steps: int | None
+    ) -> tuple[Any, Any, Any, DeviceDraws, Any]:
+        """Counts the step and starts the next episode of every ended row, masked.
+
+        Returns:
+            ``(truncated, done, new parameter values (N, k) or None, the rows' reset
+            draws, the parameter columns)``.
+        """
+        torch = self.torch
+        self.ahead = True
+        self.steps_left -= 1
+        self.elapsed += 1
+        limit = self.elapsed >= max_steps if max_steps is not None else None
+        truncated = torch.zeros_like(terminated) if limit is None else limit
+        done = terminated | truncated
+        self.ret += reward
+        self.count += done
+        self.return_sum += torch.where(done, self.ret, 0.0)
+        self.length_sum += torch.where(done, self.elapsed, 0)
+        self.ret = torch.where(done, 0.0, self.ret)
+        self.elapsed = torch.where(done, 0, self.elapsed)
+        episode = self.episode + done
+        slot = (episode - self.base).clamp(0, self.width - 1)
+        rows = self.window[self.rows, slot]
+        self.episode = episode
+        self.states = torch.where(done[:, None], rows[:, :4], self.states)
+        doubles = rows[:, 4:].view(torch.float64)
+        m = self.param_draws
+        new = None
+        if m:
+            new = doubles[:, :m]
+            if self.contiguous:
+                cols = self.params[:, :m]
+                cols.copy_(torch.where(done[:, None], new, cols))
+            else:
+                cols = self.params.index_select(1, self.sampled_idx)
+                self.params.index_copy_(1, self.sampled_idx, torch.where(done[:, None], new, cols))
+        return truncated, done, new, DeviceDraws(doubles[:, m:], self.constants), self.columns
+
+    def took(self, done: Any, draws: int) -> None:
+        """Ended rows have taken ``draws`` from their new streams."""
+        self.pos = self.torch.where(done, draws, self.pos)
+
+
+def check_step_shapes(reward: Any, terminated: Any, n: int, name: str, hook: str) -> None:
+    """Shapes only (host metadata, no synchronisation)."""
+    if tuple(reward.shape) != (n,) or tuple(terminated.shape) != (n,):
+        raise ValueError(
+            f"{name}.{hook} must return reward and terminated of shape ({n},), got "
+            f"{tuple(reward.shape)} and {tuple(terminated.shape)}"
+        )
