@@ -21,7 +21,11 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    fragment of 2048 (T=2048, R=1) and 16384 (T=2048, R=8) rows x steps, 32 minibatches,
    10 epochs. The GPU row needs ``PPOArgs.device`` (detected; without it only the CPU
    is timed).
-3. ``simkit/BatchCartPole-v0``, instance-steps/s at N = 4k and 64k: the BatchEnv with
+3. SAC gradient step, samples/s and ms per step: ``SAC.step`` (critic, actor, entropy
+   coefficient, target update; 256x256 networks) on batches of 256 sampled from a
+   replay buffer of 20,000 random transitions, as bench/bench_sac_step.py times it on
+   the CPU; the GPU row builds the learner on that device (the batch is copied there).
+4. ``simkit/BatchCartPole-v0``, instance-steps/s at N = 4k and 64k: the BatchEnv with
    ``device=`` (torch arrays on that device; rewards and flags come back as numpy,
    same-step autoreset with per-instance generators), plus its physics kernel alone
    (``_advance``: no autoreset, no host copies) and the default numpy BatchEnv.
@@ -55,7 +59,11 @@ from gymnasium import spaces
 
 import simkit
 from simkit._types import Fragment
+from simkit.clients._args import SACArgs
+from simkit.clients._replay import ReplayBuffer
+from simkit.clients._train_sac import sac_spec
 from simkit.clients.ppo import PPO, PPOArgs
+from simkit.clients.sac import SAC
 from simkit.models import ActorCritic, ModelSpec, build_model
 from simkit.servers._stream_policy import RowPolicy
 
@@ -343,7 +351,45 @@ def ppo_cases(devices: list[torch.device], shapes: list[tuple[int, int]]) -> lis
     ]
 
 
-# ------------------------------------------------------------------------ 3. BatchEnv
+# ------------------------------------------------------------------------ 3. SAC step
+
+SAC_BATCH = 256
+SAC_FILL = 20_000
+
+
+def _sac_step(dev: torch.device) -> Callable[[], None]:
+    """One ``SAC.step`` of a fresh learner on ``dev``, HalfCheetah-sized, batch 256."""
+    args = SACArgs(env_id="gym:HalfCheetah-v5", seed=1, batch_size=SAC_BATCH)
+    obs_space = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+    act_space = spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        model = build_model(sac_spec(args), obs_space, act_space)
+    learner = SAC(args, model, dev)
+    rng = np.random.default_rng(SEED)
+    buf = ReplayBuffer(SAC_FILL, obs_shape=(OBS_DIM,), action_shape=(ACT_DIM,))
+    buf.add(
+        obs=rng.standard_normal((SAC_FILL, OBS_DIM), np.float32),
+        actions=rng.uniform(-1, 1, (SAC_FILL, ACT_DIM)).astype(np.float32),
+        rewards=rng.standard_normal(SAC_FILL).astype(np.float32),
+        next_obs=rng.standard_normal((SAC_FILL, OBS_DIM), np.float32),
+        terminated=np.zeros(SAC_FILL, bool),
+        truncated=np.zeros(SAC_FILL, bool),
+        versions=np.zeros(SAC_FILL, np.int64),
+    )
+    out = buf.empty_batch(SAC_BATCH)
+
+    def step() -> None:
+        learner.step(buf.sample_into(out, learner.sampler))
+
+    return step
+
+
+def sac_cases(devices: list[torch.device]) -> list[Case]:
+    return [guarded("SAC.step", dev, SAC_BATCH, _sac_step, dev) for dev in devices]
+
+
+# ------------------------------------------------------------------------ 4. BatchEnv
 
 ENV_ID = "simkit/BatchCartPole-v0"
 STEADY_STEPS = 100
@@ -413,7 +459,10 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
-        "--only", choices=("inference", "ppo", "batchenv"), action="append", default=None
+        "--only",
+        choices=("inference", "ppo", "sac", "batchenv"),
+        action="append",
+        default=None,
     )
     ns = parser.parse_args()
     if ns.threads > 0:
@@ -421,7 +470,7 @@ def main() -> None:
     quick: bool = ns.quick
     repeats: int = ns.repeats or (3 if quick else 7)
     min_time = 0.05 if quick else 0.2
-    sections: list[str] = ns.only or ["inference", "ppo", "batchenv"]
+    sections: list[str] = ns.only or ["inference", "ppo", "sac", "batchenv"]
 
     has_cuda = torch.cuda.is_available()
     devices = [torch.device("cpu")]
@@ -472,6 +521,16 @@ def main() -> None:
             )
         elif not has_cuda:
             print("\n(PPOArgs.device exists; no CUDA device to time it on.)")
+
+    if "sac" in sections:
+        cases = sac_cases(devices)
+        run_cases(cases, repeats, min_time, warmup=10)
+        table(
+            f"SAC gradient step (SAC.step: batch {SAC_BATCH}, 256x256 networks)",
+            cases,
+            "samples/s",
+            ("ms/step", lambda c: f"{c.seconds_per_call * 1e3:.2f}"),
+        )
 
     if "batchenv" in sections:
         sizes = [4 * K] if quick else [4 * K, 64 * K]
