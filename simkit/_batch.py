@@ -28,6 +28,7 @@ from simkit._batch_actions import check_torch_actions
 from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, Sampler
 from simkit._batch_device import (
     DEFAULT_WINDOW,
+    MAX_RING_BLOCKS,
     DeviceDraws,
     DeviceLoop,
     DeviceRowInfos,
@@ -453,7 +454,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
 
     def _device_window(self, width: int) -> None:
         """Next-episode keys of every instance for ``width`` steps, from the host's
-        episode counters (read back from the device when it is ahead)."""
+        episode counters (read back from the device when it is ahead): the blocks of
+        episodes the numpy path uses, held in a ring on the device (only new blocks are
+        uploaded), or for a very wide spread of episodes a window of each instance's
+        next ``width`` episodes."""
         loop = self._device_loop
         assert loop is not None
         episode = loop.pull_counters() if loop.ahead else self._seeds.episode
@@ -461,7 +465,18 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         assert sampler is not None
         m = len(sampler.names)
         draws = max(self._streams.prefetch, m)
-        window = self._seeds.window(width, draws, sampler if m else None, episode)
+        scale = sampler if m else None
+        block = self._seeds.block_size
+        first, last = (int(episode.min()) + 1) // block, (int(episode.max()) + width) // block
+        if last - first < MAX_RING_BLOCKS:
+            seeds = self._seeds
+
+            def table(b: int) -> np.ndarray:
+                return seeds.block_rows(b, draws, scale)
+
+            loop.load_ring(first, last, width, block, table, m)
+            return
+        window = self._seeds.window(width, draws, scale, episode)
         loop.load_window(window, episode, m)
 
     def prepare_device_steps(self, steps: int) -> bool:

@@ -21,7 +21,12 @@ import numpy as np
 __all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
 
 DEFAULT_WINDOW = 32
-"""Steps a window of next-episode keys covers before the host reads the counters."""
+"""Steps the next-episode keys on the device cover before the host reads the counters."""
+
+MAX_RING_BLOCKS = 16
+"""Blocks of episode keys the device ring may hold (episodes from the slowest to the
+fastest instance plus the steps to cover, in blocks of 16); a wider spread falls back
+to a per-instance window."""
 
 
 class DeviceDraws:
@@ -198,6 +203,9 @@ class DeviceLoop:
         self.window: Any = None
         self.base: Any = None
         self.width = 0
+        self.ring: Any = None
+        self.held: list[int] = []
+        self.block = 1
         self.steps_left = 0
         self.param_draws = 0
         self.rows = torch.arange(n, device=device)
@@ -236,15 +244,46 @@ class DeviceLoop:
         self.params = self.upload(host)
         self.columns = {name: self.params[:, j] for j, name in enumerate(names)}
         self.window = None
+        self.ring = None
+        self.held = []
         self.steps_left = 0
 
     def load_window(self, window: np.ndarray, episode: np.ndarray, param_draws: int) -> None:
         """Takes a window of next-episode keys (:meth:`EpisodeSeeds.window`) for the
         episodes after ``episode``; the first ``param_draws`` doubles are parameters."""
+        self.ring = None
+        self.held = []
         self.window = self.upload(window.view(np.int64))
         self.base = self.upload(episode.astype(np.int64) + 1)
         self.width = window.shape[1]
         self.steps_left = self.width
+        self.param_draws = param_draws
+
+    def load_ring(
+        self, first: int, last: int, steps: int, block: int, table: Any, param_draws: int
+    ) -> None:
+        """Holds the blocks ``first..last`` of episode keys in a ring on the device
+        (block ``b`` in slot ``b % R``), uploading those it lacks: ``table(b)`` gives
+        the host's ``(N * block, 4 + draws)`` rows of block ``b``
+        (:meth:`EpisodeSeeds.block_rows`). The ring then covers ``steps`` steps."""
+        span = last - first + 1
+        if self.ring is None or len(self.held) < span or self.param_draws != param_draws:
+            rows = table(first)
+            size = max(span, 4)
+            self.ring = self.torch.zeros(
+                (size, *rows.shape), dtype=self.torch.int64, device=self.device
+            )
+            self.held = [-1] * size
+            self.ring[first % size] = self.upload(rows.view(np.int64))
+            self.held[first % size] = first
+        size = len(self.held)
+        for b in range(first, last + 1):
+            if self.held[b % size] != b:
+                self.ring[b % size] = self.upload(table(b).view(np.int64))
+                self.held[b % size] = b
+        self.window = None
+        self.block = block
+        self.steps_left = steps
         self.param_draws = param_draws
 
     def pull_counters(self) -> np.ndarray:
@@ -275,8 +314,14 @@ class DeviceLoop:
         self.ret = torch.where(done, 0.0, self.ret)
         self.elapsed = torch.where(done, 0, self.elapsed)
         episode = self.episode + done
-        slot = (episode - self.base).clamp(0, self.width - 1)
-        rows = self.window[self.rows, slot]
+        if self.ring is not None:
+            b = episode // self.block
+            rows = self.ring[
+                b % len(self.held), self.rows * self.block + (episode - b * self.block)
+            ]
+        else:
+            slot = (episode - self.base).clamp(0, self.width - 1)
+            rows = self.window[self.rows, slot]
         self.episode = episode
         self.states = torch.where(done[:, None], rows[:, :4], self.states)
         doubles = rows[:, 4:].view(torch.float64)

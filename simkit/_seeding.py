@@ -737,6 +737,38 @@ class EpisodeSeeds:
             rows = self._gather(ids, lambda r, b, d: self._draws_block(r, b, d, scale), draws)
         return rows[:, :4], rows[:, 4:].view(np.float64), scale
 
+    block_size = _BLOCK
+    """Episodes per block of :meth:`block_rows`."""
+
+    def block_rows(self, b: int, draws: int = 0, scale: Any = None) -> np.ndarray:
+        """Keys and first draws of episodes ``b * block_size ...`` of all N envs under
+        the shared root: ``(N * block_size, 4 + draws)`` uint64, env ``i``'s episode
+        ``b * block_size + e`` at row ``i * block_size + e`` (as :meth:`window`'s rows),
+        the numpy path's cached block where it keeps one (do not write to it).
+
+        Raises:
+            ValueError: the envs do not share one root seed.
+        """
+        root = self._shared_root
+        if root is None:
+            raise ValueError("block_rows() needs every env under one root seed")
+        if scale is not None and draws < len(scale.names):
+            scale = None
+        if not draws:
+            return self._words_block(root, b)
+        if self.num_envs * _BLOCK * draws <= _MAX_AHEAD:
+            return self._draws_block(root, b, draws, scale)
+        states = self._words_block(root, b)
+        out = np.empty((len(states), 4 + draws), dtype=np.uint64)
+        out[:, :4] = states
+        for start in range(0, len(out), _CHUNK):
+            doubles = np.empty((min(_CHUNK, len(out) - start), draws), dtype=np.float64)
+            _pcg64_first_doubles(states[start : start + _CHUNK], doubles)
+            if scale is not None:
+                scale.prescale(doubles)
+            out[start : start + _CHUNK, 4:] = doubles.view(np.uint64)
+        return out
+
     def window(
         self, width: int, draws: int = 0, scale: Any = None, episode: np.ndarray | None = None
     ) -> np.ndarray:

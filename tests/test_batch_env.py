@@ -820,12 +820,20 @@ def test_device_steps_return_tensors_and_never_read_the_device(env_id: str) -> N
     assert env.read_episode_stats()["episodes"].sum() == 0
 
 
-def test_device_steps_equal_numpy_across_host_operations() -> None:
+@pytest.mark.parametrize("keys", ["ring", "window"])
+def test_device_steps_equal_numpy_across_host_operations(
+    keys: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The device-resident torch CartPole equals the numpy batch bit for bit (obs, final
     obs, rewards, flags, reset params), with host operations between device steps:
     snapshots into a fresh batch, counters read, reset() continuing, a masked reset,
-    subset steps and Gymnasium's step(); windows run out and refill on their own."""
+    subset steps and Gymnasium's step(); the next-episode keys (a ring of blocks, or
+    per-instance windows when episodes spread too far) run out and refill on their own."""
     torch = pytest.importorskip("torch")
+    if keys == "window":
+        from simkit import _batch
+
+        monkeypatch.setattr(_batch, "MAX_RING_BLOCKS", 0)
     ref = simkit.make("simkit/BatchCartPole-v0", num_envs=7, max_episode_steps=9)
     dev = simkit.make("simkit/BatchCartPole-v0", num_envs=7, max_episode_steps=9, device="cpu")
     ref.reset(seed=21)
@@ -907,3 +915,19 @@ def test_episode_stats_need_a_device_resident_batch() -> None:
     assert not env.prepare_device_steps(5)
     with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
         env.prepare_device_steps(0)
+
+
+def test_device_ring_of_episode_keys_wraps_around() -> None:
+    """Short episodes walk through many blocks of keys: the ring on the device reuses
+    its slots and every reset still draws the numpy batch's bits."""
+    torch = pytest.importorskip("torch")
+    ref = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=2)
+    dev = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=2, device="cpu")
+    ref.reset(seed=2)
+    dev.reset(seed=2)
+    a = np.ones(3, dtype=np.int64)
+    for _ in range(220):  # 110 episodes each: blocks 0..6 through a ring of 4
+        r, d = ref.step_batch(a), dev.step_batch(torch.as_tensor(a))
+        assert r.obs.tolist() == d.obs.numpy().tolist()
+    assert dev.episode_index.tolist() == [110] * 3
+    assert states_equal(ref.get_state()["rngs"], dev.get_state()["rngs"])
