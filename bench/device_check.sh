@@ -113,7 +113,7 @@ fi
 
 left=$((deadline - 120 - ($(date +%s) - start))) # the trainings keep 2 minutes
 if [ "$left" -ge 30 ]; then
-    [ "$left" -gt 200 ] && left=200
+    [ "$left" -gt 250 ] && left=250
     say "" "## bench/gpu_check.py ${check_args[*]}" ""
     timeout "$left" $PY bench/gpu_check.py "${check_args[@]}" >>"$report" 2>"$work/gpu_check.err"
     rc=$?

@@ -16,7 +16,9 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    - ``RowPolicy.act``: the rollout's act path (``simkit.servers._stream_policy``) on
      numpy observations, keyed noise drawn per step, actions back as numpy: host <->
      device copies included. On the CPU it runs the numpy ``LeanMLP``; on CUDA
-     ``model.act`` with the noise.
+     ``model.act`` with the noise (normal noise drawn on the host and copied);
+   - the same with a categorical head of 6 actions, whose uniform noise is computed on
+     the device off the CPU (``simkit._noise.TorchSlotNoise``).
 2. PPO update, samples/s and seconds per update: ``PPO.update`` on one synthetic
    fragment of 2048 (T=2048, R=1) and 16384 (T=2048, R=8) rows x steps, 32 minibatches,
    10 epochs. The GPU row needs ``PPOArgs.device`` (detected; without it only the CPU
@@ -68,6 +70,7 @@ from simkit.models import ActorCritic, ModelSpec, build_model
 from simkit.servers._stream_policy import RowPolicy
 
 OBS_DIM, ACT_DIM = 17, 6
+CATEGORICAL_PATH = "RowPolicy.act, categorical (6 actions)"
 SEED = 0
 K = 1024
 
@@ -220,9 +223,13 @@ def table(
 # ------------------------------------------------------------------------ 1. inference
 
 
-def make_model() -> tuple[ActorCritic, spaces.Box, spaces.Box]:
+def make_model(
+    act_space: spaces.Box | spaces.Discrete | None = None,
+) -> tuple[ActorCritic, spaces.Box, spaces.Box | spaces.Discrete]:
+    """The 64x64 ``"mlp"`` on Cheetah-sized observations (Cheetah's actions by default)."""
     obs_space = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
-    act_space = spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
+    if act_space is None:
+        act_space = spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
     model = build_model(ModelSpec("mlp", {"hidden_sizes": [64, 64]}), obs_space, act_space)
     rms = model.obs_rms
     if rms is not None:  # statistics as after some training
@@ -247,7 +254,10 @@ def _model_act(model: ActorCritic, dev: torch.device, obs_np: np.ndarray) -> Cal
 
 
 def _row_act(
-    base: ActorCritic, dev: torch.device, obs: np.ndarray, act_space: spaces.Box
+    base: ActorCritic,
+    dev: torch.device,
+    obs: np.ndarray,
+    act_space: spaces.Box | spaces.Discrete,
 ) -> Callable[[], None]:
     """``RowPolicy.act`` on numpy observations, a new step (one noise draw) each call."""
     policy = RowPolicy(
@@ -272,6 +282,8 @@ def inference_cases(
     devices: list[torch.device], batches: list[int]
 ) -> tuple[list[Case], list[Case]]:
     base, _, act_space = make_model()
+    discrete_space = spaces.Discrete(ACT_DIM)
+    discrete, _, _ = make_model(discrete_space)
     rng = np.random.default_rng(SEED)
     obs = {b: rng.normal(size=(b, OBS_DIM)).astype(np.float32) for b in batches}
     act_cases: list[Case] = []
@@ -283,6 +295,12 @@ def inference_cases(
             # On the CPU this is LeanMLP, on CUDA model.act: one label pairs them.
             row_cases.append(
                 guarded("RowPolicy.act", dev, b, _row_act, base, dev, obs[b], act_space)
+            )
+    for dev in devices:
+        for b in batches:
+            # Uniform noise: computed on the device off the CPU (TorchSlotNoise).
+            row_cases.append(
+                guarded(CATEGORICAL_PATH, dev, b, _row_act, discrete, dev, obs[b], discrete_space)
             )
     return act_cases, row_cases
 
