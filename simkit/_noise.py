@@ -162,7 +162,14 @@ class TorchSlotNoise:
             adds.append(c)
         self._mult = torch.from_numpy(_limbs(mults)).to(device)
         self._add = torch.from_numpy(_limbs(adds)).to(device)
-        self._shift16 = torch.arange(0, 64, 16, dtype=torch.int64, device=device)
+        self._count = 2 * outputs
+        """32-bit draws computed per block (each block's table, rounded up to even)."""
+        pick = [
+            k * self._count + np.arange(lo * noise.width, hi * noise.width)
+            for k, (_, lo, hi) in enumerate(noise._blocks)
+        ]
+        self._pick = torch.from_numpy(np.concatenate(pick)).to(device)
+        """Where each of this noise's values lies in the blocks' draws, flattened."""
 
     def _states(self, step: int) -> list[int]:
         """The advanced state of each block at ``step`` (host integers)."""
@@ -173,27 +180,25 @@ class TorchSlotNoise:
             out.append(int(bits.state["state"]["state"]))
         return out
 
-    def _uint32(self, state: int, count: int) -> torch.Tensor:
-        """The first ``count`` 32-bit draws of the stream at ``state`` (int64 tensor)."""
+    def _uint32(self, states: list[int]) -> torch.Tensor:
+        """``(len(states), count)`` int64: the first 32-bit draws of the stream at each
+        state (every block at once: a fixed number of kernels per draw)."""
         import torch
 
-        n = (count + 1) // 2
-        s = torch.from_numpy(_limbs([state])[0]).to(self.device, non_blocking=True)
-        mult, add = self._mult[:n], self._add[:n]
-        acc = add.clone()
+        s = torch.from_numpy(_limbs(states)).to(self.device, non_blocking=True)[:, None, :]
+        mult = self._mult
+        acc = self._add.expand(len(states), -1, -1).clone()
         for j in range(8):
-            acc[:, j:] += mult[:, : 8 - j] * s[j]
+            acc[:, :, j:] += mult[:, : 8 - j] * s[:, :, j : j + 1]
         limbs = []
-        carry = torch.zeros(n, dtype=torch.int64, device=self.device)
+        carry = torch.zeros(acc.shape[:2], dtype=torch.int64, device=self.device)
         for j in range(8):
-            v = acc[:, j] + carry
+            v = acc[:, :, j] + carry
             limbs.append(v & 0xFFFF)
             carry = v >> 16
-        lo = torch.stack(limbs[:4], 1)
-        hi = torch.stack(limbs[4:], 1)
-        x = hi ^ lo
-        low = x[:, 0] | (x[:, 1] << 16)
-        high = x[:, 2] | (x[:, 3] << 16)
+        # PCG64's XSL-RR output: (high ^ low) of the state, rotated right by its top 6 bits.
+        low = (limbs[0] ^ limbs[4]) | ((limbs[1] ^ limbs[5]) << 16)
+        high = (limbs[2] ^ limbs[6]) | ((limbs[3] ^ limbs[7]) << 16)
         rot = limbs[7] >> 10
         wide = rot >= 32
         low, high = torch.where(wide, high, low), torch.where(wide, low, high)
@@ -201,15 +206,12 @@ class TorchSlotNoise:
         mask = 0xFFFFFFFF
         new_low = ((low >> r) | (high << (32 - r))) & mask
         new_high = ((high >> r) | (low << (32 - r))) & mask
-        return torch.stack([new_low, new_high], 1).reshape(-1)[:count]
+        # numpy's 32-bit draws: the low half of each 64-bit output first.
+        return torch.stack([new_low, new_high], 2).reshape(len(states), -1)
 
     def draw(self, step: int) -> torch.Tensor:
         """``(num_rows, width)`` float32 on the device: :meth:`SlotNoise.draw`'s bits."""
         import torch
 
-        parts = []
-        for state, (_, lo, hi) in zip(self._states(step), self.noise._blocks, strict=True):
-            u = self._uint32(state, hi * self.width)[lo * self.width :]
-            parts.append((u >> 8).to(torch.float32) * (2.0**-24))
-        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return flat.reshape(self.num_rows, self.width)
+        u = self._uint32(self._states(step)).reshape(-1).index_select(0, self._pick)
+        return ((u >> 8).to(torch.float32) * (2.0**-24)).reshape(self.num_rows, self.width)
