@@ -25,9 +25,39 @@ from gymnasium import spaces
 
 from simkit._noise import NoiseKind, SlotNoise, TorchSlotNoise
 from simkit.models import ActorCritic, PolicyWeights, set_weights
+from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
 
-__all__ = ["RowPolicy", "PolicyOutput"]
+__all__ = ["RowPolicy", "PolicyOutput", "host_output"]
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype of a torch dtype (int64, float32, float64, ...)."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def host_output(out: ActOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(actions, log_probs, values)`` of ``out`` as numpy, moved to the host in one
+    copy: the three packed side by side as float64, which holds every int64 action
+    below 2**53 and every float32 or float64 value exactly, so the bits are those of
+    three separate copies."""
+    rows = out.actions.shape[0]
+    packed = torch.cat(
+        [
+            out.actions.reshape(rows, -1).double(),
+            out.log_probs.float().reshape(rows, 1).double(),
+            out.values.float().reshape(rows, 1).double(),
+        ],
+        1,
+    )
+    host = packed.cpu().numpy()
+    width = host.shape[1] - 2
+    actions = host[:, :width].astype(_numpy_dtype(out.actions.dtype))
+    return (
+        actions.reshape(out.actions.shape),
+        host[:, width].astype(np.float32),
+        host[:, width + 1].astype(np.float32),
+    )
 
 
 @dataclass
@@ -167,10 +197,21 @@ class RowPolicy:
         out = self.model.act(
             self._tensor(obs), noise=torch.from_numpy(noise).to(self.device, non_blocking=True)
         )
+        return self._output(out, start)
+
+    def _output(self, out: ActOutput, start: float) -> PolicyOutput:
+        """``out`` as numpy: on the CPU as is, on another device in one copy (one
+        synchronisation per act, not one per array; the same bits)."""
+        if self.device.type == "cpu":
+            actions = out.actions.numpy()
+            log_probs = out.log_probs.float().numpy().reshape(-1)
+            values = out.values.float().numpy().reshape(-1)
+        else:
+            actions, log_probs, values = host_output(out)
         return PolicyOutput(
-            actions=out.actions.cpu().numpy().astype(self.action_dtype, copy=False),
-            log_probs=out.log_probs.float().cpu().numpy().reshape(-1),
-            values=out.values.float().cpu().numpy().reshape(-1),
+            actions=actions.astype(self.action_dtype, copy=False),
+            log_probs=log_probs,
+            values=values,
             seconds=time.perf_counter() - start,
         )
 
@@ -183,13 +224,7 @@ class RowPolicy:
         if drawn is None or drawn[0] != step:
             drawn = self._drawn_on_device = (step, self.device_noise.draw(step))
         noise = drawn[1] if part is None else drawn[1][part]
-        out = self.model.act(self._tensor(obs), noise=noise)
-        return PolicyOutput(
-            actions=out.actions.cpu().numpy().astype(self.action_dtype, copy=False),
-            log_probs=out.log_probs.float().cpu().numpy().reshape(-1),
-            values=out.values.float().cpu().numpy().reshape(-1),
-            seconds=time.perf_counter() - start,
-        )
+        return self._output(self.model.act(self._tensor(obs), noise=noise), start)
 
     @torch.inference_mode()
     def value(

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from simkit._noise import NOISE_BLOCK, SlotNoise, TorchSlotNoise
 from simkit.models import ModelSpec, build_model
+from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
-from simkit.servers._stream_policy import RowPolicy
+from simkit.servers._stream_policy import RowPolicy, host_output
 
 
 def _noise(seed: int, first: int, n: int, kind: str = "normal", rows: int = 1, width: int = 2):
@@ -226,3 +227,27 @@ def test_row_policy_on_cuda_computes_its_noise_there() -> None:
         # Same noise; the forward's last bits may differ across devices.
         assert (got.actions == want.actions).mean() > 0.9
         assert np.array_equal(on_cuda.device_noise.draw(step).cpu().numpy(), host.noise.draw(step))
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [
+        torch.tensor([0, 5, 2**40, 3]),
+        torch.randn(4, 3, generator=torch.Generator().manual_seed(0)),
+        torch.randn(4, 2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)),
+        torch.tensor([[1, 2], [0, 7], [3, 3], [9, 0]]),
+    ],
+    ids=["discrete", "box32", "box64-2d", "multidiscrete"],
+)
+def test_one_packed_copy_keeps_the_bits_of_three(actions: torch.Tensor) -> None:
+    gen = torch.Generator().manual_seed(2)
+    log_probs = torch.randn(4, generator=gen) * 1e30
+    log_probs[1] = float("-inf")
+    values = torch.randn(4, generator=gen)
+    values[2] = float("nan")
+    got = host_output(ActOutput(actions, log_probs, values))
+    want = (actions.numpy(), log_probs.numpy(), values.numpy())
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        assert g.shape == w.shape
+        assert np.array_equal(g, w, equal_nan=True)
