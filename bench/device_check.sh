@@ -10,9 +10,10 @@
 #   4. trains once per learner with --device cuda and with --device cpu: PPO on
 #      simkit/Cheetah-v0 (64 envs x 64 steps, in process) and SAC on gym:Pendulum-v1,
 #      and tabulates each run's steps/s, wall time and time split.
-# Each step has its own time limit, cut so that every step ends within 460 s (gpu_check
-# leaves the trainings 2 minutes; a step that cannot start says so), so the report comes
-# back well inside 8 minutes; a step that fails is reported and the rest go on.
+# Each step has its own time limit, cut so that every step ends within 460 s, a kill's
+# grace included (gpu_check leaves the trainings 2 minutes; a step that cannot start
+# says so), so the report comes back well inside 8 minutes; a step that fails is
+# reported and the rest go on.
 #
 #   bench/device_check.sh          # on the GPU machine (report: $OUT/device_check.md)
 #   bench/device_check.sh --cpu    # dry run here: the project's .venv, no install, no
@@ -35,7 +36,7 @@ mkdir -p "$out"
 report=$out/device_check.md
 work=$(mktemp -d)
 start=$(date +%s)
-deadline=460 # seconds: every step ends by then (each step's limit is cut to fit)
+deadline=450 # seconds: every step ends by then, 10 s of grace to kill (limits cut to fit)
 export PYTHONUNBUFFERED=1
 
 say() { printf '%s\n' "$@" >>"$report"; }
@@ -54,7 +55,7 @@ step() {
     fi
     [ "$limit" -gt "$left" ] && limit=$left
     t0=$(date +%s)
-    timeout "$limit" "$@" >"$log" 2>&1
+    timeout -k 10 "$limit" "$@" >"$log" 2>&1
     rc=$?
     say "" "### $title" "" "\`$*\`: exit $rc, $(($(date +%s) - t0)) s" "" '```'
     tail -n 40 "$log" >>"$report"
@@ -115,7 +116,7 @@ left=$((deadline - 120 - ($(date +%s) - start))) # the trainings keep 2 minutes
 if [ "$left" -ge 30 ]; then
     [ "$left" -gt 250 ] && left=250
     say "" "## bench/gpu_check.py ${check_args[*]}" ""
-    timeout "$left" $PY bench/gpu_check.py "${check_args[@]}" >>"$report" 2>"$work/gpu_check.err"
+    timeout -k 10 "$left" $PY bench/gpu_check.py "${check_args[@]}" >>"$report" 2>"$work/gpu_check.err"
     rc=$?
     [ $rc -ne 0 ] && say "" "gpu_check.py: exit $rc" '```' "$(tail -n 20 "$work/gpu_check.err")" '```'
 fi
