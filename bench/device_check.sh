@@ -85,7 +85,9 @@ if [ "$mode" = gpu ]; then
     step "install the wheels (${#wheels[@]}) and the project" 120 bash -c "
         $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target $site ${wheels[*]} &&
-        PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation -e ." \
+        { PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . ||
+          PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation \
+              --break-system-packages -e .; }" \
         || { echo "install failed: see $report" >&2; exit 1; }
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
     devices=(cuda cpu)
