@@ -18,10 +18,9 @@ first ``n`` rows equals the first ``n`` rows of the whole table: a session draws
 block only up to the last row it owns.
 
 On a torch device, :class:`TorchSlotNoise` computes the same uniform noise where it is
-used: the PCG64 stream is an integer recurrence (state ``k`` of a table is
-``A_k * s + C_k`` mod 2**128, with ``s`` the advanced state and ``A_k, C_k`` fixed per
-``k``), evaluated in 16-bit limbs in int64 tensors, so the bits are the numpy ones on
-any device. Normal noise (numpy's ziggurat, whose rejections make a value's position in
+used: the PCG64 stream is an integer recurrence, evaluated in int64 tensors by
+:func:`simkit._seeding.pcg64_outputs_torch`, so the bits are the numpy ones on any
+device. Normal noise (numpy's ziggurat, whose rejections make a value's position in
 the stream depend on the values before it) is drawn on the host and copied.
 """
 
@@ -43,8 +42,6 @@ NoiseKind = Literal["normal", "uniform"]
 
 _NOISE_KEY = 0x706F6C  # "pol": keeps the policy's stream apart from episode seeds
 _MAX_TABLE = 2**31  # values one table may draw (its window holds 2**32 draws)
-_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645  # PCG64's 128-bit LCG multiplier
-_MASK128 = (1 << 128) - 1
 
 
 class SlotNoise:
@@ -114,25 +111,23 @@ class SlotNoise:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _limbs(values: list[int]) -> np.ndarray:
-    """``(len(values), 8)`` int64: 128-bit integers as 16-bit limbs, least significant first."""
-    out = np.empty((len(values), 8), dtype=np.int64)
-    for j in range(8):
-        out[:, j] = [(v >> (16 * j)) & 0xFFFF for v in values]
-    return out
+def _int64_rows(states: list[int], inc: int) -> np.ndarray:
+    """``(len(states), 4)`` int64 rows ``(state_hi, state_lo, inc_hi, inc_lo)``: the
+    layout of :func:`simkit._seeding.pcg64_outputs` (the uint64 bits as int64)."""
+    mask = (1 << 64) - 1
+    rows = [[s >> 64, s & mask, inc >> 64, inc & mask] for s in states]
+    return np.array(rows, dtype=np.uint64).view(np.int64)
 
 
 class TorchSlotNoise:
     """:class:`SlotNoise`'s uniform noise computed by torch on ``device``: the same bits.
 
-    The state of every PCG64 output a table uses is computed at once: output ``k``
-    (from 1) of a table whose advanced state is ``s`` uses the state ``A_k * s + C_k``
-    mod 2**128, where ``A_k = M**k`` and ``C_k = inc * (M**(k-1) + ... + 1)`` depend on
-    ``k`` alone (precomputed here, on the device). The 128-bit product runs in 16-bit
-    limbs (every partial sum fits an int64), then PCG64's XSL-RR output and numpy's
-    ``float32`` uniform (``(u32 >> 8) * 2**-24``, low half of each 64-bit output first)
-    follow. Only the advanced state of each block (a few Python integers) crosses from
-    the host per draw.
+    Per draw, the advanced state of each block (a few integers) goes to the device;
+    every block's PCG64 outputs are computed there at once by
+    :func:`simkit._seeding.pcg64_outputs_torch` (the stream as an integer recurrence:
+    the same bits as numpy's on any device), split into numpy's 32-bit draws (the low
+    half of each 64-bit output first) and turned into numpy's ``float32`` uniforms,
+    ``(u32 >> 8) * 2**-24``, exact in float32. Nothing comes back to the host.
 
     Args:
         noise: the host noise whose draws this one reproduces (kind ``"uniform"``).
@@ -152,20 +147,12 @@ class TorchSlotNoise:
         self.width = noise.width
         self.num_rows = noise.num_rows
         most = max(hi for _, _, hi in noise._blocks) * noise.width
-        outputs = (most + 1) // 2
-        inc = int(noise._start["state"]["inc"])
-        mults, adds = [], []
-        a, c = 1, 0
-        for _ in range(outputs):
-            a, c = (a * _PCG_MULT) & _MASK128, (c * _PCG_MULT + inc) & _MASK128
-            mults.append(a)
-            adds.append(c)
-        self._mult = torch.from_numpy(_limbs(mults)).to(device)
-        self._add = torch.from_numpy(_limbs(adds)).to(device)
-        self._count = 2 * outputs
-        """32-bit draws computed per block (each block's table, rounded up to even)."""
+        self._outputs = (most + 1) // 2
+        """64-bit outputs drawn per block (its table's 32-bit draws, rounded up)."""
+        self._inc = int(noise._start["state"]["inc"])
+        self._pos = torch.zeros(len(noise._blocks), dtype=torch.int64, device=device)
         pick = [
-            k * self._count + np.arange(lo * noise.width, hi * noise.width)
+            k * 2 * self._outputs + np.arange(lo * noise.width, hi * noise.width)
             for k, (_, lo, hi) in enumerate(noise._blocks)
         ]
         self._pick = torch.from_numpy(np.concatenate(pick)).to(device)
@@ -180,38 +167,17 @@ class TorchSlotNoise:
             out.append(int(bits.state["state"]["state"]))
         return out
 
-    def _uint32(self, states: list[int]) -> torch.Tensor:
-        """``(len(states), count)`` int64: the first 32-bit draws of the stream at each
-        state (every block at once: a fixed number of kernels per draw)."""
-        import torch
-
-        s = torch.from_numpy(_limbs(states)).to(self.device, non_blocking=True)[:, None, :]
-        mult = self._mult
-        acc = self._add.expand(len(states), -1, -1).clone()
-        for j in range(8):
-            acc[:, :, j:] += mult[:, : 8 - j] * s[:, :, j : j + 1]
-        limbs = []
-        carry = torch.zeros(acc.shape[:2], dtype=torch.int64, device=self.device)
-        for j in range(8):
-            v = acc[:, :, j] + carry
-            limbs.append(v & 0xFFFF)
-            carry = v >> 16
-        # PCG64's XSL-RR output: (high ^ low) of the state, rotated right by its top 6 bits.
-        low = (limbs[0] ^ limbs[4]) | ((limbs[1] ^ limbs[5]) << 16)
-        high = (limbs[2] ^ limbs[6]) | ((limbs[3] ^ limbs[7]) << 16)
-        rot = limbs[7] >> 10
-        wide = rot >= 32
-        low, high = torch.where(wide, high, low), torch.where(wide, low, high)
-        r = rot & 31
-        mask = 0xFFFFFFFF
-        new_low = ((low >> r) | (high << (32 - r))) & mask
-        new_high = ((high >> r) | (low << (32 - r))) & mask
-        # numpy's 32-bit draws: the low half of each 64-bit output first.
-        return torch.stack([new_low, new_high], 2).reshape(len(states), -1)
-
     def draw(self, step: int) -> torch.Tensor:
         """``(num_rows, width)`` float32 on the device: :meth:`SlotNoise.draw`'s bits."""
         import torch
 
-        u = self._uint32(self._states(step)).reshape(-1).index_select(0, self._pick)
+        from simkit._seeding import pcg64_outputs_torch
+
+        rows = torch.from_numpy(_int64_rows(self._states(step), self._inc))
+        out = pcg64_outputs_torch(
+            rows.to(self.device, non_blocking=True), self._pos, self._outputs, max_pos=0
+        )
+        # numpy's 32-bit draws: the low half of each 64-bit output, then the high half.
+        u32 = torch.stack([out & 0xFFFFFFFF, (out >> 32) & 0xFFFFFFFF], 2)
+        u = u32.reshape(-1).index_select(0, self._pick)
         return ((u >> 8).to(torch.float32) * (2.0**-24)).reshape(self.num_rows, self.width)
