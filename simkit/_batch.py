@@ -62,8 +62,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
 
     plus either ``state_attributes`` (attributes holding per-instance arrays) or
     ``get_env_state``/``set_env_state``. Arrays are numpy by default; with
-    ``device`` set, :attr:`xp` is ``torch`` and the author's arrays are tensors on
-    that device (observations stay tensors; rewards and flags come back as numpy).
+    ``device`` set, :attr:`xp` is ``torch``, the author's arrays are tensors on that
+    device, and :meth:`step_batch` returns observations, rewards and flags as tensors
+    there; with the optional masked hook :meth:`reset_masked` a whole-batch step never
+    synchronises with the host (:mod:`simkit._batch_device`).
 
     Class attributes:
         randomization: parameter name to :class:`~simkit.randomization.Distribution`,
@@ -350,7 +352,9 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         Returns:
             A :class:`~simkit.BatchStep` whose ``final_obs`` rows are the observations
             the actions led to and ``obs`` rows the ones to act on next; rows follow
-            ``env_ids``.
+            ``env_ids``. With a device, ``obs``, ``final_obs``, ``reward`` and the flags
+            are tensors on it; a whole-batch step of a class with :meth:`reset_masked`
+            never reads the device (docs/batch.md, "Device-resident steps").
 
         Raises:
             ResetNeeded: called before :meth:`reset`.

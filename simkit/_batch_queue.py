@@ -42,6 +42,8 @@ class BatchQueue:
 
         def _host_sync(self) -> None: ...
 
+        def _on_device(self, step: BatchStep) -> BatchStep: ...
+
         def _checked(
             self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
         ) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]: ...
@@ -126,7 +128,7 @@ class BatchQueue:
             need -= len(chunk.env_ids)
         out = parts[0] if len(parts) == 1 else _concat(parts, self.xp)
         self._in_flight[out.env_ids] = False
-        return out
+        return out if self.xp is np else self._on_device(out)
 
     def async_reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

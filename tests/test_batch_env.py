@@ -878,6 +878,12 @@ def test_device_steps_equal_numpy_across_host_operations(
     a = rng.integers(0, 2, 7)
     r5, d5 = ref.step(a), dev.step(torch.as_tensor(a))
     assert isinstance(d5[1], np.ndarray)
+    a = rng.integers(0, 2, 7)
+    ref.send(a)
+    dev.send(torch.as_tensor(a))
+    r, d = ref.recv(), dev.recv()
+    assert isinstance(d.reward, torch.Tensor)
+    assert all(x.tolist() == y.tolist() for x, y in zip(_clones(r), _clones(d), strict=True))
     assert all(
         np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(r5[:4], d5[:4], strict=True)
     )
