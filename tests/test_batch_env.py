@@ -937,3 +937,26 @@ def test_device_ring_of_episode_keys_wraps_around() -> None:
         assert r.obs.tolist() == d.obs.numpy().tolist()
     assert dev.episode_index.tolist() == [110] * 3
     assert states_equal(ref.get_state()["rngs"], dev.get_state()["rngs"])
+
+
+def test_torch_batch_outside_the_device_path_still_returns_tensors() -> None:
+    """Per-instance randomization overrides keep a torch batch on the host path (several
+    samplers): it still returns device tensors, equal to the numpy batch, and keeps no
+    device statistics."""
+    torch = pytest.importorskip("torch")
+    overrides = [{"gravity": 9.5}, {"gravity": 10.1}, {}]
+    ref = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=6, params=overrides)
+    dev = simkit.make(
+        "simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=6, params=overrides, device="cpu"
+    )
+    ref.reset(seed=4)
+    dev.reset(seed=4)
+    assert not dev.prepare_device_steps(10)
+    a = np.ones(3, dtype=np.int64)
+    for _ in range(15):
+        r, d = ref.step_batch(a), dev.step_batch(torch.as_tensor(a))
+        assert isinstance(d.reward, torch.Tensor)
+        assert isinstance(d.truncated, torch.Tensor)
+        assert all(x.tolist() == y.tolist() for x, y in zip(_clones(r), _clones(d), strict=True))
+    with pytest.raises(RuntimeError, match="episode statistics only in device-resident"):
+        dev.read_episode_stats()
