@@ -206,6 +206,7 @@ class DeviceLoop:
         self.ring: Any = None
         self.held: list[int] = []
         self.block = 1
+        self.row_base: Any = None
         self.steps_left = 0
         self.param_draws = 0
         self.rows = torch.arange(n, device=device)
@@ -283,12 +284,13 @@ class DeviceLoop:
                 self.held[b % size] = b
         self.window = None
         self.block = block
+        self.row_base = self.rows * block
         self.steps_left = steps
         self.param_draws = param_draws
 
     def pull_counters(self) -> np.ndarray:
         """The episode counters, read back (a host synchronisation)."""
-        out: np.ndarray = self.episode.cpu().numpy()
+        out: np.ndarray = self.episode.cpu().numpy().copy()  # on a CPU device, not a view
         return out
 
     def step(
@@ -311,18 +313,16 @@ class DeviceLoop:
         self.count += done
         self.return_sum += torch.where(done, self.ret, 0.0)
         self.length_sum += torch.where(done, self.elapsed, 0)
-        self.ret = torch.where(done, 0.0, self.ret)
-        self.elapsed = torch.where(done, 0, self.elapsed)
-        episode = self.episode + done
+        self.ret.masked_fill_(done, 0.0)
+        self.elapsed.masked_fill_(done, 0)
+        self.episode += done
+        episode = self.episode
         if self.ring is not None:
-            b = episode // self.block
-            rows = self.ring[
-                b % len(self.held), self.rows * self.block + (episode - b * self.block)
-            ]
+            slot = (episode // self.block).remainder_(len(self.held))
+            rows = self.ring[slot, self.row_base + episode.remainder(self.block)]
         else:
-            slot = (episode - self.base).clamp(0, self.width - 1)
+            slot = (episode - self.base).clamp_(0, self.width - 1)
             rows = self.window[self.rows, slot]
-        self.episode = episode
         self.states = torch.where(done[:, None], rows[:, :4], self.states)
         doubles = rows[:, 4:].view(torch.float64)
         m = self.param_draws
@@ -339,7 +339,7 @@ class DeviceLoop:
 
     def took(self, done: Any, draws: int) -> None:
         """Ended rows have taken ``draws`` from their new streams."""
-        self.pos = self.torch.where(done, draws, self.pos)
+        self.pos.masked_fill_(done, draws)
 
 
 def check_step_shapes(reward: Any, terminated: Any, n: int, name: str, hook: str) -> None:
