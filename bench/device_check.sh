@@ -125,15 +125,23 @@ fi
 
 say "" "## Training, --device cuda vs --device cpu" ""
 rows=()
+# row LABEL DEVICE: the table row of the last training step's summary.
+row() {
+    local log=$work/last.log
+    rows+=("| $1 | $2 | $(grep -m1 'steps/s:' "$log" | sed 's/.*: //') | $(grep -m1 'wall time:' "$log" | sed 's/.*: //') | $(grep -m1 'time split:' "$log" | sed 's/.*split: //') |")
+}
+# Each learner on every device in turn, so a run cut short still pairs its devices.
 for dev in "${devices[@]}"; do
     step "PPO simkit/Cheetah-v0 --device $dev" 90 $PY -m simkit train simkit/Cheetah-v0 \
         --num-envs 64 --num-steps 64 --servers 0 --total-steps $ppo_steps --device "$dev" \
         --logdir "$work/ppo-$dev" --no-progress
-    rows+=("| PPO simkit/Cheetah-v0, 64 envs x 64 steps, $ppo_steps steps | $dev | $(grep -m1 'steps/s:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'wall time:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'time split:' "$work/last.log" | sed 's/.*split: //') |")
+    row "PPO simkit/Cheetah-v0, 64 envs x 64 steps, $ppo_steps steps" "$dev"
+done
+for dev in "${devices[@]}"; do
     step "SAC gym:Pendulum-v1 --device $dev" 90 $PY -m simkit train gym:Pendulum-v1 --algo sac \
         --total-steps $sac_steps --learning-starts $sac_starts --device "$dev" \
         --logdir "$work/sac-$dev" --no-progress
-    rows+=("| SAC gym:Pendulum-v1, $sac_steps steps ($sac_starts random) | $dev | $(grep -m1 'steps/s:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'wall time:' "$work/last.log" | sed 's/.*: //') | $(grep -m1 'time split:' "$work/last.log" | sed 's/.*split: //') |")
+    row "SAC gym:Pendulum-v1, $sac_steps steps ($sac_starts random)" "$dev"
 done
 say "" "| run | device | steps/s | wall time | time split |" "|---|---|---:|---:|---|"
 for row in "${rows[@]}"; do say "$row"; done
