@@ -326,6 +326,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             None if reset_params is None else self._per_instance(reset_params, "options['params']")
         )
         obs_rows, infos = self._reset_ids(ids, per_reset, opts)
+        if self._device_loop is not None:
+            self._device_loop.restart(ids)
         if self._obs is None or len(ids) == self.num_envs:
             self._obs = obs_rows
         else:
@@ -567,10 +569,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._device_ready = False
 
     def read_episode_stats(self) -> dict[str, np.ndarray]:
-        """The episodes completed in device-resident steps since the last call, per
-        instance, and clears them: ``episodes`` (int64 count), ``return_sum`` (float64)
-        and ``length_sum`` (int64). One read back from the device: call it once per
-        fragment, not per step.
+        """The episodes completed since the last call, per instance, and clears them:
+        ``episodes`` (int64 count), ``return_sum`` (float64) and ``length_sum`` (int64).
+        Kept on the device by device-resident steps (host-path subset steps add theirs;
+        an episode cut by :meth:`reset` is not counted). One read back from the device:
+        call it once per fragment, not per step.
 
         Raises:
             RuntimeError: not a device-resident torch batch.
@@ -623,6 +626,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         """Truncation and same-step autoreset of the stepped rows ``ids`` (sorted)."""
         truncated = self._truncated(ids)
         done = terminated | truncated
+        if self._device_loop is not None:  # a torch batch between device-resident steps
+            self._device_loop.record(ids, reward, done, self._elapsed[ids])
         obs = final_obs
         if done.any():
             rows = done.nonzero()[0]

@@ -337,6 +337,25 @@ class DeviceLoop:
                 self.params.index_copy_(1, self.sampled_idx, torch.where(done[:, None], new, cols))
         return truncated, done, new, DeviceDraws(doubles[:, m:], self.constants), self.columns
 
+    def restart(self, ids: np.ndarray) -> None:
+        """Instances ``ids`` start episodes on the host (a reset): the episodes they were
+        in end uncounted, their running returns start again."""
+        self.ret[self.upload(ids)] = 0.0
+
+    def record(
+        self, ids: np.ndarray, reward: np.ndarray, done: np.ndarray, lengths: np.ndarray
+    ) -> None:
+        """Counts a host-path step of ``ids`` (unique) in the episode statistics:
+        their rewards, which rows ended, and the ended episodes' lengths."""
+        torch = self.torch
+        idx = self.upload(ids)
+        ended = self.upload(done)
+        ret = self.ret[idx] + self.upload(reward)
+        self.count.index_add_(0, idx, ended.to(torch.int64))
+        self.return_sum.index_add_(0, idx, torch.where(ended, ret, 0.0))
+        self.length_sum.index_add_(0, idx, self.upload(np.where(done, lengths, 0)))
+        self.ret[idx] = torch.where(ended, 0.0, ret)
+
     def took(self, done: Any, draws: int) -> None:
         """Ended rows have taken ``draws`` from their new streams."""
         self.pos.masked_fill_(done, draws)

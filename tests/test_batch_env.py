@@ -960,3 +960,54 @@ def test_torch_batch_outside_the_device_path_still_returns_tensors() -> None:
         assert all(x.tolist() == y.tolist() for x, y in zip(_clones(r), _clones(d), strict=True))
     with pytest.raises(RuntimeError, match="episode statistics only in device-resident"):
         dev.read_episode_stats()
+
+
+def test_device_reset_after_any_history_equals_a_fresh_reset() -> None:
+    """reset(seed=s) after device-resident steps (mid-episode, mid-ring) starts the same
+    tensors as a fresh batch's reset(seed=s), and the device steps after it repeat."""
+    torch = pytest.importorskip("torch")
+    used = simkit.make("simkit/BatchCartPole-v0", num_envs=5, max_episode_steps=4, device="cpu")
+    used.reset(seed=1)
+    a = torch.ones(5, dtype=torch.int64)
+    for _ in range(23):
+        used.step_batch(a)
+    fresh = simkit.make("simkit/BatchCartPole-v0", num_envs=5, max_episode_steps=4, device="cpu")
+    assert used.read_episode_stats()["episodes"].sum() == 5 * 5
+    o1, _ = used.reset(seed=7)  # ends every episode 3 steps in: their returns are dropped
+    o2, _ = fresh.reset(seed=7)
+    assert torch.equal(o1, o2)
+    for _ in range(30):
+        s1, s2 = used.step_batch(a), fresh.step_batch(a)
+        assert all(x.tolist() == y.tolist() for x, y in zip(_clones(s1), _clones(s2), strict=True))
+    stats, again = used.read_episode_stats(), fresh.read_episode_stats()
+    assert all(stats[k].tolist() == again[k].tolist() for k in stats)
+
+
+def test_device_episode_stats_count_host_path_steps_too() -> None:
+    """Episodes that run through subset steps (the host path) between device-resident
+    steps are counted whole: returns and lengths over every step of them."""
+    torch = pytest.importorskip("torch")
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=4, max_episode_steps=5, device="cpu")
+    env.reset(seed=3)
+    rng = np.random.default_rng(2)
+    run, count = np.zeros(4), np.zeros(4, dtype=np.int64)
+    returns, lengths, episodes = np.zeros(4), np.zeros(4, dtype=np.int64), np.zeros(4, np.int64)
+    for t in range(60):
+        if t % 7 == 3:
+            ids = rng.permutation(4)[: rng.integers(1, 5)]
+            res = env.step_batch(torch.as_tensor(rng.integers(0, 2, len(ids))), ids)
+        else:
+            res = env.step_batch(torch.as_tensor(rng.integers(0, 2, 4)))
+        rows = np.asarray(res.env_ids)
+        done = (res.terminated | res.truncated).numpy()
+        run[rows] += res.reward.numpy()
+        count[rows] += 1
+        ended = rows[done]
+        returns[ended] += run[ended]
+        lengths[ended] += count[ended]
+        episodes[ended] += 1
+        run[ended], count[ended] = 0.0, 0
+    stats = env.read_episode_stats()
+    assert stats["episodes"].tolist() == episodes.tolist()
+    assert stats["return_sum"].tolist() == returns.tolist()
+    assert stats["length_sum"].tolist() == lengths.tolist()
