@@ -4,11 +4,16 @@ With ``device`` set and the author's :meth:`simkit.BatchEnv.reset_masked` hook, 
 whole-batch :meth:`~simkit.BatchEnv.step_batch` keeps everything the contract needs on
 the device: step counters, episode counters, every instance's stream key and draw
 count, the declared parameters, and running episode statistics. Same-step resets are
-masked (``torch.where`` over all N rows, no data-dependent shapes), and the keys of the
-next episodes come from a window computed on the host once per ``width`` steps
-(:meth:`simkit._seeding.EpisodeSeeds.window`, the same keyed draws as the numpy path),
-so a step never waits on the device. The host copies (counters, keys, parameters) are
-brought up to date only when a host-side operation needs them (:meth:`DeviceLoop.pull`).
+masked (``torch.where`` over all N rows, no data-dependent shapes), and the keys and
+first draws of the next episodes are gathered from a ring of blocks on the device: the
+numpy path's blocks of 16 episodes of all N instances
+(:meth:`simkit._seeding.EpisodeSeeds.block_rows`, the same keyed draws), each computed
+and uploaded once; the host reads the episode counters once per window of steps to
+know which blocks the next steps can reach (a per-instance
+:meth:`~simkit._seeding.EpisodeSeeds.window` when the episodes spread too far). So a
+step never waits on the device. The host copies (counters, keys, parameters) are
+brought up to date only when a host-side operation needs them
+(``BatchEnv._host_sync``).
 """
 
 from __future__ import annotations
