@@ -459,11 +459,12 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._device_ready = True
 
     def _device_window(self, width: int) -> None:
-        """Next-episode keys of every instance for ``width`` steps, from the host's
-        episode counters (read back from the device when it is ahead): the blocks of
-        episodes the numpy path uses, held in a ring on the device (only new blocks are
-        uploaded), or for a very wide spread of episodes a window of each instance's
-        next ``width`` episodes."""
+        """Next-episode keys of every instance for up to ``width`` steps, from the
+        host's episode counters (read back from the device when it is ahead): the blocks
+        of episodes the numpy path uses, held in a ring of at most ``MAX_RING_BLOCKS``
+        on the device (only new blocks are uploaded; it covers ``width`` steps or as
+        many as fit), or, when the episodes already spread wider than the ring, a
+        window of each instance's next ``DEFAULT_WINDOW`` episodes."""
         loop = self._device_loop
         assert loop is not None
         episode = loop.pull_counters() if loop.ahead else self._seeds.episode
@@ -473,24 +474,30 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         draws = max(self._streams.prefetch, m)
         scale = sampler if m else None
         block = self._seeds.block_size
-        first, last = (int(episode.min()) + 1) // block, (int(episode.max()) + width) // block
-        if last - first < MAX_RING_BLOCKS:
+        low, high = int(episode.min()), int(episode.max())
+        first = (low + 1) // block
+        if (high + 1) // block - first < MAX_RING_BLOCKS:
+            cover = min(width, (first + MAX_RING_BLOCKS) * block - 1 - high)
             seeds = self._seeds
 
             def table(b: int) -> np.ndarray:
                 return seeds.block_rows(b, draws, scale)
 
-            loop.load_ring(first, last, width, block, table, m)
+            loop.load_ring(first, (high + cover) // block, cover, block, table, m)
             return
-        window = self._seeds.window(width, draws, scale, episode)
+        window = self._seeds.window(min(width, DEFAULT_WINDOW), draws, scale, episode)
         loop.load_window(window, episode, m)
 
     def prepare_device_steps(self, steps: int) -> bool:
         """Makes the next ``steps`` whole-batch :meth:`step_batch` calls of a torch batch
         run without any host synchronisation (call it once per fragment): loads the
-        state onto the device if a host operation changed it, and computes the keys of
-        every instance's next ``steps`` episodes (reading the episode counters back
-        once). Without it a device-resident batch does this itself every 32 steps.
+        state onto the device if a host operation changed it, and the keys of every
+        episode the instances can reach in those steps (reading the episode counters
+        back once). The ring of keys holds 16 blocks of 16 episodes: where the fastest
+        instance could run past it, it covers as many steps as fit (at least 16
+        episodes of the fastest instance) and the batch reads the counters again when
+        they run out. Without this call a device-resident batch refills every 32
+        steps.
 
         Returns:
             Whether steps are device-resident (a torch batch whose class has

@@ -1011,3 +1011,24 @@ def test_device_episode_stats_count_host_path_steps_too() -> None:
     assert stats["episodes"].tolist() == episodes.tolist()
     assert stats["return_sum"].tolist() == returns.tolist()
     assert stats["length_sum"].tolist() == lengths.tolist()
+
+
+def test_prepare_device_steps_caps_the_ring_for_long_fragments() -> None:
+    """A fragment longer than the ring of 16 blocks can reach gets the ring's worth of
+    steps (no window of thousands of episodes per instance), then refills on its own."""
+    torch = pytest.importorskip("torch")
+    from simkit._batch_device import MAX_RING_BLOCKS
+
+    ref = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=1)
+    dev = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=1, device="cpu")
+    ref.reset(seed=6)
+    dev.reset(seed=6)
+    assert dev.prepare_device_steps(5000)
+    loop = dev._device_loop
+    assert loop is not None
+    assert loop.window is None
+    assert loop.steps_left == MAX_RING_BLOCKS * 16 - 1
+    a = np.zeros(3, dtype=np.int64)
+    for _ in range(MAX_RING_BLOCKS * 16 + 20):  # one episode a step: past the first ring
+        r, d = ref.step_batch(a), dev.step_batch(torch.as_tensor(a))
+        assert r.obs.tolist() == d.obs.numpy().tolist()
