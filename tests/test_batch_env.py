@@ -1032,3 +1032,28 @@ def test_prepare_device_steps_caps_the_ring_for_long_fragments() -> None:
     for _ in range(MAX_RING_BLOCKS * 16 + 20):  # one episode a step: past the first ring
         r, d = ref.step_batch(a), dev.step_batch(torch.as_tensor(a))
         assert r.obs.tolist() == d.obs.numpy().tolist()
+
+
+@pytest.mark.parametrize("env_id", ["simkit/BatchCartPole-v0", "simkit/BatchPendulum-v0"])
+def test_device_steps_never_synchronise_on_cuda(env_id: str) -> None:
+    """On a GPU, CUDA's own detector: every synchronising call raises while 64
+    device-resident steps (with resets) run."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    env = simkit.make(env_id, num_envs=1024, max_episode_steps=9, device="cuda")
+    env.validate_actions = False
+    env.reset(seed=0)
+    shape = (1024,) if "CartPole" in env_id else (1024, 1)
+    a = torch.zeros(shape, device="cuda", dtype=torch.int64 if len(shape) == 1 else torch.float32)
+    env.step_batch(a)  # first step: constants reach the device once
+    assert env.prepare_device_steps(64)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(64):
+            res = env.step_batch(a)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert res.reward.device.type == "cuda"
+    assert int(env.read_episode_stats()["episodes"].sum()) >= 1024 * 7
