@@ -483,7 +483,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             def table(b: int) -> np.ndarray:
                 return seeds.block_rows(b, draws, scale)
 
-            loop.load_ring(first, (high + cover) // block, cover, block, table, m)
+            key = (seeds._shared_root, seeds.env_offset, draws, scale)
+            loop.load_ring(first, (high + cover) // block, cover, block, table, m, key)
             return
         window = self._seeds.window(min(width, DEFAULT_WINDOW), draws, scale, episode)
         loop.load_window(window, episode, m)

@@ -212,6 +212,7 @@ class DeviceLoop:
         self.held: list[int] = []
         self.block = 1
         self.row_base: Any = None
+        self.ring_key: tuple[Any, ...] = ()
         self.steps_left = 0
         self.param_draws = 0
         self.rows = torch.arange(n, device=device)
@@ -249,9 +250,7 @@ class DeviceLoop:
             host[:, j] = param_arrays[name]
         self.params = self.upload(host)
         self.columns = {name: self.params[:, j] for j, name in enumerate(names)}
-        self.window = None
-        self.ring = None
-        self.held = []
+        self.window = None  # the ring stays: its blocks depend only on its key
         self.steps_left = 0
 
     def load_window(self, window: np.ndarray, episode: np.ndarray, param_draws: int) -> None:
@@ -266,14 +265,29 @@ class DeviceLoop:
         self.param_draws = param_draws
 
     def load_ring(
-        self, first: int, last: int, steps: int, block: int, table: Any, param_draws: int
+        self,
+        first: int,
+        last: int,
+        steps: int,
+        block: int,
+        table: Any,
+        param_draws: int,
+        key: tuple[Any, ...],
     ) -> None:
         """Holds the blocks ``first..last`` of episode keys in a ring on the device
         (block ``b`` in slot ``b % R``), uploading those it lacks: ``table(b)`` gives
         the host's ``(N * block, 4 + draws)`` rows of block ``b``
-        (:meth:`EpisodeSeeds.block_rows`). The ring then covers ``steps`` steps."""
+        (:meth:`EpisodeSeeds.block_rows`); ``key`` names what the blocks depend on
+        (root, env offset, draws, parameter scaling): a new key starts a new ring. The
+        ring then covers ``steps`` steps."""
         span = last - first + 1
-        if self.ring is None or len(self.held) < span or self.param_draws != param_draws:
+        if (
+            self.ring is None
+            or self.ring_key != key
+            or len(self.held) < span
+            or self.param_draws != param_draws
+        ):
+            self.ring_key = key
             rows = table(first)
             size = max(span, 4)
             self.ring = self.torch.zeros(
