@@ -28,9 +28,10 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    replay buffer of 20,000 random transitions, as bench/bench_sac_step.py times it on
    the CPU; the GPU row builds the learner on that device (the batch is copied there).
 4. ``simkit/BatchCartPole-v0``, instance-steps/s at N = 4k and 64k: the BatchEnv with
-   ``device=`` (torch arrays on that device; rewards and flags come back as numpy,
-   same-step autoreset with per-instance generators), plus its physics kernel alone
-   (``_advance``: no autoreset, no host copies) and the default numpy BatchEnv.
+   ``device=`` (device-resident steps: observations, rewards and flags stay on the
+   device, keyed resets under a mask, ``validate_actions=False`` as a learner on a GPU
+   steps it; docs/batch.md), plus its physics kernel alone (``_advance``: no autoreset)
+   and the default numpy BatchEnv.
 
 Every timed call on CUDA is bracketed by ``torch.cuda.synchronize()``. Each case is
 warmed up, then timed in ``--repeats`` rounds (the cases of a section interleaved, so
@@ -420,6 +421,8 @@ def _stepper(n: int, dev: torch.device | None) -> Callable[[], None]:
     """``step_batch`` of ``n`` instances (numpy where ``dev`` is None), cycling through
     pre-drawn random actions; stepped to a steady rate of autoresets first."""
     env = simkit.make(ENV_ID, num_envs=n, device=dev)
+    if dev is not None:
+        env.validate_actions = False  # value checks read a flag back every step
     env.reset(seed=SEED)
     actions: list[Any]
     if dev is None:
