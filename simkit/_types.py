@@ -49,9 +49,12 @@ class BatchStep:
     infos: Sequence[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def done(self) -> np.ndarray:
-        """``terminated | truncated``: rows whose episode ended on this step."""
-        return np.logical_or(self.terminated, self.truncated)
+    def done(self) -> Any:
+        """``terminated | truncated``: rows whose episode ended on this step (a device
+        tensor for a device-resident step, computed there: no read back)."""
+        if isinstance(self.terminated, np.ndarray):
+            return np.logical_or(self.terminated, self.truncated)
+        return self.terminated | self.truncated
 
 
 @dataclass(frozen=True)
