@@ -51,21 +51,10 @@ class BatchCartPole(simkit.BatchEnv):
             return np.zeros(shape, dtype=np.float64)
         return self.xp.zeros(shape, dtype=self.xp.float64, device=self.device)
 
-    def _as(self, arr: np.ndarray) -> Any:
-        if self.xp is np:
-            return arr
-        return self.xp.as_tensor(arr, dtype=self.xp.float64, device=self.device)
-
     def _observe(self, state: Any) -> Any:
         if self.xp is np:
             return state.astype(np.float32, order="C")
         return state.to(self.xp.float32)
-
-    def _refresh_params(self) -> None:
-        if self.xp is np:
-            self._p = self.param_arrays  # the live (N,) columns themselves
-            return
-        self._p = {name: self._as(arr) for name, arr in self.param_arrays.items()}
 
     def reset_instances(
         self,
@@ -75,10 +64,10 @@ class BatchCartPole(simkit.BatchEnv):
         options: dict[str, Any],
     ) -> tuple[Any, None]:
         rows = uniform_rows(rngs, -0.05, 0.05, 4)
-        rows_x = self._as(rows)
+        rows_x = self.as_array(rows)
         idx = ids if self.xp is np else self.xp.as_tensor(ids, device=self.device)
         self.state[idx] = rows_x
-        self._refresh_params()
+        self._p = self.param_columns()
         return self._observe(rows_x), None
 
     def reset_masked(self, mask: Any, draws: DeviceDraws, params: dict[str, Any]) -> Any:
@@ -129,4 +118,4 @@ class BatchCartPole(simkit.BatchEnv):
 
     def set_env_state(self, state: Any) -> None:
         super().set_env_state(state)
-        self._refresh_params()
+        self._p = self.param_columns()

@@ -57,13 +57,8 @@ class BatchPendulum(simkit.BatchEnv):
             **kwargs,
         )
         self.step_infos = step_infos
-        self.state: Any = self._as(np.zeros((self.num_envs, 2)))
+        self.state: Any = self.as_array(np.zeros((self.num_envs, 2)))
         self._p: dict[str, Any] = {}
-
-    def _as(self, arr: np.ndarray) -> Any:
-        if self.xp is np:
-            return arr
-        return self.xp.as_tensor(arr, dtype=self.xp.float64, device=self.device)
 
     def _observe(self, state: Any) -> Any:
         xp = self.xp
@@ -74,12 +69,6 @@ class BatchPendulum(simkit.BatchEnv):
             return obs
         return xp.stack([xp.cos(theta), xp.sin(theta), theta_dot], dim=1).to(xp.float32)
 
-    def _refresh_params(self) -> None:
-        if self.xp is np:
-            self._p = self.param_arrays  # the live (N,) columns themselves
-            return
-        self._p = {name: self._as(arr) for name, arr in self.param_arrays.items()}
-
     def reset_instances(
         self,
         ids: np.ndarray,
@@ -87,10 +76,10 @@ class BatchPendulum(simkit.BatchEnv):
         params: Sequence[Params],
         options: dict[str, Any],
     ) -> tuple[Any, None]:
-        rows = self._as(cast(KeyedStreams, rngs).uniform(_RESET_LOW, _RESET_HIGH, (2,)))
+        rows = self.as_array(cast(KeyedStreams, rngs).uniform(_RESET_LOW, _RESET_HIGH, (2,)))
         idx = ids if self.xp is np else self.xp.as_tensor(ids, device=self.device)
         self.state[idx] = rows
-        self._refresh_params()
+        self._p = self.param_columns()
         return self._observe(rows), None
 
     def reset_masked(self, mask: Any, draws: DeviceDraws, params: dict[str, Any]) -> Any:
@@ -149,4 +138,4 @@ class BatchPendulum(simkit.BatchEnv):
 
     def set_env_state(self, state: Any) -> None:
         super().set_env_state(state)
-        self._refresh_params()
+        self._p = self.param_columns()

@@ -169,6 +169,23 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._reset_draws_known = False
         self._all_ids = np.arange(n, dtype=np.int64)
 
+    # ------------------------------------------------------------ author helpers
+
+    def as_array(self, arr: np.ndarray) -> Any:
+        """``arr`` as this batch computes: itself with numpy, a float64 tensor on
+        :attr:`device` with torch (what an author's hooks keep their state in)."""
+        if self.xp is np:
+            return arr
+        return self.xp.as_tensor(arr, dtype=self.xp.float64, device=self.device)
+
+    def param_columns(self) -> dict[str, Any]:
+        """The ``(N,)`` column of each declared parameter, as :meth:`as_array` gives it
+        (numpy: the live columns of :attr:`param_arrays` themselves; torch: a copy on
+        the device, to take again after a reset changed them)."""
+        if self.xp is np:
+            return self.param_arrays
+        return {name: self.as_array(arr) for name, arr in self.param_arrays.items()}
+
     # ----------------------------------------------------------------- author hooks
 
     def reset_instances(
