@@ -347,7 +347,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
 def run_train(ns: argparse.Namespace) -> int:
     """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0; bad input is one line
     on stderr and exit 2 before anything starts. The log directory is locked while the
-    run writes it (:func:`_claim_logdir`)."""
+    run writes it (:func:`claim_logdir`)."""
     locks: list[DirectoryLock] = []
     try:
         return _run_train(ns, locks)
@@ -356,7 +356,7 @@ def run_train(ns: argparse.Namespace) -> int:
             lock.release()
 
 
-def _claim_logdir(logdir: Path, ns: argparse.Namespace) -> DirectoryLock:
+def claim_logdir(logdir: Path, resume: str | None = None) -> DirectoryLock:
     """Makes and locks the run's log directory (the recorder's one-writer lock), and
     refuses one that holds another run unless this run resumes it: two runs in one
     directory would interleave ``progress.jsonl`` and overwrite each other's checkpoints.
@@ -375,7 +375,7 @@ def _claim_logdir(logdir: Path, ns: argparse.Namespace) -> DirectoryLock:
         what="log directory",
         advice="one run per log directory (pick another --logdir or stop it)",
     )
-    resumes = ns.resume is not None and _resumed_logdir(ns.resume).resolve() == logdir.resolve()
+    resumes = resume is not None and _resumed_logdir(resume).resolve() == logdir.resolve()
     if not resumes and ((logdir / "checkpoints").is_dir() or (logdir / "progress.jsonl").exists()):
         lock.release()
         raise ValueError(
@@ -427,7 +427,7 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
         name = args.env_id.replace("/", "_").replace(":", "_")
         logdir = Path(f"runs/{name}{tag}-{args.seed}-{stamp}")
     try:
-        locks.append(_claim_logdir(logdir, ns))
+        locks.append(claim_logdir(logdir, ns.resume))
         if ns.record is not None and Path(ns.record).is_dir():  # another writer: now, not
             DirectoryLock(Path(ns.record)).release()  # once the servers run
     except ValueError as exc:

@@ -24,6 +24,7 @@ import torch
 
 from simkit.clients._args import PPOArgs, SACArgs, capped
 from simkit.clients._train import TrainResult, evaluate_model, load_model
+from simkit.clients._train_cli import claim_logdir
 from simkit.models import ActorCritic, numpy_actions
 
 __all__ = ["train", "load_policy", "evaluate", "Policy", "TrainResult"]
@@ -69,7 +70,9 @@ def train(
 
     Raises:
         TypeError: a setting that is no field of the algorithm's settings.
-        ValueError: an unknown ``algo`` or a value out of range (before anything starts).
+        ValueError: an unknown ``algo`` or a value out of range, or a ``logdir`` that
+            holds another run (before anything starts).
+        simkit.errors.RecordingLocked: another run writes to ``logdir`` now.
     """
     if algo not in ("ppo", "sac"):
         raise ValueError(f"algo must be 'ppo' or 'sac', got {algo!r}")
@@ -109,13 +112,20 @@ def train(
         "record": record,
     }
     if isinstance(args, SACArgs):
-        from simkit.clients._train_sac import check_env, run_sac
+        from simkit.clients._train_sac import check_env
 
         check_env(env_id)
-        return run_sac(args, given=list(given), **common)
-    from simkit.clients._train import run_training
+    lock = claim_logdir(Path(logdir))
+    try:
+        if isinstance(args, SACArgs):
+            from simkit.clients._train_sac import run_sac
 
-    return run_training(args, **common)
+            return run_sac(args, given=list(given), **common)
+        from simkit.clients._train import run_training
+
+        return run_training(args, **common)
+    finally:
+        lock.release()
 
 
 class Policy:

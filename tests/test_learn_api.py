@@ -81,6 +81,31 @@ def test_train_load_act_and_evaluate(tmp_path: Path) -> None:
     assert np.array_equal(returns, simkit.evaluate(result.policy, episodes=3))
 
 
+def test_a_logdir_holds_one_run_from_python_too(tmp_path: Path) -> None:
+    """As ``simkit train`` does: a second run into a logdir that holds one, or into one
+    another run writes now, is refused before it starts (they interleaved
+    progress.jsonl and overwrote each other's checkpoints)."""
+    from simkit.errors import RecordingLocked
+    from simkit.recording._format import DirectoryLock
+
+    run = tmp_path / "run"
+    simkit.train("simkit/CartPole-v0", total_steps=256, logdir=run, servers=0, **TINY)
+    before = (run / "progress.jsonl").read_bytes()
+    with pytest.raises(ValueError, match=r"holds a run already \(simkit/CartPole-v0, 256 env"):
+        simkit.train("simkit/CartPole-v0", total_steps=256, logdir=run, servers=0, **TINY)
+    assert (run / "progress.jsonl").read_bytes() == before
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    held = DirectoryLock(busy)
+    try:
+        with pytest.raises(RecordingLocked):
+            simkit.train("simkit/CartPole-v0", total_steps=256, logdir=busy, servers=0, **TINY)
+    finally:
+        held.release()
+    assert not (busy / "progress.jsonl").exists()
+    assert not (busy / "checkpoints").exists()
+
+
 def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"unknown setting 'num_env' for --algo ppo"):
         simkit.train("simkit/CartPole-v0", logdir=tmp_path / "a", num_env=4)
