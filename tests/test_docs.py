@@ -29,8 +29,9 @@ An HTML comment right before a block (invisible on the rendered page) changes th
 - ``<!-- doc-test: wait-for PORT -->``: before the next blocks run, wait until something
   listens on PORT (a background server; the page's port, replaced as above).
 
-Pages whose commands train, record or launch servers are ``slow`` (still part of
-``./run test``); the other pages run in seconds.
+Pages whose commands train, record or launch servers are marked ``docs_slow``:
+``./run test`` runs them, CI (``.ci/run``) leaves them out to keep its suite within 10
+minutes on 2 cores; the other pages run in seconds, everywhere.
 """
 
 from __future__ import annotations
@@ -328,7 +329,7 @@ def _page_params() -> list[object]:
         ]
         if not runnable:
             continue
-        marks = [pytest.mark.slow] if _is_slow(page) else []
+        marks = [pytest.mark.docs_slow] if _is_slow(page) else []
         params.append(pytest.param(page, id=str(page.relative_to(ROOT)), marks=marks))
     return params
 
