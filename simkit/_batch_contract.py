@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from simkit._batch_queue import RowInfos
+from simkit._batch_queue import LazyRows, RowInfos
 from simkit._contract import action_bounds_of, declared_state_attributes
 from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
 from simkit._state import check_state_attributes
@@ -544,7 +544,7 @@ class Sampler:
         return out, values
 
 
-class ParamRows(Sequence[Params]):
+class ParamRows(LazyRows[Params]):
     """The parameters of the rows of one reset (what ``reset_instances`` receives as
     ``params``), each dict built when read: from a sampler and its row of drawn values,
     or stored as drawn the slow way."""
@@ -571,9 +571,6 @@ class ParamRows(Sequence[Params]):
         """Row ``k`` holds ``params`` (drawn the slow way)."""
         self._explicit[k] = params
 
-    def __len__(self) -> int:
-        return self._n
-
     def _row(self, k: int) -> Params:
         stored = self._explicit.get(k)
         if stored is not None:
@@ -583,11 +580,3 @@ class ParamRows(Sequence[Params]):
             return sampler.row(values[k].tolist())
         sampler, values = self._groups[int(self._which[k])]
         return sampler.row(values[int(self._at[k])].tolist())
-
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self._row(j) for j in range(*k.indices(self._n))]
-        j = int(k) + (self._n if int(k) < 0 else 0)
-        if not 0 <= j < self._n:
-            raise IndexError(f"row {k} out of range for {self._n} rows")
-        return self._row(j)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from simkit._batch_queue import LazyRows
+
 __all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
 
 DEFAULT_WINDOW = 32
@@ -113,7 +115,7 @@ class NoStepDraws(Sequence[Any]):
         return self[0]
 
 
-class DeviceRowInfos(Sequence[dict[str, Any]]):
+class DeviceRowInfos(LazyRows[dict[str, Any]]):
     """The per-row infos of a device-resident step, built on first read: the author's
     step infos, plus ``{"reset_info": {"params": ...}}`` on the rows that ended.
 
@@ -137,9 +139,6 @@ class DeviceRowInfos(Sequence[dict[str, Any]]):
         self._row_of = row
         self._rows: dict[int, dict[str, Any]] | None = None
 
-    def __len__(self) -> int:
-        return self._n
-
     def _build(self) -> dict[int, dict[str, Any]]:
         if self._rows is None:
             done = self._done.cpu().numpy()
@@ -159,21 +158,6 @@ class DeviceRowInfos(Sequence[dict[str, Any]]):
             row.update(rows.get(k, {}))
             rows[-1 - k] = row
         return row
-
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self._row(j) for j in range(*k.indices(self._n))]
-        j = int(k) + (self._n if int(k) < 0 else 0)
-        if not 0 <= j < self._n:
-            raise IndexError(f"row {k} out of range for {self._n} rows")
-        return self._row(j)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
 
 class DeviceLoop:

@@ -9,13 +9,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from simkit._types import BatchStep
 from simkit._validation import check_send_ids
 from simkit.errors import ResetNeeded
+
+_Row = TypeVar("_Row")
 
 __all__ = ["BatchQueue", "PendingStep", "RowInfos"]
 
@@ -223,7 +225,38 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-class RowInfos(Sequence[dict[str, Any]]):
+class LazyRows(Sequence[_Row]):
+    """A sequence of ``n`` rows, each built by :meth:`_row` when read: indexing, slices
+    and list equality as a list of the rows has (and, like a list, no hash)."""
+
+    _n: int
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _row(self, k: int) -> _Row:
+        raise NotImplementedError
+
+    def _index(self, k: Any) -> int:
+        j = int(k) + (self._n if int(k) < 0 else 0)
+        if not 0 <= j < self._n:
+            raise IndexError(f"row {k} out of range for {self._n} rows")
+        return j
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self._row(j) for j in range(*k.indices(self._n))]
+        return self._row(self._index(k))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class RowInfos(LazyRows[dict[str, Any]]):
     """Per-row info dicts of a batch step or reset, built when a row is read.
 
     Row ``k`` is ``{**base[k], **extra(k)}`` (``base`` ``None``: no author infos), made
@@ -248,9 +281,6 @@ class RowInfos(Sequence[dict[str, Any]]):
         self._extra = extra
         self._rows: dict[int, dict[str, Any]] = {}
 
-    def __len__(self) -> int:
-        return self._n
-
     def _row(self, k: int) -> dict[str, Any]:
         row = self._rows.get(k)
         if row is None:
@@ -261,28 +291,8 @@ class RowInfos(Sequence[dict[str, Any]]):
             self._rows[k] = row
         return row
 
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self._row(j) for j in range(*k.indices(self._n))]
-        j = int(k)
-        if j < 0:
-            j += self._n
-        if not 0 <= j < self._n:
-            raise IndexError(f"row {k} out of range for {self._n} rows")
-        return self._row(j)
-
     def __setitem__(self, k: int, value: dict[str, Any]) -> None:
-        j = int(k) + (self._n if int(k) < 0 else 0)
-        if not 0 <= j < self._n:
-            raise IndexError(f"row {k} out of range for {self._n} rows")
-        self._rows[j] = value
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
+        self._rows[self._index(k)] = value
 
     def __repr__(self) -> str:
         return f"RowInfos({list(self)!r})"
