@@ -37,13 +37,12 @@ from simkit._batch_device import (
 )
 from simkit._batch_gym import GymStepAdapter, scatter
 from simkit._batch_queue import BatchQueue, PendingStep, RowInfos, take_rows, to_numpy
-from simkit._contract import check_max_episode_steps
+from simkit._contract import EnvKind, check_max_episode_steps
 from simkit._seeding import EpisodeSeeds, StreamTable
 from simkit._types import BatchStep
 from simkit._validation import validate_action
 from simkit.errors import InvalidAction, ResetNeeded
 from simkit.randomization import Distribution, Params, resolve_overrides
-from simkit.registry import EnvKind
 from simkit.vector._actions import check_batch_array
 
 __all__ = ["BatchEnv", "BATCH_STATE_FORMAT"]

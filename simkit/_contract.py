@@ -2,12 +2,14 @@
 
 :class:`ContractCore` is mixed into :class:`simkit.Env` and :class:`simkit.MultiAgentEnv`;
 it never touches spaces or the step signature, only the bookkeeping that makes an env
-deterministic, resettable and randomizable.
+deterministic, resettable and randomizable. :class:`EnvKind` names the three contracts
+(each base class declares its own as ``env_kind``; the registry reads it).
 """
 
 from __future__ import annotations
 
 import copy
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,6 +27,7 @@ __all__ = [
     "STATE_FORMAT",
     "CapturedState",
     "ContractCore",
+    "EnvKind",
     "action_bounds_of",
     "check_max_episode_steps",
     "declared_state_attributes",
@@ -32,6 +35,17 @@ __all__ = [
 
 STATE_FORMAT = 1
 """Version of the snapshot layout produced by ``get_state``."""
+
+
+class EnvKind(enum.Enum):
+    """Which contract an env implements, and so which API it speaks."""
+
+    SINGLE = "single"
+    """``simkit.Env`` / ``gymnasium.Env``."""
+    MULTI_AGENT = "multi_agent"
+    """``simkit.MultiAgentEnv`` / ``pettingzoo.ParallelEnv``."""
+    BATCH = "batch"
+    """``simkit.BatchEnv``: N instances stepped as arrays."""
 
 
 class ContractCore:

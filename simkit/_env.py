@@ -8,10 +8,9 @@ from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar
 import gymnasium as gym
 import numpy as np
 
-from simkit._contract import ContractCore
+from simkit._contract import ContractCore, EnvKind
 from simkit._validation import validate_action
 from simkit.randomization import Params
-from simkit.registry import EnvKind
 
 __all__ = ["Env"]
 

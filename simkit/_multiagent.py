@@ -9,11 +9,10 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
-from simkit._contract import ContractCore
+from simkit._contract import ContractCore, EnvKind
 from simkit._validation import validate_action
 from simkit.errors import InvalidAction
 from simkit.randomization import Params
-from simkit.registry import EnvKind
 
 __all__ = ["MultiAgentEnv"]
 

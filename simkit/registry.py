@@ -9,7 +9,6 @@ zero-argument function that calls :func:`register` itself.
 
 from __future__ import annotations
 
-import enum
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,22 +17,12 @@ from typing import Any
 
 import gymnasium
 
+from simkit._contract import EnvKind
 from simkit.errors import UnknownEnv
 
 __all__ = ["EnvKind", "EnvSpec", "register", "make", "spec", "env_ids", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "simkit.envs"
-
-
-class EnvKind(enum.Enum):
-    """Which contract an env implements, and so which API it speaks."""
-
-    SINGLE = "single"
-    """``simkit.Env`` / ``gymnasium.Env``."""
-    MULTI_AGENT = "multi_agent"
-    """``simkit.MultiAgentEnv`` / ``pettingzoo.ParallelEnv``."""
-    BATCH = "batch"
-    """``simkit.BatchEnv``: N instances stepped as arrays."""
 
 
 @dataclass(frozen=True)
@@ -132,8 +121,10 @@ def _load_plugins() -> None:
             )
 
 
-def _kind_of(cls: type) -> EnvKind:
-    kind = getattr(cls, "env_kind", EnvKind.SINGLE)
+def _kind_of(constructor: object) -> EnvKind:
+    """The contract an env class declares (its base class's ``env_kind``); anything else,
+    a factory function or a plain Gymnasium env, is single-agent."""
+    kind = getattr(constructor, "env_kind", EnvKind.SINGLE)
     return kind if isinstance(kind, EnvKind) else EnvKind.SINGLE
 
 
@@ -182,15 +173,12 @@ def _class_spec(id: str) -> EnvSpec:
     constructor = getattr(module, attr, None)
     if constructor is None:
         raise UnknownEnv(f"{id!r}: module {module_name} has no {attr!r}")
-    from simkit._batch import BatchEnv
-    from simkit._multiagent import MultiAgentEnv
-
-    kind = EnvKind.SINGLE
-    if isinstance(constructor, type) and issubclass(constructor, MultiAgentEnv):
-        kind = EnvKind.MULTI_AGENT
-    elif isinstance(constructor, type) and issubclass(constructor, BatchEnv):
-        kind = EnvKind.BATCH
-    return EnvSpec(id=id, entry_point=constructor, kind=kind, description=f"{id} (unregistered)")
+    return EnvSpec(
+        id=id,
+        entry_point=constructor,
+        kind=_kind_of(constructor),
+        description=f"{id} (unregistered)",
+    )
 
 
 def spec(id: str) -> EnvSpec:

@@ -38,7 +38,7 @@ from simkit.models import (
     weights_from_wire,
     weights_to_wire,
 )
-from simkit.models import _spec as spec_module
+from simkit.models import _registry as registry_module
 from simkit.protocol import Message, decode, encode
 
 CHEETAH_OBS = spaces.Box(-np.inf, np.inf, (17,), np.float64)
@@ -174,7 +174,7 @@ def test_register_model_and_builder_must_return_an_actor_critic() -> None:
         ):
             build_model(ModelSpec("test-none"), CHEETAH_OBS, CHEETAH_ACT)
     finally:
-        del spec_module._BUILDERS["test-none"]
+        del registry_module._BUILDERS["test-none"]
 
 
 def test_entry_point_models_load_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,7 +198,7 @@ def test_entry_point_models_load_lazily(tmp_path: Path, monkeypatch: pytest.Monk
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "simkit_test_models", raising=False)
-    monkeypatch.setattr(spec_module, "_BUILDERS", dict(spec_module._BUILDERS))
+    monkeypatch.setattr(registry_module, "_BUILDERS", dict(registry_module._BUILDERS))
     importlib.invalidate_caches()
     assert "tiny" in model_names()
     assert "simkit_test_models" not in sys.modules  # listing does not import
@@ -234,7 +234,7 @@ def _wide(
 
 
 def test_a_custom_model_composes_modules(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spec_module, "_BUILDERS", dict(spec_module._BUILDERS))
+    monkeypatch.setattr(registry_module, "_BUILDERS", dict(registry_module._BUILDERS))
     register_model("my-wide", _wide)  # type: ignore[arg-type]  # a Box observation space is what it takes
     model = build_model(ModelSpec("my-wide", {"width": 8}), CHEETAH_OBS, spaces.Discrete(3))
     obs = _obs(CHEETAH_OBS, 4)

@@ -12,15 +12,15 @@ from simkit.models._actor_critic import ActorCritic, ActOutput, numpy_actions
 from simkit.models._builtin import ACTIVATIONS, build_cnn, build_mlp
 from simkit.models._heads import ActionHead, CategoricalHead, GaussianHead, layer_init, make_head
 from simkit.models._normalize import RunningMeanStd
-from simkit.models._sac import SquashedGaussianHead, build_sac_mlp
-from simkit.models._spec import (
+from simkit.models._registry import (
     ENTRY_POINT_GROUP,
     ModelBuilder,
-    ModelSpec,
     build_model,
     model_names,
     register_model,
 )
+from simkit.models._sac import SquashedGaussianHead, build_sac_mlp
+from simkit.models._spec import ModelSpec
 from simkit.models._weights import (
     PolicyWeights,
     check_version,

@@ -13,7 +13,7 @@ from torch import nn
 
 from simkit.models._actor_critic import ActorCritic
 from simkit.models._heads import layer_init
-from simkit.models._spec import register_model
+from simkit.models._registry import register_model
 
 __all__ = ["build_mlp", "build_cnn", "ACTIVATIONS"]
 

@@ -22,7 +22,7 @@ from torch import nn
 from simkit.models._actor_critic import ActorCritic
 from simkit.models._builtin import _box_obs, _check_sizes, _Flatten
 from simkit.models._heads import ActionHead
-from simkit.models._spec import register_model
+from simkit.models._registry import register_model
 
 __all__ = ["SquashedGaussianHead", "build_sac_mlp", "LOG_STD_MIN", "LOG_STD_MAX"]
 
