@@ -18,7 +18,7 @@ import zmq
 import zmq.auth.thread
 from prometheus_client import CollectorRegistry
 
-import simkit
+from simkit._version import __version__
 from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
     ENV_KIND_SINGLE,
@@ -299,7 +299,7 @@ class RolloutServer:
             if isinstance(probe, ParallelEnvHost)
             else ENV_KIND_SINGLE,
             agents=list(probe.possible_agents) if isinstance(probe, ParallelEnvHost) else None,
-            server=f"simkit {simkit.__version__}",
+            server=f"simkit {__version__}",
             max_message_bytes=self.limits.max_message_bytes,
             shared=shared,
             heartbeat_timeout=float(heartbeat_timeout),
@@ -364,7 +364,7 @@ class RolloutServer:
                 heartbeat_timeout=float(heartbeat_timeout),
                 limits=self.limits,
                 inline_threshold=inline_threshold,
-                server=f"simkit {simkit.__version__}",
+                server=f"simkit {__version__}",
                 double_buffer=double_buffer,
             )
             if policy

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-import simkit
+from simkit.registry import EnvKind, spec
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = ["EnvRows", "RowStep", "make_env_rows", "ENV_KINDS"]
@@ -227,8 +227,8 @@ def make_env_rows(
         ValueError: a multi-agent id that is not a simkit MultiAgentEnv.
     """
     kwargs = dict(env_kwargs or {})
-    env_spec = simkit.spec(env_id)
-    if env_spec.kind is simkit.EnvKind.BATCH:
+    env_spec = spec(env_id)
+    if env_spec.kind is EnvKind.BATCH:
         if (
             halves
             and num_envs % 2 == 0
@@ -237,7 +237,7 @@ def make_env_rows(
         ):
             kwargs["batch_size"] = num_envs // 2
         return EnvRows(env_spec.make(num_envs=num_envs, **kwargs), "batch")
-    if env_spec.kind is simkit.EnvKind.MULTI_AGENT:
+    if env_spec.kind is EnvKind.MULTI_AGENT:
         return EnvRows(MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs), "multi_agent")
     return EnvRows(
         VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs), "single"

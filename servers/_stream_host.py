@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -19,7 +18,6 @@ from prometheus_client import CollectorRegistry
 
 from simkit.protocol import (
     Busy,
-    Limits,
     Message,
     Unsupported,
     error_reply,
@@ -28,6 +26,12 @@ from simkit.protocol import (
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget
 from simkit.servers._peers import Peer, quota_used
 from simkit.servers._stream_metrics import StreamMetrics
+from simkit.servers._stream_settings import (
+    TAG_DONE,
+    TAG_FRAGMENT,
+    TAG_REPLY,
+    StreamSettings,
+)
 
 if TYPE_CHECKING:
     from simkit.servers._stream_worker import StreamWorker
@@ -43,66 +47,12 @@ __all__ = [
 
 log = logging.getLogger("simkit.servers")
 
-TAG_FRAGMENT = b"f"
-"""Inproc tag: a fragment for the learner."""
-TAG_REPLY = b"r"
-"""Inproc tag: a reply (or error) for the learner."""
-TAG_DONE = b"d"
-"""Inproc tag: the worker finished; nothing to forward."""
-
 
 def default_device() -> str:
     """``"cuda"`` when torch sees a GPU, else ``"cpu"`` (imports torch)."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """A server's defaults for its stream sessions.
-
-    Attributes:
-        env_id: the served env.
-        env_kwargs: its constructor arguments.
-        num_envs: env slots when the learner asks for 0.
-        num_threads: threads stepping a session's envs (single-agent env lists).
-        device: the policy's torch device when the learner names none.
-        fragment_length: ``T`` when the learner asks for 0.
-        heartbeat_timeout: announced to the learner.
-        limits: message size limits.
-        inline_threshold: arrays up to this many bytes go inside the header.
-        server: server software and version.
-        max_envs: the most env slots one session may ask for.
-        max_fragment_bytes: the largest fragment one session may ask for (env slots x
-            agents x ``T`` x the bytes of one step's row), refused at open.
-        max_model_params: the most parameters a session's model may have, refused at
-            open (for the built-in ``mlp`` and ``sac_mlp`` before they are built).
-        max_model_layers: the most ``hidden_sizes`` layers a session's model may ask
-            for, refused at open before anything is built.
-        max_credit: the most credit a learner may have outstanding in one session
-            (announced in the ``stream_open`` reply; a grant beyond it is refused).
-        double_buffer: step a session's envs in two halves, one half's physics
-            overlapping the policy's forward pass for the other, where the envs allow
-            it (a BatchEnv with subset steps, an even number of env slots).
-    """
-
-    env_id: str
-    env_kwargs: dict[str, Any]
-    num_envs: int
-    num_threads: int = 1
-    device: str = "cpu"
-    fragment_length: int = 128
-    heartbeat_timeout: float | None = 60.0
-    limits: Limits = field(default_factory=Limits)
-    inline_threshold: int = 16384
-    server: str = ""
-    max_envs: int = 4096
-    max_fragment_bytes: int = 256 << 20
-    max_model_params: int = 16_000_000
-    max_model_layers: int = 64
-    max_credit: int = 64
-    double_buffer: bool = False
 
 
 class StreamHost:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import zmq
 
-import simkit
+from simkit._version import __version__
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ModelSpec, PolicyWeights, build_model
 from simkit.protocol import Busy, InvalidField, ProtocolError, message_bytes, space_to_plain
@@ -47,10 +47,10 @@ from simkit.protocol._stream_session import (
 )
 from simkit.servers._memory import MemoryBudget
 from simkit.servers._stream_envs import make_env_rows
-from simkit.servers._stream_host import TAG_DONE, TAG_FRAGMENT, TAG_REPLY, StreamSettings
 from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_metrics import StreamMetrics
 from simkit.servers._stream_policy import RowPolicy
+from simkit.servers._stream_settings import TAG_DONE, TAG_FRAGMENT, TAG_REPLY, StreamSettings
 
 __all__ = ["StreamWorker"]
 
@@ -523,7 +523,7 @@ class StreamWorker(threading.Thread):
             mode=config.mode,
             device=str(device),
             heartbeat_timeout=s.heartbeat_timeout,
-            server=s.server or f"simkit {simkit.__version__}",
+            server=s.server or f"simkit {__version__}",
             double_buffered=self._loop.double_buffered,
             max_credit=s.max_credit,
         )

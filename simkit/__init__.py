@@ -10,6 +10,7 @@ from simkit._batch import BatchEnv
 from simkit._env import Env
 from simkit._multiagent import MultiAgentEnv
 from simkit._validation import ActionBounds, validate_action
+from simkit._version import __version__
 from simkit.randomization import Choice, Distribution, LogUniform, Normal, Uniform
 from simkit.registry import EnvKind, EnvSpec, env_ids, make, register, spec
 from simkit.vector import make_vec
@@ -18,8 +19,6 @@ if TYPE_CHECKING:
     from simkit._batch_mujoco import BatchMujocoEnv
     from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
     from simkit.learn import Policy, evaluate, load_policy, train
-
-__version__ = "0.1.0"
 
 __all__ = [
     # contracts
