@@ -25,7 +25,6 @@ from simkit._seeding import EpisodeSeeds
 from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit.protocol import EnvFault
 from simkit.recording import RecordingWriter, environment_versions
-from simkit.recording._multiagent_tracker import MultiAgentTracker
 from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost
@@ -91,7 +90,7 @@ class _RecordedHost(abc.ABC):
     Subclasses set :attr:`tracker` and implement ``_start`` and ``step``.
     """
 
-    tracker: EpisodeTracker | MultiAgentTracker
+    tracker: EpisodeTracker
 
     def __init__(
         self,
@@ -230,20 +229,20 @@ class RecordingHost(_RecordedHost):
 class MultiAgentRecordingHost(_RecordedHost):
     """A multi-agent host (:class:`ParallelEnvHost`) whose resets and steps are recorded
     (the multi-agent host interface): each env's episode is one multi-agent record,
-    built by a :class:`MultiAgentTracker`."""
+    built by an :class:`EpisodeTracker` of its agents."""
 
     def __init__(self, host: ParallelEnvHost, recorder: ServerRecorder, session: str) -> None:
         super().__init__(host, recorder, session, host.vector.seeds, "multi_agent")
         self.host = host
         self.possible_agents: list[str] = host.possible_agents
         self.num_agents: int = host.num_agents
-        self.tracker = self._tracker = MultiAgentTracker(
+        self.tracker = self._tracker = EpisodeTracker(
             recorder.writer,
             self.num_envs,
-            host.possible_agents,
             recorder.env_id,
             recorder.env_kwargs,
             recorder.versions,
+            possible_agents=host.possible_agents,
         )
 
     def _host(self) -> ParallelEnvHost:
@@ -257,7 +256,9 @@ class MultiAgentRecordingHost(_RecordedHost):
         A = self.num_agents
         rows = np.arange(k * A, (k + 1) * A)
         mask = self.host.agent_mask(np.array([i], np.int64))
-        self._tracker.start(i, row_of(obs, rows), mask, [infos[r] for r in rows.tolist()], **kw)
+        self._tracker.start_agents(
+            i, row_of(obs, rows), mask, [infos[r] for r in rows.tolist()], **kw
+        )
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
         """The host's step, recorded (an ended env writes its episode)."""

@@ -10,8 +10,7 @@ import numpy as np
 
 from simkit._types import MultiAgentBatchStep
 from simkit.recording._io import RecordingWriter
-from simkit.recording._multiagent_tracker import MultiAgentTracker
-from simkit.recording._tracker import row_of
+from simkit.recording._tracker import EpisodeTracker, row_of
 from simkit.recording._wrapper import SeedBook, environment_versions
 
 __all__ = ["RecordMultiAgentEpisodes"]
@@ -73,13 +72,13 @@ class RecordMultiAgentEpisodes:
         self.num_agents: int = env.num_agents
         self.writer = RecordingWriter(directory, **writer_kwargs)
         self.seeds = SeedBook(self.num_envs, "multi_agent")
-        self.tracker = MultiAgentTracker(
+        self.tracker = EpisodeTracker(
             self.writer,
             self.num_envs,
-            env.possible_agents,
             resolved,
             self.env_kwargs,
             environment_versions(resolved),
+            possible_agents=env.possible_agents,
             snapshot=self._get_state if snapshot_every else None,
             snapshot_every=snapshot_every,
         )
@@ -107,7 +106,7 @@ class RecordMultiAgentEpisodes:
         A = self.num_agents
         for i, (s, origin) in zip(ids, self.seeds.origins(ids), strict=True):
             rows = np.arange(i * A, (i + 1) * A)
-            self.tracker.start(
+            self.tracker.start_agents(
                 i,
                 row_of(obs, rows),
                 np.asarray(mask)[rows],

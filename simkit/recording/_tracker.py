@@ -1,15 +1,21 @@
-"""``EpisodeTracker``: the episodes in flight of N envs, written as each one ends.
+"""``EpisodeTracker``: the episodes in flight of N envs, written as each env's episode ends.
 
-The one piece of episode bookkeeping every recorder shares: :class:`RecordEpisodes`
-(a learner's vector) and the rollout server's :class:`RecordingHost` feed it resets
-and batch steps; it keeps the steps column by column (:class:`StepBuffer`) and hands
-each finished episode to a :class:`RecordingWriter`. Where a seed comes from is the
-caller's business (a wrapper derives it, a server reads its host's ``EpisodeSeeds``).
+The one piece of episode bookkeeping every recorder shares: :class:`RecordEpisodes`,
+:class:`RecordMultiAgentEpisodes` (a learner's vectors) and the rollout server's
+recording hosts feed it resets and batch steps. A single-agent env is a multi-agent
+env with one agent row: tracker row ``i * A + s`` is agent ``s`` of env ``i`` (the row
+layout of :class:`simkit.vector.MultiAgentVectorEnv`; ``A = 1`` and row ``i`` is env
+``i`` for a single-agent vector). Each row's steps go to one :class:`StepBuffer` row;
+when an env's episode ends its agents' rows become one record, handed to a
+:class:`RecordingWriter`: an :class:`Episode` (kind 1) for a single-agent tracker, a
+:class:`MultiAgentEpisode` (kind 2) for one given ``possible_agents``. Where a seed comes
+from is the caller's business (a wrapper derives it, a server reads its host's
+``EpisodeSeeds``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -17,12 +23,16 @@ from typing import Any
 import numpy as np
 
 from simkit._seeding import episode_seeds
-from simkit._types import BatchStep
+from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit.recording._buffer import StepBuffer
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
+from simkit.recording._multiagent import AgentEpisode, MultiAgentEpisode
 
-__all__ = ["EpisodeTracker", "ended_rows", "row_of", "seeds_of", "strip_reset_mask"]
+__all__ = ["EpisodeTracker", "NextEpisodes", "ended_rows", "row_of", "seeds_of", "strip_reset_mask"]
+
+#: ``next_episodes([i, ...])`` -> ``[(seed, origin), ...]`` of the envs starting an episode.
+NextEpisodes = Callable[[list[int]], list[tuple[int | None, dict[str, Any]]]]
 
 
 def row_of(tree: Any, k: int | np.ndarray) -> Any:
@@ -74,20 +84,42 @@ def strip_reset_mask(options: Mapping[str, Any] | None) -> dict[str, Any] | None
     return out or None
 
 
-@dataclass
-class _Open:
-    """How env ``i``'s current episode started (its trajectory is in the
-    :class:`StepBuffer`)."""
+def step_infos(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step infos as a record keeps them: without the next episode's ``reset_info``."""
+    return [
+        {k: v for k, v in x.items() if k != "reset_info"} if "reset_info" in x else x for x in raw
+    ]
 
-    reset_info: dict[str, Any]
+
+@dataclass
+class _Agent:
+    """How one agent's trajectory started (its steps are in its :class:`StepBuffer` row)."""
+
+    info: dict[str, Any]
+    start: int
+
+
+@dataclass
+class _OpenEnv:
+    """Env ``i``'s episode in flight."""
+
     seed: int | None
     options: dict[str, Any] | None
     origin: dict[str, Any]
+    agents: dict[int, _Agent] = field(default_factory=dict)
+    steps: int = 0
+    """Env steps so far (multi-agent trackers; a single-agent env's is its row's length)."""
     snapshots: dict[int, Any] = field(default_factory=dict)
+    unrecordable: bool = False
 
 
 class EpisodeTracker:
     """The open episodes of ``num_envs`` envs; writes each to ``writer`` when it ends.
+
+    An agent that leaves (terminated or truncated) stops its trajectory; an agent that
+    joins mid-episode starts one at the next env step. An agent that comes back after
+    leaving cannot be held by the record (one contiguous trajectory per agent): that
+    episode is dropped and counted in :attr:`dropped`.
 
     Args:
         writer: where finished episodes go (shared by several trackers on a server;
@@ -95,8 +127,10 @@ class EpisodeTracker:
         num_envs: the envs tracked.
         env_id: the registered env id; ``env_kwargs`` its constructor arguments.
         versions: :func:`environment_versions` of the env (recorded with every episode).
+        possible_agents: the A agent ids of a multi-agent env (row ``i * A + s``);
+            ``None``: single-agent (one row per env, :class:`Episode` records).
         snapshot: ``snapshot(i)`` returns env ``i``'s ``get_state()``; with
-            ``snapshot_every=K`` it is taken every K steps of an episode (0: never).
+            ``snapshot_every=K`` it is taken every K env steps of an episode (0: never).
     """
 
     def __init__(
@@ -107,6 +141,7 @@ class EpisodeTracker:
         env_kwargs: Mapping[str, Any],
         versions: Mapping[str, str],
         *,
+        possible_agents: Iterable[Any] | None = None,
         snapshot: Callable[[int], Any] | None = None,
         snapshot_every: int = 0,
     ) -> None:
@@ -117,18 +152,53 @@ class EpisodeTracker:
         self.env_kwargs = dict(env_kwargs)
         self.versions = dict(versions)
         self.num_envs = num_envs
+        self.possible_agents = None if possible_agents is None else list(possible_agents)
+        self.num_agents = 1 if self.possible_agents is None else len(self.possible_agents)
         self.snapshot_every = snapshot_every if snapshot is not None else 0
         self._snapshot_of = snapshot
-        self._open: list[_Open | None] = [None] * num_envs
-        self.live = np.zeros(num_envs, bool)
+        self._open: list[_OpenEnv | None] = [None] * num_envs
+        rows = num_envs * self.num_agents
+        self.live = np.zeros(rows, bool)
+        """``(rows,)``: the row's agent has a trajectory in flight."""
         self._live_count = 0
-        self.buffer = StepBuffer(num_envs)
+        self.buffer = StepBuffer(rows)
         self.max_episodes: int | None = None
         self.dropped = 0
         """Episodes left out because they cannot be re-simulated (an env fault, a
-        ``set_state``) or were unfinished at a reset or close."""
+        ``set_state``, an agent that came back) or were unfinished at a reset or close."""
+
+    def _env_steps(self, i: int, ep: _OpenEnv) -> int:
+        """Env ``i``'s steps so far: a single-agent env's is its one row's length (every
+        env step appends to it), a multi-agent env's is counted (agents join and leave)."""
+        return ep.steps if self.possible_agents is not None else int(self.buffer.length[i])
+
+    def _set_live(self, row: int, live: bool) -> None:
+        self._live_count += int(live) - int(self.live[row])
+        self.live[row] = live
 
     # ------------------------------------------------------------------ episodes
+
+    def _open_env(
+        self,
+        i: int,
+        seed: int | None,
+        options: Mapping[str, Any] | None,
+        origin: Mapping[str, Any],
+    ) -> _OpenEnv:
+        self.drop(i)
+        ep = _OpenEnv(seed=seed, options=strip_reset_mask(options), origin=dict(origin))
+        self._open[i] = ep
+        return ep
+
+    def _start_agent(
+        self, i: int, ep: _OpenEnv, s: int, obs_row: Any, info: Mapping[str, Any], start: int
+    ) -> None:
+        """Agent ``s`` of env ``i`` starts its trajectory at ``obs_row``; its first action
+        is env step ``start``."""
+        ep.agents[s] = _Agent(dict(info), start)
+        row = i * self.num_agents + s
+        self.buffer.start(row, obs_row)
+        self._set_live(row, True)
 
     def start(
         self,
@@ -140,41 +210,68 @@ class EpisodeTracker:
         options: Mapping[str, Any] | None,
         origin: Mapping[str, Any],
     ) -> None:
-        """Env ``i`` starts an episode at ``obs_row`` (an unfinished one is dropped)."""
-        self.drop(i)
-        ep = _Open(
-            reset_info=dict(reset_info),
-            seed=seed,
-            options=strip_reset_mask(options),
-            origin=dict(origin),
-        )
-        self.buffer.start(i, obs_row)
-        self._open[i] = ep
-        self._set_live(i, True)
+        """Single-agent env ``i`` starts an episode at ``obs_row`` (an unfinished one is
+        dropped)."""
+        ep = self._open_env(i, seed, options, origin)
+        self._start_agent(i, ep, 0, obs_row, reset_info, 0)
+        self._take_snapshot(i, ep)
+
+    def start_agents(
+        self,
+        i: int,
+        obs_rows: Any,
+        agent_mask: np.ndarray,
+        infos: list[dict[str, Any]],
+        *,
+        seed: int | None,
+        options: Mapping[str, Any] | None,
+        origin: Mapping[str, Any],
+    ) -> None:
+        """Multi-agent env ``i`` starts an episode: ``obs_rows``, ``agent_mask`` and
+        ``infos`` are its A rows (an unfinished episode is dropped)."""
+        ep = self._open_env(i, seed, options, origin)
+        for s in np.flatnonzero(np.asarray(agent_mask)).tolist():
+            self._start_agent(i, ep, s, row_of(obs_rows, s), infos[s], 0)
         self._take_snapshot(i, ep)
 
     def drop(self, i: int) -> None:
         """Forgets env ``i``'s unfinished episode (counted in :attr:`dropped`)."""
-        if self._open[i] is not None and self.buffer.length[i]:
+        ep = self._open[i]
+        if ep is not None and self._env_steps(i, ep):
             self.dropped += 1
         self._open[i] = None
-        self._set_live(i, False)
-        self.buffer.clear(i)
+        for row in range(i * self.num_agents, (i + 1) * self.num_agents):
+            self._set_live(row, False)
+            self.buffer.clear(row)
 
     def finish(self, i: int) -> None:
         """Env ``i``'s episode ended: writes it (unless :attr:`max_episodes` are written)."""
         ep = self._open[i]
+        if ep is None or not self._env_steps(i, ep) or ep.unrecordable:
+            self.drop(i)
+            return
         self._open[i] = None
-        self._set_live(i, False)
-        if ep is None or not self.buffer.length[i]:
-            self.buffer.clear(i)
-            return
-        steps, slot = self.buffer.take(i)
+        base = i * self.num_agents
+        parts: list[tuple[int, dict[str, Any]]] = []
+        slots: list[int] = []
+        for s in sorted(ep.agents):
+            steps, slot = self.buffer.take(base + s)
+            self._set_live(base + s, False)
+            parts.append((s, steps))
+            slots.append(slot)
         if self.max_episodes is not None and self.writer.episodes_written >= self.max_episodes:
-            self.buffer.release(slot)
+            self.buffer.release(*slots)
             return
-        self.writer.write(
-            Episode(
+        self.writer.write(self._record(ep, parts), release=partial(self.buffer.release, *slots))
+
+    def _record(
+        self, ep: _OpenEnv, parts: list[tuple[int, dict[str, Any]]]
+    ) -> Episode | MultiAgentEpisode:
+        """The record of a finished episode from its agents' ``(s, steps)``."""
+        if self.possible_agents is None:
+            ((_, steps),) = parts
+            info = ep.agents[0].info
+            return Episode(
                 env_id=self.env_id,
                 obs=steps["obs"],
                 actions=steps["actions"],
@@ -182,30 +279,51 @@ class EpisodeTracker:
                 terminated=steps["terminated"],
                 truncated=steps["truncated"],
                 infos=steps["infos"],
-                reset_info=ep.reset_info,
+                reset_info=info,
                 seed=ep.seed,
                 options=ep.options,
-                params=dict(ep.reset_info.get("params", {})),
+                params=dict(info.get("params", {})),
                 env_kwargs=self.env_kwargs,
                 policy_version=steps["version"],
                 snapshots=ep.snapshots,
                 versions=self.versions,
                 origin=ep.origin,
-            ),
-            release=partial(self.buffer.release, slot),
+            )
+        agents = {
+            self.possible_agents[s]: AgentEpisode(
+                start=ep.agents[s].start,
+                obs=steps["obs"],
+                actions=steps["actions"],
+                rewards=steps["reward"],
+                terminated=steps["terminated"],
+                truncated=steps["truncated"],
+                infos=steps["infos"],
+                reset_info=ep.agents[s].info,
+                policy_version=steps["version"],
+            )
+            for s, steps in parts
+        }
+        first = next(iter(ep.agents.values()), None)
+        return MultiAgentEpisode(
+            env_id=self.env_id,
+            agents=agents,
+            length=ep.steps,
+            seed=ep.seed,
+            options=ep.options,
+            params=dict(first.info.get("params", {})) if first is not None else {},
+            env_kwargs=self.env_kwargs,
+            snapshots=ep.snapshots,
+            versions=self.versions,
+            origin=ep.origin,
         )
 
-    def _set_live(self, i: int, live: bool) -> None:
-        self._live_count += int(live) - int(self.live[i])
-        self.live[i] = live
-
-    def _take_snapshot(self, i: int, ep: _Open) -> None:
-        if self.snapshot_every and self.buffer.length[i] % self.snapshot_every == 0:
+    def _take_snapshot(self, i: int, ep: _OpenEnv) -> None:
+        if self.snapshot_every and (t := self._env_steps(i, ep)) % self.snapshot_every == 0:
             assert self._snapshot_of is not None
-            ep.snapshots[int(self.buffer.length[i])] = self._snapshot_of(i)
+            ep.snapshots[t] = self._snapshot_of(i)
 
     def snapshots(self, ids: Iterable[int]) -> None:
-        """Takes the due snapshots of the live envs among ``ids`` (after a step)."""
+        """Takes the due snapshots of the open episodes among envs ``ids`` (after a step)."""
         if not self.snapshot_every:
             return
         for i in ids:
@@ -217,7 +335,7 @@ class EpisodeTracker:
 
     def log(
         self,
-        env_ids: np.ndarray,
+        row_ids: np.ndarray,
         rows: np.ndarray | None,
         next_obs: Any,
         actions: Any,
@@ -227,13 +345,14 @@ class EpisodeTracker:
         infos: list[dict[str, Any]],
         version: int,
     ) -> None:
-        """Appends batch row ``rows[k]`` (``None``: row ``k``) to env ``env_ids[k]``'s
-        episode, for the envs with an episode in flight."""
-        if self._live_count < self.num_envs and not (live := self.live[env_ids]).all():
-            rows = (np.arange(env_ids.size) if rows is None else rows)[live]
-            env_ids = env_ids[live]
+        """Appends batch row ``rows[k]`` (``None``: row ``k``) to tracker row
+        ``row_ids[k]`` (a single-agent env's row is its index), for the rows with a
+        trajectory in flight."""
+        if self._live_count < self.live.size and not (live := self.live[row_ids]).all():
+            rows = (np.arange(row_ids.size) if rows is None else rows)[live]
+            row_ids = row_ids[live]
         self.buffer.append(
-            env_ids,
+            row_ids,
             rows,
             next_obs,
             np.asarray(actions) if isinstance(actions, list) else actions,
@@ -245,7 +364,8 @@ class EpisodeTracker:
         )
 
     def set_last_obs(self, i: int, obs_row: Any) -> None:
-        """Replaces env ``i``'s last next-observation (an autoreset's final observation)."""
+        """Replaces single-agent env ``i``'s last next-observation (an autoreset's final
+        observation)."""
         if self._open[i] is not None:
             self.buffer.set_last_obs(i, obs_row)
 
@@ -254,11 +374,12 @@ class EpisodeTracker:
         res: BatchStep,
         actions: Any,
         version: int,
-        next_episodes: Callable[[list[int]], list[tuple[int | None, dict[str, Any]]]],
+        next_episodes: NextEpisodes,
         *,
         faulted: Iterable[int] = (),
     ) -> None:
-        """Records one same-step-autoreset :class:`BatchStep` (``final_obs`` ends episodes).
+        """Records one single-agent same-step-autoreset :class:`BatchStep` (``final_obs``
+        ends episodes).
 
         An ended row writes its episode, and the env's next episode starts at the row of
         ``obs`` with the row's ``reset_info``; ``next_episodes([i, ...])`` gives the
@@ -278,14 +399,7 @@ class EpisodeTracker:
                 res.final_obs, actions, res.reward, res.terminated, res.truncated, version
             )
         ):
-            infos = (
-                [
-                    {k: v for k, v in x.items() if k != "reset_info"} if "reset_info" in x else x
-                    for x in raw
-                ]
-                if with_infos
-                else [{}] * ids.size
-            )
+            infos = step_infos(raw) if with_infos else [{}] * ids.size
             self.log(
                 ids,
                 None,
@@ -302,27 +416,111 @@ class EpisodeTracker:
             if self.snapshot_every:
                 self.snapshots(ids.tolist())
             return
-        bad = set(faulted)
-        starting: list[tuple[int, int, dict[str, Any]]] = []
-        for r in done:
-            i = int(ids[r])
-            reset_info = raw[r].get("reset_info") if raw else None
-            if i in bad:
+        self._end_envs(ids, done, raw or None, res.obs, None, next_episodes, set(faulted))
+
+    def log_step(
+        self,
+        res: MultiAgentBatchStep,
+        env_ids: np.ndarray,
+        actions: Any,
+        version: int,
+        next_episodes: NextEpisodes,
+        *,
+        faulted: Iterable[int] = (),
+    ) -> None:
+        """Records one :class:`MultiAgentBatchStep` of envs ``env_ids`` (``k * A`` rows).
+
+        Rows that acted append a step to their agent; rows that were not live and are
+        now (joined) start their agent at the next env step. An env that ended
+        (``env_reset``) writes its episode and starts the next one from its ``obs`` rows
+        and their ``reset_info``; ``next_episodes`` and ``faulted`` are as for
+        :meth:`log_batch_step`.
+        """
+        A = self.num_agents
+        ids = np.asarray(env_ids, np.int64)
+        grows = (ids[:, None] * A + np.arange(A)).reshape(-1)
+        raw = res.infos or [{} for _ in range(grows.size)]
+        infos = step_infos(raw)
+        acted = np.asarray(res.acted, bool)
+        local = np.flatnonzero(acted & self.live[grows])
+        self.log(
+            grows[local],
+            local,
+            res.final_obs,
+            actions,
+            res.reward,
+            res.terminated,
+            res.truncated,
+            infos,
+            version,
+        )
+        for row in grows[local[np.logical_or(res.terminated, res.truncated)[local]]].tolist():
+            self._set_live(row, False)  # the agent left
+        env_reset = np.asarray(res.env_reset, bool)
+        joined = ~acted & np.asarray(res.agent_mask, bool) & ~np.repeat(env_reset, A)
+        for r in np.flatnonzero(joined).tolist():
+            self._join(int(ids[r // A]), r % A, row_of(res.final_obs, r), infos[r])
+        for i in ids.tolist():
+            ep = self._open[i]
+            if ep is not None:
+                ep.steps += 1
+        ends = np.flatnonzero(env_reset).tolist()
+        mask = np.asarray(res.agent_mask)
+        self._end_envs(ids, ends, raw, res.obs, mask, next_episodes, set(faulted))
+
+    def _join(self, i: int, s: int, obs_row: Any, info: dict[str, Any]) -> None:
+        ep = self._open[i]
+        if ep is None:
+            return
+        if s in ep.agents:  # came back after leaving: one trajectory per agent
+            ep.unrecordable = True
+            return
+        self._start_agent(i, ep, s, obs_row, info, ep.steps + 1)
+
+    def _end_envs(
+        self,
+        ids: np.ndarray,
+        ends: list[int],
+        raw: Sequence[dict[str, Any]] | None,
+        obs: Any,
+        agent_mask: np.ndarray | None,
+        next_episodes: NextEpisodes,
+        faulted: set[int],
+    ) -> None:
+        """Envs ``ids[k]`` for ``k`` in ``ends`` ended: each writes its episode (or drops
+        it, if it faulted) and starts the next from its A rows of ``obs`` and their
+        ``reset_info`` (``agent_mask``: which rows; ``None`` for a single-agent tracker)."""
+        A = self.num_agents
+        starting: list[tuple[int, int, list[dict[str, Any]]]] = []
+        for k in ends:
+            i = int(ids[k])
+            resets = [raw[k * A + s].get("reset_info") for s in range(A)] if raw else [None] * A
+            if i in faulted:
                 self.drop(i)
-                if reset_info is None:  # the env failed to reset: no next episode yet
+                if all(x is None for x in resets):  # the reset failed: no next episode yet
                     continue
             else:
                 self.finish(i)
-            starting.append((r, i, reset_info or {}))
+            starting.append((k, i, [x or {} for x in resets]))
         if starting:
             origins = next_episodes([i for _, i, _ in starting])
-            for (r, i, reset_info), (seed, origin) in zip(starting, origins, strict=True):
-                self.start(
-                    i, row_of(res.obs, r), reset_info, seed=seed, options=None, origin=origin
+            for (k, i, infos), (seed, origin) in zip(starting, origins, strict=True):
+                if agent_mask is None:
+                    self.start(i, row_of(obs, k), infos[0], seed=seed, options=None, origin=origin)
+                    continue
+                rows = np.arange(k * A, (k + 1) * A)
+                self.start_agents(
+                    i,
+                    row_of(obs, rows),
+                    agent_mask[rows],
+                    infos,
+                    seed=seed,
+                    options=None,
+                    origin=origin,
                 )
         if self.snapshot_every:
-            ended = set(done)
-            self.snapshots(int(ids[r]) for r in range(ids.size) if r not in ended)
+            ended = {i for _, i, _ in starting}
+            self.snapshots(i for i in ids.tolist() if i not in ended)
 
     def close(self) -> None:
         """Drops every unfinished episode (the writer stays open: it is the caller's)."""
