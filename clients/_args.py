@@ -19,7 +19,12 @@ __all__ = [
     "MAX_TOTAL_STEPS_VAR",
     "capped_total_steps",
     "capped",
+    "DEFAULT_SERVERS",
 ]
+
+DEFAULT_SERVERS = 1
+"""Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /
+``--servers`` (the embedded default; ``--servers 0`` rolls out in process)."""
 
 MAX_TOTAL_STEPS_VAR = "SIMKIT_MAX_TOTAL_STEPS"
 """The environment variable that caps every run's ``total_steps`` (``simkit train``,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients._args import PPOArgs, SACArgs, capped, refuse_unless
+from simkit.clients._args import DEFAULT_SERVERS, PPOArgs, SACArgs, capped, refuse_unless
 from simkit.errors import (
     InvalidCheckpoint,
     MissingDependency,
@@ -32,10 +32,6 @@ from simkit.errors import (
 if TYPE_CHECKING:
     from simkit.clients._train import TrainResult
     from simkit.recording._format import DirectoryLock
-
-DEFAULT_SERVERS = 1
-"""Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /
-``--servers`` (the embedded default; ``--servers 0`` rolls out in process)."""
 
 __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
 
