@@ -1,10 +1,10 @@
 """The off-policy learner's Prometheus metrics (``simkit train --algo sac --metrics-port``).
 
 The metric names are the contract of the shipped alert rules (``docs/alerts.yml``, checked
-by ``tests/test_alerts.py`` with ``promtool``) and of the docs. The metrics live in the
-learner's own ``CollectorRegistry``, never the process-global one, so two learners in one
+by ``tests/test_alerts.py`` with ``promtool``) and of the docs. :class:`LearnerMetrics` is
+a :class:`~simkit._metrics.MetricSet` in the learner's own registry, so two learners in one
 process (tests) keep their figures apart; :meth:`LearnerMetrics.start` serves it with
-``prometheus_client.start_http_server``.
+:class:`~simkit._metrics.MetricsHTTPServer`.
 
 Exported (``prometheus_client`` appends ``_total`` to counters):
 
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import math
 import threading
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry
+
+from simkit._metrics import MetricSet, MetricsHTTPServer
 
 __all__ = ["LearnerMetrics"]
 
 
-class LearnerMetrics:
+class LearnerMetrics(MetricSet):
     """Gauges and counters of the learner, its replay buffer and the servers it sees.
 
     The training loop reports plain numbers: :meth:`observe` with running totals and
@@ -42,66 +43,56 @@ class LearnerMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        reg = self.registry = registry if registry is not None else CollectorRegistry()
+        super().__init__(registry)
         self._lock = threading.Lock()
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-        self.env_steps = Counter(
-            "simkit_learner_env_steps", "Env steps (transitions) received.", registry=reg
+        self._http: MetricsHTTPServer | None = None
+        self.env_steps = self.counter(
+            "simkit_learner_env_steps", "Env steps (transitions) received."
         )
-        self.updates = Counter("simkit_learner_updates", "Gradient steps done.", registry=reg)
-        self.utd_target = Gauge(
+        self.updates = self.counter("simkit_learner_updates", "Gradient steps done.")
+        self.utd_target = self.gauge(
             "simkit_learner_utd_target",
             "Target update-to-data ratio (gradient steps per env step).",
-            registry=reg,
         )
-        self.utd_achieved = Gauge(
-            "simkit_learner_utd_achieved",
-            "Gradient steps per env step since learning started.",
-            registry=reg,
+        self.utd_achieved = self.gauge(
+            "simkit_learner_utd_achieved", "Gradient steps per env step since learning started."
         )
-        self.version = Gauge(
-            "simkit_learner_policy_version",
-            "Version of the learner's newest weights.",
-            registry=reg,
+        self.version = self.gauge(
+            "simkit_learner_policy_version", "Version of the learner's newest weights."
         )
-        self.updates_per_s = Gauge(
-            "simkit_learner_updates_per_second", "Recent gradient steps per second.", registry=reg
+        self.updates_per_s = self.gauge(
+            "simkit_learner_updates_per_second", "Recent gradient steps per second."
         )
-        self.env_steps_per_s = Gauge(
-            "simkit_learner_env_steps_per_second", "Recent env steps per second.", registry=reg
+        self.env_steps_per_s = self.gauge(
+            "simkit_learner_env_steps_per_second", "Recent env steps per second."
         )
-        self.replay_size = Gauge(
-            "simkit_replay_size", "Transitions stored in the replay buffer.", registry=reg
+        self.replay_size = self.gauge(
+            "simkit_replay_size", "Transitions stored in the replay buffer."
         )
-        self.replay_capacity = Gauge(
-            "simkit_replay_capacity", "Replay buffer capacity (transitions).", registry=reg
+        self.replay_capacity = self.gauge(
+            "simkit_replay_capacity", "Replay buffer capacity (transitions)."
         )
-        self.replay_inserts = Counter(
+        self.replay_inserts = self.counter(
             "simkit_replay_inserts",
             "Transitions ever inserted in the replay buffer (fill rate: rate()).",
-            registry=reg,
         )
-        self.newest_age = Gauge(
+        self.newest_age = self.gauge(
             "simkit_replay_newest_age_versions",
             "Learner policy version minus the policy version of the newest stored transition.",
-            registry=reg,
         )
-        self.sample_age = Gauge(
+        self.sample_age = self.gauge(
             "simkit_replay_sample_age_versions",
             "Mean age, in policy versions, of the last sampled batch.",
-            registry=reg,
         )
-        self.last_fragment = Gauge(
+        self.last_fragment = self.gauge(
             "simkit_learner_last_fragment_timestamp_seconds",
             "Unix time of the last fragment received.",
-            registry=reg,
         )
-        self.servers_alive = Gauge(
-            "simkit_learner_servers_alive", "Rollout servers streaming.", registry=reg
+        self.servers_alive = self.gauge(
+            "simkit_learner_servers_alive", "Rollout servers streaming."
         )
-        self.servers_lost = Gauge(
-            "simkit_learner_servers_lost", "Rollout servers lost and not replaced.", registry=reg
+        self.servers_lost = self.gauge(
+            "simkit_learner_servers_lost", "Rollout servers lost and not replaced."
         )
         self._totals = {"env_steps": 0, "updates": 0, "replay_inserted": 0}
         self._version = 0
@@ -116,26 +107,22 @@ class LearnerMetrics:
             RuntimeError: already serving.
             OSError: the port cannot be bound.
         """
-        if self._server is not None:
+        if self._http is not None:
             raise RuntimeError("LearnerMetrics: already serving")
-        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
-        return int(self._server.server_port)
+        self._http = MetricsHTTPServer(self.registry, addr, port)
+        return self._http.port
 
     @property
     def port(self) -> int | None:
         """The port served on, None when not serving."""
-        return None if self._server is None else int(self._server.server_port)
+        return None if self._http is None else self._http.port
 
     def close(self) -> None:
         """Stops serving and closes the listening socket (the port is free afterwards).
         Idempotent."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
+        http, self._http = self._http, None
+        if http is not None:
+            http.close()
 
     def fragment_received(self, timestamp: float) -> None:
         """A fragment arrived at unix time ``timestamp`` (``time.time()``)."""

@@ -1,9 +1,8 @@
-"""Server metrics with ``prometheus_client``: one ``CollectorRegistry`` per server.
+"""The server's step-path metrics: requests, latencies, env steps, sessions.
 
-:class:`Metrics` records the step path (requests, latencies, env steps, sessions);
-the stream sessions' metrics (:class:`simkit.servers._stream_metrics.StreamMetrics`)
-live in the same registry, and :class:`MetricsHTTPServer` serves it with
-``prometheus_client.start_http_server``.
+:class:`Metrics` is a :class:`~simkit._metrics.MetricSet` in the server's registry; the
+stream sessions' metrics (:class:`simkit.servers._stream_metrics.StreamMetrics`) live in
+the same registry, which the server serves with :class:`~simkit._metrics.MetricsHTTPServer`.
 """
 
 from __future__ import annotations
@@ -13,18 +12,13 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    start_http_server,
-)
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["Metrics", "MetricsHTTPServer", "LATENCY_BUCKETS"]
+from simkit._metrics import MetricSet, counts_by_label, value_of
+
+__all__ = ["Metrics", "LATENCY_BUCKETS"]
 
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.0001,
@@ -43,7 +37,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 """Upper bounds (seconds) of the request latency histogram."""
 
 
-class Metrics:
+class Metrics(MetricSet):
     """Counters, gauges and a latency histogram of one server's step path.
 
     Args:
@@ -52,33 +46,25 @@ class Metrics:
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, window_s: float = 10.0) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        super().__init__(registry)
         self.window_s = window_s
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
         self._latencies: deque[float] = deque(maxlen=4096)
-        reg = self.registry
-        self._steps = Counter(
-            "simkit_env_steps", "Env steps served (one per env per step).", registry=reg
-        )
-        self._requests = Counter(
-            "simkit_requests", "Requests handled, by kind.", ["kind"], registry=reg
-        )
-        self._errors = Counter("simkit_errors", "Error replies, by code.", ["code"], registry=reg)
-        self._latency = Histogram(
+        self._steps = self.counter("simkit_env_steps", "Env steps served (one per env per step).")
+        self._requests = self.counter("simkit_requests", "Requests handled, by kind.", ["kind"])
+        self._errors = self.counter("simkit_errors", "Error replies, by code.", ["code"])
+        self._latency = self.histogram(
             "simkit_request_latency_seconds",
             "Time to handle a request, by kind.",
+            LATENCY_BUCKETS,
             ["kind"],
-            buckets=LATENCY_BUCKETS,
-            registry=reg,
         )
-        self._sessions = Gauge("simkit_sessions", "Connected client sessions.", registry=reg)
-        self._expired = Counter(
-            "simkit_sessions_expired",
-            "Sessions dropped after the heartbeat timeout.",
-            registry=reg,
+        self._sessions = self.gauge("simkit_sessions", "Connected client sessions.")
+        self._expired = self.counter(
+            "simkit_sessions_expired", "Sessions dropped after the heartbeat timeout."
         )
-        reg.register(_Derived(self))
+        self.registry.register(_Derived(self))
 
     def observe(
         self, kind: str, seconds: float, *, steps: int = 0, error: str | None = None
@@ -109,27 +95,27 @@ class Metrics:
     @property
     def sessions_expired(self) -> int:
         """Sessions dropped after the heartbeat timeout so far."""
-        return int(self._expired._value.get())
+        return int(value_of(self._expired))
 
     @property
     def requests(self) -> dict[str, int]:
         """Requests handled so far, by kind."""
-        return _by_label(self._requests, "kind")
+        return counts_by_label(self._requests, "kind")
 
     @property
     def errors(self) -> dict[str, int]:
         """Error replies so far, by code."""
-        return _by_label(self._errors, "code")
+        return counts_by_label(self._errors, "code")
 
     @property
     def sessions(self) -> int:
         """Connected sessions (the gauge's value)."""
-        return int(self._sessions._value.get())
+        return int(value_of(self._sessions))
 
     @property
     def steps_total(self) -> int:
         """Env steps served so far."""
-        return int(self._steps._value.get())
+        return int(value_of(self._steps))
 
     def steps_per_second(self) -> float:
         """Env steps per second over the last ``window_s`` seconds."""
@@ -150,20 +136,6 @@ class Metrics:
         return {
             q: data[min(len(data) - 1, int(float(q) * len(data)))] for q in ("0.5", "0.9", "0.99")
         }
-
-    def render(self) -> str:
-        """The Prometheus text exposition of the whole registry (stream metrics too)."""
-        return generate_latest(self.registry).decode()
-
-
-def _by_label(counter: Counter, label: str) -> dict[str, int]:
-    """A labelled counter's ``_total`` samples as ``{label value: count}``."""
-    return {
-        sample.labels[label]: int(sample.value)
-        for metric in counter.collect()
-        for sample in metric.samples
-        if sample.name.endswith("_total")
-    }
 
 
 class _Derived(Collector):
@@ -187,18 +159,3 @@ class _Derived(Collector):
         for q, v in m.latency_quantiles().items():
             quantiles.add_metric([q], v)
         yield quantiles
-
-
-class MetricsHTTPServer:
-    """Serves a registry on ``http://host:port/metrics`` (port 0: any free port), with
-    ``prometheus_client.start_http_server``."""
-
-    def __init__(self, registry: CollectorRegistry, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
-        self.port: int = self._httpd.server_port
-
-    def close(self) -> None:
-        """Stops serving and closes the listening socket."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)

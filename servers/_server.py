@@ -18,6 +18,7 @@ import zmq
 import zmq.auth.thread
 from prometheus_client import CollectorRegistry
 
+from simkit._metrics import MetricsHTTPServer
 from simkit._version import __version__
 from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
@@ -47,7 +48,7 @@ from simkit.servers._multiagent_host import (
     make_parallel_env_factory,
 )
 from simkit.servers._peers import Peer, PeerWatch, quota_used
-from simkit.servers._prometheus import Metrics, MetricsHTTPServer
+from simkit.servers._prometheus import Metrics
 from simkit.servers._recording import MultiAgentRecordingHost, RecordingHost, ServerRecorder
 from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
 

@@ -1,8 +1,8 @@
-"""Prometheus metrics of a server's stream sessions (``prometheus_client``).
+"""Prometheus metrics of a server's stream sessions.
 
-One :class:`StreamMetrics` per server, registered in the server's own
-``CollectorRegistry`` (never the process-global one, so two servers in one process
-keep their figures apart). Every method is thread-safe: workers call them.
+One :class:`StreamMetrics` per server, a :class:`~simkit._metrics.MetricSet` in the
+server's own registry (beside the step path's :class:`~simkit.servers._prometheus.Metrics`).
+Every method is thread-safe: workers call them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import threading
 import time
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from simkit._metrics import MetricSet
 
 __all__ = ["StreamMetrics", "LATENCY_BUCKETS", "BATCH_BUCKETS"]
 
@@ -36,7 +38,7 @@ BATCH_BUCKETS: tuple[float, ...] = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 """Upper bounds of the inference batch size histogram (rows per forward)."""
 
 
-class StreamMetrics:
+class StreamMetrics(MetricSet):
     """Inference, env, fragment, credit, stall and policy-version metrics.
 
     Args:
@@ -45,81 +47,62 @@ class StreamMetrics:
     """
 
     def __init__(self, registry: CollectorRegistry, window_s: float = 10.0) -> None:
+        super().__init__(registry)
         self.window_s = window_s
         self._lock = threading.Lock()
         self._recent: deque[float] = deque()
-        self.sessions = Gauge("simkit_stream_sessions", "Open stream sessions.", registry=registry)
-        self.sessions_expired = Counter(
-            "simkit_stream_sessions_expired",
-            "Stream sessions dropped after the heartbeat timeout.",
-            registry=registry,
+        self.sessions = self.gauge("simkit_stream_sessions", "Open stream sessions.")
+        self.sessions_expired = self.counter(
+            "simkit_stream_sessions_expired", "Stream sessions dropped after the heartbeat timeout."
         )
-        self.env_steps = Counter(
-            "simkit_stream_env_steps", "Env steps taken by stream sessions.", registry=registry
+        self.env_steps = self.counter(
+            "simkit_stream_env_steps", "Env steps taken by stream sessions."
         )
-        self.fragments = Counter(
-            "simkit_stream_fragments", "Fragments sent to learners.", registry=registry
-        )
-        self.fragments_per_second = Gauge(
+        self.fragments = self.counter("simkit_stream_fragments", "Fragments sent to learners.")
+        self.fragments_per_second = self.gauge(
             "simkit_stream_fragments_per_second",
             f"Fragments sent per second over the last {window_s:g} s.",
-            registry=registry,
         )
-        self.inference_batch = Histogram(
+        self.inference_batch = self.histogram(
             "simkit_stream_inference_batch_size",
             "Rows per batched forward pass (act).",
-            buckets=BATCH_BUCKETS,
-            registry=registry,
+            BATCH_BUCKETS,
         )
-        self.inference_latency = Histogram(
+        self.inference_latency = self.histogram(
             "simkit_stream_inference_latency_seconds",
             "Time of one batched act (forward and sampling).",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.env_step_latency = Histogram(
+        self.env_step_latency = self.histogram(
             "simkit_stream_env_step_latency_seconds",
             "Time of one step of a session's envs.",
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
         )
-        self.credit = Gauge(
+        self.credit = self.gauge(
             "simkit_stream_credit",
             "Fragments granted by learners and not yet sent (all sessions, last update).",
-            registry=registry,
         )
-        self.queue_depth = Gauge(
-            "simkit_stream_queue_depth",
-            "Fragments produced and not yet handed to the network.",
-            registry=registry,
+        self.queue_depth = self.gauge(
+            "simkit_stream_queue_depth", "Fragments produced and not yet handed to the network."
         )
-        self.stalled_seconds = Counter(
-            "simkit_stream_stalled_seconds",
-            "Seconds sessions paused stepping for lack of credit.",
-            registry=registry,
+        self.stalled_seconds = self.counter(
+            "simkit_stream_stalled_seconds", "Seconds sessions paused stepping for lack of credit."
         )
-        self.waiting_weights_seconds = Counter(
+        self.waiting_weights_seconds = self.counter(
             "simkit_stream_waiting_weights_seconds",
             "Seconds sessions waited for (the next, in sync mode) weights.",
-            registry=registry,
         )
-        self.policy_version = Gauge(
-            "simkit_stream_policy_version",
-            "Newest policy version applied by any session.",
-            registry=registry,
+        self.policy_version = self.gauge(
+            "simkit_stream_policy_version", "Newest policy version applied by any session."
         )
-        self.policy_lag = Gauge(
+        self.policy_lag = self.gauge(
             "simkit_stream_policy_lag",
             "Versions between the newest weights a session holds when a fragment leaves "
             "and the versions that produced its steps (last fragment).",
             ["stat"],
-            registry=registry,
         )
-        self.errors = Counter(
-            "simkit_stream_errors",
-            "Error replies of stream sessions, by code.",
-            ["code"],
-            registry=registry,
+        self.errors = self.counter(
+            "simkit_stream_errors", "Error replies of stream sessions, by code.", ["code"]
         )
 
     def fragment(
