@@ -20,14 +20,17 @@ from simkit.recording._io import (
     to_torch,
 )
 from simkit.recording._multiagent import AgentEpisode, MultiAgentEpisode
-from simkit.recording._multiagent_wrapper import RecordMultiAgentEpisodes
 from simkit.recording._replay import (
     VerifyResult,
     verify_episode,
     verify_multi_agent_episode,
     verify_recording,
 )
-from simkit.recording._wrapper import RecordEpisodes, environment_versions
+from simkit.recording._wrapper import (
+    RecordEpisodes,
+    RecordMultiAgentEpisodes,
+    environment_versions,
+)
 
 __all__ = [
     "Episode",

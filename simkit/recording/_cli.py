@@ -62,8 +62,7 @@ def _existing_recording(out: Path) -> str | None:
 def _record_run(args: argparse.Namespace) -> int:
     import simkit
     from simkit.errors import RecordingLocked, SimkitError
-    from simkit.recording._multiagent_wrapper import RecordMultiAgentEpisodes
-    from simkit.recording._wrapper import RecordEpisodes
+    from simkit.recording._wrapper import RecordEpisodes, RecordMultiAgentEpisodes
     from simkit.registry import EnvKind
     from simkit.vector import MultiAgentVectorEnv, VectorEnv
 

@@ -15,11 +15,17 @@ from gymnasium.vector import AutoresetMode
 
 import simkit
 from simkit._seeding import EpisodeSeeds, random_root
-from simkit._types import BatchStep
+from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit.recording._io import RecordingWriter
 from simkit.recording._tracker import EpisodeTracker, row_of
 
-__all__ = ["RecordEpisodes", "SeedBook", "environment_versions", "env_info"]
+__all__ = [
+    "RecordEpisodes",
+    "RecordMultiAgentEpisodes",
+    "SeedBook",
+    "environment_versions",
+    "env_info",
+]
 
 
 def environment_versions(env_id: str) -> dict[str, str]:
@@ -114,7 +120,86 @@ class SeedBook:
         return self.origins(ids)
 
 
-class RecordEpisodes(gym.vector.VectorWrapper):
+class _RecordingFace:
+    """What both recording wrappers share: the writer, the :class:`SeedBook` and the
+    :class:`EpisodeTracker` of the vector's rows (one agent row per env for a
+    single-agent vector), ``policy_version``, ``max_episodes`` and ``close``."""
+
+    env: Any
+    tracker: EpisodeTracker
+
+    def _record_into(
+        self,
+        vector: Any,
+        directory: str | os.PathLike[str],
+        *,
+        env_id: str,
+        env_kwargs: Mapping[str, Any] | None,
+        snapshot_every: int,
+        policy_version: int,
+        max_episodes: int | None,
+        kind: str,
+        possible_agents: Sequence[Any] | None,
+        writer_kwargs: Mapping[str, Any],
+    ) -> None:
+        """Opens the writer on ``directory`` and the tracker of ``vector``'s envs."""
+        if snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0, got {snapshot_every}")
+        if snapshot_every and not hasattr(vector, "envs"):
+            local = "MultiAgentVectorEnv" if possible_agents is not None else "VectorEnv"
+            raise ValueError(
+                f"snapshot_every needs a vector of simkit envs (simkit.vector.{local}); "
+                f"{type(vector).__name__} has no per-env get_state()"
+            )
+        self._inner: Any = vector
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.snapshot_every = snapshot_every
+        self.policy_version = policy_version
+        self.writer = RecordingWriter(directory, **writer_kwargs)
+        n: int = vector.num_envs
+        self.seeds = SeedBook(n, kind)
+        self.tracker = EpisodeTracker(
+            self.writer,
+            n,
+            env_id,
+            self.env_kwargs,
+            environment_versions(env_id),
+            possible_agents=possible_agents,
+            snapshot=self._get_state if snapshot_every else None,
+            snapshot_every=snapshot_every,
+        )
+        self.tracker.max_episodes = max_episodes
+
+    def _get_state(self, i: int) -> Any:
+        return self._inner.envs[i].get_state()
+
+    @property
+    def max_episodes(self) -> int | None:
+        """Stop recording after this many episodes (``None``: no limit)."""
+        return self.tracker.max_episodes
+
+    @max_episodes.setter
+    def max_episodes(self, value: int | None) -> None:
+        self.tracker.max_episodes = value
+
+    def close(self, **kwargs: Any) -> None:
+        """Closes the vector and the writer (unfinished episodes are not recorded)."""
+        try:
+            self.env.close(**kwargs)
+        finally:
+            self.tracker.close()
+            self.writer.close()
+
+
+def _env_id_of(wrapper: str, resolved: Any) -> str:
+    """``resolved`` (the given id, else what the vector names), which must be a str."""
+    if not isinstance(resolved, str):
+        raise ValueError(f"{wrapper} needs the env id to make episodes replayable; pass env_id=")
+    return resolved
+
+
+class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
     """Records every episode of a single-agent vector into a recording directory.
 
     ``env = RecordEpisodes(env, "runs/rec")`` wraps a :class:`simkit.vector.VectorEnv`,
@@ -157,51 +242,20 @@ class RecordEpisodes(gym.vector.VectorWrapper):
                 f"{type(env).__name__} with RecordMultiAgentEpisodes"
             )
         super().__init__(env)
-        resolved = env_id or getattr(getattr(env, "spec", None), "id", None)
-        resolved = resolved or getattr(env, "env_id", None)
-        if not isinstance(resolved, str):
-            raise ValueError(
-                "RecordEpisodes needs the env id to make episodes replayable; pass env_id="
-            )
-        if snapshot_every < 0:
-            raise ValueError(f"snapshot_every must be >= 0, got {snapshot_every}")
-        if snapshot_every and not hasattr(env.unwrapped, "envs"):
-            raise ValueError(
-                "snapshot_every needs a vector of simkit envs (simkit.vector.VectorEnv); "
-                f"{type(env.unwrapped).__name__} has no per-env get_state()"
-            )
-        self.env_id = resolved
-        self.env_kwargs = dict(env_kwargs or {})
-        self.snapshot_every = snapshot_every
-        self.policy_version = policy_version
-        self.writer = RecordingWriter(directory, **writer_kwargs)
-        self._kind = "batch" if isinstance(env.unwrapped, simkit.BatchEnv) else "env"
-        n = self.num_envs
-        self.tracker = EpisodeTracker(
-            self.writer,
-            n,
-            resolved,
-            self.env_kwargs,
-            environment_versions(resolved),
-            snapshot=self._get_state if snapshot_every else None,
+        spec_id = getattr(getattr(env, "spec", None), "id", None)
+        self._record_into(
+            env.unwrapped,
+            directory,
+            env_id=_env_id_of("RecordEpisodes", env_id or spec_id or getattr(env, "env_id", None)),
+            env_kwargs=env_kwargs,
             snapshot_every=snapshot_every,
+            policy_version=policy_version,
+            max_episodes=max_episodes,
+            kind="batch" if isinstance(env.unwrapped, simkit.BatchEnv) else "env",
+            possible_agents=None,
+            writer_kwargs=writer_kwargs,
         )
-        self.tracker.max_episodes = max_episodes
-        self.seeds = SeedBook(n, self._kind)
-        self._inner: Any = env.unwrapped
-        self._pending = np.zeros(n, bool)
-
-    @property
-    def max_episodes(self) -> int | None:
-        """Stop recording after this many episodes (``None``: no limit)."""
-        return self.tracker.max_episodes
-
-    @max_episodes.setter
-    def max_episodes(self, value: int | None) -> None:
-        self.tracker.max_episodes = value
-
-    def _get_state(self, i: int) -> Any:
-        return self.env.unwrapped.envs[i].get_state()  # type: ignore[attr-defined]
+        self._pending = np.zeros(self.num_envs, bool)
 
     # ------------------------------------------------------------------ episodes
 
@@ -222,7 +276,7 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         mask = None if options is None else options.get("reset_mask")
         ids = np.arange(n) if mask is None else np.flatnonzero(np.asarray(mask))
         seed = self.seeds.plan(seed, ids.tolist())
-        obs, info = self.env.reset(seed=seed, options=options)  # type: ignore[arg-type]  # simkit vectors take Gymnasium's list form too
+        obs, info = self.env.reset(seed=seed, options=options)
         for r in ids.tolist():
             self._pending[r] = False
             self._start(r, row_of(obs, r), env_info(info, r), options)
@@ -298,10 +352,106 @@ class RecordEpisodes(gym.vector.VectorWrapper):
         tracker.snapshots(i for i in stepped.tolist() if i not in set(done.tolist()))
         return obs, reward, terminated, truncated, info
 
-    def close(self, **kwargs: Any) -> None:
-        """Closes the vector and the writer (unfinished episodes are not recorded)."""
-        try:
-            self.env.close(**kwargs)
-        finally:
-            self.tracker.close()
-            self.writer.close()
+
+class RecordMultiAgentEpisodes(_RecordingFace):
+    """Records every episode of a multi-agent vector into a recording directory.
+
+    ``env = RecordMultiAgentEpisodes(env, "runs/rec", env_id=...)`` wraps a
+    :class:`simkit.vector.MultiAgentVectorEnv` or a
+    :class:`simkit.clients.RemoteMultiAgentVectorEnv` and keeps their interface
+    (``reset`` returns ``(obs, agent_mask, infos)``, ``step`` a
+    :class:`~simkit._types.MultiAgentBatchStep`; other attributes are the vector's).
+    Each env's episode is written as one :class:`~simkit.recording.MultiAgentEpisode`
+    when the env ends (all its agents done), with every agent's own trajectory. Seeds
+    follow the vectors' derivation (:class:`SeedBook`); the bookkeeping is the same
+    :class:`EpisodeTracker` as :class:`RecordEpisodes`', given the agents.
+
+    Args:
+        env: the vector.
+        directory: the recording directory (one writer per directory).
+        env_id: the registered id; default ``env.env_id`` (a remote vector has it).
+        env_kwargs: the envs' constructor arguments (recorded for replay).
+        snapshot_every: record env ``i``'s ``get_state()`` every K env steps (0: never;
+            needs a local vector, ``env.envs``).
+        policy_version: the version stamped on steps (an attribute: update it as the
+            policy changes); -1: unknown.
+        max_episodes: stop recording after this many episodes (``None``: no limit).
+        writer_kwargs: passed to :class:`RecordingWriter`.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        directory: str | os.PathLike[str],
+        *,
+        env_id: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        snapshot_every: int = 0,
+        policy_version: int = -1,
+        max_episodes: int | None = None,
+        **writer_kwargs: Any,
+    ) -> None:
+        resolved = _env_id_of("RecordMultiAgentEpisodes", env_id or getattr(env, "env_id", None))
+        self.env = env
+        self.num_envs: int = env.num_envs
+        self.num_agents: int = env.num_agents
+        self._record_into(
+            env,
+            directory,
+            env_id=resolved,
+            env_kwargs=env_kwargs,
+            snapshot_every=snapshot_every,
+            policy_version=policy_version,
+            max_episodes=max_episodes,
+            kind="multi_agent",
+            possible_agents=env.possible_agents,
+            writer_kwargs=writer_kwargs,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        """The vector's attributes (``possible_agents``, spaces, ``row``, ...)."""
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
+        """Resets every env (as the vector); unfinished episodes are dropped."""
+        ids = list(range(self.num_envs))
+        seed = self.seeds.plan(seed, ids)
+        obs, mask, infos = self.env.reset(seed=seed, options=options)
+        A = self.num_agents
+        for i, (s, origin) in zip(ids, self.seeds.origins(ids), strict=True):
+            rows = np.arange(i * A, (i + 1) * A)
+            self.tracker.start_agents(
+                i,
+                row_of(obs, rows),
+                np.asarray(mask)[rows],
+                [infos[r] for r in rows.tolist()],
+                seed=s,
+                options=options,
+                origin=origin,
+            )
+        return obs, mask, infos
+
+    def step(self, actions: Any) -> MultiAgentBatchStep:
+        """Steps every env (as the vector), recording the live rows."""
+        ids = np.arange(self.num_envs, dtype=np.int64)
+        if hasattr(self.env, "step_envs"):  # a local vector reports its faults here
+            res, faults = self.env.step_envs(ids, actions)
+        else:
+            res = self.env.step(actions)
+            faults = getattr(self.env, "faults", None) or []
+        self.tracker.log_step(
+            res,
+            ids,
+            actions,
+            self.policy_version,
+            self.seeds.next_episodes,
+            faulted=[int(f.env_id) for f in faults],
+        )
+        return res
