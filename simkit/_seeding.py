@@ -299,7 +299,12 @@ def pcg64_outputs(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray
     carry = lo + q_lo
     hi += q_hi
     hi += carry < lo
-    lo = carry
+    return _pcg64_output(hi, carry)
+
+
+def _pcg64_output(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """PCG64's output of the states ``(hi, lo)`` (XSL-RR: the halves xored, rotated
+    right by the top 6 bits)."""
     v = hi ^ lo
     rot = hi >> np.uint64(58)
     out: np.ndarray = v >> rot
@@ -308,13 +313,16 @@ def pcg64_outputs(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray
     return out
 
 
+_Word = np.ndarray | np.uint64
+
+
 def _mul128(
     x_hi: np.ndarray,
     x_lo: np.ndarray,
-    c_hi: np.ndarray,
-    c_lo: np.ndarray,
-    c0: np.ndarray,
-    c1: np.ndarray,
+    c_hi: _Word,
+    c_lo: _Word,
+    c0: _Word,
+    c1: _Word,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(x_hi, x_lo) * (c_hi, c_lo)`` mod 2**128 as ``(hi, lo)`` uint64 arrays
     (broadcast); ``c0``/``c1`` are the 32-bit halves of ``c_lo``."""
@@ -366,30 +374,14 @@ def _pcg64_first_doubles(states: np.ndarray, out: np.ndarray) -> None:
     """:func:`pcg64_doubles` from draw 0 into ``out`` (``(n, k)``), stepping the LCG
     draw after draw: one 128-bit product by the multiplier per draw instead of two
     (the jump's), for the blocks of reset draws computed ahead."""
-    hi, lo = states[:, 0].copy(), states[:, 1].copy()
+    hi, lo = states[:, 0], states[:, 1]
     inc_hi, inc_lo = states[:, 2], states[:, 3]
     for k in range(out.shape[1]):
-        x0, x1 = lo & _LO32, lo >> _U32
-        t, cross_a, cross_b = x0 * _MULT_LO0, x0 * _MULT_LO1, x1 * _MULT_LO0
-        mid = t >> _U32
-        mid += cross_a & _LO32
-        mid += cross_b & _LO32
-        new_hi = x1 * _MULT_LO1
-        new_hi += cross_a >> _U32
-        new_hi += cross_b >> _U32
-        new_hi += mid >> _U32
-        new_hi += lo * _MULT_HI
-        new_hi += hi * _MULT_LO
-        lo *= _MULT_LO
+        hi, lo = _mul128(hi, lo, _MULT_HI, _MULT_LO, _MULT_LO0, _MULT_LO1)
         lo += inc_lo
-        new_hi += inc_hi
-        new_hi += lo < inc_lo
-        hi = new_hi
-        v = hi ^ lo
-        rot = hi >> np.uint64(58)
-        word = v >> rot
-        v <<= (np.uint64(64) - rot) & np.uint64(63)
-        word |= v
+        hi += inc_hi
+        hi += lo < inc_lo
+        word = _pcg64_output(hi, lo)
         word >>= np.uint64(11)
         np.multiply(word, 2.0**-53, out=out[:, k])
 
