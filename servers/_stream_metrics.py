@@ -14,25 +14,13 @@ from collections import deque
 from prometheus_client import CollectorRegistry
 
 from simkit._metrics import MetricSet
+from simkit.servers._prometheus import LATENCY_BUCKETS as REQUEST_LATENCY_BUCKETS
 
 __all__ = ["StreamMetrics", "LATENCY_BUCKETS", "BATCH_BUCKETS"]
 
-LATENCY_BUCKETS: tuple[float, ...] = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    1.0,
-)
-"""Upper bounds (seconds) of the inference and env step latency histograms."""
+LATENCY_BUCKETS: tuple[float, ...] = (0.00005, *REQUEST_LATENCY_BUCKETS)
+"""Upper bounds (seconds) of the inference and env step latency histograms: the
+request latency buckets and one finer, 50 us."""
 
 BATCH_BUCKETS: tuple[float, ...] = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 """Upper bounds of the inference batch size histogram (rows per forward)."""
