@@ -12,7 +12,6 @@ Recording never costs a client its reply: a recorder error is logged and counted
 
 from __future__ import annotations
 
-import abc
 import logging
 import os
 from collections.abc import Mapping
@@ -81,33 +80,47 @@ class ServerRecorder:
             log.exception("closing the recording %s failed", self.writer.directory)
 
 
-class _RecordedHost(abc.ABC):
-    """What every recorded host shares: the host answers first and the recorder only
-    watches; seeds and origins come from the host's own :class:`EpisodeSeeds`; envs
-    that fault, or whose state a client sets, end their episode unrecorded (it could
-    not be re-simulated) and record again from their next reset.
+class _RecordedHost:
+    """A host whose resets and steps are recorded (the host interface it wraps).
 
-    Subclasses set :attr:`tracker` and implement ``_start`` and ``step``.
+    One recorder for every kind of host: the host answers first and the recorder only
+    watches; an :class:`EpisodeTracker` of the host's rows (one per env, or A per env
+    of a :class:`ParallelEnvHost`: then each env's episode is one multi-agent record)
+    builds the episodes; seeds and origins come from the host's own
+    :class:`EpisodeSeeds`; envs that fault, or whose state a client sets, end their
+    episode unrecorded (it could not be re-simulated) and record again from their next
+    reset. :class:`RecordingHost` and :class:`MultiAgentRecordingHost` give it the
+    single- and multi-agent host interfaces.
     """
-
-    tracker: EpisodeTracker
 
     def __init__(
         self,
         host: EnvListHost | BatchEnvHost | ParallelEnvHost,
         recorder: ServerRecorder,
         session: str,
-        seeds: EpisodeSeeds,
-        kind: str,
     ) -> None:
+        self.host = host
         self.num_envs: int = host.num_envs
         self.observation_space: spaces.Space[Any] = host.observation_space
         self.action_space: spaces.Space[Any] = host.action_space
         self.capabilities: frozenset[str] = host.capabilities
         self.recorder = recorder
         self.session = session
-        self._seeds = seeds
-        self._kind = kind
+        self._seeds: EpisodeSeeds = (
+            host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
+        )
+        if isinstance(host, ParallelEnvHost):
+            self._kind, agents = "multi_agent", host.possible_agents
+        else:
+            self._kind, agents = ("batch" if isinstance(host, BatchEnvHost) else "env"), None
+        self.tracker = EpisodeTracker(
+            recorder.writer,
+            self.num_envs,
+            recorder.env_id,
+            recorder.env_kwargs,
+            recorder.versions,
+            possible_agents=agents,
+        )
 
     def _origins(
         self, ids: list[int], explicit: list[int] | None = None
@@ -141,135 +154,96 @@ class _RecordedHost(abc.ABC):
         for i in env_ids.tolist():
             self.tracker.drop(i)
 
-    @abc.abstractmethod
-    def _host(self) -> EnvListHost | BatchEnvHost | ParallelEnvHost:
-        """The wrapped host."""
-
-    @abc.abstractmethod
-    def _start(self, k: int, i: int, obs: Any, infos: list[dict[str, Any]], **kw: Any) -> None:
-        """Env ``i`` (reply row ``k``) starts a recorded episode."""
-
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """The host's reset; each reset env starts a recorded episode."""
-        obs, infos = self._host().reset(
-            env_ids, seed=seed, seeds=seeds, options=options, params=params, env_offset=env_offset
-        )
+    def reset(self, env_ids: np.ndarray, **request: Any) -> tuple[Any, list[dict[str, Any]]]:
+        """The host's reset (``seed``, ``seeds``, ``options``, ``params``, ``env_offset``
+        as the host interface has them); each reset env starts a recorded episode."""
+        obs, infos = self.host.reset(env_ids, **request)
         try:
             ids = env_ids.tolist()
+            seeds, options, params = request["seeds"], request["options"], request["params"]
             explicit = None if seeds is None else [int(x) for x in seeds]
+            A = self.tracker.num_agents
             for k, (i, (s, origin)) in enumerate(
                 zip(ids, self._origins(ids, explicit), strict=True)
             ):
                 opts = _episode_options(options, k, None if params is None else params[k])
-                self._start(k, i, obs, infos, seed=s, options=opts, origin=origin)
+                mask = None
+                if isinstance(self.host, ParallelEnvHost):
+                    mask = self.host.agent_mask(np.array([i], np.int64))
+                self.tracker.start_at(
+                    i, obs, k, infos[k * A : (k + 1) * A], mask, seed=s, options=opts, origin=origin
+                )
         except Exception:  # the reset happened: the client gets its reply regardless
             self._failed("a reset", env_ids)
         return obs, infos
 
+    def _recorded_step(self, env_ids: np.ndarray, actions: Any) -> tuple[Any, list[EnvFault]]:
+        """The host's step, recorded (an ended env writes its episode)."""
+        result, faults = self.host.step(env_ids, actions)
+        try:
+            faulted = [f.env_id for f in faults]
+            if isinstance(result, MultiAgentBatchStep):
+                self.tracker.log_step(
+                    result, env_ids, actions, -1, self._next_origins, faulted=faulted
+                )
+            else:
+                if not np.array_equal(result.env_ids, env_ids):
+                    where = {i: k for k, i in enumerate(env_ids.tolist())}
+                    rows = np.array([where[i] for i in result.env_ids.tolist()])
+                    actions = row_of(actions, rows)
+                self.tracker.log_batch_step(
+                    result, actions, -1, self._next_origins, faulted=faulted
+                )
+        except Exception:
+            self._failed("a step", env_ids)
+        return result, faults
+
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
         """The host's snapshots (recording is unaffected)."""
-        return self._host().get_state(env_ids)
+        return self.host.get_state(env_ids)
 
     def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
         """The host's restore; the restored envs' episodes in flight are not recorded."""
-        self._host().set_state(env_ids, states)
+        self.host.set_state(env_ids, states)
         for i in env_ids.tolist():
             self.tracker.drop(i)
 
     def close(self) -> None:
         """Closes the host; unfinished episodes are dropped (the writer is the server's)."""
         self.tracker.close()
-        self._host().close()
+        self.host.close()
 
 
 class RecordingHost(_RecordedHost):
-    """A single-agent host whose resets and steps are recorded (the host interface)."""
+    """A recorded single-agent host (:class:`EnvListHost`, :class:`BatchEnvHost`)."""
 
     def __init__(
         self, host: EnvListHost | BatchEnvHost, recorder: ServerRecorder, session: str
     ) -> None:
-        batch = isinstance(host, BatchEnvHost)
-        seeds = host.env.seeds if isinstance(host, BatchEnvHost) else host.vector.seeds
-        super().__init__(host, recorder, session, seeds, "batch" if batch else "env")
-        self.host = host
-        self.tracker = self._tracker = EpisodeTracker(
-            recorder.writer, self.num_envs, recorder.env_id, recorder.env_kwargs, recorder.versions
-        )
-
-    def _host(self) -> EnvListHost | BatchEnvHost:
-        return self.host
-
-    def _start(self, k: int, i: int, obs: Any, infos: list[dict[str, Any]], **kw: Any) -> None:
-        self._tracker.start(i, row_of(obs, k), infos[k], **kw)
+        super().__init__(host, recorder, session)
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
         """The host's step, recorded (an ended row writes its episode)."""
-        result, faults = self.host.step(env_ids, actions)
-        try:
-            if not np.array_equal(result.env_ids, env_ids):
-                where = {i: k for k, i in enumerate(env_ids.tolist())}
-                actions = row_of(actions, np.array([where[i] for i in result.env_ids.tolist()]))
-            self._tracker.log_batch_step(
-                result, actions, -1, self._next_origins, faulted=[f.env_id for f in faults]
-            )
-        except Exception:
-            self._failed("a step", env_ids)
-        return result, faults
+        return self._recorded_step(env_ids, actions)
 
 
 class MultiAgentRecordingHost(_RecordedHost):
-    """A multi-agent host (:class:`ParallelEnvHost`) whose resets and steps are recorded
-    (the multi-agent host interface): each env's episode is one multi-agent record,
-    built by an :class:`EpisodeTracker` of its agents."""
+    """A recorded :class:`ParallelEnvHost` (the multi-agent host interface): each env's
+    episode is one multi-agent record."""
 
     def __init__(self, host: ParallelEnvHost, recorder: ServerRecorder, session: str) -> None:
-        super().__init__(host, recorder, session, host.vector.seeds, "multi_agent")
-        self.host = host
+        super().__init__(host, recorder, session)
+        self.multi_agent_host = host
         self.possible_agents: list[str] = host.possible_agents
         self.num_agents: int = host.num_agents
-        self.tracker = self._tracker = EpisodeTracker(
-            recorder.writer,
-            self.num_envs,
-            recorder.env_id,
-            recorder.env_kwargs,
-            recorder.versions,
-            possible_agents=host.possible_agents,
-        )
-
-    def _host(self) -> ParallelEnvHost:
-        return self.host
 
     def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
         """The host's live rows of ``env_ids``."""
-        return self.host.agent_mask(env_ids)
-
-    def _start(self, k: int, i: int, obs: Any, infos: list[dict[str, Any]], **kw: Any) -> None:
-        A = self.num_agents
-        rows = np.arange(k * A, (k + 1) * A)
-        mask = self.host.agent_mask(np.array([i], np.int64))
-        self._tracker.start_agents(
-            i, row_of(obs, rows), mask, [infos[r] for r in rows.tolist()], **kw
-        )
+        return self.multi_agent_host.agent_mask(env_ids)
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
         """The host's step, recorded (an ended env writes its episode)."""
-        result, faults = self.host.step(env_ids, actions)
-        try:
-            self._tracker.log_step(
-                result, env_ids, actions, -1, self._next_origins, faulted=[f.env_id for f in faults]
-            )
-        except Exception:
-            self._failed("a step", env_ids)
-        return result, faults
+        return self._recorded_step(env_ids, actions)
 
 
 def _episode_options(

@@ -234,6 +234,35 @@ class EpisodeTracker:
             self._start_agent(i, ep, s, row_of(obs_rows, s), infos[s], 0)
         self._take_snapshot(i, ep)
 
+    def start_at(
+        self,
+        i: int,
+        obs: Any,
+        k: int,
+        infos: list[dict[str, Any]],
+        agent_mask: np.ndarray | None = None,
+        *,
+        seed: int | None,
+        options: Mapping[str, Any] | None,
+        origin: Mapping[str, Any],
+    ) -> None:
+        """Env ``i`` starts an episode from its A rows ``k * A ..`` of the batch ``obs``:
+        ``infos`` and ``agent_mask`` are those rows' (``agent_mask`` ``None`` for a
+        single-agent tracker, whose one row is ``k``)."""
+        if self.possible_agents is None:
+            self.start(i, row_of(obs, k), infos[0], seed=seed, options=options, origin=origin)
+            return
+        A = self.num_agents
+        self.start_agents(
+            i,
+            row_of(obs, np.arange(k * A, (k + 1) * A)),
+            np.asarray(agent_mask),
+            infos,
+            seed=seed,
+            options=options,
+            origin=origin,
+        )
+
     def drop(self, i: int) -> None:
         """Forgets env ``i``'s unfinished episode (counted in :attr:`dropped`)."""
         ep = self._open[i]
@@ -505,19 +534,8 @@ class EpisodeTracker:
         if starting:
             origins = next_episodes([i for _, i, _ in starting])
             for (k, i, infos), (seed, origin) in zip(starting, origins, strict=True):
-                if agent_mask is None:
-                    self.start(i, row_of(obs, k), infos[0], seed=seed, options=None, origin=origin)
-                    continue
-                rows = np.arange(k * A, (k + 1) * A)
-                self.start_agents(
-                    i,
-                    row_of(obs, rows),
-                    agent_mask[rows],
-                    infos,
-                    seed=seed,
-                    options=None,
-                    origin=origin,
-                )
+                mask = None if agent_mask is None else agent_mask[k * A : (k + 1) * A]
+                self.start_at(i, obs, k, infos, mask, seed=seed, options=None, origin=origin)
         if self.snapshot_every:
             ended = {i for _, i, _ in starting}
             self.snapshots(i for i in ids.tolist() if i not in ended)

@@ -426,12 +426,13 @@ class RecordMultiAgentEpisodes(_RecordingFace):
         obs, mask, infos = self.env.reset(seed=seed, options=options)
         A = self.num_agents
         for i, (s, origin) in zip(ids, self.seeds.origins(ids), strict=True):
-            rows = np.arange(i * A, (i + 1) * A)
-            self.tracker.start_agents(
+            rows = slice(i * A, (i + 1) * A)
+            self.tracker.start_at(
                 i,
-                row_of(obs, rows),
+                obs,
+                i,
+                infos[rows],
                 np.asarray(mask)[rows],
-                [infos[r] for r in rows.tolist()],
                 seed=s,
                 options=options,
                 origin=origin,
