@@ -32,6 +32,7 @@ import torch
 
 from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients._args import PPOArgs, resolve_device
+from simkit.clients._device_source import DeviceFragment, DeviceSource
 from simkit.clients._local_source import FragmentSource
 from simkit.models import ActorCritic
 
@@ -40,7 +41,9 @@ __all__ = [
     "PPO",
     "UpdateStats",
     "compute_gae",
+    "compute_gae_torch",
     "RewardScaler",
+    "DeviceRewardScaler",
     "clip_grad_norm",
     "train",
     "resolve_device",
@@ -93,6 +96,41 @@ def compute_gae(
         last = delta[t] + carry[t] * last
         adv[t] = last
     return adv.astype(np.float32), (adv + values).astype(np.float32)
+
+
+def compute_gae_torch(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    final_values: torch.Tensor,
+    last_values: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`compute_gae` on tensors, on their device (the device loop's fragments):
+    the same float64 operations in the same order, so on the CPU the same bits; nothing
+    is read back.
+
+    Returns:
+        ``(advantages, returns)``, each ``(T, R)`` float32.
+    """
+    # numpy's promotions: the bootstrap and gamma * bootstrap in the values' float32,
+    # the rest in float64.
+    rewards = rewards.to(torch.float64)
+    ended = terminated | truncated
+    next_values = torch.cat([values[1:], last_values[None]])
+    bootstrap = torch.where(ended, final_values, next_values)
+    bootstrap = torch.where(terminated, 0.0, bootstrap)
+    delta = rewards + gamma * bootstrap - values
+    carry = torch.full_like(delta, gamma * lam).masked_fill_(ended, 0.0)
+    adv = torch.empty_like(delta)
+    last = torch.zeros_like(delta[0])
+    for t in reversed(range(rewards.shape[0])):
+        last = delta[t] + carry[t] * last
+        adv[t] = last
+    return adv.to(torch.float32), (adv + values).to(torch.float32)
 
 
 def global_rows(fragment: Fragment) -> np.ndarray:
@@ -205,6 +243,77 @@ class RewardScaler:
         self.returns = returns.copy()
 
 
+class DeviceRewardScaler:
+    """:class:`RewardScaler` on tensors, on the rows' device (the device loop): the same
+    recurrence per step (the running statistics as 0-d float64 tensors, never read back
+    while scaling), every row live. The batch mean and variance are torch reductions,
+    so the figures equal numpy's up to rounding, not bit for bit. :meth:`get_state` and
+    :meth:`set_state` use :class:`RewardScaler`'s format, so a checkpoint's scaler
+    resumes on either path.
+    """
+
+    def __init__(
+        self, gamma: float, clip: float, device: torch.device, epsilon: float = 1e-8
+    ) -> None:
+        self.gamma = gamma
+        self.clip = clip
+        self.epsilon = epsilon
+        self.device = device
+        self.mean = torch.zeros((), dtype=torch.float64, device=device)
+        self.var = torch.ones((), dtype=torch.float64, device=device)
+        self.count = 1e-4
+        """Samples folded so far (a host float: it never depends on the data)."""
+        self.returns = torch.zeros(0, dtype=torch.float64, device=device)
+
+    def scale(self, rewards: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+        """``(T, R)`` float64 scaled rewards of rows ``0 .. R - 1``; updates the running
+        statistics step by step."""
+        steps, rows = rewards.shape
+        if len(self.returns) < rows:
+            grown = torch.zeros(rows, dtype=torch.float64, device=self.device)
+            grown[: len(self.returns)] = self.returns
+            self.returns = grown
+        rewards = rewards.to(torch.float64)
+        ret = self.returns[:rows]
+        out = torch.empty_like(rewards)
+        b_count = float(rows)
+        for t in range(steps):
+            ret = ret * self.gamma + rewards[t]
+            b_mean, b_var = ret.mean(), ret.var(unbiased=False)
+            delta = b_mean - self.mean
+            total = self.count + b_count
+            self.mean = self.mean + delta * b_count / total
+            m2 = (
+                self.var * self.count
+                + b_var * b_count
+                + delta.square() * self.count * b_count / total
+            )
+            self.var = m2 / total
+            self.count = total
+            out[t] = rewards[t] / torch.sqrt(self.var + self.epsilon)
+            ret = torch.where(terminated[t], 0.0, ret)
+        self.returns[:rows] = ret
+        return out.clamp_(-self.clip, self.clip)
+
+    def get_state(self) -> dict[str, Any]:
+        """:meth:`RewardScaler.get_state`'s plain data (read back: checkpoints only)."""
+        return {
+            "mean": float(self.mean),
+            "var": float(self.var),
+            "count": self.count,
+            "returns": self.returns.cpu().numpy().copy(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores a :meth:`get_state` (or a :meth:`RewardScaler.get_state`)."""
+        host = RewardScaler(self.gamma, self.clip, self.epsilon)
+        host.set_state(state)  # the same checks
+        self.mean = torch.tensor(host.mean, dtype=torch.float64, device=self.device)
+        self.var = torch.tensor(host.var, dtype=torch.float64, device=self.device)
+        self.count = host.count
+        self.returns = torch.from_numpy(host.returns).to(self.device)
+
+
 @torch.no_grad()
 def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> None:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)``, the same
@@ -257,7 +366,7 @@ class PPO:
             model.parameters(), lr=args.learning_rate, eps=1e-5, fused=True
         )
         self.generator = torch.Generator().manual_seed(args.seed + 1)
-        self.scaler = RewardScaler(args.gamma, args.reward_clip)
+        self.scaler: RewardScaler | DeviceRewardScaler = RewardScaler(args.gamma, args.reward_clip)
         self.version = 0
         self.global_step = 0
         self.dropped = 0
@@ -318,7 +427,23 @@ class PPO:
         frac = 1.0 - min(self.version, self.num_updates - 1) / self.num_updates
         return frac * self.args.learning_rate
 
-    def update(self, fragments: list[Fragment]) -> UpdateStats:
+    def _host_scaler(self) -> RewardScaler:
+        """The reward scaler as numpy (taken over from the device one, if any)."""
+        if not isinstance(self.scaler, RewardScaler):
+            host = RewardScaler(self.args.gamma, self.args.reward_clip)
+            host.set_state(self.scaler.get_state())
+            self.scaler = host
+        return self.scaler
+
+    def _device_scaler(self) -> DeviceRewardScaler:
+        """The reward scaler on the learner's device (taken over from the numpy one)."""
+        if not isinstance(self.scaler, DeviceRewardScaler):
+            dev = DeviceRewardScaler(self.args.gamma, self.args.reward_clip, self.device)
+            dev.set_state(self.scaler.get_state())
+            self.scaler = dev
+        return self.scaler
+
+    def update(self, fragments: Sequence[Fragment | DeviceFragment]) -> UpdateStats:
         """One PPO update on ``fragments`` (the rows of one batch); bumps the version.
 
         The fragments are joined side by side in env slot order
@@ -326,13 +451,19 @@ class PPO:
         them in:
         the update sees the one fragment a single producer would have made for all their
         slots, so a sync run gives the same parameters in process, with one server or
-        with several.
+        with several. A :class:`DeviceFragment` (the device loop's, one per update)
+        goes to :meth:`update_device`.
         """
-        versions = np.concatenate([f.policy_version for f in fragments])
-        f = stack_in_slot_order(fragments)
-        args, model = self.args, self.model
+        if len(fragments) == 1 and isinstance(fragments[0], DeviceFragment):
+            return self.update_device(fragments[0])
+        host = [f for f in fragments if isinstance(f, Fragment)]
+        if len(host) != len(fragments):
+            raise TypeError("update() takes Fragments, or one DeviceFragment alone")
+        versions = np.concatenate([f.policy_version for f in host])
+        f = stack_in_slot_order(host)
+        args = self.args
         t_start = time.perf_counter()
-        rewards = self.scaler.scale(f) if args.normalize_reward else f.rewards
+        rewards = self._host_scaler().scale(f) if args.normalize_reward else f.rewards
         adv, ret = compute_gae(
             rewards,
             f.values,
@@ -350,13 +481,78 @@ class PPO:
         def batch(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(x[keep]).to(self.device)
 
-        b_obs = batch(obs.reshape(n_rows, *obs.shape[2:]))
-        b_actions = batch(acts.reshape(n_rows, *acts.shape[2:]))
-        b_logp = batch(f.log_probs.reshape(-1))
-        b_adv = batch(adv.reshape(-1))
-        b_ret = batch(ret.reshape(-1))
-        b_val = batch(f.values.reshape(-1))
+        return self._optimize(
+            batch(obs.reshape(n_rows, *obs.shape[2:])),
+            batch(acts.reshape(n_rows, *acts.shape[2:])),
+            batch(f.log_probs.reshape(-1)),
+            batch(adv.reshape(-1)),
+            batch(ret.reshape(-1)),
+            batch(f.values.reshape(-1)),
+            n_rows=n_rows,
+            lag=self.version - versions,
+            episodes=(f.episode_returns, f.episode_lengths),
+            t_start=t_start,
+        )
 
+    def update_device(self, f: DeviceFragment) -> UpdateStats:
+        """One PPO update on a device loop's fragment, its tensors taken as they are:
+        reward scaling (:class:`DeviceRewardScaler`), GAE (:func:`compute_gae_torch`) and
+        the update on the learner's device, no numpy round trip. The statistics are
+        read back once, at the end. With the same rows and no reward scaling, the same
+        bits as :meth:`update` of the fragment's numpy copy."""
+        args = self.args
+        t_start = time.perf_counter()
+        rewards = (
+            self._device_scaler().scale(f.rewards, f.terminated)
+            if args.normalize_reward
+            else f.rewards
+        )
+        adv, ret = compute_gae_torch(
+            rewards,
+            f.values,
+            f.terminated,
+            f.truncated,
+            f.final_values,
+            f.last_values,
+            gamma=args.gamma,
+            lam=args.gae_lambda,
+        )
+        n_rows = f.num_steps * f.num_rows
+
+        def batch(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(n_rows, *x.shape[2:]).to(self.device)
+
+        return self._optimize(
+            batch(f.obs),
+            batch(f.actions),
+            batch(f.log_probs),
+            batch(adv),
+            batch(ret),
+            batch(f.values),
+            n_rows=n_rows,
+            lag=self.version - f.policy_version,
+            episodes=(f.episode_returns, f.episode_lengths),
+            t_start=t_start,
+        )
+
+    def _optimize(
+        self,
+        b_obs: torch.Tensor,
+        b_actions: torch.Tensor,
+        b_logp: torch.Tensor,
+        b_adv: torch.Tensor,
+        b_ret: torch.Tensor,
+        b_val: torch.Tensor,
+        *,
+        n_rows: int,
+        lag: np.ndarray,
+        episodes: tuple[np.ndarray, np.ndarray],
+        t_start: float,
+    ) -> UpdateStats:
+        """The clipped-objective epochs over one batch on the learner's device, then the
+        observation statistics and counters; its figures are read back once. ``lag``:
+        each step's policy lag, in versions, before this update."""
+        args, model = self.args, self.model
         lr = self._learning_rate()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -388,10 +584,8 @@ class PPO:
                 self.optimizer.step()
                 pieces.append(stats)
         # (policy loss, value loss, entropy) of the last minibatch, mean KL and clip fraction.
-        last = pieces[-1] if pieces else torch.zeros(5)
-        means = torch.stack(pieces).mean(0) if pieces else torch.zeros(5)
-        pg_loss, v_loss, entropy_loss = last[0], last[1], last[2]
-        kl, clipfrac = float(means[3]), float(means[4])
+        last = pieces[-1] if pieces else torch.zeros(5, device=self.device)
+        means = torch.stack(pieces).mean(0) if pieces else torch.zeros(5, device=self.device)
 
         # Statistics change only after the update, so the update saw exactly what the
         # acting policy saw; the new ones travel with the next weights.
@@ -399,29 +593,31 @@ class PPO:
             model.update_obs_stats(b_obs)
         self.version += 1
         self.global_step += n_rows  # rows x steps, as --total-steps counts (left agents too)
-        var_y = float(b_ret.var())
-        explained = float("nan") if var_y == 0 else 1.0 - float((b_ret - b_val).var()) / var_y
-        lag = (self.version - 1) - versions
+        figures = torch.stack(
+            [*last[:3], means[3], means[4], b_ret.var(), (b_ret - b_val).var()]
+        ).tolist()  # the one read back
+        pg_loss, v_loss, entropy_loss, kl, clipfrac, var_y, var_res = figures
+        explained = float("nan") if var_y == 0 else 1.0 - var_res / var_y
         return UpdateStats(
             version=self.version,
             global_step=self.global_step,
-            policy_loss=float(pg_loss),
-            value_loss=float(v_loss),
-            entropy=float(entropy_loss),
+            policy_loss=pg_loss,
+            value_loss=v_loss,
+            entropy=entropy_loss,
             approx_kl=kl,
             clipfrac=clipfrac,
             explained_variance=explained,
             learning_rate=lr,
             update_s=time.perf_counter() - t_start,
-            episode_returns=f.episode_returns,
-            episode_lengths=f.episode_lengths,
+            episode_returns=episodes[0],
+            episode_lengths=episodes[1],
             lag=(int(lag.min()), float(lag.mean()), int(lag.max())),
         )
 
 
 def train(
     learner: PPO,
-    source: FragmentSource,
+    source: FragmentSource | DeviceSource,
     *,
     max_updates: int | None = None,
     on_update: Callable[[UpdateStats, float], None] | None = None,
@@ -447,7 +643,7 @@ def train(
             learner's (the source ignored a weight push).
     """
     args = learner.args
-    batch: list[Fragment] = []
+    batch: list[Fragment | DeviceFragment] = []
     rows = 0
     done = 0
     wait = 0.0

@@ -169,15 +169,29 @@ class TorchSlotNoise:
 
     def draw(self, step: int) -> torch.Tensor:
         """``(num_rows, width)`` float32 on the device: :meth:`SlotNoise.draw`'s bits."""
+        return self.draw_steps(step, 1)[0]
+
+    def draw_steps(self, first: int, count: int) -> torch.Tensor:
+        """``(count, num_rows, width)`` float32 on the device: the noise of the steps
+        ``first .. first + count - 1`` (row ``k`` is :meth:`draw` of ``first + k``), in one
+        computation on the device: a rollout draws a whole fragment's noise at once.
+
+        Raises:
+            ValueError: ``first`` < 0 or ``count`` < 1.
+        """
         import torch
 
         from simkit._seeding import pcg64_outputs_torch
 
-        rows = torch.from_numpy(_int64_rows(self._states(step), self._inc))
+        if first < 0 or count < 1:
+            raise ValueError(f"first must be >= 0 and count >= 1, got {first} and {count}")
+        states = [s for step in range(first, first + count) for s in self._states(step)]
+        rows = torch.from_numpy(_int64_rows(states, self._inc))
+        pos = self._pos if count == 1 else self._pos.repeat(count)
         out = pcg64_outputs_torch(
-            rows.to(self.device, non_blocking=True), self._pos, self._outputs, max_pos=0
+            rows.to(self.device, non_blocking=True), pos, self._outputs, max_pos=0
         )
         # numpy's 32-bit draws: the low half of each 64-bit output, then the high half.
         u32 = torch.stack([out & 0xFFFFFFFF, (out >> 32) & 0xFFFFFFFF], 2)
-        u = u32.reshape(-1).index_select(0, self._pick)
-        return ((u >> 8).to(torch.float32) * (2.0**-24)).reshape(self.num_rows, self.width)
+        u = u32.reshape(count, -1).index_select(1, self._pick)
+        return ((u >> 8).to(torch.float32) * (2.0**-24)).reshape(count, self.num_rows, self.width)

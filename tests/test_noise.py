@@ -161,6 +161,30 @@ def test_torch_noise_has_the_numpy_bits(
         assert np.array_equal(got.numpy(), host.draw(s))
 
 
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    first=st.integers(0, 2 * NOISE_BLOCK),
+    n=st.integers(1, NOISE_BLOCK + 40),
+    step=st.integers(0, 2**40),
+    count=st.integers(1, 4),
+    width=st.integers(1, 3),
+)
+def test_torch_noise_of_several_steps_is_each_steps_draw(
+    seed: int, first: int, n: int, step: int, count: int, width: int
+) -> None:
+    host = _noise(seed, first, n, "uniform", 1, width)
+    got = TorchSlotNoise(host, torch.device("cpu")).draw_steps(step, count)
+    assert got.shape == (count, n, width)
+    for k in range(count):
+        assert np.array_equal(got[k].numpy(), host.draw(step + k))
+
+
+def test_torch_noise_of_no_steps_is_refused() -> None:
+    noise = TorchSlotNoise(_noise(0, 0, 2, "uniform"), torch.device("cpu"))
+    with pytest.raises(ValueError, match="count >= 1, got 0 and 0"):
+        noise.draw_steps(0, 0)
+
+
 def test_torch_noise_refuses_normal_noise() -> None:
     with pytest.raises(ValueError, match="uniform noise only, got kind 'normal'"):
         TorchSlotNoise(_noise(0, 0, 1), torch.device("cpu"))

@@ -1,0 +1,198 @@
+"""The whole loop on one device (clients/_device_source.py, PPO.update_device): a torch
+BatchEnv, keyed noise, the policy, fragment storage, GAE, reward scaling and the update
+on the learner's device, run here on ``device="cpu"`` (the same code as on CUDA)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from device_helpers import no_host_reads
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simkit
+from simkit._noise import SlotNoise
+from simkit._types import Fragment
+from simkit.clients._device_source import DeviceSource, device_loop_support
+from simkit.clients._train import build_model
+from simkit.clients.ppo import (
+    PPO,
+    DeviceRewardScaler,
+    PPOArgs,
+    RewardScaler,
+    compute_gae,
+    compute_gae_torch,
+)
+
+CPU = torch.device("cpu")
+
+
+def _source(env_id: str, n: int, t: int, seed: int = 3, **kw: Any) -> tuple[DeviceSource, Any]:
+    args = PPOArgs(env_id=env_id, num_envs=n, num_steps=t, seed=seed, **kw)
+    model = build_model(args)
+    source = DeviceSource(env_id, model, num_envs=n, num_steps=t, seed=seed, device=CPU)
+    source.push_weights(model, version=0)
+    return source, model
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    t=st.integers(1, 12),
+    r=st.integers(1, 5),
+    gamma=st.floats(0.5, 1.0),
+    lam=st.floats(0.0, 1.0),
+)
+def test_gae_in_torch_has_the_numpy_bits(
+    seed: int, t: int, r: int, gamma: float, lam: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=(t, r))
+    values = rng.normal(size=(t, r)).astype(np.float32)
+    terminated = rng.random((t, r)) < 0.2
+    truncated = ~terminated & (rng.random((t, r)) < 0.2)
+    final = np.where(truncated, rng.normal(size=(t, r)), 0.0).astype(np.float32)
+    last = rng.normal(size=r).astype(np.float32)
+    want = compute_gae(rewards, values, terminated, truncated, final, last, gamma=gamma, lam=lam)
+    got = compute_gae_torch(
+        *(torch.from_numpy(x) for x in (rewards, values, terminated, truncated, final, last)),
+        gamma=gamma,
+        lam=lam,
+    )
+    for w, g in zip(want, got, strict=True):
+        assert g.dtype == torch.float32
+        assert np.array_equal(g.numpy(), w)
+
+
+def test_the_device_reward_scaler_follows_the_numpy_one_and_shares_its_state() -> None:
+    rng = np.random.default_rng(0)
+    t, r = 20, 6
+    host = RewardScaler(0.99, 10.0)
+    dev = DeviceRewardScaler(0.99, 10.0, CPU)
+    for _ in range(3):
+        rewards = rng.normal(3.0, 2.0, size=(t, r))
+        terminated = rng.random((t, r)) < 0.1
+        frag = Fragment(
+            obs=np.zeros((t, r, 1), np.float32),
+            actions=np.zeros((t, r), np.int64),
+            log_probs=np.zeros((t, r), np.float32),
+            values=np.zeros((t, r), np.float32),
+            rewards=rewards,
+            terminated=terminated,
+            truncated=np.zeros((t, r), np.bool_),
+            final_values=np.zeros((t, r), np.float32),
+            agent_mask=np.ones((t, r), np.bool_),
+            policy_version=np.zeros(t, np.int64),
+            last_obs=np.zeros((r, 1), np.float32),
+            last_values=np.zeros(r, np.float32),
+            env_ids=np.arange(r, dtype=np.int64),
+            episode_returns=np.zeros(0),
+            episode_lengths=np.zeros(0, np.int64),
+            episode_rows=np.zeros(0, np.int64),
+        )
+        want = host.scale(frag)
+        got = dev.scale(torch.from_numpy(rewards), torch.from_numpy(terminated))
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+    a, b = host.get_state(), dev.get_state()
+    assert set(a) == set(b)
+    np.testing.assert_allclose([a["mean"], a["var"], a["count"]], [b["mean"], b["var"], b["count"]])
+    np.testing.assert_allclose(a["returns"], b["returns"], rtol=1e-12)
+    back = RewardScaler(0.99, 10.0)
+    back.set_state(b)  # the one format: a device scaler's state resumes on the host
+    assert back.count == b["count"]
+
+
+def test_only_batch_envs_with_device_steps_run_the_device_loop() -> None:
+    assert device_loop_support("simkit/BatchCartPole-v0") is None
+    assert device_loop_support("simkit/BatchPendulum-v0") is None
+    assert "is a single env" in str(device_loop_support("simkit/CartPole-v0"))
+    assert "reset_masked" in str(device_loop_support("simkit/BatchCheetah-v0"))
+    assert "Gymnasium env" in str(device_loop_support("gym:CartPole-v1"))
+    with pytest.raises(ValueError, match="the device loop cannot run simkit/CartPole-v0"):
+        _source("simkit/CartPole-v0", 2, 4)
+
+
+def test_a_device_fragment_is_the_keyed_noise_acting_on_the_batch_env() -> None:
+    n, t, seed = 6, 30, 4
+    source, model = _source("simkit/BatchCartPole-v0", n, t, seed)
+    f0 = source.rollout().to_host()  # a copy: the next fragment reuses the storage
+    f1 = source.rollout().to_host()
+    # Stepping a numpy BatchCartPole with the fragments' actions gives their steps (the
+    # torch batch on the CPU has the numpy bits), and each action is the policy's
+    # sample from the run's keyed noise of (seed, slot, step).
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=n)
+    obs, _ = env.reset(seed=seed)
+    noise = SlotNoise(seed, first_slot=0, num_slots=n, rows_per_slot=1, width=1, kind="uniform")
+    for k, frag in enumerate((f0, f1)):
+        for s in range(t):
+            assert np.array_equal(frag.obs[s], obs)
+            out = model.act(torch.from_numpy(obs), noise=torch.from_numpy(noise.draw(k * t + s)))
+            assert np.array_equal(frag.actions[s], out.actions.numpy())
+            assert np.array_equal(frag.log_probs[s], out.log_probs.numpy())
+            step = env.step_batch(frag.actions[s])
+            assert np.array_equal(frag.rewards[s], step.reward)
+            assert np.array_equal(frag.terminated[s], step.terminated)
+            assert np.array_equal(frag.truncated[s], step.truncated)
+            obs = step.obs
+        assert np.array_equal(frag.last_obs, obs)
+    ended = int((f0.terminated | f0.truncated).sum() + (f1.terminated | f1.truncated).sum())
+    assert ended > 0  # episodes ended, and each counted once
+    assert len(f0.episode_returns) + len(f1.episode_returns) == ended
+
+
+def test_truncated_steps_bootstrap_from_the_final_observation() -> None:
+    # BatchPendulum truncates every episode at 200 steps: a 210-step fragment holds them.
+    n, t = 3, 210
+    source, model = _source("simkit/BatchPendulum-v0", n, t)
+    f = source.rollout()
+    assert bool(f.truncated[199].all())
+    assert not bool(f.terminated.any())
+    assert source._buf is not None
+    final_obs = source._buf["final_obs"][199]
+    want = model.value(final_obs).detach()  # batched over all T x N rows there: float32 rounding
+    torch.testing.assert_close(f.final_values[199], want, rtol=1e-5, atol=1e-6)
+    assert bool((f.final_values[199] != 0).all())
+    assert bool((f.final_values[:199] == 0).all())
+    assert np.array_equal(f.episode_lengths, np.full(n, 200.0))
+
+
+def test_a_rollout_never_reads_a_tensor_back_between_its_host_points() -> None:
+    n, t = 16, 24
+    for env_id in ("simkit/BatchCartPole-v0", "simkit/BatchPendulum-v0"):
+        source, _ = _source(env_id, n, t)
+        env = source.env
+        env.prepare_device_steps(t)  # the fragment's one host read of the counters
+        real_stats = env.read_episode_stats
+        empty = {
+            "episodes": np.zeros(n, np.int64),
+            "return_sum": np.zeros(n),
+            "length_sum": np.zeros(n, np.int64),
+        }
+        env.prepare_device_steps = lambda steps: True
+        env.read_episode_stats = lambda empty=empty: empty  # read after the fragment, below
+        with no_host_reads(torch):
+            frag = source.rollout()
+        assert frag.rewards.shape == (t, n)
+        assert int(real_stats()["episodes"].sum()) >= 0
+
+
+def test_the_device_update_is_the_numpy_update_of_its_host_copy() -> None:
+    kw: dict[str, Any] = {"num_minibatches": 4, "update_epochs": 2, "normalize_reward": False}
+    source, _ = _source("simkit/BatchCartPole-v0", 16, 20, **kw)
+    frag = source.rollout()
+    host = frag.to_host()
+    args = PPOArgs(env_id="simkit/BatchCartPole-v0", num_envs=16, num_steps=20, seed=3, **kw)
+    a, b = PPO(args, build_model(args), 16), PPO(args, build_model(args), 16)
+    sa, sb = a.update_device(frag), b.update([host])
+    for (name, pa), pb in zip(
+        a.model.state_dict().items(), b.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(pa, pb), name
+    assert (sa.policy_loss, sa.approx_kl, sa.explained_variance) == (
+        sb.policy_loss,
+        sb.approx_kl,
+        sb.explained_variance,
+    )
