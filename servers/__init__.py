@@ -5,11 +5,12 @@ See docs/server.md; the wire protocol is :mod:`simkit.protocol` (docs/protocol.m
 
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._cli import PARENT_ENV, add_serve_arguments, run_serve
-from simkit.servers._host import EnvListHost, make_env_factory
-from simkit.servers._multiagent_host import (
+from simkit.servers._host import (
     PZ_PREFIX,
+    EnvListHost,
     ParallelEnvHost,
     is_multi_agent_id,
+    make_env_factory,
     make_parallel_env_factory,
 )
 from simkit.servers._prometheus import Metrics

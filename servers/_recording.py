@@ -26,8 +26,7 @@ from simkit.protocol import EnvFault
 from simkit.recording import RecordingWriter, environment_versions
 from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 from simkit.servers._batch_host import BatchEnvHost
-from simkit.servers._host import EnvListHost
-from simkit.servers._multiagent_host import ParallelEnvHost
+from simkit.servers._host import EnvListHost, ParallelEnvHost
 
 __all__ = ["ServerRecorder", "RecordingHost", "MultiAgentRecordingHost"]
 

@@ -40,13 +40,15 @@ from simkit.protocol import (
     message_bytes,
 )
 from simkit.servers._batch_host import BatchEnvHost
-from simkit.servers._host import EnvListHost, batch_spec_of, make_env_factory
-from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, give_back_memory
-from simkit.servers._multiagent_host import (
+from simkit.servers._host import (
+    EnvListHost,
     ParallelEnvHost,
+    batch_spec_of,
     is_multi_agent_id,
+    make_env_factory,
     make_parallel_env_factory,
 )
+from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, give_back_memory
 from simkit.servers._peers import Peer, PeerWatch, quota_used
 from simkit.servers._prometheus import Metrics
 from simkit.servers._recording import MultiAgentRecordingHost, RecordingHost, ServerRecorder
