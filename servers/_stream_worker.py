@@ -23,16 +23,22 @@ import zmq
 from simkit._version import __version__
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ModelSpec, PolicyWeights, build_model
-from simkit.protocol import Busy, InvalidField, ProtocolError, message_bytes, space_to_plain
-from simkit.protocol._errors import InternalError, SessionStateError, Unsupported
-from simkit.protocol._stream_messages import (
+from simkit.protocol import (
+    Busy,
+    InternalError,
+    InvalidField,
     InvalidSessionState,
     InvalidWeightsError,
+    ProtocolError,
     SessionSnapshot,
+    SessionStateError,
     StaleVersion,
     StreamConfig,
     StreamInfo,
     UnknownModelError,
+    Unsupported,
+    message_bytes,
+    space_to_plain,
 )
 from simkit.protocol._stream_session import (
     CloseCommand,

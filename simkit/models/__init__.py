@@ -8,6 +8,7 @@ simkit`` does not import it. See docs/models.md.
 
 from __future__ import annotations
 
+from simkit.models import _weights
 from simkit.models._actor_critic import ActorCritic, ActOutput, numpy_actions
 from simkit.models._builtin import ACTIVATIONS, build_cnn, build_mlp
 from simkit.models._heads import ActionHead, CategoricalHead, GaussianHead, layer_init, make_head
@@ -21,17 +22,7 @@ from simkit.models._registry import (
 )
 from simkit.models._sac import SquashedGaussianHead, build_sac_mlp
 from simkit.models._spec import ModelSpec
-from simkit.models._weights import (
-    PolicyWeights,
-    check_version,
-    check_weights,
-    get_weights,
-    load_weights,
-    save_weights,
-    set_weights,
-    weights_from_wire,
-    weights_to_wire,
-)
+from simkit.models._weights import *  # noqa: F403  (the weights: _weights.__all__)
 
 __all__ = [
     # models as data
@@ -58,13 +49,5 @@ __all__ = [
     "make_head",
     "layer_init",
     # weights
-    "PolicyWeights",
-    "get_weights",
-    "set_weights",
-    "check_weights",
-    "check_version",
-    "weights_to_wire",
-    "weights_from_wire",
-    "save_weights",
-    "load_weights",
+    *_weights.__all__,
 ]

@@ -1,40 +1,16 @@
 """simkit's wire protocol: messages, spaces codec and session state machines. No IO.
 
 See docs/protocol.md for the specification. Transports (``simkit.servers``,
-``simkit.clients``) move the frames this package builds and parses.
+``simkit.clients``) move the frames this package builds and parses. The codec, spaces,
+errors and multi-agent modules are public whole (their ``__all__``); of the others, the
+names listed below.
 """
 
+from simkit.protocol import _codec, _errors, _multiagent, _spaces
 from simkit.protocol._client_session import ClientSession, ResetResult
-from simkit.protocol._codec import (
-    INLINE_THRESHOLD,
-    PROTOCOL_VERSION,
-    Limits,
-    Message,
-    decode,
-    encode,
-    message_bytes,
-    plain_safe,
-)
+from simkit.protocol._codec import *  # noqa: F403  (the codec: _codec.__all__)
 from simkit.protocol._error_reply import error_code_of, error_reply
-from simkit.protocol._errors import (
-    ERROR_CODES,
-    Busy,
-    InvalidDtype,
-    InvalidEnvIds,
-    InvalidField,
-    InvalidShape,
-    MalformedMessage,
-    MessageTooLarge,
-    NonFinite,
-    OutOfSpace,
-    ProtocolError,
-    RemoteError,
-    SessionStateError,
-    UnknownKind,
-    Unsupported,
-    UnsupportedSpace,
-    VersionMismatch,
-)
+from simkit.protocol._errors import *  # noqa: F403  (the errors: _errors.__all__)
 from simkit.protocol._handshake import (
     AUTORESET_SAME_STEP,
     CAPABILITIES,
@@ -49,17 +25,7 @@ from simkit.protocol._infos import (
     infos_to_wire,
     step_infos_to_wire,
 )
-from simkit.protocol._multiagent import (
-    ENV_KIND_MULTI_AGENT,
-    ENV_KIND_SINGLE,
-    MultiAgentHost,
-    MultiAgentReset,
-    MultiAgentServerSession,
-    MultiAgentStep,
-    final_obs_rows,
-    parse_multi_agent_reset,
-    parse_multi_agent_step,
-)
+from simkit.protocol._multiagent import *  # noqa: F403  (multi-agent: _multiagent.__all__)
 from simkit.protocol._server_session import (
     EnvHost,
     Host,
@@ -67,17 +33,8 @@ from simkit.protocol._server_session import (
     is_keepalive,
     keepalive_target,
 )
-from simkit.protocol._spaces import (
-    DTYPES,
-    batch_dtype,
-    check_batch,
-    flatten_batch,
-    put_rows,
-    space_from_plain,
-    space_to_plain,
-    take_rows,
-    unflatten_batch,
-)
+from simkit.protocol._spaces import *  # noqa: F403  (the spaces codec: _spaces.__all__)
+from simkit.protocol._spaces import put_rows, take_rows
 from simkit.protocol._step_reply import EnvFault
 from simkit.protocol._stream_messages import (
     FRAGMENT_ARRAYS,
@@ -102,21 +59,9 @@ from simkit.protocol._stream_session import (
 
 __all__ = [
     # codec
-    "PROTOCOL_VERSION",
-    "INLINE_THRESHOLD",
-    "DTYPES",
-    "Limits",
-    "Message",
-    "encode",
-    "decode",
-    "plain_safe",
+    *_codec.__all__,
     # spaces
-    "space_to_plain",
-    "space_from_plain",
-    "batch_dtype",
-    "flatten_batch",
-    "unflatten_batch",
-    "check_batch",
+    *_spaces.__all__,
     "take_rows",
     "put_rows",
     # sessions
@@ -141,15 +86,7 @@ __all__ = [
     "step_infos_to_wire",
     "INFO_COLUMNS_SINCE",
     # multi-agent
-    "ENV_KIND_SINGLE",
-    "ENV_KIND_MULTI_AGENT",
-    "MultiAgentHost",
-    "MultiAgentServerSession",
-    "MultiAgentReset",
-    "MultiAgentStep",
-    "parse_multi_agent_reset",
-    "parse_multi_agent_step",
-    "final_obs_rows",
+    *_multiagent.__all__,
     # stream sessions (policy serving)
     "STREAM_KINDS",
     "STREAM_MODES",
@@ -168,22 +105,5 @@ __all__ = [
     "InvalidWeightsError",
     "StaleVersion",
     # errors
-    "ERROR_CODES",
-    "ProtocolError",
-    "MalformedMessage",
-    "VersionMismatch",
-    "UnknownKind",
-    "InvalidField",
-    "InvalidDtype",
-    "InvalidShape",
-    "NonFinite",
-    "InvalidEnvIds",
-    "OutOfSpace",
-    "MessageTooLarge",
-    "SessionStateError",
-    "Busy",
-    "message_bytes",
-    "Unsupported",
-    "UnsupportedSpace",
-    "RemoteError",
+    *_errors.__all__,
 ]

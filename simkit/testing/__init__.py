@@ -6,32 +6,14 @@ for seeds, reset options and action sequences; ``property_test`` turns them into
 one-line hypothesis test for an author's env.
 """
 
-from simkit.testing import strategies
-from simkit.testing._checks import (
-    CHECKS,
-    Check,
-    check_determinism,
-    check_env,
-    check_no_global_rng,
-    check_randomization,
-    check_reset_reuse,
-    check_snapshot,
-    check_spaces,
-)
+from simkit.testing import _checks, strategies
+from simkit.testing._checks import *  # noqa: F403  (the checks: _checks.__all__)
 from simkit.testing._driver import as_factory
 from simkit.testing._profiles import register_profiles
 from simkit.testing._property import property_test
 
 __all__ = [
-    "check_env",
-    "CHECKS",
-    "Check",
-    "check_spaces",
-    "check_determinism",
-    "check_reset_reuse",
-    "check_snapshot",
-    "check_randomization",
-    "check_no_global_rng",
+    *_checks.__all__,
     "as_factory",
     "register_profiles",
     "property_test",
