@@ -156,7 +156,14 @@ class PPOArgs(_Plain):
     then a cheaper update; deterministic run to run, but not bit-equal to eager."""
     device: str = "cpu"
     """The learner's torch device for the update: ``cpu``, ``cuda[:k]`` or ``auto``
-    (``cuda`` where available, else ``cpu``). The rollout keeps its own device."""
+    (``cuda`` where available, else ``cpu``). The rollout keeps its own device, except
+    in the device loop (``device_loop``)."""
+    device_loop: str = "auto"
+    """The whole loop on ``device`` (env, noise, policy, fragments, GAE, update:
+    :class:`~simkit.clients._device_source.DeviceSource`): ``on`` (a batch env with
+    device-resident steps, in process, sync; refused otherwise), ``off``, or ``auto``
+    (on where ``device`` is not the CPU and the run can; a CPU run keeps the host
+    rollout and its bits)."""
 
     def check(self) -> None:
         """Refuses values no run can use, before anything starts.
@@ -177,6 +184,12 @@ class PPOArgs(_Plain):
             ("max_grad_norm", self.max_grad_norm, self.max_grad_norm > 0, "> 0"),
             ("reward_clip", self.reward_clip, self.reward_clip > 0, "> 0"),
             ("max_lag", self.max_lag, self.max_lag >= 0, ">= 0"),
+            (
+                "device_loop",
+                self.device_loop,
+                self.device_loop in ("auto", "on", "off"),
+                "auto, on or off",
+            ),
         ]
         refuse_unless([(f"--{name.replace('_', '-')}", *rest) for name, *rest in rules])
         batch = self.num_envs * self.num_steps

@@ -42,7 +42,7 @@ from simkit._noise import SlotNoise, TorchSlotNoise
 from simkit._types import Fragment
 from simkit.models import ActorCritic
 
-__all__ = ["DeviceFragment", "DeviceSource", "device_loop_support"]
+__all__ = ["DeviceFragment", "DeviceSource", "device_loop_support", "use_device_loop"]
 
 
 @dataclass
@@ -141,6 +141,43 @@ def device_loop_support(env_id: str) -> str | None:
             "BatchEnv.reset_masked)"
         )
     return None
+
+
+def use_device_loop(
+    *,
+    env_id: str,
+    choice: str,
+    device: torch.device,
+    mode: str,
+    servers: int,
+    connect: bool,
+    ray: bool,
+    record: bool,
+) -> bool:
+    """Whether a PPO run rolls out in the device loop (``--device-loop``, ``choice``):
+    ``on`` where the run can (else a ``ValueError`` saying why), ``off`` never, ``auto``
+    where it can and ``device`` is not the CPU (a CPU run keeps the host rollout, and its
+    bits, unless it asks).
+
+    Raises:
+        ValueError: ``choice`` is ``on`` and the run cannot (one line, naming why).
+    """
+    if choice == "off":
+        return False
+    why: str | None
+    if servers or connect or ray:
+        why = "it rolls out in the learner's process (--servers 0, no --connect or --ray)"
+    elif mode != "sync":
+        why = f"it runs in sync mode only, got --mode {mode}"
+    elif record:
+        why = "--record records host fragments (the device loop's never leave the device)"
+    else:
+        why = device_loop_support(env_id)
+    if choice == "on":
+        if why is not None:
+            raise ValueError(f"--device-loop on: {why}")
+        return True
+    return why is None and device.type != "cpu"
 
 
 class DeviceSource:

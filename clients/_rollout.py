@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from simkit._kernels import pinned_vars
+from simkit.clients._device_source import DeviceSource
 from simkit.clients._local_source import LocalSource
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
@@ -21,7 +24,7 @@ __all__ = ["Rollout", "open_rollout"]
 class Rollout:
     """An open fragment source and what runs it (server processes, a Ray launch)."""
 
-    source: LocalSource | ServerSource
+    source: LocalSource | ServerSource | DeviceSource
     procs: list[Any] = field(default_factory=list)
     launched: Any = None
 
@@ -69,13 +72,28 @@ def open_rollout(
     wait_for_servers: bool,
     give_up: Callable[[], bool],
     logdir: Path,
+    device_loop: torch.device | None = None,
 ) -> Rollout:
     """Opens the fragment source a run asks for (the arguments of
     :func:`simkit.clients._train.run_training`); on error nothing is left running.
+    ``device_loop``: roll out in process on that device
+    (:class:`~simkit.clients._device_source.DeviceSource`; the run checked it can,
+    :func:`~simkit.clients._device_source.use_device_loop`).
 
     Raises:
         ValueError: ``ray`` without ``servers`` or with ``connect``.
     """
+    if device_loop is not None:
+        return Rollout(
+            DeviceSource(
+                env_id,
+                model,
+                num_envs=num_envs,
+                num_steps=num_steps,
+                seed=seed,
+                device=device_loop,
+            )
+        )
     procs: list[Any] = []
     endpoints = list(connect)
     launched: Any = None
@@ -106,7 +124,7 @@ def open_rollout(
     elif servers:
         procs, spawned = spawn_servers(env_id, servers, num_threads=env_threads)
         endpoints += spawned
-    source: LocalSource | ServerSource
+    source: LocalSource | ServerSource | DeviceSource
     try:
         if endpoints:
             source = ServerSource(

@@ -49,6 +49,8 @@ _HELP: dict[str, str] = {
     "torch_threads": "torch intra-op threads of the learner",
     "compile": "torch.compile the minibatch loss (a one-off compile, then a cheaper update)",
     "device": "the learner's torch device for the update: cpu, cuda[:k] or auto",
+    "device_loop": "the whole loop on --device (a batch env with device-resident steps, "
+    "--servers 0, sync): on, off, or auto (on where --device is not the CPU and the run can)",
     "buffer_size": "replay buffer capacity in transitions",
     "learning_starts": "transitions in the buffer before the first gradient step "
     "(the servers act uniformly at random until then)",
@@ -107,6 +109,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(_flag(f.name), type=int, nargs="+", default=None, help=help_)
         elif f.name == "mode":
             group.add_argument(_flag(f.name), choices=("sync", "async"), default=None, help=help_)
+        elif f.name == "device_loop":
+            group.add_argument(
+                _flag(f.name), choices=("auto", "on", "off"), default=None, help=help_
+            )
         else:
             group.add_argument(_flag(f.name), type=type(default), default=None, help=help_)
     run = parser.add_argument_group("run")

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import simkit
 from simkit._noise import SlotNoise
 from simkit._types import Fragment
-from simkit.clients._device_source import DeviceSource, device_loop_support
+from simkit.clients._device_source import DeviceSource, device_loop_support, use_device_loop
 from simkit.clients._train import build_model
 from simkit.clients.ppo import (
     PPO,
@@ -196,3 +196,35 @@ def test_the_device_update_is_the_numpy_update_of_its_host_copy() -> None:
         sb.approx_kl,
         sb.explained_variance,
     )
+
+
+def test_which_runs_take_the_device_loop() -> None:
+    def use(env_id: str = "simkit/BatchCartPole-v0", **kw: Any) -> bool:
+        settings: dict[str, Any] = {
+            "env_id": env_id,
+            "choice": "auto",
+            "device": torch.device("cuda"),  # a name: no CUDA device is needed to ask
+            "mode": "sync",
+            "servers": 0,
+            "connect": False,
+            "ray": False,
+            "record": False,
+        }
+        return use_device_loop(**{**settings, **kw})
+
+    assert use()
+    assert not use(device=CPU)  # a CPU run keeps its host rollout unless it asks
+    assert use(device=CPU, choice="on")
+    assert not use(choice="off")
+    assert not use("simkit/CartPole-v0")
+    assert not use(servers=1)
+    with pytest.raises(ValueError, match=r"^--device-loop on: it rolls out in the learner's"):
+        use(choice="on", servers=1)
+    with pytest.raises(ValueError, match="sync mode only, got --mode async"):
+        use(choice="on", mode="async")
+    with pytest.raises(ValueError, match="--record records host fragments"):
+        use(choice="on", record=True)
+    with pytest.raises(ValueError, match="is a single env"):
+        use("simkit/CartPole-v0", choice="on")
+    with pytest.raises(ValueError, match="--device-loop must be auto, on or off, got yes"):
+        PPOArgs(device_loop="yes").check()
