@@ -13,12 +13,15 @@ from simkit import snapshot
 from simkit.errors import CorruptRecording, InvalidState
 
 __all__ = [
+    "Trajectory",
     "Episode",
     "EpisodeStats",
     "encode_episode",
     "decode_episode",
     "stats_from_meta",
     "trajectory_arrays",
+    "encode_trajectory",
+    "decode_trajectory",
     "plain_infos",
     "plain_body",
     "pack_record",
@@ -31,8 +34,33 @@ RECORD_FORMAT = 1
 _U64 = struct.Struct("<Q")
 
 
+class Trajectory:
+    """What a single-agent :class:`Episode` and one agent's part of a multi-agent episode
+    (:class:`~simkit.recording.AgentEpisode`) share: one trajectory of ``T`` steps
+    (observation and action trees, rewards, flags, infos, policy versions), encoded and
+    decoded by the same functions (:func:`encode_trajectory`, :func:`decode_trajectory`)."""
+
+    obs: Any
+    actions: Any
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    infos: list[dict[str, Any]]
+    policy_version: np.ndarray | None
+
+    @property
+    def length(self) -> int:
+        """``T``, the number of steps."""
+        return int(self.rewards.shape[0])
+
+    @property
+    def total_return(self) -> float:
+        """Sum of the rewards."""
+        return float(np.sum(self.rewards, dtype=np.float64))
+
+
 @dataclass
-class Episode:
+class Episode(Trajectory):
     """One recorded episode of one env (single-agent) with what re-simulates it.
 
     ``T`` is the number of steps. Observations and actions are trees (dict / tuple of
@@ -76,16 +104,6 @@ class Episode:
     snapshots: dict[int, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     origin: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def length(self) -> int:
-        """``T``, the number of steps."""
-        return int(self.rewards.shape[0])
-
-    @property
-    def total_return(self) -> float:
-        """Sum of the rewards."""
-        return float(np.sum(self.rewards, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -275,21 +293,49 @@ def record_origin_meta(ep: Episode | Any) -> dict[str, Any]:
     }
 
 
+def encode_trajectory(
+    traj: Trajectory, prefix: str, what: str, n_obs: int
+) -> tuple[Any, Any, list[tuple[str, np.ndarray]], list[dict[str, Any]]]:
+    """``(obs_tree, action_tree, arrays, infos)`` of one trajectory: its arrays named
+    ``prefix...`` (:func:`trajectory_arrays`) and its ``T`` infos as plain data."""
+    columns = {
+        "rewards": traj.rewards,
+        "terminated": traj.terminated,
+        "truncated": traj.truncated,
+        "policy_version": traj.policy_version,
+    }
+    obs_tree, act_tree, arrays = trajectory_arrays(
+        prefix, what, traj.obs, traj.actions, columns, n_obs
+    )
+    try:
+        infos = plain_infos(traj.infos, traj.length, what)
+    except InvalidState as exc:
+        raise TypeError(f"episode infos/options/snapshots must be plain data: {exc}") from exc
+    return obs_tree, act_tree, arrays, infos
+
+
+def decode_trajectory(
+    arrays: dict[str, np.ndarray], prefix: str, obs_tree: Any, action_tree: Any
+) -> dict[str, Any]:
+    """The array fields of a trajectory (``obs``, ``actions``, ``rewards``, the flags,
+    ``policy_version``: ``None`` where no step's version is known), inverse of
+    :func:`encode_trajectory`."""
+    version = arrays[prefix + "policy_version"]
+    return {
+        "obs": _unflatten(obs_tree, leaves_of(arrays, prefix + "obs")),
+        "actions": _unflatten(action_tree, leaves_of(arrays, prefix + "actions")),
+        "rewards": arrays[prefix + "rewards"],
+        "terminated": arrays[prefix + "terminated"],
+        "truncated": arrays[prefix + "truncated"],
+        "policy_version": None if bool(np.all(version < 0)) else version,
+    }
+
+
 def encode_episode(ep: Episode) -> tuple[dict[str, Any], bytes]:
     """``(meta, blob)`` of one record (see docs/recording.md, "Episode records")."""
     t = ep.length
     final = 0 if ep.origin.get("final_obs") is False else 1
-    columns = {
-        "rewards": ep.rewards,
-        "terminated": ep.terminated,
-        "truncated": ep.truncated,
-        "policy_version": ep.policy_version,
-    }
-    obs_tree, act_tree, arrays = trajectory_arrays("", "", ep.obs, ep.actions, columns, t + final)
-    try:
-        infos = plain_infos(ep.infos, t, "")
-    except InvalidState as exc:
-        raise TypeError(f"episode infos/options/snapshots must be plain data: {exc}") from exc
+    obs_tree, act_tree, arrays, infos = encode_trajectory(ep, "", "", t + final)
     body = plain_body(
         {
             "reset_info": ep.reset_info,
@@ -346,23 +392,15 @@ def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) ->
     """Inverse of :func:`encode_episode` (the blob already checked and decompressed)."""
     try:
         body, arrays = unpack_record(meta, blob)
-        obs = _unflatten(meta["obs_tree"], leaves_of(arrays, "obs"))
-        actions = _unflatten(meta["action_tree"], leaves_of(arrays, "actions"))
-        version = arrays["policy_version"]
         return Episode(
             env_id=str(meta["env_id"]),
-            obs=obs,
-            actions=actions,
-            rewards=arrays["rewards"],
-            terminated=arrays["terminated"],
-            truncated=arrays["truncated"],
+            **decode_trajectory(arrays, "", meta["obs_tree"], meta["action_tree"]),
             infos=list(body["infos"]),
             reset_info=body["reset_info"],
             seed=meta["seed"],
             options=body["options"],
             params=snapshot.from_plain(meta["params"]),
             env_kwargs=snapshot.from_plain(meta["env_kwargs"]),
-            policy_version=None if bool(np.all(version < 0)) else version,
             snapshots={int(k): v for k, v in body["snapshots"]},
             versions=dict(meta["versions"]),
             origin=snapshot.from_plain(meta["origin"]),

@@ -18,13 +18,12 @@ import numpy as np
 from simkit import snapshot
 from simkit.errors import CorruptRecording, InvalidState
 from simkit.recording._episode import (
-    _unflatten,
-    leaves_of,
+    Trajectory,
+    decode_trajectory,
+    encode_trajectory,
     pack_record,
     plain_body,
-    plain_infos,
     record_origin_meta,
-    trajectory_arrays,
     unpack_record,
     version_range,
 )
@@ -33,7 +32,7 @@ __all__ = ["AgentEpisode", "MultiAgentEpisode", "encode_multi_agent", "decode_mu
 
 
 @dataclass
-class AgentEpisode:
+class AgentEpisode(Trajectory):
     """One agent's part of a multi-agent episode: ``L`` steps from env step ``start``.
 
     Step ``j`` of the agent is env step ``start + j``; the agent acted at every env step
@@ -63,16 +62,6 @@ class AgentEpisode:
     infos: list[dict[str, Any]] = field(default_factory=list)
     reset_info: dict[str, Any] = field(default_factory=dict)
     policy_version: np.ndarray | None = None
-
-    @property
-    def length(self) -> int:
-        """``L``, the agent's number of steps."""
-        return int(self.rewards.shape[0])
-
-    @property
-    def total_return(self) -> float:
-        """Sum of the agent's rewards."""
-        return float(np.sum(self.rewards, dtype=np.float64))
 
 
 @dataclass
@@ -147,21 +136,11 @@ def encode_multi_agent(ep: MultiAgentEpisode) -> tuple[dict[str, Any], bytes]:
                 f"{what}steps {a.start}..{a.start + a.length} must lie in the episode's "
                 f"T = {ep.length} env steps"
             )
-        columns = {
-            "rewards": a.rewards,
-            "terminated": a.terminated,
-            "truncated": a.truncated,
-            "policy_version": a.policy_version,
-        }
-        obs_tree, act_tree, agent_arrays = trajectory_arrays(
-            f"agents/{j}/", what, a.obs, a.actions, columns, a.length + 1
+        obs_tree, act_tree, agent_arrays, infos = encode_trajectory(
+            a, f"agents/{j}/", what, a.length + 1
         )
         arrays.extend(agent_arrays)
         versions.append(dict(agent_arrays)[f"agents/{j}/policy_version"])
-        try:
-            infos = plain_infos(a.infos, a.length, what)
-        except InvalidState as exc:
-            raise TypeError(f"episode infos/options/snapshots must be plain data: {exc}") from exc
         agents_body.append(
             {"reset_info": plain_body(a.reset_info, f"{what}reset_info")} | {"infos": infos}
         )
@@ -208,18 +187,11 @@ def decode_multi_agent(
         body, arrays = unpack_record(meta, blob)
         agents: dict[Any, AgentEpisode] = {}
         for j, (m, b) in enumerate(zip(meta["agents"], body["agents"], strict=True)):
-            prefix = f"agents/{j}/"
-            version = arrays[prefix + "policy_version"]
             agents[m["id"]] = AgentEpisode(
                 start=int(m["start"]),
-                obs=_unflatten(m["obs_tree"], leaves_of(arrays, prefix + "obs")),
-                actions=_unflatten(m["action_tree"], leaves_of(arrays, prefix + "actions")),
-                rewards=arrays[prefix + "rewards"],
-                terminated=arrays[prefix + "terminated"],
-                truncated=arrays[prefix + "truncated"],
+                **decode_trajectory(arrays, f"agents/{j}/", m["obs_tree"], m["action_tree"]),
                 infos=list(b["infos"]),
                 reset_info=b["reset_info"],
-                policy_version=None if bool(np.all(version < 0)) else version,
             )
         return MultiAgentEpisode(
             env_id=str(meta["env_id"]),

@@ -392,6 +392,28 @@ class EpisodeTracker:
             version,
         )
 
+    def _log_result(
+        self,
+        row_ids: np.ndarray,
+        rows: np.ndarray | None,
+        res: BatchStep | MultiAgentBatchStep,
+        actions: Any,
+        infos: list[dict[str, Any]],
+        version: int,
+    ) -> None:
+        """:meth:`log` of a step result's rows (``final_obs``: what each action led to)."""
+        self.log(
+            row_ids,
+            rows,
+            res.final_obs,
+            actions,
+            res.reward,
+            res.terminated,
+            res.truncated,
+            infos,
+            version,
+        )
+
     def set_last_obs(self, i: int, obs_row: Any) -> None:
         """Replaces single-agent env ``i``'s last next-observation (an autoreset's final
         observation)."""
@@ -429,17 +451,7 @@ class EpisodeTracker:
             )
         ):
             infos = step_infos(raw) if with_infos else [{}] * ids.size
-            self.log(
-                ids,
-                None,
-                res.final_obs,
-                actions,
-                res.reward,
-                res.terminated,
-                res.truncated,
-                infos,
-                version,
-            )
+            self._log_result(ids, None, res, actions, infos, version)
         done = ended_rows(res.terminated, res.truncated)
         if not done:
             if self.snapshot_every:
@@ -472,17 +484,7 @@ class EpisodeTracker:
         infos = step_infos(raw)
         acted = np.asarray(res.acted, bool)
         local = np.flatnonzero(acted & self.live[grows])
-        self.log(
-            grows[local],
-            local,
-            res.final_obs,
-            actions,
-            res.reward,
-            res.terminated,
-            res.truncated,
-            infos,
-            version,
-        )
+        self._log_result(grows[local], local, res, actions, infos, version)
         for row in grows[local[np.logical_or(res.terminated, res.truncated)[local]]].tolist():
             self._set_live(row, False)  # the agent left
         env_reset = np.asarray(res.env_reset, bool)
