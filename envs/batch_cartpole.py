@@ -95,20 +95,9 @@ class BatchCartPole(simkit.BatchEnv):
     def _advance(self, state: Any, actions: Any, p: dict[str, Any]) -> tuple[Any, Any]:
         """One Euler step of the rows ``state`` (k, 4) under their parameters ``p``."""
         xp = self.xp
-        x, x_dot, theta, theta_dot = (state[:, k] for k in range(4))
         force = xp.where(actions == 1, p["force_mag"], -p["force_mag"])
-        total_mass = p["pole_mass"] + p["cart_mass"]
-        polemass_length = p["pole_mass"] * p["pole_length"]
-        cos, sin = xp.cos(theta), xp.sin(theta)
-        temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
-        theta_acc = (p["gravity"] * sin - cos * temp) / (
-            p["pole_length"] * (4.0 / 3.0 - p["pole_mass"] * cos**2 / total_mass)
-        )
-        x_acc = temp - polemass_length * theta_acc * cos / total_mass
-        x = x + self.tau * x_dot
-        x_dot = x_dot + self.tau * x_acc
-        theta = theta + self.tau * theta_dot
-        theta_dot = theta_dot + self.tau * theta_acc
+        columns = (state[:, 0], state[:, 1], state[:, 2], state[:, 3])
+        x, x_dot, theta, theta_dot = CartPole.euler(columns, force, p, self.tau, xp)
         rows = [x, x_dot, theta, theta_dot]
         # numpy: an (N, 4) view of a (4, N) array (cheaper than stack; later steps read
         # its columns contiguously)

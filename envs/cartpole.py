@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -64,20 +65,32 @@ class CartPole(simkit.Env[np.ndarray, Any]):
         self, action: Any, rng: np.random.Generator
     ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
         p = self._params
-        x, x_dot, theta, theta_dot = self.state
         force = p["force_mag"] if action == 1 else -p["force_mag"]
+        x, x_dot, theta, theta_dot = self.euler(tuple(self.state), force, p, self.tau, np)
+        self.state = np.array([x, x_dot, theta, theta_dot], dtype=np.float64)
+        terminated = bool(abs(x) > self.x_threshold or abs(theta) > self.theta_threshold)
+        return self.state.astype(np.float32), 1.0, terminated, {}
+
+    @staticmethod
+    def euler(
+        state: tuple[Any, Any, Any, Any], force: Any, p: Mapping[str, Any], tau: float, xp: Any
+    ) -> tuple[Any, Any, Any, Any]:
+        """One Euler step (``tau`` seconds) of ``(x, x_dot, theta, theta_dot)`` pushed by
+        ``force`` under the parameters ``p``: scalars here, the columns of N rows in
+        :class:`~simkit.envs.batch_cartpole.BatchCartPole` (``xp``: numpy or torch), so
+        both compute the same float64 arithmetic in the same order."""
+        x, x_dot, theta, theta_dot = state
         total_mass = p["pole_mass"] + p["cart_mass"]
         polemass_length = p["pole_mass"] * p["pole_length"]
-        cos, sin = np.cos(theta), np.sin(theta)
+        cos, sin = xp.cos(theta), xp.sin(theta)
         temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
         theta_acc = (p["gravity"] * sin - cos * temp) / (
             p["pole_length"] * (4.0 / 3.0 - p["pole_mass"] * cos**2 / total_mass)
         )
         x_acc = temp - polemass_length * theta_acc * cos / total_mass
-        x += self.tau * x_dot
-        x_dot += self.tau * x_acc
-        theta += self.tau * theta_dot
-        theta_dot += self.tau * theta_acc
-        self.state = np.array([x, x_dot, theta, theta_dot], dtype=np.float64)
-        terminated = bool(abs(x) > self.x_threshold or abs(theta) > self.theta_threshold)
-        return self.state.astype(np.float32), 1.0, terminated, {}
+        return (
+            x + tau * x_dot,
+            x_dot + tau * x_acc,
+            theta + tau * theta_dot,
+            theta_dot + tau * theta_acc,
+        )
