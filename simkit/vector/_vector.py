@@ -1,4 +1,10 @@
-"""``simkit.vector.VectorEnv``: N single-instance envs in one process, on a thread pool."""
+"""``simkit.vector.VectorEnv``: N single-instance envs in one process, on a thread pool.
+
+The Gymnasium face of :class:`simkit.vector._core.VectorCore` (one agent row per env):
+Gymnasium's reset and 5-tuple step under its autoreset modes, the typed ``step_batch``,
+and EnvPool-style ``send``/``recv``. Stepping, autoreset, seeding, subset steps and
+snapshots are the core's.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +12,26 @@ import contextlib
 import copy
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+from gymnasium.vector.utils import batch_space
 
-from simkit._seeding import EpisodeSeeds
-from simkit._state import restore_all
 from simkit._types import BatchStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids
-from simkit.errors import InvalidState, ResetNeeded
-from simkit.registry import make
+from simkit.errors import ResetNeeded
 from simkit.vector._actions import check_batch, split_rows
-from simkit.vector._pool import WorkerPool
+from simkit.vector._build import build_envs, check_mask, gather_rows, positive_int
+from simkit.vector._core import VECTOR_STATE_FORMAT, VectorCore
 
 __all__ = ["VectorEnv", "make_vec", "VECTOR_STATE_FORMAT", "gather_rows"]
 
-VECTOR_STATE_FORMAT = 1
-"""Version of the snapshot layout produced by :meth:`VectorEnv.get_state`."""
-
-_SAME, _NEXT, _DISABLED = AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED
+_SAME = AutoresetMode.SAME_STEP
 
 
-class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
+class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
     """N instances of one env stepped in one process, on ``num_threads`` threads.
 
     A ``gymnasium.vector.VectorEnv``: Gymnasium's vector wrappers and VectorEnv
@@ -75,6 +75,9 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             rollout server needs). Off by default: the exception propagates.
     """
 
+    _state_fields = frozenset({"pending_reset"})
+    _env_state_fields = frozenset({"obs"})
+
     def __init__(
         self,
         env_fns: str | Sequence[Callable[[], gym.Env[Any, Any]]],
@@ -90,81 +93,101 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     ) -> None:
         self.closed = False
         self.isolate_faults = isolate_faults
-        self._pool: WorkerPool | None = None
-        self.envs = _build_envs(env_fns, num_envs, params, env_kwargs)
-        n = len(self.envs)
-        self.num_envs = n
+        self._pool = None
+        envs: list[gym.Env[Any, Any]] = build_envs(env_fns, num_envs, params, env_kwargs)
+        if not isinstance(env_fns, str):
+            for i, env in enumerate(envs):
+                if not isinstance(env, gym.Env):
+                    raise TypeError(
+                        f"env_fns[{i}] must return a gymnasium.Env, got {type(env).__name__}"
+                    )
+        n = len(envs)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
-        first = self.envs[0]
+        first = envs[0]
         self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = first.render_mode
         self.spec = None
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
-        for i, env in enumerate(self.envs):
-            if env.observation_space != self.single_observation_space:
-                raise ValueError(
-                    f"every env must share one observation space; env 0 has "
-                    f"{self.single_observation_space}, env {i} has {env.observation_space}"
-                )
-            if env.action_space != self.single_action_space:
-                raise ValueError(
-                    f"every env must share one action space; env 0 has "
-                    f"{self.single_action_space}, env {i} has {env.action_space}"
-                )
+        for i, env in enumerate(envs):
+            for what, space, mine in (
+                ("observation", env.observation_space, self.single_observation_space),
+                ("action", env.action_space, self.single_action_space),
+            ):
+                if space != mine:
+                    raise ValueError(
+                        f"every env must share one {what} space; env 0 has {mine}, "
+                        f"env {i} has {space}"
+                    )
         self.observation_space = batch_space(self.single_observation_space, n)
         self.action_space = batch_space(self.single_action_space, n)
         self.validate_actions = validate_actions
         if validate_actions:
-            for env in self.envs:
+            for env in envs:
                 if hasattr(env.unwrapped, "validate_actions"):
                     env.unwrapped.validate_actions = False
-        bounds = getattr(first.unwrapped, "action_bounds", ActionBounds.CLIP)
-        self._bounds = bounds if isinstance(bounds, ActionBounds) else ActionBounds.CLIP
-
-        self.num_threads = _positive_int(num_threads, "num_threads")
-        self.batch_size = n if batch_size is None else _positive_int(batch_size, "batch_size")
+        self.num_threads = positive_int(num_threads, "num_threads")
+        self.batch_size = n if batch_size is None else positive_int(batch_size, "batch_size")
         if self.batch_size > n:
             raise ValueError(f"batch_size must be <= num_envs={n}, got {self.batch_size}")
-        workers = min(self.num_threads, n)
-        self._chunks = [c.astype(np.int64) for c in np.array_split(np.arange(n), workers)]
-        self._owner = np.empty(n, dtype=np.int64)
-        for w, chunk in enumerate(self._chunks):
-            self._owner[chunk] = w
-        if workers > 1:
-            self._pool = WorkerPool(workers)
-
-        self.seeds = EpisodeSeeds(n)
-        self._has_reset = False
-        self._pending = np.zeros(n, dtype=np.bool_)
-        # Per-env result slots written by whichever thread steps the env.
-        self._obs_slot: list[Any] = [None] * n
-        self._final_slot: list[Any] = [None] * n
-        self._reward = np.zeros(n, dtype=np.float64)
-        self._term = np.zeros(n, dtype=np.bool_)
-        self._trunc = np.zeros(n, dtype=np.bool_)
-        self._info_slot: list[dict[str, Any]] = [{} for _ in range(n)]
-        self._reset_info_slot: list[dict[str, Any] | None] = [None] * n
-        self._broken = np.zeros(n, dtype=np.bool_)
-        self._faults: list[StepFault] = []
+        bounds = getattr(first.unwrapped, "action_bounds", ActionBounds.CLIP)
+        self._init_core(envs, 1, bounds=bounds, num_threads=self.num_threads, live=True)
         # Async bookkeeping.
-        self._in_flight = np.zeros(n, dtype=np.bool_)
         self._ready: deque[int] = deque()
         self._lazy: deque[tuple[int, Any, AutoresetMode]] = deque()
         self._tasks_out = 0
         self._waiting_all = False
 
-    # ------------------------------------------------------------------ properties
-
-    @property
-    def episode_index(self) -> np.ndarray:
-        """Each env's current episode number (a copy; -1 before the first reset)."""
-        return self.seeds.episode.copy()
-
     @property
     def root_seeds(self) -> list[int | None]:
         """Each env's root seed; ``None`` for an env reset with an explicit seed."""
         return list(self.seeds.roots)
+
+    # -------------------------------------------------------- one env, one agent row
+
+    def _step_rows(self, i: int, action: Any) -> bool:
+        obs, reward, terminated, truncated, info = self.envs[i].step(action)
+        self._final_rows[i] = self._obs_rows[i] = obs
+        self._reward[i] = reward
+        self._term[i] = terminated
+        self._trunc[i] = truncated
+        self._info_rows[i] = info
+        self._reset_info_rows[i] = None
+        return bool(terminated or truncated)
+
+    def _reset_rows(
+        self, i: int, seed: int | None, options: dict[str, Any] | None
+    ) -> list[dict[str, Any]]:
+        obs, info = self.envs[i].reset(seed=seed, options=options)
+        self._obs_rows[i] = obs
+        return [info]
+
+    def _action_rows(self, actions: Any, ids: np.ndarray) -> list[Any]:
+        if self.validate_actions:
+            return check_batch(self.single_action_space, actions, ids, self._bounds)
+        return split_rows(self.single_action_space, actions, len(ids))
+
+    def _rows_state(self) -> dict[str, Any]:
+        return {"pending_reset": self._pending.copy()}
+
+    def _restore_rows(self, state: Mapping[str, Any]) -> Callable[[], None]:
+        pending = np.asarray(state["pending_reset"], dtype=np.bool_).copy()
+
+        def apply() -> None:
+            self._pending = pending
+
+        return apply
+
+    def _env_rows_state(self, i: int) -> dict[str, Any]:
+        return {"obs": copy.deepcopy(self._obs_rows[i])}
+
+    def _restore_env_rows(self, state: Mapping[str, Any]) -> Callable[[int], None]:
+        obs = state["obs"]
+
+        def apply(i: int) -> None:
+            self._obs_rows[i] = self._final_rows[i] = copy.deepcopy(obs)
+
+        return apply
 
     # ------------------------------------------------------------------------ reset
 
@@ -190,108 +213,17 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         opts = dict(options) if options is not None else None
         mask = None
         if opts is not None and "reset_mask" in opts:
-            mask = _check_mask(opts.pop("reset_mask"), self.num_envs)
+            mask = check_mask(opts.pop("reset_mask"), self.num_envs)
             if not self._has_reset and not mask.all():
                 raise ResetNeeded("the first reset() must reset every env")
         ids = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
-        seeds = self.seeds.plan(ids, seed)
-        self._run_resets(ids, seeds, opts)
-        self._has_reset = True
-        self._pending[ids] = self._broken[ids] = False
+        self._reset_many(ids, self.seeds.plan(ids, seed), opts)
         infos: dict[str, Any] = {}
         for i in ids:
-            infos = self._add_info(infos, self._info_slot[i], int(i))
-        return self._gather(self._obs_slot, np.arange(self.num_envs)), infos
-
-    def _run_resets(
-        self, ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
-    ) -> None:
-        def run(part: list[tuple[int, int | None]]) -> None:
-            for i, s in part:
-                obs, info = self.envs[i].reset(seed=s, options=copy.deepcopy(options))
-                self._obs_slot[i] = self._final_slot[i] = obs
-                self._info_slot[i] = info
-                self._reset_info_slot[i] = None
-
-        work = list(zip((int(i) for i in ids), seeds, strict=True))
-        if self._pool is None:
-            run(work)
-            return
-        parts: list[list[tuple[int, int | None]]] = [[] for _ in self._chunks]
-        for i, s in work:
-            parts[int(self._owner[i])].append((i, s))
-        self._fan_out(run, parts, inline_last=True)
+            infos = self._add_info(infos, self._info_rows[i], int(i))
+        return self._gather(self._obs_rows, np.arange(self.num_envs)), infos
 
     # ------------------------------------------------------------------------- step
-
-    def _step_env(self, i: int, action: Any, mode: AutoresetMode) -> None:
-        """Steps (or autoresets) env ``i`` and writes its slots; runs on any thread."""
-        if self._pending[i]:
-            if mode is _NEXT:
-                obs, info = self.envs[i].reset(seed=self.seeds.next_one(i))
-                self._obs_slot[i] = self._final_slot[i] = obs
-                self._reward[i] = 0.0
-                self._term[i] = self._trunc[i] = False
-                self._info_slot[i] = info
-                self._reset_info_slot[i] = None
-                self._pending[i] = False
-                return
-            raise ResetNeeded(
-                f"env {i} ended its episode and was not reset; with autoreset_mode "
-                f"{self.autoreset_mode.name} reset it with reset(options={{'reset_mask': mask}})"
-            )
-        if self._broken[i]:
-            self._faults.append(StepFault(i, None, "broken"))
-            self._write_fault(i)
-            return
-        try:
-            obs, reward, terminated, truncated, info = self.envs[i].step(action)
-        except Exception as exc:
-            if not self.isolate_faults:
-                raise
-            self._faults.append(StepFault(i, exc, "step"))
-            self._write_fault(i)
-            obs, terminated, truncated, info = self._obs_slot[i], False, True, {}
-        else:
-            self._final_slot[i] = obs
-            self._reward[i] = reward
-            self._term[i] = terminated
-            self._trunc[i] = truncated
-            self._info_slot[i] = info
-        if mode is _SAME and (terminated or truncated):
-            try:
-                self._obs_slot[i], self._reset_info_slot[i] = self.envs[i].reset(
-                    seed=self.seeds.next_one(i)
-                )
-            except Exception as exc:
-                if not self.isolate_faults:
-                    raise
-                self._faults.append(StepFault(i, exc, "reset"))
-                self._broken[i] = True
-                self._obs_slot[i], self._reset_info_slot[i] = obs, None
-        else:
-            self._obs_slot[i] = obs
-            self._reset_info_slot[i] = None
-            self._pending[i] = bool(terminated or truncated)
-
-    def _write_fault(self, i: int) -> None:
-        """Ends env ``i``'s episode without a step: truncated, reward 0, last observation."""
-        self._final_slot[i] = self._obs_slot[i]
-        self._reward[i] = 0.0
-        self._term[i] = False
-        self._trunc[i] = True
-        self._info_slot[i] = {}
-        self._reset_info_slot[i] = None
-
-    def _run_steps(self, part: list[tuple[int, Any, AutoresetMode]]) -> list[int]:
-        for i, action, mode in part:
-            self._step_env(i, action, mode)
-        return [i for i, _, _ in part]
-
-    def _rows(self, actions: Any, ids: np.ndarray) -> list[Any]:
-        if self.validate_actions:
-            return check_batch(self.single_action_space, actions, ids, self._bounds)
-        return split_rows(self.single_action_space, actions, len(ids))
 
     def _dispatch_all(self, actions: Any, mode: AutoresetMode) -> None:
         """Steps every env synchronously, one task per chunk."""
@@ -299,35 +231,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             raise ResetNeeded("step() called before reset(); call reset() first")
         self._require_idle("step()")
         ids = np.arange(self.num_envs, dtype=np.int64)
-        rows = self._rows(actions, ids)
-        self._faults = []
-        if self._pool is None:
-            for i in range(self.num_envs):
-                self._step_env(i, rows[i], mode)
-            return
-        parts = [[(int(i), rows[int(i)], mode) for i in chunk] for chunk in self._chunks]
-        self._fan_out(self._run_steps, parts, inline_last=True)
-
-    def _fan_out(self, fn: Callable[[Any], Any], parts: list[Any], *, inline_last: bool) -> None:
-        assert self._pool is not None
-        last = len(parts) - 1 if inline_last else len(parts)
-        sent = 0
-        for w in range(last):
-            if parts[w]:
-                self._pool.submit(w, fn, parts[w], None)
-                sent += 1
-        error: BaseException | None = None
-        if inline_last and parts[-1]:
-            try:
-                fn(parts[-1])
-            except BaseException as exc:
-                error = exc
-        for _ in range(sent):
-            _, _, failure = self._pool.get()
-            if failure is not None and error is None:
-                error = failure
-        if error is not None:
-            raise error
+        self._dispatch(ids, self._action_rows(actions, ids), mode)
 
     def step_batch(self, actions: Any) -> BatchStep:
         """Steps every env; ended envs autoreset in the same step, nothing is lost.
@@ -370,106 +274,9 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             ValueError: a bad, repeated or in-flight env id.
             InvalidAction: the rows do not fit the action space (nothing moved).
         """
-        ids = check_send_ids(env_ids, self.num_envs, self._in_flight) if check_ids else env_ids
-        if not self._has_reset:  # every env has started an episode: nothing to scan
-            never = ids[self.seeds.episode[ids] < 0]
-            if never.size:
-                raise ResetNeeded(f"envs {never.tolist()} were never reset; send reset first")
-        rows = self._rows(actions, ids)
-        self._faults = []
-        if self._pool is None:
-            for k, i in enumerate(ids.tolist()):
-                self._step_env(i, rows[k], _SAME)
-        else:
-            parts: list[list[tuple[int, Any, AutoresetMode]]] = [[] for _ in self._chunks]
-            for k, i in enumerate(ids.tolist()):
-                parts[int(self._owner[i])].append((i, rows[k], _SAME))
-            self._fan_out(self._run_steps, parts, inline_last=True)
+        ids = self._step_ids(env_ids, actions, check_ids)
         faults = sorted(self._faults, key=lambda f: f.env_id)
         return self._batch_step(ids), faults
-
-    def reset_envs(
-        self,
-        env_ids: Any,
-        *,
-        seed: int | None = None,
-        seeds: Sequence[int] | None = None,
-        options: Mapping[str, Any] | None = None,
-        params: Sequence[Mapping[str, Any] | None] | None = None,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets only ``env_ids`` (in that order): the array form of :meth:`reset`.
-
-        Args:
-            env_ids: ``(k,)`` distinct env indices.
-            seed: a root seed for these envs (see :class:`simkit._seeding.EpisodeSeeds`).
-            seeds: ``k`` explicit seeds, ``seeds[j]`` for ``env_ids[j]``.
-            options: reset options for every env.
-            params: ``k`` randomization overrides (or ``None``), merged over
-                ``options["params"]`` for each env.
-
-        Returns:
-            The ``(k, ...)`` observations and the ``k`` reset infos.
-        """
-        self._require_idle("reset()")
-        ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
-        plan = plan_env_resets(
-            self.seeds, ids, seed=seed, seeds=seeds, options=options, params=params
-        )
-        infos = []
-        for i, env_seed, opts in plan:
-            obs, info = self.envs[i].reset(seed=env_seed, options=opts)
-            self._obs_slot[i] = self._final_slot[i] = obs
-            self._info_slot[i] = {}
-            self._reset_info_slot[i] = None
-            self._pending[i] = self._broken[i] = False
-            infos.append(dict(info))
-        self._has_reset = bool((self.seeds.episode >= 0).all())
-        return self._gather(self._obs_slot, ids), infos
-
-    def get_env_states(self, env_ids: Any) -> list[dict[str, Any]]:
-        """Per-env snapshots: ``{"env", "root_seed", "episode_index", "obs"}`` each.
-
-        Raises:
-            ResetNeeded: an env was never reset.
-            TypeError: an env is not a simkit env.
-        """
-        out = []
-        for i in np.asarray(env_ids, dtype=np.int64).tolist():
-            if self.seeds.episode[i] < 0:
-                raise ResetNeeded(f"env {i}: get_state before reset; reset first")
-            getter = getattr(self.envs[i].unwrapped, "get_state", None)
-            if getter is None:
-                raise TypeError(f"env {i} has no get_state(); snapshots need simkit envs")
-            out.append(
-                {
-                    "env": getter(),
-                    **self.seeds.env_state(i),
-                    "obs": copy.deepcopy(self._obs_slot[i]),
-                }
-            )
-        return out
-
-    def set_env_states(self, env_ids: Any, states: Sequence[Mapping[str, Any]]) -> None:
-        """Restores :meth:`get_env_states` snapshots, all or nothing.
-
-        Raises:
-            InvalidState: a malformed snapshot, or one an env rejects (nothing changes).
-        """
-        ids = np.asarray(env_ids, dtype=np.int64).tolist()
-        need = {"env", "root_seed", "episode_index", "obs"}
-        parsed = []
-        for state in states:
-            if not isinstance(state, Mapping) or need - set(state):
-                raise InvalidState(
-                    "a host snapshot holds env, root_seed, episode_index and obs",
-                )
-            parsed.append((EpisodeSeeds.parse_env_state(state), state["obs"]))
-        restore_all([self.envs[i].unwrapped for i in ids], [s["env"] for s in states])
-        for i, (seeding, obs) in zip(ids, parsed, strict=True):
-            self.seeds.set_env_state(i, seeding)
-            self._obs_slot[i] = self._final_slot[i] = copy.deepcopy(obs)
-            self._pending[i] = self._broken[i] = False
-        self._has_reset = bool((self.seeds.episode >= 0).all())
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Gymnasium's 5-tuple under ``metadata["autoreset_mode"]``, as ``SyncVectorEnv``.
@@ -487,39 +294,32 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _gym_step(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         infos: dict[str, Any] = {}
         for i in range(self.num_envs):
-            reset_info = self._reset_info_slot[i]
+            reset_info = self._reset_info_rows[i]
             if reset_info is not None:
                 infos = self._add_info(
-                    infos, {"final_obs": self._final_slot[i], "final_info": self._info_slot[i]}, i
+                    infos, {"final_obs": self._final_rows[i], "final_info": self._info_rows[i]}, i
                 )
                 infos = self._add_info(infos, reset_info, i)
             else:
-                infos = self._add_info(infos, self._info_slot[i], i)
+                infos = self._add_info(infos, self._info_rows[i], i)
         everyone = np.arange(self.num_envs)
         return (
-            self._gather(self._obs_slot, everyone),
+            self._gather(self._obs_rows, everyone),
             self._reward.copy(),
             self._term.copy(),
             self._trunc.copy(),
             infos,
         )
 
-    def _gather(self, slots: list[Any], ids: np.ndarray) -> Any:
-        return gather_rows(self.single_observation_space, [slots[i] for i in ids.tolist()])
-
     def _batch_step(self, ids: np.ndarray) -> BatchStep:
-        infos: list[dict[str, Any]] = []
-        for i in ids.tolist():
-            info, reset_info = self._info_slot[i], self._reset_info_slot[i]
-            infos.append(info if reset_info is None else {**info, "reset_info": reset_info})
         return BatchStep(
-            obs=self._gather(self._obs_slot, ids),
+            obs=self._gather(self._obs_rows, ids),
             reward=self._reward[ids],
             terminated=self._term[ids],
             truncated=self._trunc[ids],
-            final_obs=self._gather(self._final_slot, ids),
+            final_obs=self._gather(self._final_rows, ids),
             env_ids=np.asarray(ids, dtype=np.int64).copy(),
-            infos=infos,
+            infos=self._row_infos(ids),
         )
 
     # ------------------------------------------------------------------------ async
@@ -539,8 +339,8 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _send(self, actions: Any, env_ids: Any, mode: AutoresetMode) -> None:
         if not self._has_reset:
             raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
-        ids = self._check_ids(env_ids)
-        rows = self._rows(actions, ids)
+        ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
+        rows = self._action_rows(actions, ids)
         self._in_flight[ids] = True
         work = [(int(i), rows[k], mode) for k, i in enumerate(ids)]
         if self._pool is None:
@@ -553,9 +353,6 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if part:
                 self._pool.submit(w, self._run_steps, part, "step")
                 self._tasks_out += 1
-
-    def _check_ids(self, env_ids: Any) -> np.ndarray:
-        return check_send_ids(env_ids, self.num_envs, self._in_flight)
 
     def recv(self) -> BatchStep:
         """The first ``batch_size`` envs to finish, as a :class:`~simkit._types.BatchStep`.
@@ -616,8 +413,8 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Resets every env (as :meth:`reset`) and queues all N as ready for :meth:`recv`."""
         self.reset(seed=seed, options=options)
         for i in range(self.num_envs):
-            self._reset_info_slot[i] = self._info_slot[i]
-            self._info_slot[i] = {}
+            self._reset_info_rows[i] = self._info_rows[i]
+            self._info_rows[i] = {}
             self._reward[i] = 0.0
             self._term[i] = self._trunc[i] = False
         self._in_flight[:] = True
@@ -635,76 +432,6 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._collect(self.num_envs)
         self._waiting_all = False
         return self._gym_step()
-
-    def _require_idle(self, what: str) -> None:
-        if self._in_flight.any():
-            raise RuntimeError(
-                f"{what} called with envs {np.flatnonzero(self._in_flight).tolist()} in flight; "
-                "recv() them first"
-            )
-
-    # -------------------------------------------------------------------- snapshots
-
-    def get_state(self) -> dict[str, Any]:
-        """A snapshot of the whole vector: per-env snapshots, seeds and counters.
-
-        Plain data: round-trips through :func:`simkit.snapshot.dumps`/``loads``;
-        :meth:`set_state` on this or a fresh vector of the same env and size continues
-        bit-identically.
-
-        Raises:
-            ResetNeeded: before the first reset.
-            RuntimeError: envs are in flight.
-            TypeError: an env has no ``get_state`` (not a simkit env).
-        """
-        if not self._has_reset:
-            raise ResetNeeded("get_state() called before reset(); call reset() first")
-        self._require_idle("get_state()")
-        envs = []
-        for i, env in enumerate(self.envs):
-            getter = getattr(env.unwrapped, "get_state", None)
-            if getter is None:
-                raise TypeError(
-                    f"env {i} ({type(env.unwrapped).__name__}) has no get_state(); "
-                    "vector snapshots need simkit envs"
-                )
-            envs.append(getter())
-        return {
-            "format": VECTOR_STATE_FORMAT,
-            "num_envs": self.num_envs,
-            **self.seeds.get_state(),
-            "pending_reset": self._pending.copy(),
-            "envs": envs,
-        }
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores a snapshot from :meth:`get_state`.
-
-        Raises:
-            InvalidState: malformed, or taken from a vector of another size.
-        """
-        if not isinstance(state, Mapping):
-            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
-        missing = {"format", "num_envs", "root_seeds", "episode_index", "pending_reset", "envs"}
-        missing -= set(state)
-        if missing:
-            raise InvalidState(
-                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
-            )
-        if state["format"] != VECTOR_STATE_FORMAT:
-            raise InvalidState(
-                f"state format must be {VECTOR_STATE_FORMAT}, got {state['format']!r}"
-            )
-        n = self.num_envs
-        if state["num_envs"] != n or len(state["envs"]) != n:
-            raise InvalidState(f"state holds {state['num_envs']} envs, this vector has {n}")
-        self._require_idle("set_state()")
-        seeds = EpisodeSeeds.parse_state(state, n)
-        pending = np.asarray(state["pending_reset"], dtype=np.bool_).copy()
-        restore_all([env.unwrapped for env in self.envs], state["envs"])
-        self.seeds.set_state(seeds)
-        self._pending = pending
-        self._has_reset = True
 
     # ------------------------------------------------------------------------- misc
 
@@ -734,10 +461,7 @@ class VectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Stops the worker threads and closes every env."""
         if self._pool is not None:
             self._abort_async()
-            self._pool.close()
-            self._pool = None
-        for env in getattr(self, "envs", []):
-            env.close()
+        self._close_core()
 
 
 def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
@@ -747,131 +471,3 @@ def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
     ``autoreset_mode``, ``params``, ``env_kwargs``, ...).
     """
     return VectorEnv(env_id, num_envs, **kwargs)
-
-
-def _build_envs(
-    env_fns: str | Sequence[Callable[[], gym.Env[Any, Any]]],
-    num_envs: int | None,
-    params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
-    env_kwargs: Mapping[str, Any] | None,
-) -> list[gym.Env[Any, Any]]:
-    if isinstance(env_fns, str):
-        if num_envs is None:
-            raise TypeError("num_envs is required when building envs from an id")
-        n = _positive_int(num_envs, "num_envs")
-        per_env = _per_env_params(params, n)
-        kwargs = dict(env_kwargs or {})
-        envs: list[gym.Env[Any, Any]] = []
-        for i in range(n):
-            extra = {"params": per_env[i]} if per_env[i] is not None else {}
-            envs.append(make(env_fns, **kwargs, **extra))
-        return envs
-    if isinstance(env_fns, Sequence):
-        if params is not None or env_kwargs is not None:
-            raise ValueError(
-                "params and env_kwargs apply to envs built from an id; with env_fns, "
-                "pass them inside the functions"
-            )
-        if not env_fns:
-            raise ValueError("env_fns must hold at least one function, got none")
-        if num_envs is not None and num_envs != len(env_fns):
-            raise ValueError(f"num_envs={num_envs} but {len(env_fns)} env_fns were given")
-        built = [fn() for fn in cast(Sequence[Callable[[], Any]], env_fns)]
-        for i, env in enumerate(built):
-            if not isinstance(env, gym.Env):
-                raise TypeError(
-                    f"env_fns[{i}] must return a gymnasium.Env, got {type(env).__name__}"
-                )
-        return built
-    raise TypeError(
-        f"env_fns must be an env id or a sequence of env functions, got {type(env_fns).__name__}"
-    )
-
-
-def _per_env_params(
-    params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None, n: int
-) -> list[Mapping[str, Any] | None]:
-    if params is None:
-        return [None] * n
-    if isinstance(params, Mapping):
-        return [params] * n
-    if isinstance(params, Sequence) and not isinstance(params, str):
-        if len(params) != n:
-            raise ValueError(
-                f"params must be one mapping or a list of {n} mappings, got {len(params)}"
-            )
-        for i, p in enumerate(params):
-            if p is not None and not isinstance(p, Mapping):
-                raise TypeError(f"params[{i}] must be a mapping or None, got {type(p).__name__}")
-        return list(params)
-    raise TypeError(f"params must be a mapping or a list of mappings, got {type(params).__name__}")
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
-
-
-_LEAF = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
-
-
-def gather_rows(space: spaces.Space[Any], rows: list[Any]) -> Any:
-    """Observations ``rows`` of ``space`` stacked into one batch of ``batch_space(space, n)``.
-
-    What ``gymnasium.vector.utils.concatenate`` builds (the same values and dtype), with
-    a direct path for array spaces.
-    """
-    if isinstance(space, _LEAF):
-        shape: tuple[int, ...] = space.shape or ()
-        out = np.empty((len(rows), *shape), dtype=space.dtype)
-        if len(rows) == 1:
-            out[0] = rows[0]
-            return out
-        return np.stack(rows, axis=0, out=out)
-    empty: Any = create_empty_array(space, len(rows), np.zeros)
-    return concatenate(space, rows, empty)
-
-
-def with_params(
-    options: Mapping[str, Any] | None, params: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """Reset options with one env's randomization overrides merged over ``options["params"]``."""
-    if not params:
-        return None if options is None else dict(options)
-    opts = dict(options or {})
-    opts["params"] = {**dict(opts.get("params") or {}), **dict(params)}
-    return opts
-
-
-def plan_env_resets(
-    seeding: EpisodeSeeds,
-    env_ids: np.ndarray,
-    *,
-    seed: int | None,
-    seeds: Sequence[int] | None,
-    options: Mapping[str, Any] | None,
-    params: Sequence[Mapping[str, Any] | None] | None,
-) -> list[tuple[int, int | None, dict[str, Any] | None]]:
-    """What a ``reset_envs`` call does to each env, in order: ``(env, seed, options)``.
-
-    The seeds come from ``seeding`` (which advances its counters): a root ``seed``,
-    explicit ``seeds`` or neither (:meth:`EpisodeSeeds.plan_reset`); the options are
-    ``options`` with ``params[k]`` merged over ``options["params"]`` (:func:`with_params`).
-    """
-    planned = seeding.plan_reset(env_ids, seed=seed, seeds=seeds)
-    return [
-        (i, planned[k], with_params(options, None if params is None else params[k]))
-        for k, i in enumerate(env_ids.tolist())
-    ]
-
-
-def _check_mask(mask: Any, n: int) -> np.ndarray:
-    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (n,):
-        got = f"{mask.dtype} {mask.shape}" if isinstance(mask, np.ndarray) else type(mask).__name__
-        raise ValueError(f"options['reset_mask'] must be a bool array of shape ({n},), got {got}")
-    if not mask.any():
-        raise ValueError("options['reset_mask'] must select at least one env")
-    return mask
