@@ -8,11 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 from gymnasium import spaces
+from pettingzoo import ParallelEnv
 
 import simkit
 from simkit._seeding import episode_seed
 from simkit._types import StepFault
 from simkit.envs.goal_nav import GoalNav
+from simkit.errors import InvalidState
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 
@@ -133,3 +135,63 @@ def test_multi_agent_vector_isolates_faults_per_env() -> None:
     plain.reset(seed=3)
     with pytest.raises(RuntimeError, match="boom"):
         plain.step(actions)
+
+
+class _NoSnapshots(ParallelEnv[str, np.ndarray, np.ndarray]):
+    """A PettingZoo env with no get_state (not a simkit env)."""
+
+    metadata: dict[str, Any] = {"name": "no_snapshots"}
+
+    def __init__(self) -> None:
+        self.possible_agents = ["a"]
+        self.agents: list[str] = []
+        self._space = spaces.Box(-1, 1, (1,), np.float32)
+
+    def observation_space(self, agent: str) -> spaces.Space[Any]:
+        return self._space
+
+    def action_space(self, agent: str) -> spaces.Space[Any]:
+        return self._space
+
+    def reset(self, seed: Any = None, options: Any = None) -> Any:
+        self.agents = ["a"]
+        return {"a": np.zeros(1, np.float32)}, {"a": {}}
+
+
+@pytest.mark.parametrize("face", ["single", "multi"])
+def test_both_vectors_check_snapshots_in_one_place(face: str) -> None:
+    """One core validates whole and per-env snapshots for both faces, one wording."""
+
+    def build(n: int) -> Any:
+        if face == "single":
+            return flaky_vector(n)
+        return MultiAgentVectorEnv([FlakyNav] * n)
+
+    vec = build(2)
+    vec.reset(seed=0)
+    state = vec.get_state()
+    with pytest.raises(InvalidState, match="state must be a dict from get_state"):
+        vec.set_state("junk")
+    with pytest.raises(InvalidState, match=r"state is missing fields \['envs'\]"):
+        vec.set_state({k: v for k, v in state.items() if k != "envs"})
+    bigger = build(3)
+    bigger.reset(seed=0)
+    with pytest.raises(InvalidState, match="holds 3 envs, this vector has 2"):
+        vec.set_state(bigger.get_state())
+    with pytest.raises(
+        InvalidState, match=r"a host snapshot holds \[.*'root_seed'\], got \['env'\]"
+    ):
+        vec.set_env_states([0], [{"env": None}])
+    # Every env restored from per-env snapshots: the vector has been reset.
+    fresh = build(2)
+    fresh.set_env_states(np.arange(2), vec.get_env_states(np.arange(2)))
+    fresh.step(np.zeros(fresh.action_space.shape, np.float32))
+
+
+def test_multi_agent_snapshots_need_simkit_envs() -> None:
+    vec = MultiAgentVectorEnv([_NoSnapshots])
+    vec.reset(seed=0)
+    with pytest.raises(TypeError, match="vector snapshots need simkit envs"):
+        vec.get_state()
+    with pytest.raises(TypeError, match="snapshots need simkit envs"):
+        vec.get_env_states([0])
