@@ -1,6 +1,8 @@
 """Batched execution of single-instance envs: ``VectorEnv`` and ``MultiAgentVectorEnv``.
 
-See docs/vector.md for seeding, autoreset modes, threads and the async API.
+Both are faces of one core, ``_core.VectorCore`` (each env as rows of agents; a
+single-agent env is an env with one agent row). See docs/vector.md for seeding,
+autoreset modes, threads, the async API and the core.
 """
 
 from simkit.vector._multiagent import MultiAgentBatchStep, MultiAgentVectorEnv
