@@ -54,7 +54,7 @@ class BatchCheetah(simkit.BatchMujocoEnv):
         num_envs: int = 16,
         *,
         step_infos: bool = False,
-        backend: Literal["auto", "native", "threads", "pooled", "loop"] = "auto",
+        backend: Literal["auto", "native", "threads", "pooled", "loop", "mjwarp"] = "auto",
         nthread: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -72,6 +72,8 @@ class BatchCheetah(simkit.BatchMujocoEnv):
         )
         if self.model.nu != nu:
             raise ValueError(f"cheetah.xml must have {nu} actuators, got {self.model.nu}")
+        if step_infos and self.backend == "mjwarp":
+            raise ValueError("step_infos=True is not supported with backend='mjwarp'")
         self.step_infos = step_infos
 
     def reset_instances(
@@ -80,19 +82,27 @@ class BatchCheetah(simkit.BatchMujocoEnv):
         rngs: Sequence[np.random.Generator],
         params: Sequence[Params],
         options: dict[str, Any],
-    ) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    ) -> tuple[Any, list[dict[str, Any]] | None]:
         nq, nv = self.model.nq, self.model.nv
-        for i, rng in zip(ids.tolist(), rngs, strict=True):
-            d = self.datas[i]
-            d.qpos[:] = self.models[i].qpos0 + rng.uniform(
-                -RESET_QPOS_NOISE, RESET_QPOS_NOISE, size=nq
-            )
-            d.qvel[:] = RESET_QVEL_NOISE * rng.standard_normal(nv)
-        self.forward(ids)
+        qpos = np.empty((len(ids), nq))
+        qvel = np.empty((len(ids), nv))
+        for k, rng in enumerate(rngs):
+            qpos[k] = self.model.qpos0 + rng.uniform(-RESET_QPOS_NOISE, RESET_QPOS_NOISE, size=nq)
+            qvel[k] = RESET_QVEL_NOISE * rng.standard_normal(nv)
+        self.set_qpos_qvel(ids, qpos, qvel)
+        if self.backend == "mjwarp":  # mjwarp: the rows as MuJoCo Warp stores them (float32)
+            idx = self.xp.as_tensor(ids, device=self.device)
+            return self._observe(self.batch["qpos"][idx], self.batch["qvel"][idx]), None
         obs = cheetah_observation(self.batch["qpos"][ids], self.batch["qvel"][ids])
         return obs, [{} for _ in ids]
 
+    def _observe(self, qpos: Any, qvel: Any) -> Any:
+        """:func:`cheetah_observation` of torch rows (float64, as on numpy)."""
+        return self.xp.cat([qpos[:, 1:], qvel], dim=-1).to(self.xp.float64)
+
     def before_physics(self, ids: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        if self.backend == "mjwarp":  # mjwarp steps all N rows
+            return self.batch["qpos"][:, 0].to(self.xp.float64)
         return self.batch["qpos"][ids, 0]
 
     def after_physics(
@@ -102,6 +112,18 @@ class BatchCheetah(simkit.BatchMujocoEnv):
         before: np.ndarray,
         rngs: Sequence[np.random.Generator],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]] | None]:
+        if self.backend == "mjwarp":  # mjwarp: torch on the device, all N rows
+            qpos = self.batch["qpos"]
+            x_after = qpos[:, 0].to(self.xp.float64)
+            a = self.xp.as_tensor(actions, device=self.device).to(self.xp.float64)
+            reward = (x_after - before) / self.dt - CTRL_COST_WEIGHT * (a * a).sum(dim=-1)
+            obs = self._observe(qpos, self.batch["qvel"])
+            return (
+                obs,
+                reward,
+                self.xp.zeros(len(ids), dtype=self.xp.bool, device=self.device),
+                None,
+            )
         qpos = self.batch["qpos"][ids]
         x_after = qpos[:, 0]
         reward = cheetah_reward(before, x_after, actions, self.dt)

@@ -15,6 +15,10 @@ instances whichever backend runs it:
 - ``"pooled"``: the same pool steps one scratch ``MjData`` per worker, loading and
   saving each instance's state row around ``mj_step`` as ``mujoco.rollout`` does.
 - ``"loop"``: one thread, each instance's own ``MjData``.
+- ``"mjwarp"`` (what ``"auto"`` picks with a CUDA ``device``): all N worlds in MuJoCo
+  Warp on the batch's torch device (:mod:`simkit._batch_mjwarp`), observations, rewards
+  and flags as torch tensors there; float32, so not bit-equal to the others (measured
+  in docs/batch.md). Needs the ``simkit[gpu]`` extra.
 
 ``mujoco.rollout`` itself cannot hand back the warm-start, so it could not be
 bit-identical to ``mj_step`` stepped an env step at a time (see docs/batch.md).
@@ -33,6 +37,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from simkit._batch import BatchEnv, PendingStep
+from simkit._batch_mjwarp import MjWarpPhysics
 from simkit._mujoco import (  # first: says what MUJOCO_GL lacks if MuJoCo will not load
     PHYSICS_STATE,
     ModelField,
@@ -51,8 +56,8 @@ except ImportError:  # MuJoCo < 4.0
 
 __all__ = ["BatchMujocoEnv"]
 
-Backend = Literal["auto", "native", "threads", "pooled", "loop"]
-_BACKENDS = ("auto", "native", "threads", "pooled", "loop")
+Backend = Literal["auto", "native", "threads", "pooled", "loop", "mjwarp"]
+_BACKENDS = ("auto", "native", "threads", "pooled", "loop", "mjwarp")
 StepResult = tuple[Any, Any, Any, list[dict[str, Any]] | None]
 
 
@@ -82,11 +87,15 @@ class BatchMujocoEnv(BatchEnv):
         model: path to an MJCF file, an MJCF XML string, or an ``MjModel``.
         num_envs: N.
         frame_skip: physics steps per env step.
-        backend: ``"auto"`` (the default: ``"native"`` where ``mujoco.batch`` exists,
-            else ``"threads"``), ``"native"``, ``"threads"``, ``"pooled"`` or
-            ``"loop"``; see the module docstring. All give bit-identical results. With
+        backend: ``"auto"`` (the default: ``"mjwarp"`` with a CUDA ``device``, else
+            ``"native"`` where ``mujoco.batch`` exists, else ``"threads"``),
+            ``"native"``, ``"threads"``, ``"pooled"``, ``"loop"`` or ``"mjwarp"``; see
+            the module docstring. The first four give bit-identical results. With
             ``"native"`` and ``"pooled"`` the physics lives in state rows and
-            ``self.datas[i]`` is only current inside ``reset_instances``.
+            ``self.datas[i]`` is only current inside ``reset_instances``; with
+            ``"mjwarp"`` (a torch batch, on ``device`` or the CPU) it lives in MuJoCo
+            Warp, there are no ``self.datas`` and resets set the start state with
+            :meth:`set_qpos_qvel`.
         nthread: physics threads; defaults to the CPU count (at most N).
         **kwargs: passed to :class:`simkit.BatchEnv` (spaces, params, batch_size, ...).
     """
@@ -106,12 +115,17 @@ class BatchMujocoEnv(BatchEnv):
         nthread: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if backend == "auto" and _is_cuda(kwargs.get("device")):
+            backend = "mjwarp"
+        if backend == "mjwarp" and kwargs.get("device") is None:
+            kwargs["device"] = "cpu"  # MJWarp on Warp's CPU backend, torch tensors
         super().__init__(num_envs, **kwargs)
         if isinstance(frame_skip, bool) or not isinstance(frame_skip, int) or frame_skip < 1:
             raise ValueError(f"frame_skip must be a positive int, got {frame_skip!r}")
         if backend not in _BACKENDS:
             raise ValueError(
-                f"backend must be 'auto', 'native', 'threads', 'pooled' or 'loop', got {backend!r}"
+                "backend must be 'auto', 'native', 'threads', 'pooled', 'loop' or 'mjwarp', "
+                f"got {backend!r}"
             )
         if backend == "auto":
             backend = "native" if _NativeBatch is not None else "threads"
@@ -133,21 +147,43 @@ class BatchMujocoEnv(BatchEnv):
         self.frame_skip = frame_skip
         self.backend = backend
         n = self.num_envs
-        self.models: list[mujoco.MjModel] = (
-            [copy.deepcopy(self.model) for _ in range(n)] if self.model_fields else [self.model] * n
-        )
-        self.datas: list[mujoco.MjData] = [mujoco.MjData(m) for m in self.models]
         self._nominal = {
             f.attribute: np.array(_resolve(self.model, f.attribute), copy=True)
             for f in self.model_fields.values()
         }
         self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
-        self.batch: dict[str, np.ndarray] = {
-            name: np.zeros((n, *np.shape(getattr(self.datas[0], name))), dtype=np.float64)
-            for name in self.batch_fields
-        }
+        self.models: list[mujoco.MjModel]
+        self.datas: list[mujoco.MjData]
+        self.batch: dict[str, Any]
+        """``batch_fields`` as ``(N, ...)`` arrays: float64 numpy copies, or with
+        ``"mjwarp"`` torch views of MuJoCo Warp's float32 arrays."""
+        self._warp: MjWarpPhysics | None = None
+        if backend == "mjwarp":
+            if type(self).apply_params is not BatchMujocoEnv.apply_params:
+                raise ValueError(
+                    f"{type(self).__name__} overrides apply_params(); backend='mjwarp' writes "
+                    "model_fields into MuJoCo Warp's per-world arrays and cannot run it"
+                )
+            self._warp = MjWarpPhysics(
+                self.model, n, self.device, self.model_fields, self._nominal, frame_skip
+            )
+            self.models = [self.model] * n  # the per-world fields live in MuJoCo Warp
+            self.datas = []
+            self.batch = {name: self._warp.view(name) for name in self.batch_fields}
+            self._derived = bool(set(self.batch_fields) - {"qpos", "qvel", "act", "ctrl"})
+        else:
+            self.models = (
+                [copy.deepcopy(self.model) for _ in range(n)]
+                if self.model_fields
+                else [self.model] * n
+            )
+            self.datas = [mujoco.MjData(m) for m in self.models]
+            self.batch = {
+                name: np.zeros((n, *np.shape(getattr(self.datas[0], name))), dtype=np.float64)
+                for name in self.batch_fields
+            }
         self._slices = _state_slices(self.model)
-        workers = 1 if backend == "loop" else min(nthread or os.cpu_count() or 1, n)
+        workers = 1 if backend in ("loop", "mjwarp") else min(nthread or os.cpu_count() or 1, n)
         self._workers = workers
         self._rows = backend in ("native", "pooled")  # the state rows hold the physics
         self._native: Any = None
@@ -187,7 +223,7 @@ class BatchMujocoEnv(BatchEnv):
         write_model_fields(model, self.model_fields, self._nominal, params)
 
     def _restore_model(self, i: int) -> None:
-        if not self.model_fields:
+        if not self.model_fields or self._warp is not None:
             return
         model = self.models[i]
         for attribute, nominal in self._nominal.items():
@@ -237,6 +273,8 @@ class BatchMujocoEnv(BatchEnv):
         return self.after_physics(ids, actions, before, rngs)
 
     def _supports_subset(self) -> bool:
+        if self._warp is not None:
+            return False  # MuJoCo Warp steps every world at once
         return self._split or type(self).step_subset is not BatchMujocoEnv.step_subset
 
     def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
@@ -262,12 +300,41 @@ class BatchMujocoEnv(BatchEnv):
     # ------------------------------------------------------------------- physics
 
     def _prepare_instances(self, ids: np.ndarray) -> None:
+        if self._warp is not None:
+            self._warp.reset(ids)
+            if self.model_fields:
+                rows = [self._param_row(i) for i in ids.tolist()]
+                values = {
+                    name: np.array([row[name] for row in rows], dtype=np.float64)
+                    for name in self.model_fields
+                }
+                self._warp.write_fields(ids, self.model_fields, self._nominal, values)
+            return
         for i in ids.tolist():
             mujoco.mj_resetData(self.models[i], self.datas[i])
             self._restore_model(i)
 
+    def set_qpos_qvel(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray) -> None:
+        """Sets the start state of instances ``ids`` (in ``reset_instances``, rows per
+        id) and runs :meth:`forward`: on every backend, the way to write a reset that
+        also runs on ``"mjwarp"`` (which has no ``self.datas``)."""
+        if self._warp is not None:
+            self._warp.set_qpos_qvel(ids, qpos, qvel)
+            self.forward(ids)
+            return
+        for k, i in enumerate(np.asarray(ids).tolist()):
+            self.datas[i].qpos[:] = qpos[k]
+            self.datas[i].qvel[:] = qvel[k]
+        self.forward(ids)
+
     def forward(self, ids: np.ndarray) -> None:
-        """``mj_forward`` on instances ``ids`` (after setting qpos/qvel); refreshes :attr:`batch`."""
+        """``mj_forward`` on instances ``ids`` (after setting qpos/qvel); refreshes
+        :attr:`batch` (``"mjwarp"``: only when ``batch_fields`` hold derived fields, and
+        then of every world, whose state it does not change)."""
+        if self._warp is not None:
+            if self._derived:
+                self._warp.forward()
+            return
         for i in np.asarray(ids).tolist():
             d = self.datas[i]
             mujoco.mj_forward(self.models[i], d)
@@ -283,6 +350,12 @@ class BatchMujocoEnv(BatchEnv):
             ctrl: ``(len(ids), nu)`` controls, row ``k`` for instance ``ids[k]``.
             ids: the instances to step, sorted (default all N; ``ctrl`` then has N rows).
         """
+        if self._warp is not None:
+            if ids is not None and len(ids) != self.num_envs:
+                raise NotImplementedError("backend='mjwarp' steps every world at once")
+            self._warp.set_ctrl(ctrl)
+            self._warp.step()
+            return
         ctrl = np.asarray(ctrl)
         if self._native is not None:
             sub = self._write_ctrl(ctrl, ids)
@@ -379,6 +452,8 @@ class BatchMujocoEnv(BatchEnv):
     # ------------------------------------------------------------------ snapshots
 
     def get_env_state(self) -> dict[str, Any]:
+        if self._warp is not None:
+            return {"mjwarp": self._warp.get_state(), "extra": super().get_env_state()}
         if self._rows:
             return {"physics": self._states.copy(), "extra": super().get_env_state()}
         physics = np.empty((self.num_envs, self._state_size), dtype=np.float64)
@@ -387,6 +462,18 @@ class BatchMujocoEnv(BatchEnv):
         return {"physics": physics, "extra": super().get_env_state()}
 
     def set_env_state(self, state: Mapping[str, Any]) -> None:
+        if self._warp is not None:
+            arrays = state.get("mjwarp") if isinstance(state, Mapping) else None
+            problem = self._warp.check_state(arrays)
+            if problem is not None:
+                raise InvalidState(f"backend='mjwarp' physics state must be {problem}")
+            assert arrays is not None
+            ids = np.arange(self.num_envs, dtype=np.int64)
+            self._prepare_instances(ids)  # every world's randomized fields from its params
+            self._warp.set_state(arrays)
+            self.forward(ids)
+            super().set_env_state(state.get("extra", {}))
+            return
         physics = state.get("physics") if isinstance(state, Mapping) else None
         shape = (self.num_envs, self._state_size)
         if not isinstance(physics, np.ndarray) or physics.shape != shape:
@@ -409,6 +496,13 @@ class BatchMujocoEnv(BatchEnv):
             if pool is not None:
                 pool.shutdown(wait=True)
         self._stepper = self._pool = None
+
+
+def _is_cuda(device: Any) -> bool:
+    """Whether ``device`` (a torch device or its name) is a CUDA device."""
+    if device is None:
+        return False
+    return str(getattr(device, "type", device)).split(":")[0] == "cuda"
 
 
 def _native_step(

@@ -408,7 +408,7 @@ def test_batch_mujoco_equals_single_mujoco_envs(backend: str) -> None:
     batch.close()
     with pytest.raises(
         ValueError,
-        match="backend must be 'auto', 'native', 'threads', 'pooled' or 'loop', got 'gpu'",
+        match="backend must be 'auto', 'native', 'threads', 'pooled', 'loop' or 'mjwarp', got 'gpu'",
     ):
         _BatchArm(2, backend="gpu")
 

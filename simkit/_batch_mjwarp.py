@@ -1,0 +1,279 @@
+"""The ``"mjwarp"`` backend of :class:`simkit.BatchMujocoEnv`: N worlds on MuJoCo Warp.
+
+MuJoCo Warp (``mujoco_warp``, over NVIDIA Warp) keeps all N worlds in one
+:class:`mujoco_warp.Data` with ``nworld = N`` and steps them with one set of kernel
+launches, on a CUDA device or on Warp's CPU backend. :class:`MjWarpPhysics` holds that
+data and the model on the batch's torch device and exposes its arrays to torch without
+copies (``wp.to_torch``), so observations, rewards and flags are computed by torch
+where the physics lives.
+
+- Randomized ``model_fields`` become per-world rows of MJWarp's batched model arrays
+  (fields MJWarp indexes as ``field[world % rows]``): each is tiled to N rows at
+  construction and a reset writes its worlds' rows from the nominal model and their
+  parameters (the :class:`~simkit.ModelField` ops of :func:`simkit._mujoco.write_model_fields`).
+- Snapshots are the worlds' rows of every ``Data`` array that an ``mj_step`` reads
+  before writing (:data:`STATE_FIELDS`: ``mjSTATE_INTEGRATION``'s fields, solver
+  warm-start included), as MJWarp stores them (float32): restoring them continues bit
+  for bit (tests/test_batch_mjwarp.py).
+- On CUDA the ``frame_skip`` physics steps are captured once as a CUDA graph and
+  replayed; Warp runs on its own stream, ordered after and before the torch stream by
+  stream waits (no host synchronisation).
+
+MJWarp computes in float32, so it is not bit-equal to MuJoCo's C engine (float64):
+docs/batch.md states the measured divergence over 1,000 Cheetah steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from simkit._mujoco import ModelField, mujoco
+from simkit._optional import require
+
+__all__ = ["STATE_FIELDS", "MjWarpPhysics"]
+
+STATE_FIELDS = (
+    "time",
+    "qpos",
+    "qvel",
+    "act",
+    "qacc_warmstart",
+    "ctrl",
+    "qfrc_applied",
+    "xfrc_applied",
+    "eq_active",
+    "mocap_pos",
+    "mocap_quat",
+    "userdata",
+    "plastic",
+    "history",
+)
+"""``mujoco_warp.Data`` arrays that make up a world's state (those present and non-empty
+for the model): what ``mj_step`` reads before it writes, as in ``mjSTATE_INTEGRATION``."""
+
+
+def _import_warp() -> tuple[Any, Any]:
+    wp = require("warp", extra="gpu", purpose="BatchMujocoEnv backend='mjwarp'")
+    mjw = require("mujoco_warp", extra="gpu", purpose="BatchMujocoEnv backend='mjwarp'")
+    return wp, mjw
+
+
+def _resolve_warp(model: Any, attribute: str) -> tuple[Any, str]:
+    """The object holding ``attribute`` (``"body_mass"``, ``"opt.gravity"``) and its name."""
+    *path, name = attribute.split(".")
+    owner = model
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+class MjWarpPhysics:
+    """N worlds of one ``MjModel`` in MuJoCo Warp on a torch device.
+
+    Args:
+        model: the nominal ``MjModel``.
+        num_worlds: N.
+        device: the torch device (``cpu`` runs Warp's CPU backend).
+        model_fields: the randomized fields, made per-world.
+        nominal: each field's nominal value (``MjModel`` dtype and shape).
+        frame_skip: physics steps per :meth:`step`.
+    """
+
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        num_worlds: int,
+        device: Any,
+        model_fields: Mapping[str, ModelField],
+        nominal: Mapping[str, np.ndarray],
+        frame_skip: int,
+    ) -> None:
+        import torch
+
+        wp, mjw = _import_warp()
+        self.wp, self.mjw, self.torch = wp, mjw, torch
+        self.n = num_worlds
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        index = 0 if self.device.index is None else self.device.index
+        self.wp_device = f"cuda:{index}" if self.cuda else "cpu"
+        self.frame_skip = frame_skip
+        self._graph: Any = None
+        self._stepped = False
+        with wp.ScopedDevice(self.wp_device):
+            self.m = mjw.put_model(model)
+            self.d = mjw.make_data(model, nworld=num_worlds)
+            self._fields: dict[str, Any] = {}  # attribute -> (N, *MjModel shape) view
+            for field in model_fields.values():
+                if field.attribute in self._fields:
+                    continue
+                owner, name = _resolve_warp(self.m, field.attribute)
+                arr = getattr(owner, name)
+                base = np.asarray(nominal[field.attribute])
+                rows = np.repeat(arr.numpy()[:1], num_worlds, axis=0)
+                tiled = wp.array(rows, dtype=arr.dtype)
+                tiled._is_batched = True  # what mujoco_warp.put_model marks batched fields
+                setattr(owner, name, tiled)
+                view = wp.to_torch(tiled)
+                if view[0].numel() != base.size:
+                    raise ValueError(
+                        f"model field {field.attribute!r} has {base.size} values in MuJoCo "
+                        f"and {view[0].numel()} per world in MuJoCo Warp"
+                    )
+                self._fields[field.attribute] = view.view(num_worlds, *base.shape)
+            self.views: dict[str, Any] = {}
+            for name in STATE_FIELDS:
+                arr = getattr(self.d, name, None)
+                if arr is None or arr.size == 0:
+                    continue
+                self.views[name] = wp.to_torch(arr)
+        self._mask = torch.zeros(num_worlds, dtype=torch.bool, device=self.device)
+        self._mask_wp = wp.from_torch(self._mask, dtype=wp.bool)
+
+    # ------------------------------------------------------------------ data views
+
+    def view(self, name: str) -> Any:
+        """``(N, ...)`` torch view of the ``Data`` array ``name`` (no copy, float32)."""
+        view = self.views.get(name)
+        if view is None:
+            arr = getattr(self.d, name, None)
+            if arr is None or not hasattr(arr, "shape"):
+                raise ValueError(f"mujoco_warp.Data has no array {name!r}")
+            view = self.views[name] = self.wp.to_torch(arr)
+        return view
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        with self.wp.ScopedDevice(self.wp_device):
+            if not self.cuda:
+                yield
+                return
+            # Warp's stream waits for torch's work and torch's for Warp's: ordered, no sync.
+            wp, torch = self.wp, self.torch
+            theirs = wp.stream_from_torch(torch.cuda.current_stream(self.device))
+            ours = wp.get_stream(self.wp_device)
+            ours.wait_stream(theirs)
+            yield
+            theirs.wait_stream(ours)
+
+    # --------------------------------------------------------------------- physics
+
+    def set_ctrl(self, ctrl: Any, ids: np.ndarray | None = None) -> None:
+        """Writes controls (``(N, nu)`` or one row per id), converted to float32."""
+        view = self.views["ctrl"]
+        rows = self.torch.as_tensor(ctrl, device=self.device).to(view.dtype)
+        if ids is None:
+            view.copy_(rows)
+        else:
+            view[self.torch.as_tensor(ids, device=self.device)] = rows
+
+    def step(self) -> None:
+        """``frame_skip`` MJWarp steps of every world (a CUDA graph on a GPU after the
+        first step, which compiles the kernels)."""
+        wp, mjw = self.wp, self.mjw
+        with self._on_device():
+            if self.cuda and self._stepped:
+                if self._graph is None:
+                    with wp.ScopedCapture(self.wp_device) as capture:
+                        for _ in range(self.frame_skip):
+                            mjw.step(self.m, self.d)
+                    self._graph = capture.graph
+                wp.capture_launch(self._graph)
+            else:
+                for _ in range(self.frame_skip):
+                    mjw.step(self.m, self.d)
+        self._stepped = True
+
+    def forward(self) -> None:
+        """``mj_forward`` of every world (derived fields; the state does not change)."""
+        with self._on_device():
+            self.mjw.forward(self.m, self.d)
+
+    def reset(self, ids: np.ndarray) -> None:
+        """``mj_resetData`` of the worlds ``ids`` (the others keep their state)."""
+        self._mask.zero_()
+        self._mask[self.torch.as_tensor(ids, device=self.device)] = True
+        with self._on_device():
+            self.mjw.reset_data(self.m, self.d, reset=self._mask_wp)
+
+    def write_fields(
+        self,
+        ids: np.ndarray,
+        model_fields: Mapping[str, ModelField],
+        nominal: Mapping[str, np.ndarray],
+        values: Mapping[str, np.ndarray],
+    ) -> None:
+        """Sets the worlds ``ids``' rows of every randomized field: the nominal value,
+        then each :class:`~simkit.ModelField` op with the row's parameter (``values[name]``
+        has one row per id), in float64, stored as MJWarp's float32."""
+        torch = self.torch
+        rows_of = {
+            attr: np.broadcast_to(nominal[attr], (len(ids), *nominal[attr].shape)).copy()
+            for attr in self._fields
+        }
+        for name, field in model_fields.items():
+            target = rows_of[field.attribute]
+            index = (
+                slice(None),
+                *(field.index if isinstance(field.index, tuple) else (field.index,)),
+            )
+            base = np.asarray(nominal[field.attribute])[index[1:]]
+            value = np.asarray(values[name], dtype=np.float64)
+            value = _broadcast_rows(value, np.shape(base))
+            if field.op == "scale":
+                target[index] = base * value
+            elif field.op == "add":
+                target[index] = base + value
+            else:
+                target[index] = value
+        idx = torch.as_tensor(ids, device=self.device)
+        for attr, view in self._fields.items():
+            view[idx] = torch.as_tensor(rows_of[attr], device=self.device).to(view.dtype)
+
+    def set_qpos_qvel(self, ids: np.ndarray, qpos: Any, qvel: Any) -> None:
+        """Sets the worlds ``ids``' ``qpos`` and ``qvel`` (rows per id)."""
+        idx = self.torch.as_tensor(ids, device=self.device)
+        for name, rows in (("qpos", qpos), ("qvel", qvel)):
+            view = self.views[name]
+            view[idx] = self.torch.as_tensor(rows, device=self.device).to(view.dtype)
+
+    # ------------------------------------------------------------------- snapshots
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Every world's state arrays (:data:`STATE_FIELDS`), host copies."""
+        return {name: view.cpu().numpy().copy() for name, view in self.views.items()}
+
+    def check_state(self, state: Any) -> str | None:
+        """Why ``state`` cannot be restored (``None`` if it can)."""
+        if not isinstance(state, Mapping):
+            return f"a mapping of MuJoCo Warp arrays, got {type(state).__name__}"
+        for name, view in self.views.items():
+            arr = state.get(name)
+            want = (tuple(view.shape), str(view.dtype).removeprefix("torch."))
+            if not isinstance(arr, np.ndarray) or (arr.shape, str(arr.dtype)) != want:
+                got = (
+                    (arr.shape, str(arr.dtype))
+                    if isinstance(arr, np.ndarray)
+                    else type(arr).__name__
+                )
+                return f"{name!r} as an array of shape and dtype {want}, got {got}"
+        extra = set(state) - set(self.views)
+        if extra:
+            return f"only the arrays {sorted(self.views)}, got also {sorted(extra)}"
+        return None
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restores :meth:`get_state`'s arrays (checked by :meth:`check_state`)."""
+        for name, view in self.views.items():
+            view.copy_(self.torch.as_tensor(state[name], device=self.device))
+
+
+def _broadcast_rows(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` (one row per world, each a scalar or an array of the field's shape)
+    shaped to broadcast against ``(rows, *shape)``."""
+    extra = len(shape) - (value.ndim - 1)
+    return value.reshape(value.shape[0], *value.shape[1:], *([1] * extra)) if extra > 0 else value

@@ -1,0 +1,219 @@
+"""``BatchMujocoEnv(backend="mjwarp")``: MuJoCo Warp worlds, here on Warp's CPU backend.
+
+The tests that step MJWarp need the ``simkit[gpu]`` extra (``mujoco-warp``); they are
+marked ``mjwarp`` and skip with the reason when it is not installed. The first one in a
+process compiles MJWarp's kernels (about a minute on 2 cores, cached on disk after).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import simkit
+from simkit.errors import InvalidState, MissingDependency
+
+HAVE_MJWARP = importlib.util.find_spec("mujoco_warp") is not None
+needs_mjwarp = [
+    pytest.mark.mjwarp,
+    pytest.mark.skipif(
+        not HAVE_MJWARP, reason="mujoco_warp is not installed (pip install 'simkit[gpu]')"
+    ),
+]
+
+ENV = "simkit/BatchCheetah-v0"
+AGREEMENT_TOLERANCE = 5e-3
+"""Largest |MJWarp - MuJoCo C| of any observation entry after one env step from the
+same state, over 1,000 Cheetah steps (measured: 1.3e-3 at most, 2.5e-4 at the 99th
+percentile, 4e-6 median; docs/batch.md)."""
+
+
+def make(n: int, **kwargs: object) -> simkit.BatchMujocoEnv:
+    return simkit.make(ENV, num_envs=n, backend="mjwarp", **kwargs)
+
+
+def actions(n: int, steps: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, (n, 6)).astype(np.float32) for _ in range(steps)]
+
+
+def rollout(env: simkit.BatchMujocoEnv, acts: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
+    out = []
+    for a in acts:
+        res = env.step_batch(a)
+        out.append(
+            tuple(
+                np.asarray(x.cpu().numpy()).copy()
+                for x in (res.obs, res.final_obs, res.reward, res.terminated, res.truncated)
+            )
+        )
+    return out
+
+
+def assert_same(a: list[tuple[np.ndarray, ...]], b: list[tuple[np.ndarray, ...]]) -> None:
+    assert len(a) == len(b)
+    for t, (x, y) in enumerate(zip(a, b, strict=True)):
+        for u, v in zip(x, y, strict=True):
+            assert u.dtype == v.dtype, f"step {t}"
+            assert np.array_equal(u, v), f"step {t} differs"
+
+
+def test_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mujoco_warp", None)  # import fails as if absent
+    with pytest.raises(MissingDependency, match=r"pip install 'simkit\[gpu\]'") as info:
+        make(2)
+    assert "\n" not in str(info.value)
+
+
+def test_device_cpu_without_backend_keeps_the_c_engine() -> None:
+    env = simkit.make(ENV, num_envs=2, device="cpu")
+    assert env.backend in ("native", "threads")
+    env.close()
+
+
+def _mjwarp(fn: Callable[..., None]) -> Callable[..., None]:
+    """Marks a test ``mjwarp`` and skips it, with the reason, without the extra."""
+    for mark in needs_mjwarp:
+        fn = mark(fn)
+    return fn
+
+
+@_mjwarp
+def test_tensors_on_the_device_and_start_state_of_the_c_engine() -> None:
+    """Reset draws and declared randomization are the C backends' (same keyed streams),
+    stored per world in MJWarp's batched model arrays, rounded to float32."""
+    import torch
+
+    n = 3
+    env, ref = make(n), simkit.make(ENV, num_envs=n)
+    obs, _ = env.reset(seed=7)
+    ref_obs, _ = ref.reset(seed=7)
+    assert isinstance(obs, torch.Tensor)
+    assert obs.dtype == torch.float64
+    assert env.device == torch.device("cpu")
+    assert env.backend == "mjwarp"
+    np.testing.assert_array_equal(obs.numpy(), ref_obs.astype(np.float32).astype(np.float64))
+    for got, want in zip(env.params, ref.params, strict=True):
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+    assert env._warp is not None
+    fields = env._warp._fields
+    for name in ("body_mass", "geom_friction", "dof_damping", "actuator_gainprm", "opt.gravity"):
+        for i in range(n):
+            model = ref.models[i]
+            want = model.opt.gravity if name == "opt.gravity" else getattr(model, name)
+            np.testing.assert_array_equal(fields[name][i].numpy(), want.astype(np.float32))
+    res = env.step_batch(actions(n, 1)[0])
+    assert all(isinstance(x, torch.Tensor) for x in (res.obs, res.reward, res.terminated))
+    assert res.reward.dtype == torch.float64
+    assert res.terminated.dtype == torch.bool
+    env.close()
+    ref.close()
+
+
+@_mjwarp
+def test_same_seed_same_trajectories_across_resets() -> None:
+    acts = actions(2, 24)
+    runs = []
+    for _ in range(2):
+        env = make(2, max_episode_steps=7)
+        env.reset(seed=11)
+        runs.append(rollout(env, acts))
+        env.close()
+    assert_same(runs[0], runs[1])
+    assert runs[0][6][4].all()  # the time limit ended episodes inside the run
+    other = make(2, max_episode_steps=7)
+    other.reset(seed=12)
+    assert not np.array_equal(rollout(other, acts[:1])[0][0], runs[0][0][0])
+    other.close()
+
+
+@_mjwarp
+def test_reset_after_history_equals_a_fresh_reset() -> None:
+    acts = actions(2, 10)
+    used = make(2, max_episode_steps=5)
+    used.reset(seed=1)
+    rollout(used, actions(2, 13, seed=9))
+    used.reset(seed=4)
+    fresh = make(2, max_episode_steps=5)
+    fresh.reset(seed=4)
+    assert_same(rollout(used, acts), rollout(fresh, acts))
+
+
+@_mjwarp
+def test_snapshot_restores_bit_for_bit_into_a_new_batch() -> None:
+    """qpos, qvel, act, time, warm-start and the rest of the Data's state rows: a new
+    batch restored from the snapshot continues exactly, resets included."""
+    acts = actions(3, 12)
+    env = make(3, max_episode_steps=9)
+    env.reset(seed=2)
+    rollout(env, actions(3, 5, seed=3))
+    snap = simkit.snapshot.loads(simkit.snapshot.dumps(env.get_state()))
+    assert env._warp is not None
+    assert env._warp.views["qacc_warmstart"].abs().sum() > 0  # the solver state is in it
+    after = rollout(env, acts)
+    other = make(3, max_episode_steps=9)
+    other.reset(seed=99)
+    rollout(other, actions(3, 2, seed=5))
+    other.set_state(snap)
+    assert_same(rollout(other, acts), after)
+
+
+@_mjwarp
+def test_rejected_snapshot_changes_nothing() -> None:
+    env = make(2)
+    env.reset(seed=0)
+    before = env.get_state()
+    c_snap = simkit.make(ENV, num_envs=2)
+    c_snap.reset(seed=0)
+    with pytest.raises(InvalidState, match="backend='mjwarp' physics state must be"):
+        env.set_state(c_snap.get_state())
+    after = env.get_state()
+    for name, arr in before["data"]["mjwarp"].items():
+        np.testing.assert_array_equal(after["data"]["mjwarp"][name], arr)
+
+
+@_mjwarp
+def test_unsupported_uses_say_so() -> None:
+    env = make(2)
+    env.reset(seed=0)
+    with pytest.raises(NotImplementedError, match="step_subset"):
+        env.step_batch(actions(1, 1)[0], env_ids=[1])
+    with pytest.raises(ValueError, match="step_infos=True is not supported"):
+        make(2, step_infos=True)
+
+
+@_mjwarp
+@pytest.mark.slow
+def test_agrees_with_the_c_engine_over_1000_steps() -> None:
+    """One episode (1,000 env steps = 5,000 physics steps) of random actions along
+    MuJoCo C's trajectory: before each env step every MJWarp world is loaded with the C
+    world's state (qpos, qvel, warm-start, time), and the step's observation stays within
+    the stated tolerance of C's. Free-running, the two part after ~100 steps, as C does
+    from a float32-rounded start (chaos, measured in docs/batch.md); this compares the
+    physics, not the chaos."""
+    import torch
+
+    n = 4
+    env, ref = make(n), simkit.make(ENV, num_envs=n, backend="loop")
+    env.reset(seed=3)
+    ref.reset(seed=3)
+    assert env._warp is not None
+    views = env._warp.views
+    worst = 0.0
+    for a in actions(n, 1000, seed=1):
+        for i, d in enumerate(ref.datas):
+            for name in ("qpos", "qvel", "qacc_warmstart"):
+                views[name][i] = torch.as_tensor(getattr(d, name))
+            views["time"][i] = float(d.time)
+        res, want = env.step_batch(a), ref.step_batch(a)
+        np.testing.assert_array_equal(res.truncated.numpy(), want.truncated)
+        if not want.truncated.any():
+            worst = max(worst, float(np.abs(res.final_obs.numpy() - want.final_obs).max()))
+    assert want.truncated.all()
+    assert 0 < worst < AGREEMENT_TOLERANCE, worst
