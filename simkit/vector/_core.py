@@ -15,6 +15,7 @@ A face (``VectorEnv``, ``MultiAgentVectorEnv``) supplies how one env maps onto i
 
 from __future__ import annotations
 
+import abc
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -40,7 +41,7 @@ _SAME, _NEXT = AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP
 _Work = list[tuple[int, Any, AutoresetMode]]
 
 
-class VectorCore:
+class VectorCore(abc.ABC):
     """The rows, stepping, autoreset, seeding and snapshots both vectors share.
 
     Not a public class: ``VectorEnv`` and ``MultiAgentVectorEnv`` derive from it and call
@@ -120,22 +121,23 @@ class VectorCore:
 
     # ------------------------------------------------------------- the face's part
 
+    @abc.abstractmethod
     def _step_rows(self, i: int, action: Any) -> bool:
         """Steps env ``i`` with its actions and writes its rows; True if its episode ended."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _reset_rows(
         self, i: int, seed: int | None, options: dict[str, Any] | None
     ) -> list[dict[str, Any]]:
         """Resets env ``i``, writes its rows' observations (and liveness); its row infos."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _drop_rows(self, i: int) -> None:
         """After env ``i``'s step raised: what its rows show until the restart."""
 
+    @abc.abstractmethod
     def _action_rows(self, actions: Any, ids: np.ndarray) -> list[Any]:
         """The checked actions of ``ids``, one entry per env (its agent rows for many)."""
-        raise NotImplementedError
 
     # --------------------------------------------------------------------- stepping
 
@@ -412,13 +414,13 @@ class VectorCore:
         apply_rows()
         self._has_reset = True
 
+    @abc.abstractmethod
     def _env_rows_state(self, i: int) -> dict[str, Any]:
         """The face's fields of env ``i``'s snapshot."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _restore_env_rows(self, state: Mapping[str, Any]) -> Callable[[int], None]:
         """Checks the face's fields of a per-env snapshot; returns what applies them to an env."""
-        raise NotImplementedError
 
     def get_env_states(self, env_ids: Any) -> list[dict[str, Any]]:
         """Per-env snapshots: ``env``, ``root_seed``, ``episode_index`` and the rows.

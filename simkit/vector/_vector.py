@@ -155,6 +155,9 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         self._reset_info_rows[i] = None
         return bool(terminated or truncated)
 
+    def _drop_rows(self, i: int) -> None:
+        """Nothing: a single agent's row stays live and keeps its last observation."""
+
     def _reset_rows(
         self, i: int, seed: int | None, options: dict[str, Any] | None
     ) -> list[dict[str, Any]]:
