@@ -1,19 +1,19 @@
-"""The PPO learner as a run, with checkpoints: the Python API behind ``simkit train``
+"""PPO's part of a training run, and evaluation: the Python API behind ``simkit train``
 and ``simkit eval`` (their command lines: :mod:`simkit.clients._train_cli`).
 
-:func:`run_training` it builds (or resumes)
-the model, the learner and the fragment source, runs :func:`simkit.clients.ppo.train`,
-and around it writes TensorBoard scalars, a policy snapshot after every update, a
-checkpoint every K updates and at the end (also on SIGINT/SIGTERM), shows a live
-``rich`` progress bar and returns a :class:`TrainResult`.
+:class:`PPOPart` is what a :class:`~simkit.clients._run.Run` needs of PPO: the model
+and the :class:`~simkit.clients.ppo.PPO` learner built (or resumed) from
+:class:`PPOArgs`, its checkpoint, its cadence and what it reports per update.
+:func:`run_training` runs it (the run writes TensorBoard scalars, a policy snapshot
+after every update, checkpoints, the live progress line and returns a
+:class:`~simkit.clients._run.TrainResult`). :func:`evaluate_policy` runs a saved policy.
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,43 +23,26 @@ import torch
 import simkit
 from simkit._types import Fragment
 from simkit.clients._checkpoint import (
+    Checkpoint,
     check_optimizer,
     check_tensors,
-    checkpoint_algo,
     checkpoint_args,
-    load_checkpoint,
     load_policy,
-    save_checkpoint,
-    save_policy,
 )
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
-from simkit.clients._progress import ProgressLine
-from simkit.clients._rollout import open_rollout
-from simkit.clients._run_parts import (
-    RunTally,
-    StopRequest,
-    TensorBoard,
-    append_progress,
-    check_resumed_state,
-    checkpoint_if_servers_lost,
-    open_recorder,
-    prepare_logdir,
-    restore_rollout,
-    trim_progress,
-)
-from simkit.clients._server_source import ServerSource
+from simkit.clients._run import Report, Run, RunOptions, TrainResult, _Observed
+from simkit.clients._run_parts import RunTally, check_resumed_state
 from simkit.clients._train_cli import DEFAULT_SERVERS
 from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train, updates_for
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
-from simkit.models._threads import set_compute_threads
-from simkit.protocol import RemoteError
 from simkit.servers._stream_envs import make_env_rows
 from simkit.vector import MultiAgentVectorEnv
 
 __all__ = [
     "DEFAULT_SERVERS",
+    "PPOPart",
     "TrainResult",
     "run_training",
     "evaluate_policy",
@@ -68,34 +51,6 @@ __all__ = [
     "resume_args",
     "RESUME_FREE",
 ]
-
-
-@dataclass
-class TrainResult:
-    """Where a run ended and what it reached."""
-
-    logdir: Path
-    checkpoint: Path | None
-    policy: Path
-    global_step: int
-    updates: int
-    elapsed_s: float
-    steps_per_s: float
-    mean_return: float
-    dropped: int
-    stopped: bool
-    times: dict[str, float] = field(default_factory=dict)
-    """Seconds of the run spent in env, inference, update and idle (in process); in
-    server mode in update and "rollout (server)" (waiting for the servers' fragments)."""
-    complete: bool = False
-    """A resumed run that had already reached its ``total_steps``: nothing was done."""
-    record: Path | None = None
-    """The recording directory (``record``), if any."""
-    learning: tuple[float, int] | None = None
-    """Off-policy runs: (seconds into the run, env step) of its first gradient step."""
-    not_exact: str | None = None
-    """Why a continuation of this run after a server loss or from its checkpoints is not
-    exact (its envs have no snapshots: Gymnasium's), where the servers said so."""
 
 
 RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads", "compile")
@@ -166,60 +121,6 @@ def _policy_meta(args: PPOArgs, version: int) -> dict[str, Any]:
     return {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
 
 
-def _learner_state(
-    learner: PPO, source: LocalSource | ServerSource, tally: RunTally
-) -> dict[str, Any]:
-    return {
-        "args": learner.args.to_plain(),
-        "policy": _policy_meta(learner.args, learner.version),
-        "version": learner.version,
-        "global_step": learner.global_step,
-        "dropped": learner.dropped,
-        "generator": learner.generator.get_state().numpy().copy(),
-        "scaler": learner.scaler.get_state(),
-        "source_kind": "local" if isinstance(source, LocalSource) else "servers",
-        "source": source.get_state(include_envs=learner.args.mode == "sync"),
-        "tally": tally.to_state(),
-    }
-
-
-def _saved_servers(state: dict[str, Any]) -> int:
-    """How many server sessions a checkpoint's source state holds (0: in process)."""
-    if state.get("source_kind", "local") != "servers":
-        return 0
-    source = state.get("source") or {}
-    sessions = source.get("sessions")
-    return len(sessions) if isinstance(sessions, list) else int(source.get("servers", 0))
-
-
-class _Recorded:
-    """A fragment source whose fragments also go to a :class:`FragmentRecorder`."""
-
-    def __init__(self, source: LocalSource | ServerSource, recorder: Any) -> None:
-        self.source = source
-        self.recorder = recorder
-
-    @property
-    def num_rows(self) -> int:
-        """The wrapped source's rows."""
-        return self.source.num_rows
-
-    def fragments(self) -> Iterator[Fragment | None]:
-        """The source's fragments, each recorded before the learner sees it."""
-        for fragment in self.source.fragments():
-            if fragment is not None:
-                self.recorder.record(fragment)
-            yield fragment
-
-    def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
-        """Passed on to the source."""
-        return self.source.push_weights(weights, version=version)
-
-    def close(self) -> None:
-        """Closes the source."""
-        self.source.close()
-
-
 def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
     """TensorBoard scalars of :meth:`ServerSource.view`: counts, then per server share
     (named by its first env slot) its env steps/s and mean policy lag."""
@@ -228,6 +129,282 @@ def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
         name = f"servers/slot_{srv['first_slot']}"
         out += [(f"{name}/steps_per_s", srv["steps_per_s"]), (f"{name}/lag_mean", srv["lag_mean"])]
     return out
+
+
+class PPOPart:
+    """PPO's part of a :class:`~simkit.clients._run.Run` (the :class:`Algorithm`
+    protocol): the :class:`~simkit.clients.ppo.PPO` learner over a model built from
+    ``args``, its checkpoint (``update-NNNNNNNN``: model, optimizer, counters, reward
+    scaler, shuffling generator, the source's state), a checkpoint every
+    ``checkpoint_every`` updates or ``checkpoint_minutes``, and per update a
+    ``progress.jsonl`` line, a policy snapshot and TensorBoard scalars.
+    """
+
+    name = "ppo"
+    round_name = "update"
+    default_servers = DEFAULT_SERVERS
+
+    def __init__(
+        self, args: PPOArgs, *, checkpoint_every: int = 10, checkpoint_minutes: float = 0.0
+    ) -> None:
+        self.args = args
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_minutes = checkpoint_minutes
+        self._model: ActorCritic | None = None
+        self._learner: PPO | None = None
+        self._ckpt_at = 0.0
+        self.times: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ building
+
+    def check(self, options: RunOptions, ckpt: Checkpoint | None) -> None:
+        """``record`` needs a single-agent simkit env (replay re-simulates it)."""
+        env_id = self.args.env_id
+        if options.record is not None and (env_id.startswith(GYM_PREFIX) or is_multi_agent(env_id)):
+            raise ValueError(
+                "--record needs a single-agent simkit env (replay re-simulates it with "
+                f"simkit.make), got {env_id!r}"
+            )
+
+    def resume(self, ckpt: Checkpoint) -> tuple[int, dict[str, int] | None]:
+        """The checkpoint's settings (:func:`resume_args`) and env steps; complete when
+        it holds the updates ``total_steps`` asks for."""
+        saved = checkpoint_args(ckpt, PPOArgs.from_plain)
+        done = check_resumed_state(ckpt, ("global_step", "version", "dropped"))["global_step"]
+        self.args = resume_args(saved, self.args)
+        version = int(ckpt.state.get("version", 0))
+        if (
+            version
+            >= updates_for(self.args.total_steps, self.args.num_steps * _rows(self.args))
+            > 0
+        ):
+            return done, {"updates": version, "dropped": int(ckpt.state.get("dropped", 0))}
+        return done, None
+
+    def check_args(self) -> None:
+        """:meth:`PPOArgs.check`."""
+        self.args.check()
+
+    def build(self, ckpt: Checkpoint | None) -> ActorCritic:
+        """The model of ``args`` (the checkpoint's weights on resume)."""
+        model = build_model(self.args)
+        if ckpt is not None:
+            check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())
+            model.load_state_dict(ckpt.model)
+        self._model = model
+        return model
+
+    def spec(self) -> ModelSpec:
+        """The policy's spec (what servers build)."""
+        return model_spec(self.args)
+
+    @property
+    def max_lag(self) -> int:
+        """Async mode drops fragments older than ``args.max_lag`` versions."""
+        return self.args.max_lag
+
+    def attach(self, source: Any, ckpt: Checkpoint | None) -> None:
+        """The learner over the source's rows; on resume its checkpointed state."""
+        assert self._model is not None
+        args = self.args
+        learner = self._learner = PPO(args, self._model, source.num_rows)
+        batch = args.num_steps * source.num_rows
+        if args.total_steps % batch and ckpt is None:
+            per_row = " (one per (env, agent) row)" if source.num_rows != args.num_envs else ""
+            print(
+                f"simkit train: --total-steps {args.total_steps:,} is {learner.num_updates} "
+                f"update{'s' * (learner.num_updates != 1)} of {batch:,} env steps{per_row}: "
+                f"training stops at {learner.num_updates * batch:,}",
+                file=sys.stderr,
+            )
+        # In server mode the learner cannot see the servers' env and inference time: what
+        # it sees is how long it waited for their fragments (rollout not overlapped with
+        # the update, plus transfer), labelled as such.
+        self.times = (
+            {"env": 0.0, "inference": 0.0, "update": 0.0, "idle": 0.0}
+            if isinstance(source, LocalSource)
+            else {"rollout (server)": 0.0, "update": 0.0}
+        )
+        if ckpt is not None:
+            self._restore(learner, ckpt)
+
+    def _restore(self, learner: PPO, ckpt: Checkpoint) -> None:
+        try:
+            check_optimizer(
+                ckpt.path / "optimizer.safetensors",
+                ckpt.optimizer,
+                list(learner.model.parameters()),
+            )
+            learner.optimizer.load_state_dict(ckpt.optimizer)
+            state = ckpt.state
+            learner.version = int(state["version"])
+            learner.global_step = int(state["global_step"])
+            learner.dropped = int(state["dropped"])
+            learner.generator.set_state(
+                torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
+            )
+            learner.scaler.set_state(state["scaler"])
+        except (KeyError, ValueError, TypeError, OverflowError, RuntimeError) as exc:
+            raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
+
+    @property
+    def learner(self) -> PPO:
+        """The learner (once :meth:`attach` ed)."""
+        assert self._learner is not None
+        return self._learner
+
+    @property
+    def model(self) -> ActorCritic:
+        """The policy."""
+        return self.learner.model
+
+    @property
+    def version(self) -> int:
+        """Updates done."""
+        return self.learner.version
+
+    @property
+    def global_step(self) -> int:
+        """Env steps learned from."""
+        return self.learner.global_step
+
+    def total_steps(self, rows: int) -> int:
+        """Whole updates of ``rows`` x ``num_steps`` (0: until stopped)."""
+        return self.learner.num_updates * self.args.num_steps * rows
+
+    # ------------------------------------------------------------------ the loop
+
+    def start(self, run: Run, now: float) -> None:
+        """The checkpoint clock starts."""
+        self._ckpt_at = now
+
+    def loop(
+        self,
+        source: Any,
+        *,
+        max_rounds: int | None,
+        should_stop: Callable[[], bool],
+        on_boundary: Callable[[], None],
+        on_round: Callable[[Any, float, bool], None],
+        on_fragment: Callable[[Fragment], None],
+    ) -> None:
+        """:func:`simkit.clients.ppo.train`: one update per round."""
+        train(
+            self.learner,
+            _Observed(source, on_fragment),
+            max_updates=max_rounds,
+            on_update=lambda stats, wait: on_round(stats, wait, False),
+            should_stop=should_stop,
+            on_boundary=on_boundary,
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_due(self, now: float) -> bool:
+        """Every ``checkpoint_every`` updates, or ``checkpoint_minutes`` after the last."""
+        every, minutes = self.checkpoint_every, self.checkpoint_minutes
+        due = every and self.learner.version % every == 0
+        late = minutes and now - self._ckpt_at >= 60 * minutes
+        return bool(due or late)
+
+    def checkpoint(self, source: Any, tally: RunTally) -> dict[str, Any]:
+        """The model, the optimizer and the learner's and the source's state."""
+        learner = self.learner
+        return {
+            "name": f"update-{learner.version:08d}",
+            "model": learner.model.state_dict(),
+            "optimizer": learner.optimizer.state_dict(),
+            "state": {
+                "args": learner.args.to_plain(),
+                "policy": _policy_meta(learner.args, learner.version),
+                "version": learner.version,
+                "global_step": learner.global_step,
+                "dropped": learner.dropped,
+                "generator": learner.generator.get_state().numpy().copy(),
+                "scaler": learner.scaler.get_state(),
+                "source_kind": "local" if isinstance(source, LocalSource) else "servers",
+                "source": source.get_state(include_envs=learner.args.mode == "sync"),
+                "tally": tally.to_state(),
+            },
+        }
+
+    def checkpoint_written(self, run: Run, began: float, now: float) -> None:
+        """The checkpoint clock restarts at ``began`` (the policy is written per update)."""
+        self._ckpt_at = began
+
+    def policy(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The learner's weights (on the CPU) and the policy metadata."""
+        return self.learner.weights(), _policy_meta(self.args, self.learner.version)
+
+    # ------------------------------------------------------------------ reports
+
+    def _split(self, run: Run, stats: UpdateStats, wait: float) -> dict[str, float]:
+        """This update's time split, added to :attr:`times`."""
+        times = self.times
+        times["update"] += stats.update_s
+        if not run.local:
+            times["rollout (server)"] += wait
+            return {"wait": wait}
+        split: dict[str, float] = run.source.timings()
+        times["env"] += split["env"]
+        times["inference"] += split["inference"]
+        idle = (
+            wait
+            if self.args.mode == "async"
+            else max(0.0, wait - split["env"] - split["inference"])
+        )
+        split["idle"] = idle
+        times["idle"] += idle
+        return split
+
+    def report(self, stats: UpdateStats, wait: float, last: bool, run: Run) -> Report:
+        """Every update: a ``progress.jsonl`` line, TensorBoard's losses, the split."""
+        learner = self.learner
+        split = self._split(run, stats, wait)
+        view = run.view()
+        sps = (learner.global_step - run.start_step) / max(run.tally.session_s(), 1e-9)
+        mean_ret = run.tally.mean_return()
+        row: dict[str, Any] = {
+            "version": learner.version,
+            "global_step": learner.global_step,
+            "elapsed_s": round(run.tally.elapsed_s(), 3),
+            "sps": round(sps, 1),
+            "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
+            "approx_kl": stats.approx_kl,
+            "lag_mean": stats.lag[1],
+        }
+        scalars: list[tuple[str, float]] = []
+        if len(stats.episode_returns):
+            scalars += [
+                ("charts/episodic_return", float(np.mean(stats.episode_returns))),
+                ("charts/episodic_length", float(np.mean(stats.episode_lengths))),
+            ]
+        scalars += [
+            ("losses/policy_loss", stats.policy_loss),
+            ("losses/value_loss", stats.value_loss),
+            ("losses/entropy", stats.entropy),
+            ("losses/approx_kl", stats.approx_kl),
+            ("losses/clipfrac", stats.clipfrac),
+            ("losses/explained_variance", stats.explained_variance),
+            ("charts/learning_rate", stats.learning_rate),
+            ("charts/SPS", sps),
+            ("policy/lag_mean", stats.lag[1]),
+            ("policy/lag_max", float(stats.lag[2])),
+            ("policy/dropped_fragments", float(learner.dropped)),
+            ("time/update_s", stats.update_s),
+            *((f"time/{k}_s", v) for k, v in split.items()),
+            *(() if view is None else _server_scalars(view)),
+        ]
+        total_t = sum(self.times.values()) or 1.0
+        split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in self.times.items())
+        return Report(
+            sps=sps, row=row, scalars=scalars, extra=[f"lag {stats.lag[1]:.1f}", split_txt]
+        )
+
+    def result(self) -> dict[str, Any]:
+        """Updates, dropped fragments and the time split."""
+        learner = self.learner
+        return {"updates": learner.version, "dropped": learner.dropped, "times": self.times}
 
 
 def run_training(
@@ -253,7 +430,8 @@ def run_training(
     max_restarts: int = 3,
 ) -> TrainResult:
     """Trains ``args``, or continues the run of checkpoint ``resume`` (its settings, with
-    :data:`RESUME_FREE` ones from ``args``; :func:`resume_args`).
+    :data:`RESUME_FREE` ones from ``args``; :func:`resume_args`): a
+    :class:`~simkit.clients._run.Run` of :class:`PPOPart`.
 
     A resumed run that already reached ``args.total_steps`` does nothing and returns a
     result with ``complete`` set.
@@ -289,276 +467,26 @@ def run_training(
     Raises:
         InvalidCheckpoint: ``resume`` is not a valid checkpoint of this model.
     """
-    logdir = Path(logdir)
-    ckpt = load_checkpoint(resume) if resume is not None else None
-    if record is not None and (args.env_id.startswith(GYM_PREFIX) or is_multi_agent(args.env_id)):
-        raise ValueError(
-            "--record needs a single-agent simkit env (replay re-simulates it with "
-            f"simkit.make), got {args.env_id!r}"
-        )
-    if ckpt is not None:
-        if checkpoint_algo(ckpt) != "ppo":
-            raise InvalidCheckpoint(
-                f"{ckpt.path}: a {ckpt.state['algo']} checkpoint; PPO resumes PPO checkpoints"
-            )
-        saved = checkpoint_args(ckpt, PPOArgs.from_plain)
-        done_steps = check_resumed_state(ckpt, ("global_step", "version", "dropped"))["global_step"]
-        args = resume_args(saved, args)
-        batch = args.num_steps * _rows(args)
-        if int(ckpt.state.get("version", 0)) >= updates_for(args.total_steps, batch) > 0:
-            return TrainResult(
-                logdir=logdir,
-                checkpoint=ckpt.path,
-                policy=logdir / "policy.safetensors",
-                global_step=done_steps,
-                updates=int(ckpt.state.get("version", 0)),
-                elapsed_s=0.0,
-                steps_per_s=0.0,
-                mean_return=float("nan"),
-                dropped=int(ckpt.state.get("dropped", 0)),
-                stopped=False,
-                complete=True,
-            )
-    args.check()  # bad settings fail before any server starts
-    prepare_logdir(logdir)
-    if ckpt is not None:
-        trim_progress(logdir / "progress.jsonl", done_steps)
-    set_compute_threads(args.torch_threads)
-    model = build_model(args)
-    if ckpt is not None:
-        check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())
-        model.load_state_dict(ckpt.model)
-    if servers is None:
-        if connect:
-            servers = 0
-        elif ckpt is not None:
-            servers = _saved_servers(ckpt.state)
-        else:
-            servers = DEFAULT_SERVERS
-    recorder = open_recorder(record, args.env_id, args.seed)
-    stop = StopRequest(after="after this update")
-    try:
-        rollout = open_rollout(
-            args.env_id,
-            model_spec(args),
-            model,
-            num_envs=args.num_envs,
-            num_steps=args.num_steps,
-            seed=args.seed,
-            mode=args.mode,
-            max_lag=args.max_lag,
-            env_threads=args.env_threads,
-            servers=servers,
-            connect=connect,
-            ray=ray,
-            server_cpus=server_cpus,
-            server_gpus=server_gpus,
-            max_restarts=max_restarts,
-            server_timeout=server_timeout,
-            wait_for_servers=wait_for_servers,
-            give_up=stop,
-            logdir=logdir,
-        )
-    except BaseException:
-        if recorder is not None:
-            recorder.close()
-        raise
-    source = rollout.source
-    learner = PPO(args, model, source.num_rows)
-    batch = args.num_steps * source.num_rows
-    if args.total_steps % batch and ckpt is None:
-        per_row = " (one per (env, agent) row)" if source.num_rows != args.num_envs else ""
-        print(
-            f"simkit train: --total-steps {args.total_steps:,} is {learner.num_updates} "
-            f"update{'s' * (learner.num_updates != 1)} of {batch:,} env steps{per_row}: "
-            "training stops at "
-            f"{learner.num_updates * batch:,}",
-            file=sys.stderr,
-        )
-    if ckpt is not None:
-        try:
-            check_optimizer(
-                ckpt.path / "optimizer.safetensors", ckpt.optimizer, list(model.parameters())
-            )
-            learner.optimizer.load_state_dict(ckpt.optimizer)
-            state = ckpt.state
-            learner.version = int(state["version"])
-            learner.global_step = int(state["global_step"])
-            learner.dropped = int(state["dropped"])
-            learner.generator.set_state(
-                torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
-            )
-            learner.scaler.set_state(state["scaler"])
-            restore_rollout(
-                source, state, "local" if isinstance(source, LocalSource) else "servers"
-            )
-        except (KeyError, ValueError, TypeError, OverflowError, RuntimeError, RemoteError) as exc:
-            rollout.close()
-            if recorder is not None:
-                recorder.close()
-            raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
-    source.push_weights(model, version=learner.version)
-    if handle_signals:
-        stop.install()
-
-    purge = None if ckpt is None else learner.global_step + 1  # what the resume redoes
-    writer = TensorBoard(logdir / "tb", purge_step=purge) if tensorboard else None
-    ckpt_dir = logdir / "checkpoints"
-    policy_path = logdir / "policy.safetensors"
-    tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))
-    local = isinstance(source, LocalSource)
-    # In server mode the learner cannot see the servers' env and inference time: what
-    # it sees is how long it waited for their fragments (rollout not overlapped with the
-    # update, plus transfer), labelled as such.
-    times = (
-        {"env": 0.0, "inference": 0.0, "update": 0.0, "idle": 0.0}
-        if local
-        else {"rollout (server)": 0.0, "update": 0.0}
-    )
-    start_step = learner.global_step
-    last_ckpt: Path | None = None
-    updates = 0
-
-    line = ProgressLine(
+    part = PPOPart(args, checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes)
+    options = RunOptions(
+        logdir=Path(logdir),
+        resume=resume,
+        max_rounds=max_updates,
         progress=progress,
         print_every=print_every,
-        env_id=args.env_id,
-        total=learner.num_updates * args.num_steps * source.num_rows,
-        done=learner.global_step,
+        tensorboard=tensorboard,
+        handle_signals=handle_signals,
+        connect=connect,
+        servers=servers,
+        server_timeout=server_timeout,
+        wait_for_servers=wait_for_servers,
+        record=record,
+        ray=ray,
+        server_cpus=server_cpus,
+        server_gpus=server_gpus,
+        max_restarts=max_restarts,
     )
-
-    last_ckpt_at = time.monotonic()
-
-    def checkpoint() -> Path:
-        nonlocal last_ckpt, last_ckpt_at
-        last_ckpt_at = time.monotonic()
-        last_ckpt = save_checkpoint(
-            ckpt_dir,
-            f"update-{learner.version:08d}",
-            model=model.state_dict(),
-            optimizer=learner.optimizer.state_dict(),
-            state=_learner_state(learner, source, tally),
-        )
-        return last_ckpt
-
-    def at_boundary() -> None:
-        # Before the update's weights go out the servers wait at a fragment boundary
-        # (sync mode), where their session states are exact.
-        due = checkpoint_every and learner.version % checkpoint_every == 0
-        late = checkpoint_minutes and time.monotonic() - last_ckpt_at >= 60 * checkpoint_minutes
-        if due or late:
-            checkpoint()
-
-    def on_update(stats: UpdateStats, wait: float) -> None:
-        nonlocal updates
-        updates += 1
-        times["update"] += stats.update_s
-        split: dict[str, float] = {}
-        if isinstance(source, LocalSource):
-            split = source.timings()
-            times["env"] += split["env"]
-            times["inference"] += split["inference"]
-            idle = (
-                wait if args.mode == "async" else max(0.0, wait - split["env"] - split["inference"])
-            )
-            split["idle"] = idle
-            times["idle"] += idle
-        else:
-            split["wait"] = wait
-            times["rollout (server)"] += wait
-        view = None if isinstance(source, LocalSource) else source.view()
-        tally.add(stats.episode_returns)
-        sps = (learner.global_step - start_step) / max(tally.session_s(), 1e-9)
-        mean_ret = tally.mean_return()
-        record: dict[str, Any] = {
-            "version": learner.version,
-            "global_step": learner.global_step,
-            "elapsed_s": round(tally.elapsed_s(), 3),
-            "sps": round(sps, 1),
-            "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
-            "approx_kl": stats.approx_kl,
-            "lag_mean": stats.lag[1],
-        }
-        if view is not None:
-            record["servers"] = view
-        append_progress(logdir / "progress.jsonl", record)
-        save_policy(policy_path, learner.weights(), _policy_meta(args, learner.version))
-        if writer is not None:
-            step = learner.global_step
-            if len(stats.episode_returns):
-                writer.add_scalar(
-                    "charts/episodic_return", float(np.mean(stats.episode_returns)), step
-                )
-                writer.add_scalar(
-                    "charts/episodic_length", float(np.mean(stats.episode_lengths)), step
-                )
-            for name, value in (
-                ("losses/policy_loss", stats.policy_loss),
-                ("losses/value_loss", stats.value_loss),
-                ("losses/entropy", stats.entropy),
-                ("losses/approx_kl", stats.approx_kl),
-                ("losses/clipfrac", stats.clipfrac),
-                ("losses/explained_variance", stats.explained_variance),
-                ("charts/learning_rate", stats.learning_rate),
-                ("charts/SPS", sps),
-                ("policy/lag_mean", stats.lag[1]),
-                ("policy/lag_max", float(stats.lag[2])),
-                ("policy/dropped_fragments", float(learner.dropped)),
-                ("time/update_s", stats.update_s),
-                *((f"time/{k}_s", v) for k, v in split.items()),
-                *(() if view is None else _server_scalars(view)),
-            ):
-                writer.add_scalar(name, value, step)
-        if line.due():
-            total_t = sum(times.values()) or 1.0
-            split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.items())
-            extra = [f"lag {stats.lag[1]:.1f}", split_txt]
-            if view is not None:
-                extra.append(f"servers {view['alive']}/{view['alive'] + view['lost']}")
-                if view["restarted"]:
-                    extra[-1] += f" ({view['restarted']} restarted)"
-            line.show(learner.global_step, sps, mean_ret, extra)
-
-    try:
-        with checkpoint_if_servers_lost(
-            checkpoint,
-            stop,
-            env_steps=lambda: learner.global_step,
-            resume=f"simkit train {args.env_id} --resume {logdir}",
-        ):
-            train(
-                learner,
-                source if recorder is None else _Recorded(source, recorder),
-                max_updates=max_updates,
-                on_update=on_update,
-                should_stop=stop,
-                on_boundary=at_boundary,
-            )
-            checkpoint()  # the last update's weights were not pushed: still at the boundary
-    finally:
-        line.stop()
-        if writer is not None:
-            writer.close()
-        rollout.close()
-        if recorder is not None:
-            recorder.close()
-        stop.restore()
-    elapsed = tally.session_s()
-    return TrainResult(
-        logdir=logdir,
-        checkpoint=last_ckpt,
-        policy=policy_path,
-        global_step=learner.global_step,
-        updates=learner.version,
-        elapsed_s=elapsed,
-        steps_per_s=(learner.global_step - start_step) / max(elapsed, 1e-9),
-        mean_return=tally.mean_return(),
-        dropped=learner.dropped,
-        stopped=stop.requested,
-        times=times,
-        record=None if record is None else Path(record),
-        not_exact=source.not_exact,
-    )
+    return Run(part, options).train()
 
 
 def evaluate_policy(

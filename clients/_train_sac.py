@@ -1,11 +1,11 @@
-"""The SAC learner as a run: the Python API behind ``simkit train ENV --algo sac``.
+"""SAC's part of a training run: the Python API behind ``simkit train ENV --algo sac``.
 
-:func:`run_sac` opens the fragment source (in process, local servers, ``--connect`` or
-Ray: :func:`~simkit.clients._rollout.open_rollout`, as PPO), the replay buffer (its
-memory stated before it is allocated; optionally filled from recordings), runs
-:func:`simkit.clients.sac.train_sac` and around it writes checkpoints (the buffer
-included), a policy snapshot, ``progress.jsonl``, TensorBoard scalars and Prometheus
-metrics, and shows the progress bar.
+:class:`SACPart` is what a :class:`~simkit.clients._run.Run` needs of SAC: the actor,
+the :class:`~simkit.clients.sac.SAC` learner and the replay buffer (its memory stated
+before it is allocated; optionally filled from recordings), its checkpoint (the buffer
+included), its cadence and what it reports (the run writes the policy snapshot,
+``progress.jsonl``, TensorBoard scalars and Prometheus metrics, and shows the progress
+line). :func:`run_sac` runs it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -24,41 +24,17 @@ from gymnasium import spaces
 
 from simkit._types import Fragment
 from simkit.clients._args import SACArgs, resolve_device
-from simkit.clients._checkpoint import (
-    check_optimizer,
-    checkpoint_algo,
-    checkpoint_args,
-    load_checkpoint,
-    save_checkpoint,
-    save_policy,
-)
-from simkit.clients._learner_metrics import LearnerMetrics
+from simkit.clients._checkpoint import Checkpoint, check_optimizer, checkpoint_args
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
-from simkit.clients._progress import ProgressLine
 from simkit.clients._replay import ReplayBuffer
-from simkit.clients._rollout import open_rollout
-from simkit.clients._run_parts import (
-    CheckpointCadence,
-    RunTally,
-    StopRequest,
-    TensorBoard,
-    append_progress,
-    check_resumed_state,
-    checkpoint_if_servers_lost,
-    open_recorder,
-    prepare_logdir,
-    restore_rollout,
-    trim_progress,
-)
-from simkit.clients._train import TrainResult
+from simkit.clients._run import Report, Run, RunOptions, TrainResult
+from simkit.clients._run_parts import CheckpointCadence, RunTally, check_resumed_state
 from simkit.clients.sac import SAC, SACStats, train_sac
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
-from simkit.models._threads import set_compute_threads
-from simkit.protocol import RemoteError
 
-__all__ = ["run_sac", "sac_spec", "SAC_RESUME_FREE", "fill_from_recording"]
+__all__ = ["SACPart", "run_sac", "sac_spec", "SAC_RESUME_FREE", "fill_from_recording"]
 
 SAC_RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads")
 """:class:`SACArgs` fields a resumed run may change; the rest must match the checkpoint."""
@@ -221,6 +197,361 @@ def fill_from_recording(
     return episodes, transitions
 
 
+class SACPart:
+    """SAC's part of a :class:`~simkit.clients._run.Run` (the :class:`Algorithm`
+    protocol): the :class:`~simkit.clients.sac.SAC` learner and its replay buffer
+    (stated before it is allocated; from the checkpoint on resume, or filled from
+    ``buffer_from``), its checkpoint (``step-NNNNNNNNNN``: every learned tensor, the
+    optimizer, the counters, the source's state and the buffer), the
+    :class:`~simkit.clients._run_parts.CheckpointCadence`, and every
+    :data:`_WRITE_EVERY_S` a ``progress.jsonl`` line, a policy snapshot, TensorBoard
+    scalars and Prometheus metrics.
+
+    Args:
+        given: the :class:`SACArgs` fields the command line set (on resume only those
+            are compared with the checkpoint; None: all).
+    """
+
+    name = "sac"
+    round_name = "round"
+    default_servers = SAC_DEFAULT_SERVERS
+
+    def __init__(
+        self,
+        args: SACArgs,
+        *,
+        given: Sequence[str] | None = None,
+        checkpoint_steps: int = 100_000,
+        checkpoint_minutes: float = 5.0,
+        buffer_from: str | Path | None = None,
+    ) -> None:
+        self.args = args
+        self.given = given
+        self.checkpoint_steps = checkpoint_steps
+        self.checkpoint_minutes = checkpoint_minutes
+        self.buffer_from = buffer_from
+        self._learner: SAC | None = None
+        self._buffer: ReplayBuffer | None = None
+        self.learning: tuple[float, int] | None = None
+        self._window: deque[tuple[float, int, int]] = deque(maxlen=64)
+        self._recent: dict[str, float] = {}
+        self._last_write = 0.0
+
+    # ------------------------------------------------------------------ building
+
+    def check(self, options: RunOptions, ckpt: Checkpoint | None) -> None:
+        """``record`` needs a simkit env; ``buffer_from`` a new run."""
+        if options.record is not None and self.args.env_id.startswith(GYM_PREFIX):
+            raise ValueError(
+                "--record needs a simkit env (replay re-simulates it with simkit.make), "
+                f"got {self.args.env_id!r}"
+            )
+        if ckpt is not None and self.buffer_from is not None:
+            raise ValueError(
+                "--buffer-from fills the buffer of a new run; a resumed run's buffer comes "
+                f"from its checkpoint ({ckpt.path})"
+            )
+
+    def resume(self, ckpt: Checkpoint) -> tuple[int, dict[str, int] | None]:
+        """The checkpoint's settings (:func:`resume_sac_args`) and env steps; complete
+        when they reach ``total_steps``."""
+        saved = checkpoint_args(ckpt, SACArgs.from_plain)
+        self.args = resume_sac_args(saved, self.args, self.given)
+        counts = check_resumed_state(ckpt, ("global_step", "updates", "version"), within="counters")
+        done = counts["global_step"]
+        if self.args.total_steps and done >= self.args.total_steps:
+            return done, {"updates": counts["updates"], "dropped": 0}
+        return done, None
+
+    def check_args(self) -> None:
+        """:meth:`SACArgs.check` and :func:`check_env`."""
+        self.args.check()
+        self.obs_space, self.act_space = check_env(self.args.env_id)
+
+    def build(self, ckpt: Checkpoint | None) -> ActorCritic:
+        """The actor, the learner and the buffer (restored on resume)."""
+        args = self.args
+        device = resolve_device(args.device)
+        model = build_actor(args)
+        learner = self._learner = SAC(args, model, device)
+        need = ReplayBuffer.describe_needed(
+            args.buffer_size, self.obs_space.shape, self.act_space.shape
+        )
+        print(f"simkit train: replay buffer of {need}", file=sys.stderr)
+        self._buffer = self._open_buffer(ckpt)
+        if ckpt is not None:
+            try:
+                learner.load_tensors({k: v.to(device) for k, v in ckpt.model.items()})
+                check_optimizer(
+                    ckpt.path / "optimizer.safetensors",
+                    ckpt.optimizer,
+                    [p for group in learner.optimizer.param_groups for p in group["params"]],
+                )
+                learner.optimizer.load_state_dict(ckpt.optimizer)
+                learner.load_counters(ckpt.state["counters"])
+            except (KeyError, ValueError, TypeError, OverflowError, RuntimeError) as exc:
+                raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
+        elif self.buffer_from is not None:
+            episodes, added = fill_from_recording(
+                self._buffer, self.buffer_from, args.env_id, self.obs_space, self.act_space
+            )
+            print(
+                f"simkit train: --buffer-from {self.buffer_from}: {added:,} transitions of "
+                f"{episodes:,} episodes in the buffer",
+                file=sys.stderr,
+            )
+        return model
+
+    def _open_buffer(self, ckpt: Checkpoint | None) -> ReplayBuffer:
+        """The checkpoint's buffer (what the run expects bounds what is inflated), or a
+        new one."""
+        args, obs_space, act_space = self.args, self.obs_space, self.act_space
+        if ckpt is None or REPLAY_FILE not in ckpt.extra:
+            return ReplayBuffer(
+                args.buffer_size, obs_shape=obs_space.shape, action_shape=act_space.shape
+            )
+        buffer = ReplayBuffer.load(
+            ckpt.extra[REPLAY_FILE],
+            capacity=args.buffer_size,
+            obs_shape=obs_space.shape,
+            action_shape=act_space.shape,
+            obs_dtype=np.float32,
+            action_dtype=np.float32,
+        )
+        check_buffer_actions(ckpt.extra[REPLAY_FILE], buffer, act_space)
+        return buffer
+
+    def spec(self) -> ModelSpec:
+        """The servable actor's spec."""
+        return sac_spec(self.args)
+
+    max_lag = 2**30
+    """Off-policy: every fragment is kept, whatever its version."""
+
+    def attach(self, source: Any, ckpt: Checkpoint | None) -> None:
+        """Says where a sync run stops when ``total_steps`` is not whole rounds."""
+        args = self.args
+        per_round = args.num_steps * source.num_rows
+        if args.mode == "sync" and args.total_steps % per_round and ckpt is None:
+            rounds = -(-args.total_steps // per_round)
+            print(
+                f"simkit train: --total-steps {args.total_steps:,} is {rounds:,} rounds of "
+                f"{per_round:,} env steps: training stops at {rounds * per_round:,}",
+                file=sys.stderr,
+            )
+
+    @property
+    def learner(self) -> SAC:
+        """The learner (once built)."""
+        assert self._learner is not None
+        return self._learner
+
+    @property
+    def buffer(self) -> ReplayBuffer:
+        """The replay buffer (once built)."""
+        assert self._buffer is not None
+        return self._buffer
+
+    @property
+    def model(self) -> ActorCritic:
+        """The actor."""
+        return self.learner.model
+
+    @property
+    def version(self) -> int:
+        """Weight pushes (rounds) done."""
+        return self.learner.version
+
+    @property
+    def global_step(self) -> int:
+        """Env steps received."""
+        return self.learner.global_step
+
+    def total_steps(self, rows: int) -> int:
+        """``args.total_steps``."""
+        return self.args.total_steps
+
+    # ------------------------------------------------------------------ the loop
+
+    def start(self, run: Run, now: float) -> None:
+        """The checkpoint cadence starts."""
+        learner = self.learner
+        self.cadence = CheckpointCadence(
+            steps=self.checkpoint_steps,
+            minutes=self.checkpoint_minutes,
+            now=now,
+            step=learner.global_step,
+            learning=learner.learning_step is not None,
+        )
+
+    def loop(
+        self,
+        source: Any,
+        *,
+        max_rounds: int | None,
+        should_stop: Callable[[], bool],
+        on_boundary: Callable[[], None],
+        on_round: Callable[[Any, float, bool], None],
+        on_fragment: Callable[[Fragment], None],
+    ) -> None:
+        """:func:`simkit.clients.sac.train_sac`."""
+        train_sac(
+            self.learner,
+            source,
+            self.buffer,
+            max_rounds=max_rounds,
+            on_round=on_round,
+            should_stop=should_stop,
+            on_boundary=on_boundary,
+            on_fragment=on_fragment,
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_due(self, now: float) -> bool:
+        """:meth:`CheckpointCadence.due`."""
+        learner = self.learner
+        return self.cadence.due(
+            now=now, step=learner.global_step, learning=learner.learning_step is not None
+        )
+
+    def checkpoint(self, source: Any, tally: RunTally) -> dict[str, Any]:
+        """Every learned tensor, the optimizer, the counters, the source's state and
+        the replay buffer."""
+        learner, args = self.learner, self.args
+        return {
+            "name": f"step-{learner.global_step:010d}",
+            "model": learner.tensors(),
+            "optimizer": learner.optimizer.state_dict(),
+            "state": {
+                "algo": "sac",
+                "args": args.to_plain(),
+                "policy": self._meta(),
+                "counters": learner.counters(),
+                "servers": getattr(source, "num_servers", 0),
+                "source_kind": "local" if isinstance(source, LocalSource) else "servers",
+                "source": source.get_state(include_envs=args.mode == "sync"),
+                "tally": tally.to_state(),
+            },
+            "extra": {REPLAY_FILE: self.buffer.save},
+        }
+
+    def checkpoint_written(self, run: Run, began: float, now: float) -> None:
+        """Counted by the cadence; the policy snapshot goes with it."""
+        learner = self.learner
+        self.cadence.written(
+            now=now,
+            step=learner.global_step,
+            learning=learner.learning_step is not None,
+            took_s=now - began,
+        )
+        run.save_policy()
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "env_id": self.args.env_id,
+            "model": sac_spec(self.args).to_plain(),
+            "version": self.learner.version,
+        }
+
+    def policy(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The actor's tensors and the policy metadata."""
+        return self.model.state_dict(), self._meta()
+
+    # ------------------------------------------------------------------ reports
+
+    def _rates(self, now: float) -> tuple[float, float, float]:
+        """Env steps/s and updates/s over the last rounds, and the achieved UTD."""
+        learner = self.learner
+        t0, s0, u0 = self._window[0]
+        span = max(now - t0, 1e-9)
+        learned = (
+            learner.global_step - learner.learning_step + 1
+            if learner.learning_step is not None
+            else 0
+        )
+        utd = learner.updates / learned if learned else 0.0
+        return (learner.global_step - s0) / span, (learner.updates - u0) / span, utd
+
+    def report(self, stats: SACStats, wait: float, last: bool, run: Run) -> Report | None:
+        """Every :data:`_WRITE_EVERY_S` (and at the end) a line, a snapshot, scalars
+        and metrics; the progress line when due."""
+        learner, args, buffer, recent = self.learner, self.args, self.buffer, self._recent
+        if self.learning is None and stats.updates:
+            self.learning = (run.tally.session_s(), learner.global_step)
+        now = time.perf_counter()
+        self._window.append((now, learner.global_step, learner.updates))
+        if stats.updates:
+            recent.update(
+                qf_loss=stats.qf_loss,
+                actor_loss=stats.actor_loss,
+                alpha=stats.alpha,
+                alpha_loss=stats.alpha_loss,
+                q_mean=stats.q_mean,
+                sample_age=stats.sample_age,
+            )
+        write = last or now - self._last_write >= _WRITE_EVERY_S
+        if not write and not run.line.due():
+            return None
+        sps, ups, utd = self._rates(now)
+        extra = [
+            f"{ups:,.0f} updates/s",
+            f"utd {utd:.2f}/{args.utd:g}",
+            f"buffer {len(buffer):,} (+{sps:,.0f}/s, age "
+            f"{recent.get('sample_age', 0.0):,.0f} versions)",
+        ]
+        if not write:
+            return Report(sps=sps, row=None, extra=extra)
+        self._last_write = now
+        mean_ret = run.tally.mean_return()
+        view = run.view()
+        row: dict[str, Any] = {
+            "version": learner.version,
+            "global_step": learner.global_step,
+            "updates": learner.updates,
+            "elapsed_s": round(run.tally.elapsed_s(), 3),
+            "sps": round(sps, 1),
+            "updates_per_s": round(ups, 1),
+            "utd": round(utd, 4),
+            "buffer": len(buffer),
+            "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
+            **{k: (None if np.isnan(v) else round(v, 5)) for k, v in recent.items()},
+        }
+        scalars = [("charts/episodic_return", mean_ret)] if run.tally.returns else []
+        scalars += [
+            ("charts/SPS", sps),
+            ("charts/updates_per_s", ups),
+            ("charts/utd", utd),
+            ("replay/size", float(len(buffer))),
+            ("replay/fill_per_s", sps),  # every received transition is inserted
+            ("replay/sample_age", recent.get("sample_age", float("nan"))),
+            ("replay/newest_age", float(learner.version - buffer.newest_version)),
+            *((f"losses/{k}", v) for k, v in recent.items() if k != "sample_age"),
+            ("time/wait_s", wait),
+        ]
+        metrics = {
+            "env_steps": learner.global_step,
+            "updates": learner.updates,
+            "utd_target": args.utd,
+            "utd_achieved": utd,
+            "version": learner.version,
+            "replay_size": len(buffer),
+            "replay_capacity": buffer.capacity,
+            "replay_inserted": buffer.inserted,
+            "newest_version": buffer.newest_version,
+            "sample_age": recent.get("sample_age", float("nan")),
+            "updates_per_s": ups,
+            "env_steps_per_s": sps,
+            "servers_alive": 0 if view is None else view["alive"],
+            "servers_lost": 0 if view is None else view["lost"],
+        }
+        return Report(sps=sps, row=row, scalars=scalars, extra=extra, metrics=metrics)
+
+    def result(self) -> dict[str, Any]:
+        """Gradient steps and when learning started."""
+        return {"updates": self.learner.updates, "dropped": 0, "learning": self.learning}
+
+
 def run_sac(
     args: SACArgs,
     *,
@@ -246,7 +577,8 @@ def run_sac(
     metrics_port: int | None = None,
     record: str | Path | None = None,
 ) -> TrainResult:
-    """Trains SAC per ``args`` or continues checkpoint ``resume`` (exactly, in sync mode).
+    """Trains SAC per ``args`` or continues checkpoint ``resume`` (exactly, in sync mode):
+    a :class:`~simkit.clients._run.Run` of :class:`SACPart`.
 
     The run arguments are :func:`~simkit.clients._train.run_training`'s, except:
 
@@ -269,362 +601,30 @@ def run_sac(
         ValueError: the env has no continuous actions, a bad setting, a recording
             that does not fit, ``buffer_from`` with ``resume``.
     """
-    logdir = Path(logdir)
-    ckpt = load_checkpoint(resume) if resume is not None else None
-    if record is not None and args.env_id.startswith(GYM_PREFIX):
-        raise ValueError(
-            "--record needs a simkit env (replay re-simulates it with simkit.make), "
-            f"got {args.env_id!r}"
-        )
-    if ckpt is not None:
-        if buffer_from is not None:
-            raise ValueError(
-                "--buffer-from fills the buffer of a new run; a resumed run's buffer comes "
-                f"from its checkpoint ({ckpt.path})"
-            )
-        algo = checkpoint_algo(ckpt)
-        if algo != "sac":
-            raise InvalidCheckpoint(
-                f"{ckpt.path}: a {algo} checkpoint; --algo sac resumes SAC checkpoints"
-            )
-        saved = checkpoint_args(ckpt, SACArgs.from_plain)
-        args = resume_sac_args(saved, args, given)
-        counts = check_resumed_state(ckpt, ("global_step", "updates", "version"), within="counters")
-        done, done_updates = counts["global_step"], counts["updates"]
-        if args.total_steps and done >= args.total_steps:
-            return TrainResult(
-                logdir=logdir,
-                checkpoint=ckpt.path,
-                policy=logdir / "policy.safetensors",
-                global_step=done,
-                updates=done_updates,
-                elapsed_s=0.0,
-                steps_per_s=0.0,
-                mean_return=float("nan"),
-                dropped=0,
-                stopped=False,
-                complete=True,
-            )
-    args.check()
-    obs_space, act_space = check_env(args.env_id)
-    prepare_logdir(logdir)
-    if ckpt is not None:
-        trim_progress(logdir / "progress.jsonl", done)
-    device = resolve_device(args.device)
-    set_compute_threads(args.torch_threads)
-    model = build_actor(args)
-    learner = SAC(args, model, device)
-    need = ReplayBuffer.describe_needed(args.buffer_size, obs_space.shape, act_space.shape)
-    print(f"simkit train: replay buffer of {need}", file=sys.stderr)
-    if ckpt is not None and REPLAY_FILE in ckpt.extra:
-        buffer = ReplayBuffer.load(  # what the run expects bounds what is inflated
-            ckpt.extra[REPLAY_FILE],
-            capacity=args.buffer_size,
-            obs_shape=obs_space.shape,
-            action_shape=act_space.shape,
-            obs_dtype=np.float32,
-            action_dtype=np.float32,
-        )
-        check_buffer_actions(ckpt.extra[REPLAY_FILE], buffer, act_space)
-    else:
-        buffer = ReplayBuffer(
-            args.buffer_size,
-            obs_shape=obs_space.shape,
-            action_shape=act_space.shape,
-        )
-    if ckpt is not None:
-        try:
-            learner.load_tensors({k: v.to(device) for k, v in ckpt.model.items()})
-            check_optimizer(
-                ckpt.path / "optimizer.safetensors",
-                ckpt.optimizer,
-                [p for group in learner.optimizer.param_groups for p in group["params"]],
-            )
-            learner.optimizer.load_state_dict(ckpt.optimizer)
-            learner.load_counters(ckpt.state["counters"])
-        except (KeyError, ValueError, TypeError, OverflowError, RuntimeError) as exc:
-            raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
-    elif buffer_from is not None:
-        episodes, added = fill_from_recording(
-            buffer, buffer_from, args.env_id, obs_space, act_space
-        )
-        print(
-            f"simkit train: --buffer-from {buffer_from}: {added:,} transitions of "
-            f"{episodes:,} episodes in the buffer",
-            file=sys.stderr,
-        )
-    if servers is None:
-        if connect:
-            servers = 0
-        elif ckpt is not None:
-            servers = int(ckpt.state.get("servers", 0))
-        else:
-            servers = SAC_DEFAULT_SERVERS
-    recorder = open_recorder(record, args.env_id, args.seed)
-    stop = StopRequest(after="after this round")
-    try:
-        rollout = open_rollout(
-            args.env_id,
-            sac_spec(args),
-            model,
-            num_envs=args.num_envs,
-            num_steps=args.num_steps,
-            seed=args.seed,
-            mode=args.mode,
-            max_lag=2**30,  # off-policy: every fragment is kept, whatever its version
-            env_threads=args.env_threads,
-            servers=servers,
-            connect=connect,
-            ray=ray,
-            server_cpus=server_cpus,
-            server_gpus=server_gpus,
-            max_restarts=max_restarts,
-            server_timeout=server_timeout,
-            wait_for_servers=wait_for_servers,
-            give_up=stop,
-            logdir=logdir,
-        )
-    except BaseException:
-        if recorder is not None:
-            recorder.close()
-        raise
-    source = rollout.source
-    source_kind = "local" if isinstance(source, LocalSource) else "servers"
-    per_round = args.num_steps * source.num_rows
-    if args.mode == "sync" and args.total_steps % per_round and ckpt is None:
-        rounds = -(-args.total_steps // per_round)
-        print(
-            f"simkit train: --total-steps {args.total_steps:,} is {rounds:,} rounds of "
-            f"{per_round:,} env steps: training stops at {rounds * per_round:,}",
-            file=sys.stderr,
-        )
-    if ckpt is not None:
-        try:
-            restore_rollout(source, ckpt.state, source_kind)
-        except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
-            rollout.close()
-            if recorder is not None:
-                recorder.close()
-            raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the rollout: {exc}") from exc
-    source.push_weights(model, version=learner.version)
-
-    if handle_signals:
-        stop.install()
-
-    purge = None if ckpt is None else learner.global_step + 1  # what the resume redoes
-    writer = TensorBoard(logdir / "tb", purge_step=purge) if tensorboard else None
-    metrics = LearnerMetrics()
-    metrics.fragment_received(time.time())  # start-up counts as news: no alert before T s
-    if metrics_port is not None:
-        port = metrics.start(metrics_port)
-        print(f"simkit train: learner metrics on http://127.0.0.1:{port}/metrics", file=sys.stderr)
-    ckpt_dir = logdir / "checkpoints"
-    policy_path = logdir / "policy.safetensors"
-    tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))
-    start_step = learner.global_step
-    last_ckpt: Path | None = None
-    cadence = CheckpointCadence(
-        steps=checkpoint_steps,
-        minutes=checkpoint_minutes,
-        now=time.monotonic(),
-        step=learner.global_step,
-        learning=learner.learning_step is not None,
+    part = SACPart(
+        args,
+        given=given,
+        checkpoint_steps=checkpoint_steps,
+        checkpoint_minutes=checkpoint_minutes,
+        buffer_from=buffer_from,
     )
-    last_write = 0.0
-    window: deque[tuple[float, int, int]] = deque(maxlen=64)
-    recent: dict[str, float] = {}
-    line = ProgressLine(
+    options = RunOptions(
+        logdir=Path(logdir),
+        resume=resume,
+        max_rounds=max_rounds,
         progress=progress,
         print_every=print_every,
-        env_id=args.env_id,
-        total=args.total_steps,
-        done=learner.global_step,
+        tensorboard=tensorboard,
+        handle_signals=handle_signals,
+        connect=connect,
+        servers=servers,
+        server_timeout=server_timeout,
+        wait_for_servers=wait_for_servers,
+        record=record,
+        ray=ray,
+        server_cpus=server_cpus,
+        server_gpus=server_gpus,
+        max_restarts=max_restarts,
+        metrics_port=metrics_port,
     )
-
-    def meta() -> dict[str, Any]:
-        return {
-            "env_id": args.env_id,
-            "model": sac_spec(args).to_plain(),
-            "version": learner.version,
-        }
-
-    def checkpoint() -> Path:
-        nonlocal last_ckpt
-        began = time.monotonic()
-        last_ckpt = save_checkpoint(
-            ckpt_dir,
-            f"step-{learner.global_step:010d}",
-            model=learner.tensors(),
-            optimizer=learner.optimizer.state_dict(),
-            state={
-                "algo": "sac",
-                "args": args.to_plain(),
-                "policy": meta(),
-                "counters": learner.counters(),
-                "servers": getattr(source, "num_servers", 0),
-                "source_kind": source_kind,
-                "source": source.get_state(include_envs=args.mode == "sync"),
-                "tally": tally.to_state(),
-            },
-            extra={REPLAY_FILE: buffer.save},
-        )
-        now = time.monotonic()
-        cadence.written(
-            now=now,
-            step=learner.global_step,
-            learning=learner.learning_step is not None,
-            took_s=now - began,
-        )
-        save_policy(policy_path, model.state_dict(), meta())
-        return last_ckpt
-
-    def at_boundary() -> None:
-        if cadence.due(
-            now=time.monotonic(),
-            step=learner.global_step,
-            learning=learner.learning_step is not None,
-        ):
-            checkpoint()
-
-    def on_fragment(fragment: Fragment) -> None:
-        metrics.fragment_received(time.time())
-        if recorder is not None:
-            recorder.record(fragment)
-
-    learning: tuple[float, int] | None = None
-
-    def on_round(stats: SACStats, wait: float, last: bool) -> None:
-        nonlocal last_write, learning
-        if learning is None and stats.updates:
-            learning = (tally.session_s(), learner.global_step)
-        tally.add(stats.episode_returns)
-        now = time.perf_counter()
-        window.append((now, learner.global_step, learner.updates))
-        if stats.updates:
-            recent.update(
-                qf_loss=stats.qf_loss,
-                actor_loss=stats.actor_loss,
-                alpha=stats.alpha,
-                alpha_loss=stats.alpha_loss,
-                q_mean=stats.q_mean,
-                sample_age=stats.sample_age,
-            )
-        write = last or now - last_write >= _WRITE_EVERY_S
-        if not write and not line.due():
-            return
-        t0, s0, u0 = window[0]
-        span = max(now - t0, 1e-9)
-        sps = (learner.global_step - s0) / span
-        ups = (learner.updates - u0) / span
-        learned = (
-            learner.global_step - learner.learning_step + 1
-            if learner.learning_step is not None
-            else 0
-        )
-        utd = learner.updates / learned if learned else 0.0
-        mean_ret = tally.mean_return()
-        view = None if isinstance(source, LocalSource) else source.view()
-        if write:
-            last_write = now
-            metrics.observe(
-                env_steps=learner.global_step,
-                updates=learner.updates,
-                utd_target=args.utd,
-                utd_achieved=utd,
-                version=learner.version,
-                replay_size=len(buffer),
-                replay_capacity=buffer.capacity,
-                replay_inserted=buffer.inserted,
-                newest_version=buffer.newest_version,
-                sample_age=recent.get("sample_age", float("nan")),
-                updates_per_s=ups,
-                env_steps_per_s=sps,
-                servers_alive=0 if view is None else view["alive"],
-                servers_lost=0 if view is None else view["lost"],
-            )
-            row: dict[str, Any] = {
-                "version": learner.version,
-                "global_step": learner.global_step,
-                "updates": learner.updates,
-                "elapsed_s": round(tally.elapsed_s(), 3),
-                "sps": round(sps, 1),
-                "updates_per_s": round(ups, 1),
-                "utd": round(utd, 4),
-                "buffer": len(buffer),
-                "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
-                **{k: (None if np.isnan(v) else round(v, 5)) for k, v in recent.items()},
-            }
-            if view is not None:
-                row["servers"] = view
-            append_progress(logdir / "progress.jsonl", row)
-            save_policy(policy_path, model.state_dict(), meta())
-            if writer is not None:
-                step = learner.global_step
-                if tally.returns:
-                    writer.add_scalar("charts/episodic_return", mean_ret, step)
-                for name, value in (
-                    ("charts/SPS", sps),
-                    ("charts/updates_per_s", ups),
-                    ("charts/utd", utd),
-                    ("replay/size", float(len(buffer))),
-                    ("replay/fill_per_s", sps),  # every received transition is inserted
-                    ("replay/sample_age", recent.get("sample_age", float("nan"))),
-                    ("replay/newest_age", float(learner.version - buffer.newest_version)),
-                    *((f"losses/{k}", v) for k, v in recent.items() if k != "sample_age"),
-                    ("time/wait_s", wait),
-                ):
-                    writer.add_scalar(name, value, step)
-        if line.due():
-            extra = [
-                f"{ups:,.0f} updates/s",
-                f"utd {utd:.2f}/{args.utd:g}",
-                f"buffer {len(buffer):,} (+{sps:,.0f}/s, age "
-                f"{recent.get('sample_age', 0.0):,.0f} versions)",
-            ]
-            if view is not None:
-                extra.append(f"servers {view['alive']}/{view['alive'] + view['lost']}")
-            line.show(learner.global_step, sps, mean_ret, extra)
-
-    try:
-        with checkpoint_if_servers_lost(
-            checkpoint,
-            stop,
-            env_steps=lambda: learner.global_step,
-            resume=f"simkit train {args.env_id} --algo sac --resume {logdir}",
-        ):
-            train_sac(
-                learner,
-                source,
-                buffer,
-                max_rounds=max_rounds,
-                on_round=on_round,
-                should_stop=stop,
-                on_boundary=at_boundary,
-                on_fragment=on_fragment,
-            )
-            checkpoint()
-    finally:
-        line.stop()
-        if writer is not None:
-            writer.close()
-        metrics.close()
-        rollout.close()
-        if recorder is not None:
-            recorder.close()
-        stop.restore()
-    elapsed = tally.session_s()
-    return TrainResult(
-        logdir=logdir,
-        checkpoint=last_ckpt,
-        policy=policy_path,
-        global_step=learner.global_step,
-        updates=learner.updates,
-        elapsed_s=elapsed,
-        steps_per_s=(learner.global_step - start_step) / max(elapsed, 1e-9),
-        mean_return=tally.mean_return(),
-        dropped=0,
-        stopped=stop.requested,
-        record=None if record is None else Path(record),
-        learning=learning,
-        not_exact=source.not_exact,
-    )
+    return Run(part, options).train()

@@ -412,9 +412,9 @@ def test_a_sac_run_whose_later_checkpoint_fails_resumes_exactly_from_the_one_bef
 def test_a_ppo_run_on_a_full_disk_ends_in_one_line_keeping_its_checkpoint(
     tmp_path: Path, enospc_on_fsync: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import simkit.clients._train as train
+    import simkit.clients._run as run  # the run writes every algorithm's checkpoints
 
-    real = train.save_checkpoint
+    real = run.save_checkpoint
     saved: list[Path] = []
 
     def save_then_fill(*args: Any, **kw: Any) -> Path:
@@ -422,11 +422,11 @@ def test_a_ppo_run_on_a_full_disk_ends_in_one_line_keeping_its_checkpoint(
         enospc_on_fsync.append(1)  # the disk is full after the first checkpoint
         return saved[-1]
 
-    train.save_checkpoint = save_then_fill  # type: ignore[assignment]
+    run.save_checkpoint = save_then_fill  # type: ignore[assignment]
     try:
         rc = main([*PPO_CLI, "--logdir", str(tmp_path), "--checkpoint-every", "1"])
     finally:
-        train.save_checkpoint = real  # type: ignore[assignment]
+        run.save_checkpoint = real  # type: ignore[assignment]
     enospc_on_fsync.clear()
     assert rc == 1
     line = _one_line(capsys.readouterr().err)

@@ -139,7 +139,7 @@ def _kill_after_first_update(
 ) -> None:
     """Kills ``proc`` inside the first update's bookkeeping (its policy snapshot), so
     always mid-run however fast the updates are, then calls ``then``."""
-    import simkit.clients._train as train_module
+    import simkit.clients._run as train_module  # the run writes the policy snapshots
 
     save_policy = train_module.save_policy
     done: list[bool] = []
@@ -396,14 +396,14 @@ def _state(pid: int) -> str:
 
 _LOSE_THE_SERVER = {
     "ppo": (
-        "simkit.clients._train",
+        "simkit.clients._run",
         [
             *("simkit/CartPole-v0", "--num-envs", "4", "--num-steps", "16"),
             *("--num-minibatches", "2", "--update-epochs", "1"),
         ],
     ),
     "sac": (
-        "simkit.clients._train_sac",
+        "simkit.clients._run",
         [
             *("simkit/Pendulum-v0", "--algo", "sac", "--num-envs", "2", "--num-steps", "4"),
             *("--learning-starts", "16", "--batch-size", "8", "--buffer-size", "100"),

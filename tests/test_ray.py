@@ -136,7 +136,7 @@ def test_servers_the_cluster_cannot_hold_fail_at_once_saying_what_is_needed_and_
 
 
 def _kill_during_second_update(monkeypatch: pytest.MonkeyPatch, kill: Any) -> None:
-    import simkit.clients._train as train_module
+    import simkit.clients._run as train_module  # the run writes the policy snapshots
 
     save_policy = train_module.save_policy
     calls: list[int] = []
