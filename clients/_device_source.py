@@ -256,6 +256,11 @@ class DeviceSource:
                 "(per-instance randomization overrides or non-scalar parameters)"
             )
         self._obs: torch.Tensor = obs
+        self._ret = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        """Each slot's running episode return (for checkpoints: the env's snapshot does
+        not hold it)."""
+        self._carry: np.ndarray | None = None
+        """Resumed: each slot's return before the resume, added to its first episode."""
         self.sequence = 0
         self.version = 0
         self._own: tuple[list[str], list[torch.Tensor]] | None = None
@@ -348,7 +353,13 @@ class DeviceSource:
         final_values = torch.where(cut, final.reshape(t, n), 0.0)
         last_values = model.value(obs)
         inference += time.perf_counter() - v0
-        returns, lengths = self._episodes(env.read_episode_stats())
+        ret = self._ret
+        for k in range(t):
+            ret = (ret + buf["rewards"][k]).masked_fill_(
+                buf["terminated"][k] | buf["truncated"][k], 0.0
+            )
+        self._ret = ret
+        returns, lengths = self._episodes(self._carried(env.read_episode_stats()))
         fragment = DeviceFragment(
             obs=buf["obs"],
             actions=buf["actions"],
@@ -370,6 +381,18 @@ class DeviceSource:
         self._times["inference"] += inference
         self._times["env"] += time.perf_counter() - t0 - inference
         return fragment
+
+    def _carried(self, stats: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``stats`` with the returns from before a resume added to each slot's first
+        episode after it (the env restarts its running returns on restore)."""
+        carry = self._carry
+        if carry is not None:
+            ended = stats["episodes"] > 0
+            stats["return_sum"] = stats["return_sum"] + np.where(ended, carry, 0.0)
+            carry[ended] = 0.0
+            if not carry.any():
+                self._carry = None
+        return stats
 
     @staticmethod
     def _episodes(stats: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -401,10 +424,12 @@ class DeviceSource:
     def get_state(self, *, include_envs: bool = True) -> dict[str, Any]:
         """Plain data to resume the rollout exactly (read back from the device: a
         checkpoint's host operation): the env's snapshot, the observations the next
-        step acts on and the sequence number that keys the noise."""
+        step acts on, the running episode returns and the sequence number that keys
+        the noise."""
         return {
             "envs": self.env.get_state() if include_envs else None,
             "obs": self._obs.cpu().numpy().copy(),
+            "episode_returns": self._ret.cpu().numpy().copy(),
             "sequence": self.sequence,
         }
 
@@ -419,10 +444,18 @@ class DeviceSource:
         want = (tuple(self._obs.shape), self._obs.cpu().numpy().dtype)
         if (obs.shape, obs.dtype) != want:
             raise ValueError(f"obs must be {want[1]} {want[0]}, got {obs.dtype} {obs.shape}")
+        returns = np.asarray(state["episode_returns"])
+        if returns.shape != (self.num_envs,) or returns.dtype != np.float64:
+            raise ValueError(
+                f"episode_returns must be float64 ({self.num_envs},), got {returns.dtype} "
+                f"{returns.shape}"
+            )
         sequence = int(state["sequence"])
         if state.get("envs") is not None:
             self.env.set_state(state["envs"])
         self._obs = torch.from_numpy(obs.copy()).to(self.device)
+        self._ret = torch.from_numpy(returns.copy()).to(self.device)
+        self._carry = returns.copy() if returns.any() else None
         self.sequence = sequence
 
     def close(self) -> None:
