@@ -96,8 +96,7 @@ class BatchCartPole(simkit.BatchEnv):
         """One Euler step of the rows ``state`` (k, 4) under their parameters ``p``."""
         xp = self.xp
         force = xp.where(actions == 1, p["force_mag"], -p["force_mag"])
-        columns = (state[:, 0], state[:, 1], state[:, 2], state[:, 3])
-        x, x_dot, theta, theta_dot = CartPole.euler(columns, force, p, self.tau, xp)
+        x, x_dot, theta, theta_dot = CartPole.euler(state.T, force, p, self.tau, xp)
         rows = [x, x_dot, theta, theta_dot]
         # numpy: an (N, 4) view of a (4, N) array (cheaper than stack; later steps read
         # its columns contiguously)

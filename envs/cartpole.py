@@ -66,17 +66,18 @@ class CartPole(simkit.Env[np.ndarray, Any]):
     ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
         p = self._params
         force = p["force_mag"] if action == 1 else -p["force_mag"]
-        x, x_dot, theta, theta_dot = self.euler(tuple(self.state), force, p, self.tau, np)
+        x, x_dot, theta, theta_dot = self.euler(self.state, force, p, self.tau, np)
         self.state = np.array([x, x_dot, theta, theta_dot], dtype=np.float64)
         terminated = bool(abs(x) > self.x_threshold or abs(theta) > self.theta_threshold)
         return self.state.astype(np.float32), 1.0, terminated, {}
 
     @staticmethod
     def euler(
-        state: tuple[Any, Any, Any, Any], force: Any, p: Mapping[str, Any], tau: float, xp: Any
+        state: Any, force: Any, p: Mapping[str, Any], tau: float, xp: Any
     ) -> tuple[Any, Any, Any, Any]:
-        """One Euler step (``tau`` seconds) of ``(x, x_dot, theta, theta_dot)`` pushed by
-        ``force`` under the parameters ``p``: scalars here, the columns of N rows in
+        """One Euler step (``tau`` seconds) of ``state``, which unpacks to ``(x, x_dot,
+        theta, theta_dot)``, pushed by ``force`` under the parameters ``p``: scalars here,
+        the columns of N rows (``state.T``) in
         :class:`~simkit.envs.batch_cartpole.BatchCartPole` (``xp``: numpy or torch), so
         both compute the same float64 arithmetic in the same order."""
         x, x_dot, theta, theta_dot = state

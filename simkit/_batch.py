@@ -57,6 +57,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
     single_action_space=..., **kwargs)`` and implement two hooks:
 
     - :meth:`reset_instances` ``(ids, rngs, params, options) -> (obs_rows, infos)``
+      (declared with the reset path it serves, in :class:`~simkit._batch_contract.BatchContract`)
     - :meth:`step_instances` ``(actions, rngs) -> (obs, reward, terminated, infos)``
 
     plus either ``state_attributes`` (attributes holding per-instance arrays) or
@@ -186,28 +187,6 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         return {name: self.as_array(arr) for name, arr in self.param_arrays.items()}
 
     # ----------------------------------------------------------------- author hooks
-
-    def reset_instances(
-        self,
-        ids: np.ndarray,
-        rngs: Sequence[np.random.Generator],
-        params: Sequence[Params],
-        options: dict[str, Any],
-    ) -> tuple[Any, list[dict[str, Any]] | None]:
-        """Starts an episode for the instances ``ids`` (sorted int64 indices).
-
-        ``rngs`` are the instances' random streams (row ``k`` is instance ``ids[k]``'s)
-        and ``params[k]`` its parameters; :attr:`param_arrays` already holds the new
-        values. Draw the initial states for all rows at once with ``rngs.uniform`` /
-        ``rngs.random`` (row ``k`` gets what instance ``ids[k]``'s own generator would
-        give a single-instance env making the same calls, in the same order);
-        ``rngs[k]`` is that ``np.random.Generator`` itself, for other draws (slower).
-
-        Returns:
-            ``(len(ids), *obs_shape)`` first observations and one info dict per row, or
-            ``None`` for none.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must implement reset_instances()")
 
     def step_instances(
         self, actions: Any, rngs: Sequence[np.random.Generator]

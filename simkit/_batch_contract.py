@@ -69,14 +69,6 @@ class BatchContract:
 
         def _prepare_instances(self, ids: np.ndarray) -> None: ...
 
-        def reset_instances(
-            self,
-            ids: np.ndarray,
-            rngs: Sequence[np.random.Generator],
-            params: Sequence[Params],
-            options: dict[str, Any],
-        ) -> tuple[Any, list[dict[str, Any]] | None]: ...
-
     # ------------------------------------------------------------------- properties
 
     @property
@@ -129,6 +121,30 @@ class BatchContract:
     def action_bounds(self) -> ActionBounds:
         """The declared out-of-bounds policy for continuous actions."""
         return action_bounds_of(self.metadata)
+
+    # ------------------------------------------------------------- the author's hook
+
+    def reset_instances(
+        self,
+        ids: np.ndarray,
+        rngs: Sequence[np.random.Generator],
+        params: Sequence[Params],
+        options: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]] | None]:
+        """Starts an episode for the instances ``ids`` (sorted int64 indices).
+
+        ``rngs`` are the instances' random streams (row ``k`` is instance ``ids[k]``'s)
+        and ``params[k]`` its parameters; :attr:`param_arrays` already holds the new
+        values. Draw the initial states for all rows at once with ``rngs.uniform`` /
+        ``rngs.random`` (row ``k`` gets what instance ``ids[k]``'s own generator would
+        give a single-instance env making the same calls, in the same order);
+        ``rngs[k]`` is that ``np.random.Generator`` itself, for other draws (slower).
+
+        Returns:
+            ``(len(ids), *obs_shape)`` first observations and one info dict per row, or
+            ``None`` for none.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement reset_instances()")
 
     def _reset_ids(
         self,
