@@ -20,6 +20,9 @@ __all__ = [
     "decode_episode",
     "stats_from_meta",
     "trajectory_arrays",
+    "decode_origin",
+    "undecodable",
+    "DECODE_ERRORS",
     "encode_trajectory",
     "decode_trajectory",
     "plain_infos",
@@ -388,6 +391,31 @@ def stats_from_meta(meta: dict[str, Any], path: str, offset: int) -> EpisodeStat
         ) from exc
 
 
+DECODE_ERRORS = (KeyError, TypeError, ValueError, IndexError, struct.error, InvalidState)
+"""What a malformed meta or body raises while an episode is decoded."""
+
+
+def undecodable(path: str, offset: int, exc: BaseException) -> CorruptRecording:
+    """The :class:`CorruptRecording` of a record that does not decode."""
+    return CorruptRecording(
+        f"{path}: record at offset {offset} does not decode: {exc!r}", path=path, offset=offset
+    )
+
+
+def decode_origin(meta: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The episode fields of :func:`record_origin_meta` and the body's ``options`` and
+    ``snapshots``, decoded (every record kind has them)."""
+    return {
+        "seed": meta["seed"],
+        "options": body["options"],
+        "params": snapshot.from_plain(meta["params"]),
+        "env_kwargs": snapshot.from_plain(meta["env_kwargs"]),
+        "snapshots": {int(k): v for k, v in body["snapshots"]},
+        "versions": dict(meta["versions"]),
+        "origin": snapshot.from_plain(meta["origin"]),
+    }
+
+
 def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) -> Episode:
     """Inverse of :func:`encode_episode` (the blob already checked and decompressed)."""
     try:
@@ -397,18 +425,10 @@ def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) ->
             **decode_trajectory(arrays, "", meta["obs_tree"], meta["action_tree"]),
             infos=list(body["infos"]),
             reset_info=body["reset_info"],
-            seed=meta["seed"],
-            options=body["options"],
-            params=snapshot.from_plain(meta["params"]),
-            env_kwargs=snapshot.from_plain(meta["env_kwargs"]),
-            snapshots={int(k): v for k, v in body["snapshots"]},
-            versions=dict(meta["versions"]),
-            origin=snapshot.from_plain(meta["origin"]),
+            **decode_origin(meta, body),
         )
-    except (KeyError, TypeError, ValueError, IndexError, struct.error, InvalidState) as exc:
-        raise CorruptRecording(
-            f"{path}: record at offset {offset} does not decode: {exc!r}", path=path, offset=offset
-        ) from exc
+    except DECODE_ERRORS as exc:
+        raise undecodable(path, offset, exc) from exc
 
 
 def leaves_of(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:

@@ -9,21 +9,21 @@ episodes, with the frame kind byte 2 (docs/recording.md, "Multi-agent episode re
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from simkit import snapshot
-from simkit.errors import CorruptRecording, InvalidState
 from simkit.recording._episode import (
+    DECODE_ERRORS,
     Trajectory,
+    decode_origin,
     decode_trajectory,
     encode_trajectory,
     pack_record,
     plain_body,
     record_origin_meta,
+    undecodable,
     unpack_record,
     version_range,
 )
@@ -197,15 +197,7 @@ def decode_multi_agent(
             env_id=str(meta["env_id"]),
             agents=agents,
             length=int(meta["length"]),
-            seed=meta["seed"],
-            options=body["options"],
-            params=snapshot.from_plain(meta["params"]),
-            env_kwargs=snapshot.from_plain(meta["env_kwargs"]),
-            snapshots={int(k): v for k, v in body["snapshots"]},
-            versions=dict(meta["versions"]),
-            origin=snapshot.from_plain(meta["origin"]),
+            **decode_origin(meta, body),
         )
-    except (KeyError, TypeError, ValueError, IndexError, struct.error, InvalidState) as exc:
-        raise CorruptRecording(
-            f"{path}: record at offset {offset} does not decode: {exc!r}", path=path, offset=offset
-        ) from exc
+    except DECODE_ERRORS as exc:
+        raise undecodable(path, offset, exc) from exc

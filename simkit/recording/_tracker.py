@@ -91,6 +91,20 @@ def step_infos(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _trajectory(steps: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`~simkit.recording._episode.Trajectory` fields of a
+    :meth:`StepBuffer.take` (the views the writer gets)."""
+    return {
+        "obs": steps["obs"],
+        "actions": steps["actions"],
+        "rewards": steps["reward"],
+        "terminated": steps["terminated"],
+        "truncated": steps["truncated"],
+        "infos": steps["infos"],
+        "policy_version": steps["version"],
+    }
+
+
 @dataclass
 class _Agent:
     """How one agent's trajectory started (its steps are in its :class:`StepBuffer` row)."""
@@ -302,33 +316,19 @@ class EpisodeTracker:
             info = ep.agents[0].info
             return Episode(
                 env_id=self.env_id,
-                obs=steps["obs"],
-                actions=steps["actions"],
-                rewards=steps["reward"],
-                terminated=steps["terminated"],
-                truncated=steps["truncated"],
-                infos=steps["infos"],
+                **_trajectory(steps),
                 reset_info=info,
                 seed=ep.seed,
                 options=ep.options,
                 params=dict(info.get("params", {})),
                 env_kwargs=self.env_kwargs,
-                policy_version=steps["version"],
                 snapshots=ep.snapshots,
                 versions=self.versions,
                 origin=ep.origin,
             )
         agents = {
             self.possible_agents[s]: AgentEpisode(
-                start=ep.agents[s].start,
-                obs=steps["obs"],
-                actions=steps["actions"],
-                rewards=steps["reward"],
-                terminated=steps["terminated"],
-                truncated=steps["truncated"],
-                infos=steps["infos"],
-                reset_info=ep.agents[s].info,
-                policy_version=steps["version"],
+                start=ep.agents[s].start, **_trajectory(steps), reset_info=ep.agents[s].info
             )
             for s, steps in parts
         }
