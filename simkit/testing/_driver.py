@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-import simkit
+from simkit import registry
 from simkit._multiagent import MultiAgentEnv
 from simkit.errors import ConformanceError
 
@@ -22,7 +22,7 @@ def as_factory(env_fn: EnvFactory | str) -> EnvFactory:
     """Turns a registered id or a zero-argument callable into an env factory."""
     if isinstance(env_fn, str):
         env_id = env_fn
-        return lambda: simkit.make(env_id)
+        return lambda: registry.make(env_id)
     if not callable(env_fn):
         raise TypeError(f"env_fn must be an env id or a zero-argument callable, got {env_fn!r}")
     return env_fn
