@@ -156,3 +156,14 @@ def test_plugin_of_wrong_type(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         match=r"entry point 'plugin/Bad-v0' in group 'simkit.envs' must be an env class or a registration function, got int",
     ):
         simkit.env_ids()
+
+
+def test_an_unregistered_class_id_speaks_the_contract_its_base_class_declares() -> None:
+    kinds = {
+        "simkit.envs.cartpole:CartPole": simkit.EnvKind.SINGLE,
+        "simkit.envs.goal_nav:GoalNav": simkit.EnvKind.MULTI_AGENT,
+        "simkit.envs.batch_cartpole:BatchCartPole": simkit.EnvKind.BATCH,
+        "gymnasium.envs.classic_control.cartpole:CartPoleEnv": simkit.EnvKind.SINGLE,
+    }
+    for env_id, kind in kinds.items():
+        assert simkit.spec(env_id).kind is kind, env_id
