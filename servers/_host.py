@@ -19,13 +19,12 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
-import simkit
 from simkit._contract import ContractCore
 from simkit._multiagent import MultiAgentEnv
 from simkit._types import BatchStep, MultiAgentBatchStep, StepFault
 from simkit.errors import UnknownEnv
 from simkit.protocol import EnvFault, Unsupported, error_code_of
-from simkit.registry import GYM_PREFIX, EnvKind
+from simkit.registry import GYM_PREFIX, EnvKind, EnvSpec, spec
 from simkit.vector import VectorEnv
 from simkit.vector._multiagent import MultiAgentVectorEnv, homogeneous_agent_spaces
 
@@ -54,8 +53,8 @@ def make_env_factory(env_id: str, **kwargs: Any) -> Callable[[], gym.Env[Any, An
     ``"gym:CartPole-v1"`` builds the installed Gymnasium env; any other id is looked
     up in the simkit registry (raising :class:`simkit.errors.UnknownEnv` now, not later).
     """
-    env_spec = simkit.spec(env_id)  # raises for unknown ids before any client connects
-    if env_spec.kind is not simkit.EnvKind.SINGLE:
+    env_spec = spec(env_id)  # raises for unknown ids before any client connects
+    if env_spec.kind is not EnvKind.SINGLE:
         raise ValueError(
             f"the rollout server hosts single-agent envs; {env_id!r} is {env_spec.kind.value}"
         )
@@ -69,7 +68,7 @@ def is_multi_agent_id(env_id: str) -> bool:
     if env_id.startswith(GYM_PREFIX):
         return False
     try:
-        return simkit.spec(env_id).kind is EnvKind.MULTI_AGENT
+        return spec(env_id).kind is EnvKind.MULTI_AGENT
     except UnknownEnv:
         return False  # the single-agent factory reports the unknown id
 
@@ -99,16 +98,16 @@ def make_parallel_env_factory(env_id: str, **kwargs: Any) -> ParallelFactory:
                 f"{attr or 'parallel_env'!r} returning a PettingZoo ParallelEnv"
             )
         return lambda: factory(**kwargs)
-    env_spec = simkit.spec(env_id)
+    env_spec = spec(env_id)
     if env_spec.kind is not EnvKind.MULTI_AGENT:
         raise ValueError(f"{env_id!r} is {env_spec.kind.value}, not a multi-agent env")
     return lambda: env_spec.make(**kwargs)
 
 
-def batch_spec_of(env_id: str) -> simkit.EnvSpec | None:
+def batch_spec_of(env_id: str) -> EnvSpec | None:
     """The registry spec of ``env_id`` if it is a :class:`simkit.BatchEnv`, else None."""
-    env_spec = simkit.spec(env_id)
-    return env_spec if env_spec.kind is simkit.EnvKind.BATCH else None
+    env_spec = spec(env_id)
+    return env_spec if env_spec.kind is EnvKind.BATCH else None
 
 
 def require_params_capability(

@@ -23,8 +23,9 @@ from gymnasium import spaces
 from simkit._seeding import EpisodeSeeds
 from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit.protocol import EnvFault
-from simkit.recording import RecordingWriter, environment_versions
+from simkit.recording._io import RecordingWriter
 from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
+from simkit.recording._wrapper import environment_versions
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import EnvListHost, ParallelEnvHost
 

@@ -48,8 +48,8 @@ def _existing_recording(out: Path) -> str | None:
     """What ``out`` already holds, in words (``"3 episodes"``), or None when it holds no
     recording."""
     from simkit.errors import SimkitError
-    from simkit.recording import RecordingReader
     from simkit.recording._format import chunk_paths
+    from simkit.recording._io import RecordingReader
 
     if not out.is_dir() or not chunk_paths(out):
         return None
@@ -60,10 +60,10 @@ def _existing_recording(out: Path) -> str | None:
 
 
 def _record_run(args: argparse.Namespace) -> int:
-    import simkit
     from simkit.errors import RecordingLocked, SimkitError
     from simkit.recording._wrapper import RecordEpisodes, RecordMultiAgentEpisodes
-    from simkit.registry import EnvKind
+    from simkit.registry import EnvKind, make
+    from simkit.registry import spec as env_spec
     from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
     if args.episodes <= 0:
@@ -80,7 +80,7 @@ def _record_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    spec = simkit.spec(args.env_id)
+    spec = env_spec(args.env_id)
     multi = spec.kind is EnvKind.MULTI_AGENT
     record: dict[str, Any] = {
         "env_id": args.env_id,
@@ -93,7 +93,7 @@ def _record_run(args: argparse.Namespace) -> int:
         vec: Any = MultiAgentVectorEnv(args.env_id, args.num_envs)
         rows = vec.num_rows
     elif spec.kind is EnvKind.BATCH:
-        vec = simkit.make(args.env_id, num_envs=args.num_envs)
+        vec = make(args.env_id, num_envs=args.num_envs)
         rows = vec.num_envs
     else:
         vec = VectorEnv(args.env_id, args.num_envs)
@@ -246,9 +246,9 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         ValueError: the episode has no seed or is not of a single-instance env (batch
             and multi-agent episodes are not rendered).
     """
-    import simkit
     from simkit._optional import require
     from simkit.recording._tracker import row_of as _row
+    from simkit.registry import make
 
     imageio = require("imageio", extra="bench", purpose="simkit replay --render")
     if out.lower().endswith((".mp4", ".mkv", ".mov", ".avi", ".webm")):
@@ -265,7 +265,7 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         or episode.origin.get("kind") == "batch"
     ):
         raise ValueError("rendering needs a seeded single-instance episode")
-    env = simkit.make(episode.env_id, render_mode="rgb_array", **episode.env_kwargs)
+    env = make(episode.env_id, render_mode="rgb_array", **episode.env_kwargs)
     env.reset(seed=episode.seed, options=episode.options)
     frames = [env.render()]
     for t in range(episode.length):
@@ -331,7 +331,8 @@ def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
     from minari.dataset.minari_dataset import DATASET_ID_RE  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
     from minari.storage import get_dataset_path  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
 
-    import simkit
+    from simkit._version import __version__
+    from simkit.registry import make
 
     if not re.fullmatch(r"(?:[\w-]+/)?[\w-]+-v\d+", dataset_id) or not DATASET_ID_RE.fullmatch(
         dataset_id
@@ -370,7 +371,7 @@ def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
                 infos={},
             )
         )
-    probe = simkit.make(env_id, **(reader.load(0).env_kwargs if len(reader) else {}))
+    probe = make(env_id, **(reader.load(0).env_kwargs if len(reader) else {}))
     try:
         obs_space = getattr(probe, "single_observation_space", probe.observation_space)
         act_space = getattr(probe, "single_action_space", probe.action_space)
@@ -388,7 +389,7 @@ def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
             observation_space=obs_space,
             action_space=act_space,
             algorithm_name="simkit record",
-            code_permalink=f"simkit {simkit.__version__}: simkit export --minari",
+            code_permalink=f"simkit {__version__}: simkit export --minari",
             author="simkit",
             description=f"{env_id} exported from the simkit recording {directory}",
         )
@@ -401,12 +402,11 @@ def _gymnasium_spec(env_id: str) -> Any:
     Gymnasium does not know (multi-agent, batched, an unregistered ``module:Class``)."""
     import gymnasium as gym
 
-    import simkit
-    from simkit.registry import GYM_PREFIX, EnvKind
+    from simkit.registry import GYM_PREFIX, EnvKind, spec
 
     if env_id.startswith(GYM_PREFIX):
         return gym.spec(env_id[len(GYM_PREFIX) :])
-    if simkit.spec(env_id).kind is not EnvKind.SINGLE:
+    if spec(env_id).kind is not EnvKind.SINGLE:
         return None
     try:
         return gym.spec(env_id)

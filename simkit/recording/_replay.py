@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-import simkit
 from simkit import snapshot
 from simkit.errors import ReplayDivergence
 from simkit.recording._episode import Episode
@@ -18,6 +17,7 @@ from simkit.recording._format import read_meta
 from simkit.recording._io import RecordingReader, decode_record
 from simkit.recording._multiagent import MultiAgentEpisode
 from simkit.recording._tracker import row_of as _row
+from simkit.registry import make
 
 __all__ = ["verify_episode", "verify_multi_agent_episode", "verify_recording", "VerifyResult"]
 
@@ -80,7 +80,7 @@ class _BatchReplayer:
         if root is None:
             raise ReplayDivergence("batch episode without a root seed cannot be replayed")
         kwargs = {**episode.env_kwargs, "num_envs": self.i + 1}
-        self.env = simkit.make(episode.env_id, **kwargs)
+        self.env = make(episode.env_id, **kwargs)
         obs, _ = self.env.reset(seed=int(root), options=episode.options if k == 0 else None)
         mask = np.zeros(self.i + 1, bool)
         mask[self.i] = True
@@ -142,7 +142,7 @@ def verify_episode(episode: Episode | MultiAgentEpisode, where: str = "episode")
         step = replayer.step
         env = None
     else:
-        env = simkit.make(episode.env_id, **episode.env_kwargs)
+        env = make(episode.env_id, **episode.env_kwargs)
         first, _ = env.reset(seed=episode.seed, options=episode.options)
 
         def step(action: Any) -> tuple[Any, float, bool, bool]:
@@ -181,7 +181,7 @@ def verify_multi_agent_episode(episode: MultiAgentEpisode, where: str = "episode
     """
     if episode.seed is None:
         raise ReplayDivergence(f"{where}: no seed was recorded; the episode is not replayable")
-    env = simkit.make(episode.env_id, **episode.env_kwargs)
+    env = make(episode.env_id, **episode.env_kwargs)
     try:
         first, _ = env.reset(seed=episode.seed, options=episode.options)
         agents = episode.agents

@@ -13,11 +13,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-import simkit
+from simkit._batch import BatchEnv
 from simkit._seeding import EpisodeSeeds, random_root
 from simkit._types import BatchStep, MultiAgentBatchStep
+from simkit._version import __version__
 from simkit.recording._io import RecordingWriter
 from simkit.recording._tracker import EpisodeTracker, row_of
+from simkit.registry import spec
 
 __all__ = [
     "RecordEpisodes",
@@ -30,12 +32,12 @@ __all__ = [
 
 def environment_versions(env_id: str) -> dict[str, str]:
     """simkit, gymnasium, mujoco and the env's own package versions (for the record)."""
-    out = {"simkit": simkit.__version__, "gymnasium": gym.__version__}
+    out = {"simkit": __version__, "gymnasium": gym.__version__}
     # The installed version, without importing MuJoCo (which a bad MUJOCO_GL breaks).
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         out["mujoco"] = importlib.metadata.version("mujoco")
     try:
-        entry = simkit.spec(env_id).entry_point
+        entry = spec(env_id).entry_point
         module = entry.split(":")[0] if isinstance(entry, str) else entry.__module__
         out["env_module"] = module
         top = module.split(".")[0]
@@ -251,7 +253,7 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
             snapshot_every=snapshot_every,
             policy_version=policy_version,
             max_episodes=max_episodes,
-            kind="batch" if isinstance(env.unwrapped, simkit.BatchEnv) else "env",
+            kind="batch" if isinstance(env.unwrapped, BatchEnv) else "env",
             possible_agents=None,
             writer_kwargs=writer_kwargs,
         )
