@@ -17,7 +17,15 @@ from simkit.clients._local_source import LocalSource
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
 
-__all__ = ["Rollout", "open_rollout"]
+__all__ = ["Rollout", "open_rollout", "source_kind"]
+
+
+def source_kind(source: Any) -> str:
+    """What a checkpoint calls the kind of rollout ``source`` runs: ``"device"`` (the
+    device loop), ``"local"`` (in process on the host) or ``"servers"``."""
+    if isinstance(source, DeviceSource):
+        return "device"
+    return "local" if isinstance(source, LocalSource) else "servers"
 
 
 @dataclass

@@ -49,9 +49,8 @@ from simkit.clients._checkpoint import (
     save_policy,
 )
 from simkit.clients._learner_metrics import LearnerMetrics
-from simkit.clients._local_source import LocalSource
 from simkit.clients._progress import ProgressLine
-from simkit.clients._rollout import Rollout, open_rollout
+from simkit.clients._rollout import Rollout, open_rollout, source_kind
 from simkit.clients._run_parts import (
     RunTally,
     StopRequest,
@@ -210,6 +209,13 @@ class Algorithm(Protocol):
         """The policy's :class:`~simkit.models.ModelSpec` (what servers build)."""
         ...
 
+    def loop_device(self, servers: int, options: RunOptions) -> Any:
+        """The device the whole loop runs on (``--device-loop``: a
+        :class:`~simkit.clients._device_source.DeviceSource`), or None for the other
+        sources; ``servers``: the run's local servers. Raises ``ValueError`` where the
+        run asks for the device loop and cannot have it."""
+        ...
+
     @property
     def max_lag(self) -> int:
         """Fragments more than this many versions old are dropped (async mode)."""
@@ -340,6 +346,9 @@ class Run:
         self.last_checkpoint: Path | None = None
         self.source: Any = None
         self.local = False
+        """The source rolls out in this process (on the host or the device loop)."""
+        self.kind = "local"
+        """:func:`~simkit.clients._rollout.source_kind` of the source."""
         self.tally = RunTally()
         self.start_step = 0
         self.stop = StopRequest(after=f"after this {part.round_name}")
@@ -414,6 +423,7 @@ class Run:
             wait_for_servers=options.wait_for_servers,
             give_up=self.stop,
             logdir=self.logdir,
+            device_loop=self.part.loop_device(servers, options),
         )
 
     def _attach(self, rollout: Rollout, ckpt: Checkpoint | None) -> None:
@@ -423,7 +433,7 @@ class Run:
         self.part.attach(source, ckpt)
         if ckpt is not None:
             try:
-                restore_rollout(source, ckpt.state, "local" if self.local else "servers")
+                restore_rollout(source, ckpt.state, self.kind)
             except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
                 raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the rollout: {exc}") from exc
 
@@ -454,7 +464,8 @@ class Run:
                 recorder.close()
             raise
         self.source = rollout.source
-        self.local = isinstance(self.source, LocalSource)
+        self.kind = source_kind(self.source)
+        self.local = self.kind != "servers"
         try:
             self._attach(rollout, ckpt)
         except BaseException:

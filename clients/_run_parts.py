@@ -122,8 +122,8 @@ def check_resumed_state(
     """Checks what a run reads from a checkpoint's state before it starts anything,
     so that a crafted (re-signed) one is refused in one line instead of failing on it
     later: the counters ``counts`` (of ``state[within]``, or of the state itself) must
-    be integers >= 0, ``servers`` (where present) too, ``source_kind`` ``"local"`` or
-    ``"servers"``, and ``tally`` a :meth:`RunTally.to_state` map. Returns the counters.
+    be integers >= 0, ``servers`` (where present) too, ``source_kind`` ``"local"``,
+    ``"device"`` or ``"servers"``, and ``tally`` a :meth:`RunTally.to_state` map. Returns the counters.
 
     Raises:
         InvalidCheckpoint: naming ``state.msgpack`` and the entry.
@@ -142,9 +142,9 @@ def check_resumed_state(
             )
         out[name] = int(value)
     kind = state.get("source_kind", "local")
-    if kind not in ("local", "servers"):
+    if kind not in ("local", "device", "servers"):
         raise InvalidCheckpoint(
-            f"{file}: source_kind must be 'local' or 'servers', got {reprlib.repr(kind)}"
+            f"{file}: source_kind must be 'local', 'device' or 'servers', got {reprlib.repr(kind)}"
         )
     tally = state.get("tally")
     if tally is not None:
@@ -176,8 +176,8 @@ def open_recorder(record: str | Path | None, env_id: str, seed: int) -> Any:
 
 
 def restore_rollout(source: Any, state: dict[str, Any], kind: str) -> None:
-    """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``
-    or ``"servers"``), or says on stderr that the envs start afresh when the
+    """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``,
+    ``"device"`` or ``"servers"``), or says on stderr that the envs start afresh when the
     checkpoint's rollout ran the other way (the learner still resumes exactly)."""
     saved = state.get("source_kind", "local")
     if saved == kind and state.get("source") is not None:

@@ -22,6 +22,7 @@ import torch
 
 import simkit
 from simkit._types import Fragment
+from simkit.clients._args import resolve_device
 from simkit.clients._checkpoint import (
     Checkpoint,
     check_optimizer,
@@ -29,7 +30,9 @@ from simkit.clients._checkpoint import (
     checkpoint_args,
     load_policy,
 )
-from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
+from simkit.clients._device_source import use_device_loop
+from simkit.clients._local_source import GYM_PREFIX, is_multi_agent, make_vector
+from simkit.clients._rollout import source_kind
 from simkit.clients._run import Report, Run, RunOptions, TrainResult, _Observed
 from simkit.clients._run_parts import RunTally, check_resumed_state
 from simkit.clients._train_cli import DEFAULT_SERVERS
@@ -53,7 +56,7 @@ __all__ = [
 ]
 
 
-RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads", "compile")
+RESUME_FREE = ("total_steps", "device", "device_loop", "env_threads", "torch_threads", "compile")
 """:class:`PPOArgs` fields a resumed run may change; the rest must match the checkpoint."""
 
 
@@ -203,6 +206,27 @@ class PPOPart:
         """Async mode drops fragments older than ``args.max_lag`` versions."""
         return self.args.max_lag
 
+    def loop_device(self, servers: int, options: RunOptions) -> torch.device | None:
+        """``args.device`` where the run rolls out in the device loop
+        (:func:`~simkit.clients._device_source.use_device_loop`), else None.
+
+        Raises:
+            ValueError: ``--device-loop on`` and the run cannot (one line, why).
+        """
+        args = self.args
+        device = resolve_device(args.device)
+        use = use_device_loop(
+            env_id=args.env_id,
+            choice=args.device_loop,
+            device=device,
+            mode=args.mode,
+            servers=servers,
+            connect=bool(options.connect),
+            ray=options.ray is not None,
+            record=options.record is not None,
+        )
+        return device if use else None
+
     def attach(self, source: Any, ckpt: Checkpoint | None) -> None:
         """The learner over the source's rows; on resume its checkpointed state."""
         assert self._model is not None
@@ -222,7 +246,7 @@ class PPOPart:
         # the update, plus transfer), labelled as such.
         self.times = (
             {"env": 0.0, "inference": 0.0, "update": 0.0, "idle": 0.0}
-            if isinstance(source, LocalSource)
+            if source_kind(source) != "servers"
             else {"rollout (server)": 0.0, "update": 0.0}
         )
         if ckpt is not None:
@@ -322,7 +346,7 @@ class PPOPart:
                 "dropped": learner.dropped,
                 "generator": learner.generator.get_state().numpy().copy(),
                 "scaler": learner.scaler.get_state(),
-                "source_kind": "local" if isinstance(source, LocalSource) else "servers",
+                "source_kind": source_kind(source),
                 "source": source.get_state(include_envs=learner.args.mode == "sync"),
                 "tally": tally.to_state(),
             },

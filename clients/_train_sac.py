@@ -325,6 +325,10 @@ class SACPart:
         """The servable actor's spec."""
         return sac_spec(self.args)
 
+    def loop_device(self, servers: int, options: RunOptions) -> None:
+        """None: SAC has no device loop."""
+        return None
+
     max_lag = 2**30
     """Off-policy: every fragment is kept, whatever its version."""
 

@@ -4,6 +4,9 @@ on the learner's device, run here on ``device="cpu"`` (the same code as on CUDA)
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -228,3 +231,84 @@ def test_which_runs_take_the_device_loop() -> None:
         use("simkit/CartPole-v0", choice="on")
     with pytest.raises(ValueError, match="--device-loop must be auto, on or off, got yes"):
         PPOArgs(device_loop="yes").check()
+
+
+DL: dict[str, Any] = {
+    "env_id": "simkit/BatchCartPole-v0",
+    "num_envs": 16,
+    "num_steps": 24,  # episodes cross fragment boundaries
+    "num_minibatches": 4,
+    "update_epochs": 2,
+    "total_steps": 16 * 24 * 20,
+    "seed": 5,
+    "device_loop": "on",
+}
+
+
+def _run(tmp: Path, name: str, updates: int, **kw: Any) -> Any:
+    from simkit.clients._train import run_training
+
+    args = PPOArgs(**{**DL, **kw})
+    return run_training(args, logdir=tmp / name, max_updates=updates, tensorboard=False, servers=0)
+
+
+def test_a_device_loop_run_resumes_exactly(tmp_path: Path) -> None:
+    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients._train import run_training
+
+    full = _run(tmp_path, "full", 4)
+    part = _run(tmp_path, "part", 2)
+    state = load_checkpoint(part.checkpoint).state
+    assert state["source_kind"] == "device"
+    assert state["source"]["envs"] is not None  # the envs resume mid-episode
+    rest = run_training(
+        PPOArgs(**DL),
+        logdir=tmp_path / "part",
+        resume=tmp_path / "part",
+        max_updates=2,
+        tensorboard=False,
+        servers=0,
+    )
+    assert rest.updates == full.updates == 4
+    a, b = load_checkpoint(full.checkpoint), load_checkpoint(rest.checkpoint)
+    for k in a.model:
+        assert torch.equal(a.model[k], b.model[k]), k
+    for i in a.optimizer["state"]:
+        for key in a.optimizer["state"][i]:
+            assert torch.equal(a.optimizer["state"][i][key], b.optimizer["state"][i][key])
+    sa, sb = a.state["scaler"], b.state["scaler"]
+    assert (sa["mean"], sa["var"], sa["count"]) == (sb["mean"], sb["var"], sb["count"])
+    assert np.array_equal(sa["returns"], sb["returns"])
+    assert np.isfinite(full.mean_return)  # episodes were reported
+    assert full.mean_return == rest.mean_return  # over the same episodes
+
+
+def test_a_cpu_run_keeps_the_host_rollout_unless_it_asks(tmp_path: Path) -> None:
+    from simkit.clients._checkpoint import load_checkpoint
+
+    host = _run(tmp_path, "host", 1, device_loop="auto")
+    dev = _run(tmp_path, "dev", 1)
+    assert load_checkpoint(host.checkpoint).state["source_kind"] == "local"
+    assert load_checkpoint(dev.checkpoint).state["source_kind"] == "device"
+
+
+def test_device_loop_on_where_it_cannot_run_is_one_line(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "simkit",
+        "train",
+        "simkit/BatchCartPole-v0",
+        "--device-loop",
+        "on",
+        "--servers",
+        "1",
+        "--logdir",
+        str(tmp_path / "r"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "simkit train: --device-loop on: it rolls out in the learner's process "
+        "(--servers 0, no --connect or --ray)"
+    ]
