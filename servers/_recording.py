@@ -160,7 +160,8 @@ class _RecordedHost:
         obs, infos = self.host.reset(env_ids, **request)
         try:
             ids = env_ids.tolist()
-            seeds, options, params = request["seeds"], request["options"], request["params"]
+            seeds, params = request.get("seeds"), request.get("params")
+            options = request.get("options")
             explicit = None if seeds is None else [int(x) for x in seeds]
             A = self.tracker.num_agents
             for k, (i, (s, origin)) in enumerate(
