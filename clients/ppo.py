@@ -34,6 +34,7 @@ from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients._args import PPOArgs, resolve_device
 from simkit.clients._device_source import DeviceFragment, DeviceSource
 from simkit.clients._local_source import FragmentSource
+from simkit.clients._loop import drive
 from simkit.models import ActorCritic
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "RewardScaler",
     "DeviceRewardScaler",
     "clip_grad_norm",
+    "PPORounds",
     "train",
     "resolve_device",
     "updates_for",
@@ -615,6 +617,70 @@ class PPO:
         )
 
 
+class PPORounds:
+    """PPO's side of the learning loop (:class:`~simkit.clients._loop.Rounds`): a round
+    is one update of ``rows_per_update`` rows of fragments.
+
+    In sync mode every fragment must come from the learner's version; in async mode a
+    fragment more than ``max_lag`` versions old is dropped (and counted).
+
+    Raises:
+        RuntimeError: sync mode and a fragment was made by another version than the
+            learner's (the source ignored a weight push).
+    """
+
+    def __init__(self, learner: PPO) -> None:
+        self.learner = learner
+        self.batch: list[Fragment | DeviceFragment] = []
+        self.rows = 0
+
+    def ready(self, source: Any) -> bool:
+        """Whether the rows taken make an update (a source that lost producers has
+        fewer rows per update from then on)."""
+        rows = self.rows
+        return bool(
+            rows and rows >= min(self.learner.rows_per_update, getattr(source, "num_rows", rows))
+        )
+
+    def take(self, fragment: Fragment | DeviceFragment | None) -> None:
+        """Keeps ``fragment`` for the update, or drops it when it is too old."""
+        if fragment is None:
+            return
+        learner, args = self.learner, self.learner.args
+        oldest = int(fragment.policy_version.min())
+        if args.mode == "sync" and oldest != learner.version:
+            raise RuntimeError(
+                f"sync mode: fragment {fragment.sequence} from {fragment.source} was made "
+                f"by version {oldest}, the learner is at version {learner.version}"
+            )
+        if learner.version - oldest > args.max_lag:
+            learner.dropped += 1
+        else:
+            self.batch.append(fragment)
+            self.rows += fragment.num_rows
+
+    def update(self) -> UpdateStats:
+        """:meth:`PPO.update` of the fragments taken."""
+        stats = self.learner.update(self.batch)
+        self.batch, self.rows = [], 0
+        return stats
+
+    def finished(self) -> bool:
+        """Whether the learner did its ``num_updates`` (never when 0)."""
+        learner = self.learner
+        return bool(learner.num_updates and learner.version >= learner.num_updates)
+
+    @property
+    def model(self) -> ActorCritic:
+        """The learner's policy."""
+        return self.learner.model
+
+    @property
+    def version(self) -> int:
+        """Updates done."""
+        return self.learner.version
+
+
 def train(
     learner: PPO,
     source: FragmentSource | DeviceSource,
@@ -624,7 +690,8 @@ def train(
     should_stop: Callable[[], bool] | None = None,
     on_boundary: Callable[[], None] | None = None,
 ) -> None:
-    """The loop: gather one update's rows of fragments, update, push the new weights.
+    """The loop (:func:`~simkit.clients._loop.drive` of :class:`PPORounds`): gather one
+    update's rows of fragments, update, push the new weights.
 
     A source may yield ``None`` to say that it changed (a server was lost): the loop
     then re-checks whether the rows it holds already make an update.
@@ -642,44 +709,11 @@ def train(
         RuntimeError: sync mode and a fragment was made by another version than the
             learner's (the source ignored a weight push).
     """
-    args = learner.args
-    batch: list[Fragment | DeviceFragment] = []
-    rows = 0
-    done = 0
-    wait = 0.0
-    t_wait = time.perf_counter()
-    for fragment in source.fragments():
-        wait += time.perf_counter() - t_wait
-        if fragment is not None:
-            oldest = int(fragment.policy_version.min())
-            if args.mode == "sync" and oldest != learner.version:
-                raise RuntimeError(
-                    f"sync mode: fragment {fragment.sequence} from {fragment.source} was made "
-                    f"by version {oldest}, the learner is at version {learner.version}"
-                )
-            if learner.version - oldest > args.max_lag:
-                learner.dropped += 1
-            else:
-                batch.append(fragment)
-                rows += fragment.num_rows
-        # A source that lost producers has fewer rows per update from now on.
-        if rows and rows >= min(learner.rows_per_update, getattr(source, "num_rows", rows)):
-            stats = learner.update(batch)
-            batch, rows = [], 0
-            done += 1
-            finished = learner.num_updates and learner.version >= learner.num_updates
-            last = bool(
-                finished
-                or (max_updates is not None and done >= max_updates)
-                or (should_stop is not None and should_stop())
-            )
-            if not last:
-                if on_boundary is not None:
-                    on_boundary()
-                source.push_weights(learner.model, version=learner.version)
-            if on_update is not None:
-                on_update(stats, wait)
-            wait = 0.0
-            if last:
-                return
-        t_wait = time.perf_counter()
+    drive(
+        PPORounds(learner),
+        source,
+        max_rounds=max_updates,
+        should_stop=should_stop,
+        on_boundary=on_boundary,
+        on_round=None if on_update is None else lambda stats, wait, last: on_update(stats, wait),
+    )

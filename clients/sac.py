@@ -32,10 +32,11 @@ from torch import nn
 from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients._args import SACArgs
 from simkit.clients._local_source import FragmentSource
+from simkit.clients._loop import drive
 from simkit.clients._replay import ReplayBatch, ReplayBuffer
 from simkit.models import ActorCritic, SquashedGaussianHead
 
-__all__ = ["SAC", "SACArgs", "SACStats", "TwinQ", "train_sac"]
+__all__ = ["SAC", "SACArgs", "SACRounds", "SACStats", "TwinQ", "train_sac"]
 
 
 class TwinQ(nn.Module):
@@ -302,6 +303,83 @@ class OffPolicySource(FragmentSource, Protocol):
     def pending(self) -> bool: ...
 
 
+class SACRounds:
+    """SAC's side of the learning loop (:class:`~simkit.clients._loop.Rounds`).
+
+    *sync* (``args.mode``): a round is one fragment of every env row (joined in slot
+    order), added to ``buffer``, then exactly the gradient steps it earned
+    (:meth:`SAC.updates_due`) and a push of version + 1, which is what lets the servers
+    go on. *async*: fragments are added as they arrive (a round does not wait while any
+    are ready), and a round is at most ``push_every`` gradient steps; it waits for data
+    only when the learner is a whole ``utd`` ahead or learning has not started.
+    """
+
+    def __init__(self, learner: SAC, buffer: ReplayBuffer) -> None:
+        self.learner = learner
+        self.buffer = buffer
+        self.held: list[Fragment] = []
+        self.returns: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+
+    def ready(self, source: OffPolicySource) -> bool:
+        """sync: every row has a fragment; async: gradient steps are due and no
+        fragment waits (or the run is finished)."""
+        if self.learner.args.mode == "sync":
+            return bool(self.held) and sum(f.num_rows for f in self.held) >= source.num_rows
+        due = self.learner.updates_due(len(self.buffer))
+        return (due > 0 and not source.pending()) or self.finished()
+
+    def take(self, fragment: Fragment | None) -> None:
+        """sync: held for the round; async: into the buffer."""
+        if fragment is None:
+            return
+        if self.learner.args.mode == "sync":
+            self.held.append(fragment)
+        else:
+            self._add(fragment)
+
+    def _add(self, fragment: Fragment) -> None:
+        self.learner.global_step += self.buffer.add_fragment(fragment)
+        self.returns.append(fragment.episode_returns)
+        self.lengths.append(fragment.episode_lengths)
+
+    def update(self) -> SACStats:
+        """The gradient steps due, then the next version (exploration ends once
+        learning started)."""
+        learner, buffer = self.learner, self.buffer
+        if learner.args.mode == "sync":
+            self._add(stack_in_slot_order(self.held))
+            self.held = []
+            n = learner.updates_due(len(buffer))
+        else:
+            n = min(learner.updates_due(len(buffer)), learner.args.push_every)
+        stats = learner.run(buffer, n) if n else SACStats()
+        stats.episode_returns = np.concatenate(self.returns) if self.returns else np.zeros(0)
+        stats.episode_lengths = (
+            np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
+        )
+        self.returns.clear()
+        self.lengths.clear()
+        learner.version += 1
+        learner.set_explore()
+        return stats
+
+    def finished(self) -> bool:
+        """Whether ``args.total_steps`` env steps were received (never when 0)."""
+        total = self.learner.args.total_steps
+        return bool(total and self.learner.global_step >= total)
+
+    @property
+    def model(self) -> ActorCritic:
+        """The actor."""
+        return self.learner.model
+
+    @property
+    def version(self) -> int:
+        """Rounds done."""
+        return self.learner.version
+
+
 def train_sac(
     learner: SAC,
     source: OffPolicySource,
@@ -313,84 +391,22 @@ def train_sac(
     on_boundary: Callable[[], None] | None = None,
     on_fragment: Callable[[Fragment], None] | None = None,
 ) -> None:
-    """The off-policy loop: fragments into ``buffer``, gradient steps, weight pushes.
-
-    *sync* (``args.mode``): a round is one fragment of every env row (joined in slot
-    order), added to the buffer, then exactly the gradient steps it earned
-    (:meth:`SAC.updates_due`), then ``on_boundary()`` (the servers wait at a fragment
-    boundary: a checkpoint there is exact) and a push of version + 1, which is what
-    lets the servers go on. *async*: fragments are added as they arrive (without
-    waiting while any are ready), and the learner does gradient steps in chunks of at
-    most ``push_every`` and pushes after each chunk; it waits for data only when it is
-    a whole ``utd`` ahead or learning has not started.
+    """The off-policy loop (:func:`~simkit.clients._loop.drive` of :class:`SACRounds`):
+    fragments into ``buffer``, gradient steps, weight pushes; ``on_boundary()`` before
+    each push (the servers wait at a fragment boundary: a checkpoint there is exact).
 
     Stops after ``args.total_steps`` env steps (never when 0), after ``max_rounds``
     rounds (pushes) of this call, or when ``should_stop()`` turns true.
     ``on_round(stats, wait_s, last)`` gets each round's statistics (with the episodes
     that ended in it), the seconds spent waiting for fragments and whether it is the
-    call's last round.
+    call's last round; ``on_fragment`` each fragment received.
     """
-    args = learner.args
-    stream = source.fragments()
-    rounds = 0
-    held: list[Fragment] = []
-    returns: list[np.ndarray] = []
-    lengths: list[np.ndarray] = []
-
-    def take(fragment: Fragment) -> None:
-        if on_fragment is not None:
-            on_fragment(fragment)
-        learner.global_step += buffer.add_fragment(fragment)
-        returns.append(fragment.episode_returns)
-        lengths.append(fragment.episode_lengths)
-
-    def finished() -> bool:
-        return bool(args.total_steps and learner.global_step >= args.total_steps)
-
-    while True:
-        wait = 0.0
-        t0 = time.perf_counter()
-        if args.mode == "sync":
-            rows = 0
-            while not held or rows < source.num_rows:
-                fragment = next(stream)
-                if fragment is not None:
-                    held.append(fragment)
-                    rows = sum(f.num_rows for f in held)
-            take(stack_in_slot_order(held))
-            held = []
-            wait = time.perf_counter() - t0
-            n = learner.updates_due(len(buffer))
-        else:
-            while True:
-                due = learner.updates_due(len(buffer))
-                if due > 0 and not source.pending():
-                    break
-                fragment = next(stream)
-                if fragment is not None:
-                    take(fragment)
-                if finished():
-                    break
-            wait = time.perf_counter() - t0
-            n = min(learner.updates_due(len(buffer)), args.push_every)
-        stats = learner.run(buffer, n) if n else SACStats()
-        stats.episode_returns = np.concatenate(returns) if returns else np.zeros(0)
-        stats.episode_lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        returns.clear()
-        lengths.clear()
-        rounds += 1
-        last = (
-            finished()
-            or (max_rounds is not None and rounds >= max_rounds)
-            or (should_stop is not None and should_stop())
-        )
-        learner.version += 1
-        learner.set_explore()
-        if not last:
-            if on_boundary is not None:
-                on_boundary()
-            source.push_weights(learner.model, version=learner.version)
-        if on_round is not None:
-            on_round(stats, wait, last)
-        if last:
-            return
+    drive(
+        SACRounds(learner, buffer),
+        source,
+        max_rounds=max_rounds,
+        should_stop=should_stop,
+        on_boundary=on_boundary,
+        on_round=on_round,
+        on_fragment=on_fragment,
+    )
