@@ -6,7 +6,9 @@
 #      into a target folder on PYTHONPATH, and the project editable (docs/benchmarks.md);
 #   2. runs the CUDA tests (the tests that skip without CUDA, selected by "cuda" in their
 #      names, in the files that check torch.cuda.is_available());
-#   3. runs bench/gpu_check.py (GPU and CPU of the same machine, same run);
+#   3. runs issue 27's GPU main job (simkit train simkit/BatchCartPole-v0 --device cuda
+#      --device-loop on, 4096 envs, 3 seeds: seconds to a mean return of 475, steps/s) and
+#      bench/gpu_check.py (GPU and CPU of the same machine, same run);
 #   4. trains once per learner with --device cuda and with --device cpu: PPO on
 #      simkit/Cheetah-v0 (64 envs x 64 steps, in process) and SAC on gym:Pendulum-v1,
 #      and tabulates each run's steps/s, wall time and time split.
@@ -101,7 +103,7 @@ else
     ppo_steps=4096
     sac_steps=300
     sac_starts=200
-    check_args=(--quick --only ppo --repeats 1)
+    check_args=(--quick --only ppo --only loop --repeats 1)
 fi
 say "- $($PY -c 'import sys, torch; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")' 2>&1)"
 
@@ -113,6 +115,18 @@ else
     # shellcheck disable=SC2086
     step "CUDA tests (collected only: no CUDA here)" 60 $PY -m pytest -q -p no:cacheprovider --collect-only -k cuda $cuda_tests
 fi
+
+# Issue 27's GPU main job: simkit train simkit/BatchCartPole-v0 with the whole loop on
+# the device (--device-loop on), one run per seed: the training seconds to a mean return
+# of 475 and the env steps/s then (bench/bench_device_loop.py --main-job).
+if [ "$mode" = gpu ]; then
+    main_args=(--device cuda --num-envs 4096 --num-steps 16 --learning-rate 1e-3
+        --total-steps 4000000 --seeds 1 2 3)
+else
+    main_args=(--device cpu --num-envs 64 --num-steps 16 --total-steps 4096 --seeds 1 --target 20)
+fi
+step "main job on the device: bench/bench_device_loop.py --main-job ${main_args[*]}" 150 \
+    $PY bench/bench_device_loop.py --main-job "${main_args[@]}"
 
 left=$((deadline - 120 - ($(date +%s) - start))) # the trainings keep 2 minutes
 if [ "$left" -ge 30 ]; then

@@ -32,6 +32,12 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    device, keyed resets under a mask, ``validate_actions=False`` as a learner on a GPU
    steps it; docs/batch.md), plus its physics kernel alone (``_advance``: no autoreset)
    and the default numpy BatchEnv.
+5. PPO's whole loop on ``simkit/BatchCartPole-v0``, env steps/s at N = 1k, 4k and 64k
+   envs (the CPU rows at 1k only) x 16 steps per update (8 minibatches x 4 epochs): the
+   device loop (``--device-loop on``: ``DeviceSource`` + ``PPO.update_device``, the env, noise,
+   policy, fragments and update on the device) on each device, and the in-process host
+   rollout (``LocalSource`` + ``PPO.update``) on the CPU for reference; one call is one
+   fragment, its update and the weight push.
 
 Every timed call on CUDA is bracketed by ``torch.cuda.synchronize()``. Each case is
 warmed up, then timed in ``--repeats`` rounds (the cases of a section interleaved, so
@@ -469,6 +475,63 @@ def batch_env_cases(devices: list[torch.device], sizes: list[int]) -> list[Case]
     return cases
 
 
+# ------------------------------------------------------------------------ 5. the whole loop
+
+LOOP_STEPS = 16
+LOOP_HOST = "in process, host (LocalSource + PPO.update)"
+LOOP_DEVICE = "device loop (DeviceSource + PPO.update_device)"
+
+
+def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], None]:
+    """One PPO cycle of ``simkit train simkit/BatchCartPole-v0 --servers 0`` (a fragment of
+    ``n`` envs x :data:`LOOP_STEPS` steps, the update, the weight push) without the
+    run's logging: the device loop on ``dev``, or the host rollout with the update on
+    ``dev``."""
+    from simkit.clients._device_source import DeviceSource
+    from simkit.clients._local_source import LocalSource
+    from simkit.clients._train import build_model as build_run_model
+
+    args = PPOArgs(
+        env_id=ENV_ID,
+        num_envs=n,
+        num_steps=LOOP_STEPS,
+        total_steps=0,
+        device=str(dev),
+        learning_rate=1e-3,
+        num_minibatches=8,
+        update_epochs=4,
+    )
+    model = build_run_model(args)
+    source: Any = (
+        DeviceSource(ENV_ID, model, num_envs=n, num_steps=LOOP_STEPS, seed=SEED, device=dev)
+        if device_loop
+        else LocalSource(ENV_ID, model, num_envs=n, num_steps=LOOP_STEPS, seed=SEED)
+    )
+    learner = PPO(args, model, n)
+    source.push_weights(model, version=0)
+    fragments = source.fragments()
+
+    def cycle() -> None:
+        learner.update([next(fragments)])
+        source.push_weights(learner.model, version=learner.version)
+
+    return cycle
+
+
+def loop_cases(devices: list[torch.device], sizes: list[int], cpu_max: int) -> list[Case]:
+    """The loop's cases: the CPU rows up to ``cpu_max`` envs (a cycle of 64k envs takes
+    the CPU half a minute), the other devices' at every size."""
+    cases: list[Case] = []
+    cpu = torch.device("cpu")
+    for n in sizes:
+        if n <= cpu_max:
+            cases.append(guarded(LOOP_HOST, cpu, n * LOOP_STEPS, _ppo_cycle, n, cpu, False))
+        for dev in devices:
+            if dev.type != "cpu" or n <= cpu_max:
+                cases.append(guarded(LOOP_DEVICE, dev, n * LOOP_STEPS, _ppo_cycle, n, dev, True))
+    return cases
+
+
 # ------------------------------------------------------------------------ main
 
 
@@ -481,7 +544,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
         "--only",
-        choices=("inference", "ppo", "sac", "batchenv"),
+        choices=("inference", "ppo", "sac", "batchenv", "loop"),
         action="append",
         default=None,
     )
@@ -491,7 +554,7 @@ def main() -> None:
     quick: bool = ns.quick
     repeats: int = ns.repeats or (3 if quick else 7)
     min_time = 0.05 if quick else 0.2
-    sections: list[str] = ns.only or ["inference", "ppo", "sac", "batchenv"]
+    sections: list[str] = ns.only or ["inference", "ppo", "sac", "batchenv", "loop"]
 
     has_cuda = torch.cuda.is_available()
     devices = [torch.device("cpu")]
@@ -569,6 +632,24 @@ def main() -> None:
             cases,
             "instance-steps/s",
             ("GPU/numpy", vs_numpy),
+        )
+
+    if "loop" in sections:
+        sizes = [K // 4] if quick else [K, 4 * K, 64 * K]
+        cases = loop_cases(devices, sizes, cpu_max=K)
+        run_cases(cases, max(2, repeats // 2), 0.0, warmup=1)
+        host_rate = {c.batch: c.rate for c in cases if c.path == LOOP_HOST}
+
+        def vs_host(c: Case) -> str:
+            base = host_rate.get(c.batch)
+            return f"{c.rate / base:.2f}x" if base and c.path == LOOP_DEVICE else "—"
+
+        table(
+            f"PPO's whole loop on simkit/BatchCartPole-v0 (fragment of N x {LOOP_STEPS} steps "
+            "+ update, 8 minibatches x 4 epochs; batch = env steps per cycle)",
+            cases,
+            "env steps/s",
+            ("vs host path", vs_host),
         )
 
     load_after = os.getloadavg()

@@ -102,8 +102,9 @@ def test_the_device_check_refuses_an_unknown_option(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
-    """``--cpu``: the CUDA tests collected, gpu_check's quick PPO row and one tiny
-    training run per learner, all in one markdown report."""
+    """``--cpu``: the CUDA tests collected, the device loop's main job (tiny), gpu_check's
+    quick PPO and whole-loop rows and one tiny training run per learner, all in one
+    markdown report."""
     done = subprocess.run(
         ["bash", str(ROOT / "bench" / "device_check.sh"), "--cpu"],
         capture_output=True,
@@ -115,10 +116,12 @@ def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
     assert "# simkit device check (cpu mode)" in report
     assert "test_torch_noise_on_cuda_has_the_numpy_bits" in report
     assert "| PPO.update | cpu | 2,048 |" in report
+    assert "| device loop (DeviceSource + PPO.update_device) | cpu | 4,096 |" in report
+    assert "| 1 | " in report  # the main job's seed row (it reached the dry run's target)
     rows = [line for line in report.splitlines() if line.startswith("| ") and "| cpu |" in line]
-    assert [r.split(" | ")[0] for r in rows[1:]] == [
+    assert [r.split(" | ")[0] for r in rows[3:]] == [
         "| PPO simkit/Cheetah-v0, 64 envs x 64 steps, 4096 steps",
         "| SAC gym:Pendulum-v1, 300 steps (200 random)",
     ]
-    assert report.count("`: exit ") == 3  # the CUDA tests and the two trainings
-    assert report.count("`: exit 0, ") == 3
+    assert report.count("`: exit ") == 4  # the CUDA tests, the main job, two trainings
+    assert report.count("`: exit 0, ") == 4
