@@ -21,7 +21,8 @@ Two measurements, markdown on stdout:
 2. **Main job** (``--main-job``): ``simkit train ENV --device-loop on`` once per
    ``--seeds`` seed (a subprocess each), read from its ``progress.jsonl``: the training
    seconds and env steps until the mean return (last 20 episodes) first reaches
-   ``--target``, the steps/s there, and the final mean return::
+   ``--target``, the steps/s there, the final mean return and ``simkit eval``'s mean
+   return of the final policy over 10 deterministic episodes::
 
        .venv/bin/python bench/bench_device_loop.py --main-job --device cpu --seeds 1 2 3
        python bench/bench_device_loop.py --main-job --device cuda --num-envs 4096 \\
@@ -155,7 +156,8 @@ def main_job(ns: argparse.Namespace, hyper: dict[str, Any]) -> int:
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
     print(
         f"| seed | training s to mean >= {ns.target:g} | env steps then | steps/s then | "
-        "final mean return | steps/s at the end | wall s |\n|---:|---:|---:|---:|---:|---:|---:|"
+        "final mean return | `simkit eval` (10 episodes) | steps/s at the end | wall s |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     failed = 0
     for seed in ns.seeds:
@@ -167,11 +169,19 @@ def main_job(ns: argparse.Namespace, hyper: dict[str, Any]) -> int:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
             wall = time.perf_counter() - t0
             if proc.returncode != 0:
-                print(f"| {seed} | failed: exit {proc.returncode} | | | | | {wall:.0f} |")
+                print(f"| {seed} | failed: exit {proc.returncode} | | | | | | {wall:.0f} |")
                 print("```\n" + proc.stderr[-2000:] + "\n```", file=sys.stderr)
                 failed += 1
                 continue
             lines = [json.loads(x) for x in (logdir / "progress.jsonl").read_text().splitlines()]
+            evaluated = subprocess.run(
+                [sys.executable, "-m", "simkit", "eval", str(logdir), "--episodes", "10"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            out = evaluated.stdout.strip().splitlines()
+            score = out[-1].split("mean return ")[-1].replace("+-", "±") if out else "failed"
         hit = next((x for x in lines if (x["mean_return"] or 0) >= ns.target), None)
         last = lines[-1]
         if hit is None:
@@ -179,7 +189,10 @@ def main_job(ns: argparse.Namespace, hyper: dict[str, Any]) -> int:
             crossed = "not reached | | "
         else:
             crossed = f"{hit['elapsed_s']:.1f} | {hit['global_step']:,} | {hit['sps']:,.0f}"
-        print(f"| {seed} | {crossed} | {last['mean_return']} | {last['sps']:,.0f} | {wall:.0f} |")
+        print(
+            f"| {seed} | {crossed} | {last['mean_return']} | {score} | {last['sps']:,.0f} "
+            f"| {wall:.0f} |"
+        )
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 1 if failed else 0
