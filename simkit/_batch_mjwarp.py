@@ -104,6 +104,7 @@ class MjWarpPhysics:
         self.frame_skip = frame_skip
         self._graph: Any = None
         self._stepped = False
+        self._streams: dict[int, Any] = {}  # torch stream handle -> its Warp stream
         with wp.ScopedDevice(self.wp_device):
             self.m = mjw.put_model(model)
             self.d = mjw.make_data(model, nworld=num_worlds)
@@ -154,7 +155,10 @@ class MjWarpPhysics:
                 return
             # Warp's stream waits for torch's work and torch's for Warp's: ordered, no sync.
             wp, torch = self.wp, self.torch
-            theirs = wp.stream_from_torch(torch.cuda.current_stream(self.device))
+            current = torch.cuda.current_stream(self.device)
+            theirs = self._streams.get(current.cuda_stream)
+            if theirs is None:
+                theirs = self._streams[current.cuda_stream] = wp.stream_from_torch(current)
             ours = wp.get_stream(self.wp_device)
             ours.wait_stream(theirs)
             yield

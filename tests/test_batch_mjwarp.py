@@ -32,8 +32,26 @@ same state, over 1,000 Cheetah steps (measured: 1.3e-3 at most, 2.5e-4 at the 99
 percentile, 4e-6 median; docs/batch.md)."""
 
 
-def make(n: int, **kwargs: object) -> simkit.BatchMujocoEnv:
-    return simkit.make(ENV, num_envs=n, backend="mjwarp", **kwargs)
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@pytest.fixture(
+    params=[
+        "cpu",
+        pytest.param("cuda", marks=pytest.mark.skipif(not _has_cuda(), reason="no CUDA device")),
+    ]
+)
+def device(request: pytest.FixtureRequest) -> str:
+    """Warp's CPU backend everywhere; a CUDA device where torch.cuda.is_available()
+    (the GPU check runs these with ``-k cuda``)."""
+    return str(request.param)
+
+
+def make(n: int, device: str = "cpu", **kwargs: object) -> simkit.BatchMujocoEnv:
+    return simkit.make(ENV, num_envs=n, backend="mjwarp", device=device, **kwargs)
 
 
 def actions(n: int, steps: int, seed: int = 0) -> list[np.ndarray]:
@@ -83,20 +101,21 @@ def _mjwarp(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 @_mjwarp
-def test_tensors_on_the_device_and_start_state_of_the_c_engine() -> None:
+def test_tensors_on_the_device_and_start_state_of_the_c_engine(device: str) -> None:
     """Reset draws and declared randomization are the C backends' (same keyed streams),
     stored per world in MJWarp's batched model arrays, rounded to float32."""
     import torch
 
     n = 3
-    env, ref = make(n), simkit.make(ENV, num_envs=n)
+    env, ref = make(n, device), simkit.make(ENV, num_envs=n)
     obs, _ = env.reset(seed=7)
     ref_obs, _ = ref.reset(seed=7)
     assert isinstance(obs, torch.Tensor)
     assert obs.dtype == torch.float64
-    assert env.device == torch.device("cpu")
+    assert env.device == torch.device(device)
+    assert obs.device.type == device
     assert env.backend == "mjwarp"
-    np.testing.assert_array_equal(obs.numpy(), ref_obs.astype(np.float32).astype(np.float64))
+    np.testing.assert_array_equal(obs.cpu().numpy(), ref_obs.astype(np.float32).astype(np.float64))
     for got, want in zip(env.params, ref.params, strict=True):
         assert got.keys() == want.keys()
         for name in want:
@@ -107,7 +126,7 @@ def test_tensors_on_the_device_and_start_state_of_the_c_engine() -> None:
         for i in range(n):
             model = ref.models[i]
             want = model.opt.gravity if name == "opt.gravity" else getattr(model, name)
-            np.testing.assert_array_equal(fields[name][i].numpy(), want.astype(np.float32))
+            np.testing.assert_array_equal(fields[name][i].cpu().numpy(), want.astype(np.float32))
     res = env.step_batch(actions(n, 1)[0])
     assert all(isinstance(x, torch.Tensor) for x in (res.obs, res.reward, res.terminated))
     assert res.reward.dtype == torch.float64
@@ -117,47 +136,47 @@ def test_tensors_on_the_device_and_start_state_of_the_c_engine() -> None:
 
 
 @_mjwarp
-def test_same_seed_same_trajectories_across_resets() -> None:
+def test_same_seed_same_trajectories_across_resets(device: str) -> None:
     acts = actions(2, 24)
     runs = []
     for _ in range(2):
-        env = make(2, max_episode_steps=7)
+        env = make(2, device, max_episode_steps=7)
         env.reset(seed=11)
         runs.append(rollout(env, acts))
         env.close()
     assert_same(runs[0], runs[1])
     assert runs[0][6][4].all()  # the time limit ended episodes inside the run
-    other = make(2, max_episode_steps=7)
+    other = make(2, device, max_episode_steps=7)
     other.reset(seed=12)
     assert not np.array_equal(rollout(other, acts[:1])[0][0], runs[0][0][0])
     other.close()
 
 
 @_mjwarp
-def test_reset_after_history_equals_a_fresh_reset() -> None:
+def test_reset_after_history_equals_a_fresh_reset(device: str) -> None:
     acts = actions(2, 10)
-    used = make(2, max_episode_steps=5)
+    used = make(2, device, max_episode_steps=5)
     used.reset(seed=1)
     rollout(used, actions(2, 13, seed=9))
     used.reset(seed=4)
-    fresh = make(2, max_episode_steps=5)
+    fresh = make(2, device, max_episode_steps=5)
     fresh.reset(seed=4)
     assert_same(rollout(used, acts), rollout(fresh, acts))
 
 
 @_mjwarp
-def test_snapshot_restores_bit_for_bit_into_a_new_batch() -> None:
+def test_snapshot_restores_bit_for_bit_into_a_new_batch(device: str) -> None:
     """qpos, qvel, act, time, warm-start and the rest of the Data's state rows: a new
     batch restored from the snapshot continues exactly, resets included."""
     acts = actions(3, 12)
-    env = make(3, max_episode_steps=9)
+    env = make(3, device, max_episode_steps=9)
     env.reset(seed=2)
     rollout(env, actions(3, 5, seed=3))
     snap = simkit.snapshot.loads(simkit.snapshot.dumps(env.get_state()))
     assert env._warp is not None
     assert env._warp.views["qacc_warmstart"].abs().sum() > 0  # the solver state is in it
     after = rollout(env, acts)
-    other = make(3, max_episode_steps=9)
+    other = make(3, device, max_episode_steps=9)
     other.reset(seed=99)
     rollout(other, actions(3, 2, seed=5))
     other.set_state(snap)
@@ -190,7 +209,7 @@ def test_unsupported_uses_say_so() -> None:
 
 @_mjwarp
 @pytest.mark.slow
-def test_agrees_with_the_c_engine_over_1000_steps() -> None:
+def test_agrees_with_the_c_engine_over_1000_steps(device: str) -> None:
     """One episode (1,000 env steps = 5,000 physics steps) of random actions along
     MuJoCo C's trajectory: before each env step every MJWarp world is loaded with the C
     world's state (qpos, qvel, warm-start, time), and the step's observation stays within
@@ -200,7 +219,7 @@ def test_agrees_with_the_c_engine_over_1000_steps() -> None:
     import torch
 
     n = 4
-    env, ref = make(n), simkit.make(ENV, num_envs=n, backend="loop")
+    env, ref = make(n, device), simkit.make(ENV, num_envs=n, backend="loop")
     env.reset(seed=3)
     ref.reset(seed=3)
     assert env._warp is not None
@@ -212,8 +231,8 @@ def test_agrees_with_the_c_engine_over_1000_steps() -> None:
                 views[name][i] = torch.as_tensor(getattr(d, name))
             views["time"][i] = float(d.time)
         res, want = env.step_batch(a), ref.step_batch(a)
-        np.testing.assert_array_equal(res.truncated.numpy(), want.truncated)
+        np.testing.assert_array_equal(res.truncated.cpu().numpy(), want.truncated)
         if not want.truncated.any():
-            worst = max(worst, float(np.abs(res.final_obs.numpy() - want.final_obs).max()))
+            worst = max(worst, float(np.abs(res.final_obs.cpu().numpy() - want.final_obs).max()))
     assert want.truncated.all()
     assert 0 < worst < AGREEMENT_TOLERANCE, worst
