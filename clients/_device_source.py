@@ -312,8 +312,12 @@ class DeviceSource:
         first = self.sequence * self.num_steps
         if self.noise is not None:
             return self.noise.draw_steps(first, self.num_steps)
-        host = np.stack([self.host_noise.draw(first + t) for t in range(self.num_steps)])
-        return torch.from_numpy(host).to(self.device, non_blocking=True)
+        host = torch.from_numpy(
+            np.stack([self.host_noise.draw(first + t) for t in range(self.num_steps)])
+        )
+        if self.device.type == "cuda":
+            host = host.pin_memory()  # a pageable copy would wait for the device's queue
+        return host.to(self.device, non_blocking=True)
 
     @torch.no_grad()
     def rollout(self) -> DeviceFragment:

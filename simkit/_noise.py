@@ -187,6 +187,8 @@ class TorchSlotNoise:
             raise ValueError(f"first must be >= 0 and count >= 1, got {first} and {count}")
         states = [s for step in range(first, first + count) for s in self._states(step)]
         rows = torch.from_numpy(_int64_rows(states, self._inc))
+        if self.device.type == "cuda":
+            rows = rows.pin_memory()  # a pageable copy would wait for the device's queue
         pos = self._pos if count == 1 else self._pos.repeat(count)
         out = pcg64_outputs_torch(
             rows.to(self.device, non_blocking=True), pos, self._outputs, max_pos=0

@@ -312,3 +312,37 @@ def test_device_loop_on_where_it_cannot_run_is_one_line(tmp_path: Path) -> None:
         "simkit train: --device-loop on: it rolls out in the learner's process "
         "(--servers 0, no --connect or --ray)"
     ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_device_loop_on_cuda_never_syncs_in_its_steps_and_trains() -> None:
+    cuda = torch.device("cuda")
+    for env_id in ("simkit/BatchCartPole-v0", "simkit/BatchPendulum-v0"):
+        args = PPOArgs(env_id=env_id, num_envs=512, num_steps=32, num_minibatches=4,
+                       update_epochs=2, device="cuda")  # fmt: skip
+        model = build_model(args)
+        source = DeviceSource(env_id, model, num_envs=512, num_steps=32, seed=1, device=cuda)
+        learner = PPO(args, model, 512)
+        source.push_weights(learner.model, version=0)
+        learner.update([source.rollout()])  # warm: constants and tables uploaded once
+        source.push_weights(learner.model, version=learner.version)
+        env = source.env
+        env.prepare_device_steps(32)
+        stats = env.read_episode_stats
+        env.prepare_device_steps = lambda steps: True
+        env.read_episode_stats = lambda: {
+            "episodes": np.zeros(512, np.int64),
+            "return_sum": np.zeros(512),
+            "length_sum": np.zeros(512, np.int64),
+        }
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fragment = source.rollout()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        stats()
+        assert fragment.obs.device.type == "cuda"
+        update = learner.update([fragment])
+        assert update.version == 2
+        assert np.isfinite(update.policy_loss)
