@@ -15,10 +15,12 @@ runner or Stable-Baselines3's ``BaseAlgorithm.learn``: one run, algorithms as pa
   (:class:`~simkit.clients._learner_metrics.LearnerMetrics`), the live progress line
   and the :class:`TrainResult`.
 
-An algorithm is a part (:class:`Algorithm`): it builds its model and learner, takes a
-checkpoint's settings and state, runs its loop over the source (fragments in, updates,
-weights pushed back at round boundaries) and says, per round, what to report. PPO's
-part is :class:`simkit.clients._train.PPOPart`, SAC's
+The loop itself is one for every algorithm (:func:`~simkit.clients._loop.drive`:
+fragments in, a round's update, weights pushed back at round boundaries). An algorithm
+is a part (:class:`Algorithm`): it builds its model and learner, takes a checkpoint's
+settings and state, says when a round is ready and what its update is
+(:class:`~simkit.clients._loop.Rounds`), what its checkpoint holds and what to report
+per round. PPO's part is :class:`simkit.clients._train.PPOPart`, SAC's
 :class:`simkit.clients._train_sac.SACPart`; :data:`ALGORITHMS` names them. A third
 algorithm is a class implementing :class:`Algorithm` in its own file plus one line in
 :data:`ALGORITHMS`.
@@ -35,7 +37,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,6 +51,7 @@ from simkit.clients._checkpoint import (
     save_policy,
 )
 from simkit.clients._learner_metrics import LearnerMetrics
+from simkit.clients._loop import Rounds, drive
 from simkit.clients._progress import ProgressLine
 from simkit.clients._rollout import Rollout, open_rollout, source_kind
 from simkit.clients._run_parts import (
@@ -171,11 +174,12 @@ class Algorithm(Protocol):
     """An algorithm's part of a :class:`Run`: what differs between PPO and SAC.
 
     The run calls, in order: :meth:`check`, on resume :meth:`resume`, :meth:`build`,
-    :meth:`attach` (the source is open), :meth:`start`, then :meth:`loop`, whose
-    ``on_round`` is the run's (it asks :meth:`report`) and whose ``on_boundary`` is the
-    run's (it asks :meth:`checkpoint_due`, then :meth:`checkpoint` and
-    :meth:`checkpoint_written`). ``args`` is a :class:`~simkit.clients._args.PPOArgs`
-    or :class:`~simkit.clients._args.SACArgs`-like dataclass (``env_id``, ``seed``,
+    :meth:`attach` (the source is open), :meth:`start`, then drives :meth:`rounds`
+    through the one loop (:func:`~simkit.clients._loop.drive`); after each round it
+    asks :meth:`report`, at each boundary :meth:`checkpoint_due`, then
+    :meth:`checkpoint` and :meth:`checkpoint_written`. ``args`` is a
+    :class:`~simkit.clients._args.PPOArgs` or :class:`~simkit.clients._args.SACArgs`-like
+    dataclass (``env_id``, ``seed``,
     ``num_envs``, ``num_steps``, ``mode``, ``env_threads``, ``torch_threads``).
     """
 
@@ -186,6 +190,12 @@ class Algorithm(Protocol):
     default_servers: int
     """Local servers a new run starts when none are asked for."""
     args: Any
+
+    @classmethod
+    def from_namespace(cls, args: Any, ns: Any) -> Algorithm:
+        """The part for ``args`` with its own ``simkit train`` flags of ``ns`` (an
+        ``argparse.Namespace``: checkpoint cadence and the like)."""
+        ...
 
     def check(self, options: RunOptions, ckpt: Checkpoint | None) -> None:
         """Refuses options this algorithm cannot run, before the checkpoint is used."""
@@ -229,19 +239,9 @@ class Algorithm(Protocol):
         """The run starts its clock (``now``: monotonic) for the checkpoint cadence."""
         ...
 
-    def loop(
-        self,
-        source: Any,
-        *,
-        max_rounds: int | None,
-        should_stop: Callable[[], bool],
-        on_boundary: Callable[[], None],
-        on_round: Callable[[Any, float, bool], None],
-        on_fragment: Callable[[Fragment], None],
-    ) -> None:
-        """Learns from ``source`` until done, ``max_rounds`` rounds or ``should_stop()``;
-        ``on_boundary()`` before each weight push but the last, ``on_round(stats,
-        wait_s, last)`` after each round, ``on_fragment`` for each fragment taken."""
+    def rounds(self) -> Rounds:
+        """Its side of the one loop (:func:`~simkit.clients._loop.drive`): when a round
+        is ready, its update, when the run is finished."""
         ...
 
     def report(self, stats: Any, wait: float, last: bool, run: Run) -> Report | None:
@@ -299,39 +299,6 @@ def _saved_servers(state: dict[str, Any]) -> int:
     source = state.get("source") or {}
     sessions = source.get("sessions")
     return len(sessions) if isinstance(sessions, list) else int(source.get("servers", 0))
-
-
-class _Observed:
-    """A fragment source whose fragments are also seen by ``on_fragment`` (recorded,
-    counted) before the learner takes them."""
-
-    def __init__(self, source: Any, on_fragment: Callable[[Fragment], None]) -> None:
-        self.source = source
-        self.on_fragment = on_fragment
-
-    @property
-    def num_rows(self) -> int:
-        """The wrapped source's rows."""
-        return int(self.source.num_rows)
-
-    def fragments(self) -> Iterator[Fragment | None]:
-        """The source's fragments, each seen by ``on_fragment`` first."""
-        for fragment in self.source.fragments():
-            if fragment is not None:
-                self.on_fragment(fragment)
-            yield fragment
-
-    def push_weights(self, weights: Any, *, version: int | None = None) -> int:
-        """Passed on to the source."""
-        return int(self.source.push_weights(weights, version=version))
-
-    def pending(self) -> bool:
-        """Passed on to the source."""
-        return bool(self.source.pending())
-
-    def close(self) -> None:
-        """Closes the source."""
-        self.source.close()
 
 
 class Run:
@@ -520,7 +487,8 @@ class Run:
                 env_steps=lambda: part.global_step,
                 resume=f"simkit train {part.args.env_id}{algo} --resume {self.logdir}",
             ):
-                part.loop(
+                drive(
+                    part.rounds(),
                     self.source,
                     max_rounds=options.max_rounds,
                     should_stop=self.stop,

@@ -1,8 +1,8 @@
-"""What every learner run has around its loop: a stop request on SIGINT/SIGTERM, the
-tally a resumed run goes on with, the rollout state of a resumed checkpoint and what
-happens when the last server is lost (the live progress line is
-:mod:`simkit.clients._progress`), written once for
-PPO (:mod:`simkit.clients._train`) and SAC (:mod:`simkit.clients._train_sac`)."""
+"""The pieces the training run (:class:`simkit.clients._run.Run`) is made of, for every
+algorithm: a stop request on SIGINT/SIGTERM, the tally a resumed run goes on with, the
+rollout state of a resumed checkpoint, what happens when the last server is lost, the
+log directory, ``progress.jsonl``, TensorBoard and the off-policy checkpoint cadence
+(the live progress line is :mod:`simkit.clients._progress`)."""
 
 from __future__ import annotations
 

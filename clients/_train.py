@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 import simkit
-from simkit._types import Fragment
 from simkit.clients._args import resolve_device
 from simkit.clients._checkpoint import (
     Checkpoint,
@@ -32,11 +31,12 @@ from simkit.clients._checkpoint import (
 )
 from simkit.clients._device_source import use_device_loop
 from simkit.clients._local_source import GYM_PREFIX, is_multi_agent, make_vector
+from simkit.clients._loop import Rounds
 from simkit.clients._rollout import source_kind
-from simkit.clients._run import Report, Run, RunOptions, TrainResult, _Observed
+from simkit.clients._run import Report, Run, RunOptions, TrainResult
 from simkit.clients._run_parts import RunTally, check_resumed_state
 from simkit.clients._train_cli import DEFAULT_SERVERS
-from simkit.clients.ppo import PPO, PPOArgs, UpdateStats, train, updates_for
+from simkit.clients.ppo import PPO, PPOArgs, PPORounds, UpdateStats, updates_for
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
@@ -157,6 +157,13 @@ class PPOPart:
         self._learner: PPO | None = None
         self._ckpt_at = 0.0
         self.times: dict[str, float] = {}
+
+    @classmethod
+    def from_namespace(cls, args: PPOArgs, ns: Any) -> PPOPart:
+        """``--checkpoint-every`` and ``--checkpoint-minutes``."""
+        return cls(
+            args, checkpoint_every=ns.checkpoint_every, checkpoint_minutes=ns.checkpoint_minutes
+        )
 
     # ------------------------------------------------------------------ building
 
@@ -302,25 +309,9 @@ class PPOPart:
         """The checkpoint clock starts."""
         self._ckpt_at = now
 
-    def loop(
-        self,
-        source: Any,
-        *,
-        max_rounds: int | None,
-        should_stop: Callable[[], bool],
-        on_boundary: Callable[[], None],
-        on_round: Callable[[Any, float, bool], None],
-        on_fragment: Callable[[Fragment], None],
-    ) -> None:
-        """:func:`simkit.clients.ppo.train`: one update per round."""
-        train(
-            self.learner,
-            _Observed(source, on_fragment),
-            max_updates=max_rounds,
-            on_update=lambda stats, wait: on_round(stats, wait, False),
-            should_stop=should_stop,
-            on_boundary=on_boundary,
-        )
+    def rounds(self) -> Rounds:
+        """One update per round."""
+        return PPORounds(self.learner)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -649,14 +640,23 @@ def evaluate_model(
     finally:
         vector.close()
     if render is not None:
-        try:
-            from simkit.recording._cli import video_options
-
-            imageio.mimwrite(str(render), frames, **video_options(render, fps))
-        except ValueError as exc:  # imageio: no plugin writes this format
-            first = str(exc).splitlines()[0]
-            raise MissingDependency(
-                f"{render}: imageio cannot write this video format ({first}); for .mp4 "
-                "install the ffmpeg plugin: pip install 'simkit[bench]' (imageio[ffmpeg])"
-            ) from exc
+        _write_video(imageio, render, frames, fps)
     return np.asarray(out[:episodes])
+
+
+def _write_video(imageio: Any, path: str | Path, frames: list[np.ndarray], fps: int) -> None:
+    """Writes ``frames`` as the video ``path``.
+
+    Raises:
+        MissingDependency: imageio has no plugin for the format (for .mp4: ffmpeg).
+    """
+    try:
+        from simkit.recording._cli import video_options
+
+        imageio.mimwrite(str(path), frames, **video_options(path, fps))
+    except ValueError as exc:  # imageio: no plugin writes this format
+        first = str(exc).splitlines()[0]
+        raise MissingDependency(
+            f"{path}: imageio cannot write this video format ({first}); for .mp4 "
+            "install the ffmpeg plugin: pip install 'simkit[bench]' (imageio[ffmpeg])"
+        ) from exc

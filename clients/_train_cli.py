@@ -71,7 +71,6 @@ def _flag(name: str) -> str:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """``simkit train`` options: every :class:`PPOArgs` field, then the run's settings."""
-    d = PPOArgs()
     parser.add_argument(
         "env_id", help="simkit env id (single-agent, multi-agent or batch) or gym:<id>"
     )
@@ -82,6 +81,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="ppo (on-policy) or sac (off-policy, replay buffer; continuous actions) "
         "(default: ppo; with --resume the checkpoint's)",
     )
+    _add_hyperparameters(parser)
+    _add_run_options(parser)
+    _add_server_options(parser)
+
+
+def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
+    """Every :class:`PPOArgs` field (shared with SAC unless PPO's alone), then SAC's own."""
+    d = PPOArgs()
     sac_d = SACArgs()
     ppo = parser.add_argument_group(
         "PPO, and shared with SAC (a flag not given keeps the checkpoint's on --resume)"
@@ -115,6 +122,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             )
         else:
             group.add_argument(_flag(f.name), type=type(default), default=None, help=help_)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Checkpoints, resume, log directory, progress and metrics."""
     run = parser.add_argument_group("run")
     run.add_argument(
         "--checkpoint-every",
@@ -176,6 +187,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds between plain progress lines when stdout is not a terminal (default: 10)",
     )
+
+
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    """Where the fragments come from: local servers, running ones, Ray; the recorder."""
     servers = parser.add_argument_group("rollout servers")
     servers.add_argument(
         "--connect",
@@ -238,7 +253,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _given(ns: argparse.Namespace, cls: type[Any] = PPOArgs) -> dict[str, Any]:
+def given_settings(ns: argparse.Namespace, cls: type[Any] = PPOArgs) -> dict[str, Any]:
     """The ``cls`` (PPOArgs or SACArgs) fields the command line set (not None)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -307,7 +322,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
     sac = ns.algo == "sac"
     cls: type[PPOArgs] | type[SACArgs] = SACArgs if sac else PPOArgs
     _refuse_other_algo(ns, _PPO_ONLY if sac else _SAC_ONLY, "ppo" if sac else "sac")
-    given = _given(ns, cls)
+    given = given_settings(ns, cls)
     slots = (ns.servers or 0) + len(ns.connect)  # every server needs an env slot
     if ns.resume is None and "num_envs" not in given and slots > cls.num_envs:
         given["num_envs"] = slots
@@ -419,15 +434,7 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
-    if ns.logdir is not None:
-        logdir = Path(ns.logdir)
-    elif ns.resume is not None:
-        logdir = _resumed_logdir(ns.resume)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        tag = "-sac" if ns.algo == "sac" else ""
-        name = args.env_id.replace("/", "_").replace(":", "_")
-        logdir = Path(f"runs/{name}{tag}-{args.seed}-{stamp}")
+    logdir = _logdir(ns, args)
     try:
         locks.append(claim_logdir(logdir, ns.resume))
         if ns.record is not None and Path(ns.record).is_dir():  # another writer: now, not
@@ -438,41 +445,10 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
     except RecordingLocked as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
-    common: dict[str, Any] = {
-        "logdir": logdir,
-        "resume": ns.resume,
-        "checkpoint_minutes": ns.checkpoint_minutes,
-        "progress": not ns.no_progress,
-        "print_every": ns.print_every,
-        "handle_signals": True,
-        "connect": ns.connect,
-        "servers": ns.servers,
-        "server_timeout": ns.server_timeout,
-        "wait_for_servers": ns.wait_for_servers,
-        "record": ns.record,
-        "ray": ns.ray,
-        "server_cpus": ns.server_cpus,
-        "server_gpus": ns.server_gpus,
-        "max_restarts": ns.max_restarts,
-    }
     from simkit.clients._connection import ServerUnavailable
 
     try:
-        if isinstance(args, SACArgs):
-            from simkit.clients._train_sac import run_sac
-
-            result = run_sac(
-                args,
-                given=list(_given(ns, SACArgs)),
-                checkpoint_steps=ns.checkpoint_steps,
-                buffer_from=ns.buffer_from,
-                metrics_port=ns.metrics_port,
-                **common,
-            )
-        else:
-            from simkit.clients._train import run_training
-
-            result = run_training(args, checkpoint_every=ns.checkpoint_every, **common)
+        result = _train(ns, args, logdir)
     except (InvalidCheckpoint, ValueError, MissingDependency, FileNotFoundError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
@@ -497,6 +473,45 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
         return 0
     _print_summary(args.env_id, result, ns.algo)
     return 0
+
+
+def _logdir(ns: argparse.Namespace, args: PPOArgs | SACArgs) -> Path:
+    """``--logdir``, the resumed run's, or ``runs/<env>[-sac]-<seed>-<time>``."""
+    if ns.logdir is not None:
+        return Path(ns.logdir)
+    if ns.resume is not None:
+        return _resumed_logdir(ns.resume)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    tag = "-sac" if ns.algo == "sac" else ""
+    name = args.env_id.replace("/", "_").replace(":", "_")
+    return Path(f"runs/{name}{tag}-{args.seed}-{stamp}")
+
+
+def _train(ns: argparse.Namespace, args: PPOArgs | SACArgs, logdir: Path) -> TrainResult:
+    """The run the command line asks for: the algorithm's part
+    (:data:`~simkit.clients._run.ALGORITHMS`, with its own flags) in a
+    :class:`~simkit.clients._run.Run` with the run's flags."""
+    from simkit.clients._run import Run, RunOptions, algorithm
+
+    part = algorithm("sac" if isinstance(args, SACArgs) else "ppo").from_namespace(args, ns)
+    options = RunOptions(
+        logdir=logdir,
+        resume=ns.resume,
+        progress=not ns.no_progress,
+        print_every=ns.print_every,
+        handle_signals=True,
+        connect=ns.connect,
+        servers=ns.servers,
+        server_timeout=ns.server_timeout,
+        wait_for_servers=ns.wait_for_servers,
+        record=ns.record,
+        ray=ns.ray,
+        server_cpus=ns.server_cpus,
+        server_gpus=ns.server_gpus,
+        max_restarts=ns.max_restarts,
+        metrics_port=ns.metrics_port,  # --algo sac's: refused for PPO
+    )
+    return Run(part, options).train()
 
 
 def _unanswered(exc: Any, ns: argparse.Namespace, env_id: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,15 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from simkit._types import Fragment
 from simkit.clients._args import SACArgs, resolve_device
 from simkit.clients._checkpoint import Checkpoint, check_optimizer, checkpoint_args
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
+from simkit.clients._loop import Rounds
 from simkit.clients._replay import ReplayBuffer
 from simkit.clients._run import Report, Run, RunOptions, TrainResult
 from simkit.clients._run_parts import CheckpointCadence, RunTally, check_resumed_state
-from simkit.clients.sac import SAC, SACStats, train_sac
+from simkit.clients._train_cli import given_settings
+from simkit.clients.sac import SAC, SACRounds, SACStats
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
@@ -237,6 +238,18 @@ class SACPart:
         self._recent: dict[str, float] = {}
         self._last_write = 0.0
 
+    @classmethod
+    def from_namespace(cls, args: SACArgs, ns: Any) -> SACPart:
+        """``--checkpoint-steps``, ``--checkpoint-minutes`` and ``--buffer-from``; the
+        settings the command line gave (what a resume compares)."""
+        return cls(
+            args,
+            given=list(given_settings(ns, SACArgs)),
+            checkpoint_steps=ns.checkpoint_steps,
+            checkpoint_minutes=ns.checkpoint_minutes,
+            buffer_from=ns.buffer_from,
+        )
+
     # ------------------------------------------------------------------ building
 
     def check(self, options: RunOptions, ckpt: Checkpoint | None) -> None:
@@ -388,27 +401,9 @@ class SACPart:
             learning=learner.learning_step is not None,
         )
 
-    def loop(
-        self,
-        source: Any,
-        *,
-        max_rounds: int | None,
-        should_stop: Callable[[], bool],
-        on_boundary: Callable[[], None],
-        on_round: Callable[[Any, float, bool], None],
-        on_fragment: Callable[[Fragment], None],
-    ) -> None:
-        """:func:`simkit.clients.sac.train_sac`."""
-        train_sac(
-            self.learner,
-            source,
-            self.buffer,
-            max_rounds=max_rounds,
-            on_round=on_round,
-            should_stop=should_stop,
-            on_boundary=on_boundary,
-            on_fragment=on_fragment,
-        )
+    def rounds(self) -> Rounds:
+        """Rounds into the replay buffer."""
+        return SACRounds(self.learner, self.buffer)
 
     # ------------------------------------------------------------------ checkpoints
 
