@@ -27,6 +27,7 @@ in Warp's kernel cache): it is timed and reported apart, then warmed up before t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import platform
@@ -70,9 +71,12 @@ def mjwarp_runners(n: int, steps: int, device: torch.device) -> tuple[Runner, Ru
     """``step_batch`` and physics-only runners of N MJWarp worlds, and the seconds the
     first step took (kernel compilation)."""
     env: Any = simkit.make(
-        "simkit/BatchCheetah-v0", num_envs=n, device=device, validate_actions=False
+        "simkit/BatchCheetah-v0",
+        num_envs=n,
+        device=device,
+        backend="mjwarp",
+        validate_actions=False,
     )
-    assert env.backend == "mjwarp"
     env.reset(seed=0)
     gen = torch.Generator(device=device).manual_seed(1)
     actions = [
@@ -146,11 +150,17 @@ def timed(runs: dict[str, Runner | None], repeats: int) -> dict[str, float]:
     return {name: statistics.median(r) for name, r in rates.items()}
 
 
+def why(exc: Exception) -> str:
+    """The first line of an exception, for a note."""
+    lines = str(exc).splitlines() or [""]
+    return f"{type(exc).__name__}: {lines[0][:300]}"
+
+
 def attempt(make: Callable[[], Runner], notes: list[str], what: str) -> Runner | None:
     try:
         return make()
     except Exception as exc:  # a missing optional engine is a note, not a crash
-        notes.append(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        notes.append(f"{what}: {why(exc)}")
         return None
 
 
@@ -171,7 +181,7 @@ def main() -> None:
 
     print(f"## BatchCheetah on MuJoCo Warp, {n:,} worlds (bench/bench_mjwarp.py)\n")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
-    print(f"- MJWarp device: {device} (GPU: {gpu}); host: {NCPU} CPUs, {platform.processor()}")
+    print(f"- MJWarp device: {device} (GPU: {gpu}); host: {NCPU} CPUs, {platform.machine()}")
     try:
         versions = [f"{name} {metadata.version(name)}" for name in ("mujoco-warp", "warp-lang")]
         print(f"- {', '.join(versions)}")
@@ -179,6 +189,10 @@ def main() -> None:
         print(f"- MuJoCo Warp missing: {exc} (pip install 'simkit[gpu]')")
     print(f"- {steps} env steps per round, {ns.repeats} rounds (median)")
 
+    with contextlib.suppress(ImportError):  # Warp logs every kernel module it loads
+        warp = importlib.import_module("warp")
+        warp.config.quiet = True
+        warp.config.log_level = warp.LOG_WARNING
     runs: dict[str, Runner | None] = {}
     compile_s = float("nan")
     try:
@@ -186,7 +200,7 @@ def main() -> None:
         runs["BatchCheetah mjwarp (step_batch)"] = step
         runs["MJWarp physics only"] = physics
     except Exception as exc:
-        notes.append(f"mjwarp: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        notes.append(f"mjwarp: {why(exc)}")
     if not ns.no_cpu:
         bb = bench_batch()
         acts = bb.cheetah_actions(n, steps)

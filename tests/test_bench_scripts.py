@@ -83,7 +83,9 @@ def test_the_sac_bench_measures_the_default_placement_first(
     assert asked == [None, 1 if SAC_DEFAULT_SERVERS == 0 else 0]
 
 
-@pytest.mark.parametrize("script", ["device_check.sh", "fetch_device_wheels.sh"])
+@pytest.mark.parametrize(
+    "script", ["device_check.sh", "fetch_device_wheels.sh", "device_mjwarp.sh"]
+)
 def test_the_device_scripts_parse(script: str) -> None:
     done = subprocess.run(["bash", "-n", str(ROOT / "bench" / script)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
@@ -97,6 +99,17 @@ def test_the_device_check_refuses_an_unknown_option(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.decode() == "usage: bench/device_check.sh [--cpu], got '--gpu'\n"
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_mjwarp_device_check_refuses_an_unknown_option(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_mjwarp.sh"), "--gpu"],
+        capture_output=True,
+        env={**os.environ, "OUT": str(tmp_path)},
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode() == "usage: bench/device_mjwarp.sh [--cpu], got '--gpu'\n"
     assert not list(tmp_path.iterdir())
 
 
