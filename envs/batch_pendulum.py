@@ -127,12 +127,7 @@ class BatchPendulum(simkit.BatchEnv):
         action = actions[:, 0]
         action = action.astype(np.float64) if xp is np else action.to(xp.float64)
         u = action * p["max_torque"]
-        wrapped = ((theta + np.pi) % (2 * np.pi)) - np.pi
-        cost = wrapped**2 + 0.1 * theta_dot**2 + 0.001 * u**2
-        g, m, length = p["gravity"], p["mass"], p["length"]
-        accel = 3.0 * g / (2.0 * length) * xp.sin(theta) + 3.0 / (m * length**2) * u
-        theta_dot = xp.clip(theta_dot + accel * self.dt, -self.max_speed, self.max_speed)
-        theta = theta + theta_dot * self.dt
+        theta, theta_dot, cost = Pendulum.swing(theta, theta_dot, u, p, self.dt, self.max_speed, xp)
         new = xp.stack([theta, theta_dot], axis=1) if xp is np else xp.stack([theta, theta_dot], 1)
         return new, -cost, u
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -75,10 +76,27 @@ class Pendulum(simkit.Env[np.ndarray, np.ndarray]):
         p = self._params
         theta, theta_dot = float(self.state[0]), float(self.state[1])
         u = float(action[0]) * p["max_torque"]
-        cost = angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2
-        g, m, length = p["gravity"], p["mass"], p["length"]
-        accel = 3.0 * g / (2.0 * length) * np.sin(theta) + 3.0 / (m * length**2) * u
-        theta_dot = float(np.clip(theta_dot + accel * self.dt, -self.max_speed, self.max_speed))
-        theta = theta + theta_dot * self.dt
+        theta, theta_dot, cost = self.swing(theta, theta_dot, u, p, self.dt, self.max_speed, np)
         self.state = np.array([theta, theta_dot], dtype=np.float64)
         return self._observation(), -float(cost), False, {"torque": u}
+
+    @staticmethod
+    def swing(
+        theta: Any,
+        theta_dot: Any,
+        u: Any,
+        p: Mapping[str, Any],
+        dt: float,
+        max_speed: float,
+        xp: Any,
+    ) -> tuple[Any, Any, Any]:
+        """One semi-implicit Euler step (``dt`` seconds) under the torque ``u`` and the
+        parameters ``p``: the new ``(theta, theta_dot)`` and the step's cost. Scalars
+        here, the columns of N rows in :class:`~simkit.envs.batch_pendulum.BatchPendulum`
+        (``xp``: numpy or torch), so both compute the same float64 arithmetic in the
+        same order."""
+        cost = angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2
+        g, m, length = p["gravity"], p["mass"], p["length"]
+        accel = 3.0 * g / (2.0 * length) * xp.sin(theta) + 3.0 / (m * length**2) * u
+        theta_dot = xp.clip(theta_dot + accel * dt, -max_speed, max_speed)
+        return theta + theta_dot * dt, theta_dot, cost
