@@ -18,7 +18,19 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-__all__ = ["Rounds", "drive"]
+__all__ = ["Learner", "Rounds", "drive"]
+
+
+class Learner(Protocol):
+    """What the loop and the run read of a learner (:class:`~simkit.clients.ppo.PPO`,
+    :class:`~simkit.clients.sac.SAC`)."""
+
+    model: Any
+    """The policy pushed to the source after a round."""
+    version: int
+    """The version of the newest weights."""
+    global_step: int
+    """Env steps learned from."""
 
 
 class Rounds(Protocol):
@@ -43,13 +55,8 @@ class Rounds(Protocol):
         ...
 
     @property
-    def model(self) -> Any:
-        """The policy pushed to the source after a round."""
-        ...
-
-    @property
-    def version(self) -> int:
-        """The version of the weights to push."""
+    def learner(self) -> Learner:
+        """The learner whose weights go out after a round."""
         ...
 
 
@@ -95,7 +102,7 @@ def drive(
         if not last:
             if on_boundary is not None:
                 on_boundary()
-            source.push_weights(rounds.model, version=rounds.version)
+            source.push_weights(rounds.learner.model, version=rounds.learner.version)
         if on_round is not None:
             on_round(stats, wait, last)
         if last:

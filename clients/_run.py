@@ -51,7 +51,7 @@ from simkit.clients._checkpoint import (
     save_policy,
 )
 from simkit.clients._learner_metrics import LearnerMetrics
-from simkit.clients._loop import Rounds, drive
+from simkit.clients._loop import Learner, Rounds, drive
 from simkit.clients._progress import ProgressLine
 from simkit.clients._rollout import Rollout, open_rollout, source_kind
 from simkit.clients._run_parts import (
@@ -266,18 +266,8 @@ class Algorithm(Protocol):
         ...
 
     @property
-    def model(self) -> Any:
-        """The policy model pushed to the source."""
-        ...
-
-    @property
-    def version(self) -> int:
-        """The version of the newest weights."""
-        ...
-
-    @property
-    def global_step(self) -> int:
-        """Env steps learned from."""
+    def learner(self) -> Learner:
+        """The learner (once :meth:`attach` ed): its model, version and env steps."""
         ...
 
     def total_steps(self, rows: int) -> int:
@@ -440,7 +430,7 @@ class Run:
             if recorder is not None:
                 recorder.close()
             raise
-        self.source.push_weights(part.model, version=part.version)
+        self.source.push_weights(part.learner.model, version=part.learner.version)
         if options.handle_signals:
             self.stop.install()
         try:
@@ -456,20 +446,20 @@ class Run:
         """The loop under the run's outputs: TensorBoard, metrics, the progress line,
         checkpoints (also when every server is lost)."""
         part, options = self.part, self.options
-        purge = None if ckpt is None else part.global_step + 1  # what the resume redoes
+        purge = None if ckpt is None else part.learner.global_step + 1  # what the resume redoes
         self.writer = (
             TensorBoard(self.logdir / "tb", purge_step=purge) if options.tensorboard else None
         )
         self.metrics = LearnerMetrics()
         self.metrics.fragment_received(time.time())  # start-up counts as news: no alert before T s
         self.tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))
-        self.start_step = part.global_step
+        self.start_step = part.learner.global_step
         self.line = ProgressLine(
             progress=options.progress,
             print_every=options.print_every,
             env_id=part.args.env_id,
             total=part.total_steps(self.source.num_rows),
-            done=part.global_step,
+            done=part.learner.global_step,
         )
         self.recorder = recorder
         try:
@@ -484,7 +474,7 @@ class Run:
             with checkpoint_if_servers_lost(
                 self.checkpoint,
                 self.stop,
-                env_steps=lambda: part.global_step,
+                env_steps=lambda: part.learner.global_step,
                 resume=f"simkit train {part.args.env_id}{algo} --resume {self.logdir}",
             ):
                 drive(
@@ -510,9 +500,9 @@ class Run:
             logdir=self.logdir,
             checkpoint=self.last_checkpoint,
             policy=self.policy_path,
-            global_step=part.global_step,
+            global_step=part.learner.global_step,
             elapsed_s=elapsed,
-            steps_per_s=(part.global_step - self.start_step) / max(elapsed, 1e-9),
+            steps_per_s=(part.learner.global_step - self.start_step) / max(elapsed, 1e-9),
             mean_return=self.tally.mean_return(),
             stopped=self.stop.requested,
             record=None if self.options.record is None else Path(self.options.record),
@@ -562,7 +552,7 @@ class Run:
         if report is None:
             return
         view = self.view()
-        step = self.part.global_step
+        step = self.part.learner.global_step
         if report.row is not None:
             if report.metrics is not None:
                 self.metrics.observe(**report.metrics)

@@ -284,21 +284,6 @@ class PPOPart:
         assert self._learner is not None
         return self._learner
 
-    @property
-    def model(self) -> ActorCritic:
-        """The policy."""
-        return self.learner.model
-
-    @property
-    def version(self) -> int:
-        """Updates done."""
-        return self.learner.version
-
-    @property
-    def global_step(self) -> int:
-        """Env steps learned from."""
-        return self.learner.global_step
-
     def total_steps(self, rows: int) -> int:
         """Whole updates of ``rows`` x ``num_steps`` (0: until stopped)."""
         return self.learner.num_updates * self.args.num_steps * rows

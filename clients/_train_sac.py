@@ -369,21 +369,6 @@ class SACPart:
         assert self._buffer is not None
         return self._buffer
 
-    @property
-    def model(self) -> ActorCritic:
-        """The actor."""
-        return self.learner.model
-
-    @property
-    def version(self) -> int:
-        """Weight pushes (rounds) done."""
-        return self.learner.version
-
-    @property
-    def global_step(self) -> int:
-        """Env steps received."""
-        return self.learner.global_step
-
     def total_steps(self, rows: int) -> int:
         """``args.total_steps``."""
         return self.args.total_steps
@@ -455,7 +440,7 @@ class SACPart:
 
     def policy(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The actor's tensors and the policy metadata."""
-        return self.model.state_dict(), self._meta()
+        return self.learner.model.state_dict(), self._meta()
 
     # ------------------------------------------------------------------ reports
 
