@@ -164,6 +164,11 @@ class PPOArgs(_Plain):
     device-resident steps, in process, sync; refused otherwise), ``off``, or ``auto``
     (on where ``device`` is not the CPU and the run can; a CPU run keeps the host
     rollout and its bits)."""
+    cuda_graph: bool = True
+    """On a CUDA ``device``, replay the learner's step (PPO: a minibatch's loss, backward,
+    gradient clip and Adam step; SAC: a whole gradient step) as a CUDA graph, one launch
+    instead of hundreds (:mod:`~simkit.clients._graphed`); off runs the same step
+    eagerly, with the same bits. No effect on the CPU, whose path and bits stay."""
 
     def check(self) -> None:
         """Refuses values no run can use, before anything starts.
@@ -238,6 +243,8 @@ class SACArgs(_Plain):
     env_threads: int = 1
     torch_threads: int = 1
     device: str = "cpu"
+    cuda_graph: bool = True
+    """As :attr:`PPOArgs.cuda_graph`: SAC's gradient step as a CUDA graph on CUDA."""
 
     def check(self) -> None:
         """Refuses values no run can use, before anything starts.

@@ -33,6 +33,7 @@ import torch
 from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients._args import PPOArgs, resolve_device
 from simkit.clients._device_source import DeviceFragment, DeviceSource
+from simkit.clients._graphed import PPOStep, use_cuda_graph
 from simkit.clients._local_source import FragmentSource
 from simkit.clients._loop import drive
 from simkit.models import ActorCritic
@@ -379,6 +380,15 @@ class PPO:
             if args.compile
             else self.minibatch_loss
         )
+        self._params = list(model.parameters())
+        self._static: PPOStep | None = (
+            PPOStep(self, capture=use_cuda_graph(args.cuda_graph, self.device))
+            if self.device.type == "cuda"
+            else None
+        )
+        """On CUDA the epochs run over static buffers (:mod:`~simkit.clients._graphed`),
+        as a CUDA graph with ``args.cuda_graph``; the CPU keeps the loop of
+        :meth:`_optimize` (and its bits)."""
 
     def minibatch_loss(
         self,
@@ -417,6 +427,10 @@ class PPO:
             clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
             stats = torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac])
         return loss, stats.detach()
+
+    def clip_grads(self) -> None:
+        """Clips the gradients' global norm to ``args.max_grad_norm``."""
+        clip_grad_norm(self._params, self.args.max_grad_norm)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The tensors a source needs to act as this learner's policy (parameters and
@@ -537,6 +551,41 @@ class PPO:
             t_start=t_start,
         )
 
+    def _epochs(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The update's epochs over ``batch`` (preprocessed observations, actions, old
+        log-probabilities, advantages, returns, old values), eagerly: the CPU's path.
+        Returns the last minibatch's statistics and their means over all minibatches."""
+        args = self.args
+        b_x, b_actions, b_logp, b_adv, b_ret, b_val = batch
+        n = b_x.shape[0]
+        mb = max(1, n // args.num_minibatches)
+        pieces: list[torch.Tensor] = []
+        for _epoch in range(args.update_epochs):
+            perm = torch.randperm(n, generator=self.generator).to(self.device)
+            # One gather per tensor and epoch; minibatches are then contiguous slices.
+            e_x, e_act, e_logp, e_adv, e_ret, e_val = (
+                t[perm] for t in (b_x, b_actions, b_logp, b_adv, b_ret, b_val)
+            )
+            for begin in range(0, n - mb + 1, mb):
+                end = begin + mb
+                loss, stats = self._loss(
+                    e_x[begin:end],
+                    e_act[begin:end],
+                    e_logp[begin:end],
+                    e_adv[begin:end],
+                    e_ret[begin:end],
+                    e_val[begin:end],
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.clip_grads()
+                self.optimizer.step()
+                pieces.append(stats)
+        # (policy loss, value loss, entropy) of the last minibatch, mean KL and clip fraction.
+        last = pieces[-1] if pieces else torch.zeros(5, device=self.device)
+        means = torch.stack(pieces).mean(0) if pieces else torch.zeros(5, device=self.device)
+        return last, means
+
     def _optimize(
         self,
         b_obs: torch.Tensor,
@@ -558,36 +607,12 @@ class PPO:
         lr = self._learning_rate()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        n = b_obs.shape[0]
-        mb = max(1, n // args.num_minibatches)
-        params = [p for p in model.parameters()]
         # The statistics do not change during the update: normalise the batch once.
         b_x = model.preprocess(b_obs).detach()
-        pieces: list[torch.Tensor] = []
-        for _epoch in range(args.update_epochs):
-            perm = torch.randperm(n, generator=self.generator).to(self.device)
-            # One gather per tensor and epoch; minibatches are then contiguous slices.
-            e_x, e_act, e_logp, e_adv, e_ret, e_val = (
-                t[perm] for t in (b_x, b_actions, b_logp, b_adv, b_ret, b_val)
-            )
-            for begin in range(0, n - mb + 1, mb):
-                end = begin + mb
-                loss, stats = self._loss(
-                    e_x[begin:end],
-                    e_act[begin:end],
-                    e_logp[begin:end],
-                    e_adv[begin:end],
-                    e_ret[begin:end],
-                    e_val[begin:end],
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                clip_grad_norm(params, args.max_grad_norm)
-                self.optimizer.step()
-                pieces.append(stats)
-        # (policy loss, value loss, entropy) of the last minibatch, mean KL and clip fraction.
-        last = pieces[-1] if pieces else torch.zeros(5, device=self.device)
-        means = torch.stack(pieces).mean(0) if pieces else torch.zeros(5, device=self.device)
+        batch = (b_x, b_actions, b_logp, b_adv, b_ret, b_val)
+        last, means = (
+            self._static.epochs(batch, lr) if self._static is not None else self._epochs(batch)
+        )
 
         # Statistics change only after the update, so the update saw exactly what the
         # acting policy saw; the new ones travel with the next weights.

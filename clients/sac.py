@@ -31,6 +31,7 @@ from torch import nn
 
 from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients._args import SACArgs
+from simkit.clients._graphed import SACStep, use_cuda_graph
 from simkit.clients._local_source import FragmentSource
 from simkit.clients._loop import drive
 from simkit.clients._replay import ReplayBatch, ReplayBuffer
@@ -130,6 +131,14 @@ class SAC:
         self.global_step = 0
         """Env steps received (transitions added from the stream)."""
         self._batch: ReplayBatch | None = None
+        self._static: SACStep | None = (
+            SACStep(self, capture=use_cuda_graph(args.cuda_graph, device))
+            if device.type == "cuda"
+            else None
+        )
+        """On CUDA the gradient steps run over static buffers
+        (:mod:`~simkit.clients._graphed`), as CUDA graphs with ``args.cuda_graph``; the
+        CPU keeps :meth:`step` (and its bits)."""
         self.learning_step: int | None = None
         """``global_step`` when the buffer first held ``learning_starts`` transitions."""
 
@@ -201,18 +210,14 @@ class SAC:
     def run(self, buffer: ReplayBuffer, n: int) -> SACStats:
         """``n`` gradient steps on batches sampled from ``buffer``."""
         start = time.perf_counter()
-        sums = np.zeros(5)
-        counts = np.zeros(5)
         out = self._batch
         if out is None or len(out.rewards) != self.args.batch_size:
             out = self._batch = buffer.empty_batch(self.args.batch_size)
-        for _ in range(n):
-            batch = buffer.sample_into(out, self.sampler)
-            arr = np.asarray((*self.step(batch), float(self.version - batch.versions.mean())))
-            ok = ~np.isnan(arr)
-            sums[ok] += arr[ok]
-            counts[ok] += 1
-        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+        means = (
+            self._static.run(buffer, out, n)
+            if self._static is not None
+            else self._steps(buffer, out, n)
+        )
         return SACStats(
             updates=n,
             qf_loss=float(means[0]),
@@ -223,6 +228,21 @@ class SAC:
             alpha=self.alpha,
             update_s=time.perf_counter() - start,
         )
+
+    def _steps(self, buffer: ReplayBuffer, out: ReplayBatch, n: int) -> np.ndarray:
+        """The CPU's path of :meth:`run`: ``n`` :meth:`step` s, then the means of (critic
+        loss per critic, actor loss, alpha loss, mean Q, sample age) over the steps
+        that have them."""
+        sums = np.zeros(5)
+        counts = np.zeros(5)
+        for _ in range(n):
+            batch = buffer.sample_into(out, self.sampler)
+            arr = np.asarray((*self.step(batch), float(self.version - batch.versions.mean())))
+            ok = ~np.isnan(arr)
+            sums[ok] += arr[ok]
+            counts[ok] += 1
+        means: np.ndarray = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+        return means
 
     def set_explore(self) -> None:
         """Turns the servers' random exploration off once learning has started (the

@@ -1,0 +1,537 @@
+"""The learners' launch-free steps (issue 26): PPO's minibatch step and SAC's gradient
+step as functions over static device buffers, replayed as CUDA graphs on CUDA.
+
+A small MLP's step is hundreds of tiny kernels, so on a GPU the host's launches, not the
+arithmetic, bound it. Here every tensor a step touches lives at a fixed address: the
+update's batch in static buffers, the minibatch's rows chosen by a device counter from
+a static table of indices (filled from the permutations the learner draws exactly as
+before, on the CPU), the statistics written to a device buffer and read back once. Such
+a step can be captured once (``torch.cuda.CUDAGraph``, after a warm-up on a side stream)
+and replayed per minibatch: one launch instead of hundreds, no read back in between.
+
+The learning rate a captured Adam step uses is a device tensor (fused Adam reads it
+there), so annealing works inside the graph; ``capturable`` is set on the optimiser's
+groups only while it steps, so checkpoints keep their groups as before (plain floats).
+The warm-up and the capture leave no trace: parameters, Adam's state and the
+generators are restored afterwards, so the first graphed update equals the eager one.
+A graph follows the tensors it was captured on: a learner whose optimiser state was
+replaced (``load_state_dict``) or whose batch changed shape captures again.
+
+Where each runs: on a CUDA device the learners use these steps always, captured with
+``cuda_graph`` (the default) and eager without it (the same kernels, so the same bits;
+a CUDA test checks it). The CPU keeps the learners' own path and its bits (PPO's
+per-epoch gather, SAC's :meth:`~simkit.clients.sac.SAC.step`); the tests run these
+steps eagerly on the CPU too and find the CPU path's bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from simkit.clients._replay import ReplayBatch, ReplayBuffer
+
+__all__ = ["PPOStep", "SACStep", "use_cuda_graph", "WARMUP_STEPS"]
+
+
+class PPOLearner(Protocol):
+    """What :class:`PPOStep` uses of :class:`~simkit.clients.ppo.PPO` (this module
+    imports neither learner: they import it)."""
+
+    @property
+    def args(self) -> Any: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def generator(self) -> torch.Generator: ...
+    @property
+    def _loss(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def clip_grads(self) -> None: ...
+
+
+class SACLearner(Protocol):
+    """What :class:`SACStep` uses of :class:`~simkit.clients.sac.SAC`."""
+
+    updates: int
+    alpha: float
+
+    @property
+    def args(self) -> Any: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def qf(self) -> nn.Module: ...
+    @property
+    def qf_target(self) -> nn.Module: ...
+    @property
+    def log_alpha(self) -> torch.Tensor: ...
+    @property
+    def target_entropy(self) -> float: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def generator(self) -> torch.Generator: ...
+    @property
+    def sampler(self) -> np.random.Generator: ...
+    @property
+    def version(self) -> int: ...
+
+    def _actor(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+WARMUP_STEPS = 3
+"""Eager steps on a side stream before a capture (cuBLAS handles, workspaces, Adam's
+state and any ``torch.compile`` are made then, outside the graph)."""
+
+
+def use_cuda_graph(flag: bool, device: torch.device) -> bool:
+    """Whether a learner on ``device`` captures its step: ``flag`` (the ``cuda_graph``
+    setting) on a CUDA device; never elsewhere."""
+    return bool(flag) and device.type == "cuda"
+
+
+def _check_capture(capture: bool, device: torch.device) -> None:
+    if capture and device.type != "cuda":
+        raise ValueError(f"capture needs a CUDA device, got {device}")
+
+
+class _Restore:
+    """The tensors a warm-up changes, copied before it and put back after the capture
+    (in place: the graph keeps their addresses), and the generators' states."""
+
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        generators: Sequence[torch.Generator],
+    ) -> None:
+        self.tensors = [(t, t.detach().clone()) for t in tensors]
+        self.optimizer = optimizer
+        self.state = {
+            p: {k: v.clone() for k, v in s.items() if isinstance(v, torch.Tensor)}
+            for p, s in optimizer.state.items()
+        }
+        self.generators = [(g, g.get_state()) for g in generators]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for t, saved in self.tensors:
+            t.copy_(saved)
+        for p, s in self.optimizer.state.items():
+            before = self.state.get(p, {})
+            for k, v in s.items():
+                if not isinstance(v, torch.Tensor):
+                    continue
+                if k in before:
+                    v.copy_(before[k])
+                else:  # made by the warm-up: Adam starts it at zeros
+                    v.zero_()
+        for g, state in self.generators:
+            g.set_state(state)
+
+
+def _state_ptrs(optimizer: torch.optim.Optimizer) -> dict[int, tuple[int, ...]]:
+    """The addresses of each parameter's optimiser state (by the parameter's index)."""
+    index = {id(p): i for i, p in enumerate(_params(optimizer))}
+    return {
+        index[id(p)]: tuple(v.data_ptr() for v in s.values() if isinstance(v, torch.Tensor))
+        for p, s in optimizer.state.items()
+    }
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+class _Graphs:
+    """Captured graphs by key, dropped when the optimiser's state tensors or the
+    parameters were replaced since (a graph writes to the addresses it was captured on)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.optimizer = optimizer
+        self.device = device
+        self.graphs: dict[Any, torch.cuda.CUDAGraph] = {}
+        self._state: dict[int, tuple[int, ...]] = {}
+        self._params: tuple[int, ...] = ()
+
+    def check(self) -> None:
+        """Drops every graph if a tensor it may use moved."""
+        params = tuple(p.data_ptr() for p in _params(self.optimizer))
+        state = _state_ptrs(self.optimizer)
+        moved = params != self._params or any(
+            state.get(i) != ptrs for i, ptrs in self._state.items()
+        )
+        if moved:
+            self.graphs.clear()
+        self._params, self._state = params, state
+
+    def get(
+        self,
+        key: Any,
+        step: Callable[[], None],
+        reset: Callable[[], None],
+        tensors: Sequence[torch.Tensor],
+        generators: Sequence[torch.Generator] = (),
+    ) -> torch.cuda.CUDAGraph:
+        """The graph of ``step`` under ``key``, captured now if there is none: a
+        warm-up of :data:`WARMUP_STEPS` eager steps on a side stream (``reset()``
+        before each), the capture, then ``tensors``, the optimiser's state and
+        ``generators`` as they were before."""
+        graph = self.graphs.get(key)
+        if graph is not None:
+            return graph
+        saved = _Restore(tensors, self.optimizer, generators)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                reset()
+                step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        saved.restore()  # the state tensors exist now (Adam made them), at their addresses
+        graph = torch.cuda.CUDAGraph()
+        for g in generators:
+            graph.register_generator_state(g)
+        reset()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            step()
+        saved.restore()
+        self.graphs[key] = graph
+        self.check()  # the addresses the graph was captured on
+        return graph
+
+
+@contextlib.contextmanager
+def _stepping(
+    optimizer: torch.optim.Optimizer, lr: Sequence[torch.Tensor] | None
+) -> Iterator[None]:
+    """The optimiser's groups as a captured step needs them, for one ``step()``:
+    ``capturable`` and the learning rates as device tensors (None: the groups' own,
+    unchanged)."""
+    if lr is None:  # the CPU: nothing is captured there
+        yield
+        return
+    groups = optimizer.param_groups
+    saved = [(g["lr"], g["capturable"]) for g in groups]
+    try:
+        for i, g in enumerate(groups):
+            g["capturable"] = True
+            g["lr"] = lr[i]
+        yield
+    finally:
+        for g, (rate, capturable) in zip(groups, saved, strict=True):
+            g["lr"], g["capturable"] = rate, capturable
+
+
+def _device_lr(optimizer: torch.optim.Optimizer, device: torch.device) -> list[torch.Tensor] | None:
+    """Per group, the learning rate as a float32 device tensor for fused Adam on CUDA
+    (its kernel reads a tensor learning rate there); None on the CPU, where the groups'
+    floats serve (no capture)."""
+    if device.type != "cuda":
+        return None
+    return [
+        torch.full((), float(g["lr"]), dtype=torch.float32, device=device)
+        for g in optimizer.param_groups
+    ]
+
+
+# ------------------------------------------------------------------------------ PPO
+
+
+class PPOStep:
+    """PPO's clipped-objective epochs over static buffers (``PPO._optimize``'s loop).
+
+    One minibatch step (the loss of :meth:`PPO.minibatch_loss`, backward, the gradient
+    clip, Adam) reads its rows through ``order[k]``, ``k`` a device counter the step
+    advances; ``order`` holds the update's permutations, drawn as the eager loop draws
+    them (``torch.randperm(n, generator=learner.generator)`` per epoch, on the CPU),
+    cut into minibatches. Each step writes its statistics to row ``k`` of ``stats``.
+
+    Args:
+        learner: the PPO learner (its model, optimiser, loss, generator and args).
+        capture: replay the step as a CUDA graph (CUDA only); else run it eagerly.
+
+    Raises:
+        ValueError: ``capture`` on a device that is not CUDA.
+    """
+
+    def __init__(self, learner: PPOLearner, capture: bool) -> None:
+        _check_capture(capture, learner.device)
+        self.learner = learner
+        self.capture = capture
+        self.device = learner.device
+        self.lr = _device_lr(learner.optimizer, self.device)
+        self.graphs = _Graphs(learner.optimizer, self.device)
+        self._key: tuple[Any, ...] | None = None
+        self.inputs: list[torch.Tensor] = []
+        self.order = torch.zeros((1, 1), dtype=torch.int64, device=self.device)
+        self.k = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.stats = torch.zeros((1, 5), device=self.device)
+
+    def _step(self) -> None:
+        """One minibatch step on the rows ``order[k]``; ``k += 1``."""
+        learner = self.learner
+        rows = self.order.index_select(0, self.k).squeeze(0)
+        loss, stats = learner._loss(*(t.index_select(0, rows) for t in self.inputs))
+        optimizer = learner.optimizer
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        learner.clip_grads()
+        with _stepping(optimizer, self.lr):
+            optimizer.step()
+        self.stats.index_copy_(0, self.k, stats.unsqueeze(0))
+        self.k.add_(1)
+
+    def _rewind(self) -> None:
+        self.k.zero_()
+
+    def _build(
+        self, key: tuple[Any, ...], batch: Sequence[torch.Tensor], steps: int, mb: int
+    ) -> None:
+        self.inputs = [torch.empty_like(t) for t in batch]
+        self.order = torch.zeros((steps, mb), dtype=torch.int64, device=self.device)
+        self.stats = torch.zeros((steps, 5), device=self.device)
+        self.graphs.graphs.clear()
+        self._key = key
+
+    def epochs(self, batch: Sequence[torch.Tensor], lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The update's epochs over ``batch`` (preprocessed observations, actions, old
+        log-probabilities, advantages, returns, old values; ``n`` rows each, on the
+        device) at learning rate ``lr``. Returns ``(last, means)``: the last
+        minibatch's statistics and their means over every minibatch (device tensors)."""
+        learner = self.learner
+        args = learner.args
+        n = batch[0].shape[0]
+        mb = max(1, n // args.num_minibatches)
+        per_epoch = n // mb
+        steps = per_epoch * args.update_epochs
+        perms = [torch.randperm(n, generator=learner.generator) for _ in range(args.update_epochs)]
+        if steps == 0:
+            zeros = torch.zeros(5, device=self.device)
+            return zeros, zeros
+        order = torch.stack(perms)[:, : per_epoch * mb].reshape(steps, mb)
+        key = (n, mb, steps, *((t.dtype, tuple(t.shape)) for t in batch))
+        if key != self._key:
+            self._build(key, batch, steps, mb)
+        for buffer, t in zip(self.inputs, batch, strict=True):
+            buffer.copy_(t)
+        self.order.copy_(order)
+        if self.lr is not None:
+            for rate, group in zip(self.lr, learner.optimizer.param_groups, strict=True):
+                rate.fill_(float(group["lr"]))
+        if self.capture:
+            self.graphs.check()
+            graph = self.graphs.get(
+                "step", self._step, self._rewind, list(learner.model.parameters())
+            )
+            self.k.zero_()
+            for _ in range(steps):
+                graph.replay()
+        else:
+            self.k.zero_()
+            for _ in range(steps):
+                self._step()
+        return self.stats[steps - 1], self.stats.mean(0)
+
+
+# ------------------------------------------------------------------------------ SAC
+
+
+class SACStep:
+    """SAC's gradient step (:meth:`SAC.step`: critic, then on actor steps the actor and
+    the entropy coefficient, then on target steps the Polyak update) over static
+    buffers, the entropy coefficient ``alpha`` a device tensor; a step's figures
+    (critic loss, actor loss, alpha loss, mean Q; NaN where a step has none) go to a
+    device buffer read back once per :meth:`run` (or every :data:`CHUNK` steps).
+
+    One graph per kind of step (with or without the actor, with or without the
+    target update). The noise comes from the learner's generator, registered with
+    each graph, so replays draw what eager steps draw.
+
+    Args:
+        learner: the SAC learner.
+        capture: replay the steps as CUDA graphs (CUDA only); else run them eagerly.
+
+    Raises:
+        ValueError: ``capture`` on a device that is not CUDA.
+    """
+
+    CHUNK = 1024
+    """Steps whose figures the device buffer holds between read backs."""
+
+    def __init__(self, learner: SACLearner, capture: bool) -> None:
+        _check_capture(capture, learner.device)
+        self.learner = learner
+        self.capture = capture
+        self.device = dev = learner.device
+        self.lr = _device_lr(learner.optimizer, dev)
+        self.graphs = _Graphs(learner.optimizer, dev)
+        self.inputs: list[torch.Tensor] = []
+        self._shapes: tuple[Any, ...] | None = None
+        self.alpha = torch.zeros((), device=dev)
+        self.nan = torch.full((), float("nan"), device=dev)
+        self.k = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.stats = torch.zeros((self.CHUNK, 4), device=dev)
+        self.done = 0
+        """Steps written to ``stats`` since the last read back."""
+        self.actor_steps = 0
+
+    def _step(self, *, actor: bool, target: bool) -> None:
+        """One gradient step on the static batch (as :meth:`SAC.step`); ``k += 1``."""
+        learner, args = self.learner, self.learner.args
+        optimizer, qf = learner.optimizer, learner.qf
+        obs, actions, next_obs, rewards, terminated = self.inputs
+        not_done = 1.0 - terminated
+        alpha = self.alpha
+        with torch.no_grad():
+            next_actions, next_log_pi = learner._actor(next_obs)
+            q_next = learner.qf_target(next_obs, next_actions).min(0).values
+            target_q = rewards + args.gamma * not_done * (q_next - alpha * next_log_pi)
+        q = qf(obs, actions)
+        qf_loss = (q - target_q).square().mean(1).sum()
+        optimizer.zero_grad(set_to_none=True)
+        qf_loss.backward()
+        with _stepping(optimizer, self.lr):
+            optimizer.step()
+        actor_loss = alpha_loss = self.nan
+        if actor:
+            qf.requires_grad_(False)
+            for _ in range(args.policy_frequency):
+                pi, log_pi = learner._actor(obs)
+                loss = (alpha * log_pi - qf(obs, pi).min(0).values).mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                actor_loss = loss.detach()
+                if args.autotune:
+                    a_loss = (
+                        -learner.log_alpha.exp() * (log_pi.detach() + learner.target_entropy)
+                    ).mean()
+                    a_loss.backward()
+                    alpha_loss = a_loss.detach()
+                with _stepping(optimizer, self.lr):
+                    optimizer.step()
+                if args.autotune:
+                    alpha.copy_(learner.log_alpha.detach().exp().reshape(()))
+            qf.requires_grad_(True)
+        if target:
+            torch._foreach_lerp_(
+                list(learner.qf_target.parameters()), list(qf.parameters()), args.tau
+            )
+        figures = torch.stack([qf_loss.detach(), actor_loss, alpha_loss, q.detach().mean()])
+        self.stats.index_copy_(0, self.k, figures.unsqueeze(0))
+        self.k.add_(1)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """What a warm-up changes besides Adam's state and the generator."""
+        learner = self.learner
+        return [
+            *learner.model.parameters(),
+            *learner.qf.parameters(),
+            *learner.qf_target.parameters(),
+            self.alpha,
+            self.k,
+        ]
+
+    def begin(self) -> None:
+        """Starts a stretch of steps: ``alpha`` from the learner's (it may have been
+        loaded since), the graphs checked against the optimiser's state."""
+        self.alpha.fill_(self.learner.alpha)
+        if self.lr is not None:
+            for rate, group in zip(self.lr, self.learner.optimizer.param_groups, strict=True):
+                rate.fill_(float(group["lr"]))
+        self.actor_steps = 0
+        if self.capture:
+            self.graphs.check()
+
+    def step(self, batch: ReplayBatch) -> None:
+        """One gradient step on ``batch`` (copied into the static buffers); its figures
+        stay on the device (:meth:`flush`)."""
+        learner, args = self.learner, self.learner.args
+        arrays = (batch.obs, batch.actions, batch.next_obs, batch.rewards, batch.terminated)
+        shapes = tuple(a.shape for a in arrays)
+        if shapes != self._shapes:
+            self.inputs = [
+                torch.empty(a.shape, dtype=torch.float32, device=self.device) for a in arrays
+            ]
+            self._shapes = shapes
+            self.graphs.graphs.clear()
+        for buffer, a in zip(self.inputs, arrays, strict=True):
+            buffer.copy_(torch.from_numpy(a))
+        if self.done == self.CHUNK:
+            raise RuntimeError(f"SACStep holds {self.CHUNK} steps' figures: flush() first")
+        actor = learner.updates % args.policy_frequency == 0
+        target = learner.updates % args.target_network_frequency == 0
+        if self.capture:
+            k = self.k
+
+            def reset() -> None:
+                k.fill_(self.done)
+
+            graph = self.graphs.get(
+                (actor, target),
+                lambda: self._step(actor=actor, target=target),
+                reset,
+                self._tensors(),
+                [learner.generator],
+            )
+            graph.replay()
+        else:
+            self._step(actor=actor, target=target)
+        self.done += 1
+        self.actor_steps += actor
+        learner.updates += 1
+
+    def flush(self) -> np.ndarray:
+        """``(steps, 4)`` float32 figures of the steps since the last flush (one read
+        back): critic loss (the sum of both critics'), actor loss, alpha loss, mean Q."""
+        rows = self.stats[: self.done].cpu().numpy()
+        self.done = 0
+        self.k.zero_()
+        return rows
+
+    def run(self, buffer: ReplayBuffer, out: ReplayBatch, n: int) -> np.ndarray:
+        """:meth:`SAC.run`'s figures on these steps: ``n`` gradient steps on batches
+        sampled from ``buffer`` into ``out`` (the same draws), then the means of (critic
+        loss per critic, actor loss, alpha loss, mean Q, sample age) over the steps that
+        have them, summed in the same order as the eager path (the same bits); the
+        figures are read back every :data:`CHUNK` steps. Sets the learner's ``alpha``."""
+        learner = self.learner
+        self.begin()
+        sums = np.zeros(5)
+        counts = np.zeros(5)
+        ages: list[float] = []
+
+        def fold() -> None:
+            for row, age in zip(self.flush(), ages, strict=True):
+                qf_loss, actor_loss, alpha_loss, q_mean = (float(x) for x in row)
+                arr = np.asarray((qf_loss / 2.0, actor_loss, alpha_loss, q_mean, age))
+                ok = ~np.isnan(arr)
+                sums[ok] += arr[ok]
+                counts[ok] += 1
+            ages.clear()
+
+        for _ in range(n):
+            batch = buffer.sample_into(out, learner.sampler)
+            self.step(batch)
+            ages.append(float(learner.version - batch.versions.mean()))
+            if self.done == self.CHUNK:
+                fold()
+        fold()
+        if self.actor_steps and learner.args.autotune:
+            learner.alpha = float(self.alpha)
+        means: np.ndarray = np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
+        return means

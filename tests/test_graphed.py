@@ -1,0 +1,330 @@
+"""The learners' static steps (clients/_graphed.py, issue 26): PPO's minibatch step and
+SAC's gradient step over static buffers, replayed as CUDA graphs on CUDA.
+
+On the CPU the learners keep their own path (the CPU bits never change); these tests
+force the static step on the CPU, without capture, and compare it with that path bit
+for bit, and check that it never reads a tensor back (a read back cannot be captured).
+The CUDA tests (skipped without a device) compare the graphs with the same static step
+run eagerly on the same device, and a resume from a checkpoint mid-run.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from simkit._types import Fragment
+from simkit.clients._args import PPOArgs, SACArgs
+from simkit.clients._checkpoint import flatten_optimizer, unflatten_optimizer
+from simkit.clients._graphed import PPOStep, SACStep, use_cuda_graph
+from simkit.clients._replay import ReplayBuffer
+from simkit.clients._train_sac import sac_spec
+from simkit.clients.ppo import PPO
+from simkit.clients.sac import SAC
+from simkit.models import ModelSpec, build_model
+
+OBS, ACT = 5, 2
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (the GPU check runs it)")
+
+
+def _fragment(rng: np.random.Generator, T: int, R: int) -> Fragment:
+    term = rng.random((T, R)) < 0.03
+    return Fragment(
+        obs=rng.normal(size=(T, R, OBS)).astype(np.float32),
+        actions=rng.normal(size=(T, R, ACT)).astype(np.float32),
+        log_probs=rng.normal(-3.0, 1.0, size=(T, R)).astype(np.float32),
+        values=rng.normal(size=(T, R)).astype(np.float32),
+        rewards=rng.normal(size=(T, R)),
+        terminated=term,
+        truncated=(rng.random((T, R)) < 0.03) & ~term,
+        final_values=rng.normal(size=(T, R)).astype(np.float32),
+        agent_mask=np.ones((T, R), bool),
+        policy_version=np.zeros(T, np.int64),
+        last_obs=rng.normal(size=(R, OBS)).astype(np.float32),
+        last_values=rng.normal(size=R).astype(np.float32),
+        env_ids=np.arange(R),
+        episode_returns=np.zeros(0),
+        episode_lengths=np.zeros(0, np.int64),
+        episode_rows=np.zeros(0, np.int64),
+        source="test",
+        sequence=0,
+    )
+
+
+def _ppo(device: str, **kw: Any) -> PPO:
+    args = PPOArgs(
+        env_id="simkit/Cheetah-v0",
+        num_envs=2,
+        num_steps=48,
+        num_minibatches=4,
+        update_epochs=3,
+        total_steps=2 * 48 * 5,  # lr annealing on: the lr changes every update
+        device=device,
+        **kw,
+    )
+    obs_space = spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
+    act_space = spaces.Box(-1.0, 1.0, (ACT,), np.float32)
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("mlp", {"hidden_sizes": [16, 16]}), obs_space, act_space)
+    return PPO(args, model.train(), 2)
+
+
+def _sac(device: str, **kw: Any) -> SAC:
+    args = SACArgs(env_id="simkit/Pendulum-v0", seed=2, batch_size=16, hidden=(16, 16), **kw)
+    obs_space = spaces.Box(-np.inf, np.inf, (OBS,), np.float32)
+    act_space = spaces.Box(-2.0, 2.0, (ACT,), np.float32)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        model = build_model(sac_spec(args), obs_space, act_space)
+    return SAC(args, model, torch.device(device))
+
+
+def _buffer() -> ReplayBuffer:
+    rng = np.random.default_rng(5)
+    n = 400
+    buf = ReplayBuffer(n, obs_shape=(OBS,), action_shape=(ACT,))
+    buf.add(
+        obs=rng.standard_normal((n, OBS), np.float32),
+        actions=rng.uniform(-2, 2, (n, ACT)).astype(np.float32),
+        rewards=rng.standard_normal(n).astype(np.float32),
+        next_obs=rng.standard_normal((n, OBS), np.float32),
+        terminated=rng.random(n) < 0.1,
+        truncated=np.zeros(n, bool),
+        versions=rng.integers(0, 3, n),
+    )
+    return buf
+
+
+def _assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k].cpu(), b[k].cpu()), k
+
+
+def _opt_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    return flatten_optimizer(opt.state_dict())[0]
+
+
+def _ppo_stats(stats: Any) -> tuple[float, ...]:
+    return (
+        stats.policy_loss,
+        stats.value_loss,
+        stats.entropy,
+        stats.approx_kl,
+        stats.clipfrac,
+        stats.explained_variance,
+        stats.learning_rate,
+    )
+
+
+# ------------------------------------------------------------------------ the option
+
+
+def test_the_graph_is_used_on_cuda_devices_only() -> None:
+    assert use_cuda_graph(True, torch.device("cpu")) is False
+    assert use_cuda_graph(False, torch.device("cpu")) is False
+    assert use_cuda_graph(False, torch.device("cuda", 0)) is False
+    assert use_cuda_graph(True, torch.device("cuda", 0)) is True
+    assert PPOArgs().cuda_graph is True
+    assert SACArgs().cuda_graph is True
+
+
+def test_the_cpu_learners_keep_their_own_path() -> None:
+    assert _ppo("cpu")._static is None
+    assert _sac("cpu")._static is None
+
+
+def test_capture_on_the_cpu_is_refused() -> None:
+    with pytest.raises(ValueError, match="capture needs a CUDA device, got cpu"):
+        PPOStep(_ppo("cpu"), capture=True)
+    with pytest.raises(ValueError, match="capture needs a CUDA device, got cpu"):
+        SACStep(_sac("cpu"), capture=True)
+
+
+# ------------------------------------------------------------------------ CPU: same bits
+
+
+def test_ppo_static_step_on_the_cpu_gives_the_old_paths_bits() -> None:
+    rng = np.random.default_rng(1)
+    fragments = [_fragment(rng, 48, 2) for _ in range(3)]
+    old, new = _ppo("cpu"), _ppo("cpu")
+    new._static = PPOStep(new, capture=False)
+    for f in fragments:
+        a, b = old.update([f]), new.update([f])
+        assert _ppo_stats(a) == _ppo_stats(b)
+    _assert_same_tensors(old.model.state_dict(), new.model.state_dict())
+    _assert_same_tensors(_opt_tensors(old.optimizer), _opt_tensors(new.optimizer))
+    # The optimiser's groups hold plain floats (checkpoints write them as they are).
+    assert old.optimizer.state_dict()["param_groups"] == new.optimizer.state_dict()["param_groups"]
+
+
+def test_ppo_static_step_follows_a_batch_of_another_size() -> None:
+    rng = np.random.default_rng(2)
+    old, new = _ppo("cpu"), _ppo("cpu")
+    new._static = PPOStep(new, capture=False)
+    for rows in (2, 1, 2):  # async runs may update on fewer rows (a new shape)
+        f = _fragment(rng, 48, rows)
+        assert _ppo_stats(old.update([f])) == _ppo_stats(new.update([f]))
+    _assert_same_tensors(old.model.state_dict(), new.model.state_dict())
+
+
+@pytest.mark.parametrize("autotune", [True, False])
+def test_sac_static_step_on_the_cpu_gives_the_old_paths_bits(autotune: bool) -> None:
+    buf = _buffer()
+    old, new = _sac("cpu", autotune=autotune), _sac("cpu", autotune=autotune)
+    new._static = SACStep(new, capture=False)
+    for n in (3, 5, 1):  # rounds of several steps: actor every 2nd, targets every step
+        a, b = old.run(buf, n), new.run(buf, n)
+        for field in ("qf_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "sample_age"):
+            assert np.array_equal(getattr(a, field), getattr(b, field), equal_nan=True), field
+    assert old.updates == new.updates == 9
+    _assert_same_tensors(old.tensors(), new.tensors())
+    _assert_same_tensors(_opt_tensors(old.optimizer), _opt_tensors(new.optimizer))
+    assert torch.equal(old.generator.get_state(), new.generator.get_state())
+
+
+class _ReadBacks(TorchDispatchMode):
+    """Records the ops that read a tensor back to the host or make a tensor from host
+    data: neither can be captured in a CUDA graph."""
+
+    BAD = ("_local_scalar_dense", "nonzero", "lift_fresh", "masked_select", "item")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.__name__.split(".")[0]
+        if name in self.BAD:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _read_backs() -> Iterator[_ReadBacks]:
+    mode = _ReadBacks()
+    with mode:
+        yield mode
+
+
+def test_the_static_steps_never_read_a_tensor_back() -> None:
+    rng = np.random.default_rng(3)
+    ppo = _ppo("cpu")
+    step = ppo._static = PPOStep(ppo, capture=False)
+    ppo.update([_fragment(rng, 48, 2)])  # builds the buffers
+    step.k.zero_()
+    with _read_backs() as mode:
+        step._step()
+    assert mode.seen == []
+    sac = _sac("cpu")
+    sstep = sac._static = SACStep(sac, capture=False)
+    buf = _buffer()
+    sac.run(buf, 2)
+    for actor in (True, False):
+        with _read_backs() as mode:
+            sstep._step(actor=actor, target=True)
+        assert mode.seen == [], actor
+
+
+# ------------------------------------------------------------------------ CUDA
+
+
+def _ppo_run(learner: PPO, fragments: list[Fragment]) -> list[tuple[float, ...]]:
+    return [_ppo_stats(learner.update([f])) for f in fragments]
+
+
+@needs_cuda
+def test_ppo_cuda_graph_gives_the_eager_bits_on_cuda() -> None:
+    rng = np.random.default_rng(4)
+    fragments = [_fragment(rng, 48, 2) for _ in range(4)]
+    graphed, eager = _ppo("cuda", cuda_graph=True), _ppo("cuda", cuda_graph=False)
+    assert isinstance(graphed._static, PPOStep)
+    assert graphed._static.capture
+    assert isinstance(eager._static, PPOStep)
+    assert not eager._static.capture
+    assert _ppo_run(graphed, fragments) == _ppo_run(eager, fragments)
+    _assert_same_tensors(graphed.model.state_dict(), eager.model.state_dict())
+    _assert_same_tensors(_opt_tensors(graphed.optimizer), _opt_tensors(eager.optimizer))
+
+
+@needs_cuda
+def test_ppo_cuda_graph_resumes_from_a_checkpoint_mid_run_with_the_same_bits() -> None:
+    rng = np.random.default_rng(5)
+    fragments = [_fragment(rng, 48, 2) for _ in range(4)]
+    whole = _ppo("cuda")
+    _ppo_run(whole, fragments)
+    first = _ppo("cuda")
+    _ppo_run(first, fragments[:2])
+    tensors, groups = flatten_optimizer(first.optimizer.state_dict())  # as a checkpoint holds
+    resumed = _ppo("cuda")
+    resumed.model.load_state_dict({k: v.cpu() for k, v in first.model.state_dict().items()})
+    resumed.optimizer.load_state_dict(unflatten_optimizer(tensors, copy.deepcopy(groups)))
+    resumed.generator.set_state(first.generator.get_state())
+    resumed.version, resumed.global_step = first.version, first.global_step
+    resumed.scaler.set_state(first.scaler.get_state())
+    assert _ppo_run(resumed, fragments[2:]) == _ppo_run(first, fragments[2:])
+    _assert_same_tensors(whole.model.state_dict(), resumed.model.state_dict())
+    _assert_same_tensors(_opt_tensors(whole.optimizer), _opt_tensors(resumed.optimizer))
+
+
+@needs_cuda
+def test_ppo_cuda_graph_follows_an_optimizer_state_loaded_after_capture() -> None:
+    rng = np.random.default_rng(6)
+    fragments = [_fragment(rng, 48, 2) for _ in range(3)]
+    a, b = _ppo("cuda"), _ppo("cuda")
+    _ppo_run(a, fragments[:1])
+    _ppo_run(b, fragments[1:2])  # b captured its graph on other state
+    b.model.load_state_dict(a.model.state_dict())
+    b.optimizer.load_state_dict(a.optimizer.state_dict())  # new state tensors
+    b.generator.set_state(a.generator.get_state())
+    b.version, b.global_step = a.version, a.global_step
+    b.scaler.set_state(a.scaler.get_state())
+    assert _ppo_run(a, fragments[1:]) == _ppo_run(b, fragments[1:])
+    _assert_same_tensors(a.model.state_dict(), b.model.state_dict())
+
+
+@needs_cuda
+@pytest.mark.parametrize("autotune", [True, False])
+def test_sac_cuda_graph_gives_the_eager_bits_on_cuda(autotune: bool) -> None:
+    buf = _buffer()
+    graphed = _sac("cuda", cuda_graph=True, autotune=autotune)
+    eager = _sac("cuda", cuda_graph=False, autotune=autotune)
+    assert isinstance(graphed._static, SACStep)
+    assert graphed._static.capture
+    assert isinstance(eager._static, SACStep)
+    assert not eager._static.capture
+    for n in (3, 5, 4):
+        a, b = graphed.run(buf, n), eager.run(buf, n)
+        for field in ("qf_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "sample_age"):
+            assert np.array_equal(getattr(a, field), getattr(b, field), equal_nan=True), field
+    _assert_same_tensors(graphed.tensors(), eager.tensors())
+    _assert_same_tensors(_opt_tensors(graphed.optimizer), _opt_tensors(eager.optimizer))
+    assert torch.equal(graphed.generator.get_state(), eager.generator.get_state())
+
+
+@needs_cuda
+def test_sac_cuda_graph_resumes_from_a_checkpoint_mid_run_with_the_same_bits() -> None:
+    buf = _buffer()
+    whole = _sac("cuda")
+    for n in (3, 4, 5):
+        whole.run(buf, n)
+    first = _sac("cuda")
+    for n in (3, 4):
+        first.run(buf, n)
+    tensors, groups = flatten_optimizer(first.optimizer.state_dict())
+    resumed = _sac("cuda")
+    resumed.load_tensors({k: v.cpu() for k, v in first.tensors().items()})
+    resumed.optimizer.load_state_dict(unflatten_optimizer(tensors, copy.deepcopy(groups)))
+    resumed.load_counters(first.counters())  # generator and replay sampler too
+    resumed.run(buf, 5)
+    _assert_same_tensors(whole.tensors(), resumed.tensors())
+    _assert_same_tensors(_opt_tensors(whole.optimizer), _opt_tensors(resumed.optimizer))
