@@ -10,7 +10,10 @@ the rollout's fragments are bit-identical for any split of the slots; other mode
 devices act through ``model.act`` (the same noise; the forward's last bits may depend
 on the batch shape). On a device other than the CPU, uniform noise (categorical heads)
 is computed there (:class:`simkit._noise.TorchSlotNoise`, the same bits), so no noise
-crosses from the host; normal noise is drawn on the host and copied.
+crosses from the host; normal noise is drawn on the host and copied. On a CUDA device
+the act runs through :class:`simkit.servers._static_act.StaticActs`: pinned host
+buffers, non-blocking copies, one synchronisation per act and the forward pass as a
+CUDA graph per batch shape (the eager forward's bits on the same device).
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from simkit._noise import NoiseKind, SlotNoise, TorchSlotNoise
 from simkit.models import ActorCritic, PolicyWeights, set_weights
 from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
+from simkit.servers._static_act import Capture, StaticActs, cuda_graph_capture
 
-__all__ = ["RowPolicy", "PolicyOutput", "host_output"]
+__all__ = ["RowPolicy", "PolicyOutput", "host_output", "pack_output", "unpack_output"]
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
@@ -36,28 +40,41 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-def host_output(out: ActOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(actions, log_probs, values)`` of ``out`` as numpy, moved to the host in one
-    copy: the three packed side by side as float64, which holds every int64 action
-    below 2**53 and every float32 or float64 value exactly, so the bits are those of
-    three separate copies."""
+def pack_output(out: ActOutput, into: torch.Tensor | None = None) -> torch.Tensor:
+    """``out``'s actions, log-probs and values side by side in one ``(R, width + 2)``
+    float64 tensor (``into``, or a new one): float64 holds every int64 action below
+    2**53 and every float32 or float64 value exactly, so one copy of it to the host
+    brings the bits of three."""
     rows = out.actions.shape[0]
-    packed = torch.cat(
-        [
-            out.actions.reshape(rows, -1).double(),
-            out.log_probs.float().reshape(rows, 1).double(),
-            out.values.float().reshape(rows, 1).double(),
-        ],
-        1,
-    )
-    host = packed.cpu().numpy()
+    parts = [
+        out.actions.reshape(rows, -1).double(),
+        out.log_probs.float().reshape(rows, 1).double(),
+        out.values.float().reshape(rows, 1).double(),
+    ]
+    if into is None:
+        return torch.cat(parts, 1)
+    return torch.cat(parts, 1, out=into)
+
+
+def unpack_output(
+    host: np.ndarray, actions_shape: tuple[int, ...], actions_dtype: torch.dtype
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(actions, log_probs, values)`` from :func:`pack_output`'s array on the host, as
+    new arrays (``host`` may be reused)."""
     width = host.shape[1] - 2
-    actions = host[:, :width].astype(_numpy_dtype(out.actions.dtype))
+    actions = host[:, :width].astype(_numpy_dtype(actions_dtype))
     return (
-        actions.reshape(out.actions.shape),
+        actions.reshape(host.shape[0], *actions_shape),
         host[:, width].astype(np.float32),
         host[:, width + 1].astype(np.float32),
     )
+
+
+def host_output(out: ActOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(actions, log_probs, values)`` of ``out`` as numpy, moved to the host in one
+    copy (:func:`pack_output`): the bits of three separate copies."""
+    host = pack_output(out).cpu().numpy()
+    return unpack_output(host, tuple(out.actions.shape[1:]), out.actions.dtype)
 
 
 @dataclass
@@ -90,6 +107,12 @@ class RowPolicy:
         action_space: the per-row action space (sets the actions' numpy dtype).
         lean: act through :class:`LeanMLP` where the device is the CPU and the model
             is the built-in MLP (else ``model.act``).
+        graphs: on a CUDA device, act through static buffers with the forward as a
+            CUDA graph per batch shape (:mod:`simkit.servers._static_act`); False: the
+            eager path (``model.act`` per call; the same bits).
+        capture: act through static buffers on any device, each batch shape's forward
+            made by this :data:`~simkit.servers._static_act.Capture` (tests run the
+            structure on the CPU with ``eager_capture``); None: as ``graphs`` says.
     """
 
     def __init__(
@@ -103,6 +126,8 @@ class RowPolicy:
         rows_per_slot: int,
         action_space: spaces.Space[Any],
         lean: bool = True,
+        graphs: bool = True,
+        capture: Capture | None = None,
     ) -> None:
         self.model = model.to(device)
         self.model.eval()
@@ -135,12 +160,22 @@ class RowPolicy:
         )
         """The noise computed on ``device`` (uniform noise off the CPU), else None."""
         self._drawn_on_device: tuple[int, torch.Tensor] | None = None
+        if capture is None and graphs and device.type == "cuda":
+            capture = cuda_graph_capture
+        self.static = (
+            StaticActs(self.model, device, head.noise_width, pack_output, capture)
+            if capture is not None
+            else None
+        )
+        """The static-buffer act path (CUDA graphs on a CUDA device), else None."""
 
     def set_weights(self, weights: PolicyWeights) -> None:
         """Loads ``weights`` (validated by the model; unchanged on error)."""
-        set_weights(self.model, weights)
+        set_weights(self.model, weights)  # in place: the graphs read the new weights
         if self.lean is not None:
             self.lean.load()
+        if self.static is not None:
+            self.static.check_weights()
         self.version = weights.version
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], version: int) -> None:
@@ -153,9 +188,11 @@ class RowPolicy:
                 self.model.load_state_dict(tensors)  # raises, naming the difference
             own = self._own = (list(tensors), [mine[k] for k in tensors])
         with torch.no_grad():
-            torch._foreach_copy_(own[1], list(tensors.values()))
+            torch._foreach_copy_(own[1], list(tensors.values()))  # in place, as set_weights
         if self.lean is not None:
             self.lean.load()
+        if self.static is not None:
+            self.static.check_weights()
         self.version = version
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
@@ -178,12 +215,11 @@ class RowPolicy:
         from its own noise, so acting part by part gives the same actions.
         """
         start = time.perf_counter()
+        if self.static is not None:
+            return self._act_static(obs, step, part, start)
         if self.device_noise is not None:
             return self._act_device_noise(obs, step, part, start)
-        drawn = self._drawn
-        if drawn is None or drawn[0] != step:  # the parts of one step share one draw
-            drawn = self._drawn = (step, self.noise.draw(step))
-        noise = drawn[1] if part is None else drawn[1][part]
+        noise = self._host_noise(step, part)
         first = self._first_row(part)
         lean = self.lean
         if lean is not None:
@@ -198,6 +234,43 @@ class RowPolicy:
             self._tensor(obs), noise=torch.from_numpy(noise).to(self.device, non_blocking=True)
         )
         return self._output(out, start)
+
+    def _host_noise(self, step: int, part: slice | None) -> np.ndarray:
+        """The noise of ``part``'s rows (every row: None) at ``step``, drawn on the host
+        (the parts of one step share one draw)."""
+        drawn = self._drawn
+        if drawn is None or drawn[0] != step:
+            drawn = self._drawn = (step, self.noise.draw(step))
+        return drawn[1] if part is None else drawn[1][part]
+
+    def _device_noise(self, step: int, part: slice | None) -> torch.Tensor:
+        """:meth:`_host_noise` computed on the policy's device."""
+        assert self.device_noise is not None
+        drawn = self._drawn_on_device
+        if drawn is None or drawn[0] != step:
+            drawn = self._drawn_on_device = (step, self.device_noise.draw(step))
+        return drawn[1] if part is None else drawn[1][part]
+
+    def _act_static(
+        self, obs: np.ndarray, step: int, part: slice | None, start: float
+    ) -> PolicyOutput:
+        """:meth:`act` through the static buffers of ``obs``'s batch shape."""
+        assert self.static is not None
+        noise: np.ndarray | torch.Tensor = (
+            self._device_noise(step, part)
+            if self.device_noise is not None
+            else self._host_noise(step, part)
+        )
+        plan = self.static.plan(obs)
+        actions, log_probs, values = unpack_output(
+            plan.run(obs, noise), plan.actions_shape, plan.actions_dtype
+        )
+        return PolicyOutput(
+            actions=actions.astype(self.action_dtype, copy=False),
+            log_probs=log_probs,
+            values=values,
+            seconds=time.perf_counter() - start,
+        )
 
     def _output(self, out: ActOutput, start: float) -> PolicyOutput:
         """``out`` as numpy: on the CPU as is, on another device in one copy (one
@@ -219,11 +292,7 @@ class RowPolicy:
         self, obs: np.ndarray, step: int, part: slice | None, start: float
     ) -> PolicyOutput:
         """:meth:`act` with the noise computed on the policy's device."""
-        assert self.device_noise is not None
-        drawn = self._drawn_on_device
-        if drawn is None or drawn[0] != step:
-            drawn = self._drawn_on_device = (step, self.device_noise.draw(step))
-        noise = drawn[1] if part is None else drawn[1][part]
+        noise = self._device_noise(step, part)
         return self._output(self.model.act(self._tensor(obs), noise=noise), start)
 
     @torch.inference_mode()

@@ -85,6 +85,14 @@ class RunningMeanStd(nn.Module):
             self._key = key
         return self._cache
 
+    def drop_cache(self) -> None:
+        """Forgets the cached shift and scale: the next forward computes them from the
+        buffers. A CUDA graph captured right after this computes them on every replay,
+        so it follows in-place changes of the statistics
+        (:mod:`simkit.servers._static_act`)."""
+        self._key = ()
+        self._cache = (self.mean, self.var)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised, clipped float32 observations ``(x - mean) / sqrt(var + 1e-8)``."""
         shift, scale = self._shift_scale()

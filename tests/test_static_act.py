@@ -1,0 +1,264 @@
+"""RowPolicy's static act path: buffers per batch shape, a captured forward, in-place weights.
+
+On the CPU the structure runs with ``eager_capture`` (no graph; the buffers, the cache
+per batch shape and the weight checks are the CUDA path's); the CUDA tests compare the
+graphed path with the eager one on the same device and skip without CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from stream_helpers import assert_same_fragment, weights_version
+
+from simkit.models import ModelSpec, build_model
+from simkit.servers._static_act import cuda_graph_capture, eager_capture
+from simkit.servers._stream_policy import PolicyOutput, RowPolicy
+
+OBS = spaces.Box(-5.0, 5.0, (5,), np.float32)
+SPACES: dict[str, spaces.Space[Any]] = {
+    "box": spaces.Box(-1.0, 1.0, (3,), np.float32),
+    "discrete": spaces.Discrete(4),
+    "multidiscrete": spaces.MultiDiscrete([3, 2]),
+}
+CUDA = torch.cuda.is_available()
+
+
+class Counting:
+    """A capture that counts its calls (one per batch shape) and replays eagerly."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, fill: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        self.calls += 1
+        return eager_capture(fill, device)
+
+
+def _policy(
+    act_space: spaces.Space[Any], device: torch.device, n: int = 40, **kw: Any
+) -> RowPolicy:
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("mlp", {"hidden_sizes": [16, 16]}), OBS, act_space)
+    policy = RowPolicy(
+        model,
+        device,
+        seed=7,
+        first_slot=3,
+        num_slots=n,
+        rows_per_slot=1,
+        action_space=act_space,
+        lean=False,
+        **kw,
+    )
+    policy.set_weights(weights_version(model, 0))  # normalisation statistics too
+    return policy
+
+
+def _obs(n: int = 40, seed: int = 2, dtype: Any = np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 5)).astype(dtype)
+
+
+def _same(got: PolicyOutput, want: PolicyOutput) -> None:
+    for name in ("actions", "log_probs", "values"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype, name
+        assert g.shape == w.shape, name
+        assert g.tobytes() == w.tobytes(), name
+
+
+@pytest.mark.parametrize("kind", list(SPACES))
+def test_the_static_path_acts_as_the_eager_path_whole_and_by_parts(kind: str) -> None:
+    cpu = torch.device("cpu")
+    capture = Counting()
+    static = _policy(SPACES[kind], cpu, capture=capture)
+    eager = _policy(SPACES[kind], cpu)
+    assert static.static is not None
+    assert eager.static is None
+    for step in (0, 1, 9):
+        obs = _obs(seed=step)
+        _same(static.act(obs, step), eager.act(obs, step))
+        for part in (slice(0, 20), slice(20, 40)):
+            _same(static.act(obs[part], step, part), eager.act(obs[part], step, part))
+    assert capture.calls == 2  # 40 rows and 20 rows: one capture per batch shape
+
+
+def test_one_plan_per_batch_shape_with_its_buffers_kept_across_steps() -> None:
+    cpu = torch.device("cpu")
+    capture = Counting()
+    policy = _policy(SPACES["box"], cpu, capture=capture)
+    assert policy.static is not None
+    policy.act(_obs(), 0)
+    (plan,) = policy.static.plans.values()
+    buffers = [t.data_ptr() for t in (plan.host_obs, plan.obs, plan.noise, plan.out, plan.host_out)]
+    first = policy.act(_obs(seed=5), 1)
+    again = policy.act(_obs(seed=5), 1)
+    assert list(policy.static.plans.values()) == [plan]
+    assert buffers == [
+        t.data_ptr() for t in (plan.host_obs, plan.obs, plan.noise, plan.out, plan.host_out)
+    ]
+    assert capture.calls == 1
+    _same(again, first)  # outputs are copies: the next act does not overwrite them
+    assert not np.shares_memory(first.actions, plan.host_out.numpy())
+
+
+def test_float64_observations_are_acted_on_as_float32_as_the_eager_path_does() -> None:
+    cpu = torch.device("cpu")
+    static = _policy(SPACES["box"], cpu, capture=eager_capture)
+    eager = _policy(SPACES["box"], cpu)
+    obs = _obs(dtype=np.float64) * 1.1  # values that round
+    _same(static.act(obs, 3), eager.act(obs, 3))
+    assert static.static is not None
+    (plan,) = static.static.plans.values()
+    assert plan.obs.dtype == torch.float32
+
+
+@pytest.mark.parametrize("load", ["set_weights", "load_state_dict"])
+def test_weights_are_swapped_in_place_into_the_captured_tensors(load: str) -> None:
+    """A weight swap copies into the model's own parameters and statistics: the plans
+    (and their graphs) stay and act with the new weights, without a capture."""
+    cpu = torch.device("cpu")
+    capture = Counting()
+    static = _policy(SPACES["discrete"], cpu, capture=capture)
+    eager = _policy(SPACES["discrete"], cpu)
+    obs = _obs()
+    static.act(obs, 0)
+    assert static.static is not None
+    where = [t.data_ptr() for t in static.model.state_dict().values()]
+    new = weights_version(static.model, 1)
+    for policy in (static, eager):
+        if load == "set_weights":
+            policy.set_weights(new)
+        else:
+            tensors = {k: torch.from_numpy(v.copy()) for k, v in new.tensors.items()}
+            policy.load_state_dict(tensors, 1)
+    assert [t.data_ptr() for t in static.model.state_dict().values()] == where
+    rms = static.model.obs_rms
+    assert rms is not None
+    assert rms.mean.abs().sum() > 0
+    _same(static.act(obs, 1), eager.act(obs, 1))
+    assert capture.calls == 1
+    assert len(static.static.plans) == 1
+
+
+def test_a_parameter_whose_storage_was_replaced_drops_the_plans() -> None:
+    cpu = torch.device("cpu")
+    capture = Counting()
+    static = _policy(SPACES["box"], cpu, capture=capture)
+    eager = _policy(SPACES["box"], cpu)
+    obs = _obs()
+    static.act(obs, 0)
+    param = next(static.model.parameters())
+    param.data = param.data.clone()  # a graph would still read the old storage
+    new = weights_version(static.model, 1)
+    static.set_weights(new)
+    eager.set_weights(new)
+    assert static.static is not None
+    assert not static.static.plans
+    _same(static.act(obs, 1), eager.act(obs, 1))
+    assert capture.calls == 2
+
+
+def test_the_cpu_keeps_its_paths_and_only_cuda_graphs_by_default() -> None:
+    cpu = torch.device("cpu")
+    assert _policy(SPACES["box"], cpu).static is None
+    lean = RowPolicy(
+        build_model(ModelSpec("mlp", {"hidden_sizes": [8]}), OBS, SPACES["box"]),
+        cpu,
+        seed=0,
+        first_slot=0,
+        num_slots=4,
+        rows_per_slot=1,
+        action_space=SPACES["box"],
+    )
+    assert lean.static is None
+    assert lean.lean is not None
+
+
+# ------------------------------------------------------------------------------ CUDA
+
+needs_cuda = pytest.mark.skipif(
+    not CUDA, reason="needs a CUDA device (runs in bench/device_check.sh)"
+)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", list(SPACES))
+def test_graphed_act_on_cuda_equals_eager_on_cuda_bit_for_bit(kind: str) -> None:
+    cuda = torch.device("cuda")
+    graphed = _policy(SPACES[kind], cuda)
+    eager = _policy(SPACES[kind], cuda, graphs=False)
+    assert graphed.static is not None
+    assert graphed.static.capture is cuda_graph_capture
+    assert eager.static is None
+    for step in range(6):
+        if step == 3:  # a swap in place: the graphs read the new weights and statistics
+            new = weights_version(graphed.model, 1)
+            graphed.set_weights(new)
+            eager.set_weights(new)
+        obs = _obs(seed=step)
+        _same(graphed.act(obs, step), eager.act(obs, step))
+        for part in (slice(0, 20), slice(20, 40)):
+            _same(graphed.act(obs[part], step, part), eager.act(obs[part], step, part))
+    assert len(graphed.static.plans) == 2
+
+
+@needs_cuda
+def test_a_serve_session_on_cuda_streams_the_eager_cuda_fragments() -> None:
+    """A stream session on CUDA (graphed act) gives the fragments of the same loop with
+    the eager act on CUDA, truncations (final values) and a weight swap included."""
+    from simkit.clients import PolicyStream
+    from simkit.servers import RolloutServer
+    from simkit.servers._stream_envs import make_env_rows
+    from simkit.servers._stream_loop import RolloutLoop
+
+    env_id, n, length, seed = "simkit/CartPole-v0", 6, 8, 11
+    kwargs = {"max_episode_steps": 5}
+    spec = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
+    envs = make_env_rows(env_id, n, env_kwargs=kwargs)
+    model = build_model(spec, envs.observation_space, envs.action_space)
+    weights = [weights_version(model, v) for v in range(2)]
+    policy = RowPolicy(
+        model,
+        torch.device("cuda"),
+        seed=seed,
+        first_slot=0,
+        num_slots=n,
+        rows_per_slot=1,
+        action_space=envs.action_space,
+        graphs=False,
+    )
+    loop = RolloutLoop(envs, policy, fragment_length=length)
+    loop.reset(seed, 0)
+    want = []
+    for w in weights:
+        loop.set_weights(w)
+        fragment = None
+        while fragment is None:
+            fragment = loop.step()
+        want.append(fragment)
+    envs.close()
+    with (
+        RolloutServer(
+            env_id,
+            n,
+            "tcp://127.0.0.1:0",
+            policy=True,
+            device="cuda",
+            fragment_length=length,
+            env_kwargs=kwargs,
+        ) as server,
+        PolicyStream(server.endpoint, spec, num_envs=n, seed=seed, timeout=60) as stream,
+    ):
+        got = []
+        for w in weights:
+            stream.push_weights(w)
+            got.append(stream.next_batch())
+    assert any(f.truncated.any() for f in want)
+    for a, b in zip(got, want, strict=True):
+        assert_same_fragment(a, b)
