@@ -22,11 +22,18 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
 2. PPO update, samples/s and seconds per update: ``PPO.update`` on one synthetic
    fragment of 2048 (T=2048, R=1) and 16384 (T=2048, R=8) rows x steps, 32 minibatches,
    10 epochs. The GPU row needs ``PPOArgs.device`` (detected; without it only the CPU
-   is timed).
-3. SAC gradient step, samples/s and ms per step: ``SAC.step`` (critic, actor, entropy
-   coefficient, target update; 256x256 networks) on batches of 256 sampled from a
-   replay buffer of 20,000 random transitions, as bench/bench_sac_step.py times it on
-   the CPU; the GPU row builds the learner on that device (the batch is copied there).
+   is timed). On CUDA three rows: the learner's default (the minibatch step as a CUDA
+   graph, ``cuda_graph=True``: clients/_graphed.py), the same step eagerly
+   (``--no-cuda-graph``) and the eager epoch loop CUDA ran before issue 26; on the CPU
+   a row with ``--threads`` and (full runs) one on every core; "vs best CPU" is a CUDA
+   row's rate over the better CPU row's.
+3. SAC gradient step, samples/s and ms per step (critic, actor, entropy coefficient,
+   target update; 256x256 networks) on batches of 256 sampled from a replay buffer of
+   20,000 random transitions, as bench/bench_sac_step.py times it on the CPU: on the
+   CPU ``SAC.step``; on CUDA the learner's static step as a CUDA graph (the default),
+   eagerly, and ``SAC.step`` as before issue 26 (its figures read back every step).
+   After sections 2 and 3, "Bits": on CUDA two PPO updates and 20 SAC steps with the
+   graphs vs eagerly, same device; on the CPU the CPU's path vs the static step.
 4. ``simkit/BatchCartPole-v0``, instance-steps/s at N = 4k and 64k: the BatchEnv with
    ``device=`` (device-resident steps: observations, rewards and flags stay on the
    device, keyed resets under a mask, ``validate_actions=False`` as a learner on a GPU
@@ -191,16 +198,23 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
 
 
+Column = tuple[str, Callable[[Case], str]]
+
+
 def table(
-    title: str, cases: list[Case], unit: str, extra: tuple[str, Callable[[Case], str]] | None = None
+    title: str,
+    cases: list[Case],
+    unit: str,
+    extra: Column | list[Column] | None = None,
 ) -> None:
-    """A markdown table: path | device | batch | rate | GPU/CPU (same path and batch)."""
+    """A markdown table: path | device | batch | rate | extra columns | GPU/CPU (same
+    path and batch)."""
     cpu_rate = {
         (c.path, c.batch): c.rate for c in cases if c.device.type == "cpu" and c.error is None
     }
+    extras = [] if extra is None else [extra] if isinstance(extra, tuple) else extra
     head = ["path", "device", "batch", unit]
-    if extra is not None:
-        head.append(extra[0])
+    head += [name for name, _ in extras]
     head.append("GPU/CPU")
     print(f"\n### {title}\n")
     print("| " + " | ".join(head) + " |")
@@ -218,8 +232,7 @@ def table(
         if c.device.type == "cuda" and base:
             ratio = f"{c.rate / base:.2f}x"
         cells = [c.path, str(c.device), f"{c.batch:,}", _fmt(c.rate)]
-        if extra is not None:
-            cells.append(extra[1](c))
+        cells += [cell(c) for _, cell in extras]
         cells.append(ratio)
         print("| " + " | ".join(cells) + " |")
     for k, c in enumerate(failed, 1):
@@ -345,8 +358,32 @@ def ppo_has_device() -> bool:
     return "device" in getattr(PPOArgs, "__dataclass_fields__", {})
 
 
-def _update(dev: torch.device, fragment: Fragment) -> Callable[[], None]:
-    """``PPO.update`` of a fresh learner on ``dev`` (CPU without ``PPOArgs.device``)."""
+PPO_PATH = "PPO.update"
+SAC_PATH = "SAC.step"
+EAGER = "CUDA eager (--no-cuda-graph)"
+BEFORE = "CUDA eager, as before issue 26"
+DEFAULT_THREADS = torch.get_num_threads()
+"""torch's own thread count (every physical core), taken before ``--threads`` applies."""
+
+
+def _with_threads(n: int, fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` on ``n`` torch threads (the CPU's all-core row beside the ``--threads`` one)."""
+
+    def run() -> None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            fn()
+        finally:
+            torch.set_num_threads(before)
+
+    return run
+
+
+def _ppo_learner(dev: torch.device, fragment: Fragment, variant: str = "") -> PPO:
+    """A fresh PPO learner on ``dev`` for ``fragment``; ``variant`` on CUDA: ``""`` (the
+    default: the CUDA graph), :data:`EAGER` (``cuda_graph=False``: the same step eagerly)
+    or :data:`BEFORE` (the eager epoch loop the CPU runs, as CUDA ran it before)."""
     kwargs: dict[str, Any] = {
         "env_id": "simkit/Cheetah-v0",
         "num_envs": fragment.num_rows,
@@ -357,8 +394,18 @@ def _update(dev: torch.device, fragment: Fragment) -> Callable[[], None]:
     }
     if ppo_has_device():
         kwargs["device"] = str(dev)
+    if variant == EAGER:
+        kwargs["cuda_graph"] = False
     model, _, _ = make_model()
     learner = PPO(PPOArgs(**kwargs), model.train(), fragment.num_rows)
+    if variant == BEFORE:
+        learner._static = None
+    return learner
+
+
+def _update(dev: torch.device, fragment: Fragment, variant: str = "") -> Callable[[], None]:
+    """``PPO.update`` of a fresh learner on ``dev`` (:func:`_ppo_learner`)."""
+    learner = _ppo_learner(dev, fragment, variant)
 
     def update() -> None:
         learner.update([fragment])
@@ -366,14 +413,95 @@ def _update(dev: torch.device, fragment: Fragment) -> Callable[[], None]:
     return update
 
 
-def ppo_cases(devices: list[torch.device], shapes: list[tuple[int, int]]) -> list[Case]:
+def ppo_cases(
+    devices: list[torch.device], shapes: list[tuple[int, int]], all_threads: bool
+) -> list[Case]:
+    """``PPO.update`` per device and shape: on the CPU with ``--threads`` (and with every
+    core where ``all_threads``), on CUDA as the learner runs by default (the CUDA graph),
+    eagerly, and as before issue 26."""
     rng = np.random.default_rng(SEED)
     fragments = [synthetic_fragment(rng, T, R) for T, R in shapes]
-    return [
-        guarded("PPO.update", dev, f.num_steps * f.num_rows, _update, dev, f)
-        for dev in devices
-        for f in fragments
-    ]
+    cases: list[Case] = []
+    for f in fragments:
+        batch = f.num_steps * f.num_rows
+        for dev in devices:
+            cases.append(guarded(PPO_PATH, dev, batch, _update, dev, f))
+            if dev.type == "cpu" and all_threads:
+                path = f"{PPO_PATH}, all {DEFAULT_THREADS} threads"
+                case = guarded(path, dev, batch, _update, dev, f)
+                case.fn = _with_threads(DEFAULT_THREADS, case.fn)
+                cases.append(case)
+            if dev.type == "cuda":
+                for variant in (EAGER, BEFORE):
+                    path = f"{PPO_PATH}, {variant}"
+                    cases.append(guarded(path, dev, batch, _update, dev, f, variant))
+    return cases
+
+
+def vs_best_cpu(cases: list[Case]) -> Column:
+    """The column "vs best CPU": a CUDA row's rate over the best CPU row's (any thread
+    count) of the same section and batch."""
+    best: dict[int, float] = {}
+    for c in cases:
+        if c.device.type == "cpu" and c.error is None and c.rates:
+            best[c.batch] = max(best.get(c.batch, 0.0), c.rate)
+
+    def cell(c: Case) -> str:
+        base = best.get(c.batch)
+        return f"{c.rate / base:.2f}x" if base and c.device.type == "cuda" else "—"
+
+    return ("vs best CPU", cell)
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> str:
+    """ "identical" when every tensor has the same bits, else the largest difference."""
+    if a.keys() != b.keys():
+        return f"differ: names {sorted(set(a) ^ set(b))}"
+    worst = 0.0
+    for k in a:
+        x, y = a[k].detach().cpu(), b[k].detach().cpu()
+        if not torch.equal(x, y):
+            worst = max(worst, float((x.double() - y.double()).abs().max()))
+            worst = worst if worst > 0 else float("nan")  # same values, other dtype/shape
+    return "identical" if worst == 0.0 else f"differ: max abs difference {worst:.3g}"
+
+
+def _learner_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, torch.Tensor]:
+    out = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, state in optimizer.state_dict()["state"].items():
+        out.update({f"adam.{i}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
+def ppo_bits(dev: torch.device, T: int, R: int, updates: int) -> tuple[str, str]:
+    """``(what was compared, result)``: ``updates`` PPO updates on CUDA with the CUDA
+    graph vs the same step eagerly; on the CPU the CPU's own path vs the static step
+    forced on without capture (what tests/test_graphed.py checks)."""
+    from simkit.clients._graphed import PPOStep
+
+    rng = np.random.default_rng(SEED + 1)
+    fragments = [synthetic_fragment(rng, T, R) for _ in range(updates)]
+
+    def learner(variant: str = "") -> PPO:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)  # the same initial weights
+            return _ppo_learner(dev, fragments[0], variant)
+
+    if dev.type == "cuda":
+        a, b = learner(), learner(EAGER)
+        what = f"{dev}: CUDA graph vs eager"
+    else:
+        a, b = learner(), learner()
+        b._static = PPOStep(b, capture=False)
+        what = "the CPU's path vs the static step on the CPU"
+    stats_a = [a.update([f]) for f in fragments]
+    stats_b = [b.update([f]) for f in fragments]
+    result = _max_diff(_learner_state(a.model, a.optimizer), _learner_state(b.model, b.optimizer))
+    if result == "identical" and [s.approx_kl for s in stats_a] != [s.approx_kl for s in stats_b]:
+        result = "weights identical, statistics differ"
+    return f"{PPO_PATH} x{updates}, {T * R:,} samples; {what}", result
 
 
 # ------------------------------------------------------------------------ 3. SAC step
@@ -382,15 +510,20 @@ SAC_BATCH = 256
 SAC_FILL = 20_000
 
 
-def _sac_step(dev: torch.device) -> Callable[[], None]:
-    """One ``SAC.step`` of a fresh learner on ``dev``, HalfCheetah-sized, batch 256."""
-    args = SACArgs(env_id="gym:HalfCheetah-v5", seed=1, batch_size=SAC_BATCH)
+def _sac_learner(dev: torch.device, variant: str = "") -> tuple[SAC, ReplayBuffer]:
+    """A fresh SAC learner on ``dev`` (``variant`` as :func:`_ppo_learner`'s) and its
+    replay buffer of :data:`SAC_FILL` random transitions."""
+    args = SACArgs(
+        env_id="gym:HalfCheetah-v5", seed=1, batch_size=SAC_BATCH, cuda_graph=variant != EAGER
+    )
     obs_space = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
     act_space = spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         model = build_model(sac_spec(args), obs_space, act_space)
     learner = SAC(args, model, dev)
+    if variant == BEFORE:
+        learner._static = None
     rng = np.random.default_rng(SEED)
     buf = ReplayBuffer(SAC_FILL, obs_shape=(OBS_DIM,), action_shape=(ACT_DIM,))
     buf.add(
@@ -402,16 +535,85 @@ def _sac_step(dev: torch.device) -> Callable[[], None]:
         truncated=np.zeros(SAC_FILL, bool),
         versions=np.zeros(SAC_FILL, np.int64),
     )
+    return learner, buf
+
+
+def _sac_step(dev: torch.device, variant: str = "") -> Callable[[], None]:
+    """One gradient step of a fresh learner on ``dev``, HalfCheetah-sized, batch 256: on
+    the CPU and as before issue 26 ``SAC.step`` (its figures read back each step); on
+    CUDA the learner's static step (graphed, or eager with :data:`EAGER`), its figures
+    kept on the device and read back every ``SACStep.CHUNK`` steps, as ``SAC.run`` does."""
+    learner, buf = _sac_learner(dev, variant)
     out = buf.empty_batch(SAC_BATCH)
+    static = learner._static
+    if static is None:
 
-    def step() -> None:
-        learner.step(buf.sample_into(out, learner.sampler))
+        def step() -> None:
+            learner.step(buf.sample_into(out, learner.sampler))
 
-    return step
+        return step
+    static.begin()
+
+    def static_step() -> None:
+        if static.done == static.CHUNK:
+            static.flush()
+        static.step(buf.sample_into(out, learner.sampler))
+
+    return static_step
 
 
-def sac_cases(devices: list[torch.device]) -> list[Case]:
-    return [guarded("SAC.step", dev, SAC_BATCH, _sac_step, dev) for dev in devices]
+def sac_cases(devices: list[torch.device], all_threads: bool) -> list[Case]:
+    """The gradient step per device: the CPU with ``--threads`` (and every core where
+    ``all_threads``), CUDA as the learner runs by default (the CUDA graph), eagerly, and
+    as before issue 26."""
+    cases: list[Case] = []
+    for dev in devices:
+        cases.append(guarded(SAC_PATH, dev, SAC_BATCH, _sac_step, dev))
+        if dev.type == "cpu" and all_threads:
+            case = guarded(
+                f"{SAC_PATH}, all {DEFAULT_THREADS} threads", dev, SAC_BATCH, _sac_step, dev
+            )
+            case.fn = _with_threads(DEFAULT_THREADS, case.fn)
+            cases.append(case)
+        if dev.type == "cuda":
+            for variant in (EAGER, BEFORE):
+                path = f"{SAC_PATH}, {variant}"
+                cases.append(guarded(path, dev, SAC_BATCH, _sac_step, dev, variant))
+    return cases
+
+
+def sac_bits(dev: torch.device, steps: int) -> tuple[str, str]:
+    """``(what was compared, result)``: ``steps`` gradient steps (``SAC.run``) on CUDA
+    with the CUDA graphs vs the same steps eagerly; on the CPU ``SAC.step`` vs the
+    static step forced on without capture."""
+    from simkit.clients._graphed import SACStep
+
+    if dev.type == "cuda":
+        (a, buf), (b, _) = _sac_learner(dev), _sac_learner(dev, EAGER)
+        what = f"{dev}: CUDA graph vs eager"
+    else:
+        (a, buf), (b, _) = _sac_learner(dev), _sac_learner(dev)
+        b._static = SACStep(b, capture=False)
+        what = "SAC.step vs the static step on the CPU"
+    half = steps // 2
+    stats_a = [a.run(buf, n) for n in (half, steps - half)]
+    stats_b = [b.run(buf, n) for n in (half, steps - half)]
+    state_a = {**a.tensors(), **_learner_state(torch.nn.Module(), a.optimizer)}
+    state_b = {**b.tensors(), **_learner_state(torch.nn.Module(), b.optimizer)}
+    result = _max_diff(state_a, state_b)
+    if result == "identical" and [s.qf_loss for s in stats_a] != [s.qf_loss for s in stats_b]:
+        result = "weights identical, statistics differ"
+    return f"{SAC_PATH} x{steps} (SAC.run); {what}", result
+
+
+def bits_table(rows: list[tuple[str, str]]) -> None:
+    """The bit comparisons as a markdown table."""
+    print("\n### Bits: the static steps against their reference, same device\n")
+    print("| compared | result |")
+    print("|---|---|")
+    for what, result in rows:
+        print(f"| {what} | {result} |")
+    sys.stdout.flush()
 
 
 # ------------------------------------------------------------------------ 4. BatchEnv
@@ -575,6 +777,9 @@ def main() -> None:
     print(f"- load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
     print(f"- {repeats} timed rounds per case (median), rounds of >= {min_time} s")
     t0 = time.perf_counter()
+    # The CPU on every core too, beside --threads (full runs; --quick keeps one CPU row).
+    all_threads = not quick and torch.get_num_threads() != DEFAULT_THREADS
+    bits: list[tuple[str, str]] = []
 
     if "inference" in sections:
         batches = [K, 4 * K] if quick else [K, 4 * K, 16 * K, 64 * K]
@@ -591,14 +796,16 @@ def main() -> None:
     if "ppo" in sections:
         shapes = [(2048, 1)] if quick else [(2048, 1), (2048, 8)]
         ppo_devices = devices if ppo_has_device() else devices[:1]
-        cases = ppo_cases(ppo_devices, shapes)
+        cases = ppo_cases(ppo_devices, shapes, all_threads)
         run_cases(cases, max(2, repeats // 2), 0.0, warmup=1)
         table(
-            "PPO update (32 minibatches x 10 epochs; batch = rows x steps)",
+            "PPO update (32 minibatches x 10 epochs; batch = rows x steps; on CUDA the "
+            "learner's default is the CUDA graph)",
             cases,
             "samples/s",
-            ("s/update", lambda c: f"{c.seconds_per_call:.3f}"),
+            [("s/update", lambda c: f"{c.seconds_per_call:.3f}"), vs_best_cpu(cases)],
         )
+        bits.append(ppo_bits(devices[-1], *shapes[0], updates=2))
         if not ppo_has_device():
             print(
                 "\nPPOArgs has no `device` field: the learner has no device option yet (CPU only)."
@@ -607,14 +814,19 @@ def main() -> None:
             print("\n(PPOArgs.device exists; no CUDA device to time it on.)")
 
     if "sac" in sections:
-        cases = sac_cases(devices)
+        cases = sac_cases(devices, all_threads)
         run_cases(cases, repeats, min_time, warmup=10)
         table(
-            f"SAC gradient step (SAC.step: batch {SAC_BATCH}, 256x256 networks)",
+            f"SAC gradient step (batch {SAC_BATCH}, 256x256 networks; on CUDA the learner's "
+            "default is the CUDA graph)",
             cases,
             "samples/s",
-            ("ms/step", lambda c: f"{c.seconds_per_call * 1e3:.2f}"),
+            [("ms/step", lambda c: f"{c.seconds_per_call * 1e3:.2f}"), vs_best_cpu(cases)],
         )
+        bits.append(sac_bits(devices[-1], steps=20))
+
+    if bits:
+        bits_table(bits)
 
     if "batchenv" in sections:
         sizes = [4 * K] if quick else [4 * K, 64 * K]

@@ -207,7 +207,8 @@ class _Graphs:
             graph.register_generator_state(g)
         reset()
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
+        # thread_local: other threads' CUDA calls (a rollout's) do not break the capture.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             step()
         saved.restore()
         self.graphs[key] = graph
@@ -227,9 +228,11 @@ def _stepping(
         return
     groups = optimizer.param_groups
     saved = [(g["lr"], g["capturable"]) for g in groups]
+    # capturable only while capturing: torch warns when a capturable step runs eagerly.
+    capturing = torch.cuda.is_current_stream_capturing()
     try:
         for i, g in enumerate(groups):
-            g["capturable"] = True
+            g["capturable"] = capturing
             g["lr"] = lr[i]
         yield
     finally:
@@ -442,6 +445,7 @@ class SACStep:
             *learner.model.parameters(),
             *learner.qf.parameters(),
             *learner.qf_target.parameters(),
+            learner.log_alpha,
             self.alpha,
             self.k,
         ]
