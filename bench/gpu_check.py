@@ -16,9 +16,18 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    - ``RowPolicy.act``: the rollout's act path (``simkit.servers._stream_policy``) on
      numpy observations, keyed noise drawn per step, actions back as numpy: host <->
      device copies included. On the CPU it runs the numpy ``LeanMLP``; on CUDA
-     ``model.act`` with the noise (normal noise drawn on the host and copied);
+     its default path, ``model.act`` with the noise as a CUDA graph over pinned buffers
+     (normal noise drawn on the host and copied);
    - the same with a categorical head of 6 actions, whose uniform noise is computed on
      the device off the CPU (``simkit._noise.TorchSlotNoise``).
+1b. ``RowPolicy.act``'s paths (``--only rowpolicy``), rows/s at B = 4k and 64k, with a
+   Gaussian and a categorical head: on CUDA the default path (pinned host buffers,
+   non-blocking copies, one event wait, the forward as a CUDA graph per batch shape:
+   ``simkit.servers._static_act``), the same buffers with an eager forward, the eager
+   path (``graphs=False``: ``model.act`` per call) and ``model.act`` on device-resident
+   rows (the column gives each path's share of it, and its rate over the CPU's
+   ``LeanMLP``); then bit comparisons on the same device: graphed vs eager act (three
+   steps, a weight swap in place before the last) and the device noise vs numpy's.
 2. PPO update, samples/s and seconds per update: ``PPO.update`` on one synthetic
    fragment of 2048 (T=2048, R=1) and 16384 (T=2048, R=8) rows x steps, 32 minibatches,
    10 epochs. The GPU row needs ``PPOArgs.device`` (detected; without it only the CPU
@@ -323,6 +332,143 @@ def inference_cases(
                 guarded(CATEGORICAL_PATH, dev, b, _row_act, discrete, dev, obs[b], discrete_space)
             )
     return act_cases, row_cases
+
+
+# ------------------------------------------------------------------------ 1b. RowPolicy paths
+
+ROW_CPU = "RowPolicy.act (CPU: LeanMLP)"
+ROW_GRAPH = "RowPolicy.act, pinned + CUDA graph (default)"
+ROW_STATIC = "RowPolicy.act, pinned + eager forward"
+ROW_EAGER = "RowPolicy.act, eager (graphs=False)"
+ROW_MODEL = "model.act, device-resident"
+ROW_HEADS: dict[str, spaces.Box | spaces.Discrete] = {
+    "Gaussian": spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32),
+    "categorical": spaces.Discrete(ACT_DIM),
+}
+
+
+def _row_policy(
+    base: ActorCritic,
+    dev: torch.device,
+    n: int,
+    act_space: spaces.Space[Any],
+    path: str,
+) -> RowPolicy:
+    """A ``RowPolicy`` of ``n`` one-row slots on ``dev`` acting through ``path``."""
+    from simkit.servers._static_act import eager_capture
+
+    return RowPolicy(
+        copy.deepcopy(base),
+        dev,
+        seed=SEED,
+        first_slot=0,
+        num_slots=n,
+        rows_per_slot=1,
+        action_space=act_space,
+        lean=path == ROW_CPU,
+        graphs=path == ROW_GRAPH,
+        capture=eager_capture if path == ROW_STATIC else None,
+    )
+
+
+def _row_path(
+    base: ActorCritic, dev: torch.device, obs: np.ndarray, act_space: spaces.Space[Any], path: str
+) -> Callable[[], None]:
+    """``RowPolicy.act`` through ``path``, a new step (one noise draw) each call."""
+    if path == ROW_MODEL:
+        return _model_act(copy.deepcopy(base), dev, obs)
+    policy = _row_policy(base, dev, len(obs), act_space, path)
+    steps = itertools.count()
+
+    def act() -> None:
+        policy.act(obs, next(steps))
+
+    return act
+
+
+def row_policy_cases(devices: list[torch.device], batches: list[int]) -> dict[str, list[Case]]:
+    """Per head: the CPU's LeanMLP path and model.act, and on each CUDA device the
+    graphed, pinned-eager and eager paths and device-resident ``model.act``."""
+    rng = np.random.default_rng(SEED)
+    obs = {b: rng.normal(size=(b, OBS_DIM)).astype(np.float32) for b in batches}
+    out: dict[str, list[Case]] = {}
+    for head, space in ROW_HEADS.items():
+        base, _, _ = make_model(space)
+        cases: list[Case] = []
+        for b in batches:
+            for dev in devices:
+                paths = (
+                    [ROW_CPU, ROW_MODEL]
+                    if dev.type == "cpu"
+                    else [ROW_GRAPH, ROW_STATIC, ROW_EAGER, ROW_MODEL]
+                )
+                for path in paths:
+                    cases.append(guarded(path, dev, b, _row_path, base, dev, obs[b], space, path))
+        out[head] = cases
+    return out
+
+
+def row_policy_bits(devices: list[torch.device], batches: list[int], steps: int = 3) -> list[str]:
+    """Bit comparisons, one line each: on CUDA the graphed act against the eager act
+    (actions, log-probs, values over ``steps`` steps and a weight swap) and the device
+    noise against the host's; on the CPU the static path (``eager_capture``) against
+    ``model.act``, the structure the CUDA path uses."""
+    from simkit._noise import SlotNoise, TorchSlotNoise
+    from simkit.models import get_weights
+
+    lines: list[str] = []
+    rng = np.random.default_rng(SEED + 1)
+    for dev in devices:
+        fast, slow = (ROW_GRAPH, ROW_EAGER) if dev.type == "cuda" else (ROW_STATIC, ROW_EAGER)
+        for head, space in ROW_HEADS.items():
+            base, _, _ = make_model(space)
+            for b in batches:
+                try:
+                    obs = rng.normal(size=(b, OBS_DIM)).astype(np.float32)
+                    a = _row_policy(base, dev, b, space, fast)
+                    e = _row_policy(base, dev, b, space, slow)
+                    same = True
+                    for step in range(steps):
+                        if step == steps - 1:  # new weights, copied in place
+                            with torch.no_grad():
+                                moved = copy.deepcopy(base)
+                                for p in moved.parameters():
+                                    p.mul_(1.01)
+                            weights = get_weights(moved, 1)
+                            a.set_weights(weights)
+                            e.set_weights(weights)
+                        x, y = a.act(obs, step), e.act(obs, step)
+                        same &= all(
+                            np.asarray(getattr(x, k)).tobytes()
+                            == np.asarray(getattr(y, k)).tobytes()
+                            for k in ("actions", "log_probs", "values")
+                        )
+                    verdict = "identical" if same else "DIFFERENT"
+                except Exception as exc:  # a GPU check reports a broken path and goes on
+                    verdict = f"FAILED ({type(exc).__name__}: {exc})"
+                lines.append(f"- {dev}, {head}, {b:,} rows: {fast} vs {slow}: {verdict}")
+        if dev.type == "cuda":
+            try:
+                host = SlotNoise(
+                    SEED,
+                    first_slot=3,
+                    num_slots=max(batches),
+                    rows_per_slot=1,
+                    width=3,
+                    kind="uniform",
+                )
+                on_dev = TorchSlotNoise(host, dev)
+                same = all(
+                    np.array_equal(on_dev.draw(t).cpu().numpy(), host.draw(t))
+                    for t in (0, 7, 2**40)
+                )
+                verdict = "identical" if same else "DIFFERENT"
+            except Exception as exc:
+                verdict = f"FAILED ({type(exc).__name__}: {exc})"
+            lines.append(f"- {dev}: uniform noise computed there vs numpy's: {verdict}")
+    if not any(d.type == "cuda" for d in devices):
+        lines.append("- CUDA bit comparisons: not measured (no CUDA device)")
+    return lines
 
 
 # ------------------------------------------------------------------------ 2. PPO update
@@ -746,7 +892,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
         "--only",
-        choices=("inference", "ppo", "sac", "batchenv", "loop"),
+        choices=("inference", "rowpolicy", "ppo", "sac", "batchenv", "loop"),
         action="append",
         default=None,
     )
@@ -756,7 +902,7 @@ def main() -> None:
     quick: bool = ns.quick
     repeats: int = ns.repeats or (3 if quick else 7)
     min_time = 0.05 if quick else 0.2
-    sections: list[str] = ns.only or ["inference", "ppo", "sac", "batchenv", "loop"]
+    sections: list[str] = ns.only or ["inference", "rowpolicy", "ppo", "sac", "batchenv", "loop"]
 
     has_cuda = torch.cuda.is_available()
     devices = [torch.device("cpu")]
@@ -792,6 +938,31 @@ def main() -> None:
             row_cases,
             "rows/s",
         )
+
+    if "rowpolicy" in sections:
+        batches = [4 * K] if quick else [4 * K, 64 * K]
+        by_head = row_policy_cases(devices, batches)
+        run_cases([c for cs in by_head.values() for c in cs], repeats, min_time, warmup=3)
+        for head, cases in by_head.items():
+            resident = {(c.device, c.batch): c.rate for c in cases if c.path == ROW_MODEL}
+            lean = {c.batch: c.rate for c in cases if c.path == ROW_CPU and c.error is None}
+
+            def shares(
+                c: Case, resident: dict[Any, float] = resident, lean: dict[int, float] = lean
+            ) -> str:
+                base, cpu = resident.get((c.device, c.batch)), lean.get(c.batch)
+                of = f"{100 * c.rate / base:.0f}%" if base and c.path != ROW_MODEL else "—"
+                vs = f"{c.rate / cpu:.2f}x" if cpu and c.device.type == "cuda" else "—"
+                return f"{of} / {vs}"
+
+            table(
+                f"RowPolicy.act paths, {head} head (numpy in and out, keyed noise)",
+                cases,
+                "rows/s",
+                ("of model.act (same device) / vs the CPU's LeanMLP", shares),
+            )
+        print("\nBit comparisons (same device):\n")
+        print("\n".join(row_policy_bits(devices, batches)))
 
     if "ppo" in sections:
         shapes = [(2048, 1)] if quick else [(2048, 1), (2048, 8)]
