@@ -59,9 +59,9 @@ def eager_capture(fill: Callable[[], None], device: torch.device) -> Callable[[]
 
 def cuda_graph_capture(fill: Callable[[], None], device: torch.device) -> Callable[[], None]:
     """``fill`` captured as a ``torch.cuda.CUDAGraph`` on ``device``: warmed up
-    :data:`WARMUP` times on a side stream, then captured (its own memory pool; errors
-    only for this thread's unsafe calls, so other sessions' threads go on); the replay
-    runs on the current stream."""
+    :data:`WARMUP` times on a side stream of ``device``, then captured on that stream
+    (its own memory pool; errors only for this thread's unsafe calls, so other sessions'
+    threads go on); the replay runs on the current stream."""
     with _CAPTURE_LOCK, torch.cuda.device(device):
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -70,7 +70,7 @@ def cuda_graph_capture(fill: Callable[[], None], device: torch.device) -> Callab
                 fill()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             fill()
     return graph.replay
 
@@ -141,18 +141,26 @@ class StaticAct:
         tensor on the device): a view of the pinned host buffer, valid until the next
         run (copy what is kept)."""
         np.copyto(self._host_obs, obs, casting="same_kind")
-        self.obs.copy_(self.host_obs, non_blocking=True)
         if isinstance(noise, np.ndarray):
             np.copyto(self._host_noise, noise)
+        if self.done is None:
+            self._launch(noise)
+        else:
+            with torch.cuda.device(self.obs.device):  # the graph's device (cuda:k)
+                self._launch(noise)
+                self.done.record()
+                self.done.synchronize()  # the step's one wait for the device
+        return self._host_out
+
+    def _launch(self, noise: np.ndarray | torch.Tensor) -> None:
+        """Queues the step on the current stream: inputs in, replay, outputs out."""
+        self.obs.copy_(self.host_obs, non_blocking=True)
+        if isinstance(noise, np.ndarray):
             self.noise.copy_(self.host_noise, non_blocking=True)
         else:
             self.noise.copy_(noise)
         self.replay()
         self.host_out.copy_(self.out, non_blocking=True)
-        if self.done is not None:
-            self.done.record()
-            self.done.synchronize()  # the step's one wait for the device
-        return self._host_out
 
 
 class StaticActs:
