@@ -192,9 +192,10 @@ class Algorithm(Protocol):
     args: Any
 
     @classmethod
-    def from_namespace(cls, args: Any, ns: Any) -> Algorithm:
+    def from_namespace(cls, args: Any, ns: Any, given: Sequence[str]) -> Algorithm:
         """The part for ``args`` with its own ``simkit train`` flags of ``ns`` (an
-        ``argparse.Namespace``: checkpoint cadence and the like)."""
+        ``argparse.Namespace``: checkpoint cadence and the like); ``given``: the settings
+        the command line set."""
         ...
 
     def check(self, options: RunOptions, ckpt: Checkpoint | None) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import simkit
-from simkit.clients._args import resolve_device
+from simkit._contract import EnvKind
+from simkit.clients._args import DEFAULT_SERVERS, resolve_device
 from simkit.clients._checkpoint import (
     Checkpoint,
     check_optimizer,
@@ -35,11 +35,11 @@ from simkit.clients._loop import Rounds
 from simkit.clients._rollout import source_kind
 from simkit.clients._run import Report, Run, RunOptions, TrainResult
 from simkit.clients._run_parts import RunTally, check_resumed_state
-from simkit.clients._train_cli import DEFAULT_SERVERS
 from simkit.clients.ppo import PPO, PPOArgs, PPORounds, UpdateStats, updates_for
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
+from simkit.registry import make, spec
 from simkit.servers._stream_envs import make_env_rows
 from simkit.vector import MultiAgentVectorEnv
 
@@ -159,8 +159,9 @@ class PPOPart:
         self.times: dict[str, float] = {}
 
     @classmethod
-    def from_namespace(cls, args: PPOArgs, ns: Any) -> PPOPart:
-        """``--checkpoint-every`` and ``--checkpoint-minutes``."""
+    def from_namespace(cls, args: PPOArgs, ns: Any, given: Sequence[str]) -> PPOPart:
+        """``--checkpoint-every`` and ``--checkpoint-minutes`` (``given`` unused:
+        :func:`resume_args` compares every setting)."""
         return cls(
             args, checkpoint_every=ns.checkpoint_every, checkpoint_minutes=ns.checkpoint_minutes
         )
@@ -573,8 +574,8 @@ def evaluate_model(
         raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
     try:
         vector: Any = (
-            simkit.make(env_id, num_envs=1)  # a BatchEnv steps as a vector does
-            if render is None and simkit.spec(env_id).kind is simkit.EnvKind.BATCH
+            make(env_id, num_envs=1)  # a BatchEnv steps as a vector does
+            if render is None and spec(env_id).kind is EnvKind.BATCH
             else make_vector(env_id, 1, render_mode=None if render is None else "rgb_array")
         )
     except ValueError as exc:

@@ -493,7 +493,9 @@ def _train(ns: argparse.Namespace, args: PPOArgs | SACArgs, logdir: Path) -> Tra
     :class:`~simkit.clients._run.Run` with the run's flags."""
     from simkit.clients._run import Run, RunOptions, algorithm
 
-    part = algorithm("sac" if isinstance(args, SACArgs) else "ppo").from_namespace(args, ns)
+    cls = SACArgs if isinstance(args, SACArgs) else PPOArgs
+    given = list(given_settings(ns, cls))
+    part = algorithm("sac" if cls is SACArgs else "ppo").from_namespace(args, ns, given)
     options = RunOptions(
         logdir=logdir,
         resume=ns.resume,

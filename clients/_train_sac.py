@@ -29,7 +29,6 @@ from simkit.clients._loop import Rounds
 from simkit.clients._replay import ReplayBuffer
 from simkit.clients._run import Report, Run, RunOptions, TrainResult
 from simkit.clients._run_parts import CheckpointCadence, RunTally, check_resumed_state
-from simkit.clients._train_cli import given_settings
 from simkit.clients.sac import SAC, SACRounds, SACStats
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
@@ -239,12 +238,12 @@ class SACPart:
         self._last_write = 0.0
 
     @classmethod
-    def from_namespace(cls, args: SACArgs, ns: Any) -> SACPart:
+    def from_namespace(cls, args: SACArgs, ns: Any, given: Sequence[str]) -> SACPart:
         """``--checkpoint-steps``, ``--checkpoint-minutes`` and ``--buffer-from``; the
         settings the command line gave (what a resume compares)."""
         return cls(
             args,
-            given=list(given_settings(ns, SACArgs)),
+            given=list(given),
             checkpoint_steps=ns.checkpoint_steps,
             checkpoint_minutes=ns.checkpoint_minutes,
             buffer_from=ns.buffer_from,
