@@ -15,9 +15,9 @@ where the physics lives.
   before writing (:data:`STATE_FIELDS`: ``mjSTATE_INTEGRATION``'s fields, solver
   warm-start included), as MJWarp stores them (float32): restoring them continues bit
   for bit (tests/test_batch_mjwarp.py).
-- On CUDA the ``frame_skip`` physics steps are captured once as a CUDA graph and
-  replayed; Warp runs on its own stream, ordered after and before the torch stream by
-  stream waits (no host synchronisation).
+- The ``frame_skip`` physics steps are captured once as a Warp graph and replayed (a
+  CUDA graph on a GPU); on CUDA Warp runs on its own stream, ordered after and before
+  the torch stream by stream waits (no host synchronisation).
 
 MJWarp computes in float32, so it is not bit-equal to MuJoCo's C engine (float64):
 docs/batch.md states the measured divergence over 1,000 Cheetah steps.
@@ -103,6 +103,7 @@ class MjWarpPhysics:
         self.wp_device = f"cuda:{index}" if self.cuda else "cpu"
         self.frame_skip = frame_skip
         self._graph: Any = None
+        self._graphs = True  # whether to capture the step as a graph
         self._stepped = False
         self._streams: dict[int, Any] = {}  # torch stream handle -> its Warp stream
         with wp.ScopedDevice(self.wp_device):
@@ -176,16 +177,24 @@ class MjWarpPhysics:
             view[self.torch.as_tensor(ids, device=self.device)] = rows
 
     def step(self) -> None:
-        """``frame_skip`` MJWarp steps of every world (a CUDA graph on a GPU after the
-        first step, which compiles the kernels)."""
+        """``frame_skip`` MJWarp steps of every world: the first launched one by one
+        (it compiles the kernels), the next captured once as a Warp graph and the graph
+        replayed from then on (a CUDA graph on a GPU; on the CPU Warp replays the
+        recorded launches in C++, ~60x faster than launching from Python here, with the
+        same bits)."""
         wp, mjw = self.wp, self.mjw
         with self._on_device():
-            if self.cuda and self._stepped:
-                if self._graph is None:
+            if self._stepped and self._graph is None and self._graphs:
+                try:
                     with wp.ScopedCapture(self.wp_device) as capture:
                         for _ in range(self.frame_skip):
                             mjw.step(self.m, self.d)
                     self._graph = capture.graph
+                except Exception:
+                    if self.cuda:
+                        raise
+                    self._graphs = False  # a Warp without CPU graphs: launch each step
+            if self._graph is not None:
                 wp.capture_launch(self._graph)
             else:
                 for _ in range(self.frame_skip):

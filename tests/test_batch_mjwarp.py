@@ -1,8 +1,9 @@
 """``BatchMujocoEnv(backend="mjwarp")``: MuJoCo Warp worlds, here on Warp's CPU backend.
 
 The tests that step MJWarp need the ``simkit[gpu]`` extra (``mujoco-warp``); they are
-marked ``mjwarp`` and skip with the reason when it is not installed. The first one in a
-process compiles MJWarp's kernels (about a minute on 2 cores, cached on disk after).
+marked ``mjwarp`` and skip with the reason when it is not installed. The first one
+compiles MJWarp's kernels once per machine (about a minute on 2 busy cores, 40 s of CPU;
+Warp's kernel cache keeps them); then the whole file takes ~10 s.
 """
 
 from __future__ import annotations
@@ -208,7 +209,6 @@ def test_unsupported_uses_say_so() -> None:
 
 
 @_mjwarp
-@pytest.mark.slow
 def test_agrees_with_the_c_engine_over_1000_steps(device: str) -> None:
     """One episode (1,000 env steps = 5,000 physics steps) of random actions along
     MuJoCo C's trajectory: before each env step every MJWarp world is loaded with the C
