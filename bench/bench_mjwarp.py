@@ -20,7 +20,12 @@ Rows, all on the same machine in the same run:
 - EnvPool ``HalfCheetah-v5`` and Gymnasium's ``SyncVectorEnv`` of ``simkit/Cheetah-v0``
   (at most 1,024 envs: a Python loop over envs) where installed.
 
-The first MJWarp step compiles its kernels (NVRTC on a GPU; minutes cold, then cached
+Then a determinism check: two MJWarp batches (up to 1,024 worlds) with the same seed
+and actions for ``--det-steps`` steps, bit-identical or by how much they part (on a GPU
+atomics in contacts could make runs differ; issue 28 asks to measure it).
+
+The MJWarp rows are printed first, as measured, so a run cut short keeps them. The
+first MJWarp step compiles its kernels (NVRTC on a GPU; minutes cold, then cached
 in Warp's kernel cache): it is timed and reported apart, then warmed up before timing.
 """
 
@@ -172,10 +177,15 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cuda (default where available) or cpu")
     parser.add_argument("--quick", action="store_true", help="16 worlds, 5 steps (a smoke run)")
     parser.add_argument("--no-cpu", action="store_true", help="only the MJWarp rows")
+    parser.add_argument(
+        "--det-steps", type=int, default=None, help="steps of the determinism check (0: none)"
+    )
     ns = parser.parse_args()
     device = torch.device(ns.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     n: int = ns.num_envs or (16 if ns.quick else 8192)
     steps: int = ns.steps or (5 if ns.quick else 100)
+    if ns.det_steps is None:
+        ns.det_steps = 10 if ns.quick else 300
     closers: list[Any] = []
     notes: list[str] = []
 
@@ -193,14 +203,21 @@ def main() -> None:
         warp = importlib.import_module("warp")
         warp.config.quiet = True
         warp.config.log_level = warp.LOG_WARNING
-    runs: dict[str, Runner | None] = {}
+    mjwarp: dict[str, Runner | None] = {}
     compile_s = float("nan")
     try:
         step, physics, compile_s = mjwarp_runners(n, steps, device)
-        runs["BatchCheetah mjwarp (step_batch)"] = step
-        runs["MJWarp physics only"] = physics
+        mjwarp = {"BatchCheetah mjwarp (step_batch)": step, "MJWarp physics only": physics}
     except Exception as exc:
         notes.append(f"mjwarp: {why(exc)}")
+    print(f"- first two MJWarp steps (kernel compilation, graph capture): {compile_s:.1f} s\n")
+    print("| path | env steps/s | vs BatchCheetah native |")
+    print("|---|---:|---:|")
+    # The MJWarp rows first, printed as they come: a run cut short keeps them.
+    mj_rates = timed(mjwarp, ns.repeats)
+    for name, rate in mj_rates.items():
+        print(f"| {name} | {rate:,.0f} | (below) |", flush=True)
+    runs: dict[str, Runner | None] = {}
     if not ns.no_cpu:
         bb = bench_batch()
         acts = bb.cheetah_actions(n, steps)
@@ -220,17 +237,44 @@ def main() -> None:
             lambda: gym_runner(g, max(1, steps // 10), closers), notes, "gymnasium"
         )
     rates = timed(runs, ns.repeats)
-    print(f"- first two MJWarp steps (kernel compilation, graph capture): {compile_s:.1f} s\n")
     native = next((r for name, r in rates.items() if name.startswith("BatchCheetah native")), None)
-    print("| path | env steps/s | vs BatchCheetah native |")
-    print("|---|---:|---:|")
     for name, rate in rates.items():
         ratio = f"{rate / native:.2f}x" if native else "n/a"
         print(f"| {name} | {rate:,.0f} | {ratio} |")
-    for note in notes:
-        print(f"\n- not measured: {note}")
+    if native:
+        for name, rate in mj_rates.items():
+            print(f"\n- {name} / BatchCheetah native: **{rate / native:.2f}x** (target >= 10x)")
     for c in closers:
         c.close()
+    if mjwarp and ns.det_steps:
+        print(f"\n### Determinism on {device}: two batches, same seed and actions\n")
+        print(determinism(min(n, 1024), ns.det_steps, device))
+    for note in notes:
+        print(f"\n- not measured: {note}")
+
+
+def determinism(n: int, steps: int, device: torch.device) -> str:
+    """Whether two MJWarp batches with the same seed and actions give the same bits
+    (GPU atomics in contacts could make them differ), and by how much they part."""
+    envs = [
+        simkit.make("simkit/BatchCheetah-v0", num_envs=n, device=device, backend="mjwarp")
+        for _ in range(2)
+    ]
+    for env in envs:
+        env.reset(seed=5)
+    gen = torch.Generator(device=device).manual_seed(2)
+    first = None
+    worst = 0.0
+    for t in range(steps):
+        a = torch.rand((n, 6), device=device, generator=gen) * 2 - 1
+        x, y = (env.step_batch(a).final_obs for env in envs)
+        diff = float((x - y).abs().max())
+        worst = max(worst, diff)
+        if diff and first is None:
+            first = t
+    where = "never" if first is None else f"first at step {first}"
+    same = "bit-identical" if first is None else "NOT bit-identical"
+    return f"- {n:,} worlds x {steps} steps: {same} (differ {where}; max |diff| {worst:.3g})"
 
 
 if __name__ == "__main__":
