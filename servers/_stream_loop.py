@@ -15,6 +15,7 @@ and is recorded exactly as in the one-part loop, so the fragments are the same b
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,8 @@ class RolloutLoop:
         self._t = 0
         self._ret = np.zeros(envs.num_rows, dtype=np.float64)
         self._len = np.zeros(envs.num_rows, dtype=np.int64)
+        self._final: list[tuple[int, slice, np.ndarray, Callable[[], np.ndarray]]] = []
+        """Final values asked for and not yet written: (step, part, rows, result)."""
 
     @property
     def double_buffered(self) -> bool:
@@ -141,6 +144,7 @@ class RolloutLoop:
         self._obs = [obs[part] for part in self.parts]
         self._mask = [mask[part] for part in self.parts]
         self._buf = None
+        self._final.clear()
         self._t = 0
         self._ret[:] = 0.0
         self._len[:] = 0
@@ -253,6 +257,7 @@ class RolloutLoop:
             times.inference += out.seconds
             times.rows += int(obs.shape[0])
             times.inference_calls.append((int(obs.shape[0]), out.seconds))
+        self._write_final_values()
         buf.policy_version[t] = policy.version
         self._in_flight = True
         self._t = t + 1
@@ -267,6 +272,7 @@ class RolloutLoop:
         """Loads ``weights`` between two steps: a step in flight is settled first, so
         its final values come from the weights that acted (unchanged on error)."""
         self.settle()
+        self._write_final_values()
         self.policy.set_weights(weights)
 
     def settle(self) -> None:
@@ -289,10 +295,9 @@ class RolloutLoop:
         buf.truncated[t, part] = step.truncated
         cut = step.truncated & ~step.terminated & mask
         times = self.times
-        if cut.any():
+        if cut.any():  # resolved after the next act (one synchronisation per step on CUDA)
             v0 = time.perf_counter()
-            values = self.policy.value(step.final_obs, cut, part)
-            buf.final_values[t, part] = np.where(cut, values, 0.0)
+            self._final.append((t, part, cut, self.policy.value_later(step.final_obs, cut, part)))
             times.inference += time.perf_counter() - v0
         ret, length = self._ret[part], self._len[part]  # views
         ret += np.where(mask, step.reward, 0.0)
@@ -312,7 +317,20 @@ class RolloutLoop:
         times.env += env_s
         times.env_calls.append(env_s)
 
+    def _write_final_values(self) -> None:
+        """Writes the final values asked for since the last call into the fragment."""
+        if not self._final:
+            return
+        v0 = time.perf_counter()
+        buf = self._buf
+        assert buf is not None
+        for t, part, cut, result in self._final:
+            buf.final_values[t, part] = np.where(cut, result(), 0.0)
+        self._final.clear()
+        self.times.inference += time.perf_counter() - v0
+
     def _finish(self) -> Fragment:
+        self._write_final_values()
         buf = self._buf
         assert buf is not None
         obs = np.concatenate(self._obs) if len(self._obs) > 1 else self._obs[0].copy()

@@ -18,7 +18,9 @@ CUDA graph per batch shape (the eager forward's bits on the same device).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,3 +319,44 @@ class RowPolicy:
             x = self._tensor(np.asarray(obs)[picked])
             out[picked] = self.model.value(x).float().cpu().numpy().reshape(-1)
         return out
+
+    @torch.inference_mode()
+    def value_later(
+        self, obs: np.ndarray, rows: np.ndarray, part: slice | None = None
+    ) -> Callable[[], np.ndarray]:
+        """:meth:`value` of the ``rows`` of ``obs``, returned by the function this gives.
+
+        On the static act path (CUDA) the forward is queued on the device and its result
+        copied back without blocking; calling the function waits for it, which costs
+        nothing after the next :meth:`act` (that act's one synchronisation waits for the
+        queue behind it). So a step with truncations synchronises once, as any step.
+        Elsewhere the values are computed now. The bits are :meth:`value`'s.
+        """
+        if self.static is None:
+            values = self.value(obs, rows, part)
+            return lambda: values
+        out = np.zeros(len(obs), dtype=np.float32)
+        picked = np.flatnonzero(rows)
+        if not len(picked):
+            return lambda: out
+        cuda = self.device.type == "cuda"
+        x = torch.from_numpy(np.ascontiguousarray(np.asarray(obs)[picked]))
+        if x.is_floating_point() and x.dtype != torch.float32:
+            x = x.float()
+        with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
+            if cuda:
+                x = x.pin_memory()  # a pageable copy would wait for the device's queue
+            v = self.model.value(x.to(self.device, non_blocking=True)).float().reshape(-1)
+            host = torch.empty(v.shape, dtype=torch.float32, pin_memory=cuda)
+            host.copy_(v, non_blocking=True)
+            done = torch.cuda.Event() if cuda else None
+            if done is not None:
+                done.record()
+
+        def result() -> np.ndarray:
+            if done is not None:
+                done.synchronize()
+            out[picked] = host.numpy()
+            return out
+
+        return result

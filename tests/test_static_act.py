@@ -180,6 +180,102 @@ def test_the_cpu_keeps_its_paths_and_only_cuda_graphs_by_default() -> None:
     assert lean.lean is not None
 
 
+def _loop(env_id: str, n: int, *, halves: bool, **kw: Any) -> Any:
+    """A RolloutLoop of ``n`` envs (episodes truncated at 5 steps) with a model.act policy."""
+    from simkit.servers._stream_envs import make_env_rows
+    from simkit.servers._stream_loop import RolloutLoop
+
+    envs = make_env_rows(env_id, n, env_kwargs={"max_episode_steps": 5}, halves=halves)
+    if halves:
+        envs.split()
+    torch.manual_seed(0)
+    model = build_model(
+        ModelSpec("mlp", {"hidden_sizes": [16, 16]}), envs.observation_space, envs.action_space
+    )
+    policy = RowPolicy(
+        model,
+        torch.device("cpu"),
+        seed=3,
+        first_slot=0,
+        num_slots=n,
+        rows_per_slot=1,
+        action_space=envs.action_space,
+        lean=False,
+        **kw,
+    )
+    return RolloutLoop(envs, policy, fragment_length=6)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "halves"),
+    [
+        ("simkit/CartPole-v0", False),
+        ("simkit/BatchCheetah-v0", False),
+        ("simkit/BatchCheetah-v0", True),
+    ],
+)
+def test_a_loop_on_the_static_path_streams_the_eager_loops_fragments(
+    env_id: str, halves: bool
+) -> None:
+    """Final values queued on the static path (written after the next act) and a weight
+    swap between steps: the fragments of the eager loop, bit for bit."""
+    loops = [_loop(env_id, 6, halves=halves, capture=c) for c in (eager_capture, None)]
+    got: list[list[Any]] = [[], []]
+    for loop, out in zip(loops, got, strict=True):
+        weights = [weights_version(loop.policy.model, v) for v in range(2)]
+        loop.policy.set_weights(weights[0])
+        loop.reset(9, 0)
+        for step in range(18):
+            if step == 8:
+                loop.set_weights(weights[1])
+            fragment = loop.step()
+            if fragment is not None:
+                out.append(fragment)
+        loop.envs.close()
+    assert loops[0].policy.static is not None
+    assert loops[1].policy.static is None
+    assert len(got[0]) == 3
+    assert any(f.final_values.any() for f in got[0])
+    for a, b in zip(*got, strict=True):
+        assert_same_fragment(a, b)
+
+
+def test_final_values_on_the_static_path_are_written_after_the_next_act(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The value forward of a step's truncations is queued and read back after the next
+    act, whose synchronisation covers it: a step waits for the device once."""
+    loop = _loop("simkit/CartPole-v0", 4, halves=False, capture=eager_capture)
+    policy = loop.policy
+    events: list[str] = []
+    act, value_later = policy.act, policy.value_later
+
+    def logged_act(*args: Any, **kw: Any) -> Any:
+        events.append("act")
+        return act(*args, **kw)
+
+    def logged_value_later(*args: Any, **kw: Any) -> Any:
+        events.append("queue")
+        result = value_later(*args, **kw)
+
+        def read() -> Any:
+            events.append("read")
+            return result()
+
+        return read
+
+    monkeypatch.setattr(policy, "act", logged_act)
+    monkeypatch.setattr(policy, "value_later", logged_value_later)
+    policy.set_weights(weights_version(policy.model, 0))
+    loop.reset(1, 0)
+    for _ in range(5):  # every episode is truncated at step 5
+        loop.step()
+    assert events == ["act"] * 5 + ["queue"]
+    loop.step()
+    assert events[5:] == ["queue", "act", "read"]
+    loop.envs.close()
+
+
 # ------------------------------------------------------------------------------ CUDA
 
 needs_cuda = pytest.mark.skipif(
