@@ -114,6 +114,29 @@ def test_the_mjwarp_device_check_refuses_an_unknown_option(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.mjwarp
+@pytest.mark.skipif(
+    importlib.util.find_spec("mujoco_warp") is None,
+    reason="mujoco_warp is not installed (pip install 'simkit[gpu]')",
+)
+def test_the_mjwarp_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
+    """``--cpu``: the MJWarp CUDA tests collected and a tiny MJWarp bench on Warp's CPU
+    backend, with the determinism check, in one markdown report."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "device_mjwarp.sh"), "--cpu"],
+        capture_output=True,
+        env={**os.environ, "OUT": str(tmp_path)},
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    report = (tmp_path / "device_mjwarp.md").read_text()
+    assert "# simkit MuJoCo Warp check (cpu mode)" in report
+    assert "test_agrees_with_the_c_engine_over_1000_steps[cuda]" in report
+    assert "| BatchCheetah mjwarp (step_batch) | " in report
+    assert "16 worlds x 10 steps: bit-identical" in report
+
+
+@pytest.mark.slow
 def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
     """``--cpu``: the CUDA tests collected, the device loop's main job (tiny), gpu_check's
     quick PPO and whole-loop rows and one tiny training run per learner, all in one
