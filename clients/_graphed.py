@@ -385,6 +385,10 @@ class SACStep:
         self.graphs = _Graphs(learner.optimizer, dev)
         self.inputs: list[torch.Tensor] = []
         self._shapes: tuple[Any, ...] | None = None
+        self._staging: list[torch.Tensor] = []
+        """CUDA: pinned host copies of the batch, copied to ``inputs`` without blocking."""
+        self._staged = torch.cuda.Event() if dev.type == "cuda" else None
+        """Recorded after the copies out of ``_staging``: the next batch waits for it only."""
         self.alpha = torch.zeros((), device=dev)
         self.nan = torch.full((), float("nan"), device=dev)
         self.k = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -471,10 +475,14 @@ class SACStep:
             self.inputs = [
                 torch.empty(a.shape, dtype=torch.float32, device=self.device) for a in arrays
             ]
+            if self._staged is not None:
+                self._staged.synchronize()
+                self._staging = [
+                    torch.empty(a.shape, dtype=torch.float32, pin_memory=True) for a in arrays
+                ]
             self._shapes = shapes
             self.graphs.graphs.clear()
-        for buffer, a in zip(self.inputs, arrays, strict=True):
-            buffer.copy_(torch.from_numpy(a))
+        self._copy_in(arrays)
         if self.done == self.CHUNK:
             raise RuntimeError(f"SACStep holds {self.CHUNK} steps' figures: flush() first")
         actor = learner.updates % args.policy_frequency == 0
@@ -498,6 +506,22 @@ class SACStep:
         self.done += 1
         self.actor_steps += actor
         learner.updates += 1
+
+    def _copy_in(self, arrays: Sequence[np.ndarray]) -> None:
+        """The batch into the static buffers (as float32: the flags as 0.0 / 1.0). On
+        CUDA through pinned memory, without blocking: the host waits only until the
+        previous batch left the staging buffers (so it samples the next batch while
+        the GPU runs this step), not for the steps queued before it."""
+        if self._staged is None:
+            for buffer, a in zip(self.inputs, arrays, strict=True):
+                buffer.copy_(torch.from_numpy(a))
+            return
+        self._staged.synchronize()
+        for stage, a in zip(self._staging, arrays, strict=True):
+            np.copyto(stage.numpy(), a, casting="unsafe")
+        for buffer, stage in zip(self.inputs, self._staging, strict=True):
+            buffer.copy_(stage, non_blocking=True)
+        self._staged.record()
 
     def flush(self) -> np.ndarray:
         """``(steps, 4)`` float32 figures of the steps since the last flush (one read

@@ -235,6 +235,38 @@ def test_the_static_steps_never_read_a_tensor_back() -> None:
         assert mode.seen == [], actor
 
 
+class _Event:
+    """Stands in for ``torch.cuda.Event``: records the calls."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def synchronize(self) -> None:
+        self.calls.append("wait")
+
+    def record(self) -> None:
+        self.calls.append("record")
+
+
+def test_sac_batches_go_through_the_staging_buffers_waiting_only_for_the_last_copy() -> None:
+    # The CUDA path of SACStep._copy_in, run on the CPU (plain memory for the pinned).
+    sac = _sac("cpu")
+    step = sac._static = SACStep(sac, capture=False)
+    buf = _buffer()
+    out = buf.empty_batch(16)
+    batch = buf.sample_into(out, sac.sampler)
+    arrays = (batch.obs, batch.actions, batch.next_obs, batch.rewards, batch.terminated)
+    step.inputs = [torch.full(a.shape, -1.0) for a in arrays]
+    step._staging = [torch.zeros(a.shape) for a in arrays]
+    calls: list[str] = []
+    step._staged = _Event(calls)  # type: ignore[assignment]
+    step._copy_in(arrays)
+    assert calls == ["wait", "record"]
+    for got, a in zip(step.inputs, arrays, strict=True):
+        assert torch.equal(got, torch.from_numpy(a).to(torch.float32))
+    assert set(step.inputs[4].unique().tolist()) <= {0.0, 1.0}
+
+
 # ------------------------------------------------------------------------ CUDA
 
 
