@@ -153,7 +153,7 @@ class BatchMujocoEnv(BatchEnv):
         }
         self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
         self.models: list[mujoco.MjModel]
-        self.datas: list[mujoco.MjData]
+        self.datas: Sequence[mujoco.MjData]
         self.batch: dict[str, Any]
         """``batch_fields`` as ``(N, ...)`` arrays: float64 numpy copies, or with
         ``"mjwarp"`` torch views of MuJoCo Warp's float32 arrays."""
@@ -168,7 +168,7 @@ class BatchMujocoEnv(BatchEnv):
                 self.model, n, self.device, self.model_fields, self._nominal, frame_skip
             )
             self.models = [self.model] * n  # the per-world fields live in MuJoCo Warp
-            self.datas = []
+            self.datas = _NoDatas(n)
             self.batch = {name: self._warp.view(name) for name in self.batch_fields}
             self._derived = bool(set(self.batch_fields) - {"qpos", "qvel", "act", "ctrl"})
         else:
@@ -496,6 +496,23 @@ class BatchMujocoEnv(BatchEnv):
             if pool is not None:
                 pool.shutdown(wait=True)
         self._stepper = self._pool = None
+
+
+class _NoDatas(Sequence[mujoco.MjData]):
+    """``self.datas`` of the ``"mjwarp"`` backend: N instances, none with an ``MjData``
+    (the worlds live in MuJoCo Warp); reading one says what to use instead."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError(
+            "backend='mjwarp' keeps the worlds in MuJoCo Warp, not in per-instance MjData: "
+            "set the start state with set_qpos_qvel(ids, qpos, qvel) and read self.batch"
+        )
 
 
 def _is_cuda(device: Any) -> bool:

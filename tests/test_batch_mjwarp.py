@@ -206,6 +206,9 @@ def test_unsupported_uses_say_so() -> None:
         env.step_batch(actions(1, 1)[0], env_ids=[1])
     with pytest.raises(ValueError, match="step_infos=True is not supported"):
         make(2, step_infos=True)
+    assert len(env.datas) == 2
+    with pytest.raises(TypeError, match=r"set_qpos_qvel\(ids, qpos, qvel\)"):
+        env.datas[0]
 
 
 @_mjwarp
