@@ -12,6 +12,10 @@ packed outputs copied back without blocking, and one event waited on: one
 synchronisation per step. The same kernels on the same buffers give the eager
 forward's bits.
 
+A model whose forward cannot be captured (it reads a value back from the device, as
+a data-dependent branch does) keeps the buffers and runs its forward eagerly
+(:attr:`StaticAct.fallback` says why), so no model fails for being on a GPU.
+
 Weights are copied into the model's own tensors in place (the policy's
 ``set_weights`` and ``load_state_dict``), so the graphs read the new weights without
 being captured again; :meth:`StaticActs.check_weights` drops the graphs if a
@@ -132,7 +136,12 @@ class StaticAct:
                 rms.drop_cache()  # captured: the graph computes shift and scale itself
             pack(model.act(self.obs, noise=self.noise), self.out)
 
-        self.replay = capture(fill, device)
+        self.fallback: str | None = None
+        """Why the forward could not be captured (it then runs eagerly), else None."""
+        try:
+            self.replay = capture(fill, device)
+        except RuntimeError as exc:  # a forward that reads the device (``bool(tensor)``)
+            self.replay, self.fallback = fill, f"{type(exc).__name__}: {exc}"
         if rms is not None:
             rms.drop_cache()  # the eager forwards' cache is not the graph's memory
 

@@ -7,6 +7,7 @@ graphed path with the eager one on the same device and skip without CUDA.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -178,6 +179,57 @@ def test_the_cpu_keeps_its_paths_and_only_cuda_graphs_by_default() -> None:
     )
     assert lean.static is None
     assert lean.lean is not None
+
+
+def test_a_forward_that_cannot_be_captured_runs_eagerly_on_the_buffers() -> None:
+    def refuse(fill: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    cpu = torch.device("cpu")
+    static = _policy(SPACES["box"], cpu, capture=refuse)
+    eager = _policy(SPACES["box"], cpu)
+    obs = _obs()
+    _same(static.act(obs, 2), eager.act(obs, 2))
+    assert static.static is not None
+    (plan,) = static.static.plans.values()
+    assert plan.fallback is not None
+    assert "not permitted" in plan.fallback
+
+
+@pytest.mark.parametrize("explore", [1.0, 0.0])
+def test_the_sac_actor_samples_without_reading_the_device(
+    explore: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SAC actor's exploration switch is a tensor select, not a branch on a value
+    read back (which would stall every CUDA step and cannot be captured): the same bits
+    as the branch it replaces."""
+    from simkit.models._sac import SquashedGaussianHead
+
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("sac_mlp", {"hidden_sizes": [8]}), OBS, SPACES["box"])
+    head = model.head
+    assert isinstance(head, SquashedGaussianHead)
+    head.explore.fill_(explore)
+    params = head(model.actor(model.encoder(model.preprocess(_obs(6))))).detach()
+    noise = torch.randn(6, 3, generator=torch.Generator().manual_seed(1))
+    if explore:
+        u = 0.5 * (1.0 + torch.erf(noise * (1.0 / np.sqrt(2.0))))
+        want = (head.bias + head.scale * (2.0 * u - 1.0), -torch.log(2.0 * head.scale).sum())
+    else:
+        want = head.rsample(params, noise)
+    want = (want[0].detach(), want[1].detach())
+
+    def no_reads(*args: Any) -> Any:
+        raise AssertionError("a value was read back from the tensor")
+
+    monkeypatch.setattr(torch.Tensor, "__bool__", no_reads)
+    monkeypatch.setattr(torch.Tensor, "item", no_reads)
+    with torch.no_grad():
+        actions, log_probs = head.sample_noise(params, noise)
+    monkeypatch.undo()
+    assert actions.numpy().tobytes() == want[0].numpy().tobytes()
+    assert log_probs.shape == (6,)
+    assert log_probs.numpy().tobytes() == want[1].expand(6).numpy().tobytes()
 
 
 def _loop(env_id: str, n: int, *, halves: bool, **kw: Any) -> Any:
@@ -358,3 +410,34 @@ def test_a_serve_session_on_cuda_streams_the_eager_cuda_fragments() -> None:
     assert any(f.truncated.any() for f in want)
     for a, b in zip(got, want, strict=True):
         assert_same_fragment(a, b)
+
+
+@needs_cuda
+def test_a_sac_actor_on_cuda_is_graphed_and_follows_its_explore_flag() -> None:
+    """The SAC actor's forward is captured (no read-back in it) and the exploration flag,
+    a buffer swapped in place with the weights, switches the graph's samples."""
+    from simkit.models import get_weights
+
+    cuda = torch.device("cuda")
+    torch.manual_seed(0)
+    model = build_model(ModelSpec("sac_mlp", {"hidden_sizes": [16]}), OBS, SPACES["box"])
+    kw: dict[str, Any] = {
+        "seed": 7,
+        "first_slot": 0,
+        "num_slots": 40,
+        "rows_per_slot": 1,
+        "action_space": SPACES["box"],
+    }
+    graphed = RowPolicy(copy.deepcopy(model), cuda, **kw)
+    eager = RowPolicy(copy.deepcopy(model), cuda, graphs=False, **kw)
+    obs = _obs()
+    for version, explore in enumerate((1.0, 0.0)):
+        with torch.no_grad():
+            model.head.explore.fill_(explore)
+        weights = get_weights(model, version)  # the flag travels with the weights
+        graphed.set_weights(weights)
+        eager.set_weights(weights)
+        _same(graphed.act(obs, version), eager.act(obs, version))
+    assert graphed.static is not None
+    (plan,) = graphed.static.plans.values()
+    assert plan.fallback is None

@@ -84,14 +84,19 @@ class SquashedGaussianHead(ActionHead):
     def sample_noise(
         self, params: torch.Tensor, noise: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Both samples, then a select on the flag: no value is read back from the device
+        # (a branch on it would stall every CUDA step and could not be captured in a
+        # graph), and each row gets the bits of the branch that applies.
         noise = noise.to(dtype=params.dtype, device=params.device)
-        if bool(self.explore > 0.5):
-            u = 0.5 * (1.0 + torch.erf(noise * (1.0 / math.sqrt(2.0))))
-            actions = self.bias + self.scale * (2.0 * u - 1.0)
-            log_u = -torch.log(2.0 * self.scale).sum()
-            return actions.to(self.dtype), log_u.expand(params.shape[0]).contiguous()
-        actions, log_probs = self.rsample(params, noise)
-        return actions.to(self.dtype), log_probs
+        u = 0.5 * (1.0 + torch.erf(noise * (1.0 / math.sqrt(2.0))))
+        uniform = self.bias + self.scale * (2.0 * u - 1.0)
+        log_u = -torch.log(2.0 * self.scale).sum()
+        squashed, log_probs = self.rsample(params, noise)
+        explore = self.explore > 0.5
+        return (
+            torch.where(explore, uniform, squashed).to(self.dtype),
+            torch.where(explore, log_u, log_probs),
+        )
 
     def mode(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.tanh(params[:, : self.dim])
