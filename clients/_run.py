@@ -179,8 +179,8 @@ class Algorithm(Protocol):
     asks :meth:`report`, at each boundary :meth:`checkpoint_due`, then
     :meth:`checkpoint` and :meth:`checkpoint_written`. ``args`` is a
     :class:`~simkit.clients._args.PPOArgs` or :class:`~simkit.clients._args.SACArgs`-like
-    dataclass (``env_id``, ``seed``,
-    ``num_envs``, ``num_steps``, ``mode``, ``env_threads``, ``torch_threads``).
+    dataclass (``env_id``, ``seed``, ``num_envs``, ``num_steps``, ``mode``,
+    ``env_threads``, ``torch_threads``).
     """
 
     name: str
