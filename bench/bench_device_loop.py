@@ -26,7 +26,7 @@ Two measurements, markdown on stdout:
 
        .venv/bin/python bench/bench_device_loop.py --main-job --device cpu --seeds 1 2 3
        python bench/bench_device_loop.py --main-job --device cuda --num-envs 4096 \\
-           --num-steps 16 --learning-rate 1e-3 --total-steps 4000000 --seeds 1 2 3
+           --num-steps 16 --learning-rate 5e-4 --total-steps 4000000 --seeds 1 2 3
 """
 
 from __future__ import annotations

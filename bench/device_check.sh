@@ -120,7 +120,7 @@ fi
 # the device (--device-loop on), one run per seed: the training seconds to a mean return
 # of 475 and the env steps/s then (bench/bench_device_loop.py --main-job).
 if [ "$mode" = gpu ]; then
-    main_args=(--device cuda --num-envs 4096 --num-steps 16 --learning-rate 1e-3
+    main_args=(--device cuda --num-envs 4096 --num-steps 16 --learning-rate 5e-4
         --total-steps 4000000 --seeds 1 2 3)
 else
     main_args=(--device cpu --num-envs 64 --num-steps 16 --total-steps 4096 --seeds 1 --target 20)

@@ -845,7 +845,7 @@ def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], Non
         num_steps=LOOP_STEPS,
         total_steps=0,
         device=str(dev),
-        learning_rate=1e-3,
+        learning_rate=5e-4,
         num_minibatches=8,
         update_epochs=4,
     )
