@@ -115,6 +115,11 @@ class LocalSource:
         num_threads: env stepping threads (MuJoCo releases the GIL).
         lean: act through :class:`~simkit.models._lean.LeanMLP` (numpy) where the
             model is a plain MLP; else ``model.act`` (torch).
+        device: the torch device of the rollout's policy (None: the CPU, whose
+            ``LeanMLP`` gives the same fragments as rollout servers on CPUs). On a CUDA
+            device the policy acts as a stream session on CUDA does (pinned buffers, one
+            synchronisation per step, the forward as a CUDA graph; docs/server.md), and
+            gives that session's fragments.
     """
 
     def __init__(
@@ -129,6 +134,7 @@ class LocalSource:
         prefetch: int = 1,
         num_threads: int = 1,
         lean: bool = True,
+        device: torch.device | str | None = None,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
@@ -146,7 +152,7 @@ class LocalSource:
         self.num_rows = self.envs.num_rows
         self.policy = RowPolicy(
             copy.deepcopy(model),
-            torch.device("cpu"),
+            torch.device("cpu" if device is None else device),
             seed=seed,
             first_slot=0,
             num_slots=num_envs,

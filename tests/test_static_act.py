@@ -441,3 +441,60 @@ def test_a_sac_actor_on_cuda_is_graphed_and_follows_its_explore_flag() -> None:
     assert graphed.static is not None
     (plan,) = graphed.static.plans.values()
     assert plan.fallback is None
+
+
+def _local_fragments(device: str | None, **kw: Any) -> list[Any]:
+    """Two sync fragments (a weight push between) of an in-process CartPole source."""
+    from simkit.clients._local_source import LocalSource
+
+    torch.manual_seed(0)
+    spec = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
+    model = build_model(spec, spaces.Box(-5.0, 5.0, (4,), np.float32), spaces.Discrete(2))
+    source = LocalSource(
+        "simkit/CartPole-v0", model, num_envs=6, num_steps=8, seed=5, device=device, **kw
+    )
+    try:
+        out = []
+        for version in range(2):
+            weights = weights_version(model, version)
+            with torch.no_grad():
+                for name, t in model.state_dict().items():
+                    t.copy_(torch.from_numpy(weights.tensors[name]))
+            source.push_weights(model, version=version)
+            out.append(source.rollout())
+        return out
+    finally:
+        source.close()
+
+
+def test_the_in_process_source_takes_the_policys_device() -> None:
+    """``LocalSource(device=...)`` puts the rollout's policy there; the CPU keeps its
+    LeanMLP path and its fragments."""
+    from simkit.clients._local_source import LocalSource
+
+    model = build_model(ModelSpec("mlp", {"hidden_sizes": [8]}), OBS, SPACES["box"])
+    source = LocalSource(
+        "simkit/BatchCheetah-v0", model, num_envs=2, num_steps=4, seed=0, device="cpu"
+    )
+    assert source.policy.device == torch.device("cpu")
+    assert source.policy.lean is not None
+    source.close()
+    for a, b in zip(_local_fragments(None), _local_fragments("cpu"), strict=True):
+        assert_same_fragment(a, b)
+
+
+@needs_cuda
+def test_the_in_process_source_on_cuda_gives_the_eager_cuda_fragments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    got = _local_fragments("cuda")
+    import simkit.clients._local_source as local
+
+    class Eager(RowPolicy):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, graphs=False, **kw)
+
+    monkeypatch.setattr(local, "RowPolicy", Eager)
+    want = _local_fragments("cuda")
+    for a, b in zip(got, want, strict=True):
+        assert_same_fragment(a, b)
