@@ -498,3 +498,32 @@ def test_the_in_process_source_on_cuda_gives_the_eager_cuda_fragments(
     want = _local_fragments("cuda")
     for a, b in zip(got, want, strict=True):
         assert_same_fragment(a, b)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["box", "discrete"])
+def test_an_act_on_cuda_waits_for_the_device_once(kind: str) -> None:
+    """After the first act of a batch shape (its capture), an act makes no synchronising
+    call besides its one event wait (which torch's sync debug mode may or may not
+    count), and a queued final-value forward adds none."""
+    import warnings
+
+    policy = _policy(SPACES[kind], torch.device("cuda"))
+    obs = _obs()
+    rows = np.arange(40) % 3 == 0
+    policy.act(obs, 0)
+    policy.value_later(obs, rows)()
+    torch.cuda.synchronize()
+    counts = []
+    for step in range(1, 4):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                later = policy.value_later(obs, rows)
+                policy.act(obs, step)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        later()
+        counts.append(sum("synchroniz" in str(w.message) for w in seen))
+    assert max(counts) <= 1, counts
