@@ -304,7 +304,11 @@ class RowPolicy:
         """float32 values of ``obs`` ``(B, ...)``; with ``rows`` (bool ``(B,)``), only the
         selected rows are evaluated (0 elsewhere). ``obs`` holds every row, or with
         ``part`` only the rows ``part`` (as :meth:`act`): a row's value has the same bits
-        either way."""
+        either way. On the static act path (CUDA) through :meth:`value_later`: pinned
+        copies and one wait."""
+        if self.static is not None:
+            every = np.ones(len(obs), dtype=np.bool_) if rows is None else rows
+            return self.value_later(obs, every, part)()
         lean = self.lean
         first = self._first_row(part)
         if rows is None:
