@@ -20,8 +20,10 @@ replaced (``load_state_dict``) or whose batch changed shape captures again.
 Where each runs: on a CUDA device the learners use these steps always, captured with
 ``cuda_graph`` (the default) and eager without it (the same kernels, so the same bits;
 a CUDA test checks it). The CPU keeps the learners' own path and its bits (PPO's
-per-epoch gather, SAC's :meth:`~simkit.clients.sac.SAC.step`); the tests run these
-steps eagerly on the CPU too and find the CPU path's bits.
+per-epoch gather, SAC's :meth:`~simkit.clients.sac.SAC.step`): run eagerly there, the
+static step was no faster (PPO, 2,048 samples, 32 x 10 minibatches, 1 thread: 0.80 s
+against 0.76 s per update, one run on the loaded 2-core development VM). The tests run
+these steps eagerly on the CPU too and find the CPU path's bits.
 """
 
 from __future__ import annotations

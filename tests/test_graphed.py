@@ -11,6 +11,7 @@ run eagerly on the same device, and a resume from a checkpoint mid-run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -360,3 +361,89 @@ def test_sac_cuda_graph_resumes_from_a_checkpoint_mid_run_with_the_same_bits() -
     resumed.run(buf, 5)
     _assert_same_tensors(whole.tensors(), resumed.tensors())
     _assert_same_tensors(_opt_tensors(whole.optimizer), _opt_tensors(resumed.optimizer))
+
+
+def _checkpoint_tensors(path: Any) -> dict[str, torch.Tensor]:
+    from simkit.clients._checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    return {
+        **{f"model.{k}": v for k, v in ckpt.model.items()},
+        **{f"adam.{k}": v for k, v in flatten_optimizer(ckpt.optimizer)[0].items()},
+    }
+
+
+@needs_cuda
+def test_ppo_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
+    tmp_path: Any,
+) -> None:
+    from simkit.clients._train import run_training
+
+    base = {
+        "env_id": "simkit/CartPole-v0",
+        "num_envs": 2,
+        "num_steps": 37,
+        "num_minibatches": 2,
+        "update_epochs": 2,
+        "total_steps": 2 * 37 * 4,
+        "seed": 3,
+        "device": "cuda",
+        "device_loop": "off",
+    }
+
+    def train(name: str, updates: int, resume: bool = False, **kw: Any) -> Any:
+        return run_training(
+            PPOArgs(**{**base, **kw}),
+            logdir=tmp_path / name,
+            resume=tmp_path / name if resume else None,
+            max_updates=updates,
+            tensorboard=False,
+            servers=0,
+        )
+
+    full = train("full", 4)
+    eager = train("eager", 4, cuda_graph=False)
+    train("split", 2)
+    rest = train("split", 2, resume=True)
+    assert rest.updates == full.updates == 4
+    want = _checkpoint_tensors(full.checkpoint)
+    _assert_same_tensors(want, _checkpoint_tensors(eager.checkpoint))
+    _assert_same_tensors(want, _checkpoint_tensors(rest.checkpoint))
+
+
+@needs_cuda
+def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
+    tmp_path: Any,
+) -> None:
+    from simkit.clients._train_sac import run_sac
+
+    args = SACArgs(
+        env_id="simkit/Pendulum-v0",
+        seed=7,
+        total_steps=240,
+        num_envs=2,
+        num_steps=4,
+        buffer_size=1000,
+        batch_size=32,
+        learning_starts=64,
+        hidden=(32, 32),
+        device="cuda",
+    )
+
+    def train(name: str, resume: bool = False, **kw: Any) -> Any:
+        return run_sac(
+            dataclasses.replace(args, **kw),
+            logdir=tmp_path / name,
+            resume=tmp_path / name if resume else None,
+            max_rounds=None if resume or name != "split" else 15,
+            servers=0,
+            tensorboard=False,
+        )
+
+    train("straight")
+    train("eager", cuda_graph=False)
+    train("split")
+    train("split", resume=True)
+    want = _checkpoint_tensors(tmp_path / "straight")
+    _assert_same_tensors(want, _checkpoint_tensors(tmp_path / "eager"))
+    _assert_same_tensors(want, _checkpoint_tensors(tmp_path / "split"))
