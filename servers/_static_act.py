@@ -9,8 +9,9 @@ then the outputs packed into one float64 tensor as
 graph on those buffers. A step is: the observations copied into the pinned buffer,
 copied to the device without blocking, the noise put in place, the graph replayed, the
 packed outputs copied back without blocking, and one event waited on: one
-synchronisation per step. The same kernels on the same buffers give the eager
-forward's bits.
+synchronisation per step. The graph replays the eager forward's kernels on the same
+buffers, so it should give the eager forward's bits; the CUDA tests in
+``tests/test_static_act.py`` check that (they have not run on a GPU yet).
 
 A model whose forward cannot be captured (it reads a value back from the device, as
 a data-dependent branch does) keeps the buffers and runs its forward eagerly

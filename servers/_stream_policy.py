@@ -13,7 +13,9 @@ is computed there (:class:`simkit._noise.TorchSlotNoise`, the same bits), so no 
 crosses from the host; normal noise is drawn on the host and copied. On a CUDA device
 the act runs through :class:`simkit.servers._static_act.StaticActs`: pinned host
 buffers, non-blocking copies, one synchronisation per act and the forward pass as a
-CUDA graph per batch shape (the eager forward's bits on the same device).
+CUDA graph per batch shape; values go through pinned copies too, and the final values
+of a step's truncations are queued (:meth:`RowPolicy.value_later`) and read after the
+next act, so a step waits for the device once.
 """
 
 from __future__ import annotations
