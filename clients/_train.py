@@ -56,7 +56,15 @@ __all__ = [
 ]
 
 
-RESUME_FREE = ("total_steps", "device", "device_loop", "env_threads", "torch_threads", "compile")
+RESUME_FREE = (
+    "total_steps",
+    "device",
+    "device_loop",
+    "env_threads",
+    "torch_threads",
+    "compile",
+    "cuda_graph",
+)
 """:class:`PPOArgs` fields a resumed run may change; the rest must match the checkpoint."""
 
 

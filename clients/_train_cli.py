@@ -48,6 +48,8 @@ _HELP: dict[str, str] = {
     "env_threads": "threads stepping the envs (MuJoCo releases the GIL)",
     "torch_threads": "torch intra-op threads of the learner",
     "compile": "torch.compile the minibatch loss (a one-off compile, then a cheaper update)",
+    "cuda_graph": "on a CUDA --device, replay the learner's step as a CUDA graph (off: the "
+    "same step eagerly, same bits; no effect on the CPU)",
     "device": "the learner's torch device for the update: cpu, cuda[:k] or auto",
     "device_loop": "the whole loop on --device (a batch env with device-resident steps, "
     "--servers 0, sync): on, off, or auto (on where --device is not the CPU and the run can)",

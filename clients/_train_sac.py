@@ -36,7 +36,7 @@ from simkit.models import build_model as build_from_spec
 
 __all__ = ["SACPart", "run_sac", "sac_spec", "SAC_RESUME_FREE", "fill_from_recording"]
 
-SAC_RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads")
+SAC_RESUME_FREE = ("total_steps", "device", "env_threads", "torch_threads", "cuda_graph")
 """:class:`SACArgs` fields a resumed run may change; the rest must match the checkpoint."""
 
 REPLAY_FILE = "replay.safetensors.zst"

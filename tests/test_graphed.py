@@ -447,3 +447,11 @@ def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
     want = _checkpoint_tensors(tmp_path / "straight")
     _assert_same_tensors(want, _checkpoint_tensors(tmp_path / "eager"))
     _assert_same_tensors(want, _checkpoint_tensors(tmp_path / "split"))
+
+
+def test_a_resume_may_switch_the_cuda_graph() -> None:
+    from simkit.clients._train import resume_args
+    from simkit.clients._train_sac import resume_sac_args
+
+    assert resume_args(PPOArgs(), PPOArgs(cuda_graph=False)).cuda_graph is False
+    assert resume_sac_args(SACArgs(), SACArgs(cuda_graph=False), ["cuda_graph"]).cuda_graph is False
