@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from simkit._seeding import _PCG_MULT
+
 if TYPE_CHECKING:
     import torch
 
@@ -111,6 +113,24 @@ class SlotNoise:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+_MASK128 = (1 << 128) - 1
+
+
+def _lcg_jump(delta: int, inc: int) -> tuple[int, int]:
+    """``(m, c)`` with ``LCG^delta(s) = (m * s + c) mod 2**128`` for PCG64's LCG
+    ``s -> s * MULT + inc`` (Brown's jump-ahead: squaring, ``log2(delta)`` steps)."""
+    acc_mult, acc_plus = 1, 0
+    cur_mult, cur_plus = _PCG_MULT, inc
+    while delta:
+        if delta & 1:
+            acc_mult = (acc_mult * cur_mult) & _MASK128
+            acc_plus = (acc_plus * cur_mult + cur_plus) & _MASK128
+        cur_plus = ((cur_mult + 1) * cur_plus) & _MASK128
+        cur_mult = (cur_mult * cur_mult) & _MASK128
+        delta >>= 1
+    return acc_mult, acc_plus
+
+
 def _int64_rows(states: list[int], inc: int) -> np.ndarray:
     """``(len(states), 4)`` int64 rows ``(state_hi, state_lo, inc_hi, inc_lo)``: the
     layout of :func:`simkit._seeding.pcg64_outputs` (the uint64 bits as int64)."""
@@ -150,6 +170,8 @@ class TorchSlotNoise:
         self._outputs = (most + 1) // 2
         """64-bit outputs drawn per block (its table's 32-bit draws, rounded up)."""
         self._inc = int(noise._start["state"]["inc"])
+        self._jumps = [_lcg_jump(block << 32, self._inc) for block, _, _ in noise._blocks]
+        """Per block, the LCG's ``(multiplier, increment)`` over its ``block << 32`` draws."""
         self._pos = torch.zeros(len(noise._blocks), dtype=torch.int64, device=device)
         pick = [
             k * 2 * self._outputs + np.arange(lo * noise.width, hi * noise.width)
@@ -159,13 +181,16 @@ class TorchSlotNoise:
         """Where each of this noise's values lies in the blocks' draws, flattened."""
 
     def _states(self, step: int) -> list[int]:
-        """The advanced state of each block at ``step`` (host integers)."""
-        bits, out = self.noise._bits, []
-        for block, _, _ in self.noise._blocks:
-            bits.state = self.noise._start
-            bits.advance((step << 64) | (block << 32))
-            out.append(int(bits.state["state"]["state"]))
-        return out
+        """The advanced state of each block at ``step`` (host integers): numpy advances
+        the stream to the step once, then each block's fixed offset (``block << 32``
+        draws) is a precomputed affine map of the LCG, so a step costs one advance and
+        a multiply per block, not an advance per block."""
+        bits = self.noise._bits
+        bits.state = self.noise._start
+        if step:
+            bits.advance(step << 64)
+        at = int(bits.state["state"]["state"])
+        return [(mult * at + plus) & _MASK128 for mult, plus in self._jumps]
 
     def draw(self, step: int) -> torch.Tensor:
         """``(num_rows, width)`` float32 on the device: :meth:`SlotNoise.draw`'s bits."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -275,3 +277,55 @@ def test_one_packed_copy_keeps_the_bits_of_three(actions: torch.Tensor) -> None:
         assert g.dtype == w.dtype
         assert g.shape == w.shape
         assert np.array_equal(g, w, equal_nan=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    first=st.integers(0, 40 * NOISE_BLOCK),
+    n=st.integers(1, 9 * NOISE_BLOCK),
+    step=st.one_of(st.integers(0, 100), st.integers(0, 2**62)),
+)
+def test_device_noise_block_states_are_numpys_advanced_states(
+    seed: int, first: int, n: int, step: int
+) -> None:
+    """TorchSlotNoise jumps each block's state ahead with precomputed affine maps of the
+    LCG (one numpy advance per step, not one per block): numpy's states, bit for bit."""
+    host = _noise(seed, first, n, "uniform")
+    on_cpu = TorchSlotNoise(host, torch.device("cpu"))
+    bits = np.random.PCG64()
+    want = []
+    for block, _, _ in host._blocks:
+        bits.state = host._start
+        bits.advance((step << 64) | (block << 32))
+        want.append(int(bits.state["state"]["state"]))
+    assert on_cpu._states(step) == want
+
+
+def test_device_noise_advances_numpy_once_per_step() -> None:
+    """The per-step cost does not grow with numpy advances per block (a block is 1024
+    slots: a 64k-slot session has 64)."""
+    host = _noise(3, 0, 9 * NOISE_BLOCK, "uniform")
+    on_cpu = TorchSlotNoise(host, torch.device("cpu"))
+    want = on_cpu._states(5)
+    calls: list[int] = []
+
+    class Counting:
+        def __init__(self, bits: np.random.PCG64) -> None:
+            self.bits = bits
+
+        @property
+        def state(self) -> dict[str, Any]:
+            return self.bits.state
+
+        @state.setter
+        def state(self, value: dict[str, Any]) -> None:
+            self.bits.state = value
+
+        def advance(self, delta: int) -> None:
+            calls.append(delta)
+            self.bits.advance(delta)
+
+    host._bits = Counting(host._bits)  # type: ignore[assignment]
+    assert on_cpu._states(5) == want
+    assert len(calls) <= 1
