@@ -446,7 +446,8 @@ def row_policy_bits(devices: list[torch.device], batches: list[int], steps: int 
                     verdict = "identical" if same else "DIFFERENT"
                 except Exception as exc:  # a GPU check reports a broken path and goes on
                     verdict = f"FAILED ({type(exc).__name__}: {exc})"
-                lines.append(f"- {dev}, {head}, {b:,} rows: {fast} vs {slow}: {verdict}")
+                name = fast if dev.type == "cuda" else "static buffers (CPU: unpinned, no graph)"
+                lines.append(f"- {dev}, {head}, {b:,} rows: {name} vs {slow}: {verdict}")
         if dev.type == "cuda":
             try:
                 host = SlotNoise(
