@@ -63,6 +63,7 @@ class DeviceFragment:
             return and length over the ``k`` episodes it completed in this fragment,
             repeated ``k`` times (from :meth:`simkit.BatchEnv.read_episode_stats`, which
             keeps sums: their mean is the exact mean over the fragment's episodes).
+        episode_rows: ``(E,)`` int64 (host): the slot of each, in slot order.
         sequence: the source's running fragment number, from 0.
         source: who produced it.
     """
@@ -80,6 +81,7 @@ class DeviceFragment:
     policy_version: np.ndarray
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
+    episode_rows: np.ndarray
     sequence: int = 0
     source: str = ""
 
@@ -95,7 +97,8 @@ class DeviceFragment:
 
     def to_host(self) -> Fragment:
         """A numpy :class:`simkit.Fragment` of the same steps (a copy; tests and tools,
-        never the device loop itself)."""
+        never the device loop itself; the episode lengths, per-slot means, rounded
+        down to integers)."""
         t, n = self.num_steps, self.num_rows
 
         def host(x: torch.Tensor) -> np.ndarray:
@@ -118,7 +121,7 @@ class DeviceFragment:
             env_ids=np.arange(n, dtype=np.int64),
             episode_returns=self.episode_returns.copy(),
             episode_lengths=self.episode_lengths.astype(np.int64),
-            episode_rows=np.zeros(len(self.episode_returns), dtype=np.int64),
+            episode_rows=self.episode_rows.copy(),
             source=self.source,
             sequence=self.sequence,
         )
@@ -363,7 +366,7 @@ class DeviceSource:
                 buf["terminated"][k] | buf["truncated"][k], 0.0
             )
         self._ret = ret
-        returns, lengths = self._episodes(self._carried(env.read_episode_stats()))
+        returns, lengths, rows = self._episodes(self._carried(env.read_episode_stats()))
         fragment = DeviceFragment(
             obs=buf["obs"],
             actions=buf["actions"],
@@ -378,6 +381,7 @@ class DeviceSource:
             policy_version=np.full(self.num_steps, self.version, dtype=np.int64),
             episode_returns=returns,
             episode_lengths=lengths,
+            episode_rows=rows,
             sequence=self.sequence,
             source=self.name,
         )
@@ -399,14 +403,16 @@ class DeviceSource:
         return stats
 
     @staticmethod
-    def _episodes(stats: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Each slot's mean return and length over its episodes, once per episode."""
+    def _episodes(stats: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each slot's mean return and length over its episodes, and the slot, once per
+        episode (in slot order)."""
         count = stats["episodes"]
         done = count > 0
         k = count[done]
         returns = np.repeat(stats["return_sum"][done] / k, k)
         lengths = np.repeat(stats["length_sum"][done] / k, k)
-        return returns.astype(np.float64), lengths.astype(np.float64)
+        rows = np.repeat(np.flatnonzero(done), k)
+        return returns.astype(np.float64), lengths.astype(np.float64), rows.astype(np.int64)
 
     def fragments(self) -> Iterator[DeviceFragment]:
         """Fragments forever, rolled out on demand."""

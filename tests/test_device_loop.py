@@ -144,6 +144,9 @@ def test_a_device_fragment_is_the_keyed_noise_acting_on_the_batch_env() -> None:
     ended = int((f0.terminated | f0.truncated).sum() + (f1.terminated | f1.truncated).sum())
     assert ended > 0  # episodes ended, and each counted once
     assert len(f0.episode_returns) + len(f1.episode_returns) == ended
+    for frag in (f0, f1):  # each slot's episodes, named by slot
+        ends = (frag.terminated | frag.truncated).sum(0)
+        assert np.array_equal(np.bincount(frag.episode_rows, minlength=n), ends)
 
 
 def test_truncated_steps_bootstrap_from_the_final_observation() -> None:
