@@ -279,30 +279,10 @@ def launch(
             were not placed within ``placement_timeout``: one line naming what is
             needed and what the cluster has.
     """
-    if servers < 1:
-        raise ValueError(f"servers must be >= 1, got {servers}")
-    if server_cpus < 0 or server_gpus < 0 or (server_cpus == 0 and server_gpus == 0):
-        raise ValueError(
-            f"server_cpus and server_gpus must be >= 0 and not both 0, got {server_cpus}, "
-            f"{server_gpus}"
-        )
-    if max_restarts < -1:
-        raise ValueError(f"max_restarts must be >= -1, got {max_restarts}")
+    _check_launch(servers, server_cpus, server_gpus, max_restarts)
     ray = require("ray", extra="ray", purpose="launching rollout servers on Ray")
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     start = time.perf_counter()
-    owns_ray = False
-    if not ray.is_initialized():
-        ray.init(
-            address=address or "local",  # never join a cluster by accident
-            include_dashboard=False,
-            logging_level="ERROR",
-            log_to_driver=False,
-            configure_logging=False,
-        )
-        owns_ray = address is None
+    owns_ray = _init_ray(ray, address)
     server_public, server_secret = zmq.curve_keypair()
     client_public, client_secret = zmq.curve_keypair()
     settings = {
@@ -319,16 +299,69 @@ def launch(
     }
     bundle = {"CPU": server_cpus, **({"GPU": server_gpus} if server_gpus else {})}
     try:
-        placement = _place(ray, placement_group, servers, bundle, placement_timeout)
+        placement = _place(ray, servers, bundle, placement_timeout)
     except BaseException:
         if owns_ray:
             ray.shutdown()
         raise
+    curve = CurveKeys(server_public, client_public, client_secret)
+    launched = _start_servers(
+        ray, placement, settings, curve, owns_ray, servers, bundle, max_restarts, env_vars
+    )
+    launched.started_s = time.perf_counter() - start
+    return launched
+
+
+def _check_launch(servers: int, server_cpus: float, server_gpus: float, max_restarts: int) -> None:
+    """Refuses counts and resources out of range before anything is asked of Ray."""
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+    if server_cpus < 0 or server_gpus < 0 or (server_cpus == 0 and server_gpus == 0):
+        raise ValueError(
+            f"server_cpus and server_gpus must be >= 0 and not both 0, got {server_cpus}, "
+            f"{server_gpus}"
+        )
+    if max_restarts < -1:
+        raise ValueError(f"max_restarts must be >= -1, got {max_restarts}")
+
+
+def _init_ray(ray: Any, address: str | None) -> bool:
+    """Connects to Ray unless this process already is; True where it started a local
+    instance it owns (and :meth:`RayServers.close` shuts down)."""
+    if ray.is_initialized():
+        return False
+    ray.init(
+        address=address or "local",  # never join a cluster by accident
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    return address is None
+
+
+def _start_servers(
+    ray: Any,
+    placement: Any,
+    settings: dict[str, Any],
+    curve: CurveKeys,
+    owns_ray: bool,
+    servers: int,
+    bundle: dict[str, float],
+    max_restarts: int,
+    env_vars: dict[str, str] | None,
+) -> RayServers:
+    """Starts one server actor per bundle of ``placement`` (server ``k`` in bundle ``k``,
+    holding that bundle's resources, restarted by Ray up to ``max_restarts`` times) and
+    waits until every one answers; if that fails, kills them and removes the placement
+    group (nothing of the run is left)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
     actor_class = ray.remote(_ServerActor)
     actors = [
         actor_class.options(
-            num_cpus=server_cpus,
-            num_gpus=server_gpus,
+            num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0),
             max_restarts=max_restarts,
             runtime_env={"env_vars": dict(env_vars)} if env_vars else None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -337,25 +370,20 @@ def launch(
         ).remote(k, settings)
         for k in range(servers)
     ]
-    curve = CurveKeys(server_public, client_public, client_secret)
     try:
-        launched = RayServers(actors, placement, curve, owns_ray)  # waits for every actor
+        return RayServers(actors, placement, curve, owns_ray)  # waits for every actor
     except BaseException:
         for actor in actors:
             ray.kill(actor, no_restart=True)
         ray.util.remove_placement_group(placement)
         raise
-    launched.started_s = time.perf_counter() - start
-    return launched
 
 
 def _amounts(resources: dict[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in resources.items()) + " in all"
 
 
-def _place(
-    ray: Any, placement_group: Any, servers: int, bundle: dict[str, float], timeout: float
-) -> Any:
+def _place(ray: Any, servers: int, bundle: dict[str, float], timeout: float) -> Any:
     """A ready placement group of ``servers`` ``bundle`` s (``SPREAD``).
 
     Raises:
@@ -363,6 +391,7 @@ def _place(
             did not place them within ``timeout`` seconds (the free resources named).
     """
     from ray.exceptions import GetTimeoutError
+    from ray.util.placement_group import placement_group
 
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     # SPREAD packs bundles onto a node when there are fewer nodes than bundles.
