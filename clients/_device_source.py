@@ -37,10 +37,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-import simkit
+from simkit._batch import BatchEnv
 from simkit._noise import SlotNoise, TorchSlotNoise
 from simkit._types import Fragment
 from simkit.models import ActorCritic
+from simkit.registry import EnvKind, make, spec
 
 __all__ = ["DeviceFragment", "DeviceSource", "device_loop_support", "use_device_loop"]
 
@@ -133,12 +134,12 @@ def device_loop_support(env_id: str) -> str | None:
     its whole-batch steps stay on the device."""
     if env_id.startswith("gym:"):
         return f"{env_id} is a Gymnasium env (the device loop needs a simkit batch env)"
-    spec = simkit.spec(env_id)
-    if spec.kind is not simkit.EnvKind.BATCH:
-        return f"{env_id} is a {spec.kind.value} env (the device loop needs a batch env)"
-    factory = spec.load()
+    env_spec = spec(env_id)
+    if env_spec.kind is not EnvKind.BATCH:
+        return f"{env_id} is a {env_spec.kind.value} env (the device loop needs a batch env)"
+    factory = env_spec.load()
     hook = getattr(factory, "reset_masked", None)
-    if not isinstance(factory, type) or hook is simkit.BatchEnv.reset_masked or hook is None:
+    if not isinstance(factory, type) or hook is BatchEnv.reset_masked or hook is None:
         return (
             f"{env_id} has no device-resident steps (its class does not implement "
             "BatchEnv.reset_masked)"
@@ -224,9 +225,7 @@ class DeviceSource:
         self.device = device
         self.num_envs = self.num_rows = num_envs
         self.num_steps = num_steps
-        self.env: Any = simkit.make(
-            env_id, num_envs=num_envs, device=device, validate_actions=False
-        )
+        self.env: Any = make(env_id, num_envs=num_envs, device=device, validate_actions=False)
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
         self.model = copy.deepcopy(model).to(device)

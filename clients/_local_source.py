@@ -28,10 +28,9 @@ from typing import Any, Protocol
 
 import torch
 
-import simkit
 from simkit._types import Fragment
 from simkit.models import ActorCritic
-from simkit.registry import GYM_PREFIX
+from simkit.registry import GYM_PREFIX, EnvKind, spec
 from simkit.servers._stream_envs import make_env_rows
 from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_policy import RowPolicy
@@ -80,7 +79,7 @@ class FragmentSource(Protocol):
 
 def is_multi_agent(env_id: str) -> bool:
     """Whether ``env_id`` names a simkit multi-agent env (``gym:<id>`` never does)."""
-    return simkit.spec(env_id).kind is simkit.EnvKind.MULTI_AGENT
+    return spec(env_id).kind is EnvKind.MULTI_AGENT
 
 
 def make_vector(
@@ -93,7 +92,7 @@ def make_vector(
     kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
     if is_multi_agent(env_id):
         return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)
-    if simkit.spec(env_id).kind is simkit.EnvKind.BATCH:
+    if spec(env_id).kind is EnvKind.BATCH:
         raise ValueError(
             f"{env_id!r} is a batch env: a vector of single envs cannot hold it (it steps "
             f"as one: simkit.make({env_id!r}, num_envs=N))"
