@@ -34,7 +34,7 @@ from simkit._noise import NoiseKind, SlotNoise, TorchSlotNoise
 from simkit.models import ActorCritic, PolicyWeights, set_weights
 from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
-from simkit.servers._static_act import Capture, StaticActs, cuda_graph_capture
+from simkit.servers._static_act import Capture, StaticActs, cuda_graph_capture, noise_pool
 
 __all__ = ["RowPolicy", "PolicyOutput", "host_output", "pack_output", "unpack_output"]
 
@@ -172,6 +172,12 @@ class RowPolicy:
             else None
         )
         """The static-buffer act path (CUDA graphs on a CUDA device), else None."""
+        self._pool = (
+            noise_pool()
+            if self.static is not None and kind == "normal" and len(self.noise._blocks) > 1
+            else None
+        )
+        """Host noise of many blocks drawn in parallel on the static path (same bits)."""
 
     def set_weights(self, weights: PolicyWeights) -> None:
         """Loads ``weights`` (validated by the model; unchanged on error)."""
@@ -244,7 +250,7 @@ class RowPolicy:
         (the parts of one step share one draw)."""
         drawn = self._drawn
         if drawn is None or drawn[0] != step:
-            drawn = self._drawn = (step, self.noise.draw(step))
+            drawn = self._drawn = (step, self.noise.draw(step, self._pool))
         return drawn[1] if part is None else drawn[1][part]
 
     def _device_noise(self, step: int, part: slice | None) -> torch.Tensor:

@@ -33,6 +33,8 @@ import numpy as np
 from simkit._seeding import _PCG_MULT
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     import torch
 
 __all__ = ["NOISE_BLOCK", "NoiseKind", "SlotNoise", "TorchSlotNoise"]
@@ -90,6 +92,8 @@ class SlotNoise:
         self._bits = np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(_NOISE_KEY,)))
         self._start = self._bits.state
         self._gen = np.random.Generator(self._bits)
+        self._block_gens: list[tuple[np.random.PCG64, np.random.Generator]] | None = None
+        """One generator per block for parallel draws (made on first use)."""
         last = first_slot + num_slots - 1
         self._blocks: list[tuple[int, int, int]] = []
         """(block, first row used, rows to draw) per block the slots touch."""
@@ -98,8 +102,14 @@ class SlotNoise:
             hi = min(last + 1, (block + 1) * NOISE_BLOCK) - block * NOISE_BLOCK
             self._blocks.append((block, lo * rows_per_slot, hi * rows_per_slot))
 
-    def draw(self, step: int) -> np.ndarray:
-        """``(num_rows, width)`` float32: the noise of every row at ``step`` (>= 0)."""
+    def draw(self, step: int, pool: Executor | None = None) -> np.ndarray:
+        """``(num_rows, width)`` float32: the noise of every row at ``step`` (>= 0).
+
+        With ``pool`` (a thread pool) and more than one block, the blocks are drawn in
+        parallel, each by a generator of its own (numpy fills arrays without holding the
+        GIL): the same bits."""
+        if pool is not None and len(self._blocks) > 1:
+            return self._draw_blocks(step, pool)
         bits, gen = self._bits, self._gen
         parts = []
         for block, lo, hi in self._blocks:
@@ -111,6 +121,38 @@ class SlotNoise:
                 table = gen.random((hi, self.width), dtype=np.float32)
             parts.append(table[lo:] if lo else table)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _draw_blocks(self, step: int, pool: Executor) -> np.ndarray:
+        """:meth:`draw` with each block drawn on ``pool`` into its rows of the result."""
+        if self._block_gens is None:
+            bit_gens = [np.random.PCG64(0) for _ in self._blocks]
+            self._block_gens = [(bits, np.random.Generator(bits)) for bits in bit_gens]
+        out = np.empty((self.num_rows, self.width), dtype=np.float32)
+        starts = np.cumsum([0] + [hi - lo for _, lo, hi in self._blocks]).tolist()
+        gens = self._block_gens
+
+        def fill(k: int) -> None:
+            block, lo, hi = self._blocks[k]
+            bits, gen = gens[k]
+            bits.state = self._start
+            bits.advance((step << 64) | (block << 32))
+            dest = out[starts[k] : starts[k + 1]]
+            if lo:  # the first block may start inside its table: draw its head too
+                dest[...] = self._table(gen, hi)[lo:]
+            elif self.kind == "normal":
+                gen.standard_normal(dtype=np.float32, out=dest)
+            else:
+                gen.random(dtype=np.float32, out=dest)
+
+        for done in [pool.submit(fill, k) for k in range(len(self._blocks))]:
+            done.result()
+        return out
+
+    def _table(self, gen: np.random.Generator, rows: int) -> np.ndarray:
+        """The first ``rows`` rows of a block's table from ``gen`` (placed at its start)."""
+        if self.kind == "normal":
+            return gen.standard_normal((rows, self.width), dtype=np.float32)
+        return gen.random((rows, self.width), dtype=np.float32)
 
 
 _MASK128 = (1 << 128) - 1

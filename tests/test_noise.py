@@ -329,3 +329,26 @@ def test_device_noise_advances_numpy_once_per_step() -> None:
     host._bits = Counting(host._bits)  # type: ignore[assignment]
     assert on_cpu._states(5) == want
     assert len(calls) <= 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    first=st.integers(0, 3 * NOISE_BLOCK),
+    n=st.integers(1, 4 * NOISE_BLOCK),
+    step=st.one_of(st.integers(0, 50), st.integers(0, 2**62)),
+    kind=st.sampled_from(["normal", "uniform"]),
+    rows=st.integers(1, 2),
+)
+def test_blocks_drawn_on_a_pool_are_the_serial_draw(
+    seed: int, first: int, n: int, step: int, kind: str, rows: int
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    noise = _noise(seed, first, n, kind, rows, width=3)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        got = noise.draw(step, pool)
+        again = noise.draw(step + 1, pool)
+    assert got.dtype == np.float32
+    assert got.tobytes() == noise.draw(step).tobytes()
+    assert again.tobytes() == noise.draw(step + 1).tobytes()
