@@ -158,18 +158,7 @@ class PolicyStream:
         client: str = "simkit.PolicyStream",
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        if not eps:
-            raise ValueError("endpoints must name at least one server, got none")
-        if mode not in STREAM_MODES:
-            raise ValueError(f"mode must be one of {STREAM_MODES}, got {mode!r}")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < len(eps):
-            raise ValueError(
-                f"num_envs must be an int >= the number of servers ({len(eps)}), got {num_envs!r}"
-            )
-        if isinstance(credit, bool) or not isinstance(credit, int) or credit < 1:
-            raise ValueError(f"credit must be an int >= 1, got {credit!r}")
-        if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
-            raise ValueError(f"max_lag must be an int >= 0, got {max_lag!r}")
+        _check_stream_args(eps, mode, num_envs, credit, max_lag)
         spec = model.to_plain() if isinstance(model, ModelSpec) else dict(model)
         self.mode = mode
         self.max_lag = max_lag
@@ -190,16 +179,6 @@ class PolicyStream:
         offset = 0
         try:
             for endpoint, share in zip(eps, shares, strict=True):
-                conn = Connection(
-                    endpoint, self.timeout, self._context, curve=curve, keepalive=False
-                )
-                srv = _Server(
-                    conn, StreamClientSession(endpoint), env_offset=offset, num_envs=share
-                )
-                srv.stats = ServerStats(endpoint, first_slot=offset)
-                self._servers.append(srv)
-                self._by_socket[conn.socket] = srv
-                self._poller.register(conn.socket, zmq.POLLIN)
                 config = StreamConfig(
                     model=spec,
                     num_envs=share,
@@ -213,25 +192,15 @@ class PolicyStream:
                     with_states=with_states,
                     client=client,
                 )
-                srv.config = config
+                srv = self._connect(endpoint, config)
+                self._servers.append(srv)
                 self._send(srv, srv.session.request_open(config))
                 offset += share
             row = 0
             for srv in self._servers:
                 self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
-                srv.info = srv.session.info
-                assert srv.info is not None
-                row += srv.info.num_rows
-                srv.opened_at = time.monotonic()
-                cap = srv.info.max_credit
-                if cap is not None and credit > cap:
-                    raise ValueError(
-                        f"credit must be <= {cap} (the most fragments {srv.conn.endpoint} lets "
-                        f"a session have outstanding), got {credit}"
-                    )
-                timeout_s = srv.info.heartbeat_timeout
-                if timeout_s:
-                    srv.keepalive = _Keepalive(srv.conn, srv.info.session, timeout_s / 4)
+                _check_credit(srv, credit)
+                row += self._opened(srv).num_rows
                 self._send(srv, srv.session.request_credit(credit))
         except BaseException:
             self.close(polite=False)
@@ -255,6 +224,32 @@ class PolicyStream:
     def endpoints(self) -> list[str]:
         """The servers still in the stream."""
         return [s.conn.endpoint for s in self._servers]
+
+    def _connect(self, endpoint: str, config: StreamConfig) -> _Server:
+        """A server of ``config``'s env slots on a new connection to ``endpoint``, polled
+        from now on (not yet in the stream: the caller adds it when it belongs there)."""
+        conn = Connection(endpoint, self.timeout, self._context, curve=self._curve, keepalive=False)
+        srv = _Server(
+            conn,
+            StreamClientSession(endpoint),
+            env_offset=config.env_offset,
+            num_envs=config.num_envs,
+            config=config,
+        )
+        srv.stats = ServerStats(endpoint, first_slot=config.env_offset)
+        self._by_socket[conn.socket] = srv
+        self._poller.register(conn.socket, zmq.POLLIN)
+        return srv
+
+    def _opened(self, srv: _Server) -> StreamInfo:
+        """Takes ``srv``'s answer to the open: its info, when it opened (for its steps/s)
+        and, where the server drops silent sessions, a keepalive."""
+        srv.info = srv.session.info
+        assert srv.info is not None
+        srv.opened_at = time.monotonic()
+        if srv.info.heartbeat_timeout:
+            srv.keepalive = _Keepalive(srv.conn, srv.info.session, srv.info.heartbeat_timeout / 4)
+        return srv.info
 
     def _send(self, srv: _Server, frames: list[Any]) -> None:
         srv.conn.socket.send_multipart(frames, copy=len(frames) == 1)
@@ -572,17 +567,7 @@ class PolicyStream:
                 (nothing of the attempt is left in the stream).
             RemoteError: it refused the config.
         """
-        conn = Connection(endpoint, self.timeout, self._context, curve=self._curve, keepalive=False)
-        srv = _Server(
-            conn,
-            StreamClientSession(endpoint),
-            env_offset=config.env_offset,
-            num_envs=config.num_envs,
-            config=config,
-        )
-        srv.stats = ServerStats(endpoint, first_slot=config.env_offset)
-        self._by_socket[conn.socket] = srv
-        self._poller.register(conn.socket, zmq.POLLIN)
+        srv = self._connect(endpoint, config)
         try:
             self._send(srv, srv.session.request_open(config))
             self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
@@ -593,11 +578,7 @@ class PolicyStream:
         except BaseException:
             self._retire(srv, polite=False)
             raise
-        srv.info = srv.session.info
-        assert srv.info is not None
-        srv.opened_at = time.monotonic()
-        if srv.info.heartbeat_timeout:
-            srv.keepalive = _Keepalive(srv.conn, srv.info.session, srv.info.heartbeat_timeout / 4)
+        self._opened(srv)
         self._servers.append(srv)
         self._send(srv, srv.session.request_credit(self.credit))
         srv.delivered = self._versions_pushed
@@ -663,6 +644,34 @@ class PolicyStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_stream_args(eps: list[str], mode: str, num_envs: int, credit: int, max_lag: int) -> None:
+    """Refuses :class:`PolicyStream` arguments out of range before any socket opens."""
+    if not eps:
+        raise ValueError("endpoints must name at least one server, got none")
+    if mode not in STREAM_MODES:
+        raise ValueError(f"mode must be one of {STREAM_MODES}, got {mode!r}")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < len(eps):
+        raise ValueError(
+            f"num_envs must be an int >= the number of servers ({len(eps)}), got {num_envs!r}"
+        )
+    if isinstance(credit, bool) or not isinstance(credit, int) or credit < 1:
+        raise ValueError(f"credit must be an int >= 1, got {credit!r}")
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
+        raise ValueError(f"max_lag must be an int >= 0, got {max_lag!r}")
+
+
+def _check_credit(srv: _Server, credit: int) -> None:
+    """Refuses more credit than the opened server ``srv`` lets a session have."""
+    info = srv.session.info
+    assert info is not None
+    cap = info.max_credit
+    if cap is not None and credit > cap:
+        raise ValueError(
+            f"credit must be <= {cap} (the most fragments {srv.conn.endpoint} lets "
+            f"a session have outstanding), got {credit}"
+        )
 
 
 def fragment_to_torch(
