@@ -29,6 +29,16 @@ __all__ = ["add_serve_arguments", "run_serve", "main", "parse_env_kwargs"]
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``serve`` options to ``parser`` (used by ``simkit serve`` too)."""
     parser.add_argument("env_id", help="simkit env id, or gym:<id> for an installed Gymnasium env")
+    _add_session_options(parser)
+    _add_limits(parser)
+    _add_security_options(parser)
+    _add_observability_options(parser)
+    _add_policy_options(parser)
+
+
+def _add_session_options(parser: argparse.ArgumentParser) -> None:
+    """Where the server listens and what each client session gets: envs, their
+    arguments, stepping threads, polling and the heartbeat."""
     parser.add_argument(
         "--num-envs", type=int, default=1, help="envs per client session (default 1)"
     )
@@ -63,6 +73,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="seconds before a silent session is freed",
     )
+
+
+def _add_limits(parser: argparse.ArgumentParser) -> None:
+    """How much the server takes on: sessions in all, per peer, and memory."""
     parser.add_argument("--max-sessions", type=int, default=64, help="concurrent client sessions")
     parser.add_argument(
         "--max-sessions-per-peer",
@@ -80,6 +94,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "sessions reserve from it at open and get busy when it is spent; the largest "
         "message is an eighth of it (docs/server.md, Memory)",
     )
+
+
+def _add_security_options(parser: argparse.ArgumentParser) -> None:
+    """CURVE encryption and client keys, and the explicit opt-out for a non-loopback bind."""
     parser.add_argument(
         "--curve-secret-key",
         type=Path,
@@ -97,6 +115,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow a non-loopback bind without CURVE (anyone on the network can connect)",
     )
+
+
+def _add_observability_options(parser: argparse.ArgumentParser) -> None:
+    """Prometheus metrics and episode recording."""
     parser.add_argument(
         "--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port"
     )
@@ -113,6 +135,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="record every step session's episodes into DIR (docs/recording.md; "
         "replay them with simkit replay DIR --verify)",
     )
+
+
+def _add_policy_options(parser: argparse.ArgumentParser) -> None:
+    """The "policy serving" group: stream sessions, the policy's device and threads, and
+    how fragments are produced."""
     policy = parser.add_argument_group(
         "policy serving", "run learners' policies and stream trajectory fragments (docs/server.md)"
     )
