@@ -17,7 +17,7 @@ from simkit.clients._local_source import LocalSource
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
 
-__all__ = ["Rollout", "open_rollout", "source_kind"]
+__all__ = ["Rollout", "describe_source", "open_rollout", "source_kind"]
 
 
 def source_kind(source: Any) -> str:
@@ -26,6 +26,15 @@ def source_kind(source: Any) -> str:
     if isinstance(source, DeviceSource):
         return "device"
     return "local" if isinstance(source, LocalSource) else "servers"
+
+
+def describe_source(source: Any) -> str:
+    """Where ``source`` rolls out, for the run's summary: ``"device loop on cuda:0"``,
+    ``"in process (host)"`` or ``"rollout servers"``."""
+    kind = source_kind(source)
+    if kind == "device":
+        return f"device loop on {source.device}"
+    return "in process (host)" if kind == "local" else "rollout servers"
 
 
 @dataclass

@@ -53,7 +53,7 @@ from simkit.clients._checkpoint import (
 from simkit.clients._learner_metrics import LearnerMetrics
 from simkit.clients._loop import Learner, Rounds, drive
 from simkit.clients._progress import ProgressLine
-from simkit.clients._rollout import Rollout, open_rollout, source_kind
+from simkit.clients._rollout import Rollout, describe_source, open_rollout, source_kind
 from simkit.clients._run_parts import (
     RunTally,
     StopRequest,
@@ -126,6 +126,9 @@ class TrainResult:
     not_exact: str | None = None
     """Why a continuation of this run after a server loss or from its checkpoints is not
     exact (its envs have no snapshots: Gymnasium's), where the servers said so."""
+    rollout: str = ""
+    """Where the rollout ran (:func:`~simkit.clients._rollout.describe_source`: the
+    device loop and its device, in process on the host, or rollout servers)."""
 
 
 @dataclass
@@ -508,6 +511,7 @@ class Run:
             stopped=self.stop.requested,
             record=None if self.options.record is None else Path(self.options.record),
             not_exact=self.source.not_exact,
+            rollout=describe_source(self.source),
             **part.result(),
         )
 

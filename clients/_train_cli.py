@@ -572,6 +572,7 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo", *, console: A
     total = sum(r.times.values()) or 1.0
     sac = algo == "sac"
     rows = [
+        *((("rollout", r.rollout),) if r.rollout else ()),
         ("env steps", f"{r.global_step:,}"),
         ("gradient steps" if sac else "updates (policy version)", str(r.updates)),
         ("wall time", f"{r.elapsed_s:.1f} s"),

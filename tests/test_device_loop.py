@@ -293,6 +293,7 @@ def test_a_cpu_run_keeps_the_host_rollout_unless_it_asks(tmp_path: Path) -> None
     dev = _run(tmp_path, "dev", 1)
     assert load_checkpoint(host.checkpoint).state["source_kind"] == "local"
     assert load_checkpoint(dev.checkpoint).state["source_kind"] == "device"
+    assert (host.rollout, dev.rollout) == ("in process (host)", "device loop on cpu")
 
 
 def test_device_loop_on_where_it_cannot_run_is_one_line(tmp_path: Path) -> None:
