@@ -296,6 +296,15 @@ def test_a_cpu_run_keeps_the_host_rollout_unless_it_asks(tmp_path: Path) -> None
     assert (host.rollout, dev.rollout) == ("in process (host)", "device loop on cpu")
 
 
+def test_a_continuous_control_batch_trains_in_the_device_loop(tmp_path: Path) -> None:
+    # BatchPendulum: a Gaussian head (normal noise drawn on the host once per fragment),
+    # Box actions clamped on the device.
+    run = _run(tmp_path, "pendulum", 2, env_id="simkit/BatchPendulum-v0", num_steps=16)
+    assert run.rollout == "device loop on cpu"
+    assert run.global_step == 2 * 16 * 16
+    assert run.updates == 2
+
+
 def test_device_loop_on_where_it_cannot_run_is_one_line(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
