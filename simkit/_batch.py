@@ -587,11 +587,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
                 f"{type(self).__name__} keeps episode statistics only in device-resident "
                 "steps (a torch batch with reset_masked())"
             )
-        out = {
-            "episodes": loop.count.cpu().numpy().copy(),
-            "return_sum": loop.return_sum.cpu().numpy().copy(),
-            "length_sum": loop.length_sum.cpu().numpy().copy(),
-        }
+        torch = self.xp
+        both = torch.stack([loop.count, loop.return_sum.view(torch.int64), loop.length_sum])
+        host = both.cpu().numpy().copy()  # the one read back (float64 bits in row 1)
+        out = {"episodes": host[0], "return_sum": host[1].view(np.float64), "length_sum": host[2]}
         loop.count.zero_()
         loop.return_sum.zero_()
         loop.length_sum.zero_()

@@ -821,6 +821,35 @@ def test_device_steps_return_tensors_and_never_read_the_device(env_id: str) -> N
     assert env.read_episode_stats()["episodes"].sum() == 0
 
 
+def test_reading_episode_stats_is_one_read_back_from_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``read_episode_stats`` copies its three per-instance arrays in one transfer
+    (one ``Tensor.cpu()``), as its docs say: on a GPU each read is a synchronisation."""
+    torch = pytest.importorskip("torch")
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=8, max_episode_steps=5, device="cpu")
+    env.validate_actions = False
+    env.reset(seed=3)
+    assert env.prepare_device_steps(12)
+    for _ in range(12):
+        env.step_batch(torch.ones(8, dtype=torch.int64))
+    reads: list[tuple[int, ...]] = []
+    real_cpu = torch.Tensor.cpu
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(tuple(self.shape))
+        return real_cpu(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counted)
+    stats = env.read_episode_stats()
+    assert len(reads) == 1, reads
+    assert stats["episodes"].tolist() == [2] * 8  # 12 steps of 5-step episodes
+    assert stats["length_sum"].tolist() == [10] * 8
+    assert stats["episodes"].dtype == np.int64
+    assert stats["length_sum"].dtype == np.int64
+    assert stats["return_sum"].dtype == np.float64
+
+
 @pytest.mark.parametrize("keys", ["ring", "window"])
 def test_device_steps_equal_numpy_across_host_operations(
     keys: str, monkeypatch: pytest.MonkeyPatch
