@@ -108,6 +108,83 @@ def _within_budget(limits: Limits, max_memory: int) -> Limits:
     )
 
 
+def _check_counts(
+    num_envs: int, num_threads: int, busy_poll_us: int | None, fragment_length: int
+) -> None:
+    """Refuses counts a server cannot use, before it makes anything."""
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
+    if busy_poll_us is not None and (
+        isinstance(busy_poll_us, bool) or not isinstance(busy_poll_us, int) or busy_poll_us < 0
+    ):
+        raise ValueError(f"busy_poll_us must be an int >= 0 or None, got {busy_poll_us!r}")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    if (
+        isinstance(fragment_length, bool)
+        or not isinstance(fragment_length, int)
+        or fragment_length < 1
+    ):
+        raise ValueError(f"fragment_length must be a positive int, got {fragment_length!r}")
+
+
+def _check_exposure(
+    bind: str,
+    curve_secret_key: bytes | None,
+    curve_allowed_clients: Iterable[bytes] | None,
+    insecure: bool,
+) -> None:
+    """Refuses a bind that is no ZeroMQ endpoint, one that reaches beyond this machine
+    without CURVE keys or ``insecure``, and CURVE without an allow-list."""
+    if not bind.startswith(("tcp://", "ipc://", "inproc://")):
+        raise ValueError(
+            f"bind address {bind!r} is not a ZeroMQ endpoint: expected tcp://HOST:PORT "
+            f"(e.g. tcp://{bind if ':' in bind else '127.0.0.1:5555'}), ipc://PATH or "
+            "inproc://NAME"
+        )
+    if not is_loopback(bind) and curve_secret_key is None and not insecure:
+        raise ValueError(
+            f"binding {bind!r} exposes the server beyond this machine: pass CURVE keys "
+            "(--curve-secret-key and --curve-allow; from Python curve_secret_key and "
+            "curve_allowed_clients) or allow it without encryption (--insecure / "
+            "insecure=True)"
+        )
+    if curve_secret_key is not None and not curve_allowed_clients:
+        raise ValueError("CURVE needs an allow-list of client public keys, got none")
+
+
+def _peer_quota(max_sessions_per_peer: int | None, max_sessions: int) -> int:
+    """The sessions one peer may hold: as given, else half of ``max_sessions`` (at least 1)."""
+    if max_sessions_per_peer is None:
+        max_sessions_per_peer = max(1, max_sessions // 2)
+    if (
+        isinstance(max_sessions_per_peer, bool)
+        or not isinstance(max_sessions_per_peer, int)
+        or max_sessions_per_peer < 1
+    ):
+        raise ValueError(
+            f"max_sessions_per_peer must be a positive int, got {max_sessions_per_peer!r}"
+        )
+    return max_sessions_per_peer
+
+
+def _metrics_server(
+    registry: CollectorRegistry, host: str, port: int | None
+) -> MetricsHTTPServer | None:
+    """The Prometheus HTTP server of ``registry`` on ``host:port`` (None: off); warns
+    where ``host`` is not loopback (the metrics are unauthenticated)."""
+    if port is None:
+        return None
+    server = MetricsHTTPServer(registry, host, port)
+    if not _is_loopback_host(host):
+        print(
+            f"WARNING: simkit server metrics on {host}:{server.port} can be "
+            "read by anyone from the network, unauthenticated (--metrics-host)",
+            file=sys.stderr,
+        )
+    return server
+
+
 DISCONNECT_GRACE_S = 2.0
 """Seconds a session outlives its connection (ZeroMQ reported it closed) before it is
 freed, keepalives or not (at most the heartbeat timeout)."""
@@ -223,52 +300,15 @@ class RolloutServer:
         double_buffer: bool = False,
         record: str | os.PathLike[str] | None = None,
     ) -> None:
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
-        if busy_poll_us is not None and (
-            isinstance(busy_poll_us, bool) or not isinstance(busy_poll_us, int) or busy_poll_us < 0
-        ):
-            raise ValueError(f"busy_poll_us must be an int >= 0 or None, got {busy_poll_us!r}")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
-        if (
-            isinstance(fragment_length, bool)
-            or not isinstance(fragment_length, int)
-            or fragment_length < 1
-        ):
-            raise ValueError(f"fragment_length must be a positive int, got {fragment_length!r}")
-        if not bind.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(
-                f"bind address {bind!r} is not a ZeroMQ endpoint: expected tcp://HOST:PORT "
-                f"(e.g. tcp://{bind if ':' in bind else '127.0.0.1:5555'}), ipc://PATH or "
-                "inproc://NAME"
-            )
-        if not is_loopback(bind) and curve_secret_key is None and not insecure:
-            raise ValueError(
-                f"binding {bind!r} exposes the server beyond this machine: pass CURVE keys "
-                "(--curve-secret-key and --curve-allow; from Python curve_secret_key and "
-                "curve_allowed_clients) or allow it without encryption (--insecure / "
-                "insecure=True)"
-            )
-        if curve_secret_key is not None and not curve_allowed_clients:
-            raise ValueError("CURVE needs an allow-list of client public keys, got none")
+        _check_counts(num_envs, num_threads, busy_poll_us, fragment_length)
+        _check_exposure(bind, curve_secret_key, curve_allowed_clients, insecure)
         self.env_id = env_id
         self.num_envs = num_envs
         self.bind = bind
         self.shared = shared
         self.heartbeat_timeout = heartbeat_timeout
         self.max_sessions = max_sessions
-        if max_sessions_per_peer is None:
-            max_sessions_per_peer = max(1, max_sessions // 2)
-        if (
-            isinstance(max_sessions_per_peer, bool)
-            or not isinstance(max_sessions_per_peer, int)
-            or max_sessions_per_peer < 1
-        ):
-            raise ValueError(
-                f"max_sessions_per_peer must be a positive int, got {max_sessions_per_peer!r}"
-            )
-        self.max_sessions_per_peer = max_sessions_per_peer
+        self.max_sessions_per_peer = _peer_quota(max_sessions_per_peer, max_sessions)
         self._grace = min(DISCONNECT_GRACE_S, float(heartbeat_timeout))
         self.budget = MemoryBudget(max_memory)
         """The memory budget (``max_memory``) and what sessions reserved from it."""
@@ -277,6 +317,45 @@ class RolloutServer:
         self.insecure = insecure and not is_loopback(bind) and curve_secret_key is None
         self.num_threads = num_threads
         self.busy_poll_us = busy_poll_us
+        self._init_envs(env_kwargs, record=record, policy=policy)
+        self.recorder: ServerRecorder | None = (
+            ServerRecorder(record, env_id, self._env_kwargs) if record is not None else None
+        )
+        """The recording of the step sessions (``record``), else ``None``."""
+        self._shared_host: _AnyHost | None = (
+            self._recorded(self._new_host(num_envs), "shared") if shared else None
+        )
+        self._slots: dict[bytes, _Slot] = {}
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._init_socket(bind, curve_secret_key, curve_allowed_clients)
+        self.device: str | None = (device or default_device()) if policy else None
+        """The stream sessions' default torch device (None without ``policy``)."""
+        self._streams = self._stream_host(policy, fragment_length, double_buffer)
+        self._freed = 0
+        """Step sessions freed and large requests handled (memory to give back)."""
+        self._trimmed_at = (0, 0)
+        self._trims_due = 0
+        if self.insecure:
+            print(
+                f"WARNING: simkit server on {self.endpoint} accepts unauthenticated, "
+                "unencrypted connections from the network (--insecure)",
+                file=sys.stderr,
+            )
+        self._metrics_http = _metrics_server(self.registry, metrics_host, metrics_port)
+        self.metrics_port: int | None = self._metrics_http.port if self._metrics_http else None
+        self._closed = False
+
+    def _init_envs(
+        self, env_kwargs: Mapping[str, Any] | None, *, record: object, policy: bool
+    ) -> None:
+        """How this server makes its envs (PettingZoo parallel envs, one BatchEnv, or a
+        list of single envs), and what it announces: the ``hello`` reply's info, from a
+        one-env probe (an env or space the protocol cannot carry fails here, at start)."""
+        env_id = self.env_id
         self._env_kwargs = dict(env_kwargs or {})
         self._ma_factory = (
             make_parallel_env_factory(env_id, **dict(env_kwargs or {}))
@@ -294,7 +373,7 @@ class RolloutServer:
         probe = self._new_host(1)
         self._info = ServerInfo(
             env_id=env_id,
-            num_envs=num_envs,
+            num_envs=self.num_envs,
             observation_space=probe.observation_space,
             action_space=probe.action_space,
             capabilities=probe.capabilities,
@@ -304,27 +383,24 @@ class RolloutServer:
             agents=list(probe.possible_agents) if isinstance(probe, ParallelEnvHost) else None,
             server=f"simkit {__version__}",
             max_message_bytes=self.limits.max_message_bytes,
-            shared=shared,
-            heartbeat_timeout=float(heartbeat_timeout),
+            shared=self.shared,
+            heartbeat_timeout=float(self.heartbeat_timeout),
         )
         self._info.to_plain()  # fails now (unsupported_space) rather than at the first hello
         probe.close()
         # Answers connections without a session (anything but hello) without giving them
         # envs: it stays NEW, where no request touches its (closed) host.
         self._sessionless = self._session_for(probe, self._info)
-        self.recorder: ServerRecorder | None = (
-            ServerRecorder(record, env_id, self._env_kwargs) if record is not None else None
-        )
-        """The recording of the step sessions (``record``), else ``None``."""
-        self._shared_host: _AnyHost | None = (
-            self._recorded(self._new_host(num_envs), "shared") if shared else None
-        )
-        self._slots: dict[bytes, _Slot] = {}
-        self.registry = CollectorRegistry()
-        self.metrics = Metrics(self.registry)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+
+    def _init_socket(
+        self,
+        bind: str,
+        curve_secret_key: bytes | None,
+        curve_allowed_clients: Iterable[bytes] | None,
+    ) -> None:
+        """The ZeroMQ context and the ROUTER socket bound to ``bind`` (CURVE where a
+        secret key is given, with its authenticator thread), and the watch on its
+        connections. A failed bind leaves nothing open: one ValueError naming it."""
         self._ctx = zmq.Context()
         self._auth: zmq.auth.thread.ThreadAuthenticator | None = None
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -353,54 +429,36 @@ class RolloutServer:
             raise ValueError(f"cannot bind {bind!r}: {exc.strerror}") from exc
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._peers = PeerWatch(self._sock)
-        self.device: str | None = (device or default_device()) if policy else None
-        """The stream sessions' default torch device (None without ``policy``)."""
-        self._streams = StreamHost(
-            self._ctx,
+
+    def _stream_host(self, policy: bool, fragment_length: int, double_buffer: bool) -> StreamHost:
+        """The stream sessions' host: with ``policy``, the settings every stream session
+        starts from; without, it refuses every ``stream_open``."""
+        settings = (
             StreamSettings(
-                env_id=env_id,
+                env_id=self.env_id,
                 env_kwargs=self._env_kwargs,
-                num_envs=num_envs,
-                num_threads=num_threads,
+                num_envs=self.num_envs,
+                num_threads=self.num_threads,
                 device=self.device or "cpu",
                 fragment_length=fragment_length,
-                heartbeat_timeout=float(heartbeat_timeout),
+                heartbeat_timeout=float(self.heartbeat_timeout),
                 limits=self.limits,
-                inline_threshold=inline_threshold,
+                inline_threshold=self.inline_threshold,
                 server=f"simkit {__version__}",
                 double_buffer=double_buffer,
             )
             if policy
-            else None,
-            self.registry,
-            heartbeat_timeout=heartbeat_timeout,
-            max_sessions=max_sessions,
-            max_sessions_per_peer=max_sessions_per_peer,
-            budget=self.budget,
-        )
-        self._freed = 0
-        """Step sessions freed and large requests handled (memory to give back)."""
-        self._trimmed_at = (0, 0)
-        self._trims_due = 0
-        if self.insecure:
-            print(
-                f"WARNING: simkit server on {self.endpoint} accepts unauthenticated, "
-                "unencrypted connections from the network (--insecure)",
-                file=sys.stderr,
-            )
-        self._metrics_http = (
-            MetricsHTTPServer(self.registry, metrics_host, metrics_port)
-            if metrics_port is not None
             else None
         )
-        self.metrics_port: int | None = self._metrics_http.port if self._metrics_http else None
-        if self._metrics_http is not None and not _is_loopback_host(metrics_host):
-            print(
-                f"WARNING: simkit server metrics on {metrics_host}:{self.metrics_port} can be "
-                "read by anyone from the network, unauthenticated (--metrics-host)",
-                file=sys.stderr,
-            )
-        self._closed = False
+        return StreamHost(
+            self._ctx,
+            settings,
+            self.registry,
+            heartbeat_timeout=self.heartbeat_timeout,
+            max_sessions=self.max_sessions,
+            max_sessions_per_peer=self.max_sessions_per_peer,
+            budget=self.budget,
+        )
 
     def _new_host(self, n: int) -> EnvListHost | BatchEnvHost | ParallelEnvHost:
         if self._ma_factory is not None:
