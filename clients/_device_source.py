@@ -39,7 +39,7 @@ from gymnasium import spaces
 
 from simkit._batch import BatchEnv
 from simkit._noise import SlotNoise, TorchSlotNoise
-from simkit._types import Fragment
+from simkit._types import Fragment, FragmentShape
 from simkit.models import ActorCritic
 from simkit.registry import EnvKind, make, spec
 
@@ -47,7 +47,7 @@ __all__ = ["DeviceFragment", "DeviceSource", "device_loop_support", "use_device_
 
 
 @dataclass
-class DeviceFragment:
+class DeviceFragment(FragmentShape):
     """``T`` steps of ``N`` env slots held as tensors on the rollout's device: the
     fields of :class:`simkit.Fragment` a PPO update reads, single-agent (every row acts).
 
@@ -85,16 +85,6 @@ class DeviceFragment:
     episode_rows: np.ndarray
     sequence: int = 0
     source: str = ""
-
-    @property
-    def num_steps(self) -> int:
-        """``T``."""
-        return int(self.log_probs.shape[0])
-
-    @property
-    def num_rows(self) -> int:
-        """``N``."""
-        return int(self.log_probs.shape[1])
 
     def to_host(self) -> Fragment:
         """A numpy :class:`simkit.Fragment` of the same steps (a copy; tests and tools,

@@ -459,6 +459,23 @@ class PPO:
             self.scaler = dev
         return self.scaler
 
+    def _advantages(
+        self, gae: Callable[..., Any], rewards: Any, f: Fragment | DeviceFragment
+    ) -> Any:
+        """GAE advantages and returns of ``f`` with ``rewards`` (scaled or not): ``gae`` is
+        :func:`compute_gae` (numpy) or :func:`compute_gae_torch` (tensors), which take the
+        same arguments."""
+        return gae(
+            rewards,
+            f.values,
+            f.terminated,
+            f.truncated,
+            f.final_values,
+            f.last_values,
+            gamma=self.args.gamma,
+            lam=self.args.gae_lambda,
+        )
+
     def update(self, fragments: Sequence[Fragment | DeviceFragment]) -> UpdateStats:
         """One PPO update on ``fragments`` (the rows of one batch); bumps the version.
 
@@ -480,16 +497,7 @@ class PPO:
         args = self.args
         t_start = time.perf_counter()
         rewards = self._host_scaler().scale(f) if args.normalize_reward else f.rewards
-        adv, ret = compute_gae(
-            rewards,
-            f.values,
-            f.terminated,
-            f.truncated,
-            f.final_values,
-            f.last_values,
-            gamma=args.gamma,
-            lam=args.gae_lambda,
-        )
+        adv, ret = self._advantages(compute_gae, rewards, f)
         n_rows = f.num_steps * f.num_rows
         obs, acts = np.asarray(f.obs), np.asarray(f.actions)
         keep = np.flatnonzero(f.agent_mask.reshape(-1))  # indexing copies: fragments are read-only
@@ -523,16 +531,7 @@ class PPO:
             if args.normalize_reward
             else f.rewards
         )
-        adv, ret = compute_gae_torch(
-            rewards,
-            f.values,
-            f.terminated,
-            f.truncated,
-            f.final_values,
-            f.last_values,
-            gamma=args.gamma,
-            lam=args.gae_lambda,
-        )
+        adv, ret = self._advantages(compute_gae_torch, rewards, f)
         n_rows = f.num_steps * f.num_rows
 
         def batch(x: torch.Tensor) -> torch.Tensor:

@@ -93,8 +93,27 @@ class MultiAgentBatchStep:
         return np.logical_or(self.terminated, self.truncated)
 
 
+class FragmentShape:
+    """``num_steps`` (``T``) and ``num_rows`` (``R``) of a fragment, read from its ``(T,
+    R)`` log-probabilities (numpy or torch): one definition for :class:`Fragment` and the
+    device loop's tensor fragment."""
+
+    __slots__ = ()
+    log_probs: Any
+
+    @property
+    def num_steps(self) -> int:
+        """``T``."""
+        return int(self.log_probs.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        """``R``."""
+        return int(self.log_probs.shape[1])
+
+
 @dataclass(frozen=True)
-class Fragment:
+class Fragment(FragmentShape):
     """``T`` consecutive steps of ``R`` policy rows, as a rollout server streams them.
 
     A row is one (env slot, agent) pair: for single-agent envs ``R`` is the number of
@@ -159,16 +178,6 @@ class Fragment:
     start_state: dict[str, Any] | None = None
     final_obs: Any = None
     final_index: np.ndarray | None = None
-
-    @property
-    def num_steps(self) -> int:
-        """``T``."""
-        return int(self.log_probs.shape[0])
-
-    @property
-    def num_rows(self) -> int:
-        """``R``."""
-        return int(self.log_probs.shape[1])
 
 
 @dataclass(frozen=True)
