@@ -22,7 +22,7 @@ import zmq
 
 from simkit._version import __version__
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
-from simkit.models import ModelSpec, PolicyWeights, build_model
+from simkit.models import ActorCritic, ModelSpec, PolicyWeights, build_model
 from simkit.protocol import (
     Busy,
     InternalError,
@@ -52,7 +52,7 @@ from simkit.protocol._stream_session import (
     WeightsCommand,
 )
 from simkit.servers._memory import MemoryBudget
-from simkit.servers._stream_envs import make_env_rows
+from simkit.servers._stream_envs import EnvRows, make_env_rows
 from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_metrics import StreamMetrics
 from simkit.servers._stream_policy import RowPolicy
@@ -444,6 +444,37 @@ class StreamWorker(threading.Thread):
             )
         _check_layers(s, config.model)
         device = _device(config.device or s.device)
+        envs = self._make_envs(env_id, env_kwargs, num_envs)
+        length = config.fragment_length or s.fragment_length
+        try:
+            fragment_bytes = _check_sizes(s, envs, length, config.model)
+        except ProtocolError:
+            envs.close()
+            raise
+        model, obs_plain, act_plain = self._admit_model(config, envs, fragment_bytes)
+        loop = self._start_loop(config, envs, model, device, env_id, num_envs, length)
+        return StreamInfo(
+            session=self.session_name,
+            env_id=env_id,
+            env_kind=envs.kind,
+            agents=envs.agents,
+            observation_space=obs_plain,
+            action_space=act_plain,
+            num_envs=num_envs,
+            num_rows=envs.num_rows,
+            fragment_length=length,
+            mode=config.mode,
+            device=str(device),
+            heartbeat_timeout=s.heartbeat_timeout,
+            server=s.server or f"simkit {__version__}",
+            double_buffered=loop.double_buffered,
+            max_credit=s.max_credit,
+        )
+
+    def _make_envs(self, env_id: str, env_kwargs: Any, num_envs: int) -> EnvRows:
+        """The session's env rows; in two halves where the server double-buffers and
+        the envs can step a subset (an even number of slots)."""
+        s = self.settings
         halves = s.double_buffer and num_envs % 2 == 0
         try:
             envs = make_env_rows(
@@ -453,12 +484,15 @@ class StreamWorker(threading.Thread):
             raise InvalidField(f"cannot build env {env_id!r}: {exc}", got=env_id) from exc
         if halves and envs.can_split:
             envs.split()
-        length = config.fragment_length or s.fragment_length
-        try:
-            fragment_bytes = _check_sizes(s, envs, length, config.model)
-        except ProtocolError:
-            envs.close()
-            raise
+        return envs
+
+    def _admit_model(
+        self, config: StreamConfig, envs: EnvRows, fragment_bytes: int
+    ) -> tuple[ActorCritic, Any, Any]:
+        """The learner's model built for ``envs``' spaces, within the server's parameter
+        cap, with the session's memory reserved; and the spaces as the reply carries
+        them. Any refusal closes ``envs`` and names what was wrong."""
+        s = self.settings
         try:
             spec = ModelSpec.from_plain(config.model)
             model = build_model(spec, envs.observation_space, envs.action_space)
@@ -490,6 +524,20 @@ class StreamWorker(threading.Thread):
                 expected="kwargs the model accepts",
                 got=config.model.get("kwargs"),
             ) from exc
+        return model, obs_plain, act_plain
+
+    def _start_loop(
+        self,
+        config: StreamConfig,
+        envs: EnvRows,
+        model: ActorCritic,
+        device: torch.device,
+        env_id: str,
+        num_envs: int,
+        length: int,
+    ) -> RolloutLoop:
+        """The session's policy over its rows and the loop that steps them, reset to
+        ``config``'s seed (an env that fails to reset closes the envs)."""
         per_env = envs.agents_per_env
         self._policy = RowPolicy(
             model,
@@ -500,7 +548,7 @@ class StreamWorker(threading.Thread):
             rows_per_slot=per_env,
             action_space=envs.action_space,
         )
-        self._loop = RolloutLoop(
+        self._loop = loop = RolloutLoop(
             envs,
             self._policy,
             fragment_length=length,
@@ -511,28 +559,12 @@ class StreamWorker(threading.Thread):
         self._envs_per_step = num_envs
         self._info_env_id = env_id
         try:
-            self._loop.reset(config.seed, config.env_offset)
+            loop.reset(config.seed, config.env_offset)
         except Exception as exc:
             envs.close()
             self._loop = None
             raise InvalidField(f"env {env_id!r} failed to reset: {exc}") from exc
-        return StreamInfo(
-            session=self.session_name,
-            env_id=env_id,
-            env_kind=envs.kind,
-            agents=envs.agents,
-            observation_space=obs_plain,
-            action_space=act_plain,
-            num_envs=num_envs,
-            num_rows=envs.num_rows,
-            fragment_length=length,
-            mode=config.mode,
-            device=str(device),
-            heartbeat_timeout=s.heartbeat_timeout,
-            server=s.server or f"simkit {__version__}",
-            double_buffered=self._loop.double_buffered,
-            max_credit=s.max_credit,
-        )
+        return loop
 
     def _reserve(self, nbytes: int) -> None:
         """Reserves what the session may hold from the server's budget.
