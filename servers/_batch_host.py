@@ -30,7 +30,7 @@ BATCH_HOST_STATE = "simkit.batch_host/1"
 
 
 class BatchEnvHost:
-    """Serves a numpy :class:`simkit.BatchEnv` of N instances as N envs.
+    """Serves a :class:`simkit.BatchEnv` of N instances as N envs.
 
     - ``reset``: root ``seed`` for every env, or no seed for any subset (each listed
       instance starts its next episode); per-env ``params`` and ``options["params"]``
@@ -46,16 +46,15 @@ class BatchEnvHost:
     - ``get_state``/``set_state``: all N envs at once (the batch's snapshot rides in
       the first listed env's entry).
 
-    Args:
-        env: the batch (numpy, ``device=None``); the host owns and closes it.
+    - A torch batch (``device`` set, e.g. ``BatchMujocoEnv(backend="mjwarp")``) is
+      served too: its rows are copied to the host once per reply (the wire carries
+      numpy arrays), and actions reach it as numpy arrays.
 
-    Raises:
-        ValueError: a torch (``device``) batch.
+    Args:
+        env: the batch; the host owns and closes it.
     """
 
     def __init__(self, env: BatchEnv) -> None:
-        if env.device is not None:
-            raise ValueError(f"the rollout server hosts numpy BatchEnvs, got device={env.device!r}")
         self.env = env
         self.num_envs = env.num_envs
         self.observation_space: spaces.Space[Any] = env.single_observation_space
@@ -121,7 +120,7 @@ class BatchEnvHost:
             mask[env_ids] = True
             opts["reset_mask"] = mask
         obs, vector_info = self.env.reset(seed=seed, options=opts or None)
-        self._obs = obs
+        obs = self._obs = _to_host(obs)
         if everyone:
             self._broken = False
         infos = _info_rows(vector_info, env_ids)
@@ -144,6 +143,8 @@ class BatchEnvHost:
             raise ResetNeeded("step before reset; send reset first")
         if self._broken:
             return self._failed(env_ids, "reset_needed", "the batch failed to reset; reset it")
+        if self.env.device is not None:  # torch reads the wire's read-only buffer: a copy
+            actions = _writable(actions)
         if self._validate:
             actions = self.env.check_actions(actions, env_ids.size)
         in_order = env_ids.size == n and bool(np.array_equal(env_ids, self._all))
@@ -151,6 +152,14 @@ class BatchEnvHost:
             result = self.env.step_batch(actions, None if in_order else env_ids)
         except Exception as exc:  # the stepped instances fail; the others did not move
             return self._fault_all(env_ids, exc)
+        if self.env.device is not None:
+            result = dataclasses.replace(
+                result,
+                **{
+                    name: _to_host(getattr(result, name))
+                    for name in ("obs", "reward", "terminated", "truncated", "final_obs")
+                },
+            )
         self._obs = (
             result.obs
             if in_order
@@ -183,7 +192,7 @@ class BatchEnvHost:
             mask[env_ids] = True
             options = {"reset_mask": mask}
         try:
-            obs, vector_info = self.env.reset(options=options)
+            obs, vector_info = _host_reset(self.env, options)
         except Exception as again:
             self._broken = True
             msg = f"reset failed: {type(again).__name__}: {again}"
@@ -247,11 +256,40 @@ class BatchEnvHost:
             raise InvalidState("the snapshot lacks the batch's state (env and broken)")
         self.env.set_state(batch["env"])
         self._broken = bool(batch["broken"])
-        self._obs = copy.deepcopy(batch["env"]["obs"])
+        self._obs = _to_host(copy.deepcopy(batch["env"]["obs"]))
 
     def close(self) -> None:
         """Closes the batch."""
         self.env.close()
+
+
+def _to_host(value: Any) -> Any:
+    """``value`` (a torch batch's rows: a tensor, or a dict/tuple of them) as numpy
+    arrays on the host; numpy rows unchanged."""
+    if isinstance(value, Mapping):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_to_host(v) for v in value)
+    if isinstance(value, np.ndarray) or not hasattr(value, "cpu"):
+        return value
+    return value.detach().cpu().numpy()
+
+
+def _writable(actions: Any) -> Any:
+    """``actions`` (arrays, or a dict/tuple of them) with every array writable."""
+    if isinstance(actions, Mapping):
+        return {k: _writable(v) for k, v in actions.items()}
+    if isinstance(actions, tuple):
+        return tuple(_writable(v) for v in actions)
+    if isinstance(actions, np.ndarray) and not actions.flags.writeable:
+        return actions.copy()
+    return actions
+
+
+def _host_reset(env: BatchEnv, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+    """``env.reset(options=options)`` with the observations on the host."""
+    obs, vector_info = env.reset(options=options)
+    return _to_host(obs), vector_info
 
 
 def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:

@@ -281,9 +281,32 @@ def test_batch_fails_as_a_whole_and_restarts() -> None:
     assert faults == []
 
 
-def test_batch_host_refuses_torch_batches() -> None:
-    with pytest.raises(ValueError, match="numpy BatchEnvs, got device"):
-        BatchEnvHost(BatchCartPole(num_envs=2, device="cpu"))
+def test_batch_host_serves_a_torch_batch_as_host_arrays() -> None:
+    """A torch batch (device-resident steps, autoresets) hosted gives the numpy batch's
+    rows bit for bit, as numpy arrays, from actions as read-only wire buffers."""
+    pytest.importorskip("torch")
+    n = 4
+    hosts = [BatchEnvHost(BatchCartPole(num_envs=n, device=d)) for d in (None, "cpu")]
+    ids = np.arange(n, dtype=np.int64)
+    first = [h.reset(ids, seed=3, seeds=None, options=None, params=None) for h in hosts]
+    assert isinstance(first[1][0], np.ndarray)
+    np.testing.assert_array_equal(first[0][0], first[1][0])
+    rng = np.random.default_rng(0)
+    ended = 0
+    for _ in range(40):
+        act = rng.integers(0, 2, n)
+        act.flags.writeable = False
+        (want, _), (got, faults) = (h.step(ids, act) for h in hosts)
+        assert faults == []
+        for name in ("obs", "reward", "terminated", "truncated", "final_obs"):
+            x, y = getattr(got, name), getattr(want, name)
+            assert isinstance(x, np.ndarray), name
+            assert x.dtype == y.dtype, name
+            np.testing.assert_array_equal(x, y)
+        ended += int(want.done.sum())
+    assert ended > 0
+    for h in hosts:
+        h.close()
 
 
 def _flaky_cheetahs(n: int) -> list[Any]:
