@@ -23,7 +23,7 @@ from simkit.protocol import EnvFault, InvalidField, Unsupported, error_code_of, 
 from simkit.protocol import take_rows as _take
 from simkit.randomization import resolve_overrides
 
-__all__ = ["BatchEnvHost", "BATCH_HOST_STATE"]
+__all__ = ["BatchEnvHost", "BATCH_HOST_STATE", "host_arrays"]
 
 BATCH_HOST_STATE = "simkit.batch_host/1"
 """Tag of the per-env snapshots :meth:`BatchEnvHost.get_state` returns."""
@@ -120,7 +120,7 @@ class BatchEnvHost:
             mask[env_ids] = True
             opts["reset_mask"] = mask
         obs, vector_info = self.env.reset(seed=seed, options=opts or None)
-        obs = self._obs = _to_host(obs)
+        obs = self._obs = host_arrays(obs)
         if everyone:
             self._broken = False
         infos = _info_rows(vector_info, env_ids)
@@ -156,7 +156,7 @@ class BatchEnvHost:
             result = dataclasses.replace(
                 result,
                 **{
-                    name: _to_host(getattr(result, name))
+                    name: host_arrays(getattr(result, name))
                     for name in ("obs", "reward", "terminated", "truncated", "final_obs")
                 },
             )
@@ -256,20 +256,20 @@ class BatchEnvHost:
             raise InvalidState("the snapshot lacks the batch's state (env and broken)")
         self.env.set_state(batch["env"])
         self._broken = bool(batch["broken"])
-        self._obs = _to_host(copy.deepcopy(batch["env"]["obs"]))
+        self._obs = host_arrays(copy.deepcopy(batch["env"]["obs"]))
 
     def close(self) -> None:
         """Closes the batch."""
         self.env.close()
 
 
-def _to_host(value: Any) -> Any:
+def host_arrays(value: Any) -> Any:
     """``value`` (a torch batch's rows: a tensor, or a dict/tuple of them) as numpy
     arrays on the host; numpy rows unchanged."""
     if isinstance(value, Mapping):
-        return {k: _to_host(v) for k, v in value.items()}
+        return {k: host_arrays(v) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(_to_host(v) for v in value)
+        return tuple(host_arrays(v) for v in value)
     if isinstance(value, np.ndarray) or not hasattr(value, "cpu"):
         return value
     return value.detach().cpu().numpy()
@@ -289,7 +289,7 @@ def _writable(actions: Any) -> Any:
 def _host_reset(env: BatchEnv, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
     """``env.reset(options=options)`` with the observations on the host."""
     obs, vector_info = env.reset(options=options)
-    return _to_host(obs), vector_info
+    return host_arrays(obs), vector_info
 
 
 def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:

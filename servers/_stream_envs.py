@@ -24,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from simkit.registry import EnvKind, spec
+from simkit.servers._batch_host import host_arrays
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = ["EnvRows", "RowStep", "make_env_rows", "ENV_KINDS"]
@@ -126,7 +127,7 @@ class EnvRows:
             obs, mask, _ = self.env.reset(seed=seed)
             return np.asarray(obs), np.asarray(mask, dtype=np.bool_)
         obs, _ = self.env.reset(seed=seed)
-        return np.array(obs), self._all_rows.copy()
+        return np.array(host_arrays(obs)), self._all_rows.copy()
 
     def step(self, actions: np.ndarray) -> RowStep:
         """Steps every env with one action per row (rows not live are ignored)."""
@@ -140,15 +141,7 @@ class EnvRows:
                 truncated=np.asarray(ma.truncated, dtype=np.bool_),
                 final_obs=np.asarray(ma.final_obs),
             )
-        step = self.env.step_batch(actions)
-        return RowStep(
-            obs=np.array(step.obs),  # a copy: a BatchEnv reuses its buffers
-            mask=self._all_rows,
-            reward=np.asarray(step.reward, dtype=np.float64),
-            terminated=np.asarray(step.terminated, dtype=np.bool_),
-            truncated=np.asarray(step.truncated, dtype=np.bool_),
-            final_obs=np.asarray(step.final_obs),
-        )
+        return self._rows(self.env.step_batch(actions), self._all_rows)
 
     def send(self, part: int, actions: np.ndarray) -> None:
         """Starts stepping part ``part`` with one action per row of it; :meth:`recv` it.
@@ -180,13 +173,18 @@ class EnvRows:
                 f"recv() returned envs {batch.env_ids.tolist()}, expected part {part}'s "
                 f"{ids.tolist()} (parts are received in the order they were sent)"
             )
+        return self._rows(batch, self._all_rows[self.parts[part]])
+
+    @staticmethod
+    def _rows(step: Any, mask: np.ndarray) -> RowStep:
+        """A BatchEnv's step as host rows (a torch batch's tensors copied to the host)."""
         return RowStep(
-            obs=np.array(batch.obs),  # a copy: a BatchEnv reuses its buffers
-            mask=self._all_rows[self.parts[part]],
-            reward=np.asarray(batch.reward, dtype=np.float64),
-            terminated=np.asarray(batch.terminated, dtype=np.bool_),
-            truncated=np.asarray(batch.truncated, dtype=np.bool_),
-            final_obs=np.asarray(batch.final_obs),
+            obs=np.array(host_arrays(step.obs)),  # a copy: a BatchEnv reuses its buffers
+            mask=mask,
+            reward=np.asarray(host_arrays(step.reward), dtype=np.float64),
+            terminated=np.asarray(host_arrays(step.terminated), dtype=np.bool_),
+            truncated=np.asarray(host_arrays(step.truncated), dtype=np.bool_),
+            final_obs=np.asarray(host_arrays(step.final_obs)),
         )
 
     def get_state(self) -> dict[str, Any]:

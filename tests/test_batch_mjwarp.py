@@ -272,3 +272,46 @@ def test_the_rollout_server_hosts_an_mjwarp_batch(tmp_path: Path) -> None:
         remote.close()
         server.stop()
         local.close()
+
+
+@_mjwarp
+def test_policy_serving_streams_fragments_of_an_mjwarp_batch() -> None:
+    """``simkit serve simkit/BatchCheetah-v0 --env-kwarg backend=mjwarp --policy``: the
+    server runs the learner's policy over the MJWarp worlds and streams fragments; the
+    same seed streams the same fragments."""
+    from stream_helpers import assert_same_fragment, weights_version
+
+    from simkit.clients import PolicyStream
+    from simkit.models import ModelSpec, build_model
+    from simkit.servers import RolloutServer
+
+    spec = ModelSpec("mlp", {"hidden_sizes": [8]})
+    local = make(1)
+    model = build_model(spec, local.single_observation_space, local.single_action_space)
+    local.close()
+    server = RolloutServer(
+        ENV,
+        3,
+        "tcp://127.0.0.1:0",
+        policy=True,
+        device="cpu",
+        fragment_length=4,
+        env_kwargs={"backend": "mjwarp"},
+    ).start()
+    try:
+        runs = []
+        for _ in range(2):
+            with PolicyStream([server.endpoint], spec, num_envs=3, seed=5, timeout=60) as stream:
+                frags = []
+                for version in range(2):
+                    stream.push_weights(weights_version(model, version))
+                    frags.append(stream.next_batch())
+                runs.append(frags)
+    finally:
+        server.stop()
+    first = runs[0][0]
+    assert first.obs.shape == (4, 3, 17)
+    assert np.isfinite(first.rewards).all()
+    assert isinstance(first.obs, np.ndarray)
+    for a, b in zip(*runs, strict=True):
+        assert_same_fragment(a, b)
