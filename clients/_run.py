@@ -40,7 +40,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from simkit._types import Fragment
 from simkit.clients._checkpoint import (
@@ -154,6 +154,28 @@ class RunOptions:
     server_gpus: float = 0.0
     max_restarts: int = 3
     metrics_port: int | None = None
+
+
+class RunKeywords(TypedDict, total=False):
+    """The run arguments every algorithm's entry point
+    (:func:`~simkit.clients._train.run_training`, :func:`~simkit.clients._train_sac.run_sac`)
+    takes as keywords beside its own: :class:`RunOptions` fields, passed on as they are
+    (the defaults are :class:`RunOptions`')."""
+
+    resume: str | Path | None
+    progress: bool
+    print_every: float
+    tensorboard: bool
+    handle_signals: bool
+    connect: Sequence[str]
+    servers: int | None
+    server_timeout: float
+    wait_for_servers: bool
+    record: str | Path | None
+    ray: str | None
+    server_cpus: float
+    server_gpus: float
+    max_restarts: int
 
 
 @dataclass

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from simkit.clients._device_source import use_device_loop
 from simkit.clients._local_source import GYM_PREFIX, is_multi_agent, make_vector
 from simkit.clients._loop import Rounds
 from simkit.clients._rollout import source_kind
-from simkit.clients._run import Report, Run, RunOptions, TrainResult
+from simkit.clients._run import Report, Run, RunKeywords, RunOptions, TrainResult
 from simkit.clients._run_parts import RunTally, check_resumed_state
 from simkit.clients.ppo import PPO, PPOArgs, PPORounds, UpdateStats, updates_for
 from simkit.errors import InvalidCheckpoint, MissingDependency
@@ -420,23 +420,10 @@ def run_training(
     args: PPOArgs,
     *,
     logdir: str | Path,
-    resume: str | Path | None = None,
     checkpoint_every: int = 10,
     checkpoint_minutes: float = 0.0,
     max_updates: int | None = None,
-    progress: bool = False,
-    print_every: float = 10.0,
-    tensorboard: bool = True,
-    handle_signals: bool = False,
-    connect: Sequence[str] = (),
-    servers: int | None = None,
-    server_timeout: float = 30.0,
-    wait_for_servers: bool = False,
-    record: str | Path | None = None,
-    ray: str | None = None,
-    server_cpus: float = 1.0,
-    server_gpus: float = 0.0,
-    max_restarts: int = 3,
+    **run: Unpack[RunKeywords],
 ) -> TrainResult:
     """Trains ``args``, or continues the run of checkpoint ``resume`` (its settings, with
     :data:`RESUME_FREE` ones from ``args``; :func:`resume_args`): a
@@ -477,25 +464,7 @@ def run_training(
         InvalidCheckpoint: ``resume`` is not a valid checkpoint of this model.
     """
     part = PPOPart(args, checkpoint_every=checkpoint_every, checkpoint_minutes=checkpoint_minutes)
-    options = RunOptions(
-        logdir=Path(logdir),
-        resume=resume,
-        max_rounds=max_updates,
-        progress=progress,
-        print_every=print_every,
-        tensorboard=tensorboard,
-        handle_signals=handle_signals,
-        connect=connect,
-        servers=servers,
-        server_timeout=server_timeout,
-        wait_for_servers=wait_for_servers,
-        record=record,
-        ray=ray,
-        server_cpus=server_cpus,
-        server_gpus=server_gpus,
-        max_restarts=max_restarts,
-    )
-    return Run(part, options).train()
+    return Run(part, RunOptions(logdir=Path(logdir), max_rounds=max_updates, **run)).train()
 
 
 def evaluate_policy(

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from simkit.clients._checkpoint import Checkpoint, check_optimizer, checkpoint_a
 from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
 from simkit.clients._loop import Rounds
 from simkit.clients._replay import ReplayBuffer
-from simkit.clients._run import Report, Run, RunOptions, TrainResult
+from simkit.clients._run import Report, Run, RunKeywords, RunOptions, TrainResult
 from simkit.clients._run_parts import CheckpointCadence, RunTally, check_resumed_state
 from simkit.clients.sac import SAC, SACRounds, SACStats
 from simkit.errors import InvalidCheckpoint
@@ -539,26 +539,13 @@ def run_sac(
     args: SACArgs,
     *,
     logdir: str | Path,
-    resume: str | Path | None = None,
     given: Sequence[str] | None = None,
     checkpoint_steps: int = 100_000,
     checkpoint_minutes: float = 5.0,
     max_rounds: int | None = None,
-    progress: bool = False,
-    print_every: float = 10.0,
-    tensorboard: bool = True,
-    handle_signals: bool = False,
-    connect: Sequence[str] = (),
-    servers: int | None = None,
-    server_timeout: float = 30.0,
-    wait_for_servers: bool = False,
-    ray: str | None = None,
-    server_cpus: float = 1.0,
-    server_gpus: float = 0.0,
-    max_restarts: int = 3,
     buffer_from: str | Path | None = None,
     metrics_port: int | None = None,
-    record: str | Path | None = None,
+    **run: Unpack[RunKeywords],
 ) -> TrainResult:
     """Trains SAC per ``args`` or continues checkpoint ``resume`` (exactly, in sync mode):
     a :class:`~simkit.clients._run.Run` of :class:`SACPart`.
@@ -592,22 +579,6 @@ def run_sac(
         buffer_from=buffer_from,
     )
     options = RunOptions(
-        logdir=Path(logdir),
-        resume=resume,
-        max_rounds=max_rounds,
-        progress=progress,
-        print_every=print_every,
-        tensorboard=tensorboard,
-        handle_signals=handle_signals,
-        connect=connect,
-        servers=servers,
-        server_timeout=server_timeout,
-        wait_for_servers=wait_for_servers,
-        record=record,
-        ray=ray,
-        server_cpus=server_cpus,
-        server_gpus=server_gpus,
-        max_restarts=max_restarts,
-        metrics_port=metrics_port,
+        logdir=Path(logdir), max_rounds=max_rounds, metrics_port=metrics_port, **run
     )
     return Run(part, options).train()
