@@ -42,9 +42,9 @@ from simkit.clients._replay import ReplayBatch, ReplayBuffer
 __all__ = ["PPOStep", "SACStep", "use_cuda_graph", "WARMUP_STEPS"]
 
 
-class PPOLearner(Protocol):
-    """What :class:`PPOStep` uses of :class:`~simkit.clients.ppo.PPO` (this module
-    imports neither learner: they import it)."""
+class GraphedLearner(Protocol):
+    """What both graphed steps use of their learner (this module imports neither
+    learner: they import it)."""
 
     @property
     def args(self) -> Any: ...
@@ -56,24 +56,25 @@ class PPOLearner(Protocol):
     def optimizer(self) -> torch.optim.Optimizer: ...
     @property
     def generator(self) -> torch.Generator: ...
+
+
+class PPOLearner(GraphedLearner, Protocol):
+    """What :class:`PPOStep` uses of :class:`~simkit.clients.ppo.PPO` besides
+    :class:`GraphedLearner`'s."""
+
     @property
     def _loss(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]: ...
 
     def clip_grads(self) -> None: ...
 
 
-class SACLearner(Protocol):
-    """What :class:`SACStep` uses of :class:`~simkit.clients.sac.SAC`."""
+class SACLearner(GraphedLearner, Protocol):
+    """What :class:`SACStep` uses of :class:`~simkit.clients.sac.SAC` besides
+    :class:`GraphedLearner`'s."""
 
     updates: int
     alpha: float
 
-    @property
-    def args(self) -> Any: ...
-    @property
-    def device(self) -> torch.device: ...
-    @property
-    def model(self) -> nn.Module: ...
     @property
     def qf(self) -> nn.Module: ...
     @property
@@ -82,10 +83,6 @@ class SACLearner(Protocol):
     def log_alpha(self) -> torch.Tensor: ...
     @property
     def target_entropy(self) -> float: ...
-    @property
-    def optimizer(self) -> torch.optim.Optimizer: ...
-    @property
-    def generator(self) -> torch.Generator: ...
     @property
     def sampler(self) -> np.random.Generator: ...
     @property
