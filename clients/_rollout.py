@@ -95,7 +95,8 @@ def open_rollout(
     :func:`simkit.clients._train.run_training`); on error nothing is left running.
     ``device_loop``: roll out in process on that device
     (:class:`~simkit.clients._device_source.DeviceSource`; the run checked it can,
-    :func:`~simkit.clients._device_source.use_device_loop`).
+    :func:`~simkit.clients._device_source.use_device_loop`). Else, without servers,
+    endpoints or Ray: in process on the host (:class:`LocalSource`); else over servers.
 
     Raises:
         ValueError: ``ray`` without ``servers`` or with ``connect``.
@@ -111,57 +112,9 @@ def open_rollout(
                 device=device_loop,
             )
         )
-    procs: list[Any] = []
-    endpoints = list(connect)
-    launched: Any = None
-    if ray is not None:
-        if connect or not servers:
-            raise ValueError(
-                f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
-                f"got --servers {servers} and {len(connect)} --connect"
-            )
-        from simkit.clients._launch import launch
-
-        launched = launch(
-            env_id,
-            servers,
-            num_envs=max(1, num_envs // servers),
-            address=ray or None,
-            server_cpus=server_cpus,
-            server_gpus=server_gpus,
-            max_restarts=max_restarts,
-            num_threads=env_threads,
-            fragment_length=num_steps,
-            heartbeat_timeout=max(60.0, 4 * server_timeout),
-            env_vars=pinned_vars(),
-        )
-        endpoints += launched.endpoints
-        logdir.mkdir(parents=True, exist_ok=True)
-        launched.write_prometheus_targets(logdir / "prometheus_targets.json")
-    elif servers:
-        procs, spawned = spawn_servers(env_id, servers, num_threads=env_threads)
-        endpoints += spawned
-    source: LocalSource | ServerSource | DeviceSource
-    try:
-        if endpoints:
-            source = ServerSource(
-                endpoints,
-                spec,
-                env_id=env_id,
-                num_envs=num_envs,
-                num_steps=num_steps,
-                seed=seed,
-                mode=mode,
-                max_lag=max_lag,
-                timeout=server_timeout,
-                report=lambda line: print(line, file=sys.stderr, flush=True),
-                wait_for_servers=wait_for_servers,
-                give_up=give_up,
-                curve=None if launched is None else launched.curve,
-                locate=None if launched is None else _relocator(launched, logdir),
-            )
-        else:
-            source = LocalSource(
+    if ray is None and not servers and not connect:
+        return Rollout(
+            LocalSource(
                 env_id,
                 model,
                 num_envs=num_envs,
@@ -170,9 +123,142 @@ def open_rollout(
                 mode=mode,
                 num_threads=env_threads,
             )
+        )
+    return _server_rollout(
+        env_id,
+        spec,
+        num_envs=num_envs,
+        num_steps=num_steps,
+        seed=seed,
+        mode=mode,
+        max_lag=max_lag,
+        env_threads=env_threads,
+        servers=servers,
+        connect=connect,
+        ray=ray,
+        server_cpus=server_cpus,
+        server_gpus=server_gpus,
+        max_restarts=max_restarts,
+        server_timeout=server_timeout,
+        wait_for_servers=wait_for_servers,
+        give_up=give_up,
+        logdir=logdir,
+    )
+
+
+def _server_rollout(
+    env_id: str,
+    spec: ModelSpec,
+    *,
+    num_envs: int,
+    num_steps: int,
+    seed: int,
+    mode: str,
+    max_lag: int,
+    env_threads: int,
+    servers: int,
+    connect: Sequence[str],
+    ray: str | None,
+    server_cpus: float,
+    server_gpus: float,
+    max_restarts: int,
+    server_timeout: float,
+    wait_for_servers: bool,
+    give_up: Callable[[], bool],
+    logdir: Path,
+) -> Rollout:
+    """Rollout servers: the ``connect`` endpoints, then those launched on Ray or started
+    as local processes, under one :class:`ServerSource`; if the source cannot open, the
+    servers started here are stopped."""
+    procs: list[Any] = []
+    endpoints = list(connect)
+    launched: Any = None
+    if ray is not None:
+        launched = _launch_on_ray(
+            env_id,
+            ray,
+            servers,
+            connect,
+            num_envs=num_envs,
+            num_steps=num_steps,
+            env_threads=env_threads,
+            server_cpus=server_cpus,
+            server_gpus=server_gpus,
+            max_restarts=max_restarts,
+            server_timeout=server_timeout,
+            logdir=logdir,
+        )
+        endpoints += launched.endpoints
+    elif servers:
+        procs, spawned = spawn_servers(env_id, servers, num_threads=env_threads)
+        endpoints += spawned
+    try:
+        source = ServerSource(
+            endpoints,
+            spec,
+            env_id=env_id,
+            num_envs=num_envs,
+            num_steps=num_steps,
+            seed=seed,
+            mode=mode,
+            max_lag=max_lag,
+            timeout=server_timeout,
+            report=lambda line: print(line, file=sys.stderr, flush=True),
+            wait_for_servers=wait_for_servers,
+            give_up=give_up,
+            curve=None if launched is None else launched.curve,
+            locate=None if launched is None else _relocator(launched, logdir),
+        )
     except BaseException:
         stop_servers(procs)
         if launched is not None:
             launched.close()
         raise
     return Rollout(source, procs, launched)
+
+
+def _launch_on_ray(
+    env_id: str,
+    ray: str,
+    servers: int,
+    connect: Sequence[str],
+    *,
+    num_envs: int,
+    num_steps: int,
+    env_threads: int,
+    server_cpus: float,
+    server_gpus: float,
+    max_restarts: int,
+    server_timeout: float,
+    logdir: Path,
+) -> Any:
+    """``servers`` rollout servers launched on the Ray cluster at ``ray`` ("": a local
+    Ray instance), the env slots split evenly; their Prometheus targets written into
+    ``logdir``.
+
+    Raises:
+        ValueError: no ``servers`` or some ``connect`` endpoints (Ray launches them all).
+    """
+    if connect or not servers:
+        raise ValueError(
+            f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
+            f"got --servers {servers} and {len(connect)} --connect"
+        )
+    from simkit.clients._launch import launch
+
+    launched = launch(
+        env_id,
+        servers,
+        num_envs=max(1, num_envs // servers),
+        address=ray or None,
+        server_cpus=server_cpus,
+        server_gpus=server_gpus,
+        max_restarts=max_restarts,
+        num_threads=env_threads,
+        fragment_length=num_steps,
+        heartbeat_timeout=max(60.0, 4 * server_timeout),
+        env_vars=pinned_vars(),
+    )
+    logdir.mkdir(parents=True, exist_ok=True)
+    launched.write_prometheus_targets(logdir / "prometheus_targets.json")
+    return launched
