@@ -76,11 +76,12 @@ def vector_cartpole(n: int, steps: int) -> float:
 
 
 def host_cartpole(n: int, steps: int) -> float:
+    from simkit.protocol import ResetRequest
     from simkit.servers import EnvListHost
 
     host = EnvListHost([simkit.make("simkit/CartPole-v0") for _ in range(n)])
     ids = np.arange(n, dtype=np.int64)
-    host.reset(ids, seed=0, seeds=None, options=None, params=None)
+    host.reset(ResetRequest(ids, seed=0))
     rand = np.random.default_rng(1).integers(0, 2, (steps, n))
     return timed(steps, lambda: [host.step(ids, a) for a in rand])
 

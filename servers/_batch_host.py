@@ -19,7 +19,14 @@ from gymnasium import spaces
 from simkit._batch import BatchEnv
 from simkit._types import BatchStep
 from simkit.errors import InvalidState, ResetNeeded
-from simkit.protocol import EnvFault, InvalidField, Unsupported, error_code_of, put_rows
+from simkit.protocol import (
+    EnvFault,
+    InvalidField,
+    ResetRequest,
+    Unsupported,
+    error_code_of,
+    put_rows,
+)
 from simkit.protocol import take_rows as _take
 from simkit.randomization import resolve_overrides
 
@@ -72,30 +79,28 @@ class BatchEnvHost:
 
     # ------------------------------------------------------------------------ reset
 
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids`` through ``BatchEnv.reset`` (``reset_mask`` for a subset)."""
+    def reset(self, request: ResetRequest) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``request.env_ids`` through ``BatchEnv.reset`` (``reset_mask`` for a
+        subset)."""
+        env_ids, seed, options, params = (
+            request.env_ids,
+            request.seed,
+            request.options,
+            request.params,
+        )
         n = self.num_envs
         everyone = env_ids.size == n
-        if seeds is not None:
+        if request.seeds is not None:
             raise Unsupported(
                 "a BatchEnv derives every instance's seed from one root seed",
                 expected="'seed' (root) or no seed",
                 got="'seeds'",
             )
-        if env_offset:
+        if request.env_offset:
             raise Unsupported(
                 "a BatchEnv seeds its instances by their own index",
                 expected="env_offset 0",
-                got=env_offset,
+                got=request.env_offset,
             )
         if seed is not None and not everyone:
             raise Unsupported(

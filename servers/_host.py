@@ -23,7 +23,7 @@ from simkit._contract import ContractCore
 from simkit._multiagent import MultiAgentEnv
 from simkit._types import BatchStep, MultiAgentBatchStep, StepFault
 from simkit.errors import UnknownEnv
-from simkit.protocol import EnvFault, Unsupported, error_code_of
+from simkit.protocol import EnvFault, ResetRequest, Unsupported, error_code_of
 from simkit.registry import GYM_PREFIX, EnvKind, EnvSpec, spec
 from simkit.vector import VectorEnv
 from simkit.vector._multiagent import MultiAgentVectorEnv, homogeneous_agent_spaces
@@ -160,17 +160,9 @@ class VectorHost(Generic[StepT]):
                 caps.add("randomization")
         self.capabilities = frozenset(caps)
 
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids`` with the vector's seeding (:class:`simkit._seeding.EpisodeSeeds`).
+    def reset(self, request: ResetRequest) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``request.env_ids`` with the vector's seeding
+        (:class:`simkit._seeding.EpisodeSeeds`).
 
         ``env_offset``: seeds index env ``i`` as ``env_offset + i`` (a client joining
         several servers into one vector). ``seed`` (root), ``seeds`` (``seeds[k]`` for
@@ -179,10 +171,11 @@ class VectorHost(Generic[StepT]):
         Returns:
             The observation rows and per-row infos of ``env_ids``.
         """
-        require_params_capability(self.capabilities, options, params)
-        self.vector.seeds.env_offset = env_offset
+        r = request
+        require_params_capability(self.capabilities, r.options, r.params)
+        self.vector.seeds.env_offset = r.env_offset
         out: tuple[Any, list[dict[str, Any]]] = self.vector.reset_envs(
-            env_ids, seed=seed, seeds=seeds, options=options, params=params
+            r.env_ids, seed=r.seed, seeds=r.seeds, options=r.options, params=r.params
         )
         return out
 

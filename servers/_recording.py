@@ -22,7 +22,7 @@ from gymnasium import spaces
 
 from simkit._seeding import EpisodeSeeds
 from simkit._types import BatchStep, MultiAgentBatchStep
-from simkit.protocol import EnvFault
+from simkit.protocol import EnvFault, ResetRequest
 from simkit.recording._io import RecordingWriter
 from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 from simkit.recording._wrapper import environment_versions
@@ -154,14 +154,13 @@ class _RecordedHost:
         for i in env_ids.tolist():
             self.tracker.drop(i)
 
-    def reset(self, env_ids: np.ndarray, **request: Any) -> tuple[Any, list[dict[str, Any]]]:
-        """The host's reset (``seed``, ``seeds``, ``options``, ``params``, ``env_offset``
-        as the host interface has them); each reset env starts a recorded episode."""
-        obs, infos = self.host.reset(env_ids, **request)
+    def reset(self, request: ResetRequest) -> tuple[Any, list[dict[str, Any]]]:
+        """The host's reset; each reset env starts a recorded episode."""
+        obs, infos = self.host.reset(request)
+        env_ids = request.env_ids
         try:
             ids = env_ids.tolist()
-            seeds, params = request.get("seeds"), request.get("params")
-            options = request.get("options")
+            seeds, params, options = request.seeds, request.params, request.options
             explicit = None if seeds is None else [int(x) for x in seeds]
             A = self.tracker.num_agents
             for k, (i, (s, origin)) in enumerate(

@@ -13,7 +13,7 @@ import simkit
 from simkit.clients import RemoteVectorEnv
 from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.envs.batch_cheetah import BatchCheetah
-from simkit.protocol import ClientSession, RemoteError, ServerInfo, ServerSession
+from simkit.protocol import ClientSession, RemoteError, ResetRequest, ServerInfo, ServerSession
 from simkit.servers import BatchEnvHost, EnvListHost, RolloutServer
 
 
@@ -288,7 +288,7 @@ def test_batch_host_serves_a_torch_batch_as_host_arrays() -> None:
     n = 4
     hosts = [BatchEnvHost(BatchCartPole(num_envs=n, device=d)) for d in (None, "cpu")]
     ids = np.arange(n, dtype=np.int64)
-    first = [h.reset(ids, seed=3, seeds=None, options=None, params=None) for h in hosts]
+    first = [h.reset(ResetRequest(ids, seed=3)) for h in hosts]
     assert isinstance(first[1][0], np.ndarray)
     np.testing.assert_array_equal(first[0][0], first[1][0])
     rng = np.random.default_rng(0)

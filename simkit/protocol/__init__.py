@@ -29,6 +29,7 @@ from simkit.protocol._multiagent import *  # noqa: F403  (multi-agent: _multiage
 from simkit.protocol._server_session import (
     EnvHost,
     Host,
+    ResetRequest,
     ServerSession,
     is_keepalive,
     keepalive_target,
@@ -70,6 +71,7 @@ __all__ = [
     "AUTORESET_SAME_STEP",
     "EnvHost",
     "Host",
+    "ResetRequest",
     "EnvFault",
     "ServerInfo",
     "SessionState",

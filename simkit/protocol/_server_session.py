@@ -7,6 +7,7 @@ testable without sockets.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,6 +43,7 @@ from simkit.snapshot import from_plain, to_plain
 __all__ = [
     "EnvHost",
     "Host",
+    "ResetRequest",
     "ServerSession",
     "keepalive_target",
     "is_keepalive",
@@ -50,6 +52,28 @@ __all__ = [
 
 _STREAM_ONLY = frozenset(STREAM_KINDS) - set(REQUEST_KINDS) - {"stream_open"}
 """Requests of a stream session that reach a connection without one."""
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    """A ``reset`` request as the session decoded and checked it, for :meth:`EnvHost.reset`.
+
+    Attributes:
+        env_ids: the envs to reset.
+        seed: a root seed, or None.
+        seeds: ``seeds[k]`` for ``env_ids[k]`` exactly, or None.
+        options: the reset options, or None.
+        params: per-env parameter overrides (one map per id), or None.
+        env_offset: the global index of env 0 in the client's vector: seeds derive from
+            ``episode_seed(root, env_offset + i, k)`` until the next reset.
+    """
+
+    env_ids: np.ndarray
+    seed: int | None = None
+    seeds: list[int] | None = None
+    options: dict[str, Any] | None = None
+    params: list[dict[str, Any]] | None = None
+    env_offset: int = 0
 
 
 class EnvHost(Protocol):
@@ -62,20 +86,8 @@ class EnvHost(Protocol):
     action_space: spaces.Space[Any]
     capabilities: frozenset[str]
 
-    def reset(
-        self,
-        env_ids: np.ndarray,
-        *,
-        seed: int | None,
-        seeds: list[int] | None,
-        options: dict[str, Any] | None,
-        params: list[dict[str, Any]] | None,
-        env_offset: int = 0,
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets ``env_ids``; returns their batched observations and infos.
-
-        ``env_offset`` is the global index of env 0 in the client's vector: seeds
-        derive from ``episode_seed(root, env_offset + i, k)`` until the next reset."""
+    def reset(self, request: ResetRequest) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets ``request.env_ids``; returns their batched observations and infos."""
         ...
 
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
@@ -260,16 +272,15 @@ class ServerSession:
                     expected=f"{env_ids.size} maps",
                     got=repr(params)[:200],
                 )
-        extra: dict[str, int] = {}
-        if "env_offset" in body:
-            offset = body["env_offset"]
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-                raise InvalidField(
-                    "'env_offset' must be an int >= 0", expected="int >= 0", got=repr(offset)
-                )
-            extra["env_offset"] = offset
+        offset = body.get("env_offset", 0)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise InvalidField(
+                "'env_offset' must be an int >= 0", expected="int >= 0", got=repr(offset)
+            )
         obs, infos = self.host.reset(
-            env_ids, seed=seed, seeds=seeds, options=options, params=params, **extra
+            ResetRequest(
+                env_ids, seed=seed, seeds=seeds, options=options, params=params, env_offset=offset
+            )
         )
         arrays = flatten_batch(self.host.observation_space, obs, "obs")
         arrays["env_ids"] = env_ids
