@@ -498,24 +498,27 @@ def _train(ns: argparse.Namespace, args: PPOArgs | SACArgs, logdir: Path) -> Tra
     cls = SACArgs if isinstance(args, SACArgs) else PPOArgs
     given = list(given_settings(ns, cls))
     part = algorithm("sac" if cls is SACArgs else "ppo").from_namespace(args, ns, given)
-    options = RunOptions(
-        logdir=logdir,
-        resume=ns.resume,
-        progress=not ns.no_progress,
-        print_every=ns.print_every,
-        handle_signals=True,
-        connect=ns.connect,
-        servers=ns.servers,
-        server_timeout=ns.server_timeout,
-        wait_for_servers=ns.wait_for_servers,
-        record=ns.record,
-        ray=ns.ray,
-        server_cpus=ns.server_cpus,
-        server_gpus=ns.server_gpus,
-        max_restarts=ns.max_restarts,
-        metrics_port=ns.metrics_port,  # --algo sac's: refused for PPO
-    )
+    flags = {name: getattr(ns, name) for name in _RUN_FLAGS}
+    options = RunOptions(logdir=logdir, progress=not ns.no_progress, handle_signals=True, **flags)
     return Run(part, options).train()
+
+
+_RUN_FLAGS = (
+    "resume",
+    "print_every",
+    "connect",
+    "servers",
+    "server_timeout",
+    "wait_for_servers",
+    "record",
+    "ray",
+    "server_cpus",
+    "server_gpus",
+    "max_restarts",
+    "metrics_port",
+)
+"""The run flags whose value is the :class:`~simkit.clients._run.RunOptions` field of
+the same name (``--metrics-port`` is ``--algo sac``'s: refused for PPO before the run)."""
 
 
 def _unanswered(exc: Any, ns: argparse.Namespace, env_id: str) -> str:
