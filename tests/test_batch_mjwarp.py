@@ -246,7 +246,7 @@ def test_agrees_with_the_c_engine_over_1000_steps(device: str) -> None:
 def test_the_rollout_server_hosts_an_mjwarp_batch(tmp_path: Path) -> None:
     """``simkit serve simkit/BatchCheetah-v0 --env-kwarg backend=mjwarp``: the server
     hosts the torch batch (its rows copied to the host once per step, for the wire), and
-    a remote client gets the local MJWarp batch's rows bit for bit."""
+    a remote client gets the local MJWarp batch's rows bit for bit, and snapshots."""
     from simkit.clients import RemoteVectorEnv
     from simkit.servers import RolloutServer
 
@@ -268,6 +268,13 @@ def test_the_rollout_server_hosts_an_mjwarp_batch(tmp_path: Path) -> None:
                 assert isinstance(x, np.ndarray), name
                 assert x.dtype == y.dtype, name
                 assert np.array_equal(x, y), name
+        saved = remote.get_state()  # snapshots travel too: a restore continues exactly
+        act = actions(n, 1, seed=3)[0]
+        first = remote.step_batch(act)
+        remote.set_state(saved)
+        again = remote.step_batch(act)
+        for name in ("obs", "reward"):
+            assert np.array_equal(getattr(first, name), getattr(again, name)), name
     finally:
         remote.close()
         server.stop()
