@@ -7,6 +7,7 @@ log directory, ``progress.jsonl``, TensorBoard and the off-policy checkpoint cad
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import reprlib
@@ -15,16 +16,19 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from simkit.clients._checkpoint import Checkpoint, write_atomically
 from simkit.clients._connection import ServerUnavailable
 from simkit.errors import InvalidCheckpoint, ServersLost, WriteFailed
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "StopRequest",
@@ -37,7 +41,10 @@ __all__ = [
     "trim_progress",
     "TensorBoard",
     "check_resumed_state",
+    "resumed_settings",
 ]
+
+SettingsT = TypeVar("SettingsT", bound="DataclassInstance")
 
 
 class StopRequest:
@@ -114,6 +121,42 @@ class RunTally:
     def to_state(self) -> dict[str, Any]:
         """Plain state for a checkpoint."""
         return {"returns": list(self.returns), "elapsed_s": self.elapsed_s()}
+
+
+def resumed_settings(
+    saved: SettingsT,
+    asked: SettingsT,
+    free: Sequence[str],
+    given: Collection[str] | None = None,
+    *,
+    name_free: bool = True,
+) -> SettingsT:
+    """The settings (a dataclass) of a resumed run: the checkpoint's ``saved``, with the
+    ``free`` fields taken from ``asked``; with ``given``, only those fields of ``asked``
+    (the ones the command line set) must match.
+
+    Raises:
+        ValueError: a field outside ``free`` differs (names every one, and with
+            ``name_free`` the fields a resumed run may change).
+    """
+    differ = [
+        f.name
+        for f in dataclasses.fields(saved)
+        if f.name not in free
+        and (given is None or f.name in given)
+        and getattr(asked, f.name) != getattr(saved, f.name)
+    ]
+    if differ:
+        may = ", ".join("--" + k.replace("_", "-") for k in free)
+        raise ValueError(
+            "--resume continues the checkpoint's settings; "
+            + ", ".join(
+                f"--{k.replace('_', '-')} {getattr(asked, k)} differs from its {getattr(saved, k)}"
+                for k in differ
+            )
+            + (f" (a resumed run may change {may})" if name_free else "")
+        )
+    return dataclasses.replace(saved, **{k: getattr(asked, k) for k in free})
 
 
 def check_resumed_state(

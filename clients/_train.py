@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -34,7 +33,7 @@ from simkit.clients._local_source import GYM_PREFIX, is_multi_agent, make_vector
 from simkit.clients._loop import Rounds
 from simkit.clients._rollout import source_kind
 from simkit.clients._run import Report, Run, RunKeywords, RunOptions, TrainResult
-from simkit.clients._run_parts import RunTally, check_resumed_state
+from simkit.clients._run_parts import RunTally, check_resumed_state, resumed_settings
 from simkit.clients.ppo import PPO, PPOArgs, PPORounds, UpdateStats, updates_for
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
@@ -75,21 +74,7 @@ def resume_args(saved: PPOArgs, asked: PPOArgs) -> PPOArgs:
     Raises:
         ValueError: ``asked`` differs from ``saved`` elsewhere (names every field).
     """
-    differ = [
-        f.name
-        for f in fields(PPOArgs)
-        if f.name not in RESUME_FREE and getattr(asked, f.name) != getattr(saved, f.name)
-    ]
-    if differ:
-        raise ValueError(
-            "--resume continues the checkpoint's settings; "
-            + ", ".join(
-                f"--{k.replace('_', '-')} {getattr(asked, k)} differs from its {getattr(saved, k)}"
-                for k in differ
-            )
-            + f" (a resumed run may change {', '.join('--' + k.replace('_', '-') for k in RESUME_FREE)})"
-        )
-    return replace(saved, **{k: getattr(asked, k) for k in RESUME_FREE})
+    return resumed_settings(saved, asked, RESUME_FREE)
 
 
 def _spaces(env_id: str) -> tuple[Any, Any]:

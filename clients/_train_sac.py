@@ -14,7 +14,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -28,7 +27,12 @@ from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent
 from simkit.clients._loop import Rounds
 from simkit.clients._replay import ReplayBuffer
 from simkit.clients._run import Report, Run, RunKeywords, RunOptions, TrainResult
-from simkit.clients._run_parts import CheckpointCadence, RunTally, check_resumed_state
+from simkit.clients._run_parts import (
+    CheckpointCadence,
+    RunTally,
+    check_resumed_state,
+    resumed_settings,
+)
 from simkit.clients.sac import SAC, SACRounds, SACStats
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
@@ -94,22 +98,7 @@ def resume_sac_args(saved: SACArgs, asked: SACArgs, given: Sequence[str] | None)
     Raises:
         ValueError: a field outside :data:`SAC_RESUME_FREE` differs (names every one).
     """
-    differ = [
-        f.name
-        for f in fields(SACArgs)
-        if f.name not in SAC_RESUME_FREE
-        and (given is None or f.name in given)
-        and getattr(asked, f.name) != getattr(saved, f.name)
-    ]
-    if differ:
-        raise ValueError(
-            "--resume continues the checkpoint's settings; "
-            + ", ".join(
-                f"--{k.replace('_', '-')} {getattr(asked, k)} differs from its {getattr(saved, k)}"
-                for k in differ
-            )
-        )
-    return replace(saved, **{k: getattr(asked, k) for k in SAC_RESUME_FREE})
+    return resumed_settings(saved, asked, SAC_RESUME_FREE, given, name_free=False)
 
 
 def check_buffer_actions(file: Path, buffer: ReplayBuffer, act_space: spaces.Box) -> None:
