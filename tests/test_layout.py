@@ -1,4 +1,5 @@
-"""The package's layout rules (docs/architecture.md, "Layout rules"): no import circles.
+"""The package's layout rules (docs/architecture.md, "Layout rules"): no import circles, no
+function in clients/ or servers/ over 80 lines.
 
 Every ``import`` in ``simkit`` and in ``envs/``, ``servers/``, ``clients/`` (installed as
 ``simkit.envs``, ``simkit.servers``, ``simkit.clients``) counts: at module level, inside
@@ -155,3 +156,34 @@ def test_no_import_circles() -> None:
         for chain, component in circles(import_graph())
     ]
     assert not found, "import circles:\n" + "\n".join(found)
+
+
+MAX_FUNCTION_LINES = 80
+"""Issue 29's rule for ``clients/`` and ``servers/``: a longer function is several concerns."""
+
+
+def long_functions(folder: Path) -> list[str]:
+    """``path:line name (n lines)`` of each function under ``folder`` over the limit."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(
+                        f"{path.relative_to(folder.parent)}:{node.lineno} {node.name} ({length} lines)"
+                    )
+    return found
+
+
+def test_no_function_in_clients_or_servers_is_longer_than_80_lines() -> None:
+    dirs = package_dirs()
+    assert long_functions(dirs["simkit.clients"]) + long_functions(dirs["simkit.servers"]) == []
+
+
+def test_long_functions_are_found(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n")
+    assert [line.rsplit(" ", 3)[1:] for line in long_functions(tmp_path)] == [
+        ["long", f"({MAX_FUNCTION_LINES + 1}", "lines)"]
+    ]
