@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -452,22 +452,27 @@ def run_training(
     return Run(part, RunOptions(logdir=Path(logdir), max_rounds=max_updates, **run)).train()
 
 
-def evaluate_policy(
-    path: str | Path,
-    *,
-    episodes: int = 10,
-    seed: int = 0,
-    render: str | Path | None = None,
-    fps: int = 30,
-    on_frame: Callable[[int, int], None] | None = None,
-) -> np.ndarray:
+class EvalKeywords(TypedDict, total=False):
+    """:func:`evaluate_model`'s keywords (its defaults), which :func:`evaluate_policy`
+    passes on as they are."""
+
+    episodes: int
+    seed: int
+    render: str | Path | None
+    fps: int
+    on_frame: Callable[[int, int], None] | None
+
+
+def evaluate_policy(path: str | Path, **options: Unpack[EvalKeywords]) -> np.ndarray:
     """Returns of ``episodes`` deterministic episodes of the policy at ``path``.
 
     ``path`` is a policy snapshot (``policy.safetensors``) or a checkpoint. For
     multi-agent envs every agent's episode counts as one. ``render`` writes a video
     (``.mp4``, ``.gif``: whatever ``imageio`` writes) of those episodes, rendered with
     ``render_mode="rgb_array"``, at ``fps`` frames per second; the returns are the same
-    as without it (same envs, same seeds).
+    as without it (same envs, same seeds). ``options`` are :func:`evaluate_model`'s
+    (:class:`EvalKeywords`; defaults ``episodes=10``, ``seed=0``, ``render=None``,
+    ``fps=30``, ``on_frame=None``).
 
     Raises:
         InvalidCheckpoint: ``path`` holds no valid policy.
@@ -476,14 +481,12 @@ def evaluate_policy(
             ``MUJOCO_GL=egl`` or ``osmesa``).
         ValueError: ``render`` and the env is multi-agent or renders no RGB frames.
     """
-    if render is not None:
+    if options.get("render") is not None:
         from simkit._optional import require
 
         require("imageio", extra="bench", purpose="simkit eval --render")
     model, env_id = load_model(path)
-    return evaluate_model(
-        model, env_id, episodes=episodes, seed=seed, render=render, fps=fps, on_frame=on_frame
-    )
+    return evaluate_model(model, env_id, **options)
 
 
 def load_model(path: str | Path) -> tuple[ActorCritic, str]:
