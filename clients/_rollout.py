@@ -17,7 +17,7 @@ from simkit.clients._local_source import LocalSource
 from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
 
-__all__ = ["Rollout", "describe_source", "open_rollout", "source_kind"]
+__all__ = ["Rollout", "RolloutPlan", "describe_source", "open_rollout", "source_kind"]
 
 
 def source_kind(source: Any) -> str:
@@ -68,146 +68,103 @@ def _relocator(launched: Any, logdir: Path) -> Callable[[str], str]:
     return locate
 
 
-def open_rollout(
-    env_id: str,
-    spec: ModelSpec,
-    model: ActorCritic,
-    *,
-    num_envs: int,
-    num_steps: int,
-    seed: int,
-    mode: str,
-    max_lag: int,
-    env_threads: int,
-    servers: int,
-    connect: Sequence[str],
-    ray: str | None,
-    server_cpus: float,
-    server_gpus: float,
-    max_restarts: int,
-    server_timeout: float,
-    wait_for_servers: bool,
-    give_up: Callable[[], bool],
-    logdir: Path,
-    device_loop: torch.device | None = None,
-) -> Rollout:
-    """Opens the fragment source a run asks for (the arguments of
-    :func:`simkit.clients._train.run_training`); on error nothing is left running.
-    ``device_loop``: roll out in process on that device
-    (:class:`~simkit.clients._device_source.DeviceSource`; the run checked it can,
-    :func:`~simkit.clients._device_source.use_device_loop`). Else, without servers,
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What a run asks of its fragment source (the arguments of
+    :func:`simkit.clients._train.run_training` and the algorithm's settings), built once
+    by the run and read by each kind of source.
+
+    Attributes:
+        device_loop: roll out in process on that device
+            (:class:`~simkit.clients._device_source.DeviceSource`; the run checked it
+            can, :func:`~simkit.clients._device_source.use_device_loop`); None: not.
+    """
+
+    env_id: str
+    spec: ModelSpec
+    num_envs: int
+    num_steps: int
+    seed: int
+    mode: str
+    max_lag: int
+    env_threads: int
+    servers: int
+    connect: Sequence[str]
+    ray: str | None
+    server_cpus: float
+    server_gpus: float
+    max_restarts: int
+    server_timeout: float
+    wait_for_servers: bool
+    give_up: Callable[[], bool]
+    logdir: Path
+    device_loop: torch.device | None = None
+
+
+def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
+    """Opens the fragment source ``plan`` asks for; on error nothing is left running.
+    With ``plan.device_loop``: in process on that device; else, without servers,
     endpoints or Ray: in process on the host (:class:`LocalSource`); else over servers.
 
     Raises:
         ValueError: ``ray`` without ``servers`` or with ``connect``.
     """
-    if device_loop is not None:
+    p = plan
+    if p.device_loop is not None:
         return Rollout(
             DeviceSource(
-                env_id,
+                p.env_id,
                 model,
-                num_envs=num_envs,
-                num_steps=num_steps,
-                seed=seed,
-                device=device_loop,
+                num_envs=p.num_envs,
+                num_steps=p.num_steps,
+                seed=p.seed,
+                device=p.device_loop,
             )
         )
-    if ray is None and not servers and not connect:
+    if p.ray is None and not p.servers and not p.connect:
         return Rollout(
             LocalSource(
-                env_id,
+                p.env_id,
                 model,
-                num_envs=num_envs,
-                num_steps=num_steps,
-                seed=seed,
-                mode=mode,
-                num_threads=env_threads,
+                num_envs=p.num_envs,
+                num_steps=p.num_steps,
+                seed=p.seed,
+                mode=p.mode,
+                num_threads=p.env_threads,
             )
         )
-    return _server_rollout(
-        env_id,
-        spec,
-        num_envs=num_envs,
-        num_steps=num_steps,
-        seed=seed,
-        mode=mode,
-        max_lag=max_lag,
-        env_threads=env_threads,
-        servers=servers,
-        connect=connect,
-        ray=ray,
-        server_cpus=server_cpus,
-        server_gpus=server_gpus,
-        max_restarts=max_restarts,
-        server_timeout=server_timeout,
-        wait_for_servers=wait_for_servers,
-        give_up=give_up,
-        logdir=logdir,
-    )
+    return _server_rollout(p)
 
 
-def _server_rollout(
-    env_id: str,
-    spec: ModelSpec,
-    *,
-    num_envs: int,
-    num_steps: int,
-    seed: int,
-    mode: str,
-    max_lag: int,
-    env_threads: int,
-    servers: int,
-    connect: Sequence[str],
-    ray: str | None,
-    server_cpus: float,
-    server_gpus: float,
-    max_restarts: int,
-    server_timeout: float,
-    wait_for_servers: bool,
-    give_up: Callable[[], bool],
-    logdir: Path,
-) -> Rollout:
+def _server_rollout(p: RolloutPlan) -> Rollout:
     """Rollout servers: the ``connect`` endpoints, then those launched on Ray or started
     as local processes, under one :class:`ServerSource`; if the source cannot open, the
     servers started here are stopped."""
     procs: list[Any] = []
-    endpoints = list(connect)
+    endpoints = list(p.connect)
     launched: Any = None
-    if ray is not None:
-        launched = _launch_on_ray(
-            env_id,
-            ray,
-            servers,
-            connect,
-            num_envs=num_envs,
-            num_steps=num_steps,
-            env_threads=env_threads,
-            server_cpus=server_cpus,
-            server_gpus=server_gpus,
-            max_restarts=max_restarts,
-            server_timeout=server_timeout,
-            logdir=logdir,
-        )
+    if p.ray is not None:
+        launched = _launch_on_ray(p, p.ray)
         endpoints += launched.endpoints
-    elif servers:
-        procs, spawned = spawn_servers(env_id, servers, num_threads=env_threads)
+    elif p.servers:
+        procs, spawned = spawn_servers(p.env_id, p.servers, num_threads=p.env_threads)
         endpoints += spawned
     try:
         source = ServerSource(
             endpoints,
-            spec,
-            env_id=env_id,
-            num_envs=num_envs,
-            num_steps=num_steps,
-            seed=seed,
-            mode=mode,
-            max_lag=max_lag,
-            timeout=server_timeout,
+            p.spec,
+            env_id=p.env_id,
+            num_envs=p.num_envs,
+            num_steps=p.num_steps,
+            seed=p.seed,
+            mode=p.mode,
+            max_lag=p.max_lag,
+            timeout=p.server_timeout,
             report=lambda line: print(line, file=sys.stderr, flush=True),
-            wait_for_servers=wait_for_servers,
-            give_up=give_up,
+            wait_for_servers=p.wait_for_servers,
+            give_up=p.give_up,
             curve=None if launched is None else launched.curve,
-            locate=None if launched is None else _relocator(launched, logdir),
+            locate=None if launched is None else _relocator(launched, p.logdir),
         )
     except BaseException:
         stop_servers(procs)
@@ -217,28 +174,15 @@ def _server_rollout(
     return Rollout(source, procs, launched)
 
 
-def _launch_on_ray(
-    env_id: str,
-    ray: str,
-    servers: int,
-    connect: Sequence[str],
-    *,
-    num_envs: int,
-    num_steps: int,
-    env_threads: int,
-    server_cpus: float,
-    server_gpus: float,
-    max_restarts: int,
-    server_timeout: float,
-    logdir: Path,
-) -> Any:
-    """``servers`` rollout servers launched on the Ray cluster at ``ray`` ("": a local
+def _launch_on_ray(p: RolloutPlan, ray: str) -> Any:
+    """``p.servers`` rollout servers launched on the Ray cluster at ``ray`` ("": a local
     Ray instance), the env slots split evenly; their Prometheus targets written into
-    ``logdir``.
+    ``p.logdir``.
 
     Raises:
         ValueError: no ``servers`` or some ``connect`` endpoints (Ray launches them all).
     """
+    servers, connect = p.servers, p.connect
     if connect or not servers:
         raise ValueError(
             f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
@@ -247,18 +191,18 @@ def _launch_on_ray(
     from simkit.clients._launch import launch
 
     launched = launch(
-        env_id,
+        p.env_id,
         servers,
-        num_envs=max(1, num_envs // servers),
+        num_envs=max(1, p.num_envs // servers),
         address=ray or None,
-        server_cpus=server_cpus,
-        server_gpus=server_gpus,
-        max_restarts=max_restarts,
-        num_threads=env_threads,
-        fragment_length=num_steps,
-        heartbeat_timeout=max(60.0, 4 * server_timeout),
+        server_cpus=p.server_cpus,
+        server_gpus=p.server_gpus,
+        max_restarts=p.max_restarts,
+        num_threads=p.env_threads,
+        fragment_length=p.num_steps,
+        heartbeat_timeout=max(60.0, 4 * p.server_timeout),
         env_vars=pinned_vars(),
     )
-    logdir.mkdir(parents=True, exist_ok=True)
-    launched.write_prometheus_targets(logdir / "prometheus_targets.json")
+    p.logdir.mkdir(parents=True, exist_ok=True)
+    launched.write_prometheus_targets(p.logdir / "prometheus_targets.json")
     return launched

@@ -53,7 +53,13 @@ from simkit.clients._checkpoint import (
 from simkit.clients._learner_metrics import LearnerMetrics
 from simkit.clients._loop import Learner, Rounds, drive
 from simkit.clients._progress import ProgressLine
-from simkit.clients._rollout import Rollout, describe_source, open_rollout, source_kind
+from simkit.clients._rollout import (
+    Rollout,
+    RolloutPlan,
+    describe_source,
+    open_rollout,
+    source_kind,
+)
 from simkit.clients._run_parts import (
     RunTally,
     StopRequest,
@@ -386,10 +392,9 @@ class Run:
                 servers = _saved_servers(ckpt.state)
             else:
                 servers = self.part.default_servers
-        return open_rollout(
+        plan = RolloutPlan(
             args.env_id,
             self.part.spec(),
-            model,
             num_envs=args.num_envs,
             num_steps=args.num_steps,
             seed=args.seed,
@@ -408,6 +413,7 @@ class Run:
             logdir=self.logdir,
             device_loop=self.part.loop_device(servers, options),
         )
+        return open_rollout(plan, model)
 
     def _attach(self, rollout: Rollout, ckpt: Checkpoint | None) -> None:
         """Finishes the learner over the open source and restores the checkpoint's
