@@ -49,10 +49,10 @@ ENV_ID = "simkit/BatchCartPole-v0"
 
 def _loop(path: str, n: int, t: int, updates: int, hyper: dict[str, Any]) -> dict[str, float]:
     """Times ``updates`` updates of one path after a warm-up update."""
-    from simkit.clients._device_source import DeviceSource
-    from simkit.clients._local_source import LocalSource
-    from simkit.clients._train import build_model
-    from simkit.clients.ppo import PPO, PPOArgs, train
+    from simkit.clients.learners._device_source import DeviceSource
+    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._train import build_model
+    from simkit.clients.learners.ppo import PPO, PPOArgs, train
 
     device = torch.device("cuda" if path.endswith("cuda") else "cpu")
     args = PPOArgs(

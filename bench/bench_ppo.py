@@ -28,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from simkit.clients._train import run_training
-from simkit.clients.ppo import PPOArgs
+from simkit.clients.learners._train import run_training
+from simkit.clients.learners.ppo import PPOArgs
 
 
 def baseline(env_id: str, iterations: int) -> dict[str, Any]:

@@ -44,9 +44,9 @@ from typing import Any
 
 import ray
 
-import simkit.clients._launch as launch_module
-from simkit.clients._train import run_training
-from simkit.clients.ppo import PPOArgs
+import simkit.clients.launcher._launch as launch_module
+from simkit.clients.learners._train import run_training
+from simkit.clients.learners.ppo import PPOArgs
 
 SETTINGS: dict[str, PPOArgs] = {
     "cartpole": PPOArgs(

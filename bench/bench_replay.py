@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from simkit._types import Fragment
-from simkit.clients._replay import ReplayBuffer
+from simkit.clients.learners._replay import ReplayBuffer
 
 OBS, ACT, CAP = 17, 6, 1_000_000
 

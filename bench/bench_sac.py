@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from simkit.clients._args import SACArgs
-from simkit.clients._train_sac import SAC_DEFAULT_SERVERS, run_sac
+from simkit.clients.learners._args import SACArgs
+from simkit.clients.learners._train_sac import SAC_DEFAULT_SERVERS, run_sac
 
 ENV = "gym:HalfCheetah-v5"
 

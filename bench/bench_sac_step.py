@@ -27,10 +27,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from simkit.clients._args import SACArgs
-from simkit.clients._replay import ReplayBuffer
-from simkit.clients._train_sac import build_actor
-from simkit.clients.sac import SAC
+from simkit.clients.learners._args import SACArgs
+from simkit.clients.learners._replay import ReplayBuffer
+from simkit.clients.learners._train_sac import build_actor
+from simkit.clients.learners.sac import SAC
 
 ENV = "gym:HalfCheetah-v5"
 FILL = 20_000

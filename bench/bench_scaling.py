@@ -43,9 +43,9 @@ import torch
 
 from simkit._types import Fragment
 from simkit.clients import PolicyStream
-from simkit.clients._server_source import spawn_servers, stop_servers
-from simkit.clients._train import build_model, model_spec, run_training
-from simkit.clients.ppo import PPO, PPOArgs
+from simkit.clients.learners._server_source import spawn_servers, stop_servers
+from simkit.clients.learners._train import build_model, model_spec, run_training
+from simkit.clients.learners.ppo import PPO, PPOArgs
 from simkit.protocol import encode
 from simkit.protocol._stream_messages import fragment_message, session_state_message
 

@@ -32,7 +32,7 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    fragment of 2048 (T=2048, R=1) and 16384 (T=2048, R=8) rows x steps, 32 minibatches,
    10 epochs. The GPU row needs ``PPOArgs.device`` (detected; without it only the CPU
    is timed). On CUDA three rows: the learner's default (the minibatch step as a CUDA
-   graph, ``cuda_graph=True``: clients/_graphed.py), the same step eagerly
+   graph, ``cuda_graph=True``: clients/learners/_graphed.py), the same step eagerly
    (``--no-cuda-graph``) and the eager epoch loop CUDA ran before issue 26; on the CPU
    a row with ``--threads`` and (full runs) one on every core; "vs best CPU" is a CUDA
    row's rate over the better CPU row's.
@@ -84,11 +84,11 @@ from gymnasium import spaces
 
 import simkit
 from simkit._types import Fragment
-from simkit.clients._args import SACArgs
-from simkit.clients._replay import ReplayBuffer
-from simkit.clients._train_sac import sac_spec
-from simkit.clients.ppo import PPO, PPOArgs
-from simkit.clients.sac import SAC
+from simkit.clients.learners._args import SACArgs
+from simkit.clients.learners._replay import ReplayBuffer
+from simkit.clients.learners._train_sac import sac_spec
+from simkit.clients.learners.ppo import PPO, PPOArgs
+from simkit.clients.learners.sac import SAC
 from simkit.models import ActorCritic, ModelSpec, build_model
 from simkit.servers._stream_policy import RowPolicy
 
@@ -626,7 +626,7 @@ def ppo_bits(dev: torch.device, T: int, R: int, updates: int) -> tuple[str, str]
     """``(what was compared, result)``: ``updates`` PPO updates on CUDA with the CUDA
     graph vs the same step eagerly; on the CPU the CPU's own path vs the static step
     forced on without capture (what tests/test_graphed.py checks)."""
-    from simkit.clients._graphed import PPOStep
+    from simkit.clients.learners._graphed import PPOStep
 
     rng = np.random.default_rng(SEED + 1)
     fragments = [synthetic_fragment(rng, T, R) for _ in range(updates)]
@@ -733,7 +733,7 @@ def sac_bits(dev: torch.device, steps: int) -> tuple[str, str]:
     """``(what was compared, result)``: ``steps`` gradient steps (``SAC.run``) on CUDA
     with the CUDA graphs vs the same steps eagerly; on the CPU ``SAC.step`` vs the
     static step forced on without capture."""
-    from simkit.clients._graphed import SACStep
+    from simkit.clients.learners._graphed import SACStep
 
     if dev.type == "cuda":
         (a, buf), (b, _) = _sac_learner(dev), _sac_learner(dev, EAGER)
@@ -836,9 +836,9 @@ def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], Non
     ``n`` envs x :data:`LOOP_STEPS` steps, the update, the weight push) without the
     run's logging: the device loop on ``dev``, or the host rollout with the update on
     ``dev``."""
-    from simkit.clients._device_source import DeviceSource
-    from simkit.clients._local_source import LocalSource
-    from simkit.clients._train import build_model as build_run_model
+    from simkit.clients.learners._device_source import DeviceSource
+    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._train import build_model as build_run_model
 
     args = PPOArgs(
         env_id=ENV_ID,

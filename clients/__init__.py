@@ -1,58 +1,66 @@
-"""Learner-side clients of simkit rollout servers.
+"""Learner-side clients of simkit rollout servers, in three sub-packages.
 
-:class:`RemoteVectorEnv` is a ``gymnasium.vector.VectorEnv`` over the wire protocol
-(one or several servers presented as one vector); :class:`ServerUnavailable` is raised
-when a server does not answer in time. :class:`RemoteMultiAgentVectorEnv` (agent rows
-with an agent mask) and :class:`RemoteParallelEnv` (a PettingZoo ``ParallelEnv``) drive
-multi-agent servers. :class:`CurveKeys` connects them to servers that require CURVE. :class:`PolicyStream`
-streams trajectory fragments from servers that run the learner's policy.
-:func:`launch` starts such servers as Ray actors across a cluster (``simkit[ray]``) and
-returns their endpoints and CURVE keys (:class:`RayServers`).
-
-Off-policy learning: :class:`ReplayBuffer` (transitions from fragments and recordings),
-:class:`SAC` / :func:`train_sac` (the learner and its loops) and :func:`run_sac` (the
-run behind ``simkit train ENV --algo sac``), :class:`LearnerMetrics` (its Prometheus
-metrics).
+- ``simkit.clients.remote``, the protocol clients: :class:`RemoteVectorEnv` is a
+  ``gymnasium.vector.VectorEnv`` over the wire protocol (one or several servers presented as
+  one vector; :class:`ServerUnavailable` when a server does not answer in time);
+  :class:`RemoteMultiAgentVectorEnv` (agent rows with an agent mask) and
+  :class:`RemoteParallelEnv` (a PettingZoo ``ParallelEnv``) drive multi-agent servers;
+  :class:`CurveKeys` connects them to servers that require CURVE; :class:`PolicyStream`
+  streams trajectory fragments from servers that run the learner's policy.
+- ``simkit.clients.learners``, the algorithms and the one training run: :class:`PPO`,
+  :class:`SAC` / :func:`train_sac`, :class:`ReplayBuffer`, checkpoints, the run behind
+  ``simkit train`` (:func:`run_sac` for ``--algo sac``), :class:`LearnerMetrics`.
+- ``simkit.clients.launcher``: :func:`launch` starts servers as Ray actors across a cluster
+  (``simkit[ray]``) and returns their endpoints and CURVE keys (:class:`RayServers`).
 """
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simkit.clients._connection import CurveKeys, ServerUnavailable
-    from simkit.clients._demo import DemoFigures, remote_demo
-    from simkit.clients._launch import RayServers, ServerInfo, launch
-    from simkit.clients._learner_metrics import LearnerMetrics
-    from simkit.clients._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
-    from simkit.clients._replay import ReplayBatch, ReplayBuffer
-    from simkit.clients._stream import PolicyStream, ServerStats, fragment_to_torch, stack_fragments
-    from simkit.clients._train_sac import run_sac
-    from simkit.clients._vector import RemoteVectorEnv
-    from simkit.clients.sac import SAC, SACArgs, TwinQ, train_sac
+    from simkit.clients.launcher._launch import RayServers, ServerInfo, launch
+    from simkit.clients.learners._learner_metrics import LearnerMetrics
+    from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
+    from simkit.clients.learners._train_sac import run_sac
+    from simkit.clients.learners.ppo import PPO, PPOArgs, UpdateStats
+    from simkit.clients.learners.sac import SAC, SACArgs, TwinQ, train_sac
+    from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
+    from simkit.clients.remote._demo import DemoFigures, remote_demo
+    from simkit.clients.remote._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
+    from simkit.clients.remote._stream import (
+        PolicyStream,
+        ServerStats,
+        fragment_to_torch,
+        stack_fragments,
+    )
+    from simkit.clients.remote._vector import RemoteVectorEnv
 
 _WHERE = {
-    "CurveKeys": "_connection",
-    "ServerUnavailable": "_connection",
-    "DemoFigures": "_demo",
-    "remote_demo": "_demo",
-    "RayServers": "_launch",
-    "ServerInfo": "_launch",
-    "launch": "_launch",
-    "RemoteMultiAgentVectorEnv": "_parallel",
-    "RemoteParallelEnv": "_parallel",
-    "PolicyStream": "_stream",
-    "ServerStats": "_stream",
-    "fragment_to_torch": "_stream",
-    "stack_fragments": "_stream",
-    "RemoteVectorEnv": "_vector",
-    "ReplayBuffer": "_replay",
-    "ReplayBatch": "_replay",
-    "SAC": "sac",
-    "SACArgs": "sac",
-    "TwinQ": "sac",
-    "train_sac": "sac",
-    "run_sac": "_train_sac",
-    "LearnerMetrics": "_learner_metrics",
+    "CurveKeys": "remote._connection",
+    "ServerUnavailable": "remote._connection",
+    "DemoFigures": "remote._demo",
+    "remote_demo": "remote._demo",
+    "RayServers": "launcher._launch",
+    "ServerInfo": "launcher._launch",
+    "launch": "launcher._launch",
+    "RemoteMultiAgentVectorEnv": "remote._parallel",
+    "RemoteParallelEnv": "remote._parallel",
+    "PolicyStream": "remote._stream",
+    "ServerStats": "remote._stream",
+    "fragment_to_torch": "remote._stream",
+    "stack_fragments": "remote._stream",
+    "RemoteVectorEnv": "remote._vector",
+    "PPO": "learners.ppo",
+    "PPOArgs": "learners.ppo",
+    "UpdateStats": "learners.ppo",
+    "ReplayBuffer": "learners._replay",
+    "ReplayBatch": "learners._replay",
+    "SAC": "learners.sac",
+    "SACArgs": "learners.sac",
+    "TwinQ": "learners.sac",
+    "train_sac": "learners.sac",
+    "run_sac": "learners._train_sac",
+    "LearnerMetrics": "learners._learner_metrics",
 }
 """Where each public name lives: imported on first use, so a submodule (the command
 line's) can be imported without loading torch."""
@@ -81,6 +89,10 @@ __all__ = [
     "launch",
     "RayServers",
     "ServerInfo",
+    # on-policy
+    "PPO",
+    "PPOArgs",
+    "UpdateStats",
     # off-policy
     "ReplayBuffer",
     "ReplayBatch",

@@ -7,7 +7,7 @@ of its owner's, never the process-global one, so two servers or learners in one 
 keep their figures apart. :class:`MetricsHTTPServer` serves a registry on
 ``/metrics``. The sets themselves are declarations: ``servers/_prometheus.py`` (step
 path), ``servers/_stream_metrics.py`` (stream sessions, in the server's registry too)
-and ``clients/_learner_metrics.py`` (the learner's own registry).
+and ``clients/learners/_learner_metrics.py`` (the learner's own registry).
 """
 
 from __future__ import annotations

@@ -221,25 +221,25 @@ for _name, _help, _configure, _run in recording_cli.COMMANDS:
 
 
 def _train_configure(parser: argparse.ArgumentParser) -> None:
-    from simkit.clients._train_cli import add_train_arguments
+    from simkit.clients.learners._train_cli import add_train_arguments
 
     add_train_arguments(parser)
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from simkit.clients._train_cli import run_train
+    from simkit.clients.learners._train_cli import run_train
 
     return run_train(args)
 
 
 def _eval_configure(parser: argparse.ArgumentParser) -> None:
-    from simkit.clients._train_cli import add_eval_arguments
+    from simkit.clients.learners._train_cli import add_eval_arguments
 
     add_eval_arguments(parser)
 
 
 def _eval_run(args: argparse.Namespace) -> int:
-    from simkit.clients._train_cli import run_eval
+    from simkit.clients.learners._train_cli import run_eval
 
     return run_eval(args)
 

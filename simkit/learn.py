@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from simkit.clients._args import PPOArgs, SACArgs, capped
-from simkit.clients._train import TrainResult, evaluate_model, load_model
-from simkit.clients._train_cli import claim_logdir
+from simkit.clients.learners._args import PPOArgs, SACArgs, capped
+from simkit.clients.learners._train import TrainResult, evaluate_model, load_model
+from simkit.clients.learners._train_cli import claim_logdir
 from simkit.models import ActorCritic, numpy_actions
 
 __all__ = ["train", "load_policy", "evaluate", "Policy", "TrainResult"]
@@ -112,16 +112,16 @@ def train(
         "record": record,
     }
     if isinstance(args, SACArgs):
-        from simkit.clients._train_sac import check_env
+        from simkit.clients.learners._train_sac import check_env
 
         check_env(env_id)
     lock = claim_logdir(Path(logdir))
     try:
         if isinstance(args, SACArgs):
-            from simkit.clients._train_sac import run_sac
+            from simkit.clients.learners._train_sac import run_sac
 
             return run_sac(args, given=list(given), **common)
-        from simkit.clients._train import run_training
+        from simkit.clients.learners._train import run_training
 
         return run_training(args, **common)
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from simkit.clients._learner_metrics import LearnerMetrics
+from simkit.clients.learners._learner_metrics import LearnerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "docs" / "alerts.yml"

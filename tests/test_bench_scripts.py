@@ -78,7 +78,7 @@ def test_the_sac_bench_measures_the_default_placement_first(
     monkeypatch.setattr(bench_sac, "run_simkit", fake_run_simkit)
     monkeypatch.setattr(bench_sac, "run_sb3", lambda *_: (1.0, 1.0))
     bench_sac.main(["--rounds", "1"])
-    from simkit.clients._train_sac import SAC_DEFAULT_SERVERS
+    from simkit.clients.learners._train_sac import SAC_DEFAULT_SERVERS
 
     assert asked == [None, 1 if SAC_DEFAULT_SERVERS == 0 else 0]
 

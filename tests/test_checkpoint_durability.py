@@ -23,13 +23,13 @@ from safetensors.numpy import save as st_save
 
 from simkit import snapshot
 from simkit.cli import main
-from simkit.clients._args import PPOArgs, SACArgs
-from simkit.clients._checkpoint import load_checkpoint, save_checkpoint
-from simkit.clients._replay import REPLAY_FORMAT, ReplayBuffer
-from simkit.clients._run_parts import CheckpointCadence
-from simkit.clients._train import run_training
-from simkit.clients._train_sac import run_sac
-from simkit.clients.sac import SAC
+from simkit.clients.learners._args import PPOArgs, SACArgs
+from simkit.clients.learners._checkpoint import load_checkpoint, save_checkpoint
+from simkit.clients.learners._replay import REPLAY_FORMAT, ReplayBuffer
+from simkit.clients.learners._run_parts import CheckpointCadence
+from simkit.clients.learners._train import run_training
+from simkit.clients.learners._train_sac import run_sac
+from simkit.clients.learners.sac import SAC
 from simkit.errors import InvalidCheckpoint, WriteFailed
 
 ENV = "simkit/Pendulum-v0"
@@ -248,7 +248,7 @@ def _tb_steps(logdir: Path) -> list[int]:
 def test_sac_progress_never_goes_backwards_after_a_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import simkit.clients._train_sac as train_sac
+    import simkit.clients.learners._train_sac as train_sac
 
     monkeypatch.setattr(train_sac, "_WRITE_EVERY_S", 0.0)  # a line every round
     _crash_on_call(monkeypatch, SAC, "run", 8)
@@ -268,7 +268,7 @@ def test_sac_progress_never_goes_backwards_after_a_resume(
 def test_ppo_progress_never_goes_backwards_after_a_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from simkit.clients.ppo import PPO
+    from simkit.clients.learners.ppo import PPO
 
     args = PPOArgs(
         env_id="simkit/CartPole-v0",
@@ -412,7 +412,7 @@ def test_a_sac_run_whose_later_checkpoint_fails_resumes_exactly_from_the_one_bef
 def test_a_ppo_run_on_a_full_disk_ends_in_one_line_keeping_its_checkpoint(
     tmp_path: Path, enospc_on_fsync: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import simkit.clients._run as run  # the run writes every algorithm's checkpoints
+    import simkit.clients.learners._run as run  # the run writes every algorithm's checkpoints
 
     real = run.save_checkpoint
     saved: list[Path] = []

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simkit.clients import RemoteVectorEnv, ServerUnavailable, remote_demo
-from simkit.clients._connection import Connection
+from simkit.clients.remote._connection import Connection
 from simkit.errors import ResetNeeded, SimkitError
 from simkit.protocol import RemoteError
 from simkit.servers import RolloutServer
@@ -191,7 +191,7 @@ def test_permuted_env_ids_step_the_named_envs(serve: Any, layout: tuple[int, ...
 
 
 class _ClockSpy:
-    """Stands in for the ``time`` module of simkit.clients._connection: records every
+    """Stands in for the ``time`` module of simkit.clients.remote._connection: records every
     ``perf_counter`` reading (the busy-poll loop's clock) and passes the rest through."""
 
     def __init__(self) -> None:
@@ -213,7 +213,7 @@ def test_busy_polling_client_spins_then_sleeps(
     """With busy_poll_us the waiting thread polls for that long, then blocks in recv for
     a late reply; without it, it never polls. Asserted on the poll loop's own clock
     readings, not on CPU time (which a loaded machine distorts)."""
-    import simkit.clients._connection as connection
+    import simkit.clients.remote._connection as connection
 
     ctx = zmq.Context.instance()
     router = ctx.socket(zmq.ROUTER)

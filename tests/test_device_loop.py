@@ -1,4 +1,4 @@
-"""The whole loop on one device (clients/_device_source.py, PPO.update_device): a torch
+"""The whole loop on one device (clients/learners/_device_source.py, PPO.update_device): a torch
 BatchEnv, keyed noise, the policy, fragment storage, GAE, reward scaling and the update
 on the learner's device, run here on ``device="cpu"`` (the same code as on CUDA)."""
 
@@ -19,9 +19,13 @@ from hypothesis import strategies as st
 import simkit
 from simkit._noise import SlotNoise
 from simkit._types import Fragment
-from simkit.clients._device_source import DeviceSource, device_loop_support, use_device_loop
-from simkit.clients._train import build_model
-from simkit.clients.ppo import (
+from simkit.clients.learners._device_source import (
+    DeviceSource,
+    device_loop_support,
+    use_device_loop,
+)
+from simkit.clients.learners._train import build_model
+from simkit.clients.learners.ppo import (
     PPO,
     DeviceRewardScaler,
     PPOArgs,
@@ -249,15 +253,15 @@ DL: dict[str, Any] = {
 
 
 def _run(tmp: Path, name: str, updates: int, **kw: Any) -> Any:
-    from simkit.clients._train import run_training
+    from simkit.clients.learners._train import run_training
 
     args = PPOArgs(**{**DL, **kw})
     return run_training(args, logdir=tmp / name, max_updates=updates, tensorboard=False, servers=0)
 
 
 def test_a_device_loop_run_resumes_exactly(tmp_path: Path) -> None:
-    from simkit.clients._checkpoint import load_checkpoint
-    from simkit.clients._train import run_training
+    from simkit.clients.learners._checkpoint import load_checkpoint
+    from simkit.clients.learners._train import run_training
 
     full = _run(tmp_path, "full", 4)
     part = _run(tmp_path, "part", 2)
@@ -287,7 +291,7 @@ def test_a_device_loop_run_resumes_exactly(tmp_path: Path) -> None:
 
 
 def test_a_cpu_run_keeps_the_host_rollout_unless_it_asks(tmp_path: Path) -> None:
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     host = _run(tmp_path, "host", 1, device_loop="auto")
     dev = _run(tmp_path, "dev", 1)

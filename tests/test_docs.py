@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MAX_TOTAL_STEPS = 256
 """Every documented run trains at most this many env steps, in updates that fit it
-(:func:`simkit.clients._args.capped`): seconds per run."""
+(:func:`simkit.clients.learners._args.capped`): seconds per run."""
 COMMAND_TIMEOUT = 240.0
 SLOW_WORDS = ("simkit train", "simkit eval", "./run main", "simkit record", "simkit.train(")
 

@@ -1,4 +1,4 @@
-"""The learners' static steps (clients/_graphed.py, issue 26): PPO's minibatch step and
+"""The learners' static steps (clients/learners/_graphed.py, issue 26): PPO's minibatch step and
 SAC's gradient step over static buffers, replayed as CUDA graphs on CUDA.
 
 On the CPU the learners keep their own path (the CPU bits never change); these tests
@@ -23,13 +23,13 @@ from gymnasium import spaces
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from simkit._types import Fragment
-from simkit.clients._args import PPOArgs, SACArgs
-from simkit.clients._checkpoint import flatten_optimizer, unflatten_optimizer
-from simkit.clients._graphed import PPOStep, SACStep, use_cuda_graph
-from simkit.clients._replay import ReplayBuffer
-from simkit.clients._train_sac import sac_spec
-from simkit.clients.ppo import PPO
-from simkit.clients.sac import SAC
+from simkit.clients.learners._args import PPOArgs, SACArgs
+from simkit.clients.learners._checkpoint import flatten_optimizer, unflatten_optimizer
+from simkit.clients.learners._graphed import PPOStep, SACStep, use_cuda_graph
+from simkit.clients.learners._replay import ReplayBuffer
+from simkit.clients.learners._train_sac import sac_spec
+from simkit.clients.learners.ppo import PPO
+from simkit.clients.learners.sac import SAC
 from simkit.models import ModelSpec, build_model
 
 OBS, ACT = 5, 2
@@ -364,7 +364,7 @@ def test_sac_cuda_graph_resumes_from_a_checkpoint_mid_run_with_the_same_bits() -
 
 
 def _checkpoint_tensors(path: Any) -> dict[str, torch.Tensor]:
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
     return {
@@ -377,7 +377,7 @@ def _checkpoint_tensors(path: Any) -> dict[str, torch.Tensor]:
 def test_ppo_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
     tmp_path: Any,
 ) -> None:
-    from simkit.clients._train import run_training
+    from simkit.clients.learners._train import run_training
 
     base = {
         "env_id": "simkit/CartPole-v0",
@@ -415,7 +415,7 @@ def test_ppo_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
 def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
     tmp_path: Any,
 ) -> None:
-    from simkit.clients._train_sac import run_sac
+    from simkit.clients.learners._train_sac import run_sac
 
     args = SACArgs(
         env_id="simkit/Pendulum-v0",
@@ -450,8 +450,8 @@ def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
 
 
 def test_a_resume_may_switch_the_cuda_graph() -> None:
-    from simkit.clients._train import resume_args
-    from simkit.clients._train_sac import resume_sac_args
+    from simkit.clients.learners._train import resume_args
+    from simkit.clients.learners._train_sac import resume_sac_args
 
     assert resume_args(PPOArgs(), PPOArgs(cuda_graph=False)).cuda_graph is False
     assert resume_sac_args(SACArgs(), SACArgs(cuda_graph=False), ["cuda_graph"]).cuda_graph is False

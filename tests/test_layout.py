@@ -187,3 +187,16 @@ def test_long_functions_are_found(tmp_path: Path) -> None:
     assert [line.rsplit(" ", 3)[1:] for line in long_functions(tmp_path)] == [
         ["long", f"({MAX_FUNCTION_LINES + 1}", "lines)"]
     ]
+
+
+def test_the_clients_public_names_resolve_and_each_sub_package_says_what_lives_there() -> None:
+    import importlib
+
+    import simkit.clients
+
+    for name in simkit.clients.__all__:
+        assert getattr(simkit.clients, name) is not None, name
+    assert simkit.clients.PPO.__module__ == "simkit.clients.learners.ppo"
+    for sub in ("remote", "learners", "launcher"):
+        doc = importlib.import_module(f"simkit.clients.{sub}").__doc__
+        assert doc and len(doc.split()) > 10, sub

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import simkit
-from simkit.clients._args import capped_total_steps
+from simkit.clients.learners._args import capped_total_steps
 
 TINY = {"num_envs": 2, "num_steps": 32, "num_minibatches": 2, "update_epochs": 1}
 
@@ -28,7 +28,7 @@ def test_the_total_steps_cap(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_cap_also_fits_one_update_into_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from simkit.clients._args import PPOArgs, SACArgs, capped
+    from simkit.clients.learners._args import PPOArgs, SACArgs, capped
 
     args = PPOArgs(num_envs=8, num_steps=256, total_steps=1_000_000)
     monkeypatch.delenv("SIMKIT_MAX_TOTAL_STEPS", raising=False)
@@ -123,8 +123,8 @@ def test_the_run_summary_prints_commands_that_run_from_this_shell(
 ) -> None:
     import sys
 
-    from simkit.clients._train import TrainResult
-    from simkit.clients._train_cli import _print_summary
+    from simkit.clients.learners._train import TrainResult
+    from simkit.clients.learners._train_cli import _print_summary
 
     result = TrainResult(
         logdir=tmp_path / "run",

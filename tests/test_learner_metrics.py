@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from simkit.clients._learner_metrics import LearnerMetrics
+from simkit.clients.learners._learner_metrics import LearnerMetrics
 
 # The names docs/alerts.yml and the docs rely on (sample names, counters with _total).
 CONTRACT = (

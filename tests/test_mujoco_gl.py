@@ -114,9 +114,9 @@ def test_eval_render_shows_its_progress(
 
     import simkit
     from simkit.cli import main
-    from simkit.clients._checkpoint import save_policy
-    from simkit.clients._train import _policy_meta, build_model
-    from simkit.clients.ppo import PPOArgs
+    from simkit.clients.learners._checkpoint import save_policy
+    from simkit.clients.learners._train import _policy_meta, build_model
+    from simkit.clients.learners.ppo import PPOArgs
 
     # Tiny frames instead of OpenGL: the progress is what is under test (tests/test_ppo.py
     # renders for real where libOSMesa is installed).
@@ -144,9 +144,9 @@ def test_eval_renders_a_gif_at_the_asked_frame_rate(
     import numpy as np
 
     import simkit
-    from simkit.clients._checkpoint import save_policy
-    from simkit.clients._train import _policy_meta, build_model, evaluate_policy
-    from simkit.clients.ppo import PPOArgs
+    from simkit.clients.learners._checkpoint import save_policy
+    from simkit.clients.learners._train import _policy_meta, build_model, evaluate_policy
+    from simkit.clients.learners.ppo import PPOArgs
 
     shade = itertools.count()  # frames that differ, or the GIF writer merges them
     monkeypatch.setattr(

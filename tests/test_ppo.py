@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from simkit._types import ROW_FIELDS, Fragment, stack_fragments
-from simkit.clients._checkpoint import load_checkpoint
-from simkit.clients._train import _policy_meta, build_model, evaluate_policy, run_training
-from simkit.clients.ppo import (
+from simkit.clients.learners._checkpoint import load_checkpoint
+from simkit.clients.learners._train import _policy_meta, build_model, evaluate_policy, run_training
+from simkit.clients.learners.ppo import (
     PPOArgs,
     RewardScaler,
     clip_grad_norm,
@@ -259,7 +259,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
     r = run_training(PPOArgs(**TINY), logdir=tmp_path, max_updates=1, tensorboard=False, servers=0)
     assert r.checkpoint is not None
     model = build_model(PPOArgs(**{**TINY, "hidden": (32,)}))
-    from simkit.clients._checkpoint import check_tensors
+    from simkit.clients.learners._checkpoint import check_tensors
 
     with pytest.raises(InvalidCheckpoint, match=r"model\.safetensors: tensor names differ"):
         check_tensors(
@@ -345,7 +345,7 @@ def test_multi_agent_goalnav_return_rises(tmp_path: Path, servers: int) -> None:
 
 def evaluate_policy_untrained(args: PPOArgs, path: Path) -> float:
     """Mean deterministic return of the initial policy (same evaluation as after)."""
-    from simkit.clients._checkpoint import save_policy
+    from simkit.clients.learners._checkpoint import save_policy
 
     model = build_model(args)
     save_policy(path, model.state_dict(), _policy_meta(args, 0))
@@ -414,7 +414,7 @@ def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path, ser
 
 
 def test_eval_render_of_an_env_without_frames_is_refused(tmp_path: Path) -> None:
-    from simkit.clients._checkpoint import save_policy
+    from simkit.clients.learners._checkpoint import save_policy
 
     args = PPOArgs(env_id="simkit/GoalNav-v0")
     save_policy(tmp_path / "p.safetensors", build_model(args).state_dict(), _policy_meta(args, 0))
@@ -431,7 +431,7 @@ def test_eval_render_of_an_env_without_frames_is_refused(tmp_path: Path) -> None
     reason="libOSMesa not installed (apt-get install libosmesa6); .ci/run installs it",
 )
 def test_eval_renders_a_mujoco_policy_to_mp4(tmp_path: Path) -> None:
-    from simkit.clients._checkpoint import save_policy
+    from simkit.clients.learners._checkpoint import save_policy
 
     args = PPOArgs(env_id="simkit/Reacher-v0")
     policy = tmp_path / "policy.safetensors"
@@ -483,7 +483,7 @@ def test_learner_device_auto_on_a_cpu_machine_trains_the_cpu_bits(tmp_path: Path
 def test_learner_device_cuda_without_cuda_is_a_one_line_error(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from simkit.clients.ppo import resolve_device
+    from simkit.clients.learners.ppo import resolve_device
 
     with pytest.raises(ValueError, match="--device cuda: this machine has no CUDA device"):
         resolve_device("cuda")
@@ -511,7 +511,7 @@ def test_checkpoints_with_bad_optimizer_state_or_nan_weights_are_refused(
     from safetensors.torch import load_file
 
     from simkit.cli import main
-    from simkit.clients._checkpoint import load_policy, save_checkpoint, save_policy
+    from simkit.clients.learners._checkpoint import load_policy, save_checkpoint, save_policy
 
     run_training(
         PPOArgs(**TINY), logdir=tmp_path / "run", max_updates=1, tensorboard=False, servers=0
@@ -558,7 +558,7 @@ def test_eval_of_a_checkpoint_without_policy_metadata_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from simkit.cli import main
-    from simkit.clients._checkpoint import save_checkpoint
+    from simkit.clients.learners._checkpoint import save_checkpoint
 
     run_training(
         PPOArgs(**TINY), logdir=tmp_path / "run", max_updates=1, tensorboard=False, servers=0
@@ -577,7 +577,7 @@ def test_eval_of_a_checkpoint_without_policy_metadata_is_one_line(
 def test_the_same_policy_is_always_the_same_bytes(tmp_path: Path) -> None:
     """safetensors writes metadata in a hash map's random order; saved policies and
     weights sort it, so a run's files repeat byte for byte (fails before: two orders)."""
-    from simkit.clients._checkpoint import load_policy, save_policy
+    from simkit.clients.learners._checkpoint import load_policy, save_policy
     from simkit.models import get_weights, load_weights, save_weights
 
     model = build_model(PPOArgs(**TINY))

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from simkit.clients._server_source import _started_endpoint, spawn_servers, stop_servers
-from simkit.clients._train import run_training
-from simkit.clients.ppo import PPOArgs
+from simkit.clients.learners._server_source import _started_endpoint, spawn_servers, stop_servers
+from simkit.clients.learners._train import run_training
+from simkit.clients.learners.ppo import PPOArgs
 from simkit.errors import ServerStartFailed
 
 ARGS = {
@@ -40,7 +40,7 @@ def test_trains_through_a_local_server(tmp_path: Path) -> None:
 def test_same_seed_same_parameters_through_a_server(tmp_path: Path) -> None:
     import torch
 
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     runs = [
         run_training(
@@ -86,7 +86,7 @@ def test_placement_does_not_change_the_parameters(
 
 
 def _params(path: Path | None) -> dict[str, object]:
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     assert path is not None
     return dict(load_checkpoint(path).model)
@@ -96,7 +96,7 @@ def _params(path: Path | None) -> dict[str, object]:
 def test_resume_through_servers_is_exact(tmp_path: Path, servers: int) -> None:
     import torch
 
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     args = {**ARGS, "num_steps": 37}  # episodes cross fragment boundaries
     kw = {"servers": servers, "tensorboard": False, "checkpoint_every": 2}
@@ -139,7 +139,7 @@ def _kill_after_first_update(
 ) -> None:
     """Kills ``proc`` inside the first update's bookkeeping (its policy snapshot), so
     always mid-run however fast the updates are, then calls ``then``."""
-    import simkit.clients._run as train_module  # the run writes the policy snapshots
+    import simkit.clients.learners._run as train_module  # the run writes the policy snapshots
 
     save_policy = train_module.save_policy
     done: list[bool] = []
@@ -227,7 +227,7 @@ def test_simkit_train_says_in_one_line_why_its_server_did_not_start(
     def fail(env_id: str, count: int, **_: Any) -> Any:
         raise ServerStartFailed(f"simkit serve {env_id} did not start (exit 1):\nImportError: x")
 
-    monkeypatch.setattr("simkit.clients._rollout.spawn_servers", fail)
+    monkeypatch.setattr("simkit.clients.learners._rollout.spawn_servers", fail)
     code = main(["train", "simkit/CartPole-v0", "--logdir", str(tmp_path / "run"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 1
@@ -294,7 +294,7 @@ class _FakeStream:
     """Two servers' fragments; ``b`` fails after delivering one, with two more queued."""
 
     def __init__(self) -> None:
-        from simkit.clients._connection import ServerUnavailable
+        from simkit.clients.remote._connection import ServerUnavailable
 
         self.version = 0
         self.endpoints = ["a", "b"]
@@ -323,7 +323,7 @@ class _FakeStream:
 
 
 def test_a_lost_servers_received_fragments_all_reach_the_learner() -> None:
-    from simkit.clients._server_source import ServerSource
+    from simkit.clients.learners._server_source import ServerSource
 
     lines: list[str] = []
     source = ServerSource.__new__(ServerSource)  # the failure policy alone, on a fake stream
@@ -396,14 +396,14 @@ def _state(pid: int) -> str:
 
 _LOSE_THE_SERVER = {
     "ppo": (
-        "simkit.clients._run",
+        "simkit.clients.learners._run",
         [
             *("simkit/CartPole-v0", "--num-envs", "4", "--num-steps", "16"),
             *("--num-minibatches", "2", "--update-epochs", "1"),
         ],
     ),
     "sac": (
-        "simkit.clients._run",
+        "simkit.clients.learners._run",
         [
             *("simkit/Pendulum-v0", "--algo", "sac", "--num-envs", "2", "--num-steps", "4"),
             *("--learning-starts", "16", "--batch-size", "8", "--buffer-size", "100"),
@@ -422,7 +422,7 @@ def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
 ) -> None:
     import importlib
 
-    import simkit.clients._rollout as rollout_module
+    import simkit.clients.learners._rollout as rollout_module
     from simkit.cli import main
 
     module_name, flags = _LOSE_THE_SERVER[algo]
@@ -457,7 +457,7 @@ def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
     assert err[-1].startswith("simkit train: every rollout server was lost")
     resume = "--algo sac --resume" if algo == "sac" else "--resume"
     assert f"{resume} {tmp_path}" in err[-1]
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     state = load_checkpoint(tmp_path).state
     if algo == "ppo":
@@ -484,8 +484,8 @@ def test_a_gym_runs_checkpoint_and_resume_say_they_are_not_exact(
         err = capfd.readouterr().err
         r = run_training(ppo, logdir=tmp_path, resume=tmp_path, max_updates=1, **kw)
     else:
-        from simkit.clients._args import SACArgs
-        from simkit.clients._train_sac import run_sac
+        from simkit.clients.learners._args import SACArgs
+        from simkit.clients.learners._train_sac import run_sac
 
         sac = SACArgs(
             env_id=env,
@@ -518,8 +518,8 @@ def test_a_recording_the_run_cannot_open_stops_it_before_anything_starts(
     nothing is left running and Ctrl-C still interrupts the caller."""
     import signal
 
-    from simkit.clients._args import SACArgs
-    from simkit.clients._train_sac import run_sac
+    from simkit.clients.learners._args import SACArgs
+    from simkit.clients.learners._train_sac import run_sac
     from simkit.errors import RecordingLocked
     from simkit.recording import FragmentRecorder
 
@@ -530,7 +530,7 @@ def test_a_recording_the_run_cannot_open_stops_it_before_anything_starts(
         started.extend(procs)
         return procs, endpoints
 
-    monkeypatch.setattr("simkit.clients._rollout.spawn_servers", spawn)
+    monkeypatch.setattr("simkit.clients.learners._rollout.spawn_servers", spawn)
     env_id = "simkit/CartPole-v0" if algo == "ppo" else "simkit/Cheetah-v0"
     held = FragmentRecorder(tmp_path / "rec", env_id, root_seed=1)
     handler = signal.getsignal(signal.SIGINT)

@@ -25,9 +25,9 @@ import pytest
 assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0"
 ray = pytest.importorskip("ray", reason="Ray is the optional extra simkit[ray]")
 
-import simkit.clients._launch as launch_module  # noqa: E402
-from simkit.clients._train import run_training  # noqa: E402
-from simkit.clients.ppo import PPOArgs  # noqa: E402
+import simkit.clients.launcher._launch as launch_module  # noqa: E402
+from simkit.clients.learners._train import run_training  # noqa: E402
+from simkit.clients.learners.ppo import PPOArgs  # noqa: E402
 
 ARGS = {
     "env_id": "simkit/CartPole-v0",
@@ -58,7 +58,7 @@ def cluster() -> Iterator[Any]:
 
 
 def _params(path: Path | None) -> dict[str, Any]:
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     assert path is not None
     return dict(load_checkpoint(path).model)
@@ -136,7 +136,7 @@ def test_servers_the_cluster_cannot_hold_fail_at_once_saying_what_is_needed_and_
 
 
 def _kill_during_second_update(monkeypatch: pytest.MonkeyPatch, kill: Any) -> None:
-    import simkit.clients._run as train_module  # the run writes the policy snapshots
+    import simkit.clients.learners._run as train_module  # the run writes the policy snapshots
 
     save_policy = train_module.save_policy
     calls: list[int] = []
@@ -176,7 +176,7 @@ def test_a_killed_server_actor_is_restarted_and_the_run_ends_exactly(
 def _during_second_fragment(monkeypatch: pytest.MonkeyPatch, hit: Any) -> None:
     """Calls ``hit()`` right after the second weights went out: the servers are
     rolling out that version's fragment."""
-    from simkit.clients._server_source import ServerSource
+    from simkit.clients.learners._server_source import ServerSource
 
     push_weights = ServerSource.push_weights
     calls: list[int] = []
@@ -270,8 +270,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_sac_on_ray_servers_trains_the_bits_of_local_servers(cluster: Any, tmp_path: Path) -> None:
-    from simkit.clients._args import SACArgs
-    from simkit.clients._train_sac import run_sac
+    from simkit.clients.learners._args import SACArgs
+    from simkit.clients.learners._train_sac import run_sac
 
     args = SACArgs(
         env_id="simkit/Pendulum-v0",

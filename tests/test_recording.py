@@ -684,8 +684,8 @@ def test_fragments_with_final_observations_record_whole_episodes(tmp_path: Path)
 
 def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:
     from simkit.cli import main
-    from simkit.clients._train import run_training
-    from simkit.clients.ppo import PPOArgs
+    from simkit.clients.learners._train import run_training
+    from simkit.clients.learners.ppo import PPOArgs
 
     args = PPOArgs(
         env_id="simkit/CartPole-v0",

@@ -1,4 +1,4 @@
-"""The replay buffer (simkit.clients._replay): bootstrapping rules of fragments, the ring,
+"""The replay buffer (simkit.clients.learners._replay): bootstrapping rules of fragments, the ring,
 seeded sampling, and the one-file save/load."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import save as st_save
 
 from simkit._types import Fragment
-from simkit.clients._replay import REPLAY_FORMAT, ReplayBatch, ReplayBuffer
+from simkit.clients.learners._replay import REPLAY_FORMAT, ReplayBatch, ReplayBuffer
 from simkit.errors import InvalidCheckpoint
 
 OBS, ACT = (3,), (2,)

@@ -1,5 +1,5 @@
-"""The one learning loop (``clients/_loop.py``) and the algorithm registry of the training
-run (``clients/_run.py``), with a toy algorithm: no env, no torch model."""
+"""The one learning loop (``clients/learners/_loop.py``) and the algorithm registry of the training
+run (``clients/learners/_run.py``), with a toy algorithm: no env, no torch model."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simkit.clients._loop import drive
-from simkit.clients._run import ALGORITHMS, algorithm
+from simkit.clients.learners._loop import drive
+from simkit.clients.learners._run import ALGORITHMS, algorithm
 
 
 @dataclass
@@ -115,8 +115,8 @@ def test_a_source_that_ends_ends_the_loop_without_a_partial_round() -> None:
 
 
 def test_the_registry_names_each_algorithm_part() -> None:
-    from simkit.clients._train import PPOPart
-    from simkit.clients._train_sac import SACPart
+    from simkit.clients.learners._train import PPOPart
+    from simkit.clients.learners._train_sac import SACPart
 
     assert algorithm("ppo") is PPOPart
     assert algorithm("sac") is SACPart

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from simkit.clients._args import SACArgs
-from simkit.clients._checkpoint import load_checkpoint
-from simkit.clients._train_cli import runnable
-from simkit.clients._train_sac import run_sac
+from simkit.clients.learners._args import SACArgs
+from simkit.clients.learners._checkpoint import load_checkpoint
+from simkit.clients.learners._train_cli import runnable
+from simkit.clients.learners._train_sac import run_sac
 
 ENV = "simkit/Pendulum-v0"
 SMALL = SACArgs(
@@ -118,7 +118,7 @@ def test_resume_is_exact(tmp_path: Path) -> None:
     _same(_tensors(tmp_path / "straight"), _tensors(tmp_path / "split"))
     a, b = load_checkpoint(tmp_path / "straight"), load_checkpoint(tmp_path / "split")
     assert a.state["counters"]["updates"] == b.state["counters"]["updates"]
-    from simkit.clients._replay import ReplayBuffer
+    from simkit.clients.learners._replay import ReplayBuffer
 
     ra = ReplayBuffer.load(a.extra["replay.safetensors.zst"])
     rb = ReplayBuffer.load(b.extra["replay.safetensors.zst"])
@@ -135,8 +135,8 @@ def test_resume_over_servers_is_exact(tmp_path: Path) -> None:
 
 def test_the_server_explores_uniformly_until_learning_starts(tmp_path: Path) -> None:
     import simkit
-    from simkit.clients._local_source import LocalSource
-    from simkit.clients._train_sac import build_actor
+    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._train_sac import build_actor
 
     model = build_actor(SMALL)
     env = simkit.make(ENV)
@@ -189,7 +189,7 @@ def test_buffer_from_a_recording_fills_the_buffer_first(tmp_path: Path) -> None:
     assert counters["learning_step"] == 8  # learning started in the first round
     assert counters["updates"] == 16 - 8 + 1
     ckpt = load_checkpoint(tmp_path / "run")
-    from simkit.clients._replay import ReplayBuffer
+    from simkit.clients.learners._replay import ReplayBuffer
 
     buf = ReplayBuffer.load(ckpt.extra["replay.safetensors.zst"])
     assert len(buf) == 2 * 200 + 16  # two 200-step episodes, then the run's steps
@@ -236,7 +236,7 @@ def test_cli_trains_and_the_policy_evaluates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from simkit.cli import main
-    from simkit.clients._train import evaluate_policy
+    from simkit.clients.learners._train import evaluate_policy
 
     code = main(
         [
@@ -276,7 +276,7 @@ def test_record_keeps_verifiable_episodes_and_the_summary_names_the_recording(
     args = dataclasses.replace(SMALL, learning_starts=400, total_steps=8)
     _run(tmp_path / "again", args, buffer_from=rec)
     ckpt = load_checkpoint(tmp_path / "again")
-    from simkit.clients._replay import ReplayBuffer
+    from simkit.clients.learners._replay import ReplayBuffer
 
     buf = ReplayBuffer.load(ckpt.extra["replay.safetensors.zst"])
     assert len(buf) == 2 * 200 + 8
@@ -311,9 +311,9 @@ def test_the_rounding_of_total_steps_is_said_up_front(
 
 
 def test_the_update_bootstraps_truncated_transitions_and_not_terminated_ones() -> None:
-    from simkit.clients._replay import ReplayBatch
-    from simkit.clients._train_sac import build_actor
-    from simkit.clients.sac import SAC
+    from simkit.clients.learners._replay import ReplayBatch
+    from simkit.clients.learners._train_sac import build_actor
+    from simkit.clients.learners.sac import SAC
 
     rng = np.random.default_rng(3)
     n = SMALL.batch_size
@@ -345,8 +345,8 @@ def test_training_runs_numpy_blas_on_one_thread(tmp_path: Path, algo: str) -> No
     cores torch's update needs (simkit/models/_threads.py)."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from simkit.clients._args import PPOArgs
-    from simkit.clients._train import run_training
+    from simkit.clients.learners._args import PPOArgs
+    from simkit.clients.learners._train import run_training
 
     with threadpool_limits(limits=2, user_api="blas"):
         if algo == "sac":

@@ -17,7 +17,7 @@ import zmq
 
 from simkit._types import Fragment
 from simkit.clients import PolicyStream
-from simkit.clients._server_source import spawn_servers, stop_servers
+from simkit.clients.learners._server_source import spawn_servers, stop_servers
 from simkit.models import ModelSpec, build_model, get_weights
 from simkit.protocol import (
     ClientSession,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from simkit.cli import main
-from simkit.clients._checkpoint import load_checkpoint
-from simkit.clients._train_cli import runnable
+from simkit.clients.learners._checkpoint import load_checkpoint
+from simkit.clients.learners._train_cli import runnable
 
 RUN = [
     *("simkit/CartPole-v0", "--servers", "0", "--num-envs", "4", "--num-steps", "64"),
@@ -199,10 +199,10 @@ def test_the_rounding_of_total_steps_is_said_up_front_and_the_summary_names_the_
 def _interrupted(algo: str, logdir: Path, *, stop_early: bool, resume: bool = False) -> None:
     """A small run of ``algo`` stopped early (``stop_early``: fewer than 20 episodes
     before its end), or to its end; ``resume`` continues the run in ``logdir``."""
-    from simkit.clients._args import SACArgs
-    from simkit.clients._train import run_training
-    from simkit.clients._train_sac import run_sac
-    from simkit.clients.ppo import PPOArgs
+    from simkit.clients.learners._args import SACArgs
+    from simkit.clients.learners._train import run_training
+    from simkit.clients.learners._train_sac import run_sac
+    from simkit.clients.learners.ppo import PPOArgs
 
     common: dict[str, Any] = {"logdir": logdir, "tensorboard": False, "servers": 0}
     if resume:
@@ -255,7 +255,7 @@ def test_a_resumed_run_reports_over_the_same_episodes_and_goes_on_with_the_wall_
 
 def _settings_of(*argv: str) -> Any:
     from simkit.cli import build_parser
-    from simkit.clients._train_cli import _settings
+    from simkit.clients.learners._train_cli import _settings
 
     return _settings(build_parser().parse_args(["train", *argv]))
 
@@ -332,8 +332,8 @@ def _interrupt(
 
 
 def test_ctrl_c_during_start_up_eval_and_record_is_one_line(tmp_path: Path) -> None:
-    from simkit.clients._train import run_training
-    from simkit.clients.ppo import PPOArgs
+    from simkit.clients.learners._train import run_training
+    from simkit.clients.learners.ppo import PPOArgs
     from simkit.recording import RecordingReader
 
     def spawning() -> bool:  # the learner started its servers: it is starting up
@@ -388,7 +388,7 @@ def test_record_into_an_existing_recording_needs_append(
 
 
 def _ppo(env_id: str, total: int, **kw: Any) -> Any:
-    from simkit.clients.ppo import PPOArgs
+    from simkit.clients.learners.ppo import PPOArgs
 
     return PPOArgs(
         env_id=env_id,
@@ -407,7 +407,7 @@ def test_a_total_below_one_update_trains_one_and_a_resume_rounds_the_same(
 ) -> None:
     """--total-steps 1000 with 2048-step updates trained forever (0 updates: "until
     stopped"); a resume of a finished run trained one update more."""
-    from simkit.clients._train import run_training
+    from simkit.clients.learners._train import run_training
 
     r = run_training(_ppo(RUN[0], 40), logdir=tmp_path, servers=0, max_updates=3)
     assert (r.updates, r.global_step) == (1, 64)
@@ -424,7 +424,7 @@ def test_a_total_below_one_update_trains_one_and_a_resume_rounds_the_same(
 def test_a_multi_agent_run_counts_steps_as_it_said_it_would(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simkit.clients._train import run_training
+    from simkit.clients.learners._train import run_training
 
     r = run_training(_ppo("simkit/GoalNav-v0", 1000), logdir=tmp_path, servers=0)
     said = re.search(r"training stops at ([\d,]+)", capsys.readouterr().err)
@@ -470,7 +470,7 @@ def test_a_logdir_holds_one_run_unless_resumed(
 def test_reproducible_mode_says_it_is_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import simkit.clients._train_cli as train_cli
+    import simkit.clients.learners._train_cli as train_cli
 
     monkeypatch.setattr(train_cli, "is_pinned", lambda: True)  # as after the re-exec
     assert _train(tmp_path, "--total-steps", "256", "--reproducible") == 0
@@ -508,7 +508,7 @@ def test_the_live_line_fits_the_terminal_with_the_key_fields_first() -> None:
 
     from rich.console import Console
 
-    from simkit.clients._progress import ProgressLine
+    from simkit.clients.learners._progress import ProgressLine
 
     screen = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
     line = ProgressLine(
@@ -542,8 +542,8 @@ def test_the_summary_never_breaks_a_path_at_80_columns(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from simkit.clients._train import TrainResult
-    from simkit.clients._train_cli import _print_summary
+    from simkit.clients.learners._train import TrainResult
+    from simkit.clients.learners._train_cli import _print_summary
 
     logdir = tmp_path / ("a-rather-long-directory-name-" * 3) / "run"
     result = TrainResult(

@@ -163,7 +163,7 @@ def _checkpoint_policy(path: str, vec: Any, seed: int) -> Any:
     """Sampled actions of the PPO policy at ``path`` (a checkpoint or ``policy.safetensors``)."""
     import torch
 
-    from simkit.clients._checkpoint import load_policy
+    from simkit.clients.learners._checkpoint import load_policy
     from simkit.models import ModelSpec, build_model, numpy_actions
 
     tensors, meta = load_policy(path)

@@ -1,8 +1,8 @@
-"""The pieces the training run (:class:`simkit.clients._run.Run`) is made of, for every
+"""The pieces the training run (:class:`simkit.clients.learners._run.Run`) is made of, for every
 algorithm: a stop request on SIGINT/SIGTERM, the tally a resumed run goes on with, the
 rollout state of a resumed checkpoint, what happens when the last server is lost, the
 log directory, ``progress.jsonl``, TensorBoard and the off-policy checkpoint cadence
-(the live progress line is :mod:`simkit.clients._progress`)."""
+(the live progress line is :mod:`simkit.clients.learners._progress`)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from simkit.clients._checkpoint import Checkpoint, write_atomically
-from simkit.clients._connection import ServerUnavailable
+from simkit.clients.learners._checkpoint import Checkpoint, write_atomically
+from simkit.clients.remote._connection import ServerUnavailable
 from simkit.errors import InvalidCheckpoint, ServersLost, WriteFailed
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ whole fragment's noise at once: the bits :class:`~simkit._noise.SlotNoise` gives
 host; a Gaussian head's normal noise is drawn on the host once per fragment and copied,
 as :class:`~simkit.servers._stream_policy.RowPolicy` does) and writes every step into
 tensors preallocated ``[T, N, ...]`` on the device. A fragment is a
-:class:`DeviceFragment` of those tensors; :meth:`simkit.clients.ppo.PPO.update_device`
+:class:`DeviceFragment` of those tensors; :meth:`simkit.clients.learners.ppo.PPO.update_device`
 computes reward scaling, GAE and the update from them where they are.
 
 Per fragment the host does: one :meth:`~simkit.BatchEnv.prepare_device_steps` (one read
@@ -19,7 +19,7 @@ of the episode counters), the noise's few PCG64 states (a copy to the device) an
 the fragment's end). Nothing in the per-step loop reads a tensor back. On ``cpu`` the
 same code runs, which is how the tests cover it.
 
-Its fragments are not bit-identical to :class:`~simkit.clients._local_source.LocalSource`'s
+Its fragments are not bit-identical to :class:`~simkit.clients.learners._local_source.LocalSource`'s
 (which acts through the numpy ``LeanMLP``): the actions come from the same keyed noise,
 but the forward pass is torch's on a batch, whose last bits may differ. A sync run is
 deterministic (same seed, same device: same parameters) and resumes exactly.

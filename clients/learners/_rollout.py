@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from simkit._kernels import pinned_vars
-from simkit.clients._device_source import DeviceSource
-from simkit.clients._local_source import LocalSource
-from simkit.clients._server_source import ServerSource, spawn_servers, stop_servers
+from simkit.clients.learners._device_source import DeviceSource
+from simkit.clients.learners._local_source import LocalSource
+from simkit.clients.learners._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
 
 __all__ = ["Rollout", "RolloutPlan", "describe_source", "open_rollout", "source_kind"]
@@ -71,13 +71,13 @@ def _relocator(launched: Any, logdir: Path) -> Callable[[str], str]:
 @dataclass(frozen=True)
 class RolloutPlan:
     """What a run asks of its fragment source (the arguments of
-    :func:`simkit.clients._train.run_training` and the algorithm's settings), built once
+    :func:`simkit.clients.learners._train.run_training` and the algorithm's settings), built once
     by the run and read by each kind of source.
 
     Attributes:
         device_loop: roll out in process on that device
-            (:class:`~simkit.clients._device_source.DeviceSource`; the run checked it
-            can, :func:`~simkit.clients._device_source.use_device_loop`); None: not.
+            (:class:`~simkit.clients.learners._device_source.DeviceSource`; the run checked it
+            can, :func:`~simkit.clients.learners._device_source.use_device_loop`); None: not.
     """
 
     env_id: str
@@ -188,7 +188,7 @@ def _launch_on_ray(p: RolloutPlan, ray: str) -> Any:
             f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
             f"got --servers {servers} and {len(connect)} --connect"
         )
-    from simkit.clients._launch import launch
+    from simkit.clients.launcher._launch import launch
 
     launched = launch(
         p.env_id,

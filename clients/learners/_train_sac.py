@@ -1,7 +1,7 @@
 """SAC's part of a training run: the Python API behind ``simkit train ENV --algo sac``.
 
-:class:`SACPart` is what a :class:`~simkit.clients._run.Run` needs of SAC: the actor,
-the :class:`~simkit.clients.sac.SAC` learner and the replay buffer (its memory stated
+:class:`SACPart` is what a :class:`~simkit.clients.learners._run.Run` needs of SAC: the actor,
+the :class:`~simkit.clients.learners.sac.SAC` learner and the replay buffer (its memory stated
 before it is allocated; optionally filled from recordings), its checkpoint (the buffer
 included), its cadence and what it reports (the run writes the policy snapshot,
 ``progress.jsonl``, TensorBoard scalars and Prometheus metrics, and shows the progress
@@ -21,19 +21,24 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from simkit.clients._args import SACArgs, resolve_device
-from simkit.clients._checkpoint import Checkpoint, check_optimizer, checkpoint_args
-from simkit.clients._local_source import GYM_PREFIX, LocalSource, is_multi_agent, make_vector
-from simkit.clients._loop import Rounds
-from simkit.clients._replay import ReplayBuffer
-from simkit.clients._run import Report, Run, RunKeywords, RunOptions, TrainResult
-from simkit.clients._run_parts import (
+from simkit.clients.learners._args import SACArgs, resolve_device
+from simkit.clients.learners._checkpoint import Checkpoint, check_optimizer, checkpoint_args
+from simkit.clients.learners._local_source import (
+    GYM_PREFIX,
+    LocalSource,
+    is_multi_agent,
+    make_vector,
+)
+from simkit.clients.learners._loop import Rounds
+from simkit.clients.learners._replay import ReplayBuffer
+from simkit.clients.learners._run import Report, Run, RunKeywords, RunOptions, TrainResult
+from simkit.clients.learners._run_parts import (
     CheckpointCadence,
     RunTally,
     check_resumed_state,
     resumed_settings,
 )
-from simkit.clients.sac import SAC, SACRounds, SACStats
+from simkit.clients.learners.sac import SAC, SACRounds, SACStats
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
@@ -187,12 +192,12 @@ def fill_from_recording(
 
 
 class SACPart:
-    """SAC's part of a :class:`~simkit.clients._run.Run` (the :class:`Algorithm`
-    protocol): the :class:`~simkit.clients.sac.SAC` learner and its replay buffer
+    """SAC's part of a :class:`~simkit.clients.learners._run.Run` (the :class:`Algorithm`
+    protocol): the :class:`~simkit.clients.learners.sac.SAC` learner and its replay buffer
     (stated before it is allocated; from the checkpoint on resume, or filled from
     ``buffer_from``), its checkpoint (``step-NNNNNNNNNN``: every learned tensor, the
     optimizer, the counters, the source's state and the buffer), the
-    :class:`~simkit.clients._run_parts.CheckpointCadence`, and every
+    :class:`~simkit.clients.learners._run_parts.CheckpointCadence`, and every
     :data:`_WRITE_EVERY_S` a ``progress.jsonl`` line, a policy snapshot, TensorBoard
     scalars and Prometheus metrics.
 
@@ -537,9 +542,9 @@ def run_sac(
     **run: Unpack[RunKeywords],
 ) -> TrainResult:
     """Trains SAC per ``args`` or continues checkpoint ``resume`` (exactly, in sync mode):
-    a :class:`~simkit.clients._run.Run` of :class:`SACPart`.
+    a :class:`~simkit.clients.learners._run.Run` of :class:`SACPart`.
 
-    The run arguments are :func:`~simkit.clients._train.run_training`'s, except:
+    The run arguments are :func:`~simkit.clients.learners._train.run_training`'s, except:
 
     Args:
         given: the :class:`SACArgs` fields the command line set (on ``resume`` only
@@ -549,7 +554,7 @@ def run_sac(
         checkpoint_minutes: the longest time between checkpoints (0: not by time).
             Besides these the run checkpoints once learning starts, then as often as
             bounds the work a crash loses to about half the run
-            (:class:`~simkit.clients._run_parts.CheckpointCadence`), and at the end.
+            (:class:`~simkit.clients.learners._run_parts.CheckpointCadence`), and at the end.
         max_rounds: stop after this many rounds (weight pushes) of this call.
         buffer_from: a recording directory whose episodes fill the buffer first.
         metrics_port: serve the learner's Prometheus metrics on this port (0: any).

@@ -21,7 +21,7 @@ import zmq
 from gymnasium import spaces
 
 from simkit._types import ROW_FIELDS, Fragment, stack_fragments
-from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable, _Keepalive
+from simkit.clients.remote._connection import Connection, CurveKeys, ServerUnavailable, _Keepalive
 from simkit.models import ModelSpec, PolicyWeights, get_weights
 from simkit.protocol import Message, ProtocolError, RemoteError, space_from_plain
 from simkit.protocol._stream_messages import (

@@ -1,11 +1,11 @@
-"""``simkit train`` and ``simkit eval``: the command lines over :mod:`simkit.clients._train`.
+"""``simkit train`` and ``simkit eval``: the command lines over :mod:`simkit.clients.learners._train`.
 
-The PPO flags come from :class:`~simkit.clients.ppo.PPOArgs` itself (one flag per
+The PPO flags come from :class:`~simkit.clients.learners.ppo.PPOArgs` itself (one flag per
 field, its default shown in ``--help``), and every value is checked before anything
 starts (:meth:`PPOArgs.check`, and the run settings here). A flag that is not given is
 ``None`` here, which is how ``--resume`` tells what the command line asks for from
 what the checkpoint holds: only flags given are compared with the checkpoint
-(:func:`~simkit.clients._train.resume_args`).
+(:func:`~simkit.clients.learners._train.resume_args`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients._args import DEFAULT_SERVERS, PPOArgs, SACArgs, capped, refuse_unless
+from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs, capped, refuse_unless
 from simkit.errors import (
     InvalidCheckpoint,
     MissingDependency,
@@ -30,7 +30,7 @@ from simkit.errors import (
 )
 
 if TYPE_CHECKING:
-    from simkit.clients._train import TrainResult
+    from simkit.clients.learners._train import TrainResult
     from simkit.recording._format import DirectoryLock
 
 __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
@@ -313,7 +313,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
     """
     ckpt = None
     if ns.resume is not None:  # --algo defaults to the checkpoint's
-        from simkit.clients._checkpoint import checkpoint_algo, load_checkpoint
+        from simkit.clients.learners._checkpoint import checkpoint_algo, load_checkpoint
 
         ckpt = load_checkpoint(ns.resume)
         algo = checkpoint_algo(ckpt)
@@ -330,7 +330,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
         given["num_envs"] = slots
     args: PPOArgs | SACArgs
     if ckpt is not None:
-        from simkit.clients._checkpoint import checkpoint_args
+        from simkit.clients.learners._checkpoint import checkpoint_args
 
         parse: Callable[[Any], PPOArgs | SACArgs] = cls.from_plain
         saved = checkpoint_args(ckpt, parse)
@@ -357,7 +357,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
                 ),
             ]
         )
-        from simkit.clients._train_sac import check_env
+        from simkit.clients.learners._train_sac import check_env
 
         check_env(args.env_id)
     return args
@@ -385,7 +385,7 @@ def claim_logdir(logdir: Path, resume: str | None = None) -> DirectoryLock:
         ValueError: it holds a run and this one does not ``--resume`` it (or it cannot
             be made or written).
     """
-    from simkit.clients._run_parts import prepare_logdir
+    from simkit.clients.learners._run_parts import prepare_logdir
     from simkit.recording._format import DirectoryLock
 
     prepare_logdir(logdir)
@@ -407,7 +407,7 @@ def claim_logdir(logdir: Path, resume: str | None = None) -> DirectoryLock:
 def _run_in(logdir: Path) -> str:
     """The run a log directory holds, in words: its env and env steps where its latest
     checkpoint says them."""
-    from simkit.clients._checkpoint import load_checkpoint
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     try:
         state = load_checkpoint(logdir).state
@@ -447,7 +447,7 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
     except RecordingLocked as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
-    from simkit.clients._connection import ServerUnavailable
+    from simkit.clients.remote._connection import ServerUnavailable
 
     try:
         result = _train(ns, args, logdir)
@@ -491,9 +491,9 @@ def _logdir(ns: argparse.Namespace, args: PPOArgs | SACArgs) -> Path:
 
 def _train(ns: argparse.Namespace, args: PPOArgs | SACArgs, logdir: Path) -> TrainResult:
     """The run the command line asks for: the algorithm's part
-    (:data:`~simkit.clients._run.ALGORITHMS`, with its own flags) in a
-    :class:`~simkit.clients._run.Run` with the run's flags."""
-    from simkit.clients._run import Run, RunOptions, algorithm
+    (:data:`~simkit.clients.learners._run.ALGORITHMS`, with its own flags) in a
+    :class:`~simkit.clients.learners._run.Run` with the run's flags."""
+    from simkit.clients.learners._run import Run, RunOptions, algorithm
 
     cls = SACArgs if isinstance(args, SACArgs) else PPOArgs
     given = list(given_settings(ns, cls))
@@ -517,7 +517,7 @@ _RUN_FLAGS = (
     "max_restarts",
     "metrics_port",
 )
-"""The run flags whose value is the :class:`~simkit.clients._run.RunOptions` field of
+"""The run flags whose value is the :class:`~simkit.clients.learners._run.RunOptions` field of
 the same name (``--metrics-port`` is ``--algo sac``'s: refused for PPO before the run)."""
 
 
@@ -658,7 +658,7 @@ def _render_progress(episodes: int) -> Callable[[int, int], None]:
 
 def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
-    from simkit.clients._train import evaluate_policy
+    from simkit.clients.learners._train import evaluate_policy
 
     for flag, value in (("--episodes", ns.episodes), ("--fps", ns.fps)):
         if value < 1:

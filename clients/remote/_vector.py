@@ -22,7 +22,7 @@ from gymnasium.vector.utils import batch_space, create_empty_array
 
 from simkit._types import BatchStep
 from simkit._validation import check_seed, checked_env_ids
-from simkit.clients._connection import Connection, CurveKeys, ServerUnavailable
+from simkit.clients.remote._connection import Connection, CurveKeys, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
 from simkit.protocol import take_rows as _take

@@ -6,27 +6,27 @@ runner or Stable-Baselines3's ``BaseAlgorithm.learn``: one run, algorithms as pa
 - the checkpoint it resumes (loaded, its algorithm checked, ``progress.jsonl`` trimmed
   to it, TensorBoard's redone steps purged) and the log directory (checked writable
   before anything starts);
-- the fragment source (:func:`~simkit.clients._rollout.open_rollout`: in process, local
+- the fragment source (:func:`~simkit.clients.learners._rollout.open_rollout`: in process, local
   ``simkit serve`` processes, ``--connect`` endpoints or Ray actors), its rollout state
   on resume, the recorder (``record``) and SIGINT/SIGTERM (:class:`StopRequest`);
 - checkpoints at fragment boundaries (where, in sync mode, every source waits, so a
   checkpoint is exact), at the end and when the last server is lost;
 - the policy snapshot, ``progress.jsonl``, TensorBoard scalars, Prometheus metrics
-  (:class:`~simkit.clients._learner_metrics.LearnerMetrics`), the live progress line
+  (:class:`~simkit.clients.learners._learner_metrics.LearnerMetrics`), the live progress line
   and the :class:`TrainResult`.
 
-The loop itself is one for every algorithm (:func:`~simkit.clients._loop.drive`:
+The loop itself is one for every algorithm (:func:`~simkit.clients.learners._loop.drive`:
 fragments in, a round's update, weights pushed back at round boundaries). An algorithm
 is a part (:class:`Algorithm`): it builds its model and learner, takes a checkpoint's
 settings and state, says when a round is ready and what its update is
-(:class:`~simkit.clients._loop.Rounds`), what its checkpoint holds and what to report
-per round. PPO's part is :class:`simkit.clients._train.PPOPart`, SAC's
-:class:`simkit.clients._train_sac.SACPart`; :data:`ALGORITHMS` names them. A third
+(:class:`~simkit.clients.learners._loop.Rounds`), what its checkpoint holds and what to report
+per round. PPO's part is :class:`simkit.clients.learners._train.PPOPart`, SAC's
+:class:`simkit.clients.learners._train_sac.SACPart`; :data:`ALGORITHMS` names them. A third
 algorithm is a class implementing :class:`Algorithm` in its own file plus one line in
 :data:`ALGORITHMS`.
 
 Where a new fragment source plugs in: :meth:`Run.open_source` (every algorithm's run
-opens its source there; today through :func:`~simkit.clients._rollout.open_rollout`).
+opens its source there; today through :func:`~simkit.clients.learners._rollout.open_rollout`).
 A source has ``num_rows``, ``fragments()`` (yielding ``None`` when it changed, e.g. lost
 a server), ``push_weights(model, version=)``, ``get_state``/``set_state`` (checkpoints),
 ``not_exact``, ``close()`` and, for servers, ``view()``; an in-process one ``timings()``.
@@ -43,24 +43,24 @@ from pathlib import Path
 from typing import Any, Protocol, TypedDict
 
 from simkit._types import Fragment
-from simkit.clients._checkpoint import (
+from simkit.clients.learners._checkpoint import (
     Checkpoint,
     checkpoint_algo,
     load_checkpoint,
     save_checkpoint,
     save_policy,
 )
-from simkit.clients._learner_metrics import LearnerMetrics
-from simkit.clients._loop import Learner, Rounds, drive
-from simkit.clients._progress import ProgressLine
-from simkit.clients._rollout import (
+from simkit.clients.learners._learner_metrics import LearnerMetrics
+from simkit.clients.learners._loop import Learner, Rounds, drive
+from simkit.clients.learners._progress import ProgressLine
+from simkit.clients.learners._rollout import (
     Rollout,
     RolloutPlan,
     describe_source,
     open_rollout,
     source_kind,
 )
-from simkit.clients._run_parts import (
+from simkit.clients.learners._run_parts import (
     RunTally,
     StopRequest,
     TensorBoard,
@@ -86,8 +86,8 @@ __all__ = [
 ]
 
 ALGORITHMS: dict[str, str] = {
-    "ppo": "simkit.clients._train:PPOPart",
-    "sac": "simkit.clients._train_sac:SACPart",
+    "ppo": "simkit.clients.learners._train:PPOPart",
+    "sac": "simkit.clients.learners._train_sac:SACPart",
 }
 """The registry: algorithm name -> ``module:class`` of its part (imported on first use,
 so that naming the algorithms loads no torch)."""
@@ -133,14 +133,14 @@ class TrainResult:
     """Why a continuation of this run after a server loss or from its checkpoints is not
     exact (its envs have no snapshots: Gymnasium's), where the servers said so."""
     rollout: str = ""
-    """Where the rollout ran (:func:`~simkit.clients._rollout.describe_source`: the
+    """Where the rollout ran (:func:`~simkit.clients.learners._rollout.describe_source`: the
     device loop and its device, in process on the host, or rollout servers)."""
 
 
 @dataclass
 class RunOptions:
     """What a run does around its algorithm (the arguments every algorithm's run takes;
-    :func:`simkit.clients._train.run_training` documents each)."""
+    :func:`simkit.clients.learners._train.run_training` documents each)."""
 
     logdir: Path
     resume: str | Path | None = None
@@ -164,7 +164,7 @@ class RunOptions:
 
 class RunKeywords(TypedDict, total=False):
     """The run arguments every algorithm's entry point
-    (:func:`~simkit.clients._train.run_training`, :func:`~simkit.clients._train_sac.run_sac`)
+    (:func:`~simkit.clients.learners._train.run_training`, :func:`~simkit.clients.learners._train_sac.run_sac`)
     takes as keywords beside its own: :class:`RunOptions` fields, passed on as they are
     (the defaults are :class:`RunOptions`')."""
 
@@ -206,10 +206,10 @@ class Algorithm(Protocol):
 
     The run calls, in order: :meth:`check`, on resume :meth:`resume`, :meth:`build`,
     :meth:`attach` (the source is open), :meth:`start`, then drives :meth:`rounds`
-    through the one loop (:func:`~simkit.clients._loop.drive`); after each round it
+    through the one loop (:func:`~simkit.clients.learners._loop.drive`); after each round it
     asks :meth:`report`, at each boundary :meth:`checkpoint_due`, then
     :meth:`checkpoint` and :meth:`checkpoint_written`. ``args`` is a
-    :class:`~simkit.clients._args.PPOArgs` or :class:`~simkit.clients._args.SACArgs`-like
+    :class:`~simkit.clients.learners._args.PPOArgs` or :class:`~simkit.clients.learners._args.SACArgs`-like
     dataclass (``env_id``, ``seed``, ``num_envs``, ``num_steps``, ``mode``,
     ``env_threads``, ``torch_threads``).
     """
@@ -253,7 +253,7 @@ class Algorithm(Protocol):
 
     def loop_device(self, servers: int, options: RunOptions) -> Any:
         """The device the whole loop runs on (``--device-loop``: a
-        :class:`~simkit.clients._device_source.DeviceSource`), or None for the other
+        :class:`~simkit.clients.learners._device_source.DeviceSource`), or None for the other
         sources; ``servers``: the run's local servers. Raises ``ValueError`` where the
         run asks for the device loop and cannot have it."""
         ...
@@ -272,7 +272,7 @@ class Algorithm(Protocol):
         ...
 
     def rounds(self) -> Rounds:
-        """Its side of the one loop (:func:`~simkit.clients._loop.drive`): when a round
+        """Its side of the one loop (:func:`~simkit.clients.learners._loop.drive`): when a round
         is ready, its update, when the run is finished."""
         ...
 
@@ -337,7 +337,7 @@ class Run:
         self.local = False
         """The source rolls out in this process (on the host or the device loop)."""
         self.kind = "local"
-        """:func:`~simkit.clients._rollout.source_kind` of the source."""
+        """:func:`~simkit.clients.learners._rollout.source_kind` of the source."""
         self.tally = RunTally()
         self.start_step = 0
         self.stop = StopRequest(after=f"after this {part.round_name}")

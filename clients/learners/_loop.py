@@ -7,8 +7,8 @@ update, SAC's gradient steps), then, unless it was the last round, calls
 ``on_boundary()`` (in sync mode every source now waits at a fragment boundary, the one
 point where a checkpoint captures its envs exactly) and pushes the new weights. The
 last round's weights are not pushed (nothing would use them), so on return the source
-is at that boundary too. :class:`simkit.clients._run.Run` drives every algorithm
-through it; :func:`simkit.clients.ppo.train` and :func:`simkit.clients.sac.train_sac`
+is at that boundary too. :class:`simkit.clients.learners._run.Run` drives every algorithm
+through it; :func:`simkit.clients.learners.ppo.train` and :func:`simkit.clients.learners.sac.train_sac`
 are the same loop for a learner alone.
 """
 
@@ -22,8 +22,8 @@ __all__ = ["Learner", "Rounds", "drive"]
 
 
 class Learner(Protocol):
-    """What the loop and the run read of a learner (:class:`~simkit.clients.ppo.PPO`,
-    :class:`~simkit.clients.sac.SAC`)."""
+    """What the loop and the run read of a learner (:class:`~simkit.clients.learners.ppo.PPO`,
+    :class:`~simkit.clients.learners.sac.SAC`)."""
 
     model: Any
     """The policy pushed to the source after a round."""
@@ -34,8 +34,8 @@ class Learner(Protocol):
 
 
 class Rounds(Protocol):
-    """An algorithm's side of the loop (:class:`simkit.clients.ppo.PPORounds`,
-    :class:`simkit.clients.sac.SACRounds`)."""
+    """An algorithm's side of the loop (:class:`simkit.clients.learners.ppo.PPORounds`,
+    :class:`simkit.clients.learners.sac.SACRounds`)."""
 
     def ready(self, source: Any) -> bool:
         """Whether the fragments taken make a round (asked before each pull)."""

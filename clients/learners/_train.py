@@ -1,12 +1,12 @@
 """PPO's part of a training run, and evaluation: the Python API behind ``simkit train``
-and ``simkit eval`` (their command lines: :mod:`simkit.clients._train_cli`).
+and ``simkit eval`` (their command lines: :mod:`simkit.clients.learners._train_cli`).
 
-:class:`PPOPart` is what a :class:`~simkit.clients._run.Run` needs of PPO: the model
-and the :class:`~simkit.clients.ppo.PPO` learner built (or resumed) from
+:class:`PPOPart` is what a :class:`~simkit.clients.learners._run.Run` needs of PPO: the model
+and the :class:`~simkit.clients.learners.ppo.PPO` learner built (or resumed) from
 :class:`PPOArgs`, its checkpoint, its cadence and what it reports per update.
 :func:`run_training` runs it (the run writes TensorBoard scalars, a policy snapshot
 after every update, checkpoints, the live progress line and returns a
-:class:`~simkit.clients._run.TrainResult`). :func:`evaluate_policy` runs a saved policy.
+:class:`~simkit.clients.learners._run.TrainResult`). :func:`evaluate_policy` runs a saved policy.
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ import numpy as np
 import torch
 
 from simkit._contract import EnvKind
-from simkit.clients._args import DEFAULT_SERVERS, resolve_device
-from simkit.clients._checkpoint import (
+from simkit.clients.learners._args import DEFAULT_SERVERS, resolve_device
+from simkit.clients.learners._checkpoint import (
     Checkpoint,
     check_optimizer,
     check_tensors,
     checkpoint_args,
     load_policy,
 )
-from simkit.clients._device_source import use_device_loop
-from simkit.clients._local_source import GYM_PREFIX, is_multi_agent, make_vector
-from simkit.clients._loop import Rounds
-from simkit.clients._rollout import source_kind
-from simkit.clients._run import Report, Run, RunKeywords, RunOptions, TrainResult
-from simkit.clients._run_parts import RunTally, check_resumed_state, resumed_settings
-from simkit.clients.ppo import PPO, PPOArgs, PPORounds, UpdateStats, updates_for
+from simkit.clients.learners._device_source import use_device_loop
+from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent, make_vector
+from simkit.clients.learners._loop import Rounds
+from simkit.clients.learners._rollout import source_kind
+from simkit.clients.learners._run import Report, Run, RunKeywords, RunOptions, TrainResult
+from simkit.clients.learners._run_parts import RunTally, check_resumed_state, resumed_settings
+from simkit.clients.learners.ppo import PPO, PPOArgs, PPORounds, UpdateStats, updates_for
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
@@ -128,8 +128,8 @@ def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
 
 
 class PPOPart:
-    """PPO's part of a :class:`~simkit.clients._run.Run` (the :class:`Algorithm`
-    protocol): the :class:`~simkit.clients.ppo.PPO` learner over a model built from
+    """PPO's part of a :class:`~simkit.clients.learners._run.Run` (the :class:`Algorithm`
+    protocol): the :class:`~simkit.clients.learners.ppo.PPO` learner over a model built from
     ``args``, its checkpoint (``update-NNNNNNNN``: model, optimizer, counters, reward
     scaler, shuffling generator, the source's state), a checkpoint every
     ``checkpoint_every`` updates or ``checkpoint_minutes``, and per update a
@@ -209,7 +209,7 @@ class PPOPart:
 
     def loop_device(self, servers: int, options: RunOptions) -> torch.device | None:
         """``args.device`` where the run rolls out in the device loop
-        (:func:`~simkit.clients._device_source.use_device_loop`), else None.
+        (:func:`~simkit.clients.learners._device_source.use_device_loop`), else None.
 
         Raises:
             ValueError: ``--device-loop on`` and the run cannot (one line, why).
@@ -412,7 +412,7 @@ def run_training(
 ) -> TrainResult:
     """Trains ``args``, or continues the run of checkpoint ``resume`` (its settings, with
     :data:`RESUME_FREE` ones from ``args``; :func:`resume_args`): a
-    :class:`~simkit.clients._run.Run` of :class:`PPOPart`.
+    :class:`~simkit.clients.learners._run.Run` of :class:`PPOPart`.
 
     A resumed run that already reached ``args.total_steps`` does nothing and returns a
     result with ``complete`` set.

@@ -20,7 +20,7 @@ replaced (``load_state_dict``) or whose batch changed shape captures again.
 Where each runs: on a CUDA device the learners use these steps always, captured with
 ``cuda_graph`` (the default) and eager without it (the same kernels, so the same bits;
 a CUDA test checks it). The CPU keeps the learners' own path and its bits (PPO's
-per-epoch gather, SAC's :meth:`~simkit.clients.sac.SAC.step`): run eagerly there, the
+per-epoch gather, SAC's :meth:`~simkit.clients.learners.sac.SAC.step`): run eagerly there, the
 static step was no faster (PPO, 2,048 samples, 32 x 10 minibatches, 1 thread: 0.80 s
 against 0.76 s per update, one run on the loaded 2-core development VM). The tests run
 these steps eagerly on the CPU too and find the CPU path's bits.
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simkit.clients._replay import ReplayBatch, ReplayBuffer
+from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
 
 __all__ = ["PPOStep", "SACStep", "use_cuda_graph", "WARMUP_STEPS"]
 
@@ -59,7 +59,7 @@ class GraphedLearner(Protocol):
 
 
 class PPOLearner(GraphedLearner, Protocol):
-    """What :class:`PPOStep` uses of :class:`~simkit.clients.ppo.PPO` besides
+    """What :class:`PPOStep` uses of :class:`~simkit.clients.learners.ppo.PPO` besides
     :class:`GraphedLearner`'s."""
 
     @property
@@ -69,7 +69,7 @@ class PPOLearner(GraphedLearner, Protocol):
 
 
 class SACLearner(GraphedLearner, Protocol):
-    """What :class:`SACStep` uses of :class:`~simkit.clients.sac.SAC` besides
+    """What :class:`SACStep` uses of :class:`~simkit.clients.learners.sac.SAC` besides
     :class:`GraphedLearner`'s."""
 
     updates: int

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from simkit._types import Fragment
-from simkit.clients._connection import CurveKeys, ServerUnavailable
-from simkit.clients._local_source import NO_ENV_STATES_LINE, no_snapshots_line
-from simkit.clients._stream import PolicyStream
+from simkit.clients.learners._local_source import NO_ENV_STATES_LINE, no_snapshots_line
+from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
+from simkit.clients.remote._stream import PolicyStream
 from simkit.errors import ServerStartFailed
 from simkit.models import ModelSpec
 from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
@@ -42,7 +42,7 @@ class ServerSource:
     Without supervision a lost server is reported and dropped; its received fragments
     still reach the learner and the run goes on with the others. Supervised (with
     ``wait_for_servers``, or a ``locate`` that says where a restarted server answers,
-    as Ray's :meth:`~simkit.clients._launch.RayServers.locate` does) the lost server's
+    as Ray's :meth:`~simkit.clients.launcher._launch.RayServers.locate` does) the lost server's
     session is reopened on its replacement. In sync mode the replacement continues
     exactly: the source keeps every session's snapshot at each fragment boundary
     (``stream_state``, taken right before each weight push), restores it into the new

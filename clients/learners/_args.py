@@ -160,14 +160,14 @@ class PPOArgs(_Plain):
     in the device loop (``device_loop``)."""
     device_loop: str = "auto"
     """The whole loop on ``device`` (env, noise, policy, fragments, GAE, update:
-    :class:`~simkit.clients._device_source.DeviceSource`): ``on`` (a batch env with
+    :class:`~simkit.clients.learners._device_source.DeviceSource`): ``on`` (a batch env with
     device-resident steps, in process, sync; refused otherwise), ``off``, or ``auto``
     (on where ``device`` is not the CPU and the run can; a CPU run keeps the host
     rollout and its bits)."""
     cuda_graph: bool = True
     """On a CUDA ``device``, replay the learner's step (PPO: a minibatch's loss, backward,
     gradient clip and Adam step; SAC: a whole gradient step) as a CUDA graph, one launch
-    instead of hundreds (:mod:`~simkit.clients._graphed`); off runs the same step
+    instead of hundreds (:mod:`~simkit.clients.learners._graphed`); off runs the same step
     eagerly, with the same bits. No effect on the CPU, whose path and bits stay."""
 
     def check(self) -> None:

@@ -30,11 +30,11 @@ import torch
 from torch import nn
 
 from simkit._types import Fragment, stack_in_slot_order
-from simkit.clients._args import SACArgs
-from simkit.clients._graphed import SACStep, use_cuda_graph
-from simkit.clients._local_source import FragmentSource
-from simkit.clients._loop import drive
-from simkit.clients._replay import ReplayBatch, ReplayBuffer
+from simkit.clients.learners._args import SACArgs
+from simkit.clients.learners._graphed import SACStep, use_cuda_graph
+from simkit.clients.learners._local_source import FragmentSource
+from simkit.clients.learners._loop import drive
+from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
 from simkit.models import ActorCritic, SquashedGaussianHead
 
 __all__ = ["SAC", "SACArgs", "SACRounds", "SACStats", "TwinQ", "train_sac"]
@@ -137,7 +137,7 @@ class SAC:
             else None
         )
         """On CUDA the gradient steps run over static buffers
-        (:mod:`~simkit.clients._graphed`), as CUDA graphs with ``args.cuda_graph``; the
+        (:mod:`~simkit.clients.learners._graphed`), as CUDA graphs with ``args.cuda_graph``; the
         CPU keeps :meth:`step` (and its bits)."""
         self.learning_step: int | None = None
         """``global_step`` when the buffer first held ``learning_starts`` transitions."""
@@ -324,7 +324,7 @@ class OffPolicySource(FragmentSource, Protocol):
 
 
 class SACRounds:
-    """SAC's side of the learning loop (:class:`~simkit.clients._loop.Rounds`).
+    """SAC's side of the learning loop (:class:`~simkit.clients.learners._loop.Rounds`).
 
     *sync* (``args.mode``): a round is one fragment of every env row (joined in slot
     order), added to ``buffer``, then exactly the gradient steps it earned
@@ -401,7 +401,7 @@ def train_sac(
     on_boundary: Callable[[], None] | None = None,
     on_fragment: Callable[[Fragment], None] | None = None,
 ) -> None:
-    """The off-policy loop (:func:`~simkit.clients._loop.drive` of :class:`SACRounds`):
+    """The off-policy loop (:func:`~simkit.clients.learners._loop.drive` of :class:`SACRounds`):
     fragments into ``buffer``, gradient steps, weight pushes; ``on_boundary()`` before
     each push (the servers wait at a fragment boundary: a checkpoint there is exact).
 

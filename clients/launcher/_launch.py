@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 
 from simkit._optional import require
-from simkit.clients._connection import CurveKeys
+from simkit.clients.remote._connection import CurveKeys
 
 __all__ = ["RayServers", "ServerInfo", "launch"]
 

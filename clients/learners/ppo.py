@@ -1,7 +1,7 @@
 """PPO, the reference learner of simkit, readable top to bottom (after CleanRL).
 
 The learner never steps an env: it consumes :class:`simkit.Fragment` s (``T`` steps of
-``R`` policy rows) from a :class:`~simkit.clients._local_source.FragmentSource`, computes
+``R`` policy rows) from a :class:`~simkit.clients.learners._local_source.FragmentSource`, computes
 GAE (bootstrapping from ``final_values`` where an episode was truncated and from
 ``last_values`` at the fragment's end), runs the clipped-objective update and pushes new
 weights, observation-normalisation statistics included, back to the source.
@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from simkit._types import Fragment, stack_in_slot_order
-from simkit.clients._args import PPOArgs, resolve_device
-from simkit.clients._device_source import DeviceFragment, DeviceSource
-from simkit.clients._graphed import PPOStep, use_cuda_graph
-from simkit.clients._local_source import FragmentSource
-from simkit.clients._loop import drive
+from simkit.clients.learners._args import PPOArgs, resolve_device
+from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
+from simkit.clients.learners._graphed import PPOStep, use_cuda_graph
+from simkit.clients.learners._local_source import FragmentSource
+from simkit.clients.learners._loop import drive
 from simkit.models import ActorCritic
 
 __all__ = [
@@ -386,7 +386,7 @@ class PPO:
             if self.device.type == "cuda"
             else None
         )
-        """On CUDA the epochs run over static buffers (:mod:`~simkit.clients._graphed`),
+        """On CUDA the epochs run over static buffers (:mod:`~simkit.clients.learners._graphed`),
         as a CUDA graph with ``args.cuda_graph``; the CPU keeps the loop of
         :meth:`_optimize` (and its bits)."""
 
@@ -642,7 +642,7 @@ class PPO:
 
 
 class PPORounds:
-    """PPO's side of the learning loop (:class:`~simkit.clients._loop.Rounds`): a round
+    """PPO's side of the learning loop (:class:`~simkit.clients.learners._loop.Rounds`): a round
     is one update of ``rows_per_update`` rows of fragments.
 
     In sync mode every fragment must come from the learner's version; in async mode a
@@ -704,7 +704,7 @@ def train(
     should_stop: Callable[[], bool] | None = None,
     on_boundary: Callable[[], None] | None = None,
 ) -> None:
-    """The loop (:func:`~simkit.clients._loop.drive` of :class:`PPORounds`): gather one
+    """The loop (:func:`~simkit.clients.learners._loop.drive` of :class:`PPORounds`): gather one
     update's rows of fragments, update, push the new weights.
 
     A source may yield ``None`` to say that it changed (a server was lost): the loop

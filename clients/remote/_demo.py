@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from simkit.clients._vector import RemoteVectorEnv
+from simkit.clients.remote._vector import RemoteVectorEnv
 from simkit.vector import VectorEnv
 
 __all__ = ["DemoFigures", "remote_demo"]

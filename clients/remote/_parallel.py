@@ -20,7 +20,7 @@ from pettingzoo import ParallelEnv
 
 from simkit._types import MultiAgentBatchStep
 from simkit._validation import check_seed
-from simkit.clients._connection import Connection, CurveKeys
+from simkit.clients.remote._connection import Connection, CurveKeys
 from simkit.errors import InvalidAction, ResetNeeded
 from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
