@@ -278,6 +278,36 @@ def test_an_unset_num_envs_gives_every_server_a_slot(flags: list[str]) -> None:
         _settings_of(*flags, "--num-envs", "1")
 
 
+def test_env_kwargs_reach_an_in_process_rollout_and_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--env-kwarg KEY=VALUE`` (``simkit serve``'s flag and parser) builds the envs
+    of an in-process rollout, is kept in the checkpoint and comes back on --resume;
+    servers build their own envs, so there it is refused in one line."""
+    flags = ["--env-kwarg", "max_episode_steps=3", "--env-kwarg", "name=x"]
+    assert _settings_of("simkit/CartPole-v0", *flags).env_kwargs == {
+        "max_episode_steps": 3,
+        "name": "x",
+    }
+    with pytest.raises(ValueError, match="--env-kwarg takes KEY=VALUE, got 'oops'"):
+        _settings_of("simkit/CartPole-v0", "--env-kwarg", "oops")
+    run = ["train", "simkit/CartPole-v0", "--num-envs", "2", "--num-steps", "8"]
+    run += ["--num-minibatches", "2", "--no-progress", "--logdir", str(tmp_path)]
+    assert main([*run, "--servers", "1", *flags[:2], "--total-steps", "16"]) == 2
+    assert "rollout servers build their own" in capsys.readouterr().err
+    assert main([*run, "--servers", "0", *flags[:2], "--total-steps", "16"]) == 0
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.state["args"]["env_kwargs"] == {"max_episode_steps": 3}
+    assert (
+        main(["train", "simkit/CartPole-v0", "--resume", str(tmp_path), "--total-steps", "32"]) == 0
+    )
+    resumed = load_checkpoint(tmp_path)
+    assert resumed.state["args"]["env_kwargs"] == {"max_episode_steps": 3}
+    assert _settings_of("simkit/CartPole-v0", "--resume", str(tmp_path)).env_kwargs == {
+        "max_episode_steps": 3
+    }
+
+
 def test_connecting_to_a_dead_endpoint_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

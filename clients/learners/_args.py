@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
@@ -123,6 +123,10 @@ class PPOArgs(_Plain):
     """Hyperparameters and run settings (defaults: CleanRL's ``ppo_continuous_action``)."""
 
     env_id: str = "simkit/CartPole-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """More constructor arguments of the envs (``--env-kwarg KEY=VALUE``, e.g.
+    ``backend="mjwarp"``), for a rollout in the learner's process (``--servers 0``);
+    recorded in checkpoints, so a resume builds the same envs."""
     seed: int = 1
     total_steps: int = 1_000_000
     """env steps (rows x steps) to train for; 0 trains until stopped (no lr annealing)."""
@@ -212,6 +216,8 @@ class SACArgs(_Plain):
     """SAC hyperparameters and run settings (defaults: CleanRL's ``sac_continuous_action``)."""
 
     env_id: str = "gym:HalfCheetah-v5"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """As :attr:`PPOArgs.env_kwargs`."""
     seed: int = 1
     total_steps: int = 1_000_000
     """env steps to train for; 0 trains until stopped."""

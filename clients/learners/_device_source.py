@@ -120,8 +120,9 @@ class DeviceFragment(FragmentShape):
 
 def device_loop_support(env_id: str) -> str | None:
     """Why ``env_id`` cannot run the device loop, or ``None`` where it can: a batch env
-    whose class has the masked reset hook (:meth:`simkit.BatchEnv.reset_masked`), so
-    its whole-batch steps stay on the device."""
+    whose class has the masked reset hook (:meth:`simkit.BatchEnv.reset_masked`) or
+    declares :attr:`~simkit.BatchEnv.time_limit_only` (resets scheduled on the host),
+    so its whole-batch steps stay on the device."""
     if env_id.startswith("gym:"):
         return f"{env_id} is a Gymnasium env (the device loop needs a simkit batch env)"
     env_spec = spec(env_id)
@@ -129,7 +130,10 @@ def device_loop_support(env_id: str) -> str | None:
         return f"{env_id} is a {env_spec.kind.value} env (the device loop needs a batch env)"
     factory = env_spec.load()
     hook = getattr(factory, "reset_masked", None)
-    if not isinstance(factory, type) or hook is BatchEnv.reset_masked or hook is None:
+    if not isinstance(factory, type) or (
+        (hook is BatchEnv.reset_masked or hook is None)
+        and not getattr(factory, "time_limit_only", False)
+    ):
         return (
             f"{env_id} has no device-resident steps (its class does not implement "
             "BatchEnv.reset_masked)"
@@ -188,6 +192,7 @@ class DeviceSource:
         seed: root seed of the envs and of the sampling noise (keyed by ``(seed, slot,
             step)`` as in every other source).
         device: where the env, the policy and the fragments live.
+        env_kwargs: more constructor arguments of the env (``backend="mjwarp"``).
 
     Raises:
         ValueError: the env cannot run on the device, or ``num_steps`` < 1.
@@ -204,6 +209,7 @@ class DeviceSource:
         num_steps: int,
         seed: int,
         device: torch.device,
+        env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         why = device_loop_support(env_id)
         if why is not None:
@@ -215,7 +221,8 @@ class DeviceSource:
         self.device = device
         self.num_envs = self.num_rows = num_envs
         self.num_steps = num_steps
-        self.env: Any = make(env_id, num_envs=num_envs, device=device, validate_actions=False)
+        built = {"num_envs": num_envs, "device": device, "validate_actions": False}
+        self.env: Any = make(env_id, **{**dict(env_kwargs or {}), **built})
         self.observation_space = self.env.single_observation_space
         self.action_space = self.env.single_action_space
         self.model = copy.deepcopy(model).to(device)
@@ -245,7 +252,8 @@ class DeviceSource:
             self.env.close()
             raise ValueError(
                 f"the device loop cannot run {env_id}: its steps fall back to the host path "
-                "(per-instance randomization overrides or non-scalar parameters)"
+                "(per-instance randomization overrides or non-scalar parameters, or "
+                "resets on the host on a backend that computes there)"
             )
         self._obs: torch.Tensor = obs
         self._ret = torch.zeros(num_envs, dtype=torch.float64, device=device)

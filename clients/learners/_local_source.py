@@ -119,6 +119,7 @@ class LocalSource:
             device the policy acts as a stream session on CUDA does (pinned buffers, one
             synchronisation per step, the forward as a CUDA graph; docs/server.md), and
             gives that session's fragments.
+        env_kwargs: more constructor arguments of the envs.
     """
 
     def __init__(
@@ -134,6 +135,7 @@ class LocalSource:
         num_threads: int = 1,
         lean: bool = True,
         device: torch.device | str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
@@ -143,7 +145,7 @@ class LocalSource:
         self.mode = mode
         self.num_steps = num_steps
         self.name = f"local:{env_id}"
-        self.envs = make_env_rows(env_id, num_envs, num_threads=num_threads)
+        self.envs = make_env_rows(env_id, num_envs, env_kwargs=env_kwargs, num_threads=num_threads)
         self.multi_agent = self.envs.kind == "multi_agent"
         self.observation_space = self.envs.observation_space
         self.action_space = self.envs.action_space

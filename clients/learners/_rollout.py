@@ -4,7 +4,7 @@ given endpoints or Ray actors, opened in one place for every algorithm."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,7 @@ class RolloutPlan:
     give_up: Callable[[], bool]
     logdir: Path
     device_loop: torch.device | None = None
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
@@ -119,6 +120,7 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
                 num_steps=p.num_steps,
                 seed=p.seed,
                 device=p.device_loop,
+                env_kwargs=p.env_kwargs,
             )
         )
     if p.ray is None and not p.servers and not p.connect:
@@ -131,7 +133,13 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
                 seed=p.seed,
                 mode=p.mode,
                 num_threads=p.env_threads,
+                env_kwargs=p.env_kwargs,
             )
+        )
+    if p.env_kwargs:
+        raise ValueError(
+            "--env-kwarg sets the envs of an in-process rollout (--servers 0); rollout "
+            "servers build their own (simkit serve --env-kwarg)"
         )
     return _server_rollout(p)
 

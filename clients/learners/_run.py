@@ -412,6 +412,7 @@ class Run:
             give_up=self.stop,
             logdir=self.logdir,
             device_loop=self.part.loop_device(servers, options),
+            env_kwargs=args.env_kwargs,
         )
         return open_rollout(plan, model)
 

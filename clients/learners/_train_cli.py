@@ -51,6 +51,9 @@ _HELP: dict[str, str] = {
     "cuda_graph": "on a CUDA --device, replay the learner's step as a CUDA graph (off: the "
     "same step eagerly, same bits; no effect on the CPU)",
     "device": "the learner's torch device for the update: cpu, cuda[:k] or auto",
+    "env_kwargs": "constructor argument of the envs of an in-process rollout (--servers 0), "
+    "VALUE as JSON or else a string (repeatable; e.g. backend=mjwarp; on --resume the "
+    "checkpoint's)",
     "device_loop": "the whole loop on --device (a batch env with device-resident steps, "
     "--servers 0, sync): on, off, or auto (on where --device is not the CPU and the run can)",
     "buffer_size": "replay buffer capacity in transitions",
@@ -121,6 +124,15 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         elif f.name == "device_loop":
             group.add_argument(
                 _flag(f.name), choices=("auto", "on", "off"), default=None, help=help_
+            )
+        elif f.name == "env_kwargs":  # simkit serve's flag, parsed by its parser
+            group.add_argument(
+                "--env-kwarg",
+                dest="env_kwargs",
+                action="append",
+                default=None,
+                metavar="KEY=VALUE",
+                help=_HELP[f.name] + ")",
             )
         else:
             group.add_argument(_flag(f.name), type=type(default), default=None, help=help_)
@@ -262,7 +274,13 @@ def given_settings(ns: argparse.Namespace, cls: type[Any] = PPOArgs) -> dict[str
         if f.name == "env_id":
             continue
         value = getattr(ns, f.name, None)
-        if value is not None:
+        if value is None:
+            continue
+        if f.name == "env_kwargs":
+            from simkit.servers._cli import parse_env_kwargs
+
+            out[f.name] = parse_env_kwargs(value)
+        else:
             out[f.name] = tuple(value) if isinstance(value, list) else value
     return out
 
