@@ -48,6 +48,7 @@ class BatchCheetah(simkit.BatchMujocoEnv):
     max_episode_steps = Cheetah.max_episode_steps
     randomization = Cheetah.randomization
     model_fields = Cheetah.model_fields
+    time_limit_only = True  # a runner never falls: only the time limit ends an episode
 
     def __init__(
         self,

@@ -72,6 +72,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             sampled per instance per episode from that instance's stream.
         max_episode_steps: default time limit (``None`` for none).
         state_attributes: names of attributes holding the batch's dynamic state.
+        time_limit_only: ``True`` where the step hooks never terminate an episode (only
+            the time limit ends one): which instances reset is then known on the host
+            from the step counts, so a torch batch's whole-batch steps never read the
+            device even without :meth:`reset_masked` (the host runs the exact reset
+            of those instances; :meth:`_host_known_resets`).
 
     Args:
         num_envs: N, the number of instances.
@@ -94,6 +99,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
     randomization: ClassVar[Mapping[str, Distribution]] = {}
     max_episode_steps: int | None = None
     state_attributes: ClassVar[tuple[str, ...] | None] = None
+    time_limit_only: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -367,6 +373,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
                 actions = self.check_actions(actions)
             if self.xp is not np and self._device_steps():
                 return self._step_device(actions)
+            if self.xp is not np and self._host_known_resets():
+                return self._step_known_resets(actions)
             self._host_sync()
             final_obs, reward, terminated, infos = self._step_all(actions)
             step = self._complete(
@@ -509,8 +517,13 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         if not self._has_reset:
             raise ResetNeeded("prepare_device_steps() called before reset(); call reset() first")
         self._require_idle("prepare_device_steps()")
-        if self.xp is np or not self._device_steps():
+        if self.xp is np:
             return False
+        if not self._device_steps():
+            if not self._host_known_resets():
+                return False
+            self._stats_loop()
+            return True
         loop = self._device_loop
         assert loop is not None
         if loop.steps_left < steps:
@@ -554,6 +567,66 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             infos=infos,
         )
 
+    def _host_known_resets(self) -> bool:
+        """Whether whole-batch steps of this torch batch keep rewards and flags on the
+        device with the resets scheduled on the host: the class declares
+        :attr:`time_limit_only` and there is a time limit, so the instances that reset
+        in a step are those whose host step count reaches it."""
+        return self.time_limit_only and self.max_episode_steps is not None
+
+    def _stats_loop(self) -> DeviceLoop:
+        """The device loop that keeps the episode statistics (made on first use)."""
+        loop = self._device_loop
+        if loop is None:
+            loop = self._device_loop = DeviceLoop(self.xp, self.device, self.num_envs)
+        return loop
+
+    def _step_known_resets(self, actions: Any) -> BatchStep:
+        """A whole-batch step of a :attr:`time_limit_only` torch batch that reads
+        nothing back: truncation from the host step counts, and the instances that
+        reach the time limit reset on the host (the same keyed draws and the same
+        ``reset_instances`` as the host path: the same bits), their start states
+        uploaded; rewards and the episode statistics stay on the device."""
+        self._host_sync()
+        loop = self._stats_loop()
+        n = self.num_envs
+        final_obs, reward, terminated, base = self.step_instances(actions, self._all_streams)
+        xp = self.xp
+        reward = xp.as_tensor(reward, device=self.device).to(xp.float64)
+        terminated = xp.as_tensor(terminated, device=self.device).to(xp.bool)
+        check_step_shapes(reward, terminated, n, type(self).__name__, "step_instances")
+        if base is not None and len(base) != n:
+            raise ValueError(
+                f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
+                f"got {len(base)}"
+            )
+        done = self._truncated()
+        loop.record_known(reward, done, self._elapsed)
+        obs: Any = final_obs
+        infos = RowInfos(n, base)
+        truncated = xp.zeros(n, dtype=xp.bool, device=self.device)
+        if done.any():
+            rows = done.nonzero()[0]
+            reset_rows, reset_infos = self._reset_ids(rows, None, {})
+            obs = scatter(final_obs, rows, reset_rows)
+            truncated = xp.as_tensor(done, device=self.device)
+
+            def reset_info(k: int) -> dict[str, Any] | None:
+                j = int(np.searchsorted(rows, k))
+                return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
+
+            infos = RowInfos(n, base, reset_info)
+        self._obs = obs
+        return BatchStep(
+            obs=obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+            env_ids=self._all_ids,
+            infos=infos,
+        )
+
     def _host_sync(self) -> None:
         """Brings the host copies of the contract up to date after device-resident steps
         (one read back), before a host-side operation; later steps load them again."""
@@ -585,7 +658,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         if loop is None:
             raise RuntimeError(
                 f"{type(self).__name__} keeps episode statistics only in device-resident "
-                "steps (a torch batch with reset_masked())"
+                "steps (a torch batch with reset_masked() or time_limit_only)"
             )
         torch = self.xp
         both = torch.stack([loop.count, loop.return_sum.view(torch.int64), loop.length_sum])

@@ -359,6 +359,20 @@ class DeviceLoop:
         self.length_sum.index_add_(0, idx, self.upload(np.where(done, lengths, 0)))
         self.ret[idx] = torch.where(ended, 0.0, ret)
 
+    def record_known(self, reward: Any, done: np.ndarray, lengths: np.ndarray) -> None:
+        """Counts a whole-batch step whose ended rows the host knows (``done``, host
+        bool) in the episode statistics: ``reward`` stays on the device, and only a step
+        where rows end uploads them and their lengths."""
+        self.ret += reward
+        if not done.any():
+            return
+        torch = self.torch
+        ended = self.upload(done)
+        self.count += ended
+        self.return_sum += torch.where(ended, self.ret, 0.0)
+        self.length_sum += self.upload(np.where(done, lengths, 0))
+        self.ret.masked_fill_(ended, 0.0)
+
     def took(self, done: Any, draws: int) -> None:
         """Ended rows have taken ``draws`` from their new streams."""
         self.pos.masked_fill_(done, draws)

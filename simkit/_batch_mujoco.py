@@ -272,6 +272,10 @@ class BatchMujocoEnv(BatchEnv):
         self.do_simulation(actions, ids)
         return self.after_physics(ids, actions, before, rngs)
 
+    def _host_known_resets(self) -> bool:
+        """Only ``"mjwarp"``: the other backends compute on the host anyway."""
+        return self._warp is not None and super()._host_known_resets()
+
     def _supports_subset(self) -> bool:
         if self._warp is not None:
             return False  # MuJoCo Warp steps every world at once

@@ -12,6 +12,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -322,3 +323,89 @@ def test_policy_serving_streams_fragments_of_an_mjwarp_batch() -> None:
     assert isinstance(first.obs, np.ndarray)
     for a, b in zip(*runs, strict=True):
         assert_same_fragment(a, b)
+
+
+@_mjwarp
+def test_time_limit_resets_run_on_the_host_and_the_steps_never_read_the_device() -> None:
+    """BatchCheetah never terminates (``time_limit_only``): a whole-batch step knows
+    from the host step counts which worlds reset, runs their exact host reset and reads
+    nothing back; the bits are the host path's, reset parameters included."""
+    import torch
+    from device_helpers import no_host_reads
+
+    n, limit = 3, 3
+    acts = [torch.from_numpy(a) for a in actions(n, 7, seed=6)]
+    kw: dict[str, Any] = {"max_episode_steps": limit, "validate_actions": False}
+    known, host = make(n, **kw), make(n, **kw)
+    host.time_limit_only = False  # type: ignore[misc]  # the host path, for its bits
+    known.reset(seed=4)
+    host.reset(seed=4)
+    assert known.prepare_device_steps(7)
+    assert not host.prepare_device_steps(7)
+    with no_host_reads(torch):
+        steps = [known.step_batch(a) for a in acts]
+    for a, got in zip(acts, steps, strict=True):
+        want = host.step_batch(a)
+        for name in ("obs", "final_obs", "reward", "terminated", "truncated"):
+            x, y = getattr(got, name), getattr(want, name)
+            assert x.dtype == y.dtype, name
+            assert torch.equal(x, y), name
+        for k in np.flatnonzero(want.truncated.numpy()).tolist():
+            np.testing.assert_equal(got.infos[k]["reset_info"], want.infos[k]["reset_info"])
+    assert [bool(s.truncated.all()) for s in steps] == [t % limit == limit - 1 for t in range(7)]
+    stats = known.read_episode_stats()
+    assert np.array_equal(stats["episodes"], np.full(n, 2))
+    assert np.array_equal(stats["length_sum"], np.full(n, 2 * limit))
+    rewards = torch.stack([s.reward for s in steps[: 2 * limit]]).sum(0).numpy()
+    np.testing.assert_allclose(stats["return_sum"], rewards, rtol=1e-12)
+    known.close()
+    host.close()
+
+
+@_mjwarp
+def test_batch_cheetah_on_mjwarp_trains_in_the_device_loop_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    """``simkit train simkit/BatchCheetah-v0 --env-kwarg backend=mjwarp --device-loop on
+    --servers 0 --device cpu``, tiny: the env kwargs reach the device loop's env and
+    the checkpoint, and a resume (which builds the same env from the checkpoint)
+    continues bit for bit."""
+    import torch
+
+    from simkit.clients import PPOArgs
+    from simkit.clients.learners._checkpoint import load_checkpoint
+    from simkit.clients.learners._train import run_training
+
+    args = PPOArgs(
+        env_id=ENV,
+        env_kwargs={"backend": "mjwarp", "max_episode_steps": 5},
+        num_envs=3,
+        num_steps=4,  # episodes of 5 steps cross fragment boundaries
+        num_minibatches=2,
+        update_epochs=1,
+        hidden=(8,),
+        seed=2,
+        device_loop="on",
+    )
+
+    def run(name: str, updates: int, resume: bool = False) -> Any:
+        return run_training(
+            args,
+            logdir=tmp_path / name,
+            resume=tmp_path / name if resume else None,
+            max_updates=updates,
+            tensorboard=False,
+            servers=0,
+        )
+
+    full = run("full", 2)
+    assert full.rollout == "device loop on cpu"
+    part = run("part", 1)
+    state = load_checkpoint(part.checkpoint).state
+    assert state["args"]["env_kwargs"] == {"backend": "mjwarp", "max_episode_steps": 5}
+    assert state["source_kind"] == "device"
+    rest = run("part", 1, resume=True)
+    a, b = load_checkpoint(full.checkpoint), load_checkpoint(rest.checkpoint)
+    for k in a.model:
+        assert torch.equal(a.model[k], b.model[k]), k
+    assert full.mean_return == rest.mean_return

@@ -116,10 +116,14 @@ def test_only_batch_envs_with_device_steps_run_the_device_loop() -> None:
     assert device_loop_support("simkit/BatchCartPole-v0") is None
     assert device_loop_support("simkit/BatchPendulum-v0") is None
     assert "is a single env" in str(device_loop_support("simkit/CartPole-v0"))
-    assert "reset_masked" in str(device_loop_support("simkit/BatchCheetah-v0"))
+    # BatchCheetah declares time_limit_only: resets scheduled on the host (on MJWarp).
+    assert device_loop_support("simkit/BatchCheetah-v0") is None
     assert "Gymnasium env" in str(device_loop_support("gym:CartPole-v1"))
     with pytest.raises(ValueError, match="the device loop cannot run simkit/CartPole-v0"):
         _source("simkit/CartPole-v0", 2, 4)
+    # On MuJoCo's C backend a torch BatchCheetah computes on the host: refused.
+    with pytest.raises(ValueError, match="its steps fall back to the host path"):
+        _source("simkit/BatchCheetah-v0", 2, 4)
 
 
 def test_a_device_fragment_is_the_keyed_noise_acting_on_the_batch_env() -> None:
