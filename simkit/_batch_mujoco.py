@@ -115,8 +115,7 @@ class BatchMujocoEnv(BatchEnv):
         nthread: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if backend == "auto" and _is_cuda(kwargs.get("device")):
-            backend = "mjwarp"
+        backend = resolve_backend(backend, kwargs.get("device"))
         if backend == "mjwarp" and kwargs.get("device") is None:
             kwargs["device"] = "cpu"  # MJWarp on Warp's CPU backend, torch tensors
         super().__init__(num_envs, **kwargs)
@@ -127,8 +126,6 @@ class BatchMujocoEnv(BatchEnv):
                 "backend must be 'auto', 'native', 'threads', 'pooled', 'loop' or 'mjwarp', "
                 f"got {backend!r}"
             )
-        if backend == "auto":
-            backend = "native" if _NativeBatch is not None else "threads"
         if backend == "native" and _NativeBatch is None:
             raise ValueError(
                 "backend='native' needs mujoco.batch (MuJoCo >= 4.0), "
@@ -517,6 +514,17 @@ class _NoDatas(Sequence[mujoco.MjData]):
             "backend='mjwarp' keeps the worlds in MuJoCo Warp, not in per-instance MjData: "
             "set the start state with set_qpos_qvel(ids, qpos, qvel) and read self.batch"
         )
+
+
+def resolve_backend(backend: Backend, device: Any) -> Backend:
+    """The backend ``backend="auto"`` means on ``device`` (a torch device, its name or
+    None): MJWarp on a CUDA device, else ``mujoco.batch`` (``"native"``) where MuJoCo has
+    it, else ``"threads"``; any other value as given."""
+    if backend != "auto":
+        return backend
+    if _is_cuda(device):
+        return "mjwarp"
+    return "native" if _NativeBatch is not None else "threads"
 
 
 def _is_cuda(device: Any) -> bool:

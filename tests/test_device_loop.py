@@ -367,3 +367,34 @@ def test_a_device_loop_on_cuda_never_syncs_in_its_steps_and_trains() -> None:
         update = learner.update([fragment])
         assert update.version == 2
         assert np.isfinite(update.policy_loss)
+
+
+def test_auto_keeps_the_host_rollout_where_a_mujoco_batch_would_compute_on_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--device cuda with --device-loop auto on BatchCheetah: the device loop needs MuJoCo
+    Warp; without the gpu extra, or with a host backend asked for, the run keeps the host
+    rollout (it did before BatchCheetah could run the device loop) and ``on`` says why."""
+    import importlib.util
+
+    cuda = torch.device("cuda")
+    kw: dict[str, Any] = dict(mode="sync", servers=0, connect=False, ray=False, record=False)
+    cheetah = "simkit/BatchCheetah-v0"
+    native = {"backend": "native"}
+    assert not use_device_loop(env_id=cheetah, choice="auto", device=cuda, env_kwargs=native, **kw)
+    with pytest.raises(ValueError, match="computes on the host on backend 'native'"):
+        use_device_loop(env_id=cheetah, choice="on", device=cuda, env_kwargs=native, **kw)
+    with pytest.raises(ValueError, match="computes on the host on backend '(native|threads)'"):
+        use_device_loop(
+            env_id=cheetah, choice="on", device=torch.device("cpu"), env_kwargs={}, **kw
+        )
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "mujoco_warp" else real(n, *a)
+    )
+    assert not use_device_loop(env_id=cheetah, choice="auto", device=cuda, env_kwargs={}, **kw)
+    with pytest.raises(ValueError, match=r"needs MuJoCo Warp \(pip install 'simkit\[gpu\]'\)"):
+        use_device_loop(env_id=cheetah, choice="on", device=cuda, env_kwargs={}, **kw)
+    assert use_device_loop(
+        env_id="simkit/BatchCartPole-v0", choice="auto", device=cuda, env_kwargs={}, **kw
+    )

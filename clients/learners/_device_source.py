@@ -28,6 +28,8 @@ deterministic (same seed, same device: same parameters) and resumes exactly.
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -118,11 +120,15 @@ class DeviceFragment(FragmentShape):
         )
 
 
-def device_loop_support(env_id: str) -> str | None:
+def device_loop_support(
+    env_id: str, env_kwargs: Mapping[str, Any] | None = None, device: Any = None
+) -> str | None:
     """Why ``env_id`` cannot run the device loop, or ``None`` where it can: a batch env
     whose class has the masked reset hook (:meth:`simkit.BatchEnv.reset_masked`) or
     declares :attr:`~simkit.BatchEnv.time_limit_only` (resets scheduled on the host),
-    so its whole-batch steps stay on the device."""
+    so its whole-batch steps stay on the device. A MuJoCo batch (built with
+    ``env_kwargs`` on ``device``; None: the class alone is judged) computes on the device
+    only on MuJoCo Warp, which needs the ``gpu`` extra."""
     if env_id.startswith("gym:"):
         return f"{env_id} is a Gymnasium env (the device loop needs a simkit batch env)"
     env_spec = spec(env_id)
@@ -138,7 +144,25 @@ def device_loop_support(env_id: str) -> str | None:
             f"{env_id} has no device-resident steps (its class does not implement "
             "BatchEnv.reset_masked)"
         )
+    if device is not None and _is_mujoco_batch(factory):
+        from simkit._batch_mujoco import resolve_backend
+
+        backend = resolve_backend((env_kwargs or {}).get("backend", "auto"), device)
+        if backend != "mjwarp":
+            return (
+                f"{env_id} computes on the host on backend {backend!r} (the device loop "
+                "needs --env-kwarg backend=mjwarp, or a CUDA --device)"
+            )
+        if importlib.util.find_spec("mujoco_warp") is None:
+            return f"{env_id} on the device needs MuJoCo Warp (pip install 'simkit[gpu]')"
     return None
+
+
+def _is_mujoco_batch(factory: type) -> bool:
+    """Whether ``factory`` is a :class:`simkit.BatchMujocoEnv` (importing MuJoCo only
+    where the env's own module did)."""
+    module = sys.modules.get("simkit._batch_mujoco")
+    return module is not None and issubclass(factory, module.BatchMujocoEnv)
 
 
 def use_device_loop(
@@ -151,6 +175,7 @@ def use_device_loop(
     connect: bool,
     ray: bool,
     record: bool,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> bool:
     """Whether a PPO run rolls out in the device loop (``--device-loop``, ``choice``):
     ``on`` where the run can (else a ``ValueError`` saying why), ``off`` never, ``auto``
@@ -170,7 +195,7 @@ def use_device_loop(
     elif record:
         why = "--record records host fragments (the device loop's never leave the device)"
     else:
-        why = device_loop_support(env_id)
+        why = device_loop_support(env_id, env_kwargs, device)
     if choice == "on":
         if why is not None:
             raise ValueError(f"--device-loop on: {why}")

@@ -225,6 +225,7 @@ class PPOPart:
             connect=bool(options.connect),
             ray=options.ray is not None,
             record=options.record is not None,
+            env_kwargs=args.env_kwargs,
         )
         return device if use else None
 
