@@ -537,16 +537,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         if loop.steps_left <= 0:
             self._device_window(DEFAULT_WINDOW)  # one read of the counters per window
         n = self.num_envs
-        final_obs, reward, terminated, base = self.step_instances(actions, NoStepDraws(n))
+        final_obs, reward, terminated, base = self._device_step_instances(actions, NoStepDraws(n))
         xp = self.xp
-        reward = xp.as_tensor(reward, device=self.device).to(xp.float64)
-        terminated = xp.as_tensor(terminated, device=self.device).to(xp.bool)
-        check_step_shapes(reward, terminated, n, type(self).__name__, "step_instances")
-        if base is not None and len(base) != n:
-            raise ValueError(
-                f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
-                f"got {len(base)}"
-            )
         truncated, done, new, draws, params = loop.step(reward, terminated, self.max_episode_steps)
         reset_obs = self.reset_masked(done, draws, params)
         loop.took(done, loop.param_draws + draws.taken)
@@ -566,6 +558,22 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             env_ids=self._all_ids,
             infos=infos,
         )
+
+    def _device_step_instances(self, actions: Any, draws: Any) -> tuple[Any, Any, Any, Any]:
+        """``step_instances`` of the whole batch with rewards (float64) and terminations
+        (bool) as tensors on the device, their shapes and the info list checked."""
+        n = self.num_envs
+        final_obs, reward, terminated, base = self.step_instances(actions, draws)
+        xp = self.xp
+        reward = xp.as_tensor(reward, device=self.device).to(xp.float64)
+        terminated = xp.as_tensor(terminated, device=self.device).to(xp.bool)
+        check_step_shapes(reward, terminated, n, type(self).__name__, "step_instances")
+        if base is not None and len(base) != n:
+            raise ValueError(
+                f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
+                f"got {len(base)}"
+            )
+        return final_obs, reward, terminated, base
 
     def _host_known_resets(self) -> bool:
         """Whether whole-batch steps of this torch batch keep rewards and flags on the
@@ -590,16 +598,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._host_sync()
         loop = self._stats_loop()
         n = self.num_envs
-        final_obs, reward, terminated, base = self.step_instances(actions, self._all_streams)
+        final_obs, reward, terminated, base = self._device_step_instances(
+            actions, self._all_streams
+        )
         xp = self.xp
-        reward = xp.as_tensor(reward, device=self.device).to(xp.float64)
-        terminated = xp.as_tensor(terminated, device=self.device).to(xp.bool)
-        check_step_shapes(reward, terminated, n, type(self).__name__, "step_instances")
-        if base is not None and len(base) != n:
-            raise ValueError(
-                f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
-                f"got {len(base)}"
-            )
         done = self._truncated()
         loop.record_known(reward, done, self._elapsed)
         obs: Any = final_obs
