@@ -384,7 +384,7 @@ def test_auto_keeps_the_host_rollout_where_a_mujoco_batch_would_compute_on_the_h
     assert not use_device_loop(env_id=cheetah, choice="auto", device=cuda, env_kwargs=native, **kw)
     with pytest.raises(ValueError, match="computes on the host on backend 'native'"):
         use_device_loop(env_id=cheetah, choice="on", device=cuda, env_kwargs=native, **kw)
-    with pytest.raises(ValueError, match="computes on the host on backend '(native|threads)'"):
+    with pytest.raises(ValueError, match=r"computes on the host on backend '(native|threads)'"):
         use_device_loop(
             env_id=cheetah, choice="on", device=torch.device("cpu"), env_kwargs={}, **kw
         )
