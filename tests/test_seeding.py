@@ -329,6 +329,6 @@ def test_a_batch_reset_without_seed_shares_one_root_and_skips_per_env_grouping(
         raise AssertionError("per-env grouping by root on a shared-root batch")
 
     monkeypatch.setattr(EpisodeSeeds, "_by_root", grouping)
-    for a in np.random.default_rng(0).integers(0, 2, (40, 16)):
+    for a in np.random.default_rng(0).integers(0, 2, (200, 16)):
         env.step_batch(a)
     assert int(env.episode_index.sum()) > 16
