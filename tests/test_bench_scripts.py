@@ -115,6 +115,7 @@ def test_the_mjwarp_device_check_refuses_an_unknown_option(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.mjwarp
+@pytest.mark.gpu_prep
 @pytest.mark.skipif(
     importlib.util.find_spec("mujoco_warp") is None,
     reason="mujoco_warp is not installed (pip install 'simkit[gpu]')",
@@ -136,7 +137,7 @@ def test_the_mjwarp_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
     assert "16 worlds x 10 steps: bit-identical" in report
 
 
-@pytest.mark.slow
+@pytest.mark.gpu_prep
 def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
     """``--cpu``: the CUDA tests collected, the device loop's main job (tiny), gpu_check's
     quick PPO and whole-loop rows and one tiny training run per learner, all in one
