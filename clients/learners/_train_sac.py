@@ -14,6 +14,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -191,6 +192,7 @@ def fill_from_recording(
     return episodes, transitions
 
 
+@dataclass(eq=False)
 class SACPart:
     """SAC's part of a :class:`~simkit.clients.learners._run.Run` (the :class:`Algorithm`
     protocol): the :class:`~simkit.clients.learners.sac.SAC` learner and its replay buffer
@@ -210,26 +212,20 @@ class SACPart:
     round_name = "round"
     default_servers = SAC_DEFAULT_SERVERS
 
-    def __init__(
-        self,
-        args: SACArgs,
-        *,
-        given: Sequence[str] | None = None,
-        checkpoint_steps: int = 100_000,
-        checkpoint_minutes: float = 5.0,
-        buffer_from: str | Path | None = None,
-    ) -> None:
-        self.args = args
-        self.given = given
-        self.checkpoint_steps = checkpoint_steps
-        self.checkpoint_minutes = checkpoint_minutes
-        self.buffer_from = buffer_from
-        self._learner: SAC | None = None
-        self._buffer: ReplayBuffer | None = None
-        self.learning: tuple[float, int] | None = None
-        self._window: deque[tuple[float, int, int]] = deque(maxlen=64)
-        self._recent: dict[str, float] = {}
-        self._last_write = 0.0
+    args: SACArgs
+    _: KW_ONLY
+    given: Sequence[str] | None = None
+    checkpoint_steps: int = 100_000
+    checkpoint_minutes: float = 5.0
+    buffer_from: str | Path | None = None
+    _learner: SAC | None = field(default=None, init=False)
+    _buffer: ReplayBuffer | None = field(default=None, init=False)
+    learning: tuple[float, int] | None = field(default=None, init=False)
+    _window: deque[tuple[float, int, int]] = field(
+        default_factory=lambda: deque(maxlen=64), init=False
+    )
+    _recent: dict[str, float] = field(default_factory=dict, init=False)
+    _last_write: float = field(default=0.0, init=False)
 
     @classmethod
     def from_namespace(cls, args: SACArgs, ns: Any, given: Sequence[str]) -> SACPart:
