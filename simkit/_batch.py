@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -408,14 +409,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         """A host-path step of a torch batch with its rewards and flags as device
         tensors, like a device-resident step's."""
         xp, device = self.xp, self.device
-        return BatchStep(
-            obs=step.obs,
+        return replace(
+            step,
             reward=xp.as_tensor(step.reward, device=device),
             terminated=xp.as_tensor(step.terminated, device=device),
             truncated=xp.as_tensor(step.truncated, device=device),
-            final_obs=step.final_obs,
-            env_ids=step.env_ids,
-            infos=step.infos,
         )
 
     # --------------------------------------------------------- device-resident steps
@@ -543,20 +541,13 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         reset_obs = self.reset_masked(done, draws, params)
         loop.took(done, loop.param_draws + draws.taken)
         obs = xp.where(done.view(n, *([1] * (final_obs.dim() - 1))), reset_obs, final_obs)
-        self._obs = obs
         sampler = self._device_sampler
         assert sampler is not None
         infos = DeviceRowInfos(
             n, base, done, new, lambda k, values: sampler.row([float(v) for v in values])
         )
-        return BatchStep(
-            obs=obs,
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=final_obs,
-            env_ids=self._all_ids,
-            infos=infos,
+        return self._step_result(
+            self._all_ids, obs, reward, terminated, truncated, final_obs, infos
         )
 
     def _device_step_instances(self, actions: Any, draws: Any) -> tuple[Any, Any, Any, Any]:
@@ -608,25 +599,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         infos = RowInfos(n, base)
         truncated = xp.zeros(n, dtype=xp.bool, device=self.device)
         if done.any():
-            rows = done.nonzero()[0]
-            reset_rows, reset_infos = self._reset_ids(rows, None, {})
-            obs = scatter(final_obs, rows, reset_rows)
+            obs, infos = self._autoreset(self._all_ids, final_obs, done.nonzero()[0], base)
             truncated = xp.as_tensor(done, device=self.device)
-
-            def reset_info(k: int) -> dict[str, Any] | None:
-                j = int(np.searchsorted(rows, k))
-                return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
-
-            infos = RowInfos(n, base, reset_info)
-        self._obs = obs
-        return BatchStep(
-            obs=obs,
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=final_obs,
-            env_ids=self._all_ids,
-            infos=infos,
+        return self._step_result(
+            self._all_ids, obs, reward, terminated, truncated, final_obs, infos
         )
 
     def _host_sync(self) -> None:
@@ -707,16 +683,39 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             self._device_loop.record(ids, reward, done, self._elapsed[ids])
         obs = final_obs
         if done.any():
-            rows = done.nonzero()[0]
-            whole = len(ids) == self.num_envs  # ids is arange(N): rows are the instances
-            reset_rows, reset_infos = self._reset_ids(rows if whole else ids[rows], None, {})
-            obs = scatter(final_obs, rows, reset_rows)
+            obs, infos = self._autoreset(ids, final_obs, done.nonzero()[0], infos)
+        return self._step_result(ids, obs, reward, terminated, truncated, final_obs, infos)
 
-            def reset_info(k: int) -> dict[str, Any] | None:
-                j = int(np.searchsorted(rows, k))
-                return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
+    def _autoreset(
+        self,
+        ids: np.ndarray,
+        final_obs: Any,
+        rows: np.ndarray,
+        base: Sequence[dict[str, Any]] | None,
+    ) -> tuple[Any, RowInfos]:
+        """Same-step autoreset of the ended ``rows`` of a step of instances ``ids``
+        (sorted): the step's ``obs`` (``final_obs`` with those rows' first observations)
+        and its infos (``base`` with each reset row's ``reset_info``)."""
+        whole = len(ids) == self.num_envs  # ids is arange(N): rows are the instances
+        reset_rows, reset_infos = self._reset_ids(rows if whole else ids[rows], None, {})
 
-            infos = RowInfos(len(ids), infos, reset_info)
+        def reset_info(k: int) -> dict[str, Any] | None:
+            j = int(np.searchsorted(rows, k))
+            return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
+
+        return scatter(final_obs, rows, reset_rows), RowInfos(len(ids), base, reset_info)
+
+    def _step_result(
+        self,
+        ids: np.ndarray,
+        obs: Any,
+        reward: Any,
+        terminated: Any,
+        truncated: Any,
+        final_obs: Any,
+        infos: Sequence[dict[str, Any]],
+    ) -> BatchStep:
+        """The step of instances ``ids`` (sorted); their ``obs`` become the batch's."""
         self._obs = obs if len(ids) == self.num_envs else scatter(self._obs, ids, obs)
         return BatchStep(
             obs=obs,
