@@ -356,11 +356,7 @@ class StreamWorker(threading.Thread):
             try:
                 state = loop.boundary_state()
             except TypeError as exc:
-                raise Unsupported(
-                    f"this session's envs have no snapshots: {exc}",
-                    expected="simkit envs (get_state)",
-                    got=self._info_env_id,
-                ) from exc
+                raise self._unsupported("have no snapshots", "get_state", exc) from exc
             snap = SessionSnapshot(**layout, **state)
             return self.session.state_frames(cmd.id, snap)
         snap = cmd.snapshot
@@ -389,13 +385,19 @@ class StreamWorker(threading.Thread):
                 got=getattr(exc, "got", None),
             ) from exc
         except TypeError as exc:
-            raise Unsupported(
-                f"this session's envs cannot be restored: {exc}",
-                expected="simkit envs (set_state)",
-                got=self._info_env_id,
-            ) from exc
+            raise self._unsupported("cannot be restored", "set_state", exc) from exc
         self.session.restored(snap.sequence)
         return self.session.reply("stream_restore", cmd.id, {"sequence": snap.sequence})
+
+    def _unsupported(self, lack: str, method: str, exc: TypeError) -> Unsupported:
+        """The ``unsupported`` error of a snapshot request (``stream_state``,
+        ``stream_restore``) that this session's envs cannot serve: they lack ``method``
+        (Gymnasium envs), as ``exc`` says."""
+        return Unsupported(
+            f"this session's envs {lack}: {exc}",
+            expected=f"simkit envs ({method})",
+            got=self._info_env_id,
+        )
 
     def _apply(self, cmd: WeightsCommand) -> None:
         loop = self._loop
