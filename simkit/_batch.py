@@ -386,12 +386,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         ids, actions, order = self._sorted_subset(env_ids, actions, "step_batch()")
         pending = self._start_subset(ids, actions)
         try:
-            result = self._checked(pending.finish(), len(ids), "step_subset")
+            step = self._finish_subset(ids, pending)
         except BaseException:
             if pending.drain is not None:
                 pending.drain()
             raise
-        step = self._complete(ids, *result)
         if order is not None:
             back = np.argsort(order)
             step = BatchStep(
@@ -667,6 +666,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             return ids, actions, None
         actions = actions[order] if not isinstance(actions, list) else [actions[k] for k in order]
         return ids[order], actions, order
+
+    def _finish_subset(self, ids: np.ndarray, pending: PendingStep) -> BatchStep:
+        """Waits for the started step of ``ids`` (sorted), checks what its hook returned
+        and completes it (truncation, same-step autoreset)."""
+        return self._complete(ids, *self._checked(pending.finish(), len(ids), "step_subset"))
 
     def _complete(
         self,

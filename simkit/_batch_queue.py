@@ -46,18 +46,7 @@ class BatchQueue:
 
         def _on_device(self, step: BatchStep) -> BatchStep: ...
 
-        def _checked(
-            self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
-        ) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]: ...
-
-        def _complete(
-            self,
-            ids: np.ndarray,
-            final_obs: Any,
-            reward: np.ndarray,
-            terminated: np.ndarray,
-            infos: Sequence[dict[str, Any]],
-        ) -> BatchStep: ...
+        def _finish_subset(self, ids: np.ndarray, pending: PendingStep) -> BatchStep: ...
 
         def _reset(
             self, seed: int | None, options: dict[str, Any] | None
@@ -112,8 +101,7 @@ class BatchQueue:
         while have < count:
             ids, pending = self._pending.popleft()
             try:
-                result = self._checked(pending.finish(), len(ids), "step_subset")
-                chunk = self._complete(ids, *result)
+                chunk = self._finish_subset(ids, pending)
             except BaseException:
                 self._abort_async()
                 raise
