@@ -37,6 +37,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,7 @@ class StaticAct:
         self.host_out.copy_(self.out, non_blocking=True)
 
 
+@dataclass(eq=False)
 class StaticActs:
     """One :class:`StaticAct` per batch shape of a policy, made on first use.
 
@@ -213,20 +215,17 @@ class StaticActs:
         capture: see :data:`Capture`.
     """
 
-    def __init__(
-        self,
-        model: ActorCritic,
-        device: torch.device,
-        noise_width: int,
-        pack: Callable[[ActOutput, torch.Tensor | None], torch.Tensor],
-        capture: Capture,
-    ) -> None:
-        self.model = model
-        self.device = device
-        self.noise_width = noise_width
-        self.pack = pack
-        self.capture = capture
-        self.plans: dict[tuple[tuple[int, ...], np.dtype[Any]], StaticAct] = {}
+    model: ActorCritic
+    device: torch.device
+    noise_width: int
+    pack: Callable[[ActOutput, torch.Tensor | None], torch.Tensor]
+    capture: Capture
+    plans: dict[tuple[tuple[int, ...], np.dtype[Any]], StaticAct] = field(
+        default_factory=dict, init=False
+    )
+    _storage: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
         self._storage = self._pointers()
 
     def _pointers(self) -> tuple[int, ...]:
