@@ -4,7 +4,7 @@ command line (``simkit train --help``) is built without loading torch."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
 
@@ -73,6 +73,31 @@ def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
             raise ValueError(f"{flag} must be {want}, got {value}")
 
 
+_MUST: dict[str, Callable[[Any], bool]] = {
+    "in [0, 2**63)": lambda v: 0 <= v < 2**63,
+    ">= 0 (0: until stopped)": lambda v: v >= 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "> 0": lambda v: v > 0,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "sizes >= 1": lambda v: bool(v) and min(v) >= 1,
+    "sync or async": lambda v: v in ("sync", "async"),
+    "auto, on or off": lambda v: v in ("auto", "on", "off"),
+}
+"""What a setting must be, in the words of its error, and the test of it."""
+
+_SHARED_CHECKS = {
+    "in [0, 2**63)": ("seed",),
+    ">= 0 (0: until stopped)": ("total_steps",),
+    ">= 1": ("num_envs", "num_steps", "env_threads", "torch_threads"),
+    "sizes >= 1": ("hidden",),
+    "sync or async": ("mode",),
+}
+"""The fields both learners have, by what they must be (a key of :data:`_MUST`); checked
+first."""
+
+
 class _Plain:
     """Settings as plain data for checkpoints (``hidden`` as a list)."""
 
@@ -85,23 +110,21 @@ class _Plain:
     torch_threads: int
     mode: str
 
-    def _shared_rules(self) -> list[tuple[str, Any, bool, str]]:
-        """The checks of the fields both learners have: ``(field, value, ok, must be)``."""
-        return [
-            ("seed", self.seed, 0 <= self.seed < 2**63, "in [0, 2**63)"),
-            ("total_steps", self.total_steps, self.total_steps >= 0, ">= 0 (0: until stopped)"),
-            ("num_envs", self.num_envs, self.num_envs >= 1, ">= 1"),
-            ("num_steps", self.num_steps, self.num_steps >= 1, ">= 1"),
-            ("env_threads", self.env_threads, self.env_threads >= 1, ">= 1"),
-            ("torch_threads", self.torch_threads, self.torch_threads >= 1, ">= 1"),
-            (
-                "hidden",
-                list(self.hidden),
-                bool(self.hidden) and min(self.hidden) >= 1,
-                "sizes >= 1",
-            ),
-            ("mode", self.mode, self.mode in ("sync", "async"), "sync or async"),
-        ]
+    def _refuse_bad(self, checks: Mapping[str, tuple[str, ...]]) -> None:
+        """Raises for the first field of :data:`_SHARED_CHECKS`, then of ``checks`` (the
+        learner's fields by what they must be), that is not what :data:`_MUST` says.
+
+        Raises:
+            ValueError: ``"--<field> must be <must be>, got <value>"`` (``hidden`` as a list).
+        """
+        rules = []
+        for table in (_SHARED_CHECKS, checks):
+            for must, names in table.items():
+                for name in names:
+                    value = getattr(self, name)
+                    shown = list(value) if name == "hidden" else value
+                    rules.append((f"--{name.replace('_', '-')}", shown, _MUST[must](value), must))
+        refuse_unless(rules)
 
     def to_plain(self) -> dict[str, Any]:
         """JSON-able form (for checkpoints)."""
@@ -180,27 +203,16 @@ class PPOArgs(_Plain):
         Raises:
             ValueError: one line naming the flag, what it must be and what came.
         """
-        rules: list[tuple[str, Any, bool, str]] = [
-            *self._shared_rules(),
-            ("learning_rate", self.learning_rate, self.learning_rate > 0, "> 0"),
-            ("gamma", self.gamma, 0 < self.gamma <= 1, "in (0, 1]"),
-            ("gae_lambda", self.gae_lambda, 0 <= self.gae_lambda <= 1, "in [0, 1]"),
-            ("num_minibatches", self.num_minibatches, self.num_minibatches >= 1, ">= 1"),
-            ("update_epochs", self.update_epochs, self.update_epochs >= 1, ">= 1"),
-            ("clip_coef", self.clip_coef, self.clip_coef > 0, "> 0"),
-            ("ent_coef", self.ent_coef, self.ent_coef >= 0, ">= 0"),
-            ("vf_coef", self.vf_coef, self.vf_coef >= 0, ">= 0"),
-            ("max_grad_norm", self.max_grad_norm, self.max_grad_norm > 0, "> 0"),
-            ("reward_clip", self.reward_clip, self.reward_clip > 0, "> 0"),
-            ("max_lag", self.max_lag, self.max_lag >= 0, ">= 0"),
-            (
-                "device_loop",
-                self.device_loop,
-                self.device_loop in ("auto", "on", "off"),
-                "auto, on or off",
-            ),
-        ]
-        refuse_unless([(f"--{name.replace('_', '-')}", *rest) for name, *rest in rules])
+        self._refuse_bad(
+            {
+                "> 0": ("learning_rate", "clip_coef", "max_grad_norm", "reward_clip"),
+                "in (0, 1]": ("gamma",),
+                "in [0, 1]": ("gae_lambda",),
+                ">= 1": ("num_minibatches", "update_epochs"),
+                ">= 0": ("ent_coef", "vf_coef", "max_lag"),
+                "auto, on or off": ("device_loop",),
+            }
+        )
         batch = self.num_envs * self.num_steps
         if batch // self.num_minibatches < 2:
             raise ValueError(
@@ -258,27 +270,20 @@ class SACArgs(_Plain):
         Raises:
             ValueError: one line naming the flag, what it must be and what came.
         """
-        rules: list[tuple[str, Any, bool, str]] = [
-            *self._shared_rules(),
-            ("buffer_size", self.buffer_size, self.buffer_size >= 1, ">= 1"),
-            ("gamma", self.gamma, 0 < self.gamma <= 1, "in (0, 1]"),
-            ("tau", self.tau, 0 < self.tau <= 1, "in (0, 1]"),
-            ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
-            ("learning_starts", self.learning_starts, self.learning_starts >= 1, ">= 1"),
-            ("policy_lr", self.policy_lr, self.policy_lr > 0, "> 0"),
-            ("q_lr", self.q_lr, self.q_lr > 0, "> 0"),
-            ("policy_frequency", self.policy_frequency, self.policy_frequency >= 1, ">= 1"),
-            (
-                "target_network_frequency",
-                self.target_network_frequency,
-                self.target_network_frequency >= 1,
-                ">= 1",
-            ),
-            ("alpha", self.alpha, self.alpha > 0, "> 0"),
-            ("utd", self.utd, self.utd > 0, "> 0"),
-            ("push_every", self.push_every, self.push_every >= 1, ">= 1"),
-        ]
-        refuse_unless([(f"--{name.replace('_', '-')}", *rest) for name, *rest in rules])
+        self._refuse_bad(
+            {
+                ">= 1": (
+                    "buffer_size",
+                    "batch_size",
+                    "learning_starts",
+                    "policy_frequency",
+                    "target_network_frequency",
+                    "push_every",
+                ),
+                "in (0, 1]": ("gamma", "tau"),
+                "> 0": ("policy_lr", "q_lr", "alpha", "utd"),
+            }
+        )
         if self.learning_starts > self.buffer_size:
             raise ValueError(
                 f"--learning-starts {self.learning_starts} exceeds --buffer-size "
