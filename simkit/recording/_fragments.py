@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from simkit._seeding import EpisodeSeeds
 from simkit._types import Fragment
 from simkit.recording._episode import Episode
-from simkit.recording._io import RecordingWriter
+from simkit.recording._io import RecordingWriter, WriterOptions
 from simkit.recording._tracker import row_of as _row
 from simkit.recording._wrapper import environment_versions
 
@@ -63,7 +63,7 @@ class FragmentRecorder:
         directory: the recording directory.
         env_id: the registered env id; ``env_kwargs`` its constructor arguments.
         root_seed: the stream's root seed (``None``: episodes are recorded unseeded).
-        writer_kwargs: passed to :class:`RecordingWriter`.
+        writer_kwargs: passed to :class:`RecordingWriter` (:class:`WriterOptions`).
     """
 
     def __init__(
@@ -73,7 +73,7 @@ class FragmentRecorder:
         *,
         root_seed: int | None,
         env_kwargs: dict[str, Any] | None = None,
-        **writer_kwargs: Any,
+        **writer_kwargs: Unpack[WriterOptions],
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})

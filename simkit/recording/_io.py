@@ -10,7 +10,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -45,7 +45,14 @@ from simkit.recording._multiagent import (
     encode_multi_agent,
 )
 
-__all__ = ["RecordingWriter", "RecordingReader", "FSYNC_POLICIES", "encode_record", "decode_record"]
+__all__ = [
+    "RecordingWriter",
+    "RecordingReader",
+    "WriterOptions",
+    "FSYNC_POLICIES",
+    "encode_record",
+    "decode_record",
+]
 
 AnyEpisode = Episode | MultiAgentEpisode
 
@@ -104,6 +111,21 @@ class AdaptiveLevel:
         """A record of ``raw`` bytes compressed at ``level`` to ``stored`` bytes."""
         if level == self.DEFAULT and raw and stored > self.INCOMPRESSIBLE * raw:
             self._fast_left = self.PROBE_EVERY - 1
+
+
+class WriterOptions(TypedDict, total=False):
+    """:class:`RecordingWriter`'s keyword options (its defaults where left out), which the
+    recorders (:class:`~simkit.recording.RecordEpisodes`,
+    :class:`~simkit.recording.RecordMultiAgentEpisodes`,
+    :class:`~simkit.recording.FragmentRecorder`) pass on as they are."""
+
+    compression: str | None
+    level: int | None
+    max_chunk_bytes: int
+    fsync: str
+    background: bool
+    max_pending: int
+    on_error: Callable[[BaseException], None] | None
 
 
 class RecordingWriter:

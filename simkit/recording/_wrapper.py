@@ -7,7 +7,7 @@ import importlib
 import importlib.metadata
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import gymnasium as gym
 import numpy as np
@@ -17,13 +17,14 @@ from simkit._batch import BatchEnv
 from simkit._seeding import EpisodeSeeds, random_root
 from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit._version import __version__
-from simkit.recording._io import RecordingWriter
+from simkit.recording._io import RecordingWriter, WriterOptions
 from simkit.recording._tracker import EpisodeTracker, row_of
 from simkit.registry import spec
 
 __all__ = [
     "RecordEpisodes",
     "RecordMultiAgentEpisodes",
+    "RecordOptions",
     "SeedBook",
     "environment_versions",
     "env_info",
@@ -122,6 +123,17 @@ class SeedBook:
         return self.origins(ids)
 
 
+class RecordOptions(WriterOptions, total=False):
+    """The keyword options both recording wrappers take beside ``env_id`` (defaults: no
+    ``env_kwargs``, ``snapshot_every=0``, ``policy_version=-1``, ``max_episodes=None``);
+    the :class:`WriterOptions` go on to their :class:`RecordingWriter`."""
+
+    env_kwargs: Mapping[str, Any] | None
+    snapshot_every: int
+    policy_version: int
+    max_episodes: int | None
+
+
 class _RecordingFace:
     """What both recording wrappers share: the writer, the :class:`SeedBook` and the
     :class:`EpisodeTracker` of the vector's rows (one agent row per env for a
@@ -136,13 +148,13 @@ class _RecordingFace:
         directory: str | os.PathLike[str],
         *,
         env_id: str,
-        env_kwargs: Mapping[str, Any] | None,
-        snapshot_every: int,
-        policy_version: int,
-        max_episodes: int | None,
         kind: str,
         possible_agents: Sequence[Any] | None,
-        writer_kwargs: Mapping[str, Any],
+        env_kwargs: Mapping[str, Any] | None = None,
+        snapshot_every: int = 0,
+        policy_version: int = -1,
+        max_episodes: int | None = None,
+        **writer_kwargs: Unpack[WriterOptions],
     ) -> None:
         """Opens the writer on ``directory`` and the tracker of ``vector``'s envs."""
         if snapshot_every < 0:
@@ -222,8 +234,8 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
         policy_version: the version stamped on steps (update :attr:`policy_version`
             as the policy changes); -1: unknown.
         max_episodes: stop recording after this many episodes (``None``: no limit).
-        writer_kwargs: passed to :class:`RecordingWriter` (``compression``,
-            ``max_chunk_bytes``, ``fsync``).
+        writer options (:class:`WriterOptions`): passed to :class:`RecordingWriter`
+            (``compression``, ``max_chunk_bytes``, ``fsync``, ...).
     """
 
     def __init__(
@@ -232,11 +244,7 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
         directory: str | os.PathLike[str],
         *,
         env_id: str | None = None,
-        env_kwargs: Mapping[str, Any] | None = None,
-        snapshot_every: int = 0,
-        policy_version: int = -1,
-        max_episodes: int | None = None,
-        **writer_kwargs: Any,
+        **options: Unpack[RecordOptions],
     ) -> None:
         if hasattr(env, "possible_agents"):
             raise TypeError(
@@ -249,13 +257,9 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
             env.unwrapped,
             directory,
             env_id=_env_id_of("RecordEpisodes", env_id or spec_id or getattr(env, "env_id", None)),
-            env_kwargs=env_kwargs,
-            snapshot_every=snapshot_every,
-            policy_version=policy_version,
-            max_episodes=max_episodes,
             kind="batch" if isinstance(env.unwrapped, BatchEnv) else "env",
             possible_agents=None,
-            writer_kwargs=writer_kwargs,
+            **options,
         )
         self._pending = np.zeros(self.num_envs, bool)
 
@@ -378,7 +382,7 @@ class RecordMultiAgentEpisodes(_RecordingFace):
         policy_version: the version stamped on steps (an attribute: update it as the
             policy changes); -1: unknown.
         max_episodes: stop recording after this many episodes (``None``: no limit).
-        writer_kwargs: passed to :class:`RecordingWriter`.
+        writer options (:class:`WriterOptions`): passed to :class:`RecordingWriter`.
     """
 
     def __init__(
@@ -387,11 +391,7 @@ class RecordMultiAgentEpisodes(_RecordingFace):
         directory: str | os.PathLike[str],
         *,
         env_id: str | None = None,
-        env_kwargs: Mapping[str, Any] | None = None,
-        snapshot_every: int = 0,
-        policy_version: int = -1,
-        max_episodes: int | None = None,
-        **writer_kwargs: Any,
+        **options: Unpack[RecordOptions],
     ) -> None:
         resolved = _env_id_of("RecordMultiAgentEpisodes", env_id or getattr(env, "env_id", None))
         self.env = env
@@ -401,13 +401,9 @@ class RecordMultiAgentEpisodes(_RecordingFace):
             env,
             directory,
             env_id=resolved,
-            env_kwargs=env_kwargs,
-            snapshot_every=snapshot_every,
-            policy_version=policy_version,
-            max_episodes=max_episodes,
             kind="multi_agent",
             possible_agents=env.possible_agents,
-            writer_kwargs=writer_kwargs,
+            **options,
         )
 
     def __getattr__(self, name: str) -> Any:
