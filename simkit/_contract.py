@@ -12,7 +12,7 @@ import copy
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import numpy as np
 from gymnasium.utils import seeding
@@ -27,6 +27,7 @@ __all__ = [
     "STATE_FORMAT",
     "CapturedState",
     "ContractCore",
+    "ContractOptions",
     "EnvKind",
     "action_bounds_of",
     "check_max_episode_steps",
@@ -46,6 +47,16 @@ class EnvKind(enum.Enum):
     """``simkit.MultiAgentEnv`` / ``pettingzoo.ParallelEnv``."""
     BATCH = "batch"
     """``simkit.BatchEnv``: N instances stepped as arrays."""
+
+
+class ContractOptions(TypedDict, total=False):
+    """The keyword options of every simkit contract's ``__init__`` (documented on
+    :class:`simkit.Env`); ``**options: Unpack[ContractOptions]`` passes them on."""
+
+    max_episode_steps: int | None
+    params: Mapping[str, Any] | None
+    render_mode: str | None
+    validate_actions: bool
 
 
 class ContractCore:
@@ -75,10 +86,10 @@ class ContractCore:
     def _init_contract(
         self,
         *,
-        max_episode_steps: int | None,
-        params: Mapping[str, Any] | None,
-        render_mode: str | None,
-        validate_actions: bool,
+        max_episode_steps: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        render_mode: str | None = None,
+        validate_actions: bool = True,
     ) -> None:
         modes = self.metadata.get("render_modes", [])
         if render_mode is not None and render_mode not in modes:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar
+from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar, Unpack
 
 import gymnasium as gym
 import numpy as np
 
-from simkit._contract import ContractCore, EnvKind
+from simkit._contract import ContractCore, ContractOptions, EnvKind
 from simkit._validation import validate_action
 from simkit.randomization import Params
 
@@ -45,20 +44,8 @@ class Env(ContractCore, gym.Env[ObsType, ActType], Generic[ObsType, ActType]):
     metadata: dict[str, Any] = {"render_modes": []}
     env_kind: ClassVar[EnvKind] = EnvKind.SINGLE
 
-    def __init__(
-        self,
-        *,
-        max_episode_steps: int | None = None,
-        params: Mapping[str, Any] | None = None,
-        render_mode: str | None = None,
-        validate_actions: bool = True,
-    ) -> None:
-        self._init_contract(
-            max_episode_steps=max_episode_steps,
-            params=params,
-            render_mode=render_mode,
-            validate_actions=validate_actions,
-        )
+    def __init__(self, **options: Unpack[ContractOptions]) -> None:
+        self._init_contract(**options)
 
     def reset_episode(
         self, rng: np.random.Generator, params: Params, options: dict[str, Any]

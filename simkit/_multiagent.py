@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar
+from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar, Unpack
 
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
-from simkit._contract import ContractCore, EnvKind
+from simkit._contract import ContractCore, ContractOptions, EnvKind
 from simkit._validation import validate_action
 from simkit.errors import InvalidAction
 from simkit.randomization import Params
@@ -37,6 +37,7 @@ class MultiAgentEnv(
     The base class validates actions (every live agent, no others), adds time-limit
     truncations, and removes terminated or truncated agents from ``self.agents``.
     ``infos[agent]["params"]`` at reset holds the episode's sampled parameters.
+    ``__init__`` takes :class:`simkit.Env`'s keyword options.
     """
 
     metadata: dict[str, Any] = {"render_modes": [], "name": "simkit_multi_agent"}
@@ -44,23 +45,11 @@ class MultiAgentEnv(
     observation_spaces: dict[AgentID, spaces.Space[Any]]
     action_spaces: dict[AgentID, spaces.Space[Any]]
 
-    def __init__(
-        self,
-        *,
-        max_episode_steps: int | None = None,
-        params: Mapping[str, Any] | None = None,
-        render_mode: str | None = None,
-        validate_actions: bool = True,
-    ) -> None:
+    def __init__(self, **options: Unpack[ContractOptions]) -> None:
         self.agents: list[AgentID] = []
         self._np_random = None
         self._np_random_seed = None
-        self._init_contract(
-            max_episode_steps=max_episode_steps,
-            params=params,
-            render_mode=render_mode,
-            validate_actions=validate_actions,
-        )
+        self._init_contract(**options)
 
     @property
     def np_random(self) -> np.random.Generator:
