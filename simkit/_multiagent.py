@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, SupportsFloat, TypeVar, Unpack
+from typing import Any, ClassVar, Generic, SupportsFloat, TypeAlias, TypeVar, Unpack
 
 import numpy as np
 from gymnasium import spaces
@@ -14,11 +14,21 @@ from simkit._validation import validate_action
 from simkit.errors import InvalidAction
 from simkit.randomization import Params
 
-__all__ = ["MultiAgentEnv"]
+__all__ = ["MultiAgentEnv", "ParallelStepResult"]
 
 AgentID = TypeVar("AgentID")
 ObsType = TypeVar("ObsType")
 ActType = TypeVar("ActType")
+
+ParallelStepResult: TypeAlias = tuple[
+    dict[AgentID, ObsType],
+    dict[AgentID, float],
+    dict[AgentID, bool],
+    dict[AgentID, bool],
+    dict[AgentID, dict[str, Any]],
+]
+"""What PettingZoo's ``ParallelEnv.step`` returns: observations, rewards, terminations,
+truncations and infos, each keyed by agent (``ParallelStepResult[AgentID, ObsType]``)."""
 
 
 class MultiAgentEnv(
@@ -101,15 +111,7 @@ class MultiAgentEnv(
         infos = {agent: {**infos.get(agent, {}), "params": params} for agent in observations}
         return observations, infos
 
-    def step(
-        self, actions: dict[AgentID, ActType]
-    ) -> tuple[
-        dict[AgentID, ObsType],
-        dict[AgentID, float],
-        dict[AgentID, bool],
-        dict[AgentID, bool],
-        dict[AgentID, dict[str, Any]],
-    ]:
+    def step(self, actions: dict[AgentID, ActType]) -> ParallelStepResult[AgentID, ObsType]:
         """Steps every live agent; raises ``InvalidAction`` naming missing/extra agents."""
         self._require_active("step()")
         if self.validate_actions:
