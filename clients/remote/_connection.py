@@ -15,7 +15,7 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import zmq
 import zmq.auth
@@ -23,7 +23,7 @@ import zmq.auth
 from simkit.errors import SimkitError
 from simkit.protocol import ClientSession, ProtocolError, ServerInfo
 
-__all__ = ["ServerUnavailable", "Connection", "CurveKeys"]
+__all__ = ["ServerUnavailable", "Connection", "ConnectOptions", "CurveKeys"]
 
 log = logging.getLogger("simkit.clients")
 
@@ -101,6 +101,18 @@ class CurveKeys:
         sock.curve_secretkey = self.secret
 
 
+class ConnectOptions(TypedDict, total=False):
+    """How a remote env connects to its server(s): the keywords :class:`RemoteVectorEnv`,
+    :class:`RemoteMultiAgentVectorEnv` and :class:`RemoteParallelEnv` take beside their
+    own, passed on to :class:`Connection` (whose defaults they are)."""
+
+    timeout: float
+    context: zmq.Context[Any] | None
+    curve: CurveKeys | None
+    keepalive: bool
+    busy_poll_us: int
+
+
 class _Keepalive:
     """Pings one session from a socket of its own while the learner is silent.
 
@@ -170,8 +182,9 @@ class Connection:
 
     Args:
         endpoint: a ZeroMQ endpoint (``tcp://127.0.0.1:5555``, ``ipc:///tmp/sim.sock``).
-        timeout: seconds to wait for any reply.
-        context: the ZeroMQ context to create the socket in.
+        timeout: seconds to wait for any reply (default 10).
+        context: the ZeroMQ context to create the socket in (default: the process-wide
+            instance).
         curve: CURVE keys, for a server that requires them.
         keepalive: after :meth:`hello`, keep the session alive from a background thread
             while this connection is silent (when the server announces a heartbeat).
@@ -182,8 +195,8 @@ class Connection:
     def __init__(
         self,
         endpoint: str,
-        timeout: float,
-        context: zmq.Context[Any],
+        timeout: float = 10.0,
+        context: zmq.Context[Any] | None = None,
         *,
         curve: CurveKeys | None = None,
         keepalive: bool = True,
@@ -201,7 +214,7 @@ class Connection:
             raise TypeError(f"curve must be CurveKeys or None, got {type(curve).__name__}")
         self.endpoint = endpoint
         self._timeout = float(timeout)
-        self._context = context
+        self._context = context or zmq.Context.instance()
         self._curve = curve
         self._keepalive_wanted = keepalive
         self._busy_poll_s = busy_poll_us * 1e-6

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
-import zmq
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from pettingzoo import ParallelEnv
 
 from simkit._types import MultiAgentBatchStep
 from simkit._validation import check_seed
-from simkit.clients.remote._connection import Connection, CurveKeys
+from simkit.clients.remote._connection import Connection, ConnectOptions
 from simkit.errors import InvalidAction, ResetNeeded
 from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
@@ -35,24 +34,9 @@ from simkit.protocol import (
 __all__ = ["RemoteMultiAgentVectorEnv", "RemoteParallelEnv"]
 
 
-def _open(
-    endpoint: str,
-    timeout: float,
-    client: str,
-    context: zmq.Context[Any] | None,
-    curve: CurveKeys | None,
-    keepalive: bool,
-    busy_poll_us: int,
-) -> Connection:
+def _open(endpoint: str, client: str, connect: ConnectOptions) -> Connection:
     """Connects and shakes hands with a server that must serve a multi-agent env."""
-    conn = Connection(
-        endpoint,
-        timeout,
-        context or zmq.Context.instance(),
-        curve=curve,
-        keepalive=keepalive,
-        busy_poll_us=busy_poll_us,
-    )
+    conn = Connection(endpoint, **connect)
     try:
         info = conn.hello(client)
     except BaseException:
@@ -107,7 +91,8 @@ class RemoteMultiAgentVectorEnv:
 
     Args:
         endpoint: the server's ZeroMQ endpoint (it must serve a multi-agent env).
-        timeout: seconds to wait for every reply before :class:`ServerUnavailable`.
+        timeout: seconds to wait for every reply before :class:`ServerUnavailable`
+            (default 10).
         client: a name the server logs for this client.
         context: a ZeroMQ context (default: the process-wide instance).
         curve: CURVE keys for a server bound beyond loopback.
@@ -125,16 +110,10 @@ class RemoteMultiAgentVectorEnv:
         self,
         endpoint: str,
         *,
-        timeout: float = 10.0,
         client: str = "simkit-remote-multi-agent",
-        context: zmq.Context[Any] | None = None,
-        curve: CurveKeys | None = None,
-        keepalive: bool = True,
-        busy_poll_us: int = 0,
+        **connect: Unpack[ConnectOptions],
     ) -> None:
-        self._remote = _Remote(
-            _open(endpoint, timeout, client, context, curve, keepalive, busy_poll_us)
-        )
+        self._remote = _Remote(_open(endpoint, client, connect))
         info = self._remote.info
         assert info.agents is not None
         self.endpoint = endpoint
@@ -302,14 +281,10 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         endpoint: str,
         *,
         env_index: int = 0,
-        timeout: float = 10.0,
         client: str = "simkit-remote-parallel",
-        context: zmq.Context[Any] | None = None,
-        curve: CurveKeys | None = None,
-        keepalive: bool = True,
-        busy_poll_us: int = 0,
+        **connect: Unpack[ConnectOptions],
     ) -> None:
-        conn = _open(endpoint, timeout, client, context, curve, keepalive, busy_poll_us)
+        conn = _open(endpoint, client, connect)
         info = conn.info
         if isinstance(env_index, bool) or not 0 <= env_index < info.num_envs:
             conn.close()

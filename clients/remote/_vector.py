@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ from gymnasium.vector.utils import batch_space, create_empty_array
 
 from simkit._types import BatchStep
 from simkit._validation import check_seed, checked_env_ids
-from simkit.clients.remote._connection import Connection, CurveKeys, ServerUnavailable
+from simkit.clients.remote._connection import Connection, ConnectOptions, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
 from simkit.protocol import take_rows as _take
@@ -82,7 +82,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
 
     Args:
         endpoints: one ZeroMQ endpoint or a list of them.
-        timeout: seconds to wait for every reply before raising :class:`ServerUnavailable`.
+        timeout: seconds to wait for every reply before raising :class:`ServerUnavailable`
+            (default 10).
         client: a name the servers log for this client.
         context: a ZeroMQ context (default: the process-wide instance).
         autoreset_mode: ``SAME_STEP`` (default) or ``NEXT_STEP`` for :meth:`step`;
@@ -107,13 +108,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self,
         endpoints: str | Sequence[str],
         *,
-        timeout: float = 10.0,
         client: str = "simkit-remote-vector",
-        context: zmq.Context[Any] | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP,
-        curve: CurveKeys | None = None,
-        keepalive: bool = True,
-        busy_poll_us: int = 0,
+        **connect: Unpack[ConnectOptions],
     ) -> None:
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         if self.autoreset_mode is AutoresetMode.DISABLED:
@@ -127,18 +124,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if not endpoints:
             raise ValueError("RemoteVectorEnv needs at least one endpoint, got none")
         self._client = client
-        self._context = context or zmq.Context.instance()
-        self._conns = [
-            Connection(
-                e,
-                timeout,
-                self._context,
-                curve=curve,
-                keepalive=keepalive,
-                busy_poll_us=busy_poll_us,
-            )
-            for e in endpoints
-        ]
+        self._conns = [Connection(e, **connect) for e in endpoints]
         self._broken = False
         self.closed = False
         try:
