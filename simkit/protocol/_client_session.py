@@ -202,17 +202,7 @@ class ClientSession:
         """Parses a ``step`` reply into a :class:`BatchStep` (final_obs filled in full)."""
         msg = self.parse(frames, "step")
         reply = decode_step_reply(SINGLE_AGENT_STEP, self._server().observation_space, msg)
-        c = reply.columns
-        step = BatchStep(
-            obs=reply.obs,
-            reward=c["reward"],
-            terminated=c["terminated"],
-            truncated=c["truncated"],
-            final_obs=reply.final_obs,
-            env_ids=reply.env_ids,
-            infos=reply.infos,
-        )
-        return step, reply.faults
+        return reply.step(BatchStep, env_ids=reply.env_ids), reply.faults
 
     def request_get_state(self, env_ids: Any = None) -> list[Any]:
         """Frames of a ``get_state`` request."""

@@ -197,16 +197,4 @@ def parse_multi_agent_step(session: ClientSession, frames: Sequence[Any]) -> Mul
     reply = decode_step_reply(
         MULTI_AGENT_STEP, info.observation_space, msg, rows_per_env=num_agents
     )
-    c = reply.columns
-    step = MultiAgentBatchStep(
-        obs=reply.obs,
-        agent_mask=c["agent_mask"],
-        reward=c["reward"],
-        terminated=c["terminated"],
-        truncated=c["truncated"],
-        final_obs=reply.final_obs,
-        acted=c["acted"],
-        env_reset=c["env_reset"],
-        infos=reply.infos,
-    )
-    return MultiAgentStep(step, reply.env_ids, reply.faults)
+    return MultiAgentStep(reply.step(MultiAgentBatchStep), reply.env_ids, reply.faults)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from gymnasium import spaces
@@ -143,6 +143,9 @@ def encode_step_reply(
     return body, arrays
 
 
+_Step = TypeVar("_Step")
+
+
 @dataclass(frozen=True)
 class DecodedStep:
     """A decoded step reply: observations (``final_obs`` filled in for every row),
@@ -154,6 +157,14 @@ class DecodedStep:
     env_ids: np.ndarray
     infos: list[dict[str, Any]]
     faults: list[EnvFault]
+
+    def step(self, step_type: Callable[..., _Step], **more: Any) -> _Step:
+        """The reply as ``step_type`` (``BatchStep`` or ``MultiAgentBatchStep``): every
+        column by its name, as :func:`encode_step_reply` read them, with the
+        observations, infos and ``more``."""
+        return step_type(
+            obs=self.obs, final_obs=self.final_obs, infos=self.infos, **self.columns, **more
+        )
 
 
 def decode_step_reply(
