@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from simkit._metrics import MetricSet, counts_by_label, value_of
+from simkit._metrics import MetricSet, counter, counts_by_label, gauge, histogram, value_of
 
 __all__ = ["Metrics", "LATENCY_BUCKETS"]
 
@@ -45,25 +45,24 @@ class Metrics(MetricSet):
         window_s: the window over which ``simkit_steps_per_second`` is averaged.
     """
 
+    _steps = counter("simkit_env_steps", "Env steps served (one per env per step).")
+    _requests = counter("simkit_requests", "Requests handled, by kind.", ["kind"])
+    _errors = counter("simkit_errors", "Error replies, by code.", ["code"])
+    _latency = histogram(
+        "simkit_request_latency_seconds",
+        "Time to handle a request, by kind.",
+        LATENCY_BUCKETS,
+        ["kind"],
+    )
+    _sessions = gauge("simkit_sessions", "Connected client sessions.")
+    _expired = counter("simkit_sessions_expired", "Sessions dropped after the heartbeat timeout.")
+
     def __init__(self, registry: CollectorRegistry | None = None, window_s: float = 10.0) -> None:
         super().__init__(registry)
         self.window_s = window_s
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
         self._latencies: deque[float] = deque(maxlen=4096)
-        self._steps = self.counter("simkit_env_steps", "Env steps served (one per env per step).")
-        self._requests = self.counter("simkit_requests", "Requests handled, by kind.", ["kind"])
-        self._errors = self.counter("simkit_errors", "Error replies, by code.", ["code"])
-        self._latency = self.histogram(
-            "simkit_request_latency_seconds",
-            "Time to handle a request, by kind.",
-            LATENCY_BUCKETS,
-            ["kind"],
-        )
-        self._sessions = self.gauge("simkit_sessions", "Connected client sessions.")
-        self._expired = self.counter(
-            "simkit_sessions_expired", "Sessions dropped after the heartbeat timeout."
-        )
         self.registry.register(_Derived(self))
 
     def observe(

@@ -13,7 +13,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry
 
-from simkit._metrics import MetricSet
+from simkit._metrics import MetricSet, counter, gauge, histogram
 from simkit.servers._prometheus import LATENCY_BUCKETS as REQUEST_LATENCY_BUCKETS
 
 __all__ = ["StreamMetrics", "LATENCY_BUCKETS", "BATCH_BUCKETS"]
@@ -34,64 +34,61 @@ class StreamMetrics(MetricSet):
         window_s: the window of ``simkit_stream_fragments_per_second``.
     """
 
+    sessions = gauge("simkit_stream_sessions", "Open stream sessions.")
+    sessions_expired = counter(
+        "simkit_stream_sessions_expired", "Stream sessions dropped after the heartbeat timeout."
+    )
+    env_steps = counter("simkit_stream_env_steps", "Env steps taken by stream sessions.")
+    fragments = counter("simkit_stream_fragments", "Fragments sent to learners.")
+    fragments_per_second = gauge(
+        "simkit_stream_fragments_per_second",
+        lambda m: f"Fragments sent per second over the last {m.window_s:g} s.",
+    )
+    inference_batch = histogram(
+        "simkit_stream_inference_batch_size",
+        "Rows per batched forward pass (act).",
+        BATCH_BUCKETS,
+    )
+    inference_latency = histogram(
+        "simkit_stream_inference_latency_seconds",
+        "Time of one batched act (forward and sampling).",
+        LATENCY_BUCKETS,
+    )
+    env_step_latency = histogram(
+        "simkit_stream_env_step_latency_seconds",
+        "Time of one step of a session's envs.",
+        LATENCY_BUCKETS,
+    )
+    credit = gauge(
+        "simkit_stream_credit",
+        "Fragments granted by learners and not yet sent (all sessions, last update).",
+    )
+    queue_depth = gauge(
+        "simkit_stream_queue_depth", "Fragments produced and not yet handed to the network."
+    )
+    stalled_seconds = counter(
+        "simkit_stream_stalled_seconds", "Seconds sessions paused stepping for lack of credit."
+    )
+    waiting_weights_seconds = counter(
+        "simkit_stream_waiting_weights_seconds",
+        "Seconds sessions waited for (the next, in sync mode) weights.",
+    )
+    policy_version = gauge(
+        "simkit_stream_policy_version", "Newest policy version applied by any session."
+    )
+    policy_lag = gauge(
+        "simkit_stream_policy_lag",
+        "Versions between the newest weights a session holds when a fragment leaves "
+        "and the versions that produced its steps (last fragment).",
+        ["stat"],
+    )
+    errors = counter("simkit_stream_errors", "Error replies of stream sessions, by code.", ["code"])
+
     def __init__(self, registry: CollectorRegistry, window_s: float = 10.0) -> None:
-        super().__init__(registry)
         self.window_s = window_s
         self._lock = threading.Lock()
         self._recent: deque[float] = deque()
-        self.sessions = self.gauge("simkit_stream_sessions", "Open stream sessions.")
-        self.sessions_expired = self.counter(
-            "simkit_stream_sessions_expired", "Stream sessions dropped after the heartbeat timeout."
-        )
-        self.env_steps = self.counter(
-            "simkit_stream_env_steps", "Env steps taken by stream sessions."
-        )
-        self.fragments = self.counter("simkit_stream_fragments", "Fragments sent to learners.")
-        self.fragments_per_second = self.gauge(
-            "simkit_stream_fragments_per_second",
-            f"Fragments sent per second over the last {window_s:g} s.",
-        )
-        self.inference_batch = self.histogram(
-            "simkit_stream_inference_batch_size",
-            "Rows per batched forward pass (act).",
-            BATCH_BUCKETS,
-        )
-        self.inference_latency = self.histogram(
-            "simkit_stream_inference_latency_seconds",
-            "Time of one batched act (forward and sampling).",
-            LATENCY_BUCKETS,
-        )
-        self.env_step_latency = self.histogram(
-            "simkit_stream_env_step_latency_seconds",
-            "Time of one step of a session's envs.",
-            LATENCY_BUCKETS,
-        )
-        self.credit = self.gauge(
-            "simkit_stream_credit",
-            "Fragments granted by learners and not yet sent (all sessions, last update).",
-        )
-        self.queue_depth = self.gauge(
-            "simkit_stream_queue_depth", "Fragments produced and not yet handed to the network."
-        )
-        self.stalled_seconds = self.counter(
-            "simkit_stream_stalled_seconds", "Seconds sessions paused stepping for lack of credit."
-        )
-        self.waiting_weights_seconds = self.counter(
-            "simkit_stream_waiting_weights_seconds",
-            "Seconds sessions waited for (the next, in sync mode) weights.",
-        )
-        self.policy_version = self.gauge(
-            "simkit_stream_policy_version", "Newest policy version applied by any session."
-        )
-        self.policy_lag = self.gauge(
-            "simkit_stream_policy_lag",
-            "Versions between the newest weights a session holds when a fragment leaves "
-            "and the versions that produced its steps (last fragment).",
-            ["stat"],
-        )
-        self.errors = self.counter(
-            "simkit_stream_errors", "Error replies of stream sessions, by code.", ["code"]
-        )
+        super().__init__(registry)
 
     def fragment(
         self,

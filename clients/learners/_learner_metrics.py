@@ -26,7 +26,7 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
-from simkit._metrics import MetricSet, MetricsHTTPServer
+from simkit._metrics import MetricSet, MetricsHTTPServer, counter, gauge
 
 __all__ = ["LearnerMetrics"]
 
@@ -42,58 +42,42 @@ class LearnerMetrics(MetricSet):
         registry: the registry to register in (a new one by default).
     """
 
+    env_steps = counter("simkit_learner_env_steps", "Env steps (transitions) received.")
+    updates = counter("simkit_learner_updates", "Gradient steps done.")
+    utd_target = gauge(
+        "simkit_learner_utd_target", "Target update-to-data ratio (gradient steps per env step)."
+    )
+    utd_achieved = gauge(
+        "simkit_learner_utd_achieved", "Gradient steps per env step since learning started."
+    )
+    version = gauge("simkit_learner_policy_version", "Version of the learner's newest weights.")
+    updates_per_s = gauge("simkit_learner_updates_per_second", "Recent gradient steps per second.")
+    env_steps_per_s = gauge("simkit_learner_env_steps_per_second", "Recent env steps per second.")
+    replay_size = gauge("simkit_replay_size", "Transitions stored in the replay buffer.")
+    replay_capacity = gauge("simkit_replay_capacity", "Replay buffer capacity (transitions).")
+    replay_inserts = counter(
+        "simkit_replay_inserts",
+        "Transitions ever inserted in the replay buffer (fill rate: rate()).",
+    )
+    newest_age = gauge(
+        "simkit_replay_newest_age_versions",
+        "Learner policy version minus the policy version of the newest stored transition.",
+    )
+    sample_age = gauge(
+        "simkit_replay_sample_age_versions",
+        "Mean age, in policy versions, of the last sampled batch.",
+    )
+    last_fragment = gauge(
+        "simkit_learner_last_fragment_timestamp_seconds",
+        "Unix time of the last fragment received.",
+    )
+    servers_alive = gauge("simkit_learner_servers_alive", "Rollout servers streaming.")
+    servers_lost = gauge("simkit_learner_servers_lost", "Rollout servers lost and not replaced.")
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
         self._lock = threading.Lock()
         self._http: MetricsHTTPServer | None = None
-        self.env_steps = self.counter(
-            "simkit_learner_env_steps", "Env steps (transitions) received."
-        )
-        self.updates = self.counter("simkit_learner_updates", "Gradient steps done.")
-        self.utd_target = self.gauge(
-            "simkit_learner_utd_target",
-            "Target update-to-data ratio (gradient steps per env step).",
-        )
-        self.utd_achieved = self.gauge(
-            "simkit_learner_utd_achieved", "Gradient steps per env step since learning started."
-        )
-        self.version = self.gauge(
-            "simkit_learner_policy_version", "Version of the learner's newest weights."
-        )
-        self.updates_per_s = self.gauge(
-            "simkit_learner_updates_per_second", "Recent gradient steps per second."
-        )
-        self.env_steps_per_s = self.gauge(
-            "simkit_learner_env_steps_per_second", "Recent env steps per second."
-        )
-        self.replay_size = self.gauge(
-            "simkit_replay_size", "Transitions stored in the replay buffer."
-        )
-        self.replay_capacity = self.gauge(
-            "simkit_replay_capacity", "Replay buffer capacity (transitions)."
-        )
-        self.replay_inserts = self.counter(
-            "simkit_replay_inserts",
-            "Transitions ever inserted in the replay buffer (fill rate: rate()).",
-        )
-        self.newest_age = self.gauge(
-            "simkit_replay_newest_age_versions",
-            "Learner policy version minus the policy version of the newest stored transition.",
-        )
-        self.sample_age = self.gauge(
-            "simkit_replay_sample_age_versions",
-            "Mean age, in policy versions, of the last sampled batch.",
-        )
-        self.last_fragment = self.gauge(
-            "simkit_learner_last_fragment_timestamp_seconds",
-            "Unix time of the last fragment received.",
-        )
-        self.servers_alive = self.gauge(
-            "simkit_learner_servers_alive", "Rollout servers streaming."
-        )
-        self.servers_lost = self.gauge(
-            "simkit_learner_servers_lost", "Rollout servers lost and not replaced."
-        )
         self._totals = {"env_steps": 0, "updates": 0, "replay_inserted": 0}
         self._version = 0
 
@@ -186,7 +170,7 @@ class LearnerMetrics(MetricSet):
                 self.version.set(version)
             if newest_version is not None and newest_version >= 0:
                 self.newest_age.set(self._version - newest_version)
-        for gauge, value in (
+        for metric, value in (
             (self.utd_target, utd_target),
             (self.utd_achieved, utd_achieved),
             (self.replay_size, replay_size),
@@ -197,6 +181,6 @@ class LearnerMetrics(MetricSet):
             (self.servers_lost, servers_lost),
         ):
             if value is not None and not math.isnan(value):
-                gauge.set(value)
+                metric.set(value)
         if sample_age is not None and not math.isnan(sample_age):
             self.sample_age.set(sample_age)
