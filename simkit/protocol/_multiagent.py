@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 
 from simkit._types import MultiAgentBatchStep
 from simkit.protocol._client_session import ClientSession
-from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message
+from simkit.protocol._codec import Message
 from simkit.protocol._errors import InvalidField
 from simkit.protocol._handshake import ServerInfo
 from simkit.protocol._infos import infos_from_wire
-from simkit.protocol._server_session import EnvHost, Host, ServerSession, request_env_ids
+from simkit.protocol._server_session import EnvHost, ServerSession, request_env_ids
 from simkit.protocol._spaces import check_batch, unflatten_batch
 from simkit.protocol._step_reply import (
     MULTI_AGENT_STEP,
@@ -70,7 +70,7 @@ def _action_arrays(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str,
     return {k: v[rows] for k, v in arrays.items() if k == "actions" or k.startswith("actions/")}
 
 
-class MultiAgentServerSession(ServerSession):
+class MultiAgentServerSession(ServerSession[MultiAgentHost]):
     """A :class:`ServerSession` over a :class:`MultiAgentHost` (agent rows, agent mask).
 
     ``reset`` replies add ``agent_mask``; ``step`` takes one action row per (env, agent)
@@ -78,24 +78,13 @@ class MultiAgentServerSession(ServerSession):
     range) only of live rows: rows of agents that are not live are ignored.
     """
 
-    def __init__(
-        self,
-        host: MultiAgentHost,
-        info: ServerInfo,
-        *,
-        limits: Limits | None = None,
-        inline_threshold: int = INLINE_THRESHOLD,
-    ) -> None:
-        super().__init__(cast(Host, host), info, limits=limits, inline_threshold=inline_threshold)
-        self.ma_host = host
-
     def _on_reset(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         body, arrays = super()._on_reset(msg)
-        arrays["agent_mask"] = self.ma_host.agent_mask(arrays["env_ids"])
+        arrays["agent_mask"] = self.host.agent_mask(arrays["env_ids"])
         return body, arrays
 
     def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        host = self.ma_host
+        host = self.host
         env_ids = request_env_ids(msg, host.num_envs, everyone=self._all_ids)
         space = host.action_space
         check_batch(space, msg.arrays, "actions", env_ids.size * host.num_agents)

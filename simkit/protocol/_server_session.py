@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from gymnasium import spaces
@@ -111,6 +111,9 @@ class Host(EnvHost, Protocol):
         ...
 
 
+_H = TypeVar("_H", bound=EnvHost)
+
+
 def request_env_ids(
     msg: Message, num_envs: int, *, everyone: np.ndarray | None = None
 ) -> np.ndarray:
@@ -149,10 +152,12 @@ def is_keepalive(msg: Message) -> bool:
     return msg.kind == "ping" and isinstance(msg.body.get("session"), str)
 
 
-class ServerSession:
+class ServerSession(Generic[_H]):
     """One client's session against a :class:`Host`: decode, validate, dispatch, reply.
 
     Never raises on input: :meth:`handle` turns every problem into an ``error`` reply.
+    Generic in the host: a subclass serving another :class:`EnvHost` (multi-agent rows)
+    overrides the ``step`` handler.
 
     Args:
         host: the envs this session serves.
@@ -163,7 +168,7 @@ class ServerSession:
 
     def __init__(
         self,
-        host: Host,
+        host: _H,
         info: ServerInfo,
         *,
         limits: Limits | None = None,
@@ -286,7 +291,9 @@ class ServerSession:
         arrays["env_ids"] = env_ids
         return {"infos": infos_to_wire(infos)}, arrays
 
-    def _on_step(self, msg: Message) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def _on_step(
+        self: ServerSession[Host], msg: Message
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         host = self.host
         env_ids = request_env_ids(msg, host.num_envs, everyone=self._all_ids)
         space = host.action_space
