@@ -903,7 +903,7 @@ def test_multi_agent_server_recording_replays_locally(tmp_path: Path) -> None:
 
 
 def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None:
-    from simkit.recording._buffer import StepBuffer
+    from simkit.recording._buffer import StepBuffer, StepRows
 
     buf = StepBuffer(3, capacity=1)
     obs = {"a": np.arange(6.0).reshape(3, 2), "b": (np.arange(3, dtype=np.int8),)}
@@ -912,9 +912,10 @@ def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None
     acts = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
     flags = np.zeros(3, bool)
     infos: list[dict[str, Any]] = [{}, {"x": 1}, {}]
-    buf.append(np.arange(3), None, obs, acts, np.ones(3), flags, flags, infos, 7)
+    buf.append(np.arange(3), None, StepRows(obs, acts, np.ones(3), flags, flags, infos, 7))
     # rows 2 and 0 of a batch for envs 0 and 2, out of order, past the capacity
-    buf.append(np.array([2, 0]), np.array([0, 2]), obs, acts, np.ones(3), flags, flags, infos, 8)
+    step = StepRows(obs, acts, np.ones(3), flags, flags, infos, 8)
+    buf.append(np.array([2, 0]), np.array([0, 2]), step)
     buf.set_last_obs(0, {"a": np.array([9.0, 9.0]), "b": (np.int8(9),)})
     two, _ = buf.take(2)
     assert two["obs"]["a"].tolist() == [[-3.0, -3.0], [4.0, 5.0], [0.0, 1.0]]
@@ -923,10 +924,9 @@ def test_step_buffer_keeps_tree_leaves_per_env_and_refuses_a_new_shape() -> None
     assert two["version"].tolist() == [7, 8]
     assert buf.take(1)[0]["infos"] == [{"x": 1}]
     assert buf.take(0)[0]["obs"]["a"].tolist() == [[-1.0, -1.0], [0.0, 1.0], [9.0, 9.0]]
+    step = StepRows(obs, np.zeros((3, 3), np.int32), np.ones(3), flags, flags, infos, 9)
     with pytest.raises(ValueError, match=r"expected \(2,\), got \(3,\)"):
-        buf.append(
-            np.arange(3), None, obs, np.zeros((3, 3), np.int32), np.ones(3), flags, flags, infos, 9
-        )
+        buf.append(np.arange(3), None, step)
 
 
 def _want_rows(first_obs: np.ndarray) -> dict[str, list[Any]]:
@@ -938,7 +938,7 @@ def _want_rows(first_obs: np.ndarray) -> dict[str, list[Any]]:
 def test_step_buffer_fast_path_and_append_keep_every_step_and_refuse_other_steps(
     stage: int,
 ) -> None:
-    from simkit.recording._buffer import StepBuffer
+    from simkit.recording._buffer import StepBuffer, StepRows
 
     rng = np.random.default_rng(0)
     n = 4
@@ -955,10 +955,10 @@ def test_step_buffer_fast_path_and_append_keep_every_step_and_refuse_other_steps
         obs, acts = rng.normal(size=(n, 3)), rng.normal(size=(n, 2)).astype(np.float32)
         reward, flags = rng.normal(size=n), rng.random(n) < 0.5
         fast, slow = buffers
-        slow.append(ids, None, obs, acts, reward, flags, ~flags, nothing, t)
+        slow.append(ids, None, StepRows(obs, acts, reward, flags, ~flags, nothing, t))
         if t in (0, 9):  # the action columns exist after a first append; a slow step midway
             assert t or not fast.append_all(obs, acts, reward, flags, ~flags, t)
-            fast.append(ids, None, obs, acts, reward, flags, ~flags, nothing, t)
+            fast.append(ids, None, StepRows(obs, acts, reward, flags, ~flags, nothing, t))
         else:
             assert fast.append_all(obs, acts, reward, flags, ~flags, t)
         for i in range(n):
@@ -1005,7 +1005,7 @@ def test_ended_rows_reads_flags_of_every_kind() -> None:
 
 
 def test_step_buffer_lends_a_taken_slot_until_it_is_released() -> None:
-    from simkit.recording._buffer import StepBuffer
+    from simkit.recording._buffer import StepBuffer, StepRows
 
     n = 2
     buf = StepBuffer(n, capacity=2)
@@ -1014,7 +1014,8 @@ def test_step_buffer_lends_a_taken_slot_until_it_is_released() -> None:
     def steps(k: int, first: float) -> None:
         for t in range(k):
             obs = np.full((n, 3), first + t)
-            buf.append(np.arange(n), None, obs, obs[:, :1], obs[:, 0], flags, flags, [{}] * n, 0)
+            step = StepRows(obs, obs[:, :1], obs[:, 0], flags, flags, [{}] * n, 0)
+            buf.append(np.arange(n), None, step)
 
     for i in range(n):
         buf.start(i, np.full(3, -1.0))

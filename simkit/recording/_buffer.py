@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from simkit.recording._episode import _flatten, _unflatten
 
-__all__ = ["StepBuffer"]
+__all__ = ["StepBuffer", "StepRows"]
 
 
 class _Column:
@@ -80,6 +81,21 @@ class _Column:
                 f"recorded rows must keep one shape: expected {self.shape}, got {rows.shape[1:]}"
             )
         rows_view[where] = rows.view(self._item).reshape(-1)
+
+
+@dataclass(slots=True)
+class StepRows:
+    """One batch step as a recorder stores it, a row per env (or agent): what each
+    action led to, the actions, rewards, flags and step infos, and the version of the
+    policy that chose the actions (one for the batch)."""
+
+    next_obs: Any
+    actions: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    infos: list[dict[str, Any]]
+    version: int
 
 
 def _leaves(tree: Any) -> tuple[Any, list[np.ndarray]]:
@@ -271,20 +287,9 @@ class StepBuffer:
         self._staged_versions = []
         self._put_scalars(where, reward, terminated, truncated, np.tile(versions, self.num_envs))
 
-    def append(
-        self,
-        ids: np.ndarray,
-        rows: np.ndarray | None,
-        next_obs: Any,
-        actions: Any,
-        reward: Any,
-        terminated: Any,
-        truncated: Any,
-        infos: list[dict[str, Any]],
-        version: int,
-    ) -> None:
-        """Appends batch row ``rows[k]`` to env ``ids[k]``'s trajectory (opened by
-        :meth:`start`).
+    def append(self, ids: np.ndarray, rows: np.ndarray | None, step: StepRows) -> None:
+        """Appends batch row ``rows[k]`` of ``step`` to env ``ids[k]``'s trajectory
+        (opened by :meth:`start`).
 
         ``rows=None``: row ``k`` of the batch is env ``ids[k]``'s. One fancy index per
         leaf, whatever the batch.
@@ -292,8 +297,9 @@ class StepBuffer:
         if ids.size == 0:
             return
         self._drain()
-        _, obs_arrays = _leaves(next_obs)
-        act_spec, act_arrays = _leaves(actions)
+        _, obs_arrays = _leaves(step.next_obs)
+        act_spec, act_arrays = _leaves(step.actions)
+        reward, terminated, truncated = step.reward, step.terminated, step.truncated
         if not self._obs:
             raise RuntimeError("StepBuffer.start() an env before appending its steps")
         if not self._act:
@@ -321,7 +327,8 @@ class StepBuffer:
             col.put(where, leaf)
         for col, leaf in zip(self._act, act_arrays, strict=True):
             col.put(where, leaf)
-        self._put_scalars(where, reward, terminated, truncated, version)
+        self._put_scalars(where, reward, terminated, truncated, step.version)
+        infos = step.infos
         if any(infos):
             picked = range(ids.size) if rows is None else rows.tolist()
             for i, r, t in zip(ids.tolist(), picked, pos.tolist(), strict=True):

@@ -16,7 +16,7 @@ from is the caller's business (a wrapper derives it, a server reads its host's
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from simkit._seeding import episode_seeds
 from simkit._types import BatchStep, MultiAgentBatchStep
-from simkit.recording._buffer import StepBuffer
+from simkit.recording._buffer import StepBuffer, StepRows
 from simkit.recording._episode import Episode
 from simkit.recording._io import RecordingWriter
 from simkit.recording._multiagent import AgentEpisode, MultiAgentEpisode
@@ -362,35 +362,16 @@ class EpisodeTracker:
 
     # ---------------------------------------------------------------------- steps
 
-    def log(
-        self,
-        row_ids: np.ndarray,
-        rows: np.ndarray | None,
-        next_obs: Any,
-        actions: Any,
-        reward: Any,
-        terminated: Any,
-        truncated: Any,
-        infos: list[dict[str, Any]],
-        version: int,
-    ) -> None:
-        """Appends batch row ``rows[k]`` (``None``: row ``k``) to tracker row
+    def log(self, row_ids: np.ndarray, rows: np.ndarray | None, step: StepRows) -> None:
+        """Appends batch row ``rows[k]`` (``None``: row ``k``) of ``step`` to tracker row
         ``row_ids[k]`` (a single-agent env's row is its index), for the rows with a
         trajectory in flight."""
         if self._live_count < self.live.size and not (live := self.live[row_ids]).all():
             rows = (np.arange(row_ids.size) if rows is None else rows)[live]
             row_ids = row_ids[live]
-        self.buffer.append(
-            row_ids,
-            rows,
-            next_obs,
-            np.asarray(actions) if isinstance(actions, list) else actions,
-            reward,
-            terminated,
-            truncated,
-            infos,
-            version,
-        )
+        if isinstance(step.actions, list):
+            step = replace(step, actions=np.asarray(step.actions))
+        self.buffer.append(row_ids, rows, step)
 
     def _log_result(
         self,
@@ -402,17 +383,10 @@ class EpisodeTracker:
         version: int,
     ) -> None:
         """:meth:`log` of a step result's rows (``final_obs``: what each action led to)."""
-        self.log(
-            row_ids,
-            rows,
-            res.final_obs,
-            actions,
-            res.reward,
-            res.terminated,
-            res.truncated,
-            infos,
-            version,
+        step = StepRows(
+            res.final_obs, actions, res.reward, res.terminated, res.truncated, infos, version
         )
+        self.log(row_ids, rows, step)
 
     def set_last_obs(self, i: int, obs_row: Any) -> None:
         """Replaces single-agent env ``i``'s last next-observation (an autoreset's final

@@ -17,6 +17,7 @@ from simkit._batch import BatchEnv
 from simkit._seeding import EpisodeSeeds, random_root
 from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit._version import __version__
+from simkit.recording._buffer import StepRows
 from simkit.recording._io import RecordingWriter, WriterOptions
 from simkit.recording._tracker import EpisodeTracker, row_of
 from simkit.registry import spec
@@ -327,17 +328,8 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
             else:
                 infos.append(env_info(info, i))
         tracker = self.tracker
-        tracker.log(
-            stepped,
-            stepped,
-            obs,
-            actions,
-            reward,
-            terminated,
-            truncated,
-            infos,
-            self.policy_version,
-        )
+        step = StepRows(obs, actions, reward, terminated, truncated, infos, self.policy_version)
+        tracker.log(stepped, stepped, step)
         if same_step:
             for i in done.tolist():
                 tracker.set_last_obs(i, row_of(info["final_obs"], i))
