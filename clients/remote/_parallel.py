@@ -17,6 +17,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 from pettingzoo import ParallelEnv
 
+from simkit._multiagent import ParallelStepResult
 from simkit._types import MultiAgentBatchStep
 from simkit._validation import check_seed
 from simkit.clients.remote._connection import Connection, ConnectOptions
@@ -342,15 +343,7 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         }
         return obs, infos
 
-    def step(
-        self, actions: Mapping[str, Any]
-    ) -> tuple[
-        dict[str, Any],
-        dict[str, float],
-        dict[str, bool],
-        dict[str, bool],
-        dict[str, dict[str, Any]],
-    ]:
+    def step(self, actions: Mapping[str, Any]) -> ParallelStepResult[str, Any]:
         """Steps every live agent; returns dicts keyed by the agents that acted.
 
         Raises:
