@@ -22,16 +22,9 @@
 #                                  # CUDA runs, tiny sizes (report: build/device-check/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-
-mode=gpu
-case "${1:-}" in
-    --cpu) mode=cpu ;;
-    "") ;;
-    *)
-        echo "usage: bench/device_check.sh [--cpu], got '$1'" >&2
-        exit 2
-        ;;
-esac
+# shellcheck source=bench/_device_common.sh
+source bench/_device_common.sh # device_mode, say, device_header, step, install_wheels
+device_mode bench/device_check.sh "$@"
 
 out=${OUT:-build/device-check}
 mkdir -p "$out"
@@ -39,40 +32,11 @@ report=$out/device_check.md
 work=$(mktemp -d)
 start=$(date +%s)
 deadline=450 # seconds: every step ends by then, 10 s of grace to kill (limits cut to fit)
+step_log=$work/last.log # the last step's output: row reads its summary
+step_tail=40
 export PYTHONUNBUFFERED=1
 
-say() { printf '%s\n' "$@" >>"$report"; }
-
-# step TITLE SECONDS CMD...: runs CMD under a time limit and appends its output's tail
-# in a code block; returns CMD's status (124 on its time limit).
-step() {
-    local title=$1 limit=$2
-    shift 2
-    local log=$work/step.log t0 rc left
-    left=$((deadline - ($(date +%s) - start)))
-    if [ "$left" -lt 20 ]; then
-        say "" "### $title" "" "not run: the check's $deadline s were spent"
-        : >"$work/last.log"
-        return 125
-    fi
-    [ "$limit" -gt "$left" ] && limit=$left
-    t0=$(date +%s)
-    timeout -k 10 "$limit" "$@" >"$log" 2>&1
-    rc=$?
-    say "" "### $title" "" "\`$*\`: exit $rc, $(($(date +%s) - t0)) s" "" '```'
-    tail -n 40 "$log" >>"$report"
-    say '```'
-    cp "$log" "$work/last.log"
-    return $rc
-}
-
-: >"$report"
-say "# simkit device check ($mode mode)" ""
-say "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-say "- host: $(nproc) CPUs, $(uname -m)"
-if command -v nvidia-smi >/dev/null; then
-    say "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
-fi
+device_header "simkit device check"
 
 if [ "$mode" = gpu ]; then
     PY=python3
@@ -84,13 +48,7 @@ if [ "$mode" = gpu ]; then
         echo "no wheels in build/wheels" >&2
         exit 2
     fi
-    step "install the wheels (${#wheels[@]}) and the project" 120 bash -c "
-        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target $site ${wheels[*]} &&
-        { PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . ||
-          PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation \
-              --break-system-packages -e .; }" \
-        || { echo "install failed: see $report" >&2; exit 1; }
+    install_wheels "$site" "${wheels[@]}"
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
     devices=(cuda cpu)
     ppo_steps=65536
@@ -141,7 +99,7 @@ say "" "## Training, --device cuda vs --device cpu" ""
 rows=()
 # row LABEL DEVICE: the table row of the last training step's summary.
 row() {
-    local log=$work/last.log
+    local log=$step_log
     rows+=("| $1 | $2 | $(grep -m1 'steps/s:' "$log" | sed 's/.*: //') | $(grep -m1 'wall time:' "$log" | sed 's/.*: //') | $(grep -m1 'time split:' "$log" | sed 's/.*split: //') |")
 }
 # Each learner on every device in turn, so a run cut short still pairs its devices.

@@ -22,53 +22,20 @@
 #                                   # CPU backend, tests collected, a tiny bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
-
-mode=gpu
-case "${1:-}" in
-    --cpu) mode=cpu ;;
-    "") ;;
-    *)
-        echo "usage: bench/device_mjwarp.sh [--cpu], got '$1'" >&2
-        exit 2
-        ;;
-esac
+# shellcheck source=bench/_device_common.sh
+source bench/_device_common.sh # device_mode, say, device_header, step, install_wheels
+device_mode bench/device_mjwarp.sh "$@"
 
 out=${OUT:-build/device-check}
 mkdir -p "$out"
 report=$out/device_mjwarp.md
 start=$(date +%s)
 deadline=530
+step_log=$out/step.log
+step_tail=60
 export PYTHONUNBUFFERED=1
-: >"$report"
 
-say() { printf '%s\n' "$@" >>"$report"; }
-
-# run TITLE SECONDS CMD...: CMD under a time limit (cut to the deadline), its output's
-# tail in the report; returns CMD's status.
-run() {
-    local title=$1 limit=$2 left rc t0
-    shift 2
-    left=$((deadline - ($(date +%s) - start)))
-    [ "$limit" -gt "$left" ] && limit=$left
-    if [ "$limit" -lt 20 ]; then
-        say "" "### $title" "" "not run: the check's $deadline s were spent"
-        return 125
-    fi
-    t0=$(date +%s)
-    timeout -k 10 "$limit" "$@" >"$out/step.log" 2>&1
-    rc=$?
-    say "" "### $title" "" "\`$*\`: exit $rc, $(($(date +%s) - t0)) s" "" '```'
-    tail -n 60 "$out/step.log" >>"$report"
-    say '```'
-    return $rc
-}
-
-say "# simkit MuJoCo Warp check ($mode mode)" ""
-say "- date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-say "- host: $(nproc) CPUs, $(uname -m)"
-if command -v nvidia-smi >/dev/null; then
-    say "- GPU: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
-fi
+device_header "simkit MuJoCo Warp check"
 
 if [ "$mode" = gpu ]; then
     PY=python3
@@ -82,15 +49,7 @@ if [ "$mode" = gpu ]; then
         echo "missing build/wheels or build/warp/SHA256SUMS" >&2
         exit 2
     fi
-    run "install the wheels (${#wheels[@]}) and the project" 120 bash -c "
-        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target $site ${wheels[*]} &&
-        { PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . ||
-          PYTHONPATH=$site $PY -m pip install -q --no-index --no-deps --no-build-isolation \
-              --break-system-packages -e .; }" || {
-        echo "install failed: see $report" >&2
-        exit 1
-    }
+    install_wheels "$site" "${wheels[@]}"
     missing=()
     while read -r sum name; do
         if ! echo "$sum  build/warp/$name" | sha256sum -c --quiet - >/dev/null 2>&1; then
@@ -104,7 +63,7 @@ if [ "$mode" = gpu ]; then
         exit 0
     fi
     # shellcheck disable=SC2046
-    run "unpack warp-lang's GPU part" 120 bash -c \
+    step "unpack warp-lang's GPU part" 120 bash -c \
         "cat $(awk '{print "build/warp/" $2}' build/warp/SHA256SUMS | tr '\n' ' ') | xz -dc | tar -x -C $site" ||
         exit 1
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
@@ -118,7 +77,7 @@ else
 fi
 say "- $($PY -c 'import torch, warp, mujoco_warp; print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}, warp {warp.__version__}, mujoco_warp {mujoco_warp.__version__}")' 2>&1 | tail -1)"
 
-run "MuJoCo Warp tests (${tests[*]})" 240 $PY -m pytest -q -p no:cacheprovider -rs \
+step "MuJoCo Warp tests (${tests[*]})" 240 $PY -m pytest -q -p no:cacheprovider -rs \
     "${tests[@]}" tests/test_batch_mjwarp.py
 left=$((deadline - ($(date +%s) - start)))
 if [ "$left" -ge 60 ]; then

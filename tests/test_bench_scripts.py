@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,11 +85,21 @@ def test_the_sac_bench_measures_the_default_placement_first(
 
 
 @pytest.mark.parametrize(
-    "script", ["device_check.sh", "fetch_device_wheels.sh", "device_mjwarp.sh"]
+    "script", ["device_check.sh", "fetch_device_wheels.sh", "device_mjwarp.sh", "_device_common.sh"]
 )
 def test_the_device_scripts_parse(script: str) -> None:
     done = subprocess.run(["bash", "-n", str(ROOT / "bench" / script)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.mark.parametrize("script", ["device_check.sh", "device_mjwarp.sh"])
+def test_the_device_checks_share_their_helpers(script: str) -> None:
+    """Both checks source bench/_device_common.sh and define none of its helpers again
+    (copies of them had drifted apart)."""
+    text = (ROOT / "bench" / script).read_text()
+    assert "source bench/_device_common.sh" in text
+    for name in ("device_mode", "say", "device_header", "step", "run", "install_wheels"):
+        assert re.search(rf"^\s*{name}\(\)", text, re.MULTILINE) is None, name
 
 
 def test_the_device_check_refuses_an_unknown_option(tmp_path: Path) -> None:
