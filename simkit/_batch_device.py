@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from simkit._batch_queue import LazyRows
+from simkit._batch_queue import LazyRows, RefusedRows
 
 __all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
 
@@ -92,21 +92,15 @@ class DeviceDraws:
         return pair[0] + pair[1] * u
 
 
-class NoStepDraws(Sequence[Any]):
+class NoStepDraws(RefusedRows[Any]):
     """What a step hook receives as ``rngs`` in a device-resident step: the streams live
     on the device there, so a draw raises instead of reading stale host streams."""
 
-    def __init__(self, n: int) -> None:
-        self._n = n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, k: Any) -> Any:
-        raise RuntimeError(
-            "a device-resident step_batch() keeps the streams on the device: step hooks "
-            "cannot draw from rngs there (draw in the reset hooks)"
-        )
+    error = RuntimeError
+    message = (
+        "a device-resident step_batch() keeps the streams on the device: step hooks "
+        "cannot draw from rngs there (draw in the reset hooks)"
+    )
 
     def random(self, *args: Any, **kwargs: Any) -> Any:
         return self[0]

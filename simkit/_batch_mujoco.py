@@ -38,6 +38,7 @@ import numpy as np
 
 from simkit._batch import BatchEnv, PendingStep
 from simkit._batch_mjwarp import MjWarpPhysics
+from simkit._batch_queue import RefusedRows
 from simkit._mujoco import (  # first: says what MUJOCO_GL lacks if MuJoCo will not load
     PHYSICS_STATE,
     ModelField,
@@ -499,21 +500,15 @@ class BatchMujocoEnv(BatchEnv):
         self._stepper = self._pool = None
 
 
-class _NoDatas(Sequence[mujoco.MjData]):
+class _NoDatas(RefusedRows[mujoco.MjData]):
     """``self.datas`` of the ``"mjwarp"`` backend: N instances, none with an ``MjData``
     (the worlds live in MuJoCo Warp); reading one says what to use instead."""
 
-    def __init__(self, n: int) -> None:
-        self._n = n
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, index: Any) -> Any:
-        raise TypeError(
-            "backend='mjwarp' keeps the worlds in MuJoCo Warp, not in per-instance MjData: "
-            "set the start state with set_qpos_qvel(ids, qpos, qvel) and read self.batch"
-        )
+    error = TypeError
+    message = (
+        "backend='mjwarp' keeps the worlds in MuJoCo Warp, not in per-instance MjData: "
+        "set the start state with set_qpos_qvel(ids, qpos, qvel) and read self.batch"
+    )
 
 
 def resolve_backend(backend: Backend, device: Any) -> Backend:

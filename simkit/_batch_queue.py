@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from simkit.errors import ResetNeeded
 
 _Row = TypeVar("_Row")
 
-__all__ = ["BatchQueue", "PendingStep", "RowInfos"]
+__all__ = ["BatchQueue", "PendingStep", "RefusedRows", "RowInfos"]
 
 
 class BatchQueue:
@@ -242,6 +242,23 @@ class LazyRows(Sequence[_Row]):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class RefusedRows(Sequence[_Row]):
+    """A sequence of ``n`` rows that are not there to read: indexing raises the class's
+    ``error`` with its ``message``, which says what to use instead."""
+
+    error: ClassVar[type[Exception]]
+    message: ClassVar[str]
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, k: Any) -> Any:
+        raise self.error(self.message)
 
 
 class RowInfos(LazyRows[dict[str, Any]]):
