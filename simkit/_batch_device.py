@@ -18,12 +18,14 @@ brought up to date only when a host-side operation needs them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from simkit._batch_queue import LazyRows, RefusedRows
+from simkit.randomization import Params
 
 __all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
 
@@ -109,6 +111,7 @@ class NoStepDraws(RefusedRows[Any]):
         return self[0]
 
 
+@dataclass(eq=False, repr=False)
 class DeviceRowInfos(LazyRows[dict[str, Any]]):
     """The per-row infos of a device-resident step, built on first read: the author's
     step infos, plus ``{"reset_info": {"params": ...}}`` on the rows that ended.
@@ -116,22 +119,22 @@ class DeviceRowInfos(LazyRows[dict[str, Any]]):
     Reading any row copies the step's flags and new parameters to the host (the one
     host synchronisation of reading infos); a step whose infos are never read costs
     nothing here.
+
+    Args:
+        n: the number of rows.
+        base: the author's step infos, or ``None`` for empty ones.
+        done: ``(n,)`` device bool, the rows that ended.
+        new_params: ``(n, m)`` device values of their next episodes' parameters, or
+            ``None``.
+        row_of: row ``k`` and its values to the next episode's parameters.
     """
 
-    def __init__(
-        self,
-        n: int,
-        base: Sequence[dict[str, Any]] | None,
-        done: Any,
-        new_params: Any,
-        row: Any,
-    ) -> None:
-        self._n = n
-        self._base = base
-        self._done = done
-        self._new_params = new_params
-        self._row_of = row
-        self._rows: dict[int, dict[str, Any]] | None = None
+    _n: int
+    _base: Sequence[dict[str, Any]] | None
+    _done: Any
+    _new_params: Any
+    _row_of: Callable[[int, Any], Params]
+    _rows: dict[int, dict[str, Any]] | None = field(default=None, init=False)
 
     def _build(self) -> dict[int, dict[str, Any]]:
         if self._rows is None:
