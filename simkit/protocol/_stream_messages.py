@@ -10,7 +10,7 @@ Every message is an ordinary :class:`~simkit.protocol.Message` through the codec
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -146,20 +146,8 @@ class StreamConfig:
     client: str = ""
 
     def to_plain(self) -> dict[str, Any]:
-        """The ``stream_open`` body."""
-        return {
-            "model": self.model,
-            "num_envs": self.num_envs,
-            "seed": self.seed,
-            "env_offset": self.env_offset,
-            "fragment_length": self.fragment_length,
-            "mode": self.mode,
-            "env_id": self.env_id,
-            "env_kwargs": self.env_kwargs,
-            "device": self.device,
-            "with_states": self.with_states,
-            "client": self.client,
-        }
+        """The ``stream_open`` body: every field, in declaration order."""
+        return asdict(self)
 
     @classmethod
     def from_plain(cls, body: Mapping[str, Any]) -> StreamConfig:
