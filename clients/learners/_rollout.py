@@ -13,7 +13,7 @@ import torch
 
 from simkit._kernels import pinned_vars
 from simkit.clients.learners._device_source import DeviceSource
-from simkit.clients.learners._local_source import LocalSource
+from simkit.clients.learners._local_source import LocalSource, SourceKeywords
 from simkit.clients.learners._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
 
@@ -101,6 +101,10 @@ class RolloutPlan:
     device_loop: torch.device | None = None
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
+    def source_keywords(self) -> SourceKeywords:
+        """What every kind of source is given: ``num_envs``, ``num_steps``, ``seed``."""
+        return SourceKeywords(num_envs=self.num_envs, num_steps=self.num_steps, seed=self.seed)
+
 
 def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
     """Opens the fragment source ``plan`` asks for; on error nothing is left running.
@@ -116,11 +120,9 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
             DeviceSource(
                 p.env_id,
                 model,
-                num_envs=p.num_envs,
-                num_steps=p.num_steps,
-                seed=p.seed,
                 device=p.device_loop,
                 env_kwargs=p.env_kwargs,
+                **p.source_keywords(),
             )
         )
     if p.ray is None and not p.servers and not p.connect:
@@ -128,12 +130,10 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
             LocalSource(
                 p.env_id,
                 model,
-                num_envs=p.num_envs,
-                num_steps=p.num_steps,
-                seed=p.seed,
                 mode=p.mode,
                 num_threads=p.env_threads,
                 env_kwargs=p.env_kwargs,
+                **p.source_keywords(),
             )
         )
     if p.env_kwargs:
@@ -162,9 +162,6 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
             endpoints,
             p.spec,
             env_id=p.env_id,
-            num_envs=p.num_envs,
-            num_steps=p.num_steps,
-            seed=p.seed,
             mode=p.mode,
             max_lag=p.max_lag,
             timeout=p.server_timeout,
@@ -173,6 +170,7 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
             give_up=p.give_up,
             curve=None if launched is None else launched.curve,
             locate=None if launched is None else _relocator(launched, p.logdir),
+            **p.source_keywords(),
         )
     except BaseException:
         stop_servers(procs)

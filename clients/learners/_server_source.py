@@ -17,12 +17,17 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from simkit._types import Fragment
-from simkit.clients.learners._local_source import NO_ENV_STATES_LINE, no_snapshots_line
+from simkit.clients.learners._local_source import (
+    NO_ENV_STATES_LINE,
+    SourceKeywords,
+    no_snapshots_line,
+    source_keywords,
+)
 from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
 from simkit.clients.remote._stream import PolicyStream
 from simkit.errors import ServerStartFailed
@@ -55,8 +60,7 @@ class ServerSource:
     Args:
         endpoints: the servers.
         spec: the policy's model spec (the servers build it).
-        env_id, num_envs, num_steps, seed, mode, max_lag: as :class:`PolicyStream`
-            (``num_envs`` slots in total, split over the servers).
+        env_id, mode, max_lag: as :class:`PolicyStream`.
         timeout: seconds a server may stay silent before it counts as dead.
         report: called with a line for a person when a server is lost.
         wait_for_servers: supervise: wait until a lost server is back on the same
@@ -66,6 +70,8 @@ class ServerSource:
         curve: CURVE keys for servers that require them.
         locate: supervise: ``locate(endpoint)`` waits until the server lost at
             ``endpoint`` runs again and returns where (raises if it never will).
+        keywords: ``num_envs`` (slots in total, split over the servers), ``num_steps``
+            and ``seed`` (:class:`~simkit.clients.learners._local_source.SourceKeywords`).
     """
 
     def __init__(
@@ -74,9 +80,6 @@ class ServerSource:
         spec: ModelSpec,
         *,
         env_id: str,
-        num_envs: int,
-        num_steps: int,
-        seed: int,
         mode: str = "sync",
         max_lag: int = 1,
         timeout: float = 30.0,
@@ -85,7 +88,9 @@ class ServerSource:
         give_up: Callable[[], bool] = lambda: False,
         curve: CurveKeys | None = None,
         locate: Callable[[str], str] | None = None,
+        **keywords: Unpack[SourceKeywords],
     ) -> None:
+        num_envs, num_steps, seed = source_keywords(type(self), keywords)
         self.stream = PolicyStream(
             list(endpoints),
             spec,
