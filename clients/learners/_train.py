@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -127,6 +128,7 @@ def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
     return out
 
 
+@dataclass(eq=False)
 class PPOPart:
     """PPO's part of a :class:`~simkit.clients.learners._run.Run` (the :class:`Algorithm`
     protocol): the :class:`~simkit.clients.learners.ppo.PPO` learner over a model built from
@@ -140,16 +142,14 @@ class PPOPart:
     round_name = "update"
     default_servers = DEFAULT_SERVERS
 
-    def __init__(
-        self, args: PPOArgs, *, checkpoint_every: int = 10, checkpoint_minutes: float = 0.0
-    ) -> None:
-        self.args = args
-        self.checkpoint_every = checkpoint_every
-        self.checkpoint_minutes = checkpoint_minutes
-        self._model: ActorCritic | None = None
-        self._learner: PPO | None = None
-        self._ckpt_at = 0.0
-        self.times: dict[str, float] = {}
+    args: PPOArgs
+    _: KW_ONLY
+    checkpoint_every: int = 10
+    checkpoint_minutes: float = 0.0
+    _model: ActorCritic | None = field(default=None, init=False)
+    _learner: PPO | None = field(default=None, init=False)
+    _ckpt_at: float = field(default=0.0, init=False)
+    times: dict[str, float] = field(default_factory=dict, init=False)
 
     @classmethod
     def from_namespace(cls, args: PPOArgs, ns: Any, given: Sequence[str]) -> PPOPart:
