@@ -33,7 +33,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +42,6 @@ from gymnasium import spaces
 from simkit._batch import BatchEnv
 from simkit._noise import SlotNoise, TorchSlotNoise
 from simkit._types import Fragment, FragmentShape
-from simkit.clients.learners._local_source import SourceKeywords, source_keywords
 from simkit.models import ActorCritic
 from simkit.registry import EnvKind, make, spec
 
@@ -215,8 +214,9 @@ class DeviceSource:
             pushed weights.
         device: where the env, the policy and the fragments live.
         env_kwargs: more constructor arguments of the env (``backend="mjwarp"``).
-        keywords: ``num_envs``, ``num_steps`` and ``seed``
-            (:class:`~simkit.clients.learners._local_source.SourceKeywords`).
+        num_envs: env slots (``N``).
+        num_steps: ``T``, steps per fragment.
+        seed: root seed of the env and of the sampling noise.
 
     Raises:
         ValueError: the env cannot run on the device, or ``num_steps`` < 1.
@@ -229,11 +229,12 @@ class DeviceSource:
         env_id: str,
         model: ActorCritic,
         *,
+        num_envs: int,
+        num_steps: int,
+        seed: int,
         device: torch.device,
         env_kwargs: Mapping[str, Any] | None = None,
-        **keywords: Unpack[SourceKeywords],
     ) -> None:
-        num_envs, num_steps, seed = source_keywords(type(self), keywords)
         why = device_loop_support(env_id)
         if why is not None:
             raise ValueError(f"the device loop cannot run {env_id}: {why}")

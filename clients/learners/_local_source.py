@@ -24,7 +24,7 @@ import queue
 import sys
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import Any, Protocol, TypedDict
 
 import torch
 
@@ -45,7 +45,6 @@ __all__ = [
     "no_snapshots_line",
     "NO_ENV_STATES_LINE",
     "SourceKeywords",
-    "source_keywords",
 ]
 
 NO_ENV_STATES_LINE = (
@@ -70,10 +69,10 @@ def no_snapshots_line(not_exact: str, *, supervised: bool) -> str:
 
 
 class SourceKeywords(TypedDict):
-    """The keywords every fragment source's constructor takes (:class:`LocalSource`,
-    :class:`~simkit.clients.learners._device_source.DeviceSource`,
+    """The keywords every fragment source's constructor takes beside its own
+    (:class:`LocalSource`, :class:`~simkit.clients.learners._device_source.DeviceSource`,
     :class:`~simkit.clients.learners._server_source.ServerSource`): what a run asks of
-    its rollout, whichever kind."""
+    its rollout, whichever kind (``RolloutPlan.source_keywords()``)."""
 
     num_envs: int
     """``N``, env slots."""
@@ -82,23 +81,6 @@ class SourceKeywords(TypedDict):
     seed: int
     """Root seed of the envs and of the sampling noise (keyed by ``(seed, slot, step)``
     in every source)."""
-
-
-def source_keywords(owner: type, given: SourceKeywords) -> tuple[int, int, int]:
-    """``(num_envs, num_steps, seed)`` of the ``**keywords`` that ``owner``'s
-    constructor got, refused as Python refuses a call with a keyword missing or unknown.
-
-    Raises:
-        TypeError: naming ``owner`` and the keywords.
-    """
-    names = list(SourceKeywords.__annotations__)
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise TypeError(f"{owner.__name__}() got unexpected keyword arguments {unknown}")
-    missing = [name for name in names if name not in given]
-    if missing:
-        raise TypeError(f"{owner.__name__}() is missing the keyword arguments {missing}")
-    return given["num_envs"], given["num_steps"], given["seed"]
 
 
 class FragmentSource(Protocol):
@@ -140,6 +122,9 @@ class LocalSource:
     Args:
         env_id: a simkit id (single-agent, multi-agent or batch) or ``gym:<id>``.
         model: the policy; the source keeps its own copy and only reads pushed weights.
+        num_envs: env slots.
+        num_steps: ``T``, steps per fragment.
+        seed: root seed of the envs and of the sampling noise.
         mode: ``"sync"`` or ``"async"``.
         prefetch: async only, fragments rolled out ahead of the learner.
         num_threads: env stepping threads (MuJoCo releases the GIL).
@@ -151,7 +136,6 @@ class LocalSource:
             synchronisation per step, the forward as a CUDA graph; docs/server.md), and
             gives that session's fragments.
         env_kwargs: more constructor arguments of the envs.
-        keywords: ``num_envs``, ``num_steps`` and ``seed`` (:class:`SourceKeywords`).
     """
 
     def __init__(
@@ -159,15 +143,16 @@ class LocalSource:
         env_id: str,
         model: ActorCritic,
         *,
+        num_envs: int,
+        num_steps: int,
+        seed: int,
         mode: str = "sync",
         prefetch: int = 1,
         num_threads: int = 1,
         lean: bool = True,
         device: torch.device | str | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
-        **keywords: Unpack[SourceKeywords],
     ) -> None:
-        num_envs, num_steps, seed = source_keywords(type(self), keywords)
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
         if num_steps < 1:

@@ -17,16 +17,14 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Unpack
+from typing import Any
 
 import torch
 
 from simkit._types import Fragment
 from simkit.clients.learners._local_source import (
     NO_ENV_STATES_LINE,
-    SourceKeywords,
     no_snapshots_line,
-    source_keywords,
 )
 from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
 from simkit.clients.remote._stream import PolicyStream
@@ -70,8 +68,9 @@ class ServerSource:
         curve: CURVE keys for servers that require them.
         locate: supervise: ``locate(endpoint)`` waits until the server lost at
             ``endpoint`` runs again and returns where (raises if it never will).
-        keywords: ``num_envs`` (slots in total, split over the servers), ``num_steps``
-            and ``seed`` (:class:`~simkit.clients.learners._local_source.SourceKeywords`).
+        num_envs: env slots in total, split over the servers.
+        num_steps: ``T``, steps per fragment.
+        seed: root seed of the envs and of the sampling noise.
     """
 
     def __init__(
@@ -80,6 +79,9 @@ class ServerSource:
         spec: ModelSpec,
         *,
         env_id: str,
+        num_envs: int,
+        num_steps: int,
+        seed: int,
         mode: str = "sync",
         max_lag: int = 1,
         timeout: float = 30.0,
@@ -88,9 +90,7 @@ class ServerSource:
         give_up: Callable[[], bool] = lambda: False,
         curve: CurveKeys | None = None,
         locate: Callable[[str], str] | None = None,
-        **keywords: Unpack[SourceKeywords],
     ) -> None:
-        num_envs, num_steps, seed = source_keywords(type(self), keywords)
         self.stream = PolicyStream(
             list(endpoints),
             spec,
