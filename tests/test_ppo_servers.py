@@ -177,6 +177,29 @@ def test_killed_server_is_reported_and_the_run_goes_on(
     assert r.updates == 20
 
 
+def test_spawned_servers_build_their_envs_with_env_kwargs() -> None:
+    """``simkit train --servers N --env-kwarg KEY=VALUE``: the servers it starts get the
+    flags (each value as JSON) and build their envs with them (before, they were
+    refused); a value JSON cannot carry is refused naming the key."""
+    from simkit.clients import RemoteVectorEnv
+
+    kwargs = {"max_episode_steps": 2, "params": {"gravity": 9.5}}
+    procs, endpoints = spawn_servers("simkit/CartPole-v0", 1, env_kwargs=kwargs)
+    try:
+        env = RemoteVectorEnv(endpoints, timeout=10.0)
+        try:
+            env.reset(seed=0)
+            env.step(env.action_space.sample())
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            assert (terminated | truncated).all()
+        finally:
+            env.close()
+    finally:
+        stop_servers(procs)
+    with pytest.raises(ValueError, match=r"env_kwargs\['model'\] must be JSON.*got object"):
+        spawn_servers("simkit/CartPole-v0", 1, env_kwargs={"model": object()})
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -196,6 +196,29 @@ def test_the_rounding_of_total_steps_is_said_up_front_and_the_summary_names_the_
     assert f"  recording: {runnable('simkit')} replay {rec} --verify" in captured.out
 
 
+def test_train_record_into_an_existing_recording_is_refused_unless_resuming(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new run does not add its episodes to another run's recording (as ``simkit
+    record`` without --append); the run that wrote it goes on there on --resume."""
+    from simkit.recording import RecordingReader
+
+    rec, run = tmp_path / "rec", tmp_path / "run"
+    assert _train(run, "--total-steps", "512", "--record", str(rec)) == 0
+    episodes = len(RecordingReader(rec))
+    assert episodes > 0
+    capsys.readouterr()
+    assert _train(tmp_path / "other", "--total-steps", "512", "--record", str(rec)) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"simkit train: --record {rec} already holds a recording ({episodes} episodes); "
+        "choose another DIR, or --resume the run that wrote it (its episodes go on there)"
+    ]
+    assert len(RecordingReader(rec)) == episodes
+    resume = ["train", "simkit/CartPole-v0", "--resume", str(run), "--total-steps", "1024"]
+    assert main([*resume, "--record", str(rec), "--no-progress"]) == 0
+    assert len(RecordingReader(rec)) > episodes
+
+
 def _interrupted(algo: str, logdir: Path, *, stop_early: bool, resume: bool = False) -> None:
     """A small run of ``algo`` stopped early (``stop_early``: fewer than 20 episodes
     before its end), or to its end; ``resume`` continues the run in ``logdir``."""
@@ -282,8 +305,9 @@ def test_env_kwargs_reach_an_in_process_rollout_and_its_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--env-kwarg KEY=VALUE`` (``simkit serve``'s flag and parser) builds the envs
-    of an in-process rollout, is kept in the checkpoint and comes back on --resume;
-    servers build their own envs, so there it is refused in one line."""
+    of an in-process rollout and of the servers the run starts, is kept in the
+    checkpoint and comes back on --resume; a --connect server builds its own envs, so
+    there it is refused in one line."""
     flags = ["--env-kwarg", "max_episode_steps=3", "--env-kwarg", "name=x"]
     assert _settings_of("simkit/CartPole-v0", *flags).env_kwargs == {
         "max_episode_steps": 3,
@@ -293,8 +317,15 @@ def test_env_kwargs_reach_an_in_process_rollout_and_its_checkpoint(
         _settings_of("simkit/CartPole-v0", "--env-kwarg", "oops")
     run = ["train", "simkit/CartPole-v0", "--num-envs", "2", "--num-steps", "8"]
     run += ["--num-minibatches", "2", "--no-progress", "--logdir", str(tmp_path)]
-    assert main([*run, "--servers", "1", *flags[:2], "--total-steps", "16"]) == 2
-    assert "rollout servers build their own" in capsys.readouterr().err
+    dead = f"ipc://{tmp_path}/nobody.sock"
+    assert main([*run, "--connect", dead, *flags[:2], "--total-steps", "16"]) == 2
+    assert "a --connect server builds its own (simkit serve --env-kwarg)" in (
+        capsys.readouterr().err
+    )
+    served = tmp_path / "served"
+    served_run = [*run[:-1], str(served), "--servers", "1", *flags[:2]]
+    assert main([*served_run, "--total-steps", "16"]) == 0
+    assert load_checkpoint(served).state["args"]["env_kwargs"] == {"max_episode_steps": 3}
     assert main([*run, "--servers", "0", *flags[:2], "--total-steps", "16"]) == 0
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.state["args"]["env_kwargs"] == {"max_episode_steps": 3}

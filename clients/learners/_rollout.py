@@ -136,10 +136,11 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
                 **p.source_keywords(),
             )
         )
-    if p.env_kwargs:
+    if p.env_kwargs and p.connect:
         raise ValueError(
-            "--env-kwarg sets the envs of an in-process rollout (--servers 0); rollout "
-            "servers build their own (simkit serve --env-kwarg)"
+            "--env-kwarg sets the envs of the rollouts simkit train starts (in process, "
+            "--servers, --ray); a --connect server builds its own (simkit serve "
+            f"--env-kwarg), got --connect {list(p.connect)}"
         )
     return _server_rollout(p)
 
@@ -155,7 +156,9 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
         launched = _launch_on_ray(p, p.ray)
         endpoints += launched.endpoints
     elif p.servers:
-        procs, spawned = spawn_servers(p.env_id, p.servers, num_threads=p.env_threads)
+        procs, spawned = spawn_servers(
+            p.env_id, p.servers, num_threads=p.env_threads, env_kwargs=p.env_kwargs
+        )
         endpoints += spawned
     try:
         source = ServerSource(
@@ -208,6 +211,7 @@ def _launch_on_ray(p: RolloutPlan, ray: str) -> Any:
         fragment_length=p.num_steps,
         heartbeat_timeout=max(60.0, 4 * p.server_timeout),
         env_vars=pinned_vars(),
+        env_kwargs=dict(p.env_kwargs),
     )
     p.logdir.mkdir(parents=True, exist_ok=True)
     launched.write_prometheus_targets(p.logdir / "prometheus_targets.json")

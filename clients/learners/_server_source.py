@@ -11,12 +11,13 @@ loopback ports and :func:`stop_servers` shuts them down.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -377,10 +378,12 @@ def spawn_servers(
     *,
     num_threads: int = 1,
     binds: Sequence[str] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[subprocess.Popen[str]], list[str]]:
     """Starts ``count`` local ``simkit serve ENV --policy`` processes; returns them and their endpoints.
 
-    ``binds`` gives each server's bind address (default: a free loopback port each).
+    ``binds`` gives each server's bind address (default: a free loopback port each);
+    ``env_kwargs`` the constructor arguments of their envs (each ``--env-kwarg KEY=JSON``).
 
     Raises:
         ServerStartFailed: a server did not start (its output is in the message).
@@ -404,6 +407,7 @@ def spawn_servers(
                     "tcp://127.0.0.1:*" if binds is None else binds[k],
                     "--num-threads",
                     str(num_threads),
+                    *_env_kwarg_flags(env_kwargs or {}),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -420,6 +424,26 @@ def spawn_servers(
         stop_servers(procs)
         raise
     return procs, endpoints
+
+
+def _env_kwarg_flags(env_kwargs: Mapping[str, Any]) -> list[str]:
+    """``simkit serve``'s ``--env-kwarg KEY=VALUE`` flags for ``env_kwargs``, each value
+    as JSON (what ``parse_env_kwargs`` reads back to the same value).
+
+    Raises:
+        ValueError: a value JSON cannot carry.
+    """
+    flags: list[str] = []
+    for key, value in env_kwargs.items():
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"env_kwargs[{key!r}] must be JSON (a rollout server reads it from its "
+                f"command line), got {type(value).__name__}: {value!r}"
+            ) from exc
+        flags += ["--env-kwarg", f"{key}={text}"]
+    return flags
 
 
 def _started_endpoint(proc: subprocess.Popen[str], env_id: str) -> str:

@@ -51,7 +51,8 @@ _HELP: dict[str, str] = {
     "cuda_graph": "on a CUDA --device, replay the learner's step as a CUDA graph (off: the "
     "same step eagerly, same bits; no effect on the CPU)",
     "device": "the learner's torch device for the update: cpu, cuda[:k] or auto",
-    "env_kwargs": "constructor argument of the envs of an in-process rollout (--servers 0), "
+    "env_kwargs": "constructor argument of the envs of the rollouts the run starts (in "
+    "process, --servers, --ray; not --connect), "
     "VALUE as JSON or else a string (repeatable; e.g. backend=mjwarp; on --resume the "
     "checkpoint's)",
     "device_loop": "the whole loop on --device (a batch env with device-resident steps, "
@@ -454,6 +455,18 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
+    if ns.record is not None and not ns.resume:
+        from simkit.recording._cli import _existing_recording
+
+        held = _existing_recording(Path(ns.record))
+        if held is not None:
+            print(
+                f"simkit train: --record {ns.record} already holds a recording ({held}); "
+                "choose another DIR, or --resume the run that wrote it (its episodes go on "
+                "there)",
+                file=sys.stderr,
+            )
+            return 2
     logdir = _logdir(ns, args)
     try:
         locks.append(claim_logdir(logdir, ns.resume))
