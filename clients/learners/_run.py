@@ -135,6 +135,10 @@ class TrainResult:
     rollout: str = ""
     """Where the rollout ran (:func:`~simkit.clients.learners._rollout.describe_source`: the
     device loop and its device, in process on the host, or rollout servers)."""
+    device: str = ""
+    """The learner's device, and for ``--device auto`` what it was picked by
+    (:meth:`~simkit.clients.learners._device_pick.DevicePick.describe`: each candidate's
+    update step time and the samples it took)."""
 
 
 @dataclass
@@ -251,6 +255,12 @@ class Algorithm(Protocol):
         """The policy's :class:`~simkit.models.ModelSpec` (what servers build)."""
         ...
 
+    def picked_device(self) -> Any:
+        """The learner's device and why: a
+        :class:`~simkit.clients.learners._device_pick.DevicePick` made in :meth:`build`
+        (``--device auto`` probes the update there)."""
+        ...
+
     def loop_device(self, servers: int, options: RunOptions) -> Any:
         """The device the whole loop runs on (``--device-loop``: a
         :class:`~simkit.clients.learners._device_source.DeviceSource`), or None for the other
@@ -342,6 +352,8 @@ class Run:
         self.start_step = 0
         self.stop = StopRequest(after=f"after this {part.round_name}")
         self._view: Any = None
+        self.device = ""
+        """:attr:`TrainResult.device`: the learner's device and why."""
 
     # ------------------------------------------------------------------ start
 
@@ -446,6 +458,7 @@ class Run:
             trim_progress(self.logdir / "progress.jsonl", done)
         set_compute_threads(part.args.torch_threads)
         model = part.build(ckpt)
+        self._say_device()
         recorder = open_recorder(options.record, part.args.env_id, part.args.seed)
         try:
             rollout = self.open_source(model, ckpt)
@@ -474,6 +487,14 @@ class Run:
                 recorder.close()
             self.stop.restore()
         return self._result()
+
+    def _say_device(self) -> None:
+        """Keeps the learner's device for the result; for ``--device auto``, one stderr
+        line saying what the probe picked and by what figures."""
+        pick = self.part.picked_device()
+        self.device = pick.describe()
+        if pick.asked == "auto":
+            print(f"simkit train: --device auto: {self.device}", file=sys.stderr)
 
     def _learn(self, ckpt: Checkpoint | None, recorder: Any) -> None:
         """The loop under the run's outputs: TensorBoard, metrics, the progress line,
@@ -541,6 +562,7 @@ class Run:
             record=None if self.options.record is None else Path(self.options.record),
             not_exact=self.source.not_exact,
             rollout=describe_source(self.source),
+            device=self.device,
             **part.result(),
         )
 

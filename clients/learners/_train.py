@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from simkit._contract import EnvKind
-from simkit.clients.learners._args import DEFAULT_SERVERS, resolve_device
+from simkit.clients.learners._args import DEFAULT_SERVERS
 from simkit.clients.learners._checkpoint import (
     Checkpoint,
     check_optimizer,
@@ -29,6 +29,7 @@ from simkit.clients.learners._checkpoint import (
     checkpoint_args,
     load_policy,
 )
+from simkit.clients.learners._device_pick import DevicePick, pick_device, ppo_probe
 from simkit.clients.learners._device_source import use_device_loop
 from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent, make_vector
 from simkit.clients.learners._loop import Rounds
@@ -148,6 +149,7 @@ class PPOPart:
     checkpoint_minutes: float = 0.0
     _model: ActorCritic | None = field(default=None, init=False)
     _learner: PPO | None = field(default=None, init=False)
+    _pick: DevicePick | None = field(default=None, init=False)
     _ckpt_at: float = field(default=0.0, init=False)
     times: dict[str, float] = field(default_factory=dict, init=False)
 
@@ -190,13 +192,21 @@ class PPOPart:
         self.args.check()
 
     def build(self, ckpt: Checkpoint | None) -> ActorCritic:
-        """The model of ``args`` (the checkpoint's weights on resume)."""
-        model = build_model(self.args)
+        """The model of ``args`` (the checkpoint's weights on resume), and the learner's
+        device (``--device auto``: probed on copies of it, :func:`pick_device`)."""
+        args = self.args
+        model = build_model(args)
         if ckpt is not None:
             check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())
             model.load_state_dict(ckpt.model)
         self._model = model
+        self._pick = pick_device(args.device, lambda: ppo_probe(args, model, _rows(args)))
         return model
+
+    def picked_device(self) -> DevicePick:
+        """The learner's device and why (once :meth:`build` ed)."""
+        assert self._pick is not None
+        return self._pick
 
     def spec(self) -> ModelSpec:
         """The policy's spec (what servers build)."""
@@ -208,14 +218,14 @@ class PPOPart:
         return self.args.max_lag
 
     def loop_device(self, servers: int, options: RunOptions) -> torch.device | None:
-        """``args.device`` where the run rolls out in the device loop
+        """The learner's device (:meth:`picked_device`) where the run rolls out in the device loop
         (:func:`~simkit.clients.learners._device_source.use_device_loop`), else None.
 
         Raises:
             ValueError: ``--device-loop on`` and the run cannot (one line, why).
         """
         args = self.args
-        device = resolve_device(args.device)
+        device = self.picked_device().device
         use = use_device_loop(
             env_id=args.env_id,
             choice=args.device_loop,
@@ -233,7 +243,9 @@ class PPOPart:
         """The learner over the source's rows; on resume its checkpointed state."""
         assert self._model is not None
         args = self.args
-        learner = self._learner = PPO(args, self._model, source.num_rows)
+        learner = self._learner = PPO(
+            args, self._model, source.num_rows, device=self.picked_device().device
+        )
         batch = args.num_steps * source.num_rows
         if args.total_steps % batch and ckpt is None:
             per_row = " (one per (env, agent) row)" if source.num_rows != args.num_envs else ""

@@ -607,6 +607,7 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo", *, console: A
     sac = algo == "sac"
     rows = [
         *((("rollout", r.rollout),) if r.rollout else ()),
+        *((("device", r.device),) if r.device else ()),
         ("env steps", f"{r.global_step:,}"),
         ("gradient steps" if sac else "updates (policy version)", str(r.updates)),
         ("wall time", f"{r.elapsed_s:.1f} s"),

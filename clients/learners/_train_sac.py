@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from simkit.clients.learners._args import SACArgs, resolve_device
+from simkit.clients.learners._args import SACArgs
 from simkit.clients.learners._checkpoint import Checkpoint, check_optimizer, checkpoint_args
+from simkit.clients.learners._device_pick import DevicePick, pick_device, sac_probe
 from simkit.clients.learners._local_source import (
     GYM_PREFIX,
     LocalSource,
@@ -220,6 +221,7 @@ class SACPart:
     buffer_from: str | Path | None = None
     _learner: SAC | None = field(default=None, init=False)
     _buffer: ReplayBuffer | None = field(default=None, init=False)
+    _pick: DevicePick | None = field(default=None, init=False)
     learning: tuple[float, int] | None = field(default=None, init=False)
     _window: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque(maxlen=64), init=False
@@ -271,10 +273,12 @@ class SACPart:
         self.obs_space, self.act_space = check_env(self.args.env_id)
 
     def build(self, ckpt: Checkpoint | None) -> ActorCritic:
-        """The actor, the learner and the buffer (restored on resume)."""
+        """The actor, the learner (on ``--device``; ``auto``: probed on copies,
+        :func:`pick_device`) and the buffer (restored on resume)."""
         args = self.args
-        device = resolve_device(args.device)
         model = build_actor(args)
+        self._pick = pick_device(args.device, lambda: sac_probe(args, model))
+        device = self._pick.device
         learner = self._learner = SAC(args, model, device)
         need = ReplayBuffer.describe_needed(
             args.buffer_size, self.obs_space.shape, self.act_space.shape
@@ -322,6 +326,11 @@ class SACPart:
         )
         check_buffer_actions(ckpt.extra[REPLAY_FILE], buffer, act_space)
         return buffer
+
+    def picked_device(self) -> DevicePick:
+        """The learner's device and why (once :meth:`build` ed)."""
+        assert self._pick is not None
+        return self._pick
 
     def spec(self) -> ModelSpec:
         """The servable actor's spec."""

@@ -358,11 +358,21 @@ class PPO:
         args: hyperparameters.
         model: the policy, updated in place.
         rows_per_update: policy rows (env slots x agents) one update consumes.
+        device: where the update runs (a run's ``--device auto`` pick:
+            :mod:`~simkit.clients.learners._device_pick`); None: ``args.device``
+            (:func:`resolve_device`: ``auto`` is CUDA where available, unprobed).
     """
 
-    def __init__(self, args: PPOArgs, model: ActorCritic, rows_per_update: int) -> None:
+    def __init__(
+        self,
+        args: PPOArgs,
+        model: ActorCritic,
+        rows_per_update: int,
+        *,
+        device: torch.device | None = None,
+    ) -> None:
         self.args = args
-        self.device = resolve_device(args.device)
+        self.device = resolve_device(args.device) if device is None else device
         self.model = model.to(self.device)
         self.rows_per_update = rows_per_update
         self.optimizer = torch.optim.Adam(
