@@ -9,6 +9,8 @@
 #   3. runs issue 27's GPU main job (simkit train simkit/BatchCartPole-v0 --device cuda
 #      --device-loop on, 4096 envs, 3 seeds: seconds to a mean return of 475, steps/s) and
 #      bench/gpu_check.py (GPU and CPU of the same machine, same run);
+#   3b. runs --device auto's probe over a sweep of sizes (bench/bench_device_pick.py: the
+#      update step's ms on the CPU and on CUDA, and what auto picks: where the GPU pays);
 #   4. trains once per learner with --device cuda and with --device cpu: PPO on
 #      simkit/Cheetah-v0 (64 envs x 64 steps, in process) and SAC on gym:Pendulum-v1,
 #      and tabulates each run's steps/s, wall time and time split.
@@ -85,6 +87,11 @@ else
 fi
 step "main job on the device: bench/bench_device_loop.py --main-job ${main_args[*]}" 150 \
     $PY bench/bench_device_loop.py --main-job "${main_args[@]}"
+
+# --device auto's probe over batch and model sizes: where the GPU pays for the update.
+if [ "$mode" = gpu ]; then pick_args=(); else pick_args=(--quick); fi
+step "--device auto's probe: bench/bench_device_pick.py ${pick_args[*]}" 45 \
+    $PY bench/bench_device_pick.py "${pick_args[@]}"
 
 left=$((deadline - 120 - ($(date +%s) - start))) # the trainings keep 2 minutes
 if [ "$left" -ge 30 ]; then

@@ -171,5 +171,6 @@ def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
         "| PPO simkit/Cheetah-v0, 64 envs x 64 steps, 4096 steps",
         "| SAC gym:Pendulum-v1, 300 steps (200 random)",
     ]
-    assert report.count("`: exit ") == 4  # the CUDA tests, the main job, two trainings
-    assert report.count("`: exit 0, ") == 4
+    assert "| PPO minibatch step, 64x64 | 64 | " in report  # --device auto's probe sweep
+    assert report.count("`: exit ") == 5  # the CUDA tests, the main job, the probe, two trainings
+    assert report.count("`: exit 0, ") == 5
