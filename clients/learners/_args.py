@@ -182,9 +182,10 @@ class PPOArgs(_Plain):
     """``torch.compile`` the minibatch loss (forward and backward): a one-off compile,
     then a cheaper update; deterministic run to run, but not bit-equal to eager."""
     device: str = "cpu"
-    """The learner's torch device for the update: ``cpu``, ``cuda[:k]`` or ``auto``
-    (``cuda`` where available, else ``cpu``). The rollout keeps its own device, except
-    in the device loop (``device_loop``)."""
+    """The learner's torch device for the update: ``cpu``, ``cuda[:k]`` or ``auto`` (a
+    run times its update step on the CPU and CUDA and keeps the faster; the CPU, unprobed,
+    where there is no CUDA: :mod:`~simkit.clients.learners._device_pick`). The rollout
+    keeps its own device, except in the device loop (``device_loop``)."""
     device_loop: str = "auto"
     """The whole loop on ``device`` (env, noise, policy, fragments, GAE, update:
     :class:`~simkit.clients.learners._device_source.DeviceSource`): ``on`` (a batch env with
@@ -261,6 +262,7 @@ class SACArgs(_Plain):
     env_threads: int = 1
     torch_threads: int = 1
     device: str = "cpu"
+    """As :attr:`PPOArgs.device` (``auto`` times SAC's gradient step at ``batch_size``)."""
     cuda_graph: bool = True
     """As :attr:`PPOArgs.cuda_graph`: SAC's gradient step as a CUDA graph on CUDA."""
 
@@ -293,7 +295,8 @@ class SACArgs(_Plain):
 
 
 def resolve_device(name: str) -> torch.device:
-    """``torch.device`` of a ``--device`` value (``auto``: ``cuda`` where available).
+    """``torch.device`` of a ``--device`` value (``auto``: ``cuda`` where available,
+    unprobed; a run probes instead: :func:`~simkit.clients.learners._device_pick.pick_device`).
 
     Raises:
         ValueError: not a torch device, or CUDA asked for where there is none.

@@ -50,7 +50,8 @@ _HELP: dict[str, str] = {
     "compile": "torch.compile the minibatch loss (a one-off compile, then a cheaper update)",
     "cuda_graph": "on a CUDA --device, replay the learner's step as a CUDA graph (off: the "
     "same step eagerly, same bits; no effect on the CPU)",
-    "device": "the learner's torch device for the update: cpu, cuda[:k] or auto",
+    "device": "the learner's torch device for the update: cpu, cuda[:k] or auto (the faster "
+    "of the CPU and CUDA for this run's update step, timed at start; the CPU without CUDA)",
     "env_kwargs": "constructor argument of the envs of the rollouts the run starts (in "
     "process, --servers, --ray; not --connect), "
     "VALUE as JSON or else a string (repeatable; e.g. backend=mjwarp; on --resume the "
