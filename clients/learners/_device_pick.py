@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -117,6 +118,9 @@ def pick_device(asked: str, prober: Callable[[], tuple[Probe, int]]) -> DevicePi
                 seconds[str(device)] = probe(device)
             except (RuntimeError, MemoryError) as exc:  # e.g. CUDA out of memory
                 failed[str(device)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    gc.collect()  # the probes' learners (a CUDA graph's memory pool among them) go now
+    if cuda:
+        torch.cuda.empty_cache()
     if not seconds:
         raise RuntimeError(f"--device auto: no device could run the update ({failed})")
     best = min(seconds, key=lambda d: seconds[d])  # dicts keep order: the CPU wins a tie
