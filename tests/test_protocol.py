@@ -128,6 +128,15 @@ def test_big_endian_input_goes_out_little_endian() -> None:
     assert out.tolist() == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("name", DTYPES)
+def test_decoded_arrays_have_the_native_dtype_so_asarray_keeps_them(name: str) -> None:
+    # Every step reply's env_ids go through np.asarray(..., dtype=np.int64) on the
+    # client: a decoded array must come back as itself, not as a fresh view.
+    out = decode(encode(Message("x", arrays={"a": np.zeros(3, dtype=name)}))).arrays["a"]
+    assert out.dtype == np.dtype(name)
+    assert np.asarray(out, dtype=np.dtype(name)) is out
+
+
 def test_object_arrays_cannot_be_sent() -> None:
     with pytest.raises(InvalidDtype, match="off the whitelist"):
         encode(Message("x", arrays={"a": np.array([object()])}))

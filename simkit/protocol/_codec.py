@@ -358,8 +358,13 @@ def _decode_array(
     return name, arr, frame_index
 
 
-_WIRE_DTYPES: dict[str, np.dtype[Any]] = {n: np.dtype(n).newbyteorder("<") for n in DTYPES}
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
+_WIRE_DTYPES: dict[str, np.dtype[Any]] = {
+    n: np.dtype(n).newbyteorder("<") if _BIG_ENDIAN_HOST else np.dtype(n) for n in DTYPES
+}
+"""Wire names to the dtype arrays are read with: on a little-endian host numpy's own
+(native) dtype objects, so ``np.asarray(arr, dtype=...)`` of a decoded array is the
+array itself rather than a fresh view (an equal but distinct ``<`` dtype forces one)."""
 _LE_WIRE_NAMES: dict[np.dtype[Any], str] = (
     {} if _BIG_ENDIAN_HOST else {np.dtype(n): n for n in DTYPES}
 )
