@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -1056,6 +1057,31 @@ def test_writer_release_is_called_once_the_episode_is_written_or_not(tmp_path: P
             writer.write(good[0], release=lambda: released.append("closed"))
         assert released == ["good", "bad", "closed"]
         released.clear()
+
+
+def test_an_interrupt_before_the_hand_over_leaves_the_on_disk_count_true(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C between a write's count and its hand-over to the writer thread (it flaked
+    ``simkit record``'s "N complete episodes kept", 496 said for 497 on disk):
+    :attr:`episodes_on_disk` counts what a reader finds, whatever the interrupt hit."""
+    good = list(RecordingReader(_seeded(tmp_path / "src")))
+    with RecordingWriter(tmp_path / "rec", background=True) as writer:
+        assert writer._queue is not None
+        put, calls = writer._queue.put, []
+
+        def interrupted_once(item: Any, *args: Any, **kwargs: Any) -> None:
+            calls.append(item)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            put(item, *args, **kwargs)
+
+        writer._queue.put = interrupted_once  # type: ignore[method-assign]
+        for ep in (*good, good[0]):
+            with contextlib.suppress(KeyboardInterrupt):
+                writer.write(ep)
+    assert writer.episodes_written == 3
+    assert writer.episodes_on_disk == len(RecordingReader(tmp_path / "rec")) == 2
 
 
 def test_a_short_writev_is_completed_and_the_frame_reads_back(

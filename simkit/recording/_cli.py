@@ -138,7 +138,7 @@ def _record_run(args: argparse.Namespace) -> int:
         return 1
     if interrupted:
         print(
-            f"simkit record: interrupted; {env.writer.episodes_written} complete episodes "
+            f"simkit record: interrupted; {env.writer.episodes_on_disk} complete episodes "
             f"kept in {args.out}",
             file=sys.stderr,
         )

@@ -211,6 +211,10 @@ class RecordingWriter:
         self._size = 0
         self.episodes_written = 0
         """Episodes given to :meth:`write` (on disk once :meth:`flush` returns)."""
+        self.episodes_on_disk = 0
+        """Episodes whose frames are written whole (after :meth:`close`, what a reader
+        finds; an interrupt between a :meth:`write` and its hand-over to the writer
+        thread counts in :attr:`episodes_written` only)."""
         self.bytes_written = 0
         """Bytes of the frames written to disk so far."""
         self._closed = False
@@ -326,6 +330,7 @@ class RecordingWriter:
         self._frames.append((self._size, size, meta))
         self._size += size
         self.bytes_written += size
+        self.episodes_on_disk += 1
         if self._size >= self.max_chunk_bytes:
             self._close_chunk()
 
