@@ -20,7 +20,19 @@ from typing import Any, cast
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-__all__ = ["Peer", "PeerWatch", "quota_used"]
+__all__ = ["Peer", "PeerWatch", "quota_used", "readable"]
+
+_POLLIN = int(zmq.POLLIN)
+
+
+def readable(sock: zmq.Socket[Any]) -> bool:
+    """Whether ``sock`` holds a message that a non-blocking receive gets (never blocks).
+
+    What the serving loop asks on every pass, instead of a receive that raises
+    ``zmq.Again`` (an exception per pass); ``&`` with a plain int, as ``zmq.POLLIN``
+    is an enum flag whose ``&`` builds a new member each time.
+    """
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & _POLLIN)
 
 
 @dataclass(frozen=True)
@@ -87,7 +99,7 @@ class PeerWatch:
         """Descriptors of the connections that closed since the last call (never blocks)."""
         fds: list[int] = []
         monitor = self.monitor
-        while cast(int, monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while readable(monitor):
             event = parse_monitor_message(monitor.recv_multipart())
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 fds.append(int(event["value"]))

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import zmq
@@ -49,7 +49,7 @@ from simkit.servers._host import (
     make_parallel_env_factory,
 )
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, give_back_memory
-from simkit.servers._peers import Peer, PeerWatch, quota_used
+from simkit.servers._peers import Peer, PeerWatch, quota_used, readable
 from simkit.servers._prometheus import Metrics
 from simkit.servers._recording import MultiAgentRecordingHost, RecordingHost, ServerRecorder
 from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
@@ -512,7 +512,7 @@ class RolloutServer:
         """Busy-polls the socket until ``until`` (a ``perf_counter`` time) for a request."""
         sock = self._sock
         while time.perf_counter() < until:
-            if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if readable(sock):
                 return True
         return False
 

@@ -24,7 +24,7 @@ from simkit.protocol import (
     message_bytes,
 )
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget
-from simkit.servers._peers import Peer, quota_used
+from simkit.servers._peers import Peer, quota_used, readable
 from simkit.servers._stream_metrics import StreamMetrics
 from simkit.servers._stream_settings import (
     TAG_DONE,
@@ -188,7 +188,7 @@ class StreamHost:
         """Sends everything the workers produced to the ROUTER; returns messages forwarded."""
         count = 0
         pull = self.pull
-        while True:
+        while readable(pull):
             try:
                 parts = pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -204,6 +204,7 @@ class StreamHost:
             except zmq.ZMQError as exc:  # the learner vanished or its queue is full
                 log.warning("dropping stream message to %s: %s", identity.hex(), exc)
             count += 1
+        return count
 
     def _drop(self, identity: bytes) -> None:
         worker = self.workers.get(identity)
