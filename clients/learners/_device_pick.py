@@ -32,7 +32,15 @@ from simkit.clients.learners.ppo import PPO
 from simkit.clients.learners.sac import SAC
 from simkit.models import ActorCritic
 
-__all__ = ["DevicePick", "candidates", "pick_device", "ppo_probe", "sac_probe", "PROBE_SEED"]
+__all__ = [
+    "DevicePick",
+    "PicksDevice",
+    "candidates",
+    "pick_device",
+    "ppo_probe",
+    "sac_probe",
+    "PROBE_SEED",
+]
 
 PROBE_SEED = 0x5EED
 """The seed of the probe's private generators (its synthetic data and its learners')."""
@@ -80,6 +88,19 @@ class DevicePick:
         versus = f" vs {', '.join(others)}" if others else ""
         mine = 1e3 * self.seconds[name]
         return f"{name} (update {mine:.1f} ms{versus} at {self.samples:,} samples)"
+
+
+class PicksDevice:
+    """A run part whose ``build`` picks its learner's device (:func:`pick_device`) and
+    keeps the pick in ``_pick`` (a dataclass field of the part)."""
+
+    _pick: DevicePick | None
+
+    def picked_device(self) -> DevicePick:
+        """The learner's device and why (once ``build`` has run)."""
+        if self._pick is None:
+            raise RuntimeError("picked_device() is known once build() has run")
+        return self._pick
 
 
 def candidates() -> list[torch.device]:

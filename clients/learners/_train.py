@@ -29,7 +29,12 @@ from simkit.clients.learners._checkpoint import (
     checkpoint_args,
     load_policy,
 )
-from simkit.clients.learners._device_pick import DevicePick, pick_device, ppo_probe
+from simkit.clients.learners._device_pick import (
+    DevicePick,
+    PicksDevice,
+    pick_device,
+    ppo_probe,
+)
 from simkit.clients.learners._device_source import use_device_loop
 from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent, make_vector
 from simkit.clients.learners._loop import Rounds
@@ -130,7 +135,7 @@ def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
 
 
 @dataclass(eq=False)
-class PPOPart:
+class PPOPart(PicksDevice):
     """PPO's part of a :class:`~simkit.clients.learners._run.Run` (the :class:`Algorithm`
     protocol): the :class:`~simkit.clients.learners.ppo.PPO` learner over a model built from
     ``args``, its checkpoint (``update-NNNNNNNN``: model, optimizer, counters, reward
@@ -202,11 +207,6 @@ class PPOPart:
         self._model = model
         self._pick = pick_device(args.device, lambda: ppo_probe(args, model, _rows(args)))
         return model
-
-    def picked_device(self) -> DevicePick:
-        """The learner's device and why (once :meth:`build` ed)."""
-        assert self._pick is not None
-        return self._pick
 
     def spec(self) -> ModelSpec:
         """The policy's spec (what servers build)."""

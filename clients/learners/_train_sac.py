@@ -24,7 +24,12 @@ from gymnasium import spaces
 
 from simkit.clients.learners._args import SACArgs
 from simkit.clients.learners._checkpoint import Checkpoint, check_optimizer, checkpoint_args
-from simkit.clients.learners._device_pick import DevicePick, pick_device, sac_probe
+from simkit.clients.learners._device_pick import (
+    DevicePick,
+    PicksDevice,
+    pick_device,
+    sac_probe,
+)
 from simkit.clients.learners._local_source import (
     GYM_PREFIX,
     LocalSource,
@@ -194,7 +199,7 @@ def fill_from_recording(
 
 
 @dataclass(eq=False)
-class SACPart:
+class SACPart(PicksDevice):
     """SAC's part of a :class:`~simkit.clients.learners._run.Run` (the :class:`Algorithm`
     protocol): the :class:`~simkit.clients.learners.sac.SAC` learner and its replay buffer
     (stated before it is allocated; from the checkpoint on resume, or filled from
@@ -326,11 +331,6 @@ class SACPart:
         )
         check_buffer_actions(ckpt.extra[REPLAY_FILE], buffer, act_space)
         return buffer
-
-    def picked_device(self) -> DevicePick:
-        """The learner's device and why (once :meth:`build` ed)."""
-        assert self._pick is not None
-        return self._pick
 
     def spec(self) -> ModelSpec:
         """The servable actor's spec."""
