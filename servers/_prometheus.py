@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -35,6 +35,9 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     1.0,
 )
 """Upper bounds (seconds) of the request latency histogram."""
+
+_KINDS_KEPT = 32
+"""Request kinds whose metric children :meth:`Metrics.observe` keeps at hand."""
 
 
 class Metrics(MetricSet):
@@ -63,16 +66,24 @@ class Metrics(MetricSet):
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
         self._latencies: deque[float] = deque(maxlen=4096)
+        self._by_kind: dict[str, tuple[Counter, Histogram]] = {}
         self.registry.register(_Derived(self))
 
     def observe(
         self, kind: str, seconds: float, *, steps: int = 0, error: str | None = None
     ) -> None:
         """Records one handled request."""
-        self._requests.labels(kind).inc()
+        # ``labels()`` validates, locks and builds a key on every call: the children of
+        # the first kinds seen are kept (a client can name any kind, so not all).
+        children = self._by_kind.get(kind)
+        if children is None:
+            children = (self._requests.labels(kind), self._latency.labels(kind))
+            if len(self._by_kind) < _KINDS_KEPT:
+                self._by_kind[kind] = children
+        children[0].inc()
         if error is not None:
             self._errors.labels(error).inc()
-        self._latency.labels(kind).observe(seconds)
+        children[1].observe(seconds)
         now = time.monotonic()
         with self._lock:
             self._latencies.append(seconds)
