@@ -134,6 +134,18 @@ def test_next_step_mode_equals_local(serve: Any) -> None:
         local.close()
 
 
+def test_a_reply_for_other_envs_than_sent_is_refused(serve: Any) -> None:
+    remote = RemoteVectorEnv(serve("simkit/CartPole-v0", 2, 0), timeout=10)
+    try:
+        remote.reset(seed=0)
+        remote.send(np.zeros(1, dtype=np.int64), env_ids=[0])
+        remote._inflight[0][0] = np.array([1], dtype=np.int64)  # as if env 1 had been sent
+        with pytest.raises(RuntimeError, match=r"answered for envs \[0\], expected \[1\]"):
+            remote.recv()
+    finally:
+        remote.close()
+
+
 def test_send_recv_overlap_and_env_ids(serve: Any) -> None:
     """EnvPool-style halves in flight at once equal one full step of a local vector."""
     endpoints = [serve("simkit/CartPole-v0", 3, 0), serve("simkit/CartPole-v0", 3, 1)]

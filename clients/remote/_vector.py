@@ -8,10 +8,9 @@ learner overlap its own work (or a second half of the envs) with the servers' st
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
-from typing import Any, Unpack
+from collections.abc import Sequence
+from typing import Any, Literal, Unpack
 
 import gymnasium as gym
 import numpy as np
@@ -55,6 +54,36 @@ def _put(space: spaces.Space[Any], out: Any, index: Any, value: Any) -> Any:
         return out
     out[index] = value
     return out
+
+
+def _same_ids(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether two id arrays are equal; a few ids compare as lists (cheaper than numpy's
+    elementwise compare and reduction, once per reply)."""
+    if got.shape != want.shape:
+        return False
+    if got.size <= 64:
+        return bool(got.tolist() == want.tolist())
+    return bool((got == want).all())
+
+
+class _LossGuard:
+    """:meth:`RemoteVectorEnv._guard`: a plain class, as a ``contextlib`` generator costs
+    a few microseconds per request."""
+
+    def __init__(self, vector: RemoteVectorEnv) -> None:
+        self._vector = vector
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> Literal[False]:
+        if isinstance(exc, ServerUnavailable):
+            self._vector._broken = True
+        elif isinstance(exc, RemoteError) and exc.remote_code == "session_state":
+            self._vector._broken = True  # the server dropped our session
+        return False
 
 
 def _unless_all(ids: np.ndarray, everyone: np.ndarray) -> np.ndarray | None:
@@ -181,18 +210,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._all_ids = np.arange(sum(self._sizes), dtype=np.int64)
         self._all_ids.flags.writeable = False
 
-    @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
+    def _guard(self) -> _LossGuard:
         """Marks this vector broken when a request inside loses its connection or session."""
-        try:
-            yield
-        except ServerUnavailable:
-            self._broken = True
-            raise
-        except RemoteError as exc:
-            if exc.remote_code == "session_state":  # the server dropped our session
-                self._broken = True
-            raise
+        return _LossGuard(self)
 
     @property
     def server_infos(self) -> list[ServerInfo]:
@@ -397,7 +417,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         global_ids = np.asarray(step.env_ids, dtype=np.int64)
         if offset:
             global_ids = global_ids + offset
-        if global_ids.shape != ids.shape or not (global_ids == ids).all():
+        if not _same_ids(global_ids, ids):
             raise RuntimeError(
                 f"server {conn.endpoint} answered for envs {global_ids.tolist()}, "
                 f"expected {ids.tolist()}"
