@@ -363,3 +363,25 @@ def test_requests_waiting_for_a_stream_worker_are_bounded() -> None:
         host.workers.clear()
         host.close()
         ctx.term()
+
+
+def test_unknown_request_kinds_share_one_metrics_label(server: RolloutServer) -> None:
+    """A client names any kind it likes: error replies to made-up kinds are counted as
+    ``unknown``, so a hostile client cannot grow the server's metrics without bound
+    (before, each kind became its own ``simkit_requests`` label)."""
+    from simkit.protocol import Message, decode, encode
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(server.endpoint)
+    try:
+        for k in range(50):
+            sock.send_multipart(encode(Message(kind=f"made-up-{k}", id=k + 1)))
+            assert sock.poll(5000), "no reply"
+            assert decode(sock.recv_multipart()).kind == "error"
+    finally:
+        sock.close()
+    requests = server.metrics.requests
+    assert not [kind for kind in requests if kind.startswith("made-up")], requests
+    assert requests["unknown"] >= 50
