@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from simkit._metrics import MetricSet, counter, counts_by_label, gauge, histogram, value_of
+from simkit.protocol import REQUEST_KINDS, STREAM_KINDS
 
 __all__ = ["Metrics", "LATENCY_BUCKETS"]
 
@@ -36,8 +37,9 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 )
 """Upper bounds (seconds) of the request latency histogram."""
 
-_KINDS_KEPT = 32
-"""Request kinds whose metric children :meth:`Metrics.observe` keeps at hand."""
+_KNOWN_KINDS = frozenset(REQUEST_KINDS) | frozenset(STREAM_KINDS)
+"""The request kinds labelled by name; any other counts as ``unknown`` (a client picks
+the kind of an erroneous request, so a label per kind would grow without bound)."""
 
 
 class Metrics(MetricSet):
@@ -73,12 +75,14 @@ class Metrics(MetricSet):
         self, kind: str, seconds: float, *, steps: int = 0, error: str | None = None
     ) -> None:
         """Records one handled request."""
-        # ``labels()`` validates, locks and builds a key on every call: the children of
-        # the first kinds seen are kept (a client can name any kind, so not all).
+        # ``labels()`` validates, locks and builds a key on every call: each kind's
+        # children are kept (the kinds are bounded: :data:`_KNOWN_KINDS` and unknown).
         children = self._by_kind.get(kind)
         if children is None:
+            if kind not in _KNOWN_KINDS:
+                kind = "unknown"
             children = (self._requests.labels(kind), self._latency.labels(kind))
-            if len(self._by_kind) < _KINDS_KEPT:
+            if kind != "unknown":
                 self._by_kind[kind] = children
         children[0].inc()
         if error is not None:

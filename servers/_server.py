@@ -24,8 +24,6 @@ from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
     ENV_KIND_SINGLE,
     INLINE_THRESHOLD,
-    REQUEST_KINDS,
-    STREAM_KINDS,
     Busy,
     Limits,
     Message,
@@ -97,9 +95,6 @@ RECV_HWM = 8
 """Messages ZeroMQ reads ahead from one connection before it stops reading it."""
 LARGE_REQUEST_BYTES = 1 << 20
 """A request this large makes the server give freed memory back at its next sweep."""
-_KNOWN_KINDS = frozenset(REQUEST_KINDS) | frozenset(STREAM_KINDS)
-"""The request kinds the metrics label by name; any other an error reply names counts
-as ``unknown`` (a client picks the kind, so a label per kind would grow without bound)."""
 
 
 def _within_budget(limits: Limits, max_memory: int) -> Limits:
@@ -697,8 +692,6 @@ class RolloutServer:
         that order, so a client that scrapes after its reply sees its request counted)."""
         if reply.kind == "error":
             kind, error = reply.body.get("request_kind") or "unknown", reply.body.get("code")
-            if kind not in _KNOWN_KINDS:  # a client names any kind: the label set is ours
-                kind = "unknown"
         else:
             kind, error = reply.kind, None
         self.metrics.observe(kind, time.perf_counter() - start, steps=steps, error=error)
