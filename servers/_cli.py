@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,7 +23,7 @@ from simkit.errors import SimkitError
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes
 from simkit.servers._server import BUSY_POLL_US, RolloutServer
 
-__all__ = ["add_serve_arguments", "run_serve", "main", "parse_env_kwargs"]
+__all__ = ["add_serve_arguments", "env_kwarg_flags", "run_serve", "main", "parse_env_kwargs"]
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -206,6 +206,26 @@ def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             kwargs[key.strip()] = raw
     return kwargs
+
+
+def env_kwarg_flags(env_kwargs: Mapping[str, Any]) -> list[str]:
+    """``simkit serve``'s ``--env-kwarg KEY=VALUE`` flags for ``env_kwargs``, each value
+    as JSON (what :func:`parse_env_kwargs` reads back to the same value).
+
+    Raises:
+        ValueError: a value JSON cannot carry.
+    """
+    flags: list[str] = []
+    for key, value in env_kwargs.items():
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"env_kwargs[{key!r}] must be JSON (a rollout server reads it from its "
+                f"command line), got {type(value).__name__}: {value!r}"
+            ) from exc
+        flags += ["--env-kwarg", f"{key}={text}"]
+    return flags
 
 
 def _client_keys(paths: Sequence[Path]) -> list[bytes]:

@@ -486,7 +486,7 @@ def test_busy_polling_spins_for_its_window_then_sleeps(tmp_path: Path, connect: 
 
 
 def test_env_kwargs_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from simkit.servers._cli import main, parse_env_kwargs
+    from simkit.servers._cli import env_kwarg_flags, main, parse_env_kwargs
 
     assert parse_env_kwargs(["max_episode_steps=500", "name=abc", 'params={"gravity": 9.0}']) == {
         "max_episode_steps": 500,
@@ -495,6 +495,8 @@ def test_env_kwargs_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFi
     }
     with pytest.raises(ValueError, match="--env-kwarg takes KEY=VALUE, got 'oops'"):
         parse_env_kwargs(["oops"])
+    kwargs = {"max_episode_steps": 5, "name": "a=b", "params": {"gravity": 9.0}, "x": None}
+    assert parse_env_kwargs(env_kwarg_flags(kwargs)[1::2]) == kwargs
     bind = f"ipc://{tmp_path}/kw.sock"
     assert main(["simkit/CartPole-v0", "--bind", bind, "--env-kwarg", "no_such_arg=1"]) == 2
     assert "no_such_arg" in capsys.readouterr().err

@@ -11,7 +11,6 @@ loopback ports and :func:`stop_servers` shuts them down.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from simkit.errors import ServerStartFailed
 from simkit.models import ModelSpec
 from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
 from simkit.servers import PARENT_ENV
+from simkit.servers._cli import env_kwarg_flags
 
 __all__ = ["ServerSource", "spawn_servers", "stop_servers"]
 
@@ -407,7 +407,7 @@ def spawn_servers(
                     "tcp://127.0.0.1:*" if binds is None else binds[k],
                     "--num-threads",
                     str(num_threads),
-                    *_env_kwarg_flags(env_kwargs or {}),
+                    *env_kwarg_flags(env_kwargs or {}),
                 ],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -424,26 +424,6 @@ def spawn_servers(
         stop_servers(procs)
         raise
     return procs, endpoints
-
-
-def _env_kwarg_flags(env_kwargs: Mapping[str, Any]) -> list[str]:
-    """``simkit serve``'s ``--env-kwarg KEY=VALUE`` flags for ``env_kwargs``, each value
-    as JSON (what ``parse_env_kwargs`` reads back to the same value).
-
-    Raises:
-        ValueError: a value JSON cannot carry.
-    """
-    flags: list[str] = []
-    for key, value in env_kwargs.items():
-        try:
-            text = json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"env_kwargs[{key!r}] must be JSON (a rollout server reads it from its "
-                f"command line), got {type(value).__name__}: {value!r}"
-            ) from exc
-        flags += ["--env-kwarg", f"{key}={text}"]
-    return flags
 
 
 def _started_endpoint(proc: subprocess.Popen[str], env_id: str) -> str:
