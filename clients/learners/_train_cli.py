@@ -457,9 +457,9 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
     if ns.record is not None and not ns.resume:
-        from simkit.recording._cli import _existing_recording
+        from simkit.recording._cli import existing_recording
 
-        held = _existing_recording(Path(ns.record))
+        held = existing_recording(Path(ns.record))
         if held is not None:
             print(
                 f"simkit train: --record {ns.record} already holds a recording ({held}); "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COMMANDS", "export_minari", "render_episode"]
+__all__ = ["COMMANDS", "existing_recording", "export_minari", "render_episode"]
 
 
 def _record_configure(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _existing_recording(out: Path) -> str | None:
+def existing_recording(out: Path) -> str | None:
     """What ``out`` already holds, in words (``"3 episodes"``), or None when it holds no
     recording."""
     from simkit.errors import SimkitError
@@ -72,7 +72,7 @@ def _record_run(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < 2**63:
         print(f"simkit record: --seed must be in [0, 2**63), got {args.seed}", file=sys.stderr)
         return 2
-    held = None if args.append else _existing_recording(Path(args.out))
+    held = None if args.append else existing_recording(Path(args.out))
     if held is not None:
         print(
             f"simkit record: --out {args.out} already holds a recording ({held}); add "
