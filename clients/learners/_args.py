@@ -148,8 +148,9 @@ class PPOArgs(_Plain):
     env_id: str = "simkit/CartPole-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """More constructor arguments of the envs (``--env-kwarg KEY=VALUE``, e.g.
-    ``backend="mjwarp"``), for a rollout in the learner's process (``--servers 0``);
-    recorded in checkpoints, so a resume builds the same envs."""
+    ``backend="mjwarp"``), for the rollouts the run starts (in process, ``--servers``,
+    ``--ray``; not ``--connect``); recorded in checkpoints, so a resume builds the same
+    envs."""
     seed: int = 1
     total_steps: int = 1_000_000
     """env steps (rows x steps) to train for; 0 trains until stopped (no lr annealing)."""
