@@ -55,6 +55,15 @@ def _add_session_options(parser: argparse.ArgumentParser) -> None:
         "(repeatable; e.g. max_episode_steps=500)",
     )
     parser.add_argument(
+        "--allow-env",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="another env id a --policy learner may ask for, built with its registered "
+        "defaults (repeatable). A learner gets ENV with --env-kwarg, or an id named here, "
+        "nothing else: no peer chooses what code this server imports",
+    )
+    parser.add_argument(
         "--num-threads",
         type=int,
         default=1,
@@ -302,6 +311,7 @@ def run_serve(args: argparse.Namespace) -> int:
             fragment_length=args.fragment_length,
             double_buffer=args.double_buffer,
             record=args.record,
+            allow_envs=args.allow_env,
         )
     except (ValueError, TypeError, KeyError, ImportError, SimkitError) as exc:
         print(f"simkit serve: {exc}", file=sys.stderr)

@@ -39,6 +39,7 @@ from simkit.protocol import (
     is_keepalive,
     message_bytes,
 )
+from simkit.registry import spec
 from simkit.servers._batch_host import BatchEnvHost
 from simkit.servers._host import (
     EnvListHost,
@@ -267,6 +268,9 @@ class RolloutServer:
             docs/server.md, "Policy serving"). The fragments are the same bits.
         record: a recording directory: every step session's episodes are recorded
             there (docs/recording.md, "Recording a server"); multi-agent env ids too.
+        allow_envs: env ids besides ``env_id`` that a stream session may ask for, each
+            built with its registered defaults. No other id, and no kwargs but
+            ``env_kwargs``, is ever built for a peer (docs/server.md, "Trust").
 
     Raises:
         ValueError: a non-loopback bind without CURVE keys or ``insecure``.
@@ -299,6 +303,7 @@ class RolloutServer:
         fragment_length: int = 128,
         double_buffer: bool = False,
         record: str | os.PathLike[str] | None = None,
+        allow_envs: Iterable[str] = (),
     ) -> None:
         _check_counts(num_envs, num_threads, busy_poll_us, fragment_length)
         _check_exposure(bind, curve_secret_key, curve_allowed_clients, insecure)
@@ -317,6 +322,9 @@ class RolloutServer:
         self.insecure = insecure and not is_loopback(bind) and curve_secret_key is None
         self.num_threads = num_threads
         self.busy_poll_us = busy_poll_us
+        self.allow_envs = tuple(allow_envs)
+        for allowed in self.allow_envs:
+            spec(allowed)  # an unknown id fails here, at start, not in a peer's session
         self._init_envs(env_kwargs, record=record, policy=policy)
         self.recorder: ServerRecorder | None = (
             ServerRecorder(record, env_id, self._env_kwargs) if record is not None else None
@@ -446,6 +454,7 @@ class RolloutServer:
                 inline_threshold=self.inline_threshold,
                 server=f"simkit {__version__}",
                 double_buffer=double_buffer,
+                allowed_envs=self.allow_envs,
             )
             if policy
             else None

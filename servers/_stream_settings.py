@@ -6,10 +6,11 @@ a worker never imports its host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from simkit.protocol import Limits
+from simkit.protocol import EnvNotAllowed, Limits
 
 __all__ = ["StreamSettings", "TAG_FRAGMENT", "TAG_REPLY", "TAG_DONE"]
 
@@ -48,6 +49,8 @@ class StreamSettings:
         double_buffer: step a session's envs in two halves, one half's physics
             overlapping the policy's forward pass for the other, where the envs allow
             it (a BatchEnv with subset steps, an even number of env slots).
+        allowed_envs: env ids besides ``env_id`` that a learner may ask for (the
+            operator's ``--allow-env``), each built with its registered defaults.
     """
 
     env_id: str
@@ -66,3 +69,36 @@ class StreamSettings:
     max_model_layers: int = 64
     max_credit: int = 64
     double_buffer: bool = False
+    allowed_envs: tuple[str, ...] = ()
+
+    def admit_env(
+        self, env_id: str | None, env_kwargs: Mapping[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """The env a ``stream_open`` may build: ``env_id`` None is the served env as the
+        operator configured it; any other id must be the served one or an allowed one,
+        with exactly the kwargs the operator gave it. Checked before anything is
+        imported, so no peer chooses what code runs.
+
+        Raises:
+            EnvNotAllowed: the id or its kwargs are not the operator's.
+        """
+        if env_id is None:
+            return self.env_id, dict(self.env_kwargs)
+        if env_id == self.env_id:
+            allowed: dict[str, Any] = dict(self.env_kwargs)
+        elif env_id in self.allowed_envs:
+            allowed = {}
+        else:
+            raise EnvNotAllowed(
+                "this server builds only the envs its operator named",
+                expected=" or ".join([self.env_id, *self.allowed_envs]),
+                got=env_id[:200],
+            )
+        if dict(env_kwargs) != allowed:
+            raise EnvNotAllowed(
+                f"this server builds {env_id} only with the kwargs its operator gave it "
+                "(simkit serve ... --env-kwarg)",
+                expected=allowed,
+                got=str(dict(env_kwargs))[:200],
+            )
+        return env_id, allowed

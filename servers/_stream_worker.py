@@ -437,8 +437,7 @@ class StreamWorker(threading.Thread):
 
     def _build(self, config: StreamConfig) -> StreamInfo:
         s = self.settings
-        env_id = config.env_id or s.env_id
-        env_kwargs = config.env_kwargs if config.env_id else s.env_kwargs
+        env_id, env_kwargs = s.admit_env(config.env_id, config.env_kwargs)
         num_envs = config.num_envs or s.num_envs
         if num_envs > s.max_envs:
             raise InvalidField(

@@ -19,6 +19,7 @@ __all__ = [
     "RenderUnavailable",
     "MissingDependency",
     "UnknownEnv",
+    "UntrustedEnv",
     "ConformanceError",
     "UnknownModel",
     "InvalidWeights",
@@ -66,6 +67,12 @@ class UnknownEnv(SimkitError, KeyError):
     def __str__(self) -> str:
         # KeyError's str() adds quotes around the message; keep it readable.
         return str(self.args[0]) if self.args else ""
+
+
+class UntrustedEnv(UnknownEnv):
+    """An env id read from a file or sent by a peer names code to import (an unregistered
+    ``module:Class``, or ``gym:module:Id``) that the operator or user did not name; it
+    is refused before anything is imported."""
 
 
 class ConformanceError(SimkitError, AssertionError):

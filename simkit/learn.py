@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -170,14 +171,16 @@ class Policy:
         return f"Policy(env_id={self.env_id!r}, action_space={self.action_space})"
 
 
-def load_policy(path: str | Path, *, seed: int = 0) -> Policy:
+def load_policy(path: str | Path, *, seed: int = 0, trust: Collection[str] = ()) -> Policy:
     """The policy saved at ``path``: a run's log directory (its latest policy), its
     ``policy.safetensors`` or a checkpoint directory. ``seed`` seeds stochastic acting.
+    ``trust``: the ``package.module:Class`` env ids the file may name (an id read from
+    a file never imports code nobody named).
 
     Raises:
         simkit.errors.InvalidCheckpoint: ``path`` holds no valid policy.
     """
-    model, env_id = load_model(path)
+    model, env_id = load_model(path, trust=trust)
     return Policy(model, env_id, seed=seed)
 
 
@@ -188,10 +191,11 @@ def evaluate(
     seed: int = 0,
     render: str | Path | None = None,
     fps: int = 30,
+    trust: Collection[str] = (),
 ) -> np.ndarray:
     """Returns of ``episodes`` deterministic episodes of ``policy`` (a :class:`Policy` or a
-    path :func:`load_policy` reads) in its env, as ``simkit eval``; ``render`` also writes
-    a video of them (``.mp4``, ``.gif``).
+    path :func:`load_policy` reads, with ``trust``) in its env, as ``simkit eval``;
+    ``render`` also writes a video of them (``.mp4``, ``.gif``).
 
     Raises:
         ValueError: ``episodes`` or ``fps`` below 1; ``render`` of an env without frames.
@@ -200,7 +204,7 @@ def evaluate(
     for name, value in (("episodes", episodes), ("fps", fps)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    loaded = policy if isinstance(policy, Policy) else load_policy(policy)
+    loaded = policy if isinstance(policy, Policy) else load_policy(policy, trust=trust)
     return evaluate_model(
         loaded.model, loaded.env_id, episodes=episodes, seed=seed, render=render, fps=fps
     )

@@ -10,7 +10,7 @@ zero-argument function that calls :func:`register` itself.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -18,9 +18,22 @@ from typing import Any
 import gymnasium
 
 from simkit._contract import EnvKind
-from simkit.errors import UnknownEnv
+from simkit.errors import UnknownEnv, UntrustedEnv
 
-__all__ = ["EnvKind", "EnvSpec", "register", "make", "spec", "env_ids", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "EnvKind",
+    "EnvSpec",
+    "register",
+    "make",
+    "spec",
+    "env_ids",
+    "names_code",
+    "check_trusted",
+    "trusted_make",
+    "add_trust_argument",
+    "ENTRY_POINT_GROUP",
+    "MAX_ENV_ID_LENGTH",
+]
 
 ENTRY_POINT_GROUP = "simkit.envs"
 
@@ -161,8 +174,13 @@ def _gym_make(gym_id: str, **kwargs: Any) -> Any:
 
 def _class_spec(id: str) -> EnvSpec:
     """The spec of ``package.module:Class``: an env class used without registering it,
-    its kind read from its base class."""
+    its kind read from its base class. Anything but a class (``os:system``) is refused:
+    the id form names env classes, not arbitrary callables."""
     module_name, _, attr = id.partition(":")
+    if not module_name or not attr or not module_name.replace(".", "_").isidentifier():
+        raise UnknownEnv(
+            f"{id!r} is neither a registered id nor 'package.module:Class' (see simkit.env_ids())"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -173,12 +191,82 @@ def _class_spec(id: str) -> EnvSpec:
     constructor = getattr(module, attr, None)
     if constructor is None:
         raise UnknownEnv(f"{id!r}: module {module_name} has no {attr!r}")
+    if not isinstance(constructor, type):
+        raise UnknownEnv(
+            f"{id!r} is not an env class: {module_name}.{attr} is a "
+            f"{type(constructor).__name__}; 'package.module:Class' names a class (a factory "
+            "function is registered with simkit.register)"
+        )
     return EnvSpec(
         id=id,
         entry_point=constructor,
         kind=_kind_of(constructor),
         description=f"{id} (unregistered)",
     )
+
+
+MAX_ENV_ID_LENGTH = 256
+"""The longest env id accepted (registered, ``gym:`` or ``package.module:Class``)."""
+
+
+def names_code(id: str) -> bool:
+    """Whether building ``id`` imports a module that the id itself names: an unregistered
+    ``package.module:Class``, or ``gym:package.module:Id`` (Gymnasium imports the module
+    before it looks the id up). Registered ids and plain ``gym:<id>`` ids name only code
+    that installed packages registered, so they name none."""
+    if id.startswith(GYM_PREFIX):
+        return ":" in id[len(GYM_PREFIX) :]
+    if ":" not in id:
+        return False
+    _load_plugins()
+    return id not in _REGISTRY
+
+
+def check_trusted(id: str, trust: Collection[str] = (), *, source: str = "a file") -> None:
+    """Refuses, before anything is imported, an env id read from ``source`` (a file, a
+    peer) that names code (:func:`names_code`) nobody named in ``trust``.
+
+    An id from a recording, a policy file or a peer is data; only the person running
+    the command decides which modules it may import (``--trust ID`` on the command line,
+    ``trust=`` in Python, ``--allow-env ID`` for a server).
+
+    Raises:
+        TypeError: ``id`` is not a str.
+        UnknownEnv: ``id`` is empty or longer than :data:`MAX_ENV_ID_LENGTH`.
+        UntrustedEnv: ``id`` names code that ``trust`` does not name.
+    """
+    if not isinstance(id, str):
+        raise TypeError(f"env id must be a str, got {type(id).__name__}")
+    if not id or len(id) > MAX_ENV_ID_LENGTH:
+        raise UnknownEnv(
+            f"env id must be 1 to {MAX_ENV_ID_LENGTH} characters, got {len(id)} (from {source})"
+        )
+    if names_code(id) and id not in trust:
+        raise UntrustedEnv(
+            f"{source} names the env {id!r}, which would import code nobody named; "
+            f"refused before importing anything (to allow it, name it: --trust {id})"
+        )
+
+
+def add_trust_argument(parser: Any) -> None:
+    """The ``--trust ID`` flag (repeatable) of every command that builds envs from ids it
+    reads from a file: the ``package.module:Class`` ids it may import."""
+    parser.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a package.module:Class env id the file may name and this command may import "
+        "(repeatable); registered and gym: ids need none",
+    )
+
+
+def trusted_make(
+    id: str, trust: Collection[str] = (), *, source: str = "a file", **kwargs: Any
+) -> Any:
+    """:func:`make` of an id read from ``source``, after :func:`check_trusted`."""
+    check_trusted(id, trust, source=source)
+    return make(id, **kwargs)
 
 
 def spec(id: str) -> EnvSpec:
@@ -188,6 +276,10 @@ def spec(id: str) -> EnvSpec:
     Raises:
         UnknownEnv: ``id`` is not registered; the message lists close matches.
     """
+    if not isinstance(id, str):
+        raise TypeError(f"env id must be a str, got {type(id).__name__}")
+    if len(id) > MAX_ENV_ID_LENGTH:
+        raise UnknownEnv(f"env id must be at most {MAX_ENV_ID_LENGTH} characters, got {len(id)}")
     if id.startswith(GYM_PREFIX):
         return _gym_spec(id)
     _load_plugins()

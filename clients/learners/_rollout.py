@@ -136,12 +136,6 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
                 **p.source_keywords(),
             )
         )
-    if p.env_kwargs and p.connect:
-        raise ValueError(
-            "--env-kwarg sets the envs of the rollouts simkit train starts (in process, "
-            "--servers, --ray); a --connect server builds its own (simkit serve "
-            f"--env-kwarg), got --connect {list(p.connect)}"
-        )
     return _server_rollout(p)
 
 
@@ -165,6 +159,7 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
             endpoints,
             p.spec,
             env_id=p.env_id,
+            env_kwargs=p.env_kwargs,
             mode=p.mode,
             max_lag=p.max_lag,
             timeout=p.server_timeout,

@@ -59,7 +59,8 @@ class ServerSource:
     Args:
         endpoints: the servers.
         spec: the policy's model spec (the servers build it).
-        env_id, mode, max_lag: as :class:`PolicyStream`.
+        env_id, env_kwargs, mode, max_lag: as :class:`PolicyStream` (a server refuses
+            an env id or kwargs its operator did not give it).
         timeout: seconds a server may stay silent before it counts as dead.
         report: called with a line for a person when a server is lost.
         wait_for_servers: supervise: wait until a lost server is back on the same
@@ -83,6 +84,7 @@ class ServerSource:
         num_envs: int,
         num_steps: int,
         seed: int,
+        env_kwargs: Mapping[str, Any] | None = None,
         mode: str = "sync",
         max_lag: int = 1,
         timeout: float = 30.0,
@@ -101,6 +103,7 @@ class ServerSource:
             mode=mode,
             max_lag=max_lag,
             env_id=env_id,
+            env_kwargs=env_kwargs,
             timeout=timeout,
             curve=curve,
         )

@@ -12,7 +12,7 @@ after every update, checkpoints, the live progress line and returns a
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -45,7 +45,7 @@ from simkit.clients.learners.ppo import PPO, PPOArgs, PPORounds, UpdateStats, up
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
-from simkit.registry import make, spec
+from simkit.registry import check_trusted, make, spec
 from simkit.servers._stream_envs import make_env_rows
 from simkit.vector import MultiAgentVectorEnv
 
@@ -476,7 +476,9 @@ class EvalKeywords(TypedDict, total=False):
     on_frame: Callable[[int, int], None] | None
 
 
-def evaluate_policy(path: str | Path, **options: Unpack[EvalKeywords]) -> np.ndarray:
+def evaluate_policy(
+    path: str | Path, *, trust: Collection[str] = (), **options: Unpack[EvalKeywords]
+) -> np.ndarray:
     """Returns of ``episodes`` deterministic episodes of the policy at ``path``.
 
     ``path`` is a policy snapshot (``policy.safetensors``) or a checkpoint. For
@@ -498,13 +500,15 @@ def evaluate_policy(path: str | Path, **options: Unpack[EvalKeywords]) -> np.nda
         from simkit._optional import require
 
         require("imageio", extra="bench", purpose="simkit eval --render")
-    model, env_id = load_model(path)
+    model, env_id = load_model(path, trust=trust)
     return evaluate_model(model, env_id, **options)
 
 
-def load_model(path: str | Path) -> tuple[ActorCritic, str]:
+def load_model(path: str | Path, *, trust: Collection[str] = ()) -> tuple[ActorCritic, str]:
     """The model saved at ``path`` (a policy snapshot, a checkpoint, or a run's log directory:
-    its ``policy.safetensors``) and the id of the env it acts in.
+    its ``policy.safetensors``) and the id of the env it acts in. That id is data read
+    from the file: one naming code to import (``package.module:Class``) is refused
+    unless ``trust`` names it (:func:`simkit.registry.check_trusted`).
 
     Raises:
         InvalidCheckpoint: ``path`` holds no valid policy.
@@ -517,6 +521,7 @@ def load_model(path: str | Path) -> tuple[ActorCritic, str]:
     env_id = meta.get("env_id") if isinstance(meta, dict) else None
     if not isinstance(env_id, str):
         raise InvalidCheckpoint(f"{path}: the policy metadata names no env_id")
+    check_trusted(env_id, trust, source=str(path))
     obs_space, act_space = _spaces(env_id)
     try:
         spec = ModelSpec.from_plain(meta["model"])

@@ -26,8 +26,10 @@ from simkit.errors import (
     RenderUnavailable,
     ServersLost,
     ServerStartFailed,
+    UnknownEnv,
     WriteFailed,
 )
+from simkit.registry import add_trust_argument
 
 if TYPE_CHECKING:
     from simkit.clients.learners._train import TrainResult
@@ -670,6 +672,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fps", type=int, default=30, help="frames per second of --render (default: 30)"
     )
+    add_trust_argument(parser)
 
 
 def _render_progress(episodes: int) -> Callable[[int, int], None]:
@@ -715,8 +718,9 @@ def run_eval(ns: argparse.Namespace) -> int:
             render=ns.render,
             fps=ns.fps,
             on_frame=None if ns.render is None else _render_progress(ns.episodes),
+            trust=ns.trust,
         )
-    except InvalidCheckpoint as exc:
+    except (InvalidCheckpoint, UnknownEnv) as exc:
         print(f"simkit eval: {exc}", file=sys.stderr)
         return 2
     except (MissingDependency, RenderUnavailable, ValueError) as exc:

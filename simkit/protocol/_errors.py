@@ -22,6 +22,7 @@ __all__ = [
     "MessageTooLarge",
     "SessionStateError",
     "Busy",
+    "EnvNotAllowed",
     "Unsupported",
     "UnsupportedSpace",
     "RemoteError",
@@ -125,6 +126,13 @@ class Busy(ProtocolError):
     code = "busy"
 
 
+class EnvNotAllowed(ProtocolError):
+    """The request names an env (or constructor arguments) the server's operator did not
+    allow; refused before anything is imported or built."""
+
+    code = "env_not_allowed"
+
+
 class Unsupported(ProtocolError):
     """The env lacks the capability the request needs (e.g. ``state`` snapshots)."""
 
@@ -174,6 +182,8 @@ ERROR_CODES: dict[str, str] = {
     "shutting_down": "the server is stopping and refuses new work",
     "busy": "the server has no free session slot (or none for this peer), or its memory "
     "budget is spent; retry later",
+    "env_not_allowed": "the request names an env id or env kwargs the server's operator did "
+    "not allow (simkit serve ENV --env-kwarg ... --allow-env ID)",
     "internal": "an unexpected server error (a bug); the server keeps serving",
 }
 """Every error code with its meaning (documented in docs/protocol.md)."""

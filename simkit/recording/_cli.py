@@ -9,11 +9,13 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from simkit.registry import add_trust_argument
 
 __all__ = ["COMMANDS", "existing_recording", "export_minari", "render_episode"]
 
@@ -190,6 +192,7 @@ def _replay_configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--recover", action="store_true", help="skip corrupted records instead of failing"
     )
+    add_trust_argument(parser)
 
 
 def _replay_run(args: argparse.Namespace) -> int:
@@ -216,7 +219,7 @@ def _replay_run(args: argparse.Namespace) -> int:
         return 1
     status = 0
     if args.verify:
-        results = verify_recording(reader, workers=args.workers)
+        results = verify_recording(reader, workers=args.workers, trust=args.trust)
         failed = [r for r in results if r.error is not None]
         for r in failed:
             print(f"FAIL {r.error}")
@@ -228,15 +231,17 @@ def _replay_run(args: argparse.Namespace) -> int:
         status = 1 if failed else 0
     if args.render:
         try:
-            frames = render_episode(reader, args.episode, args.render)
-        except (MissingDependency, RenderUnavailable, IndexError, ValueError) as exc:
+            frames = render_episode(reader, args.episode, args.render, trust=args.trust)
+        except (MissingDependency, RenderUnavailable, IndexError, ValueError, KeyError) as exc:
             print(f"simkit replay: {exc}", file=sys.stderr)
             return 1
         print(f"wrote {frames} frames of episode {args.episode} to {args.render}")
     return status
 
 
-def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> int:
+def render_episode(
+    reader: Any, position: int, out: str, *, fps: int = 30, trust: Collection[str] = ()
+) -> int:
     """Re-simulates episode ``position`` with ``render_mode="rgb_array"`` into a video.
 
     Raises:
@@ -248,7 +253,7 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
     """
     from simkit._optional import require
     from simkit.recording._tracker import row_of as _row
-    from simkit.registry import make
+    from simkit.registry import trusted_make
 
     imageio = require("imageio", extra="bench", purpose="simkit replay --render")
     if out.lower().endswith((".mp4", ".mkv", ".mov", ".avi", ".webm")):
@@ -265,7 +270,8 @@ def render_episode(reader: Any, position: int, out: str, *, fps: int = 30) -> in
         or episode.origin.get("kind") == "batch"
     ):
         raise ValueError("rendering needs a seeded single-instance episode")
-    env = make(episode.env_id, render_mode="rgb_array", **episode.env_kwargs)
+    kwargs = {"render_mode": "rgb_array", **episode.env_kwargs}
+    env = trusted_make(episode.env_id, trust, source="the recording", **kwargs)
     env.reset(seed=episode.seed, options=episode.options)
     frames = [env.render()]
     for t in range(episode.length):
@@ -292,6 +298,7 @@ def _export_configure(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="export recording DIR as the Minari dataset NAME (e.g. simkit/cartpole-random-v0)",
     )
+    add_trust_argument(parser)
 
 
 def _export_run(args: argparse.Namespace) -> int:
@@ -299,15 +306,17 @@ def _export_run(args: argparse.Namespace) -> int:
 
     directory, name = args.minari
     try:
-        count, where = export_minari(directory, name)
-    except (MissingDependency, ValueError, FileNotFoundError, CorruptRecording) as exc:
+        count, where = export_minari(directory, name, trust=args.trust)
+    except (MissingDependency, ValueError, FileNotFoundError, CorruptRecording, KeyError) as exc:
         print(f"simkit export: {exc}", file=sys.stderr)
         return 1
     print(f"exported {count} episodes to the Minari dataset {name!r} in {where}")
     return 0
 
 
-def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
+def export_minari(
+    directory: str, dataset_id: str, *, trust: Collection[str] = ()
+) -> tuple[int, Path]:
     """Writes every episode of ``directory`` as the Minari dataset ``dataset_id``.
 
     Observations, actions, rewards and flags are exported with each episode's seed and
@@ -332,7 +341,7 @@ def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
     from minari.storage import get_dataset_path  # type: ignore[import-untyped, import-not-found, unused-ignore]  # optional, no stubs
 
     from simkit._version import __version__
-    from simkit.registry import make
+    from simkit.registry import check_trusted, make
 
     if not re.fullmatch(r"(?:[\w-]+/)?[\w-]+-v\d+", dataset_id) or not DATASET_ID_RE.fullmatch(
         dataset_id
@@ -351,6 +360,7 @@ def export_minari(directory: str, dataset_id: str) -> tuple[int, Path]:
     if len(ids) != 1:
         raise ValueError(f"a Minari dataset holds one env; {directory} holds {sorted(ids)}")
     env_id = ids.pop()
+    check_trusted(env_id, trust, source=f"the recording {directory}")
     buffers = []
     for k, ep in enumerate(reader):
         if not isinstance(ep, Episode):

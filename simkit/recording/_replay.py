@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Collection
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from simkit.recording._format import read_meta
 from simkit.recording._io import RecordingReader, decode_record
 from simkit.recording._multiagent import MultiAgentEpisode
 from simkit.recording._tracker import row_of as _row
-from simkit.registry import make
+from simkit.registry import trusted_make
 
 __all__ = ["verify_episode", "verify_multi_agent_episode", "verify_recording", "VerifyResult"]
 
@@ -74,13 +75,13 @@ def _first_difference(recorded: Any, replayed: Any) -> str:
 class _BatchReplayer:
     """Replays instance ``i`` of a BatchEnv with a batch of ``i + 1`` instances."""
 
-    def __init__(self, episode: Episode) -> None:
+    def __init__(self, episode: Episode, trust: Collection[str]) -> None:
         origin = episode.origin
         root, self.i, k = origin.get("root_seed"), origin["env_index"], origin["episode_index"]
         if root is None:
             raise ReplayDivergence("batch episode without a root seed cannot be replayed")
         kwargs = {**episode.env_kwargs, "num_envs": self.i + 1}
-        self.env = make(episode.env_id, **kwargs)
+        self.env = trusted_make(episode.env_id, trust, source="the recording", **kwargs)
         obs, _ = self.env.reset(seed=int(root), options=episode.options if k == 0 else None)
         mask = np.zeros(self.i + 1, bool)
         mask[self.i] = True
@@ -118,31 +119,35 @@ def _check_step(label: str, reward: Any, flags: tuple[Any, Any], rec: tuple[Any,
             )
 
 
-def verify_episode(episode: Episode | MultiAgentEpisode, where: str = "episode") -> None:
+def verify_episode(
+    episode: Episode | MultiAgentEpisode, where: str = "episode", *, trust: Collection[str] = ()
+) -> None:
     """Re-simulates ``episode`` from its seed, options and actions; checks every step.
 
     Observations (the final one included), rewards, ``terminated`` and ``truncated``
     are compared bit for bit, and every recorded snapshot against the env's state.
     A :class:`MultiAgentEpisode` is checked agent by agent
-    (:func:`verify_multi_agent_episode`).
+    (:func:`verify_multi_agent_episode`). The episode's env id is data read from a file:
+    one that names code to import (``package.module:Class``) is refused unless ``trust``
+    names it (:func:`simkit.registry.check_trusted`).
 
     Raises:
         ReplayDivergence: the first difference, naming ``where``, the step and the field
             (and the agent).
     """
     if isinstance(episode, MultiAgentEpisode):
-        verify_multi_agent_episode(episode, where)
+        verify_multi_agent_episode(episode, where, trust=trust)
         return
     if episode.seed is None and episode.origin.get("kind") != "batch":
         raise ReplayDivergence(f"{where}: no seed was recorded; the episode is not replayable")
     actions = episode.actions
     if episode.origin.get("kind") == "batch":
-        replayer = _BatchReplayer(episode)
+        replayer = _BatchReplayer(episode, trust)
         first = replayer.first_obs
         step = replayer.step
         env = None
     else:
-        env = make(episode.env_id, **episode.env_kwargs)
+        env = trusted_make(episode.env_id, trust, source="the recording", **episode.env_kwargs)
         first, _ = env.reset(seed=episode.seed, options=episode.options)
 
         def step(action: Any) -> tuple[Any, float, bool, bool]:
@@ -166,7 +171,9 @@ def verify_episode(episode: Episode | MultiAgentEpisode, where: str = "episode")
         _check_step(label, reward, (terminated, truncated), recorded)
 
 
-def verify_multi_agent_episode(episode: MultiAgentEpisode, where: str = "episode") -> None:
+def verify_multi_agent_episode(
+    episode: MultiAgentEpisode, where: str = "episode", *, trust: Collection[str] = ()
+) -> None:
     """Re-simulates a multi-agent episode on ``simkit.make(env_id, **env_kwargs)`` (a
     PettingZoo Parallel env) and checks every agent's observations, rewards and flags.
 
@@ -181,7 +188,7 @@ def verify_multi_agent_episode(episode: MultiAgentEpisode, where: str = "episode
     """
     if episode.seed is None:
         raise ReplayDivergence(f"{where}: no seed was recorded; the episode is not replayable")
-    env = make(episode.env_id, **episode.env_kwargs)
+    env = trusted_make(episode.env_id, trust, source="the recording", **episode.env_kwargs)
     try:
         first, _ = env.reset(seed=episode.seed, options=episode.options)
         agents = episode.agents
@@ -227,19 +234,24 @@ def verify_multi_agent_episode(episode: MultiAgentEpisode, where: str = "episode
         env.close()
 
 
-def _verify_one(position: int, path: str, offset: int) -> VerifyResult:
+def _verify_one(position: int, path: str, offset: int, trust: tuple[str, ...]) -> VerifyResult:
     try:
         kind, meta, blob = read_meta(path, offset)
         episode = decode_record(kind, meta, blob, path, offset)
-        verify_episode(episode, f"episode {position} ({os.path.basename(path)} @ {offset})")
+        where = f"episode {position} ({os.path.basename(path)} @ {offset})"
+        verify_episode(episode, where, trust=trust)
     except Exception as exc:  # report every episode's verdict; one failure does not stop others
         return VerifyResult(position, path, offset, -1, f"{type(exc).__name__}: {exc}")
     return VerifyResult(position, path, offset, episode.length, None)
 
 
-def verify_recording(reader: RecordingReader, *, workers: int = 1) -> list[VerifyResult]:
-    """:func:`verify_episode` on every episode, in ``workers`` processes; one result each."""
-    tasks = [(k, s.path, s.offset) for k, s in enumerate(reader.stats())]
+def verify_recording(
+    reader: RecordingReader, *, workers: int = 1, trust: Collection[str] = ()
+) -> list[VerifyResult]:
+    """:func:`verify_episode` on every episode, in ``workers`` processes; one result each.
+    ``trust``: the ``package.module:Class`` ids the episodes may name."""
+    trusted = tuple(trust)
+    tasks = [(k, s.path, s.offset, trusted) for k, s in enumerate(reader.stats())]
     if workers <= 1 or len(tasks) <= 1:
         return [_verify_one(*t) for t in tasks]
     ctx = multiprocessing.get_context("spawn")
