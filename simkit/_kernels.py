@@ -5,7 +5,7 @@ pick code paths by the CPU they run on (AVX-512 where there is AVX-512, else AVX
 the paths round differently, so the same seed trains different parameters on an
 AVX-512 and an AVX2 machine. Reproducible mode pins every library to its AVX2 path
 through the environment variables each reads when it loads (:data:`PINS`, plus
-numpy's ``NPY_DISABLE_CPU_FEATURES`` for the AVX-512 features this CPU has). They
+numpy's ``NPY_DISABLE_CPU_FEATURES`` for its AVX-512 dispatch targets this CPU has). They
 take effect only in a process that starts with them, so ``simkit train
 --reproducible`` re-executes itself with them, and every server it starts (local or
 on Ray) inherits them.
@@ -16,9 +16,19 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
-__all__ = ["PINS", "pinned_env", "pinned_vars", "is_pinned", "reexec_pinned"]
+__all__ = [
+    "PINS",
+    "pinned_env",
+    "pinned_vars",
+    "is_pinned",
+    "reexec_pinned",
+    "numpy_avx512_targets",
+    "cpu_simd",
+    "kernel_mode",
+]
 
 PINS: dict[str, str] = {
     "OPENBLAS_CORETYPE": "Haswell",  # numpy's OpenBLAS: the AVX2 kernels
@@ -32,9 +42,9 @@ PINS: dict[str, str] = {
 _NUMPY = "NPY_DISABLE_CPU_FEATURES"
 
 
-def _numpy_features_to_disable() -> str:
-    """numpy's AVX-512 dispatch targets present on this CPU (disabling absent ones is
-    an error in some numpy versions)."""
+def _numpy_cpu() -> tuple[list[str], set[str], set[str]]:
+    """numpy's dispatch targets, the CPU features numpy sees, and the features this
+    process's ``NPY_DISABLE_CPU_FEATURES`` hid from it (numpy reports those as absent)."""
     import importlib
 
     try:
@@ -42,16 +52,73 @@ def _numpy_features_to_disable() -> str:
     except ImportError:  # numpy < 2
         umath = importlib.import_module("numpy.core._multiarray_umath")
     features: dict[str, bool] = umath.__cpu_features__
-    return " ".join(
-        sorted(k for k, on in features.items() if on and (k.startswith("AVX512") or k == "X86_V4"))
-    )
+    dispatch: list[str] = list(umath.__cpu_dispatch__)
+    hidden = set(os.environ.get(_NUMPY, "").replace(",", " ").split()) & set(features)
+    return dispatch, {k for k, on in features.items() if on}, hidden
+
+
+def _is_avx512(name: str) -> bool:
+    return name.startswith("AVX512") or name == "X86_V4"
+
+
+def numpy_avx512_targets() -> list[str]:
+    """numpy's AVX-512 *dispatch* targets that this CPU has: what ``NPY_DISABLE_CPU_FEATURES``
+    must name to keep numpy's SIMD loops on their AVX2 paths.
+
+    Only dispatch targets: numpy warns (``ImportWarning``, an error under ``-W error``)
+    about any other name, e.g. the features a target implies (``AVX512F`` under numpy 2.4,
+    whose targets are ``X86_V3 X86_V4 AVX512_ICL AVX512_SPR``). Only those this CPU has
+    (disabling an absent one is an error in some numpy versions), counting the ones this
+    process's own ``NPY_DISABLE_CPU_FEATURES`` hid, so a pinned process computes the same
+    list as an unpinned one. Empty on a CPU without AVX-512."""
+    dispatch, present, hidden = _numpy_cpu()
+    return sorted(t for t in dispatch if _is_avx512(t) and t in present | hidden)
+
+
+def cpu_simd() -> str:
+    """This CPU's SIMD features that pick numeric code paths, space separated and sorted:
+    the ``avx*``, ``fma*`` and ``amx*`` flags of ``/proc/cpuinfo`` (whatever this
+    process's pinning hides from the libraries); where there is no ``/proc/cpuinfo``,
+    numpy's names of the features it sees. Recorded with checkpoints and recordings: bits
+    computed without :func:`pinned_env` are only expected to repeat on a CPU with the same
+    string."""
+    global _SIMD
+    if _SIMD is None:
+        _SIMD = _proc_cpuinfo_simd()
+        if _SIMD is None:
+            _, present, hidden = _numpy_cpu()
+            _SIMD = " ".join(sorted(present | hidden))
+    return _SIMD
+
+
+_SIMD: str | None = None
+
+
+def _proc_cpuinfo_simd() -> str | None:
+    """The SIMD flags of the first processor in ``/proc/cpuinfo``; None without one (not
+    Linux) or without a ``flags`` line (not x86)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return " ".join(sorted(f for f in value.split() if f.startswith(("avx", "fma", "amx"))))
+    return None
+
+
+def kernel_mode() -> dict[str, Any]:
+    """This process's kernels, as checkpoints and recordings store them:
+    ``{"reproducible": is_pinned(), "simd": cpu_simd()}``."""
+    return {"reproducible": is_pinned(), "simd": cpu_simd()}
 
 
 def pinned_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) with the kernels pinned."""
     env = dict(os.environ if base is None else base)
     env.update(PINS)
-    disable = _numpy_features_to_disable()
+    disable = " ".join(numpy_avx512_targets())
     if disable:
         env[_NUMPY] = disable
     else:
@@ -60,9 +127,13 @@ def pinned_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def is_pinned(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``env`` (default: this process's) pins every kernel of :data:`PINS`."""
+    """Whether ``env`` (default: this process's) pins every kernel of :data:`PINS` and
+    disables numpy's AVX-512 targets of this CPU (:func:`numpy_avx512_targets`)."""
     env = os.environ if env is None else env
-    return all(env.get(k) == v for k, v in PINS.items())
+    if not all(env.get(k) == v for k, v in PINS.items()):
+        return False
+    disabled = set(env.get(_NUMPY, "").replace(",", " ").split())
+    return set(numpy_avx512_targets()) <= disabled
 
 
 def pinned_vars() -> dict[str, str] | None:

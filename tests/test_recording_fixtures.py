@@ -8,7 +8,8 @@ leaving at their goals) were written by :func:`write_single` and :func:`write_mu
 again: every record decodes to the same meta map and the same decompressed blob (the
 ``versions`` map aside, which names the installed packages). Regenerate only on a
 deliberate format change: ``python -c "import tests.test_recording_fixtures as t;
-t.write_single(t.SINGLE); t.write_multi(t.MULTI)"`` (after removing the folders).
+t.write_single(t.SINGLE); t.write_multi(t.MULTI)"`` (after removing the folders), in an
+interpreter started with ``simkit._kernels.pinned_env()`` (the tests run pinned).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ DATA = Path(__file__).parent / "data"
 SINGLE = DATA / "recording-single"
 MULTI = DATA / "recording-multi"
 GOALNAV_KWARGS = {"n_agents": 2}
+
+# GoalNav's numpy arithmetic rounds differently on AVX-512 and AVX2 paths: the fixtures
+# hold the pinned kernels' bits (tests/pinned_helpers.py), those of any x86-64 CPU.
+pytestmark = pytest.mark.pinned
 
 
 def write_single(directory: Path) -> None:

@@ -7,7 +7,8 @@ records a digest of everything each call returns. ``tests/data/vector_golden.jso
 the digests the vectors gave when the trace was written; a refactoring of the vector
 core must reproduce them. Pure-Python envs only, so the digests do not depend on a
 physics build. Regenerate (only for an intended behaviour change) with
-``python tests/test_vector_golden.py --write``.
+``python tests/test_vector_golden.py --write`` in an interpreter started with
+``simkit._kernels.pinned_env()`` (the tests run pinned).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from simkit.snapshot import dumps, loads
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 GOLDEN = Path(__file__).parent / "data" / "vector_golden.json"
+
+# The envs' numpy arithmetic rounds differently on AVX-512 and AVX2 paths: the trace is
+# of the pinned kernels (tests/pinned_helpers.py), the bits of any x86-64 CPU.
+pytestmark = pytest.mark.pinned
 
 
 def _canon(x: Any) -> Iterator[str]:
