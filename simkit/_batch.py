@@ -37,6 +37,7 @@ from simkit._batch_device import (
     check_step_shapes,
 )
 from simkit._batch_gym import GymStepAdapter, scatter
+from simkit._batch_names import check_author_names, reserved_names
 from simkit._batch_queue import BatchQueue, PendingStep, RowInfos, take_rows, to_numpy
 from simkit._contract import EnvKind, check_max_episode_steps
 from simkit._seeding import EpisodeSeeds, StreamTable
@@ -101,6 +102,19 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
     max_episode_steps: int | None = None
     state_attributes: ClassVar[tuple[str, ...] | None] = None
     time_limit_only: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuses a subclass that reuses a private name of the base classes
+        (:meth:`reserved_names`), at its definition instead of at its first step."""
+        super().__init_subclass__(**kwargs)
+        check_author_names(cls)
+
+    @classmethod
+    def reserved_names(cls) -> list[str]:
+        """The private names (``_obs``, ``_params``, ...) the base classes of this batch
+        keep their state in: a subclass may not define them nor assign them on ``self``
+        (``TypeError`` when the class is defined)."""
+        return sorted(reserved_names(cls))
 
     def __init__(
         self,
