@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 import simkit
-from simkit._batch_device import DeviceDraws
 from simkit.envs.cartpole import CartPole
 from simkit.randomization import Params, uniform_rows
+from simkit.seeding import DeviceDraws
 
 __all__ = ["BatchCartPole"]
 

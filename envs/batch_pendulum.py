@@ -16,10 +16,9 @@ from typing import Any, cast
 import numpy as np
 
 import simkit
-from simkit._batch_device import DeviceDraws
-from simkit._seeding import KeyedStreams
 from simkit.envs.pendulum import Pendulum
 from simkit.randomization import Params
+from simkit.seeding import DeviceDraws, KeyedStreams
 
 __all__ = ["BatchPendulum"]
 

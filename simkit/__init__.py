@@ -5,7 +5,7 @@ The public API lives here; submodules with a leading underscore are implementati
 
 from typing import TYPE_CHECKING
 
-from simkit import errors, randomization, snapshot, vector
+from simkit import errors, randomization, seeding, snapshot, vector
 from simkit._batch import BatchEnv
 from simkit._env import Env
 from simkit._multiagent import MultiAgentEnv
@@ -48,6 +48,7 @@ __all__ = [
     # submodules
     "errors",
     "randomization",
+    "seeding",
     "snapshot",
     "vector",
     "launch",
