@@ -203,15 +203,21 @@ def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
     """``["KEY=VALUE", ...]`` as constructor arguments; each VALUE is JSON, else a string.
 
     Raises:
-        ValueError: an item without ``=`` or with an empty key.
+        ValueError: an item without ``=`` or with an empty key, or a VALUE nested
+            deeper than :data:`~simkit._limits.MAX_JSON_DEPTH` levels.
     """
+    from simkit._limits import TooDeep, loads_json
+
     kwargs: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--env-kwarg takes KEY=VALUE, got {item!r}")
+            shown = item if len(item) <= 80 else item[:80] + "..."
+            raise ValueError(f"--env-kwarg takes KEY=VALUE, got {shown!r}")
         try:
-            kwargs[key.strip()] = json.loads(raw)
+            kwargs[key.strip()] = loads_json(raw)
+        except TooDeep as exc:
+            raise ValueError(f"--env-kwarg {key.strip()[:80]}: {exc}") from None
         except json.JSONDecodeError:
             kwargs[key.strip()] = raw
     return kwargs
@@ -266,14 +272,88 @@ def _stop_when_orphaned(server: RolloutServer, parent: int, interval: float = 0.
     threading.Thread(target=watch, name="simkit-parent-watch", daemon=True).start()
 
 
+MAX_HEARTBEAT_TIMEOUT = 7 * 24 * 3600.0
+"""The longest ``--heartbeat-timeout`` (a week), in seconds."""
+MAX_BUSY_POLL_US = 1_000_000
+"""The longest ``--busy-poll-us`` (a second of spinning after each reply)."""
+MIN_MAX_MEMORY = 16 << 20
+"""The smallest ``--max-memory`` (16M: its eighth, the largest message, fits a session)."""
+MAX_SESSIONS = 1 << 16
+MAX_FRAGMENT_LENGTH = 1 << 20
+
+
+def check_serve_arguments(args: argparse.Namespace) -> None:
+    """``simkit serve``'s numbers, checked before anything starts: counts, threads,
+    timeouts, the memory budget and the port in their ranges, and ``--num-envs`` envs
+    within the memory this machine has free.
+
+    Raises:
+        ValueError: one line naming the flag, what it must be and what came.
+    """
+    from simkit._limits import (
+        ENV_BYTES,
+        MAX_PORT,
+        Range,
+        check_env_id,
+        check_memory,
+        check_ranges,
+        max_threads,
+    )
+
+    check_env_id(args.env_id)
+    threads = max_threads()
+    check_ranges(
+        [
+            (Range("--num-envs", 1, 1 << 40), args.num_envs),
+            (Range("--num-threads", 1, threads), args.num_threads),
+            (Range("--busy-poll-us", 0, MAX_BUSY_POLL_US, optional=True), args.busy_poll_us),
+            (
+                Range("--heartbeat-timeout", 0, MAX_HEARTBEAT_TIMEOUT, low_open=True),
+                args.heartbeat_timeout,
+            ),
+            (Range("--max-sessions", 1, MAX_SESSIONS), args.max_sessions),
+            (
+                Range("--max-sessions-per-peer", 1, MAX_SESSIONS, optional=True),
+                args.max_sessions_per_peer,
+            ),
+            (
+                Range("--max-memory", MIN_MAX_MEMORY, 1 << 50, what="in [16M, 1024T]"),
+                args.max_memory,
+            ),
+            (
+                Range("--metrics-port", 0, MAX_PORT, optional=True, what="a port in [0, 65535]"),
+                args.metrics_port,
+            ),
+            (Range("--torch-threads", 1, threads), args.torch_threads),
+            (Range("--fragment-length", 1, MAX_FRAGMENT_LENGTH), args.fragment_length),
+        ]
+    )
+    check_memory(
+        args.num_envs * ENV_BYTES,
+        f"--num-envs {args.num_envs:,} (envs of every session, at least "
+        f"{ENV_BYTES >> 10} KiB each)",
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Runs the server until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
     if getattr(args, "reproducible", False) and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
+    try:
+        check_serve_arguments(args)
+    except ValueError as exc:
+        print(f"simkit serve: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     secret = None
     if args.curve_secret_key is not None:
-        _, secret = zmq.auth.load_certificate(args.curve_secret_key)
+        try:
+            _, secret = zmq.auth.load_certificate(args.curve_secret_key)
+        except (OSError, ValueError) as exc:
+            print(
+                f"simkit serve: --curve-secret-key {args.curve_secret_key}: {exc}", file=sys.stderr
+            )
+            return 2
         if secret is None:
             print(f"simkit serve: {args.curve_secret_key} holds no secret key", file=sys.stderr)
             return 2
@@ -313,7 +393,7 @@ def run_serve(args: argparse.Namespace) -> int:
             record=args.record,
             allow_envs=args.allow_env,
         )
-    except (ValueError, TypeError, KeyError, ImportError, SimkitError) as exc:
+    except (ValueError, TypeError, KeyError, ImportError, OSError, SimkitError) as exc:
         print(f"simkit serve: {exc}", file=sys.stderr)
         return 2
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import simkit
+from simkit._limits import check_env_id
 from simkit.errors import ConformanceError
 from simkit.recording import _cli as recording_cli
 from simkit.registry import EnvKind
@@ -341,6 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
             verb = verbs.choices[args.command]
             verb.error(_unrecognized(verb, extras))
+        env_id = getattr(args, "env_id", None)
+        if isinstance(env_id, str):
+            try:
+                check_env_id(env_id)
+            except ValueError as exc:
+                print(f"simkit {args.command}: {exc}", file=sys.stderr)
+                return 2
         return COMMANDS[args.command].run(args)
     except simkit.errors.UnknownEnv as exc:
         print(f"simkit: {exc}", file=sys.stderr)
