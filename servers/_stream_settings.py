@@ -96,8 +96,8 @@ class StreamSettings:
             )
         if dict(env_kwargs) != allowed:
             raise EnvNotAllowed(
-                f"this server builds {env_id} only with the kwargs its operator gave it "
-                "(simkit serve ... --env-kwarg)",
+                f"this server builds {env_id} only with the kwargs its operator gave it, "
+                f"{allowed} (simkit serve ... --env-kwarg), got {str(dict(env_kwargs))[:200]}",
                 expected=allowed,
                 got=str(dict(env_kwargs))[:200],
             )

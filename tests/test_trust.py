@@ -270,3 +270,29 @@ def test_eval_of_a_policy_naming_a_module_imports_nothing_unless_trusted(
     out = _cli("eval", str(path), "--episodes", "1", "--trust", "evilmod:Evil", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert evil.exists()
+
+
+def test_buffer_from_a_recording_of_another_env_imports_nothing(tmp_path: Path, evil: Path) -> None:
+    """``--buffer-from`` builds only the env the command line names: a recording naming a
+    module is refused in one line before that module is imported."""
+    _record_evil(tmp_path / "rec")
+    evil.unlink()
+    out = _cli(
+        "train",
+        "simkit/Pendulum-v0",
+        "--algo",
+        "sac",
+        "--servers",
+        "0",
+        "--buffer-from",
+        str(tmp_path / "rec"),
+        "--total-steps",
+        "10",
+        "--logdir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
+    assert out.returncode != 0
+    assert "was recorded on 'evilmod:Evil'" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not evil.exists()
