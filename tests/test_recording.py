@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import simkit
 from simkit import snapshot
+from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.errors import CorruptRecording, RecordingLocked, ReplayDivergence, SimkitError
 from simkit.protocol import DTYPES
 from simkit.recording import (
@@ -293,6 +294,41 @@ def test_batch_env_recording_replays(tmp_path: Path) -> None:
     assert any(s.env_id == "simkit/BatchCartPole-v0" for s in reader.stats())
     assert {r.error for r in verify_recording(reader)} == {None}
     assert {e.origin["kind"] for e in reader} == {"batch"}
+
+
+class WholeBatchCartPole(BatchCartPole):
+    """A batch env without ``step_subset``: it steps all its instances or none."""
+
+    step_subset = simkit.BatchEnv.step_subset
+
+
+def test_a_batch_env_without_step_subset_records_and_replays_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replay steps a batch of one seeded as the recorded instance (``seeds.env_offset``),
+    whole-batch steps only: no ``step_subset`` needed, per-instance params kept."""
+    from simkit import cli
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    env_id = "test_recording:WholeBatchCartPole"
+    assert not WholeBatchCartPole(num_envs=2).subset_steps
+    out = str(tmp_path / "rec")
+    argv = ["record", env_id, "--num-envs", "4", "--episodes", "12", "--out", out]
+    assert cli.main([*argv, "--seed", "3"]) == 0
+    assert cli.main(["replay", out, "--verify", "--workers", "1", "--trust", env_id]) == 0
+    assert "12/12 episodes replayed bit for bit" in capsys.readouterr().out
+    params = [{"pole_length": (0.4, 0.5, 0.6)[i]} for i in range(3)]
+    batch = simkit.make("simkit/BatchCartPole-v0", num_envs=3, params=params)
+    env = RecordEpisodes(
+        batch, tmp_path / "p", env_id="simkit/BatchCartPole-v0", env_kwargs={"params": params}
+    )
+    env.reset(seed=5)
+    for _ in range(60):
+        env.step_batch(np.ones(3, np.int64))
+    env.close()
+    reader = RecordingReader(tmp_path / "p")
+    assert {e.origin["env_index"] for e in reader} == {0, 1, 2}
+    assert {r.error for r in verify_recording(reader)} == {None}
 
 
 def test_remote_recording_replays_locally(tmp_path: Path) -> None:

@@ -73,28 +73,34 @@ def _first_difference(recorded: Any, replayed: Any) -> str:
 
 
 class _BatchReplayer:
-    """Replays instance ``i`` of a BatchEnv with a batch of ``i + 1`` instances."""
+    """Replays instance ``i`` of a BatchEnv as a batch of one seeded as instance ``i``.
+
+    ``seeds.env_offset = i`` makes the lone instance draw ``episode_seed(root, i, k)``
+    for its ``k``-th episode, as instance ``i`` of the recorded batch did; every step
+    is a whole-batch step, so replay needs no ``step_subset`` and costs one instance
+    whatever ``i`` is (the conformance kit's ``check_batch_independence`` checks that
+    instance ``i`` of a batch equals this batch of one).
+    """
 
     def __init__(self, episode: Episode, trust: Collection[str]) -> None:
         origin = episode.origin
         root, self.i, k = origin.get("root_seed"), origin["env_index"], origin["episode_index"]
         if root is None:
             raise ReplayDivergence("batch episode without a root seed cannot be replayed")
-        kwargs = {**episode.env_kwargs, "num_envs": self.i + 1}
+        kwargs = {**episode.env_kwargs, "num_envs": 1}
+        params = kwargs.get("params")
+        if isinstance(params, list | tuple):  # one mapping per instance: keep instance i's
+            kwargs["params"] = [params[self.i]]
         self.env = trusted_make(episode.env_id, trust, source="the recording", **kwargs)
+        self.env.seeds.env_offset = int(self.i)
         obs, _ = self.env.reset(seed=int(root), options=episode.options if k == 0 else None)
-        mask = np.zeros(self.i + 1, bool)
-        mask[self.i] = True
         for j in range(int(k)):
-            opts: dict[str, Any] = {"reset_mask": mask}
-            if j == int(k) - 1 and episode.options:
-                opts.update(episode.options)
-            obs, _ = self.env.reset(options=opts)
-        self.first_obs = _row(obs, self.i)
+            last = j == int(k) - 1 and episode.options
+            obs, _ = self.env.reset(options=dict(episode.options) if last else None)
+        self.first_obs = _row(obs, 0)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool]:
-        batched = _expand(action)
-        res = self.env.step_batch(batched, env_ids=[self.i])
+        res = self.env.step_batch(_expand(action))
         return _row(res.final_obs, 0), res.reward[0], res.terminated[0], res.truncated[0]
 
 
