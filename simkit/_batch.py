@@ -29,7 +29,6 @@ from simkit._batch_actions import check_torch_actions
 from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, Sampler
 from simkit._batch_device import (
     DEFAULT_WINDOW,
-    MAX_RING_BLOCKS,
     DeviceDraws,
     DeviceLoop,
     DeviceRowInfos,
@@ -473,12 +472,11 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         self._device_ready = True
 
     def _device_window(self, width: int) -> None:
-        """Next-episode keys of every instance for up to ``width`` steps, from the
-        host's episode counters (read back from the device when it is ahead): the blocks
-        of episodes the numpy path uses, held in a ring of at most ``MAX_RING_BLOCKS``
-        on the device (only new blocks are uploaded; it covers ``width`` steps or as
-        many as fit), or, when the episodes already spread wider than the ring, a
-        window of each instance's next ``DEFAULT_WINDOW`` episodes."""
+        """Next-episode keys of every instance for up to ``width`` steps on the device,
+        from the host's episode counters (read back from the device when it is ahead):
+        each instance's ring of next episodes gets the episodes it lacks, computed on the
+        host (the numpy path's rows) and uploaded, and covers ``width`` steps or as many
+        as it holds."""
         loop = self._device_loop
         assert loop is not None
         episode = loop.pull_counters() if loop.ahead else self._seeds.episode
@@ -487,32 +485,24 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         m = len(sampler.names)
         draws = max(self._streams.prefetch, m)
         scale = sampler if m else None
-        block = self._seeds.block_size
-        low, high = int(episode.min()), int(episode.max())
-        first = (low + 1) // block
-        if (high + 1) // block - first < MAX_RING_BLOCKS:
-            cover = min(width, (first + MAX_RING_BLOCKS) * block - 1 - high)
-            seeds = self._seeds
+        seeds = self._seeds
 
-            def table(b: int) -> np.ndarray:
-                return seeds.block_rows(b, draws, scale)
+        def rows_of(envs: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+            return seeds.rows(envs, episodes, draws, scale)
 
-            key = (seeds._shared_root, seeds.env_offset, draws, scale)
-            loop.load_ring(first, (high + cover) // block, cover, block, table, m, key)
-            return
-        window = self._seeds.window(min(width, DEFAULT_WINDOW), draws, scale, episode)
-        loop.load_window(window, episode, m)
+        key = (seeds._shared_root, seeds.env_offset, draws, scale)
+        loop.load_ring(episode + 1, width, key, 4 + draws, rows_of, m)
 
     def prepare_device_steps(self, steps: int) -> bool:
         """Makes the next ``steps`` whole-batch :meth:`step_batch` calls of a torch batch
         run without any host synchronisation (call it once per fragment): loads the
         state onto the device if a host operation changed it, and the keys of every
         episode the instances can reach in those steps (reading the episode counters
-        back once). The ring of keys holds 16 blocks of 16 episodes: where the fastest
-        instance could run past it, it covers as many steps as fit (at least 16
-        episodes of the fastest instance) and the batch reads the counters again when
-        they run out. Without this call a device-resident batch refills every 32
-        steps.
+        back once). Each instance's ring of next episodes holds up to
+        ``MAX_WINDOW`` of them (fewer for a batch too large for ``MAX_RING_BYTES``):
+        for a longer fragment it covers as many steps as it holds and the batch reads
+        the counters again when they run out. Without this call a device-resident
+        batch refills every 32 steps.
 
         Returns:
             Whether steps are device-resident (a torch batch whose class has

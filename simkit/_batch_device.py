@@ -5,13 +5,13 @@ whole-batch :meth:`~simkit.BatchEnv.step_batch` keeps everything the contract ne
 the device: step counters, episode counters, every instance's stream key and draw
 count, the declared parameters, and running episode statistics. Same-step resets are
 masked (``torch.where`` over all N rows, no data-dependent shapes), and the keys and
-first draws of the next episodes are gathered from a ring of blocks on the device: the
-numpy path's blocks of 16 episodes of all N instances
-(:meth:`simkit._seeding.EpisodeSeeds.block_rows`, the same keyed draws), each computed
-and uploaded once; the host reads the episode counters once per window of steps to
-know which blocks the next steps can reach (a per-instance
-:meth:`~simkit._seeding.EpisodeSeeds.window` when the episodes spread too far). So a
-step never waits on the device. The host copies (counters, keys, parameters) are
+first draws of the next episodes are gathered from a ring of each instance's next
+episodes on the device (the numpy path's rows,
+:meth:`simkit._seeding.EpisodeSeeds.rows`, the same keyed draws). The host reads the
+episode counters once per window of steps and tops up each instance's ring with the
+episodes it lacks for those steps (:class:`simkit._seeding.EpisodeSpan`): only they are
+derived and uploaded, so the work is one row per episode started, however far apart
+the instances' episode counters drift. So a step never waits on the device. The host copies (counters, keys, parameters) are
 brought up to date only when a host-side operation needs them
 (``BatchEnv._host_sync``).
 """
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from simkit._batch_queue import LazyRows, RefusedRows
+from simkit._seeding import EpisodeSpan
 from simkit.randomization import Params
 
 __all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
@@ -32,10 +33,13 @@ __all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
 DEFAULT_WINDOW = 32
 """Steps the next-episode keys on the device cover before the host reads the counters."""
 
-MAX_RING_BLOCKS = 16
-"""Blocks of episode keys the device ring may hold (episodes from the slowest to the
-fastest instance plus the steps to cover, in blocks of 16); a wider spread falls back
-to a per-instance window."""
+MAX_WINDOW = 256
+"""Next episodes each instance's ring on the device may hold: the most steps one read
+of the counters covers (an instance starts at most one episode a step)."""
+
+MAX_RING_BYTES = 2**28
+"""Device memory the rings of next episodes may take beyond :data:`DEFAULT_WINDOW`
+episodes per instance: a larger batch covers fewer steps per read of the counters."""
 
 
 class DeviceDraws:
@@ -168,7 +172,9 @@ class DeviceLoop:
             taken from each instance's stream.
         states: ``(N, 4)`` int64 (uint64 bits) each instance's PCG64 start state.
         params: ``(N, m)`` float64, column ``j`` the parameter ``names[j]``.
-        steps_left: steps the key window still covers (host count).
+        ring: ``(N * width, 4 + draws)`` int64 (uint64 bits), each instance's next
+            episodes' rows (which ones: ``span``), or ``None`` before the first window.
+        steps_left: steps the ring still covers (host count).
     """
 
     def __init__(self, torch: Any, device: Any, n: int) -> None:
@@ -186,14 +192,10 @@ class DeviceLoop:
         self.contiguous = True
         self.params = torch.zeros((n, 0), dtype=torch.float64, device=device)
         self.columns: dict[str, Any] = {}
-        self.window: Any = None
-        self.base: Any = None
-        self.width = 0
         self.ring: Any = None
-        self.held: list[int] = []
-        self.block = 1
-        self.row_base: Any = None
+        self.span: EpisodeSpan | None = None
         self.ring_key: tuple[Any, ...] = ()
+        self.row_base: Any = None
         self.steps_left = 0
         self.param_draws = 0
         self.rows = torch.arange(n, device=device)
@@ -231,61 +233,40 @@ class DeviceLoop:
             host[:, j] = param_arrays[name]
         self.params = self.upload(host)
         self.columns = {name: self.params[:, j] for j, name in enumerate(names)}
-        self.window = None  # the ring stays: its blocks depend only on its key
-        self.steps_left = 0
-
-    def load_window(self, window: np.ndarray, episode: np.ndarray, param_draws: int) -> None:
-        """Takes a window of next-episode keys (:meth:`EpisodeSeeds.window`) for the
-        episodes after ``episode``; the first ``param_draws`` doubles are parameters."""
-        self.ring = None
-        self.held = []
-        self.window = self.upload(window.view(np.int64))
-        self.base = self.upload(episode.astype(np.int64) + 1)
-        self.width = window.shape[1]
-        self.steps_left = self.width
-        self.param_draws = param_draws
+        self.steps_left = 0  # the ring stays: its rows depend only on its key
 
     def load_ring(
         self,
-        first: int,
-        last: int,
+        first: np.ndarray,
         steps: int,
-        block: int,
-        table: Any,
-        param_draws: int,
         key: tuple[Any, ...],
+        columns: int,
+        rows_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        param_draws: int,
     ) -> None:
-        """Holds the blocks ``first..last`` of episode keys in a ring on the device
-        (block ``b`` in slot ``b % R``), uploading those it lacks: ``table(b)`` gives
-        the host's ``(N * block, 4 + draws)`` rows of block ``b``
-        (:meth:`EpisodeSeeds.block_rows`); ``key`` names what the blocks depend on
-        (root, env offset, draws, parameter scaling): a new key starts a new ring. The
-        ring then covers ``steps`` steps."""
-        span = last - first + 1
-        if (
-            self.ring is None
-            or self.ring_key != key
-            or len(self.held) < span
-            or self.param_draws != param_draws
-        ):
+        """Makes every instance's ring hold its episodes ``first[i]`` on for ``steps``
+        steps (as many as the ring holds, at most): an instance short of them gets the
+        episodes it lacks, ``rows_of(envs, episodes)`` computing their
+        ``(k, columns)`` uint64 rows on the host (:meth:`EpisodeSeeds.rows`), uploaded
+        into their slots. ``key`` names what the rows depend on (root, env offset,
+        draws, parameter scaling): a new key starts a new ring. The first
+        ``param_draws`` doubles of a row are parameters."""
+        width = min(max(steps, DEFAULT_WINDOW), MAX_WINDOW)
+        width = max(DEFAULT_WINDOW, min(width, MAX_RING_BYTES // (8 * columns * self.n)))
+        span = self.span
+        if span is None or self.ring_key != key or span.width < width:
+            span = self.span = EpisodeSpan(self.n, width)
             self.ring_key = key
-            rows = table(first)
-            size = max(span, 4)
             self.ring = self.torch.zeros(
-                (size, *rows.shape), dtype=self.torch.int64, device=self.device
+                (self.n * width, columns), dtype=self.torch.int64, device=self.device
             )
-            self.held = [-1] * size
-            self.ring[first % size] = self.upload(rows.view(np.int64))
-            self.held[first % size] = first
-        size = len(self.held)
-        for b in range(first, last + 1):
-            if self.held[b % size] != b:
-                self.ring[b % size] = self.upload(table(b).view(np.int64))
-                self.held[b % size] = b
-        self.window = None
-        self.block = block
-        self.row_base = self.rows * block
-        self.steps_left = steps
+            self.row_base = self.rows * width
+        cover = min(steps, span.width)
+        envs, episodes = span.extend(None, first, cover)
+        if len(envs):
+            rows = rows_of(envs, episodes)
+            self.ring[self.upload(span.flat(envs, episodes))] = self.upload(rows.view(np.int64))
+        self.steps_left = cover
         self.param_draws = param_draws
 
     def pull_counters(self) -> np.ndarray:
@@ -316,13 +297,9 @@ class DeviceLoop:
         self.ret.masked_fill_(done, 0.0)
         self.elapsed.masked_fill_(done, 0)
         self.episode += done
-        episode = self.episode
-        if self.ring is not None:
-            slot = (episode // self.block).remainder_(len(self.held))
-            rows = self.ring[slot, self.row_base + episode.remainder(self.block)]
-        else:
-            slot = (episode - self.base).clamp_(0, self.width - 1)
-            rows = self.window[self.rows, slot]
+        assert self.span is not None
+        slots = self.row_base + self.episode.remainder(self.span.width)
+        rows = self.ring.index_select(0, slots)
         self.states = torch.where(done[:, None], rows[:, :4], self.states)
         doubles = rows[:, 4:].view(torch.float64)
         m = self.param_draws

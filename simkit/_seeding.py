@@ -22,8 +22,11 @@ Keyed draws. A ``BatchEnv`` builds no generators: PCG64 is an LCG read through a
 output function, so the ``p``-th draw of a stream is a pure function of the stream's
 key (its start state) and ``p`` (:func:`pcg64_outputs`, and
 :func:`pcg64_outputs_torch` with the same bits on any torch device).
-:meth:`EpisodeSeeds.next_states` gathers the keys (and the first draws of each
-episode, computed ahead for blocks of episodes of all N envs) of the envs being reset;
+:meth:`EpisodeSeeds.next_states` reads the keys (and the first draws) of the episodes
+the envs being reset start from rows each env holds for its next episodes
+(:class:`EpisodeSpan`); an env that runs short gets exactly the episodes it lacks,
+derived for many envs at once (:func:`_episode_rows`), so the work is one row per
+episode started whatever the spread of the envs' episode counters.
 :class:`StreamTable` holds every env's key and draw count as arrays and
 :class:`KeyedStreams` draws for many rows at once, exactly what each row's own
 ``Generator`` would draw.
@@ -38,6 +41,7 @@ import numpy as np
 
 __all__ = [
     "EpisodeSeeds",
+    "EpisodeSpan",
     "KeyedStreams",
     "MAX_ROOT_SEED",
     "StreamTable",
@@ -53,11 +57,14 @@ __all__ = [
 ]
 
 MAX_ROOT_SEED = 2**63 - 1
-_BLOCK = 16
 _CHUNK = 4096
-_MAX_AHEAD = 2**22  # doubles per block of precomputed reset draws (32 MiB)
-_RING = 4  # blocks of reset draws kept per root
-_MAX_BLOCKS = 16
+_AHEAD = 32
+"""Episodes of each env whose rows are held ahead (a refill tops an env up to this many)."""
+_MAX_AHEAD = 2**22
+"""Words (8 bytes) the rows held ahead of one kind may take (32 MiB): fewer episodes
+ahead for a larger N, none where not even two fit."""
+_MAX_HELD = 4
+"""Kinds of rows held ahead at once (root, env offset, draws, scale)."""
 
 _M32 = 0xFFFFFFFF
 _INIT_A = 0x43B0D7E5
@@ -529,6 +536,107 @@ def random_root() -> int:
     return int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
 
 
+_SEEDS = -1
+"""``draws`` of a row holding only an episode's seed (:func:`_episode_rows`)."""
+
+
+def _episode_rows(
+    root: int, envs: np.ndarray, episodes: np.ndarray, draws: int, scale: Any = None
+) -> np.ndarray:
+    """The keyed rows of episodes ``episodes[k]`` of envs ``envs[k]`` (offset included)
+    under ``root``: ``(k, 4 + draws)`` uint64, each the PCG64 start state
+    ``Generator(PCG64(episode_seed(root, env, episode)))`` starts from, then the bits of
+    its first ``draws`` doubles (the first ``len(scale.names)`` turned into parameters
+    by ``scale`` if given); ``(k, 1)``, the seeds, for ``draws == _SEEDS``.
+
+    The one derivation of every episode's keys, over any set of (env, episode) pairs, in
+    chunks whose temporaries fit in cache.
+    """
+    k = len(envs)
+    out = np.empty((k, 1 if draws == _SEEDS else 4 + draws), dtype=np.uint64)
+    for start in range(0, k, _CHUNK):
+        end = min(start + _CHUNK, k)
+        seeds = episode_seeds(root, envs[start:end], episodes[start:end])
+        if draws == _SEEDS:
+            out[start:end, 0] = seeds
+            continue
+        states = _pcg64_states(seeds)
+        out[start:end, :4] = states
+        if draws:
+            doubles = out[start:end, 4:].view(np.float64)
+            _pcg64_first_doubles(states, doubles)
+            if scale is not None:
+                scale.prescale(doubles)
+    return out
+
+
+class EpisodeSpan:
+    """Which episodes of each of N envs a ring of ``width`` rows per env holds.
+
+    Env ``i`` holds its episodes ``lo[i] <= e < hi[i]`` (at most ``width``), episode
+    ``e`` in its slot ``e % width`` (row :meth:`flat` of an ``(N * width, ...)`` table).
+    :meth:`extend` names exactly the episodes to derive for the envs that run short, so
+    keeping every env's next episodes held costs one derived row per episode the envs
+    start, however far apart their episode counters drift. The host's rows ahead
+    (:class:`EpisodeSeeds`) and a device-resident batch's ring on its device
+    (:class:`simkit._batch_device.DeviceLoop`) both keep theirs this way.
+
+    Attributes:
+        width: slots per env.
+        lo, hi: ``(N,)`` int64, the episodes each env holds.
+        derived: rows named by :meth:`extend` so far.
+    """
+
+    def __init__(self, num_envs: int, width: int) -> None:
+        self.width = width
+        self.lo = np.zeros(num_envs, dtype=np.int64)
+        self.hi = np.zeros(num_envs, dtype=np.int64)
+        self.derived = 0
+
+    def holds(self, ids: np.ndarray, episodes: np.ndarray) -> bool:
+        """Whether env ``ids[k]`` holds its episode ``episodes[k]``, for every ``k``."""
+        lo, hi = self.lo[ids], self.hi[ids]
+        return bool(((lo <= episodes) & (episodes < hi)).all())
+
+    def flat(self, ids: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+        """The table rows of episodes ``episodes[k]`` of envs ``ids[k]``."""
+        out: np.ndarray = ids * self.width + episodes % self.width
+        return out
+
+    def extend(
+        self, ids: np.ndarray | None, first: np.ndarray, need: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Makes env ``ids[k]`` (env ``k`` for ``ids=None``) hold its episodes
+        ``first[k] .. first[k] + width - 1`` if it does not hold ``first[k] .. first[k]
+        + need - 1``: returns the (env, episode) pairs to derive for that, env by env,
+        episodes ascending (each env's episodes it did not hold; all of them where the
+        episodes it held are not next to ``first[k]``, as after a restart).
+
+        Raises:
+            ValueError: ``need`` not in ``1..width``.
+        """
+        if not 1 <= need <= self.width:
+            raise ValueError(f"need must be in 1..{self.width}, got {need}")
+        envs = np.arange(len(self.lo), dtype=np.int64) if ids is None else ids
+        lo, hi = self.lo[envs], self.hi[envs]
+        short = np.flatnonzero((first < lo) | (hi < first + need))
+        if not len(short):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        envs, first, lo, hi = envs[short], first[short], lo[short], hi[short]
+        fresh = (first < lo) | (first > hi)
+        begin = np.where(fresh, first, hi)
+        end = first + self.width
+        self.lo[envs] = first  # the slots of the episodes before first are refilled
+        self.hi[envs] = end
+        counts = end - begin
+        total = int(counts.sum())
+        self.derived += total
+        starts = np.cumsum(counts) - counts
+        episodes = np.arange(total, dtype=np.int64) + np.repeat(begin - starts, counts)
+        return np.repeat(envs, counts), episodes
+
+
 class EpisodeSeeds:
     """Which seed each reset of N envs uses: roots, episode counters, env offset.
 
@@ -558,9 +666,8 @@ class EpisodeSeeds:
         self.roots: list[int | None] = [None] * num_envs
         self.episode = np.full(num_envs, -1, dtype=np.int64)
         self.env_offset = 0
-        self._seeds: dict[tuple[int, int, int], np.ndarray] = {}
-        self._words: dict[tuple[int, int, int], np.ndarray] = {}
-        self._rings: dict[tuple[int, int, int, Any], tuple[np.ndarray, list[int]]] = {}
+        self._ahead: dict[tuple[int, int, int, Any], tuple[EpisodeSpan, np.ndarray]] = {}
+        """Rows held ahead per (root, env offset, draws, scale) (:meth:`_held`)."""
         self._shared_root: int | None = None
         """The root of every env when they all have one (set by :meth:`restart`), which
         spares the per-env grouping by root; ``None`` when unknown."""
@@ -645,7 +752,8 @@ class EpisodeSeeds:
         ids = self._advance(ids)
         out: list[int | None] = [None] * len(ids)
         for root, ks in self._by_root(ids).items():
-            seeds = self._lookup(root, ids[ks])
+            rows = ids if len(ks) == len(ids) else ids[ks]
+            seeds = self._rows(root, rows, _SEEDS)[:, 0]
             for k, s in zip(ks, seeds.tolist(), strict=True):
                 out[k] = s
         return out
@@ -658,8 +766,10 @@ class EpisodeSeeds:
         root = self.roots[i]
         if root is None:
             return None
-        e = int(self.episode[i])
-        return int(self._block(root, e // _BLOCK)[i, e % _BLOCK])
+        held, e = self._held(root, _SEEDS, None), int(self.episode[i])
+        if held is not None and held[0].lo[i] <= e < held[0].hi[i]:  # no array calls
+            return int(held[1][i * held[0].width + e % held[0].width, 0])
+        return int(self._rows(root, np.array([i], dtype=np.int64), _SEEDS)[0, 0])
 
     def next_generators(
         self, ids: np.ndarray, reuse: Sequence[np.random.Generator | None]
@@ -675,26 +785,8 @@ class EpisodeSeeds:
             ValueError: an env has no root seed.
         """
         ids = self._advance(ids)
-        out: list[np.random.Generator] = [None] * len(ids)  # type: ignore[list-item]
-        groups = self._by_root(ids)
-        if sum(len(ks) for ks in groups.values()) != len(ids):
-            raise ValueError("next_generators needs every env to have a root seed")
-        for root, ks in groups.items():
-            rows = ids[ks] if len(ks) != len(ids) else ids
-            episodes = self.episode[rows]
-            blocks = episodes // _BLOCK
-            first = int(blocks[0])
-            if (blocks == first).all():
-                flat = rows * _BLOCK + episodes - first * _BLOCK
-                words = self._words_block(root, first)[flat].tolist()
-            else:
-                words = [
-                    self._words_block(root, e // _BLOCK)[i * _BLOCK + e % _BLOCK].tolist()
-                    for i, e in zip(rows.tolist(), episodes.tolist(), strict=True)
-                ]
-            for k, w in zip(ks, words, strict=True):
-                out[k] = _seed_generator(reuse[k], w)
-        return out
+        words = self._gather(ids, 0, None, "next_generators").tolist()
+        return [_seed_generator(reuse[k], w) for k, w in enumerate(words)]
 
     def next_states(
         self, ids: np.ndarray, draws: int = 0, scale: Any = None
@@ -705,211 +797,110 @@ class EpisodeSeeds:
 
         ``scale`` (an object with ``names`` and ``prescale(doubles)``, a
         :class:`simkit._batch_contract.Sampler`) turns the first ``len(names)`` doubles
-        into the episode's parameters when the block is computed, so a reset reads its
+        into the episode's parameters when the rows are derived, so a reset reads its
         parameters instead of computing them; it applies only if ``draws`` covers them.
 
         Row ``k`` is what ``np.random.Generator(np.random.PCG64(seed))`` starts from for
         the seed :meth:`next` would return (``(state_hi, state_lo, inc_hi, inc_lo)``,
-        the keys of :class:`KeyedStreams`), and its ``random(draws)``: gathered from
-        tables computed for blocks of episodes of all N envs at once, with no per-env
-        Python work.
+        the keys of :class:`KeyedStreams`), and its ``random(draws)``: read from the
+        rows each env holds ahead (:class:`EpisodeSpan`), with no per-env Python work.
 
         Raises:
             ValueError: an env has no root seed.
         """
         ids = self._advance(ids)
-        if draws and self.num_envs * _BLOCK * draws > _MAX_AHEAD:
-            draws = 0
-        if not draws:
-            return self._gather(ids, self._words_block, 0), None, None
         if scale is not None and draws < len(scale.names):
             scale = None
-        rows = self._gather_ring(ids, draws, scale)
-        if rows is None:
-            rows = self._gather(ids, lambda r, b, d: self._draws_block(r, b, d, scale), draws)
+        rows = self._gather(ids, draws, scale, "next_states")
+        if not draws:
+            return rows, None, None
         return rows[:, :4], rows[:, 4:].view(np.float64), scale
 
-    block_size = _BLOCK
-    """Episodes per block of :meth:`block_rows`."""
-
-    def block_rows(self, b: int, draws: int = 0, scale: Any = None) -> np.ndarray:
-        """Keys and first draws of episodes ``b * block_size ...`` of all N envs under
-        the shared root: ``(N * block_size, 4 + draws)`` uint64, env ``i``'s episode
-        ``b * block_size + e`` at row ``i * block_size + e`` (as :meth:`window`'s rows),
-        the numpy path's cached block where it keeps one (do not write to it).
-
-        Raises:
-            ValueError: the envs do not share one root seed.
-        """
-        root = self._shared_root
-        if root is None:
-            raise ValueError("block_rows() needs every env under one root seed")
-        if scale is not None and draws < len(scale.names):
-            scale = None
-        if not draws:
-            return self._words_block(root, b)
-        if self.num_envs * _BLOCK * draws <= _MAX_AHEAD:
-            return self._draws_block(root, b, draws, scale)
-        states = self._words_block(root, b)
-        out = np.empty((len(states), 4 + draws), dtype=np.uint64)
-        out[:, :4] = states
-        for start in range(0, len(out), _CHUNK):
-            doubles = np.empty((min(_CHUNK, len(out) - start), draws), dtype=np.float64)
-            _pcg64_first_doubles(states[start : start + _CHUNK], doubles)
-            if scale is not None:
-                scale.prescale(doubles)
-            out[start : start + _CHUNK, 4:] = doubles.view(np.uint64)
-        return out
-
-    def window(
-        self, width: int, draws: int = 0, scale: Any = None, episode: np.ndarray | None = None
+    def rows(
+        self, envs: np.ndarray, episodes: np.ndarray, draws: int = 0, scale: Any = None
     ) -> np.ndarray:
-        """The keys of every env's next ``width`` episodes, changing nothing: ``(N,
-        width, 4 + draws)`` uint64, row ``[i, w]`` for env ``i``'s episode
-        ``episode[i] + 1 + w`` as :meth:`next_states` would return it (its PCG64 start
-        state, then the bits of its first ``draws`` doubles, the first
-        ``len(scale.names)`` turned into parameters by ``scale`` if given). ``episode``
-        (default :attr:`episode`) holds the current episodes to start from.
-
-        What a device-resident batch gathers its resets from: an env starts at most one
-        episode per step, so a window of ``width`` episodes lasts ``width`` steps.
+        """The rows of episodes ``episodes[k]`` of envs ``envs[k]`` under the shared
+        root, changing nothing: ``(k, 4 + draws)`` uint64, each what :meth:`next_states`
+        returns for that episode (its PCG64 start state, then the bits of its first
+        ``draws`` doubles, the first ``len(scale.names)`` turned into parameters by
+        ``scale`` if given). What a device-resident batch fills its own ring of next
+        episodes with (:class:`EpisodeSpan` keeps which it holds).
 
         Raises:
             ValueError: the envs do not share one root seed.
         """
         root = self._shared_root
         if root is None:
-            raise ValueError("window() needs every env under one root seed")
-        n = self.num_envs
+            raise ValueError("rows() needs every env under one root seed")
         if scale is not None and draws < len(scale.names):
             scale = None
-        shared = not draws or n * _BLOCK * draws <= _MAX_AHEAD  # the numpy path's blocks
-        current = self.episode if episode is None else np.asarray(episode, dtype=np.int64)
-        episodes = (current[:, None] + np.arange(1, width + 1, dtype=np.int64)).reshape(-1)
-        envs = np.repeat(np.arange(n, dtype=np.int64), width)
-        out = np.empty((n * width, 4 + draws), dtype=np.uint64)
-        blocks = episodes // _BLOCK
-        for b in np.unique(blocks).tolist():
-            sel = np.flatnonzero(blocks == b)
-            flat = envs[sel] * _BLOCK + (episodes[sel] - b * _BLOCK)
-            if draws and shared:
-                out[sel] = self._draws_block(root, b, draws, scale)[flat]
-            else:
-                out[sel, :4] = self._words_block(root, b)[flat]
-        if draws and not shared:
-            for start in range(0, len(out), _CHUNK):
-                part = out[start : start + _CHUNK]
-                doubles = np.empty((len(part), draws), dtype=np.float64)
-                _pcg64_first_doubles(np.ascontiguousarray(part[:, :4]), doubles)
-                if scale is not None:
-                    scale.prescale(doubles)
-                part[:, 4:] = doubles.view(np.uint64)
-        return out.reshape(n, width, 4 + draws)
+        envs = np.asarray(envs, dtype=np.int64).reshape(-1)
+        episodes = np.asarray(episodes, dtype=np.int64).reshape(-1)
+        return _episode_rows(root, envs + self.env_offset, episodes, draws, scale)
 
-    def _gather_ring(self, ids: np.ndarray, draws: int, scale: Any = None) -> np.ndarray | None:
-        """:meth:`_gather` of the draws tables in one indexed read, when every env has the
-        same root and the current episodes of ``ids`` span fewer than ``_RING`` blocks
-        (``None`` otherwise)."""
-        root = self._shared_root
-        if root is None or not len(ids):
-            return None
-        episodes = self.episode[ids]
-        blocks = episodes // _BLOCK
-        first, last = int(blocks.min()), int(blocks.max())
-        if last - first >= _RING:
-            return None
-        ring = self._rings.get((root, self.env_offset, draws, scale))
-        if ring is None or any(ring[1][b % _RING] != b for b in range(first, last + 1)):
-            for b in range(first, last + 1):
-                self._draws_block(root, b, draws, scale)
-            ring = self._rings[(root, self.env_offset, draws, scale)]
-        table = ring[0]
-        rows: np.ndarray = table[blocks % _RING, ids * _BLOCK + (episodes - blocks * _BLOCK)]
-        return rows
+    def _gather(self, ids: np.ndarray, draws: int, scale: Any, what: str) -> np.ndarray:
+        """:meth:`_rows` of the current episodes of ``ids``, whatever their roots.
 
-    def _gather(self, ids: np.ndarray, block: Any, draws: int) -> np.ndarray:
-        """Rows of the current episodes of ``ids`` from the block tables ``block(root, b,
-        draws)`` (``(N * _BLOCK, width)``: env ``i``'s episode ``b * _BLOCK + e`` at row
-        ``i * _BLOCK + e``)."""
+        Raises:
+            ValueError: an env has no root seed.
+        """
         root = self._shared_root
         if root is not None:
-            groups: dict[int, np.ndarray | None] = {root: None}
-        else:
-            by_root = self._by_root(ids)
-            if sum(len(ks) for ks in by_root.values()) != len(ids):
-                raise ValueError("next_states needs every env to have a root seed")
-            groups = {r: np.asarray(ks, dtype=np.int64) for r, ks in by_root.items()}
-        out: np.ndarray | None = None
+            return self._rows(root, ids, draws, scale)
+        groups = self._by_root(ids)
+        if sum(len(ks) for ks in groups.values()) != len(ids):
+            raise ValueError(f"{what} needs every env to have a root seed")
+        out = np.empty((len(ids), 4 + draws), dtype=np.uint64)
         for r, ks in groups.items():
-            rows = ids if ks is None else ids[ks]
-            if not len(rows):
-                continue
-            episodes = self.episode[rows]
-            blocks = episodes // _BLOCK
-            flat = rows * _BLOCK + (episodes - blocks * _BLOCK)
-            first, last = int(blocks.min()), int(blocks.max())
-            if first == last:
-                got = block(r, first, draws).take(flat, axis=0)
-            else:
-                got = None
-                for b in range(first, last + 1):
-                    sel = blocks == b
-                    if not sel.any():
-                        continue
-                    part = block(r, b, draws).take(flat[sel], axis=0)
-                    if got is None:
-                        got = np.empty((len(rows), part.shape[1]), dtype=part.dtype)
-                    got[sel] = part
-            assert got is not None
-            if ks is None:
-                return got
-            if out is None:
-                out = np.empty((len(ids), got.shape[1]), dtype=got.dtype)
-            out[ks] = got
-        if out is None:
-            width = draws or 4
-            return np.empty((0, width), dtype=np.float64 if draws else np.uint64)
+            out[ks] = self._rows(r, ids[ks], draws, scale)
         return out
 
-    def _draws_block(self, root: int, b: int, draws: int, scale: Any = None) -> np.ndarray:
-        """:meth:`_words_block` with the first ``draws`` doubles of each stream after
-        its 4 state words (their bits, as uint64): ``(N * _BLOCK, 4 + draws)``; with
-        ``scale``, the first doubles are already its parameters (:meth:`next_states`)."""
-        key = (root, self.env_offset, draws, scale)
-        ring = self._rings.get(key)
-        if ring is None:
-            slots = np.empty((_RING, self.num_envs * _BLOCK, 4 + draws), dtype=np.uint64)
-            self._rings = {key: (slots, [-1] * _RING)}  # one ring at a time
-            ring = self._rings[key]
-        slots, held = ring
-        table = slots[b % _RING]
-        if held[b % _RING] != b:
-            states = self._words_block(root, b)
-            table[:, :4] = states
-            doubles = table[:, 4:].view(np.float64)
-            for start in range(0, len(states), _CHUNK):
-                end = start + _CHUNK
-                _pcg64_first_doubles(states[start:end], doubles[start:end])
-                if scale is not None:
-                    scale.prescale(doubles[start:end])
-            held[b % _RING] = b
-        return table
+    def _rows(self, root: int, ids: np.ndarray, draws: int, scale: Any = None) -> np.ndarray:
+        """Rows of the current episodes of ``ids`` (all under ``root``), as
+        :func:`_episode_rows` derives them: read from the rows held ahead, after one
+        refill where an env lacks its episode.
 
-    def _words_block(self, root: int, b: int, draws: int = 0) -> np.ndarray:
-        """PCG64 states (:func:`_pcg64_states`) of episodes ``b * _BLOCK ...`` of all N
-        envs: ``(N * _BLOCK, 4)``, env ``i``'s episode ``b * _BLOCK + e`` at row
-        ``i * _BLOCK + e``."""
-        key = (root, self.env_offset, b)
-        table = self._words.get(key)
-        if table is None:
-            seeds = self._block(root, b).reshape(-1)
-            table = np.empty((len(seeds), 4), dtype=np.uint64)
-            for start in range(0, len(seeds), _CHUNK):  # temporaries that fit in cache
-                table[start : start + _CHUNK] = _pcg64_states(seeds[start : start + _CHUNK])
-            if len(self._words) >= _MAX_BLOCKS:
-                self._words.clear()
-            self._words[key] = table
-        return table
+        A refill derives the episodes the envs that run short lack, and no others: under
+        the shared root it tops up every env holding fewer than half the lookahead (so
+        the fixed cost of a derivation, a few hundred array operations, is shared by
+        many envs and paid once per many steps), else the envs of ``ids``. So the work
+        is one row per episode started, whatever the spread of the episode counters.
+        Rows too many to hold ahead are derived for ``ids`` directly.
+        """
+        episodes = self.episode[ids]
+        held = self._held(root, draws, scale)
+        if held is None:
+            return _episode_rows(root, ids + self.env_offset, episodes, draws, scale)
+        span, table = held
+        if not span.holds(ids, episodes):
+            if root == self._shared_root:
+                first = self.episode + 1
+                first[ids] = episodes
+                envs, eps = span.extend(None, first, span.width // 2)
+            else:
+                envs, eps = span.extend(ids, episodes, span.width // 2)
+            table[span.flat(envs, eps)] = _episode_rows(
+                root, envs + self.env_offset, eps, draws, scale
+            )
+        return table.take(span.flat(ids, episodes), axis=0)
+
+    def _held(self, root: int, draws: int, scale: Any) -> tuple[EpisodeSpan, np.ndarray] | None:
+        """The rows held ahead for ``root`` (``(N * width, 4 + draws)``, or a seed per row
+        for ``draws == _SEEDS``) and their span, made on first use; ``None`` where the N
+        envs' rows would exceed ``_MAX_AHEAD`` words even two episodes ahead."""
+        key = (root, self.env_offset, draws, scale)
+        held = self._ahead.get(key)
+        if held is None:
+            columns = 1 if draws == _SEEDS else 4 + draws
+            width = min(_AHEAD, _MAX_AHEAD // max(1, self.num_envs * columns))
+            if width < 2:
+                return None
+            span = EpisodeSpan(self.num_envs, width)
+            held = (span, np.zeros((self.num_envs * width, columns), dtype=np.uint64))
+            if len(self._ahead) >= _MAX_HELD:
+                del self._ahead[next(iter(self._ahead))]
+            self._ahead[key] = held
+        return held
 
     def _advance(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
@@ -934,38 +925,6 @@ class EpisodeSeeds:
             if root is not None:
                 groups.setdefault(root, []).append(k)
         return groups
-
-    def _lookup(self, root: int, ids: np.ndarray) -> np.ndarray:
-        """Seeds of the current episodes of ``ids`` under ``root``.
-
-        Derived in blocks of ``_BLOCK`` episodes for all N envs at once and cached, so a
-        reset costs a lookup instead of a hash (the vectorised derivation has a fixed
-        cost that only pays over many seeds).
-        """
-        episodes = self.episode[ids]
-        blocks = episodes // _BLOCK
-        out = np.empty(len(ids), dtype=np.uint64)
-        for b in np.unique(blocks).tolist():
-            sel = blocks == b
-            out[sel] = self._block(root, b)[ids[sel], episodes[sel] - b * _BLOCK]
-        return out
-
-    def _block(self, root: int, b: int) -> np.ndarray:
-        key = (root, self.env_offset, b)
-        table = self._seeds.get(key)
-        if table is None:
-            n = self.num_envs
-            envs = np.repeat(np.arange(n, dtype=np.int64) + self.env_offset, _BLOCK)
-            eps = np.tile(np.arange(b * _BLOCK, (b + 1) * _BLOCK, dtype=np.int64), n)
-            table = np.empty(n * _BLOCK, dtype=np.uint64)
-            for start in range(0, n * _BLOCK, _CHUNK):
-                end = start + _CHUNK
-                table[start:end] = episode_seeds(root, envs[start:end], eps[start:end])
-            table = table.reshape(n, _BLOCK)
-            if len(self._seeds) >= _MAX_BLOCKS:
-                self._seeds.clear()
-            self._seeds[key] = table
-        return table
 
     def env_state(self, i: int) -> dict[str, Any]:
         """Env ``i``'s part of a per-env snapshot: ``root_seed`` and ``episode_index``."""

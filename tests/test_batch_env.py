@@ -850,20 +850,23 @@ def test_reading_episode_stats_is_one_read_back_from_the_device(
     assert stats["return_sum"].dtype == np.float64
 
 
-@pytest.mark.parametrize("keys", ["ring", "window"])
+@pytest.mark.parametrize("ring", ["default", "narrow"])
 def test_device_steps_equal_numpy_across_host_operations(
-    keys: str, monkeypatch: pytest.MonkeyPatch
+    ring: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The device-resident torch CartPole equals the numpy batch bit for bit (obs, final
     obs, rewards, flags, reset params), with host operations between device steps:
     snapshots into a fresh batch, counters read, reset() continuing, a masked reset,
-    subset steps and Gymnasium's step(); the next-episode keys (a ring of blocks, or
-    per-instance windows when episodes spread too far) run out and refill on their own."""
+    subset steps and Gymnasium's step(); each instance's ring of next-episode keys (32
+    episodes, or 3 so that it wraps and refills every 3 steps) runs out and refills on
+    its own."""
     torch = pytest.importorskip("torch")
-    if keys == "window":
-        from simkit import _batch
+    if ring == "narrow":
+        from simkit import _batch, _batch_device
 
-        monkeypatch.setattr(_batch, "MAX_RING_BLOCKS", 0)
+        for module in (_batch, _batch_device):
+            monkeypatch.setattr(module, "DEFAULT_WINDOW", 3)
+        monkeypatch.setattr(_batch_device, "MAX_WINDOW", 3)
     ref = simkit.make("simkit/BatchCartPole-v0", num_envs=7, max_episode_steps=9)
     dev = simkit.make("simkit/BatchCartPole-v0", num_envs=7, max_episode_steps=9, device="cpu")
     ref.reset(seed=21)
@@ -1044,10 +1047,11 @@ def test_device_episode_stats_count_host_path_steps_too() -> None:
 
 
 def test_prepare_device_steps_caps_the_ring_for_long_fragments() -> None:
-    """A fragment longer than the ring of 16 blocks can reach gets the ring's worth of
-    steps (no window of thousands of episodes per instance), then refills on its own."""
+    """A fragment longer than an instance's ring of next episodes can hold gets the
+    ring's worth of steps (no ring of thousands of episodes per instance), then refills
+    on its own."""
     torch = pytest.importorskip("torch")
-    from simkit._batch_device import MAX_RING_BLOCKS
+    from simkit._batch_device import MAX_WINDOW
 
     ref = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=1)
     dev = simkit.make("simkit/BatchCartPole-v0", num_envs=3, max_episode_steps=1, device="cpu")
@@ -1056,10 +1060,11 @@ def test_prepare_device_steps_caps_the_ring_for_long_fragments() -> None:
     assert dev.prepare_device_steps(5000)
     loop = dev._device_loop
     assert loop is not None
-    assert loop.window is None
-    assert loop.steps_left == MAX_RING_BLOCKS * 16 - 1
+    assert loop.span is not None
+    assert loop.span.width == MAX_WINDOW
+    assert loop.steps_left == MAX_WINDOW
     a = np.zeros(3, dtype=np.int64)
-    for _ in range(MAX_RING_BLOCKS * 16 + 20):  # one episode a step: past the first ring
+    for _ in range(MAX_WINDOW + 20):  # one episode a step: past the first ring
         r, d = ref.step_batch(a), dev.step_batch(torch.as_tensor(a))
         assert r.obs.tolist() == d.obs.numpy().tolist()
 

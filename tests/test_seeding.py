@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from simkit._seeding import (
     MAX_ROOT_SEED,
     EpisodeSeeds,
+    EpisodeSpan,
     StreamTable,
     _pcg64_states,
     episode_seed,
@@ -224,16 +225,17 @@ def test_torch_keyed_draws_bounded_by_the_caller_never_read_the_device() -> None
         pcg64_outputs_torch(states, pos, 2, max_pos=-1)
 
 
-@pytest.mark.parametrize("shared", [True, False])
-def test_episode_window_holds_the_keys_and_draws_of_the_next_episodes(
-    shared: bool, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("held", [True, False])
+def test_episode_rows_are_what_next_states_returns(
+    held: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Row ``[i, w]`` of a window is what ``next_states`` returns for env ``i``'s episode
-    ``w`` ahead (key, prescaled parameters, draws), from the numpy path's blocks or, for
-    batches too large for them, computed directly; building it changes nothing."""
+    """``rows(envs, episodes)`` is what ``next_states`` returns for those episodes (key,
+    prescaled parameters, draws), whether ``next_states`` reads rows held ahead or, for
+    batches too large to hold them, derives its envs' rows directly; the envs' episodes
+    spread far apart on the way; ``rows`` changes nothing."""
     import simkit._seeding as seeding
 
-    if not shared:
+    if not held:
         monkeypatch.setattr(seeding, "_MAX_AHEAD", 1)
 
     class Halve:
@@ -244,27 +246,61 @@ def test_episode_window_holds_the_keys_and_draws_of_the_next_episodes(
 
     scale = Halve()
     seeds = EpisodeSeeds(5)
+    seeds.env_offset = 3
     seeds.restart(11)
-    ids = np.arange(5)
-    seeds.next_states(ids, 3, scale)
-    seeds.next_states(np.array([1, 3]), 3, scale)  # envs at different episodes
-    before = seeds.episode.copy()
-    window = seeds.window(20, 3, scale)
-    assert window.shape == (5, 20, 7)
-    assert (seeds.episode == before).all()
-    reference = EpisodeSeeds(5)
-    reference.restart(11)
-    reference.episode[:] = before
-    for w in range(20):
-        states, ahead, _ = reference.next_states(ids, 3, scale)
-        assert (window[:, w, :4] == states).all()
-        expected = pcg64_doubles(states, np.zeros(5, dtype=np.int64), 3)
+    seeds.next_states(np.arange(5), 3, scale)
+    for step in range(150):  # env 1 every step, env 3 every other step: 150 apart
+        ids = np.array([1, 3]) if step % 2 else np.array([1])
+        before = seeds.episode[ids] + 1
+        states, ahead, scaled = seeds.next_states(ids, 3, scale)
+        rows = seeds.rows(ids, before, 3, scale)
+        assert (rows[:, :4] == states).all()
+        expected = pcg64_doubles(states, np.zeros(len(ids), dtype=np.int64), 3)
         scale.prescale(expected)
-        assert window[:, w, 4:].view(np.float64).tolist() == expected.tolist()
-        if ahead is not None:
-            assert ahead.tolist() == expected.tolist()
-    other = seeds.window(4, 3, scale, episode=before + 2)
-    assert (other == window[:, 2:6]).all()
+        assert rows[:, 4:].view(np.float64).tolist() == expected.tolist()
+        assert ahead is not None
+        assert ahead.tolist() == expected.tolist()
+        assert scaled is scale
+        for k, i in enumerate(ids.tolist()):
+            rng = np.random.Generator(np.random.PCG64(episode_seed(11, i + 3, int(before[k]))))
+            assert states[k].tolist() == [
+                rng.bit_generator.state["state"]["state"] >> 64,
+                rng.bit_generator.state["state"]["state"] & (2**64 - 1),
+                rng.bit_generator.state["state"]["inc"] >> 64,
+                rng.bit_generator.state["state"]["inc"] & (2**64 - 1),
+            ]
+    assert seeds.episode.tolist() == [0, 150, 0, 75, 0]
+    assert (
+        seeds.rows(np.array([2]), np.array([9]), 3, scale)
+        == seeds.rows(np.array([2]), np.array([9]), 3, scale)
+    ).all()
+    assert seeds.episode.tolist() == [0, 150, 0, 75, 0]
+    seeds.plan(np.array([0]), 4)
+    with pytest.raises(ValueError, match="needs every env under one root seed"):
+        seeds.rows(np.array([0]), np.array([1]))
+
+
+def test_episode_span_names_only_the_episodes_an_env_lacks() -> None:
+    """``extend`` derives each short env's missing episodes, ascending, env by env; an
+    env whose held episodes are not next to the ones it needs starts afresh."""
+    span = EpisodeSpan(3, 4)
+    envs, eps = span.extend(None, np.array([0, 0, 5]), 2)
+    assert envs.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert eps.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 5, 6, 7, 8]
+    assert span.holds(np.array([0, 2]), np.array([3, 8]))
+    assert not span.holds(np.array([0]), np.array([4]))
+    envs, eps = span.extend(None, np.array([1, 3, 5]), 2)  # env 0 holds 1, 2: not short
+    assert envs.tolist() == [1, 1, 1]
+    assert eps.tolist() == [4, 5, 6]
+    assert span.lo.tolist() == [0, 3, 5]
+    assert span.hi.tolist() == [4, 7, 9]
+    envs, eps = span.extend(np.array([2, 0]), np.array([0, 20]), 1)  # restart, a jump
+    assert envs.tolist() == [2] * 4 + [0] * 4
+    assert eps.tolist() == [0, 1, 2, 3, 20, 21, 22, 23]
+    assert span.derived == 23
+    assert span.flat(np.array([0, 2]), np.array([21, 3])).tolist() == [1, 11]
+    with pytest.raises(ValueError, match=r"need must be in 1..4, got 5"):
+        span.extend(None, np.zeros(3, dtype=np.int64), 5)
 
 
 def test_keyed_streams_draw_what_each_instances_generator_draws() -> None:
