@@ -28,6 +28,7 @@ __all__ = [
     "available_memory",
     "check_env_id",
     "check_memory",
+    "check_network",
     "check_ranges",
     "human_bytes",
     "json_depth",
@@ -61,13 +62,13 @@ def max_threads() -> int:
 
 @dataclass(frozen=True)
 class Range:
-    """What a numeric flag must be: in ``[low, high]`` (``low_open``: ``(low, high]``),
-    finite; ``None`` passes where ``optional``. ``what`` words it instead of the
+    """What a numeric flag must be: in ``[low, high]`` (``low_open``: ``(low, high]``;
+    no ``high``: ``>= low``), finite; ``None`` passes where ``optional``. ``what`` words it instead of the
     interval (``"a port in [0, 65535]"``)."""
 
     flag: str
     low: float
-    high: float
+    high: float = math.inf
     low_open: bool = False
     optional: bool = False
     what: str | None = None
@@ -76,6 +77,8 @@ class Range:
         """``"in [1, 64]"``, ``"in (0, 86400]"``, or :attr:`what`."""
         if self.what is not None:
             return self.what
+        if self.high == math.inf:
+            return f"{'>' if self.low_open else '>='} {_num(self.low)}"
         return f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}]"
 
     def holds(self, value: Any) -> bool:
@@ -202,6 +205,29 @@ def mlp_parameters(widths: Iterable[int]) -> int:
     """Weights and biases of a stack of linear layers of these widths (input first)."""
     sizes = [int(w) for w in widths]
     return sum(a * b + b for a, b in itertools.pairwise(sizes))
+
+
+NETWORK_BYTES_PER_PARAMETER = 16
+"""float32 weights, their gradients and Adam's two moments."""
+
+
+def check_network(widths: Iterable[int], copies: int = 1) -> None:
+    """Refuses ``copies`` stacks of linear layers of these widths (input first) that do
+    not fit the memory available, with their gradients and optimiser state, before a
+    weight is allocated (``--hidden 1000000000`` grew to gigabytes).
+
+    Raises:
+        ValueError: one line with the widths, the parameters and the memory.
+    """
+    sizes = [int(w) for w in widths]
+    params = mlp_parameters(sizes) * copies
+    shown = ", ".join(f"{w:,}" for w in sizes[:8]) + (", ..." if len(sizes) > 8 else "")
+    check_memory(
+        params * NETWORK_BYTES_PER_PARAMETER,
+        f"a network of layer widths [{shown}] ({params:,} parameters, with gradients and "
+        "optimiser state)",
+        "smaller hidden sizes",
+    )
 
 
 def check_env_id(env_id: str, flag: str = "ENV_ID") -> None:

@@ -66,3 +66,135 @@ def test_an_env_id_too_long_for_a_file_name_is_one_line(
         line = _one_line(capsys, "must be at most 256 characters, got 120,000")
         assert len(line) < 200
     assert list(tmp_path.iterdir()) == []
+
+
+TRAIN = ["train", "simkit/CartPole-v0", "--servers", "0", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--env-kwarg", "x={not json"], "cannot be made with it: "),
+        (["--env-kwarg", "max_episode_steps=NaN"], "max_episode_steps must be an int or None"),
+        (["--env-kwarg", DEEP], "--env-kwarg x: JSON nested 1000 levels deep, more than 32"),
+        (["--num-envs", str(10**12)], "--num-envs 1,000,000,000,000 x --num-steps"),
+        (["--num-steps", str(10**12)], "--num-steps 1,000,000,000,000 ("),
+        (["--torch-threads", str(10**6)], "--torch-threads must be in [1, "),
+        (["--env-threads", str(10**6)], "--env-threads must be in [1, "),
+        (["--hidden", str(10**9)], "a network of layer widths [4, 1,000,000,000]"),
+        (["--servers", str(10**6)], "--servers must be in [0, "),
+        (["--learning-rate", "inf"], "--learning-rate must be > 0, got inf"),
+        (["--server-timeout", "inf"], "--server-timeout must be in (0, 604800], got inf"),
+        (["--print-every", "nan"], "--print-every must be in (0, "),
+        (["--algo", "sac", "--buffer-size", str(10**12)], "--buffer-size 1,000,000,000,000 ("),
+    ],
+)
+def test_train_refuses_out_of_bounds_flags_in_one_line_leaving_no_logdir(
+    flags: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: TypeError, RecursionError, MemoryError and numpy's 14.6 TiB tracebacks, a
+    segfault (a million torch threads), gigabytes of growth (--hidden, --servers), and a
+    ``runs/<id>/LOCK`` left behind by a run refused after its log directory was made."""
+    env = ["simkit/Pendulum-v0"] if "sac" in flags else []
+    argv = [*TRAIN, "--logdir", str(tmp_path / "runs" / "a"), *flags]
+    if env:
+        argv[1] = env[0]
+        argv.remove("--servers")
+        argv.remove("0")
+    assert main(argv) == 2
+    line = _one_line(capsys, "simkit train: ", named)
+    if "needs" in line:
+        assert "of memory available" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_refused_after_making_its_logdir_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The network is refused once the run has made and locked its log directory (the
+    model is built inside the run): the folders it made go again, a folder that was there
+    keeps only what it held."""
+    logdir = tmp_path / "a" / "b"
+    assert main([*TRAIN, "--logdir", str(logdir), "--hidden", str(10**9)]) == 2
+    _one_line(capsys, "a network of layer widths")
+    assert list(tmp_path.iterdir()) == []
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert main([*TRAIN, "--logdir", str(kept), "--hidden", str(10**9)]) == 2
+    _one_line(capsys, "a network of layer widths")
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+
+
+def test_a_logdir_whose_lock_is_a_folder_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``IsADirectoryError`` traceback."""
+    (tmp_path / "LOCK").mkdir()
+    assert main([*TRAIN, "--logdir", str(tmp_path), "--total-steps", "64"]) == 2
+    _one_line(capsys, f"--logdir {tmp_path}: cannot lock {tmp_path / 'LOCK'}: Is a directory")
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "LOCK").mkdir()
+    argv = ["record", "simkit/CartPole-v0", "--episodes", "1", "--out", str(tmp_path / "rec")]
+    assert main(argv) == 1
+    _one_line(capsys, f"cannot write {tmp_path / 'rec' / 'LOCK'}: Is a directory (EISDIR)")
+
+
+def _killed_before_first_checkpoint(logdir: Path) -> None:
+    """A real run, SIGKILLed once it wrote progress but before any checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [*TRAIN, "--logdir", str(logdir), "--total-steps", "0", "--num-steps", "32"]
+    argv += ["--num-minibatches", "4", "--checkpoint-every", "0", "--checkpoint-minutes", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simkit", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (logdir / "progress.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert (logdir / "progress.jsonl").exists()
+    assert not (logdir / "checkpoints" / "latest").exists()
+
+
+def test_a_run_killed_before_its_first_checkpoint_can_be_resumed_or_reused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: refused both ways (--resume: 'not a checkpoint'; a fresh run: 'use
+    --resume'). Now --resume starts it from scratch and a fresh run reuses the folder,
+    each saying which."""
+    from simkit.clients.learners._checkpoint import load_checkpoint
+
+    import shutil
+
+    logdir = tmp_path / "run"
+    _killed_before_first_checkpoint(logdir)
+    other = tmp_path / "other"
+    shutil.copytree(logdir, other)
+    short = ["--total-steps", "64", "--num-steps", "32", "--num-minibatches", "4"]
+    assert main([*TRAIN, "--resume", str(logdir), *short]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"simkit train: --resume {logdir}: its run stopped before its first checkpoint, so "
+        f"there is nothing to resume; starting it from scratch in {logdir}"
+    ) in err
+    assert int(load_checkpoint(logdir).state["global_step"]) == 64
+    assert len((logdir / "progress.jsonl").read_text().splitlines()) == 2
+
+    assert main([*TRAIN, "--logdir", str(other), *short]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"simkit train: --logdir {other} held a run that stopped before its first checkpoint "
+        "(nothing to resume); starting a new run there"
+    ) in err
+    assert int(load_checkpoint(other).state["global_step"]) == 64
+    assert len((other / "progress.jsonl").read_text().splitlines()) == 2

@@ -3,10 +3,13 @@ command line (``simkit train --help``) is built without loading torch."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Self
+
+from simkit._limits import max_threads
 
 if TYPE_CHECKING:
     import torch
@@ -73,12 +76,17 @@ def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
             raise ValueError(f"{flag} must be {want}, got {value}")
 
 
+_THREADS = f"in [1, {max_threads()}]"
+"""Thread counts: at least one, at most :func:`~simkit._limits.max_threads` (a million
+torch threads exhausted the host's threads and crashed the process)."""
+
 _MUST: dict[str, Callable[[Any], bool]] = {
     "in [0, 2**63)": lambda v: 0 <= v < 2**63,
     ">= 0 (0: until stopped)": lambda v: v >= 0,
-    ">= 0": lambda v: v >= 0,
+    ">= 0": lambda v: math.isfinite(v) and v >= 0,
     ">= 1": lambda v: v >= 1,
-    "> 0": lambda v: v > 0,
+    "> 0": lambda v: math.isfinite(v) and v > 0,
+    _THREADS: lambda v: 1 <= v <= max_threads(),
     "in (0, 1]": lambda v: 0 < v <= 1,
     "in [0, 1]": lambda v: 0 <= v <= 1,
     "sizes >= 1": lambda v: bool(v) and min(v) >= 1,
@@ -90,7 +98,8 @@ _MUST: dict[str, Callable[[Any], bool]] = {
 _SHARED_CHECKS = {
     "in [0, 2**63)": ("seed",),
     ">= 0 (0: until stopped)": ("total_steps",),
-    ">= 1": ("num_envs", "num_steps", "env_threads", "torch_threads"),
+    ">= 1": ("num_envs", "num_steps"),
+    _THREADS: ("env_threads", "torch_threads"),
     "sizes >= 1": ("hidden",),
     "sync or async": ("mode",),
 }

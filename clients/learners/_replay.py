@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from simkit._limits import check_memory
 from simkit._types import Fragment
 from simkit.errors import InvalidCheckpoint
 
@@ -265,6 +266,11 @@ class ReplayBuffer:
     ) -> None:
         self.capacity = _count("capacity", capacity, 1)
         record = _record(obs_shape, obs_dtype, action_shape, action_dtype)
+        check_memory(
+            self.capacity * record.itemsize,
+            f"a replay buffer of {self.capacity:,} transitions x {record.itemsize:,} B",
+            "a smaller capacity",
+        )
         self.obs_shape: tuple[int, ...] = record["obs"].shape
         self.action_shape: tuple[int, ...] = record["actions"].shape
         self.obs_dtype: np.dtype[Any] = record["obs"].base

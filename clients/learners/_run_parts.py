@@ -265,9 +265,9 @@ def prepare_logdir(logdir: Path) -> None:
         ValueError: ``logdir`` is a file, or cannot be made or written (one line
             naming it and the errno).
     """
-    if logdir.exists() and not logdir.is_dir():
-        raise ValueError(f"--logdir {logdir}: a file, not a folder")
     try:
+        if logdir.exists() and not logdir.is_dir():
+            raise ValueError(f"--logdir {logdir}: a file, not a folder")
         logdir.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=logdir, prefix=".simkit-write-test-")
         os.close(fd)

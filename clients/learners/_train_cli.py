@@ -11,7 +11,9 @@ what the checkpoint holds: only flags given are compared with the checkpoint
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -289,24 +291,44 @@ def given_settings(ns: argparse.Namespace, cls: type[Any] = PPOArgs) -> dict[str
     return out
 
 
+SERVER_BYTES = 256 << 20
+"""About what one local ``simkit serve --policy`` process takes (~230 MiB resident with
+torch loaded): ``--servers N`` needs N times it free."""
+MAX_RAY_SERVERS = 4096
+"""The most ``--servers`` on Ray (or ``--connect`` endpoints): a cluster's, not this
+machine's, memory holds them."""
+
+
 def check_run_settings(ns: argparse.Namespace, num_envs: int) -> None:
     """The run's own numeric settings, checked before anything starts.
 
     Raises:
         ValueError: a value out of range, naming the flag, what it must be and what came.
     """
-    checks: list[tuple[str, Any, bool, str]] = [
-        ("--checkpoint-every", ns.checkpoint_every, ns.checkpoint_every >= 0, ">= 0"),
-        ("--checkpoint-minutes", ns.checkpoint_minutes, ns.checkpoint_minutes >= 0, ">= 0"),
-        ("--print-every", ns.print_every, ns.print_every > 0, "> 0"),
-        ("--server-timeout", ns.server_timeout, ns.server_timeout > 0, "> 0"),
-        ("--server-cpus", ns.server_cpus, ns.server_cpus >= 0, ">= 0"),
-        ("--server-gpus", ns.server_gpus, ns.server_gpus >= 0, ">= 0"),
-        ("--max-restarts", ns.max_restarts, ns.max_restarts >= -1, ">= -1"),
-    ]
-    if ns.servers is not None:
-        checks.append(("--servers", ns.servers, ns.servers >= 0, ">= 0"))
-    refuse_unless(checks)
+    from simkit._limits import Range, check_memory, check_ranges, max_threads
+
+    local_servers = MAX_RAY_SERVERS if ns.ray is not None else max_threads()
+    check_ranges(
+        [
+            (Range("--checkpoint-every", 0), ns.checkpoint_every),
+            (Range("--checkpoint-minutes", 0, 10**7), ns.checkpoint_minutes),
+            (Range("--print-every", 0, 10**7, low_open=True), ns.print_every),
+            (Range("--server-timeout", 0, 7 * 24 * 3600, low_open=True), ns.server_timeout),
+            (Range("--server-cpus", 0, 1 << 16), ns.server_cpus),
+            (Range("--server-gpus", 0, 1 << 10), ns.server_gpus),
+            (Range("--max-restarts", -1), ns.max_restarts),
+            (Range("--servers", 0, local_servers, optional=True), ns.servers),
+            (
+                Range("--connect", 0, MAX_RAY_SERVERS, what="given at most 4096 times"),
+                len(ns.connect),
+            ),
+        ]
+    )
+    if ns.servers and ns.ray is None:
+        check_memory(
+            ns.servers * SERVER_BYTES,
+            f"--servers {ns.servers} (a local process each, about {SERVER_BYTES >> 20} MiB)",
+        )
     count = (ns.servers or 0) + len(ns.connect)
     if count > num_envs:
         raise ValueError(
@@ -382,6 +404,9 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
         from simkit.clients.learners._train_sac import check_env
 
         check_env(args.env_id)
+    from simkit.clients.learners._sizes import check_run_memory
+
+    check_run_memory(args, in_process=not ns.connect and ns.ray is None and not ns.servers)
     return args
 
 
@@ -389,7 +414,7 @@ def run_train(ns: argparse.Namespace) -> int:
     """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0; bad input is one line
     on stderr and exit 2 before anything starts. The log directory is locked while the
     run writes it (:func:`claim_logdir`)."""
-    locks: list[DirectoryLock] = []
+    locks: list[LogdirLock] = []
     try:
         return _run_train(ns, locks)
     finally:
@@ -397,33 +422,140 @@ def run_train(ns: argparse.Namespace) -> int:
             lock.release()
 
 
-def claim_logdir(logdir: Path, resume: str | None = None) -> DirectoryLock:
+_RUN_OUTPUTS = ("progress.jsonl", "checkpoints", "policy.safetensors")
+"""What a run that trained leaves in its log directory (a log directory holding none of
+them holds no run)."""
+_LEFTOVERS = (*_RUN_OUTPUTS, "tb", "prometheus_targets.json")
+"""What a run writes into its log directory: cleared when a run that died before its
+first checkpoint is started over there."""
+
+
+class LogdirLock:
+    """A claimed log directory (:func:`claim_logdir`): its one-writer lock, and what the
+    claim made. :meth:`release` unlocks it and, where the run left no output there
+    (refused, failed to start, interrupted before training), removes what the claim
+    made: no empty log directory (nor a lone ``LOCK``) is left behind.
+
+    Attributes:
+        reused: the directory held a run that died before its first checkpoint; its
+            outputs were cleared and this run starts over there.
+    """
+
+    def __init__(
+        self, lock: DirectoryLock, logdir: Path, made: Path | None, had_lock: bool
+    ) -> None:
+        self.lock = lock
+        self.logdir = logdir
+        self.made = made
+        self.had_lock = had_lock
+        self.reused = False
+
+    def release(self) -> None:
+        """Unlocks (idempotent); removes the folders the claim made, or the ``LOCK`` it
+        added, when the run left no output there."""
+        self.lock.release()
+        if any((self.logdir / name).exists() for name in _RUN_OUTPUTS):
+            return
+        if self.made is not None:
+            shutil.rmtree(self.made, ignore_errors=True)
+        elif not self.had_lock:
+            with contextlib.suppress(OSError):
+                (self.logdir / "LOCK").unlink()
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of ``path`` that does not exist yet (what ``mkdir -p`` makes)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def died_before_first_checkpoint(logdir: Path) -> bool:
+    """Whether ``logdir`` holds the outputs of a run that was killed before it wrote a
+    complete checkpoint: nothing to resume, so a run may start over there."""
+    from simkit.clients.learners._checkpoint import resolve_checkpoint
+
+    if not logdir.is_dir() or not any((logdir / name).exists() for name in _RUN_OUTPUTS):
+        return False
+    try:
+        resolve_checkpoint(logdir)
+    except InvalidCheckpoint:
+        pass
+    else:
+        return False  # a checkpoint (or its latest pointer) is there
+    folder = logdir / "checkpoints"
+    return not (
+        folder.is_dir()
+        and any((d / "manifest.json").is_file() for d in folder.iterdir() if d.is_dir())
+    )
+
+
+def _clear_leftovers(logdir: Path) -> None:
+    """Removes what a run that died before its first checkpoint wrote in ``logdir``."""
+    for name in _LEFTOVERS:
+        path = logdir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def claim_logdir(logdir: Path, resume: str | None = None) -> LogdirLock:
     """Makes and locks the run's log directory (the recorder's one-writer lock), and
     refuses one that holds another run unless this run resumes it: two runs in one
     directory would interleave ``progress.jsonl`` and overwrite each other's checkpoints.
+    A directory whose run died before its first checkpoint holds nothing to resume: its
+    outputs are cleared and the run starts over there (:attr:`LogdirLock.reused`).
 
     Raises:
         RecordingLocked: another process writes there.
         ValueError: it holds a run and this one does not ``--resume`` it (or it cannot
-            be made or written).
+            be made, written or locked).
     """
     from simkit.clients.learners._run_parts import prepare_logdir
     from simkit.recording._format import DirectoryLock
 
+    try:
+        made = _first_missing(logdir)
+        had_lock = (logdir / "LOCK").exists()
+    except OSError as exc:  # a name too long for the file system
+        raise ValueError(f"--logdir {str(logdir)[:200]}: {WriteFailed.reason(exc)}") from exc
     prepare_logdir(logdir)
-    lock = DirectoryLock(
-        logdir,
-        what="log directory",
-        advice="one run per log directory (pick another --logdir or stop it)",
-    )
+    try:
+        lock = DirectoryLock(
+            logdir,
+            what="log directory",
+            advice="one run per log directory (pick another --logdir or stop it)",
+        )
+    except OSError as exc:  # LOCK is a folder, or cannot be opened
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise ValueError(
+            f"--logdir {logdir}: cannot lock {logdir / 'LOCK'}: {WriteFailed.reason(exc)}"
+        ) from exc
+    claim = LogdirLock(lock, logdir, made, had_lock)
     resumes = resume is not None and _resumed_logdir(resume).resolve() == logdir.resolve()
     if not resumes and ((logdir / "checkpoints").is_dir() or (logdir / "progress.jsonl").exists()):
+        if died_before_first_checkpoint(logdir):
+            try:
+                _clear_leftovers(logdir)
+            except OSError as exc:
+                lock.release()
+                raise ValueError(
+                    f"--logdir {logdir}: cannot clear the run that died there before its "
+                    f"first checkpoint: {WriteFailed.reason(exc)}"
+                ) from exc
+            claim.reused = True
+            return claim
         lock.release()
         raise ValueError(
             f"--logdir {logdir} holds a run already ({_run_in(logdir)}): continue it with "
             f"--resume {logdir}, or choose another --logdir"
         )
-    return lock
+    return claim
 
 
 def _run_in(logdir: Path) -> str:
@@ -439,11 +571,15 @@ def _run_in(logdir: Path) -> str:
         return "progress.jsonl" if (logdir / "progress.jsonl").exists() else "checkpoints/"
 
 
-def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
+def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     """:func:`run_train`, holding its log directory's lock in ``locks``."""
     from simkit.errors import RecordingLocked
     from simkit.recording._format import DirectoryLock
 
+    scratch = None
+    if ns.resume is not None and died_before_first_checkpoint(_resumed_logdir(ns.resume)):
+        scratch, ns.resume = ns.resume, None  # nothing to resume: the run starts over
+        ns.logdir = ns.logdir or str(_resumed_logdir(scratch))
     if ns.reproducible and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
     if ns.reproducible:
@@ -475,12 +611,24 @@ def _run_train(ns: argparse.Namespace, locks: list[DirectoryLock]) -> int:
         locks.append(claim_logdir(logdir, ns.resume))
         if ns.record is not None and Path(ns.record).is_dir():  # another writer: now, not
             DirectoryLock(Path(ns.record)).release()  # once the servers run
-    except ValueError as exc:
+    except (ValueError, WriteFailed) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
     except RecordingLocked as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
+    if scratch is not None:
+        print(
+            f"simkit train: --resume {scratch}: its run stopped before its first checkpoint, "
+            f"so there is nothing to resume; starting it from scratch in {logdir}",
+            file=sys.stderr,
+        )
+    elif locks[-1].reused:
+        print(
+            f"simkit train: --logdir {logdir} held a run that stopped before its first "
+            "checkpoint (nothing to resume); starting a new run there",
+            file=sys.stderr,
+        )
     from simkit.clients.remote._connection import ServerUnavailable
 
     try:

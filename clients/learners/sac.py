@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from simkit._limits import check_network
 from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients.learners._args import SACArgs
 from simkit.clients.learners._graphed import SACStep, use_cuda_graph
@@ -51,6 +52,7 @@ class TwinQ(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...]) -> None:
         super().__init__()
         sizes = [obs_dim + action_dim, *hidden, 1]
+        check_network(sizes, copies=2)
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for n_in, n_out in itertools.pairwise(sizes):

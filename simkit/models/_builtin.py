@@ -11,6 +11,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from simkit._limits import check_network
 from simkit.models._actor_critic import ActorCritic
 from simkit.models._heads import layer_init
 from simkit.models._registry import register_model
@@ -60,6 +61,7 @@ def _check_sizes(value: Any) -> list[int]:
 
 
 def _mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:
+    check_network(sizes)  # before any weight is allocated
     layers: list[nn.Module] = []
     for n_in, n_out in itertools.pairwise(sizes):
         layers += [layer_init(nn.Linear(n_in, n_out), _HIDDEN_GAIN), activation()]
@@ -144,6 +146,7 @@ class _NatureEncoder(nn.Module):
         h, w = height, width
         for k, s in ((8, 4), (4, 2), (3, 1)):
             h, w = _conv_out(h, k, s), _conv_out(w, k, s)
+        check_network([64 * h * w, fc_size])
         self.net = nn.Sequential(
             layer_init(nn.Conv2d(channels, 32, 8, stride=4), _HIDDEN_GAIN),
             nn.ReLU(),

@@ -19,6 +19,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from simkit._limits import check_network
 from simkit.models._actor_critic import ActorCritic
 from simkit.models._builtin import _box_obs, _check_sizes, _Flatten
 from simkit.models._heads import ActionHead
@@ -148,6 +149,7 @@ def build_sac_mlp(
             f"model 'sac_mlp' needs a continuous (float Box) action space, got {action_space}"
         )
     sizes = _check_sizes(list(hidden_sizes))
+    check_network([int(np.prod(obs.shape)), *sizes])
     layers: list[nn.Module] = []
     width = int(np.prod(obs.shape))
     for n in sizes:

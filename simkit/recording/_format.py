@@ -22,9 +22,11 @@ docs/recording.md is the full specification.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
+import stat
 import struct
 import threading
 import zlib
@@ -39,7 +41,7 @@ try:  # zlib-ng's crc32: the same CRC-32 as zlib's, several times faster (SIMD)
 except ImportError:  # pragma: no cover - zlib-ng is a dependency; zlib is the fallback
     from zlib import crc32
 
-from simkit.errors import CorruptRecording, RecordingLocked
+from simkit.errors import CorruptRecording, RecordingLocked, WriteFailed
 
 zstandard: Any
 try:
@@ -401,7 +403,13 @@ class DirectoryLock:
         advice: str = "one writer per directory (pick another directory or stop it)",
     ) -> None:
         self.path = directory / "LOCK"
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device named LOCK
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+        except OSError as exc:  # LOCK is a folder, a FIFO, or cannot be made
+            raise WriteFailed(self.path, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

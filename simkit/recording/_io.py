@@ -197,6 +197,8 @@ class RecordingWriter:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._lock = DirectoryLock(self.directory)
+        except WriteFailed:
+            raise
         except OSError as exc:
             raise WriteFailed(self.directory, exc) from exc
         self.compression = compression
