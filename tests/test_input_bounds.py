@@ -172,9 +172,9 @@ def test_a_run_killed_before_its_first_checkpoint_can_be_resumed_or_reused(
     """Before: refused both ways (--resume: 'not a checkpoint'; a fresh run: 'use
     --resume'). Now --resume starts it from scratch and a fresh run reuses the folder,
     each saying which."""
-    from simkit.clients.learners._checkpoint import load_checkpoint
-
     import shutil
+
+    from simkit.clients.learners._checkpoint import load_checkpoint
 
     logdir = tmp_path / "run"
     _killed_before_first_checkpoint(logdir)
@@ -198,3 +198,28 @@ def test_a_run_killed_before_its_first_checkpoint_can_be_resumed_or_reused(
     ) in err
     assert int(load_checkpoint(other).state["global_step"]) == 64
     assert len((other / "progress.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--snapshot-every", "-1"], "simkit record: --snapshot-every must be >= 0, got -1"),
+        (["--num-envs", str(10**9)], "simkit record: --num-envs 1,000,000,000 (envs stepped"),
+        (["--num-envs", "0"], "simkit record: --num-envs must be >= 1, got 0"),
+    ],
+)
+def test_record_refuses_out_of_bounds_flags_in_one_line(
+    argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a ValueError traceback (--snapshot-every -1), 7.8 GB in 12 s (10**9 envs)."""
+    out = tmp_path / "rec"
+    assert main(["record", "simkit/CartPole-v0", "--episodes", "1", "--out", str(out), *argv]) == 2
+    _one_line(capsys, named)
+    assert not out.exists()
+
+
+def test_replay_refuses_a_million_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(tmp_path), "--verify", "--workers", str(10**6)]) == 2
+    _one_line(capsys, "simkit replay: --workers must be in [1, ")

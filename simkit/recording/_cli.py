@@ -74,6 +74,11 @@ def _record_run(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < 2**63:
         print(f"simkit record: --seed must be in [0, 2**63), got {args.seed}", file=sys.stderr)
         return 2
+    try:
+        _check_record_sizes(args)
+    except ValueError as exc:
+        print(f"simkit record: {exc}", file=sys.stderr)
+        return 2
     held = None if args.append else existing_recording(Path(args.out))
     if held is not None:
         print(
@@ -152,6 +157,29 @@ def _record_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_record_sizes(args: argparse.Namespace) -> None:
+    """``--num-envs`` and ``--snapshot-every`` in range, and ``--num-envs`` envs within the
+    memory available (``--num-envs 10**9`` grew by gigabytes before).
+
+    Raises:
+        ValueError: one line naming the flag.
+    """
+    from simkit._limits import ENV_BYTES, Range, check_memory, check_ranges
+
+    check_ranges(
+        [
+            (Range("--num-envs", 1), args.num_envs),
+            (Range("--snapshot-every", 0), args.snapshot_every),
+        ]
+    )
+    check_memory(
+        args.num_envs * ENV_BYTES,
+        f"--num-envs {args.num_envs:,} (envs stepped together, at least "
+        f"{ENV_BYTES >> 10} KiB each)",
+        "fewer envs",
+    )
+
+
 def _write_error(out: str, exc: BaseException) -> str:
     """One line for a recording that could not be written (naming the path and errno)."""
     from simkit.errors import WriteFailed
@@ -202,6 +230,18 @@ def _replay_run(args: argparse.Namespace) -> int:
 
     if not (args.verify or args.render):
         print("simkit replay: give --verify and/or --render OUT.mp4", file=sys.stderr)
+        return 2
+    from simkit._limits import Range, check_ranges, max_threads
+
+    try:
+        check_ranges(
+            [
+                (Range("--workers", 1, max_threads()), args.workers),
+                (Range("--episode", 0), args.episode),
+            ]
+        )
+    except ValueError as exc:
+        print(f"simkit replay: {exc}", file=sys.stderr)
         return 2
     try:
         reader = RecordingReader(args.directory, recover=args.recover)
