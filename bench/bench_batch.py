@@ -46,6 +46,20 @@ def compare_wall_cpu(
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """:func:`compare`, plus the median env steps per CPU-second (``process_time``: all
     threads of this process), which a loaded machine distorts far less than wall time."""
+    wall, cpu = compare_rounds(runs, repeats)
+
+    def medians(rates: dict[str, list[float]]) -> dict[str, float | None]:
+        return {name: statistics.median(rates[name]) if name in rates else None for name in runs}
+
+    return medians(wall), medians(cpu)
+
+
+def compare_rounds(
+    runs: dict[str, Runner | None], repeats: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Env steps/s of each runner in every round (wall clock, and per CPU-second of this
+    process), timed round-robin so load hits all alike; runners that are ``None`` are
+    left out."""
     names = [name for name, run in runs.items() if run is not None]
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
@@ -57,11 +71,7 @@ def compare_wall_cpu(
             steps = run()
             wall[name].append(steps / (time.perf_counter() - t0))
             cpu[name].append(steps / max(time.process_time() - c0, 1e-9))
-
-    def medians(rates: dict[str, list[float]]) -> dict[str, float | None]:
-        return {name: statistics.median(rates[name]) if name in rates else None for name in runs}
-
-    return medians(wall), medians(cpu)
+    return wall, cpu
 
 
 def fmt(rate: float | None) -> str:
@@ -280,6 +290,15 @@ def steady_runner(env: Any, actions: np.ndarray) -> Runner:
     return run
 
 
+def steady_batch(env_id: str, actions: np.ndarray) -> Runner:
+    """:func:`steady_runner` of a new ``env_id`` batch of ``actions.shape[1]`` instances,
+    warmed up to the steady state first (:func:`warm_to_steady`)."""
+    env = simkit.make(env_id, num_envs=actions.shape[1])
+    env.reset(seed=0)
+    warm_to_steady(env, actions)
+    return steady_runner(env, actions)
+
+
 def kernel_runner(env: Any, actions: np.ndarray) -> Runner:
     """The env's own physics kernel (``_advance(state, actions, params)``) alone, over the
     same actions from the env's current state: the rate ``step_batch`` is measured against."""
@@ -295,24 +314,67 @@ def kernel_runner(env: Any, actions: np.ndarray) -> Runner:
     return run
 
 
+STEADY_EPISODES = 20
+"""Episodes per instance a steady-state measurement steps first. A run's first steps
+reset nothing (random-action CartPole episodes last ~22 steps) and then every instance
+resets at once; only after many episodes have the instances drifted apart in episode
+count (a random walk), as they are in a long run."""
+
+
+def warm_to_steady(env: Any, actions: Any, episodes: int = STEADY_EPISODES) -> int:
+    """Steps ``env`` over ``actions`` (repeatedly) until its instances have started
+    ``episodes`` episodes on average, or 50 passes; returns the steps taken."""
+    steps = 0
+    for _ in range(50):
+        if float(np.mean(env.episode_index)) >= episodes:
+            break
+        for a in actions:
+            env.step_batch(a)
+        steps += len(actions)
+    return steps
+
+
+def drift_window(env: Any, actions: Any, window: int) -> dict[str, list[float]]:
+    """``window`` steady steps of ``env`` in chunks of ``len(actions)``, each chunk
+    followed by the same number of steps of its physics kernel alone (so load hits both
+    alike): the µs per step of every chunk, wall clock and CPU time (``process_time``),
+    of ``step_batch`` (``step``, ``step_cpu``) and of the kernel (``kernel``,
+    ``kernel_cpu``)."""
+    out: dict[str, list[float]] = {"step": [], "step_cpu": [], "kernel": [], "kernel_cpu": []}
+    for _ in range(max(1, window // len(actions))):
+        step, kernel = steady_runner(env, actions), kernel_runner(env, actions)
+        for run, name in ((step, "step"), (kernel, "kernel")):
+            t0, c0 = time.perf_counter(), time.process_time()
+            run()
+            out[name].append((time.perf_counter() - t0) / len(actions) * 1e6)
+            out[f"{name}_cpu"].append((time.process_time() - c0) / len(actions) * 1e6)
+    return out
+
+
+def ends(values: list[float]) -> tuple[float, float]:
+    """Medians of the first and the last tenth of ``values`` (at least one each)."""
+    k = max(1, len(values) // 10)
+    return statistics.median(values[:k]), statistics.median(values[-k:])
+
+
 def kernel_section(quick: bool, repeats: int) -> None:
-    """``step_batch`` with steady autoresets vs the env's physics kernel, N=4,096."""
+    """``step_batch`` with steady autoresets vs the env's physics kernel, N=4,096, after
+    warming up past the spread of episode counts; then the per-step cost at the start
+    and at the end of a long window (it must not grow)."""
     n = 4096
     steps = 20 if quick else 100
+    window = 1000 if quick else 10_000
     print("## Batched envs at the physics limit: `step_batch` vs its own kernel, N=4,096\n")
     print(
         "Instance-steps/s, medians of round-robin repeats of "
         f"{steps} steps (wall clock, and per CPU-second of this process); uniform random "
         "actions, so BatchCartPole resets ~190 instances a step (episodes ~22 steps) and "
-        "BatchPendulum 1/200 of them a step. kernel = the env's `_advance` alone on the same "
-        "arrays (no validation, resets, truncation, observations). share = step_batch / "
-        f"kernel. Load average before: {os.getloadavg()[0]:.1f}.\n"
+        "BatchPendulum 1/200 of them a step. Steady state: every batch first steps until "
+        f"its instances average {STEADY_EPISODES} episodes (warm-up column), so their "
+        "episode counts have spread apart as in a long run. kernel = the env's `_advance` "
+        "alone on the same arrays (no validation, resets, truncation, observations). "
+        f"share = step_batch / kernel. Load average before: {os.getloadavg()[0]:.1f}.\n"
     )
-    print(
-        "| env | arrays | step_batch | kernel | share | CPU: step_batch | CPU: kernel | "
-        "CPU: share |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
     rows: list[tuple[str, str | None]] = [
         ("simkit/BatchCartPole-v0", None),
         ("simkit/BatchPendulum-v0", None),
@@ -324,6 +386,7 @@ def kernel_section(quick: bool, repeats: int) -> None:
         rows += [("simkit/BatchCartPole-v0", "cpu"), ("simkit/BatchPendulum-v0", "cpu")]
     except ImportError:
         pass
+    share_rows, drift_rows = [], []
     for env_id, device in rows:
         env = simkit.make(env_id, num_envs=n, device=device)
         rng = np.random.default_rng(1)
@@ -336,18 +399,43 @@ def kernel_section(quick: bool, repeats: int) -> None:
 
             acts = torch.as_tensor(acts)
         env.reset(seed=0)
-        warm = steady_runner(env, acts)
-        for _ in range(3):  # desynchronise the episodes
-            warm()
+        warm = warm_to_steady(env, acts)
         r, c = compare_wall_cpu(
             {"step": steady_runner(env, acts), "kernel": kernel_runner(env, acts)}, repeats
         )
         label = "numpy" if device is None else f"torch ({device})"
-        print(
-            f"| `{env_id}` | {label} | {fmt(r['step'])} | {fmt(r['kernel'])} | "
+        share_rows.append(
+            f"| `{env_id}` | {label} | {warm:,} | {fmt(r['step'])} | {fmt(r['kernel'])} | "
             f"{ratio(r['step'], r['kernel'])} | {fmt(c['step'])} | {fmt(c['kernel'])} | "
             f"{ratio(c['step'], c['kernel'])} |"
         )
+        us = drift_window(env, acts, window)
+        (s0, s1), (k0, k1) = ends(us["step"]), ends(us["kernel"])
+        (c0, c1), (q0, q1) = ends(us["step_cpu"]), ends(us["kernel_cpu"])
+        drift_rows.append(
+            f"| `{env_id}` | {label} | {s0:.0f} | {s1:.0f} | **{s1 / s0:.2f}** | {c0:.0f} | "
+            f"{c1:.0f} | **{c1 / c0:.2f}** | {k0 / s0:.2f}x | {k1 / s1:.2f}x | "
+            f"{q0 / c0:.2f}x | {q1 / c1:.2f}x |"
+        )
+    print(
+        "| env | arrays | warm-up steps | step_batch | kernel | share | CPU: step_batch | "
+        "CPU: kernel | CPU: share |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(share_rows))
+    print(
+        f"\nThen a window of {window:,} more steps, in chunks of {steps} steps each "
+        "followed by as many kernel steps: µs per batch step over the first and the last "
+        "tenth of the window (medians of their chunks), wall clock and CPU time, and the "
+        "share of the kernel there.\n"
+    )
+    print(
+        "| env | arrays | µs/step, start | µs/step, end | end / start | CPU µs/step, start | "
+        "CPU µs/step, end | CPU: end / start | share, start | share, end | CPU: share, start "
+        "| CPU: share, end |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(drift_rows))
     print(f"\nLoad average after: {os.getloadavg()[0]:.1f}.\n")
 
 
@@ -460,7 +548,10 @@ def main() -> None:
         print(
             "random = uniform random actions (episodes ~20 steps, so ~12 resets per batch step); "
             "balance = a fixed balancing policy computed from the observations inside the loop "
-            "(long episodes), the same for both.\n"
+            "(long episodes), the same for both. Steady state: BatchCartPole first steps with "
+            f"random actions until its instances average {STEADY_EPISODES} episodes, then "
+            "every repeat continues where the last one stopped (no reset); first / last = "
+            "Batch/EnvPool best in the first and the last round.\n"
         )
         print(
             "CPU columns: env steps per CPU-second of this process (all its threads), the "
@@ -468,16 +559,17 @@ def main() -> None:
         )
         print(
             "| policy | BatchCartPole | EnvPool sync | EnvPool async | Batch/EnvPool best | "
-            "CPU: BatchCartPole | CPU: EnvPool sync | CPU: EnvPool async | "
+            "first / last round | CPU: BatchCartPole | CPU: EnvPool sync | CPU: EnvPool async | "
             "CPU: Batch/EnvPool best |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         n = 256
         cp_steps = 300 if args.quick else 2000
         for policy in ("random", "balance"):
             env = simkit.make("simkit/BatchCartPole-v0", num_envs=n)
             rand = np.random.default_rng(1).integers(0, 2, (cp_steps, n))
-            _obs0, _ = env.reset(seed=0)
+            env.reset(seed=0)
+            warm_to_steady(env, rand[:100])
 
             def run_cp(env: Any = env, rand: np.ndarray = rand, policy: str = policy) -> int:
                 obs = env.step_batch(rand[0]).obs
@@ -485,7 +577,7 @@ def main() -> None:
                     obs = env.step_batch(a if policy == "random" else cartpole_balance(obs)).obs
                 return cp_steps * n
 
-            r, c = compare_wall_cpu(
+            rounds, cpu_rounds = compare_rounds(
                 {
                     "mine": run_cp,
                     "sync": try_runner(
@@ -504,16 +596,28 @@ def main() -> None:
                 repeats,
             )
             close_all(closers)
-            best = max((x for x in (r["sync"], r["async"]) if x is not None), default=None)
-            cbest = max((x for x in (c["sync"], c["async"]) if x is not None), default=None)
+            r = {k: statistics.median(v) if v else None for k, v in rounds.items()}
+            c = {k: statistics.median(v) if v else None for k, v in cpu_rounds.items()}
+            peers = [rounds[k] for k in ("sync", "async") if k in rounds]
+            best = max((x for x in (r.get("sync"), r.get("async")) if x is not None), default=None)
+            cbest = max((x for x in (c.get("sync"), c.get("async")) if x is not None), default=None)
+            edges = "n/a"
+            if peers:
+                first, last = (max(p[k] for p in peers) for k in (0, -1))
+                edges = f"{ratio(rounds['mine'][0], first)} / {ratio(rounds['mine'][-1], last)}"
             print(
-                f"| {policy} | {fmt(r['mine'])} | {fmt(r['sync'])} | {fmt(r['async'])} | "
-                f"{ratio(r['mine'], best)} | {fmt(c['mine'])} | {fmt(c['sync'])} | "
-                f"{fmt(c['async'])} | {ratio(c['mine'], cbest)} |"
+                f"| {policy} | {fmt(r['mine'])} | {fmt(r.get('sync'))} | {fmt(r.get('async'))} | "
+                f"{ratio(r['mine'], best)} | {edges} | {fmt(c['mine'])} | {fmt(c.get('sync'))} | "
+                f"{fmt(c.get('async'))} | {ratio(c['mine'], cbest)} |"
             )
 
     if "cost" in sections:
         print("\n## Cost vs N (µs per batch step / µs per env step)\n")
+        print(
+            "BatchCheetah replays the same workload from `reset(seed=0)` every repeat; "
+            "BatchCartPole (random actions) continues in its steady state, after "
+            f"{STEADY_EPISODES} episodes per instance.\n"
+        )
         print("| N | BatchCheetah batch | per env | BatchCartPole batch | per env |")
         print("|---|---|---|---|---|")
         for n in (1, 4, 16, 64, 256):
@@ -523,8 +627,8 @@ def main() -> None:
                     "ch": batch_runner(
                         simkit.make("simkit/BatchCheetah-v0", num_envs=n), cheetah_actions(n, k)
                     ),
-                    "cp": batch_runner(
-                        simkit.make("simkit/BatchCartPole-v0", num_envs=n),
+                    "cp": steady_batch(
+                        "simkit/BatchCartPole-v0",
                         np.random.default_rng(1).integers(0, 2, (k * 4, n)),
                     ),
                 },

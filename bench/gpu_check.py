@@ -766,7 +766,9 @@ def bits_table(rows: list[tuple[str, str]]) -> None:
 # ------------------------------------------------------------------------ 4. BatchEnv
 
 ENV_ID = "simkit/BatchCartPole-v0"
-STEADY_STEPS = 100
+STEADY_EPISODES = 20
+"""Episodes per instance a ``step_batch`` case steps before it is timed: by then the
+instances' episode counts have spread apart as in a long run."""
 NUMPY_PATH = "step_batch, numpy (device=None)"
 TORCH_PATH = "step_batch, torch"
 KERNEL_PATH = "physics kernel only (_advance)"
@@ -792,9 +794,13 @@ def _stepper(n: int, dev: torch.device | None) -> Callable[[], None]:
         env.step_batch(actions[next(k) % len(actions)])
 
     # Random-action episodes last ~20 steps: until then nothing resets and a step is
-    # several times cheaper than in a running rollout.
-    for _ in range(STEADY_STEPS):
-        step()
+    # several times cheaper than in a running rollout; then every instance resets at
+    # once, and only after many episodes have their episode counts spread apart.
+    for _ in range(100):
+        if float(np.mean(env.episode_index)) >= STEADY_EPISODES:
+            break
+        for _ in range(50):
+            step()
     return step
 
 
