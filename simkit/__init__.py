@@ -74,12 +74,26 @@ _MUJOCO_NAMES = {
 }
 # simkit.learn loads torch: on first use too.
 _LEARN_NAMES = ("train", "load_policy", "evaluate", "Policy")
+# Subpackages a reader names after `import simkit` (`simkit.testing.register_profiles()`,
+# `simkit.clients.RemoteVectorEnv`), imported on first use as `import simkit.X` would.
+_SUBMODULES = (
+    "cli",
+    "clients",
+    "integrations",
+    "learn",
+    "models",
+    "protocol",
+    "recording",
+    "servers",
+    "testing",
+)
 
 
 def __getattr__(name: str) -> object:
     """``simkit.launch``: :func:`simkit.clients.launch`, imported on first use (it pulls in
     the learner-side clients, which the SDK alone does not need); the MuJoCo classes, which
-    import MuJoCo on first use; :mod:`simkit.learn`'s functions, which import torch."""
+    import MuJoCo on first use; :mod:`simkit.learn`'s functions, which import torch; the
+    subpackages (``simkit.testing``, ``simkit.clients``, ...), as ``import simkit.X``."""
     if name == "launch":
         from simkit.clients import launch
 
@@ -92,4 +106,8 @@ def __getattr__(name: str) -> object:
         from simkit import learn
 
         return getattr(learn, name)
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"simkit.{name}")
     raise AttributeError(f"module 'simkit' has no attribute {name!r}")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import enum
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict
 
 import numpy as np
+from gymnasium import logger as gym_logger
 from gymnasium.utils import seeding
 
 from simkit._state import check_state_attributes
@@ -36,6 +38,22 @@ __all__ = [
 
 STATE_FORMAT = 1
 """Version of the snapshot layout produced by ``get_state``."""
+
+
+def _inside_gymnasium_make() -> bool:
+    """Whether ``gymnasium.make`` is building this env: it has warned about an
+    unsupported ``render_mode`` already, and one warning is enough."""
+    frame = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            return False
+        if (
+            frame.f_code.co_name == "make"
+            and frame.f_globals.get("__name__") == "gymnasium.envs.registration"
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class EnvKind(enum.Enum):
@@ -92,8 +110,14 @@ class ContractCore:
         validate_actions: bool = True,
     ) -> None:
         modes = self.metadata.get("render_modes", [])
-        if render_mode is not None and render_mode not in modes:
-            raise ValueError(f"render_mode must be one of {modes} or None, got {render_mode!r}")
+        if render_mode is not None and render_mode not in modes and not _inside_gymnasium_make():
+            # Gymnasium's own words and behaviour: a warning, and the mode is kept (SB3's
+            # make_vec_env passes render_mode="rgb_array" to every env it makes).
+            gym_logger.warn(
+                f"The environment is being initialised with render_mode={render_mode!r} "
+                f"that is not in the possible render_modes ({modes}).",
+                stacklevel=3,
+            )
         self.render_mode = render_mode
         if max_episode_steps is not None:
             self.max_episode_steps = check_max_episode_steps(max_episode_steps)

@@ -36,7 +36,8 @@ class Env(ContractCore, gym.Env[ObsType, ActType], Generic[ObsType, ActType]):
             Defaults to the class attribute.
         params: per-env randomization overrides: name to a fixed value or a narrower
             distribution, each inside the declared domain.
-        render_mode: one of ``metadata["render_modes"]`` or None.
+        render_mode: one of ``metadata["render_modes"]`` or None; another mode is kept
+            with a warning, as Gymnasium does.
         validate_actions: check every action (shape, dtype, NaN, range). ``False`` is
             the fast path for trusted callers such as simkit's own vector envs.
     """

@@ -37,6 +37,7 @@ minutes on 2 cores; the other pages run in seconds, everywhere.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shlex
@@ -402,6 +403,120 @@ def test_a_command_that_hangs_is_stopped_and_reported(
         "page.md:1 `sleep 60 & sleep 60`: still running after 1 s",
         "page.md:4 python block: still running after timeout",
     ]
+
+
+INLINE_CALL = re.compile(r"`([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*)+)\([^`]*\)`")
+"""An inline code span that is a call of a dotted name, ``module.sub.function(...)``."""
+
+
+def inline_calls(page: Path) -> list[tuple[int, str]]:
+    """``(line, dotted name)`` of each inline call span outside the page's fenced blocks
+    whose first name is an importable module (``gymnasium.utils.env_checker.check_env``
+    in ``gymnasium.utils.env_checker.check_env(env, ...)``); names through a private
+    module (``simkit._kernels.pinned_env()``) point at code and are left out."""
+    out: list[tuple[int, str]] = []
+    fenced = False
+    for number, line in enumerate(page.read_text().splitlines(), start=1):
+        if re.match(r"^\s*```", line):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        for m in INLINE_CALL.finditer(line):
+            if "._" in m.group(2):  # a private name points at code, it is not an API
+                continue
+            if _is_module(m.group(1)):
+                out.append((number, m.group(1) + m.group(2)))
+    return out
+
+
+def _is_module(name: str) -> bool:
+    """Whether ``name`` is an installed module (simkit, or one outside this checkout:
+    ``envs.ping()`` names a variable, not the repository's ``envs/`` folder)."""
+    found = importlib.util.find_spec(name)
+    if found is None:
+        return False
+    if found.origin in (None, "built-in", "frozen"):
+        return True  # the standard library's (os, sys)
+    origin = Path(found.origin).resolve()
+    installed = origin.is_relative_to(Path(sys.prefix).resolve())
+    return name == "simkit" or installed or not origin.is_relative_to(ROOT)
+
+
+def page_imports(page: Path) -> set[str]:
+    """The modules ``page`` imports anywhere, in a block or in a sentence (``after
+    `import zmq.auth` ``)."""
+    text = page.read_text()
+    return set(re.findall(r"\bimport ([A-Za-z_][\w.]*)", text)) | set(
+        re.findall(r"\bfrom ([A-Za-z_][\w.]*) import\b", text)
+    )
+
+
+def unresolved_names(names: list[str], imports: tuple[str, ...] = ()) -> list[str]:
+    """Which of ``names`` (dotted, all under one top-level module) do not resolve in a
+    fresh interpreter that ran only ``import <module>`` and ``imports``, as a reader who
+    copies the call after those imports would find."""
+    top = names[0].split(".")[0]
+    script = (
+        "import sys\n"
+        + "".join(f"import {module}\n" for module in (top, *imports))
+        + "for name in sys.argv[1:]:\n"
+        "    obj = sys.modules[name.split('.')[0]]\n"
+        "    try:\n"
+        "        for part in name.split('.')[1:]:\n"
+        "            obj = getattr(obj, part)\n"
+        "    except AttributeError:\n"
+        "        print(name)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script, *names], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.split()
+
+
+def test_inline_calls_of_the_docs_run_after_importing_their_module() -> None:
+    """A call written in a sentence is copied as it stands, after ``import <module>``
+    (and the imports its page names): ``gymnasium.utils.env_checker.check_env(env)``
+    fails that way (``import gymnasium`` does not import ``gymnasium.utils.env_checker``),
+    even where a page's blocks, which import simkit (and simkit imports the checker),
+    would have run it."""
+    where: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for page in PAGES:
+        imported = page_imports(page)
+        for line, name in inline_calls(page):
+            extra = tuple(sorted(m for m in imported if name.startswith(m + ".")))
+            where.setdefault((name, extra), []).append(f"{page.relative_to(ROOT)}:{line}")
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for name, extra in sorted(where):
+        groups.setdefault((name.split(".")[0], extra), []).append(name)
+    problems = [
+        f"{', '.join(where[name, extra])}: `{name}(...)` does not resolve after `import "
+        f"{module}`; write the import that makes it (`import {name.rsplit('.', 1)[0]}`)"
+        for (module, extra), names in groups.items()
+        for name in unresolved_names(names, extra)
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_inline_calls_are_found_outside_fenced_blocks(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `gymnasium.utils.env_checker.check_env(env, skip_render_check=True)` and "
+        "`os.path.join(a, b)`, not `nosuchmodule.f(x)`, `env.reset()` or `os._exit(0)`.\n"
+        "```python\nimport os\n`os.getcwd()`\n```\n"
+    )
+    assert inline_calls(page) == [
+        (1, "gymnasium.utils.env_checker.check_env"),
+        (1, "os.path.join"),
+    ]
+    assert unresolved_names(["gymnasium.utils.env_checker.check_env", "gymnasium.make"]) == [
+        "gymnasium.utils.env_checker.check_env"
+    ]
+    names = ["gymnasium.utils.env_checker.check_env"]
+    assert unresolved_names(names, ("gymnasium.utils.env_checker",)) == []
+    page.write_text("Make keys with `zmq.auth.create_certificates(d)` (after `import zmq.auth`).")
+    assert page_imports(page) == {"zmq.auth"}
 
 
 def test_ports_are_replaced_consistently() -> None:

@@ -258,9 +258,18 @@ def test_max_episode_steps_validation(value: Any, error: type[Exception], match:
         Drift(max_episode_steps=value)
 
 
-def test_render_mode_validation() -> None:
-    with pytest.raises(ValueError, match=r"render_mode must be one of \[\] or None, got 'human'"):
-        Drift(render_mode="human")
+def test_an_unsupported_render_mode_warns_as_gymnasium_does() -> None:
+    """Gymnasium warns and keeps the mode (SB3's make_vec_env passes 'rgb_array' to
+    every env): simkit does the same, with Gymnasium's words, once."""
+    text = r"render_mode='human' that is not in the possible render_modes \(\[\]\)"
+    with pytest.warns(UserWarning, match=text) as caught:
+        env = Drift(render_mode="human")
+    assert env.render_mode == "human"
+    assert len(caught) == 1
+    with pytest.warns(UserWarning, match=r"render_mode='rgb_array' that is not") as caught:
+        env = gymnasium.make("simkit/Pendulum-v0", render_mode="rgb_array")
+    assert env.unwrapped.render_mode == "rgb_array"
+    assert len(caught) == 1  # gymnasium.make's warning; the env does not repeat it
 
 
 def test_state_round_trip_continues_bit_identically() -> None:

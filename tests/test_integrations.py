@@ -253,3 +253,18 @@ def test_torchrl_refuses_a_next_step_vector() -> None:
 
     with pytest.raises(ValueError, match="autoreset_mode must be SameStep, got NextStep"):
         torchrl_env(VectorEnv("simkit/CartPole-v0", 2, autoreset_mode="NextStep"))
+
+
+def test_sb3_make_vec_env_takes_a_simkit_id_with_gymnasiums_warning() -> None:
+    """SB3's make_vec_env passes render_mode="rgb_array" to every env; a simkit env
+    without that mode warns (Gymnasium's words) and works, as Gymnasium's envs do."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    with pytest.warns(UserWarning, match=r"render_mode='rgb_array' that is not in the possible"):
+        venv = make_vec_env("simkit/Pendulum-v0", n_envs=4, seed=0)
+    try:
+        assert venv.reset().shape == (4, 3)
+        _, rewards, dones, _ = venv.step(np.zeros((4, 1), dtype=np.float32))
+        assert rewards.shape == dones.shape == (4,)
+    finally:
+        venv.close()
