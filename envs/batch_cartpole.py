@@ -29,6 +29,7 @@ class BatchCartPole(simkit.BatchEnv):
 
     max_episode_steps = CartPole.max_episode_steps
     randomization = CartPole.randomization
+    single_env = "simkit/CartPole-v0"  # instance i is this env, bit for bit (checked by the kit)
     state_attributes = ("state",)
 
     tau = CartPole.tau

@@ -47,6 +47,7 @@ class BatchCheetah(simkit.BatchMujocoEnv):
     metadata: dict[str, Any] = {**simkit.BatchMujocoEnv.metadata, "render_fps": 20}
     max_episode_steps = Cheetah.max_episode_steps
     randomization = Cheetah.randomization
+    single_env = "simkit/Cheetah-v0"  # instance i is this env, bit for bit (checked by the kit)
     model_fields = Cheetah.model_fields
     time_limit_only = True  # a runner never falls: only the time limit ends an episode
 

@@ -42,6 +42,7 @@ class BatchPendulum(simkit.BatchEnv):
 
     max_episode_steps = Pendulum.max_episode_steps
     randomization = Pendulum.randomization
+    single_env = "simkit/Pendulum-v0"  # instance i is this env, bit for bit (checked by the kit)
     state_attributes = ("state",)
 
     dt = Pendulum.dt

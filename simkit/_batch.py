@@ -78,6 +78,10 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             from the step counts, so a torch batch's whole-batch steps never read the
             device even without :meth:`reset_masked` (the host runs the exact reset
             of those instances; :meth:`_host_known_resets`).
+        single_env: the single-instance env this batch equals instance by instance (a
+            registered id, an env class or a zero-argument factory), or ``None``: the
+            conformance kit (``check_batch_singles``) then checks that instance ``i``
+            is bit for bit that env reset with ``episode_seed(root, i, k)``.
 
     Args:
         num_envs: N, the number of instances.
@@ -101,6 +105,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
     max_episode_steps: int | None = None
     state_attributes: ClassVar[tuple[str, ...] | None] = None
     time_limit_only: ClassVar[bool] = False
+    single_env: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Refuses a subclass that reuses a private name of the base classes

@@ -18,7 +18,6 @@ import numpy as np
 
 import simkit
 from simkit._limits import check_env_id
-from simkit.errors import ConformanceError
 from simkit.recording import _cli as recording_cli
 from simkit.registry import EnvKind
 
@@ -70,44 +69,64 @@ def _list_run(args: argparse.Namespace) -> int:
 
 
 def _check_configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("env_id", help="a registered env id (see `simkit list`)")
+    parser.add_argument(
+        "env_id", help="a registered env id (see `simkit list`) or package.module:Class"
+    )
     parser.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     parser.add_argument("--steps", type=int, default=200, help="steps per trajectory")
     parser.add_argument(
         "--deep", action="store_true", help="5x the steps and more seeds (slower, more thorough)"
+    )
+    parser.add_argument(
+        "--num-envs",
+        type=int,
+        default=4,
+        help="batch envs only: instances per batch (default 4)",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="batch envs only: check the torch batch on this device (cpu, cuda); "
+        "check_batch_device compares it with the CPU",
     )
 
 
 def _run_checks(env_id: str, seed: int, steps: int) -> list[tuple[str, str | None]]:
     from simkit import testing
 
-    results: list[tuple[str, str | None]] = []
-    for check in testing.CHECKS:
-        try:
-            check(env_id, seed=seed, steps=steps)
-        except ConformanceError as exc:
-            results.append((check.__name__, str(exc)))
-        except Exception as exc:  # the env itself crashed: report it, keep checking others
-            results.append((check.__name__, f"the env raised {type(exc).__name__}: {exc}"))
-        else:
-            results.append((check.__name__, None))
-    return results
+    return [
+        (r.name, r.message or None)
+        for r in testing.run_checks(testing.CHECKS, env_id, seed=seed, steps=steps)
+    ]
 
 
 def _check_run(args: argparse.Namespace) -> int:
+    from simkit import testing
+
+    steps = args.steps * (5 if args.deep else 1)
     if simkit.spec(args.env_id).kind is EnvKind.BATCH:
+        if args.num_envs < 1:
+            print(f"simkit check: --num-envs must be >= 1, got {args.num_envs}", file=sys.stderr)
+            return 2
+        checks, options = (
+            testing.BATCH_CHECKS,
+            {"num_envs": args.num_envs, "device": args.device},
+        )
+    elif args.device is not None or args.num_envs != 4:
         print(
-            f"{args.env_id} is a batch env; the conformance kit checks single and multi-agent envs"
+            f"simkit check: --num-envs and --device apply to batch envs; {args.env_id} is "
+            f"a {simkit.spec(args.env_id).kind.value} env",
+            file=sys.stderr,
         )
         return 2
-    steps = args.steps * (5 if args.deep else 1)
-    failed = False
-    for name, error in _run_checks(args.env_id, args.seed, steps):
-        print(
-            f"{'PASS' if error is None else 'FAIL'}  {name}"
-            + ("" if error is None else f": {error}")
-        )
-        failed = failed or error is not None
+    else:
+        checks, options = testing.CHECKS, {}
+    results = testing.run_checks(checks, args.env_id, seed=args.seed, steps=steps, **options)
+    for result in results:
+        print(result.line())
+    failed = [r.name for r in results if r.status == "FAIL"]
+    if failed:
+        print(f"{len(failed)} of {len(results)} checks failed; fix {failed[0]} first")
     return 1 if failed else 0
 
 

@@ -70,11 +70,19 @@ def test_check_unknown_id_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "did you mean simkit/CartPole-v0" in capsys.readouterr().err
 
 
-def test_check_refuses_batch_env(capsys: pytest.CaptureFixture[str]) -> None:
-    batch = simkit.env_ids(EnvKind.BATCH)
-    assert batch, "a batch env should be registered"
-    assert cli.main(["check", batch[0]]) == 2
-    assert "is a batch env" in capsys.readouterr().out
+def test_check_runs_the_batch_kit_on_a_batch_env(capsys: pytest.CaptureFixture[str]) -> None:
+    """The batch kit (tests/test_batch_kit.py checks what it catches); its options are
+    refused for a non-batch env."""
+    assert "simkit/BatchCartPole-v0" in simkit.env_ids(EnvKind.BATCH)
+    assert cli.main(["check", "simkit/BatchCartPole-v0", "--steps", "30"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == [
+        f"{'SKIP' if c is simkit.testing.check_batch_device else 'PASS'}  {c.__name__}"
+        for c in simkit.testing.BATCH_CHECKS
+    ]
+    assert "give a device" in lines[-2]
+    assert cli.main(["check", "simkit/CartPole-v0", "--device", "cpu"]) == 2
+    assert "--num-envs and --device apply to batch envs" in capsys.readouterr().err
 
 
 def test_demo_table_covers_non_batch_envs(

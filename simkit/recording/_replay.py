@@ -95,8 +95,7 @@ class _BatchReplayer:
         self.env.seeds.env_offset = int(self.i)
         obs, _ = self.env.reset(seed=int(root), options=episode.options if k == 0 else None)
         for j in range(int(k)):
-            last = j == int(k) - 1 and episode.options
-            obs, _ = self.env.reset(options=dict(episode.options) if last else None)
+            obs, _ = self.env.reset(options=episode.options if j == int(k) - 1 else None)
         self.first_obs = _row(obs, 0)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool]:

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from simkit._multiagent import MultiAgentEnv
 from simkit.randomization import Choice, Distribution, Normal, Uniform, _Interval
+from simkit.testing._batch_driver import Script
 
-__all__ = ["seeds", "reset_options", "action_sequences", "space_values"]
+__all__ = ["seeds", "reset_options", "action_sequences", "space_values", "batch_scripts"]
 
 
 def seeds() -> st.SearchStrategy[int]:
@@ -120,3 +121,20 @@ def action_sequences(
     else:
         element = space_values(space_or_env.action_space)
     return st.lists(element, min_size=min_size, max_size=max_size)
+
+
+def batch_scripts(
+    space: spaces.Space[Any], num_envs: int, min_size: int = 1, max_size: int = 40
+) -> st.SearchStrategy[Script]:
+    """Scripts for a batch of ``num_envs``: whole-batch steps (one action from ``space``
+    per instance) and, about one event in four, a masked reset of a non-empty subset."""
+    step = st.lists(space_values(space), min_size=num_envs, max_size=num_envs).map(
+        lambda rows: ("step", rows)
+    )
+    mask = (
+        st.lists(st.booleans(), min_size=num_envs, max_size=num_envs)
+        .filter(any)
+        .map(lambda m: ("reset", np.asarray(m, dtype=np.bool_)))
+    )
+    events = st.lists(st.one_of(step, step, step, mask), min_size=min_size, max_size=max_size)
+    return events.map(lambda evs: Script(num_envs, tuple(evs)))
