@@ -519,6 +519,24 @@ def test_inline_calls_are_found_outside_fenced_blocks(tmp_path: Path) -> None:
     assert page_imports(page) == {"zmq.auth"}
 
 
+def test_no_page_promises_a_command_that_exists() -> None:
+    """A sentence that says a ``simkit`` subcommand will come is stale once it has come
+    (server.md said so of ``serve`` long after it shipped)."""
+    from simkit.cli import COMMANDS
+
+    promise = re.compile(
+        r"once the `simkit` CLI has the `(\w[\w-]*)`|`simkit (\w[\w-]*)` (?:will|is to) come"
+    )
+    stale = [
+        f"{page.relative_to(ROOT)}: promises `simkit {verb}`, which exists"
+        for page in PAGES
+        for m in promise.finditer(" ".join(page.read_text().split()))
+        for verb in m.groups()
+        if verb in COMMANDS
+    ]
+    assert not stale, "\n".join(stale)
+
+
 def test_ports_are_replaced_consistently() -> None:
     ports = _ports(["tcp://127.0.0.1:5555 and --metrics-port 9100"])
     assert set(ports) == {"5555", "9100"}
