@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import re
 import threading
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -21,6 +22,9 @@ __all__ = [
     "MemoryBudget",
     "parse_bytes",
     "give_back_memory",
+    "resident_bytes",
+    "SlotCosts",
+    "Reservation",
 ]
 
 DEFAULT_MAX_MEMORY = 2 << 30
@@ -47,7 +51,9 @@ def parse_bytes(text: str) -> int:
 
 
 class MemoryBudget:
-    """Bytes that sessions may hold beyond the server's idle footprint (thread-safe).
+    """Bytes that sessions may hold beyond the server's idle footprint (thread-safe),
+    in all and per peer: a peer (a CURVE key, a non-loopback address) may hold at most
+    its ``share`` of the total, so one peer's sessions cannot starve every other peer.
 
     Args:
         total: the budget in bytes.
@@ -58,6 +64,7 @@ class MemoryBudget:
             raise ValueError(f"max_memory must be a positive int of bytes, got {total!r}")
         self.total = total
         self._used = 0
+        self._by_peer: dict[str, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -65,18 +72,50 @@ class MemoryBudget:
         """Bytes reserved now."""
         return self._used
 
-    def reserve(self, nbytes: int) -> bool:
-        """Reserves ``nbytes`` if they fit; whether they did."""
+    def held_by(self, peer: str | None) -> int:
+        """Bytes ``peer`` holds now (0 for None: this machine's own processes)."""
+        return 0 if peer is None else self._by_peer.get(peer, 0)
+
+    def reserve(self, nbytes: int, peer: str | None = None, share: int | None = None) -> bool:
+        """Reserves ``nbytes`` for ``peer`` if they fit in the total and, for a peer
+        with a ``share``, in what it may hold; whether they did."""
         with self._lock:
             if self._used + nbytes > self.total:
                 return False
+            held = self.held_by(peer)
+            if peer is not None and share is not None and held + nbytes > share:
+                return False
             self._used += nbytes
+            if peer is not None:
+                self._by_peer[peer] = held + nbytes
             return True
 
-    def release(self, nbytes: int) -> None:
-        """Gives back ``nbytes`` reserved earlier."""
+    def release(self, nbytes: int, peer: str | None = None) -> None:
+        """Gives back ``nbytes`` reserved earlier (for ``peer``)."""
         with self._lock:
             self._used = max(0, self._used - nbytes)
+            if peer is not None:
+                left = self.held_by(peer) - nbytes
+                if left > 0:
+                    self._by_peer[peer] = left
+                else:
+                    self._by_peer.pop(peer, None)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size in bytes (0 where ``/proc`` has none)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _page_size()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@cache
+def _page_size() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE")
 
 
 @cache
@@ -104,3 +143,84 @@ def give_back_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+class SlotCosts:
+    """What one env slot of a session costs the server, measured once per env id and
+    kwargs: the growth of the resident set while ``PROBE`` slots are built (after one
+    slot built and closed first, so that imports and one-time caches do not count),
+    at least ``floor`` bytes. A session reserves ``num_envs`` times that from the
+    budget before its envs are built, so the budget bounds envs as well as fragments."""
+
+    PROBE = 16
+
+    def __init__(self, floor: int = 4096) -> None:
+        self.floor = floor
+        self._known: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def per_slot(self, key: str, build: Callable[[int], Any]) -> int:
+        """Bytes of one slot of the envs ``key`` names; ``build(n)`` returns ``n`` slots
+        of them as an object with ``close()``."""
+        with self._lock:
+            known = self._known.get(key)
+            if known is not None:
+                return known
+            build(1).close()
+            give_back_memory()
+            before = resident_bytes()
+            probe = build(self.PROBE)
+            grown = resident_bytes() - before
+            probe.close()
+            give_back_memory()
+            cost = max(self.floor, grown // self.PROBE)
+            self._known[key] = cost
+            return cost
+
+
+class Reservation:
+    """What one session holds of a server's budget: reserved piece by piece as the
+    session opens (its envs before they are built, then its fragments and model), for
+    its peer within the peer's ``share``, and released whole when it ends.
+
+    Args:
+        budget: the server's budget.
+        peer: the peer's quota key (None: this machine's own processes).
+        share: the most the peer may hold in all (None: no per-peer limit).
+    """
+
+    def __init__(self, budget: MemoryBudget, peer: str | None = None, share: int | None = None):
+        self.budget = budget
+        self.peer = peer
+        self.share = share
+        self.held = 0
+
+    def add(self, nbytes: int, what: str) -> None:
+        """Reserves ``nbytes`` more for ``what`` (words for the message).
+
+        Raises:
+            Busy: the budget, or the peer's share of it, has less left.
+        """
+        from simkit.protocol import Busy
+
+        budget = self.budget
+        if budget.reserve(nbytes, self.peer, self.share):
+            self.held += nbytes
+            return
+        left = budget.total - budget.used
+        if self.peer is not None and self.share is not None:
+            left = min(left, self.share - budget.held_by(self.peer))
+            whose = f"this peer's share ({self.share:,} bytes) of the server's memory budget"
+        else:
+            whose = f"the server's memory budget ({budget.total:,} bytes)"
+        raise Busy(
+            f"{whose} has too little left for {what}; retry later, ask for fewer env "
+            "slots or a shorter fragment_length, or give the server more (--max-memory)",
+            expected=f"<= {max(0, left):,} bytes",
+            got=nbytes,
+        )
+
+    def release(self) -> None:
+        """Gives back everything held."""
+        self.budget.release(self.held, self.peer)
+        self.held = 0

@@ -23,7 +23,7 @@ from simkit.protocol import (
     error_reply,
     message_bytes,
 )
-from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget
+from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, Reservation, SlotCosts
 from simkit.servers._peers import Peer, quota_used, readable
 from simkit.servers._stream_metrics import StreamMetrics
 from simkit.servers._stream_settings import (
@@ -67,8 +67,9 @@ class StreamHost:
         max_sessions: stream session limit.
         max_sessions_per_peer: stream sessions one peer may hold
             (:class:`~simkit.servers._peers.Peer`).
-        budget: the server's memory budget: sessions reserve from it at open, and
-            requests waiting for a worker may use a quarter of it.
+        budget: the server's memory budget: sessions reserve from it at open (their
+            envs, fragments and model; a peer at most its share, ``max_sessions_per_peer
+            / max_sessions`` of it), and requests waiting for a worker may use a quarter.
     """
 
     def __init__(
@@ -87,6 +88,11 @@ class StreamHost:
         self.max_sessions = max_sessions
         self.max_sessions_per_peer = max_sessions_per_peer
         self.budget = budget or MemoryBudget(DEFAULT_MAX_MEMORY)
+        self.peer_share = self.budget.total * max_sessions_per_peer // max(1, max_sessions)
+        """The most of the budget one peer's sessions may hold: its share of the session
+        slots, as a share of the bytes (a peer with a quota key, :class:`Peer`)."""
+        self.slot_costs = SlotCosts()
+        """What one env slot costs, measured once per env id and kwargs."""
         self.ended = 0
         """Sessions that ended so far (their memory is free to give back)."""
         self.peers: dict[bytes, Peer] = {}
@@ -162,8 +168,16 @@ class StreamHost:
             return error_reply(exc, request_id=request.id, request_kind=request.kind)
         from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
 
+        held = Reservation(self.budget, peer.quota_key, self.peer_share)
         worker = StreamWorker(
-            identity, frames, self.settings, self._context, self.address, self.metrics, self.budget
+            identity,
+            frames,
+            self.settings,
+            self._context,
+            self.address,
+            self.metrics,
+            held,
+            self.slot_costs,
         )
         self.workers[identity] = worker
         self.peers[identity] = peer

@@ -24,7 +24,6 @@ from simkit._version import __version__
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ActorCritic, ModelSpec, PolicyWeights, build_model
 from simkit.protocol import (
-    Busy,
     InternalError,
     InvalidField,
     InvalidSessionState,
@@ -51,7 +50,7 @@ from simkit.protocol._stream_session import (
     StreamServerSession,
     WeightsCommand,
 )
-from simkit.servers._memory import MemoryBudget
+from simkit.servers._memory import Reservation, SlotCosts
 from simkit.servers._stream_envs import EnvRows, make_env_rows
 from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_metrics import StreamMetrics
@@ -75,8 +74,10 @@ class StreamWorker(threading.Thread):
         context: the ZeroMQ context (the worker makes its own PUSH socket in it).
         address: the inproc endpoint the socket thread pulls from.
         metrics: the server's stream metrics.
-        budget: the server's memory budget; the session reserves what it may hold
-            (:func:`session_bytes`) at open and gives it back when it ends.
+        held: what the session holds of the server's memory budget: it reserves its
+            envs (``costs``) before building them and then what it may hold
+            (:func:`session_bytes`), and gives it all back when it ends.
+        costs: what one env slot costs, measured once per env.
     """
 
     def __init__(
@@ -87,7 +88,8 @@ class StreamWorker(threading.Thread):
         context: zmq.Context[Any],
         address: str,
         metrics: StreamMetrics,
-        budget: MemoryBudget,
+        held: Reservation,
+        costs: SlotCosts,
     ) -> None:
         super().__init__(name=f"simkit-stream-{identity.hex()[:8]}", daemon=True)
         self.identity = identity
@@ -111,8 +113,8 @@ class StreamWorker(threading.Thread):
             inline_threshold=settings.inline_threshold,
             max_credit=settings.max_credit,
         )
-        self._budget = budget
-        self._reserved = 0
+        self._held = held
+        self._costs = costs
         self._model_bytes = 0
         self._leaving: list[zmq.MessageTracker] = []
         """Trackers of fragments handed to ZeroMQ and not yet released by it."""
@@ -157,8 +159,7 @@ class StreamWorker(threading.Thread):
                 self._loop.envs.close()
             self._loop = self._policy = None
             self._deferred.clear()
-            self._budget.release(self._reserved)
-            self._reserved = 0
+            self._held.release()
             self.envs_closed.set()
             self._send(None)
             push.close(linger=0)
@@ -477,10 +478,19 @@ class StreamWorker(threading.Thread):
         the envs can step a subset (an even number of slots)."""
         s = self.settings
         halves = s.double_buffer and num_envs % 2 == 0
+
+        def build(n: int, split: bool = False) -> EnvRows:
+            kw = {"env_kwargs": env_kwargs, "num_threads": s.num_threads, "halves": split}
+            return make_env_rows(env_id, n, **kw)
+
+        key = f"{env_id} {sorted(env_kwargs.items())!r}"
         try:
-            envs = make_env_rows(
-                env_id, num_envs, env_kwargs=env_kwargs, num_threads=s.num_threads, halves=halves
-            )
+            slot = self._costs.per_slot(key, build)
+        except (KeyError, ValueError, TypeError, ImportError) as exc:
+            raise InvalidField(f"cannot build env {env_id!r}: {exc}", got=env_id) from exc
+        self._held.add(num_envs * slot, f"{num_envs} env slots of {slot:,} bytes each")
+        try:
+            envs = build(num_envs, halves)
         except (KeyError, ValueError, TypeError, ImportError) as exc:
             raise InvalidField(f"cannot build env {env_id!r}: {exc}", got=env_id) from exc
         if halves and envs.can_split:
@@ -505,7 +515,9 @@ class StreamWorker(threading.Thread):
                     got=params,
                 )
             self._model_bytes = sum(t.nbytes for t in model.state_dict().values())
-            self._reserve(session_bytes(fragment_bytes, self._model_bytes))
+            self._held.add(
+                session_bytes(fragment_bytes, self._model_bytes), "its fragments and model"
+            )
             obs_plain = space_to_plain(envs.observation_space)
             act_plain = space_to_plain(envs.action_space)
         except UnknownModel as exc:
@@ -566,23 +578,6 @@ class StreamWorker(threading.Thread):
             self._loop = None
             raise InvalidField(f"env {env_id!r} failed to reset: {exc}") from exc
         return loop
-
-    def _reserve(self, nbytes: int) -> None:
-        """Reserves what the session may hold from the server's budget.
-
-        Raises:
-            Busy: the budget has less left.
-        """
-        budget = self._budget
-        if not budget.reserve(nbytes):
-            raise Busy(
-                f"the server's memory budget ({budget.total:,} bytes) has too little left "
-                f"for this session's fragments and model; retry later or ask for fewer "
-                "env slots or a shorter fragment_length",
-                expected=f"<= {max(0, budget.total - budget.used):,} bytes",
-                got=nbytes,
-            )
-        self._reserved = nbytes
 
     _envs_per_step = 0
     _info_env_id = ""

@@ -286,3 +286,101 @@ def test_a_peer_that_closed_its_connections_cannot_hold_the_slots_by_token(
     assert freed_after is not None, "the closed connections' sessions kept every slot"
     assert opened == [4] * slots
     assert after < 1.2 * idle, f"{after:.0f} MB after the sessions left, idle {idle:.0f} MB"
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_env_slots_count_against_the_budget_and_a_large_session_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """The drill: two sessions of 2,048 Cheetah envs under a 256 MiB budget grew a server
+    by 2.4 GB, as envs were not counted. Now each slot's measured cost is reserved
+    before the envs are built: they are refused ``busy`` and the server stays within its
+    budget; a session that fits, of many slots and long fragments, leaves the server
+    near its idle size when it ends."""
+    budget_mb = 256
+    server = _ServerProcess(tmp_path, "simkit/Cheetah-v0", "--max-memory", f"{budget_mb}M")
+    spec = ModelSpec("mlp", {"hidden_sizes": [16]})
+    try:
+        warm = server.dealer()
+        session, _ = _stream(server, spec, warm, num_envs=16, fragment_length=4)
+        warm.send_multipart(session.request_close())
+        session.parse(warm.recv_multipart())
+        warm.close(linger=0)
+        time.sleep(0.5)
+        idle = server.rss()
+        server.watch()
+        refused: list[str] = []
+        held = []
+        for _ in range(2):
+            sock = server.dealer()
+            held.append(sock)
+            try:
+                _stream(server, spec, sock, num_envs=2048, fragment_length=64)
+            except RemoteError as exc:
+                refused.append(f"{exc.remote_code}: {exc}")
+        big = server.dealer()
+        session, _ = _stream(server, spec, big, num_envs=32, fragment_length=1200)
+        big.send_multipart(session.request_credit(1))
+        assert isinstance(session.parse(big.recv_multipart()), Fragment)
+        peak = server.peak
+        for sock in [*held, big]:
+            sock.close(linger=0)
+        deadline = time.monotonic() + 10
+        while server.rss() > 1.2 * idle and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = server.rss()
+    finally:
+        server.stop()
+    assert [r.split(":")[0] for r in refused] == ["busy", "busy"], refused
+    assert all("env slots" in r for r in refused), refused
+    assert peak < idle + budget_mb, f"peak {peak:.0f} MB, idle {idle:.0f} MB"
+    assert after < 1.2 * idle, f"{after:.0f} MB after the sessions left, idle {idle:.0f} MB"
+
+
+def test_one_curve_key_holds_at_most_its_share_of_the_budget(tmp_path: Path) -> None:
+    """The drill: one key's sessions reserved the whole budget and another key's 1-env
+    session got ``busy``. A peer (CURVE key) now holds at most its share of the bytes
+    (``max_sessions_per_peer / max_sessions``), so the other key still gets a session."""
+    from simkit.clients import CurveKeys
+    from simkit.servers import RolloutServer
+
+    server_public, server_secret = zmq.curve_keypair()
+    pub_a, sec_a = zmq.curve_keypair()
+    pub_b, sec_b = zmq.curve_keypair()
+    spec = ModelSpec("mlp", {"hidden_sizes": [8]})
+    server = RolloutServer(
+        "simkit/CartPole-v0",
+        1,
+        "tcp://127.0.0.1:0",
+        policy=True,
+        device="cpu",
+        curve_secret_key=server_secret,
+        curve_allowed_clients=[pub_a, pub_b],
+        max_memory=64 << 20,
+        max_sessions=8,
+        max_sessions_per_peer=4,
+    ).start()
+    streams: list[PolicyStream] = []
+
+    def open_as(public: bytes, secret: bytes, num_envs: int, length: int) -> None:
+        keys = CurveKeys(server_public, public, secret)
+        stream = PolicyStream(
+            server.endpoint, spec, num_envs=num_envs, fragment_length=length, timeout=20, curve=keys
+        )
+        streams.append(stream)
+
+    try:
+        codes = []
+        for _ in range(4):  # ~12.6 MB each: the share (32 MiB) holds two
+            try:
+                open_as(pub_a, sec_a, 128, 1024)
+            except RemoteError as exc:
+                codes.append(f"{exc.remote_code}: {exc}")
+        assert [c.split(":")[0] for c in codes] == ["busy", "busy"], codes
+        assert all("this peer's share" in c for c in codes), codes
+        open_as(pub_b, sec_b, 1, 8)  # the other key is not starved
+        assert server._streams.budget.held_by(f"curve:{pub_b.decode()}") > 0
+    finally:
+        for stream in streams:
+            stream.close()
+        server.stop()
