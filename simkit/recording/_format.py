@@ -80,6 +80,10 @@ CODECS = {"none": 0, "zlib": 1, "zstd": 2}
 _CHUNK_RE = re.compile(r"^chunk-(\d{6})\.skr$")
 INDEX_FORMAT = 1
 _MAX_META = 1 << 30
+_MAX_BLOB = 1 << 40
+"""The largest blob a record may hold, stored or decompressed (1 TiB): a header claiming
+more is corrupt, whatever its checksums say."""
+_SEARCH_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -173,16 +177,30 @@ def encode_frame(
 
 
 def decode_blob(code: int, stored: bytes, raw_len: int, path: str, offset: int) -> bytes:
-    """Decompresses a frame's blob, checking its size."""
+    """Decompresses a frame's blob, checking its size: never more than the header's
+    ``raw_len`` is produced, and ``raw_len`` must fit the memory available first.
+
+    Raises:
+        CorruptRecording: it does not decompress, to ``raw_len`` bytes exactly, or
+            ``raw_len`` is more than this machine has free (one line each).
+    """
+    if code != 0:
+        _check_room(raw_len, path, offset)
     try:
         if code == 0:
             raw = stored
         elif code == 1:
-            raw = zlib.decompress(stored)
+            inflate = zlib.decompressobj()
+            raw = inflate.decompress(stored, raw_len + 1)  # at most one byte past the claim
+            if inflate.unconsumed_tail:
+                raise ValueError(f"it decompresses to more than the {raw_len} bytes claimed")
         elif code == 2:
             if zstandard is None:
                 raise ValueError("the record is zstd-compressed and zstandard is not installed")
-            raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_len)
+            declared = zstandard.frame_content_size(stored)
+            if declared >= 0 and declared != raw_len:
+                raise ValueError(f"its zstd frame declares {declared} bytes, not {raw_len}")
+            raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=max(raw_len, 1))
         else:
             raise ValueError(f"unknown codec {code}")
     except (zlib.error, ValueError) as exc:
@@ -200,6 +218,16 @@ def decode_blob(code: int, stored: bytes, raw_len: int, path: str, offset: int) 
             offset=offset,
         )
     return raw
+
+
+def _check_room(raw_len: int, path: str, offset: int) -> None:
+    """Refuses to decompress ``raw_len`` bytes that do not fit the memory available."""
+    from simkit._limits import check_memory
+
+    try:
+        check_memory(raw_len, f"the record at offset {offset} (decompressed)")
+    except ValueError as exc:
+        raise CorruptRecording(f"{path}: {exc}", path=path, offset=offset) from None
 
 
 def unpack_map(data: bytes, what: str, path: str, offset: int) -> dict[str, Any]:
@@ -224,7 +252,16 @@ def _reject_ext(code: int, data: bytes) -> Any:
 
 
 class _Torn(Exception):
-    """The file ends inside a frame (nbytes short)."""
+    """The file ends inside a frame: ``(bytes left in the file, bytes the frame claims)``
+    (the claim is 0 where the header itself is cut off)."""
+
+    def reason(self) -> str:
+        left, claimed = self.args[0], self.args[1] if len(self.args) > 1 else 0
+        if not claimed:
+            return "torn tail (incomplete record)"
+        return (
+            f"torn tail (incomplete record: its header says {claimed:,} bytes, {left:,} are left)"
+        )
 
 
 def _parse_header(head: bytes, path: str, offset: int) -> tuple[int, int, int, int, int, int]:
@@ -240,6 +277,13 @@ def _parse_header(head: bytes, path: str, offset: int) -> tuple[int, int, int, i
     if kind not in KINDS or code not in CODECS.values() or meta_len > _MAX_META:
         raise CorruptRecording(
             f"{path}: record at offset {offset} has unknown kind {kind} or codec {code}",
+            path=path,
+            offset=offset,
+        )
+    if max(blob_len, raw_len) > _MAX_BLOB:
+        raise CorruptRecording(
+            f"{path}: record at offset {offset} claims a blob of {max(blob_len, raw_len):,} "
+            f"bytes, more than the format's {_MAX_BLOB:,}",
             path=path,
             offset=offset,
         )
@@ -261,9 +305,12 @@ def read_frame(
     if len(head) < HEADER.size:
         raise _Torn(len(head))
     kind, code, meta_len, blob_len, raw_len, crc = _parse_header(head, path, offset)
+    size = HEADER.size + meta_len + blob_len
+    left = os.fstat(f.fileno()).st_size - offset
+    if size > left:  # checked before reading: a length is never allocated unchecked
+        raise _Torn(left, size)
     meta_bytes = f.read(meta_len)
     stored = f.read(blob_len)
-    size = HEADER.size + meta_len + blob_len
     if len(meta_bytes) < meta_len or len(stored) < blob_len:
         raise _Torn(HEADER.size + len(meta_bytes) + len(stored))
     if crc32(stored, crc32(meta_bytes)) != crc:
@@ -277,7 +324,7 @@ def read_frame(
 def read_meta(path: str, offset: int) -> tuple[int, dict[str, Any], bytes]:
     """The kind byte, the meta map and the decompressed blob of the frame at ``offset``
     (checked)."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         try:
             meta, _, stored, code, raw_len, kind = read_frame(f, path, offset, with_blob=True)
         except _Torn as exc:
@@ -285,7 +332,52 @@ def read_meta(path: str, offset: int) -> tuple[int, dict[str, Any], bytes]:
                 f"{path}: truncated record at offset {offset}", path=path, offset=offset
             ) from exc
     assert stored is not None
+    _check_extent(meta, raw_len, path, offset)
     return kind, meta, decode_blob(code, stored, raw_len, path, offset)
+
+
+def _check_extent(meta: dict[str, Any], raw_len: int, path: str, offset: int) -> None:
+    """The decompressed size the header claims must be where the meta's arrays end (they
+    come last in the blob): checked before decompressing, so a small frame claiming
+    gigabytes is refused without them being allocated."""
+    arrays = meta.get("arrays")
+    if not isinstance(arrays, list) or not arrays:
+        return
+    try:
+        end = max(int(a[3]) + int(a[4]) for a in arrays)
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
+        raise CorruptRecording(
+            f"{path}: record at offset {offset}: malformed array table", path=path, offset=offset
+        ) from exc
+    if end != raw_len:
+        raise CorruptRecording(
+            f"{path}: record at offset {offset}: its header says {raw_len:,} bytes decompressed, "
+            f"its arrays end at {end:,}",
+            path=path,
+            offset=offset,
+        )
+
+
+def open_regular(path: str | os.PathLike[str]) -> Any:
+    """``open(path, "rb")`` of a regular file, without blocking on a FIFO named like one.
+
+    Raises:
+        CorruptRecording: ``path`` is not a regular file (a FIFO, a device, a folder).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CorruptRecording(
+                f"{os.fspath(path)}: not a regular file (a recording's chunks and indexes are "
+                "files)",
+                path=os.fspath(path),
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def scan_chunk(path: str, *, recover: bool = False) -> tuple[list[FrameInfo], list[Skipped]]:
@@ -298,30 +390,47 @@ def scan_chunk(path: str, *, recover: bool = False) -> tuple[list[FrameInfo], li
     """
     frames: list[FrameInfo] = []
     skipped: list[Skipped] = []
-    size = os.path.getsize(path)
-    offset = 0
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        offset = 0
         while offset < size:
             try:
                 meta, n, _, _, _, _ = read_frame(f, path, offset, with_blob=False)
-            except _Torn:
-                skipped.append(
-                    Skipped(path, offset, size - offset, "torn tail (incomplete record)")
-                )
-                break
+            except _Torn as exc:
+                nxt = _next_magic(f, offset + 1, size) if recover else size
+                if nxt >= size:
+                    skipped.append(Skipped(path, offset, size - offset, exc.reason()))
+                    break
+                # a length that runs past the end, with records after it: corrupt
+                skipped.append(Skipped(path, offset, nxt - offset, exc.reason()))
+                offset = nxt
+                continue
             except CorruptRecording as exc:
                 if not recover:
                     raise
-                f.seek(offset + 1)
-                rest = f.read()
-                found = rest.find(MAGIC)
-                nxt = size if found < 0 else offset + 1 + found
+                nxt = _next_magic(f, offset + 1, size)
                 skipped.append(Skipped(path, offset, nxt - offset, str(exc)))
                 offset = nxt
                 continue
             frames.append(FrameInfo(path, offset, n, meta))
             offset += n
     return frames, skipped
+
+
+def _next_magic(f: Any, start: int, size: int) -> int:
+    """The offset of the next record magic at or after ``start`` (``size`` if none),
+    read a block at a time (never the whole rest of the file at once)."""
+    pos = start
+    while pos < size:
+        f.seek(pos)
+        block = f.read(_SEARCH_BLOCK + len(MAGIC) - 1)
+        found = block.find(MAGIC)
+        if found >= 0:
+            return pos + found
+        if len(block) < len(MAGIC):
+            break
+        pos += _SEARCH_BLOCK
+    return size
 
 
 def chunk_path(directory: Path, number: int) -> Path:
@@ -372,19 +481,47 @@ def read_index(chunk: Path) -> list[FrameInfo] | None:
     """
     path = index_path(chunk)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        chunk_stat = os.stat(chunk)
+        if not stat.S_ISREG(chunk_stat.st_mode):  # the scan refuses it, naming it
+            return None
+        chunk_size = chunk_stat.st_size
+        with open_regular(path) as f:
+            index_size = os.fstat(f.fileno()).st_size
+            if index_size > _max_index_size(chunk_size):  # it cannot describe this chunk
+                return None
+            data = f.read()
+    except (OSError, CorruptRecording):  # missing, unreadable, or not a file: scan
         return None
     try:
         body = unpack_map(data, "index", str(path), 0)
-        if body.get("format") != INDEX_FORMAT or body.get("chunk_size") != os.path.getsize(chunk):
+        if body.get("format") != INDEX_FORMAT or body.get("chunk_size") != chunk_size:
             return None
-        return [
+        frames = [
             FrameInfo(str(chunk), int(r["offset"]), int(r["size"]), dict(r["meta"]))
             for r in body["records"]
         ]
     except (CorruptRecording, KeyError, TypeError, ValueError):
         return None
+    return frames if _tiles(frames, chunk_size) else None
+
+
+def _max_index_size(chunk_size: int) -> int:
+    """The most bytes an index of a ``chunk_size``-byte chunk can take: every record's
+    meta again (at most the chunk's bytes) plus its offset and size, for at most one
+    record per header's bytes."""
+    return 2 * chunk_size + 64 * (chunk_size // HEADER.size) + 4096
+
+
+def _tiles(frames: list[FrameInfo], chunk_size: int) -> bool:
+    """Whether the frames lie back to back from offset 0 to the chunk's end: no record
+    repeated, overlapping or out of order (an index repeating 6 records 400,000 times
+    took minutes and gigabytes), none shorter than a header."""
+    at = 0
+    for frame in frames:
+        if frame.offset != at or frame.size < HEADER.size:
+            return False
+        at += frame.size
+    return at == chunk_size
 
 
 class DirectoryLock:
