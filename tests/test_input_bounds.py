@@ -223,3 +223,39 @@ def test_replay_refuses_a_million_workers(
 ) -> None:
     assert main(["replay", str(tmp_path), "--verify", "--workers", str(10**6)]) == 2
     _one_line(capsys, "simkit replay: --workers must be in [1, ")
+
+
+def test_eval_names_the_tensor_file_of_a_resigned_wrong_shape_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``simkit eval run/checkpoints`` named the checkpoints folder (``--resume``
+    named the file); now every way to the checkpoint names ``update-N/model.safetensors``."""
+    import hashlib
+    import json
+
+    from safetensors.torch import load, save
+
+    from simkit.clients.learners._checkpoint import resolve_checkpoint
+
+    logdir = tmp_path / "run"
+    short = ["--total-steps", "64", "--num-steps", "32", "--num-minibatches", "4"]
+    assert main([*TRAIN, "--logdir", str(logdir), *short]) == 0
+    ckpt = resolve_checkpoint(logdir)
+    file = ckpt / "model.safetensors"
+    tensors = load(file.read_bytes())
+    name = next(k for k, v in tensors.items() if v.ndim == 2)
+    tensors[name] = tensors[name][:, :1].contiguous()
+    data = save(tensors)
+    file.write_bytes(data)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = {
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    for given in (logdir / "checkpoints", ckpt):
+        assert main(["eval", str(given), "--episodes", "1"]) == 2
+        _one_line(capsys, f"simkit eval: {file}: tensor {name!r} is ")
+    assert main([*TRAIN, "--resume", str(logdir), "--total-steps", "128"]) == 2
+    _one_line(capsys, f"simkit train: {file}: tensor {name!r} is ")

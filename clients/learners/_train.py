@@ -28,6 +28,7 @@ from simkit.clients.learners._checkpoint import (
     check_tensors,
     checkpoint_args,
     load_policy,
+    resolve_checkpoint,
 )
 from simkit.clients.learners._device_pick import (
     DevicePick,
@@ -530,7 +531,9 @@ def load_model(path: str | Path, *, trust: Collection[str] = ()) -> tuple[ActorC
             f"{path}: no valid model spec in the policy metadata: {exc}"
         ) from exc
     model = build_from_spec(spec, obs_space, act_space)
-    check_tensors(path, tensors, model.state_dict())
+    # a checkpoint's tensors are its model.safetensors: name that file, not the folder given
+    tensors_file = path if path.is_file() else resolve_checkpoint(path) / "model.safetensors"
+    check_tensors(tensors_file, tensors, model.state_dict())
     model.load_state_dict(tensors)
     return model, env_id
 
