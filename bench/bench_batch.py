@@ -275,7 +275,7 @@ def close_all(closers: list[Any]) -> None:
 
 # -------------------------------------------------------------------------------- main
 
-SECTIONS = ("kernel", "cheetah", "gym", "cartpole", "cost", "breakdown")
+SECTIONS = ("kernel", "cheetah", "gym", "cartpole", "cost", "breakdown", "runs")
 
 
 def steady_runner(env: Any, actions: np.ndarray) -> Runner:
@@ -437,6 +437,141 @@ def kernel_section(quick: bool, repeats: int) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(drift_rows))
     print(f"\nLoad average after: {os.getloadavg()[0]:.1f}.\n")
+
+
+class Flicker(simkit.BatchEnv):
+    """An author-style batch env with frequent terminations: a point pushed left or
+    right by its action, with declared randomization of its step and drift, whose
+    episode ends when it leaves [-1, 1] (a few steps with random actions)."""
+
+    randomization = {"step": simkit.Uniform(0.3, 0.6), "drift": simkit.Uniform(-0.1, 0.1)}
+
+    def __init__(self, num_envs: int, **kwargs: Any) -> None:
+        import gymnasium as gym
+
+        obs = gym.spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32)
+        super().__init__(
+            num_envs,
+            single_observation_space=obs,
+            single_action_space=gym.spaces.Discrete(2),
+            **kwargs,
+        )
+        self.pos = np.zeros(num_envs)
+
+    def reset_instances(self, ids: np.ndarray, rngs: Any, params: Any, options: Any) -> Any:
+        self.pos[ids] = rngs.uniform(-0.5, 0.5)
+        return self.pos[ids, None].astype(np.float32), None
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        p = self.param_arrays
+        self.pos += np.where(actions == 1, p["step"], -p["step"]) + p["drift"]
+        obs = self.pos[:, None].astype(np.float32)
+        return obs, np.ones(self.num_envs), np.abs(self.pos) > 1.0, None
+
+
+def timed_run(env: Any, actions: np.ndarray, steps: int) -> tuple[list[float], list[float]]:
+    """``reset(seed=0)`` and ``steps`` steps of ``env`` (cycling through ``actions``),
+    each step timed: seconds per step, wall clock and CPU time."""
+    env.reset(seed=0)
+    wall, cpu = [], []
+    for t in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        env.step_batch(actions[t % len(actions)])
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
+
+
+def tenths(seconds: list[float], per_step: int) -> tuple[float, float]:
+    """Steps/s (``per_step`` env steps per entry) over the first and the last tenth of
+    ``seconds``."""
+    k = max(1, len(seconds) // 10)
+    return per_step * k / sum(seconds[:k]), per_step * k / sum(seconds[-k:])
+
+
+def train_rates(n: int, total: int, num_steps: int) -> list[tuple[int, float]] | None:
+    """``simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs n --learning-rate 0
+    --num-steps num_steps --total-steps total`` in a subprocess: ``(global step, env
+    steps/s since the previous progress line)`` of every line of its ``progress.jsonl``
+    (``None`` where the run failed)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [
+            sys.executable, "-m", "simkit", "train", "simkit/BatchCartPole-v0", "--servers", "0",
+            "--num-envs", str(n), "--learning-rate", "0", "--num-steps", str(num_steps),
+            "--total-steps", str(total), "--logdir", tmp, "--no-progress",
+            "--checkpoint-every", "0",
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        path = Path(tmp) / "progress.jsonl"
+        if done.returncode != 0 or not path.exists():
+            print(f"(train failed: {done.stderr.strip().splitlines()[-1:]})")
+            return None
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+    out, last_step, last_s = [], 0, 0.0
+    for row in rows:
+        step, elapsed = int(row["global_step"]), float(row["elapsed_s"])
+        if elapsed > last_s:
+            out.append((step, (step - last_step) / (elapsed - last_s)))
+        last_step, last_s = step, elapsed
+    return out
+
+
+def runs_section(quick: bool) -> None:
+    """Speed over whole runs from ``reset``: steps/s over the first and the last tenth
+    of each run (within 10% of each other where a step's cost does not grow)."""
+    n = 4096
+    short = (250_000 if quick else 1_000_000) // n  # 1M instance-steps (quick: 0.25M)
+    long = 1000 if quick else 10_000
+    print("\n## Speed over whole runs: the first vs the last tenth (N=4,096)\n")
+    print(
+        "Each run starts at `reset(seed=0)` and times every step; env steps/s over its first "
+        "and its last tenth of steps (wall clock, and per CPU-second), and last / first. "
+        "Random actions. `Flicker` is an author-style numpy BatchEnv with frequent "
+        "terminations (a point pushed left or right, its episode ends when it leaves [-1, 1]: "
+        "a few steps). The first steps of a run reset nothing (every instance starts at "
+        "once), so a short run's first tenth can be faster than its last for that reason "
+        f"alone. Load average before: {os.getloadavg()[0]:.1f}.\n"
+    )
+    print(
+        "| run | batch steps | steps/s, first tenth | steps/s, last tenth | last / first | "
+        "CPU: first | CPU: last | CPU: last / first |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(1)
+    acts = rng.integers(0, 2, (500, n))
+    cases = [
+        ("BatchCartPole, 1M instance-steps", "cartpole", short),
+        (f"BatchCartPole, {long:,} steps", "cartpole", long),
+        ("Flicker, 1M instance-steps", "flicker", short),
+        (f"Flicker, {long:,} steps", "flicker", long),
+    ]
+    for label, kind, steps in cases:
+        env = simkit.make("simkit/BatchCartPole-v0", num_envs=n) if kind == "cartpole" else None
+        wall, cpu = timed_run(env if env is not None else Flicker(n), acts, steps)
+        (w0, w1), (c0, c1) = tenths(wall, n), tenths(cpu, n)
+        print(
+            f"| {label} | {steps:,} | {fmt(w0)} | {fmt(w1)} | **{w1 / w0:.2f}** | {fmt(c0)} | "
+            f"{fmt(c1)} | {c1 / c0:.2f} |"
+        )
+    total = 200_000 if quick else 2_000_000
+    num_steps = 16
+    rates = train_rates(n, total, num_steps)
+    if rates:
+        k = max(1, len(rates) // 10)
+        first = statistics.median(r for _, r in rates[:k])
+        last = statistics.median(r for _, r in rates[-k:])
+        print(
+            f"\n`simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs {n} --learning-rate 0 "
+            f"--num-steps {num_steps} --total-steps {total}`: {len(rates)} progress lines; env "
+            f"steps/s over the first tenth {fmt(first)}, the last tenth {fmt(last)}: last / "
+            f"first **{last / first:.2f}** (medians of the lines' rates).\n"
+        )
+    print(f"Load average after: {os.getloadavg()[0]:.1f}.\n")
 
 
 def main() -> None:
@@ -682,6 +817,8 @@ def main() -> None:
             print(
                 f"\n(raw limit at N=64 in the first table: {n * 1e6 / raw64:.0f} µs per batch step)"
             )
+    if "runs" in sections:
+        runs_section(args.quick)
     if notes:
         print("\nNotes:\n")
         for note in notes:

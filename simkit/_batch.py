@@ -346,6 +346,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             None if reset_params is None else self._per_instance(reset_params, "options['params']")
         )
         obs_rows, infos = self._reset_ids(ids, per_reset, opts)
+        self._prepare_next_episodes()
         if self._device_loop is not None:
             self._device_loop.restart(ids)
         if self._obs is None or len(ids) == self.num_envs:

@@ -154,9 +154,7 @@ class BatchContract:
     ) -> tuple[Any, RowInfos]:
         """Starts the next episode of ``ids``: keyed streams, parameters, the author's
         hook; returns the first observations and the rows' reset infos (lazy)."""
-        samplers = self._sampler_groups()[0]
-        one = samplers[0] if per_reset is None and len(samplers) == 1 else None
-        scale = one if one is not None and one.fast and one.names else None
+        scale = self._reset_scale(per_reset)
         states, ahead, scaled = self._seeds.next_states(ids, self._streams.prefetch, scale)
         self._streams.start(ids, states)
         rngs = self._streams.rows(ids, ahead, scaled)
@@ -172,6 +170,20 @@ class BatchContract:
                 f"or None, got {len(infos)}"
             )
         return obs_rows, RowInfos(len(ids), infos, lambda k: {"params": params[k]})
+
+    def _reset_scale(self, per_reset: list[Mapping[str, Any]] | None) -> Sampler | None:
+        """The sampler whose parameters the keyed rows of a reset carry already scaled
+        (:meth:`EpisodeSeeds.next_states`): the one sampler of every instance, on its
+        fast path, unless the reset overrides parameters."""
+        samplers = self._sampler_groups()[0]
+        one = samplers[0] if per_reset is None and len(samplers) == 1 else None
+        return one if one is not None and one.fast and one.names else None
+
+    def _prepare_next_episodes(self) -> None:
+        """Has every instance hold the keys (and first draws) of its next episodes, as
+        the autoresets of the coming steps read them, after a reset of the batch: those
+        steps then cost what later ones do (:meth:`EpisodeSeeds.prepare`)."""
+        self._seeds.prepare(self._streams.prefetch, self._reset_scale(None))
 
     def _sample(
         self,

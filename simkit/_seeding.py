@@ -876,13 +876,41 @@ class EpisodeSeeds:
             if root == self._shared_root:
                 first = self.episode + 1
                 first[ids] = episodes
-                envs, eps = span.extend(None, first, span.width // 2)
+                self._refill(root, draws, scale, None, first)
             else:
-                envs, eps = span.extend(ids, episodes, span.width // 2)
+                self._refill(root, draws, scale, ids, episodes)
+        return table.take(span.flat(ids, episodes), axis=0)
+
+    def prepare(self, draws: int, scale: Any = None) -> None:
+        """Makes every env under the shared root hold the rows of its next episodes that
+        :meth:`next_states` with these ``draws`` and ``scale`` will read (a no-op where
+        they already do, or where there is no shared root or no room to hold them).
+
+        A whole batch's reset calls it, so that the resets of its first steps read rows
+        instead of deriving them: those steps cost what the later ones do.
+        """
+        root = self._shared_root
+        if root is None:
+            return
+        if scale is not None and draws < len(scale.names):
+            scale = None
+        if self._held(root, draws, scale) is not None:
+            self._refill(root, draws, scale, None, self.episode + 1)
+
+    def _refill(
+        self, root: int, draws: int, scale: Any, ids: np.ndarray | None, first: np.ndarray
+    ) -> None:
+        """Derives the rows each env of ``ids`` (every env for ``None``; ``first[k]`` its
+        first episode needed) lacks to hold half the lookahead from ``first[k]`` on (it
+        then holds the whole lookahead)."""
+        held = self._held(root, draws, scale)
+        assert held is not None
+        span, table = held
+        envs, eps = span.extend(ids, first, span.width // 2)
+        if len(envs):
             table[span.flat(envs, eps)] = _episode_rows(
                 root, envs + self.env_offset, eps, draws, scale
             )
-        return table.take(span.flat(ids, episodes), axis=0)
 
     def _held(self, root: int, draws: int, scale: Any) -> tuple[EpisodeSpan, np.ndarray] | None:
         """The rows held ahead for ``root`` (``(N * width, 4 + draws)``, or a seed per row
