@@ -94,9 +94,12 @@ class Pendulum(simkit.Env[np.ndarray, np.ndarray]):
         parameters ``p``: the new ``(theta, theta_dot)`` and the step's cost. Scalars
         here, the columns of N rows in :class:`~simkit.envs.batch_pendulum.BatchPendulum`
         (``xp``: numpy or torch), so both compute the same float64 arithmetic in the
-        same order."""
-        cost = angle_normalize(theta) ** 2 + 0.1 * theta_dot**2 + 0.001 * u**2
+        same order. Squares are products: ``x ** 2`` of a Python float or numpy scalar
+        is libm's ``pow``, which may round differently from the ``x * x`` numpy and
+        torch compute for arrays."""
+        wrapped = angle_normalize(theta)
+        cost = wrapped * wrapped + 0.1 * (theta_dot * theta_dot) + 0.001 * (u * u)
         g, m, length = p["gravity"], p["mass"], p["length"]
-        accel = 3.0 * g / (2.0 * length) * xp.sin(theta) + 3.0 / (m * length**2) * u
+        accel = 3.0 * g / (2.0 * length) * xp.sin(theta) + 3.0 / (m * (length * length)) * u
         theta_dot = xp.clip(theta_dot + accel * dt, -max_speed, max_speed)
         return theta + theta_dot * dt, theta_dot, cost
