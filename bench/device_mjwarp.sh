@@ -5,7 +5,7 @@
 # warp-lang does not fit one device run's 64 MiB, so it travels in parts
 # (bench/fetch_device_wheels.sh --warp, run here first) over consecutive runs of this
 # same command, in quick succession (git-ignored folders stay on the machine between
-# them; docs/batch.md):
+# them; docs/batch_device.md):
 #
 #   run 1: carry build/wheels build/warp/SHA256SUMS build/warp/part-00
 #   run 2: carry build/warp/part-01          (and so on, if there are more parts)

@@ -15,7 +15,7 @@
 # NVRTC); bin/warp-clang.so is Warp's CPU backend, and tests/ and examples/ are not
 # used. Those parts, tar'd and xz'd (~74 MiB), are split into build/warp/part-00 (small
 # enough to travel beside build/wheels and build/warp/SHA256SUMS) and part-01 (the rest):
-# two device runs in quick succession carry them (docs/batch.md).
+# two device runs in quick succession carry them (docs/batch_device.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -46,7 +46,7 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
 4. ``simkit/BatchCartPole-v0``, instance-steps/s at N = 4k and 64k: the BatchEnv with
    ``device=`` (device-resident steps: observations, rewards and flags stay on the
    device, keyed resets under a mask, ``validate_actions=False`` as a learner on a GPU
-   steps it; docs/batch.md), plus its physics kernel alone (``_advance``: no autoreset)
+   steps it; docs/batch_device.md), plus its physics kernel alone (``_advance``: no autoreset)
    and the default numpy BatchEnv.
 5. PPO's whole loop on ``simkit/BatchCartPole-v0``, env steps/s at N = 1k, 4k and 64k
    envs (the CPU rows at 1k only) x 16 steps per update (8 minibatches x 4 epochs): the

@@ -377,7 +377,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             the actions led to and ``obs`` rows the ones to act on next; rows follow
             ``env_ids``. With a device, ``obs``, ``final_obs``, ``reward`` and the flags
             are tensors on it; a whole-batch step of a class with :meth:`reset_masked`
-            never reads the device (docs/batch.md, "Device-resident steps").
+            never reads the device (docs/batch_device.md, "Device-resident steps").
 
         Raises:
             ResetNeeded: called before :meth:`reset`.

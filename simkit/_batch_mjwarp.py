@@ -20,7 +20,7 @@ where the physics lives.
   the torch stream by stream waits (no host synchronisation).
 
 MJWarp computes in float32, so it is not bit-equal to MuJoCo's C engine (float64):
-docs/batch.md states the measured divergence over 1,000 Cheetah steps.
+docs/batch_device.md states the measured divergence over 1,000 Cheetah steps.
 """
 
 from __future__ import annotations

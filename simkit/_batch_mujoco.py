@@ -18,7 +18,7 @@ instances whichever backend runs it:
 - ``"mjwarp"`` (what ``"auto"`` picks with a CUDA ``device``): all N worlds in MuJoCo
   Warp on the batch's torch device (:mod:`simkit._batch_mjwarp`), observations, rewards
   and flags as torch tensors there; float32, so not bit-equal to the others (measured
-  in docs/batch.md). Needs the ``simkit[gpu]`` extra.
+  in docs/batch_device.md). Needs the ``simkit[gpu]`` extra.
 
 ``mujoco.rollout`` itself cannot hand back the warm-start, so it could not be
 bit-identical to ``mj_step`` stepped an env step at a time (see docs/batch.md).

@@ -32,7 +32,7 @@ ENV = "simkit/BatchCheetah-v0"
 AGREEMENT_TOLERANCE = 5e-3
 """Largest |MJWarp - MuJoCo C| of any observation entry after one env step from the
 same state, over 1,000 Cheetah steps (measured: 1.3e-3 at most, 2.5e-4 at the 99th
-percentile, 4e-6 median; docs/batch.md)."""
+percentile, 4e-6 median; docs/batch_device.md)."""
 
 
 def _has_cuda() -> bool:
@@ -219,7 +219,7 @@ def test_agrees_with_the_c_engine_over_1000_steps(device: str) -> None:
     MuJoCo C's trajectory: before each env step every MJWarp world is loaded with the C
     world's state (qpos, qvel, warm-start, time), and the step's observation stays within
     the stated tolerance of C's. Free-running, the two part after ~100 steps, as C does
-    from a float32-rounded start (chaos, measured in docs/batch.md); this compares the
+    from a float32-rounded start (chaos, measured in docs/batch_device.md); this compares the
     physics, not the chaos."""
     import torch
 
