@@ -490,8 +490,10 @@ def tenths(seconds: list[float], per_step: int) -> tuple[float, float]:
 
 
 def train_rates(n: int, total: int, num_steps: int) -> list[tuple[int, float]] | None:
-    """``simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs n --learning-rate 0
-    --num-steps num_steps --total-steps total`` in a subprocess: ``(global step, env
+    """``simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs n --learning-rate
+    1e-12 --num-steps num_steps --total-steps total`` in a subprocess (a learning rate too
+    small to move a float32 weight: the policy stays random, the episodes short; the
+    learner refuses 0): ``(global step, env
     steps/s since the previous progress line)`` of every line of its ``progress.jsonl``
     (``None`` where the run failed)."""
     import json
@@ -502,7 +504,7 @@ def train_rates(n: int, total: int, num_steps: int) -> list[tuple[int, float]] |
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
             sys.executable, "-m", "simkit", "train", "simkit/BatchCartPole-v0", "--servers", "0",
-            "--num-envs", str(n), "--learning-rate", "0", "--num-steps", str(num_steps),
+            "--num-envs", str(n), "--learning-rate", "1e-12", "--num-steps", str(num_steps),
             "--total-steps", str(total), "--logdir", tmp, "--no-progress",
             "--checkpoint-every", "0",
         ]  # fmt: skip
@@ -566,7 +568,7 @@ def runs_section(quick: bool) -> None:
         first = statistics.median(r for _, r in rates[:k])
         last = statistics.median(r for _, r in rates[-k:])
         print(
-            f"\n`simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs {n} --learning-rate 0 "
+            f"\n`simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs {n} --learning-rate 1e-12 "
             f"--num-steps {num_steps} --total-steps {total}`: {len(rates)} progress lines; env "
             f"steps/s over the first tenth {fmt(first)}, the last tenth {fmt(last)}: last / "
             f"first **{last / first:.2f}** (medians of the lines' rates).\n"

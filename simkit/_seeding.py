@@ -65,6 +65,9 @@ _MAX_AHEAD = 2**22
 ahead for a larger N, none where not even two fit."""
 _MAX_HELD = 4
 """Kinds of rows held ahead at once (root, env offset, draws, scale)."""
+_REFILL_ROWS = 2048
+"""Rows read from those held ahead after which the next read tops every env up (under
+a shared root): refills of about this many rows, a few steps apart."""
 
 _M32 = 0xFFFFFFFF
 _INIT_A = 0x43B0D7E5
@@ -87,43 +90,87 @@ def _words(n: int) -> list[int]:
     return out
 
 
-def _mix_pool(entropy: list[Any]) -> list[np.ndarray]:
-    """``SeedSequence.mix_entropy`` over columns of uint32 entropy words (one per seed;
-    a numpy scalar for a word that all seeds share)."""
-    const = _INIT_A
+def _hash_constants(init: int, mult: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The constants of ``count`` consecutive calls of one of SeedSequence's hashes from
+    ``init``: call ``k`` xors ``c[k]`` and multiplies by ``c[k + 1]`` (``c[k + 1] =
+    c[k] * mult``), as ``(count, 1)`` uint32 columns, a row per call."""
+    consts = [init]
+    for _ in range(count):
+        consts.append((consts[-1] * mult) & _M32)
+    table = np.array(consts, dtype=np.uint32)[:, None]
+    return table[:-1], table[1:]
 
-    def hashmix(value: Any) -> np.ndarray:
-        nonlocal const
-        value = value ^ np.uint32(const)
-        const = (const * _MULT_A) & _M32
-        value = value * np.uint32(const)
-        return value ^ (value >> np.uint32(16))
 
-    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        result: np.ndarray = x * np.uint32(_MIX_MULT_L) - y * np.uint32(_MIX_MULT_R)
-        return result ^ (result >> np.uint32(16))
+_HASH_XOR, _HASH_MUL = _hash_constants(_INIT_A, _MULT_A, 16 + 4 * _POOL_SIZE)
+_GEN_XOR, _GEN_MUL = _hash_constants(_INIT_B, _MULT_B, 8)
+_GEN_ROWS = [i % _POOL_SIZE for i in range(8)]
 
-    zeros = np.uint32(0)
-    pool = [hashmix(entropy[i] if i < len(entropy) else zeros) for i in range(_POOL_SIZE)]
-    for src in range(_POOL_SIZE):
-        for dst in range(_POOL_SIZE):
-            if src != dst:
-                pool[dst] = mix(pool[dst], hashmix(pool[src]))
-    for src in range(_POOL_SIZE, len(entropy)):
-        for dst in range(_POOL_SIZE):
-            pool[dst] = mix(pool[dst], hashmix(entropy[src]))
+
+def _source_constants(src: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(4, 1)`` constants of the three ``hashmix`` calls that mix pool word ``src``
+    into the other three (call ``4 + 3 * src + j`` for the ``j``-th other word, in
+    order), with a 0 in row ``src`` itself (whose result is not kept)."""
+    xor, mul = np.zeros((_POOL_SIZE, 1), np.uint32), np.zeros((_POOL_SIZE, 1), np.uint32)
+    others = [d for d in range(_POOL_SIZE) if d != src]
+    xor[others] = _HASH_XOR[4 + 3 * src : 7 + 3 * src]
+    mul[others] = _HASH_MUL[4 + 3 * src : 7 + 3 * src]
+    return xor, mul
+
+
+_SOURCE = [_source_constants(src) for src in range(_POOL_SIZE)]
+_U16 = np.uint32(16)
+_MIX_L, _MIX_R = np.uint32(_MIX_MULT_L), np.uint32(_MIX_MULT_R)
+
+
+def _hashmix(value: np.ndarray, first: int, count: int) -> np.ndarray:
+    """SeedSequence's ``hashmix`` calls ``first .. first + count - 1`` on ``value``
+    (broadcast against ``(count, 1)``): a row per call."""
+    out: np.ndarray = value ^ _HASH_XOR[first : first + count]
+    out *= _HASH_MUL[first : first + count]
+    out ^= out >> _U16
+    return out
+
+
+def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """SeedSequence's ``mix`` of pool words ``x`` with hashed words ``y``."""
+    out: np.ndarray = x * _MIX_L - y * _MIX_R
+    out ^= out >> _U16
+    return out
+
+
+def _mix_pool(head: np.ndarray, tail: Sequence[np.ndarray] = ()) -> np.ndarray:
+    """``SeedSequence.mix_entropy``: the ``(4, n)`` uint32 pool of the entropy words
+    ``head`` (its first four, ``(4, n)`` or ``(4, 1)`` for words every seed shares;
+    missing words are 0), then ``tail`` (the words past the fourth, ``(n,)`` each).
+
+    Every row of a step of SeedSequence's loops that does not depend on the others is
+    computed in one array operation (the pool's four words, the three words a source
+    word mixes into), so a pool costs a few dozen array operations whatever ``n``.
+    """
+    pool = _hashmix(head, 0, _POOL_SIZE)
+    for src, (xor, mul) in enumerate(_SOURCE):
+        word = pool[src].copy()
+        hashed = word ^ xor
+        hashed *= mul
+        hashed ^= hashed >> _U16
+        pool = _mix(pool, hashed)
+        pool[src] = word  # mixed into the others only
+    return _mix_tail(pool, tail)
+
+
+def _mix_tail(pool: np.ndarray, tail: Sequence[np.ndarray]) -> np.ndarray:
+    """The words past the fourth mixed into the pool of the first four."""
+    for k, word in enumerate(tail):
+        pool = _mix(pool, _hashmix(word, 16 + _POOL_SIZE * k, _POOL_SIZE))
     return pool
 
 
-def _generate(pool: list[np.ndarray], n_words: int) -> list[np.ndarray]:
-    """``SeedSequence.generate_state(n_words, uint32)`` per column."""
-    const = _INIT_B
-    out = []
-    for i in range(n_words):
-        value = pool[i % _POOL_SIZE] ^ np.uint32(const)
-        const = (const * _MULT_B) & _M32
-        value = value * np.uint32(const)
-        out.append(value ^ (value >> np.uint32(16)))
+def _generate(pool: np.ndarray, n_words: int) -> np.ndarray:
+    """``SeedSequence.generate_state(n_words, uint32)`` of every column of ``pool``:
+    ``(n_words, n)`` uint32."""
+    out: np.ndarray = pool[_GEN_ROWS[:n_words]] ^ _GEN_XOR[:n_words]
+    out *= _GEN_MUL[:n_words]
+    out ^= out >> _U16
     return out
 
 
@@ -156,31 +203,46 @@ def episode_seeds(root_seed: int, env_index: Any, episode_index: Any) -> np.ndar
         )
     if envs.size and (envs.min() < 0 or episodes.min() < 0):
         raise ValueError("env_index and episode_index must be >= 0")
-    out = np.empty(envs.shape, dtype=np.uint64)
     # Entropy: the root's words padded to the pool size (there is a spawn key), then
     # the words of env and episode index (one below 2**32, two above): one vectorised
-    # pass per combination of word counts.
-    root = _words(root_seed)
-    root += [0] * (_POOL_SIZE - len(root))
+    # pass per combination of word counts. The pool of the root's words is the same
+    # for every seed: mixed once per root, as one column.
+    root = _root_pool(root_seed)
     env_hi, ep_hi = envs >> 32, episodes >> 32
+    if not (env_hi.any() or ep_hi.any()):  # the usual case: one word each
+        tail = [envs.astype(np.uint32), episodes.astype(np.uint32)]
+        return _as_u64(*_generate(_mix_tail(root, tail), 2))
+    out = np.empty(envs.shape, dtype=np.uint64)
     for env_two in (False, True):
         for ep_two in (False, True):
             sel = ((env_hi != 0) == env_two) & ((ep_hi != 0) == ep_two)
             if not sel.any():
                 continue
-            # the root's words are the same for every seed: numpy scalars, so the part
-            # of the mixing that only depends on them is computed once, not per seed
-            columns: list[Any] = [np.uint32(w) for w in root]
-            columns.append((envs[sel] & _M32).astype(np.uint32))
+            tail = [(envs[sel] & _M32).astype(np.uint32)]
             if env_two:
-                columns.append(env_hi[sel].astype(np.uint32))
-            columns.append((episodes[sel] & _M32).astype(np.uint32))
+                tail.append(env_hi[sel].astype(np.uint32))
+            tail.append((episodes[sel] & _M32).astype(np.uint32))
             if ep_two:
-                columns.append(ep_hi[sel].astype(np.uint32))
-            with np.errstate(over="ignore"):
-                lo, hi = _generate(_mix_pool(columns), 2)
-            out[sel] = _as_u64(lo, hi)
+                tail.append(ep_hi[sel].astype(np.uint32))
+            out[sel] = _as_u64(*_generate(_mix_tail(root, tail), 2))
     return out
+
+
+_ROOT_POOLS: dict[int, np.ndarray] = {}
+
+
+def _root_pool(root_seed: int) -> np.ndarray:
+    """The ``(4, 1)`` pool of a root's words, the head of every episode seed's entropy
+    (a few roots kept)."""
+    pool = _ROOT_POOLS.get(root_seed)
+    if pool is None:
+        words = _words(root_seed)
+        words += [0] * (_POOL_SIZE - len(words))
+        pool = _mix_pool(np.array(words, dtype=np.uint32)[:, None])
+        if len(_ROOT_POOLS) >= 8:
+            _ROOT_POOLS.clear()
+        _ROOT_POOLS[root_seed] = pool
+    return pool
 
 
 def episode_seed(root_seed: int, env_index: int, episode_index: int) -> int:
@@ -200,17 +262,13 @@ def episode_seed(root_seed: int, env_index: int, episode_index: int) -> int:
 def _pcg64_words(seeds: np.ndarray) -> np.ndarray:
     """``SeedSequence(seed).generate_state(4, uint64)`` per 64-bit seed, as ``(n, 4)``."""
     seeds = np.asarray(seeds, dtype=np.uint64).reshape(-1)
-    lo = (seeds & np.uint64(_M32)).astype(np.uint32)
-    hi = (seeds >> np.uint64(32)).astype(np.uint32)
-    out = np.empty((seeds.size, 4), dtype=np.uint64)
-    two = hi != 0
-    for mask, columns in ((two, [lo, hi]), (~two, [lo])):
-        if mask.any():
-            with np.errstate(over="ignore"):
-                words = _generate(_mix_pool([c[mask] for c in columns]), 8)
-            out[mask] = np.stack(
-                [_as_u64(words[2 * j], words[2 * j + 1]) for j in range(4)], axis=1
-            )
+    # a seed below 2**32 has one entropy word, and a missing word mixes as a 0: the
+    # same pool as the two words (low, high = 0)
+    head = np.zeros((_POOL_SIZE, seeds.size), dtype=np.uint32)
+    head[0] = seeds & np.uint64(_M32)
+    head[1] = seeds >> np.uint64(32)
+    words = _generate(_mix_pool(head), 8).astype(np.uint64)
+    out: np.ndarray = words[0::2].T | (words[1::2].T << np.uint64(32))
     return out
 
 
@@ -377,10 +435,19 @@ def pcg64_doubles(states: np.ndarray, pos: np.ndarray, count: int) -> np.ndarray
 _MULT_LO0, _MULT_LO1 = _MULT_LO & _LO32, _MULT_LO >> _U32
 
 
+_JUMP_DRAWS = 4096
+"""Draws below which :func:`_pcg64_first_doubles` jumps to every draw at once."""
+
+
 def _pcg64_first_doubles(states: np.ndarray, out: np.ndarray) -> None:
-    """:func:`pcg64_doubles` from draw 0 into ``out`` (``(n, k)``), stepping the LCG
-    draw after draw: one 128-bit product by the multiplier per draw instead of two
-    (the jump's), for the blocks of reset draws computed ahead."""
+    """:func:`pcg64_doubles` from draw 0 into ``out`` (``(n, k)``), for the rows of
+    episodes derived ahead. Many rows: stepping the LCG draw after draw, one 128-bit
+    product by the multiplier per draw instead of the jump's two; few (``n * k`` below
+    ``_JUMP_DRAWS``): the jumps to all ``k`` draws at once, fewer array operations."""
+    n, count = out.shape
+    if n * count < _JUMP_DRAWS:
+        out[...] = pcg64_doubles(states, np.zeros(n, dtype=np.int64), count)
+        return
     hi, lo = states[:, 0], states[:, 1]
     inc_hi, inc_lo = states[:, 2], states[:, 3]
     for k in range(out.shape[1]):
@@ -637,6 +704,19 @@ class EpisodeSpan:
         return np.repeat(envs, counts), episodes
 
 
+class _HeldRows:
+    """The rows of N envs' next episodes under one root, env offset, ``draws`` and
+    ``scale`` (:func:`_episode_rows`), held ahead: ``table`` (``(N * width, 4 +
+    draws)`` uint64, a seed per row for ``draws == _SEEDS``) in the slots ``span``
+    keeps, and ``debt``, the rows read since the last refill."""
+
+    def __init__(self, n: int, width: int, root: int, draws: int, scale: Any) -> None:
+        self.span = EpisodeSpan(n, width)
+        self.table = np.zeros((n * width, 1 if draws == _SEEDS else 4 + draws), dtype=np.uint64)
+        self.root, self.draws, self.scale = root, draws, scale
+        self.debt = 0
+
+
 class EpisodeSeeds:
     """Which seed each reset of N envs uses: roots, episode counters, env offset.
 
@@ -666,7 +746,7 @@ class EpisodeSeeds:
         self.roots: list[int | None] = [None] * num_envs
         self.episode = np.full(num_envs, -1, dtype=np.int64)
         self.env_offset = 0
-        self._ahead: dict[tuple[int, int, int, Any], tuple[EpisodeSpan, np.ndarray]] = {}
+        self._ahead: dict[tuple[int, int, int, Any], _HeldRows] = {}
         """Rows held ahead per (root, env offset, draws, scale) (:meth:`_held`)."""
         self._shared_root: int | None = None
         """The root of every env when they all have one (set by :meth:`restart`), which
@@ -767,8 +847,8 @@ class EpisodeSeeds:
         if root is None:
             return None
         held, e = self._held(root, _SEEDS, None), int(self.episode[i])
-        if held is not None and held[0].lo[i] <= e < held[0].hi[i]:  # no array calls
-            return int(held[1][i * held[0].width + e % held[0].width, 0])
+        if held is not None and held.span.lo[i] <= e < held.span.hi[i]:  # no array calls
+            return int(held.table[i * held.span.width + e % held.span.width, 0])
         return int(self._rows(root, np.array([i], dtype=np.int64), _SEEDS)[0, 0])
 
     def next_generators(
@@ -857,29 +937,33 @@ class EpisodeSeeds:
 
     def _rows(self, root: int, ids: np.ndarray, draws: int, scale: Any = None) -> np.ndarray:
         """Rows of the current episodes of ``ids`` (all under ``root``), as
-        :func:`_episode_rows` derives them: read from the rows held ahead, after one
-        refill where an env lacks its episode.
+        :func:`_episode_rows` derives them: read from the rows held ahead, after a
+        refill where one is due.
 
-        A refill derives the episodes the envs that run short lack, and no others: under
-        the shared root it tops up every env holding fewer than half the lookahead (so
-        the fixed cost of a derivation, a few hundred array operations, is shared by
-        many envs and paid once per many steps), else the envs of ``ids``. So the work
-        is one row per episode started, whatever the spread of the episode counters.
-        Rows too many to hold ahead are derived for ``ids`` directly.
+        A refill derives the episodes envs lack, and no others. Under the shared root it
+        tops every env up to the whole lookahead, when an env lacks its episode or when
+        the rows read since the last refill reach ``_REFILL_ROWS``: each refill derives
+        about that many rows (its fixed cost, a few dozen array operations, shared by
+        them) and a run pays for its rows evenly, step after step. Envs under several
+        roots: the envs of ``ids`` holding fewer than half the lookahead are topped up
+        when one of them lacks its episode. So the work is one row per episode started,
+        whatever the spread of the episode counters. Rows too many to hold ahead are
+        derived for ``ids`` directly.
         """
         episodes = self.episode[ids]
         held = self._held(root, draws, scale)
         if held is None:
             return _episode_rows(root, ids + self.env_offset, episodes, draws, scale)
-        span, table = held
-        if not span.holds(ids, episodes):
-            if root == self._shared_root:
+        span = held.span
+        held.debt += len(ids)
+        if root == self._shared_root:
+            if held.debt >= _REFILL_ROWS or not span.holds(ids, episodes):
                 first = self.episode + 1
                 first[ids] = episodes
-                self._refill(root, draws, scale, None, first)
-            else:
-                self._refill(root, draws, scale, ids, episodes)
-        return table.take(span.flat(ids, episodes), axis=0)
+                self._refill(held, None, first, span.width)
+        elif not span.holds(ids, episodes):
+            self._refill(held, ids, episodes, span.width // 2)
+        return held.table.take(span.flat(ids, episodes), axis=0)
 
     def prepare(self, draws: int, scale: Any = None) -> None:
         """Makes every env under the shared root hold the rows of its next episodes that
@@ -887,35 +971,34 @@ class EpisodeSeeds:
         they already do, or where there is no shared root or no room to hold them).
 
         A whole batch's reset calls it, so that the resets of its first steps read rows
-        instead of deriving them: those steps cost what the later ones do.
+        instead of deriving them all at once.
         """
         root = self._shared_root
         if root is None:
             return
         if scale is not None and draws < len(scale.names):
             scale = None
-        if self._held(root, draws, scale) is not None:
-            self._refill(root, draws, scale, None, self.episode + 1)
+        held = self._held(root, draws, scale)
+        if held is not None:
+            self._refill(held, None, self.episode + 1, held.span.width)
 
     def _refill(
-        self, root: int, draws: int, scale: Any, ids: np.ndarray | None, first: np.ndarray
+        self, held: _HeldRows, ids: np.ndarray | None, first: np.ndarray, need: int
     ) -> None:
         """Derives the rows each env of ``ids`` (every env for ``None``; ``first[k]`` its
-        first episode needed) lacks to hold half the lookahead from ``first[k]`` on (it
-        then holds the whole lookahead)."""
-        held = self._held(root, draws, scale)
-        assert held is not None
-        span, table = held
-        envs, eps = span.extend(ids, first, span.width // 2)
+        first episode needed) lacks, where it lacks any of its episodes ``first[k] ..
+        first[k] + need - 1``: it then holds the whole lookahead from ``first[k]`` on."""
+        span = held.span
+        envs, eps = span.extend(ids, first, need)
         if len(envs):
-            table[span.flat(envs, eps)] = _episode_rows(
-                root, envs + self.env_offset, eps, draws, scale
-            )
+            rows = _episode_rows(held.root, envs + self.env_offset, eps, held.draws, held.scale)
+            held.table[span.flat(envs, eps)] = rows
+        held.debt = 0
 
-    def _held(self, root: int, draws: int, scale: Any) -> tuple[EpisodeSpan, np.ndarray] | None:
-        """The rows held ahead for ``root`` (``(N * width, 4 + draws)``, or a seed per row
-        for ``draws == _SEEDS``) and their span, made on first use; ``None`` where the N
-        envs' rows would exceed ``_MAX_AHEAD`` words even two episodes ahead."""
+    def _held(self, root: int, draws: int, scale: Any) -> _HeldRows | None:
+        """The rows held ahead for ``root``, ``draws`` and ``scale``, made on first use;
+        ``None`` where the N envs' rows would exceed ``_MAX_AHEAD`` words even two
+        episodes ahead."""
         key = (root, self.env_offset, draws, scale)
         held = self._ahead.get(key)
         if held is None:
@@ -923,8 +1006,7 @@ class EpisodeSeeds:
             width = min(_AHEAD, _MAX_AHEAD // max(1, self.num_envs * columns))
             if width < 2:
                 return None
-            span = EpisodeSpan(self.num_envs, width)
-            held = (span, np.zeros((self.num_envs * width, columns), dtype=np.uint64))
+            held = _HeldRows(self.num_envs, width, root, draws, scale)
             if len(self._ahead) >= _MAX_HELD:
                 del self._ahead[next(iter(self._ahead))]
             self._ahead[key] = held

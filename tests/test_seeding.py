@@ -280,6 +280,21 @@ def test_episode_rows_are_what_next_states_returns(
         seeds.rows(np.array([0]), np.array([1]))
 
 
+@pytest.mark.parametrize("rows", [3, 700])
+def test_first_draws_ahead_equal_the_streams_few_rows_or_many(rows: int) -> None:
+    """The first draws of derived rows, by jumps (few rows) or by stepping the LCG
+    (many), are each stream's ``Generator.random``."""
+    from simkit._seeding import _JUMP_DRAWS, _pcg64_first_doubles
+
+    seeds = np.arange(rows, dtype=np.uint64) * 7919 + 2**40
+    out = np.empty((rows, 9))
+    assert (rows * 9 < _JUMP_DRAWS) == (rows == 3)
+    _pcg64_first_doubles(_pcg64_states(seeds), out)
+    for k in (0, rows // 2, rows - 1):
+        rng = np.random.Generator(np.random.PCG64(int(seeds[k])))
+        assert out[k].tolist() == rng.random(9).tolist()
+
+
 def test_episode_span_names_only_the_episodes_an_env_lacks() -> None:
     """``extend`` derives each short env's missing episodes, ascending, env by env; an
     env whose held episodes are not next to the ones it needs starts afresh."""
