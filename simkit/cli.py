@@ -356,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         parser = build_parser()
+        if not (sys.argv[1:] if argv is None else list(argv)):
+            parser.print_help()  # `simkit` alone: the commands, not "COMMAND is required"
+            return 2
         args, extras = parser.parse_known_args(argv)
         if extras:
             verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -375,7 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (130: killed by SIGINT)
         words = sys.argv[1:] if argv is None else list(argv)
         name = next((w for w in words if w in COMMANDS), None)
-        print(f"simkit{'' if name is None else ' ' + name}: interrupted", file=sys.stderr)
+        # A run handles SIGINT itself once training runs (a checkpoint, exit 0): one that
+        # gets here was loading, so it says what docs/training.md says.
+        what = "interrupted before training started" if name == "train" else "interrupted"
+        print(f"simkit{'' if name is None else ' ' + name}: {what}", file=sys.stderr)
         return 130
     except simkit.errors.RenderUnavailable as exc:  # e.g. MUJOCO_GL names a missing backend
         print(f"simkit: {exc}", file=sys.stderr)

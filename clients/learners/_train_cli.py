@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from simkit._argtypes import ENV_ID_FORMS, integer
 from simkit._kernels import is_pinned, reexec_pinned
 from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs, capped, refuse_unless
 from simkit.errors import (
@@ -83,7 +84,7 @@ def _flag(name: str) -> str:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """``simkit train`` options: every :class:`PPOArgs` field, then the run's settings."""
     parser.add_argument(
-        "env_id", help="simkit env id (single-agent, multi-agent or batch) or gym:<id>"
+        "env_id", help=f"the env to train on (single-agent, multi-agent or batch): {ENV_ID_FORMS}"
     )
     parser.add_argument(
         "--algo",
@@ -124,7 +125,7 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
                 help=help_,
             )
         elif isinstance(default, tuple):
-            group.add_argument(_flag(f.name), type=int, nargs="+", default=None, help=help_)
+            group.add_argument(_flag(f.name), type=integer, nargs="+", default=None, help=help_)
         elif f.name == "mode":
             group.add_argument(_flag(f.name), choices=("sync", "async"), default=None, help=help_)
         elif f.name == "device_loop":
@@ -140,8 +141,9 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
                 metavar="KEY=VALUE",
                 help=_HELP[f.name] + ")",
             )
-        else:
-            group.add_argument(_flag(f.name), type=type(default), default=None, help=help_)
+        else:  # counts take 1_000_000 and 1e6 too
+            kind = integer if isinstance(default, int) else type(default)
+            group.add_argument(_flag(f.name), type=kind, default=None, help=help_)
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -149,13 +151,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=integer,
         default=10,
         help="checkpoint every K updates; 0: only by time and at the end (default: 10)",
     )
     run.add_argument(
         "--checkpoint-steps",
-        type=int,
+        type=integer,
         default=100_000,
         help="--algo sac: also checkpoint (with the replay buffer) every N env steps; 0: not "
         "by steps. SAC also checkpoints once learning starts, then by time so that a crash "
@@ -221,7 +223,7 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     )
     servers.add_argument(
         "--servers",
-        type=int,
+        type=integer,
         default=None,
         help="start this many local `simkit serve` processes and stream from them; 0 "
         f"rolls out in process (default: {DEFAULT_SERVERS}, --algo sac: 0; with --resume as "
@@ -337,8 +339,9 @@ def check_run_settings(ns: argparse.Namespace, num_envs: int) -> None:
         )
 
 
-def _resumed_logdir(resume: str) -> Path:
-    """The log directory of the run a ``--resume`` path belongs to."""
+def resumed_logdir(resume: str | Path) -> Path:
+    """The log directory of the run a ``--resume`` path (``resume=`` of
+    :func:`simkit.train`) belongs to: the checkpoint's, its folder's, or the path."""
     path = Path(resume)
     for candidate in (path, *path.parents):
         if candidate.name == "checkpoints":
@@ -346,6 +349,9 @@ def _resumed_logdir(resume: str) -> Path:
         if (candidate / "checkpoints").is_dir():
             return candidate
     return path
+
+
+_resumed_logdir = resumed_logdir
 
 
 def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
@@ -386,6 +392,8 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
         args = dataclasses.replace(saved, **given)
     else:
         args = dataclasses.replace(cls(env_id=ns.env_id), **given)
+    if isinstance(args, SACArgs):
+        args.check_learning_starts()  # as asked: the cap shortens runs for the docs' tests
     args = capped(args)  # $SIMKIT_MAX_TOTAL_STEPS, where set
     args.check()
     check_run_settings(ns, args.num_envs)
@@ -503,12 +511,15 @@ def _clear_leftovers(logdir: Path) -> None:
             path.unlink()
 
 
-def claim_logdir(logdir: Path, resume: str | None = None) -> LogdirLock:
+def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = False) -> LogdirLock:
     """Makes and locks the run's log directory (the recorder's one-writer lock), and
     refuses one that holds another run unless this run resumes it: two runs in one
     directory would interleave ``progress.jsonl`` and overwrite each other's checkpoints.
     A directory whose run died before its first checkpoint holds nothing to resume: its
     outputs are cleared and the run starts over there (:attr:`LogdirLock.reused`).
+
+    ``python``: word the refusal of a directory that holds a run for
+    :func:`simkit.train` (its ``resume=`` keyword) instead of the command line.
 
     Raises:
         RecordingLocked: another process writes there.
@@ -551,6 +562,11 @@ def claim_logdir(logdir: Path, resume: str | None = None) -> LogdirLock:
             claim.reused = True
             return claim
         lock.release()
+        if python:
+            raise ValueError(
+                f"logdir {str(logdir)!r} holds a run already ({_run_in(logdir)}): continue it "
+                f"with simkit.train(..., resume={str(logdir)!r}), or choose another logdir"
+            )
         raise ValueError(
             f"--logdir {logdir} holds a run already ({_run_in(logdir)}): continue it with "
             f"--resume {logdir}, or choose another --logdir"
