@@ -386,6 +386,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except simkit.errors.RenderUnavailable as exc:  # e.g. MUJOCO_GL names a missing backend
         print(f"simkit: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # what the file system refused (a name too long, no permission)
+        words = sys.argv[1:] if argv is None else list(argv)
+        name = next((w for w in words if w in COMMANDS), None)
+        print(f"simkit{'' if name is None else ' ' + name}: {_os_error(exc)}", file=sys.stderr)
+        return 1
+
+
+def _os_error(exc: OSError) -> str:
+    """An ``OSError`` in one line: the file (cut to 200 characters), then the reason with
+    its errno's name (``File name too long (ENAMETOOLONG)``)."""
+    from simkit.errors import WriteFailed
+
+    if isinstance(exc, WriteFailed) or exc.filename is None:
+        return str(exc)
+    name = str(exc.filename)
+    return f"{name[:200] + '...' if len(name) > 200 else name}: {WriteFailed.reason(exc)}"
 
 
 if __name__ == "__main__":

@@ -578,7 +578,10 @@ def evaluate_model(
         frames: list[np.ndarray] = []
 
         def grab() -> None:
-            frame = vector.envs[0].render()
+            try:
+                frame = vector.envs[0].render()
+            except NotImplementedError as exc:  # gymnasium's Env.render: no renderer
+                raise ValueError(f"env {env_id!r} does not render (no render())") from exc
             if not isinstance(frame, np.ndarray) or frame.ndim != 3:
                 raise ValueError(
                     f"env {env_id!r} renders no RGB frames with render_mode='rgb_array' "

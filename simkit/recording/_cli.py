@@ -313,7 +313,11 @@ def render_episode(
     kwargs = {"render_mode": "rgb_array", **episode.env_kwargs}
     env = trusted_make(episode.env_id, trust, source="the recording", **kwargs)
     env.reset(seed=episode.seed, options=episode.options)
-    frames = [env.render()]
+    try:
+        frames = [env.render()]
+    except NotImplementedError as exc:  # gymnasium's Env.render: no renderer
+        env.close()
+        raise ValueError(f"{episode.env_id} does not render (no render())") from exc
     for t in range(episode.length):
         env.step(_row(episode.actions, t))
         frames.append(env.render())
