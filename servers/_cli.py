@@ -18,6 +18,7 @@ from typing import Any
 
 import zmq.auth
 
+from simkit._argtypes import ENV_ID_FORMS
 from simkit._kernels import is_pinned, reexec_pinned
 from simkit.errors import SimkitError
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes
@@ -28,7 +29,11 @@ __all__ = ["add_serve_arguments", "env_kwarg_flags", "run_serve", "main", "parse
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``serve`` options to ``parser`` (used by ``simkit serve`` too)."""
-    parser.add_argument("env_id", help="simkit env id, or gym:<id> for an installed Gymnasium env")
+    parser.add_argument(
+        "env_id",
+        help=f"the env to serve: {ENV_ID_FORMS}; or pz:<module>[:<factory>] for a PettingZoo "
+        "parallel env",
+    )
     _add_session_options(parser)
     _add_limits(parser)
     _add_security_options(parser)

@@ -83,6 +83,24 @@ except (ImportError, RuntimeError, AttributeError) as _exc:
 
 __all__ = ["MujocoEnv", "ModelField", "PHYSICS_STATE"]
 
+
+def _no_log_file() -> None:
+    """MuJoCo (4.0) prints each warning and also appends it to ``MUJOCO_LOG.TXT`` in the
+    working directory, litter wherever an env is built (a deprecation in Gymnasium's
+    HalfCheetah model on every ``make``); the printed line stays, the file is not
+    written. A log file its user configured elsewhere is left alone, and MuJoCo
+    before ``MjLogConfig`` is left as it is."""
+    config_type = getattr(mujoco, "MjLogConfig", None)
+    if config_type is None:
+        return
+    config = config_type.get()
+    if config.logfile == "MUJOCO_LOG.TXT" and config.logto_file:
+        config.logto_file = False
+        config.set()
+
+
+_no_log_file()
+
 PHYSICS_STATE = mujoco.mjtState.mjSTATE_INTEGRATION
 """What a snapshot stores of MjData: ``mjSTATE_FULLPHYSICS`` plus controls, applied
 forces and the solver warm-start, the minimum for a bit-identical continuation."""

@@ -15,6 +15,8 @@ The names are also attributes of ``simkit`` itself (``simkit.train``), imported 
 from __future__ import annotations
 
 import dataclasses
+import re
+import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -24,8 +26,13 @@ import numpy as np
 import torch
 
 from simkit.clients.learners._args import PPOArgs, SACArgs, capped
+from simkit.clients.learners._checkpoint import checkpoint_algo, checkpoint_args, load_checkpoint
 from simkit.clients.learners._train import TrainResult, evaluate_model, load_model
-from simkit.clients.learners._train_cli import claim_logdir
+from simkit.clients.learners._train_cli import (
+    claim_logdir,
+    died_before_first_checkpoint,
+    resumed_logdir,
+)
 from simkit.models import ActorCritic, numpy_actions
 
 __all__ = ["train", "load_policy", "evaluate", "Policy", "TrainResult"]
@@ -34,12 +41,13 @@ __all__ = ["train", "load_policy", "evaluate", "Policy", "TrainResult"]
 def train(
     env_id: str,
     *,
-    algo: str = "ppo",
+    algo: str | None = None,
     total_steps: int | None = None,
     seed: int | None = None,
     logdir: str | Path | None = None,
+    resume: str | Path | None = None,
     servers: int | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     tensorboard: bool = True,
     record: str | Path | None = None,
     **settings: Any,
@@ -49,15 +57,23 @@ def train(
     Args:
         env_id: a registered id, ``gym:<id>`` for an installed Gymnasium env, or
             ``package.module:Class``.
-        algo: ``"ppo"`` (on-policy) or ``"sac"`` (off-policy, continuous actions).
-        total_steps: env steps to train for (None: the algorithm's default; capped by
-            ``$SIMKIT_MAX_TOTAL_STEPS``).
+        algo: ``"ppo"`` (on-policy) or ``"sac"`` (off-policy, continuous actions); None:
+            PPO, or the checkpoint's algorithm with ``resume``.
+        total_steps: env steps to train for (None: the algorithm's default, or the
+            checkpoint's with ``resume``; capped by ``$SIMKIT_MAX_TOTAL_STEPS``).
         seed: the run's root seed (None: the algorithm's default).
         logdir: where ``policy.safetensors``, ``checkpoints/``, ``progress.jsonl`` and
-            ``tb/`` go (None: ``runs/<env>-<seed>-<time>``, as the command line).
+            ``tb/`` go (None: the resumed run's, else ``runs/<env>-<seed>-<time>``, as
+            the command line).
+        resume: continue the run of this checkpoint, its ``checkpoints/`` folder or its
+            log directory (``--resume``): its settings, with ``total_steps`` (and the
+            other settings a resumed run may change) from this call; the settings given
+            must match the checkpoint's otherwise. A run that stopped before its first
+            checkpoint has nothing to resume and starts over in its log directory.
         servers: local rollout servers (subprocesses) to stream from; 0 rolls out in this
-            process; None as ``simkit train``.
-        progress: a live progress bar (a plain line every 10 s without a terminal).
+            process; None as ``simkit train`` (with ``resume``: as the checkpoint's run).
+        progress: a live progress bar (a plain line every 10 s without a terminal);
+            None: on where standard output is a terminal, as ``simkit train``.
         tensorboard: write TensorBoard scalars under ``logdir/tb``.
         record: keep every episode in this recording directory (``--record``).
         **settings: any field of :class:`simkit.clients.PPOArgs` (or ``SACArgs`` with
@@ -71,18 +87,91 @@ def train(
 
     Raises:
         TypeError: a setting that is no field of the algorithm's settings.
-        ValueError: an unknown ``algo`` or a value out of range, or a ``logdir`` that
-            holds another run (before anything starts).
+        ValueError: an unknown ``algo`` or a value out of range, a SAC run that ends
+            before learning starts, a ``logdir`` that holds another run, a checkpoint
+            of another env or algorithm (before anything starts). The messages name
+            this function's keywords, not the command line's flags.
+        simkit.errors.InvalidCheckpoint: ``resume`` holds no valid checkpoint.
         simkit.errors.RecordingLocked: another run writes to ``logdir`` now.
     """
-    if algo not in ("ppo", "sac"):
+    try:
+        return _train(
+            env_id,
+            algo=algo,
+            total_steps=total_steps,
+            seed=seed,
+            logdir=logdir,
+            resume=resume,
+            servers=servers,
+            progress=progress,
+            tensorboard=tensorboard,
+            record=record,
+            settings=settings,
+        )
+    except (ValueError, TypeError) as exc:
+        words = python_words(str(exc))
+        if words == str(exc):
+            raise
+        try:
+            reworded = type(exc)(words)
+        except Exception:  # an exception type that takes other arguments: as it came
+            raise exc from None
+        raise reworded from exc
+
+
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+def python_words(text: str) -> str:
+    """A refusal worded for the command line, in :func:`train`'s words: each
+    ``--flag-name`` becomes the keyword ``flag_name`` (``--num-envs must be >= 1`` reads
+    ``num_envs must be >= 1``), ``--algo sac`` becomes ``algo='sac'``."""
+    text = re.sub(r"(?<![\w-])--algo (ppo|sac)\b", r"algo='\1'", text)
+    return _FLAG.sub(lambda m: m.group(1).replace("-", "_"), text)
+
+
+def _train(
+    env_id: str,
+    *,
+    algo: str | None,
+    total_steps: int | None,
+    seed: int | None,
+    logdir: str | Path | None,
+    resume: str | Path | None,
+    servers: int | None,
+    progress: bool | None,
+    tensorboard: bool,
+    record: str | Path | None,
+    settings: dict[str, Any],
+) -> TrainResult:
+    """:func:`train`, in the command line's words (which :func:`train` rewords)."""
+    if algo not in (None, "ppo", "sac"):
         raise ValueError(f"algo must be 'ppo' or 'sac', got {algo!r}")
+    if resume is not None and died_before_first_checkpoint(resumed_logdir(resume)):
+        scratch, resume = resume, None  # nothing to resume: the run starts over there
+        logdir = logdir if logdir is not None else resumed_logdir(scratch)
+        print(
+            f"simkit.train: resume={str(scratch)!r}: its run stopped before its first "
+            f"checkpoint, so there is nothing to resume; starting it from scratch in {logdir}",
+            file=sys.stderr,
+        )
+    ckpt = None
+    if resume is not None:
+        ckpt = load_checkpoint(resume)
+        saved_algo = checkpoint_algo(ckpt)
+        if algo not in (None, saved_algo):
+            raise ValueError(
+                f"resume={str(resume)!r} is a {saved_algo} checkpoint; pass "
+                f"algo={saved_algo!r}, or no algo"
+            )
+        algo = saved_algo
+    algo = algo or "ppo"
     cls: type[PPOArgs] | type[SACArgs] = SACArgs if algo == "sac" else PPOArgs
     names = {f.name for f in dataclasses.fields(cls)} - {"env_id"}
     for name in settings:
         if name not in names:
             raise TypeError(
-                f"unknown setting {name!r} for --algo {algo}; expected one of {sorted(names)}"
+                f"unknown setting {name!r} for algo={algo!r}; expected one of {sorted(names)}"
             )
     given = dict(settings)
     if total_steps is not None:
@@ -91,7 +180,18 @@ def train(
         given["seed"] = seed
     if "hidden" in given:
         given["hidden"] = tuple(given["hidden"])
-    args = dataclasses.replace(cls(env_id=env_id), **given)
+    if ckpt is not None:
+        saved = checkpoint_args(ckpt, cls.from_plain)
+        if env_id != saved.env_id:
+            raise ValueError(
+                f"resume={str(resume)!r}: the checkpoint trains {saved.env_id!r}, this call "
+                f"names {env_id!r}"
+            )
+        args = dataclasses.replace(saved, **given)
+    else:
+        args = dataclasses.replace(cls(env_id=env_id), **given)
+    if isinstance(args, SACArgs):
+        args.check_learning_starts()  # as asked: the cap shortens runs for the docs' tests
     args = capped(args)  # $SIMKIT_MAX_TOTAL_STEPS, where set
     args.check()
     if servers is not None and servers < 0:
@@ -101,22 +201,27 @@ def train(
             f"{servers} server(s) need at least one env slot each: num_envs must be >= "
             f"{servers}, got {args.num_envs}"
         )
+    if logdir is None and resume is not None:
+        logdir = resumed_logdir(resume)
     if logdir is None:
         name = env_id.replace("/", "_").replace(":", "_")
         tag = "-sac" if algo == "sac" else ""
         logdir = Path(f"runs/{name}{tag}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if progress is None:  # as the command line: a live line where someone watches
+        progress = sys.stdout.isatty()
     common: dict[str, Any] = {
         "logdir": logdir,
         "servers": servers,
         "progress": progress,
         "tensorboard": tensorboard,
         "record": record,
+        "resume": None if resume is None else str(resume),
     }
     if isinstance(args, SACArgs):
         from simkit.clients.learners._train_sac import check_env
 
         check_env(env_id)
-    lock = claim_logdir(Path(logdir))
+    lock = claim_logdir(Path(logdir), None if resume is None else str(resume), python=True)
     try:
         if isinstance(args, SACArgs):
             from simkit.clients.learners._train_sac import run_sac

@@ -291,6 +291,8 @@ def spec(id: str) -> EnvSpec:
         import difflib
 
         close = difflib.get_close_matches(id, list(_REGISTRY), n=3)
+        if id in gymnasium.registry:  # Gymnasium's own id (simkit's are in _REGISTRY)
+            close.insert(0, f"{GYM_PREFIX}{id} (Gymnasium's {id})")
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownEnv(f"no env registered as {id!r}{hint} (see simkit.env_ids())") from None
 

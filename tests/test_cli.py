@@ -206,7 +206,8 @@ def test_every_option_shows_its_default_in_help() -> None:
         ),
         (
             ["train", "simkit/CartPole-v0", "--num-envs", "x"],
-            "simkit train: error: argument --num-envs: invalid int value: 'x'",
+            "simkit train: error: argument --num-envs: expected a whole number (1000000, "
+            "1_000_000 or 1e6), got 'x'",
         ),
         (["eval", "runs/x", "--episdoes=3"], "(did you mean --episodes?)"),
         (["list", "--frobnicate"], "simkit list: error: unrecognized arguments: --frobnicate"),

@@ -107,13 +107,15 @@ def test_a_logdir_holds_one_run_from_python_too(tmp_path: Path) -> None:
 
 
 def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match=r"unknown setting 'num_env' for --algo ppo"):
+    with pytest.raises(TypeError, match=r"unknown setting 'num_env' for algo='ppo'"):
         simkit.train("simkit/CartPole-v0", logdir=tmp_path / "a", num_env=4)
-    with pytest.raises(ValueError, match=r"--num-envs must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^num_envs must be >= 1, got 0"):  # Python's words
         simkit.train("simkit/CartPole-v0", logdir=tmp_path / "b", num_envs=0)
     with pytest.raises(ValueError, match=r"algo must be 'ppo' or 'sac', got 'dqn'"):
         simkit.train("simkit/CartPole-v0", algo="dqn")
-    with pytest.raises(ValueError, match=r"--algo sac needs continuous \(Box\) actions"):
+    with pytest.raises(
+        ValueError, match=r"^algo='sac' needs continuous \(Box\) actions.*use algo='ppo'$"
+    ):
         simkit.train("simkit/CartPole-v0", algo="sac", logdir=tmp_path / "c")
     assert not list(tmp_path.iterdir())
 

@@ -303,6 +303,22 @@ class SACArgs(_Plain):
             )
         resolve_device(self.device)
 
+    def check_learning_starts(self) -> None:
+        """Refuses a run that ends before learning starts: ``total_steps`` (as asked,
+        before ``$SIMKIT_MAX_TOTAL_STEPS`` caps it for the docs' tests) below
+        ``learning_starts`` would act at random throughout and take no gradient step.
+
+        Raises:
+            ValueError: naming both settings and the two ways out.
+        """
+        if 0 < self.total_steps < self.learning_starts:
+            raise ValueError(
+                f"--total-steps {self.total_steps:,} ends before learning starts "
+                f"(--learning-starts {self.learning_starts:,}): the run would act at random "
+                f"and take no gradient step; train at least {self.learning_starts:,} env "
+                "steps or lower --learning-starts"
+            )
+
 
 def resolve_device(name: str) -> torch.device:
     """``torch.device`` of a ``--device`` value (``auto``: ``cuda`` where available,
