@@ -28,6 +28,7 @@ __all__ = [
     "spec",
     "env_ids",
     "names_code",
+    "registered_everywhere",
     "check_trusted",
     "trusted_make",
     "add_trust_argument",
@@ -74,6 +75,26 @@ class EnvSpec:
 
 _REGISTRY: dict[str, EnvSpec] = {}
 _plugins_loaded = False
+_STARTUP: dict[str, EnvSpec] = {}
+"""The registrations every simkit process makes alike: simkit's own envs (at ``import
+simkit``, :func:`_mark_startup`) and the installed plugins' (at first use). One the
+caller's code makes later exists in its own process only."""
+
+
+def _mark_startup() -> None:
+    """Records the registrations made so far as every process's (``import simkit``
+    calls it once its own envs are registered)."""
+    _STARTUP.update(_REGISTRY)
+
+
+def registered_everywhere(id: str) -> bool:
+    """Whether a new simkit process (a rollout server this one starts) has ``id``
+    registered as this one has: simkit's own ids and the installed plugins', unless
+    this process replaced them. ``False`` for an id this process's code registered
+    itself (``simkit.register`` in a script or notebook): a new process cannot see it."""
+    _load_plugins()
+    found = _REGISTRY.get(id)
+    return found is not None and _STARTUP.get(id) is found
 
 
 def register(
@@ -119,6 +140,14 @@ def _load_plugins() -> None:
     if _plugins_loaded:
         return
     _plugins_loaded = True
+    before = dict(_REGISTRY)
+    try:
+        _register_plugins()
+    finally:  # what the plugins registered, every process registers alike
+        _STARTUP.update({k: v for k, v in _REGISTRY.items() if before.get(k) is not v})
+
+
+def _register_plugins() -> None:
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if entry.name in _REGISTRY:
             continue
@@ -196,6 +225,14 @@ def _class_spec(id: str) -> EnvSpec:
             f"{id!r} is not an env class: {module_name}.{attr} is a "
             f"{type(constructor).__name__}; 'package.module:Class' names a class (a factory "
             "function is registered with simkit.register)"
+        )
+    if not (
+        callable(getattr(constructor, "reset", None))
+        and callable(getattr(constructor, "step", None))
+    ):
+        raise UnknownEnv(
+            f"{id!r} is not an env class: {module_name}.{attr} has no reset() and step() "
+            "('package.module:Class' names an env class)"
         )
     return EnvSpec(
         id=id,
