@@ -261,12 +261,14 @@ def test_eval_names_the_tensor_file_of_a_resigned_wrong_shape_checkpoint(
     _one_line(capsys, f"simkit train: {file}: tensor {name!r} is ")
 
 
-def test_a_class_that_is_not_an_env_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_class_that_is_not_an_env_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Found by the CLI fuzzer: ``record json:JSONDecoder`` was an AttributeError deep
     in the vector (a class, but no env)."""
     for argv in (
         ["check", "json:JSONDecoder"],
-        ["record", "json:JSONDecoder", "--episodes", "1", "--out", "x"],
+        ["record", "json:JSONDecoder", "--episodes", "1", "--out", str(tmp_path / "x")],
     ):
         assert main(argv) == 2
         _one_line(capsys, "'json:JSONDecoder' is not an env class: json.JSONDecoder has no reset()")
