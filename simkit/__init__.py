@@ -63,6 +63,9 @@ __all__ = [
 
 # Registers the reference envs; cheap, as no env module is imported until make().
 import simkit.envs  # noqa: F401
+from simkit.registry import _mark_startup
+
+_mark_startup()  # every simkit process registers these alike (rollout servers too)
 
 # MuJoCo loads at first use of these names, not with simkit: MuJoCo loads the OpenGL backend
 # named by MUJOCO_GL at import, and a missing one must not break the envs that need neither.

@@ -13,6 +13,7 @@ import enum
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, ClassVar, TypedDict
 
 import numpy as np
@@ -43,7 +44,7 @@ STATE_FORMAT = 1
 def _inside_gymnasium_make() -> bool:
     """Whether ``gymnasium.make`` is building this env: it has warned about an
     unsupported ``render_mode`` already, and one warning is enough."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(16):
         if frame is None:
             return False

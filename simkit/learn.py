@@ -18,7 +18,7 @@ import dataclasses
 import re
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +120,16 @@ def train(
 
 
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+_FLAG_NUMBER = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*) (-?(?:\d[\d,_.]*\d|\d))\b")
 
 
 def python_words(text: str) -> str:
     """A refusal worded for the command line, in :func:`train`'s words: each
     ``--flag-name`` becomes the keyword ``flag_name`` (``--num-envs must be >= 1`` reads
-    ``num_envs must be >= 1``), ``--algo sac`` becomes ``algo='sac'``."""
+    ``num_envs must be >= 1``), ``--servers 0`` becomes ``servers=0`` and ``--algo sac``
+    ``algo='sac'``."""
     text = re.sub(r"(?<![\w-])--algo (ppo|sac)\b", r"algo='\1'", text)
+    text = _FLAG_NUMBER.sub(lambda m: f"{m.group(1).replace('-', '_')}={m.group(2)}", text)
     return _FLAG.sub(lambda m: m.group(1).replace("-", "_"), text)
 
 
@@ -181,7 +184,8 @@ def _train(
     if "hidden" in given:
         given["hidden"] = tuple(given["hidden"])
     if ckpt is not None:
-        saved = checkpoint_args(ckpt, cls.from_plain)
+        parse: Callable[[Any], PPOArgs | SACArgs] = cls.from_plain
+        saved = checkpoint_args(ckpt, parse)
         if env_id != saved.env_id:
             raise ValueError(
                 f"resume={str(resume)!r}: the checkpoint trains {saved.env_id!r}, this call "

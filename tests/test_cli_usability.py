@@ -93,7 +93,7 @@ def test_a_sac_run_that_ends_before_learning_starts_is_refused(
     )
     assert "take no gradient step" in err
     assert not logdir.exists()
-    with pytest.raises(ValueError, match=r"^total_steps 3,000 ends before learning starts"):
+    with pytest.raises(ValueError, match=r"^total_steps=3,000 ends before learning starts"):
         simkit.train("simkit/Pendulum-v0", algo="sac", total_steps=3000, logdir=logdir)
     assert not logdir.exists()
 

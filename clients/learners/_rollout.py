@@ -17,7 +17,14 @@ from simkit.clients.learners._local_source import LocalSource, SourceKeywords
 from simkit.clients.learners._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
 
-__all__ = ["Rollout", "RolloutPlan", "describe_source", "open_rollout", "source_kind"]
+__all__ = [
+    "Rollout",
+    "RolloutPlan",
+    "describe_source",
+    "open_rollout",
+    "served_env",
+    "source_kind",
+]
 
 
 def source_kind(source: Any) -> str:
@@ -139,27 +146,97 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
     return _server_rollout(p)
 
 
+def served_env(env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The env id and kwargs a rollout server this process starts is given, so that it
+    builds the envs ``env_id`` builds here.
+
+    A new process knows simkit's own ids, the installed plugins' and ``gym:`` and
+    ``package.module:Class`` ids (:func:`simkit.registry.registered_everywhere`); those
+    pass unchanged. An id this process's code registered (``simkit.register`` in a
+    script or notebook) does not exist there: its server is given the registered class
+    as ``package.module:Class`` (on its own command line, as its operator names it)
+    and the registered kwargs under ``env_kwargs``.
+
+    Raises:
+        ValueError: the registered entry point is no class a new process can import (a
+            class of ``__main__`` or a function's, a factory function): one line saying
+            to roll out in process or to name an importable class.
+    """
+    from simkit.registry import GYM_PREFIX, registered_everywhere, spec
+
+    if env_id.startswith(GYM_PREFIX) or ":" in env_id or registered_everywhere(env_id):
+        return env_id, dict(env_kwargs)
+    registered = spec(env_id)
+    path = _importable_class(registered.entry_point)
+    if path is None:
+        raise ValueError(
+            f"{env_id!r} is registered in this process only ({_described(registered)}), "
+            "and the rollout servers this run starts are new processes that cannot build "
+            "it: roll out in this process (--servers 0), or define the class in a module "
+            "and register it (or train on its package.module:Class id)"
+        )
+    return path, {**registered.kwargs, **env_kwargs}
+
+
+def _importable_class(entry_point: Any) -> str | None:
+    """``package.module:Class`` of an entry point that names an env class a new process
+    can import, else None."""
+    import importlib
+
+    if isinstance(entry_point, str):
+        module_name, _, attr = entry_point.partition(":")
+    else:
+        module_name = getattr(entry_point, "__module__", "") or ""
+        attr = getattr(entry_point, "__qualname__", "") or ""
+    if module_name in ("", "__main__") or not attr.isidentifier():
+        return None  # a script's or notebook's class, a local class, a lambda
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError):
+        return None
+    if not isinstance(found, type) or (
+        not isinstance(entry_point, str) and found is not entry_point
+    ):
+        return None  # a factory function, or another object under that name
+    return f"{module_name}:{attr}"
+
+
+def _described(registered: Any) -> str:
+    """Where a registration's entry point lives, in words."""
+    entry = registered.entry_point
+    if isinstance(entry, str):
+        return f"entry point {entry}"
+    module = getattr(entry, "__module__", "?")
+    name = getattr(entry, "__qualname__", type(entry).__name__)
+    return f"entry point {name} of {module}"
+
+
 def _server_rollout(p: RolloutPlan) -> Rollout:
     """Rollout servers: the ``connect`` endpoints, then those launched on Ray or started
     as local processes, under one :class:`ServerSource`; if the source cannot open, the
-    servers started here are stopped."""
+    servers started here are stopped. Servers this run starts get the env the way a new
+    process can build it (:func:`served_env`); ``connect`` servers serve what their
+    operators chose."""
     procs: list[Any] = []
     endpoints = list(p.connect)
     launched: Any = None
+    env_id, env_kwargs = p.env_id, dict(p.env_kwargs)
+    if not p.connect:
+        env_id, env_kwargs = served_env(p.env_id, p.env_kwargs)
     if p.ray is not None:
-        launched = _launch_on_ray(p, p.ray)
+        launched = _launch_on_ray(p, p.ray, env_id, env_kwargs)
         endpoints += launched.endpoints
     elif p.servers:
         procs, spawned = spawn_servers(
-            p.env_id, p.servers, num_threads=p.env_threads, env_kwargs=p.env_kwargs
+            env_id, p.servers, num_threads=p.env_threads, env_kwargs=env_kwargs
         )
         endpoints += spawned
     try:
         source = ServerSource(
             endpoints,
             p.spec,
-            env_id=p.env_id,
-            env_kwargs=p.env_kwargs,
+            env_id=env_id,
+            env_kwargs=env_kwargs,
             mode=p.mode,
             max_lag=p.max_lag,
             timeout=p.server_timeout,
@@ -178,9 +255,10 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
     return Rollout(source, procs, launched)
 
 
-def _launch_on_ray(p: RolloutPlan, ray: str) -> Any:
-    """``p.servers`` rollout servers launched on the Ray cluster at ``ray`` ("": a local
-    Ray instance), the env slots split evenly; their Prometheus targets written into
+def _launch_on_ray(p: RolloutPlan, ray: str, env_id: str, env_kwargs: dict[str, Any]) -> Any:
+    """``p.servers`` rollout servers of ``env_id`` (with ``env_kwargs``:
+    :func:`served_env`) launched on the Ray cluster at ``ray`` ("": a local Ray
+    instance), the env slots split evenly; their Prometheus targets written into
     ``p.logdir``.
 
     Raises:
@@ -195,7 +273,7 @@ def _launch_on_ray(p: RolloutPlan, ray: str) -> Any:
     from simkit.clients.launcher._launch import launch
 
     launched = launch(
-        p.env_id,
+        env_id,
         servers,
         num_envs=max(1, p.num_envs // servers),
         address=ray or None,
@@ -206,7 +284,7 @@ def _launch_on_ray(p: RolloutPlan, ray: str) -> Any:
         fragment_length=p.num_steps,
         heartbeat_timeout=max(60.0, 4 * p.server_timeout),
         env_vars=pinned_vars(),
-        env_kwargs=dict(p.env_kwargs),
+        env_kwargs=env_kwargs,
     )
     p.logdir.mkdir(parents=True, exist_ok=True)
     launched.write_prometheus_targets(p.logdir / "prometheus_targets.json")
