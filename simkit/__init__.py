@@ -5,20 +5,21 @@ The public API lives here; submodules with a leading underscore are implementati
 
 from typing import TYPE_CHECKING
 
-from simkit import errors, randomization, seeding, snapshot, vector
-from simkit._batch import BatchEnv
+from simkit import errors, randomization, snapshot
 from simkit._env import Env
-from simkit._multiagent import MultiAgentEnv
 from simkit._validation import ActionBounds, validate_action
 from simkit._version import __version__
 from simkit.randomization import Choice, Distribution, LogUniform, Normal, Uniform
 from simkit.registry import EnvKind, EnvSpec, env_ids, make, register, spec
-from simkit.vector import make_vec
 
 if TYPE_CHECKING:
+    from simkit import seeding, vector
+    from simkit._batch import BatchEnv
     from simkit._batch_mujoco import BatchMujocoEnv
     from simkit._mujoco import PHYSICS_STATE, ModelField, MujocoEnv
+    from simkit._multiagent import MultiAgentEnv
     from simkit.learn import Policy, evaluate, load_policy, train
+    from simkit.vector import make_vec
 
 __all__ = [
     # contracts
@@ -67,13 +68,18 @@ from simkit.registry import _mark_startup
 
 _mark_startup()  # every simkit process registers these alike (rollout servers too)
 
-# MuJoCo loads at first use of these names, not with simkit: MuJoCo loads the OpenGL backend
-# named by MUJOCO_GL at import, and a missing one must not break the envs that need neither.
-_MUJOCO_NAMES = {
+# These names load their modules at first use, not with simkit: MuJoCo loads the OpenGL
+# backend named by MUJOCO_GL at import, and a missing one must not break the envs that need
+# neither; the batch and vector machinery (Gymnasium's vector package, the keyed seeding) is
+# more than a command line that lists envs or prints its help needs.
+_LAZY_NAMES = {
     "MujocoEnv": "simkit._mujoco",
     "ModelField": "simkit._mujoco",
     "PHYSICS_STATE": "simkit._mujoco",
     "BatchMujocoEnv": "simkit._batch_mujoco",
+    "BatchEnv": "simkit._batch",
+    "MultiAgentEnv": "simkit._multiagent",
+    "make_vec": "simkit.vector",
 }
 # simkit.learn loads torch: on first use too.
 _LEARN_NAMES = ("train", "load_policy", "evaluate", "Policy")
@@ -87,24 +93,27 @@ _SUBMODULES = (
     "models",
     "protocol",
     "recording",
+    "seeding",
     "servers",
     "testing",
+    "vector",
 )
 
 
 def __getattr__(name: str) -> object:
     """``simkit.launch``: :func:`simkit.clients.launch`, imported on first use (it pulls in
     the learner-side clients, which the SDK alone does not need); the MuJoCo classes, which
-    import MuJoCo on first use; :mod:`simkit.learn`'s functions, which import torch; the
-    subpackages (``simkit.testing``, ``simkit.clients``, ...), as ``import simkit.X``."""
+    import MuJoCo on first use, and the batch and vector classes; :mod:`simkit.learn`'s
+    functions, which import torch; the subpackages (``simkit.testing``, ``simkit.vector``,
+    ...), as ``import simkit.X``."""
     if name == "launch":
         from simkit.clients import launch
 
         return launch
-    if name in _MUJOCO_NAMES:
+    if name in _LAZY_NAMES:
         import importlib
 
-        return getattr(importlib.import_module(_MUJOCO_NAMES[name]), name)
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     if name in _LEARN_NAMES:
         from simkit import learn
 

@@ -11,10 +11,8 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 import simkit
 from simkit._limits import check_env_id
@@ -167,6 +165,8 @@ def _rollout(env_id: str, steps: int, seed: int) -> tuple[float, float]:
             driver.reset()
     elapsed = time.perf_counter() - start
     env.close()
+    import numpy as np
+
     mean = float(np.mean(returns)) if returns else episode
     return steps / elapsed, mean
 
@@ -304,8 +304,10 @@ def _shows_default(action: argparse.Action) -> bool:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every registered subcommand."""
+def build_parser(verbs: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand; only ``verbs``, where
+    given, get their arguments (the others keep their name and help line), as a verb's
+    arguments may import what it runs (the learner, the server)."""
     parser = argparse.ArgumentParser(prog="simkit", description=simkit.__doc__)
     parser.add_argument("--version", action="version", version=f"simkit {simkit.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -313,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
         verb = sub.add_parser(
             command.name, help=command.help, description=command.help, formatter_class=_Defaults
         )
+        if verbs is not None and command.name not in verbs:
+            continue
         command.configure(verb)
         for action in verb._actions:  # argparse formats no help-less option: give it one
             if action.help is None and action.option_strings and _shows_default(action):
@@ -355,8 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        parser = build_parser()
-        if not (sys.argv[1:] if argv is None else list(argv)):
+        words = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(words[:1])  # the verb comes first: only its arguments
+        if not words:
             parser.print_help()  # `simkit` alone: the commands, not "COMMAND is required"
             return 2
         args, extras = parser.parse_known_args(argv)
