@@ -206,6 +206,10 @@ def test_a_run_killed_before_its_first_checkpoint_can_be_resumed_or_reused(
         (["--snapshot-every", "-1"], "simkit record: --snapshot-every must be >= 0, got -1"),
         (["--num-envs", str(10**9)], "simkit record: --num-envs 1,000,000,000 (envs stepped"),
         (["--num-envs", "0"], "simkit record: --num-envs must be >= 1, got 0"),
+        (  # found by the CLI fuzzer: a ValueError traceback
+            ["--snapshot-every", "1", "--env", "simkit/BatchCartPole-v0"],
+            "simkit record: snapshot_every needs a vector of simkit envs",
+        ),
     ],
 )
 def test_record_refuses_out_of_bounds_flags_in_one_line(
@@ -213,7 +217,11 @@ def test_record_refuses_out_of_bounds_flags_in_one_line(
 ) -> None:
     """Before: a ValueError traceback (--snapshot-every -1), 7.8 GB in 12 s (10**9 envs)."""
     out = tmp_path / "rec"
-    assert main(["record", "simkit/CartPole-v0", "--episodes", "1", "--out", str(out), *argv]) == 2
+    env = "simkit/CartPole-v0"
+    if "--env" in argv:
+        env = argv.pop(argv.index("--env") + 1)
+        argv.remove("--env")
+    assert main(["record", env, "--episodes", "1", "--out", str(out), *argv]) == 2
     _one_line(capsys, named)
     assert not out.exists()
 

@@ -125,6 +125,10 @@ def _record_run(args: argparse.Namespace) -> int:
         vec.close()
         print(f"simkit record: {_write_error(args.out, exc)}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # settings the env cannot record (--snapshot-every, batch)
+        vec.close()
+        print(f"simkit record: {exc}", file=sys.stderr)
+        return 2
     failed: BaseException | None = None
     interrupted = False
     try:

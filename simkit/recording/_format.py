@@ -364,7 +364,14 @@ def open_regular(path: str | os.PathLike[str]) -> Any:
     Raises:
         CorruptRecording: ``path`` is not a regular file (a FIFO, a device, a folder).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise CorruptRecording(
+            f"{os.fspath(path)}: not a regular file (a symbolic link loop)", path=os.fspath(path)
+        ) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
