@@ -416,6 +416,7 @@ def inline_calls(page: Path) -> list[tuple[int, str]]:
     module (``simkit._kernels.pinned_env()``) point at code and are left out."""
     out: list[tuple[int, str]] = []
     fenced = False
+    variables = _assigned_names(page)
     for number, line in enumerate(page.read_text().splitlines(), start=1):
         if re.match(r"^\s*```", line):
             fenced = not fenced
@@ -425,9 +426,16 @@ def inline_calls(page: Path) -> list[tuple[int, str]]:
         for m in INLINE_CALL.finditer(line):
             if "._" in m.group(2):  # a private name points at code, it is not an API
                 continue
-            if _is_module(m.group(1)):
+            if m.group(1) not in variables and _is_module(m.group(1)):
                 out.append((number, m.group(1) + m.group(2)))
     return out
+
+
+def _assigned_names(page: Path) -> set[str]:
+    """Names the page's Python blocks assign (``venv = SB3VecEnv(...)``): a sentence's
+    ``venv.seed(s)`` names that variable, not the standard library's ``venv``."""
+    code = "\n".join(b.text for b in blocks_of(page) if b.lang == "python")
+    return set(re.findall(r"^\s*([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)", code, re.MULTILINE))
 
 
 def _is_module(name: str) -> bool:
@@ -504,7 +512,7 @@ def test_inline_calls_are_found_outside_fenced_blocks(tmp_path: Path) -> None:
     page.write_text(
         "Run `gymnasium.utils.env_checker.check_env(env, skip_render_check=True)` and "
         "`os.path.join(a, b)`, not `nosuchmodule.f(x)`, `env.reset()` or `os._exit(0)`.\n"
-        "```python\nimport os\n`os.getcwd()`\n```\n"
+        "```python\nimport os\n`os.getcwd()`\nvenv = make()\n```\nThen `venv.seed(1)`.\n"
     )
     assert inline_calls(page) == [
         (1, "gymnasium.utils.env_checker.check_env"),
