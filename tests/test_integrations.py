@@ -44,14 +44,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutServer]:
 Factory = Callable[[], Any]
 
 
-@pytest.fixture(params=["vector", "batch", "remote"])
+@pytest.fixture(params=["vector", "batch", "batch_torch", "remote"])
 def make_vector(request: pytest.FixtureRequest, server: RolloutServer) -> Factory:
     """Two independent, identical vectors of N CartPoles with a short time limit."""
     kind = request.param
     if kind == "vector":
         return lambda: VectorEnv("simkit/CartPole-v0", N, env_kwargs={"max_episode_steps": LIMIT})
-    if kind == "batch":
-        return lambda: simkit.make("simkit/BatchCartPole-v0", num_envs=N, max_episode_steps=LIMIT)
+    if kind in ("batch", "batch_torch"):  # numpy, or torch tensors (read back to the host)
+        device = "cpu" if kind == "batch_torch" else None
+        return lambda: simkit.make(
+            "simkit/BatchCartPole-v0", num_envs=N, max_episode_steps=LIMIT, device=device
+        )
     return lambda: RemoteVectorEnv(server.endpoint, timeout=10)
 
 
