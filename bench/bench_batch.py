@@ -445,6 +445,7 @@ class Flicker(simkit.BatchEnv):
     episode ends when it leaves [-1, 1] (a few steps with random actions)."""
 
     randomization = {"step": simkit.Uniform(0.3, 0.6), "drift": simkit.Uniform(-0.1, 0.1)}
+    state_attributes = ("pos",)
 
     def __init__(self, num_envs: int, **kwargs: Any) -> None:
         import gymnasium as gym
@@ -489,11 +490,11 @@ def tenths(seconds: list[float], per_step: int) -> tuple[float, float]:
     return per_step * k / sum(seconds[:k]), per_step * k / sum(seconds[-k:])
 
 
-def train_rates(n: int, total: int, num_steps: int) -> list[tuple[int, float]] | None:
-    """``simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs n --learning-rate
-    1e-12 --num-steps num_steps --total-steps total`` in a subprocess (a learning rate too
-    small to move a float32 weight: the policy stays random, the episodes short; the
-    learner refuses 0): ``(global step, env
+def train_rates(env_id: str, n: int, total: int, num_steps: int) -> list[tuple[int, float]] | None:
+    """``simkit train ENV_ID --servers 0 --num-envs n --learning-rate 1e-12 --num-steps
+    num_steps --total-steps total`` in a subprocess run in bench/ (so ``bench_batch:Flicker``
+    names :class:`Flicker`; a learning rate too small to move a float32 weight: the policy
+    stays random, the episodes short; the learner refuses 0): ``(global step, env
     steps/s since the previous progress line)`` of every line of its ``progress.jsonl``
     (``None`` where the run failed)."""
     import json
@@ -503,12 +504,13 @@ def train_rates(n: int, total: int, num_steps: int) -> list[tuple[int, float]] |
 
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
-            sys.executable, "-m", "simkit", "train", "simkit/BatchCartPole-v0", "--servers", "0",
+            sys.executable, "-m", "simkit", "train", env_id, "--servers", "0",
             "--num-envs", str(n), "--learning-rate", "1e-12", "--num-steps", str(num_steps),
             "--total-steps", str(total), "--logdir", tmp, "--no-progress",
             "--checkpoint-every", "0",
         ]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        here = Path(__file__).resolve().parent
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=here)
         path = Path(tmp) / "progress.jsonl"
         if done.returncode != 0 or not path.exists():
             print(f"(train failed: {done.stderr.strip().splitlines()[-1:]})")
@@ -562,18 +564,25 @@ def runs_section(quick: bool) -> None:
         )
     total = 200_000 if quick else 2_000_000
     num_steps = 16
-    rates = train_rates(n, total, num_steps)
-    if rates:
-        k = max(1, len(rates) // 10)
-        first = statistics.median(r for _, r in rates[:k])
-        last = statistics.median(r for _, r in rates[-k:])
-        print(
-            f"\n`simkit train simkit/BatchCartPole-v0 --servers 0 --num-envs {n} --learning-rate 1e-12 "
-            f"--num-steps {num_steps} --total-steps {total}`: {len(rates)} progress lines; env "
-            f"steps/s over the first tenth {fmt(first)}, the last tenth {fmt(last)}: last / "
-            f"first **{last / first:.2f}** (medians of the lines' rates).\n"
-        )
-    print(f"Load average after: {os.getloadavg()[0]:.1f}.\n")
+    print(
+        f"\n`simkit train ENV_ID --servers 0 --num-envs {n} --learning-rate 1e-12 --num-steps "
+        f"{num_steps} --total-steps {total:,}` (the policy stays random: its episodes stay "
+        "short), env steps/s from `progress.jsonl`, one rate per progress line: medians over "
+        "the first and the last tenth of the lines.\n"
+    )
+    print("| ENV_ID | lines | steps/s, first tenth | steps/s, last tenth | last / first |")
+    print("|---|---|---|---|---|")
+    for env_id in ("simkit/BatchCartPole-v0", "bench_batch:Flicker"):
+        rates = train_rates(env_id, n, total, num_steps)
+        if rates:
+            k = max(1, len(rates) // 10)
+            first = statistics.median(r for _, r in rates[:k])
+            last = statistics.median(r for _, r in rates[-k:])
+            print(
+                f"| `{env_id}` | {len(rates)} | {fmt(first)} | {fmt(last)} | "
+                f"**{last / first:.2f}** |"
+            )
+    print(f"\nLoad average after: {os.getloadavg()[0]:.1f}.\n")
 
 
 def main() -> None:
