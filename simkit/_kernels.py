@@ -28,6 +28,8 @@ __all__ = [
     "numpy_avx512_targets",
     "cpu_simd",
     "kernel_mode",
+    "why_bits_may_differ",
+    "RECORD_PORTABLY",
 ]
 
 PINS: dict[str, str] = {
@@ -112,6 +114,48 @@ def kernel_mode() -> dict[str, Any]:
     """This process's kernels, as checkpoints and recordings store them:
     ``{"reproducible": is_pinned(), "simd": cpu_simd()}``."""
     return {"reproducible": is_pinned(), "simd": cpu_simd()}
+
+
+RECORD_PORTABLY = (
+    "record with --reproducible (simkit record, train or serve) for a recording that "
+    "verifies on any x86-64 CPU"
+)
+"""How to make bits that verify anywhere, for the messages that explain a difference."""
+
+
+def _avx2_paths(mode: Mapping[str, Any]) -> bool:
+    """Whether bits computed under ``mode`` (a :func:`kernel_mode`) came from the AVX2
+    paths: pinned, or a CPU without AVX-512 (where those paths are the default)."""
+    return bool(mode.get("reproducible")) or "avx512" not in str(mode.get("simd", "")).lower()
+
+
+def why_bits_may_differ(recorded: Mapping[str, Any] | None) -> str | None:
+    """Why bits computed under the kernels ``recorded`` (a stored :func:`kernel_mode`) may
+    differ from what this process computes, in words; None where they are expected to be
+    the same bits (both on the AVX2 paths, pinned or by the CPU; or both unpinned on CPUs
+    with the same SIMD features) or where ``recorded`` is None (stored before simkit kept
+    kernel modes: unknown)."""
+    if recorded is None:
+        return None
+    here = kernel_mode()
+    if _avx2_paths(recorded) and _avx2_paths(here):
+        return None
+    theirs, ours = set(str(recorded.get("simd", "")).split()), set(here["simd"].split())
+    if not recorded.get("reproducible") and not here["reproducible"] and theirs == ours:
+        return None
+    if recorded.get("reproducible"):
+        return (
+            "made with --reproducible, computed here without its pinned kernels (start the "
+            "process with simkit._kernels.pinned_env(): the CLI does so itself)"
+        )
+    if theirs == ours:
+        return "made without --reproducible, computed here under the pinned kernels"
+    parts = [
+        f"{label}: {' '.join(sorted(names))}"
+        for label, names in (("there, not here", theirs - ours), ("here, not there", ours - theirs))
+        if names
+    ]
+    return f"made without --reproducible on a CPU with other SIMD features ({'; '.join(parts)})"
 
 
 def pinned_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

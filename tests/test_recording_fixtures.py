@@ -6,7 +6,8 @@ next-step autoreset and snapshots, then ``simkit/BatchCartPole-v0`` through
 leaving at their goals) were written by :func:`write_single` and :func:`write_multi`
 (zlib). Each test reads them back, replays them bit for bit, and records the same run
 again: every record decodes to the same meta map and the same decompressed blob (the
-``versions`` map aside, which names the installed packages). Regenerate only on a
+``versions`` and ``kernels`` maps aside, which name the installed packages and the
+machine's kernels). Regenerate only on a
 deliberate format change: ``python -c "import tests.test_recording_fixtures as t;
 t.write_single(t.SINGLE); t.write_multi(t.MULTI)"`` (after removing the folders), in an
 interpreter started with ``simkit._kernels.pinned_env()`` (the tests run pinned).
@@ -84,12 +85,16 @@ def write_multi(directory: Path) -> None:
 
 
 def _records(directory: Path) -> list[tuple[int, dict[str, Any], bytes]]:
-    """``(kind, meta without versions, decompressed blob)`` of every record, in order."""
+    """``(kind, meta without versions and kernels, decompressed blob)`` of every record, in
+    order (both name the recording machine: its packages, its kernels and CPU)."""
     out = []
     for s in RecordingReader(directory).stats():
         kind, meta, blob = read_meta(s.path, s.offset)
-        out.append((kind, {k: v for k, v in meta.items() if k != "versions"}, blob))
+        out.append((kind, {k: v for k, v in meta.items() if k not in MACHINE}, blob))
     return out
+
+
+MACHINE = ("versions", "kernels")
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypedDict
 
+from simkit._kernels import is_pinned, kernel_mode
 from simkit._types import Fragment
 from simkit.clients.learners._checkpoint import (
     Checkpoint,
@@ -139,6 +140,9 @@ class TrainResult:
     """The learner's device, and for ``--device auto`` what it was picked by
     (:meth:`~simkit.clients.learners._device_pick.DevicePick.describe`: each candidate's
     update step time and the samples it took)."""
+    reproducible: bool = False
+    """The learner ran under pinned kernels (``--reproducible``,
+    :func:`simkit._kernels.is_pinned`): its resume command says so."""
 
 
 @dataclass
@@ -525,11 +529,12 @@ class Run:
                 )
             part.start(self, time.monotonic())
             algo = "" if part.name == "ppo" else f" --algo {part.name}"
+            pinned = " --reproducible" if is_pinned() else ""
             with checkpoint_if_servers_lost(
                 self.checkpoint,
                 self.stop,
                 env_steps=lambda: part.learner.global_step,
-                resume=f"simkit train {part.args.env_id}{algo} --resume {self.logdir}",
+                resume=f"simkit train {part.args.env_id}{algo} --resume {self.logdir}{pinned}",
             ):
                 drive(
                     part.rounds(),
@@ -563,6 +568,7 @@ class Run:
             not_exact=self.source.not_exact,
             rollout=describe_source(self.source),
             device=self.device,
+            reproducible=is_pinned(),
             **part.result(),
         )
 
@@ -588,9 +594,10 @@ class Run:
     def checkpoint(self) -> Path:
         """Writes a checkpoint now (it must be at a fragment boundary)."""
         began = time.monotonic()
-        self.last_checkpoint = save_checkpoint(
-            self.logdir / "checkpoints", **self.part.checkpoint(self.source, self.tally)
-        )
+        saved = self.part.checkpoint(self.source, self.tally)
+        # the kernels the learner ran under: --resume keeps --reproducible by them
+        saved["state"] = {**saved["state"], "kernels": kernel_mode()}
+        self.last_checkpoint = save_checkpoint(self.logdir / "checkpoints", **saved)
         self.part.checkpoint_written(self, began, time.monotonic())
         return self.last_checkpoint
 

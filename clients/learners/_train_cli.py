@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._argtypes import ENV_ID_FORMS, integer
-from simkit._kernels import is_pinned, reexec_pinned
+from simkit._kernels import is_pinned, reexec_pinned, why_bits_may_differ
 from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs, capped, refuse_unless
 from simkit.errors import (
     InvalidCheckpoint,
@@ -366,6 +366,7 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
         from simkit.clients.learners._checkpoint import checkpoint_algo, load_checkpoint
 
         ckpt = load_checkpoint(ns.resume)
+        ns.resumed_kernels = ckpt.state.get("kernels")  # None: from before they were kept
         algo = checkpoint_algo(ckpt)
         if ns.algo not in (None, algo):
             raise ValueError(f"--resume {ns.resume}: a {algo} checkpoint; use --algo {algo}")
@@ -596,6 +597,12 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     if ns.resume is not None and died_before_first_checkpoint(_resumed_logdir(ns.resume)):
         scratch, ns.resume = ns.resume, None  # nothing to resume: the run starts over
         ns.logdir = ns.logdir or str(_resumed_logdir(scratch))
+    try:
+        args = _settings(ns)
+    except (InvalidCheckpoint, ValueError, TypeError) as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)
+        return 2
+    said = _resumed_kernels(ns)  # --resume keeps --reproducible
     if ns.reproducible and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
     if ns.reproducible:
@@ -605,11 +612,8 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
             "any x86-64 CPU)",
             file=sys.stderr,
         )
-    try:
-        args = _settings(ns)
-    except (InvalidCheckpoint, ValueError, TypeError) as exc:
-        print(f"simkit train: {exc}", file=sys.stderr)
-        return 2
+    if said:
+        print(f"simkit train: --resume: {said}", file=sys.stderr)
     if ns.record is not None and not ns.resume:
         from simkit.recording._cli import existing_recording
 
@@ -673,6 +677,34 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
         return 0
     _print_summary(args.env_id, result, ns.algo)
     return 0
+
+
+def _resumed_kernels(ns: argparse.Namespace) -> str | None:
+    """On ``--resume``: keeps ``--reproducible`` where the checkpoint was trained with it
+    (its bits are those of the pinned kernels; a run resumed without them would go on
+    with other bits); what the person should know about the checkpoint's kernels, in
+    words, or None."""
+    kernels = getattr(ns, "resumed_kernels", None)
+    if not isinstance(kernels, dict):
+        return None
+    if kernels.get("reproducible"):
+        if ns.reproducible:
+            return None
+        ns.reproducible = True
+        return "the checkpoint was trained with --reproducible: kept (as if given)"
+    if ns.reproducible:
+        return (
+            "the checkpoint was trained without --reproducible: the kernels are pinned from "
+            "here on, so the run goes on with other bits than it would have without it"
+        )
+    why = why_bits_may_differ(kernels)
+    if why is None:
+        return None
+    return (
+        f"the checkpoint was trained {why.removeprefix('made ')}: the continuation's bits may "
+        "differ from the run's on that CPU (train with --reproducible for bits that any "
+        "x86-64 CPU repeats)"
+    )
 
 
 def _logdir(ns: argparse.Namespace, args: PPOArgs | SACArgs) -> Path:
@@ -792,7 +824,11 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo", *, console: A
         ("policy snapshot", str(r.policy)),
         ("TensorBoard", f"{tensorboard} --logdir {r.logdir / 'tb'}"),
         ("evaluate", f"{simkit} eval {r.policy}"),
-        ("resume", f"{simkit} train {env_id}{algo_flag} --resume {r.logdir}"),
+        (
+            "resume",
+            f"{simkit} train {env_id}{algo_flag} --resume {r.logdir}"
+            + (" --reproducible" if r.reproducible else ""),
+        ),
     ]
     if r.record is not None:
         where.append(("recording", f"{simkit} replay {r.record} --verify"))

@@ -44,6 +44,12 @@ def _record_configure(parser: argparse.ArgumentParser) -> None:
         help="add the episodes to the recording already in --out (without it, an existing "
         "recording is refused)",
     )
+    parser.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="pin the numeric kernels (OpenBLAS, numpy SIMD, MKL, oneDNN, PyTorch) to their "
+        "AVX2 paths, so that the recording verifies on any x86-64 CPU (docs/recording.md)",
+    )
 
 
 def existing_recording(out: Path) -> str | None:
@@ -62,12 +68,15 @@ def existing_recording(out: Path) -> str | None:
 
 
 def _record_run(args: argparse.Namespace) -> int:
+    from simkit._kernels import is_pinned, reexec_pinned
     from simkit.errors import RecordingLocked, SimkitError
     from simkit.recording._wrapper import RecordEpisodes, RecordMultiAgentEpisodes
     from simkit.registry import EnvKind, make
     from simkit.registry import spec as env_spec
     from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
+    if args.reproducible and not is_pinned():
+        reexec_pinned()  # the kernels are chosen when numpy (and torch) load
     if args.episodes <= 0:
         print("simkit record: --episodes must be > 0", file=sys.stderr)
         return 2
@@ -197,13 +206,14 @@ def _checkpoint_policy(path: str, vec: Any, seed: int) -> Any:
     """Sampled actions of the PPO policy at ``path`` (a checkpoint or ``policy.safetensors``)."""
     import torch
 
-    from simkit.clients.learners._checkpoint import load_policy
+    from simkit.clients.learners._checkpoint import check_tensors, load_policy
     from simkit.models import ModelSpec, build_model, numpy_actions
 
     tensors, meta = load_policy(path)
     model = build_model(
         ModelSpec.from_plain(meta["model"]), vec.single_observation_space, vec.single_action_space
     )
+    check_tensors(Path(path), tensors, model.state_dict())  # another env's policy: one line
     model.load_state_dict(tensors)
     generator = torch.Generator().manual_seed(seed)
 
@@ -227,7 +237,25 @@ def _replay_configure(parser: argparse.ArgumentParser) -> None:
     add_trust_argument(parser)
 
 
+def _kernels_note(error: str | None, kernels: dict[str, Any] | None) -> str:
+    """What follows a divergence on its ``FAIL`` line: that bits made under other kernels
+    (``kernels``, the record's) may differ here, and how to record portably; ``""`` for
+    a divergence the kernels do not explain (or another failure)."""
+    from simkit._kernels import RECORD_PORTABLY, why_bits_may_differ
+
+    why = why_bits_may_differ(kernels)
+    if (
+        why is None
+        or error is None
+        or not error.startswith("ReplayDivergence")
+        or (" differs" not in error)
+    ):
+        return ""
+    return f" -- bits may differ on this CPU: the recording was {why}; {RECORD_PORTABLY}"
+
+
 def _replay_run(args: argparse.Namespace) -> int:
+    from simkit._kernels import is_pinned, reexec_pinned
     from simkit.errors import CorruptRecording, MissingDependency, RenderUnavailable
     from simkit.recording._io import RecordingReader
     from simkit.recording._replay import verify_recording
@@ -263,10 +291,13 @@ def _replay_run(args: argparse.Namespace) -> int:
         return 1
     status = 0
     if args.verify:
+        stats = reader.stats()
+        if any(s.kernels and s.kernels["reproducible"] for s in stats) and not is_pinned():
+            reexec_pinned()  # recorded under the pinned kernels: replayed under them
         results = verify_recording(reader, workers=args.workers, trust=args.trust)
         failed = [r for r in results if r.error is not None]
         for r in failed:
-            print(f"FAIL {r.error}")
+            print(f"FAIL {r.error}{_kernels_note(r.error, stats[r.position].kernels)}")
         steps = sum(r.length for r in results if r.error is None)
         print(
             f"{len(results) - len(failed)}/{len(results)} episodes replayed bit for bit "
@@ -295,7 +326,10 @@ def render_episode(
         ValueError: the episode has no seed or is not of a single-instance env (batch
             and multi-agent episodes are not rendered).
     """
+    import gymnasium
+
     from simkit._optional import require
+    from simkit.errors import MissingDependency
     from simkit.recording._tracker import row_of as _row
     from simkit.registry import trusted_make
 
@@ -322,6 +356,9 @@ def render_episode(
     except NotImplementedError as exc:  # gymnasium's Env.render: no renderer
         env.close()
         raise ValueError(f"{episode.env_id} does not render (no render())") from exc
+    except gymnasium.error.DependencyNotInstalled as exc:  # e.g. pygame
+        env.close()
+        raise MissingDependency(f"{episode.env_id} cannot render: {exc}") from exc
     for t in range(episode.length):
         env.step(_row(episode.actions, t))
         frames.append(env.render())

@@ -89,6 +89,10 @@ class Episode(Trajectory):
         versions: simkit / env module / mujoco / gymnasium versions at recording time.
         origin: where it came from: ``root_seed``, ``env_index``, ``episode_index``
             (the ``episode_seed`` triple), ``source``, ``kind``.
+        kernels: the recording process's kernels (:func:`simkit._kernels.kernel_mode`:
+            ``{"reproducible": bool, "simd": str}``): bits made without
+            ``--reproducible`` repeat only on a CPU with the same SIMD features; ``None``
+            for records written before simkit stored it.
     """
 
     env_id: str
@@ -107,6 +111,7 @@ class Episode(Trajectory):
     snapshots: dict[int, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     origin: dict[str, Any] = field(default_factory=dict)
+    kernels: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,8 @@ class EpisodeStats:
     agent_returns: dict[Any, float] | None = None
     """Multi-agent episodes: each agent's return (``total_return`` is their sum);
     ``None`` for single-agent episodes."""
+    kernels: dict[str, Any] | None = None
+    """The recording process's kernels (:attr:`Episode.kernels`); ``None``: not stored."""
 
 
 def _flatten(tree: Any, leaves: list[Any]) -> Any:
@@ -284,8 +291,9 @@ def version_range(versions: list[np.ndarray]) -> list[int] | None:
 
 def record_origin_meta(ep: Episode | Any) -> dict[str, Any]:
     """The meta fields every record kind starts with: the format, and what re-simulates
-    the episode (env id and kwargs, seed, params, versions, origin)."""
-    return {
+    the episode (env id and kwargs, seed, params, versions, origin, and the kernels where
+    known: a record from before they were stored re-encodes to its own bytes)."""
+    meta = {
         "format": RECORD_FORMAT,
         "env_id": ep.env_id,
         "env_kwargs": snapshot.to_plain(ep.env_kwargs, "env_kwargs"),
@@ -294,6 +302,25 @@ def record_origin_meta(ep: Episode | Any) -> dict[str, Any]:
         "versions": dict(ep.versions),
         "origin": snapshot.to_plain(ep.origin, "origin"),
     }
+    if ep.kernels is not None:
+        meta["kernels"] = _kernels_meta(ep.kernels)
+    return meta
+
+
+def _kernels_meta(kernels: Any) -> dict[str, Any]:
+    """A record's ``kernels`` map, checked: ``{"reproducible": bool, "simd": str}``.
+
+    Raises:
+        TypeError: anything else (naming what came).
+    """
+    if (
+        not isinstance(kernels, dict)
+        or set(kernels) != {"reproducible", "simd"}
+        or not isinstance(kernels["reproducible"], bool)
+        or not isinstance(kernels["simd"], str)
+    ):
+        raise TypeError(f'kernels must be {{"reproducible": bool, "simd": str}}, got {kernels!r}')
+    return {"reproducible": kernels["reproducible"], "simd": kernels["simd"]}
 
 
 def encode_trajectory(
@@ -382,6 +409,7 @@ def stats_from_meta(meta: dict[str, Any], path: str, offset: int) -> EpisodeStat
                 if "agents" not in meta
                 else {a["id"]: float(a["return"]) for a in meta["agents"]}
             ),
+            kernels=None if meta.get("kernels") is None else _kernels_meta(meta["kernels"]),
         )
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise CorruptRecording(
@@ -413,6 +441,7 @@ def decode_origin(meta: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         "snapshots": {int(k): v for k, v in body["snapshots"]},
         "versions": dict(meta["versions"]),
         "origin": snapshot.from_plain(meta["origin"]),
+        "kernels": None if meta.get("kernels") is None else _kernels_meta(meta["kernels"]),
     }
 
 

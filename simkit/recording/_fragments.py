@@ -7,6 +7,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from simkit._kernels import kernel_mode
 from simkit._seeding import EpisodeSeeds
 from simkit._types import Fragment
 from simkit.recording._episode import Episode
@@ -80,6 +81,7 @@ class FragmentRecorder:
         self.root_seed = root_seed
         self.writer = RecordingWriter(directory, **writer_kwargs)
         self._versions = environment_versions(env_id)
+        self._kernels = kernel_mode()  # the learner's: its servers run under the same pins
         self._rows: dict[int, _Rows | None] = {}
         self._episode: dict[int, int | None] = {}
         self._seeds: dict[int, EpisodeSeeds] = {}
@@ -152,6 +154,7 @@ class FragmentRecorder:
                 env_kwargs=self.env_kwargs,
                 policy_version=np.array(rows.versions, np.int64),
                 versions=self._versions,
+                kernels=self._kernels,
                 origin={
                     "root_seed": root,
                     "env_index": slot,

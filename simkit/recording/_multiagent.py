@@ -73,7 +73,7 @@ class MultiAgentEpisode:
         agents: ``{agent id: AgentEpisode}`` for every agent that took part (ids are
             ``str`` or ``int``), in the order they are recorded.
         length: ``T``, the env steps of the episode (every agent is done after them).
-        seed, options, params, env_kwargs, snapshots, versions, origin: as in
+        seed, options, params, env_kwargs, snapshots, versions, origin, kernels: as in
             :class:`~simkit.recording.Episode` (``snapshots[t]`` is the env's
             ``get_state()`` before env step ``t``; ``origin["kind"]`` is
             ``"multi_agent"``).
@@ -89,6 +89,7 @@ class MultiAgentEpisode:
     snapshots: dict[int, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     origin: dict[str, Any] = field(default_factory=dict)
+    kernels: dict[str, Any] | None = None
 
     @property
     def total_return(self) -> float:

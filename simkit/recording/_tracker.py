@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from simkit._kernels import kernel_mode
 from simkit._seeding import episode_seeds
 from simkit._types import BatchStep, MultiAgentBatchStep
 from simkit.recording._buffer import StepBuffer, StepRows
@@ -165,6 +166,7 @@ class EpisodeTracker:
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs)
         self.versions = dict(versions)
+        self.kernels = kernel_mode()  # this process's: bits made unpinned are the CPU's
         self.num_envs = num_envs
         self.possible_agents = None if possible_agents is None else list(possible_agents)
         self.num_agents = 1 if self.possible_agents is None else len(self.possible_agents)
@@ -325,6 +327,7 @@ class EpisodeTracker:
                 snapshots=ep.snapshots,
                 versions=self.versions,
                 origin=ep.origin,
+                kernels=self.kernels,
             )
         agents = {
             self.possible_agents[s]: AgentEpisode(
@@ -344,6 +347,7 @@ class EpisodeTracker:
             snapshots=ep.snapshots,
             versions=self.versions,
             origin=ep.origin,
+            kernels=self.kernels,
         )
 
     def _take_snapshot(self, i: int, ep: _OpenEnv) -> None:
