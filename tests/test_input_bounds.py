@@ -280,3 +280,34 @@ def test_a_class_that_is_not_an_env_is_one_line(
     ):
         assert main(argv) == 2
         _one_line(capsys, "'json:JSONDecoder' is not an env class: json.JSONDecoder has no reset()")
+
+
+def test_what_the_fuzzers_deep_runs_found_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by ``HYPOTHESIS_PROFILE=deep`` runs of tests/test_cli_fuzz.py: a PPO policy of
+    another env given to ``record --policy`` (a RuntimeError from load_state_dict), and
+    ``--render`` of an env that cannot render (gymnasium's NotImplementedError, or its
+    DependencyNotInstalled for pygame): one line each."""
+    import importlib.util
+
+    run = tmp_path / "run"
+    short = ["--total-steps", "64", "--num-steps", "32", "--num-minibatches", "4"]
+    assert main([*TRAIN, "--logdir", str(run), *short]) == 0
+    policy = run / "policy.safetensors"
+    out = tmp_path / "rec"
+    argv = ["record", "simkit/Pendulum-v0", "--episodes", "1", "--out", str(out)]
+    capsys.readouterr()
+    assert main([*argv, "--policy", str(policy)]) == 2
+    _one_line(capsys, f"simkit record: --policy {policy}: {policy}: tensor names differ")
+    with pytest.warns(UserWarning, match="render_mode"):
+        assert (
+            main(["eval", str(policy), "--episodes", "1", "--render", str(tmp_path / "v.gif")]) == 1
+        )
+    _one_line(capsys, "simkit eval: env 'simkit/CartPole-v0' does not render (no render())")
+    if importlib.util.find_spec("pygame") is None:
+        gym = tmp_path / "gym"
+        assert main(["record", "gym:CartPole-v1", "--episodes", "1", "--out", str(gym)]) == 0
+        capsys.readouterr()
+        assert main(["replay", str(gym), "--render", str(tmp_path / "v.gif")]) == 1
+        _one_line(capsys, "simkit replay: gym:CartPole-v1 cannot render: pygame is not installed")

@@ -17,6 +17,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
+import gymnasium
 import numpy as np
 import torch
 
@@ -582,6 +583,8 @@ def evaluate_model(
                 frame = vector.envs[0].render()
             except NotImplementedError as exc:  # gymnasium's Env.render: no renderer
                 raise ValueError(f"env {env_id!r} does not render (no render())") from exc
+            except gymnasium.error.DependencyNotInstalled as exc:  # e.g. pygame
+                raise MissingDependency(f"env {env_id!r} cannot render: {exc}") from exc
             if not isinstance(frame, np.ndarray) or frame.ndim != 3:
                 raise ValueError(
                     f"env {env_id!r} renders no RGB frames with render_mode='rgb_array' "
