@@ -87,6 +87,7 @@ TRAIN = ["train", "simkit/CartPole-v0", "--servers", "0", "--no-progress"]
         (["--server-timeout", "inf"], "--server-timeout must be in (0, 604800], got inf"),
         (["--print-every", "nan"], "--print-every must be in (0, "),
         (["--algo", "sac", "--buffer-size", str(10**12)], "--buffer-size 1,000,000,000,000 ("),
+        (["--algo", "sac", "--batch-size", str(10**12)], "--batch-size 1,000,000,000,000 and"),
     ],
 )
 def test_train_refuses_out_of_bounds_flags_in_one_line_leaving_no_logdir(

@@ -19,11 +19,22 @@ from gymnasium import spaces
 
 from simkit._limits import ENV_BYTES, check_memory
 
-__all__ = ["space_bytes", "probe_env", "check_run_memory", "FRAGMENT_COPIES", "STEP_SCALARS"]
+__all__ = [
+    "space_bytes",
+    "probe_env",
+    "check_run_memory",
+    "FRAGMENT_COPIES",
+    "SAMPLE_COPIES",
+    "STEP_SCALARS",
+]
 
 FRAGMENT_COPIES = 3
 """A PPO fragment's arrays exist about three times at once: the rollout's buffer, the
 learner's tensors of the batch, and its minibatch and gradient copies."""
+
+SAMPLE_COPIES = 4
+"""A SAC batch exists about four times at once: sampled, as tensors, on the device, and
+the targets computed from it."""
 
 STEP_SCALARS = 48
 """Bytes per step and row beside the observation and action: reward, flags, value,
@@ -95,9 +106,10 @@ def check_run_memory(args: Any, *, in_process: bool) -> None:
         )
         return
     transition = 2 * space_bytes(obs_space) + space_bytes(act_space) + 24
+    batches = args.batch_size * transition * SAMPLE_COPIES
     check_memory(
-        buffer_size * transition + fragments + envs,
-        f"--buffer-size {buffer_size:,} ({transition:,} B a transition) with --num-envs "
-        f"{args.num_envs:,} x --num-steps {args.num_steps:,}",
-        "a smaller buffer",
+        buffer_size * transition + batches + fragments + envs,
+        f"--buffer-size {buffer_size:,} ({transition:,} B a transition), --batch-size "
+        f"{args.batch_size:,} and --num-envs {args.num_envs:,} x --num-steps {args.num_steps:,}",
+        "a smaller buffer or batch",
     )
