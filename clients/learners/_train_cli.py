@@ -413,9 +413,6 @@ def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
         from simkit.clients.learners._train_sac import check_env
 
         check_env(args.env_id)
-    from simkit.clients.learners._sizes import check_run_memory
-
-    check_run_memory(args, in_process=not ns.connect and ns.ray is None and not ns.servers)
     return args
 
 
@@ -599,6 +596,10 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
         ns.logdir = ns.logdir or str(_resumed_logdir(scratch))
     try:
         args = _settings(ns)
+        from simkit.clients.learners._sizes import check_run_memory
+
+        # one env made with the run's kwargs, and what the run allocates against free memory
+        check_run_memory(args, in_process=not ns.connect and ns.ray is None and not ns.servers)
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
