@@ -463,7 +463,14 @@ class LogdirLock:
         if any((self.logdir / name).exists() for name in _RUN_OUTPUTS):
             return
         if self.made is not None:
-            shutil.rmtree(self.made, ignore_errors=True)
+            shutil.rmtree(self.logdir, ignore_errors=True)
+            folder = self.logdir.parent  # the parents the claim made, while they are empty
+            while self.logdir != self.made and folder != self.made.parent:
+                try:
+                    folder.rmdir()  # never a sibling another run made meanwhile
+                except OSError:
+                    break
+                folder = folder.parent
         elif not self.had_lock:
             with contextlib.suppress(OSError):
                 (self.logdir / "LOCK").unlink()
