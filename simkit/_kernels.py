@@ -8,7 +8,13 @@ through the environment variables each reads when it loads (:data:`PINS`, plus
 numpy's ``NPY_DISABLE_CPU_FEATURES`` for its AVX-512 dispatch targets this CPU has). They
 take effect only in a process that starts with them, so ``simkit train
 --reproducible`` re-executes itself with them, and every server it starts (local or
-on Ray) inherits them.
+on Ray) inherits them (``simkit record --reproducible`` and ``simkit serve
+--reproducible`` likewise).
+
+Checkpoints and recordings store the kernels their bits were made under
+(:func:`kernel_mode`: pinned or not, and the CPU's SIMD features), so that a resume
+keeps the pins and a replay on another CPU can tell a kernel difference from a real
+divergence (:func:`why_bits_may_differ`).
 """
 
 from __future__ import annotations
