@@ -592,15 +592,27 @@ def _run_in(logdir: Path) -> str:
         return "progress.jsonl" if (logdir / "progress.jsonl").exists() else "checkpoints/"
 
 
+def _start_again(ns: argparse.Namespace, exc: Exception) -> str:
+    """What to do about a ``--resume`` of a run that died before its first checkpoint:
+    start it again without ``--resume`` (its log directory is reused); else ``""``.
+    (Not from scratch under ``--resume``: its settings died with it, and the resume
+    command's defaults would train another run.)"""
+    if not isinstance(exc, InvalidCheckpoint) or ns.resume is None:
+        return ""
+    logdir = _resumed_logdir(ns.resume)
+    if not died_before_first_checkpoint(logdir):
+        return ""
+    return (
+        "; nothing to resume: start the run again (its command without --resume, with "
+        f"--logdir {logdir}: the folder is reused)"
+    )
+
+
 def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     """:func:`run_train`, holding its log directory's lock in ``locks``."""
     from simkit.errors import RecordingLocked
     from simkit.recording._format import DirectoryLock
 
-    scratch = None
-    if ns.resume is not None and died_before_first_checkpoint(_resumed_logdir(ns.resume)):
-        scratch, ns.resume = ns.resume, None  # nothing to resume: the run starts over
-        ns.logdir = ns.logdir or str(_resumed_logdir(scratch))
     try:
         args = _settings(ns)
         from simkit.clients.learners._sizes import check_run_memory
@@ -608,7 +620,7 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
         # one env made with the run's kwargs, and what the run allocates against free memory
         check_run_memory(args, in_process=not ns.connect and ns.ray is None and not ns.servers)
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
-        print(f"simkit train: {exc}", file=sys.stderr)
+        print(f"simkit train: {exc}{_start_again(ns, exc)}", file=sys.stderr)
         return 2
     said = _resumed_kernels(ns)  # --resume keeps --reproducible
     if ns.reproducible and not is_pinned():
@@ -645,13 +657,7 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     except RecordingLocked as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
-    if scratch is not None:
-        print(
-            f"simkit train: --resume {scratch}: its run stopped before its first checkpoint, "
-            f"so there is nothing to resume; starting it from scratch in {logdir}",
-            file=sys.stderr,
-        )
-    elif locks[-1].reused:
+    if locks[-1].reused:
         print(
             f"simkit train: --logdir {logdir} held a run that stopped before its first "
             "checkpoint (nothing to resume); starting a new run there",
