@@ -168,7 +168,7 @@ class StreamHost:
             return error_reply(exc, request_id=request.id, request_kind=request.kind)
         from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
 
-        held = Reservation(self.budget, peer.quota_key, self.peer_share)
+        reservation = Reservation(self.budget, peer.quota_key, self.peer_share)
         worker = StreamWorker(
             identity,
             frames,
@@ -176,7 +176,7 @@ class StreamHost:
             self._context,
             self.address,
             self.metrics,
-            held,
+            reservation,
             self.slot_costs,
         )
         self.workers[identity] = worker
