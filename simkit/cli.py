@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import simkit
-from simkit._limits import check_env_id
+from simkit._limits import ENV_BYTES, Range, check_env_id, check_memory, check_ranges
 from simkit.recording import _cli as recording_cli
 from simkit.registry import EnvKind
 
@@ -98,9 +98,51 @@ def _run_checks(env_id: str, seed: int, steps: int) -> list[tuple[str, str | Non
     ]
 
 
+MAX_CHECK_STEPS = 1_000_000
+"""The longest trajectory ``simkit check --steps`` (and ``demo --check-steps``) asks of
+the kit: it keeps every step of its trajectories to compare them (``--steps 10**8`` grew
+by gigabytes)."""
+MAX_DEMO_STEPS = 10_000_000
+_ROW_STEP_BYTES = 256
+"""The least a kit trajectory keeps per env row and step (observation, action, reward,
+flags and their containers), times the trajectories it compares."""
+
+
+def _check_sizes(args: argparse.Namespace, num_envs: int = 1) -> None:
+    """``check``'s (and ``demo``'s) step counts in range, and the kit's trajectories of
+    ``num_envs`` rows within the memory available.
+
+    Raises:
+        ValueError: one line naming the flag.
+    """
+    steps = getattr(args, "steps", None) if args.command == "check" else args.check_steps
+    flag = "--steps" if args.command == "check" else "--check-steps"
+    rules = [(Range(flag, 1, MAX_CHECK_STEPS), steps)]
+    if args.command == "demo":
+        rules += [
+            (Range("--steps", 1, MAX_DEMO_STEPS), args.steps),
+            (Range("--remote-num-envs", 1), args.remote_num_envs),
+        ]
+        num_envs = max(num_envs, args.remote_num_envs)
+    check_ranges(rules)
+    deep = 5 if getattr(args, "deep", False) else 1
+    check_memory(
+        num_envs * (ENV_BYTES + steps * deep * _ROW_STEP_BYTES * 4),
+        f"{num_envs:,} env(s) x {flag} {steps:,}{' x 5 (--deep)' if deep > 1 else ''} "
+        "(the trajectories the kit compares)",
+        "fewer steps or envs",
+    )
+
+
 def _check_run(args: argparse.Namespace) -> int:
     from simkit import testing
 
+    try:
+        batch = simkit.spec(args.env_id).kind is EnvKind.BATCH
+        _check_sizes(args, args.num_envs if batch and args.num_envs >= 1 else 1)
+    except ValueError as exc:
+        print(f"simkit check: {exc}", file=sys.stderr)
+        return 2
     steps = args.steps * (5 if args.deep else 1)
     if simkit.spec(args.env_id).kind is EnvKind.BATCH:
         if args.num_envs < 1:
@@ -172,6 +214,11 @@ def _rollout(env_id: str, steps: int, seed: int) -> tuple[float, float]:
 
 
 def _demo_run(args: argparse.Namespace) -> int:
+    try:
+        _check_sizes(args)
+    except ValueError as exc:
+        print(f"simkit demo: {exc}", file=sys.stderr)
+        return 2
     rows = []
     failed = False
     for env_id in _checkable_ids():

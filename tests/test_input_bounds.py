@@ -273,3 +273,25 @@ def test_what_the_fuzzers_deep_runs_found_is_one_line(
         capsys.readouterr()
         assert main(["replay", str(gym), "--render", str(tmp_path / "v.gif")]) == 1
         _one_line(capsys, "simkit replay: gym:CartPole-v1 cannot render: pygame is not installed")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["check", "simkit/CartPole-v0", "--steps", str(10**8)], "--steps must be in [1, 1000000]"),
+        (
+            ["check", "simkit/BatchCartPole-v0", "--num-envs", str(10**12), "--steps", "2"],
+            "1,000,000,000,000 env(s) x --steps 2 (the trajectories the kit compares) needs",
+        ),
+        (["demo", "--steps", str(10**9), "--no-remote"], "--steps must be in [1, 10000000]"),
+        (["demo", "--check-steps", "0", "--no-remote"], "--check-steps must be in [1, 1000000]"),
+    ],
+)
+def test_check_and_demo_bound_the_kits_trajectories(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the CLI fuzzer's deep runs: ``check --steps 10**8`` grew by gigabytes
+    (the kit keeps its trajectories), a batch ``check --num-envs 10**12`` failed nine
+    checks with MemoryError."""
+    assert main(argv) == 2
+    _one_line(capsys, f"simkit {argv[0]}: ", named)
