@@ -414,8 +414,20 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     return dict(sub.choices)
 
 
-def _values(action: argparse.Action, flag: str) -> list[str]:
+WORK_OF = {
+    ("check", "--steps"): ["1", "10", "0", "-1", "abc", str(10**8), str(10**12)],
+    ("demo", "--steps"): ["1", "10", "0", "-1", str(10**9)],
+    ("demo", "--check-steps"): ["1", "5", "0", "-1", str(10**8)],
+    ("record", "--episodes"): ["1", "2", "0", "-1", "abc", str(10**9)],
+}
+"""A flag's pool for one command, where it sizes different work there (``record
+--episodes 10**9`` is stopped at its time limit; ``eval --episodes`` must finish)."""
+
+
+def _values(action: argparse.Action, flag: str, command: str = "") -> list[str]:
     """The pool of values of an option taking one."""
+    if (command, flag) in WORK_OF:
+        return WORK_OF[command, flag]
     if flag in WORK:
         return WORK[flag]
     if action.choices is not None:
@@ -472,7 +484,7 @@ def option_pool(command: str, flag: str) -> list[str]:
     """The values of ``command``'s option ``flag``."""
     parser = command_parsers()[command]
     action = next(a for a in parser._actions if flag in a.option_strings)
-    return _values(action, flag)
+    return _values(action, flag, command)
 
 
 def fill(argv: list[str], t: Path, n: int) -> list[str]:
