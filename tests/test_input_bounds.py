@@ -295,3 +295,13 @@ def test_check_and_demo_bound_the_kits_trajectories(
     checks with MemoryError."""
     assert main(argv) == 2
     _one_line(capsys, f"simkit {argv[0]}: ", named)
+
+
+def test_a_hyperparameter_beyond_float32_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the CLI fuzzer's deep run: ``--clip-coef 1e308`` (finite, > 0) overflowed
+    when torch made it a float32: a RuntimeError traceback."""
+    assert main([*TRAIN, "--logdir", str(tmp_path / "r"), "--clip-coef", "1e308"]) == 2
+    _one_line(capsys, "simkit train: --clip-coef must be at most 3.403e+38 (a float32), got 1e+308")
+    assert not (tmp_path / "r").exists()

@@ -76,6 +76,10 @@ def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
             raise ValueError(f"{flag} must be {want}, got {value}")
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: a hyperparameter becomes a float32 tensor (``--clip-coef 1e308``
+overflowed in torch)."""
+
 _THREADS = f"in [1, {max_threads()}]"
 """Thread counts: at least one, at most :func:`~simkit._limits.max_threads` (a million
 torch threads exhausted the host's threads and crashed the process)."""
@@ -134,6 +138,12 @@ class _Plain:
                     shown = list(value) if name == "hidden" else value
                     rules.append((f"--{name.replace('_', '-')}", shown, _MUST[must](value), must))
         refuse_unless(rules)
+        for name, value in vars(self).items():  # tensors hold them: float32's range
+            if isinstance(value, float) and not abs(value) <= _FLOAT32_MAX:
+                flag = f"--{name.replace('_', '-')}"
+                raise ValueError(
+                    f"{flag} must be at most {_FLOAT32_MAX:.4g} (a float32), got {value}"
+                )
 
     def to_plain(self) -> dict[str, Any]:
         """JSON-able form (for checkpoints)."""
