@@ -55,10 +55,10 @@ LIMITS = {  # seconds before the command is stopped, and whether it may need sto
     "record": (6.0, True),
     "demo": (10.0, True),
     "check": (6.0, True),
-    "replay": (10.0, False),
-    "eval": (10.0, False),
-    "export": (10.0, False),
-    "list": (5.0, False),
+    "replay": (20.0, False),  # these finish: 20 s is a hang even on a loaded CI machine
+    "eval": (20.0, False),
+    "export": (20.0, False),
+    "list": (20.0, False),
 }
 
 EXAMPLES = {
