@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "MAX_ENV_ID_CHARS",
     "MAX_JSON_DEPTH",
     "MAX_PORT",
     "ENV_BYTES",
@@ -36,10 +35,6 @@ __all__ = [
     "max_threads",
     "mlp_parameters",
 ]
-
-MAX_ENV_ID_CHARS = 256
-"""The longest env id a command takes (ids and ``module:Class`` paths are far shorter;
-a run's default log directory is named after its env id)."""
 
 MAX_JSON_DEPTH = 32
 """How deep a JSON value from a command line (``--env-kwarg KEY=VALUE``) may nest."""
@@ -231,14 +226,17 @@ def check_network(widths: Iterable[int], copies: int = 1) -> None:
 
 
 def check_env_id(env_id: str, flag: str = "ENV_ID") -> None:
-    """Refuses an env id longer than :data:`MAX_ENV_ID_CHARS`.
+    """Refuses an env id longer than :data:`simkit.registry.MAX_ENV_ID_LENGTH` (the one
+    bound, which the registry also applies to ids from files and peers).
 
     Raises:
         ValueError: one line with its length (not the id itself).
     """
-    if len(env_id) > MAX_ENV_ID_CHARS:
+    from simkit.registry import MAX_ENV_ID_LENGTH
+
+    if len(env_id) > MAX_ENV_ID_LENGTH:
         raise ValueError(
-            f"{flag} must be at most {MAX_ENV_ID_CHARS} characters, got {len(env_id):,}"
+            f"{flag} must be at most {MAX_ENV_ID_LENGTH} characters, got {len(env_id):,}"
         )
 
 

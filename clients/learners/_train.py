@@ -559,6 +559,14 @@ def evaluate_model(
         imageio = require("imageio", extra="bench", purpose="simkit eval --render")
     if render is not None and is_multi_agent(env_id):
         raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
+    if render is not None:
+        metadata = getattr(spec(env_id).load(), "metadata", None)
+        modes = metadata.get("render_modes") if isinstance(metadata, dict) else None
+        if modes is not None and "rgb_array" not in modes:
+            raise ValueError(
+                f"env {env_id!r} cannot render RGB frames: its render_modes are {list(modes)}, "
+                "without 'rgb_array'"
+            )
     try:
         vector: Any = (
             make(env_id, num_envs=1)  # a BatchEnv steps as a vector does
