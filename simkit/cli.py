@@ -115,7 +115,7 @@ def _check_sizes(args: argparse.Namespace, num_envs: int = 1) -> None:
     Raises:
         ValueError: one line naming the flag.
     """
-    steps = getattr(args, "steps", None) if args.command == "check" else args.check_steps
+    steps: int = args.steps if args.command == "check" else args.check_steps
     flag = "--steps" if args.command == "check" else "--check-steps"
     rules = [(Range(flag, 1, MAX_CHECK_STEPS), steps)]
     if args.command == "demo":
