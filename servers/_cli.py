@@ -340,28 +340,34 @@ def check_serve_arguments(args: argparse.Namespace) -> None:
     )
 
 
+def _secret_key(path: Path | None) -> bytes | None:
+    """The server's CURVE secret key from ``--curve-secret-key`` (None without one).
+
+    Raises:
+        ValueError: the file cannot be read or holds no secret key, in one line.
+    """
+    if path is None:
+        return None
+    try:
+        _, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--curve-secret-key {path}: {exc}") from exc
+    if secret is None:
+        raise ValueError(f"{path} holds no secret key")
+    return secret
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Runs the server until SIGINT/SIGTERM; returns the exit code (0 on a clean stop)."""
     if getattr(args, "reproducible", False) and not is_pinned():
         reexec_pinned()  # the kernels are chosen when numpy and torch load
     try:
         check_serve_arguments(args)
+        secret = _secret_key(args.curve_secret_key)
     except ValueError as exc:
         print(f"simkit serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    secret = None
-    if args.curve_secret_key is not None:
-        try:
-            _, secret = zmq.auth.load_certificate(args.curve_secret_key)
-        except (OSError, ValueError) as exc:
-            print(
-                f"simkit serve: --curve-secret-key {args.curve_secret_key}: {exc}", file=sys.stderr
-            )
-            return 2
-        if secret is None:
-            print(f"simkit serve: {args.curve_secret_key} holds no secret key", file=sys.stderr)
-            return 2
     if args.policy:
         if args.torch_threads < 1:
             print(

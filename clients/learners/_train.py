@@ -539,6 +539,29 @@ def load_model(path: str | Path, *, trust: Collection[str] = ()) -> tuple[ActorC
     return model, env_id
 
 
+def _video_writer(env_id: str) -> Any:
+    """imageio, for ``--render`` of ``env_id``, once it is known that the env can render
+    RGB frames (single-agent, ``rgb_array`` among its ``render_modes``) before any is built.
+
+    Raises:
+        MissingDependency: imageio is not installed.
+        ValueError: a multi-agent env, or one without ``rgb_array``.
+    """
+    from simkit._optional import require
+
+    imageio = require("imageio", extra="bench", purpose="simkit eval --render")
+    if is_multi_agent(env_id):
+        raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
+    metadata = getattr(spec(env_id).load(), "metadata", None)
+    modes = metadata.get("render_modes") if isinstance(metadata, dict) else None
+    if modes is not None and "rgb_array" not in modes:
+        raise ValueError(
+            f"env {env_id!r} cannot render RGB frames: its render_modes are {list(modes)}, "
+            "without 'rgb_array'"
+        )
+    return imageio
+
+
 def evaluate_model(
     model: ActorCritic,
     env_id: str,
@@ -552,21 +575,7 @@ def evaluate_model(
     """:func:`evaluate_policy` of a model in memory that acts in ``env_id``; with ``render``,
     ``on_frame(frames, episodes_done)`` after every rendered frame (a progress report:
     software OpenGL renders a 1000-step episode in minutes)."""
-    imageio: Any = None
-    if render is not None:
-        from simkit._optional import require
-
-        imageio = require("imageio", extra="bench", purpose="simkit eval --render")
-    if render is not None and is_multi_agent(env_id):
-        raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
-    if render is not None:
-        metadata = getattr(spec(env_id).load(), "metadata", None)
-        modes = metadata.get("render_modes") if isinstance(metadata, dict) else None
-        if modes is not None and "rgb_array" not in modes:
-            raise ValueError(
-                f"env {env_id!r} cannot render RGB frames: its render_modes are {list(modes)}, "
-                "without 'rgb_array'"
-            )
+    imageio = None if render is None else _video_writer(env_id)
     try:
         vector: Any = (
             make(env_id, num_envs=1)  # a BatchEnv steps as a vector does

@@ -622,18 +622,7 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
         print(f"simkit train: {exc}{_start_again(ns, exc)}", file=sys.stderr)
         return 2
-    said = _resumed_kernels(ns)  # --resume keeps --reproducible
-    if ns.reproducible and not is_pinned():
-        reexec_pinned()  # the kernels are chosen when numpy and torch load
-    if ns.reproducible:
-        print(
-            "simkit train: --reproducible: numeric kernels pinned to their AVX2 paths in the "
-            "learner and the servers it starts (the same seed gives the same parameters on "
-            "any x86-64 CPU)",
-            file=sys.stderr,
-        )
-    if said:
-        print(f"simkit train: --resume: {said}", file=sys.stderr)
+    _pin_kernels(ns)
     if ns.record is not None and not ns.resume:
         from simkit.recording._cli import existing_recording
 
@@ -691,6 +680,24 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
         return 0
     _print_summary(args.env_id, result, ns.algo)
     return 0
+
+
+def _pin_kernels(ns: argparse.Namespace) -> None:
+    """With ``--reproducible`` (given, or kept by ``--resume``): re-executes this process
+    pinned if it is not yet (the kernels are chosen when numpy and torch load), then
+    says so, and what ``--resume`` found of the checkpoint's kernels."""
+    said = _resumed_kernels(ns)  # --resume keeps --reproducible
+    if ns.reproducible and not is_pinned():
+        reexec_pinned()
+    if ns.reproducible:
+        print(
+            "simkit train: --reproducible: numeric kernels pinned to their AVX2 paths in the "
+            "learner and the servers it starts (the same seed gives the same parameters on "
+            "any x86-64 CPU)",
+            file=sys.stderr,
+        )
+    if said:
+        print(f"simkit train: --resume: {said}", file=sys.stderr)
 
 
 def _resumed_kernels(ns: argparse.Namespace) -> str | None:
