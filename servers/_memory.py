@@ -17,6 +17,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from simkit.protocol import Busy
+
 __all__ = [
     "DEFAULT_MAX_MEMORY",
     "MemoryBudget",
@@ -201,8 +203,6 @@ class Reservation:
         Raises:
             Busy: the budget, or the peer's share of it, has less left.
         """
-        from simkit.protocol import Busy
-
         budget = self.budget
         if budget.reserve(nbytes, self.peer, self.share):
             self.held += nbytes

@@ -160,6 +160,31 @@ def _stream(
     return session, info
 
 
+def _idle_rss(server: _ServerProcess, spec: ModelSpec, num_envs: int) -> float:
+    """The server's resident MB once a small session streamed a fragment and left (its
+    imports and caches warm): the idle size the tests measure growth against."""
+    warm = server.dealer()
+    session, _ = _stream(server, spec, warm, num_envs=num_envs, fragment_length=8)
+    warm.send_multipart(session.request_credit(1))
+    assert isinstance(session.parse(warm.recv_multipart()), Fragment)
+    warm.send_multipart(session.request_close())
+    session.parse(warm.recv_multipart())
+    warm.close(linger=0)
+    time.sleep(0.5)
+    return server.rss()
+
+
+def _rss_after_closing(server: _ServerProcess, socks: list[Any], idle: float) -> float:
+    """Closes ``socks`` and returns the server's resident MB once it is back within 20% of
+    ``idle``, or after 10 s."""
+    for sock in socks:
+        sock.close(linger=0)
+    deadline = time.monotonic() + 10
+    while server.rss() > 1.2 * idle and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return server.rss()
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 def test_a_stalled_reader_and_hostile_sessions_stay_within_the_budget_and_leave_nothing(
     tmp_path: Path,
@@ -175,15 +200,7 @@ def test_a_stalled_reader_and_hostile_sessions_stay_within_the_budget_and_leave_
     )
     spec = ModelSpec("mlp", {"hidden_sizes": [32]})
     try:
-        warm = server.dealer()
-        session, _ = _stream(server, spec, warm, num_envs=8, fragment_length=8)
-        warm.send_multipart(session.request_credit(1))
-        assert isinstance(session.parse(warm.recv_multipart()), Fragment)
-        warm.send_multipart(session.request_close())
-        session.parse(warm.recv_multipart())
-        warm.close(linger=0)
-        time.sleep(0.5)
-        idle = server.rss()
+        idle = _idle_rss(server, spec, num_envs=8)
         server.watch()
         # A reader that stops reading at the TCP level, its session granted all it may.
         stalled = server.dealer({zmq.RCVHWM: 1, zmq.RCVBUF: 4096})
@@ -219,12 +236,7 @@ def test_a_stalled_reader_and_hostile_sessions_stay_within_the_budget_and_leave_
         big = {"w": np.zeros(10 << 20, np.float32)}
         stalled.send_multipart(session.request_weights(5, big))
         peak = server.peak
-        for sock in [stalled, *held, junk]:
-            sock.close(linger=0)
-        deadline = time.monotonic() + 10
-        while server.rss() > 1.2 * idle and time.monotonic() < deadline:
-            time.sleep(0.2)
-        after = server.rss()
+        after = _rss_after_closing(server, [stalled, *held, junk], idle)
     finally:
         server.stop()
     assert sent_while_stalled == 0  # stepping stalled instead of queueing
@@ -301,13 +313,7 @@ def test_env_slots_count_against_the_budget_and_a_large_session_leaves_nothing(
     server = _ServerProcess(tmp_path, "simkit/Cheetah-v0", "--max-memory", f"{budget_mb}M")
     spec = ModelSpec("mlp", {"hidden_sizes": [16]})
     try:
-        warm = server.dealer()
-        session, _ = _stream(server, spec, warm, num_envs=16, fragment_length=4)
-        warm.send_multipart(session.request_close())
-        session.parse(warm.recv_multipart())
-        warm.close(linger=0)
-        time.sleep(0.5)
-        idle = server.rss()
+        idle = _idle_rss(server, spec, num_envs=16)
         server.watch()
         refused: list[str] = []
         held = []
@@ -323,12 +329,7 @@ def test_env_slots_count_against_the_budget_and_a_large_session_leaves_nothing(
         big.send_multipart(session.request_credit(1))
         assert isinstance(session.parse(big.recv_multipart()), Fragment)
         peak = server.peak
-        for sock in [*held, big]:
-            sock.close(linger=0)
-        deadline = time.monotonic() + 10
-        while server.rss() > 1.2 * idle and time.monotonic() < deadline:
-            time.sleep(0.2)
-        after = server.rss()
+        after = _rss_after_closing(server, [*held, big], idle)
     finally:
         server.stop()
     assert [r.split(":")[0] for r in refused] == ["busy", "busy"], refused
