@@ -51,8 +51,7 @@ def _loop(path: str, n: int, t: int, updates: int, hyper: dict[str, Any]) -> dic
     """Times ``updates`` updates of one path after a warm-up update."""
     from simkit.clients.learners._device_source import DeviceSource
     from simkit.clients.learners._local_source import LocalSource
-    from simkit.clients.learners._train import build_model
-    from simkit.clients.learners.ppo import PPO, PPOArgs, train
+    from simkit.clients.learners.ppo import PPO, PPOArgs, build_model
 
     device = torch.device("cuda" if path.endswith("cuda") else "cpu")
     args = PPOArgs(
@@ -71,21 +70,24 @@ def _loop(path: str, n: int, t: int, updates: int, hyper: dict[str, Any]) -> dic
         source = LocalSource(ENV_ID, model, num_envs=n, num_steps=t, seed=1)
     learner = PPO(args, model, n)
     source.push_weights(model, version=0)
-    update_s = 0.0
+    fragments = iter(source.fragments())
 
-    def on_update(stats: Any, wait: float) -> None:
-        nonlocal update_s
-        update_s += stats.update_s
+    def run(count: int) -> float:
+        """``count`` updates, each on the source's next fragment (all its rows), then the
+        new weights pushed; the seconds spent updating."""
+        spent = 0.0
+        for _ in range(count):
+            spent += learner.update([next(fragments)]).update_s
+            source.push_weights(learner.model, version=learner.version)
+        return spent
 
     try:
-        train(learner, source, max_updates=1)
-        source.push_weights(learner.model, version=learner.version)
+        run(1)
         source.timings()
-        update_s = 0.0
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        train(learner, source, max_updates=updates, on_update=on_update)
+        update_s = run(updates)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0

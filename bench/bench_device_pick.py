@@ -21,9 +21,10 @@ import argparse
 import torch
 
 from simkit.clients.learners._args import PPOArgs, SACArgs
-from simkit.clients.learners._device_pick import Probe, candidates, ppo_probe, sac_probe
-from simkit.clients.learners._train import build_model
+from simkit.clients.learners._device_pick import Probe, candidates
 from simkit.clients.learners._train_sac import build_actor
+from simkit.clients.learners.ppo import build_model, ppo_probe
+from simkit.clients.learners.sac import sac_probe
 from simkit.models._threads import set_compute_threads
 
 ENV = "simkit/Cheetah-v0"

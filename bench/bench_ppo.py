@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from simkit.clients.learners._train import run_training
+import simkit
 from simkit.clients.learners.ppo import PPOArgs
 
 
@@ -60,10 +60,10 @@ def simkit_run(args: PPOArgs, updates: int, servers: int = 0) -> dict[str, Any]:
     ``updates`` updates; steps/s over the whole run, start-up included."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        r = run_training(
+        r = simkit.train(
             args,
             logdir=tmp,
-            max_updates=updates,
+            max_rounds=updates,
             tensorboard=False,
             checkpoint_every=0,
             servers=servers,

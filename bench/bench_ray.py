@@ -7,8 +7,8 @@ One command, a markdown table on stdout::
     .venv/bin/python bench/bench_ray.py --rounds 5 --updates 20
     .venv/bin/python bench/bench_ray.py --envs cartpole     # one setting only
 
-Each round runs, per env setting, ``run_training(..., servers=2)`` (two local
-``simkit serve`` subprocesses) and ``run_training(..., servers=2, ray="")`` (two server
+Each round runs, per env setting, ``simkit.train(..., servers=2)`` (two local
+``simkit serve`` subprocesses) and ``simkit.train(..., servers=2, ray="")`` (two server
 actors in a SPREAD placement group on a local Ray instance), alternating which goes
 first. Throughput is steady state: env steps between the first and the last update in
 the run's ``progress.jsonl`` over the time between them, so neither server start-up
@@ -44,8 +44,8 @@ from typing import Any
 
 import ray
 
+import simkit
 import simkit.clients.launcher._launch as launch_module
-from simkit.clients.learners._train import run_training
 from simkit.clients.learners.ppo import PPOArgs
 
 SETTINGS: dict[str, PPOArgs] = {
@@ -131,13 +131,13 @@ def run_once(args: PPOArgs, use_ray: bool, updates: int, root: Path, tag: str) -
     _started.clear()
     try:
         t0 = time.perf_counter()
-        result = run_training(
+        result = simkit.train(
             args,
             logdir=logdir,
             servers=2,
             ray="" if use_ray else None,
             tensorboard=False,
-            max_updates=updates,
+            max_rounds=updates,
             checkpoint_every=0,
         )
         wall = time.perf_counter() - t0

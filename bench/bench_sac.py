@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
+import simkit
 from simkit.clients.learners._args import SACArgs
-from simkit.clients.learners._train_sac import SAC_DEFAULT_SERVERS, run_sac
+from simkit.clients.learners._train_sac import SAC_DEFAULT_SERVERS
 
 ENV = "gym:HalfCheetah-v5"
 
@@ -55,7 +56,7 @@ def run_simkit(
     )
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        result = run_sac(
+        result = simkit.train(
             args,
             logdir=tmp,
             servers=servers,

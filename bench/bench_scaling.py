@@ -41,11 +41,11 @@ from typing import Any
 
 import torch
 
+import simkit
 from simkit._types import Fragment
 from simkit.clients import PolicyStream
 from simkit.clients.learners._server_source import spawn_servers, stop_servers
-from simkit.clients.learners._train import build_model, model_spec, run_training
-from simkit.clients.learners.ppo import PPO, PPOArgs
+from simkit.clients.learners.ppo import PPO, PPOArgs, build_model, model_spec
 from simkit.protocol import encode
 from simkit.protocol._stream_messages import fragment_message, session_state_message
 
@@ -147,7 +147,7 @@ def update_time(learner: PPO, fragment: Fragment) -> float:
 def train_rate(supervised: bool, updates: int) -> tuple[float, float]:
     """``(steady-state env steps/s, seconds per update)`` of one ``run_training``."""
     with tempfile.TemporaryDirectory(prefix="simkit-bench-scaling-") as tmp:
-        run_training(
+        simkit.train(
             PPOArgs(
                 env_id="simkit/CartPole-v0",
                 num_envs=8,
@@ -159,7 +159,7 @@ def train_rate(supervised: bool, updates: int) -> tuple[float, float]:
             ),
             logdir=tmp,
             servers=1,
-            max_updates=updates,
+            max_rounds=updates,
             tensorboard=False,
             checkpoint_every=0,
             wait_for_servers=supervised,

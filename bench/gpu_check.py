@@ -844,7 +844,7 @@ def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], Non
     ``dev``."""
     from simkit.clients.learners._device_source import DeviceSource
     from simkit.clients.learners._local_source import LocalSource
-    from simkit.clients.learners._train import build_model as build_run_model
+    from simkit.clients.learners.ppo import build_model as build_run_model
 
     args = PPOArgs(
         env_id=ENV_ID,

@@ -7,9 +7,9 @@
   :class:`RemoteParallelEnv` (a PettingZoo ``ParallelEnv``) drive multi-agent servers;
   :class:`CurveKeys` connects them to servers that require CURVE; :class:`PolicyStream`
   streams trajectory fragments from servers that run the learner's policy.
-- ``simkit.clients.learners``, the algorithms and the one training run: :class:`PPO`,
-  :class:`SAC` / :func:`train_sac`, :class:`ReplayBuffer`, checkpoints, the run behind
-  ``simkit train`` (:func:`run_sac` for ``--algo sac``), :class:`LearnerMetrics`.
+- ``simkit.clients.learners``, the algorithms and the run they learn in: :class:`PPO`,
+  :class:`SAC`, :class:`ReplayBuffer`, checkpoints, the run behind ``simkit train`` and
+  :func:`simkit.train`, :class:`LearnerMetrics`.
 - ``simkit.clients.launcher``: :func:`launch` starts servers as Ray actors across a cluster
   (``simkit[ray]``) and returns their endpoints and CURVE keys (:class:`RayServers`).
 """
@@ -21,9 +21,8 @@ if TYPE_CHECKING:
     from simkit.clients.launcher._launch import RayServers, ServerInfo, launch
     from simkit.clients.learners._learner_metrics import LearnerMetrics
     from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
-    from simkit.clients.learners._train_sac import run_sac
     from simkit.clients.learners.ppo import PPO, PPOArgs, UpdateStats
-    from simkit.clients.learners.sac import SAC, SACArgs, TwinQ, train_sac
+    from simkit.clients.learners.sac import SAC, SACArgs, TwinQ
     from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
     from simkit.clients.remote._demo import DemoFigures, remote_demo
     from simkit.clients.remote._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
@@ -58,8 +57,6 @@ _WHERE = {
     "SAC": "learners.sac",
     "SACArgs": "learners.sac",
     "TwinQ": "learners.sac",
-    "train_sac": "learners.sac",
-    "run_sac": "learners._train_sac",
     "LearnerMetrics": "learners._learner_metrics",
 }
 """Where each public name lives: imported on first use, so a submodule (the command
@@ -99,7 +96,5 @@ __all__ = [
     "SAC",
     "SACArgs",
     "TwinQ",
-    "train_sac",
-    "run_sac",
     "LearnerMetrics",
 ]

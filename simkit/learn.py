@@ -14,71 +14,62 @@ The names are also attributes of ``simkit`` itself (``simkit.train``), imported 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from simkit.clients.learners._args import PPOArgs, SACArgs, capped
-from simkit.clients.learners._checkpoint import checkpoint_algo, checkpoint_args, load_checkpoint
-from simkit.clients.learners._train import TrainResult, evaluate_model, load_model
-from simkit.clients.learners._train_cli import (
+from simkit._kernels import is_pinned
+from simkit.clients.learners._args import PPOArgs, SACArgs
+from simkit.clients.learners._evaluate import evaluate_model, load_model
+from simkit.clients.learners._logdir import (
     claim_logdir,
     died_before_first_checkpoint,
     resumed_logdir,
 )
+from simkit.clients.learners._run import TrainResult
+from simkit.clients.learners._train import execute, plan, resumed_kernels
 from simkit.models import ActorCritic, numpy_actions
 
 __all__ = ["train", "load_policy", "evaluate", "Policy", "TrainResult"]
 
 
-def train(
-    env_id: str,
-    *,
-    algo: str | None = None,
-    total_steps: int | None = None,
-    seed: int | None = None,
-    logdir: str | Path | None = None,
-    resume: str | Path | None = None,
-    servers: int | None = None,
-    progress: bool | None = None,
-    tensorboard: bool = True,
-    record: str | Path | None = None,
-    **settings: Any,
-) -> TrainResult:
-    """Trains a policy on ``env_id`` as ``simkit train`` does; returns when the run ends.
+def train(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> TrainResult:
+    """Trains a policy as ``simkit train`` does; returns when the run ends.
+
+    Every ``simkit train`` flag is a keyword of the same name (``--checkpoint-every 5``
+    is ``checkpoint_every=5``, ``--env-kwarg k=v`` is ``env_kwargs={"k": v}``,
+    ``--no-progress`` is ``progress=False``), and so is every field of
+    :class:`simkit.clients.PPOArgs` (or ``SACArgs`` with ``algo="sac"``): ``num_envs=8,
+    num_steps=128, learning_rate=2.5e-4, hidden=(64, 64)``. A misspelt keyword is refused
+    with the nearest names.
 
     Args:
-        env_id: a registered id, ``gym:<id>`` for an installed Gymnasium env, or
-            ``package.module:Class``.
+        env: a registered id, ``gym:<id>`` for an installed Gymnasium env, or
+            ``package.module:Class``; or a ``PPOArgs`` / ``SACArgs`` (its fields, the
+            keywords over them).
         algo: ``"ppo"`` (on-policy) or ``"sac"`` (off-policy, continuous actions); None:
-            PPO, or the checkpoint's algorithm with ``resume``.
-        total_steps: env steps to train for (None: the algorithm's default, or the
-            checkpoint's with ``resume``; capped by ``$SIMKIT_MAX_TOTAL_STEPS``).
-        seed: the run's root seed (None: the algorithm's default).
+            PPO, or the checkpoint's with ``resume``.
         logdir: where ``policy.safetensors``, ``checkpoints/``, ``progress.jsonl`` and
-            ``tb/`` go (None: the resumed run's, else ``runs/<env>-<seed>-<time>``, as
-            the command line).
+            ``tb/`` go (None: the resumed run's, else ``runs/<env>-<seed>-<time>``).
         resume: continue the run of this checkpoint, its ``checkpoints/`` folder or its
-            log directory (``--resume``): its settings, with ``total_steps`` (and the
-            other settings a resumed run may change) from this call; the settings given
-            must match the checkpoint's otherwise. A run that stopped before its first
-            checkpoint has nothing to resume and starts over in its log directory.
+            log directory: its settings, with ``total_steps`` (and the other settings a
+            resumed run may change) from this call; the settings given must match the
+            checkpoint's otherwise. A run that stopped before its first checkpoint has
+            nothing to resume and starts over in its log directory.
         servers: local rollout servers (subprocesses) to stream from; 0 rolls out in this
             process; None as ``simkit train`` (with ``resume``: as the checkpoint's run).
-        progress: a live progress bar (a plain line every 10 s without a terminal);
-            None: on where standard output is a terminal, as ``simkit train``.
-        tensorboard: write TensorBoard scalars under ``logdir/tb``.
-        record: keep every episode in this recording directory (``--record``).
-        **settings: any field of :class:`simkit.clients.PPOArgs` (or ``SACArgs`` with
-            ``algo="sac"``), named as the ``simkit train`` flags without dashes:
-            ``num_envs=8, num_steps=128, learning_rate=2.5e-4, hidden=(64, 64)``.
+        connect: running ``simkit serve ENV --policy`` endpoints to stream from.
+        progress: a live progress bar (a plain line every ``print_every`` s without a
+            terminal); default: on where standard output is a terminal.
+        reproducible: the kernels are pinned (``simkit train --reproducible`` re-executes
+            itself so); a process whose kernels are not pinned is refused.
+        max_rounds: stop after this many rounds (PPO updates, SAC weight pushes).
+        handle_signals: SIGINT/SIGTERM stop the run after the round, with a checkpoint.
 
     Returns:
         The run's :class:`TrainResult`: ``logdir``, ``checkpoint`` (the last checkpoint's
@@ -86,7 +77,7 @@ def train(
         ``global_step``, ``steps_per_s`` and the time split.
 
     Raises:
-        TypeError: a setting that is no field of the algorithm's settings.
+        TypeError: an unknown keyword (the nearest ones named).
         ValueError: an unknown ``algo`` or a value out of range, a SAC run that ends
             before learning starts, a ``logdir`` that holds another run, a checkpoint
             of another env or algorithm (before anything starts). The messages name
@@ -95,19 +86,7 @@ def train(
         simkit.errors.RecordingLocked: another run writes to ``logdir`` now.
     """
     try:
-        return _train(
-            env_id,
-            algo=algo,
-            total_steps=total_steps,
-            seed=seed,
-            logdir=logdir,
-            resume=resume,
-            servers=servers,
-            progress=progress,
-            tensorboard=tensorboard,
-            record=record,
-            settings=settings,
-        )
+        return _train(env, keywords)
     except (ValueError, TypeError) as exc:
         words = python_words(str(exc))
         if words == str(exc):
@@ -133,107 +112,38 @@ def python_words(text: str) -> str:
     return _FLAG.sub(lambda m: m.group(1).replace("-", "_"), text)
 
 
-def _train(
-    env_id: str,
-    *,
-    algo: str | None,
-    total_steps: int | None,
-    seed: int | None,
-    logdir: str | Path | None,
-    resume: str | Path | None,
-    servers: int | None,
-    progress: bool | None,
-    tensorboard: bool,
-    record: str | Path | None,
-    settings: dict[str, Any],
-) -> TrainResult:
+def _train(env: str | PPOArgs | SACArgs, keywords: dict[str, Any]) -> TrainResult:
     """:func:`train`, in the command line's words (which :func:`train` rewords)."""
-    if algo not in (None, "ppo", "sac"):
-        raise ValueError(f"algo must be 'ppo' or 'sac', got {algo!r}")
+    resume = keywords.get("resume")
     if resume is not None and died_before_first_checkpoint(resumed_logdir(resume)):
-        scratch, resume = resume, None  # nothing to resume: the run starts over there
-        logdir = logdir if logdir is not None else resumed_logdir(scratch)
+        logdir = keywords.get("logdir") or resumed_logdir(resume)
+        keywords = {**keywords, "resume": None, "logdir": logdir}  # nothing to resume there
         print(
-            f"simkit.train: resume={str(scratch)!r}: its run stopped before its first "
+            f"simkit.train: resume={str(resume)!r}: its run stopped before its first "
             f"checkpoint, so there is nothing to resume; starting it from scratch in {logdir}",
             file=sys.stderr,
         )
-    ckpt = None
-    if resume is not None:
-        ckpt = load_checkpoint(resume)
-        saved_algo = checkpoint_algo(ckpt)
-        if algo not in (None, saved_algo):
+    if keywords.get("progress") is None:  # as the command line: a live line where one watches
+        keywords = {**keywords, "progress": sys.stdout.isatty()}
+    run = plan(env, **keywords)
+    keep, said = resumed_kernels(run)
+    if keep and not is_pinned():
+        if run.options.reproducible:
             raise ValueError(
-                f"resume={str(resume)!r} is a {saved_algo} checkpoint; pass "
-                f"algo={saved_algo!r}, or no algo"
+                "--reproducible pins the numeric kernels as numpy and torch load, so this "
+                "process cannot: run `simkit train ... --reproducible`, which re-executes "
+                "itself pinned"
             )
-        algo = saved_algo
-    algo = algo or "ppo"
-    cls: type[PPOArgs] | type[SACArgs] = SACArgs if algo == "sac" else PPOArgs
-    names = {f.name for f in dataclasses.fields(cls)} - {"env_id"}
-    for name in settings:
-        if name not in names:
-            raise TypeError(
-                f"unknown setting {name!r} for algo={algo!r}; expected one of {sorted(names)}"
-            )
-    given = dict(settings)
-    if total_steps is not None:
-        given["total_steps"] = total_steps
-    if seed is not None:
-        given["seed"] = seed
-    if "hidden" in given:
-        given["hidden"] = tuple(given["hidden"])
-    if ckpt is not None:
-        parse: Callable[[Any], PPOArgs | SACArgs] = cls.from_plain
-        saved = checkpoint_args(ckpt, parse)
-        if env_id != saved.env_id:
-            raise ValueError(
-                f"resume={str(resume)!r}: the checkpoint trains {saved.env_id!r}, this call "
-                f"names {env_id!r}"
-            )
-        args = dataclasses.replace(saved, **given)
-    else:
-        args = dataclasses.replace(cls(env_id=env_id), **given)
-    if isinstance(args, SACArgs):
-        args.check_learning_starts()  # as asked: the cap shortens runs for the docs' tests
-    args = capped(args)  # $SIMKIT_MAX_TOTAL_STEPS, where set
-    args.check()
-    if servers is not None and servers < 0:
-        raise ValueError(f"servers must be >= 0, got {servers}")
-    if servers is not None and servers > args.num_envs:
-        raise ValueError(
-            f"{servers} server(s) need at least one env slot each: num_envs must be >= "
-            f"{servers}, got {args.num_envs}"
+        said = (
+            "the checkpoint was trained with --reproducible and this process's kernels "
+            "are not pinned: the continuation's bits may differ from the run's"
         )
-    if logdir is None and resume is not None:
-        logdir = resumed_logdir(resume)
-    if logdir is None:
-        name = env_id.replace("/", "_").replace(":", "_")
-        tag = "-sac" if algo == "sac" else ""
-        logdir = Path(f"runs/{name}{tag}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if progress is None:  # as the command line: a live line where someone watches
-        progress = sys.stdout.isatty()
-    common: dict[str, Any] = {
-        "logdir": logdir,
-        "servers": servers,
-        "progress": progress,
-        "tensorboard": tensorboard,
-        "record": record,
-        "resume": None if resume is None else str(resume),
-    }
-    if isinstance(args, SACArgs):
-        from simkit.clients.learners._train_sac import check_env
-
-        check_env(env_id)
-    lock = claim_logdir(Path(logdir), None if resume is None else str(resume), python=True)
+    if said:
+        print(f"simkit.train: resume: {said}", file=sys.stderr)
+    resumed = run.options.resume
+    lock = claim_logdir(run.logdir, None if resumed is None else str(resumed), python=True)
     try:
-        if isinstance(args, SACArgs):
-            from simkit.clients.learners._train_sac import run_sac
-
-            return run_sac(args, given=list(given), **common)
-        from simkit.clients.learners._train import run_training
-
-        return run_training(args, **common)
+        return execute(run)
     finally:
         lock.release()
 

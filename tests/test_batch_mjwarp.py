@@ -378,9 +378,9 @@ def test_batch_cheetah_on_mjwarp_trains_in_the_device_loop_and_resumes_exactly(
     continues bit for bit."""
     import torch
 
+    import simkit
     from simkit.clients import PPOArgs
     from simkit.clients.learners._checkpoint import load_checkpoint
-    from simkit.clients.learners._train import run_training
 
     args = PPOArgs(
         env_id=ENV,
@@ -395,11 +395,11 @@ def test_batch_cheetah_on_mjwarp_trains_in_the_device_loop_and_resumes_exactly(
     )
 
     def run(name: str, updates: int, resume: bool = False) -> Any:
-        return run_training(
+        return simkit.train(
             args,
             logdir=tmp_path / name,
             resume=tmp_path / name if resume else None,
-            max_updates=updates,
+            max_rounds=updates,
             tensorboard=False,
             servers=0,
         )

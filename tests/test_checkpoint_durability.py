@@ -21,14 +21,13 @@ import torch
 import zstandard
 from safetensors.numpy import save as st_save
 
+import simkit
 from simkit import snapshot
 from simkit.cli import main
 from simkit.clients.learners._args import PPOArgs, SACArgs
 from simkit.clients.learners._checkpoint import load_checkpoint, save_checkpoint
 from simkit.clients.learners._replay import REPLAY_FORMAT, ReplayBuffer
 from simkit.clients.learners._run_parts import CheckpointCadence
-from simkit.clients.learners._train import run_training
-from simkit.clients.learners._train_sac import run_sac
 from simkit.clients.learners.sac import SAC
 from simkit.errors import InvalidCheckpoint, WriteFailed
 
@@ -58,7 +57,7 @@ PPO_CLI = [
 def _sac(tmp: Path, args: SACArgs = SMALL, **kw: Any) -> Any:
     kw.setdefault("servers", 0)
     kw.setdefault("tensorboard", False)
-    return run_sac(args, logdir=tmp, **kw)
+    return simkit.train(args, logdir=tmp, **kw)
 
 
 def _crash_on_call(monkeypatch: pytest.MonkeyPatch, cls: Any, name: str, call: int) -> None:
@@ -248,16 +247,16 @@ def _tb_steps(logdir: Path) -> list[int]:
 def test_sac_progress_never_goes_backwards_after_a_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import simkit.clients.learners._train_sac as train_sac
+    import simkit.clients.learners.sac as sac_module
 
-    monkeypatch.setattr(train_sac, "_WRITE_EVERY_S", 0.0)  # a line every round
+    monkeypatch.setattr(sac_module, "WRITE_EVERY_S", 0.0)  # a line every round
     _crash_on_call(monkeypatch, SAC, "run", 8)
     with pytest.raises(RuntimeError, match="crash"):
         _sac(tmp_path, tensorboard=True)
     monkeypatch.undo()
     kept = int(load_checkpoint(tmp_path).state["counters"]["global_step"])
     assert max(_steps(tmp_path)) > kept  # lines past the checkpoint were written
-    monkeypatch.setattr(train_sac, "_WRITE_EVERY_S", 0.0)
+    monkeypatch.setattr(sac_module, "WRITE_EVERY_S", 0.0)
     _sac(tmp_path, resume=tmp_path, tensorboard=True)
     steps = _steps(tmp_path)
     assert steps == sorted(set(steps)), steps
@@ -280,10 +279,10 @@ def test_ppo_progress_never_goes_backwards_after_a_resume(
     )
     _crash_on_call(monkeypatch, PPO, "update", 6)
     with pytest.raises(RuntimeError, match="crash"):
-        run_training(args, logdir=tmp_path, servers=0, checkpoint_every=4)
+        simkit.train(args, logdir=tmp_path, servers=0, checkpoint_every=4)
     monkeypatch.undo()
     assert _steps(tmp_path) == [256 * k for k in range(1, 6)]
-    run_training(args, logdir=tmp_path, servers=0, resume=tmp_path)
+    simkit.train(args, logdir=tmp_path, servers=0, resume=tmp_path)
     assert _steps(tmp_path) == [256 * k for k in range(1, 9)]
     assert _tb_steps(tmp_path) == [256 * k for k in range(1, 9)]
 

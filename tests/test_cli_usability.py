@@ -101,16 +101,16 @@ def test_a_sac_run_that_ends_before_learning_starts_is_refused(
 def test_ctrl_c_while_loading_is_the_documented_line_and_leaves_no_logdir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simkit.clients.learners import _train_cli
+    from simkit.clients.learners import _train
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
 
     logdir = tmp_path / "runs" / "x"
     argv = ["train", "simkit/CartPole-v0", "--logdir", str(logdir)]
-    for where in ("_settings", "_train"):  # before the logdir is claimed, and after
+    for where in ("plan", "execute"):  # before the logdir is claimed, and after
         with monkeypatch.context() as patch:
-            patch.setattr(_train_cli, where, interrupted)
+            patch.setattr(_train, where, interrupted)
             assert cli.main(argv) == 130
         err = capsys.readouterr().err
         assert err == "simkit train: interrupted before training started\n", where
@@ -133,7 +133,7 @@ def test_python_rerun_says_resume_in_python_and_resume_continues(tmp_path: Path)
     assert more.global_step == 256
     with pytest.raises(ValueError, match=r"the checkpoint trains 'simkit/CartPole-v0', this"):
         simkit.train("simkit/Pendulum-v0", resume=run)
-    with pytest.raises(ValueError, match=r"is a ppo checkpoint; pass algo='ppo', or no algo"):
+    with pytest.raises(ValueError, match=r"a ppo checkpoint; use algo='ppo', or no algo"):
         simkit.train("simkit/CartPole-v0", algo="sac", resume=run)
 
 
@@ -141,15 +141,15 @@ def test_python_rerun_says_resume_in_python_and_resume_continues(tmp_path: Path)
 def test_python_progress_is_on_in_a_terminal(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, terminal: bool
 ) -> None:
-    from simkit.clients.learners import _train
+    from simkit import learn
 
     seen: dict[str, Any] = {}
 
-    def run_training(args: Any, **kwargs: Any) -> Any:
-        seen.update(kwargs)
+    def execute(plan: Any) -> Any:
+        seen["progress"] = plan.options.progress
         raise KeyboardInterrupt  # nothing to train here
 
-    monkeypatch.setattr(_train, "run_training", run_training)
+    monkeypatch.setattr(learn, "execute", execute)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
     with pytest.raises(KeyboardInterrupt):
         simkit.train("simkit/CartPole-v0", logdir=tmp_path / "run", servers=0, **TINY)

@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 import torch
 
+import simkit
 from simkit.cli import main
 from simkit.clients.learners import _device_pick
 from simkit.clients.learners._args import PPOArgs, SACArgs
 from simkit.clients.learners._checkpoint import load_checkpoint
-from simkit.clients.learners._device_pick import DevicePick, pick_device, ppo_probe, sac_probe
-from simkit.clients.learners._train import build_model, run_training
-from simkit.clients.learners._train_sac import build_actor, run_sac
+from simkit.clients.learners._device_pick import DevicePick, pick_device
+from simkit.clients.learners._train_sac import build_actor
+from simkit.clients.learners.ppo import build_model, ppo_probe
+from simkit.clients.learners.sac import sac_probe
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 needs_cuda = pytest.mark.skipif(
@@ -176,7 +178,7 @@ def test_a_cpu_machine_runs_auto_as_the_cpu_and_says_so(
 @pytest.mark.usefixtures("two_cpus")
 def test_an_auto_sac_run_trains_the_bits_of_the_cpu(tmp_path: Path) -> None:
     runs = {
-        device: run_sac(
+        device: simkit.train(
             SACArgs(**{**SAC_SMALL.to_plain(), "device": device}),
             logdir=tmp_path / device,
             servers=0,
@@ -209,12 +211,12 @@ def test_an_auto_run_on_cuda_has_the_bits_of_the_explicit_device_it_picked(
     tmp_path: Path,
 ) -> None:
     tiny = {"env_id": "simkit/CartPole-v0", "num_envs": 2, "num_steps": 32, "seed": 3}
-    auto = run_training(
-        PPOArgs(**tiny, device="auto"), logdir=tmp_path / "auto", max_updates=2, servers=0
+    auto = simkit.train(
+        PPOArgs(**tiny, device="auto"), logdir=tmp_path / "auto", max_rounds=2, servers=0
     )
     picked = auto.device.split(" ")[0]
-    explicit = run_training(
-        PPOArgs(**tiny, device=picked), logdir=tmp_path / "explicit", max_updates=2, servers=0
+    explicit = simkit.train(
+        PPOArgs(**tiny, device=picked), logdir=tmp_path / "explicit", max_rounds=2, servers=0
     )
     assert auto.checkpoint is not None
     assert explicit.checkpoint is not None

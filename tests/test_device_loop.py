@@ -24,12 +24,12 @@ from simkit.clients.learners._device_source import (
     device_loop_support,
     use_device_loop,
 )
-from simkit.clients.learners._train import build_model
 from simkit.clients.learners.ppo import (
     PPO,
     DeviceRewardScaler,
     PPOArgs,
     RewardScaler,
+    build_model,
     compute_gae,
     compute_gae_torch,
 )
@@ -257,26 +257,26 @@ DL: dict[str, Any] = {
 
 
 def _run(tmp: Path, name: str, updates: int, **kw: Any) -> Any:
-    from simkit.clients.learners._train import run_training
+    import simkit
 
     args = PPOArgs(**{**DL, **kw})
-    return run_training(args, logdir=tmp / name, max_updates=updates, tensorboard=False, servers=0)
+    return simkit.train(args, logdir=tmp / name, max_rounds=updates, tensorboard=False, servers=0)
 
 
 def test_a_device_loop_run_resumes_exactly(tmp_path: Path) -> None:
+    import simkit
     from simkit.clients.learners._checkpoint import load_checkpoint
-    from simkit.clients.learners._train import run_training
 
     full = _run(tmp_path, "full", 4)
     part = _run(tmp_path, "part", 2)
     state = load_checkpoint(part.checkpoint).state
     assert state["source_kind"] == "device"
     assert state["source"]["envs"] is not None  # the envs resume mid-episode
-    rest = run_training(
+    rest = simkit.train(
         PPOArgs(**DL),
         logdir=tmp_path / "part",
         resume=tmp_path / "part",
-        max_updates=2,
+        max_rounds=2,
         tensorboard=False,
         servers=0,
     )

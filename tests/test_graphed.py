@@ -377,7 +377,7 @@ def _checkpoint_tensors(path: Any) -> dict[str, torch.Tensor]:
 def test_ppo_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
     tmp_path: Any,
 ) -> None:
-    from simkit.clients.learners._train import run_training
+    import simkit
 
     base = {
         "env_id": "simkit/CartPole-v0",
@@ -392,11 +392,11 @@ def test_ppo_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
     }
 
     def train(name: str, updates: int, resume: bool = False, **kw: Any) -> Any:
-        return run_training(
+        return simkit.train(
             PPOArgs(**{**base, **kw}),
             logdir=tmp_path / name,
             resume=tmp_path / name if resume else None,
-            max_updates=updates,
+            max_rounds=updates,
             tensorboard=False,
             servers=0,
         )
@@ -415,7 +415,7 @@ def test_ppo_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
 def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
     tmp_path: Any,
 ) -> None:
-    from simkit.clients.learners._train_sac import run_sac
+    import simkit
 
     args = SACArgs(
         env_id="simkit/Pendulum-v0",
@@ -431,7 +431,7 @@ def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
     )
 
     def train(name: str, resume: bool = False, **kw: Any) -> Any:
-        return run_sac(
+        return simkit.train(
             dataclasses.replace(args, **kw),
             logdir=tmp_path / name,
             resume=tmp_path / name if resume else None,
@@ -450,8 +450,8 @@ def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
 
 
 def test_a_resume_may_switch_the_cuda_graph() -> None:
-    from simkit.clients.learners._train import resume_args
     from simkit.clients.learners._train_sac import resume_sac_args
+    from simkit.clients.learners.ppo import resume_args
 
     assert resume_args(PPOArgs(), PPOArgs(cuda_graph=False)).cuda_graph is False
     assert resume_sac_args(SACArgs(), SACArgs(cuda_graph=False), ["cuda_graph"]).cuda_graph is False

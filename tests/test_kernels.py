@@ -353,31 +353,34 @@ def test_a_reproducible_run_resumed_with_its_printed_command_equals_the_uninterr
     assert load_checkpoint(tmp_path / "b").state["kernels"] == pinned
 
 
-def _ns(reproducible: bool, kernels: Any) -> Any:
-    import argparse
+def _plan(reproducible: bool, kernels: Any) -> Any:
+    from simkit.clients.learners._args import PPOArgs
+    from simkit.clients.learners._train import Plan, TrainOptions
 
-    return argparse.Namespace(reproducible=reproducible, resumed_kernels=kernels)
+    return Plan(PPOArgs(), TrainOptions(reproducible=reproducible), Path("run"), [], kernels)
 
 
 def test_resume_states_what_the_checkpoints_kernels_mean_for_the_run() -> None:
-    from simkit.clients.learners._train_cli import _resumed_kernels
+    from simkit.clients.learners._train import resumed_kernels
 
     pinned = {"reproducible": True, "simd": cpu_simd()}
-    ns = _ns(False, pinned)
-    assert (
-        _resumed_kernels(ns) == "the checkpoint was trained with --reproducible: kept (as if given)"
-    )
-    assert ns.reproducible
-    assert _resumed_kernels(_ns(True, pinned)) is None
-    said = _resumed_kernels(_ns(True, {"reproducible": False, "simd": cpu_simd()}))
+    kept = "the checkpoint was trained with --reproducible: kept (as if given)"
+    assert resumed_kernels(_plan(False, pinned)) == (True, kept)
+    assert resumed_kernels(_plan(True, pinned)) == (True, None)
+    keep, said = resumed_kernels(_plan(True, {"reproducible": False, "simd": cpu_simd()}))
+    assert keep
     assert said is not None
     assert said.startswith(
         "the checkpoint was trained without --reproducible: the kernels are pinned from here on"
     )
-    assert _resumed_kernels(_ns(False, {"reproducible": False, "simd": cpu_simd()})) is None
-    said = _resumed_kernels(_ns(False, {"reproducible": False, "simd": _other_simd()}))
+    assert resumed_kernels(_plan(False, {"reproducible": False, "simd": cpu_simd()})) == (
+        False,
+        None,
+    )
+    keep, said = resumed_kernels(_plan(False, {"reproducible": False, "simd": _other_simd()}))
+    assert not keep
     assert said is not None
     assert said.startswith(
         "the checkpoint was trained without --reproducible on a CPU with other SIMD features ("
     )
-    assert _resumed_kernels(_ns(False, None)) is None  # from before checkpoints kept them
+    assert resumed_kernels(_plan(False, None)) == (False, None)  # from before they were kept

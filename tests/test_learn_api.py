@@ -125,7 +125,7 @@ def test_the_run_summary_prints_commands_that_run_from_this_shell(
 ) -> None:
     import sys
 
-    from simkit.clients.learners._train import TrainResult
+    from simkit.clients.learners._run import TrainResult
     from simkit.clients.learners._train_cli import _print_summary
 
     result = TrainResult(

@@ -115,15 +115,14 @@ def test_eval_render_shows_its_progress(
     import simkit
     from simkit.cli import main
     from simkit.clients.learners._checkpoint import save_policy
-    from simkit.clients.learners._train import _policy_meta, build_model
-    from simkit.clients.learners.ppo import PPOArgs
+    from simkit.clients.learners.ppo import PPOArgs, build_model, policy_meta
 
     # Tiny frames instead of OpenGL: the progress is what is under test (tests/test_ppo.py
     # renders for real where libOSMesa is installed).
     monkeypatch.setattr(simkit.MujocoEnv, "render", lambda self: np.zeros((16, 16, 3), np.uint8))
     args = PPOArgs(env_id="simkit/Reacher-v0")
     policy = tmp_path / "policy.safetensors"
-    save_policy(policy, build_model(args).state_dict(), _policy_meta(args, 0))
+    save_policy(policy, build_model(args).state_dict(), policy_meta(args, 0))
     out = tmp_path / "out.mp4"
     assert main(["eval", str(policy), "--episodes", "2", "--render", str(out)]) == 0
     assert out.is_file()
@@ -145,8 +144,8 @@ def test_eval_renders_a_gif_at_the_asked_frame_rate(
 
     import simkit
     from simkit.clients.learners._checkpoint import save_policy
-    from simkit.clients.learners._train import _policy_meta, build_model, evaluate_policy
-    from simkit.clients.learners.ppo import PPOArgs
+    from simkit.clients.learners._evaluate import evaluate_policy
+    from simkit.clients.learners.ppo import PPOArgs, build_model, policy_meta
 
     shade = itertools.count()  # frames that differ, or the GIF writer merges them
     monkeypatch.setattr(
@@ -154,7 +153,7 @@ def test_eval_renders_a_gif_at_the_asked_frame_rate(
     )
     args = PPOArgs(env_id="simkit/Reacher-v0")
     policy = tmp_path / "policy.safetensors"
-    save_policy(policy, build_model(args).state_dict(), _policy_meta(args, 0))
+    save_policy(policy, build_model(args).state_dict(), policy_meta(args, 0))
     out = tmp_path / "out.gif"
     evaluate_policy(policy, episodes=1, render=out, fps=20)  # imageio's gif writer has no fps
     assert imageio.v3.improps(out).n_images == 100  # the reset and 99 of the 100 steps

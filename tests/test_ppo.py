@@ -17,15 +17,18 @@ import numpy as np
 import pytest
 import torch
 
+import simkit
 from simkit._types import ROW_FIELDS, Fragment, stack_fragments
 from simkit.clients.learners._checkpoint import load_checkpoint
-from simkit.clients.learners._train import _policy_meta, build_model, evaluate_policy, run_training
+from simkit.clients.learners._evaluate import evaluate_policy
 from simkit.clients.learners.ppo import (
     PPOArgs,
     RewardScaler,
+    build_model,
     clip_grad_norm,
     compute_gae,
     global_rows,
+    policy_meta,
 )
 from simkit.errors import InvalidCheckpoint
 
@@ -149,11 +152,11 @@ def test_clip_grad_norm_is_torchs_bit_for_bit() -> None:
 
 
 def test_same_seed_same_parameters(tmp_path: Path) -> None:
-    a = run_training(
-        PPOArgs(**TINY), logdir=tmp_path / "a", max_updates=4, tensorboard=False, servers=0
+    a = simkit.train(
+        PPOArgs(**TINY), logdir=tmp_path / "a", max_rounds=4, tensorboard=False, servers=0
     )
-    b = run_training(
-        PPOArgs(**TINY), logdir=tmp_path / "b", max_updates=4, tensorboard=False, servers=0
+    b = simkit.train(
+        PPOArgs(**TINY), logdir=tmp_path / "b", max_rounds=4, tensorboard=False, servers=0
     )
     assert a.checkpoint is not None
     assert b.checkpoint is not None
@@ -161,10 +164,10 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
     assert pa.keys() == pb.keys()
     for k in pa:
         assert torch.equal(pa[k], pb[k]), k
-    c = run_training(
+    c = simkit.train(
         PPOArgs(**{**TINY, "seed": 4}),
         logdir=tmp_path / "c",
-        max_updates=4,
+        max_rounds=4,
         tensorboard=False,
         servers=0,
     )
@@ -177,10 +180,10 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_update_is_deterministic(tmp_path: Path) -> None:
     args = PPOArgs(**{**TINY, "compile": True})
-    a = run_training(args, logdir=tmp_path / "a", max_updates=2, tensorboard=False, servers=0)
-    b = run_training(args, logdir=tmp_path / "b", max_updates=2, tensorboard=False, servers=0)
-    eager = run_training(
-        PPOArgs(**TINY), logdir=tmp_path / "e", max_updates=2, tensorboard=False, servers=0
+    a = simkit.train(args, logdir=tmp_path / "a", max_rounds=2, tensorboard=False, servers=0)
+    b = simkit.train(args, logdir=tmp_path / "b", max_rounds=2, tensorboard=False, servers=0)
+    eager = simkit.train(
+        PPOArgs(**TINY), logdir=tmp_path / "e", max_rounds=2, tensorboard=False, servers=0
     )
     assert a.checkpoint is not None
     assert b.checkpoint is not None
@@ -194,20 +197,20 @@ def test_compiled_update_is_deterministic(tmp_path: Path) -> None:
 @pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "simkit/GoalNav-v0"])
 def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
     args = {**TINY, "env_id": env_id, "num_steps": 37}  # episodes cross fragment boundaries
-    full = run_training(
-        PPOArgs(**args), logdir=tmp_path / "full", max_updates=5, tensorboard=False, servers=0
+    full = simkit.train(
+        PPOArgs(**args), logdir=tmp_path / "full", max_rounds=5, tensorboard=False, servers=0
     )
-    part = run_training(
-        PPOArgs(**args), logdir=tmp_path / "part", max_updates=3, tensorboard=False, servers=0
+    part = simkit.train(
+        PPOArgs(**args), logdir=tmp_path / "part", max_rounds=3, tensorboard=False, servers=0
     )
     assert part.checkpoint is not None
     state = load_checkpoint(part.checkpoint).state
     assert state["source"]["loop"] is not None  # envs resume mid-episode from snapshots
-    rest = run_training(
+    rest = simkit.train(
         PPOArgs(**args),
         logdir=tmp_path / "part",
         resume=tmp_path / "part",
-        max_updates=2,
+        max_rounds=2,
         tensorboard=False,
         servers=0,
     )
@@ -225,7 +228,7 @@ def test_resume_is_exact(tmp_path: Path, env_id: str) -> None:
 
 
 def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path: Path) -> None:
-    r = run_training(PPOArgs(**TINY), logdir=tmp_path, max_updates=1, tensorboard=False, servers=0)
+    r = simkit.train(PPOArgs(**TINY), logdir=tmp_path, max_rounds=1, tensorboard=False, servers=0)
     assert r.checkpoint is not None
     ckpt = r.checkpoint
     model_file = ckpt / "model.safetensors"
@@ -237,7 +240,7 @@ def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path: Path) -> None
     flipped[-3] ^= 0xFF
     model_file.write_bytes(bytes(flipped))
     with pytest.raises(InvalidCheckpoint, match=r"model\.safetensors: corrupt"):
-        run_training(
+        simkit.train(
             PPOArgs(**TINY), logdir=tmp_path / "x", resume=ckpt, tensorboard=False, servers=0
         )
     model_file.write_bytes(data)
@@ -256,7 +259,7 @@ def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path: Path) -> None
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
-    r = run_training(PPOArgs(**TINY), logdir=tmp_path, max_updates=1, tensorboard=False, servers=0)
+    r = simkit.train(PPOArgs(**TINY), logdir=tmp_path, max_rounds=1, tensorboard=False, servers=0)
     assert r.checkpoint is not None
     model = build_model(PPOArgs(**{**TINY, "hidden": (32,)}))
     from simkit.clients.learners._checkpoint import check_tensors
@@ -315,11 +318,11 @@ def test_sigint_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert ckpt.state["source_kind"] == "servers"
     [session] = ckpt.state["source"]["sessions"]
     assert session["state"]["sequence"] == version
-    more = run_training(
+    more = simkit.train(
         PPOArgs.from_plain(ckpt.state["args"]),
         logdir=logdir,
         resume=logdir,
-        max_updates=1,
+        max_rounds=1,
         tensorboard=False,
     )
     assert more.updates == version + 1
@@ -338,7 +341,7 @@ def test_multi_agent_goalnav_return_rises(tmp_path: Path, servers: int) -> None:
         learning_rate=1e-3,
     )
     before = evaluate_policy_untrained(args, tmp_path / "untrained.safetensors")
-    r = run_training(args, logdir=tmp_path, tensorboard=False, servers=servers)
+    r = simkit.train(args, logdir=tmp_path, tensorboard=False, servers=servers)
     after = evaluate_policy(r.policy, episodes=12, seed=7)
     assert after.mean() > before + 5.0, (before, after.mean())
 
@@ -348,7 +351,7 @@ def evaluate_policy_untrained(args: PPOArgs, path: Path) -> float:
     from simkit.clients.learners._checkpoint import save_policy
 
     model = build_model(args)
-    save_policy(path, model.state_dict(), _policy_meta(args, 0))
+    save_policy(path, model.state_dict(), policy_meta(args, 0))
     return float(evaluate_policy(path, episodes=12, seed=7).mean())
 
 
@@ -385,10 +388,10 @@ def test_lean_act_path_samples_as_the_model_does() -> None:
 def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path, servers: int) -> None:
     from simkit.recording import RecordingReader, verify_recording
 
-    r = run_training(
+    r = simkit.train(
         PPOArgs(**TINY),
         logdir=tmp_path / "run",
-        max_updates=4,
+        max_rounds=4,
         tensorboard=False,
         record=tmp_path / "rec",
         servers=servers,
@@ -403,8 +406,8 @@ def test_record_keeps_every_episode_with_its_policy_versions(tmp_path: Path, ser
         versions |= set(ep.policy_version.tolist())
     assert versions <= set(range(r.updates))
     assert len(versions) > 1
-    with pytest.raises(ValueError, match=r"--record needs a single-agent simkit env"):
-        run_training(
+    with pytest.raises(ValueError, match=r"record needs a single-agent simkit env"):
+        simkit.train(
             PPOArgs(**{**TINY, "env_id": "simkit/GoalNav-v0"}),
             logdir=tmp_path / "ma",
             record=tmp_path / "rec2",
@@ -417,11 +420,11 @@ def test_eval_render_of_an_env_without_frames_is_refused(tmp_path: Path) -> None
     from simkit.clients.learners._checkpoint import save_policy
 
     args = PPOArgs(env_id="simkit/GoalNav-v0")
-    save_policy(tmp_path / "p.safetensors", build_model(args).state_dict(), _policy_meta(args, 0))
+    save_policy(tmp_path / "p.safetensors", build_model(args).state_dict(), policy_meta(args, 0))
     with pytest.raises(ValueError, match=r"--render supports single-agent envs"):
         evaluate_policy(tmp_path / "p.safetensors", episodes=1, render=tmp_path / "x.mp4")
     args = PPOArgs(env_id="simkit/CartPole-v0")
-    save_policy(tmp_path / "c.safetensors", build_model(args).state_dict(), _policy_meta(args, 0))
+    save_policy(tmp_path / "c.safetensors", build_model(args).state_dict(), policy_meta(args, 0))
     with pytest.raises(ValueError, match=r"'simkit/CartPole-v0' cannot render RGB frames"):
         evaluate_policy(tmp_path / "c.safetensors", episodes=1, render=tmp_path / "x.mp4")
 
@@ -435,7 +438,7 @@ def test_eval_renders_a_mujoco_policy_to_mp4(tmp_path: Path) -> None:
 
     args = PPOArgs(env_id="simkit/Reacher-v0")
     policy = tmp_path / "policy.safetensors"
-    save_policy(policy, build_model(args).state_dict(), _policy_meta(args, 0))
+    save_policy(policy, build_model(args).state_dict(), policy_meta(args, 0))
     out = tmp_path / "reacher.mp4"
     env = {**os.environ, "MUJOCO_GL": "osmesa", "PYOPENGL_PLATFORM": "osmesa"}
     cmd = [sys.executable, "-m", "simkit", "eval", str(policy), "--episodes", "1"]
@@ -466,10 +469,10 @@ def test_learner_device_auto_on_a_cpu_machine_trains_the_cpu_bits(tmp_path: Path
     if torch.cuda.is_available():
         pytest.skip("auto picks CUDA here; the CPU-only equality is checked on CPU machines")
     runs = [
-        run_training(
+        simkit.train(
             PPOArgs(**{**TINY, "device": device}),
             logdir=tmp_path / device,
-            max_updates=2,
+            max_rounds=2,
             tensorboard=False,
             servers=0,
         )
@@ -493,10 +496,10 @@ def test_learner_device_cuda_without_cuda_is_a_one_line_error(tmp_path: Path) ->
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_learner_on_cuda_trains_and_checkpoints(tmp_path: Path) -> None:
-    r = run_training(
+    r = simkit.train(
         PPOArgs(**{**TINY, "device": "cuda"}),
         logdir=tmp_path,
-        max_updates=2,
+        max_rounds=2,
         tensorboard=False,
         servers=0,
     )
@@ -513,8 +516,8 @@ def test_checkpoints_with_bad_optimizer_state_or_nan_weights_are_refused(
     from simkit.cli import main
     from simkit.clients.learners._checkpoint import load_policy, save_checkpoint, save_policy
 
-    run_training(
-        PPOArgs(**TINY), logdir=tmp_path / "run", max_updates=1, tensorboard=False, servers=0
+    simkit.train(
+        PPOArgs(**TINY), logdir=tmp_path / "run", max_rounds=1, tensorboard=False, servers=0
     )
     ckpt = load_checkpoint(tmp_path / "run")
     # Adam's moment of the wrong shape for its parameter.
@@ -531,7 +534,7 @@ def test_checkpoints_with_bad_optimizer_state_or_nan_weights_are_refused(
     with pytest.raises(
         InvalidCheckpoint, match=r"optimizer.safetensors: optimizer state 'exp_avg' of parameter 0"
     ):
-        run_training(
+        simkit.train(
             PPOArgs(**TINY),
             logdir=tmp_path / "bad",
             resume=tmp_path / "bad",
@@ -560,8 +563,8 @@ def test_eval_of_a_checkpoint_without_policy_metadata_is_one_line(
     from simkit.cli import main
     from simkit.clients.learners._checkpoint import save_checkpoint
 
-    run_training(
-        PPOArgs(**TINY), logdir=tmp_path / "run", max_updates=1, tensorboard=False, servers=0
+    simkit.train(
+        PPOArgs(**TINY), logdir=tmp_path / "run", max_rounds=1, tensorboard=False, servers=0
     )
     ckpt = load_checkpoint(tmp_path / "run")
     state = {k: v for k, v in ckpt.state.items() if k != "policy"}

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+import simkit
 from simkit.clients.learners._server_source import _started_endpoint, spawn_servers, stop_servers
-from simkit.clients.learners._train import run_training
 from simkit.clients.learners.ppo import PPOArgs
 from simkit.errors import ServerStartFailed
 
@@ -32,7 +32,7 @@ ARGS = {
 
 
 def test_trains_through_a_local_server(tmp_path: Path) -> None:
-    r = run_training(PPOArgs(**ARGS), logdir=tmp_path, servers=1, max_updates=3, tensorboard=False)
+    r = simkit.train(PPOArgs(**ARGS), logdir=tmp_path, servers=1, max_rounds=3, tensorboard=False)
     assert r.updates == 3
     assert r.global_step == 3 * 4 * 16
 
@@ -43,8 +43,8 @@ def test_same_seed_same_parameters_through_a_server(tmp_path: Path) -> None:
     from simkit.clients.learners._checkpoint import load_checkpoint
 
     runs = [
-        run_training(
-            PPOArgs(**ARGS), logdir=tmp_path / name, servers=1, max_updates=3, tensorboard=False
+        simkit.train(
+            PPOArgs(**ARGS), logdir=tmp_path / name, servers=1, max_rounds=3, tensorboard=False
         )
         for name in ("a", "b")
     ]
@@ -69,11 +69,11 @@ def test_placement_does_not_change_the_parameters(
     args = {**ARGS, "env_id": env_id, "num_envs": num_envs, "num_steps": 23}
     params = [
         _params(
-            run_training(
+            simkit.train(
                 PPOArgs(**args),
                 logdir=tmp_path / str(servers),
                 servers=servers,
-                max_updates=3,
+                max_rounds=3,
                 tensorboard=False,
             ).checkpoint
         )
@@ -100,8 +100,8 @@ def test_resume_through_servers_is_exact(tmp_path: Path, servers: int) -> None:
 
     args = {**ARGS, "num_steps": 37}  # episodes cross fragment boundaries
     kw = {"servers": servers, "tensorboard": False, "checkpoint_every": 2}
-    full = run_training(PPOArgs(**args), logdir=tmp_path / "full", max_updates=5, **kw)
-    part = run_training(PPOArgs(**args), logdir=tmp_path / "part", max_updates=3, **kw)
+    full = simkit.train(PPOArgs(**args), logdir=tmp_path / "full", max_rounds=5, **kw)
+    part = simkit.train(PPOArgs(**args), logdir=tmp_path / "part", max_rounds=3, **kw)
     state = load_checkpoint(tmp_path / "part").state
     assert state["source_kind"] == "servers"
     sessions = state["source"]["sessions"]
@@ -110,11 +110,11 @@ def test_resume_through_servers_is_exact(tmp_path: Path, servers: int) -> None:
     assert any(int(s["state"]["episode_lengths"].max()) > 0 for s in sessions)
     assert part.updates == 3
     # No --servers on resume: as many local servers as the checkpoint streamed from.
-    rest = run_training(
+    rest = simkit.train(
         PPOArgs(**args),
         logdir=tmp_path / "part",
         resume=tmp_path / "part",
-        max_updates=2,
+        max_rounds=2,
         tensorboard=False,
     )
     assert rest.updates == full.updates == 5
@@ -127,9 +127,9 @@ def test_resume_through_servers_is_exact(tmp_path: Path, servers: int) -> None:
 def test_resume_with_another_server_count_names_the_layout(tmp_path: Path) -> None:
     from simkit.errors import InvalidCheckpoint
 
-    run_training(PPOArgs(**ARGS), logdir=tmp_path, servers=2, max_updates=1, tensorboard=False)
+    simkit.train(PPOArgs(**ARGS), logdir=tmp_path, servers=2, max_rounds=1, tensorboard=False)
     with pytest.raises(InvalidCheckpoint, match=r"holds 2 server session\(s\).*--servers 2"):
-        run_training(
+        simkit.train(
             PPOArgs(**ARGS), logdir=tmp_path, resume=tmp_path, servers=1, tensorboard=False
         )
 
@@ -161,11 +161,11 @@ def test_killed_server_is_reported_and_the_run_goes_on(
     procs, endpoints = spawn_servers("simkit/CartPole-v0", 2)
     _kill_after_first_update(monkeypatch, procs[1])
     try:
-        r = run_training(
+        r = simkit.train(
             PPOArgs(**ARGS),
             logdir=tmp_path,
             connect=endpoints,
-            max_updates=20,
+            max_rounds=20,
             tensorboard=False,
             server_timeout=3.0,
         )
@@ -282,11 +282,11 @@ def test_wait_for_servers_reconnects_to_a_restarted_server(
     killer = threading.Thread(target=restart, daemon=True)
     _kill_after_first_update(monkeypatch, procs[1], then=killer.start)
     try:
-        r = run_training(
+        r = simkit.train(
             PPOArgs(**{**ARGS, "env_id": env_id}),
             logdir=tmp_path,
             connect=endpoints,
-            max_updates=6,
+            max_rounds=6,
             tensorboard=False,
             server_timeout=1.0,
             wait_for_servers=True,
@@ -503,12 +503,11 @@ def test_a_gym_runs_checkpoint_and_resume_say_they_are_not_exact(
     if algo == "ppo":
         ppo = PPOArgs(**{**ARGS, "env_id": env, "num_envs": 2})
         kw: dict[str, Any] = {"servers": servers, "tensorboard": False}
-        run_training(ppo, logdir=tmp_path, max_updates=2, **kw)
+        simkit.train(ppo, logdir=tmp_path, max_rounds=2, **kw)
         err = capfd.readouterr().err
-        r = run_training(ppo, logdir=tmp_path, resume=tmp_path, max_updates=1, **kw)
+        r = simkit.train(ppo, logdir=tmp_path, resume=tmp_path, max_rounds=1, **kw)
     else:
         from simkit.clients.learners._args import SACArgs
-        from simkit.clients.learners._train_sac import run_sac
 
         sac = SACArgs(
             env_id=env,
@@ -520,10 +519,10 @@ def test_a_gym_runs_checkpoint_and_resume_say_they_are_not_exact(
             buffer_size=100,
             hidden=(8,),
         )
-        run_sac(sac, logdir=tmp_path, servers=servers, tensorboard=False, checkpoint_steps=16)
+        simkit.train(sac, logdir=tmp_path, servers=servers, tensorboard=False, checkpoint_steps=16)
         err = capfd.readouterr().err
         sac = dataclasses.replace(sac, total_steps=48)
-        r = run_sac(sac, logdir=tmp_path, resume=tmp_path, servers=servers, tensorboard=False)
+        r = simkit.train(sac, logdir=tmp_path, resume=tmp_path, servers=servers, tensorboard=False)
     assert f"the envs of {env} have no snapshots: a resume from a checkpoint restarts" in err
     assert "does not continue exactly" in err
     resumed = capfd.readouterr().err
@@ -541,8 +540,8 @@ def test_a_recording_the_run_cannot_open_stops_it_before_anything_starts(
     nothing is left running and Ctrl-C still interrupts the caller."""
     import signal
 
+    import simkit
     from simkit.clients.learners._args import SACArgs
-    from simkit.clients.learners._train_sac import run_sac
     from simkit.errors import RecordingLocked
     from simkit.recording import FragmentRecorder
 
@@ -561,10 +560,10 @@ def test_a_recording_the_run_cannot_open_stops_it_before_anything_starts(
 
     def run() -> None:
         if algo == "ppo":
-            run_training(PPOArgs(**ARGS), tensorboard=False, **kw)
+            simkit.train(PPOArgs(**ARGS), tensorboard=False, **kw)
         else:
             sac = SACArgs(env_id=env_id, num_envs=1, total_steps=64, learning_starts=32)
-            run_sac(sac, tensorboard=False, **kw)
+            simkit.train(sac, tensorboard=False, **kw)
 
     try:
         with pytest.raises(RecordingLocked):

@@ -25,8 +25,8 @@ import pytest
 assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0"
 ray = pytest.importorskip("ray", reason="Ray is the optional extra simkit[ray]")
 
+import simkit  # noqa: E402
 import simkit.clients.launcher._launch as launch_module  # noqa: E402
-from simkit.clients.learners._train import run_training  # noqa: E402
 from simkit.clients.learners.ppo import PPOArgs  # noqa: E402
 
 ARGS = {
@@ -89,7 +89,7 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 def _run(path: Path, **kw: Any) -> Any:
     kw.setdefault("server_timeout", 5.0)
-    return run_training(PPOArgs(**ARGS), logdir=path, max_updates=4, tensorboard=False, **kw)
+    return simkit.train(PPOArgs(**ARGS), logdir=path, max_rounds=4, tensorboard=False, **kw)
 
 
 def test_ray_servers_spread_over_nodes_and_train_the_in_process_bits(
@@ -270,8 +270,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_sac_on_ray_servers_trains_the_bits_of_local_servers(cluster: Any, tmp_path: Path) -> None:
+    import simkit
     from simkit.clients.learners._args import SACArgs
-    from simkit.clients.learners._train_sac import run_sac
 
     args = SACArgs(
         env_id="simkit/Pendulum-v0",
@@ -284,10 +284,10 @@ def test_sac_on_ray_servers_trains_the_bits_of_local_servers(cluster: Any, tmp_p
         learning_starts=40,
         hidden=(16, 16),
     )
-    on_ray = run_sac(
+    on_ray = simkit.train(
         args, logdir=tmp_path / "ray", ray=cluster.address, servers=2, tensorboard=False
     )
-    local = run_sac(args, logdir=tmp_path / "local", servers=2, tensorboard=False)
+    local = simkit.train(args, logdir=tmp_path / "local", servers=2, tensorboard=False)
     assert on_ray.global_step == local.global_step == 240
     assert on_ray.updates == local.updates > 0
     _same(_params(local.checkpoint), _params(on_ray.checkpoint))

@@ -720,8 +720,8 @@ def test_fragments_with_final_observations_record_whole_episodes(tmp_path: Path)
 
 
 def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:
+    import simkit
     from simkit.cli import main
-    from simkit.clients.learners._train import run_training
     from simkit.clients.learners.ppo import PPOArgs
 
     args = PPOArgs(
@@ -733,7 +733,7 @@ def test_cli_records_a_checkpoint_policy(tmp_path: Path) -> None:
         total_steps=64,
         seed=3,
     )
-    result = run_training(args, logdir=tmp_path / "run", max_updates=1, tensorboard=False)
+    result = simkit.train(args, logdir=tmp_path / "run", max_rounds=1, tensorboard=False)
     assert result.checkpoint is not None
     out = tmp_path / "rec"
     argv = ["record", "simkit/CartPole-v0", "--episodes", "3", "--out", str(out)]

@@ -1,17 +1,17 @@
-"""The one learning loop (``clients/learners/_loop.py``) and the algorithm registry of the training
-run (``clients/learners/_run.py``), with a toy algorithm: no env, no torch model."""
+"""The run's toolbox (``clients/learners/_run.py``) as an algorithm's ``learn`` uses it, with
+a toy algorithm (no env, no torch model), and the algorithm registry."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from simkit.clients.learners._loop import drive
-from simkit.clients.learners._run import ALGORITHMS, algorithm
+from simkit.clients.learners._rollout import Rollout
+from simkit.clients.learners._run import ALGORITHMS, Run, RunOptions, learner_of
 
 
 @dataclass
@@ -21,44 +21,14 @@ class _Learner:
     global_step: int = 0
 
 
-@dataclass
-class _Stats:
-    version: int
-    episode_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-
-class _Pairs:
-    """A toy algorithm: a round is two fragments (ints), ``total`` env steps in all."""
-
-    def __init__(self, total: int, log: list[str]) -> None:
-        self.learner = _Learner()
-        self.held: list[int] = []
-        self.total = total
-        self.log = log
-
-    def ready(self, source: Any) -> bool:
-        return len(self.held) >= 2
-
-    def take(self, fragment: int | None) -> None:
-        self.log.append(f"take {fragment}")
-        if fragment is not None:
-            self.held.append(fragment)
-
-    def update(self) -> _Stats:
-        self.learner.global_step += len(self.held)
-        self.learner.version += 1
-        self.held = []
-        self.log.append(f"update -> v{self.learner.version}")
-        return _Stats(self.learner.version)
-
-    def finished(self) -> bool:
-        return bool(self.total and self.learner.global_step >= self.total)
-
-
 class _Source:
+    """Yields ``items`` (ints are fragments, ``None`` says the source changed)."""
+
     def __init__(self, items: list[int | None], log: list[str]) -> None:
         self.items = items
         self.log = log
+        self.num_rows = 1
+        self.not_exact = None
 
     def fragments(self) -> Iterator[int | None]:
         yield from self.items
@@ -67,60 +37,95 @@ class _Source:
         self.log.append(f"push v{version}")
         return 0
 
+    def close(self) -> None:
+        self.log.append("close")
 
-def test_a_round_checkpoints_then_pushes_and_the_last_round_pushes_nothing() -> None:
-    log: list[str] = []
-    seen: list[int] = []
-    drive(
-        _Pairs(4, log),
-        _Source([1, None, 2, 3, 4, 5], log),
-        on_boundary=lambda: log.append("boundary"),
-        on_round=lambda stats, wait, last: log.append(f"round v{stats.version} last={last}"),
-        on_fragment=seen.append,
+
+def _pairs(run: Run, items: list[int | None], total: int, log: list[str]) -> list[int]:
+    """A toy ``learn``: a round is two fragments, ``total`` env steps in all (0: until
+    stopped), a checkpoint due at every boundary. Returns what it held at the end."""
+    learner = _Learner()
+    run.rollout = Rollout(_Source(items, log))  # type: ignore[arg-type]
+    run.checkpoint = lambda: log.append("checkpoint")  # type: ignore[assignment,method-assign,return-value]
+    held: list[int] = []
+
+    def take(fragment: Any) -> None:
+        log.append(f"take {fragment}")
+        if fragment is not None:
+            held.append(fragment)
+
+    with run.session(learner, env_id="toy", total=total, checkpoint=dict, policy=lambda: ({}, {})):
+        while run.pull(lambda: len(held) >= 2, take):
+            learner.global_step += len(held)
+            learner.version += 1
+            held.clear()
+            log.append(f"update -> v{learner.version}")
+            last = run.stopping(finished=bool(total and learner.global_step >= total))
+            if not last:
+                run.boundary(due=True)
+            run.end_round([])
+            log.append(f"round v{learner.version} last={last}")
+            if last:
+                break
+    return held
+
+
+def _run(tmp_path: Path, **options: Any) -> Run:
+    return Run(
+        RunOptions(logdir=tmp_path, tensorboard=False, **options), algo="toy", round_name="round"
     )
+
+
+def test_a_round_checkpoints_then_pushes_and_the_last_round_pushes_nothing(tmp_path: Path) -> None:
+    log: list[str] = []
+    _pairs(_run(tmp_path), [1, None, 2, 3, 4, 5], 4, log)
     assert log == [
+        "push v0",  # the first weights
         "take 1",
         "take None",  # the source changed: the loop asks again whether a round is ready
         "take 2",
         "update -> v1",
-        "boundary",
+        "checkpoint",
         "push v1",
         "round v1 last=False",
         "take 3",
         "take 4",
         "update -> v2",
         "round v2 last=True",  # finished: its weights would be used by nobody
+        "checkpoint",  # at the end, at that boundary
+        "close",
     ]
-    assert seen == [1, 2, 3, 4]  # every fragment, never the None
 
 
 @pytest.mark.parametrize("max_rounds", [1, 2])
-def test_max_rounds_and_a_stop_request_end_the_loop_after_a_round(max_rounds: int) -> None:
+def test_max_rounds_and_a_stop_request_end_the_loop_after_a_round(
+    tmp_path: Path, max_rounds: int
+) -> None:
     log: list[str] = []
-    rounds = _Pairs(0, log)  # 0: until stopped
-    drive(rounds, _Source(list(range(100)), log), max_rounds=max_rounds)
-    assert rounds.learner.version == max_rounds
+    _pairs(_run(tmp_path, max_rounds=max_rounds), list(range(100)), 0, log)
+    assert log.count("update -> v1") == 1
+    assert log.count(f"update -> v{max_rounds + 1}") == 0
     assert log.count("push v1") == (max_rounds > 1)
-    stopped = _Pairs(0, log)
-    drive(stopped, _Source(list(range(100)), log), should_stop=lambda: True)
-    assert stopped.learner.version == 1
+    stopped = _run(tmp_path)
+    stopped.stop.requested = True
+    log.clear()
+    _pairs(stopped, list(range(100)), 0, log)
+    assert [line for line in log if line.startswith("update")] == ["update -> v1"]
 
 
-def test_a_source_that_ends_ends_the_loop_without_a_partial_round() -> None:
+def test_a_source_that_ends_ends_the_loop_without_a_partial_round(tmp_path: Path) -> None:
     log: list[str] = []
-    rounds = _Pairs(0, log)
-    drive(rounds, _Source([1, 2, 3], log))
-    assert rounds.learner.version == 1
-    assert rounds.held == [3]
+    held = _pairs(_run(tmp_path), [1, 2, 3], 0, log)
+    assert [line for line in log if line.startswith("update")] == ["update -> v1"]
+    assert held == [3]
+    assert log[-2:] == ["checkpoint", "close"]
 
 
-def test_the_registry_names_each_algorithm_part() -> None:
-    from simkit.clients.learners._train import PPOPart
-    from simkit.clients.learners._train_sac import SACPart
+def test_the_registry_names_each_algorithms_learn() -> None:
+    from simkit.clients.learners import ppo, sac
 
-    assert algorithm("ppo") is PPOPart
-    assert algorithm("sac") is SACPart
+    assert learner_of("ppo") is ppo.learn
+    assert learner_of("sac") is sac.learn
     assert sorted(ALGORITHMS) == ["ppo", "sac"]
-    assert [algorithm(n).name for n in ALGORITHMS] == list(ALGORITHMS)
     with pytest.raises(ValueError, match=r"algo must be one of \['ppo', 'sac'\], got 'dqn'"):
-        algorithm("dqn")
+        learner_of("dqn")

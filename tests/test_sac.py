@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+import simkit
 from simkit.clients.learners._args import SACArgs
 from simkit.clients.learners._checkpoint import load_checkpoint
 from simkit.clients.learners._train_cli import runnable
-from simkit.clients.learners._train_sac import run_sac
 
 ENV = "simkit/Pendulum-v0"
 SMALL = SACArgs(
@@ -33,7 +33,7 @@ SMALL = SACArgs(
 def _run(tmp: Path, args: SACArgs = SMALL, **kw: Any) -> Any:
     kw.setdefault("servers", 0)
     kw.setdefault("tensorboard", False)
-    return run_sac(args, logdir=tmp, **kw)
+    return simkit.train(args, logdir=tmp, **kw)
 
 
 def _tensors(logdir: Path) -> dict[str, torch.Tensor]:
@@ -236,7 +236,7 @@ def test_cli_trains_and_the_policy_evaluates(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from simkit.cli import main
-    from simkit.clients.learners._train import evaluate_policy
+    from simkit.clients.learners._evaluate import evaluate_policy
 
     code = main(
         [
@@ -297,7 +297,7 @@ def test_progress_ends_with_the_runs_last_round(tmp_path: Path) -> None:
 
 def test_buffer_from_on_a_resume_is_refused(tmp_path: Path) -> None:
     _run(tmp_path / "run", max_rounds=2)
-    with pytest.raises(ValueError, match=r"--buffer-from fills the buffer of a new run"):
+    with pytest.raises(ValueError, match=r"buffer_from fills the buffer of a new run"):
         _run(tmp_path / "run", resume=tmp_path / "run", buffer_from=tmp_path / "rec")
 
 
@@ -345,14 +345,14 @@ def test_training_runs_numpy_blas_on_one_thread(tmp_path: Path, algo: str) -> No
     cores torch's update needs (simkit/models/_threads.py)."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
+    import simkit
     from simkit.clients.learners._args import PPOArgs
-    from simkit.clients.learners._train import run_training
 
     with threadpool_limits(limits=2, user_api="blas"):
         if algo == "sac":
             _run(tmp_path, dataclasses.replace(SMALL, total_steps=80))
         else:
-            run_training(
+            simkit.train(
                 PPOArgs(
                     env_id="simkit/CartPole-v0",
                     num_envs=2,

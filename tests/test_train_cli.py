@@ -222,9 +222,8 @@ def test_train_record_into_an_existing_recording_is_refused_unless_resuming(
 def _interrupted(algo: str, logdir: Path, *, stop_early: bool, resume: bool = False) -> None:
     """A small run of ``algo`` stopped early (``stop_early``: fewer than 20 episodes
     before its end), or to its end; ``resume`` continues the run in ``logdir``."""
+    import simkit
     from simkit.clients.learners._args import SACArgs
-    from simkit.clients.learners._train import run_training
-    from simkit.clients.learners._train_sac import run_sac
     from simkit.clients.learners.ppo import PPOArgs
 
     common: dict[str, Any] = {"logdir": logdir, "tensorboard": False, "servers": 0}
@@ -239,7 +238,7 @@ def _interrupted(algo: str, logdir: Path, *, stop_early: bool, resume: bool = Fa
             update_epochs=1,
             total_steps=64 * 4 * 8,
         )
-        run_training(args, max_updates=7 if stop_early else None, **common)
+        simkit.train(args, max_rounds=7 if stop_early else None, **common)
     else:
         sac = SACArgs(
             env_id="simkit/Pendulum-v0",
@@ -251,7 +250,7 @@ def _interrupted(algo: str, logdir: Path, *, stop_early: bool, resume: bool = Fa
             learning_starts=64,
             hidden=(32, 32),
         )
-        run_sac(sac, max_rounds=75 if stop_early else None, **common)
+        simkit.train(sac, max_rounds=75 if stop_early else None, **common)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
@@ -278,9 +277,11 @@ def test_a_resumed_run_reports_over_the_same_episodes_and_goes_on_with_the_wall_
 
 def _settings_of(*argv: str) -> Any:
     from simkit.cli import build_parser
-    from simkit.clients.learners._train_cli import _settings
+    from simkit.clients.learners._train import plan
+    from simkit.clients.learners._train_cli import train_keywords
 
-    return _settings(build_parser().parse_args(["train", *argv]))
+    ns = build_parser().parse_args(["train", *argv])
+    return plan(ns.env_id, **train_keywords(ns)).settings
 
 
 @pytest.mark.parametrize(
@@ -386,7 +387,7 @@ def _interrupt(
 
 
 def test_ctrl_c_during_start_up_eval_and_record_is_one_line(tmp_path: Path) -> None:
-    from simkit.clients.learners._train import run_training
+    import simkit
     from simkit.clients.learners.ppo import PPOArgs
     from simkit.recording import RecordingReader
 
@@ -401,7 +402,7 @@ def test_ctrl_c_during_start_up_eval_and_record_is_one_line(tmp_path: Path) -> N
     assert not (tmp_path / "run" / "progress.jsonl").exists()
 
     args = PPOArgs(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, total_steps=64)
-    run_training(args, logdir=tmp_path / "policy", servers=0, tensorboard=False)
+    simkit.train(args, logdir=tmp_path / "policy", servers=0, tensorboard=False)
     started = time.monotonic()
     rc, err = _interrupt(
         ["eval", str(tmp_path / "policy"), "--episodes", "1000000"],
@@ -461,26 +462,26 @@ def test_a_total_below_one_update_trains_one_and_a_resume_rounds_the_same(
 ) -> None:
     """--total-steps 1000 with 2048-step updates trained forever (0 updates: "until
     stopped"); a resume of a finished run trained one update more."""
-    from simkit.clients.learners._train import run_training
+    import simkit
 
-    r = run_training(_ppo(RUN[0], 40), logdir=tmp_path, servers=0, max_updates=3)
+    r = simkit.train(_ppo(RUN[0], 40), logdir=tmp_path, servers=0, max_rounds=3)
     assert (r.updates, r.global_step) == (1, 64)
     assert "--total-steps 40 is 1 update of 64 env steps: training stops at 64" in (
         capsys.readouterr().err
     )
-    r = run_training(_ppo(RUN[0], 100), logdir=tmp_path, servers=0, resume=tmp_path)
+    r = simkit.train(_ppo(RUN[0], 100), logdir=tmp_path, servers=0, resume=tmp_path)
     assert (r.updates, r.global_step) == (1, 64)  # 100 // 64: one update, the one done
     assert r.complete
-    r = run_training(_ppo(RUN[0], 130), logdir=tmp_path, servers=0, resume=tmp_path)
+    r = simkit.train(_ppo(RUN[0], 130), logdir=tmp_path, servers=0, resume=tmp_path)
     assert (r.updates, r.global_step, r.complete) == (2, 128, False)
 
 
 def test_a_multi_agent_run_counts_steps_as_it_said_it_would(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simkit.clients.learners._train import run_training
+    import simkit
 
-    r = run_training(_ppo("simkit/GoalNav-v0", 1000), logdir=tmp_path, servers=0)
+    r = simkit.train(_ppo("simkit/GoalNav-v0", 1000), logdir=tmp_path, servers=0)
     said = re.search(r"training stops at ([\d,]+)", capsys.readouterr().err)
     assert said is not None
     assert r.global_step == int(said.group(1).replace(",", ""))
@@ -596,7 +597,7 @@ def test_the_summary_never_breaks_a_path_at_80_columns(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from simkit.clients.learners._train import TrainResult
+    from simkit.clients.learners._run import TrainResult
     from simkit.clients.learners._train_cli import _print_summary
 
     logdir = tmp_path / ("a-rather-long-directory-name-" * 3) / "run"

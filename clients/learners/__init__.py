@@ -1,10 +1,12 @@
-"""The learners: algorithms, their state and the one training run.
+"""The learners: algorithms, their state and the run they learn in.
 
-``ppo`` and ``sac`` (the algorithms, each readable top to bottom; ``_graphed`` their CUDA-graph
-steps), ``_replay`` (the replay buffer), ``_checkpoint`` (checkpoints and exact resume),
-``_run`` / ``_loop`` / ``_run_parts`` (the one training run every algorithm goes through),
-``_train`` / ``_train_sac`` (the algorithms' parts of it), the fragment sources of a run
-(``_rollout``: in process ``_local_source``, servers ``_server_source``, the device loop
-``_device_source``), ``_args`` (settings, torch-free), ``_train_cli`` (the ``simkit train`` /
-``eval`` command lines), ``_progress`` and ``_learner_metrics``.
+``ppo`` and ``sac`` (each algorithm's learner and its ``learn(run, settings)`` loop,
+readable top to bottom; ``_graphed`` their CUDA-graph steps; ``_train_sac`` what SAC builds
+before it learns), ``_replay`` (the replay buffer), ``_checkpoint`` (checkpoints and exact
+resume), ``_run`` (the run's toolbox: log directory, source, checkpoints, outputs) with
+``_run_parts`` and ``_logdir``, ``_train`` (the one entry point's plan and execution:
+:func:`simkit.train`), the fragment sources (``_rollout``: in process ``_local_source``,
+servers ``_server_source``, the device loop ``_device_source``), ``_args`` (settings,
+torch-free), ``_train_cli`` (the ``simkit train`` / ``eval`` command lines), ``_evaluate``,
+``_progress`` and ``_learner_metrics``.
 """

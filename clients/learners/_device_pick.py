@@ -15,30 +15,21 @@ probe. The pick and its figures are one stderr line and the run summary's ``devi
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import gc
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from simkit.clients.learners._args import PPOArgs, SACArgs, resolve_device
-from simkit.clients.learners._replay import ReplayBuffer
-from simkit.clients.learners.ppo import PPO
-from simkit.clients.learners.sac import SAC
-from simkit.models import ActorCritic
+from simkit.clients.learners._args import resolve_device
 
 __all__ = [
     "DevicePick",
-    "PicksDevice",
     "candidates",
     "pick_device",
-    "ppo_probe",
-    "sac_probe",
+    "median_seconds",
     "PROBE_SEED",
 ]
 
@@ -88,19 +79,6 @@ class DevicePick:
         versus = f" vs {', '.join(others)}" if others else ""
         mine = 1e3 * self.seconds[name]
         return f"{name} (update {mine:.1f} ms{versus} at {self.samples:,} samples)"
-
-
-class PicksDevice:
-    """A run part whose ``build`` picks its learner's device (:func:`pick_device`) and
-    keeps the pick in ``_pick`` (a dataclass field of the part)."""
-
-    _pick: DevicePick | None
-
-    def picked_device(self) -> DevicePick:
-        """The learner's device and why (once ``build`` has run)."""
-        if self._pick is None:
-            raise RuntimeError("picked_device() is known once build() has run")
-        return self._pick
 
 
 def candidates() -> list[torch.device]:
@@ -173,73 +151,3 @@ def median_seconds(call: Callable[[], object], device: torch.device, per_call: i
         times.append(time.perf_counter() - start)
         spent += times[-1]
     return statistics.median(times) / per_call
-
-
-def ppo_probe(args: PPOArgs, model: ActorCritic, rows_per_update: int) -> tuple[Probe, int]:
-    """The PPO update's probe and its minibatch size: a learner on a copy of ``model``
-    (``args``' loss, optimizer and ``cuda_graph``; eager, not ``compile`` d: a compile
-    takes far longer than the probe may) runs one epoch of up to four minibatches of
-    the run's minibatch size (one above :data:`LARGE_MINIBATCH`), on synthetic rollout
-    data drawn from ``model``'s copy."""
-    minibatch = max(2, args.num_steps * rows_per_update // args.num_minibatches)
-    steps = 1 if minibatch > LARGE_MINIBATCH else min(args.num_minibatches, 4)
-    n = minibatch * steps
-
-    def probe(device: torch.device) -> float:
-        gen = torch.Generator().manual_seed(PROBE_SEED)
-        twin = copy.deepcopy(model).cpu()
-        obs = torch.randn((n, *twin.obs_shape), generator=gen)
-        out = twin.act(obs, generator=gen)
-        adv, ret = torch.randn((2, n), generator=gen)
-        setting = dataclasses.replace(
-            args,
-            device=str(device),
-            num_steps=n,
-            num_minibatches=steps,
-            update_epochs=1,
-            compile=False,
-            total_steps=0,
-            seed=PROBE_SEED,
-        )
-        learner = PPO(setting, twin, 1, device=device)
-        batch = [t.to(device) for t in (obs, out.actions, out.log_probs, adv, ret, out.values)]
-
-        def call() -> None:
-            learner._optimize(
-                *batch,
-                n_rows=n,
-                lag=np.zeros(1, dtype=np.int64),
-                episodes=(np.zeros(0), np.zeros(0)),
-                t_start=0.0,
-            )
-
-        return median_seconds(call, device, steps)
-
-    return probe, minibatch
-
-
-def sac_probe(args: SACArgs, model: ActorCritic) -> tuple[Probe, int]:
-    """SAC's gradient step's probe and its batch size: a learner on a copy of the actor
-    (``args``' critics, optimizer and ``cuda_graph``) takes ``2 x policy_frequency``
-    steps (so the actor's updates are in the mean) on a replay buffer of one batch of
-    synthetic transitions."""
-    per_call = 2 * args.policy_frequency
-
-    def probe(device: torch.device) -> float:
-        setting = dataclasses.replace(args, device=str(device), seed=PROBE_SEED)
-        learner = SAC(setting, copy.deepcopy(model).cpu(), device)
-        rng = np.random.default_rng(PROBE_SEED)
-        n, obs_shape, dim = args.batch_size, tuple(model.obs_shape), learner.head.dim
-        buffer = ReplayBuffer(n, obs_shape=obs_shape, action_shape=(dim,))
-        buffer.add(
-            rng.standard_normal((n, *obs_shape), dtype=np.float32),
-            rng.uniform(-1.0, 1.0, (n, dim)).astype(np.float32),
-            rng.standard_normal(n, dtype=np.float32),
-            rng.standard_normal((n, *obs_shape), dtype=np.float32),
-            rng.random(n) < 0.01,
-            np.zeros(n, dtype=bool),
-            np.zeros(n, dtype=np.int64),
-        )
-        return median_seconds(lambda: learner.run(buffer, per_call), device, per_call)
-
-    return probe, args.batch_size

@@ -4,20 +4,22 @@ given endpoints or Ray actors, opened in one place for every algorithm."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from simkit._kernels import pinned_vars
-from simkit.clients.learners._device_source import DeviceSource
+from simkit._types import Fragment
+from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
 from simkit.clients.learners._local_source import LocalSource, SourceKeywords
 from simkit.clients.learners._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
 
 __all__ = [
+    "FragmentSource",
     "Rollout",
     "RolloutPlan",
     "describe_source",
@@ -27,7 +29,32 @@ __all__ = [
 ]
 
 
-def source_kind(source: Any) -> str:
+class FragmentSource(Protocol):
+    """What a run uses of its fragment source (:class:`LocalSource`, :class:`ServerSource`,
+    :class:`DeviceSource`): its policy rows, the fragments (``None``: the source changed,
+    e.g. lost a server), weight pushes, whether a fragment waits, its state for
+    checkpoints and why a continuation from them would not be exact."""
+
+    @property
+    def num_rows(self) -> int: ...
+
+    @property
+    def not_exact(self) -> str | None: ...
+
+    def fragments(self) -> Iterator[Fragment | DeviceFragment | None]: ...
+
+    def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int: ...
+
+    def pending(self) -> bool: ...
+
+    def get_state(self, *, include_envs: bool = True) -> dict[str, Any]: ...
+
+    def set_state(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def source_kind(source: FragmentSource) -> str:
     """What a checkpoint calls the kind of rollout ``source`` runs: ``"device"`` (the
     device loop), ``"local"`` (in process on the host) or ``"servers"``."""
     if isinstance(source, DeviceSource):
@@ -35,13 +62,12 @@ def source_kind(source: Any) -> str:
     return "local" if isinstance(source, LocalSource) else "servers"
 
 
-def describe_source(source: Any) -> str:
+def describe_source(source: FragmentSource) -> str:
     """Where ``source`` rolls out, for the run's summary: ``"device loop on cuda:0"``,
     ``"in process (host)"`` or ``"rollout servers"``."""
-    kind = source_kind(source)
-    if kind == "device":
+    if isinstance(source, DeviceSource):
         return f"device loop on {source.device}"
-    return "in process (host)" if kind == "local" else "rollout servers"
+    return "in process (host)" if isinstance(source, LocalSource) else "rollout servers"
 
 
 @dataclass

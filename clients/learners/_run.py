@@ -1,46 +1,35 @@
-"""The training run: one object around every learner (the shape of Sample Factory's
-runner or Stable-Baselines3's ``BaseAlgorithm.learn``: one run, algorithms as parts).
+"""The training run as a toolbox: what every algorithm's ``learn(run, ...)`` uses around
+its own loop (the shape of Stable-Baselines3's ``learn()`` or Brax's ``train()``: the
+algorithm owns the loop, the run offers the rest).
 
-:class:`Run` owns, once for every algorithm, what happens around the learning:
+:class:`Run` offers, once for every algorithm:
 
-- the checkpoint it resumes (loaded, its algorithm checked, ``progress.jsonl`` trimmed
-  to it, TensorBoard's redone steps purged) and the log directory (checked writable
-  before anything starts);
-- the fragment source (:func:`~simkit.clients.learners._rollout.open_rollout`: in process, local
-  ``simkit serve`` processes, ``--connect`` endpoints or Ray actors), its rollout state
-  on resume, the recorder (``record``) and SIGINT/SIGTERM (:class:`StopRequest`);
-- checkpoints at fragment boundaries (where, in sync mode, every source waits, so a
-  checkpoint is exact), at the end and when the last server is lost;
-- the policy snapshot, ``progress.jsonl``, TensorBoard scalars, Prometheus metrics
-  (:class:`~simkit.clients.learners._learner_metrics.LearnerMetrics`), the live progress line
-  and the :class:`TrainResult`.
+- the checkpoint to resume (:meth:`Run.resume`: loaded, its algorithm checked) and the
+  log directory (:meth:`Run.prepare`: checked writable, ``progress.jsonl`` trimmed to the
+  checkpoint, the recorder opened);
+- the fragment source (:meth:`Run.open_source`: in process, local ``simkit serve``
+  processes, ``--connect`` endpoints, Ray actors or the device loop) and its rollout
+  state on resume;
+- the session around the loop (:meth:`Run.session`): SIGINT/SIGTERM, TensorBoard,
+  Prometheus metrics, the live progress line, a checkpoint when the last server is
+  lost and at the end; fragments pulled (:meth:`Run.pull`), the stop rule
+  (:meth:`Run.stopping`), the round boundary (:meth:`Run.boundary`: a checkpoint if due,
+  the new weights out) and what a round reports (:meth:`Run.log`);
+- checkpoint and policy files, and the :class:`TrainResult`.
 
-The loop itself is one for every algorithm (:func:`~simkit.clients.learners._loop.drive`:
-fragments in, a round's update, weights pushed back at round boundaries). An algorithm
-is a part (:class:`Algorithm`): it builds its model and learner, takes a checkpoint's
-settings and state, says when a round is ready and what its update is
-(:class:`~simkit.clients.learners._loop.Rounds`), what its checkpoint holds and what to report
-per round. PPO's part is :class:`simkit.clients.learners._train.PPOPart`, SAC's
-:class:`simkit.clients.learners._train_sac.SACPart`; :data:`ALGORITHMS` names them. A third
-algorithm is a class implementing :class:`Algorithm` in its own file plus one line in
-:data:`ALGORITHMS`.
-
-Where a new fragment source plugs in: :meth:`Run.open_source` (every algorithm's run
-opens its source there; today through :func:`~simkit.clients.learners._rollout.open_rollout`).
-A source has ``num_rows``, ``fragments()`` (yielding ``None`` when it changed, e.g. lost
-a server), ``push_weights(model, version=)``, ``get_state``/``set_state`` (checkpoints),
-``not_exact``, ``close()`` and, for servers, ``view()``; an in-process one ``timings()``.
+:data:`ALGORITHMS` names each algorithm's ``learn``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol
 
 from simkit._kernels import is_pinned, kernel_mode
 from simkit._types import Fragment
@@ -51,10 +40,13 @@ from simkit.clients.learners._checkpoint import (
     save_checkpoint,
     save_policy,
 )
+from simkit.clients.learners._device_pick import DevicePick
+from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
 from simkit.clients.learners._learner_metrics import LearnerMetrics
-from simkit.clients.learners._loop import Learner, Rounds, drive
+from simkit.clients.learners._local_source import LocalSource
 from simkit.clients.learners._progress import ProgressLine
 from simkit.clients.learners._rollout import (
+    FragmentSource,
     Rollout,
     RolloutPlan,
     describe_source,
@@ -72,39 +64,55 @@ from simkit.clients.learners._run_parts import (
     restore_rollout,
     trim_progress,
 )
+from simkit.clients.learners._server_source import ServerSource
 from simkit.errors import InvalidCheckpoint
+from simkit.models import ActorCritic, ModelSpec
 from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
 
-__all__ = [
-    "ALGORITHMS",
-    "Algorithm",
-    "Report",
-    "Run",
-    "RunOptions",
-    "TrainResult",
-    "algorithm",
-]
+__all__ = ["ALGORITHMS", "Report", "Run", "RunOptions", "Settings", "TrainResult", "learner_of"]
 
 ALGORITHMS: dict[str, str] = {
-    "ppo": "simkit.clients.learners._train:PPOPart",
-    "sac": "simkit.clients.learners._train_sac:SACPart",
+    "ppo": "simkit.clients.learners.ppo:learn",
+    "sac": "simkit.clients.learners.sac:learn",
 }
-"""The registry: algorithm name -> ``module:class`` of its part (imported on first use,
-so that naming the algorithms loads no torch)."""
+"""The registry: algorithm name -> ``module:function`` of its ``learn(run, settings,
+**options)`` (imported on first use, so that naming the algorithms loads no torch)."""
 
 
-def algorithm(name: str) -> type[Algorithm]:
-    """The part class :data:`ALGORITHMS` names ``name``.
+def learner_of(name: str) -> Callable[..., TrainResult]:
+    """The ``learn`` function :data:`ALGORITHMS` names ``name``.
 
     Raises:
         ValueError: no such algorithm (the known ones named).
     """
     if name not in ALGORITHMS:
         raise ValueError(f"algo must be one of {sorted(ALGORITHMS)}, got {name!r}")
-    module, cls = ALGORITHMS[name].split(":")
-    part: type[Algorithm] = getattr(importlib.import_module(module), cls)
-    return part
+    module, attr = ALGORITHMS[name].split(":")
+    learn: Callable[..., TrainResult] = getattr(importlib.import_module(module), attr)
+    return learn
+
+
+class Settings(Protocol):
+    """What the run reads of an algorithm's settings (``PPOArgs``, ``SACArgs``)."""
+
+    env_id: str
+    seed: int
+    num_envs: int
+    num_steps: int
+    mode: str
+    env_threads: int
+    torch_threads: int
+    env_kwargs: dict[str, Any]
+
+
+class Learner(Protocol):
+    """What the run reads of a learner (``PPO``, ``SAC``): the policy pushed to the
+    source, the version of its weights and the env steps it learned from."""
+
+    model: ActorCritic
+    version: int
+    global_step: int
 
 
 @dataclass
@@ -147,8 +155,8 @@ class TrainResult:
 
 @dataclass
 class RunOptions:
-    """What a run does around its algorithm (the arguments every algorithm's run takes;
-    :func:`simkit.clients.learners._train.run_training` documents each)."""
+    """What a run does around its algorithm: the keywords of :func:`simkit.train` that
+    are not the algorithm's settings."""
 
     logdir: Path
     resume: str | Path | None = None
@@ -170,28 +178,6 @@ class RunOptions:
     metrics_port: int | None = None
 
 
-class RunKeywords(TypedDict, total=False):
-    """The run arguments every algorithm's entry point
-    (:func:`~simkit.clients.learners._train.run_training`, :func:`~simkit.clients.learners._train_sac.run_sac`)
-    takes as keywords beside its own: :class:`RunOptions` fields, passed on as they are
-    (the defaults are :class:`RunOptions`')."""
-
-    resume: str | Path | None
-    progress: bool
-    print_every: float
-    tensorboard: bool
-    handle_signals: bool
-    connect: Sequence[str]
-    servers: int | None
-    server_timeout: float
-    wait_for_servers: bool
-    record: str | Path | None
-    ray: str | None
-    server_cpus: float
-    server_gpus: float
-    max_restarts: int
-
-
 @dataclass
 class Report:
     """What an algorithm reports after a round (:meth:`Algorithm.report`)."""
@@ -209,121 +195,7 @@ class Report:
     """:meth:`LearnerMetrics.observe` arguments (Prometheus), if the algorithm has any."""
 
 
-class Algorithm(Protocol):
-    """An algorithm's part of a :class:`Run`: what differs between PPO and SAC.
-
-    The run calls, in order: :meth:`check`, on resume :meth:`resume`, :meth:`build`,
-    :meth:`attach` (the source is open), :meth:`start`, then drives :meth:`rounds`
-    through the one loop (:func:`~simkit.clients.learners._loop.drive`); after each round it
-    asks :meth:`report`, at each boundary :meth:`checkpoint_due`, then
-    :meth:`checkpoint` and :meth:`checkpoint_written`. ``args`` is a
-    :class:`~simkit.clients.learners._args.PPOArgs` or :class:`~simkit.clients.learners._args.SACArgs`-like
-    dataclass (``env_id``, ``seed``, ``num_envs``, ``num_steps``, ``mode``,
-    ``env_threads``, ``torch_threads``).
-    """
-
-    name: str
-    """The ``--algo`` name; a checkpoint of another algorithm is refused."""
-    round_name: str
-    """What one round is called ("update", "round"): a signal checkpoints after it."""
-    default_servers: int
-    """Local servers a new run starts when none are asked for."""
-    args: Any
-
-    @classmethod
-    def from_namespace(cls, args: Any, ns: Any, given: Sequence[str]) -> Algorithm:
-        """The part for ``args`` with its own ``simkit train`` flags of ``ns`` (an
-        ``argparse.Namespace``: checkpoint cadence and the like); ``given``: the settings
-        the command line set."""
-        ...
-
-    def check(self, options: RunOptions, ckpt: Checkpoint | None) -> None:
-        """Refuses options this algorithm cannot run, before the checkpoint is used."""
-        ...
-
-    def resume(self, ckpt: Checkpoint) -> tuple[int, dict[str, int] | None]:
-        """Takes ``ckpt``'s settings (``args`` becomes them); returns its env steps and,
-        when it already reached ``total_steps``, its ``updates`` and ``dropped``."""
-        ...
-
-    def check_args(self) -> None:
-        """Refuses bad settings (before the log directory or any server is touched)."""
-        ...
-
-    def build(self, ckpt: Checkpoint | None) -> Any:
-        """Builds (and restores) the model and the learner; returns the policy model
-        the source acts with."""
-        ...
-
-    def spec(self) -> Any:
-        """The policy's :class:`~simkit.models.ModelSpec` (what servers build)."""
-        ...
-
-    def picked_device(self) -> Any:
-        """The learner's device and why: a
-        :class:`~simkit.clients.learners._device_pick.DevicePick` made in :meth:`build`
-        (``--device auto`` probes the update there)."""
-        ...
-
-    def loop_device(self, servers: int, options: RunOptions) -> Any:
-        """The device the whole loop runs on (``--device-loop``: a
-        :class:`~simkit.clients.learners._device_source.DeviceSource`), or None for the other
-        sources; ``servers``: the run's local servers. Raises ``ValueError`` where the
-        run asks for the device loop and cannot have it."""
-        ...
-
-    @property
-    def max_lag(self) -> int:
-        """Fragments more than this many versions old are dropped (async mode)."""
-        ...
-
-    def attach(self, source: Any, ckpt: Checkpoint | None) -> None:
-        """The source is open: finish the learner (its rows are known now)."""
-        ...
-
-    def start(self, run: Run, now: float) -> None:
-        """The run starts its clock (``now``: monotonic) for the checkpoint cadence."""
-        ...
-
-    def rounds(self) -> Rounds:
-        """Its side of the one loop (:func:`~simkit.clients.learners._loop.drive`): when a round
-        is ready, its update, when the run is finished."""
-        ...
-
-    def report(self, stats: Any, wait: float, last: bool, run: Run) -> Report | None:
-        """What to report after a round (None: nothing this round)."""
-        ...
-
-    def checkpoint_due(self, now: float) -> bool:
-        """Whether to checkpoint at this boundary."""
-        ...
-
-    def checkpoint(self, source: Any, tally: RunTally) -> dict[str, Any]:
-        """``save_checkpoint`` arguments: ``name``, ``model``, ``optimizer``, ``state``
-        (and ``extra``)."""
-        ...
-
-    def checkpoint_written(self, run: Run, began: float, now: float) -> None:
-        """A checkpoint begun at ``began`` was written at ``now``."""
-        ...
-
-    def policy(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The policy snapshot's tensors and metadata."""
-        ...
-
-    @property
-    def learner(self) -> Learner:
-        """The learner (once :meth:`attach` ed): its model, version and env steps."""
-        ...
-
-    def total_steps(self, rows: int) -> int:
-        """Env steps the run stops at (0: until stopped), for the progress line."""
-        ...
-
-    def result(self) -> dict[str, Any]:
-        """:class:`TrainResult` fields of this algorithm: ``updates``, ``dropped``,
-        ``times``, ``learning``."""
-        ...
+_END: Any = object()
 
 
 def _saved_servers(state: dict[str, Any]) -> int:
@@ -338,284 +210,320 @@ def _saved_servers(state: dict[str, Any]) -> int:
 
 
 class Run:
-    """One training run of ``part`` (an :class:`Algorithm`) with ``options``;
-    :meth:`train` runs it."""
+    """One training run's log directory, source, outputs and stop rule, for the
+    algorithm ``algo`` (whose rounds are called ``round_name``: "update", "round")."""
 
-    def __init__(self, part: Algorithm, options: RunOptions) -> None:
-        self.part = part
+    def __init__(self, options: RunOptions, *, algo: str, round_name: str) -> None:
         self.options = options
+        self.algo = algo
         self.logdir = Path(options.logdir)
         self.policy_path = self.logdir / "policy.safetensors"
+        self.ckpt: Checkpoint | None = None
         self.last_checkpoint: Path | None = None
-        self.source: Any = None
-        self.local = False
-        """The source rolls out in this process (on the host or the device loop)."""
+        self.recorder: Any = None
+        self.rollout: Rollout | None = None
         self.kind = "local"
         """:func:`~simkit.clients.learners._rollout.source_kind` of the source."""
-        self.tally = RunTally()
-        self.start_step = 0
-        self.stop = StopRequest(after=f"after this {part.round_name}")
-        self._view: Any = None
         self.device = ""
         """:attr:`TrainResult.device`: the learner's device and why."""
+        self.tally = RunTally()
+        self.start_step = 0
+        self.rounds = 0
+        self.stop = StopRequest(after=f"after this {round_name}")
+        self._view: dict[str, Any] | None = None
+        self._save: Callable[[], dict[str, Any]] | None = None
+        self._policy: Callable[[], tuple[dict[str, Any], dict[str, Any]]] | None = None
+        self._learner: Learner | None = None
+        self._stream: Iterator[Fragment | DeviceFragment | None] | None = None
+        self.wait = 0.0
+        """Seconds the last :meth:`pull` waited for the source."""
 
-    # ------------------------------------------------------------------ start
+    # ------------------------------------------------------------------ before the loop
 
-    def _resume(self) -> tuple[Checkpoint | None, int, TrainResult | None]:
-        """Loads and checks the checkpoint to resume: ``(ckpt, its env steps, the result
-        when it is complete)``."""
-        options, part = self.options, self.part
-        ckpt = load_checkpoint(options.resume) if options.resume is not None else None
-        part.check(options, ckpt)
-        if ckpt is None:
-            return None, 0, None
-        algo = checkpoint_algo(ckpt)
-        if algo != part.name:
-            raise InvalidCheckpoint(
-                f"{ckpt.path}: a {algo} checkpoint; --algo {part.name} resumes "
-                f"{part.name.upper()} checkpoints"
-            )
-        done, complete = part.resume(ckpt)
-        if complete is None:
-            return ckpt, done, None
-        return (
-            ckpt,
-            done,
-            TrainResult(
-                logdir=self.logdir,
-                checkpoint=ckpt.path,
-                policy=self.policy_path,
-                global_step=done,
-                updates=complete["updates"],
-                elapsed_s=0.0,
-                steps_per_s=0.0,
-                mean_return=float("nan"),
-                dropped=complete["dropped"],
-                stopped=False,
-                complete=True,
-            ),
-        )
-
-    def open_source(self, model: Any, ckpt: Checkpoint | None) -> Rollout:
-        """Opens the run's fragment source: in process, local servers, ``connect`` or
-        Ray (the checkpoint's number of servers when resuming and none is asked for)."""
-        options, args = self.options, self.part.args
-        servers = options.servers
-        if servers is None:
-            if options.connect:
-                servers = 0
-            elif ckpt is not None:
-                servers = _saved_servers(ckpt.state)
-            else:
-                servers = self.part.default_servers
-        plan = RolloutPlan(
-            args.env_id,
-            self.part.spec(),
-            num_envs=args.num_envs,
-            num_steps=args.num_steps,
-            seed=args.seed,
-            mode=args.mode,
-            max_lag=self.part.max_lag,
-            env_threads=args.env_threads,
-            servers=servers,
-            connect=options.connect,
-            ray=options.ray,
-            server_cpus=options.server_cpus,
-            server_gpus=options.server_gpus,
-            max_restarts=options.max_restarts,
-            server_timeout=options.server_timeout,
-            wait_for_servers=options.wait_for_servers,
-            give_up=self.stop,
-            logdir=self.logdir,
-            device_loop=self.part.loop_device(servers, options),
-            env_kwargs=args.env_kwargs,
-        )
-        return open_rollout(plan, model)
-
-    def _attach(self, rollout: Rollout, ckpt: Checkpoint | None) -> None:
-        """Finishes the learner over the open source and restores the checkpoint's
-        rollout state into it."""
-        source = rollout.source
-        self.part.attach(source, ckpt)
-        if ckpt is not None:
-            try:
-                restore_rollout(source, ckpt.state, self.kind)
-            except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
-                raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the rollout: {exc}") from exc
-
-    # ------------------------------------------------------------------ the run
-
-    def train(self) -> TrainResult:
-        """Runs (or resumes) the training to its end, a stop request or ``max_rounds``.
+    def resume(self) -> Checkpoint | None:
+        """The checkpoint ``resume`` names, checked to be this algorithm's (None: a new run).
 
         Raises:
-            InvalidCheckpoint: ``resume`` is not a valid checkpoint of this algorithm.
-            ServersLost: every rollout server was lost (the progress is checkpointed).
+            InvalidCheckpoint: no valid checkpoint, or another algorithm's.
         """
-        part, options = self.part, self.options
-        ckpt, done, complete = self._resume()
-        if complete is not None:
-            return complete
-        part.check_args()  # bad settings fail before any server starts
-        prepare_logdir(self.logdir)
-        if ckpt is not None:
-            trim_progress(self.logdir / "progress.jsonl", done)
-        set_compute_threads(part.args.torch_threads)
-        model = part.build(ckpt)
-        self._say_device()
-        recorder = open_recorder(options.record, part.args.env_id, part.args.seed)
-        try:
-            rollout = self.open_source(model, ckpt)
-        except BaseException:
-            if recorder is not None:
-                recorder.close()
-            raise
-        self.source = rollout.source
-        self.kind = source_kind(self.source)
-        self.local = self.kind != "servers"
-        try:
-            self._attach(rollout, ckpt)
-        except BaseException:
-            rollout.close()
-            if recorder is not None:
-                recorder.close()
-            raise
-        self.source.push_weights(part.learner.model, version=part.learner.version)
-        if options.handle_signals:
-            self.stop.install()
-        try:
-            self._learn(ckpt, recorder)
-        finally:
-            rollout.close()
-            if recorder is not None:
-                recorder.close()
-            self.stop.restore()
-        return self._result()
+        if self.options.resume is None:
+            return None
+        ckpt = self.ckpt = load_checkpoint(self.options.resume)
+        saved = checkpoint_algo(ckpt)
+        if saved != self.algo:
+            raise InvalidCheckpoint(
+                f"{ckpt.path}: a {saved} checkpoint; --algo {self.algo} resumes "
+                f"{self.algo.upper()} checkpoints"
+            )
+        return ckpt
 
-    def _say_device(self) -> None:
-        """Keeps the learner's device for the result; for ``--device auto``, one stderr
-        line saying what the probe picked and by what figures."""
-        pick = self.part.picked_device()
+    def complete(self, done: int, *, updates: int, dropped: int) -> TrainResult:
+        """The result of a resumed run whose checkpoint already reached its end."""
+        assert self.ckpt is not None
+        return TrainResult(
+            logdir=self.logdir,
+            checkpoint=self.ckpt.path,
+            policy=self.policy_path,
+            global_step=done,
+            updates=updates,
+            elapsed_s=0.0,
+            steps_per_s=0.0,
+            mean_return=float("nan"),
+            dropped=dropped,
+            stopped=False,
+            complete=True,
+        )
+
+    def prepare(self, settings: Settings, done: int) -> None:
+        """The log directory checked writable (and ``progress.jsonl`` trimmed to the
+        checkpoint's ``done`` env steps) and the torch threads set.
+
+        Raises:
+            ValueError: ``record`` of a ``gym:`` env (replay re-simulates with simkit.make).
+        """
+        if self.options.record is not None and settings.env_id.startswith("gym:"):
+            raise ValueError(
+                "--record needs a simkit env (replay re-simulates it with simkit.make), "
+                f"got {settings.env_id!r}"
+            )
+        prepare_logdir(self.logdir)
+        if self.ckpt is not None:
+            trim_progress(self.logdir / "progress.jsonl", done)
+        set_compute_threads(settings.torch_threads)
+
+    def use_device(self, pick: DevicePick) -> Any:
+        """The learner's device of ``pick``, kept for the result; for ``--device auto``,
+        one stderr line saying what the probe picked and by what figures."""
         self.device = pick.describe()
         if pick.asked == "auto":
             print(f"simkit train: --device auto: {self.device}", file=sys.stderr)
+        return pick.device
 
-    def _learn(self, ckpt: Checkpoint | None, recorder: Any) -> None:
-        """The loop under the run's outputs: TensorBoard, metrics, the progress line,
-        checkpoints (also when every server is lost)."""
-        part, options = self.part, self.options
-        purge = None if ckpt is None else part.learner.global_step + 1  # what the resume redoes
-        self.writer = (
-            TensorBoard(self.logdir / "tb", purge_step=purge) if options.tensorboard else None
-        )
-        self.metrics = LearnerMetrics()
-        self.metrics.fragment_received(time.time())  # start-up counts as news: no alert before T s
-        self.tally = RunTally(None if ckpt is None else ckpt.state.get("tally"))
-        self.start_step = part.learner.global_step
-        self.line = ProgressLine(
-            progress=options.progress,
-            print_every=options.print_every,
-            env_id=part.args.env_id,
-            total=part.total_steps(self.source.num_rows),
-            done=part.learner.global_step,
-        )
-        self.recorder = recorder
-        try:
-            if options.metrics_port is not None:
-                port = self.metrics.start(options.metrics_port)
-                print(
-                    f"simkit train: learner metrics on http://127.0.0.1:{port}/metrics",
-                    file=sys.stderr,
-                )
-            part.start(self, time.monotonic())
-            algo = "" if part.name == "ppo" else f" --algo {part.name}"
-            pinned = " --reproducible" if is_pinned() else ""
-            with checkpoint_if_servers_lost(
-                self.checkpoint,
-                self.stop,
-                env_steps=lambda: part.learner.global_step,
-                resume=f"simkit train {part.args.env_id}{algo} --resume {self.logdir}{pinned}",
-            ):
-                drive(
-                    part.rounds(),
-                    self.source,
-                    max_rounds=options.max_rounds,
-                    should_stop=self.stop,
-                    on_boundary=self.at_boundary,
-                    on_round=self.on_round,
-                    on_fragment=self.on_fragment,
-                )
-                self.checkpoint()  # the last round's weights were not pushed: at the boundary
-        finally:
-            self.line.stop()
-            if self.writer is not None:
-                self.writer.close()
-            self.metrics.close()
+    def servers(self, default: int) -> int:
+        """Local servers to start: ``servers``, else none with ``connect``, else the
+        checkpoint's, else the algorithm's ``default``."""
+        if self.options.servers is not None:
+            return self.options.servers
+        if self.options.connect:
+            return 0
+        if self.ckpt is not None:
+            return _saved_servers(self.ckpt.state)
+        return default
 
-    def _result(self) -> TrainResult:
-        part = self.part
-        elapsed = self.tally.session_s()
-        return TrainResult(
+    def open_source(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        model: ActorCritic,
+        *,
+        max_lag: int,
+        servers: int,
+        device_loop: Any = None,
+    ) -> FragmentSource:
+        """Opens the recorder (``record``) and the run's fragment source (in process,
+        ``servers`` local servers, ``connect`` or Ray; ``device_loop``: the device the
+        whole loop runs on). On failure nothing is left open or running."""
+        o = self.options
+        self.recorder = open_recorder(o.record, settings.env_id, settings.seed)
+        plan = RolloutPlan(
+            settings.env_id,
+            spec,
+            num_envs=settings.num_envs,
+            num_steps=settings.num_steps,
+            seed=settings.seed,
+            mode=settings.mode,
+            max_lag=max_lag,
+            env_threads=settings.env_threads,
+            servers=servers,
+            connect=o.connect,
+            ray=o.ray,
+            server_cpus=o.server_cpus,
+            server_gpus=o.server_gpus,
+            max_restarts=o.max_restarts,
+            server_timeout=o.server_timeout,
+            wait_for_servers=o.wait_for_servers,
+            give_up=self.stop,
             logdir=self.logdir,
-            checkpoint=self.last_checkpoint,
-            policy=self.policy_path,
-            global_step=part.learner.global_step,
-            elapsed_s=elapsed,
-            steps_per_s=(part.learner.global_step - self.start_step) / max(elapsed, 1e-9),
-            mean_return=self.tally.mean_return(),
-            stopped=self.stop.requested,
-            record=None if self.options.record is None else Path(self.options.record),
-            not_exact=self.source.not_exact,
-            rollout=describe_source(self.source),
-            device=self.device,
-            reproducible=is_pinned(),
-            **part.result(),
+            device_loop=device_loop,
+            env_kwargs=settings.env_kwargs,
+        )
+        try:
+            self.rollout = open_rollout(plan, model)
+        except BaseException:
+            self._close()
+            raise
+        self.kind = source_kind(self.rollout.source)
+        return self.rollout.source
+
+    @property
+    def source(self) -> FragmentSource:
+        """The open source."""
+        assert self.rollout is not None
+        return self.rollout.source
+
+    @property
+    def local(self) -> bool:
+        """The source rolls out in this process (on the host or the device loop)."""
+        return self.kind != "servers"
+
+    def restore_source(self) -> None:
+        """On resume, the checkpoint's rollout state into the source.
+
+        Raises:
+            InvalidCheckpoint: the state does not fit (the run is closed).
+        """
+        if self.ckpt is None:
+            return
+        try:
+            restore_rollout(self.source, self.ckpt.state, self.kind)
+        except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
+            self._close()
+            raise InvalidCheckpoint(f"{self.ckpt.path}: cannot restore the rollout: {exc}") from exc
+
+    def _close(self) -> None:
+        try:
+            if self.rollout is not None:
+                self.rollout.close()
+        finally:
+            if self.recorder is not None:
+                self.recorder.close()
+
+    # ------------------------------------------------------------------ the loop
+
+    @contextlib.contextmanager
+    def session(
+        self,
+        learner: Learner,
+        *,
+        env_id: str,
+        total: int,
+        checkpoint: Callable[[], dict[str, Any]],
+        policy: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
+    ) -> Iterator[None]:
+        """Around the algorithm's loop: the first weights pushed, signals, TensorBoard,
+        metrics and the progress line (``total`` env steps, 0: until stopped); when the
+        loop ends, a checkpoint (``checkpoint()``: :func:`save_checkpoint` arguments);
+        when the last server is lost, a checkpoint and
+        :class:`~simkit.errors.ServersLost`. Everything is closed on the way out.
+        ``policy()``: the policy snapshot's tensors and metadata."""
+        o = self.options
+        self._learner, self._save, self._policy = learner, checkpoint, policy
+        try:
+            if o.handle_signals:
+                self.stop.install()
+            self.source.push_weights(learner.model, version=learner.version)
+            purge = None if self.ckpt is None else learner.global_step + 1  # the redone steps
+            self.writer = (
+                TensorBoard(self.logdir / "tb", purge_step=purge) if o.tensorboard else None
+            )
+            self.metrics = LearnerMetrics()
+            self.metrics.fragment_received(time.time())  # start-up is news: no alert before T s
+            self.tally = RunTally(None if self.ckpt is None else self.ckpt.state.get("tally"))
+            self.start_step = learner.global_step
+            self.line = ProgressLine(
+                progress=o.progress,
+                print_every=o.print_every,
+                env_id=env_id,
+                total=total,
+                done=learner.global_step,
+            )
+            try:
+                if o.metrics_port is not None:
+                    port = self.metrics.start(o.metrics_port)
+                    print(
+                        f"simkit train: learner metrics on http://127.0.0.1:{port}/metrics",
+                        file=sys.stderr,
+                    )
+                algo = "" if self.algo == "ppo" else f" --algo {self.algo}"
+                pinned = " --reproducible" if is_pinned() else ""
+                with checkpoint_if_servers_lost(
+                    self.checkpoint,
+                    self.stop,
+                    env_steps=lambda: learner.global_step,
+                    resume=f"simkit train {env_id}{algo} --resume {self.logdir}{pinned}",
+                ):
+                    yield
+                    self.checkpoint()  # the last round's weights were not pushed: a boundary
+            finally:
+                self.line.stop()
+                if self.writer is not None:
+                    self.writer.close()
+                self.metrics.close()
+        finally:
+            self._close()
+            self.stop.restore()
+
+    def pull(
+        self, ready: Callable[[], bool], take: Callable[[Fragment | DeviceFragment | None], None]
+    ) -> bool:
+        """Gives fragments to ``take`` (``None``: the source changed, e.g. lost a server)
+        until ``ready()``; each is counted and recorded first. Returns False when the
+        source ended; :attr:`wait` holds the seconds spent waiting for it."""
+        if self._stream is None:
+            self._stream = iter(self.source.fragments())
+        self.wait = 0.0
+        while not ready():
+            began = time.perf_counter()
+            fragment = next(self._stream, _END)
+            self.wait += time.perf_counter() - began
+            if fragment is _END:
+                return False
+            if fragment is not None:
+                self.metrics.fragment_received(time.time())
+                if self.recorder is not None:
+                    self.recorder.record(fragment)
+            take(fragment)
+        return True
+
+    def stopping(self, finished: bool) -> bool:
+        """Whether the round just done is the call's last: the algorithm ``finished``,
+        ``max_rounds`` rounds done or a stop requested."""
+        self.rounds += 1
+        max_rounds = self.options.max_rounds
+        return bool(
+            finished or (max_rounds is not None and self.rounds >= max_rounds) or self.stop()
         )
 
-    # ------------------------------------------------------------------ the hooks
+    def end_round(self, episode_returns: Any) -> None:
+        """After a round's boundary: its ended episodes' returns into the tally; the
+        servers' view is asked afresh."""
+        self._view = None
+        self.tally.add(episode_returns)
+
+    def boundary(self, due: bool) -> None:
+        """Between rounds: the sources wait at a fragment boundary (sync mode), where their
+        session states are exact; a checkpoint if ``due``, then the new weights go out."""
+        if due:
+            self.checkpoint()
+        assert self._learner is not None
+        self.source.push_weights(self._learner.model, version=self._learner.version)
 
     def view(self) -> dict[str, Any] | None:
         """The servers' view this round (None in process): asked once a round."""
-        if self._view is None and not self.local:
-            self._view = self.source.view()
+        source = self.source
+        if self._view is None and isinstance(source, ServerSource):
+            self._view = source.view()
         return self._view
 
-    def on_fragment(self, fragment: Fragment) -> None:
-        """Every fragment the learner takes: counted (metrics) and recorded."""
-        self.metrics.fragment_received(time.time())
-        if self.recorder is not None:
-            self.recorder.record(fragment)
+    def timings(self) -> dict[str, float] | None:
+        """In process, the env and inference seconds since the last call (None: servers)."""
+        source = self.source
+        return source.timings() if isinstance(source, LocalSource | DeviceSource) else None
 
-    def save_policy(self) -> None:
-        """Writes the policy snapshot (``policy.safetensors``)."""
-        tensors, meta = self.part.policy()
-        save_policy(self.policy_path, tensors, meta)
+    @property
+    def num_servers(self) -> int:
+        """The server sessions the run streams from (0: in process)."""
+        source = self.source
+        return source.num_servers if isinstance(source, ServerSource) else 0
 
-    def checkpoint(self) -> Path:
-        """Writes a checkpoint now (it must be at a fragment boundary)."""
-        began = time.monotonic()
-        saved = self.part.checkpoint(self.source, self.tally)
-        # the kernels the learner ran under: --resume keeps --reproducible by them
-        saved["state"] = {**saved["state"], "kernels": kernel_mode()}
-        self.last_checkpoint = save_checkpoint(self.logdir / "checkpoints", **saved)
-        self.part.checkpoint_written(self, began, time.monotonic())
-        return self.last_checkpoint
-
-    def at_boundary(self) -> None:
-        """Before a round's weights go out: the sources wait at a fragment boundary
-        (sync mode), where their session states are exact; checkpoint if due."""
-        if self.part.checkpoint_due(time.monotonic()):
-            self.checkpoint()
-
-    def on_round(self, stats: Any, wait: float, last: bool) -> None:
-        """After a round: the tally, then what the algorithm reports, written out."""
-        self._view = None
-        self.tally.add(stats.episode_returns)
-        report = self.part.report(stats, wait, last, self)
+    def log(self, report: Report | None) -> None:
+        """Writes what a round reports: a ``progress.jsonl`` row (with the servers'
+        view), the policy snapshot, TensorBoard scalars, metrics, the progress line."""
         if report is None:
             return
+        assert self._learner is not None
         view = self.view()
-        step = self.part.learner.global_step
+        step = self._learner.global_step
         if report.row is not None:
             if report.metrics is not None:
                 self.metrics.observe(**report.metrics)
@@ -634,3 +542,51 @@ class Run:
                 if view["restarted"]:
                     extra[-1] += f" ({view['restarted']} restarted)"
             self.line.show(step, report.sps, self.tally.mean_return(), extra)
+
+    def save_policy(self) -> None:
+        """Writes the policy snapshot (``policy.safetensors``)."""
+        assert self._policy is not None
+        tensors, meta = self._policy()
+        save_policy(self.policy_path, tensors, meta)
+
+    def checkpoint(self) -> Path:
+        """Writes a checkpoint now (it must be at a fragment boundary), with the tally and
+        the kernels the learner ran under (``--resume`` keeps ``--reproducible`` by them),
+        and the policy snapshot beside it."""
+        assert self._save is not None
+        saved = self._save()
+        saved["state"] = {
+            **saved["state"],
+            "tally": self.tally.to_state(),
+            "kernels": kernel_mode(),
+        }
+        self.last_checkpoint = save_checkpoint(self.logdir / "checkpoints", **saved)
+        self.save_policy()
+        return self.last_checkpoint
+
+    def sps(self) -> float:
+        """Env steps per second of this session."""
+        assert self._learner is not None
+        return (self._learner.global_step - self.start_step) / max(self.tally.session_s(), 1e-9)
+
+    def result(self, **fields: Any) -> TrainResult:
+        """The :class:`TrainResult`, with the algorithm's ``fields`` (``updates``,
+        ``dropped``, ``times``, ``learning``)."""
+        assert self._learner is not None
+        elapsed = self.tally.session_s()
+        return TrainResult(
+            logdir=self.logdir,
+            checkpoint=self.last_checkpoint,
+            policy=self.policy_path,
+            global_step=self._learner.global_step,
+            elapsed_s=elapsed,
+            steps_per_s=self.sps(),
+            mean_return=self.tally.mean_return(),
+            stopped=self.stop.requested,
+            record=None if self.options.record is None else Path(self.options.record),
+            not_exact=self.source.not_exact,
+            rollout=describe_source(self.source),
+            device=self.device,
+            reproducible=is_pinned(),
+            **fields,
+        )

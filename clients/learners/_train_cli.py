@@ -1,28 +1,27 @@
-"""``simkit train`` and ``simkit eval``: the command lines over :mod:`simkit.clients.learners._train`.
+"""``simkit train`` and ``simkit eval``: the command lines over :func:`simkit.train`
+(:mod:`simkit.clients.learners._train`) and :mod:`simkit.clients.learners._evaluate`.
 
-The PPO flags come from :class:`~simkit.clients.learners.ppo.PPOArgs` itself (one flag per
-field, its default shown in ``--help``), and every value is checked before anything
-starts (:meth:`PPOArgs.check`, and the run settings here). A flag that is not given is
-``None`` here, which is how ``--resume`` tells what the command line asks for from
-what the checkpoint holds: only flags given are compared with the checkpoint
-(:func:`~simkit.clients.learners._train.resume_args`).
+The setting flags come from :class:`~simkit.clients.learners._args.PPOArgs` and ``SACArgs``
+themselves (one flag per field, its default shown in ``--help``); every flag is the
+keyword of the same name (:func:`train_keywords`), checked before anything starts. A
+setting flag that is not given is ``None`` here, which is how ``--resume`` tells what the
+command line asks for from what the checkpoint holds: only flags given are compared with
+the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import shutil
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simkit._argtypes import ENV_ID_FORMS, integer
-from simkit._kernels import is_pinned, reexec_pinned, why_bits_may_differ
-from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs, capped, refuse_unless
+from simkit._kernels import is_pinned, reexec_pinned
+from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs
+from simkit.clients.learners._logdir import LogdirLock, died_before_first_checkpoint, resumed_logdir
 from simkit.errors import (
     InvalidCheckpoint,
     MissingDependency,
@@ -35,8 +34,8 @@ from simkit.errors import (
 from simkit.registry import add_trust_argument
 
 if TYPE_CHECKING:
-    from simkit.clients.learners._train import TrainResult
-    from simkit.recording._format import DirectoryLock
+    from simkit.clients.learners._run import TrainResult
+    from simkit.clients.learners._train import Plan
 
 __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
 
@@ -275,147 +274,6 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def given_settings(ns: argparse.Namespace, cls: type[Any] = PPOArgs) -> dict[str, Any]:
-    """The ``cls`` (PPOArgs or SACArgs) fields the command line set (not None)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name == "env_id":
-            continue
-        value = getattr(ns, f.name, None)
-        if value is None:
-            continue
-        if f.name == "env_kwargs":
-            from simkit.servers._cli import parse_env_kwargs
-
-            out[f.name] = parse_env_kwargs(value)
-        else:
-            out[f.name] = tuple(value) if isinstance(value, list) else value
-    return out
-
-
-SERVER_BYTES = 256 << 20
-"""About what one local ``simkit serve --policy`` process takes (~230 MiB resident with
-torch loaded): ``--servers N`` needs N times it free."""
-MAX_RAY_SERVERS = 4096
-"""The most ``--servers`` on Ray (or ``--connect`` endpoints): a cluster's, not this
-machine's, memory holds them."""
-
-
-def check_run_settings(ns: argparse.Namespace, num_envs: int) -> None:
-    """The run's own numeric settings, checked before anything starts.
-
-    Raises:
-        ValueError: a value out of range, naming the flag, what it must be and what came.
-    """
-    from simkit._limits import Range, check_memory, check_ranges, max_threads
-
-    local_servers = MAX_RAY_SERVERS if ns.ray is not None else max_threads()
-    check_ranges(
-        [
-            (Range("--checkpoint-every", 0), ns.checkpoint_every),
-            (Range("--checkpoint-minutes", 0, 10**7), ns.checkpoint_minutes),
-            (Range("--print-every", 0, 10**7, low_open=True), ns.print_every),
-            (Range("--server-timeout", 0, 7 * 24 * 3600, low_open=True), ns.server_timeout),
-            (Range("--server-cpus", 0, 1 << 16), ns.server_cpus),
-            (Range("--server-gpus", 0, 1 << 10), ns.server_gpus),
-            (Range("--max-restarts", -1), ns.max_restarts),
-            (Range("--servers", 0, local_servers, optional=True), ns.servers),
-            (
-                Range("--connect", 0, MAX_RAY_SERVERS, what="given at most 4096 times"),
-                len(ns.connect),
-            ),
-        ]
-    )
-    if ns.servers and ns.ray is None:
-        check_memory(
-            ns.servers * SERVER_BYTES,
-            f"--servers {ns.servers} (a local process each, about {SERVER_BYTES >> 20} MiB)",
-        )
-    count = (ns.servers or 0) + len(ns.connect)
-    if count > num_envs:
-        raise ValueError(
-            f"{count} server(s) need at least one env slot each: --num-envs must be >= "
-            f"{count}, got {num_envs}"
-        )
-
-
-def resumed_logdir(resume: str | Path) -> Path:
-    """The log directory of the run a ``--resume`` path (``resume=`` of
-    :func:`simkit.train`) belongs to: the checkpoint's, its folder's, or the path."""
-    path = Path(resume)
-    for candidate in (path, *path.parents):
-        if candidate.name == "checkpoints":
-            return candidate.parent
-        if (candidate / "checkpoints").is_dir():
-            return candidate
-    return path
-
-
-_resumed_logdir = resumed_logdir
-
-
-def _settings(ns: argparse.Namespace) -> PPOArgs | SACArgs:
-    """The run's settings: the command line's flags over the defaults of ``--algo``, or
-    over the checkpoint's with ``--resume``; checked.
-
-    Raises:
-        ValueError / TypeError / InvalidCheckpoint: one line for the person.
-    """
-    ckpt = None
-    if ns.resume is not None:  # --algo defaults to the checkpoint's
-        from simkit.clients.learners._checkpoint import checkpoint_algo, load_checkpoint
-
-        ckpt = load_checkpoint(ns.resume)
-        ns.resumed_kernels = ckpt.state.get("kernels")  # None: from before they were kept
-        algo = checkpoint_algo(ckpt)
-        if ns.algo not in (None, algo):
-            raise ValueError(f"--resume {ns.resume}: a {algo} checkpoint; use --algo {algo}")
-        ns.algo = algo
-    ns.algo = ns.algo or "ppo"
-    sac = ns.algo == "sac"
-    cls: type[PPOArgs] | type[SACArgs] = SACArgs if sac else PPOArgs
-    _refuse_other_algo(ns, _PPO_ONLY if sac else _SAC_ONLY, "ppo" if sac else "sac")
-    given = given_settings(ns, cls)
-    slots = (ns.servers or 0) + len(ns.connect)  # every server needs an env slot
-    if ns.resume is None and "num_envs" not in given and slots > cls.num_envs:
-        given["num_envs"] = slots
-    args: PPOArgs | SACArgs
-    if ckpt is not None:
-        from simkit.clients.learners._checkpoint import checkpoint_args
-
-        parse: Callable[[Any], PPOArgs | SACArgs] = cls.from_plain
-        saved = checkpoint_args(ckpt, parse)
-        if ns.env_id != saved.env_id:
-            raise ValueError(
-                f"--resume: the checkpoint trains {saved.env_id!r}, the command line "
-                f"names {ns.env_id!r}"
-            )
-        args = dataclasses.replace(saved, **given)
-    else:
-        args = dataclasses.replace(cls(env_id=ns.env_id), **given)
-    if isinstance(args, SACArgs):
-        args.check_learning_starts()  # as asked: the cap shortens runs for the docs' tests
-    args = capped(args)  # $SIMKIT_MAX_TOTAL_STEPS, where set
-    args.check()
-    check_run_settings(ns, args.num_envs)
-    if sac:
-        refuse_unless(
-            [
-                ("--checkpoint-steps", ns.checkpoint_steps, ns.checkpoint_steps >= 0, ">= 0"),
-                (
-                    "--metrics-port",
-                    ns.metrics_port,
-                    ns.metrics_port is None or 0 <= ns.metrics_port < 65536,
-                    "a port in [0, 65535]",
-                ),
-            ]
-        )
-        from simkit.clients.learners._train_sac import check_env
-
-        check_env(args.env_id)
-    return args
-
-
 def run_train(ns: argparse.Namespace) -> int:
     """Runs ``simkit train``; SIGINT/SIGTERM checkpoint and exit 0; bad input is one line
     on stderr and exit 2 before anything starts. The log directory is locked while the
@@ -428,170 +286,6 @@ def run_train(ns: argparse.Namespace) -> int:
             lock.release()
 
 
-_RUN_OUTPUTS = ("progress.jsonl", "checkpoints", "policy.safetensors")
-"""What a run that trained leaves in its log directory (a log directory holding none of
-them holds no run)."""
-_LEFTOVERS = (*_RUN_OUTPUTS, "tb", "prometheus_targets.json")
-"""What a run writes into its log directory: cleared when a run that died before its
-first checkpoint is started over there."""
-
-
-class LogdirLock:
-    """A claimed log directory (:func:`claim_logdir`): its one-writer lock, and what the
-    claim made. :meth:`release` unlocks it and, where the run left no output there
-    (refused, failed to start, interrupted before training), removes what the claim
-    made: no empty log directory (nor a lone ``LOCK``) is left behind.
-
-    Attributes:
-        reused: the directory held a run that died before its first checkpoint; its
-            outputs were cleared and this run starts over there.
-    """
-
-    def __init__(
-        self, lock: DirectoryLock, logdir: Path, made: Path | None, had_lock: bool
-    ) -> None:
-        self.lock = lock
-        self.logdir = logdir
-        self.made = made
-        self.had_lock = had_lock
-        self.reused = False
-
-    def release(self) -> None:
-        """Unlocks (idempotent); removes the folders the claim made, or the ``LOCK`` it
-        added, when the run left no output there."""
-        self.lock.release()
-        if any((self.logdir / name).exists() for name in _RUN_OUTPUTS):
-            return
-        if self.made is not None:
-            shutil.rmtree(self.logdir, ignore_errors=True)
-            folder = self.logdir.parent  # the parents the claim made, while they are empty
-            while self.logdir != self.made and folder != self.made.parent:
-                try:
-                    folder.rmdir()  # never a sibling another run made meanwhile
-                except OSError:
-                    break
-                folder = folder.parent
-        elif not self.had_lock:
-            with contextlib.suppress(OSError):
-                (self.logdir / "LOCK").unlink()
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The topmost folder of ``path`` that does not exist yet (what ``mkdir -p`` makes)."""
-    missing = None
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
-
-
-def died_before_first_checkpoint(logdir: Path) -> bool:
-    """Whether ``logdir`` holds the outputs of a run that was killed before it wrote a
-    complete checkpoint: nothing to resume, so a run may start over there."""
-    from simkit.clients.learners._checkpoint import resolve_checkpoint
-
-    if not logdir.is_dir() or not any((logdir / name).exists() for name in _RUN_OUTPUTS):
-        return False
-    try:
-        resolve_checkpoint(logdir)
-    except InvalidCheckpoint:
-        pass
-    else:
-        return False  # a checkpoint (or its latest pointer) is there
-    folder = logdir / "checkpoints"
-    return not (
-        folder.is_dir()
-        and any((d / "manifest.json").is_file() for d in folder.iterdir() if d.is_dir())
-    )
-
-
-def _clear_leftovers(logdir: Path) -> None:
-    """Removes what a run that died before its first checkpoint wrote in ``logdir``."""
-    for name in _LEFTOVERS:
-        path = logdir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-
-
-def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = False) -> LogdirLock:
-    """Makes and locks the run's log directory (the recorder's one-writer lock), and
-    refuses one that holds another run unless this run resumes it: two runs in one
-    directory would interleave ``progress.jsonl`` and overwrite each other's checkpoints.
-    A directory whose run died before its first checkpoint holds nothing to resume: its
-    outputs are cleared and the run starts over there (:attr:`LogdirLock.reused`).
-
-    ``python``: word the refusal of a directory that holds a run for
-    :func:`simkit.train` (its ``resume=`` keyword) instead of the command line.
-
-    Raises:
-        RecordingLocked: another process writes there.
-        ValueError: it holds a run and this one does not ``--resume`` it (or it cannot
-            be made, written or locked).
-    """
-    from simkit.clients.learners._run_parts import prepare_logdir
-    from simkit.recording._format import DirectoryLock
-
-    try:
-        made = _first_missing(logdir)
-        had_lock = (logdir / "LOCK").exists()
-    except OSError as exc:  # a name too long for the file system
-        raise ValueError(f"--logdir {str(logdir)[:200]}: {WriteFailed.reason(exc)}") from exc
-    prepare_logdir(logdir)
-    try:
-        lock = DirectoryLock(
-            logdir,
-            what="log directory",
-            advice="one run per log directory (pick another --logdir or stop it)",
-        )
-    except OSError as exc:  # LOCK is a folder, or cannot be opened
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
-        raise ValueError(
-            f"--logdir {logdir}: cannot lock {logdir / 'LOCK'}: {WriteFailed.reason(exc)}"
-        ) from exc
-    claim = LogdirLock(lock, logdir, made, had_lock)
-    resumes = resume is not None and _resumed_logdir(resume).resolve() == logdir.resolve()
-    if not resumes and ((logdir / "checkpoints").is_dir() or (logdir / "progress.jsonl").exists()):
-        if died_before_first_checkpoint(logdir):
-            try:
-                _clear_leftovers(logdir)
-            except OSError as exc:
-                lock.release()
-                raise ValueError(
-                    f"--logdir {logdir}: cannot clear the run that died there before its "
-                    f"first checkpoint: {WriteFailed.reason(exc)}"
-                ) from exc
-            claim.reused = True
-            return claim
-        lock.release()
-        if python:
-            raise ValueError(
-                f"logdir {str(logdir)!r} holds a run already ({_run_in(logdir)}): continue it "
-                f"with simkit.train(..., resume={str(logdir)!r}), or choose another logdir"
-            )
-        raise ValueError(
-            f"--logdir {logdir} holds a run already ({_run_in(logdir)}): continue it with "
-            f"--resume {logdir}, or choose another --logdir"
-        )
-    return claim
-
-
-def _run_in(logdir: Path) -> str:
-    """The run a log directory holds, in words: its env and env steps where its latest
-    checkpoint says them."""
-    from simkit.clients.learners._checkpoint import load_checkpoint
-
-    try:
-        state = load_checkpoint(logdir).state
-        counters = state.get("counters", state)
-        return f"{state['args']['env_id']}, {int(counters['global_step']):,} env steps"
-    except (InvalidCheckpoint, FileNotFoundError, KeyError, TypeError, ValueError):
-        return "progress.jsonl" if (logdir / "progress.jsonl").exists() else "checkpoints/"
-
-
 def _start_again(ns: argparse.Namespace, exc: Exception) -> str:
     """What to do about a ``--resume`` of a run that died before its first checkpoint:
     start it again without ``--resume`` (its log directory is reused); else ``""``.
@@ -599,7 +293,7 @@ def _start_again(ns: argparse.Namespace, exc: Exception) -> str:
     command's defaults would train another run.)"""
     if not isinstance(exc, InvalidCheckpoint) or ns.resume is None:
         return ""
-    logdir = _resumed_logdir(ns.resume)
+    logdir = resumed_logdir(ns.resume)
     if not died_before_first_checkpoint(logdir):
         return ""
     return (
@@ -608,21 +302,46 @@ def _start_again(ns: argparse.Namespace, exc: Exception) -> str:
     )
 
 
+def train_keywords(ns: argparse.Namespace) -> dict[str, Any]:
+    """The parsed ``simkit train`` flags as :func:`simkit.train`'s keywords of the same
+    names; a setting flag not given is left out (on ``--resume`` the checkpoint's holds)."""
+    from simkit.clients.learners._train import TrainOptions
+
+    keywords: dict[str, Any] = {
+        f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainOptions) if hasattr(ns, f.name)
+    }
+    keywords.update(progress=not ns.no_progress, handle_signals=True)
+    for f in [*dataclasses.fields(PPOArgs), *dataclasses.fields(SACArgs)]:
+        value = getattr(ns, f.name, None)
+        if f.name == "env_id" or value is None:
+            continue
+        if f.name == "env_kwargs":
+            from simkit.servers._cli import parse_env_kwargs
+
+            value = parse_env_kwargs(value)
+        keywords[f.name] = tuple(value) if isinstance(value, list) else value
+    return keywords
+
+
 def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     """:func:`run_train`, holding its log directory's lock in ``locks``."""
+    from simkit.clients.learners._logdir import claim_logdir
+    from simkit.clients.learners._train import execute, plan
     from simkit.errors import RecordingLocked
     from simkit.recording._format import DirectoryLock
 
     try:
-        args = _settings(ns)
+        run = plan(ns.env_id, **train_keywords(ns))
         from simkit.clients.learners._sizes import check_run_memory
 
         # one env made with the run's kwargs, and what the run allocates against free memory
-        check_run_memory(args, in_process=not ns.connect and ns.ray is None and not ns.servers)
+        check_run_memory(
+            run.settings, in_process=not ns.connect and ns.ray is None and not ns.servers
+        )
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
         print(f"simkit train: {exc}{_start_again(ns, exc)}", file=sys.stderr)
         return 2
-    _pin_kernels(ns)
+    _pin_kernels(run)
     if ns.record is not None and not ns.resume:
         from simkit.recording._cli import existing_recording
 
@@ -635,7 +354,7 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
                 file=sys.stderr,
             )
             return 2
-    logdir = _logdir(ns, args)
+    logdir = run.logdir
     try:
         locks.append(claim_logdir(logdir, ns.resume))
         if ns.record is not None and Path(ns.record).is_dir():  # another writer: now, not
@@ -655,7 +374,7 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     from simkit.clients.remote._connection import ServerUnavailable
 
     try:
-        result = _train(ns, args, logdir)
+        result = execute(run)
     except (InvalidCheckpoint, ValueError, MissingDependency, FileNotFoundError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
@@ -666,7 +385,7 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 1
     except ServerUnavailable as exc:  # at start-up: once training runs, ServersLost
-        print(f"simkit train: {_unanswered(exc, ns, args.env_id)}", file=sys.stderr)
+        print(f"simkit train: {_unanswered(exc, ns, run.settings.env_id)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # once training runs, SIGINT checkpoints and stops instead
         print("simkit train: interrupted before training started", file=sys.stderr)
@@ -674,22 +393,24 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     if result.complete:
         print(
             f"simkit train: the run in {result.logdir} is complete ({result.global_step:,} "
-            f"env steps, --total-steps {args.total_steps:,}); nothing to do. Resume with a "
-            "larger --total-steps to train on."
+            f"env steps, --total-steps {run.settings.total_steps:,}); nothing to do. Resume "
+            "with a larger --total-steps to train on."
         )
         return 0
-    _print_summary(args.env_id, result, ns.algo)
+    _print_summary(run.settings.env_id, result, run.algo)
     return 0
 
 
-def _pin_kernels(ns: argparse.Namespace) -> None:
+def _pin_kernels(run: Plan) -> None:
     """With ``--reproducible`` (given, or kept by ``--resume``): re-executes this process
     pinned if it is not yet (the kernels are chosen when numpy and torch load), then
     says so, and what ``--resume`` found of the checkpoint's kernels."""
-    said = _resumed_kernels(ns)  # --resume keeps --reproducible
-    if ns.reproducible and not is_pinned():
+    from simkit.clients.learners._train import resumed_kernels
+
+    keep, said = resumed_kernels(run)
+    if keep and not is_pinned():
         reexec_pinned()
-    if ns.reproducible:
+    if keep:
         print(
             "simkit train: --reproducible: numeric kernels pinned to their AVX2 paths in the "
             "learner and the servers it starts (the same seed gives the same parameters on "
@@ -698,78 +419,6 @@ def _pin_kernels(ns: argparse.Namespace) -> None:
         )
     if said:
         print(f"simkit train: --resume: {said}", file=sys.stderr)
-
-
-def _resumed_kernels(ns: argparse.Namespace) -> str | None:
-    """On ``--resume``: keeps ``--reproducible`` where the checkpoint was trained with it
-    (its bits are those of the pinned kernels; a run resumed without them would go on
-    with other bits); what the person should know about the checkpoint's kernels, in
-    words, or None."""
-    kernels = getattr(ns, "resumed_kernels", None)
-    if not isinstance(kernels, dict):
-        return None
-    if kernels.get("reproducible"):
-        if ns.reproducible:
-            return None
-        ns.reproducible = True
-        return "the checkpoint was trained with --reproducible: kept (as if given)"
-    if ns.reproducible:
-        return (
-            "the checkpoint was trained without --reproducible: the kernels are pinned from "
-            "here on, so the run goes on with other bits than it would have without it"
-        )
-    why = why_bits_may_differ(kernels)
-    if why is None:
-        return None
-    return (
-        f"the checkpoint was trained {why.removeprefix('made ')}: the continuation's bits may "
-        "differ from the run's on that CPU (train with --reproducible for bits that any "
-        "x86-64 CPU repeats)"
-    )
-
-
-def _logdir(ns: argparse.Namespace, args: PPOArgs | SACArgs) -> Path:
-    """``--logdir``, the resumed run's, or ``runs/<env>[-sac]-<seed>-<time>``."""
-    if ns.logdir is not None:
-        return Path(ns.logdir)
-    if ns.resume is not None:
-        return _resumed_logdir(ns.resume)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    tag = "-sac" if ns.algo == "sac" else ""
-    name = args.env_id.replace("/", "_").replace(":", "_")
-    return Path(f"runs/{name}{tag}-{args.seed}-{stamp}")
-
-
-def _train(ns: argparse.Namespace, args: PPOArgs | SACArgs, logdir: Path) -> TrainResult:
-    """The run the command line asks for: the algorithm's part
-    (:data:`~simkit.clients.learners._run.ALGORITHMS`, with its own flags) in a
-    :class:`~simkit.clients.learners._run.Run` with the run's flags."""
-    from simkit.clients.learners._run import Run, RunOptions, algorithm
-
-    cls = SACArgs if isinstance(args, SACArgs) else PPOArgs
-    given = list(given_settings(ns, cls))
-    part = algorithm("sac" if cls is SACArgs else "ppo").from_namespace(args, ns, given)
-    flags = {name: getattr(ns, name) for name in _RUN_FLAGS}
-    options = RunOptions(logdir=logdir, progress=not ns.no_progress, handle_signals=True, **flags)
-    return Run(part, options).train()
-
-
-_RUN_FLAGS = (
-    "resume",
-    "print_every",
-    "connect",
-    "servers",
-    "server_timeout",
-    "wait_for_servers",
-    "record",
-    "ray",
-    "server_cpus",
-    "server_gpus",
-    "max_restarts",
-    "metrics_port",
-)
-"""The run flags whose value is the :class:`~simkit.clients.learners._run.RunOptions` field of
-the same name (``--metrics-port`` is ``--algo sac``'s: refused for PPO before the run)."""
 
 
 def _unanswered(exc: Any, ns: argparse.Namespace, env_id: str) -> str:
@@ -785,23 +434,6 @@ def _unanswered(exc: Any, ns: argparse.Namespace, env_id: str) -> str:
         f"the rollout server at {exc.endpoint} did not answer within {exc.timeout:g} s "
         "(wait longer: --server-timeout)"
     )
-
-
-def _refuse_other_algo(ns: argparse.Namespace, names: list[str], algo: str) -> None:
-    """Raises for a flag of the other algorithm ``algo`` (it would be silently ignored)."""
-    wrong = [_flag(n) for n in names if getattr(ns, n, None) is not None]
-    if algo == "sac":
-        wrong += [
-            flag
-            for flag, value in (
-                ("--buffer-from", ns.buffer_from),
-                ("--metrics-port", ns.metrics_port),
-            )
-            if value is not None
-        ]
-    if wrong:
-        here = "ppo" if algo == "sac" else "sac"
-        raise ValueError(f"{', '.join(wrong)}: --algo {algo} options, this run is --algo {here}")
 
 
 def runnable(name: str) -> str:
@@ -915,7 +547,7 @@ def _render_progress(episodes: int) -> Callable[[int, int], None]:
 
 def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
-    from simkit.clients.learners._train import evaluate_policy
+    from simkit.clients.learners._evaluate import evaluate_policy
 
     for flag, value in (("--episodes", ns.episodes), ("--fps", ns.fps)):
         if value < 1:

@@ -21,7 +21,10 @@ the learner's for minibatch shuffling.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,12 +34,30 @@ import numpy as np
 import torch
 
 from simkit._types import Fragment, stack_in_slot_order
-from simkit.clients.learners._args import PPOArgs, resolve_device
-from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
+from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, resolve_device
+from simkit.clients.learners._checkpoint import (
+    Checkpoint,
+    check_optimizer,
+    check_tensors,
+    checkpoint_args,
+)
+from simkit.clients.learners._device_pick import (
+    LARGE_MINIBATCH,
+    PROBE_SEED,
+    Probe,
+    median_seconds,
+    pick_device,
+)
+from simkit.clients.learners._device_source import DeviceFragment, use_device_loop
 from simkit.clients.learners._graphed import PPOStep, use_cuda_graph
-from simkit.clients.learners._local_source import FragmentSource
-from simkit.clients.learners._loop import drive
-from simkit.models import ActorCritic
+from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent
+from simkit.clients.learners._rollout import FragmentSource
+from simkit.clients.learners._run import Report, Run, TrainResult
+from simkit.clients.learners._run_parts import check_resumed_state, resumed_settings
+from simkit.errors import InvalidCheckpoint
+from simkit.models import ActorCritic, ModelSpec
+from simkit.models import build_model as build_from_spec
+from simkit.servers._stream_envs import make_env_rows
 
 __all__ = [
     "PPOArgs",
@@ -47,8 +68,13 @@ __all__ = [
     "RewardScaler",
     "DeviceRewardScaler",
     "clip_grad_norm",
-    "PPORounds",
-    "train",
+    "learn",
+    "build_model",
+    "model_spec",
+    "policy_meta",
+    "ppo_probe",
+    "resume_args",
+    "RESUME_FREE",
     "resolve_device",
     "updates_for",
 ]
@@ -651,93 +677,390 @@ class PPO:
         )
 
 
-class PPORounds:
-    """PPO's side of the learning loop (:class:`~simkit.clients.learners._loop.Rounds`): a round
-    is one update of ``rows_per_update`` rows of fragments.
+# ---------------------------------------------------------------------- the run
 
-    In sync mode every fragment must come from the learner's version; in async mode a
+RESUME_FREE = (
+    "total_steps",
+    "device",
+    "device_loop",
+    "env_threads",
+    "torch_threads",
+    "compile",
+    "cuda_graph",
+)
+""":class:`PPOArgs` fields a resumed run may change; the rest must match the checkpoint."""
+
+
+def resume_args(saved: PPOArgs, asked: PPOArgs) -> PPOArgs:
+    """The settings of a resumed run: the checkpoint's, with :data:`RESUME_FREE` taken
+    from ``asked``.
+
+    Raises:
+        ValueError: ``asked`` differs from ``saved`` elsewhere (names every field).
+    """
+    return resumed_settings(saved, asked, RESUME_FREE)
+
+
+def spaces_of(env_id: str) -> tuple[Any, Any]:
+    """One policy row's observation and action spaces (any kind of env: a batch env too,
+    which a local vector cannot hold)."""
+    rows = make_env_rows(env_id, 1)
+    try:
+        return rows.observation_space, rows.action_space
+    finally:
+        rows.close()
+
+
+def policy_rows(args: PPOArgs) -> int:
+    """Policy rows of ``args``'s env slots: one per (env, agent) for a multi-agent env."""
+    if not is_multi_agent(args.env_id):
+        return args.num_envs
+    rows = make_env_rows(args.env_id, 1)
+    try:
+        return args.num_envs * rows.num_rows
+    finally:
+        rows.close()
+
+
+def model_spec(args: PPOArgs) -> ModelSpec:
+    """The ``simkit.models`` spec of the policy ``args`` describe (tanh MLPs, separate trunks)."""
+    return ModelSpec(
+        "mlp", {"hidden_sizes": list(args.hidden), "normalize_obs": args.normalize_obs}
+    )
+
+
+def build_model(args: PPOArgs) -> ActorCritic:
+    """The initial policy of ``args``, initialised from ``args.seed`` (global RNG untouched)."""
+    obs_space, act_space = spaces_of(args.env_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(args.seed)
+        return build_from_spec(model_spec(args), obs_space, act_space)
+
+
+def policy_meta(args: PPOArgs, version: int) -> dict[str, Any]:
+    """The policy snapshot's metadata: the env, the model spec, the version."""
+    return {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
+
+
+def learn(
+    run: Run, args: PPOArgs, *, checkpoint_every: int = 10, checkpoint_minutes: float = 5.0
+) -> TrainResult:
+    """Trains ``args`` in ``run``, or continues the run of its checkpoint (its settings,
+    with :data:`RESUME_FREE` ones from ``args``): gather one update's rows of fragments,
+    update, checkpoint at the boundary when due (every ``checkpoint_every`` updates or
+    ``checkpoint_minutes`` after the last; 0: never), push the new weights, report.
+
+    Sync mode: every fragment must come from the learner's version. Async mode: a
     fragment more than ``max_lag`` versions old is dropped (and counted).
 
     Raises:
-        RuntimeError: sync mode and a fragment was made by another version than the
-            learner's (the source ignored a weight push).
+        InvalidCheckpoint: the checkpoint does not fit this model.
+        ValueError: a bad setting (before anything starts).
     """
+    ckpt, done = run.resume(), 0
+    if ckpt is not None:
+        args = resume_args(checkpoint_args(ckpt, PPOArgs.from_plain), args)
+        done = check_resumed_state(ckpt, ("global_step", "version", "dropped"))["global_step"]
+        version, dropped = int(ckpt.state.get("version", 0)), int(ckpt.state.get("dropped", 0))
+        if version >= updates_for(args.total_steps, args.num_steps * policy_rows(args)) > 0:
+            return run.complete(done, updates=version, dropped=dropped)
+    _check_record(run, args)
+    args.check()
+    run.prepare(args, done)
+    model = build_model(args)
+    if ckpt is not None:
+        check_tensors(ckpt.path / "model.safetensors", ckpt.model, model.state_dict())
+        model.load_state_dict(ckpt.model)
+    device = run.use_device(
+        pick_device(args.device, lambda: ppo_probe(args, model, policy_rows(args)))
+    )
+    servers = run.servers(DEFAULT_SERVERS)
+    loop_on = _device_loop(run, args, device, servers)
+    source = run.open_source(
+        args, model_spec(args), model, max_lag=args.max_lag, servers=servers, device_loop=loop_on
+    )
+    learner = PPO(args, model, source.num_rows, device=device)
+    if ckpt is not None:
+        _restore(learner, ckpt)
+    else:
+        _say_where_it_stops(learner, source.num_rows)
+    run.restore_source()
+    times = _Times(run.local)
+    cadence = _Cadence(checkpoint_every, checkpoint_minutes)
+    batch: list[Fragment | DeviceFragment] = []
+    with run.session(
+        learner,
+        env_id=args.env_id,
+        total=learner.num_updates * args.num_steps * source.num_rows,
+        checkpoint=lambda: _checkpoint(run, learner),
+        policy=lambda: (learner.weights(), policy_meta(args, learner.version)),
+    ):
+        while run.pull(lambda: _ready(batch, learner, source), lambda f: _keep(learner, f, batch)):
+            stats = learner.update(batch)
+            batch.clear()
+            last = run.stopping(finished=0 < learner.num_updates <= learner.version)
+            if not last:
+                run.boundary(due=cadence.due(learner.version))
+            run.end_round(stats.episode_returns)
+            run.log(_report(run, learner, stats, times))
+            if last:
+                break
+    return run.result(updates=learner.version, dropped=learner.dropped, times=times.total)
 
-    def __init__(self, learner: PPO) -> None:
-        self.learner = learner
-        self.batch: list[Fragment | DeviceFragment] = []
-        self.rows = 0
 
-    def ready(self, source: Any) -> bool:
-        """Whether the rows taken make an update (a source that lost producers has
-        fewer rows per update from then on)."""
-        rows = self.rows
-        return bool(
-            rows and rows >= min(self.learner.rows_per_update, getattr(source, "num_rows", rows))
-        )
-
-    def take(self, fragment: Fragment | DeviceFragment | None) -> None:
-        """Keeps ``fragment`` for the update, or drops it when it is too old."""
-        if fragment is None:
-            return
-        learner, args = self.learner, self.learner.args
-        oldest = int(fragment.policy_version.min())
-        if args.mode == "sync" and oldest != learner.version:
-            raise RuntimeError(
-                f"sync mode: fragment {fragment.sequence} from {fragment.source} was made "
-                f"by version {oldest}, the learner is at version {learner.version}"
-            )
-        if learner.version - oldest > args.max_lag:
-            learner.dropped += 1
-        else:
-            self.batch.append(fragment)
-            self.rows += fragment.num_rows
-
-    def update(self) -> UpdateStats:
-        """:meth:`PPO.update` of the fragments taken."""
-        stats = self.learner.update(self.batch)
-        self.batch, self.rows = [], 0
-        return stats
-
-    def finished(self) -> bool:
-        """Whether the learner did its ``num_updates`` (never when 0)."""
-        learner = self.learner
-        return bool(learner.num_updates and learner.version >= learner.num_updates)
+def _ready(batch: list[Fragment | DeviceFragment], learner: PPO, source: FragmentSource) -> bool:
+    """Whether the rows taken make an update (a source that lost producers has fewer
+    rows per update from then on)."""
+    rows = sum(f.num_rows for f in batch)
+    return rows > 0 and rows >= min(learner.rows_per_update, source.num_rows)
 
 
-def train(
-    learner: PPO,
-    source: FragmentSource | DeviceSource,
-    *,
-    max_updates: int | None = None,
-    on_update: Callable[[UpdateStats, float], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    on_boundary: Callable[[], None] | None = None,
+def _keep(
+    learner: PPO, fragment: Fragment | DeviceFragment | None, batch: list[Fragment | DeviceFragment]
 ) -> None:
-    """The loop (:func:`~simkit.clients.learners._loop.drive` of :class:`PPORounds`): gather one
-    update's rows of fragments, update, push the new weights.
-
-    A source may yield ``None`` to say that it changed (a server was lost): the loop
-    then re-checks whether the rows it holds already make an update.
-
-    Stops after ``args.total_steps`` (never when it is 0), after ``max_updates`` updates
-    of this call, or when ``should_stop()`` turns true (checked between updates).
-    ``on_update(stats, wait_s)`` gets each update's statistics and the seconds the
-    learner waited for fragments. ``on_boundary()`` is called after an update and
-    before its weights go out: in sync mode every source then waits at a fragment
-    boundary, the one point where a checkpoint can capture its envs exactly. The last
-    update's weights are not pushed (nothing would use them), so on return the source
-    is at that boundary too.
+    """Adds ``fragment`` to ``batch``, or drops it (counted) when it is more than
+    ``max_lag`` versions old; ``None`` (the source changed) adds nothing.
 
     Raises:
-        RuntimeError: sync mode and a fragment was made by another version than the
+        RuntimeError: sync mode and the fragment was made by another version than the
             learner's (the source ignored a weight push).
     """
-    drive(
-        PPORounds(learner),
-        source,
-        max_rounds=max_updates,
-        should_stop=should_stop,
-        on_boundary=on_boundary,
-        on_round=None if on_update is None else lambda stats, wait, last: on_update(stats, wait),
+    if fragment is None:
+        return
+    args = learner.args
+    oldest = int(fragment.policy_version.min())
+    if args.mode == "sync" and oldest != learner.version:
+        raise RuntimeError(
+            f"sync mode: fragment {fragment.sequence} from {fragment.source} was made "
+            f"by version {oldest}, the learner is at version {learner.version}"
+        )
+    if learner.version - oldest > args.max_lag:
+        learner.dropped += 1
+    else:
+        batch.append(fragment)
+
+
+class _Cadence:
+    """PPO's checkpoints: every ``every`` updates, or at the first boundary ``minutes``
+    after the last one (0: never by that rule)."""
+
+    def __init__(self, every: int, minutes: float) -> None:
+        self.every, self.minutes = every, minutes
+        self.last = time.monotonic()
+
+    def due(self, version: int) -> bool:
+        now = time.monotonic()
+        due = bool(self.every and version % self.every == 0) or bool(
+            self.minutes and now - self.last >= 60 * self.minutes
+        )
+        if due:
+            self.last = now
+        return due
+
+
+def _check_record(run: Run, args: PPOArgs) -> None:
+    """``record`` needs a single-agent simkit env (replay re-simulates it)."""
+    env_id = args.env_id
+    if run.options.record is not None and (env_id.startswith(GYM_PREFIX) or is_multi_agent(env_id)):
+        raise ValueError(
+            "--record needs a single-agent simkit env (replay re-simulates it with "
+            f"simkit.make), got {env_id!r}"
+        )
+
+
+def _device_loop(
+    run: Run, args: PPOArgs, device: torch.device, servers: int
+) -> torch.device | None:
+    """``device`` where the run rolls out in the device loop (:func:`use_device_loop`),
+    else None.
+
+    Raises:
+        ValueError: ``--device-loop on`` and the run cannot (one line, why).
+    """
+    o = run.options
+    use = use_device_loop(
+        env_id=args.env_id,
+        choice=args.device_loop,
+        device=device,
+        mode=args.mode,
+        servers=servers,
+        connect=bool(o.connect),
+        ray=o.ray is not None,
+        record=o.record is not None,
+        env_kwargs=args.env_kwargs,
     )
+    return device if use else None
+
+
+def _say_where_it_stops(learner: PPO, rows: int) -> None:
+    """One stderr line where ``total_steps`` is not whole updates."""
+    args, n = learner.args, learner.num_updates
+    batch = args.num_steps * rows
+    if args.total_steps % batch:
+        per_row = " (one per (env, agent) row)" if rows != args.num_envs else ""
+        print(
+            f"simkit train: --total-steps {args.total_steps:,} is {n} "
+            f"update{'s' * (n != 1)} of {batch:,} env steps{per_row}: "
+            f"training stops at {n * batch:,}",
+            file=sys.stderr,
+        )
+
+
+def _restore(learner: PPO, ckpt: Checkpoint) -> None:
+    """The optimizer, counters, shuffling generator and reward scaler of ``ckpt``."""
+    try:
+        check_optimizer(
+            ckpt.path / "optimizer.safetensors", ckpt.optimizer, list(learner.model.parameters())
+        )
+        learner.optimizer.load_state_dict(ckpt.optimizer)
+        state = ckpt.state
+        learner.version = int(state["version"])
+        learner.global_step = int(state["global_step"])
+        learner.dropped = int(state["dropped"])
+        learner.generator.set_state(
+            torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
+        )
+        learner.scaler.set_state(state["scaler"])
+    except (KeyError, ValueError, TypeError, OverflowError, RuntimeError) as exc:
+        raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
+
+
+def _checkpoint(run: Run, learner: PPO) -> dict[str, Any]:
+    """``update-NNNNNNNN``: the model, the optimizer, the learner's and the source's state."""
+    args = learner.args
+    return {
+        "name": f"update-{learner.version:08d}",
+        "model": learner.model.state_dict(),
+        "optimizer": learner.optimizer.state_dict(),
+        "state": {
+            "args": args.to_plain(),
+            "policy": policy_meta(args, learner.version),
+            "version": learner.version,
+            "global_step": learner.global_step,
+            "dropped": learner.dropped,
+            "generator": learner.generator.get_state().numpy().copy(),
+            "scaler": learner.scaler.get_state(),
+            "source_kind": run.kind,
+            "source": run.source.get_state(include_envs=args.mode == "sync"),
+        },
+    }
+
+
+class _Times:
+    """Where the run's time went: env, inference, update and idle in process; in server
+    mode update and "rollout (server)" (the learner cannot see the servers' env and
+    inference time, only how long it waited for their fragments)."""
+
+    def __init__(self, local: bool) -> None:
+        keys = ("env", "inference", "update", "idle") if local else ("rollout (server)", "update")
+        self.total = dict.fromkeys(keys, 0.0)
+
+    def add(self, run: Run, stats: UpdateStats, mode: str) -> dict[str, float]:
+        """This update's split (added to :attr:`total`)."""
+        total, wait = self.total, run.wait
+        total["update"] += stats.update_s
+        split = run.timings()
+        if split is None:
+            total["rollout (server)"] += wait
+            return {"wait": wait}
+        total["env"] += split["env"]
+        total["inference"] += split["inference"]
+        idle = wait if mode == "async" else max(0.0, wait - split["env"] - split["inference"])
+        split["idle"] = idle
+        total["idle"] += idle
+        return split
+
+
+def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
+    """TensorBoard scalars of the servers' view: counts, then per server share (named
+    by its first env slot) its env steps/s and mean policy lag."""
+    out = [(f"servers/{k}", float(view[k])) for k in ("alive", "restarted", "lost", "dropped")]
+    for srv in view["servers"]:
+        name = f"servers/slot_{srv['first_slot']}"
+        out += [(f"{name}/steps_per_s", srv["steps_per_s"]), (f"{name}/lag_mean", srv["lag_mean"])]
+    return out
+
+
+def _report(run: Run, learner: PPO, stats: UpdateStats, times: _Times) -> Report:
+    """Every update: a ``progress.jsonl`` line, TensorBoard's losses, the time split."""
+    split = times.add(run, stats, learner.args.mode)
+    view = run.view()
+    sps = run.sps()
+    mean_ret = run.tally.mean_return()
+    row: dict[str, Any] = {
+        "version": learner.version,
+        "global_step": learner.global_step,
+        "elapsed_s": round(run.tally.elapsed_s(), 3),
+        "sps": round(sps, 1),
+        "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
+        "approx_kl": stats.approx_kl,
+        "lag_mean": stats.lag[1],
+    }
+    scalars: list[tuple[str, float]] = []
+    if len(stats.episode_returns):
+        scalars += [
+            ("charts/episodic_return", float(np.mean(stats.episode_returns))),
+            ("charts/episodic_length", float(np.mean(stats.episode_lengths))),
+        ]
+    scalars += [
+        ("losses/policy_loss", stats.policy_loss),
+        ("losses/value_loss", stats.value_loss),
+        ("losses/entropy", stats.entropy),
+        ("losses/approx_kl", stats.approx_kl),
+        ("losses/clipfrac", stats.clipfrac),
+        ("losses/explained_variance", stats.explained_variance),
+        ("charts/learning_rate", stats.learning_rate),
+        ("charts/SPS", sps),
+        ("policy/lag_mean", stats.lag[1]),
+        ("policy/lag_max", float(stats.lag[2])),
+        ("policy/dropped_fragments", float(learner.dropped)),
+        ("time/update_s", stats.update_s),
+        *((f"time/{k}_s", v) for k, v in split.items()),
+        *(() if view is None else _server_scalars(view)),
+    ]
+    total_t = sum(times.total.values()) or 1.0
+    split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.total.items())
+    return Report(sps=sps, row=row, scalars=scalars, extra=[f"lag {stats.lag[1]:.1f}", split_txt])
+
+
+def ppo_probe(args: PPOArgs, model: ActorCritic, rows_per_update: int) -> tuple[Probe, int]:
+    """The PPO update's probe and its minibatch size: a learner on a copy of ``model``
+    (``args``' loss, optimizer and ``cuda_graph``; eager, not ``compile`` d: a compile
+    takes far longer than the probe may) runs one epoch of up to four minibatches of
+    the run's minibatch size (one above :data:`LARGE_MINIBATCH`), on synthetic rollout
+    data drawn from ``model``'s copy."""
+    minibatch = max(2, args.num_steps * rows_per_update // args.num_minibatches)
+    steps = 1 if minibatch > LARGE_MINIBATCH else min(args.num_minibatches, 4)
+    n = minibatch * steps
+
+    def probe(device: torch.device) -> float:
+        gen = torch.Generator().manual_seed(PROBE_SEED)
+        twin = copy.deepcopy(model).cpu()
+        obs = torch.randn((n, *twin.obs_shape), generator=gen)
+        out = twin.act(obs, generator=gen)
+        adv, ret = torch.randn((2, n), generator=gen)
+        setting = dataclasses.replace(
+            args,
+            device=str(device),
+            num_steps=n,
+            num_minibatches=steps,
+            update_epochs=1,
+            compile=False,
+            total_steps=0,
+            seed=PROBE_SEED,
+        )
+        learner = PPO(setting, twin, 1, device=device)
+        batch = [t.to(device) for t in (obs, out.actions, out.log_probs, adv, ret, out.values)]
+
+        def call() -> None:
+            learner._optimize(
+                *batch,
+                n_rows=n,
+                lag=np.zeros(1, dtype=np.int64),
+                episodes=(np.zeros(0), np.zeros(0)),
+                t_start=0.0,
+            )
+
+        return median_seconds(call, device, steps)
+
+    return probe, minibatch

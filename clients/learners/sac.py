@@ -3,8 +3,8 @@
 Read top to bottom: the twin Q-network, the learner (:class:`SAC`: one gradient step
 is CleanRL's ``sac_continuous_action.py`` step: a critic update every step, ``policy_
 frequency`` actor and entropy updates every ``policy_frequency`` steps, Polyak target
-updates every ``target_network_frequency`` steps), then the two loops that feed it
-(:func:`train_sac`): *sync*, where the servers get new weights (and so credit) only
+updates every ``target_network_frequency`` steps), then the run that feeds it
+(:func:`learn`), in two modes: *sync*, where the servers get new weights (and so credit) only
 after the learner did its ``utd`` gradient steps per env step, so a seed fixes every
 parameter; and *async*, where actors and learner run at their own speeds, the learner
 never more than ``utd`` steps ahead, and the achieved ratio is reported.
@@ -17,13 +17,17 @@ the Q-networks and the entropy coefficient stay here.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import math
+import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,13 +36,30 @@ from torch import nn
 from simkit._limits import check_network
 from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients.learners._args import SACArgs
+from simkit.clients.learners._checkpoint import Checkpoint, check_optimizer, checkpoint_args
+from simkit.clients.learners._device_pick import PROBE_SEED, Probe, median_seconds, pick_device
+from simkit.clients.learners._device_source import DeviceFragment
 from simkit.clients.learners._graphed import SACStep, use_cuda_graph
-from simkit.clients.learners._local_source import FragmentSource
-from simkit.clients.learners._loop import drive
 from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
+from simkit.clients.learners._rollout import FragmentSource
+from simkit.clients.learners._run import Report, Run, TrainResult
+from simkit.clients.learners._run_parts import CheckpointCadence, check_resumed_state
+from simkit.clients.learners._train_sac import (
+    REPLAY_FILE,
+    SAC_DEFAULT_SERVERS,
+    build_actor,
+    check_env,
+    open_buffer,
+    resume_sac_args,
+    sac_spec,
+)
+from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, SquashedGaussianHead
 
-__all__ = ["SAC", "SACArgs", "SACRounds", "SACStats", "TwinQ", "train_sac"]
+__all__ = ["SAC", "SACArgs", "SACStats", "TwinQ", "learn", "sac_probe"]
+
+WRITE_EVERY_S = 5.0
+"""Seconds between SAC's ``progress.jsonl`` lines (and policy snapshots)."""
 
 
 class TwinQ(nn.Module):
@@ -315,46 +336,36 @@ class SAC:
         self.sampler.bit_generator.state = json.loads(state["sampler"])
 
 
-class OffPolicySource(FragmentSource, Protocol):
-    """A :class:`FragmentSource` that also says how many rows a round has and whether
-    a fragment is ready without waiting (``LocalSource``, ``ServerSource``)."""
-
-    @property
-    def num_rows(self) -> int: ...
-
-    def pending(self) -> bool: ...
+# ---------------------------------------------------------------------- the run
 
 
-class SACRounds:
-    """SAC's side of the learning loop (:class:`~simkit.clients.learners._loop.Rounds`).
-
-    *sync* (``args.mode``): a round is one fragment of every env row (joined in slot
-    order), added to ``buffer``, then exactly the gradient steps it earned
+class _Rounds:
+    """What a round takes. *sync* (``args.mode``): one fragment of every env row (joined
+    in slot order), added to ``buffer``, then exactly the gradient steps it earned
     (:meth:`SAC.updates_due`) and a push of version + 1, which is what lets the servers
     go on. *async*: fragments are added as they arrive (a round does not wait while any
     are ready), and a round is at most ``push_every`` gradient steps; it waits for data
-    only when the learner is a whole ``utd`` ahead or learning has not started.
-    """
+    only when the learner is a whole ``utd`` ahead or learning has not started."""
 
-    def __init__(self, learner: SAC, buffer: ReplayBuffer) -> None:
-        self.learner = learner
-        self.buffer = buffer
+    def __init__(self, learner: SAC, buffer: ReplayBuffer, source: FragmentSource) -> None:
+        self.learner, self.buffer, self.source = learner, buffer, source
         self.held: list[Fragment] = []
         self.returns: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
 
-    def ready(self, source: OffPolicySource) -> bool:
+    def ready(self) -> bool:
         """sync: every row has a fragment; async: gradient steps are due and no
         fragment waits (or the run is finished)."""
         if self.learner.args.mode == "sync":
-            return bool(self.held) and sum(f.num_rows for f in self.held) >= source.num_rows
+            return bool(self.held) and sum(f.num_rows for f in self.held) >= self.source.num_rows
         due = self.learner.updates_due(len(self.buffer))
-        return (due > 0 and not source.pending()) or self.finished()
+        return (due > 0 and not self.source.pending()) or self.finished()
 
-    def take(self, fragment: Fragment | None) -> None:
+    def take(self, fragment: Fragment | DeviceFragment | None) -> None:
         """sync: held for the round; async: into the buffer."""
         if fragment is None:
             return
+        assert isinstance(fragment, Fragment), "SAC has no device loop"
         if self.learner.args.mode == "sync":
             self.held.append(fragment)
         else:
@@ -392,33 +403,274 @@ class SACRounds:
         return bool(total and self.learner.global_step >= total)
 
 
-def train_sac(
-    learner: SAC,
-    source: OffPolicySource,
-    buffer: ReplayBuffer,
+def learn(
+    run: Run,
+    args: SACArgs,
     *,
-    max_rounds: int | None = None,
-    on_round: Callable[[SACStats, float, bool], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    on_boundary: Callable[[], None] | None = None,
-    on_fragment: Callable[[Fragment], None] | None = None,
-) -> None:
-    """The off-policy loop (:func:`~simkit.clients.learners._loop.drive` of :class:`SACRounds`):
-    fragments into ``buffer``, gradient steps, weight pushes; ``on_boundary()`` before
-    each push (the servers wait at a fragment boundary: a checkpoint there is exact).
+    given: Sequence[str] | None = None,
+    checkpoint_steps: int = 100_000,
+    checkpoint_minutes: float = 5.0,
+    buffer_from: str | Path | None = None,
+) -> TrainResult:
+    """Trains SAC per ``args`` in ``run``, or continues its checkpoint (exactly, in sync
+    mode): fragments into the replay buffer, the gradient steps due, a checkpoint at the
+    boundary when due, the new weights out, a report every few seconds.
 
-    Stops after ``args.total_steps`` env steps (never when 0), after ``max_rounds``
-    rounds (pushes) of this call, or when ``should_stop()`` turns true.
-    ``on_round(stats, wait_s, last)`` gets each round's statistics (with the episodes
-    that ended in it), the seconds spent waiting for fragments and whether it is the
-    call's last round; ``on_fragment`` each fragment received.
+    Args:
+        given: the :class:`SACArgs` fields the caller set (on resume only those are
+            compared with the checkpoint; None: all).
+        checkpoint_steps: checkpoint every this many env steps (0: not by steps); a
+            checkpoint holds the replay buffer, so it is not cheap.
+        checkpoint_minutes: the longest time between checkpoints (0: not by time);
+            besides, once learning starts and as often as bounds what a crash loses to
+            about half the run (:class:`CheckpointCadence`), and at the end.
+        buffer_from: a recording directory whose episodes fill the buffer first.
+
+    Raises:
+        InvalidCheckpoint: the checkpoint is not a valid SAC checkpoint of this env.
+        ValueError: no continuous actions, a bad setting, a recording that does not
+            fit, ``buffer_from`` with a resume.
     """
-    drive(
-        SACRounds(learner, buffer),
-        source,
-        max_rounds=max_rounds,
-        should_stop=should_stop,
-        on_boundary=on_boundary,
-        on_round=on_round,
-        on_fragment=on_fragment,
+    ckpt, done = run.resume(), 0
+    if ckpt is not None:
+        if buffer_from is not None:
+            raise ValueError(
+                "--buffer-from fills the buffer of a new run; a resumed run's buffer comes "
+                f"from its checkpoint ({ckpt.path})"
+            )
+        args = resume_sac_args(checkpoint_args(ckpt, SACArgs.from_plain), args, given)
+        counts = check_resumed_state(ckpt, ("global_step", "updates", "version"), within="counters")
+        done = counts["global_step"]
+        if args.total_steps and done >= args.total_steps:
+            return run.complete(done, updates=counts["updates"], dropped=0)
+    args.check()
+    obs_space, act_space = check_env(args.env_id)
+    run.prepare(args, done)
+    model = build_actor(args)
+    device = run.use_device(pick_device(args.device, lambda: sac_probe(args, model)))
+    learner = SAC(args, model, device)
+    buffer = open_buffer(args, obs_space, act_space, ckpt, buffer_from)
+    if ckpt is not None:
+        _restore(learner, ckpt)
+    source = run.open_source(
+        args, sac_spec(args), model, max_lag=2**30, servers=run.servers(SAC_DEFAULT_SERVERS)
     )
+    if ckpt is None:
+        _say_where_it_stops(args, source.num_rows)
+    run.restore_source()
+    rounds, report = _Rounds(learner, buffer, source), _Report(learner, buffer)
+    cadence = CheckpointCadence(
+        steps=checkpoint_steps,
+        minutes=checkpoint_minutes,
+        now=time.monotonic(),
+        step=learner.global_step,
+        learning=learner.learning_step is not None,
+    )
+    with run.session(
+        learner,
+        env_id=args.env_id,
+        total=args.total_steps,
+        checkpoint=lambda: _checkpoint(run, learner, buffer),
+        policy=lambda: (learner.model.state_dict(), _meta(learner)),
+    ):
+        while run.pull(rounds.ready, rounds.take):
+            stats = rounds.update()
+            last = run.stopping(finished=rounds.finished())
+            if not last:
+                _boundary(run, learner, cadence)
+            run.end_round(stats.episode_returns)
+            run.log(report(run, stats, last))
+            if last:
+                break
+    return run.result(updates=learner.updates, dropped=0, learning=report.learning)
+
+
+def _boundary(run: Run, learner: SAC, cadence: CheckpointCadence) -> None:
+    """Between rounds: a checkpoint when the cadence says so (counted by it), then the
+    new weights out."""
+    learning = learner.learning_step is not None
+    began = time.monotonic()
+    due = cadence.due(now=began, step=learner.global_step, learning=learning)
+    run.boundary(due)
+    if due:
+        now = time.monotonic()
+        cadence.written(now=now, step=learner.global_step, learning=learning, took_s=now - began)
+
+
+def _say_where_it_stops(args: SACArgs, rows: int) -> None:
+    """One stderr line where a sync run's ``total_steps`` is not whole rounds."""
+    per_round = args.num_steps * rows
+    if args.mode == "sync" and args.total_steps % per_round:
+        rounds = -(-args.total_steps // per_round)
+        print(
+            f"simkit train: --total-steps {args.total_steps:,} is {rounds:,} rounds of "
+            f"{per_round:,} env steps: training stops at {rounds * per_round:,}",
+            file=sys.stderr,
+        )
+
+
+def _restore(learner: SAC, ckpt: Checkpoint) -> None:
+    """Every learned tensor, the optimizer and the counters of ``ckpt``."""
+    try:
+        learner.load_tensors({k: v.to(learner.device) for k, v in ckpt.model.items()})
+        check_optimizer(
+            ckpt.path / "optimizer.safetensors",
+            ckpt.optimizer,
+            [p for group in learner.optimizer.param_groups for p in group["params"]],
+        )
+        learner.optimizer.load_state_dict(ckpt.optimizer)
+        learner.load_counters(ckpt.state["counters"])
+    except (KeyError, ValueError, TypeError, OverflowError, RuntimeError) as exc:
+        raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: {exc}") from exc
+
+
+def _meta(learner: SAC) -> dict[str, Any]:
+    args = learner.args
+    return {"env_id": args.env_id, "model": sac_spec(args).to_plain(), "version": learner.version}
+
+
+def _checkpoint(run: Run, learner: SAC, buffer: ReplayBuffer) -> dict[str, Any]:
+    """``step-NNNNNNNNNN``: every learned tensor, the optimizer, the counters, the
+    source's state and the replay buffer."""
+    args = learner.args
+    return {
+        "name": f"step-{learner.global_step:010d}",
+        "model": learner.tensors(),
+        "optimizer": learner.optimizer.state_dict(),
+        "state": {
+            "algo": "sac",
+            "args": args.to_plain(),
+            "policy": _meta(learner),
+            "counters": learner.counters(),
+            "servers": run.num_servers,
+            "source_kind": run.kind,
+            "source": run.source.get_state(include_envs=args.mode == "sync"),
+        },
+        "extra": {REPLAY_FILE: buffer.save},
+    }
+
+
+class _Report:
+    """What SAC reports: every :data:`WRITE_EVERY_S` (and at the end) a line, a policy
+    snapshot, scalars and metrics; else the progress line when due. Keeps the rates'
+    window, the last losses and when learning started."""
+
+    def __init__(self, learner: SAC, buffer: ReplayBuffer) -> None:
+        self.learner, self.buffer = learner, buffer
+        self.learning: tuple[float, int] | None = None
+        """(seconds into the run, env step) of the first gradient step."""
+        self.window: deque[tuple[float, int, int]] = deque(maxlen=64)
+        self.recent: dict[str, float] = {}
+        self.last_write = 0.0
+
+    def rates(self, now: float) -> tuple[float, float, float]:
+        """Env steps/s and updates/s over the last rounds, and the achieved UTD."""
+        learner = self.learner
+        t0, s0, u0 = self.window[0]
+        span = max(now - t0, 1e-9)
+        learned = (
+            learner.global_step - learner.learning_step + 1
+            if learner.learning_step is not None
+            else 0
+        )
+        utd = learner.updates / learned if learned else 0.0
+        return (learner.global_step - s0) / span, (learner.updates - u0) / span, utd
+
+    def __call__(self, run: Run, stats: SACStats, last: bool) -> Report | None:
+        learner, args, buffer, recent = self.learner, self.learner.args, self.buffer, self.recent
+        if self.learning is None and stats.updates:
+            self.learning = (run.tally.session_s(), learner.global_step)
+        now = time.perf_counter()
+        self.window.append((now, learner.global_step, learner.updates))
+        if stats.updates:
+            recent.update(
+                qf_loss=stats.qf_loss,
+                actor_loss=stats.actor_loss,
+                alpha=stats.alpha,
+                alpha_loss=stats.alpha_loss,
+                q_mean=stats.q_mean,
+                sample_age=stats.sample_age,
+            )
+        write = last or now - self.last_write >= WRITE_EVERY_S
+        if not write and not run.line.due():
+            return None
+        sps, ups, utd = self.rates(now)
+        extra = [
+            f"{ups:,.0f} updates/s",
+            f"utd {utd:.2f}/{args.utd:g}",
+            f"buffer {len(buffer):,} (+{sps:,.0f}/s, age "
+            f"{recent.get('sample_age', 0.0):,.0f} versions)",
+        ]
+        if not write:
+            return Report(sps=sps, row=None, extra=extra)
+        self.last_write = now
+        mean_ret = run.tally.mean_return()
+        view = run.view()
+        row: dict[str, Any] = {
+            "version": learner.version,
+            "global_step": learner.global_step,
+            "updates": learner.updates,
+            "elapsed_s": round(run.tally.elapsed_s(), 3),
+            "sps": round(sps, 1),
+            "updates_per_s": round(ups, 1),
+            "utd": round(utd, 4),
+            "buffer": len(buffer),
+            "mean_return": None if np.isnan(mean_ret) else round(mean_ret, 3),
+            **{k: (None if np.isnan(v) else round(v, 5)) for k, v in recent.items()},
+        }
+        scalars = [("charts/episodic_return", mean_ret)] if run.tally.returns else []
+        scalars += [
+            ("charts/SPS", sps),
+            ("charts/updates_per_s", ups),
+            ("charts/utd", utd),
+            ("replay/size", float(len(buffer))),
+            ("replay/fill_per_s", sps),  # every received transition is inserted
+            ("replay/sample_age", recent.get("sample_age", float("nan"))),
+            ("replay/newest_age", float(learner.version - buffer.newest_version)),
+            *((f"losses/{k}", v) for k, v in recent.items() if k != "sample_age"),
+            ("time/wait_s", run.wait),
+        ]
+        metrics = {
+            "env_steps": learner.global_step,
+            "updates": learner.updates,
+            "utd_target": args.utd,
+            "utd_achieved": utd,
+            "version": learner.version,
+            "replay_size": len(buffer),
+            "replay_capacity": buffer.capacity,
+            "replay_inserted": buffer.inserted,
+            "newest_version": buffer.newest_version,
+            "sample_age": recent.get("sample_age", float("nan")),
+            "updates_per_s": ups,
+            "env_steps_per_s": sps,
+            "servers_alive": 0 if view is None else view["alive"],
+            "servers_lost": 0 if view is None else view["lost"],
+        }
+        return Report(sps=sps, row=row, scalars=scalars, extra=extra, metrics=metrics)
+
+
+def sac_probe(args: SACArgs, model: ActorCritic) -> tuple[Probe, int]:
+    """SAC's gradient step's probe and its batch size: a learner on a copy of the actor
+    (``args``' critics, optimizer and ``cuda_graph``) takes ``2 x policy_frequency``
+    steps (so the actor's updates are in the mean) on a replay buffer of one batch of
+    synthetic transitions."""
+    per_call = 2 * args.policy_frequency
+
+    def probe(device: torch.device) -> float:
+        setting = dataclasses.replace(args, device=str(device), seed=PROBE_SEED)
+        learner = SAC(setting, copy.deepcopy(model).cpu(), device)
+        rng = np.random.default_rng(PROBE_SEED)
+        n, obs_shape, dim = args.batch_size, tuple(model.obs_shape), learner.head.dim
+        buffer = ReplayBuffer(n, obs_shape=obs_shape, action_shape=(dim,))
+        buffer.add(
+            rng.standard_normal((n, *obs_shape), dtype=np.float32),
+            rng.uniform(-1.0, 1.0, (n, dim)).astype(np.float32),
+            rng.standard_normal(n, dtype=np.float32),
+            rng.standard_normal((n, *obs_shape), dtype=np.float32),
+            rng.random(n) < 0.01,
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=np.int64),
+        )
+        return median_seconds(lambda: learner.run(buffer, per_call), device, per_call)
+
+    return probe, args.batch_size

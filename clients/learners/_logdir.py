@@ -1,0 +1,193 @@
+"""A run's log directory: named by the run it holds, claimed by one writer at a time,
+and told apart from one whose run died before its first checkpoint (nothing to resume:
+a new run starts over there)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from simkit.errors import InvalidCheckpoint, WriteFailed
+
+if TYPE_CHECKING:
+    from simkit.recording._format import DirectoryLock
+
+__all__ = ["LogdirLock", "claim_logdir", "died_before_first_checkpoint", "resumed_logdir"]
+
+
+def resumed_logdir(resume: str | Path) -> Path:
+    """The log directory of the run a ``--resume`` path (``resume=`` of
+    :func:`simkit.train`) belongs to: the checkpoint's, its folder's, or the path."""
+    path = Path(resume)
+    for candidate in (path, *path.parents):
+        if candidate.name == "checkpoints":
+            return candidate.parent
+        if (candidate / "checkpoints").is_dir():
+            return candidate
+    return path
+
+
+_RUN_OUTPUTS = ("progress.jsonl", "checkpoints", "policy.safetensors")
+"""What a run that trained leaves in its log directory (a log directory holding none of
+them holds no run)."""
+_LEFTOVERS = (*_RUN_OUTPUTS, "tb", "prometheus_targets.json")
+"""What a run writes into its log directory: cleared when a run that died before its
+first checkpoint is started over there."""
+
+
+class LogdirLock:
+    """A claimed log directory (:func:`claim_logdir`): its one-writer lock, and what the
+    claim made. :meth:`release` unlocks it and, where the run left no output there
+    (refused, failed to start, interrupted before training), removes what the claim
+    made: no empty log directory (nor a lone ``LOCK``) is left behind.
+
+    Attributes:
+        reused: the directory held a run that died before its first checkpoint; its
+            outputs were cleared and this run starts over there.
+    """
+
+    def __init__(
+        self, lock: DirectoryLock, logdir: Path, made: Path | None, had_lock: bool
+    ) -> None:
+        self.lock = lock
+        self.logdir = logdir
+        self.made = made
+        self.had_lock = had_lock
+        self.reused = False
+
+    def release(self) -> None:
+        """Unlocks (idempotent); removes the folders the claim made, or the ``LOCK`` it
+        added, when the run left no output there."""
+        self.lock.release()
+        if any((self.logdir / name).exists() for name in _RUN_OUTPUTS):
+            return
+        if self.made is not None:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+            folder = self.logdir.parent  # the parents the claim made, while they are empty
+            while self.logdir != self.made and folder != self.made.parent:
+                try:
+                    folder.rmdir()  # never a sibling another run made meanwhile
+                except OSError:
+                    break
+                folder = folder.parent
+        elif not self.had_lock:
+            with contextlib.suppress(OSError):
+                (self.logdir / "LOCK").unlink()
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of ``path`` that does not exist yet (what ``mkdir -p`` makes)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def died_before_first_checkpoint(logdir: Path) -> bool:
+    """Whether ``logdir`` holds the outputs of a run that was killed before it wrote a
+    complete checkpoint: nothing to resume, so a run may start over there."""
+    from simkit.clients.learners._checkpoint import resolve_checkpoint
+
+    if not logdir.is_dir() or not any((logdir / name).exists() for name in _RUN_OUTPUTS):
+        return False
+    try:
+        resolve_checkpoint(logdir)
+    except InvalidCheckpoint:
+        pass
+    else:
+        return False  # a checkpoint (or its latest pointer) is there
+    folder = logdir / "checkpoints"
+    return not (
+        folder.is_dir()
+        and any((d / "manifest.json").is_file() for d in folder.iterdir() if d.is_dir())
+    )
+
+
+def _clear_leftovers(logdir: Path) -> None:
+    """Removes what a run that died before its first checkpoint wrote in ``logdir``."""
+    for name in _LEFTOVERS:
+        path = logdir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = False) -> LogdirLock:
+    """Makes and locks the run's log directory (the recorder's one-writer lock), and
+    refuses one that holds another run unless this run resumes it: two runs in one
+    directory would interleave ``progress.jsonl`` and overwrite each other's checkpoints.
+    A directory whose run died before its first checkpoint holds nothing to resume: its
+    outputs are cleared and the run starts over there (:attr:`LogdirLock.reused`).
+
+    ``python``: word the refusal of a directory that holds a run for
+    :func:`simkit.train` (its ``resume=`` keyword) instead of the command line.
+
+    Raises:
+        RecordingLocked: another process writes there.
+        ValueError: it holds a run and this one does not ``--resume`` it (or it cannot
+            be made, written or locked).
+    """
+    from simkit.clients.learners._run_parts import prepare_logdir
+    from simkit.recording._format import DirectoryLock
+
+    try:
+        made = _first_missing(logdir)
+        had_lock = (logdir / "LOCK").exists()
+    except OSError as exc:  # a name too long for the file system
+        raise ValueError(f"--logdir {str(logdir)[:200]}: {WriteFailed.reason(exc)}") from exc
+    prepare_logdir(logdir)
+    try:
+        lock = DirectoryLock(
+            logdir,
+            what="log directory",
+            advice="one run per log directory (pick another --logdir or stop it)",
+        )
+    except OSError as exc:  # LOCK is a folder, or cannot be opened
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise ValueError(
+            f"--logdir {logdir}: cannot lock {logdir / 'LOCK'}: {WriteFailed.reason(exc)}"
+        ) from exc
+    claim = LogdirLock(lock, logdir, made, had_lock)
+    resumes = resume is not None and resumed_logdir(resume).resolve() == logdir.resolve()
+    if not resumes and ((logdir / "checkpoints").is_dir() or (logdir / "progress.jsonl").exists()):
+        if died_before_first_checkpoint(logdir):
+            try:
+                _clear_leftovers(logdir)
+            except OSError as exc:
+                lock.release()
+                raise ValueError(
+                    f"--logdir {logdir}: cannot clear the run that died there before its "
+                    f"first checkpoint: {WriteFailed.reason(exc)}"
+                ) from exc
+            claim.reused = True
+            return claim
+        lock.release()
+        if python:
+            raise ValueError(
+                f"logdir {str(logdir)!r} holds a run already ({_run_in(logdir)}): continue it "
+                f"with simkit.train(..., resume={str(logdir)!r}), or choose another logdir"
+            )
+        raise ValueError(
+            f"--logdir {logdir} holds a run already ({_run_in(logdir)}): continue it with "
+            f"--resume {logdir}, or choose another --logdir"
+        )
+    return claim
+
+
+def _run_in(logdir: Path) -> str:
+    """The run a log directory holds, in words: its env and env steps where its latest
+    checkpoint says them."""
+    from simkit.clients.learners._checkpoint import load_checkpoint
+
+    try:
+        state = load_checkpoint(logdir).state
+        counters = state.get("counters", state)
+        return f"{state['args']['env_id']}, {int(counters['global_step']):,} env steps"
+    except (InvalidCheckpoint, FileNotFoundError, KeyError, TypeError, ValueError):
+        return "progress.jsonl" if (logdir / "progress.jsonl").exists() else "checkpoints/"
