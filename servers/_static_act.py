@@ -76,7 +76,7 @@ _POOL_LOCK = threading.Lock()
 def noise_pool() -> ThreadPoolExecutor:
     """The process's thread pool for host noise on the static path: normal noise is drawn
     on the host (numpy's ziggurat has no device twin with its bits), one block of slots
-    per task, so a large batch's draw (4 ms for 64k rows x 6 on one core) spreads over
+    per task, so a large batch's draw spreads over
     up to :data:`NOISE_THREADS` cores while the GPU waits for it (one pool for every
     session: threads are made once)."""
     global _POOL

@@ -208,8 +208,8 @@ def checked_env_ids(
             f"ids in [0, {num_envs})",
             got,
         )
-    # A bincount, not np.unique: numpy 2's hash-based unique costs ~60 µs even for 32 ids,
-    # on the hot path of every subset step (send/recv double buffering).
+    # A bincount, not np.unique (numpy 2's is hash-based, costly even for a few ids): this
+    # is on the hot path of every subset step (send/recv double buffering).
     if ids.size > 1 and int(np.bincount(ids, minlength=1).max()) > 1:
         got = ids.tolist()[:32]
         raise error(f"env_ids must not repeat, got {got} (ids must be unique)", "no repeats", got)

@@ -128,7 +128,7 @@ def test_resume_with_another_server_count_names_the_layout(tmp_path: Path) -> No
     from simkit.errors import InvalidCheckpoint
 
     simkit.train(PPOArgs(**ARGS), logdir=tmp_path, servers=2, max_rounds=1, tensorboard=False)
-    with pytest.raises(InvalidCheckpoint, match=r"holds 2 server session\(s\).*--servers 2"):
+    with pytest.raises(InvalidCheckpoint, match=r"holds 2 server session\(s\).*servers=2"):
         simkit.train(
             PPOArgs(**ARGS), logdir=tmp_path, resume=tmp_path, servers=1, tensorboard=False
         )

@@ -8,8 +8,8 @@ the envs as policy rows (:func:`simkit.servers._stream_envs.make_env_rows`: a
 (:class:`simkit.servers._stream_policy.RowPolicy`) and the fragment loop
 (:class:`simkit.servers._stream_loop.RolloutLoop`). So a run in process and a run
 through any number of servers give the same fragments, bit for bit, for the same seed.
-It satisfies :class:`FragmentSource`, the small interface the PPO learner consumes,
-which a stream of rollout servers satisfies too.
+It is a :class:`~simkit.clients.learners._rollout.FragmentSource`, the interface a run uses,
+as the rollout servers' stream and the device loop are.
 
 Sync mode rolls out a fragment when the learner asks for one, with the weights it last
 pushed (exactly on-policy, deterministic). Async mode rolls out on a thread with the
@@ -24,7 +24,7 @@ import queue
 import sys
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, TypedDict
+from typing import Any, TypedDict
 
 import torch
 
@@ -37,7 +37,6 @@ from simkit.servers._stream_policy import RowPolicy
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = [
-    "FragmentSource",
     "LocalSource",
     "GYM_PREFIX",
     "is_multi_agent",
@@ -81,16 +80,6 @@ class SourceKeywords(TypedDict):
     seed: int
     """Root seed of the envs and of the sampling noise (keyed by ``(seed, slot, step)``
     in every source)."""
-
-
-class FragmentSource(Protocol):
-    """What the learner needs from whoever produces experience (``PolicyStream`` too)."""
-
-    def fragments(self) -> Iterator[Fragment | None]: ...
-
-    def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int: ...
-
-    def close(self) -> None: ...
 
 
 def is_multi_agent(env_id: str) -> bool:

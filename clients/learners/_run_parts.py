@@ -30,6 +30,8 @@ from simkit.errors import InvalidCheckpoint, ServersLost, WriteFailed
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from simkit.clients.learners._rollout import FragmentSource
+
 __all__ = [
     "StopRequest",
     "RunTally",
@@ -218,7 +220,7 @@ def open_recorder(record: str | Path | None, env_id: str, seed: int) -> Any:
     return FragmentRecorder(record, env_id, root_seed=seed)
 
 
-def restore_rollout(source: Any, state: dict[str, Any], kind: str) -> None:
+def restore_rollout(source: FragmentSource, state: dict[str, Any], kind: str) -> None:
     """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``,
     ``"device"`` or ``"servers"``), or says on stderr that the envs start afresh when the
     checkpoint's rollout ran the other way (the learner still resumes exactly)."""

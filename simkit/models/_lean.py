@@ -6,8 +6,8 @@ and a rollout server's stream sessions on a CPU device
 (:mod:`simkit.servers._stream_policy`).
 
 With one env (CleanRL's defaults) a rollout step is one forward pass over a single
-observation; through ``torch`` that is ~25 small operator calls whose dispatch costs
-several times the env step itself. :class:`LeanMLP` computes the same function (the
+observation; through ``torch`` that is a few dozen small operator calls whose dispatch
+costs more than the env step itself (docs/benchmarks.md). :class:`LeanMLP` computes the same function (the
 model's float32 normalisation, tanh/relu trunks, Gaussian, categorical or SAC's
 tanh-squashed Gaussian head) with
 numpy on arrays copied from the model's weights after every weight push, and samples
