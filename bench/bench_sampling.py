@@ -3,13 +3,13 @@
 Usage: ``python bench/bench_sampling.py [--rounds 5] [--seconds 1.5] [--fragment-length 128]
 [--configs simkit/CartPole-v0:8 ...]``
 
-The rollout loop is the servers' own (:class:`simkit.servers._stream_loop.RolloutLoop`
-over :func:`simkit.servers._stream_envs.make_env_rows`, the loop the learner's
+The rollout loop is the servers' own (:class:`simkit.rollout._loop.RolloutLoop`
+over :func:`simkit.rollout._rows.make_env_rows`, the loop the learner's
 in-process source runs too), with the built-in ``"mlp"`` policy (64x64 tanh,
 observation normalisation on, one torch thread) acting through its numpy path
 (:class:`simkit.models._lean.LeanMLP`). Two policies act in it:
 
-- new: :class:`simkit.servers._stream_policy.RowPolicy` as it is: each step draws the
+- new: :class:`simkit.rollout._policy.RowPolicy` as it is: each step draws the
   noise of every env slot from :class:`simkit._noise.SlotNoise` (a PCG64 stream
   advanced to the window of (step, block)) and ``LeanMLP`` computes the rows in
   zero-padded blocks of 16 aligned to their global index (one ``(m, 16, K) @ (K, N)``
@@ -58,9 +58,9 @@ import torch
 
 from simkit.models import ActorCritic, ModelSpec, build_model, get_weights
 from simkit.models._lean import LeanMLP
-from simkit.servers._stream_envs import make_env_rows
-from simkit.servers._stream_loop import RolloutLoop
-from simkit.servers._stream_policy import PolicyOutput, RowPolicy
+from simkit.rollout._loop import RolloutLoop
+from simkit.rollout._policy import PolicyOutput, RowPolicy
+from simkit.rollout._rows import make_env_rows
 
 SPEC = ModelSpec("mlp", {"hidden_sizes": [64, 64]})
 CONFIGS = (

@@ -56,9 +56,9 @@ import simkit
 from simkit.clients import PolicyStream, RemoteVectorEnv
 from simkit.models import ModelSpec, build_model, get_weights
 from simkit.protocol import StreamClientSession, StreamServerSession
-from simkit.servers._stream_envs import make_env_rows
-from simkit.servers._stream_loop import RolloutLoop
-from simkit.servers._stream_policy import RowPolicy
+from simkit.rollout._loop import RolloutLoop
+from simkit.rollout._policy import RowPolicy
+from simkit.rollout._rows import make_env_rows
 
 ENV = "simkit/BatchCheetah-v0"
 SPEC = ModelSpec("mlp", {"hidden_sizes": [64, 64]})

@@ -13,7 +13,7 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    - ``model.act``: the built-in ``"mlp"`` policy (64x64) acting on an observation
      tensor already on the device, with a seeded ``torch.Generator`` of that device,
      under ``torch.inference_mode()``;
-   - ``RowPolicy.act``: the rollout's act path (``simkit.servers._stream_policy``) on
+   - ``RowPolicy.act``: the rollout's act path (``simkit.rollout._policy``) on
      numpy observations, keyed noise drawn per step, actions back as numpy: host <->
      device copies included. On the CPU it runs the numpy ``LeanMLP``; on CUDA
      its default path, ``model.act`` with the noise as a CUDA graph over pinned buffers
@@ -23,7 +23,7 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
 1b. ``RowPolicy.act``'s paths (``--only rowpolicy``), rows/s at B = 4k and 64k, with a
    Gaussian and a categorical head: on CUDA the default path (pinned host buffers,
    non-blocking copies, one event wait, the forward as a CUDA graph per batch shape:
-   ``simkit.servers._static_act``), the same buffers with an eager forward, the eager
+   ``simkit.rollout._static_act``), the same buffers with an eager forward, the eager
    path (``graphs=False``: ``model.act`` per call) and ``model.act`` on device-resident
    rows (the column gives each path's share of it, and its rate over the CPU's
    ``LeanMLP``); then bit comparisons on the same device: graphed vs eager act (three
@@ -90,7 +90,7 @@ from simkit.clients.learners._train_sac import sac_spec
 from simkit.clients.learners.ppo import PPO, PPOArgs
 from simkit.clients.learners.sac import SAC
 from simkit.models import ActorCritic, ModelSpec, build_model
-from simkit.servers._stream_policy import RowPolicy
+from simkit.rollout._policy import RowPolicy
 
 OBS_DIM, ACT_DIM = 17, 6
 CATEGORICAL_PATH = "RowPolicy.act, categorical (6 actions)"
@@ -355,7 +355,7 @@ def _row_policy(
     path: str,
 ) -> RowPolicy:
     """A ``RowPolicy`` of ``n`` one-row slots on ``dev`` acting through ``path``."""
-    from simkit.servers._static_act import eager_capture
+    from simkit.rollout._static_act import eager_capture
 
     return RowPolicy(
         copy.deepcopy(base),

@@ -29,8 +29,9 @@ from simkit.protocol import (
 )
 from simkit.protocol import take_rows as _take
 from simkit.randomization import resolve_overrides
+from simkit.rollout._rows import host_arrays
 
-__all__ = ["BatchEnvHost", "BATCH_HOST_STATE", "host_arrays"]
+__all__ = ["BatchEnvHost", "BATCH_HOST_STATE"]
 
 BATCH_HOST_STATE = "simkit.batch_host/1"
 """Tag of the per-env snapshots :meth:`BatchEnvHost.get_state` returns."""
@@ -266,18 +267,6 @@ class BatchEnvHost:
     def close(self) -> None:
         """Closes the batch."""
         self.env.close()
-
-
-def host_arrays(value: Any) -> Any:
-    """``value`` (a torch batch's rows: a tensor, or a dict/tuple of them) as numpy
-    arrays on the host; numpy rows unchanged."""
-    if isinstance(value, Mapping):
-        return {k: host_arrays(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(host_arrays(v) for v in value)
-    if isinstance(value, np.ndarray) or not hasattr(value, "cpu"):
-        return value
-    return value.detach().cpu().numpy()
 
 
 def _writable(actions: Any) -> Any:

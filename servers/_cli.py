@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import zmq.auth
 
-from simkit._argtypes import ENV_ID_FORMS
+from simkit._argtypes import ENV_ID_FORMS, env_kwarg_flags, parse_env_kwargs
 from simkit._kernels import is_pinned, reexec_pinned
 from simkit.errors import SimkitError
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes
@@ -202,50 +200,6 @@ def _size(text: str) -> int:
         return parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
-    """``["KEY=VALUE", ...]`` as constructor arguments; each VALUE is JSON, else a string.
-
-    Raises:
-        ValueError: an item without ``=`` or with an empty key, or a VALUE nested
-            deeper than :data:`~simkit._limits.MAX_JSON_DEPTH` levels.
-    """
-    from simkit._limits import TooDeep, loads_json
-
-    kwargs: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            shown = item if len(item) <= 80 else item[:80] + "..."
-            raise ValueError(f"--env-kwarg takes KEY=VALUE, got {shown!r}")
-        try:
-            kwargs[key.strip()] = loads_json(raw)
-        except TooDeep as exc:
-            raise ValueError(f"--env-kwarg {key.strip()[:80]}: {exc}") from None
-        except json.JSONDecodeError:
-            kwargs[key.strip()] = raw
-    return kwargs
-
-
-def env_kwarg_flags(env_kwargs: Mapping[str, Any]) -> list[str]:
-    """``simkit serve``'s ``--env-kwarg KEY=VALUE`` flags for ``env_kwargs``, each value
-    as JSON (what :func:`parse_env_kwargs` reads back to the same value).
-
-    Raises:
-        ValueError: a value JSON cannot carry.
-    """
-    flags: list[str] = []
-    for key, value in env_kwargs.items():
-        try:
-            text = json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"env_kwargs[{key!r}] must be JSON (a rollout server reads it from its "
-                f"command line), got {type(value).__name__}: {value!r}"
-            ) from exc
-        flags += ["--env-kwarg", f"{key}={text}"]
-    return flags
 
 
 def _client_keys(paths: Sequence[Path]) -> list[bytes]:

@@ -50,11 +50,11 @@ from simkit.protocol._stream_session import (
     StreamServerSession,
     WeightsCommand,
 )
+from simkit.rollout._loop import RolloutLoop
+from simkit.rollout._policy import RowPolicy
+from simkit.rollout._rows import EnvRows, make_env_rows
 from simkit.servers._memory import Reservation, SlotCosts
-from simkit.servers._stream_envs import EnvRows, make_env_rows
-from simkit.servers._stream_loop import RolloutLoop
 from simkit.servers._stream_metrics import StreamMetrics
-from simkit.servers._stream_policy import RowPolicy
 from simkit.servers._stream_settings import TAG_DONE, TAG_FRAGMENT, TAG_REPLY, StreamSettings
 
 __all__ = ["StreamWorker"]

@@ -15,7 +15,7 @@ from simkit._noise import NOISE_BLOCK, SlotNoise, TorchSlotNoise
 from simkit.models import ModelSpec, build_model
 from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
-from simkit.servers._stream_policy import RowPolicy, host_output
+from simkit.rollout._policy import RowPolicy, host_output
 
 
 def _noise(seed: int, first: int, n: int, kind: str = "normal", rows: int = 1, width: int = 2):

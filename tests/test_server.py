@@ -486,7 +486,8 @@ def test_busy_polling_spins_for_its_window_then_sleeps(tmp_path: Path, connect: 
 
 
 def test_env_kwargs_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from simkit.servers._cli import env_kwarg_flags, main, parse_env_kwargs
+    from simkit._argtypes import env_kwarg_flags, parse_env_kwargs
+    from simkit.servers._cli import main
 
     assert parse_env_kwargs(["max_episode_steps=500", "name=abc", 'params={"gravity": 9.0}']) == {
         "max_episode_steps": 500,

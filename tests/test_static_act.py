@@ -18,8 +18,8 @@ from gymnasium import spaces
 from stream_helpers import assert_same_fragment, weights_version
 
 from simkit.models import ModelSpec, build_model
-from simkit.servers._static_act import cuda_graph_capture, eager_capture
-from simkit.servers._stream_policy import PolicyOutput, RowPolicy
+from simkit.rollout._policy import PolicyOutput, RowPolicy
+from simkit.rollout._static_act import cuda_graph_capture, eager_capture
 
 OBS = spaces.Box(-5.0, 5.0, (5,), np.float32)
 SPACES: dict[str, spaces.Space[Any]] = {
@@ -246,8 +246,8 @@ def test_the_sac_actor_samples_without_reading_the_device(
 
 def _loop(env_id: str, n: int, *, halves: bool, **kw: Any) -> Any:
     """A RolloutLoop of ``n`` envs (episodes truncated at 5 steps) with a model.act policy."""
-    from simkit.servers._stream_envs import make_env_rows
-    from simkit.servers._stream_loop import RolloutLoop
+    from simkit.rollout._loop import RolloutLoop
+    from simkit.rollout._rows import make_env_rows
 
     envs = make_env_rows(env_id, n, env_kwargs={"max_episode_steps": 5}, halves=halves)
     if halves:
@@ -373,9 +373,9 @@ def test_a_serve_session_on_cuda_streams_the_eager_cuda_fragments() -> None:
     """A stream session on CUDA (graphed act) gives the fragments of the same loop with
     the eager act on CUDA, truncations (final values) and a weight swap included."""
     from simkit.clients import PolicyStream
+    from simkit.rollout._loop import RolloutLoop
+    from simkit.rollout._rows import make_env_rows
     from simkit.servers import RolloutServer
-    from simkit.servers._stream_envs import make_env_rows
-    from simkit.servers._stream_loop import RolloutLoop
 
     env_id, n, length, seed = "simkit/CartPole-v0", 6, 8, 11
     kwargs = {"max_episode_steps": 5}

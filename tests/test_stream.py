@@ -25,8 +25,8 @@ from simkit.clients import PolicyStream, RemoteVectorEnv, ServerUnavailable
 from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.models import ModelSpec, PolicyWeights, build_model
 from simkit.protocol import RemoteError, StreamClientSession, StreamConfig
+from simkit.rollout._policy import RowPolicy
 from simkit.servers import RolloutServer
-from simkit.servers._stream_policy import RowPolicy
 from simkit.vector import VectorEnv
 
 SPEC = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
@@ -519,8 +519,8 @@ def test_serve_command_line_takes_the_policy_options() -> None:
 
 def _loop(env_id: str, num_envs: int, *, halves: bool, length: int) -> tuple[Any, Any]:
     """A RolloutLoop over ``num_envs`` envs of ``env_id`` (split in two when ``halves``)."""
-    from simkit.servers._stream_envs import make_env_rows
-    from simkit.servers._stream_loop import RolloutLoop
+    from simkit.rollout._loop import RolloutLoop
+    from simkit.rollout._rows import make_env_rows
 
     envs = make_env_rows(env_id, num_envs, env_kwargs={"max_episode_steps": 7}, halves=halves)
     if halves:
@@ -607,7 +607,7 @@ class _FixedArgsCartPole(BatchCartPole):
 def test_double_buffering_skips_a_batch_env_whose_constructor_takes_no_batch_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from simkit.servers._stream_envs import make_env_rows
+    from simkit.rollout._rows import make_env_rows
 
     monkeypatch.setattr(simkit.registry, "_REGISTRY", dict(simkit.registry._REGISTRY))
     simkit.register(
@@ -654,7 +654,7 @@ def test_a_double_buffered_server_streams_the_plain_servers_fragments(serve: Ser
 def test_a_bug_in_a_stream_session_is_the_internal_code_and_the_server_goes_on(
     serve: Servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from simkit.servers._stream_loop import RolloutLoop
+    from simkit.rollout._loop import RolloutLoop
 
     srv = serve()
     real_step = RolloutLoop.step

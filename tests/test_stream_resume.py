@@ -32,8 +32,8 @@ from simkit.protocol import (
     encode,
 )
 from simkit.protocol._stream_messages import parse_session_state, session_state_message
+from simkit.rollout._rows import make_env_rows
 from simkit.servers import RolloutServer
-from simkit.servers._stream_envs import make_env_rows
 
 SPEC = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
 
@@ -309,7 +309,7 @@ def test_state_and_restore_are_stream_request_kinds() -> None:
 def test_server_policy_lean_path_acts_as_torch(env_id: str) -> None:
     """The CPU sessions' numpy act path samples from the same keyed noise as
     ``model.act`` and agrees with it up to float32 rounding."""
-    from simkit.servers._stream_policy import RowPolicy
+    from simkit.rollout._policy import RowPolicy
 
     rows = make_env_rows(env_id, 4)
     try:

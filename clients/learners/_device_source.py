@@ -8,7 +8,7 @@ of the policy there (``model.act`` on the device-resident observations), samples
 the run's keyed noise computed on the device (:class:`simkit._noise.TorchSlotNoise`, a
 whole fragment's noise at once: the bits :class:`~simkit._noise.SlotNoise` gives on the
 host; a Gaussian head's normal noise is drawn on the host once per fragment and copied,
-as :class:`~simkit.servers._stream_policy.RowPolicy` does) and writes every step into
+as :class:`~simkit.rollout._policy.RowPolicy` does) and writes every step into
 tensors preallocated ``[T, N, ...]`` on the device. A fragment is a
 :class:`DeviceFragment` of those tensors; :meth:`simkit.clients.learners.ppo.PPO.update_device`
 computes reward scaling, GAE and the update from them where they are.

@@ -1,12 +1,12 @@
 """An in-process fragment source: the rollout servers' own loop, in the learner's process.
 
 :class:`LocalSource` runs exactly what a stream session runs (one mechanism, one place):
-the envs as policy rows (:func:`simkit.servers._stream_envs.make_env_rows`: a
+the envs as policy rows (:func:`simkit.rollout._rows.make_env_rows`: a
 :class:`simkit.vector.VectorEnv` for single-agent ids and ``gym:<id>``, a
 :class:`simkit.vector.MultiAgentVectorEnv` with one row per (env, agent), a
 :class:`simkit.BatchEnv`), the policy with keyed sampling noise
-(:class:`simkit.servers._stream_policy.RowPolicy`) and the fragment loop
-(:class:`simkit.servers._stream_loop.RolloutLoop`). So a run in process and a run
+(:class:`simkit.rollout._policy.RowPolicy`) and the fragment loop
+(:class:`simkit.rollout._loop.RolloutLoop`). So a run in process and a run
 through any number of servers give the same fragments, bit for bit, for the same seed.
 It is a :class:`~simkit.clients.learners._rollout.FragmentSource`, the interface a run uses,
 as the rollout servers' stream and the device loop are.
@@ -31,9 +31,9 @@ import torch
 from simkit._types import Fragment
 from simkit.models import ActorCritic
 from simkit.registry import GYM_PREFIX, EnvKind, spec
-from simkit.servers._stream_envs import make_env_rows
-from simkit.servers._stream_loop import RolloutLoop
-from simkit.servers._stream_policy import RowPolicy
+from simkit.rollout._loop import RolloutLoop
+from simkit.rollout._policy import RowPolicy
+from simkit.rollout._rows import make_env_rows
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = [

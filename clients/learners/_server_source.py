@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from simkit._argtypes import env_kwarg_flags
 from simkit._types import Fragment
 from simkit.clients.learners._local_source import (
     NO_ENV_STATES_LINE,
@@ -32,7 +33,6 @@ from simkit.errors import ServerStartFailed
 from simkit.models import ModelSpec
 from simkit.protocol import ProtocolError, RemoteError, SessionSnapshot
 from simkit.servers import PARENT_ENV
-from simkit.servers._cli import env_kwarg_flags
 
 __all__ = ["ServerSource", "spawn_servers", "stop_servers"]
 

@@ -63,7 +63,7 @@ def probe_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Any, Any, int]:
         ValueError: the env refuses ``env_kwargs`` (or its constructor fails on them):
             one line naming the id and the arguments.
     """
-    from simkit.servers._stream_envs import make_env_rows
+    from simkit.rollout._rows import make_env_rows
 
     try:
         rows = make_env_rows(env_id, 1, env_kwargs=env_kwargs)

@@ -316,7 +316,7 @@ def train_keywords(ns: argparse.Namespace) -> dict[str, Any]:
         if f.name == "env_id" or value is None:
             continue
         if f.name == "env_kwargs":
-            from simkit.servers._cli import parse_env_kwargs
+            from simkit._argtypes import parse_env_kwargs
 
             value = parse_env_kwargs(value)
         keywords[f.name] = tuple(value) if isinstance(value, list) else value

@@ -57,7 +57,7 @@ from simkit.clients.learners._run_parts import check_resumed_state, resumed_sett
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
-from simkit.servers._stream_envs import make_env_rows
+from simkit.rollout._rows import make_env_rows
 
 __all__ = [
     "PPOArgs",

@@ -3,7 +3,7 @@ rollouts on the CPU.
 
 Both rollouts use it: the learner's in-process one (:mod:`simkit.clients.learners._local_source`)
 and a rollout server's stream sessions on a CPU device
-(:mod:`simkit.servers._stream_policy`).
+(:mod:`simkit.rollout._policy`).
 
 With one env (CleanRL's defaults) a rollout step is one forward pass over a single
 observation; through ``torch`` that is a few dozen small operator calls whose dispatch

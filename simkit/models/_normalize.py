@@ -89,7 +89,7 @@ class RunningMeanStd(nn.Module):
         """Forgets the cached shift and scale: the next forward computes them from the
         buffers. A CUDA graph captured right after this computes them on every replay,
         so it follows in-place changes of the statistics
-        (:mod:`simkit.servers._static_act`)."""
+        (:mod:`simkit.rollout._static_act`)."""
         self._key = ()
         self._cache = (self.mean, self.var)
 

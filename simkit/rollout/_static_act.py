@@ -1,11 +1,11 @@
 """The act path of a rollout policy on a CUDA device: static buffers, one graph per batch shape.
 
-:class:`StaticActs` runs :class:`~simkit.servers._stream_policy.RowPolicy`'s batched act
+:class:`StaticActs` runs :class:`~simkit.rollout._policy.RowPolicy`'s batched act
 without host stalls. Per batch shape (rows, observation dtype) it keeps one
 :class:`StaticAct`: page-locked (pinned) host buffers for the observations, host-drawn
 noise and the packed outputs, device buffers for the same, and the forward pass (act,
 then the outputs packed into one float64 tensor as
-:func:`~simkit.servers._stream_policy.pack_output` packs them) captured once as a CUDA
+:func:`~simkit.rollout._policy.pack_output` packs them) captured once as a CUDA
 graph on those buffers. A step is: the observations copied into the pinned buffer,
 copied to the device without blocking, the noise put in place, the graph replayed, the
 packed outputs copied back without blocking, and one event waited on: one

@@ -11,7 +11,7 @@ devices act through ``model.act`` (the same noise; the forward's last bits may d
 on the batch shape). On a device other than the CPU, uniform noise (categorical heads)
 is computed there (:class:`simkit._noise.TorchSlotNoise`, the same bits), so no noise
 crosses from the host; normal noise is drawn on the host and copied. On a CUDA device
-the act runs through :class:`simkit.servers._static_act.StaticActs`: pinned host
+the act runs through :class:`simkit.rollout._static_act.StaticActs`: pinned host
 buffers, non-blocking copies, one synchronisation per act and the forward pass as a
 CUDA graph per batch shape; values go through pinned copies too, and the final values
 of a step's truncations are queued (:meth:`RowPolicy.value_later`) and read after the
@@ -34,7 +34,7 @@ from simkit._noise import NoiseKind, SlotNoise, TorchSlotNoise
 from simkit.models import ActorCritic, PolicyWeights, set_weights
 from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
-from simkit.servers._static_act import Capture, StaticActs, cuda_graph_capture, noise_pool
+from simkit.rollout._static_act import Capture, StaticActs, cuda_graph_capture, noise_pool
 
 __all__ = ["RowPolicy", "PolicyOutput", "host_output", "pack_output", "unpack_output"]
 
@@ -112,10 +112,10 @@ class RowPolicy:
         lean: act through :class:`LeanMLP` where the device is the CPU and the model
             is the built-in MLP (else ``model.act``).
         graphs: on a CUDA device, act through static buffers with the forward as a
-            CUDA graph per batch shape (:mod:`simkit.servers._static_act`); False: the
+            CUDA graph per batch shape (:mod:`simkit.rollout._static_act`); False: the
             eager path (``model.act`` per call; the same bits).
         capture: act through static buffers on any device, each batch shape's forward
-            made by this :data:`~simkit.servers._static_act.Capture` (tests run the
+            made by this :data:`~simkit.rollout._static_act.Capture` (tests run the
             structure on the CPU with ``eager_capture``); None: as ``graphs`` says.
     """
 

@@ -9,7 +9,7 @@ or (env slot, agent) pairs) with an agent mask, the layout of
 A BatchEnv that steps subsets can also be driven in two *parts* (halves of the env
 slots) through its EnvPool-style ``send``/``recv``: the physics of one part runs on the
 env's background thread while the caller evaluates the policy for the other
-(:class:`simkit.servers._stream_loop.RolloutLoop` with ``double_buffer``). Each
+(:class:`simkit.rollout._loop.RolloutLoop` with ``double_buffer``). Each
 instance's trajectory is the one a whole-batch step gives it (the BatchEnv contract).
 """
 
@@ -24,10 +24,9 @@ import numpy as np
 from gymnasium import spaces
 
 from simkit.registry import EnvKind, spec
-from simkit.servers._batch_host import host_arrays
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
-__all__ = ["EnvRows", "RowStep", "make_env_rows", "ENV_KINDS"]
+__all__ = ["host_arrays", "EnvRows", "RowStep", "make_env_rows", "ENV_KINDS"]
 
 ENV_KINDS = ("single", "batch", "multi_agent")
 
@@ -205,6 +204,18 @@ class EnvRows:
         if not self.closed:
             self.closed = True
             self.env.close()
+
+
+def host_arrays(value: Any) -> Any:
+    """``value`` (a torch batch's rows: a tensor, or a dict/tuple of them) as numpy
+    arrays on the host; numpy rows unchanged."""
+    if isinstance(value, Mapping):
+        return {k: host_arrays(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(host_arrays(v) for v in value)
+    if isinstance(value, np.ndarray) or not hasattr(value, "cpu"):
+        return value
+    return value.detach().cpu().numpy()
 
 
 def make_env_rows(

@@ -23,8 +23,8 @@ import numpy as np
 
 from simkit._types import Fragment
 from simkit.models import PolicyWeights
-from simkit.servers._stream_envs import EnvRows
-from simkit.servers._stream_policy import RowPolicy
+from simkit.rollout._policy import RowPolicy
+from simkit.rollout._rows import EnvRows
 
 __all__ = ["RolloutLoop", "LoopTimes"]
 
