@@ -27,8 +27,7 @@ from simkit.cli import main
 from simkit.clients.learners._args import PPOArgs, SACArgs
 from simkit.clients.learners._checkpoint import load_checkpoint, save_checkpoint
 from simkit.clients.learners._replay import REPLAY_FORMAT, ReplayBuffer
-from simkit.clients.learners._run_parts import CheckpointCadence
-from simkit.clients.learners.sac import SAC
+from simkit.clients.learners.sac import SAC, CheckpointCadence
 from simkit.errors import InvalidCheckpoint, WriteFailed
 
 ENV = "simkit/Pendulum-v0"

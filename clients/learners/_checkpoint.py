@@ -23,16 +23,19 @@ update, for evaluation while training goes on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import re
+import reprlib
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
@@ -42,7 +45,12 @@ from simkit import snapshot
 from simkit.errors import InvalidCheckpoint, InvalidState, WriteFailed
 from simkit.models._weights import canonical_safetensors
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = [
+    "check_resumed_state",
+    "resumed_settings",
     "CHECKPOINT_FORMAT",
     "Checkpoint",
     "save_checkpoint",
@@ -523,3 +531,89 @@ def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, An
         actor = {k[len(prefix) :]: v for k, v in ckpt.model.items() if k.startswith(prefix)}
         return actor, dict(policy)
     return ckpt.model, dict(policy)
+
+
+SettingsT = TypeVar("SettingsT", bound="DataclassInstance")
+
+
+def resumed_settings(
+    saved: SettingsT,
+    asked: SettingsT,
+    free: Sequence[str],
+    given: Collection[str] | None = None,
+    *,
+    name_free: bool = True,
+) -> SettingsT:
+    """The settings (a dataclass) of a resumed run: the checkpoint's ``saved``, with the
+    ``free`` fields taken from ``asked``; with ``given``, only those fields of ``asked``
+    (the ones the command line set) must match.
+
+    Raises:
+        ValueError: a field outside ``free`` differs (names every one, and with
+            ``name_free`` the fields a resumed run may change).
+    """
+    differ = [
+        f.name
+        for f in dataclasses.fields(saved)
+        if f.name not in free
+        and (given is None or f.name in given)
+        and getattr(asked, f.name) != getattr(saved, f.name)
+    ]
+    if differ:
+        may = ", ".join("--" + k.replace("_", "-") for k in free)
+        raise ValueError(
+            "--resume continues the checkpoint's settings; "
+            + ", ".join(
+                f"--{k.replace('_', '-')} {getattr(asked, k)} differs from its {getattr(saved, k)}"
+                for k in differ
+            )
+            + (f" (a resumed run may change {may})" if name_free else "")
+        )
+    return dataclasses.replace(saved, **{k: getattr(asked, k) for k in free})
+
+
+def check_resumed_state(
+    ckpt: Checkpoint, counts: tuple[str, ...], *, within: str | None = None
+) -> dict[str, int]:
+    """Checks what a run reads from a checkpoint's state before it starts anything,
+    so that a crafted (re-signed) one is refused in one line instead of failing on it
+    later: the counters ``counts`` (of ``state[within]``, or of the state itself) must
+    be integers >= 0, ``servers`` (where present) too, ``source_kind`` ``"local"``,
+    ``"device"`` or ``"servers"``, and ``tally`` a :meth:`RunTally.to_state` map. Returns the counters.
+
+    Raises:
+        InvalidCheckpoint: naming ``state.msgpack`` and the entry.
+    """
+    file = ckpt.path / "state.msgpack"
+    state = ckpt.state
+    table = state.get(within) if within is not None else state
+    if not isinstance(table, dict):
+        raise InvalidCheckpoint(f"{file}: {within} must be a map, got {reprlib.repr(table)}")
+    out: dict[str, int] = {}
+    for name, value in [*((k, table.get(k)) for k in counts), ("servers", state.get("servers", 0))]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            where = f"{within}.{name}" if within is not None and name != "servers" else name
+            raise InvalidCheckpoint(
+                f"{file}: {where} must be an integer >= 0, got {reprlib.repr(value)}"
+            )
+        out[name] = int(value)
+    kind = state.get("source_kind", "local")
+    if kind not in ("local", "device", "servers"):
+        raise InvalidCheckpoint(
+            f"{file}: source_kind must be 'local', 'device' or 'servers', got {reprlib.repr(kind)}"
+        )
+    tally = state.get("tally")
+    if tally is not None:
+        returns = tally.get("returns", []) if isinstance(tally, dict) else None
+        elapsed = tally.get("elapsed_s", 0.0) if isinstance(tally, dict) else None
+        if (
+            not isinstance(returns, list)
+            or not all(isinstance(r, int | float) and np.isfinite(r) for r in returns)
+            or not isinstance(elapsed, int | float)
+            or not 0 <= elapsed < float("inf")
+        ):
+            raise InvalidCheckpoint(
+                f"{file}: tally must be {{'returns': [finite numbers], 'elapsed_s': a number "
+                f">= 0}}, got {reprlib.repr(tally)}"
+            )
+    return out

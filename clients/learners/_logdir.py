@@ -1,20 +1,36 @@
-"""A run's log directory: named by the run it holds, claimed by one writer at a time,
-and told apart from one whose run died before its first checkpoint (nothing to resume:
-a new run starts over there)."""
+"""A run's log directory: named by the run it holds, claimed by one writer at a time, told
+apart from one whose run died before its first checkpoint (nothing to resume: a new run
+starts over there), checked writable, and what the run writes there besides checkpoints:
+``progress.jsonl`` (appended whole, trimmed to a resumed checkpoint) and TensorBoard."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from simkit.clients.learners._checkpoint import write_atomically
 from simkit.errors import InvalidCheckpoint, WriteFailed
 
 if TYPE_CHECKING:
     from simkit.recording._format import DirectoryLock
 
-__all__ = ["LogdirLock", "claim_logdir", "died_before_first_checkpoint", "resumed_logdir"]
+__all__ = [
+    "LogdirLock",
+    "TensorBoard",
+    "append_progress",
+    "claim_logdir",
+    "died_before_first_checkpoint",
+    "prepare_logdir",
+    "resumed_logdir",
+    "trim_progress",
+]
 
 
 def resumed_logdir(resume: str | Path) -> Path:
@@ -132,7 +148,6 @@ def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = Fals
         ValueError: it holds a run and this one does not ``--resume`` it (or it cannot
             be made, written or locked).
     """
-    from simkit.clients.learners._run_parts import prepare_logdir
     from simkit.recording._format import DirectoryLock
 
     try:
@@ -191,3 +206,139 @@ def _run_in(logdir: Path) -> str:
         return f"{state['args']['env_id']}, {int(counters['global_step']):,} env steps"
     except (InvalidCheckpoint, FileNotFoundError, KeyError, TypeError, ValueError):
         return "progress.jsonl" if (logdir / "progress.jsonl").exists() else "checkpoints/"
+
+
+def prepare_logdir(logdir: Path) -> None:
+    """Makes the run's log directory and checks this process can write there, before
+    anything starts (a run that could not checkpoint would only lose its work later).
+
+    Raises:
+        ValueError: ``logdir`` is a file, or cannot be made or written (one line
+            naming it and the errno).
+    """
+    try:
+        if logdir.exists() and not logdir.is_dir():
+            raise ValueError(f"--logdir {logdir}: a file, not a folder")
+        logdir.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=logdir, prefix=".simkit-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(
+            f"--logdir {logdir}: cannot write there: {WriteFailed.reason(exc)}"
+        ) from exc
+
+
+def append_progress(path: Path, row: Mapping[str, Any]) -> None:
+    """Appends ``row`` as one JSON line to ``path`` (``progress.jsonl``), whole or not
+    at all: a line the disk had no room for is cut off again.
+
+    Raises:
+        WriteFailed: the line could not be written (naming the file and the errno).
+    """
+    data = (json.dumps(row) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise WriteFailed(path, exc) from exc
+    try:
+        size = os.fstat(fd).st_size
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise WriteFailed(path, exc, "; its earlier lines are intact") from exc
+    finally:
+        os.close(fd)
+
+
+def trim_progress(path: Path, global_step: int) -> int:
+    """Drops the lines of ``path`` (``progress.jsonl``) past ``global_step``, the
+    checkpoint a run resumes from: what the interrupted run did after it is done
+    again, and plots must not count it twice (nor see the steps go backwards). A torn
+    last line goes too. Returns how many lines were dropped (the file is rewritten
+    atomically only then, and stderr says so).
+
+    Raises:
+        WriteFailed: the file could not be rewritten (it is left as it was).
+    """
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    kept: list[str] = []
+    for line in lines:
+        try:
+            step = int(json.loads(line)["global_step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if step <= global_step:
+            kept.append(line + "\n")
+    dropped = len(lines) - len(kept)
+    if dropped:
+        try:
+            write_atomically(path, "".join(kept).encode())
+        except OSError as exc:
+            raise WriteFailed(path, exc) from exc
+        print(
+            f"simkit train: {path}: {dropped} line(s) past the checkpoint's {global_step:,} "
+            "env steps dropped (the resumed run does them again)",
+            file=sys.stderr,
+        )
+    return dropped
+
+
+class TensorBoard:
+    """TensorBoard scalars under ``folder``, whose file errors (a full disk, a read-only
+    folder) come as :class:`~simkit.errors.WriteFailed` naming the folder, not as the
+    ``OSError`` its writer thread raised: a run ends on them in one line. The
+    ``SummaryWriter`` is made at the first scalar, inside the run's loop (so a failure
+    there closes what the run opened).
+
+    Args:
+        folder: the event files' folder (``LOGDIR/tb``).
+        purge_step: a resumed run's first step (its checkpoint's + 1): TensorBoard hides
+            the events the interrupted run wrote from there on, which the resumed run
+            writes again (as ``progress.jsonl`` is trimmed), so no plot counts them twice.
+    """
+
+    def __init__(self, folder: Path, *, purge_step: int | None = None) -> None:
+        self.folder = folder
+        self.purge_step = purge_step
+        self._writer: Any = None
+        self._failed = False
+
+    def _fail(self, exc: OSError) -> WriteFailed:
+        self._failed = True
+        return WriteFailed(self.folder, exc, " (TensorBoard scalars)")
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        """``SummaryWriter.add_scalar``.
+
+        Raises:
+            WriteFailed: the events file could not be written.
+        """
+        try:
+            if self._writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.folder), purge_step=self.purge_step)
+            self._writer.add_scalar(name, value, step)
+        except OSError as exc:
+            raise self._fail(exc) from exc
+
+    def close(self) -> None:
+        """Writes what is buffered and closes the file (after a failure: quietly).
+
+        Raises:
+            WriteFailed: the last events could not be written.
+        """
+        if self._writer is None:
+            return
+        try:
+            self._writer.close()
+        except OSError as exc:
+            if not self._failed:
+                raise self._fail(exc) from exc

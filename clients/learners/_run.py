@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol
+
+import numpy as np
 
 from simkit._kernels import is_pinned, kernel_mode
 from simkit._types import Fragment
@@ -44,6 +49,12 @@ from simkit.clients.learners._device_pick import DevicePick
 from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
 from simkit.clients.learners._learner_metrics import LearnerMetrics
 from simkit.clients.learners._local_source import LocalSource
+from simkit.clients.learners._logdir import (
+    TensorBoard,
+    append_progress,
+    prepare_logdir,
+    trim_progress,
+)
 from simkit.clients.learners._progress import ProgressLine
 from simkit.clients.learners._rollout import (
     FragmentSource,
@@ -53,19 +64,9 @@ from simkit.clients.learners._rollout import (
     open_rollout,
     source_kind,
 )
-from simkit.clients.learners._run_parts import (
-    RunTally,
-    StopRequest,
-    TensorBoard,
-    append_progress,
-    checkpoint_if_servers_lost,
-    open_recorder,
-    prepare_logdir,
-    restore_rollout,
-    trim_progress,
-)
 from simkit.clients.learners._server_source import ServerSource
-from simkit.errors import InvalidCheckpoint
+from simkit.clients.remote._connection import ServerUnavailable
+from simkit.errors import InvalidCheckpoint, ServersLost
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
@@ -193,6 +194,133 @@ class Report:
     """The progress line's fields after steps/s, return and ETA."""
     metrics: dict[str, Any] | None = None
     """:meth:`LearnerMetrics.observe` arguments (Prometheus), if the algorithm has any."""
+
+
+class StopRequest:
+    """A request to stop after the current round: SIGINT/SIGTERM make it once
+    :meth:`install` ed (:meth:`restore` puts the previous handlers back); it is also
+    what a supervised source checks while waiting for a lost server (``give_up``)."""
+
+    def __init__(self, *, after: str) -> None:
+        self.requested = False
+        self._after = after
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> None:
+        """Catches SIGINT and SIGTERM from now on."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self.requested = True
+        print(
+            f"\nsimkit train: {signal.Signals(signum).name} received, checkpointing {self._after}",
+            file=sys.stderr,
+        )
+
+    def __call__(self) -> bool:
+        """Whether a stop was requested."""
+        return self.requested
+
+    def restore(self) -> None:
+        """Puts the previous signal handlers back."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class RunTally:
+    """What a run reports that spans its resumes: the returns of its last
+    :attr:`WINDOW` episodes and its wall time. A checkpoint carries :meth:`to_state`, so
+    a resumed run's mean return is over the same episodes and its ``elapsed_s`` goes on
+    from the interrupted run's instead of starting again at 0 and over no episodes.
+
+    Args:
+        state: a checkpoint's ``tally`` (``None``, or a checkpoint written before
+            tallies were kept: a fresh tally).
+    """
+
+    WINDOW = 20
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        state = state or {}
+        self.returns: deque[float] = deque(
+            (float(r) for r in state.get("returns", ())), maxlen=self.WINDOW
+        )
+        self._before = float(state.get("elapsed_s", 0.0))
+        self._start = time.perf_counter()
+
+    def add(self, episode_returns: np.ndarray) -> None:
+        """Counts the returns of episodes that just ended."""
+        self.returns.extend(np.asarray(episode_returns, dtype=np.float64).tolist())
+
+    def mean_return(self) -> float:
+        """Mean return of the last :attr:`WINDOW` episodes (NaN before the first)."""
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+    def session_s(self) -> float:
+        """Seconds since this process started the run (or resumed it)."""
+        return time.perf_counter() - self._start
+
+    def elapsed_s(self) -> float:
+        """Seconds of the whole run: before the resume and since."""
+        return self._before + self.session_s()
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain state for a checkpoint."""
+        return {"returns": list(self.returns), "elapsed_s": self.elapsed_s()}
+
+
+def open_recorder(record: str | Path | None, env_id: str, seed: int) -> Any:
+    """The run's :class:`~simkit.recording.FragmentRecorder` (``record``: its folder), or
+    None. A run opens it before anything else starts, so that a folder it cannot write,
+    or another writer's lock, ends the run with nothing to undo (no server, no signal
+    handler)."""
+    if record is None:
+        return None
+    from simkit.recording import FragmentRecorder
+
+    return FragmentRecorder(record, env_id, root_seed=seed)
+
+
+def restore_rollout(source: FragmentSource, state: dict[str, Any], kind: str) -> None:
+    """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``,
+    ``"device"`` or ``"servers"``), or says on stderr that the envs start afresh when the
+    checkpoint's rollout ran the other way (the learner still resumes exactly)."""
+    saved = state.get("source_kind", "local")
+    if saved == kind and state.get("source") is not None:
+        source.set_state(state["source"])
+    else:
+        print(
+            f"simkit train: the checkpoint's rollout state is from {saved!r} and this run "
+            f"rolls out through {kind!r}: the learner resumes exactly, the envs start afresh",
+            file=sys.stderr,
+        )
+
+
+@contextlib.contextmanager
+def checkpoint_if_servers_lost(
+    checkpoint: Callable[[], Path],
+    stop: StopRequest,
+    *,
+    env_steps: Callable[[], int],
+    resume: str,
+) -> Iterator[None]:
+    """Around a learner's loop: when the last server is lost (``ServerUnavailable``),
+    keeps what the learner has (``checkpoint()``) and raises :class:`ServersLost` naming
+    that checkpoint and the ``resume`` command; after a stop request (the loop gave up
+    waiting for a server on purpose) it only checkpoints."""
+    try:
+        yield
+    except ServerUnavailable as exc:
+        kept_at = checkpoint()
+        if not stop.requested:
+            raise ServersLost(
+                f"every rollout server was lost (last: {exc}); the learner's progress "
+                f"({env_steps():,} env steps) is checkpointed at {kept_at}; continue "
+                f"with: {resume}"
+            ) from exc
 
 
 _END: Any = object()

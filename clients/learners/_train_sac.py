@@ -15,10 +15,9 @@ import torch
 from gymnasium import spaces
 
 from simkit.clients.learners._args import SACArgs
-from simkit.clients.learners._checkpoint import Checkpoint
+from simkit.clients.learners._checkpoint import Checkpoint, resumed_settings
 from simkit.clients.learners._local_source import is_multi_agent, make_vector
 from simkit.clients.learners._replay import ReplayBuffer
-from simkit.clients.learners._run_parts import resumed_settings
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec

@@ -38,8 +38,10 @@ from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, resolve_devi
 from simkit.clients.learners._checkpoint import (
     Checkpoint,
     check_optimizer,
+    check_resumed_state,
     check_tensors,
     checkpoint_args,
+    resumed_settings,
 )
 from simkit.clients.learners._device_pick import (
     LARGE_MINIBATCH,
@@ -53,7 +55,6 @@ from simkit.clients.learners._graphed import PPOStep, use_cuda_graph
 from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent
 from simkit.clients.learners._rollout import FragmentSource
 from simkit.clients.learners._run import Report, Run, TrainResult
-from simkit.clients.learners._run_parts import check_resumed_state, resumed_settings
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec

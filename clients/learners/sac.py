@@ -36,14 +36,18 @@ from torch import nn
 from simkit._limits import check_network
 from simkit._types import Fragment, stack_in_slot_order
 from simkit.clients.learners._args import SACArgs
-from simkit.clients.learners._checkpoint import Checkpoint, check_optimizer, checkpoint_args
+from simkit.clients.learners._checkpoint import (
+    Checkpoint,
+    check_optimizer,
+    check_resumed_state,
+    checkpoint_args,
+)
 from simkit.clients.learners._device_pick import PROBE_SEED, Probe, median_seconds, pick_device
 from simkit.clients.learners._device_source import DeviceFragment
 from simkit.clients.learners._graphed import SACStep, use_cuda_graph
 from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
 from simkit.clients.learners._rollout import FragmentSource
 from simkit.clients.learners._run import Report, Run, TrainResult
-from simkit.clients.learners._run_parts import CheckpointCadence, check_resumed_state
 from simkit.clients.learners._train_sac import (
     REPLAY_FILE,
     SAC_DEFAULT_SERVERS,
@@ -334,6 +338,72 @@ class SAC:
             torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy())
         )
         self.sampler.bit_generator.state = json.loads(state["sampler"])
+
+
+class CheckpointCadence:
+    """When an off-policy run checkpoints, so a crash never loses much of it.
+
+    A checkpoint holds the replay buffer, so it is not cheap, and a run's speed is not
+    known up front (20 env steps/s on one machine, 2,000 on another): a cadence in env
+    steps alone loses whole runs when they are slow. So, besides every ``steps`` env
+    steps (0: never by steps):
+
+    - the first checkpoint comes as soon as learning starts (unless the run resumed
+      from one that had learned already, or ``minutes`` is 0);
+    - then by time: a checkpoint is due once the time since the last one reaches the
+      run's age at that last one (this session's), so a crash loses at most about
+      half of the run; never sooner than :attr:`MIN_INTERVAL_S` or than
+      1 / :attr:`MAX_OVERHEAD` times what the last checkpoint took to write (writing
+      checkpoints costs at most 5% of the time); never later than ``minutes`` (0: not
+      by time at all).
+
+    Args:
+        steps: env steps between checkpoints (0: not by steps).
+        minutes: the longest time between checkpoints (0: not by time).
+        now: the session's start (a monotonic clock, seconds).
+        step: the env steps done at the start.
+        learning: whether the run had started learning at its start (a resumed one).
+    """
+
+    MIN_INTERVAL_S = 30.0
+    MAX_OVERHEAD = 0.05
+
+    def __init__(
+        self, *, steps: int, minutes: float, now: float, step: int, learning: bool
+    ) -> None:
+        self.steps = steps
+        self.max_interval_s = 60.0 * minutes
+        self._start = now
+        self._last_at = now
+        self._last_step = step
+        self._learned = learning
+        self._took_s = 0.0
+
+    def interval_s(self) -> float:
+        """Seconds from the last checkpoint to the next one by time (inf: not by time)."""
+        if not self.max_interval_s:
+            return float("inf")
+        grown = max(
+            self.MIN_INTERVAL_S, self._last_at - self._start, self._took_s / self.MAX_OVERHEAD
+        )
+        return min(self.max_interval_s, grown)
+
+    def due(self, *, now: float, step: int, learning: bool) -> bool:
+        """Whether to checkpoint at this boundary (``learning``: the learner has
+        started its gradient steps)."""
+        if learning and not self._learned and self.max_interval_s:
+            return True
+        if self.steps and step - self._last_step >= self.steps:
+            return True
+        return now - self._last_at >= self.interval_s()
+
+    def written(self, *, now: float, step: int, learning: bool, took_s: float) -> None:
+        """Counts a checkpoint that ``now`` finished, at env step ``step``, after
+        ``took_s`` seconds of writing."""
+        self._last_at = now
+        self._last_step = step
+        self._learned = self._learned or learning
+        self._took_s = took_s
 
 
 # ---------------------------------------------------------------------- the run
