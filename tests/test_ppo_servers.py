@@ -250,7 +250,7 @@ def test_simkit_train_says_in_one_line_why_its_server_did_not_start(
     def fail(env_id: str, count: int, **_: Any) -> Any:
         raise ServerStartFailed(f"simkit serve {env_id} did not start (exit 1):\nImportError: x")
 
-    monkeypatch.setattr("simkit.clients.learners._rollout.spawn_servers", fail)
+    monkeypatch.setattr("simkit.clients.learners._sources.spawn_servers", fail)
     code = main(["train", "simkit/CartPole-v0", "--logdir", str(tmp_path / "run"), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 1
@@ -445,7 +445,7 @@ def test_losing_the_last_server_checkpoints_and_ends_in_one_line(
 ) -> None:
     import importlib
 
-    import simkit.clients.learners._rollout as rollout_module
+    import simkit.clients.learners._sources as rollout_module
     from simkit.cli import main
 
     module_name, flags = _LOSE_THE_SERVER[algo]
@@ -552,7 +552,7 @@ def test_a_recording_the_run_cannot_open_stops_it_before_anything_starts(
         started.extend(procs)
         return procs, endpoints
 
-    monkeypatch.setattr("simkit.clients.learners._rollout.spawn_servers", spawn)
+    monkeypatch.setattr("simkit.clients.learners._sources.spawn_servers", spawn)
     env_id = "simkit/CartPole-v0" if algo == "ppo" else "simkit/Cheetah-v0"
     held = FragmentRecorder(tmp_path / "rec", env_id, root_seed=1)
     handler = signal.getsignal(signal.SIGINT)

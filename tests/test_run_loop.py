@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from simkit.clients.learners._rollout import Rollout
 from simkit.clients.learners._run import ALGORITHMS, Run, RunOptions, learner_of
+from simkit.clients.learners._sources import Rollout
 
 
 @dataclass

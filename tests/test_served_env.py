@@ -14,7 +14,7 @@ import gymnasium
 import pytest
 
 import simkit
-from simkit.clients.learners._rollout import served_env
+from simkit.clients.learners._sources import served_env
 from simkit.envs.cartpole import CartPole
 from simkit.registry import _REGISTRY, registered_everywhere
 

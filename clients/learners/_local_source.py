@@ -8,7 +8,7 @@ the envs as policy rows (:func:`simkit.rollout._rows.make_env_rows`: a
 (:class:`simkit.rollout._policy.RowPolicy`) and the fragment loop
 (:class:`simkit.rollout._loop.RolloutLoop`). So a run in process and a run
 through any number of servers give the same fragments, bit for bit, for the same seed.
-It is a :class:`~simkit.clients.learners._rollout.FragmentSource`, the interface a run uses,
+It is a :class:`~simkit.clients.learners._sources.FragmentSource`, the interface a run uses,
 as the rollout servers' stream and the device loop are.
 
 Sync mode rolls out a fragment when the learner asks for one, with the weights it last

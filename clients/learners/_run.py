@@ -56,7 +56,8 @@ from simkit.clients.learners._logdir import (
     trim_progress,
 )
 from simkit.clients.learners._progress import ProgressLine
-from simkit.clients.learners._rollout import (
+from simkit.clients.learners._server_source import ServerSource
+from simkit.clients.learners._sources import (
     FragmentSource,
     Rollout,
     RolloutPlan,
@@ -64,7 +65,6 @@ from simkit.clients.learners._rollout import (
     open_rollout,
     source_kind,
 )
-from simkit.clients.learners._server_source import ServerSource
 from simkit.clients.remote._connection import ServerUnavailable
 from simkit.errors import InvalidCheckpoint, ServersLost
 from simkit.models import ActorCritic, ModelSpec
@@ -143,7 +143,7 @@ class TrainResult:
     """Why a continuation of this run after a server loss or from its checkpoints is not
     exact (its envs have no snapshots: Gymnasium's), where the servers said so."""
     rollout: str = ""
-    """Where the rollout ran (:func:`~simkit.clients.learners._rollout.describe_source`: the
+    """Where the rollout ran (:func:`~simkit.clients.learners._sources.describe_source`: the
     device loop and its device, in process on the host, or rollout servers)."""
     device: str = ""
     """The learner's device, and for ``--device auto`` what it was picked by
@@ -351,7 +351,7 @@ class Run:
         self.recorder: Any = None
         self.rollout: Rollout | None = None
         self.kind = "local"
-        """:func:`~simkit.clients.learners._rollout.source_kind` of the source."""
+        """:func:`~simkit.clients.learners._sources.source_kind` of the source."""
         self.device = ""
         """:attr:`TrainResult.device`: the learner's device and why."""
         self.tally = RunTally()

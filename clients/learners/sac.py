@@ -46,8 +46,8 @@ from simkit.clients.learners._device_pick import PROBE_SEED, Probe, median_secon
 from simkit.clients.learners._device_source import DeviceFragment
 from simkit.clients.learners._graphed import SACStep, use_cuda_graph
 from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
-from simkit.clients.learners._rollout import FragmentSource
 from simkit.clients.learners._run import Report, Run, TrainResult
+from simkit.clients.learners._sources import FragmentSource
 from simkit.clients.learners._train_sac import (
     REPLAY_FILE,
     SAC_DEFAULT_SERVERS,
