@@ -354,10 +354,10 @@ def test_a_reproducible_run_resumed_with_its_printed_command_equals_the_uninterr
 
 
 def _plan(reproducible: bool, kernels: Any) -> Any:
-    from simkit.clients.learners._args import PPOArgs
-    from simkit.clients.learners._train import Plan, TrainOptions
+    from simkit.clients.learners._args import PPOArgs, RunOptions
+    from simkit.clients.learners._train import Plan
 
-    return Plan(PPOArgs(), TrainOptions(reproducible=reproducible), Path("run"), [], kernels)
+    return Plan(PPOArgs(), RunOptions(reproducible=reproducible), Path("run"), [], kernels)
 
 
 def test_resume_states_what_the_checkpoints_kernels_mean_for_the_run() -> None:

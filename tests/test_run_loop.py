@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from simkit.clients.learners._run import ALGORITHMS, Run, RunOptions, learner_of
+from simkit.clients.learners._args import RunOptions
+from simkit.clients.learners._run import ALGORITHMS, Run, learner_of
 from simkit.clients.learners._sources import Rollout
 
 

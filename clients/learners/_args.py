@@ -1,13 +1,15 @@
-"""The learner's settings, :class:`PPOArgs`: a dataclass with no heavy imports, so the
-command line (``simkit train --help``) is built without loading torch."""
+"""The learners' settings (:class:`PPOArgs`, :class:`SACArgs`) and a run's options
+(:class:`RunOptions`): dataclasses with no heavy imports, so the command line
+(``simkit train --help``) is built without loading torch."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Self
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from simkit._limits import max_threads
 
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PPOArgs",
+    "RunOptions",
+    "Settings",
     "SACArgs",
     "resolve_device",
     "refuse_unless",
@@ -24,6 +28,54 @@ __all__ = [
     "capped",
     "DEFAULT_SERVERS",
 ]
+
+
+@dataclass
+class RunOptions:
+    """A run's keywords beside the algorithm's settings (:func:`simkit.train`'s): the
+    ``simkit train`` flags of the same names, with their defaults. ``logdir`` is the
+    run's log directory once planned."""
+
+    algo: str | None = None
+    """``"ppo"`` or ``"sac"``; None: PPO, or the checkpoint's with ``resume``."""
+    logdir: str | Path | None = None
+    resume: str | Path | None = None
+    checkpoint_every: int = 10
+    checkpoint_steps: int = 100_000
+    checkpoint_minutes: float = 5.0
+    buffer_from: str | Path | None = None
+    metrics_port: int | None = None
+    reproducible: bool = False
+    progress: bool = False
+    print_every: float = 10.0
+    connect: Sequence[str] = ()
+    servers: int | None = None
+    wait_for_servers: bool = False
+    record: str | Path | None = None
+    server_timeout: float = 30.0
+    ray: str | None = None
+    server_cpus: float = 1.0
+    server_gpus: float = 0.0
+    max_restarts: int = 3
+    tensorboard: bool = True
+    max_rounds: int | None = None
+    """Stop after this many rounds (PPO updates, SAC weight pushes) of this call."""
+    handle_signals: bool = False
+    """SIGINT/SIGTERM stop the run after the current round, with a checkpoint."""
+
+
+class Settings(Protocol):
+    """What a run reads of an algorithm's settings (:class:`PPOArgs`, :class:`SACArgs`)."""
+
+    env_id: str
+    seed: int
+    num_envs: int
+    num_steps: int
+    mode: str
+    env_threads: int
+    torch_threads: int
+    env_kwargs: dict[str, Any]
+
 
 DEFAULT_SERVERS = 1
 """Local ``simkit serve`` subprocesses ``simkit train`` starts without ``--connect`` /

@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -38,6 +38,7 @@ import numpy as np
 
 from simkit._kernels import is_pinned, kernel_mode
 from simkit._types import Fragment
+from simkit.clients.learners._args import RunOptions, Settings
 from simkit.clients.learners._checkpoint import (
     Checkpoint,
     checkpoint_algo,
@@ -71,7 +72,7 @@ from simkit.models import ActorCritic, ModelSpec
 from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
 
-__all__ = ["ALGORITHMS", "Report", "Run", "RunOptions", "Settings", "TrainResult", "learner_of"]
+__all__ = ["ALGORITHMS", "Report", "Run", "TrainResult", "learner_of"]
 
 ALGORITHMS: dict[str, str] = {
     "ppo": "simkit.clients.learners.ppo:learn",
@@ -92,19 +93,6 @@ def learner_of(name: str) -> Callable[..., TrainResult]:
     module, attr = ALGORITHMS[name].split(":")
     learn: Callable[..., TrainResult] = getattr(importlib.import_module(module), attr)
     return learn
-
-
-class Settings(Protocol):
-    """What the run reads of an algorithm's settings (``PPOArgs``, ``SACArgs``)."""
-
-    env_id: str
-    seed: int
-    num_envs: int
-    num_steps: int
-    mode: str
-    env_threads: int
-    torch_threads: int
-    env_kwargs: dict[str, Any]
 
 
 class Learner(Protocol):
@@ -152,31 +140,6 @@ class TrainResult:
     reproducible: bool = False
     """The learner ran under pinned kernels (``--reproducible``,
     :func:`simkit._kernels.is_pinned`): its resume command says so."""
-
-
-@dataclass
-class RunOptions:
-    """What a run does around its algorithm: the keywords of :func:`simkit.train` that
-    are not the algorithm's settings."""
-
-    logdir: Path
-    resume: str | Path | None = None
-    max_rounds: int | None = None
-    """Stop after this many rounds (updates, weight pushes) of this call."""
-    progress: bool = False
-    print_every: float = 10.0
-    tensorboard: bool = True
-    handle_signals: bool = False
-    connect: Sequence[str] = ()
-    servers: int | None = None
-    server_timeout: float = 30.0
-    wait_for_servers: bool = False
-    record: str | Path | None = None
-    ray: str | None = None
-    server_cpus: float = 1.0
-    server_gpus: float = 0.0
-    max_restarts: int = 3
-    metrics_port: int | None = None
 
 
 @dataclass
@@ -344,7 +307,7 @@ class Run:
     def __init__(self, options: RunOptions, *, algo: str, round_name: str) -> None:
         self.options = options
         self.algo = algo
-        self.logdir = Path(options.logdir)
+        self.logdir = Path(options.logdir or ".")
         self.policy_path = self.logdir / "policy.safetensors"
         self.ckpt: Checkpoint | None = None
         self.last_checkpoint: Path | None = None
@@ -451,29 +414,16 @@ class Run:
         """Opens the recorder (``record``) and the run's fragment source (in process,
         ``servers`` local servers, ``connect`` or Ray; ``device_loop``: the device the
         whole loop runs on). On failure nothing is left open or running."""
-        o = self.options
-        self.recorder = open_recorder(o.record, settings.env_id, settings.seed)
+        self.recorder = open_recorder(self.options.record, settings.env_id, settings.seed)
         plan = RolloutPlan(
-            settings.env_id,
+            settings,
+            self.options,
             spec,
-            num_envs=settings.num_envs,
-            num_steps=settings.num_steps,
-            seed=settings.seed,
-            mode=settings.mode,
             max_lag=max_lag,
-            env_threads=settings.env_threads,
             servers=servers,
-            connect=o.connect,
-            ray=o.ray,
-            server_cpus=o.server_cpus,
-            server_gpus=o.server_gpus,
-            max_restarts=o.max_restarts,
-            server_timeout=o.server_timeout,
-            wait_for_servers=o.wait_for_servers,
             give_up=self.stop,
             logdir=self.logdir,
             device_loop=device_loop,
-            env_kwargs=settings.env_kwargs,
         )
         try:
             self.rollout = open_rollout(plan, model)

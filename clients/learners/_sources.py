@@ -4,7 +4,7 @@ given endpoints or Ray actors, opened in one place for every algorithm."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,6 +13,7 @@ import torch
 
 from simkit._kernels import pinned_vars
 from simkit._types import Fragment
+from simkit.clients.learners._args import RunOptions, Settings
 from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
 from simkit.clients.learners._local_source import LocalSource, SourceKeywords
 from simkit.clients.learners._server_source import ServerSource, spawn_servers, stop_servers
@@ -103,40 +104,30 @@ def _relocator(launched: Any, logdir: Path) -> Callable[[str], str]:
 
 @dataclass(frozen=True)
 class RolloutPlan:
-    """What a run asks of its fragment source (the arguments of
-    :func:`simkit.clients.learners._train.run_training` and the algorithm's settings), built once
-    by the run and read by each kind of source.
+    """What a run asks of its fragment source: the algorithm's ``settings`` (env, slots,
+    fragment length, seed, mode, threads, env kwargs), the run's ``options`` (servers,
+    endpoints, Ray, timeouts), the policy's ``spec``, read by each kind of source.
 
     Attributes:
+        servers: local servers to start (the run's choice: options, checkpoint, default).
         device_loop: roll out in process on that device
             (:class:`~simkit.clients.learners._device_source.DeviceSource`; the run checked it
             can, :func:`~simkit.clients.learners._device_source.use_device_loop`); None: not.
     """
 
-    env_id: str
+    settings: Settings
+    options: RunOptions
     spec: ModelSpec
-    num_envs: int
-    num_steps: int
-    seed: int
-    mode: str
     max_lag: int
-    env_threads: int
     servers: int
-    connect: Sequence[str]
-    ray: str | None
-    server_cpus: float
-    server_gpus: float
-    max_restarts: int
-    server_timeout: float
-    wait_for_servers: bool
     give_up: Callable[[], bool]
     logdir: Path
     device_loop: torch.device | None = None
-    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def source_keywords(self) -> SourceKeywords:
         """What every kind of source is given: ``num_envs``, ``num_steps``, ``seed``."""
-        return SourceKeywords(num_envs=self.num_envs, num_steps=self.num_steps, seed=self.seed)
+        s = self.settings
+        return SourceKeywords(num_envs=s.num_envs, num_steps=s.num_steps, seed=s.seed)
 
 
 def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
@@ -147,25 +138,25 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
     Raises:
         ValueError: ``ray`` without ``servers`` or with ``connect``.
     """
-    p = plan
+    p, s = plan, plan.settings
     if p.device_loop is not None:
         return Rollout(
             DeviceSource(
-                p.env_id,
+                s.env_id,
                 model,
                 device=p.device_loop,
-                env_kwargs=p.env_kwargs,
+                env_kwargs=s.env_kwargs,
                 **p.source_keywords(),
             )
         )
-    if p.ray is None and not p.servers and not p.connect:
+    if p.options.ray is None and not p.servers and not p.options.connect:
         return Rollout(
             LocalSource(
-                p.env_id,
+                s.env_id,
                 model,
-                mode=p.mode,
-                num_threads=p.env_threads,
-                env_kwargs=p.env_kwargs,
+                mode=s.mode,
+                num_threads=s.env_threads,
+                env_kwargs=s.env_kwargs,
                 **p.source_keywords(),
             )
         )
@@ -243,18 +234,19 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
     servers started here are stopped. Servers this run starts get the env the way a new
     process can build it (:func:`served_env`); ``connect`` servers serve what their
     operators chose."""
+    o, s = p.options, p.settings
     procs: list[Any] = []
-    endpoints = list(p.connect)
+    endpoints = list(o.connect)
     launched: Any = None
-    env_id, env_kwargs = p.env_id, dict(p.env_kwargs)
-    if not p.connect:
-        env_id, env_kwargs = served_env(p.env_id, p.env_kwargs)
-    if p.ray is not None:
-        launched = _launch_on_ray(p, p.ray, env_id, env_kwargs)
+    env_id, env_kwargs = s.env_id, dict(s.env_kwargs)
+    if not o.connect:
+        env_id, env_kwargs = served_env(s.env_id, s.env_kwargs)
+    if o.ray is not None:
+        launched = _launch_on_ray(p, o.ray, env_id, env_kwargs)
         endpoints += launched.endpoints
     elif p.servers:
         procs, spawned = spawn_servers(
-            env_id, p.servers, num_threads=p.env_threads, env_kwargs=env_kwargs
+            env_id, p.servers, num_threads=s.env_threads, env_kwargs=env_kwargs
         )
         endpoints += spawned
     try:
@@ -263,11 +255,11 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
             p.spec,
             env_id=env_id,
             env_kwargs=env_kwargs,
-            mode=p.mode,
+            mode=s.mode,
             max_lag=p.max_lag,
-            timeout=p.server_timeout,
+            timeout=o.server_timeout,
             report=lambda line: print(line, file=sys.stderr, flush=True),
-            wait_for_servers=p.wait_for_servers,
+            wait_for_servers=o.wait_for_servers,
             give_up=p.give_up,
             curve=None if launched is None else launched.curve,
             locate=None if launched is None else _relocator(launched, p.logdir),
@@ -290,7 +282,8 @@ def _launch_on_ray(p: RolloutPlan, ray: str, env_id: str, env_kwargs: dict[str, 
     Raises:
         ValueError: no ``servers`` or some ``connect`` endpoints (Ray launches them all).
     """
-    servers, connect = p.servers, p.connect
+    o, s = p.options, p.settings
+    servers, connect = p.servers, o.connect
     if connect or not servers:
         raise ValueError(
             f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
@@ -301,14 +294,14 @@ def _launch_on_ray(p: RolloutPlan, ray: str, env_id: str, env_kwargs: dict[str, 
     launched = launch(
         env_id,
         servers,
-        num_envs=max(1, p.num_envs // servers),
+        num_envs=max(1, s.num_envs // servers),
         address=ray or None,
-        server_cpus=p.server_cpus,
-        server_gpus=p.server_gpus,
-        max_restarts=p.max_restarts,
-        num_threads=p.env_threads,
-        fragment_length=p.num_steps,
-        heartbeat_timeout=max(60.0, 4 * p.server_timeout),
+        server_cpus=o.server_cpus,
+        server_gpus=o.server_gpus,
+        max_restarts=o.max_restarts,
+        num_threads=s.env_threads,
+        fragment_length=s.num_steps,
+        heartbeat_timeout=max(60.0, 4 * o.server_timeout),
         env_vars=pinned_vars(),
         env_kwargs=env_kwargs,
     )

@@ -17,17 +17,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simkit._kernels import why_bits_may_differ
-from simkit.clients.learners._args import PPOArgs, SACArgs, capped, refuse_unless
+from simkit.clients.learners._args import PPOArgs, RunOptions, SACArgs, capped, refuse_unless
 from simkit.clients.learners._logdir import resumed_logdir
-from simkit.clients.learners._run import Run, RunOptions, TrainResult, learner_of
+from simkit.clients.learners._run import Run, TrainResult, learner_of
 
-__all__ = ["Plan", "TrainOptions", "execute", "plan", "resumed_kernels"]
+__all__ = ["Plan", "execute", "plan", "resumed_kernels"]
 
 SERVER_BYTES = 256 << 20
 """About what one local ``simkit serve --policy`` process takes (~230 MiB resident with
@@ -37,40 +37,7 @@ MAX_RAY_SERVERS = 4096
 machine's, memory holds them."""
 
 
-@dataclass
-class TrainOptions:
-    """The run's keywords beside the algorithm's settings: the ``simkit train`` flags of
-    the same names, with their defaults."""
-
-    algo: str | None = None
-    """``"ppo"`` or ``"sac"``; None: PPO, or the checkpoint's with ``resume``."""
-    logdir: str | Path | None = None
-    resume: str | Path | None = None
-    checkpoint_every: int = 10
-    checkpoint_steps: int = 100_000
-    checkpoint_minutes: float = 5.0
-    buffer_from: str | Path | None = None
-    metrics_port: int | None = None
-    reproducible: bool = False
-    progress: bool = False
-    print_every: float = 10.0
-    connect: Sequence[str] = ()
-    servers: int | None = None
-    wait_for_servers: bool = False
-    record: str | Path | None = None
-    server_timeout: float = 30.0
-    ray: str | None = None
-    server_cpus: float = 1.0
-    server_gpus: float = 0.0
-    max_restarts: int = 3
-    tensorboard: bool = True
-    max_rounds: int | None = None
-    """Stop after this many rounds (PPO updates, SAC weight pushes) of this call."""
-    handle_signals: bool = False
-    """SIGINT/SIGTERM stop the run after the current round, with a checkpoint."""
-
-
-_OPTIONS = {f.name for f in dataclasses.fields(TrainOptions)}
+_OPTIONS = {f.name for f in dataclasses.fields(RunOptions)}
 _SETTINGS = {
     cls: {f.name for f in dataclasses.fields(cls)} - {"env_id"} for cls in (PPOArgs, SACArgs)
 }
@@ -83,7 +50,7 @@ class Plan:
     """A checked run: its settings, options and log directory (:func:`plan`)."""
 
     settings: PPOArgs | SACArgs
-    options: TrainOptions
+    options: RunOptions
     logdir: Path
     given: list[str] = field(default_factory=list)
     """The settings the caller set (on resume only those are compared, SAC)."""
@@ -101,7 +68,7 @@ def _flag(name: str) -> str:
 
 
 def _split(keywords: dict[str, Any], cls: type[PPOArgs] | type[SACArgs]) -> dict[str, Any]:
-    """The settings among ``keywords`` (the rest are :class:`TrainOptions`).
+    """The settings among ``keywords`` (the rest are :class:`RunOptions`).
 
     Raises:
         TypeError: a keyword that is neither, with the nearest names.
@@ -130,7 +97,7 @@ def _split(keywords: dict[str, Any], cls: type[PPOArgs] | type[SACArgs]) -> dict
 
 def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
     """The checked run that :func:`train` would start: ``env`` (an env id, or settings
-    whose fields the keywords override) and :class:`TrainOptions` / settings keywords.
+    whose fields the keywords override) and :class:`RunOptions` / settings keywords.
     Reads a ``resume`` checkpoint; starts nothing.
 
     Raises:
@@ -139,7 +106,7 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
             of another env or algorithm.
         InvalidCheckpoint: ``resume`` holds no valid checkpoint.
     """
-    options = TrainOptions(**{k: v for k, v in keywords.items() if k in _OPTIONS})
+    options = RunOptions(**{k: v for k, v in keywords.items() if k in _OPTIONS})
     options.connect = list(options.connect)
     ckpt = None
     if options.resume is not None:  # the algorithm defaults to the checkpoint's
@@ -196,10 +163,11 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
 
         check_env(settings.env_id)
     names = list(given) if isinstance(env, str) else None
+    options.logdir = _logdir(options, settings)
     return Plan(
         settings,
         options,
-        _logdir(options, settings),
+        options.logdir,
         given=names if names is not None else [f.name for f in dataclasses.fields(settings)],
         resumed_kernels=None if ckpt is None else ckpt.state.get("kernels"),
     )
@@ -212,7 +180,7 @@ def _fields(base: PPOArgs | SACArgs, env: str | PPOArgs | SACArgs) -> dict[str, 
     return {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
 
 
-def check_run_options(options: TrainOptions, num_envs: int) -> None:
+def check_run_options(options: RunOptions, num_envs: int) -> None:
     """The run's own numeric options, checked before anything starts.
 
     Raises:
@@ -262,7 +230,7 @@ def check_run_options(options: TrainOptions, num_envs: int) -> None:
         )
 
 
-def _logdir(options: TrainOptions, settings: PPOArgs | SACArgs) -> Path:
+def _logdir(options: RunOptions, settings: PPOArgs | SACArgs) -> Path:
     """``logdir``, the resumed run's, or ``runs/<env>[-sac]-<seed>-<time>``."""
     if options.logdir is not None:
         return Path(options.logdir)
@@ -304,28 +272,9 @@ def execute(plan: Plan) -> TrainResult:
     """Runs ``plan`` (its log directory claimed by the caller): the algorithm's ``learn``
     in a :class:`~simkit.clients.learners._run.Run`."""
     o, settings = plan.options, plan.settings
-    run_options = RunOptions(
-        logdir=plan.logdir,
-        resume=None if o.resume is None else str(o.resume),
-        max_rounds=o.max_rounds,
-        progress=o.progress,
-        print_every=o.print_every,
-        tensorboard=o.tensorboard,
-        handle_signals=o.handle_signals,
-        connect=o.connect,
-        servers=o.servers,
-        server_timeout=o.server_timeout,
-        wait_for_servers=o.wait_for_servers,
-        record=o.record,
-        ray=o.ray,
-        server_cpus=o.server_cpus,
-        server_gpus=o.server_gpus,
-        max_restarts=o.max_restarts,
-        metrics_port=o.metrics_port,
-    )
     learn = learner_of(plan.algo)
     if isinstance(settings, SACArgs):
-        run = Run(run_options, algo="sac", round_name="round")
+        run = Run(o, algo="sac", round_name="round")
         return learn(
             run,
             settings,
@@ -334,7 +283,7 @@ def execute(plan: Plan) -> TrainResult:
             checkpoint_minutes=o.checkpoint_minutes,
             buffer_from=o.buffer_from,
         )
-    run = Run(run_options, algo="ppo", round_name="update")
+    run = Run(o, algo="ppo", round_name="update")
     return learn(
         run,
         settings,

@@ -305,10 +305,10 @@ def _start_again(ns: argparse.Namespace, exc: Exception) -> str:
 def train_keywords(ns: argparse.Namespace) -> dict[str, Any]:
     """The parsed ``simkit train`` flags as :func:`simkit.train`'s keywords of the same
     names; a setting flag not given is left out (on ``--resume`` the checkpoint's holds)."""
-    from simkit.clients.learners._train import TrainOptions
+    from simkit.clients.learners._args import RunOptions
 
     keywords: dict[str, Any] = {
-        f.name: getattr(ns, f.name) for f in dataclasses.fields(TrainOptions) if hasattr(ns, f.name)
+        f.name: getattr(ns, f.name) for f in dataclasses.fields(RunOptions) if hasattr(ns, f.name)
     }
     keywords.update(progress=not ns.no_progress, handle_signals=True)
     for f in [*dataclasses.fields(PPOArgs), *dataclasses.fields(SACArgs)]:
