@@ -1,9 +1,11 @@
-"""The learners' static steps (clients/learners/_graphed.py, issue 26): PPO's minibatch step and
-SAC's gradient step over static buffers, replayed as CUDA graphs on CUDA.
+"""The learners' static steps (clients/learners/_graphed.py): PPO's minibatch step and SAC's
+gradient step over static buffers, replayed as CUDA graphs on CUDA.
 
-On the CPU the learners keep their own path (the CPU bits never change); these tests
-force the static step on the CPU, without capture, and compare it with that path bit
-for bit, and check that it never reads a tensor back (a read back cannot be captured).
+PPO runs its one minibatch step through the static buffers on every device (uncaptured
+off CUDA): these tests compare its epochs with a plain eager loop (CleanRL's: a gather
+per epoch, contiguous minibatches) bit for bit. SAC keeps its own step on the CPU; the
+tests force its static step on the CPU, without capture, and compare it with that path
+bit for bit. Neither static step reads a tensor back (a read back cannot be captured).
 The CUDA tests (skipped without a device) compare the graphs with the same static step
 run eagerly on the same device, and a resume from a checkpoint mid-run.
 """
@@ -139,8 +141,11 @@ def test_the_graph_is_used_on_cuda_devices_only() -> None:
     assert SACArgs().cuda_graph is True
 
 
-def test_the_cpu_learners_keep_their_own_path() -> None:
-    assert _ppo("cpu")._static is None
+def test_off_cuda_ppo_runs_its_static_step_uncaptured_and_sac_its_own_step() -> None:
+    step = _ppo("cpu")._static
+    assert isinstance(step, PPOStep)
+    assert not step.capture
+    assert step.lr is None  # the optimiser's own float learning rates
     assert _sac("cpu")._static is None
 
 
@@ -154,28 +159,53 @@ def test_capture_on_the_cpu_is_refused() -> None:
 # ------------------------------------------------------------------------ CPU: same bits
 
 
-def test_ppo_static_step_on_the_cpu_gives_the_old_paths_bits() -> None:
+def _eager_epochs(ppo: PPO, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's epochs as a plain eager loop (CleanRL's): per epoch a permutation, one
+    gather per tensor, contiguous minibatch slices, torch's own gradient clip."""
+    args = ppo.args
+    n = batch[0].shape[0]
+    mb = max(1, n // args.num_minibatches)
+    pieces = []
+    for _ in range(args.update_epochs):
+        perm = torch.randperm(n, generator=ppo.generator)
+        shuffled = [t[perm] for t in batch]
+        for begin in range(0, n - mb + 1, mb):
+            loss, stats = ppo.minibatch_loss(*(t[begin : begin + mb] for t in shuffled))
+            ppo.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ppo._params, args.max_grad_norm, foreach=True)
+            ppo.optimizer.step()
+            pieces.append(stats)
+    return pieces[-1], torch.stack(pieces).mean(0)
+
+
+def _eager(ppo: PPO) -> PPO:
+    ppo._epochs = lambda batch: _eager_epochs(ppo, batch)  # type: ignore[method-assign]
+    return ppo
+
+
+def test_ppo_epochs_give_a_plain_eager_loops_bits() -> None:
     rng = np.random.default_rng(1)
     fragments = [_fragment(rng, 48, 2) for _ in range(3)]
-    old, new = _ppo("cpu"), _ppo("cpu")
-    new._static = PPOStep(new, capture=False)
+    plain, ppo = _eager(_ppo("cpu")), _ppo("cpu")
     for f in fragments:
-        a, b = old.update([f]), new.update([f])
+        a, b = plain.update([f]), ppo.update([f])
         assert _ppo_stats(a) == _ppo_stats(b)
-    _assert_same_tensors(old.model.state_dict(), new.model.state_dict())
-    _assert_same_tensors(_opt_tensors(old.optimizer), _opt_tensors(new.optimizer))
+    _assert_same_tensors(plain.model.state_dict(), ppo.model.state_dict())
+    _assert_same_tensors(_opt_tensors(plain.optimizer), _opt_tensors(ppo.optimizer))
     # The optimiser's groups hold plain floats (checkpoints write them as they are).
-    assert old.optimizer.state_dict()["param_groups"] == new.optimizer.state_dict()["param_groups"]
+    assert (
+        plain.optimizer.state_dict()["param_groups"] == ppo.optimizer.state_dict()["param_groups"]
+    )
 
 
 def test_ppo_static_step_follows_a_batch_of_another_size() -> None:
     rng = np.random.default_rng(2)
-    old, new = _ppo("cpu"), _ppo("cpu")
-    new._static = PPOStep(new, capture=False)
+    plain, ppo = _eager(_ppo("cpu")), _ppo("cpu")
     for rows in (2, 1, 2):  # async runs may update on fewer rows (a new shape)
         f = _fragment(rng, 48, rows)
-        assert _ppo_stats(old.update([f])) == _ppo_stats(new.update([f]))
-    _assert_same_tensors(old.model.state_dict(), new.model.state_dict())
+        assert _ppo_stats(plain.update([f])) == _ppo_stats(ppo.update([f]))
+    _assert_same_tensors(plain.model.state_dict(), ppo.model.state_dict())
 
 
 @pytest.mark.parametrize("autotune", [True, False])
@@ -220,7 +250,7 @@ def _read_backs() -> Iterator[_ReadBacks]:
 def test_the_static_steps_never_read_a_tensor_back() -> None:
     rng = np.random.default_rng(3)
     ppo = _ppo("cpu")
-    step = ppo._static = PPOStep(ppo, capture=False)
+    step = ppo._static
     ppo.update([_fragment(rng, 48, 2)])  # builds the buffers
     step.k.zero_()
     with _read_backs() as mode:

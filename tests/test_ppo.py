@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import simkit
 from simkit._types import ROW_FIELDS, Fragment, stack_fragments
@@ -57,7 +59,8 @@ def test_gae_hand_computed_with_truncation_bootstrap() -> None:
     trunc = np.array([[False], [True], [False]])
     final = np.array([[0.0], [5.0], [0.0]], dtype=np.float32)
     last = np.array([2.0], dtype=np.float32)
-    adv, ret = compute_gae(rewards, values, term, trunc, final, last, gamma=g, lam=lam)
+    arrays = (rewards, values, term, trunc, final, last)
+    adv, ret = compute_gae(*map(torch.from_numpy, arrays), gamma=g, lam=lam)
     d2 = 3.0 + g * 2.0 - 1.5
     d1 = 2.0 + g * 5.0 - 1.0  # truncated: final value, and the chain stops here
     d0 = 1.0 + g * 1.0 - 0.5
@@ -65,10 +68,63 @@ def test_gae_hand_computed_with_truncation_bootstrap() -> None:
     np.testing.assert_allclose(adv, expected, rtol=1e-6)
     np.testing.assert_allclose(ret, expected + values, rtol=1e-6)
     # Termination: no bootstrap at all, even with a final value present.
-    adv_t, _ = compute_gae(
-        rewards, values, trunc, np.zeros_like(trunc), final, last, gamma=g, lam=lam
-    )
+    arrays = (rewards, values, trunc, np.zeros_like(trunc), final, last)
+    adv_t, _ = compute_gae(*map(torch.from_numpy, arrays), gamma=g, lam=lam)
     assert adv_t[1, 0] == pytest.approx(2.0 - 1.0)
+
+
+def _gae_numpy(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    final: np.ndarray,
+    last: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """GAE in numpy, written out (the host's formulation the learner had before GAE was
+    written once over tensors): the reference of compute_gae's bits."""
+    ended = terminated | truncated
+    next_values = np.concatenate([values[1:], last[None]])
+    bootstrap = np.where(terminated, 0.0, np.where(ended, final, next_values))
+    delta = rewards + gamma * bootstrap - values
+    adv = np.zeros(rewards.shape)
+    last_adv = np.zeros(rewards.shape[1:])
+    for t in reversed(range(len(rewards))):
+        last_adv = delta[t] + np.where(ended[t], 0.0, gamma * lam) * last_adv
+        adv[t] = last_adv
+    return adv.astype(np.float32), (adv + values).astype(np.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    t=st.integers(1, 12),
+    r=st.integers(1, 5),
+    gamma=st.floats(0.5, 1.0),
+    lam=st.floats(0.0, 1.0),
+    reward_dtype=st.sampled_from([np.float64, np.float32]),
+)
+def test_gae_has_the_bits_of_numpys_operations(
+    seed: int, t: int, r: int, gamma: float, lam: float, reward_dtype: type
+) -> None:
+    # numpy's promotions (NEP 50: Python scalars are weak) decide the bits: gamma *
+    # bootstrap in float32, delta in the rewards' dtype or wider, the recursion in
+    # float64. float32 rewards (a delta in float32) check that compute_gae follows them.
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=(t, r)).astype(reward_dtype)
+    values = rng.normal(size=(t, r)).astype(np.float32)
+    terminated = rng.random((t, r)) < 0.2
+    truncated = ~terminated & (rng.random((t, r)) < 0.2)
+    final = np.where(truncated, rng.normal(size=(t, r)), 0.0).astype(np.float32)
+    last = rng.normal(size=r).astype(np.float32)
+    arrays = (rewards, values, terminated, truncated, final, last)
+    want = _gae_numpy(*arrays, gamma=gamma, lam=lam)
+    got = compute_gae(*map(torch.from_numpy, arrays), gamma=gamma, lam=lam)
+    for w, g in zip(want, got, strict=True):
+        assert g.dtype == torch.float32
+        assert np.array_equal(g.numpy(), w)
 
 
 def _fragment(rng: np.random.Generator, T: int, R: int) -> Fragment:
@@ -101,9 +157,8 @@ def test_one_row_reward_scaling_is_the_generic_path_bit_for_bit() -> None:
     for _ in range(3):  # the running return carries across fragments
         f = _fragment(rng, 300, 1)
         a = fast.scale(f)
-        b, generic_ret = generic._scale_rows(
-            f, generic.returns if len(generic.returns) else np.zeros(1)
-        )
+        ret = generic.returns if len(generic.returns) else np.zeros(1)
+        b, generic_ret = generic._scale_rows(f.rewards, f.terminated, None, ret)
         generic.returns = generic_ret
         assert a.dtype == b.dtype
         assert a.tobytes() == b.tobytes()

@@ -10,7 +10,7 @@ whole fragment's noise at once: the bits :class:`~simkit._noise.SlotNoise` gives
 host; a Gaussian head's normal noise is drawn on the host once per fragment and copied,
 as :class:`~simkit.rollout._policy.RowPolicy` does) and writes every step into
 tensors preallocated ``[T, N, ...]`` on the device. A fragment is a
-:class:`DeviceFragment` of those tensors; :meth:`simkit.clients.learners.ppo.PPO.update_device`
+:class:`DeviceFragment` of those tensors; :meth:`simkit.clients.learners.ppo.PPO.update`
 computes reward scaling, GAE and the update from them where they are.
 
 Per fragment the host does: one :meth:`~simkit.BatchEnv.prepare_device_steps` (one read

@@ -1,13 +1,13 @@
-"""The learners' launch-free steps (issue 26): PPO's minibatch step and SAC's gradient
-step as functions over static device buffers, replayed as CUDA graphs on CUDA.
+"""The learners' launch-free steps: PPO's minibatch step and SAC's gradient step over
+static device buffers, replayed as CUDA graphs on CUDA.
 
 A small MLP's step is hundreds of tiny kernels, so on a GPU the host's launches, not the
 arithmetic, bound it. Here every tensor a step touches lives at a fixed address: the
 update's batch in static buffers, the minibatch's rows chosen by a device counter from
-a static table of indices (filled from the permutations the learner draws exactly as
-before, on the CPU), the statistics written to a device buffer and read back once. Such
-a step can be captured once (``torch.cuda.CUDAGraph``, after a warm-up on a side stream)
-and replayed per minibatch: one launch instead of hundreds, no read back in between.
+a static table of indices (filled from the permutations the learner draws on the CPU),
+the statistics written to a device buffer and read back once. Such a step can be
+captured once (``torch.cuda.CUDAGraph``, after a warm-up on a side stream) and replayed
+per minibatch: one launch instead of hundreds, no read back in between.
 
 The learning rate a captured Adam step uses is a device tensor (fused Adam reads it
 there), so annealing works inside the graph; ``capturable`` is set on the optimiser's
@@ -17,13 +17,12 @@ generators are restored afterwards, so the first graphed update equals the eager
 A graph follows the tensors it was captured on: a learner whose optimiser state was
 replaced (``load_state_dict``) or whose batch changed shape captures again.
 
-Where each runs: on a CUDA device the learners use these steps always, captured with
-``cuda_graph`` (the default) and eager without it (the same kernels, so the same bits;
-a CUDA test checks it). The CPU keeps the learners' own path and its bits (PPO's
-per-epoch gather, SAC's :meth:`~simkit.clients.learners.sac.SAC.step`): run eagerly there, the
-static step was no faster (PPO, 2,048 samples, 32 x 10 minibatches, 1 thread: 0.80 s
-against 0.76 s per update, one run on the loaded 2-core development VM). The tests run
-these steps eagerly on the CPU too and find the CPU path's bits.
+Where each runs: PPO runs its minibatch steps through :class:`PPOStep` on every device,
+captured on CUDA with ``cuda_graph`` (the default) and called as they are elsewhere (the
+same kernels, so the same bits; a CUDA test checks it), so the CPU runs, and the tests
+check, the step a graph captures. SAC uses :class:`SACStep` on CUDA only and keeps its
+own :meth:`~simkit.clients.learners.sac.SAC.step` on the CPU; the tests run
+:class:`SACStep` eagerly on the CPU and find that path's bits.
 """
 
 from __future__ import annotations
@@ -62,10 +61,7 @@ class PPOLearner(GraphedLearner, Protocol):
     """What :class:`PPOStep` uses of :class:`~simkit.clients.learners.ppo.PPO` besides
     :class:`GraphedLearner`'s."""
 
-    @property
-    def _loss(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]: ...
-
-    def clip_grads(self) -> None: ...
+    def minibatch_step(self, batch: Sequence[torch.Tensor], rows: torch.Tensor) -> torch.Tensor: ...
 
 
 class SACLearner(GraphedLearner, Protocol):
@@ -255,16 +251,16 @@ def _device_lr(optimizer: torch.optim.Optimizer, device: torch.device) -> list[t
 
 
 class PPOStep:
-    """PPO's clipped-objective epochs over static buffers (``PPO._optimize``'s loop).
+    """Runs PPO's minibatch steps (:meth:`PPO.minibatch_step`) over static buffers.
 
-    One minibatch step (the loss of :meth:`PPO.minibatch_loss`, backward, the gradient
-    clip, Adam) reads its rows through ``order[k]``, ``k`` a device counter the step
-    advances; ``order`` holds the update's permutations, drawn as the eager loop draws
-    them (``torch.randperm(n, generator=learner.generator)`` per epoch, on the CPU),
-    cut into minibatches. Each step writes its statistics to row ``k`` of ``stats``.
+    Step ``k`` takes the rows ``order[k]``, ``k`` a device counter the step advances,
+    and writes its statistics to row ``k`` of ``stats``: every tensor it touches lives
+    at a fixed address, so with ``capture`` the step is captured once as a CUDA graph
+    and replayed per minibatch; without, the same step runs as it is (the CPU, and
+    CUDA without ``cuda_graph``).
 
     Args:
-        learner: the PPO learner (its model, optimiser, loss, generator and args).
+        learner: the PPO learner (its model, optimiser and minibatch step).
         capture: replay the step as a CUDA graph (CUDA only); else run it eagerly.
 
     Raises:
@@ -286,15 +282,9 @@ class PPOStep:
 
     def _step(self) -> None:
         """One minibatch step on the rows ``order[k]``; ``k += 1``."""
-        learner = self.learner
         rows = self.order.index_select(0, self.k).squeeze(0)
-        loss, stats = learner._loss(*(t.index_select(0, rows) for t in self.inputs))
-        optimizer = learner.optimizer
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        learner.clip_grads()
-        with _stepping(optimizer, self.lr):
-            optimizer.step()
+        with _stepping(self.learner.optimizer, self.lr):
+            stats = self.learner.minibatch_step(self.inputs, rows)
         self.stats.index_copy_(0, self.k, stats.unsqueeze(0))
         self.k.add_(1)
 
@@ -302,52 +292,37 @@ class PPOStep:
         self.k.zero_()
 
     def _build(
-        self, key: tuple[Any, ...], batch: Sequence[torch.Tensor], steps: int, mb: int
+        self, key: tuple[Any, ...], batch: Sequence[torch.Tensor], order: torch.Tensor
     ) -> None:
         self.inputs = [torch.empty_like(t) for t in batch]
-        self.order = torch.zeros((steps, mb), dtype=torch.int64, device=self.device)
-        self.stats = torch.zeros((steps, 5), device=self.device)
+        self.order = torch.empty_like(order, device=self.device)
+        self.stats = torch.zeros((len(order), 5), device=self.device)
         self.graphs.graphs.clear()
         self._key = key
 
-    def epochs(self, batch: Sequence[torch.Tensor], lr: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """The update's epochs over ``batch`` (preprocessed observations, actions, old
-        log-probabilities, advantages, returns, old values; ``n`` rows each, on the
-        device) at learning rate ``lr``. Returns ``(last, means)``: the last
-        minibatch's statistics and their means over every minibatch (device tensors)."""
+    def run(self, batch: Sequence[torch.Tensor], order: torch.Tensor) -> torch.Tensor:
+        """One step per row of ``order`` (``(steps, mb)`` row indices, on the CPU) over
+        ``batch`` (:meth:`PPO.minibatch_step`'s tensors, on the device), at the
+        optimiser's learning rate. Returns the ``(steps, 5)`` statistics (on the device)."""
         learner = self.learner
-        args = learner.args
-        n = batch[0].shape[0]
-        mb = max(1, n // args.num_minibatches)
-        per_epoch = n // mb
-        steps = per_epoch * args.update_epochs
-        perms = [torch.randperm(n, generator=learner.generator) for _ in range(args.update_epochs)]
-        if steps == 0:
-            zeros = torch.zeros(5, device=self.device)
-            return zeros, zeros
-        order = torch.stack(perms)[:, : per_epoch * mb].reshape(steps, mb)
-        key = (n, mb, steps, *((t.dtype, tuple(t.shape)) for t in batch))
+        key = (tuple(order.shape), *((t.dtype, tuple(t.shape)) for t in batch))
         if key != self._key:
-            self._build(key, batch, steps, mb)
+            self._build(key, batch, order)
         for buffer, t in zip(self.inputs, batch, strict=True):
             buffer.copy_(t)
         self.order.copy_(order)
         if self.lr is not None:
             for rate, group in zip(self.lr, learner.optimizer.param_groups, strict=True):
                 rate.fill_(float(group["lr"]))
+        step = self._step
         if self.capture:
             self.graphs.check()
-            graph = self.graphs.get(
-                "step", self._step, self._rewind, list(learner.model.parameters())
-            )
-            self.k.zero_()
-            for _ in range(steps):
-                graph.replay()
-        else:
-            self.k.zero_()
-            for _ in range(steps):
-                self._step()
-        return self.stats[steps - 1], self.stats.mean(0)
+            params = list(learner.model.parameters())
+            step = self.graphs.get("step", self._step, self._rewind, params).replay
+        self.k.zero_()
+        for _ in range(len(order)):
+            step()
+        return self.stats
 
 
 # ------------------------------------------------------------------------------ SAC

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -65,9 +65,7 @@ __all__ = [
     "PPO",
     "UpdateStats",
     "compute_gae",
-    "compute_gae_torch",
     "RewardScaler",
-    "DeviceRewardScaler",
     "clip_grad_norm",
     "learn",
     "build_model",
@@ -89,46 +87,6 @@ def updates_for(total_steps: int, batch: int) -> int:
 
 
 def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    final_values: np.ndarray,
-    last_values: np.ndarray,
-    *,
-    gamma: float,
-    lam: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Generalised advantage estimates of one fragment.
-
-    The target of step ``t`` is ``r_t + gamma * V(next)`` where ``next`` is: nothing on
-    termination, the final observation (``final_values[t]``) on truncation, else
-    ``values[t + 1]`` (``last_values`` after the last step). The ``lam`` recursion stops
-    at every episode end, so the next episode's advantages never leak back.
-
-    Args:
-        rewards, values, terminated, truncated, final_values: ``(T, R)``.
-        last_values: ``(R,)``.
-
-    Returns:
-        ``(advantages, returns)``, each ``(T, R)`` float32; ``returns = advantages + values``.
-    """
-    ended = np.logical_or(terminated, truncated)
-    next_values = np.concatenate([values[1:], last_values[None]])
-    bootstrap = np.where(ended, final_values, next_values)
-    bootstrap = np.where(terminated, 0.0, bootstrap)
-    delta = rewards + gamma * bootstrap - values
-    # (gamma * lam) where the episode goes on, 0 where it ended: the recursion stops.
-    carry = np.where(ended, 0.0, gamma * lam)
-    adv = np.empty(rewards.shape, dtype=np.float64)
-    last = np.zeros(rewards.shape[1:], dtype=np.float64)
-    for t in reversed(range(rewards.shape[0])):
-        last = delta[t] + carry[t] * last
-        adv[t] = last
-    return adv.astype(np.float32), (adv + values).astype(np.float32)
-
-
-def compute_gae_torch(
     rewards: torch.Tensor,
     values: torch.Tensor,
     terminated: torch.Tensor,
@@ -139,24 +97,35 @@ def compute_gae_torch(
     gamma: float,
     lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`compute_gae` on tensors, on their device (the device loop's fragments):
-    the same float64 operations in the same order, so on the CPU the same bits; nothing
-    is read back.
+    """Generalised advantage estimates of one fragment, on the tensors' device (a host
+    fragment's arrays come in through ``torch.from_numpy``, without a copy).
+
+    The target of step ``t`` is ``r_t + gamma * V(next)`` where ``next`` is: nothing on
+    termination, the final observation (``final_values[t]``) on truncation, else
+    ``values[t + 1]`` (``last_values`` after the last step). The ``lam`` recursion stops
+    at every episode end, so the next episode's advantages never leak back.
+
+    The dtypes follow numpy's promotion rules (Python scalars weak, as in NEP 50):
+    ``gamma * bootstrap`` in the values' float32, ``delta`` in the wider of the rewards'
+    and the values' dtypes, the recursion in float64.
+
+    Args:
+        rewards, values, terminated, truncated, final_values: ``(T, R)``.
+        last_values: ``(R,)``.
 
     Returns:
-        ``(advantages, returns)``, each ``(T, R)`` float32.
+        ``(advantages, returns)``, each ``(T, R)`` float32; ``returns = advantages + values``.
     """
-    # numpy's promotions: the bootstrap and gamma * bootstrap in the values' float32,
-    # the rest in float64.
-    rewards = rewards.to(torch.float64)
     ended = terminated | truncated
     next_values = torch.cat([values[1:], last_values[None]])
     bootstrap = torch.where(ended, final_values, next_values)
     bootstrap = torch.where(terminated, 0.0, bootstrap)
     delta = rewards + gamma * bootstrap - values
-    carry = torch.full_like(delta, gamma * lam).masked_fill_(ended, 0.0)
-    adv = torch.empty_like(delta)
-    last = torch.zeros_like(delta[0])
+    # (gamma * lam) where the episode goes on, 0 where it ended: the recursion stops.
+    f64, dev = torch.float64, rewards.device
+    carry = torch.full(rewards.shape, gamma * lam, dtype=f64, device=dev).masked_fill_(ended, 0.0)
+    adv = torch.empty(rewards.shape, dtype=f64, device=dev)
+    last = torch.zeros(rewards.shape[1:], dtype=f64, device=dev)
     for t in reversed(range(rewards.shape[0])):
         last = delta[t] + carry[t] * last
         adv[t] = last
@@ -171,6 +140,21 @@ def global_rows(fragment: Fragment) -> np.ndarray:
     return env_ids * per_slot + np.arange(len(env_ids), dtype=np.int64) % per_slot
 
 
+Rows: TypeAlias = np.ndarray | torch.Tensor
+"""A fragment's rows: numpy arrays (a :class:`simkit.Fragment`'s) or tensors (a
+:class:`DeviceFragment`'s, on its device)."""
+
+
+def _moments(x: Rows) -> tuple[Any, Any, float]:
+    """Mean, population variance and count of the returns ``x`` (1-D): numpy's for an
+    array (pairwise sums, as Python floats), torch's for a tensor (0-d tensors on its
+    device: nothing is read back). The one place the two backends differ: their sums
+    round differently."""
+    if isinstance(x, np.ndarray):
+        return float(x.mean()), float(x.var()), float(x.size)
+    return x.mean(), x.var(correction=0), float(x.numel())
+
+
 @dataclass
 class RewardScaler:
     """Gymnasium's ``NormalizeReward`` for fragment rows: ``r / std(discounted return)``.
@@ -179,64 +163,114 @@ class RewardScaler:
     terminates, exactly as the wrapper does per env. Rows are named by their global
     index (:func:`global_rows`), not by the server that produced them, so a run resumed
     on new servers (new endpoints) continues the same returns.
+
+    One recurrence for both kinds of rows: a host fragment's numpy arrays (the running
+    statistics as Python floats) and a device fragment's tensors (0-d float64 tensors
+    on its device, never read back while scaling); :func:`_moments` is where they
+    differ. The state moves to where the rows are when they change kind, and
+    :meth:`get_state` is plain data either way.
     """
 
     gamma: float
     clip: float
     epsilon: float = 1e-8
-    mean: float = 0.0
-    var: float = 1.0
+    mean: Any = 0.0
+    """Running mean of the returns: a float, or a 0-d tensor while scaling tensors."""
+    var: Any = 1.0
+    """Running variance of the returns, as :attr:`mean`."""
     count: float = 1e-4
-    returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    """Running discounted return of every global row seen so far."""
+    """Samples folded so far (a float: it never depends on the data)."""
+    returns: Any = field(default_factory=lambda: np.zeros(0))
+    """Running discounted return of every global row seen so far: float64, a numpy
+    array or a tensor on the device of the rows scaled last."""
 
-    def _fold(self, x: np.ndarray) -> None:
-        b_mean, b_var, b_count = float(x.mean()), float(x.var()), float(x.size)
+    def _fold(self, b_mean: Any, b_var: Any, b_count: float) -> None:
+        """Folds a batch's moments into the running ones (Chan et al.'s parallel update)."""
         delta = b_mean - self.mean
         total = self.count + b_count
-        self.mean += delta * b_count / total
+        self.mean = self.mean + delta * b_count / total
         m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
         self.var = m2 / total
         self.count = total
 
-    def scale(self, fragment: Fragment) -> np.ndarray:
-        """``(T, R)`` scaled rewards; updates the running statistics step by step."""
-        rows = global_rows(fragment)
-        if len(self.returns) <= rows.max():
-            grown = np.zeros(int(rows.max()) + 1)
-            grown[: len(self.returns)] = self.returns
-            self.returns = grown
-        ret = self.returns[rows]
-        if fragment.num_rows == 1 and fragment.agent_mask.all():
-            out, ret = self._scale_one_row(fragment, ret)
+    def scale(self, fragment: Fragment | DeviceFragment) -> Rows:
+        """``(T, R)`` scaled rewards, of the fragment's kind (numpy, or tensors on its
+        device); updates the running statistics step by step. A device fragment's rows
+        are global rows ``0 .. R - 1``, every one acting."""
+        rows: np.ndarray | slice
+        if isinstance(fragment, Fragment):
+            index = global_rows(fragment)
+            rows, need = index, int(index.max()) + 1
+            live = None if fragment.agent_mask.all() else fragment.agent_mask
         else:
-            out, ret = self._scale_rows(fragment, ret)
+            rows, need, live = slice(0, fragment.num_rows), fragment.num_rows, None
+        rewards, terminated = fragment.rewards, fragment.terminated
+        self._hold(rewards, need)
+        ret = self.returns[rows]
+        out: Rows
+        if live is None and fragment.num_rows == 1 and isinstance(fragment, Fragment):
+            column = fragment.rewards[:, 0], fragment.terminated[:, 0]
+            out, ret = self._scale_one_row(*column, float(ret[0]))
+        else:
+            out, ret = self._scale_rows(rewards, terminated, live, ret)
         self.returns[rows] = ret
         return out
 
-    def _scale_rows(self, fragment: Fragment, ret: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out = np.empty_like(fragment.rewards)
-        for t in range(fragment.num_steps):
-            live = fragment.agent_mask[t]
-            ret = np.where(live, ret * self.gamma + fragment.rewards[t], ret)
-            if live.any():
-                self._fold(ret[live])
-            out[t] = fragment.rewards[t] / np.sqrt(self.var + self.epsilon)
-            ret = np.where(fragment.terminated[t], 0.0, ret)
-        return np.clip(out, -self.clip, self.clip), ret
+    def _hold(self, rewards: Rows, rows: int) -> None:
+        """The state where ``rewards`` are (numpy and floats, or tensors on their
+        device), with a return for at least ``rows`` rows (new rows start at 0)."""
+        host = isinstance(rewards, np.ndarray)
+        if host != isinstance(self.returns, np.ndarray) or (
+            not host and self.returns.device != rewards.device
+        ):
+            self.set_state(self.get_state())  # as plain data, then onto the device
+            if not host:
+                dev = rewards.device
+                self.mean = torch.tensor(self.mean, dtype=torch.float64, device=dev)
+                self.var = torch.tensor(self.var, dtype=torch.float64, device=dev)
+                self.returns = torch.from_numpy(self.returns).to(rewards.device)
+        if len(self.returns) < rows:
+            extra = rows - len(self.returns)
+            if host:
+                self.returns = np.concatenate([self.returns, np.zeros(extra)])
+            else:
+                self.returns = torch.cat([self.returns, self.returns.new_zeros(extra)])
 
-    def _scale_one_row(self, fragment: Fragment, ret: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`scale` of a one-row fragment in Python floats: the same IEEE operations
-        in the same order (so the same bits), without numpy's per-call cost."""
+    def _scale_rows(
+        self, rewards: Rows, terminated: Rows, live: np.ndarray | None, ret: Rows
+    ) -> tuple[Rows, Rows]:
+        """The recurrence over ``(T, R)`` rows from their returns ``ret``: the scaled
+        rewards and the returns after the last step. ``live``: which rows act at each
+        step (None: all); the others keep their return and stay out of the statistics."""
+        xp: Any = np if isinstance(rewards, np.ndarray) else torch
+        out = xp.empty_like(rewards)
+        for t in range(rewards.shape[0]):
+            ret_t = ret * self.gamma + rewards[t]
+            if live is None:
+                ret = seen = ret_t
+            else:
+                ret = xp.where(live[t], ret_t, ret)
+                seen = ret[live[t]]
+            if len(seen):
+                self._fold(*_moments(seen))
+            out[t] = rewards[t] / xp.sqrt(self.var + self.epsilon)
+            ret = xp.where(terminated[t], 0.0, ret)
+        return xp.clip(out, -self.clip, self.clip), ret
+
+    def _scale_one_row(
+        self, rewards: np.ndarray, terminated: np.ndarray, r: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_scale_rows` of one acting row in Python floats, from its return ``r``:
+        the same IEEE operations in the same order (so the same bits), without numpy's
+        per-call cost on a one-element array (the batch of one: mean ``r``, variance 0).
+        A specialisation kept for speed, :meth:`_fold` inlined (a call per step costs
+        more than the step's arithmetic); tested against :meth:`_scale_rows`."""
         gamma, eps = self.gamma, self.epsilon
         mean, var, count = self.mean, self.var, self.count
-        r = float(ret[0])
-        rewards = fragment.rewards[:, 0].tolist()
-        terminated = fragment.terminated[:, 0].tolist()
         out = []
-        for reward, term in zip(rewards, terminated, strict=True):
+        for reward, term in zip(rewards.tolist(), terminated.tolist(), strict=True):
             r = r * gamma + reward
-            # _fold of one value: batch mean r, batch variance 0, batch count 1.
+            # _fold of one value, inlined: batch mean r, batch variance 0, batch count 1.
             delta = r - mean
             total = count + 1.0
             mean += delta * 1.0 / total
@@ -246,20 +280,23 @@ class RewardScaler:
             if term:
                 r = 0.0
         self.mean, self.var, self.count = mean, var, count
-        scaled = np.asarray(out, dtype=fragment.rewards.dtype).reshape(-1, 1)
+        scaled = np.asarray(out, dtype=rewards.dtype).reshape(-1, 1)
         return np.clip(scaled, -self.clip, self.clip), np.array([r])
 
     def get_state(self) -> dict[str, Any]:
-        """Plain data (checkpoints)."""
+        """Plain data (checkpoints; a tensor state is read back)."""
+        returns = self.returns
+        if isinstance(returns, torch.Tensor):
+            returns = returns.cpu().numpy()
         return {
-            "mean": self.mean,
-            "var": self.var,
+            "mean": float(self.mean),
+            "var": float(self.var),
             "count": self.count,
-            "returns": self.returns.copy(),
+            "returns": returns.copy(),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores :meth:`get_state`."""
+        """Restores :meth:`get_state` (as numpy and floats: the next rows scaled move it)."""
         self.mean, self.var, self.count = (
             float(state["mean"]),
             float(state["var"]),
@@ -271,77 +308,6 @@ class RewardScaler:
                 f"scaler returns must be a float64 (rows,) array, got {returns.dtype} {returns.shape}"
             )
         self.returns = returns.copy()
-
-
-class DeviceRewardScaler:
-    """:class:`RewardScaler` on tensors, on the rows' device (the device loop): the same
-    recurrence per step (the running statistics as 0-d float64 tensors, never read back
-    while scaling), every row live. The batch mean and variance are torch reductions,
-    so the figures equal numpy's up to rounding, not bit for bit. :meth:`get_state` and
-    :meth:`set_state` use :class:`RewardScaler`'s format, so a checkpoint's scaler
-    resumes on either path.
-    """
-
-    def __init__(
-        self, gamma: float, clip: float, device: torch.device, epsilon: float = 1e-8
-    ) -> None:
-        self.gamma = gamma
-        self.clip = clip
-        self.epsilon = epsilon
-        self.device = device
-        self.mean = torch.zeros((), dtype=torch.float64, device=device)
-        self.var = torch.ones((), dtype=torch.float64, device=device)
-        self.count = 1e-4
-        """Samples folded so far (a host float: it never depends on the data)."""
-        self.returns = torch.zeros(0, dtype=torch.float64, device=device)
-
-    def scale(self, rewards: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
-        """``(T, R)`` float64 scaled rewards of rows ``0 .. R - 1``; updates the running
-        statistics step by step."""
-        steps, rows = rewards.shape
-        if len(self.returns) < rows:
-            grown = torch.zeros(rows, dtype=torch.float64, device=self.device)
-            grown[: len(self.returns)] = self.returns
-            self.returns = grown
-        rewards = rewards.to(torch.float64)
-        ret = self.returns[:rows]
-        out = torch.empty_like(rewards)
-        b_count = float(rows)
-        for t in range(steps):
-            ret = ret * self.gamma + rewards[t]
-            b_mean, b_var = ret.mean(), ret.var(unbiased=False)
-            delta = b_mean - self.mean
-            total = self.count + b_count
-            self.mean = self.mean + delta * b_count / total
-            m2 = (
-                self.var * self.count
-                + b_var * b_count
-                + delta.square() * self.count * b_count / total
-            )
-            self.var = m2 / total
-            self.count = total
-            out[t] = rewards[t] / torch.sqrt(self.var + self.epsilon)
-            ret = torch.where(terminated[t], 0.0, ret)
-        self.returns[:rows] = ret
-        return out.clamp_(-self.clip, self.clip)
-
-    def get_state(self) -> dict[str, Any]:
-        """:meth:`RewardScaler.get_state`'s plain data (read back: checkpoints only)."""
-        return {
-            "mean": float(self.mean),
-            "var": float(self.var),
-            "count": self.count,
-            "returns": self.returns.cpu().numpy().copy(),
-        }
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores a :meth:`get_state` (or a :meth:`RewardScaler.get_state`)."""
-        host = RewardScaler(self.gamma, self.clip, self.epsilon)
-        host.set_state(state)  # the same checks
-        self.mean = torch.tensor(host.mean, dtype=torch.float64, device=self.device)
-        self.var = torch.tensor(host.var, dtype=torch.float64, device=self.device)
-        self.count = host.count
-        self.returns = torch.from_numpy(host.returns).to(self.device)
 
 
 @torch.no_grad()
@@ -378,6 +344,26 @@ class UpdateStats:
     """(min, mean, max) policy lag, in versions, of the steps this update used."""
 
 
+def _join(fragments: Sequence[Fragment | DeviceFragment]) -> Fragment | DeviceFragment:
+    """One update's fragments as one: host fragments stacked in env slot order, a
+    device fragment alone as it is."""
+    if len(fragments) == 1 and isinstance(fragments[0], DeviceFragment):
+        return fragments[0]
+    host = [f for f in fragments if isinstance(f, Fragment)]
+    if len(host) != len(fragments):
+        raise TypeError("update() takes Fragments, or one DeviceFragment alone")
+    return stack_in_slot_order(host)
+
+
+def _tensor(x: Any) -> torch.Tensor:
+    """``x`` as a tensor: a writable numpy array without a copy (a read-only one, such
+    as a fragment decoded from the wire, copied: torch warns on those)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    a = np.asarray(x)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
 class PPO:
     """The learner: model, optimiser, reward scaler, shuffling generator and counters.
 
@@ -406,7 +392,7 @@ class PPO:
             model.parameters(), lr=args.learning_rate, eps=1e-5, fused=True
         )
         self.generator = torch.Generator().manual_seed(args.seed + 1)
-        self.scaler: RewardScaler | DeviceRewardScaler = RewardScaler(args.gamma, args.reward_clip)
+        self.scaler = RewardScaler(args.gamma, args.reward_clip)
         self.version = 0
         self.global_step = 0
         self.dropped = 0
@@ -418,14 +404,10 @@ class PPO:
             else self.minibatch_loss
         )
         self._params = list(model.parameters())
-        self._static: PPOStep | None = (
-            PPOStep(self, capture=use_cuda_graph(args.cuda_graph, self.device))
-            if self.device.type == "cuda"
-            else None
-        )
-        """On CUDA the epochs run over static buffers (:mod:`~simkit.clients.learners._graphed`),
-        as a CUDA graph with ``args.cuda_graph``; the CPU keeps the loop of
-        :meth:`_optimize` (and its bits)."""
+        self._static = PPOStep(self, capture=use_cuda_graph(args.cuda_graph, self.device))
+        """Runs the epochs' minibatch steps (:meth:`minibatch_step`) over static buffers
+        (:mod:`~simkit.clients.learners._graphed`): replayed as a CUDA graph on CUDA with
+        ``args.cuda_graph``, called as they are elsewhere."""
 
     def minibatch_loss(
         self,
@@ -480,99 +462,37 @@ class PPO:
         frac = 1.0 - min(self.version, self.num_updates - 1) / self.num_updates
         return frac * self.args.learning_rate
 
-    def _host_scaler(self) -> RewardScaler:
-        """The reward scaler as numpy (taken over from the device one, if any)."""
-        if not isinstance(self.scaler, RewardScaler):
-            host = RewardScaler(self.args.gamma, self.args.reward_clip)
-            host.set_state(self.scaler.get_state())
-            self.scaler = host
-        return self.scaler
-
-    def _device_scaler(self) -> DeviceRewardScaler:
-        """The reward scaler on the learner's device (taken over from the numpy one)."""
-        if not isinstance(self.scaler, DeviceRewardScaler):
-            dev = DeviceRewardScaler(self.args.gamma, self.args.reward_clip, self.device)
-            dev.set_state(self.scaler.get_state())
-            self.scaler = dev
-        return self.scaler
-
-    def _advantages(
-        self, gae: Callable[..., Any], rewards: Any, f: Fragment | DeviceFragment
-    ) -> Any:
-        """GAE advantages and returns of ``f`` with ``rewards`` (scaled or not): ``gae`` is
-        :func:`compute_gae` (numpy) or :func:`compute_gae_torch` (tensors), which take the
-        same arguments."""
-        return gae(
-            rewards,
-            f.values,
-            f.terminated,
-            f.truncated,
-            f.final_values,
-            f.last_values,
-            gamma=self.args.gamma,
-            lam=self.args.gae_lambda,
-        )
-
     def update(self, fragments: Sequence[Fragment | DeviceFragment]) -> UpdateStats:
         """One PPO update on ``fragments`` (the rows of one batch); bumps the version.
 
-        The fragments are joined side by side in env slot order
-        (:func:`~simkit._types.stack_in_slot_order`), whatever order the servers delivered
-        them in:
-        the update sees the one fragment a single producer would have made for all their
-        slots, so a sync run gives the same parameters in process, with one server or
-        with several. A :class:`DeviceFragment` (the device loop's, one per update)
-        goes to :meth:`update_device`.
+        Host fragments are joined side by side in env slot order
+        (:func:`~simkit._types.stack_in_slot_order`), whatever order the servers
+        delivered them in: the update sees the one fragment a single producer would have
+        made for all their slots, so a sync run gives the same parameters in process,
+        with one server or with several. A :class:`DeviceFragment` (the device loop's,
+        one per update) is taken as it is, on its device. Either way one path follows:
+        reward scaling (:class:`RewardScaler`, on the fragment's own arrays), then
+        tensors (a host array without a copy where it is writable), GAE
+        (:func:`compute_gae`), the acting rows, the update (:meth:`_optimize`).
+
+        Raises:
+            TypeError: a :class:`DeviceFragment` with other fragments.
         """
-        if len(fragments) == 1 and isinstance(fragments[0], DeviceFragment):
-            return self.update_device(fragments[0])
-        host = [f for f in fragments if isinstance(f, Fragment)]
-        if len(host) != len(fragments):
-            raise TypeError("update() takes Fragments, or one DeviceFragment alone")
-        versions = np.concatenate([f.policy_version for f in host])
-        f = stack_in_slot_order(host)
         args = self.args
         t_start = time.perf_counter()
-        rewards = self._host_scaler().scale(f) if args.normalize_reward else f.rewards
-        adv, ret = self._advantages(compute_gae, rewards, f)
+        f = _join(fragments)
+        versions = np.concatenate([x.policy_version for x in fragments])
+        rewards = self.scaler.scale(f) if args.normalize_reward else f.rewards
+        steps = (rewards, f.values, f.terminated, f.truncated, f.final_values, f.last_values)
+        adv, ret = compute_gae(*map(_tensor, steps), gamma=args.gamma, lam=args.gae_lambda)
         n_rows = f.num_steps * f.num_rows
-        obs, acts = np.asarray(f.obs), np.asarray(f.actions)
-        keep = np.flatnonzero(f.agent_mask.reshape(-1))  # indexing copies: fragments are read-only
+        mask = f.agent_mask if isinstance(f, Fragment) else None
+        keep = None if mask is None or mask.all() else torch.from_numpy(np.flatnonzero(mask))
 
-        def batch(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(x[keep]).to(self.device)
-
-        return self._optimize(
-            batch(obs.reshape(n_rows, *obs.shape[2:])),
-            batch(acts.reshape(n_rows, *acts.shape[2:])),
-            batch(f.log_probs.reshape(-1)),
-            batch(adv.reshape(-1)),
-            batch(ret.reshape(-1)),
-            batch(f.values.reshape(-1)),
-            n_rows=n_rows,
-            lag=self.version - versions,
-            episodes=(f.episode_returns, f.episode_lengths),
-            t_start=t_start,
-        )
-
-    def update_device(self, f: DeviceFragment) -> UpdateStats:
-        """One PPO update on a device loop's fragment, its tensors taken as they are:
-        reward scaling (:class:`DeviceRewardScaler`), GAE (:func:`compute_gae_torch`) and
-        the update on the learner's device, no numpy round trip. The statistics are
-        read back once, at the end. With the same rows and no reward scaling, the same
-        bits as :meth:`update` of the fragment's numpy copy."""
-        args = self.args
-        t_start = time.perf_counter()
-        rewards = (
-            self._device_scaler().scale(f.rewards, f.terminated)
-            if args.normalize_reward
-            else f.rewards
-        )
-        adv, ret = self._advantages(compute_gae_torch, rewards, f)
-        n_rows = f.num_steps * f.num_rows
-
-        def batch(x: torch.Tensor) -> torch.Tensor:
-            return x.reshape(n_rows, *x.shape[2:]).to(self.device)
+        def batch(x: Any) -> torch.Tensor:
+            t = _tensor(x)
+            rows = t.reshape(n_rows, *t.shape[2:])
+            return (rows if keep is None else rows[keep]).to(self.device)
 
         return self._optimize(
             batch(f.obs),
@@ -582,45 +502,40 @@ class PPO:
             batch(ret),
             batch(f.values),
             n_rows=n_rows,
-            lag=self.version - f.policy_version,
+            lag=self.version - versions,
             episodes=(f.episode_returns, f.episode_lengths),
             t_start=t_start,
         )
 
+    def minibatch_step(self, batch: Sequence[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        """One gradient step on the minibatch ``rows`` (indices) of ``batch`` (as
+        :meth:`minibatch_loss` takes it): the loss, backward, the gradient clip, Adam.
+        Returns the loss's statistics (detached). It reads nothing back, so a CUDA graph
+        can capture it (:class:`~simkit.clients.learners._graphed.PPOStep`)."""
+        loss, stats = self._loss(*(t.index_select(0, rows) for t in batch))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.clip_grads()
+        self.optimizer.step()
+        return stats
+
     def _epochs(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The update's epochs over ``batch`` (preprocessed observations, actions, old
-        log-probabilities, advantages, returns, old values), eagerly: the CPU's path.
+        log-probabilities, advantages, returns, old values): per epoch a permutation of
+        the rows from the learner's generator (on the CPU), cut into ``num_minibatches``
+        minibatches of whole size (the rest left out), one :meth:`minibatch_step` each.
         Returns the last minibatch's statistics and their means over all minibatches."""
         args = self.args
-        b_x, b_actions, b_logp, b_adv, b_ret, b_val = batch
-        n = b_x.shape[0]
+        n = batch[0].shape[0]
         mb = max(1, n // args.num_minibatches)
-        pieces: list[torch.Tensor] = []
-        for _epoch in range(args.update_epochs):
-            perm = torch.randperm(n, generator=self.generator).to(self.device)
-            # One gather per tensor and epoch; minibatches are then contiguous slices.
-            e_x, e_act, e_logp, e_adv, e_ret, e_val = (
-                t[perm] for t in (b_x, b_actions, b_logp, b_adv, b_ret, b_val)
-            )
-            for begin in range(0, n - mb + 1, mb):
-                end = begin + mb
-                loss, stats = self._loss(
-                    e_x[begin:end],
-                    e_act[begin:end],
-                    e_logp[begin:end],
-                    e_adv[begin:end],
-                    e_ret[begin:end],
-                    e_val[begin:end],
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.clip_grads()
-                self.optimizer.step()
-                pieces.append(stats)
+        perms = [torch.randperm(n, generator=self.generator) for _ in range(args.update_epochs)]
+        order = torch.stack(perms)[:, : n // mb * mb].reshape(-1, mb)
+        if not len(order):  # no acting rows
+            zeros = torch.zeros(5, device=self.device)
+            return zeros, zeros
+        stats = self._static.run(batch, order)
         # (policy loss, value loss, entropy) of the last minibatch, mean KL and clip fraction.
-        last = pieces[-1] if pieces else torch.zeros(5, device=self.device)
-        means = torch.stack(pieces).mean(0) if pieces else torch.zeros(5, device=self.device)
-        return last, means
+        return stats[-1], stats.mean(0)
 
     def _optimize(
         self,
@@ -646,9 +561,7 @@ class PPO:
         # The statistics do not change during the update: normalise the batch once.
         b_x = model.preprocess(b_obs).detach()
         batch = (b_x, b_actions, b_logp, b_adv, b_ret, b_val)
-        last, means = (
-            self._static.epochs(batch, lr) if self._static is not None else self._epochs(batch)
-        )
+        last, means = self._epochs(batch)
 
         # Statistics change only after the update, so the update saw exactly what the
         # acting policy saw; the new ones travel with the next weights.
