@@ -151,3 +151,19 @@ def test_the_run_summary_prints_commands_that_run_from_this_shell(
     out = capsys.readouterr().out
     assert f"evaluate: simkit eval {result.policy}" in out
     assert f"resume: simkit train simkit/CartPole-v0 --resume {result.logdir}" in out
+
+
+def test_counts_given_as_floats_are_whole_numbers_or_refused(tmp_path: Path) -> None:
+    """``total_steps=1e6`` is how people write a million (the command line takes ``1e6``
+    too): it is the integer 1,000,000, not a float that turns the run's arithmetic into
+    floats; a count that is not whole is refused before anything starts."""
+    from simkit.clients.learners._train import plan
+
+    planned = plan("simkit/CartPole-v0", total_steps=1e6, num_envs=4.0, checkpoint_every=5.0)
+    assert planned.settings.total_steps == 1_000_000
+    assert type(planned.settings.total_steps) is int
+    assert type(planned.settings.num_envs) is int
+    assert type(planned.options.checkpoint_every) is int
+    with pytest.raises(ValueError, match=r"total_steps must be a whole number, got 2\.5"):
+        simkit.train("simkit/CartPole-v0", total_steps=2.5, logdir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

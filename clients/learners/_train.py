@@ -67,6 +67,28 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+_COUNTS = {
+    f.name
+    for cls in (PPOArgs, SACArgs, RunOptions)
+    for f in dataclasses.fields(cls)
+    if f.type in ("int", "int | None")
+}
+"""The integer keywords: a float that is a whole number (``1e6``) is taken as that integer."""
+
+
+def _whole(name: str, value: Any) -> Any:
+    """``value`` of keyword ``name``: a whole float of an integer keyword as an ``int``.
+
+    Raises:
+        ValueError: a float that is not a whole number for an integer keyword.
+    """
+    if name not in _COUNTS or not isinstance(value, float):
+        return value
+    if not value.is_integer():
+        raise ValueError(f"{_flag(name)} must be a whole number, got {value}")
+    return int(value)
+
+
 def _split(keywords: dict[str, Any], cls: type[PPOArgs] | type[SACArgs]) -> dict[str, Any]:
     """The settings among ``keywords`` (the rest are :class:`RunOptions`).
 
@@ -106,6 +128,7 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
             of another env or algorithm.
         InvalidCheckpoint: ``resume`` holds no valid checkpoint.
     """
+    keywords = {k: _whole(k, v) for k, v in keywords.items()}
     options = RunOptions(**{k: v for k, v in keywords.items() if k in _OPTIONS})
     options.connect = list(options.connect)
     ckpt = None
