@@ -19,7 +19,7 @@ final checkpoint, so it is not used for the ratio.
 Ray's start-up is timed per Ray run: ``ray.init`` (a fresh local instance, shut down
 after the run, so local runs do not share the 2 cores with idle Ray daemons) plus
 ``launch()``'s ``RayServers.started_s`` (placement group + actors until every server
-answered). The local runs' start-up is the time ``run_training`` spends before its
+answered). The local runs' start-up is the time ``simkit.train`` spends before its
 training clock starts (spawning the servers and connecting), for comparison.
 
 Set ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (done below, before Ray is imported) so a
@@ -99,7 +99,7 @@ def _timed_launch(*args: Any, **kwargs: Any) -> launch_module.RayServers:
     return servers
 
 
-# run_training imports ``launch`` from the module at call time: patch it there.
+# simkit.train imports ``launch`` from the module at call time: patch it there.
 launch_module.launch = _timed_launch
 
 

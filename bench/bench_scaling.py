@@ -15,7 +15,7 @@ Measured on this machine, rounds interleaved (one round = every way once), media
 3. ``U(B)``: seconds of one ``PPO.update([fragment])`` on a real fragment of 8x128 and
    64x128 env steps, with CleanRL's 32 minibatches x 10 epochs and the main job's
    4 x 4 (CPU, one torch thread; a warm-up update first).
-4. Supervision: ``run_training`` (CartPole, 8 envs x 128, 4 x 4, one local server, sync)
+4. Supervision: ``simkit.train`` (CartPole, 8 envs x 128, 4 x 4, one local server, sync)
    with ``wait_for_servers`` False vs True, interleaved; steady-state steps/s from
    ``progress.jsonl`` (last minus first line). Also one ``stream.session_states()``
    call timed directly (8 envs, one server, sync, at a fragment boundary) and the size of
@@ -145,7 +145,7 @@ def update_time(learner: PPO, fragment: Fragment) -> float:
 
 
 def train_rate(supervised: bool, updates: int) -> tuple[float, float]:
-    """``(steady-state env steps/s, seconds per update)`` of one ``run_training``."""
+    """``(steady-state env steps/s, seconds per update)`` of one ``simkit.train``."""
     with tempfile.TemporaryDirectory(prefix="simkit-bench-scaling-") as tmp:
         simkit.train(
             PPOArgs(
@@ -300,7 +300,7 @@ def main() -> None:
         )
     print()
     print(
-        f"run_training CartPole 8x128, 4 mb x 4 ep, 1 server, sync, {args.updates} updates, "
+        f"simkit.train CartPole 8x128, 4 mb x 4 ep, 1 server, sync, {args.updates} updates, "
         f"{args.train_rounds} rounds interleaved; load average before {load3}, after {load4}"
     )
     print()
@@ -349,7 +349,7 @@ def main() -> None:
     print(
         f"sync check, CartPole 8x128, 4 x 4, K=1: rollout n*T/S(8) {rollout * 1e3:.1f} ms + "
         f"U(1024) {u * 1e3:.1f} ms = {(rollout + u) * 1e3:.1f} ms per update (+ "
-        f"{snap * 1e3:.1f} ms snapshot if supervised); run_training measured "
+        f"{snap * 1e3:.1f} ms snapshot if supervised); simkit.train measured "
         f"{measured * 1e3:.1f} ms (unsupervised)"
     )
     print()
