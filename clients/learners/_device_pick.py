@@ -2,9 +2,9 @@
 CPU, and CUDA where there is one), the faster one kept.
 
 The GPU pays for an update only from some batch and model size on: below it, kernel
-launches and transfers cost more than the arithmetic they save (issue 26 measured the
-PPO update on an H200 at half the CPU's speed at small sizes). Where that size lies
-depends on the machine, so ``auto`` measures it instead of guessing: before training,
+launches and transfers cost more than the arithmetic they save, and a small model's
+PPO update runs slower on a GPU than on the CPU (docs/benchmarks.md). Where that size
+lies depends on the machine, so ``auto`` measures it instead of guessing: before training,
 :func:`pick_device` times the step on COPIES of the model and optimizer (the run's model,
 sizes and ``cuda_graph`` setting; synthetic data from a private seeded generator; a
 warm-up, then a few timed repeats, their median), bounded to about a second a device.
