@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simkit.clients.learners._checkpoint import write_atomically
 from simkit.errors import InvalidCheckpoint, WriteFailed
 
 if TYPE_CHECKING:
@@ -278,6 +277,8 @@ def trim_progress(path: Path, global_step: int) -> int:
             kept.append(line + "\n")
     dropped = len(lines) - len(kept)
     if dropped:
+        from simkit.clients.learners._checkpoint import write_atomically  # torch: not at import
+
         try:
             write_atomically(path, "".join(kept).encode())
         except OSError as exc:
