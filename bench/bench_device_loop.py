@@ -10,7 +10,7 @@ Two measurements, markdown on stdout:
      simkit/BatchCartPole-v0 --servers 0`` does;
    - "device loop": ``DeviceSource`` (the torch BatchCartPole with device-resident steps,
      keyed noise and the policy on the device, ``[T, N]`` tensor fragments) and
-     ``PPO.update_device``, on the CPU and, where there is one, on CUDA.
+     ``PPO.update`` of those tensors, on the CPU and, where there is one, on CUDA.
 
    Each round builds every path afresh, runs one warm-up update, then times
    ``--updates`` updates (CUDA synchronised at the end); the paths alternate within a
