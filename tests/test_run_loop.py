@@ -130,3 +130,33 @@ def test_the_registry_names_each_algorithms_learn() -> None:
     assert sorted(ALGORITHMS) == ["ppo", "sac"]
     with pytest.raises(ValueError, match=r"algo must be one of \['ppo', 'sac'\], got 'dqn'"):
         learner_of("dqn")
+
+
+def test_a_learner_that_cannot_restore_closes_the_open_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between opening the source and the session (the learner built and restored, the
+    rollout state restored), an error closes what was opened: local servers would
+    otherwise keep running and a recorder keep its lock."""
+    import simkit
+    from simkit.clients.learners import ppo
+    from simkit.clients.learners._local_source import LocalSource
+    from simkit.errors import InvalidCheckpoint
+
+    tiny = {"num_envs": 2, "num_steps": 16, "num_minibatches": 2, "update_epochs": 1}
+    simkit.train("simkit/CartPole-v0", total_steps=32, logdir=tmp_path, servers=0, **tiny)
+    closed: list[bool] = []
+    close = LocalSource.close
+
+    def closing(self: LocalSource) -> None:
+        closed.append(True)
+        close(self)
+
+    def broken(learner: Any, ckpt: Any) -> None:
+        raise InvalidCheckpoint(f"{ckpt.path}: cannot restore the learner: broken")
+
+    monkeypatch.setattr(LocalSource, "close", closing)
+    monkeypatch.setattr(ppo, "_restore", broken)
+    with pytest.raises(InvalidCheckpoint, match="broken"):
+        simkit.train("simkit/CartPole-v0", total_steps=64, resume=tmp_path, servers=0, **tiny)
+    assert closed == [True]

@@ -448,15 +448,25 @@ class Run:
         """On resume, the checkpoint's rollout state into the source.
 
         Raises:
-            InvalidCheckpoint: the state does not fit (the run is closed).
+            InvalidCheckpoint: the state does not fit.
         """
         if self.ckpt is None:
             return
         try:
             restore_rollout(self.source, self.ckpt.state, self.kind)
         except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
-            self._close()
             raise InvalidCheckpoint(f"{self.ckpt.path}: cannot restore the rollout: {exc}") from exc
+
+    @contextlib.contextmanager
+    def attaching(self) -> Iterator[None]:
+        """Around what an algorithm does between :meth:`open_source` and :meth:`session`
+        (its learner built over the source's rows, restored, the rollout state restored):
+        an error closes the source and the recorder (no local server is left running)."""
+        try:
+            yield
+        except BaseException:
+            self._close()
+            raise
 
     def _close(self) -> None:
         try:

@@ -693,12 +693,13 @@ def learn(
     source = run.open_source(
         args, model_spec(args), model, max_lag=args.max_lag, servers=servers, device_loop=loop_on
     )
-    learner = PPO(args, model, source.num_rows, device=device)
-    if ckpt is not None:
-        _restore(learner, ckpt)
-    else:
-        _say_where_it_stops(learner, source.num_rows)
-    run.restore_source()
+    with run.attaching():
+        learner = PPO(args, model, source.num_rows, device=device)
+        if ckpt is not None:
+            _restore(learner, ckpt)
+        else:
+            _say_where_it_stops(learner, source.num_rows)
+        run.restore_source()
     times = _Times(run.local)
     cadence = _Cadence(checkpoint_every, checkpoint_minutes)
     batch: list[Fragment | DeviceFragment] = []

@@ -525,9 +525,10 @@ def learn(
     source = run.open_source(
         args, sac_spec(args), model, max_lag=2**30, servers=run.servers(SAC_DEFAULT_SERVERS)
     )
-    if ckpt is None:
-        _say_where_it_stops(args, source.num_rows)
-    run.restore_source()
+    with run.attaching():
+        if ckpt is None:
+            _say_where_it_stops(args, source.num_rows)
+        run.restore_source()
     rounds, report = _Rounds(learner, buffer, source), _Report(learner, buffer)
     cadence = CheckpointCadence(
         steps=checkpoint_steps,
