@@ -102,7 +102,7 @@ def mjwarp_runners(n: int, steps: int, device: torch.device) -> tuple[Runner, Ru
 
     def physics() -> int:
         for _ in range(steps):
-            env._warp.step()
+            env._simkit.physics.step()
         _sync(device)
         return n * steps
 

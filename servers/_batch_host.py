@@ -118,7 +118,9 @@ class BatchEnvHost:
             per[i] = {**shared[k], **(params[k] if params else {})}
             if per[i]:
                 # Checked up front so a bad override changes nothing.
-                resolve_overrides(self.env.randomization, {**self.env._env_overrides[i], **per[i]})
+                resolve_overrides(
+                    self.env.randomization, {**self.env._simkit.env_overrides[i], **per[i]}
+                )
         if any(per):
             opts["params"] = per
         if not everyone:

@@ -5,17 +5,23 @@ wrappers take it directly. The base class owns the contract, per instance: the r
 stream of ``Generator(PCG64(episode_seed(root, i, k)))`` for instance ``i``'s episode
 ``k``, kept as keyed streams (:class:`simkit._seeding.StreamTable`: every draw a pure
 function of key and draw index, computed for all resetting instances at once),
-declared randomization, the time limit, typed autoreset and snapshots. So instance
-``i`` of a batch behaves bit for bit like a single-instance env reset with
-``episode_seed(root, i, k)`` for its ``k``-th episode, with no per-instance Python
-work on the hot path.
+declared randomization (:mod:`simkit._batch_params`), the time limit, typed autoreset
+and snapshots; and the ways to step: whole batches, subsets, EnvPool-style
+``send``/``recv`` and Gymnasium's ``step()``. So instance ``i`` of a batch behaves bit
+for bit like a single-instance env reset with ``episode_seed(root, i, k)`` for its
+``k``-th episode, with no per-instance Python work on the hot path.
+
+The base class keeps all its state in one attribute, ``_simkit`` (:class:`BatchState`),
+and names its helpers ``__name`` (mangled to ``_BatchEnv__name``), so an author's
+subclass may use any other name (:mod:`simkit._batch_names`).
 """
 
 from __future__ import annotations
 
+import copy
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -26,39 +32,125 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from simkit._batch_actions import check_torch_actions
-from simkit._batch_contract import BATCH_STATE_FORMAT, BatchContract, Sampler
 from simkit._batch_device import (
     DEFAULT_WINDOW,
     DeviceDraws,
     DeviceLoop,
     DeviceRowInfos,
     NoStepDraws,
-    check_step_shapes,
 )
-from simkit._batch_gym import GymStepAdapter, scatter
 from simkit._batch_names import check_author_names, reserved_names
-from simkit._batch_queue import BatchQueue, PendingStep, RowInfos, take_rows, to_numpy
-from simkit._contract import EnvKind, check_max_episode_steps
-from simkit._seeding import EpisodeSeeds, StreamTable
+from simkit._batch_params import ParamRows, Sampler, copy_params
+from simkit._batch_rows import RowInfos, concat_steps, scatter, take_rows, take_step, to_numpy
+from simkit._contract import (
+    EnvKind,
+    action_bounds_of,
+    check_max_episode_steps,
+    declared_state_attributes,
+)
+from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
+from simkit._state import check_state_attributes
 from simkit._types import BatchStep
-from simkit._validation import validate_action
-from simkit.errors import InvalidAction, ResetNeeded
-from simkit.randomization import Distribution, Params, resolve_overrides
+from simkit._validation import ActionBounds, check_send_ids, validate_action
+from simkit.errors import InvalidAction, InvalidState, ResetNeeded
+from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
 from simkit.vector._actions import check_batch_array
 
-__all__ = ["BatchEnv", "BATCH_STATE_FORMAT"]
+__all__ = ["BATCH_STATE_FORMAT", "BatchEnv", "PendingStep", "Physics"]
+
+BATCH_STATE_FORMAT = 1
+"""Version of the snapshot layout produced by :meth:`BatchEnv.get_state`."""
 
 _MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)
+_STATE_KEYS = {"format", "env", "num_envs", "root_seed", "episode_index", "rngs", "params"}
+_STATE_KEYS |= {"elapsed_steps", "pending_reset", "obs", "data"}  # env_offset etc. optional
+StepResult = tuple[Any, Any, Any, list[dict[str, Any]] | None]
+"""What a step hook returns: ``(obs, reward, terminated, infos)``."""
 
 
-class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[Any, Any, Any]):
+@dataclass(frozen=True)
+class PendingStep:
+    """A started step of some instances: ``finish()`` waits for it and returns the step
+    hook's tuple; ``drain()`` (if any) only waits for background work, after a failure."""
+
+    finish: Callable[[], StepResult]
+    drain: Callable[[], object] | None = None
+
+
+class Physics:
+    """The simulator a batch's instances live in besides the author's arrays: none for a
+    plain :class:`BatchEnv` (these defaults), one per backend of
+    :class:`~simkit.BatchMujocoEnv`. Kept in the batch's private state."""
+
+    on_host = False
+    """Whether it computes on the host: a torch batch then reads every whole-batch
+    step's rewards back anyway, so it never schedules resets on the host for
+    :attr:`BatchEnv.time_limit_only`."""
+
+    def prepare(self, env: BatchEnv, ids: np.ndarray, params: Sequence[Params]) -> None:
+        """Runs before ``reset_instances`` of ``ids`` (sorted), given their new parameters."""
+
+    def start(
+        self, env: BatchEnv, ids: np.ndarray, actions: Any, rngs: KeyedStreams
+    ) -> PendingStep:
+        """Starts stepping ``ids`` (sorted); the default runs the whole step in
+        ``finish``, on the thread that calls it."""
+        return PendingStep(finish=lambda: env.step_subset(ids, actions, rngs))
+
+    def close(self) -> None:
+        """Waits out background work and stops the simulator's threads."""
+
+
+class BatchState:
+    """What the base class keeps of a batch: episode seeds and keyed streams, parameters,
+    step counters, the last observations, the send/recv queue, the device loop and the
+    physics. One object, under the one attribute name the base class reserves."""
+
+    def __init__(
+        self,
+        n: int,
+        overrides: list[Mapping[str, Any]],
+        randomization: Mapping[str, Distribution],
+    ) -> None:
+        compiled: dict[int, Sampler] = {}  # one sampler per distinct overrides object
+        for o in overrides:
+            if id(o) not in compiled:
+                compiled[id(o)] = Sampler(resolve_overrides(randomization, o))
+        self.env_overrides = overrides
+        self.samplers = [compiled[id(o)] for o in overrides]
+        self.groups = list(compiled.values())
+        """The distinct samplers; ``group_of[i]`` is instance ``i``'s index among them."""
+        group = {id(smp): g for g, smp in enumerate(self.groups)}
+        self.group_of = np.array([group[id(smp)] for smp in self.samplers], dtype=np.int64)
+        self.seeds = EpisodeSeeds(n)
+        self.streams = StreamTable(n)
+        self.all_streams = self.streams.rows(np.arange(n, dtype=np.int64))
+        self.all_ids = np.arange(n, dtype=np.int64)
+        self.params: dict[int, Params] = {i: {} for i in range(n)}
+        """Parameters kept as drawn (slow path, restored); the others are rebuilt from
+        ``param_arrays`` and the instance's sampler."""
+        self.param_block: tuple[tuple[str, ...], np.ndarray] | None = None
+        self.elapsed = np.zeros(n, dtype=np.int64)
+        self.pending_reset = np.zeros(n, dtype=np.bool_)
+        self.has_reset = False
+        self.reset_draws_known = False
+        self.obs: Any = None
+        self.in_flight = np.zeros(n, dtype=np.bool_)
+        self.pending: deque[tuple[np.ndarray, PendingStep]] = deque()
+        self.ready: deque[BatchStep] = deque()
+        self.device_loop: DeviceLoop | None = None
+        self.device_ready = False
+        self.device_sampler: Sampler | None = None
+        self.physics = Physics()
+
+
+class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     """N instances of one environment, stepped as arrays by the author's code.
 
     Authors call ``super().__init__(num_envs, single_observation_space=...,
     single_action_space=..., **kwargs)`` and implement two hooks:
 
     - :meth:`reset_instances` ``(ids, rngs, params, options) -> (obs_rows, infos)``
-      (declared with the reset path it serves, in :class:`~simkit._batch_contract.BatchContract`)
     - :meth:`step_instances` ``(actions, rngs) -> (obs, reward, terminated, infos)``
 
     plus either ``state_attributes`` (attributes holding per-instance arrays) or
@@ -66,7 +158,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
     ``device`` set, :attr:`xp` is ``torch``, the author's arrays are tensors on that
     device, and :meth:`step_batch` returns observations, rewards and flags as tensors
     there; with the optional masked hook :meth:`reset_masked` a whole-batch step never
-    synchronises with the host (:mod:`simkit._batch_device`).
+    synchronises with the host (:mod:`simkit._batch_device`). Every name but
+    :meth:`reserved_names` (``_simkit`` and Gymnasium's own) is the author's.
 
     Class attributes:
         randomization: parameter name to :class:`~simkit.randomization.Distribution`,
@@ -77,7 +170,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             the time limit ends one): which instances reset is then known on the host
             from the step counts, so a torch batch's whole-batch steps never read the
             device even without :meth:`reset_masked` (the host runs the exact reset
-            of those instances; :meth:`_host_known_resets`).
+            of those instances).
         single_env: the single-instance env this batch equals instance by instance (a
             registered id, an env class or a zero-argument factory), or ``None``: the
             conformance kit (``check_batch_singles``) then checks that instance ``i``
@@ -108,16 +201,16 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
     single_env: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Refuses a subclass that reuses a private name of the base classes
-        (:meth:`reserved_names`), at its definition instead of at its first step."""
+        """Refuses a subclass that reuses a reserved name (:meth:`reserved_names`), at
+        its definition instead of at its first step."""
         super().__init_subclass__(**kwargs)
         check_author_names(cls)
 
     @classmethod
     def reserved_names(cls) -> list[str]:
-        """The private names (``_obs``, ``_params``, ...) the base classes of this batch
-        keep their state in: a subclass may not define them nor assign them on ``self``
-        (``TypeError`` when the class is defined)."""
+        """The private names the base classes keep their state in (``_simkit``, and
+        Gymnasium's ``_np_random``, ...): a subclass may not define them nor assign
+        them on ``self`` (``TypeError`` when the class is defined)."""
         return sorted(reserved_names(cls))
 
     def __init__(
@@ -166,33 +259,51 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
 
             self.xp = torch
             self.device = torch.device(device)
-        self._env_overrides = self._per_instance(params, "params")
-        compiled: dict[int, Sampler] = {}
-        self._samplers = [
-            compiled.setdefault(
-                id(overrides), Sampler(resolve_overrides(self.randomization, overrides))
-            )
-            for overrides in self._env_overrides
-        ]
-        n = self.num_envs
-        self._seeds = EpisodeSeeds(n)
-        self._streams = StreamTable(n)
-        self._all_streams = self._streams.rows(np.arange(n, dtype=np.int64))
-        self._params: dict[int, Params] = {i: {} for i in range(n)}
+        overrides = _per_instance(params, self.num_envs, "params")
         self.param_arrays: dict[str, np.ndarray] = {}
-        self._param_block: tuple[tuple[str, ...], np.ndarray] | None = None
-        self._elapsed = np.zeros(n, dtype=np.int64)
-        self._pending_reset = np.zeros(n, dtype=np.bool_)
-        self._has_reset = False
-        self._obs: Any = None
-        self._in_flight = np.zeros(n, dtype=np.bool_)
-        self._pending: deque[tuple[np.ndarray, PendingStep]] = deque()
-        self._ready: deque[BatchStep] = deque()
-        self._device_loop: DeviceLoop | None = None
-        self._device_ready = False
-        self._device_sampler: Sampler | None = None
-        self._reset_draws_known = False
-        self._all_ids = np.arange(n, dtype=np.int64)
+        self._simkit = BatchState(self.num_envs, overrides, self.randomization)
+
+    # ------------------------------------------------------------------- properties
+
+    @property
+    def params(self) -> list[Params]:
+        """Each instance's randomized parameters of its current episode (a copy)."""
+        self.__host_sync()
+        return [self.__param_row(i) for i in range(self.num_envs)]
+
+    @property
+    def elapsed_steps(self) -> np.ndarray:
+        """Steps taken in each instance's current episode (a copy)."""
+        self.__host_sync()
+        return self._simkit.elapsed.copy()
+
+    @property
+    def episode_index(self) -> np.ndarray:
+        """Each instance's episode number under the current root seed (a copy)."""
+        self.__host_sync()
+        return self._simkit.seeds.episode.copy()
+
+    @property
+    def root_seed(self) -> int | None:
+        """The root seed of the batch; instance seeds derive from it."""
+        return self._simkit.seeds.roots[0]
+
+    @property
+    def seeds(self) -> EpisodeSeeds:
+        """The episode seeding of the N instances (set ``seeds.env_offset`` before a
+        ``reset(seed=...)`` to seed them as envs ``offset..offset+N-1`` of a larger set)."""
+        return self._simkit.seeds
+
+    @property
+    def action_bounds(self) -> ActionBounds:
+        """The declared out-of-bounds policy for continuous actions."""
+        return action_bounds_of(self.metadata)
+
+    @property
+    def subset_steps(self) -> bool:
+        """Whether :meth:`step_batch` and :meth:`send` take a subset of the instances
+        (the class implements :meth:`step_subset`)."""
+        return type(self).step_subset is not BatchEnv.step_subset
 
     # ------------------------------------------------------------ author helpers
 
@@ -212,6 +323,28 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         return {name: self.as_array(arr) for name, arr in self.param_arrays.items()}
 
     # ----------------------------------------------------------------- author hooks
+
+    def reset_instances(
+        self,
+        ids: np.ndarray,
+        rngs: Sequence[np.random.Generator],
+        params: Sequence[Params],
+        options: dict[str, Any],
+    ) -> tuple[Any, list[dict[str, Any]] | None]:
+        """Starts an episode for the instances ``ids`` (sorted int64 indices).
+
+        ``rngs`` are the instances' random streams (row ``k`` is instance ``ids[k]``'s)
+        and ``params[k]`` its parameters; :attr:`param_arrays` already holds the new
+        values. Draw the initial states for all rows at once with ``rngs.uniform`` /
+        ``rngs.random`` (row ``k`` gets what instance ``ids[k]``'s own generator would
+        give a single-instance env making the same calls, in the same order);
+        ``rngs[k]`` is that ``np.random.Generator`` itself, for other draws (slower).
+
+        Returns:
+            ``(len(ids), *obs_shape)`` first observations and one info dict per row, or
+            ``None`` for none.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement reset_instances()")
 
     def step_instances(
         self, actions: Any, rngs: Sequence[np.random.Generator]
@@ -237,11 +370,8 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             ``(obs, reward, terminated, infos)`` with ``len(ids)`` rows.
         """
         if len(ids) == self.num_envs:
-            return self.step_instances(actions, self._all_streams)
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
-            f"{self.num_envs} instances (step_batch() or send() with env_ids, or batch_size < num_envs)"
-        )
+            return self.step_instances(actions, self._simkit.all_streams)
+        raise _no_subset(self, len(ids), "step_batch() or send()")
 
     def reset_masked(self, mask: Any, draws: DeviceDraws, params: dict[str, Any]) -> Any:
         """Starts an episode for the instances where ``mask`` is true, on the device
@@ -267,32 +397,20 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement reset_masked()")
 
-    def _supports_subset(self) -> bool:
-        return type(self).step_subset is not BatchEnv.step_subset
+    def get_env_state(self) -> dict[str, Any]:
+        """The author's dynamic state as plain data; defaults to ``state_attributes``."""
+        names = declared_state_attributes(self, "get_env_state")
+        return {name: _plain_copy(getattr(self, name)) for name in names}
 
-    @property
-    def subset_steps(self) -> bool:
-        """Whether :meth:`step_batch` and :meth:`send` take a subset of the instances
-        (the class implements :meth:`step_subset`)."""
-        return self._supports_subset()
-
-    @property
-    def seeds(self) -> EpisodeSeeds:
-        """The episode seeding of the N instances (set ``seeds.env_offset`` before a
-        ``reset(seed=...)`` to seed them as envs ``offset..offset+N-1`` of a larger set)."""
-        return self._seeds
-
-    def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
-        """Starts stepping ``ids``; simulator bases start native work in the background.
-
-        The default defers the whole step to :meth:`recv` (runs it on the calling thread).
-        """
-        rngs = self._streams.rows(ids)
-        return PendingStep(finish=lambda: self.step_subset(ids, actions, rngs))
-
-    def _prepare_instances(self, ids: np.ndarray) -> None:
-        """Runs before ``reset_instances``; simulator bases reset physics here."""
-        del ids
+    def set_env_state(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`get_env_state` returned; defaults to ``state_attributes``."""
+        names = declared_state_attributes(self, "set_env_state")
+        check_state_attributes(
+            type(self).__name__, names, state, lambda name: getattr(self, name, None)
+        )
+        for name in names:
+            value = _restore_like(self.xp, self.device, getattr(self, name, None), state[name])
+            setattr(self, name, value)
 
     # ------------------------------------------------------------------------ reset
 
@@ -309,53 +427,201 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
                 reset, ``{"reset_mask": (N,) bool}`` to reset only some instances;
                 other keys are passed to :meth:`reset_instances`.
         """
-        ids, infos = self._reset(seed, options)
+        ids, infos = self.__reset(seed, options)
         vector_info: dict[str, Any] = {}
         for k, i in enumerate(ids):
             vector_info = self._add_info(vector_info, infos[k], int(i))
-        return self._obs, vector_info
+        return self._simkit.obs, vector_info
 
-    def _reset(
+    def async_reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        """Resets (as :meth:`reset`) and queues the reset instances as ready for :meth:`recv`."""
+        s = self._simkit
+        ids, infos = self.__reset(seed, options)
+        obs = take_rows(s.obs, ids)
+        k = len(ids)
+        flags = np.zeros(k, dtype=np.bool_)
+        rows = [{"reset_info": info} for info in infos]
+        s.ready.append(BatchStep(obs, np.zeros(k), flags, flags.copy(), obs, ids.copy(), rows))
+        s.in_flight[ids] = True
+
+    def __reset(
         self, seed: int | None, options: dict[str, Any] | None
     ) -> tuple[np.ndarray, RowInfos]:
-        self._require_idle("reset()")
-        self._host_sync()
+        s, n = self._simkit, self.num_envs
+        self.__require_idle("reset()")
+        self.__host_sync()
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"reset options must be a dict or None, got {type(options).__name__}")
         opts = dict(options or {})
         mask = opts.pop("reset_mask", None)
         if mask is None:
-            ids = np.arange(self.num_envs, dtype=np.int64)
+            ids = np.arange(n, dtype=np.int64)
         else:
             mask_arr = to_numpy(mask)
-            if mask_arr.dtype != np.bool_ or mask_arr.shape != (self.num_envs,):
+            if mask_arr.dtype != np.bool_ or mask_arr.shape != (n,):
                 raise ValueError(
-                    f"reset_mask must be a bool array of shape ({self.num_envs},), "
+                    f"reset_mask must be a bool array of shape ({n},), "
                     f"got dtype {mask_arr.dtype} and shape {mask_arr.shape}"
                 )
-            if not self._has_reset and not mask_arr.all():
+            if not s.has_reset and not mask_arr.all():
                 raise ResetNeeded("the first reset() must reset every instance")
             ids = np.flatnonzero(mask_arr).astype(np.int64)
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
                 raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-            self._seeds.restart(int(seed))
+            s.seeds.restart(int(seed))
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         reset_params = opts.pop("params", None)
         per_reset = (
-            None if reset_params is None else self._per_instance(reset_params, "options['params']")
+            None if reset_params is None else _per_instance(reset_params, n, "options['params']")
         )
-        obs_rows, infos = self._reset_ids(ids, per_reset, opts)
-        self._prepare_next_episodes()
-        if self._device_loop is not None:
-            self._device_loop.restart(ids)
-        if self._obs is None or len(ids) == self.num_envs:
-            self._obs = obs_rows
-        else:
-            self._obs = scatter(self._obs, ids, obs_rows)
-        self._pending_reset[ids] = False
-        self._has_reset = True
+        obs_rows, infos = self.__reset_ids(ids, per_reset, opts)
+        # every instance holds its next episodes' keys, as the coming autoresets read them
+        s.seeds.prepare(s.streams.prefetch, self.__reset_scale(None))
+        if s.device_loop is not None:
+            s.device_loop.restart(ids)
+        s.obs = obs_rows if s.obs is None or len(ids) == n else scatter(s.obs, ids, obs_rows)
+        s.pending_reset[ids] = False
+        s.has_reset = True
         return ids, infos
+
+    def __reset_ids(
+        self, ids: np.ndarray, per_reset: list[Mapping[str, Any]] | None, options: dict[str, Any]
+    ) -> tuple[Any, RowInfos]:
+        """Starts the next episode of ``ids``: keyed streams, parameters, the physics and
+        the author's hook; returns the first observations and the rows' reset infos."""
+        s = self._simkit
+        scale = self.__reset_scale(per_reset)
+        states, ahead, scaled = s.seeds.next_states(ids, s.streams.prefetch, scale)
+        s.streams.start(ids, states)
+        rngs = s.streams.rows(ids, ahead, scaled)
+        params = self.__sample(ids, rngs, per_reset)
+        s.elapsed[ids] = 0
+        s.physics.prepare(self, ids, params)
+        obs_rows, infos = self.reset_instances(ids, rngs, params, options)
+        s.streams.prefetch = rngs.taken
+        s.reset_draws_known = True
+        if infos is not None and len(infos) != len(ids):
+            raise ValueError(
+                f"{type(self).__name__}.reset_instances must return {len(ids)} info dicts "
+                f"or None, got {len(infos)}"
+            )
+        return obs_rows, RowInfos(len(ids), infos, lambda k: {"params": params[k]})
+
+    def __reset_scale(self, per_reset: list[Mapping[str, Any]] | None) -> Sampler | None:
+        """The sampler whose parameters the keyed rows of a reset carry already scaled
+        (:meth:`EpisodeSeeds.next_states`): the one sampler of every instance, on its
+        fast path, unless the reset overrides parameters."""
+        groups = self._simkit.groups
+        one = groups[0] if per_reset is None and len(groups) == 1 else None
+        return one if one is not None and one.fast and one.names else None
+
+    # ------------------------------------------------------------------- parameters
+
+    def __param_row(self, i: int) -> Params:
+        """Instance ``i``'s parameters, a new dict: stored for one drawn the slow way,
+        else rebuilt from :attr:`param_arrays` and its sampler's fixed values."""
+        s = self._simkit
+        stored = s.params.get(i)
+        if stored is not None:
+            return copy_params(stored)
+        sampler = s.samplers[i]
+        return sampler.row([float(self.param_arrays[name][i]) for name in sampler.names])
+
+    def __sample(
+        self, ids: np.ndarray, rngs: KeyedStreams, per_reset: list[Mapping[str, Any]] | None
+    ) -> ParamRows:
+        """Each instance's parameters for its new episode, drawn from its stream: for
+        all instances of one sampler at once on the fast path (scalar ``Uniform`` /
+        ``LogUniform``), else one instance at a time from its generator."""
+        s = self._simkit
+        rows = ParamRows(len(ids))
+        explicit: list[int] = []
+        shared = None
+        if per_reset is not None:
+            mine = np.array([bool(per_reset[i]) for i in ids.tolist()], dtype=np.bool_)
+            explicit = np.flatnonzero(mine).tolist()
+            shared = np.flatnonzero(~mine)
+        which = None
+        if len(s.groups) == 1:
+            groups = [0]
+        else:
+            which = s.group_of[ids] if shared is None else s.group_of[ids[shared]]
+            groups = np.unique(which).tolist()
+        for g in groups:
+            ks = shared  # every shared row (all rows if None)
+            if len(groups) > 1:
+                assert which is not None
+                sel = which == g
+                ks = shared[sel] if shared is not None else np.flatnonzero(sel)
+            sampler = s.groups[g]
+            sub = rngs if ks is None else KeyedStreams(s.streams, ids[ks])
+            if not sampler.fast:
+                explicit.extend(range(len(ids)) if ks is None else ks.tolist())
+                continue
+            values = sampler.values(sub)
+            rows.add(ks, sampler, values)
+            if s.params:  # instances drawn the slow way (or restored) before
+                if len(sub.ids) == self.num_envs:
+                    s.params.clear()
+                else:
+                    for i in sub.ids.tolist():
+                        s.params.pop(i, None)
+            self.__update_param_arrays(sub.ids, values, sampler)
+        if explicit:
+            explicit.sort()
+            for k in explicit:
+                i = int(ids[k])
+                resolved: Mapping[str, Any] = s.samplers[i].resolved
+                if per_reset is not None and per_reset[i]:
+                    overrides = {**s.env_overrides[i], **per_reset[i]}
+                    resolved = resolve_overrides(self.randomization, overrides)
+                p = sample_params(resolved, rngs[k])
+                rows.set(k, p)
+                s.params[i] = p
+            self.__update_param_arrays(ids[explicit])
+        return rows
+
+    def __update_param_arrays(
+        self, ids: np.ndarray, values: np.ndarray | None = None, sampler: Sampler | None = None
+    ) -> None:
+        """Writes the new parameters of ``ids`` into :attr:`param_arrays`; ``values`` are
+        those of ``sampler``'s sampled names (:attr:`Sampler.names`), one row per id."""
+        if not len(ids):
+            return
+        s = self._simkit
+        columns: dict[str, Any] = {}
+        if values is not None and sampler is not None:
+            names = sampler.names
+            block = s.param_block
+            if block is None and not self.param_arrays and names == tuple(self.randomization):
+                # every declared parameter is a sampled scalar: one (N, m) array whose
+                # columns are the param_arrays, written with one assignment per reset
+                block = s.param_block = (names, np.zeros((self.num_envs, len(names)), order="F"))
+                self.param_arrays.update({name: block[1][:, j] for j, name in enumerate(names)})
+            if block is not None and block[0] == names:
+                block[1][ids] = values
+                return
+            columns = {name: values[:, j] for j, name in enumerate(names)}
+            first = sampler.row(values[0].tolist())
+        else:
+            first = self.__param_row(int(ids[0]))
+        for name, dist in self.randomization.items():
+            sample = first.get(name)
+            if not isinstance(sample, int | float | np.ndarray) or isinstance(sample, bool):
+                continue
+            arr = self.param_arrays.get(name)
+            if arr is None:
+                arr = np.zeros((self.num_envs, *dist.shape), dtype=np.float64)
+                self.param_arrays[name] = arr
+            column = columns.get(name)
+            if column is None and sampler is not None:
+                column = sample  # a fixed value of the sampler, the same for every row
+            arr[ids] = (
+                column if column is not None else [self.__param_row(i)[name] for i in ids.tolist()]
+            )
 
     # ------------------------------------------------------------------------- step
 
@@ -385,45 +651,205 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             ValueError: ``env_ids`` out of range or repeated.
             NotImplementedError: a subset, and the class has no :meth:`step_subset`.
         """
-        if not self._has_reset:
+        s = self._simkit
+        if not s.has_reset:
             raise ResetNeeded("step_batch() called before reset(); call reset() first")
-        self._require_idle("step_batch()")
-        if env_ids is None:
+        self.__require_idle("step_batch()")
+        whole = env_ids is None
+        if whole:
             if self.validate_actions:
                 actions = self.check_actions(actions)
-            if self.xp is not np and self._device_steps():
-                return self._step_device(actions)
-            if self.xp is not np and self._host_known_resets():
-                return self._step_known_resets(actions)
-            self._host_sync()
-            final_obs, reward, terminated, infos = self._step_all(actions)
-            step = self._complete(
-                np.arange(self.num_envs, dtype=np.int64), final_obs, reward, terminated, infos
-            )
-            return step if self.xp is np else self._on_device(step)
-        self._host_sync()
-        ids, actions, order = self._sorted_subset(env_ids, actions, "step_batch()")
-        pending = self._start_subset(ids, actions)
+            if self.xp is not np and self.__device_steps():
+                return self.__step_device(actions)
+        self.__host_sync()
+        if whole:
+            ids, order = s.all_ids, None
+            pending = PendingStep(finish=lambda: self.step_instances(actions, s.all_streams))
+        else:
+            ids, actions, order = self.__sorted_subset(env_ids, actions, "step_batch()")
+            pending = s.physics.start(self, ids, actions, s.streams.rows(ids))
         try:
-            step = self._finish_subset(ids, pending)
+            hook = "step_instances" if whole else "step_subset"
+            step = self.__complete(ids, pending.finish(), hook, whole and self.__known_resets())
         except BaseException:
             if pending.drain is not None:
                 pending.drain()
             raise
         if order is not None:
-            back = np.argsort(order)
-            step = BatchStep(
-                obs=take_rows(step.obs, back),
-                reward=step.reward[back],
-                terminated=step.terminated[back],
-                truncated=step.truncated[back],
-                final_obs=take_rows(step.final_obs, back),
-                env_ids=step.env_ids[back],
-                infos=[step.infos[k] for k in back.tolist()],
-            )
-        return step if self.xp is np else self._on_device(step)
+            step = take_step(step, np.argsort(order))
+        return step if self.xp is np else self.__on_device(step)
 
-    def _on_device(self, step: BatchStep) -> BatchStep:
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Gymnasium's 5-tuple under ``metadata["autoreset_mode"]``.
+
+        ``SAME_STEP``: ended instances are reset now; their last observation is in
+        ``info["final_obs"]`` (masked by ``info["_final_obs"]``), the step's info in
+        ``info["final_info"]`` and the reset's info merged into ``info``, as
+        ``SyncVectorEnv`` does. ``NEXT_STEP``: an ended instance ignores its next
+        action and is reset instead (reward 0, flags False).
+        """
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            return self.__step_next(actions)
+        result = self.step_batch(actions)
+        vector_info: dict[str, Any] = {}
+        reward, terminated, truncated = (
+            to_numpy(x) for x in (result.reward, result.terminated, result.truncated)
+        )
+        done = terminated | truncated
+        for i, info in enumerate(result.infos):
+            if done[i]:
+                step_info = {k: v for k, v in info.items() if k != "reset_info"}
+                vector_info = self._add_info(
+                    vector_info,
+                    {"final_obs": result.final_obs[i], "final_info": step_info},
+                    i,
+                )
+                vector_info = self._add_info(vector_info, info["reset_info"], i)
+            elif info:
+                vector_info = self._add_info(vector_info, info, i)
+        return result.obs, reward, terminated, truncated, vector_info
+
+    def __step_next(
+        self, actions: Any
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Gymnasium's ``NEXT_STEP`` step: the instances that ended last step reset now."""
+        s, n = self._simkit, self.num_envs
+        if not s.has_reset:
+            raise ResetNeeded("step() called before reset(); call reset() first")
+        self.__require_idle("step()")
+        self.__host_sync()
+        if self.validate_actions:
+            actions = self.check_actions(actions)
+        pending = s.pending_reset.copy()
+        result = self.step_instances(actions, s.all_streams)
+        obs, reward, terminated, base = self.__checked(result, n, "step_instances")
+        infos = RowInfos(n, base)
+        truncated = self.__truncated()
+        if pending.any():
+            ids = np.flatnonzero(pending).astype(np.int64)
+            rows, reset_infos = self.__reset_ids(ids, None, {})
+            obs = scatter(obs, ids, rows)
+            reward[ids] = 0.0
+            terminated[ids] = False
+            truncated[ids] = False
+            for k, j in enumerate(ids.tolist()):
+                infos[j] = reset_infos[k]
+        s.pending_reset = terminated | truncated
+        s.obs = obs
+        vector_info: dict[str, Any] = {}
+        for i, info in enumerate(infos):
+            if info:
+                vector_info = self._add_info(vector_info, info, i)
+        return obs, reward, terminated, truncated, vector_info
+
+    def __sorted_subset(
+        self, env_ids: Any, actions: Any, what: str
+    ) -> tuple[np.ndarray, Any, np.ndarray | None]:
+        """Checked ``env_ids`` sorted, their action rows in that order, and the sorting
+        permutation (``None`` if they were sorted already)."""
+        ids = check_send_ids(
+            None if env_ids is None else to_numpy(env_ids), self.num_envs, self._simkit.in_flight
+        )
+        if self.validate_actions:
+            actions = self.check_actions(actions, len(ids))
+        elif len(actions) != len(ids):
+            raise InvalidAction(f"actions must hold {len(ids)} rows, got {len(actions)}")
+        if len(ids) != self.num_envs and not self.subset_steps:
+            raise _no_subset(self, len(ids), what)
+        order = np.argsort(ids, kind="stable")
+        if not (order != np.arange(len(ids))).any():
+            return ids, actions, None
+        actions = actions[order] if not isinstance(actions, list) else [actions[k] for k in order]
+        return ids[order], actions, order
+
+    def __checked(
+        self, result: StepResult, n: int, hook: str, device: bool = False
+    ) -> tuple[Any, Any, Any, list[dict[str, Any]] | None]:
+        """A step hook's ``result`` for ``n`` rows with its shapes and infos checked:
+        rewards (float64) and terminations (bool) as new numpy arrays, or, with
+        ``device``, as tensors on the device (not read back)."""
+        obs, reward, terminated, infos = result
+        if device:
+            xp = self.xp
+            reward = xp.as_tensor(reward, device=self.device).to(xp.float64)
+            terminated = xp.as_tensor(terminated, device=self.device).to(xp.bool)
+        else:
+            reward = to_numpy(reward).astype(np.float64)
+            terminated = to_numpy(terminated).astype(np.bool_)
+        name = type(self).__name__
+        if tuple(reward.shape) != (n,) or tuple(terminated.shape) != (n,):
+            raise ValueError(
+                f"{name}.{hook} must return reward and terminated of shape ({n},), got "
+                f"{tuple(reward.shape)} and {tuple(terminated.shape)}"
+            )
+        if infos is not None and len(infos) != n:
+            raise ValueError(f"{name}.{hook} must return {n} info dicts or None, got {len(infos)}")
+        return obs, reward, terminated, infos
+
+    def __complete(
+        self, ids: np.ndarray, result: StepResult, hook: str, known: bool = False
+    ) -> BatchStep:
+        """The step of instances ``ids`` (sorted) from what ``hook`` returned: truncation,
+        the episode statistics and same-step autoreset; their observations become the
+        batch's. ``known``: a whole-batch step of a :attr:`time_limit_only` torch batch,
+        whose resets follow from the host step counts, so rewards and terminations stay
+        on the device (the same bits as the host path)."""
+        s, n = self._simkit, len(ids)
+        final_obs, reward, terminated, base = self.__checked(result, n, hook, known)
+        truncated = self.__truncated(ids)
+        if known:
+            done = truncated
+            self.__loop().record_known(reward, done, s.elapsed)
+            xp = self.xp
+            truncated = (
+                xp.as_tensor(done, device=self.device)
+                if done.any()
+                else xp.zeros(n, dtype=xp.bool, device=self.device)
+            )
+        else:
+            done = terminated | truncated
+            if s.device_loop is not None:  # a torch batch between device-resident steps
+                s.device_loop.record(ids, reward, done, s.elapsed[ids])
+        obs: Any = final_obs
+        infos = RowInfos(n, base)
+        if done.any():
+            obs, infos = self.__autoreset(ids, final_obs, np.flatnonzero(done), base)
+        s.obs = obs if n == self.num_envs else scatter(s.obs, ids, obs)
+        return BatchStep(obs, reward, terminated, truncated, final_obs, ids, infos)
+
+    def __autoreset(
+        self,
+        ids: np.ndarray,
+        final_obs: Any,
+        rows: np.ndarray,
+        base: Sequence[dict[str, Any]] | None,
+    ) -> tuple[Any, RowInfos]:
+        """Same-step autoreset of the ended ``rows`` of a step of instances ``ids``
+        (sorted): the step's ``obs`` (``final_obs`` with those rows' first observations)
+        and its infos (``base`` with each reset row's ``reset_info``)."""
+        whole = len(ids) == self.num_envs  # ids is arange(N): rows are the instances
+        reset_rows, reset_infos = self.__reset_ids(rows if whole else ids[rows], None, {})
+
+        def reset_info(k: int) -> dict[str, Any] | None:
+            j = int(np.searchsorted(rows, k))
+            return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
+
+        return scatter(final_obs, rows, reset_rows), RowInfos(len(ids), base, reset_info)
+
+    def __truncated(self, ids: np.ndarray | None = None) -> np.ndarray:
+        """Counts a step of ``ids`` (all if ``None``); which of them hit the time limit."""
+        s = self._simkit
+        if ids is None or len(ids) == self.num_envs:
+            s.elapsed += 1
+            elapsed = s.elapsed
+        else:
+            s.elapsed[ids] += 1
+            elapsed = s.elapsed[ids]
+        if self.max_episode_steps is None:
+            return np.zeros(len(elapsed), dtype=np.bool_)
+        return elapsed >= self.max_episode_steps
+
+    def __on_device(self, step: BatchStep) -> BatchStep:
         """A host-path step of a torch batch with its rewards and flags as device
         tensors, like a device-resident step's."""
         xp, device = self.xp, self.device
@@ -434,86 +860,116 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
             truncated=xp.as_tensor(step.truncated, device=device),
         )
 
-    # --------------------------------------------------------- device-resident steps
+    # ------------------------------------------------------------------ send / recv
 
-    def _device_steps(self) -> bool:
-        """Whether whole-batch steps can stay on the device: the class has
-        :meth:`reset_masked`, every instance is under one root seed with one sampler of
-        scalar parameters, and no stream is held as a generator."""
-        if self._device_ready:
-            return True
-        if type(self).reset_masked is BatchEnv.reset_masked:
-            return False
-        samplers = self._sampler_groups()[0]
-        if (
-            not self._reset_draws_known  # how many draws a reset takes (learnt by one)
-            or self._seeds._shared_root is None
-            or len(samplers) != 1
-            or not samplers[0].fast
-            or self._streams.live
-            or any(arr.ndim != 1 for arr in self.param_arrays.values())
-            or any(name not in self.param_arrays for name in samplers[0].names)
-        ):
-            return False
-        self._device_push(samplers[0])
-        return True
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        """Starts stepping the instances ``env_ids`` (default all) with ``actions`` rows.
 
-    def _device_push(self, sampler: Sampler, width: int = DEFAULT_WINDOW) -> None:
-        """Loads the host state onto the device and computes the key window."""
-        loop = self._device_loop
-        if loop is None:
-            loop = self._device_loop = DeviceLoop(self.xp, self.device, self.num_envs)
-        streams = self._streams
-        loop.push(
-            self._elapsed,
-            self._seeds.episode,
-            streams.states,
-            streams.pos,
-            self.param_arrays,
-            sampler.names,
-        )
-        self._params.clear()  # one fast sampler: every row's params rebuild from the arrays
-        self._device_sampler = sampler
-        self._device_window(width)
-        self._device_ready = True
+        EnvPool-style asynchronous stepping, as :meth:`simkit.vector.VectorEnv.send`:
+        row ``k`` of ``actions`` is for ``env_ids[k]``. Where the subclass can (the
+        native :class:`~simkit.BatchMujocoEnv` backend) the physics starts at once on a
+        background thread; otherwise the step runs in :meth:`recv`. Steps autoreset in
+        the same step, as :meth:`step_batch`; collect them with :meth:`recv`. Each
+        instance's trajectory is bit for bit the one :meth:`step_batch` gives it,
+        whatever the split.
 
-    def _device_window(self, width: int) -> None:
-        """Next-episode keys of every instance for up to ``width`` steps on the device,
-        from the host's episode counters (read back from the device when it is ahead):
-        each instance's ring of next episodes gets the episodes it lacks, computed on the
-        host (the numpy path's rows) and uploaded, and covers ``width`` steps or as many
-        as it holds."""
-        loop = self._device_loop
-        assert loop is not None
-        episode = loop.pull_counters() if loop.ahead else self._seeds.episode
-        sampler = self._device_sampler
-        assert sampler is not None
-        m = len(sampler.names)
-        draws = max(self._streams.prefetch, m)
-        scale = sampler if m else None
-        seeds = self._seeds
+        Raises:
+            ResetNeeded: called before :meth:`reset` / :meth:`async_reset`.
+            ValueError: an id is out of range, repeated, or already in flight.
+            InvalidAction: the actions do not fit (names the rows).
+        """
+        s = self._simkit
+        if not s.has_reset:
+            raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
+        self.__host_sync()
+        ids, actions, _ = self.__sorted_subset(env_ids, actions, "send()")
+        pending = s.physics.start(self, ids, actions, s.streams.rows(ids))
+        s.in_flight[ids] = True
+        s.pending.append((ids, pending))
 
-        def rows_of(envs: np.ndarray, episodes: np.ndarray) -> np.ndarray:
-            return seeds.rows(envs, episodes, draws, scale)
+    def recv(self) -> BatchStep:
+        """The next ``batch_size`` instances, as a :class:`~simkit.BatchStep`.
 
-        key = (seeds._shared_root, seeds.env_offset, draws, scale)
-        loop.load_ring(episode + 1, width, key, 4 + draws, rows_of, m)
+        Sends are completed first in, first out; ``env_ids`` names the rows' instances
+        (a send's rows sorted by id, sends in the order they were made); send their
+        next actions with :meth:`send`. Rows from :meth:`async_reset` have reward 0, no
+        flags, ``final_obs == obs`` and the reset info under ``"reset_info"``.
+
+        Raises:
+            RuntimeError: fewer than ``batch_size`` instances are in flight.
+        """
+        s, count = self._simkit, self.batch_size
+        flying = int(s.in_flight.sum())
+        if flying < count:
+            raise RuntimeError(
+                f"recv() needs {count} envs in flight, only {flying} are; "
+                "send() actions for more envs first"
+            )
+        have = sum(len(c.env_ids) for c in s.ready)
+        while have < count:
+            ids, pending = s.pending.popleft()
+            try:
+                chunk = self.__complete(ids, pending.finish(), "step_subset")
+            except BaseException:
+                self.__abort()
+                raise
+            s.ready.append(chunk)
+            have += len(ids)
+        parts: list[BatchStep] = []
+        need = count
+        while need:
+            chunk = s.ready.popleft()
+            if len(chunk.env_ids) > need:
+                s.ready.appendleft(take_step(chunk, slice(need, None)))
+                chunk = take_step(chunk, slice(0, need))
+            parts.append(chunk)
+            need -= len(chunk.env_ids)
+        out = parts[0] if len(parts) == 1 else concat_steps(parts, self.xp)
+        s.in_flight[out.env_ids] = False
+        return out if self.xp is np else self.__on_device(out)
+
+    def __abort(self) -> None:
+        """After a failed step: wait out every background step and forget in-flight ones."""
+        s = self._simkit
+        while s.pending:
+            _, pending = s.pending.popleft()
+            if pending.drain is not None:
+                pending.drain()
+        s.ready.clear()
+        s.in_flight[:] = False
+
+    def __require_idle(self, what: str) -> None:
+        in_flight = self._simkit.in_flight
+        if in_flight.any():
+            raise RuntimeError(
+                f"{what} called with envs {np.flatnonzero(in_flight).tolist()} in flight; "
+                "recv() them first"
+            )
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Waits out steps in flight, then stops the physics' threads (if any)."""
+        s: BatchState | None = getattr(self, "_simkit", None)
+        if s is None:  # __init__ failed before there was anything to close
+            return
+        if s.in_flight.any():
+            self.__abort()
+        s.physics.close()
+
+    # -------------------------------------------------------- device-resident steps
 
     def prepare_device_steps(self, steps: int) -> bool:
         """Makes the next ``steps`` whole-batch :meth:`step_batch` calls of a torch batch
         run without any host synchronisation (call it once per fragment): loads the
         state onto the device if a host operation changed it, and the keys of every
-        episode the instances can reach in those steps (reading the episode counters
-        back once). Each instance's ring of next episodes holds up to
-        ``MAX_WINDOW`` of them (fewer for a batch too large for ``MAX_RING_BYTES``):
-        for a longer fragment it covers as many steps as it holds and the batch reads
-        the counters again when they run out. Without this call a device-resident
-        batch refills every 32 steps.
+        episode the instances can reach in those steps (one read of the episode
+        counters; a fragment longer than the ring of next episodes,
+        ``simkit._batch_device.MAX_WINDOW``, reads them again when it runs out).
+        Without this call a device-resident batch refills every 32 steps.
 
         Returns:
             Whether steps are device-resident (a torch batch whose class has
-            :meth:`reset_masked`, one root seed, scalar parameters); ``False`` means
-            they run through the host path.
+            :meth:`reset_masked`, one root seed, scalar parameters, or one that is
+            :attr:`time_limit_only`); ``False`` means they run through the host path.
 
         Raises:
             ValueError: ``steps`` < 1.
@@ -521,115 +977,19 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         """
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-        if not self._has_reset:
+        if not self._simkit.has_reset:
             raise ResetNeeded("prepare_device_steps() called before reset(); call reset() first")
-        self._require_idle("prepare_device_steps()")
+        self.__require_idle("prepare_device_steps()")
         if self.xp is np:
             return False
-        if not self._device_steps():
-            if not self._host_known_resets():
+        if not self.__device_steps():
+            if not self.__known_resets():
                 return False
-            self._stats_loop()
+            self.__loop()
             return True
-        loop = self._device_loop
-        assert loop is not None
-        if loop.steps_left < steps:
-            self._device_window(max(int(steps), DEFAULT_WINDOW))
+        if self.__loop().steps_left < steps:
+            self.__device_window(max(int(steps), DEFAULT_WINDOW))
         return True
-
-    def _step_device(self, actions: Any) -> BatchStep:
-        """A whole-batch step that never waits on the device (see :mod:`simkit._batch_device`)."""
-        loop = self._device_loop
-        assert loop is not None
-        if loop.steps_left <= 0:
-            self._device_window(DEFAULT_WINDOW)  # one read of the counters per window
-        n = self.num_envs
-        final_obs, reward, terminated, base = self._device_step_instances(actions, NoStepDraws(n))
-        xp = self.xp
-        truncated, done, new, draws, params = loop.step(reward, terminated, self.max_episode_steps)
-        reset_obs = self.reset_masked(done, draws, params)
-        loop.took(done, loop.param_draws + draws.taken)
-        obs = xp.where(done.view(n, *([1] * (final_obs.dim() - 1))), reset_obs, final_obs)
-        sampler = self._device_sampler
-        assert sampler is not None
-        infos = DeviceRowInfos(
-            n, base, done, new, lambda k, values: sampler.row([float(v) for v in values])
-        )
-        return self._step_result(
-            self._all_ids, obs, reward, terminated, truncated, final_obs, infos
-        )
-
-    def _device_step_instances(self, actions: Any, draws: Any) -> tuple[Any, Any, Any, Any]:
-        """``step_instances`` of the whole batch with rewards (float64) and terminations
-        (bool) as tensors on the device, their shapes and the info list checked."""
-        n = self.num_envs
-        final_obs, reward, terminated, base = self.step_instances(actions, draws)
-        xp = self.xp
-        reward = xp.as_tensor(reward, device=self.device).to(xp.float64)
-        terminated = xp.as_tensor(terminated, device=self.device).to(xp.bool)
-        check_step_shapes(reward, terminated, n, type(self).__name__, "step_instances")
-        if base is not None and len(base) != n:
-            raise ValueError(
-                f"{type(self).__name__}.step_instances must return {n} info dicts or None, "
-                f"got {len(base)}"
-            )
-        return final_obs, reward, terminated, base
-
-    def _host_known_resets(self) -> bool:
-        """Whether whole-batch steps of this torch batch keep rewards and flags on the
-        device with the resets scheduled on the host: the class declares
-        :attr:`time_limit_only` and there is a time limit, so the instances that reset
-        in a step are those whose host step count reaches it."""
-        return self.time_limit_only and self.max_episode_steps is not None
-
-    def _stats_loop(self) -> DeviceLoop:
-        """The device loop that keeps the episode statistics (made on first use)."""
-        loop = self._device_loop
-        if loop is None:
-            loop = self._device_loop = DeviceLoop(self.xp, self.device, self.num_envs)
-        return loop
-
-    def _step_known_resets(self, actions: Any) -> BatchStep:
-        """A whole-batch step of a :attr:`time_limit_only` torch batch that reads
-        nothing back: truncation from the host step counts, and the instances that
-        reach the time limit reset on the host (the same keyed draws and the same
-        ``reset_instances`` as the host path: the same bits), their start states
-        uploaded; rewards and the episode statistics stay on the device."""
-        self._host_sync()
-        loop = self._stats_loop()
-        n = self.num_envs
-        final_obs, reward, terminated, base = self._device_step_instances(
-            actions, self._all_streams
-        )
-        xp = self.xp
-        done = self._truncated()
-        loop.record_known(reward, done, self._elapsed)
-        obs: Any = final_obs
-        infos = RowInfos(n, base)
-        truncated = xp.zeros(n, dtype=xp.bool, device=self.device)
-        if done.any():
-            obs, infos = self._autoreset(self._all_ids, final_obs, done.nonzero()[0], base)
-            truncated = xp.as_tensor(done, device=self.device)
-        return self._step_result(
-            self._all_ids, obs, reward, terminated, truncated, final_obs, infos
-        )
-
-    def _host_sync(self) -> None:
-        """Brings the host copies of the contract up to date after device-resident steps
-        (one read back), before a host-side operation; later steps load them again."""
-        loop = self._device_loop
-        if loop is not None and loop.ahead:
-            self._elapsed = loop.elapsed.cpu().numpy().copy()
-            self._seeds.episode = loop.episode.cpu().numpy().copy()
-            self._streams.states = loop.states.cpu().numpy().view(np.uint64).copy()
-            self._streams.pos = loop.pos.cpu().numpy().copy()
-            self._streams.version += 1
-            values = loop.params.cpu().numpy()
-            for j, name in enumerate(loop.names):
-                self.param_arrays[name][...] = values[:, j]
-            self._params.clear()
-            loop.ahead = False
-        self._device_ready = False
 
     def read_episode_stats(self) -> dict[str, np.ndarray]:
         """The episodes completed since the last call, per instance, and clears them:
@@ -641,7 +1001,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         Raises:
             RuntimeError: not a device-resident torch batch.
         """
-        loop = self._device_loop
+        loop = self._simkit.device_loop
         if loop is None:
             raise RuntimeError(
                 f"{type(self).__name__} keeps episode statistics only in device-resident "
@@ -656,111 +1016,217 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         loop.length_sum.zero_()
         return out
 
-    def _sorted_subset(
-        self, env_ids: Any, actions: Any, what: str
-    ) -> tuple[np.ndarray, Any, np.ndarray | None]:
-        """Checked ``env_ids`` sorted, their action rows in that order, and the sorting
-        permutation (``None`` if they were sorted already)."""
-        ids = self._check_ids(env_ids)
-        if self.validate_actions:
-            actions = self.check_actions(actions, len(ids))
-        elif len(actions) != len(ids):
-            raise InvalidAction(f"actions must hold {len(ids)} rows, got {len(actions)}")
-        if len(ids) != self.num_envs and not self._supports_subset():
-            raise NotImplementedError(
-                f"{type(self).__name__} must implement step_subset() to step {len(ids)} of "
-                f"{self.num_envs} instances ({what} with env_ids, or batch_size < num_envs)"
-            )
-        order = np.argsort(ids, kind="stable")
-        if not (order != np.arange(len(ids))).any():
-            return ids, actions, None
-        actions = actions[order] if not isinstance(actions, list) else [actions[k] for k in order]
-        return ids[order], actions, order
+    def __loop(self) -> DeviceLoop:
+        """The device loop (made on first use)."""
+        s = self._simkit
+        if s.device_loop is None:
+            s.device_loop = DeviceLoop(self.xp, self.device, self.num_envs)
+        return s.device_loop
 
-    def _finish_subset(self, ids: np.ndarray, pending: PendingStep) -> BatchStep:
-        """Waits for the started step of ``ids`` (sorted), checks what its hook returned
-        and completes it (truncation, same-step autoreset)."""
-        return self._complete(ids, *self._checked(pending.finish(), len(ids), "step_subset"))
-
-    def _complete(
-        self,
-        ids: np.ndarray,
-        final_obs: Any,
-        reward: np.ndarray,
-        terminated: np.ndarray,
-        infos: Sequence[dict[str, Any]],
-    ) -> BatchStep:
-        """Truncation and same-step autoreset of the stepped rows ``ids`` (sorted)."""
-        truncated = self._truncated(ids)
-        done = terminated | truncated
-        if self._device_loop is not None:  # a torch batch between device-resident steps
-            self._device_loop.record(ids, reward, done, self._elapsed[ids])
-        obs = final_obs
-        if done.any():
-            obs, infos = self._autoreset(ids, final_obs, done.nonzero()[0], infos)
-        return self._step_result(ids, obs, reward, terminated, truncated, final_obs, infos)
-
-    def _autoreset(
-        self,
-        ids: np.ndarray,
-        final_obs: Any,
-        rows: np.ndarray,
-        base: Sequence[dict[str, Any]] | None,
-    ) -> tuple[Any, RowInfos]:
-        """Same-step autoreset of the ended ``rows`` of a step of instances ``ids``
-        (sorted): the step's ``obs`` (``final_obs`` with those rows' first observations)
-        and its infos (``base`` with each reset row's ``reset_info``)."""
-        whole = len(ids) == self.num_envs  # ids is arange(N): rows are the instances
-        reset_rows, reset_infos = self._reset_ids(rows if whole else ids[rows], None, {})
-
-        def reset_info(k: int) -> dict[str, Any] | None:
-            j = int(np.searchsorted(rows, k))
-            return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
-
-        return scatter(final_obs, rows, reset_rows), RowInfos(len(ids), base, reset_info)
-
-    def _step_result(
-        self,
-        ids: np.ndarray,
-        obs: Any,
-        reward: Any,
-        terminated: Any,
-        truncated: Any,
-        final_obs: Any,
-        infos: Sequence[dict[str, Any]],
-    ) -> BatchStep:
-        """The step of instances ``ids`` (sorted); their ``obs`` become the batch's."""
-        self._obs = obs if len(ids) == self.num_envs else scatter(self._obs, ids, obs)
-        return BatchStep(
-            obs=obs,
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=final_obs,
-            env_ids=ids,
-            infos=infos,
+    def __known_resets(self) -> bool:
+        """Whether whole-batch steps of this torch batch keep rewards and flags on the
+        device with the resets scheduled on the host: the class declares
+        :attr:`time_limit_only` and there is a time limit, so the instances that reset
+        in a step are those whose host step count reaches it."""
+        return (
+            self.xp is not np
+            and self.time_limit_only
+            and self.max_episode_steps is not None
+            and not self._simkit.physics.on_host
         )
 
-    def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]:
-        result = self.step_instances(actions, self._all_streams)
-        return self._checked(result, self.num_envs, "step_instances")
+    def __device_steps(self) -> bool:
+        """Whether whole-batch steps can stay on the device (the class has
+        :meth:`reset_masked`, every instance is under one root seed with one sampler of
+        scalar parameters, and no stream is held as a generator); on the first step
+        after a host operation, loads the host state onto the device."""
+        s = self._simkit
+        if s.device_ready:
+            return True
+        if type(self).reset_masked is BatchEnv.reset_masked:
+            return False
+        sampler = s.groups[0]
+        if (
+            not s.reset_draws_known  # how many draws a reset takes (learnt by one)
+            or s.seeds._shared_root is None
+            or len(s.groups) != 1
+            or not sampler.fast
+            or s.streams.live
+            or any(arr.ndim != 1 for arr in self.param_arrays.values())
+            or any(name not in self.param_arrays for name in sampler.names)
+        ):
+            return False
+        loop = self.__loop()
+        loop.push(
+            s.elapsed,
+            s.seeds.episode,
+            s.streams.states,
+            s.streams.pos,
+            self.param_arrays,
+            sampler.names,
+        )
+        s.params.clear()  # one fast sampler: every row's params rebuild from the arrays
+        s.device_sampler = sampler
+        self.__device_window(DEFAULT_WINDOW)
+        s.device_ready = True
+        return True
 
-    def _checked(
-        self, result: tuple[Any, Any, Any, list[dict[str, Any]] | None], n: int, hook: str
-    ) -> tuple[Any, np.ndarray, np.ndarray, RowInfos]:
-        obs, reward, terminated, infos = result
-        reward_np = to_numpy(reward).astype(np.float64, copy=False)
-        term_np = to_numpy(terminated).astype(np.bool_, copy=False)
-        if reward_np.shape != (n,) or term_np.shape != (n,):
-            raise ValueError(
-                f"{type(self).__name__}.{hook} must return reward and terminated of "
-                f"shape ({n},), got {reward_np.shape} and {term_np.shape}"
+    def __device_window(self, width: int) -> None:
+        """Next-episode keys of every instance for up to ``width`` steps on the device,
+        from the host's episode counters (read back from the device when it is ahead):
+        each instance's ring of next episodes gets the episodes it lacks, computed on the
+        host (the numpy path's rows) and uploaded, and covers ``width`` steps or as many
+        as it holds."""
+        s = self._simkit
+        loop, sampler, seeds = self.__loop(), s.device_sampler, s.seeds
+        assert sampler is not None
+        episode = loop.pull_counters() if loop.ahead else seeds.episode
+        m = len(sampler.names)
+        draws = max(s.streams.prefetch, m)
+        scale = sampler if m else None
+
+        def rows_of(envs: np.ndarray, episodes: np.ndarray) -> np.ndarray:
+            return seeds.rows(envs, episodes, draws, scale)
+
+        key = (seeds._shared_root, seeds.env_offset, draws, scale)
+        loop.load_ring(episode + 1, width, key, 4 + draws, rows_of, m)
+
+    def __step_device(self, actions: Any) -> BatchStep:
+        """A whole-batch step that never waits on the device (:mod:`simkit._batch_device`)."""
+        s, n, xp = self._simkit, self.num_envs, self.xp
+        loop, sampler = self.__loop(), s.device_sampler
+        assert sampler is not None
+        if loop.steps_left <= 0:
+            self.__device_window(DEFAULT_WINDOW)  # one read of the counters per window
+        result = self.step_instances(actions, NoStepDraws(n))
+        final_obs, reward, terminated, base = self.__checked(result, n, "step_instances", True)
+        truncated, done, new, draws, params = loop.step(reward, terminated, self.max_episode_steps)
+        reset_obs = self.reset_masked(done, draws, params)
+        loop.took(done, loop.param_draws + draws.taken)
+        obs = xp.where(done.view(n, *([1] * (final_obs.dim() - 1))), reset_obs, final_obs)
+        infos = DeviceRowInfos(
+            n, base, done, new, lambda k, values: sampler.row([float(v) for v in values])
+        )
+        s.obs = obs
+        return BatchStep(obs, reward, terminated, truncated, final_obs, s.all_ids, infos)
+
+    def __host_sync(self) -> None:
+        """Brings the host copies of the contract up to date after device-resident steps
+        (one read back), before a host-side operation; later steps load them again."""
+        s = self._simkit
+        loop = s.device_loop
+        if loop is not None and loop.ahead:
+            s.elapsed = loop.elapsed.cpu().numpy().copy()
+            s.seeds.episode = loop.episode.cpu().numpy().copy()
+            s.streams.states = loop.states.cpu().numpy().view(np.uint64).copy()
+            s.streams.pos = loop.pos.cpu().numpy().copy()
+            s.streams.version += 1
+            values = loop.params.cpu().numpy()
+            for j, name in enumerate(loop.names):
+                self.param_arrays[name][...] = values[:, j]
+            s.params.clear()
+            loop.ahead = False
+        s.device_ready = False
+
+    # -------------------------------------------------------------------- snapshots
+
+    def get_state(self) -> dict[str, Any]:
+        """A snapshot of the whole batch: every instance's RNG, params, counters and state.
+
+        Plain data (msgpack-able with :mod:`simkit.snapshot`); ``set_state`` on this or
+        a fresh batch of the same class and size continues bit-identically.
+        """
+        s = self._simkit
+        if not s.has_reset:
+            raise ResetNeeded("get_state() called before reset(); call reset() first")
+        self.__require_idle("get_state()")
+        self.__host_sync()
+        return {
+            "format": BATCH_STATE_FORMAT,
+            "env": f"{type(self).__module__}:{type(self).__qualname__}",
+            "num_envs": self.num_envs,
+            "root_seed": s.seeds.roots[0],
+            "env_offset": s.seeds.env_offset,
+            "episode_index": s.seeds.episode.copy(),
+            "rngs": s.streams.to_plain(),
+            "params": self.params,
+            "elapsed_steps": s.elapsed.copy(),
+            "max_episode_steps": self.max_episode_steps,
+            "pending_reset": s.pending_reset.copy(),
+            "obs": _plain_copy(s.obs),
+            "data": self.get_env_state(),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores a snapshot from :meth:`get_state`, all or nothing: a snapshot the
+        author's :meth:`set_env_state` rejects leaves the batch as it was.
+
+        Raises:
+            InvalidState: malformed, from another class, or of another batch size.
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
+        self.__require_idle("set_state()")
+        self.__host_sync()
+        missing = _STATE_KEYS - set(state)
+        if missing:
+            raise InvalidState(
+                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
             )
-        if infos is not None and len(infos) != n:
-            raise ValueError(
-                f"{type(self).__name__}.{hook} must return {n} info dicts or None, got {len(infos)}"
+        if state["format"] != BATCH_STATE_FORMAT:
+            raise InvalidState(
+                f"state format must be {BATCH_STATE_FORMAT}, got {state['format']!r}"
             )
-        return obs, reward_np.copy(), term_np.copy(), RowInfos(n, infos)
+        expected = f"{type(self).__module__}:{type(self).__qualname__}"
+        if state["env"] != expected:
+            raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
+        s, n = self._simkit, self.num_envs
+        if state["num_envs"] != n or len(state["rngs"]) != n:
+            raise InvalidState(f"state holds {state['num_envs']} instances, this batch has {n}")
+        params = {
+            i: copy.deepcopy(dict(p)) for i, p in enumerate(_per_env_list(state, "params", n))
+        }
+        streams = StreamTable.parse_plain(state["rngs"], n)
+        core = (
+            params,
+            _per_env_array(state, "elapsed_steps", np.int64, n),
+            state.get("max_episode_steps", self.max_episode_steps),
+            _per_env_array(state, "pending_reset", np.bool_, n),
+            True,
+        )
+        root = state["root_seed"]
+        if root is not None and (isinstance(root, bool) or not isinstance(root, int | np.integer)):
+            raise InvalidState(f"state['root_seed'] must be an int or None, got {root!r}")
+        seeds = EpisodeSeeds.parse_state(
+            {
+                "root_seeds": [None if root is None else int(root)] * n,
+                "episode_index": _per_env_array(state, "episode_index", np.int64, n),
+                "env_offset": state.get("env_offset", 0),
+            },
+            n,
+        )
+        obs = _restore_like(self.xp, self.device, s.obs, state["obs"])
+        saved = (s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset)
+        saved_streams = (s.streams.states, s.streams.pos, s.streams.live)
+        saved_values = {name: arr.copy() for name, arr in self.param_arrays.items()}
+        saved_seeds = EpisodeSeeds.parse_state(s.seeds.get_state(), n)
+        saved_obs, saved_data = s.obs, self.get_env_state()
+        try:
+            s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset = core
+            s.seeds.set_state(seeds)
+            s.streams.restore(streams)
+            s.obs = obs
+            self.__update_param_arrays(np.arange(n, dtype=np.int64))
+            self.set_env_state(state["data"])
+        except Exception:
+            s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset = saved
+            s.seeds.set_state(saved_seeds)
+            s.streams.states, s.streams.pos, s.streams.live = saved_streams
+            s.obs = saved_obs
+            for name, arr in saved_values.items():
+                self.param_arrays[name][...] = arr
+            self.set_env_state(saved_data)
+            raise
 
     # ------------------------------------------------------------ action validation
 
@@ -779,7 +1245,7 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
         n = self.num_envs if num_rows is None else num_rows
         if self.xp is not np:
             return check_torch_actions(self.xp, space, actions, n, self.action_bounds, self.device)
-        row_ids = self._all_streams.ids if n == self.num_envs else np.arange(n)
+        row_ids = self._simkit.all_streams.ids if n == self.num_envs else np.arange(n)
         arr = check_batch_array(space, actions, row_ids, self.action_bounds, "rows")
         if arr is not None:
             return arr
@@ -793,3 +1259,60 @@ class BatchEnv(BatchContract, BatchQueue, GymStepAdapter, gym.vector.VectorEnv[A
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_envs={self.num_envs})"
+
+
+def _no_subset(env: BatchEnv, k: int, what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{type(env).__name__} must implement step_subset() to step {k} of "
+        f"{env.num_envs} instances ({what} with env_ids, or batch_size < num_envs)"
+    )
+
+
+def _per_instance(value: Any, n: int, what: str) -> list[Mapping[str, Any]]:
+    """Parameter overrides (``None``, one mapping, or ``n`` of them) as ``n`` mappings."""
+    if value is None:
+        return [{}] * n
+    if isinstance(value, Mapping):
+        return [dict(value)] * n
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        if len(value) != n or not all(isinstance(v, Mapping) for v in value):
+            raise ValueError(
+                f"{what} must be one mapping or {n} mappings (one per instance), "
+                f"got a sequence of {len(value)}"
+            )
+        return [dict(v) for v in value]
+    raise TypeError(
+        f"{what} must be a mapping or a sequence of mappings, got {type(value).__name__}"
+    )
+
+
+def _restore_like(xp: Any, device: Any, current: Any, value: Any) -> Any:
+    """``value`` from a snapshot in the form of the live ``current`` (a tensor stays one)."""
+    if xp is not np and isinstance(current, xp.Tensor):
+        return xp.as_tensor(np.array(value), device=current.device, dtype=current.dtype)
+    if xp is not np and isinstance(value, np.ndarray):
+        return xp.as_tensor(value.copy(), device=device)
+    return copy.deepcopy(value)
+
+
+def _per_env_array(state: Mapping[str, Any], key: str, dtype: Any, n: int) -> np.ndarray:
+    value = np.array(state[key], dtype=dtype)
+    if value.shape != (n,):
+        raise InvalidState(f"state[{key!r}] must have shape ({n},), got {value.shape}")
+    return value
+
+
+def _per_env_list(state: Mapping[str, Any], key: str, n: int) -> list[Any]:
+    value = state[key]
+    if not isinstance(value, list | tuple) or len(value) != n:
+        got = len(value) if isinstance(value, list | tuple) else type(value).__name__
+        raise InvalidState(f"state[{key!r}] must be a list of {n} entries, got {got}")
+    return list(value)
+
+
+def _plain_copy(x: Any) -> Any:
+    if x is None:
+        return None
+    if hasattr(x, "detach"):
+        return np.array(x.detach().cpu().numpy(), copy=True)
+    return copy.deepcopy(x)

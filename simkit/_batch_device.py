@@ -11,9 +11,9 @@ episodes on the device (the numpy path's rows,
 episode counters once per window of steps and tops up each instance's ring with the
 episodes it lacks for those steps (:class:`simkit._seeding.EpisodeSpan`): only they are
 derived and uploaded, so the work is one row per episode started, however far apart
-the instances' episode counters drift. So a step never waits on the device. The host copies (counters, keys, parameters) are
-brought up to date only when a host-side operation needs them
-(``BatchEnv._host_sync``).
+the instances' episode counters drift. So a step never waits on the device. The host
+copies (counters, keys, parameters) are brought up to date only when a host-side
+operation needs them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from simkit._batch_queue import LazyRows, RefusedRows
+from simkit._batch_rows import LazyRows, RefusedRows
 from simkit._seeding import EpisodeSpan
 from simkit.randomization import Params
 
@@ -129,8 +129,9 @@ class DeviceRowInfos(LazyRows[dict[str, Any]]):
         base: the author's step infos, or ``None`` for empty ones.
         done: ``(n,)`` device bool, the rows that ended.
         new_params: ``(n, m)`` device values of their next episodes' parameters, or
-            ``None``.
-        row_of: row ``k`` and its values to the next episode's parameters.
+            ``None`` (no sampled parameters).
+        row_of: row ``k`` and its values (empty without ``new_params``) to the next
+            episode's parameters.
     """
 
     _n: int
@@ -146,7 +147,7 @@ class DeviceRowInfos(LazyRows[dict[str, Any]]):
             values = None if self._new_params is None else self._new_params.cpu().numpy()
             rows: dict[int, dict[str, Any]] = {}
             for k in np.flatnonzero(done).tolist():
-                params = self._row_of(k, None if values is None else values[k])
+                params = self._row_of(k, () if values is None else values[k])
                 rows[k] = {"reset_info": {"params": params}}
             self._rows = rows
         return self._rows
@@ -165,7 +166,7 @@ class DeviceLoop:
     """The per-instance contract of a batch held on its torch device between host reads.
 
     Built from the host state (:meth:`push`), advanced by :meth:`step` with no host
-    synchronisation, and written back to the host state by :meth:`pull`.
+    synchronisation, and read back into the host state when a host operation needs it.
 
     Attributes:
         elapsed, episode, pos: ``(N,)`` int64 step counters, episode counters and draws
@@ -350,12 +351,3 @@ class DeviceLoop:
     def took(self, done: Any, draws: int) -> None:
         """Ended rows have taken ``draws`` from their new streams."""
         self.pos.masked_fill_(done, draws)
-
-
-def check_step_shapes(reward: Any, terminated: Any, n: int, name: str, hook: str) -> None:
-    """Shapes only (host metadata, no synchronisation)."""
-    if tuple(reward.shape) != (n,) or tuple(terminated.shape) != (n,):
-        raise ValueError(
-            f"{name}.{hook} must return reward and terminated of shape ({n},), got "
-            f"{tuple(reward.shape)} and {tuple(terminated.shape)}"
-        )

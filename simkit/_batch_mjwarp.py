@@ -26,13 +26,17 @@ docs/batch_device.md states the measured divergence over 1,000 Cheetah steps.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from simkit._batch import BatchEnv, Physics
+from simkit._batch_rows import RefusedRows
 from simkit._mujoco import ModelField, mujoco
 from simkit._optional import require
+from simkit.errors import InvalidState
+from simkit.randomization import Params
 
 __all__ = ["STATE_FIELDS", "MjWarpPhysics"]
 
@@ -71,26 +75,31 @@ def _resolve_warp(model: Any, attribute: str) -> tuple[Any, str]:
     return owner, name
 
 
-class MjWarpPhysics:
-    """N worlds of one ``MjModel`` in MuJoCo Warp on a torch device.
+class MjWarpPhysics(Physics):
+    """N worlds of one ``MjModel`` in MuJoCo Warp on a torch device: the ``"mjwarp"``
+    backend of :class:`simkit.BatchMujocoEnv`, which steps every world at once.
 
     Args:
         model: the nominal ``MjModel``.
         num_worlds: N.
-        device: the torch device (``cpu`` runs Warp's CPU backend).
+        frame_skip: physics steps per :meth:`step`.
         model_fields: the randomized fields, made per-world.
         nominal: each field's nominal value (``MjModel`` dtype and shape).
-        frame_skip: physics steps per :meth:`step`.
+        batch_fields: the ``Data`` arrays :attr:`batch` views.
+        device: the torch device (``cpu`` runs Warp's CPU backend).
     """
+
+    subsets = False
 
     def __init__(
         self,
         model: mujoco.MjModel,
         num_worlds: int,
-        device: Any,
-        model_fields: Mapping[str, ModelField],
-        nominal: Mapping[str, np.ndarray],
         frame_skip: int,
+        model_fields: Mapping[str, ModelField],
+        nominal: dict[str, np.ndarray],
+        batch_fields: tuple[str, ...],
+        device: Any,
     ) -> None:
         import torch
 
@@ -102,6 +111,9 @@ class MjWarpPhysics:
         index = 0 if self.device.index is None else self.device.index
         self.wp_device = f"cuda:{index}" if self.cuda else "cpu"
         self.frame_skip = frame_skip
+        self.model_fields, self.nominal = model_fields, nominal
+        self.models = [model] * num_worlds  # the per-world fields live in MuJoCo Warp
+        self.datas = _NoDatas(num_worlds)
         self._graph: Any = None
         self._graphs = True  # whether to capture the step as a graph
         self._stepped = False
@@ -135,6 +147,9 @@ class MjWarpPhysics:
                 self.views[name] = wp.to_torch(arr)
         self._mask = torch.zeros(num_worlds, dtype=torch.bool, device=self.device)
         self._mask_wp = wp.from_torch(self._mask, dtype=wp.bool)
+        self.batch = {name: self.view(name) for name in batch_fields}
+        self.derived = bool(set(batch_fields) - {"qpos", "qvel", "act", "ctrl"})
+        """Whether :attr:`batch` views derived fields, which only a forward refreshes."""
 
     # ------------------------------------------------------------------ data views
 
@@ -167,20 +182,19 @@ class MjWarpPhysics:
 
     # --------------------------------------------------------------------- physics
 
-    def set_ctrl(self, ctrl: Any, ids: np.ndarray | None = None) -> None:
-        """Writes controls (``(N, nu)`` or one row per id), converted to float32."""
+    def do_simulation(self, ctrl: Any, ids: np.ndarray | None) -> None:
+        """Writes every world's controls (as float32) and steps them ``frame_skip`` times."""
+        if ids is not None and len(ids) != self.n:
+            raise NotImplementedError("backend='mjwarp' steps every world at once")
         view = self.views["ctrl"]
-        rows = self.torch.as_tensor(ctrl, device=self.device).to(view.dtype)
-        if ids is None:
-            view.copy_(rows)
-        else:
-            view[self.torch.as_tensor(ids, device=self.device)] = rows
+        view.copy_(self.torch.as_tensor(ctrl, device=self.device).to(view.dtype))
+        self.step()
 
     def step(self) -> None:
         """``frame_skip`` MJWarp steps of every world: the first launched one by one
         (it compiles the kernels), the next captured once as a Warp graph and the graph
         replayed from then on (a CUDA graph on a GPU; on the CPU Warp replays the
-        recorded launches in C++, ~60x faster than launching from Python here, with the
+        recorded launches in C++ instead of launching each kernel from Python, with the
         same bits)."""
         wp, mjw = self.wp, self.mjw
         with self._on_device():
@@ -201,41 +215,39 @@ class MjWarpPhysics:
                     mjw.step(self.m, self.d)
         self._stepped = True
 
-    def forward(self) -> None:
-        """``mj_forward`` of every world (derived fields; the state does not change)."""
-        with self._on_device():
-            self.mjw.forward(self.m, self.d)
+    def forward(self, ids: np.ndarray) -> None:
+        """``mj_forward`` of every world, when :attr:`batch` views derived fields (the
+        state does not change)."""
+        if self.derived:
+            with self._on_device():
+                self.mjw.forward(self.m, self.d)
 
-    def reset(self, ids: np.ndarray) -> None:
-        """``mj_resetData`` of the worlds ``ids`` (the others keep their state)."""
+    def prepare(self, env: BatchEnv, ids: np.ndarray, params: Sequence[Params]) -> None:
+        """``mj_resetData`` of the worlds ``ids`` (the others keep their state), then
+        their rows of every randomized field: the nominal value and each
+        :class:`~simkit.ModelField` op with the world's parameter, in float64, stored as
+        MJWarp's float32."""
+        torch = self.torch
+        idx = torch.as_tensor(ids, device=self.device)
         self._mask.zero_()
-        self._mask[self.torch.as_tensor(ids, device=self.device)] = True
+        self._mask[idx] = True
         with self._on_device():
             self.mjw.reset_data(self.m, self.d, reset=self._mask_wp)
-
-    def write_fields(
-        self,
-        ids: np.ndarray,
-        model_fields: Mapping[str, ModelField],
-        nominal: Mapping[str, np.ndarray],
-        values: Mapping[str, np.ndarray],
-    ) -> None:
-        """Sets the worlds ``ids``' rows of every randomized field: the nominal value,
-        then each :class:`~simkit.ModelField` op with the row's parameter (``values[name]``
-        has one row per id), in float64, stored as MJWarp's float32."""
-        torch = self.torch
+        if not self.model_fields:
+            return
+        nominal, rows = self.nominal, [params[k] for k in range(len(ids))]
         rows_of = {
             attr: np.broadcast_to(nominal[attr], (len(ids), *nominal[attr].shape)).copy()
             for attr in self._fields
         }
-        for name, field in model_fields.items():
+        for name, field in self.model_fields.items():
             target = rows_of[field.attribute]
             index = (
                 slice(None),
                 *(field.index if isinstance(field.index, tuple) else (field.index,)),
             )
             base = np.asarray(nominal[field.attribute])[index[1:]]
-            value = np.asarray(values[name], dtype=np.float64)
+            value = np.array([row[name] for row in rows], dtype=np.float64)
             value = _broadcast_rows(value, np.shape(base))
             if field.op == "scale":
                 target[index] = base * value
@@ -243,46 +255,67 @@ class MjWarpPhysics:
                 target[index] = base + value
             else:
                 target[index] = value
-        idx = torch.as_tensor(ids, device=self.device)
         for attr, view in self._fields.items():
             view[idx] = torch.as_tensor(rows_of[attr], device=self.device).to(view.dtype)
 
     def set_qpos_qvel(self, ids: np.ndarray, qpos: Any, qvel: Any) -> None:
-        """Sets the worlds ``ids``' ``qpos`` and ``qvel`` (rows per id)."""
+        """Sets the worlds ``ids``' ``qpos`` and ``qvel`` (rows per id), then :meth:`forward`."""
         idx = self.torch.as_tensor(ids, device=self.device)
         for name, rows in (("qpos", qpos), ("qvel", qvel)):
             view = self.views[name]
             view[idx] = self.torch.as_tensor(rows, device=self.device).to(view.dtype)
+        self.forward(ids)
 
     # ------------------------------------------------------------------- snapshots
 
-    def get_state(self) -> dict[str, np.ndarray]:
+    def get_state(self) -> dict[str, Any]:
         """Every world's state arrays (:data:`STATE_FIELDS`), host copies."""
-        return {name: view.cpu().numpy().copy() for name, view in self.views.items()}
+        return {"mjwarp": {name: view.cpu().numpy().copy() for name, view in self.views.items()}}
 
-    def check_state(self, state: Any) -> str | None:
-        """Why ``state`` cannot be restored (``None`` if it can)."""
-        if not isinstance(state, Mapping):
-            return f"a mapping of MuJoCo Warp arrays, got {type(state).__name__}"
-        for name, view in self.views.items():
-            arr = state.get(name)
-            want = (tuple(view.shape), str(view.dtype).removeprefix("torch."))
-            if not isinstance(arr, np.ndarray) or (arr.shape, str(arr.dtype)) != want:
-                got = (
-                    (arr.shape, str(arr.dtype))
-                    if isinstance(arr, np.ndarray)
-                    else type(arr).__name__
-                )
-                return f"{name!r} as an array of shape and dtype {want}, got {got}"
-        extra = set(state) - set(self.views)
-        if extra:
-            return f"only the arrays {sorted(self.views)}, got also {sorted(extra)}"
-        return None
+    def set_state(self, env: BatchEnv, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`get_state`'s arrays into worlds whose randomized fields are
+        those of ``env``'s parameters.
 
-    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restores :meth:`get_state`'s arrays (checked by :meth:`check_state`)."""
+        Raises:
+            InvalidState: not the arrays :meth:`get_state` gives, by name, shape and dtype.
+        """
+        arrays = state.get("mjwarp") if isinstance(state, Mapping) else None
+        problem = _state_problem(arrays, self.views)
+        if problem is not None:
+            raise InvalidState(f"backend='mjwarp' physics state must be {problem}")
+        assert arrays is not None
+        ids = np.arange(self.n, dtype=np.int64)
+        self.prepare(env, ids, env.params if self.model_fields else [])
         for name, view in self.views.items():
-            view.copy_(self.torch.as_tensor(state[name], device=self.device))
+            view.copy_(self.torch.as_tensor(arrays[name], device=self.device))
+        self.forward(ids)
+
+
+def _state_problem(state: Any, views: Mapping[str, Any]) -> str | None:
+    """Why ``state`` cannot be restored into ``views`` (``None`` if it can)."""
+    if not isinstance(state, Mapping):
+        return f"a mapping of MuJoCo Warp arrays, got {type(state).__name__}"
+    for name, view in views.items():
+        arr = state.get(name)
+        want = (tuple(view.shape), str(view.dtype).removeprefix("torch."))
+        if not isinstance(arr, np.ndarray) or (arr.shape, str(arr.dtype)) != want:
+            got = (arr.shape, str(arr.dtype)) if isinstance(arr, np.ndarray) else type(arr).__name__
+            return f"{name!r} as an array of shape and dtype {want}, got {got}"
+    extra = set(state) - set(views)
+    if extra:
+        return f"only the arrays {sorted(views)}, got also {sorted(extra)}"
+    return None
+
+
+class _NoDatas(RefusedRows[mujoco.MjData]):
+    """``self.datas`` of the ``"mjwarp"`` backend: N instances, none with an ``MjData``
+    (the worlds live in MuJoCo Warp); reading one says what to use instead."""
+
+    error = TypeError
+    message = (
+        "backend='mjwarp' keeps the worlds in MuJoCo Warp, not in per-instance MjData: "
+        "set the start state with set_qpos_qvel(ids, qpos, qvel) and read self.batch"
+    )
 
 
 def _broadcast_rows(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

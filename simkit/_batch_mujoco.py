@@ -22,6 +22,10 @@ instances whichever backend runs it:
 
 ``mujoco.rollout`` itself cannot hand back the warm-start, so it could not be
 bit-identical to ``mj_step`` stepped an env step at a time (see docs/batch.md).
+
+Each backend is a :class:`~simkit._batch.Physics` kept in the batch's private state
+(:class:`MujocoPhysics` for the first four, :class:`~simkit._batch_mjwarp.MjWarpPhysics`),
+so an author's subclass has every name but the base class's reserved ones.
 """
 
 from __future__ import annotations
@@ -36,9 +40,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from simkit._batch import BatchEnv, PendingStep
+from simkit._batch import BatchEnv, PendingStep, Physics, StepResult
 from simkit._batch_mjwarp import MjWarpPhysics
-from simkit._batch_queue import RefusedRows
 from simkit._mujoco import (  # first: says what MUJOCO_GL lacks if MuJoCo will not load
     PHYSICS_STATE,
     ModelField,
@@ -47,6 +50,7 @@ from simkit._mujoco import (  # first: says what MUJOCO_GL lacks if MuJoCo will 
     mujoco,
     write_model_fields,
 )
+from simkit._seeding import KeyedStreams
 from simkit.errors import InvalidState
 from simkit.randomization import Params
 
@@ -59,7 +63,6 @@ __all__ = ["BatchMujocoEnv"]
 
 Backend = Literal["auto", "native", "threads", "pooled", "loop", "mjwarp"]
 _BACKENDS = ("auto", "native", "threads", "pooled", "loop", "mjwarp")
-StepResult = tuple[Any, Any, Any, list[dict[str, Any]] | None]
 
 
 class BatchMujocoEnv(BatchEnv):
@@ -144,90 +147,47 @@ class BatchMujocoEnv(BatchEnv):
         self.model = _load_model(model)
         self.frame_skip = frame_skip
         self.backend = backend
-        n = self.num_envs
-        self._nominal = {
+        nominal = {
             f.attribute: np.array(_resolve(self.model, f.attribute), copy=True)
             for f in self.model_fields.values()
         }
-        self._state_size = mujoco.mj_stateSize(self.model, PHYSICS_STATE)
-        self.models: list[mujoco.MjModel]
-        self.datas: Sequence[mujoco.MjData]
-        self.batch: dict[str, Any]
-        """``batch_fields`` as ``(N, ...)`` arrays: float64 numpy copies, or with
-        ``"mjwarp"`` torch views of MuJoCo Warp's float32 arrays."""
-        self._warp: MjWarpPhysics | None = None
+        self.__split = type(self).after_physics is not BatchMujocoEnv.after_physics
+        physics: MujocoPhysics | MjWarpPhysics
         if backend == "mjwarp":
             if type(self).apply_params is not BatchMujocoEnv.apply_params:
                 raise ValueError(
                     f"{type(self).__name__} overrides apply_params(); backend='mjwarp' writes "
                     "model_fields into MuJoCo Warp's per-world arrays and cannot run it"
                 )
-            self._warp = MjWarpPhysics(
-                self.model, n, self.device, self.model_fields, self._nominal, frame_skip
+            fields = self.model_fields
+            physics = MjWarpPhysics(
+                self.model, num_envs, frame_skip, fields, nominal, self.batch_fields, self.device
             )
-            self.models = [self.model] * n  # the per-world fields live in MuJoCo Warp
-            self.datas = _NoDatas(n)
-            self.batch = {name: self._warp.view(name) for name in self.batch_fields}
-            self._derived = bool(set(self.batch_fields) - {"qpos", "qvel", "act", "ctrl"})
         else:
-            self.models = (
-                [copy.deepcopy(self.model) for _ in range(n)]
-                if self.model_fields
-                else [self.model] * n
-            )
-            self.datas = [mujoco.MjData(m) for m in self.models]
-            self.batch = {
-                name: np.zeros((n, *np.shape(getattr(self.datas[0], name))), dtype=np.float64)
-                for name in self.batch_fields
-            }
-        self._slices = _state_slices(self.model)
-        workers = 1 if backend in ("loop", "mjwarp") else min(nthread or os.cpu_count() or 1, n)
-        self._workers = workers
-        self._rows = backend in ("native", "pooled")  # the state rows hold the physics
-        self._native: Any = None
-        self._outputs: dict[str, np.ndarray] = {}
-        if backend == "native":
-            assert _NativeBatch is not None
-            self._native = _NativeBatch(self.model, n, nthread=workers)
-            self._native.set_models(self.models if self.model_fields else self.model)
-            self._states: np.ndarray = self._native.state  # the live rows MuJoCo steps
-            # Bound once here: binding registers an output, a Batch call of its own.
-            self._outputs = {
-                f: self._native.bind(f) for f in self.batch_fields if f not in self._slices
-            }
-        else:
-            self._states = np.zeros((n, self._state_size), dtype=np.float64)
-        self._models_dirty = False
-        self._scratch = (
-            [mujoco.MjData(self.model) for _ in range(workers)] if backend == "pooled" else []
-        )
-        # Fields the pool copies out of an MjData per instance (the rest come from rows).
-        self._row_fields = [f for f in self.batch_fields if not (self._rows and f in self._slices)]
-        self._pool = (
-            ThreadPoolExecutor(workers - 1, thread_name_prefix="simkit-physics")
-            if workers > 1 and self._native is None
-            else None
-        )
-        self._stepper: ThreadPoolExecutor | None = None  # native send(): one FIFO thread
-        self._split = type(self).after_physics is not BatchMujocoEnv.after_physics
+            physics = MujocoPhysics(self, nominal, backend, nthread, self.__split)
+        self.models: list[mujoco.MjModel] = physics.models
+        self.datas: Sequence[mujoco.MjData] = physics.datas
+        self.batch: dict[str, Any] = physics.batch
+        """``batch_fields`` as ``(N, ...)`` arrays: float64 numpy copies, or with
+        ``"mjwarp"`` torch views of MuJoCo Warp's float32 arrays."""
+        self.__physics = self._simkit.physics = physics
 
     @property
     def dt(self) -> float:
         """Simulated seconds per env step."""
         return float(self.model.opt.timestep) * self.frame_skip
 
+    @property
+    def subset_steps(self) -> bool:
+        """Whether :meth:`step_batch` and :meth:`send` take a subset of the instances:
+        the class has the split hooks or :meth:`step_subset`, and the backend is not
+        ``"mjwarp"`` (which steps every world at once)."""
+        overridden = type(self).step_subset is not BatchMujocoEnv.step_subset
+        return self.__physics.subsets and (self.__split or overridden)
+
     def apply_params(self, model: mujoco.MjModel, params: Params) -> None:
         """Writes one instance's parameters into its model; override for custom fields."""
-        write_model_fields(model, self.model_fields, self._nominal, params)
-
-    def _restore_model(self, i: int) -> None:
-        if not self.model_fields or self._warp is not None:
-            return
-        model = self.models[i]
-        for attribute, nominal in self._nominal.items():
-            _resolve(model, attribute)[...] = nominal
-        self.apply_params(model, self._param_row(i))
-        self._models_dirty = True
+        write_model_fields(model, self.model_fields, self.__physics.nominal, params)
 
     # ------------------------------------------------------------ split step hooks
 
@@ -256,7 +216,7 @@ class BatchMujocoEnv(BatchEnv):
 
     def step_instances(self, actions: Any, rngs: Sequence[np.random.Generator]) -> StepResult:
         """All N instances through the split hooks, when the author wrote those."""
-        if not self._split:
+        if not self.__split:
             return super().step_instances(actions, rngs)
         return self.step_subset(np.arange(self.num_envs, dtype=np.int64), actions, rngs)
 
@@ -264,86 +224,25 @@ class BatchMujocoEnv(BatchEnv):
         self, ids: np.ndarray, actions: Any, rngs: Sequence[np.random.Generator]
     ) -> StepResult:
         """``before_physics``, :meth:`do_simulation` and ``after_physics`` on ``ids``."""
-        if not self._split:
+        if not self.__split:
             return super().step_subset(ids, actions, rngs)
         before = self.before_physics(ids, actions)
         self.do_simulation(actions, ids)
         return self.after_physics(ids, actions, before, rngs)
 
-    def _host_known_resets(self) -> bool:
-        """Only ``"mjwarp"``: the other backends compute on the host anyway."""
-        return self._warp is not None and super()._host_known_resets()
-
-    def _supports_subset(self) -> bool:
-        if self._warp is not None:
-            return False  # MuJoCo Warp steps every world at once
-        return self._split or type(self).step_subset is not BatchMujocoEnv.step_subset
-
-    def _start_subset(self, ids: np.ndarray, actions: Any) -> PendingStep:
-        if not (self._split and self._native is not None):
-            return super()._start_subset(ids, actions)  # runs whole in recv()
-        rngs = self._streams.rows(ids)
-        before = self.before_physics(ids, actions)
-        sub = self._write_ctrl(np.asarray(actions), ids)
-        if self._stepper is None:
-            self._stepper = ThreadPoolExecutor(1, thread_name_prefix="simkit-batch")
-        # The task holds the Batch, not the env, so a dropped env is still collected.
-        fut: Future[None] = self._stepper.submit(
-            _native_step, self._native, sub, self.frame_skip, self._take_models()
-        )
-
-        def finish() -> StepResult:
-            fut.result()
-            self._rows_from_states(sub)
-            return self.after_physics(ids, actions, before, rngs)
-
-        return PendingStep(finish=finish, drain=fut.exception)
-
     # ------------------------------------------------------------------- physics
-
-    def _prepare_instances(self, ids: np.ndarray) -> None:
-        if self._warp is not None:
-            self._warp.reset(ids)
-            if self.model_fields:
-                rows = [self._param_row(i) for i in ids.tolist()]
-                values = {
-                    name: np.array([row[name] for row in rows], dtype=np.float64)
-                    for name in self.model_fields
-                }
-                self._warp.write_fields(ids, self.model_fields, self._nominal, values)
-            return
-        for i in ids.tolist():
-            mujoco.mj_resetData(self.models[i], self.datas[i])
-            self._restore_model(i)
 
     def set_qpos_qvel(self, ids: np.ndarray, qpos: np.ndarray, qvel: np.ndarray) -> None:
         """Sets the start state of instances ``ids`` (in ``reset_instances``, rows per
         id) and runs :meth:`forward`: on every backend, the way to write a reset that
         also runs on ``"mjwarp"`` (which has no ``self.datas``)."""
-        if self._warp is not None:
-            self._warp.set_qpos_qvel(ids, qpos, qvel)
-            self.forward(ids)
-            return
-        for k, i in enumerate(np.asarray(ids).tolist()):
-            self.datas[i].qpos[:] = qpos[k]
-            self.datas[i].qvel[:] = qvel[k]
-        self.forward(ids)
+        self.__physics.set_qpos_qvel(ids, qpos, qvel)
 
     def forward(self, ids: np.ndarray) -> None:
         """``mj_forward`` on instances ``ids`` (after setting qpos/qvel); refreshes
         :attr:`batch` (``"mjwarp"``: only when ``batch_fields`` hold derived fields, and
         then of every world, whose state it does not change)."""
-        if self._warp is not None:
-            if self._derived:
-                self._warp.forward()
-            return
-        for i in np.asarray(ids).tolist():
-            d = self.datas[i]
-            mujoco.mj_forward(self.models[i], d)
-            for name, buf in self.batch.items():
-                buf[i] = getattr(d, name)
-            if self._rows:
-                mujoco.mj_getState(self.models[i], d, self._states[i], PHYSICS_STATE)
+        self.__physics.forward(ids)
 
     def do_simulation(self, ctrl: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Sets the instances' ``ctrl`` and advances them ``frame_skip`` physics steps.
@@ -352,61 +251,175 @@ class BatchMujocoEnv(BatchEnv):
             ctrl: ``(len(ids), nu)`` controls, row ``k`` for instance ``ids[k]``.
             ids: the instances to step, sorted (default all N; ``ctrl`` then has N rows).
         """
-        if self._warp is not None:
-            if ids is not None and len(ids) != self.num_envs:
-                raise NotImplementedError("backend='mjwarp' steps every world at once")
-            self._warp.set_ctrl(ctrl)
-            self._warp.step()
+        self.__physics.do_simulation(ctrl, ids)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def get_env_state(self) -> dict[str, Any]:
+        return {**self.__physics.get_state(), "extra": super().get_env_state()}
+
+    def set_env_state(self, state: Mapping[str, Any]) -> None:
+        self.__physics.set_state(self, state)
+        super().set_env_state(state.get("extra", {}))
+
+
+class MujocoPhysics(Physics):
+    """N instances of one ``MjModel`` in MuJoCo's C engine: the backends ``"native"``,
+    ``"threads"``, ``"pooled"`` and ``"loop"`` (see the module docstring)."""
+
+    on_host = True
+    subsets = True
+
+    def __init__(
+        self,
+        env: BatchMujocoEnv,
+        nominal: dict[str, np.ndarray],
+        backend: str,
+        nthread: int | None,
+        split: bool,
+    ) -> None:
+        model, n, model_fields = env.model, env.num_envs, env.model_fields
+        batch_fields = env.batch_fields
+        self.n, self.frame_skip, self.split = n, env.frame_skip, split
+        self.model_fields, self.nominal = model_fields, nominal
+        self.models = [copy.deepcopy(model) for _ in range(n)] if model_fields else [model] * n
+        self.datas = [mujoco.MjData(m) for m in self.models]
+        self.batch: dict[str, Any] = {
+            name: np.zeros((n, *np.shape(getattr(self.datas[0], name))), dtype=np.float64)
+            for name in batch_fields
+        }
+        self.state_size = mujoco.mj_stateSize(model, PHYSICS_STATE)
+        self.slices = _state_slices(model)
+        workers = 1 if backend == "loop" else min(nthread or os.cpu_count() or 1, n)
+        self.workers = workers
+        self.rows = backend in ("native", "pooled")  # the state rows hold the physics
+        self.native: Any = None
+        self.outputs: dict[str, np.ndarray] = {}
+        if backend == "native":
+            assert _NativeBatch is not None
+            self.native = _NativeBatch(model, n, nthread=workers)
+            self.native.set_models(self.models if model_fields else model)
+            self.states: np.ndarray = self.native.state  # the live rows MuJoCo steps
+            # Bound once here: binding registers an output, a Batch call of its own.
+            self.outputs = {f: self.native.bind(f) for f in batch_fields if f not in self.slices}
+        else:
+            self.states = np.zeros((n, self.state_size), dtype=np.float64)
+        self.models_dirty = False
+        self.scratch = [mujoco.MjData(model) for _ in range(workers)] if backend == "pooled" else []
+        # Fields the pool copies out of an MjData per instance (the rest come from rows).
+        self.row_fields = [f for f in batch_fields if not (self.rows and f in self.slices)]
+        self.pool = (
+            ThreadPoolExecutor(workers - 1, thread_name_prefix="simkit-physics")
+            if workers > 1 and self.native is None
+            else None
+        )
+        self.stepper: ThreadPoolExecutor | None = None  # native send(): one FIFO thread
+
+    def prepare(self, env: BatchEnv, ids: np.ndarray, params: Sequence[Params]) -> None:
+        assert isinstance(env, BatchMujocoEnv)
+        for k, i in enumerate(ids.tolist()):
+            mujoco.mj_resetData(self.models[i], self.datas[i])
+            self.restore_model(env, i, params[k] if self.model_fields else {})
+
+    def restore_model(self, env: BatchMujocoEnv, i: int, params: Params) -> None:
+        """Instance ``i``'s model: the nominal fields, then its ``params`` applied."""
+        if not self.model_fields:
             return
+        model = self.models[i]
+        for attribute, nominal in self.nominal.items():
+            _resolve(model, attribute)[...] = nominal
+        env.apply_params(model, params)
+        self.models_dirty = True
+
+    def start(
+        self, env: BatchEnv, ids: np.ndarray, actions: Any, rngs: KeyedStreams
+    ) -> PendingStep:
+        """With the split hooks on ``"native"``: the physics starts at once on a
+        background thread, ``after_physics`` runs in ``finish``."""
+        if not (self.split and self.native is not None):
+            return super().start(env, ids, actions, rngs)  # runs whole in finish()
+        assert isinstance(env, BatchMujocoEnv)
+        before = env.before_physics(ids, actions)
+        sub = self.write_ctrl(np.asarray(actions), ids)
+        if self.stepper is None:
+            self.stepper = ThreadPoolExecutor(1, thread_name_prefix="simkit-batch")
+        # The task holds the Batch, not the env, so a dropped env is still collected.
+        fut: Future[None] = self.stepper.submit(
+            _native_step, self.native, sub, self.frame_skip, self.take_models()
+        )
+
+        def finish() -> StepResult:
+            fut.result()
+            self.rows_from_states(sub)
+            return env.after_physics(ids, actions, before, rngs)
+
+        return PendingStep(finish=finish, drain=fut.exception)
+
+    def set_qpos_qvel(self, ids: np.ndarray, qpos: Any, qvel: Any) -> None:
+        for k, i in enumerate(np.asarray(ids).tolist()):
+            self.datas[i].qpos[:] = qpos[k]
+            self.datas[i].qvel[:] = qvel[k]
+        self.forward(ids)
+
+    def forward(self, ids: np.ndarray) -> None:
+        for i in np.asarray(ids).tolist():
+            d = self.datas[i]
+            mujoco.mj_forward(self.models[i], d)
+            for name, buf in self.batch.items():
+                buf[i] = getattr(d, name)
+            if self.rows:
+                mujoco.mj_getState(self.models[i], d, self.states[i], PHYSICS_STATE)
+
+    def do_simulation(self, ctrl: Any, ids: np.ndarray | None) -> None:
         ctrl = np.asarray(ctrl)
-        if self._native is not None:
-            sub = self._write_ctrl(ctrl, ids)
-            _native_step(self._native, sub, self.frame_skip, self._take_models())
-            self._rows_from_states(sub)
+        if self.native is not None:
+            sub = self.write_ctrl(ctrl, ids)
+            _native_step(self.native, sub, self.frame_skip, self.take_models())
+            self.rows_from_states(sub)
             return
-        order = list(range(self.num_envs)) if ids is None else np.asarray(ids).tolist()
-        if self._rows:
-            self._write_ctrl(ctrl, ids)
-        run = self._run_pooled if self._rows else self._run_worker
+        order = list(range(self.n)) if ids is None else np.asarray(ids).tolist()
+        if self.rows:
+            self.write_ctrl(ctrl, ids)
+        run = self.run_pooled if self.rows else self.run_worker
         counter = itertools.count()
         futures: list[Future[None]] = []
-        if self._pool is not None:
+        if self.pool is not None:
             futures = [
-                self._pool.submit(run, w, counter, order, ctrl)
-                for w in range(1, min(self._workers, len(order)))
+                self.pool.submit(run, w, counter, order, ctrl)
+                for w in range(1, min(self.workers, len(order)))
             ]
         try:
             run(0, counter, order, ctrl)
         finally:
             for fut in futures:
                 fut.result()
-        if self._rows:
-            self._rows_from_states(None if ids is None else np.asarray(ids))
+        if self.rows:
+            self.rows_from_states(None if ids is None else np.asarray(ids))
 
-    def _write_ctrl(self, ctrl: np.ndarray, ids: np.ndarray | None) -> np.ndarray | None:
+    def write_ctrl(self, ctrl: np.ndarray, ids: np.ndarray | None) -> np.ndarray | None:
         """Writes ``ctrl`` into the state rows; returns ``ids`` or ``None`` for all."""
-        if ids is None or len(ids) == self.num_envs:
-            self._states[:, self._slices["ctrl"]] = ctrl
+        if ids is None or len(ids) == self.n:
+            self.states[:, self.slices["ctrl"]] = ctrl
             return None
         sub = np.asarray(ids, dtype=np.int64)
-        self._states[sub, self._slices["ctrl"]] = ctrl
+        self.states[sub, self.slices["ctrl"]] = ctrl
         return sub
 
-    def _take_models(self) -> list[mujoco.MjModel] | None:
+    def take_models(self) -> list[mujoco.MjModel] | None:
         """The models to hand the native Batch again if a reset edited them
         (``mujoco.batch`` asks for ``set_models`` after an edit), else ``None``."""
-        if not self._models_dirty:
+        if not self.models_dirty:
             return None
-        self._models_dirty = False
+        self.models_dirty = False
         return self.models
 
-    def _run_pooled(
+    def run_pooled(
         self, worker: int, counter: Iterator[int], order: list[int], ctrl: np.ndarray
     ) -> None:
         del ctrl  # already in the state rows
-        models, states, nstep, count = self.models, self._states, self.frame_skip, len(order)
-        d = self._scratch[worker]
-        bufs = [(name, self.batch[name]) for name in self._row_fields]
+        models, states, nstep, count = self.models, self.states, self.frame_skip, len(order)
+        d = self.scratch[worker]
+        bufs = [(name, self.batch[name]) for name in self.row_fields]
         for k in counter:  # next() on itertools.count is atomic under the GIL
             if k >= count:
                 return
@@ -418,7 +431,7 @@ class BatchMujocoEnv(BatchEnv):
             for name, buf in bufs:
                 buf[i] = getattr(d, name)
 
-    def _run_worker(
+    def run_worker(
         self, worker: int, counter: Iterator[int], order: list[int], ctrl: np.ndarray
     ) -> None:
         del worker
@@ -435,15 +448,15 @@ class BatchMujocoEnv(BatchEnv):
             for name, buf in bufs:
                 buf[i] = getattr(d, name)
 
-    def _rows_from_states(self, ids: np.ndarray | None) -> None:
+    def rows_from_states(self, ids: np.ndarray | None) -> None:
         """Copies ``batch_fields`` of ``ids`` (all if ``None``) out of the state rows and,
         for ``"native"``, MuJoCo's bound derived fields, vectorised."""
         for name, buf in self.batch.items():
-            sl = self._slices.get(name)
+            sl = self.slices.get(name)
             if sl is not None:
-                src = self._states[:, sl].reshape(buf.shape)
-            elif name in self._outputs:
-                src = self._outputs[name]
+                src = self.states[:, sl].reshape(buf.shape)
+            elif name in self.outputs:
+                src = self.outputs[name]
             else:
                 continue  # copied per instance by the pool
             if ids is None:
@@ -451,64 +464,34 @@ class BatchMujocoEnv(BatchEnv):
             else:
                 buf[ids] = src[ids]
 
-    # ------------------------------------------------------------------ snapshots
-
-    def get_env_state(self) -> dict[str, Any]:
-        if self._warp is not None:
-            return {"mjwarp": self._warp.get_state(), "extra": super().get_env_state()}
-        if self._rows:
-            return {"physics": self._states.copy(), "extra": super().get_env_state()}
-        physics = np.empty((self.num_envs, self._state_size), dtype=np.float64)
+    def get_state(self) -> dict[str, Any]:
+        if self.rows:
+            return {"physics": self.states.copy()}
+        physics = np.empty((self.n, self.state_size), dtype=np.float64)
         for i, d in enumerate(self.datas):
             mujoco.mj_getState(self.models[i], d, physics[i], PHYSICS_STATE)
-        return {"physics": physics, "extra": super().get_env_state()}
+        return {"physics": physics}
 
-    def set_env_state(self, state: Mapping[str, Any]) -> None:
-        if self._warp is not None:
-            arrays = state.get("mjwarp") if isinstance(state, Mapping) else None
-            problem = self._warp.check_state(arrays)
-            if problem is not None:
-                raise InvalidState(f"backend='mjwarp' physics state must be {problem}")
-            assert arrays is not None
-            ids = np.arange(self.num_envs, dtype=np.int64)
-            self._prepare_instances(ids)  # every world's randomized fields from its params
-            self._warp.set_state(arrays)
-            self.forward(ids)
-            super().set_env_state(state.get("extra", {}))
-            return
+    def set_state(self, env: BatchMujocoEnv, state: Mapping[str, Any]) -> None:
         physics = state.get("physics") if isinstance(state, Mapping) else None
-        shape = (self.num_envs, self._state_size)
+        shape = (self.n, self.state_size)
         if not isinstance(physics, np.ndarray) or physics.shape != shape:
             got = getattr(physics, "shape", type(physics).__name__)
             raise InvalidState(
                 f"MuJoCo batch physics state must be a float64 array of shape {shape}, got {got}"
             )
         physics = physics.astype(np.float64)
+        params = env.params if self.model_fields else []
         for i, d in enumerate(self.datas):
-            self._restore_model(i)
+            self.restore_model(env, i, params[i] if params else {})
             mujoco.mj_setState(self.models[i], d, physics[i], PHYSICS_STATE)
-        self.forward(np.arange(self.num_envs))
-        super().set_env_state(state.get("extra", {}))
+        self.forward(np.arange(self.n))
 
-    def close_extras(self, **kwargs: Any) -> None:
-        """Waits out background physics, then stops the physics threads."""
-        if self._in_flight.any():
-            self._abort_async()
-        for pool in (self._stepper, self._pool):
+    def close(self) -> None:
+        for pool in (self.stepper, self.pool):
             if pool is not None:
                 pool.shutdown(wait=True)
-        self._stepper = self._pool = None
-
-
-class _NoDatas(RefusedRows[mujoco.MjData]):
-    """``self.datas`` of the ``"mjwarp"`` backend: N instances, none with an ``MjData``
-    (the worlds live in MuJoCo Warp); reading one says what to use instead."""
-
-    error = TypeError
-    message = (
-        "backend='mjwarp' keeps the worlds in MuJoCo Warp, not in per-instance MjData: "
-        "set the start state with set_qpos_qvel(ids, qpos, qvel) and read self.batch"
-    )
+        self.stepper = self.pool = None
 
 
 def resolve_backend(backend: Backend, device: Any) -> Backend:

@@ -1,14 +1,14 @@
-"""The private names :class:`simkit.BatchEnv`'s base classes keep their state in, and
-the check at class creation that an author's subclass does not reuse one of them.
+"""The private names :class:`simkit.BatchEnv`'s base classes use on the instance an
+author's subclass shares with them, and the check at class creation that the subclass
+does not reuse one.
 
-The base classes (``BatchEnv`` and its mixins, ``BatchMujocoEnv``, Gymnasium's
-``VectorEnv``) keep about sixty private attributes and methods (``_obs``, ``_params``,
-``_elapsed``, ``_rows``, ...) on the instance the author's class shares with them. An
-author's helper of the same name silently replaces one of them and the batch breaks far
-from the cause (``_obs`` as a method: ``TypeError: 'NoneType' object is not callable``
-at the first step). So a subclass defined outside simkit may neither define such a name
-(a method or class attribute) nor assign it on ``self`` in its methods; the error names
-the name, the base class that owns it and the fix.
+The base classes keep their state in one attribute, ``_simkit``, and name their helpers
+``__name`` (which Python mangles to ``_BatchEnv__name``); Gymnasium's ``VectorEnv`` adds
+``_np_random``, ``_np_random_seed`` and ``_add_info``. An author's attribute or method
+of one of these names would silently replace the base's and break the batch far from
+the cause, so a subclass defined outside simkit may neither define one (a method or
+class attribute) nor assign it on ``self`` in its methods; the error names the name,
+the base class that owns it and the fix.
 """
 
 from __future__ import annotations
@@ -101,12 +101,16 @@ def _framework(cls: type) -> bool:
 
 def reserved_names(cls: type) -> dict[str, type]:
     """Each private name the framework bases of ``cls`` use, with the first base (in
-    method resolution order) that uses it."""
+    method resolution order) that uses it. A base's mangled names (``_Base__name``)
+    count only for an author's class of the same name: no other class spells them."""
     out: dict[str, type] = {}
     for base in cls.__mro__:
         if _framework(base):
+            mangled = f"_{base.__name__.lstrip('_')}__"
+            same = not _framework(cls) and base.__name__.lstrip("_") == cls.__name__.lstrip("_")
             for name in sorted(_names_of(base)):
-                out.setdefault(name, base)
+                if same or not name.startswith(mangled):
+                    out.setdefault(name, base)
     return out
 
 

@@ -504,13 +504,13 @@ def test_send_recv_equals_step_batch_for_any_batch_size_and_split(
             part, go = go[:cut], go[cut:]
             env.send(np.stack([actions[done[i], i] for i in part]), np.array(part))
             done[part] += 1
-        if int(env._in_flight.sum()) < batch_size and idle:
+        if int(env._simkit.in_flight.sum()) < batch_size and idle:
             env.send(np.stack([actions[done[i], i] for i in idle]), np.array(idle))
             done[idle] += 1
             idle = []
-        if int(env._in_flight.sum()) < batch_size:
+        if int(env._simkit.in_flight.sum()) < batch_size:
             break  # too few unfinished instances left for a full recv()
-    in_flight = env._in_flight.copy()
+    in_flight = env._simkit.in_flight.copy()
     env.close()  # with steps still in flight: waits them out, never hangs
     assert int(in_flight.sum()) < batch_size
     for i in range(n):
@@ -604,7 +604,7 @@ def test_close_or_drop_with_steps_in_flight_waits_and_leaves_no_threads(backend:
             gc.collect()
         else:
             env.close()
-            assert not env._in_flight.any()
+            assert not env._simkit.in_flight.any()
     for t in set(threading.enumerate()) - before:
         t.join(timeout=10)  # bounded: a leaked thread fails the test instead of hanging it
         assert not t.is_alive(), f"thread {t.name} outlived its env"
@@ -1058,7 +1058,7 @@ def test_prepare_device_steps_caps_the_ring_for_long_fragments() -> None:
     ref.reset(seed=6)
     dev.reset(seed=6)
     assert dev.prepare_device_steps(5000)
-    loop = dev._device_loop
+    loop = dev._simkit.device_loop
     assert loop is not None
     assert loop.span is not None
     assert loop.span.width == MAX_WINDOW

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import simkit
+from simkit._batch_mjwarp import MjWarpPhysics
 from simkit.errors import InvalidState, MissingDependency
 
 HAVE_MJWARP = importlib.util.find_spec("mujoco_warp") is not None
@@ -129,8 +130,8 @@ def test_tensors_on_the_device_and_start_state_of_the_c_engine(device: str) -> N
         assert got.keys() == want.keys()
         for name in want:
             np.testing.assert_array_equal(got[name], want[name])
-    assert env._warp is not None
-    fields = env._warp._fields
+    assert isinstance(env._simkit.physics, MjWarpPhysics)
+    fields = env._simkit.physics._fields
     for name in ("body_mass", "geom_friction", "dof_damping", "actuator_gainprm", "opt.gravity"):
         for i in range(n):
             model = ref.models[i]
@@ -182,8 +183,8 @@ def test_snapshot_restores_bit_for_bit_into_a_new_batch(device: str) -> None:
     env.reset(seed=2)
     rollout(env, actions(3, 5, seed=3))
     snap = simkit.snapshot.loads(simkit.snapshot.dumps(env.get_state()))
-    assert env._warp is not None
-    assert env._warp.views["qacc_warmstart"].abs().sum() > 0  # the solver state is in it
+    assert isinstance(env._simkit.physics, MjWarpPhysics)
+    assert env._simkit.physics.views["qacc_warmstart"].abs().sum() > 0  # the solver state is in it
     after = rollout(env, acts)
     other = make(3, device, max_episode_steps=9)
     other.reset(seed=99)
@@ -233,8 +234,8 @@ def test_agrees_with_the_c_engine_over_1000_steps(device: str) -> None:
     env, ref = make(n, device), simkit.make(ENV, num_envs=n, backend="loop")
     env.reset(seed=3)
     ref.reset(seed=3)
-    assert env._warp is not None
-    views = env._warp.views
+    assert isinstance(env._simkit.physics, MjWarpPhysics)
+    views = env._simkit.physics.views
     worst = 0.0
     for a in actions(n, 1000, seed=1):
         for i, d in enumerate(ref.datas):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simkit._batch_contract import Sampler
+from simkit._batch_params import Sampler
 from simkit.errors import InvalidParameter
 from simkit.randomization import (
     Choice,

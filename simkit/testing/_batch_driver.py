@@ -18,7 +18,7 @@ import numpy as np
 from gymnasium import spaces
 
 from simkit import registry, snapshot
-from simkit._batch_queue import to_numpy
+from simkit._batch_rows import to_numpy
 from simkit.errors import ConformanceError
 from simkit.testing._checks import _plain
 from simkit.testing._driver import sample
