@@ -489,11 +489,8 @@ def learn(
     Args:
         given: the :class:`SACArgs` fields the caller set (on resume only those are
             compared with the checkpoint; None: all).
-        checkpoint_steps: checkpoint every this many env steps (0: not by steps); a
-            checkpoint holds the replay buffer, so it is not cheap.
-        checkpoint_minutes: the longest time between checkpoints (0: not by time);
-            besides, once learning starts and as often as bounds what a crash loses to
-            about half the run (:class:`CheckpointCadence`), and at the end.
+        checkpoint_steps, checkpoint_minutes: checkpoint every this many env steps, and
+            at most this many minutes apart (0: not by that rule); :class:`CheckpointCadence`.
         buffer_from: a recording directory whose episodes fill the buffer first.
 
     Raises:
