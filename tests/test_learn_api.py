@@ -167,3 +167,26 @@ def test_counts_given_as_floats_are_whole_numbers_or_refused(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=r"total_steps must be a whole number, got 2\.5"):
         simkit.train("simkit/CartPole-v0", total_steps=2.5, logdir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_every_train_flag_is_a_keyword_of_simkit_train() -> None:
+    """The command line and the Python API cannot drift: every ``simkit train`` flag's
+    destination is a keyword :func:`simkit.train` takes (``--no-progress`` is
+    ``progress``), and every keyword but the Python-only ones is a flag."""
+    import argparse
+    import dataclasses
+
+    from simkit.cli import build_parser
+    from simkit.clients.learners._args import PPOArgs, RunOptions, SACArgs
+
+    parser = build_parser(["train"])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    train = sub.choices["train"]
+    flags = {a.dest for a in train._actions if a.option_strings and a.dest != "help"}
+    flags = {"progress" if d == "no_progress" else d for d in flags}
+    keywords = {
+        f.name for cls in (PPOArgs, SACArgs, RunOptions) for f in dataclasses.fields(cls)
+    } - {"env_id"}
+    python_only = {"tensorboard", "max_rounds", "handle_signals"}
+    assert flags - keywords == set()
+    assert keywords - flags - python_only == set()
