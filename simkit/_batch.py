@@ -36,8 +36,8 @@ from simkit._batch_device import (
     DEFAULT_WINDOW,
     DeviceDraws,
     DeviceLoop,
-    DeviceRowInfos,
     NoStepDraws,
+    device_infos,
 )
 from simkit._batch_names import check_author_names, reserved_names
 from simkit._batch_params import ParamRows, Sampler, copy_params
@@ -651,10 +651,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             ValueError: ``env_ids`` out of range or repeated.
             NotImplementedError: a subset, and the class has no :meth:`step_subset`.
         """
-        s = self._simkit
-        if not s.has_reset:
-            raise ResetNeeded("step_batch() called before reset(); call reset() first")
-        self.__require_idle("step_batch()")
+        s = self.__ready("step_batch()")
         whole = env_ids is None
         if whole:
             if self.validate_actions:
@@ -666,8 +663,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             ids, order = s.all_ids, None
             pending = PendingStep(finish=lambda: self.step_instances(actions, s.all_streams))
         else:
-            ids, actions, order = self.__sorted_subset(env_ids, actions, "step_batch()")
-            pending = s.physics.start(self, ids, actions, s.streams.rows(ids))
+            ids, order, pending = self.__start(env_ids, actions, "step_batch()")
         try:
             hook = "step_instances" if whole else "step_subset"
             step = self.__complete(ids, pending.finish(), hook, whole and self.__known_resets())
@@ -713,10 +709,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self, actions: Any
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Gymnasium's ``NEXT_STEP`` step: the instances that ended last step reset now."""
-        s, n = self._simkit, self.num_envs
-        if not s.has_reset:
-            raise ResetNeeded("step() called before reset(); call reset() first")
-        self.__require_idle("step()")
+        s, n = self.__ready("step()"), self.num_envs
         self.__host_sync()
         if self.validate_actions:
             actions = self.check_actions(actions)
@@ -742,11 +735,12 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 vector_info = self._add_info(vector_info, info, i)
         return obs, reward, terminated, truncated, vector_info
 
-    def __sorted_subset(
+    def __start(
         self, env_ids: Any, actions: Any, what: str
-    ) -> tuple[np.ndarray, Any, np.ndarray | None]:
-        """Checked ``env_ids`` sorted, their action rows in that order, and the sorting
-        permutation (``None`` if they were sorted already)."""
+    ) -> tuple[np.ndarray, np.ndarray | None, PendingStep]:
+        """Starts the step of the checked ``env_ids`` (sorted, with their action rows),
+        in the background where the physics can; returns them sorted, the sorting
+        permutation (``None`` if they were sorted already) and the started step."""
         ids = check_send_ids(
             None if env_ids is None else to_numpy(env_ids), self.num_envs, self._simkit.in_flight
         )
@@ -757,10 +751,12 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if len(ids) != self.num_envs and not self.subset_steps:
             raise _no_subset(self, len(ids), what)
         order = np.argsort(ids, kind="stable")
-        if not (order != np.arange(len(ids))).any():
-            return ids, actions, None
-        actions = actions[order] if not isinstance(actions, list) else [actions[k] for k in order]
-        return ids[order], actions, order
+        moved = bool((order != np.arange(len(ids))).any())
+        if moved:
+            ids = ids[order]
+            actions = [actions[k] for k in order] if isinstance(actions, list) else actions[order]
+        pending = self._simkit.physics.start(self, ids, actions, self._simkit.streams.rows(ids))
+        return ids, order if moved else None, pending
 
     def __checked(
         self, result: StepResult, n: int, hook: str, device: bool = False
@@ -882,8 +878,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if not s.has_reset:
             raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
         self.__host_sync()
-        ids, actions, _ = self.__sorted_subset(env_ids, actions, "send()")
-        pending = s.physics.start(self, ids, actions, s.streams.rows(ids))
+        ids, _, pending = self.__start(env_ids, actions, "send()")
         s.in_flight[ids] = True
         s.pending.append((ids, pending))
 
@@ -938,6 +933,14 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         s.ready.clear()
         s.in_flight[:] = False
 
+    def __ready(self, what: str) -> BatchState:
+        """The batch's state, once it has been reset and has no step in flight."""
+        s = self._simkit
+        if not s.has_reset:
+            raise ResetNeeded(f"{what} called before reset(); call reset() first")
+        self.__require_idle(what)
+        return s
+
     def __require_idle(self, what: str) -> None:
         in_flight = self._simkit.in_flight
         if in_flight.any():
@@ -977,9 +980,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """
         if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-        if not self._simkit.has_reset:
-            raise ResetNeeded("prepare_device_steps() called before reset(); call reset() first")
-        self.__require_idle("prepare_device_steps()")
+        self.__ready("prepare_device_steps()")
         if self.xp is np:
             return False
         if not self.__device_steps():
@@ -1104,9 +1105,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         reset_obs = self.reset_masked(done, draws, params)
         loop.took(done, loop.param_draws + draws.taken)
         obs = xp.where(done.view(n, *([1] * (final_obs.dim() - 1))), reset_obs, final_obs)
-        infos = DeviceRowInfos(
-            n, base, done, new, lambda k, values: sampler.row([float(v) for v in values])
-        )
+        infos = device_infos(n, base, done, new, lambda row: sampler.row([float(v) for v in row]))
         s.obs = obs
         return BatchStep(obs, reward, terminated, truncated, final_obs, s.all_ids, infos)
 
@@ -1136,10 +1135,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         Plain data (msgpack-able with :mod:`simkit.snapshot`); ``set_state`` on this or
         a fresh batch of the same class and size continues bit-identically.
         """
-        s = self._simkit
-        if not s.has_reset:
-            raise ResetNeeded("get_state() called before reset(); call reset() first")
-        self.__require_idle("get_state()")
+        s = self.__ready("get_state()")
         self.__host_sync()
         return {
             "format": BATCH_STATE_FORMAT,

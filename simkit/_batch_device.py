@@ -19,16 +19,15 @@ operation needs them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from simkit._batch_rows import LazyRows, RefusedRows
+from simkit._batch_rows import RefusedRows, RowInfos
 from simkit._seeding import EpisodeSpan
 from simkit.randomization import Params
 
-__all__ = ["DeviceDraws", "DeviceLoop", "DeviceRowInfos", "NoStepDraws"]
+__all__ = ["DeviceDraws", "DeviceLoop", "NoStepDraws", "device_infos"]
 
 DEFAULT_WINDOW = 32
 """Steps the next-episode keys on the device cover before the host reads the counters."""
@@ -115,51 +114,31 @@ class NoStepDraws(RefusedRows[Any]):
         return self[0]
 
 
-@dataclass(eq=False, repr=False)
-class DeviceRowInfos(LazyRows[dict[str, Any]]):
+def device_infos(
+    n: int,
+    base: Sequence[dict[str, Any]] | None,
+    done: Any,
+    new_params: Any,
+    row_of: Callable[[Any], Params],
+) -> RowInfos:
     """The per-row infos of a device-resident step, built on first read: the author's
-    step infos, plus ``{"reset_info": {"params": ...}}`` on the rows that ended.
+    step infos ``base``, plus ``{"reset_info": {"params": ...}}`` on the rows that ended
+    (``done``, ``(n,)`` device bool), their next episodes' parameters made by
+    ``row_of(values)`` from their row of ``new_params`` (``(n, m)`` device values, or
+    ``None``: no sampled parameters, empty values). Reading any row copies the flags and
+    values to the host once; a step whose infos are never read costs nothing here."""
+    host: list[tuple[np.ndarray, Any]] = []
 
-    Reading any row copies the step's flags and new parameters to the host (the one
-    host synchronisation of reading infos); a step whose infos are never read costs
-    nothing here.
+    def reset_info(k: int) -> dict[str, Any] | None:
+        if not host:
+            values = None if new_params is None else new_params.cpu().numpy()
+            host.append((done.cpu().numpy(), values))
+        ended, values = host[0]
+        if not ended[k]:
+            return None
+        return {"reset_info": {"params": row_of(() if values is None else values[k])}}
 
-    Args:
-        n: the number of rows.
-        base: the author's step infos, or ``None`` for empty ones.
-        done: ``(n,)`` device bool, the rows that ended.
-        new_params: ``(n, m)`` device values of their next episodes' parameters, or
-            ``None`` (no sampled parameters).
-        row_of: row ``k`` and its values (empty without ``new_params``) to the next
-            episode's parameters.
-    """
-
-    _n: int
-    _base: Sequence[dict[str, Any]] | None
-    _done: Any
-    _new_params: Any
-    _row_of: Callable[[int, Any], Params]
-    _rows: dict[int, dict[str, Any]] | None = field(default=None, init=False)
-
-    def _build(self) -> dict[int, dict[str, Any]]:
-        if self._rows is None:
-            done = self._done.cpu().numpy()
-            values = None if self._new_params is None else self._new_params.cpu().numpy()
-            rows: dict[int, dict[str, Any]] = {}
-            for k in np.flatnonzero(done).tolist():
-                params = self._row_of(k, () if values is None else values[k])
-                rows[k] = {"reset_info": {"params": params}}
-            self._rows = rows
-        return self._rows
-
-    def _row(self, k: int) -> dict[str, Any]:
-        rows = self._build()
-        row = rows.get(-1 - k)
-        if row is None:
-            row = dict(self._base[k]) if self._base is not None else {}
-            row.update(rows.get(k, {}))
-            rows[-1 - k] = row
-        return row
+    return RowInfos(n, base, reset_info)
 
 
 class DeviceLoop:

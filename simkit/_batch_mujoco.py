@@ -380,8 +380,7 @@ class MujocoPhysics(Physics):
         order = list(range(self.n)) if ids is None else np.asarray(ids).tolist()
         if self.rows:
             self.write_ctrl(ctrl, ids)
-        run = self.run_pooled if self.rows else self.run_worker
-        counter = itertools.count()
+        run, counter = self.run, itertools.count()
         futures: list[Future[None]] = []
         if self.pool is not None:
             futures = [
@@ -413,38 +412,27 @@ class MujocoPhysics(Physics):
         self.models_dirty = False
         return self.models
 
-    def run_pooled(
-        self, worker: int, counter: Iterator[int], order: list[int], ctrl: np.ndarray
-    ) -> None:
-        del ctrl  # already in the state rows
+    def run(self, worker: int, counter: Iterator[int], order: list[int], ctrl: np.ndarray) -> None:
+        """Steps instances taken from ``counter`` until ``order`` runs out: each one's own
+        ``MjData`` with its ``ctrl`` row, or (``"pooled"``) the worker's scratch
+        ``MjData`` loaded from and saved to its state row, which holds its ``ctrl``."""
         models, states, nstep, count = self.models, self.states, self.frame_skip, len(order)
-        d = self.scratch[worker]
+        scratch = self.scratch[worker] if self.rows else None
         bufs = [(name, self.batch[name]) for name in self.row_fields]
         for k in counter:  # next() on itertools.count is atomic under the GIL
             if k >= count:
                 return
             i = order[k]
             m = models[i]
-            mujoco.mj_setState(m, d, states[i], PHYSICS_STATE)  # ctrl is in the row
-            mujoco.mj_step(m, d, nstep=nstep)
-            mujoco.mj_getState(m, d, states[i], PHYSICS_STATE)
-            for name, buf in bufs:
-                buf[i] = getattr(d, name)
-
-    def run_worker(
-        self, worker: int, counter: Iterator[int], order: list[int], ctrl: np.ndarray
-    ) -> None:
-        del worker
-        models, datas, nstep, count = self.models, self.datas, self.frame_skip, len(order)
-        bufs = list(self.batch.items())
-        step = mujoco.mj_step
-        for k in counter:
-            if k >= count:
-                return
-            i = order[k]
-            d = datas[i]
-            d.ctrl[:] = ctrl[k]
-            step(models[i], d, nstep=nstep)
+            if scratch is None:
+                d = self.datas[i]
+                d.ctrl[:] = ctrl[k]
+                mujoco.mj_step(m, d, nstep=nstep)
+            else:
+                d = scratch
+                mujoco.mj_setState(m, d, states[i], PHYSICS_STATE)
+                mujoco.mj_step(m, d, nstep=nstep)
+                mujoco.mj_getState(m, d, states[i], PHYSICS_STATE)
             for name, buf in bufs:
                 buf[i] = getattr(d, name)
 
@@ -500,16 +488,9 @@ def resolve_backend(backend: Backend, device: Any) -> Backend:
     it, else ``"threads"``; any other value as given."""
     if backend != "auto":
         return backend
-    if _is_cuda(device):
+    if device is not None and str(getattr(device, "type", device)).split(":")[0] == "cuda":
         return "mjwarp"
     return "native" if _NativeBatch is not None else "threads"
-
-
-def _is_cuda(device: Any) -> bool:
-    """Whether ``device`` (a torch device or its name) is a CUDA device."""
-    if device is None:
-        return False
-    return str(getattr(device, "type", device)).split(":")[0] == "cuda"
 
 
 def _native_step(
