@@ -876,7 +876,7 @@ class EpisodeSeeds:
         ``scale`` applied to them (or ``None``).
 
         ``scale`` (an object with ``names`` and ``prescale(doubles)``, a
-        :class:`simkit._batch_contract.Sampler`) turns the first ``len(names)`` doubles
+        :class:`simkit._batch_params.Sampler`) turns the first ``len(names)`` doubles
         into the episode's parameters when the rows are derived, so a reset reads its
         parameters instead of computing them; it applies only if ``draws`` covers them.
 
