@@ -1,11 +1,11 @@
 """The learners' static steps (clients/learners/_graphed.py): PPO's minibatch step and SAC's
 gradient step over static buffers, replayed as CUDA graphs on CUDA.
 
-PPO runs its one minibatch step through the static buffers on every device (uncaptured
-off CUDA): these tests compare its epochs with a plain eager loop (CleanRL's: a gather
-per epoch, contiguous minibatches) bit for bit. SAC keeps its own step on the CPU; the
-tests force its static step on the CPU, without capture, and compare it with that path
-bit for bit. Neither static step reads a tensor back (a read back cannot be captured).
+Both learners run their one step through the static buffers on every device (uncaptured
+off CUDA): these tests compare PPO's epochs with a plain eager loop (CleanRL's: a gather
+per epoch, contiguous minibatches) and SAC's steps with a plain eager step (CleanRL's:
+fresh tensors per batch, the entropy coefficient a float, every figure read back) bit
+for bit. Neither static step reads a tensor back (a read back cannot be captured).
 The CUDA tests (skipped without a device) compare the graphs with the same static step
 run eagerly on the same device, and a resume from a checkpoint mid-run.
 """
@@ -28,7 +28,7 @@ from simkit._types import Fragment
 from simkit.clients.learners._args import PPOArgs, SACArgs
 from simkit.clients.learners._checkpoint import flatten_optimizer, unflatten_optimizer
 from simkit.clients.learners._graphed import PPOStep, SACStep, use_cuda_graph
-from simkit.clients.learners._replay import ReplayBuffer
+from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
 from simkit.clients.learners._train_sac import sac_spec
 from simkit.clients.learners.ppo import PPO
 from simkit.clients.learners.sac import SAC
@@ -141,12 +141,11 @@ def test_the_graph_is_used_on_cuda_devices_only() -> None:
     assert SACArgs().cuda_graph is True
 
 
-def test_off_cuda_ppo_runs_its_static_step_uncaptured_and_sac_its_own_step() -> None:
-    step = _ppo("cpu")._static
-    assert isinstance(step, PPOStep)
-    assert not step.capture
-    assert step.lr is None  # the optimiser's own float learning rates
-    assert _sac("cpu")._static is None
+def test_off_cuda_both_learners_run_their_static_steps_uncaptured() -> None:
+    for step in (_ppo("cpu")._static, _sac("cpu")._static):
+        assert isinstance(step, PPOStep | SACStep)
+        assert not step.capture
+        assert step.lr is None  # the optimiser's own float learning rates
 
 
 def test_capture_on_the_cpu_is_refused() -> None:
@@ -208,19 +207,79 @@ def test_ppo_static_step_follows_a_batch_of_another_size() -> None:
     _assert_same_tensors(plain.model.state_dict(), ppo.model.state_dict())
 
 
+def _eager_sac_step(sac: SAC, batch: ReplayBatch) -> tuple[float, float, float, float]:
+    """SAC's gradient step as a plain eager function (CleanRL's): fresh tensors per
+    batch, the entropy coefficient a Python float, every figure read back."""
+    args, optimizer, qf = sac.args, sac.optimizer, sac.qf
+    obs, actions, next_obs, rewards = (
+        torch.from_numpy(a) for a in (batch.obs, batch.actions, batch.next_obs, batch.rewards)
+    )
+    not_done = 1.0 - torch.from_numpy(batch.terminated.astype(np.float32))
+    with torch.no_grad():
+        next_actions, next_log_pi = sac._actor(next_obs)
+        q_next = sac.qf_target(next_obs, next_actions).min(0).values
+        target = rewards + args.gamma * not_done * (q_next - sac.alpha * next_log_pi)
+    q = qf(obs, actions)
+    qf_loss = (q - target).square().mean(1).sum()
+    optimizer.zero_grad(set_to_none=True)
+    qf_loss.backward()
+    optimizer.step()
+    actor_loss = alpha_loss = float("nan")
+    if sac.updates % args.policy_frequency == 0:
+        qf.requires_grad_(False)
+        for _ in range(args.policy_frequency):
+            pi, log_pi = sac._actor(obs)
+            loss = (sac.alpha * log_pi - qf(obs, pi).min(0).values).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            actor_loss = float(loss.detach())
+            if args.autotune:
+                a_loss = (-sac.log_alpha.exp() * (log_pi.detach() + sac.target_entropy)).mean()
+                a_loss.backward()
+                alpha_loss = float(a_loss.detach())
+            optimizer.step()
+            if args.autotune:
+                sac.alpha = float(sac.log_alpha.detach().exp())
+        qf.requires_grad_(True)
+    if sac.updates % args.target_network_frequency == 0:
+        torch._foreach_lerp_(list(sac.qf_target.parameters()), list(qf.parameters()), args.tau)
+    sac.updates += 1
+    return float(qf_loss.detach()) / 2.0, actor_loss, alpha_loss, float(q.detach().mean())
+
+
+def _eager_sac_run(sac: SAC, buf: ReplayBuffer, n: int) -> dict[str, float]:
+    """:meth:`SAC.run`'s figures over ``n`` :func:`_eager_sac_step` s."""
+    out = buf.empty_batch(sac.args.batch_size)
+    sums, counts = np.zeros(5), np.zeros(5)
+    for _ in range(n):
+        batch = buf.sample_into(out, sac.sampler)
+        arr = np.asarray((*_eager_sac_step(sac, batch), sac.version - batch.versions.mean()))
+        ok = ~np.isnan(arr)
+        sums[ok] += arr[ok]
+        counts[ok] += 1
+    means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan).tolist()
+    names = ("qf_loss", "actor_loss", "alpha_loss", "q_mean", "sample_age")
+    return {**dict(zip(names, means, strict=True)), "alpha": sac.alpha}
+
+
 @pytest.mark.parametrize("autotune", [True, False])
-def test_sac_static_step_on_the_cpu_gives_the_old_paths_bits(autotune: bool) -> None:
+def test_sac_steps_give_a_plain_eager_steps_bits(autotune: bool) -> None:
     buf = _buffer()
-    old, new = _sac("cpu", autotune=autotune), _sac("cpu", autotune=autotune)
-    new._static = SACStep(new, capture=False)
+    plain, sac = _sac("cpu", autotune=autotune), _sac("cpu", autotune=autotune)
     for n in (3, 5, 1):  # rounds of several steps: actor every 2nd, targets every step
-        a, b = old.run(buf, n), new.run(buf, n)
-        for field in ("qf_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "sample_age"):
-            assert np.array_equal(getattr(a, field), getattr(b, field), equal_nan=True), field
-    assert old.updates == new.updates == 9
-    _assert_same_tensors(old.tensors(), new.tensors())
-    _assert_same_tensors(_opt_tensors(old.optimizer), _opt_tensors(new.optimizer))
-    assert torch.equal(old.generator.get_state(), new.generator.get_state())
+        a, b = _eager_sac_run(plain, buf, n), sac.run(buf, n)
+        for field, value in a.items():
+            assert np.array_equal(value, getattr(b, field), equal_nan=True), field
+    out = buf.empty_batch(16)
+    for _ in range(2):  # one step alone (SAC.step), with and without the actor
+        want = _eager_sac_step(plain, buf.sample_into(out, plain.sampler))
+        got = sac.step(buf.sample_into(out, sac.sampler))
+        assert np.array_equal(want, got, equal_nan=True)
+        assert plain.alpha == sac.alpha
+    assert plain.updates == sac.updates == 11
+    _assert_same_tensors(plain.tensors(), sac.tensors())
+    _assert_same_tensors(_opt_tensors(plain.optimizer), _opt_tensors(sac.optimizer))
+    assert torch.equal(plain.generator.get_state(), sac.generator.get_state())
 
 
 class _ReadBacks(TorchDispatchMode):
@@ -257,7 +316,7 @@ def test_the_static_steps_never_read_a_tensor_back() -> None:
         step._step()
     assert mode.seen == []
     sac = _sac("cpu")
-    sstep = sac._static = SACStep(sac, capture=False)
+    sstep = sac._static
     buf = _buffer()
     sac.run(buf, 2)
     for actor in (True, False):
@@ -282,7 +341,7 @@ class _Event:
 def test_sac_batches_go_through_the_staging_buffers_waiting_only_for_the_last_copy() -> None:
     # The CUDA path of SACStep._copy_in, run on the CPU (plain memory for the pinned).
     sac = _sac("cpu")
-    step = sac._static = SACStep(sac, capture=False)
+    step = sac._static
     buf = _buffer()
     out = buf.empty_batch(16)
     batch = buf.sample_into(out, sac.sampler)

@@ -17,18 +17,16 @@ generators are restored afterwards, so the first graphed update equals the eager
 A graph follows the tensors it was captured on: a learner whose optimiser state was
 replaced (``load_state_dict``) or whose batch changed shape captures again.
 
-Where each runs: PPO runs its minibatch steps through :class:`PPOStep` on every device,
-captured on CUDA with ``cuda_graph`` (the default) and called as they are elsewhere (the
-same kernels, so the same bits; a CUDA test checks it), so the CPU runs, and the tests
-check, the step a graph captures. SAC uses :class:`SACStep` on CUDA only and keeps its
-own :meth:`~simkit.clients.learners.sac.SAC.step` on the CPU; the tests run
-:class:`SACStep` eagerly on the CPU and find that path's bits.
+Where each runs: both learners run their one step (PPO's minibatch step, SAC's
+gradient step) through :class:`PPOStep` and :class:`SACStep` on every device, captured
+on CUDA with ``cuda_graph`` (the default) and called as they are elsewhere (the same
+kernels, so the same bits; a CUDA test checks it), so the CPU runs, and the tests
+check, the step a graph captures.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -36,30 +34,25 @@ import numpy as np
 import torch
 from torch import nn
 
-from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
-
 __all__ = ["PPOStep", "SACStep", "use_cuda_graph", "WARMUP_STEPS"]
 
 
 class GraphedLearner(Protocol):
-    """What both graphed steps use of their learner (this module imports neither
+    """What both static steps use of their learner (this module imports neither
     learner: they import it)."""
 
     @property
-    def args(self) -> Any: ...
-    @property
     def device(self) -> torch.device: ...
     @property
-    def model(self) -> nn.Module: ...
-    @property
     def optimizer(self) -> torch.optim.Optimizer: ...
-    @property
-    def generator(self) -> torch.Generator: ...
 
 
 class PPOLearner(GraphedLearner, Protocol):
     """What :class:`PPOStep` uses of :class:`~simkit.clients.learners.ppo.PPO` besides
     :class:`GraphedLearner`'s."""
+
+    @property
+    def model(self) -> nn.Module: ...
 
     def minibatch_step(self, batch: Sequence[torch.Tensor], rows: torch.Tensor) -> torch.Tensor: ...
 
@@ -68,23 +61,14 @@ class SACLearner(GraphedLearner, Protocol):
     """What :class:`SACStep` uses of :class:`~simkit.clients.learners.sac.SAC` besides
     :class:`GraphedLearner`'s."""
 
-    updates: int
-    alpha: float
+    @property
+    def generator(self) -> torch.Generator: ...
 
-    @property
-    def qf(self) -> nn.Module: ...
-    @property
-    def qf_target(self) -> nn.Module: ...
-    @property
-    def log_alpha(self) -> torch.Tensor: ...
-    @property
-    def target_entropy(self) -> float: ...
-    @property
-    def sampler(self) -> np.random.Generator: ...
-    @property
-    def version(self) -> int: ...
+    def tensors(self) -> dict[str, torch.Tensor]: ...
 
-    def _actor(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def gradient_step(
+        self, batch: Sequence[torch.Tensor], alpha: torch.Tensor, *, actor: bool, target: bool
+    ) -> torch.Tensor: ...
 
 
 WARMUP_STEPS = 3
@@ -329,18 +313,21 @@ class PPOStep:
 
 
 class SACStep:
-    """SAC's gradient step (:meth:`SAC.step`: critic, then on actor steps the actor and
-    the entropy coefficient, then on target steps the Polyak update) over static
-    buffers, the entropy coefficient ``alpha`` a device tensor; a step's figures
-    (critic loss, actor loss, alpha loss, mean Q; NaN where a step has none) go to a
-    device buffer read back once per :meth:`run` (or every :data:`CHUNK` steps).
+    """Runs SAC's gradient steps (:meth:`SAC.gradient_step`) over static buffers.
 
-    One graph per kind of step (with or without the actor, with or without the
-    target update). The noise comes from the learner's generator, registered with
-    each graph, so replays draw what eager steps draw.
+    Each step copies its batch into the static ``inputs``, takes the entropy
+    coefficient from the device tensor ``alpha`` (which the step updates in place) and
+    writes its figures (critic loss, actor loss, alpha loss, mean Q; NaN where a step
+    has none) to row ``k`` of ``stats``, read back by :meth:`flush` (at most every
+    :data:`CHUNK` steps). Every tensor a step touches lives at a fixed address, so with
+    ``capture`` each kind of step (with or without the actor, with or without the
+    target update) is captured once as a CUDA graph and replayed; without, the same
+    step runs as it is (the CPU, and CUDA without ``cuda_graph``). The noise comes from
+    the learner's generator, registered with each graph, so replays draw what eager
+    steps draw.
 
     Args:
-        learner: the SAC learner.
+        learner: the SAC learner (its optimiser, generator, tensors and gradient step).
         capture: replay the steps as CUDA graphs (CUDA only); else run them eagerly.
 
     Raises:
@@ -363,87 +350,40 @@ class SACStep:
         """CUDA: pinned host copies of the batch, copied to ``inputs`` without blocking."""
         self._staged = torch.cuda.Event() if dev.type == "cuda" else None
         """Recorded after the copies out of ``_staging``: the next batch waits for it only."""
+        self._learned: list[torch.Tensor] = []
+        """What a warm-up changes besides Adam's state and the generator (:meth:`begin`)."""
         self.alpha = torch.zeros((), device=dev)
-        self.nan = torch.full((), float("nan"), device=dev)
         self.k = torch.zeros(1, dtype=torch.int64, device=dev)
         self.stats = torch.zeros((self.CHUNK, 4), device=dev)
         self.done = 0
         """Steps written to ``stats`` since the last read back."""
-        self.actor_steps = 0
 
     def _step(self, *, actor: bool, target: bool) -> None:
-        """One gradient step on the static batch (as :meth:`SAC.step`); ``k += 1``."""
-        learner, args = self.learner, self.learner.args
-        optimizer, qf = learner.optimizer, learner.qf
-        obs, actions, next_obs, rewards, terminated = self.inputs
-        not_done = 1.0 - terminated
-        alpha = self.alpha
-        with torch.no_grad():
-            next_actions, next_log_pi = learner._actor(next_obs)
-            q_next = learner.qf_target(next_obs, next_actions).min(0).values
-            target_q = rewards + args.gamma * not_done * (q_next - alpha * next_log_pi)
-        q = qf(obs, actions)
-        qf_loss = (q - target_q).square().mean(1).sum()
-        optimizer.zero_grad(set_to_none=True)
-        qf_loss.backward()
-        with _stepping(optimizer, self.lr):
-            optimizer.step()
-        actor_loss = alpha_loss = self.nan
-        if actor:
-            qf.requires_grad_(False)
-            for _ in range(args.policy_frequency):
-                pi, log_pi = learner._actor(obs)
-                loss = (alpha * log_pi - qf(obs, pi).min(0).values).mean()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                actor_loss = loss.detach()
-                if args.autotune:
-                    a_loss = (
-                        -learner.log_alpha.exp() * (log_pi.detach() + learner.target_entropy)
-                    ).mean()
-                    a_loss.backward()
-                    alpha_loss = a_loss.detach()
-                with _stepping(optimizer, self.lr):
-                    optimizer.step()
-                if args.autotune:
-                    alpha.copy_(learner.log_alpha.detach().exp().reshape(()))
-            qf.requires_grad_(True)
-        if target:
-            torch._foreach_lerp_(
-                list(learner.qf_target.parameters()), list(qf.parameters()), args.tau
+        """One gradient step on the static batch; ``k += 1``."""
+        with _stepping(self.learner.optimizer, self.lr):
+            figures = self.learner.gradient_step(
+                self.inputs, self.alpha, actor=actor, target=target
             )
-        figures = torch.stack([qf_loss.detach(), actor_loss, alpha_loss, q.detach().mean()])
         self.stats.index_copy_(0, self.k, figures.unsqueeze(0))
         self.k.add_(1)
 
-    def _tensors(self) -> list[torch.Tensor]:
-        """What a warm-up changes besides Adam's state and the generator."""
-        learner = self.learner
-        return [
-            *learner.model.parameters(),
-            *learner.qf.parameters(),
-            *learner.qf_target.parameters(),
-            learner.log_alpha,
-            self.alpha,
-            self.k,
-        ]
-
-    def begin(self) -> None:
-        """Starts a stretch of steps: ``alpha`` from the learner's (it may have been
-        loaded since), the graphs checked against the optimiser's state."""
-        self.alpha.fill_(self.learner.alpha)
+    def begin(self, alpha: float) -> None:
+        """Starts a stretch of steps: ``alpha`` the learner's entropy coefficient and
+        the learning rates the optimiser's (either may have been loaded since), the
+        graphs checked against the optimiser's state."""
+        self.alpha.fill_(alpha)
         if self.lr is not None:
             for rate, group in zip(self.lr, self.learner.optimizer.param_groups, strict=True):
                 rate.fill_(float(group["lr"]))
-        self.actor_steps = 0
         if self.capture:
             self.graphs.check()
+            self._learned = [*self.learner.tensors().values(), self.alpha, self.k]
 
-    def step(self, batch: ReplayBatch) -> None:
-        """One gradient step on ``batch`` (copied into the static buffers); its figures
-        stay on the device (:meth:`flush`)."""
-        learner, args = self.learner, self.learner.args
-        arrays = (batch.obs, batch.actions, batch.next_obs, batch.rewards, batch.terminated)
+    def step(self, arrays: Sequence[np.ndarray], *, actor: bool, target: bool) -> None:
+        """One gradient step on ``arrays`` (:meth:`SAC.gradient_step`'s batch, as numpy;
+        copied into the static buffers), with the actor and entropy updates where
+        ``actor``, the target update where ``target``; its figures stay on the device
+        (:meth:`flush`)."""
         shapes = tuple(a.shape for a in arrays)
         if shapes != self._shapes:
             self.inputs = [
@@ -459,8 +399,6 @@ class SACStep:
         self._copy_in(arrays)
         if self.done == self.CHUNK:
             raise RuntimeError(f"SACStep holds {self.CHUNK} steps' figures: flush() first")
-        actor = learner.updates % args.policy_frequency == 0
-        target = learner.updates % args.target_network_frequency == 0
         if self.capture:
             k = self.k
 
@@ -471,15 +409,13 @@ class SACStep:
                 (actor, target),
                 lambda: self._step(actor=actor, target=target),
                 reset,
-                self._tensors(),
-                [learner.generator],
+                self._learned,
+                [self.learner.generator],
             )
             graph.replay()
         else:
             self._step(actor=actor, target=target)
         self.done += 1
-        self.actor_steps += actor
-        learner.updates += 1
 
     def _copy_in(self, arrays: Sequence[np.ndarray]) -> None:
         """The batch into the static buffers (as float32: the flags as 0.0 / 1.0). On
@@ -504,36 +440,3 @@ class SACStep:
         self.done = 0
         self.k.zero_()
         return rows
-
-    def run(self, buffer: ReplayBuffer, out: ReplayBatch, n: int) -> np.ndarray:
-        """:meth:`SAC.run`'s figures on these steps: ``n`` gradient steps on batches
-        sampled from ``buffer`` into ``out`` (the same draws), then the means of (critic
-        loss per critic, actor loss, alpha loss, mean Q, sample age) over the steps that
-        have them, summed in the same order as the eager path (the same bits); the
-        figures are read back every :data:`CHUNK` steps. Sets the learner's ``alpha``."""
-        learner = self.learner
-        self.begin()
-        sums = np.zeros(5)
-        counts = np.zeros(5)
-        ages: list[float] = []
-
-        def fold() -> None:
-            for row, age in zip(self.flush(), ages, strict=True):
-                qf_loss, actor_loss, alpha_loss, q_mean = (float(x) for x in row)
-                arr = np.asarray((qf_loss / 2.0, actor_loss, alpha_loss, q_mean, age))
-                ok = ~np.isnan(arr)
-                sums[ok] += arr[ok]
-                counts[ok] += 1
-            ages.clear()
-
-        for _ in range(n):
-            batch = buffer.sample_into(out, learner.sampler)
-            self.step(batch)
-            ages.append(float(learner.version - batch.versions.mean()))
-            if self.done == self.CHUNK:
-                fold()
-        fold()
-        if self.actor_steps and learner.args.autotune:
-            learner.alpha = float(self.alpha)
-        means: np.ndarray = np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
-        return means

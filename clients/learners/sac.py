@@ -158,21 +158,14 @@ class SAC:
         self.global_step = 0
         """Env steps received (transitions added from the stream)."""
         self._batch: ReplayBatch | None = None
-        self._static: SACStep | None = (
-            SACStep(self, capture=use_cuda_graph(args.cuda_graph, device))
-            if device.type == "cuda"
-            else None
-        )
-        """On CUDA the gradient steps run over static buffers
-        (:mod:`~simkit.clients.learners._graphed`), as CUDA graphs with ``args.cuda_graph``; the
-        CPU keeps :meth:`step` (and its bits)."""
+        self._static = SACStep(self, capture=use_cuda_graph(args.cuda_graph, device))
+        """Runs :meth:`gradient_step` over static buffers on every device
+        (:mod:`~simkit.clients.learners._graphed`), captured as CUDA graphs on CUDA with
+        ``args.cuda_graph``."""
         self.learning_step: int | None = None
         """``global_step`` when the buffer first held ``learning_starts`` transitions."""
 
     # ------------------------------------------------------------------ the update
-
-    def _tensor(self, x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(x).to(self.device, torch.float32, non_blocking=True)
 
     def _actor(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         params = self.head(self.model.actor(self.model.encoder(self.model.preprocess(obs))))
@@ -181,48 +174,91 @@ class SAC:
         )
         return self.head.rsample(params, noise)
 
-    def step(self, batch: ReplayBatch) -> tuple[float, float, float, float]:
-        """One gradient step on ``batch``: ``(qf_loss, actor_loss, alpha_loss, q_mean)``
-        (the actor and alpha losses are NaN on steps without an actor update)."""
-        args = self.args
-        obs, actions = self._tensor(batch.obs), self._tensor(batch.actions)
-        next_obs = self._tensor(batch.next_obs)
-        rewards = self._tensor(batch.rewards)
-        not_done = 1.0 - self._tensor(batch.terminated.astype(np.float32))
+    def gradient_step(
+        self, batch: Sequence[torch.Tensor], alpha: torch.Tensor, *, actor: bool, target: bool
+    ) -> torch.Tensor:
+        """One gradient step (CleanRL's): the critics; with ``actor``,
+        ``policy_frequency`` actor and entropy-coefficient steps; with ``target``, the
+        Polyak update of the target critics.
+
+        Args:
+            batch: observations, actions, next observations, rewards and terminated
+                (0.0 / 1.0), float32 on the device.
+            alpha: the entropy coefficient, a 0-d device tensor; with ``autotune`` an
+                actor step sets it to ``exp(log_alpha)`` in place.
+
+        Returns:
+            ``(4,)`` on the device: the critic loss (both critics' sum), the actor loss,
+            the alpha loss (NaN where the step has none) and the mean Q. Nothing is
+            read back, so :class:`SACStep` can capture the step as a CUDA graph.
+        """
+        args, optimizer, qf = self.args, self.optimizer, self.qf
+        obs, actions, next_obs, rewards, terminated = batch
         with torch.no_grad():
             next_actions, next_log_pi = self._actor(next_obs)
             q_next = self.qf_target(next_obs, next_actions).min(0).values
-            target = rewards + args.gamma * not_done * (q_next - self.alpha * next_log_pi)
-        q = self.qf(obs, actions)
-        qf_loss = (q - target).square().mean(1).sum()
-        self.optimizer.zero_grad(set_to_none=True)
+            target_q = rewards + args.gamma * (1.0 - terminated) * (q_next - alpha * next_log_pi)
+        q = qf(obs, actions)
+        qf_loss = (q - target_q).square().mean(1).sum()
+        optimizer.zero_grad(set_to_none=True)
         qf_loss.backward()
-        self.optimizer.step()
-        actor_loss = alpha_loss = float("nan")
-        if self.updates % args.policy_frequency == 0:
-            self.qf.requires_grad_(False)
+        optimizer.step()
+        actor_loss = alpha_loss = torch.full((), math.nan, device=self.device)
+        if actor:
+            qf.requires_grad_(False)
             for _ in range(args.policy_frequency):
                 pi, log_pi = self._actor(obs)
-                loss = (self.alpha * log_pi - self.qf(obs, pi).min(0).values).mean()
-                self.optimizer.zero_grad(set_to_none=True)
+                loss = (alpha * log_pi - qf(obs, pi).min(0).values).mean()
+                optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                actor_loss = float(loss.detach())
+                actor_loss = loss.detach()
                 if args.autotune:
                     a_loss = (
                         -self.log_alpha.exp() * (log_pi.detach() + self.target_entropy)
                     ).mean()
                     a_loss.backward()
-                    alpha_loss = float(a_loss.detach())
-                self.optimizer.step()
+                    alpha_loss = a_loss.detach()
+                optimizer.step()
                 if args.autotune:
-                    self.alpha = float(self.log_alpha.detach().exp())
-            self.qf.requires_grad_(True)
-        if self.updates % args.target_network_frequency == 0:
-            torch._foreach_lerp_(
-                list(self.qf_target.parameters()), list(self.qf.parameters()), args.tau
-            )
+                    alpha.copy_(self.log_alpha.detach().exp().reshape(()))
+            qf.requires_grad_(True)
+        if target:
+            torch._foreach_lerp_(list(self.qf_target.parameters()), list(qf.parameters()), args.tau)
+        return torch.stack([qf_loss.detach(), actor_loss, alpha_loss, q.detach().mean()])
+
+    def _step(self, batch: ReplayBatch) -> bool:
+        """:meth:`gradient_step` on ``batch`` through the static step, the actor's turn
+        every ``policy_frequency`` steps and the target's every
+        ``target_network_frequency`` (its figures stay there); whether the actor
+        stepped."""
+        args = self.args
+        arrays = (batch.obs, batch.actions, batch.next_obs, batch.rewards, batch.terminated)
+        actor = self.updates % args.policy_frequency == 0
+        target = self.updates % args.target_network_frequency == 0
+        self._static.step(arrays, actor=actor, target=target)
         self.updates += 1
-        return float(qf_loss.detach()) / 2.0, actor_loss, alpha_loss, float(q.detach().mean())
+        return actor
+
+    def _alpha_after(self, actor_steps: int) -> None:
+        """The entropy coefficient read back after ``actor_steps`` actor steps (it
+        changes only on those, and only with ``autotune``)."""
+        if actor_steps and self.args.autotune:
+            self.alpha = float(self._static.alpha)
+
+    def step(self, batch: ReplayBatch) -> tuple[float, float, float, float]:
+        """One gradient step on ``batch``, its figures read back at once
+        (:meth:`_figures`)."""
+        self._static.begin(self.alpha)
+        self._alpha_after(self._step(batch))
+        return self._figures(self._static.flush()[0])
+
+    @staticmethod
+    def _figures(row: np.ndarray) -> tuple[float, float, float, float]:
+        """A step's figures (a row of ``SACStep.flush``) as reported: ``(qf_loss,
+        actor_loss, alpha_loss, q_mean)``, the critic loss per critic, the actor and
+        alpha losses NaN on steps without an actor update."""
+        qf_loss, actor_loss, alpha_loss, q_mean = (float(x) for x in row)
+        return qf_loss / 2.0, actor_loss, alpha_loss, q_mean
 
     def updates_due(self, buffer_len: int) -> int:
         """Gradient steps owed now: ``floor(utd * env steps since learning started)``
@@ -235,16 +271,36 @@ class SAC:
         return max(0, math.floor(self.args.utd * since + 1e-9) - self.updates)
 
     def run(self, buffer: ReplayBuffer, n: int) -> SACStats:
-        """``n`` gradient steps on batches sampled from ``buffer``."""
+        """``n`` gradient steps on batches sampled from ``buffer``. The figures are the
+        means of (critic loss per critic, actor loss, alpha loss, mean Q, sample age)
+        over the steps that have them, read back every ``SACStep.CHUNK`` steps."""
         start = time.perf_counter()
         out = self._batch
         if out is None or len(out.rewards) != self.args.batch_size:
             out = self._batch = buffer.empty_batch(self.args.batch_size)
-        means = (
-            self._static.run(buffer, out, n)
-            if self._static is not None
-            else self._steps(buffer, out, n)
-        )
+        static = self._static
+        static.begin(self.alpha)
+        sums, counts = np.zeros(5), np.zeros(5)
+        ages: list[float] = []
+        actor_steps = 0
+
+        def fold() -> None:
+            for row, age in zip(static.flush(), ages, strict=True):
+                arr = np.asarray((*self._figures(row), age))
+                ok = ~np.isnan(arr)
+                sums[ok] += arr[ok]
+                counts[ok] += 1
+            ages.clear()
+
+        for _ in range(n):
+            batch = buffer.sample_into(out, self.sampler)
+            actor_steps += self._step(batch)
+            ages.append(float(self.version - batch.versions.mean()))
+            if static.done == static.CHUNK:
+                fold()
+        fold()
+        self._alpha_after(actor_steps)
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
         return SACStats(
             updates=n,
             qf_loss=float(means[0]),
@@ -255,21 +311,6 @@ class SAC:
             alpha=self.alpha,
             update_s=time.perf_counter() - start,
         )
-
-    def _steps(self, buffer: ReplayBuffer, out: ReplayBatch, n: int) -> np.ndarray:
-        """The CPU's path of :meth:`run`: ``n`` :meth:`step` s, then the means of (critic
-        loss per critic, actor loss, alpha loss, mean Q, sample age) over the steps
-        that have them."""
-        sums = np.zeros(5)
-        counts = np.zeros(5)
-        for _ in range(n):
-            batch = buffer.sample_into(out, self.sampler)
-            arr = np.asarray((*self.step(batch), float(self.version - batch.versions.mean())))
-            ok = ~np.isnan(arr)
-            sums[ok] += arr[ok]
-            counts[ok] += 1
-        means: np.ndarray = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-        return means
 
     def set_explore(self) -> None:
         """Turns the servers' random exploration off once learning has started (the
