@@ -31,18 +31,18 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
 2. PPO update, samples/s and seconds per update: ``PPO.update`` on one synthetic
    fragment of 2048 (T=2048, R=1) and 16384 (T=2048, R=8) rows x steps, 32 minibatches,
    10 epochs. The GPU row needs ``PPOArgs.device`` (detected; without it only the CPU
-   is timed). On CUDA three rows: the learner's default (the minibatch step as a CUDA
-   graph, ``cuda_graph=True``: clients/learners/_graphed.py), the same step eagerly
-   (``--no-cuda-graph``) and the eager epoch loop CUDA ran before issue 26; on the CPU
-   a row with ``--threads`` and (full runs) one on every core; "vs best CPU" is a CUDA
-   row's rate over the better CPU row's.
+   is timed). On CUDA two rows: the learner's default (the minibatch step as a CUDA
+   graph, ``cuda_graph=True``: clients/learners/_graphed.py) and the same step eagerly
+   (``--no-cuda-graph``); on the CPU a row with ``--threads`` and (full runs) one on
+   every core; "vs best CPU" is a CUDA row's rate over the better CPU row's.
 3. SAC gradient step, samples/s and ms per step (critic, actor, entropy coefficient,
    target update; 256x256 networks) on batches of 256 sampled from a replay buffer of
-   20,000 random transitions, as bench/bench_sac_step.py times it on the CPU: on the
-   CPU ``SAC.step``; on CUDA the learner's static step as a CUDA graph (the default),
-   eagerly, and ``SAC.step`` as before issue 26 (its figures read back every step).
+   20,000 random transitions, as bench/bench_sac_step.py times it on the CPU: the
+   learner's static step (``SAC.gradient_step`` over static buffers, its figures read
+   back every ``SACStep.CHUNK`` steps, as ``SAC.run`` runs it) on the CPU, and on CUDA
+   as a CUDA graph (the default) and eagerly.
    After sections 2 and 3, "Bits": on CUDA two PPO updates and 20 SAC steps with the
-   graphs vs eagerly, same device; on the CPU the CPU's path vs the static step.
+   graphs vs eagerly, same device; on the CPU the same runs twice from the same seed.
 4. ``simkit/BatchCartPole-v0``, instance-steps/s at N = 4k and 64k: the BatchEnv with
    ``device=`` (device-resident steps: observations, rewards and flags stay on the
    device, keyed resets under a mask, ``validate_actions=False`` as a learner on a GPU
@@ -506,9 +506,8 @@ def ppo_has_device() -> bool:
 
 
 PPO_PATH = "PPO.update"
-SAC_PATH = "SAC.step"
+SAC_PATH = "SAC.gradient_step"
 EAGER = "CUDA eager (--no-cuda-graph)"
-BEFORE = "CUDA eager, as before issue 26"
 DEFAULT_THREADS = torch.get_num_threads()
 """torch's own thread count (every physical core), taken before ``--threads`` applies."""
 
@@ -529,8 +528,8 @@ def _with_threads(n: int, fn: Callable[[], None]) -> Callable[[], None]:
 
 def _ppo_learner(dev: torch.device, fragment: Fragment, variant: str = "") -> PPO:
     """A fresh PPO learner on ``dev`` for ``fragment``; ``variant`` on CUDA: ``""`` (the
-    default: the CUDA graph), :data:`EAGER` (``cuda_graph=False``: the same step eagerly)
-    or :data:`BEFORE` (the eager epoch loop the CPU runs, as CUDA ran it before)."""
+    default: the CUDA graph) or :data:`EAGER` (``cuda_graph=False``: the same step
+    eagerly)."""
     kwargs: dict[str, Any] = {
         "env_id": "simkit/Cheetah-v0",
         "num_envs": fragment.num_rows,
@@ -544,10 +543,7 @@ def _ppo_learner(dev: torch.device, fragment: Fragment, variant: str = "") -> PP
     if variant == EAGER:
         kwargs["cuda_graph"] = False
     model, _, _ = make_model()
-    learner = PPO(PPOArgs(**kwargs), model.train(), fragment.num_rows)
-    if variant == BEFORE:
-        learner._static = None
-    return learner
+    return PPO(PPOArgs(**kwargs), model.train(), fragment.num_rows)
 
 
 def _update(dev: torch.device, fragment: Fragment, variant: str = "") -> Callable[[], None]:
@@ -564,8 +560,8 @@ def ppo_cases(
     devices: list[torch.device], shapes: list[tuple[int, int]], all_threads: bool
 ) -> list[Case]:
     """``PPO.update`` per device and shape: on the CPU with ``--threads`` (and with every
-    core where ``all_threads``), on CUDA as the learner runs by default (the CUDA graph),
-    eagerly, and as before issue 26."""
+    core where ``all_threads``), on CUDA as the learner runs by default (the CUDA graph)
+    and eagerly."""
     rng = np.random.default_rng(SEED)
     fragments = [synthetic_fragment(rng, T, R) for T, R in shapes]
     cases: list[Case] = []
@@ -579,9 +575,8 @@ def ppo_cases(
                 case.fn = _with_threads(DEFAULT_THREADS, case.fn)
                 cases.append(case)
             if dev.type == "cuda":
-                for variant in (EAGER, BEFORE):
-                    path = f"{PPO_PATH}, {variant}"
-                    cases.append(guarded(path, dev, batch, _update, dev, f, variant))
+                path = f"{PPO_PATH}, {EAGER}"
+                cases.append(guarded(path, dev, batch, _update, dev, f, EAGER))
     return cases
 
 
@@ -624,10 +619,8 @@ def _learner_state(
 
 def ppo_bits(dev: torch.device, T: int, R: int, updates: int) -> tuple[str, str]:
     """``(what was compared, result)``: ``updates`` PPO updates on CUDA with the CUDA
-    graph vs the same step eagerly; on the CPU the CPU's own path vs the static step
-    forced on without capture (what tests/test_graphed.py checks)."""
-    from simkit.clients.learners._graphed import PPOStep
-
+    graph vs the same step eagerly; on the CPU the same updates twice from the same seed
+    (tests/test_graphed.py compares the step with a plain eager loop)."""
     rng = np.random.default_rng(SEED + 1)
     fragments = [synthetic_fragment(rng, T, R) for _ in range(updates)]
 
@@ -641,8 +634,7 @@ def ppo_bits(dev: torch.device, T: int, R: int, updates: int) -> tuple[str, str]
         what = f"{dev}: CUDA graph vs eager"
     else:
         a, b = learner(), learner()
-        b._static = PPOStep(b, capture=False)
-        what = "the CPU's path vs the static step on the CPU"
+        what = "the CPU, the same seed twice"
     stats_a = [a.update([f]) for f in fragments]
     stats_b = [b.update([f]) for f in fragments]
     result = _max_diff(_learner_state(a.model, a.optimizer), _learner_state(b.model, b.optimizer))
@@ -669,8 +661,6 @@ def _sac_learner(dev: torch.device, variant: str = "") -> tuple[SAC, ReplayBuffe
         torch.manual_seed(args.seed)
         model = build_model(sac_spec(args), obs_space, act_space)
     learner = SAC(args, model, dev)
-    if variant == BEFORE:
-        learner._static = None
     rng = np.random.default_rng(SEED)
     buf = ReplayBuffer(SAC_FILL, obs_shape=(OBS_DIM,), action_shape=(ACT_DIM,))
     buf.add(
@@ -686,33 +676,26 @@ def _sac_learner(dev: torch.device, variant: str = "") -> tuple[SAC, ReplayBuffe
 
 
 def _sac_step(dev: torch.device, variant: str = "") -> Callable[[], None]:
-    """One gradient step of a fresh learner on ``dev``, HalfCheetah-sized, batch 256: on
-    the CPU and as before issue 26 ``SAC.step`` (its figures read back each step); on
-    CUDA the learner's static step (graphed, or eager with :data:`EAGER`), its figures
-    kept on the device and read back every ``SACStep.CHUNK`` steps, as ``SAC.run`` does."""
+    """One gradient step of a fresh learner on ``dev``, HalfCheetah-sized, batch 256:
+    the learner's static step (graphed on CUDA, or eager with :data:`EAGER`), its
+    figures kept on the device and read back every ``SACStep.CHUNK`` steps, as
+    ``SAC.run`` does."""
     learner, buf = _sac_learner(dev, variant)
     out = buf.empty_batch(SAC_BATCH)
     static = learner._static
-    if static is None:
+    static.begin(learner.alpha)
 
-        def step() -> None:
-            learner.step(buf.sample_into(out, learner.sampler))
-
-        return step
-    static.begin()
-
-    def static_step() -> None:
+    def step() -> None:
         if static.done == static.CHUNK:
             static.flush()
-        static.step(buf.sample_into(out, learner.sampler))
+        learner._step(buf.sample_into(out, learner.sampler))
 
-    return static_step
+    return step
 
 
 def sac_cases(devices: list[torch.device], all_threads: bool) -> list[Case]:
     """The gradient step per device: the CPU with ``--threads`` (and every core where
-    ``all_threads``), CUDA as the learner runs by default (the CUDA graph), eagerly, and
-    as before issue 26."""
+    ``all_threads``), CUDA as the learner runs by default (the CUDA graph) and eagerly."""
     cases: list[Case] = []
     for dev in devices:
         cases.append(guarded(SAC_PATH, dev, SAC_BATCH, _sac_step, dev))
@@ -723,25 +706,21 @@ def sac_cases(devices: list[torch.device], all_threads: bool) -> list[Case]:
             case.fn = _with_threads(DEFAULT_THREADS, case.fn)
             cases.append(case)
         if dev.type == "cuda":
-            for variant in (EAGER, BEFORE):
-                path = f"{SAC_PATH}, {variant}"
-                cases.append(guarded(path, dev, SAC_BATCH, _sac_step, dev, variant))
+            path = f"{SAC_PATH}, {EAGER}"
+            cases.append(guarded(path, dev, SAC_BATCH, _sac_step, dev, EAGER))
     return cases
 
 
 def sac_bits(dev: torch.device, steps: int) -> tuple[str, str]:
     """``(what was compared, result)``: ``steps`` gradient steps (``SAC.run``) on CUDA
-    with the CUDA graphs vs the same steps eagerly; on the CPU ``SAC.step`` vs the
-    static step forced on without capture."""
-    from simkit.clients.learners._graphed import SACStep
-
+    with the CUDA graphs vs the same steps eagerly; on the CPU the same steps twice from
+    the same seed (tests/test_graphed.py compares the step with a plain eager one)."""
     if dev.type == "cuda":
         (a, buf), (b, _) = _sac_learner(dev), _sac_learner(dev, EAGER)
         what = f"{dev}: CUDA graph vs eager"
     else:
         (a, buf), (b, _) = _sac_learner(dev), _sac_learner(dev)
-        b._static = SACStep(b, capture=False)
-        what = "SAC.step vs the static step on the CPU"
+        what = "the CPU, the same seed twice"
     half = steps // 2
     stats_a = [a.run(buf, n) for n in (half, steps - half)]
     stats_b = [b.run(buf, n) for n in (half, steps - half)]
