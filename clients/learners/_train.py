@@ -294,22 +294,12 @@ def resumed_kernels(plan: Plan) -> tuple[bool, str | None]:
 def execute(plan: Plan) -> TrainResult:
     """Runs ``plan`` (its log directory claimed by the caller): the algorithm's ``learn``
     in a :class:`~simkit.clients.learners._run.Run`."""
-    o, settings = plan.options, plan.settings
-    learn = learner_of(plan.algo)
-    if isinstance(settings, SACArgs):
-        run = Run(o, algo="sac", round_name="round")
-        return learn(
-            run,
-            settings,
-            given=plan.given,
-            checkpoint_steps=o.checkpoint_steps,
-            checkpoint_minutes=o.checkpoint_minutes,
-            buffer_from=o.buffer_from,
-        )
-    run = Run(o, algo="ppo", round_name="update")
-    return learn(
-        run,
-        settings,
-        checkpoint_every=o.checkpoint_every,
-        checkpoint_minutes=o.checkpoint_minutes,
+    o = plan.options
+    own: dict[str, Any] = (
+        {"given": plan.given, "checkpoint_steps": o.checkpoint_steps, "buffer_from": o.buffer_from}
+        if plan.algo == "sac"
+        else {"checkpoint_every": o.checkpoint_every}
     )
+    run = Run(o, algo=plan.algo, round_name="round" if plan.algo == "sac" else "update")
+    learn = learner_of(plan.algo)
+    return learn(run, plan.settings, checkpoint_minutes=o.checkpoint_minutes, **own)
