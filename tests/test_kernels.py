@@ -355,9 +355,11 @@ def test_a_reproducible_run_resumed_with_its_printed_command_equals_the_uninterr
 
 def _plan(reproducible: bool, kernels: Any) -> Any:
     from simkit.clients.learners._args import PPOArgs, RunOptions
+    from simkit.clients.learners._checkpoint import Checkpoint
     from simkit.clients.learners._train import Plan
 
-    return Plan(PPOArgs(), RunOptions(reproducible=reproducible), Path("run"), [], kernels)
+    ckpt = Checkpoint(Path("run"), {}, {}, {} if kernels is None else {"kernels": kernels})
+    return Plan(PPOArgs(), RunOptions(reproducible=reproducible), [], ckpt)
 
 
 def test_resume_states_what_the_checkpoints_kernels_mean_for_the_run() -> None:

@@ -302,14 +302,24 @@ def _saved_servers(state: dict[str, Any]) -> int:
 
 class Run:
     """One training run's log directory, source, outputs and stop rule, for the
-    algorithm ``algo`` (whose rounds are called ``round_name``: "update", "round")."""
+    algorithm ``algo`` (whose rounds are called ``round_name``: "update", "round");
+    ``checkpoint``: the one ``resume`` names, if the caller loaded it already."""
 
-    def __init__(self, options: RunOptions, *, algo: str, round_name: str) -> None:
+    def __init__(
+        self,
+        options: RunOptions,
+        *,
+        algo: str,
+        round_name: str,
+        checkpoint: Checkpoint | None = None,
+    ) -> None:
         self.options = options
         self.algo = algo
         self.logdir = Path(options.logdir or ".")
         self.policy_path = self.logdir / "policy.safetensors"
-        self.ckpt: Checkpoint | None = None
+        self.ckpt = checkpoint
+        """The checkpoint ``resume`` names, once :meth:`resume` checked it (given: the one
+        the caller loaded already, e.g. :func:`~simkit.clients.learners._train.plan`)."""
         self.last_checkpoint: Path | None = None
         self.recorder: Any = None
         self.rollout: Rollout | None = None
@@ -339,7 +349,7 @@ class Run:
         """
         if self.options.resume is None:
             return None
-        ckpt = self.ckpt = load_checkpoint(self.options.resume)
+        ckpt = self.ckpt = self.ckpt or load_checkpoint(self.options.resume)
         saved = checkpoint_algo(ckpt)
         if saved != self.algo:
             raise InvalidCheckpoint(

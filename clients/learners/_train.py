@@ -24,6 +24,12 @@ from typing import Any
 
 from simkit._kernels import why_bits_may_differ
 from simkit.clients.learners._args import PPOArgs, RunOptions, SACArgs, capped, refuse_unless
+from simkit.clients.learners._checkpoint import (
+    Checkpoint,
+    checkpoint_algo,
+    checkpoint_args,
+    load_checkpoint,
+)
 from simkit.clients.learners._logdir import resumed_logdir
 from simkit.clients.learners._run import Run, TrainResult, learner_of
 
@@ -47,20 +53,30 @@ _PPO_ONLY = sorted(_SETTINGS[PPOArgs] - _SETTINGS[SACArgs])
 
 @dataclass
 class Plan:
-    """A checked run: its settings, options and log directory (:func:`plan`)."""
+    """A checked run (:func:`plan`): its settings, its options (``logdir`` resolved) and
+    the checkpoint it resumes, loaded once (the run takes it as it is)."""
 
     settings: PPOArgs | SACArgs
     options: RunOptions
-    logdir: Path
     given: list[str] = field(default_factory=list)
     """The settings the caller set (on resume only those are compared, SAC)."""
-    resumed_kernels: dict[str, Any] | None = None
-    """The kernels the resumed checkpoint was trained under (None: a new run)."""
+    checkpoint: Checkpoint | None = None
 
     @property
     def algo(self) -> str:
         """``"ppo"`` or ``"sac"``."""
         return "sac" if isinstance(self.settings, SACArgs) else "ppo"
+
+    @property
+    def logdir(self) -> Path:
+        """The run's log directory."""
+        return Path(self.options.logdir or ".")
+
+    @property
+    def kernels(self) -> dict[str, Any] | None:
+        """The kernels the resumed checkpoint was trained under (None: a new run, or a
+        checkpoint from before they were kept)."""
+        return None if self.checkpoint is None else self.checkpoint.state.get("kernels")
 
 
 def _flag(name: str) -> str:
@@ -133,8 +149,6 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
     options.connect = list(options.connect)
     ckpt = None
     if options.resume is not None:  # the algorithm defaults to the checkpoint's
-        from simkit.clients.learners._checkpoint import checkpoint_algo, load_checkpoint
-
         ckpt = load_checkpoint(options.resume)
         saved_algo = checkpoint_algo(ckpt)
         if options.algo not in (None, saved_algo):
@@ -165,8 +179,6 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
             given["num_envs"] = slots
     settings: PPOArgs | SACArgs
     if ckpt is not None:
-        from simkit.clients.learners._checkpoint import checkpoint_args
-
         parse: Callable[[Any], PPOArgs | SACArgs] = cls.from_plain
         saved = checkpoint_args(ckpt, parse)
         if base.env_id != saved.env_id:
@@ -190,9 +202,8 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
     return Plan(
         settings,
         options,
-        options.logdir,
         given=names if names is not None else [f.name for f in dataclasses.fields(settings)],
-        resumed_kernels=None if ckpt is None else ckpt.state.get("kernels"),
+        checkpoint=ckpt,
     )
 
 
@@ -269,7 +280,7 @@ def resumed_kernels(plan: Plan) -> tuple[bool, str | None]:
     """Whether a resumed run goes on with ``reproducible`` (kept where the checkpoint was
     trained with it: its bits are those of the pinned kernels), and what the person should
     know about the checkpoint's kernels, in words (None: nothing)."""
-    kernels, asked = plan.resumed_kernels, plan.options.reproducible
+    kernels, asked = plan.kernels, plan.options.reproducible
     if not isinstance(kernels, dict):
         return asked, None
     if kernels.get("reproducible"):
@@ -300,6 +311,7 @@ def execute(plan: Plan) -> TrainResult:
         if plan.algo == "sac"
         else {"checkpoint_every": o.checkpoint_every}
     )
-    run = Run(o, algo=plan.algo, round_name="round" if plan.algo == "sac" else "update")
+    round_name = "round" if plan.algo == "sac" else "update"
+    run = Run(o, algo=plan.algo, round_name=round_name, checkpoint=plan.checkpoint)
     learn = learner_of(plan.algo)
     return learn(run, plan.settings, checkpoint_minutes=o.checkpoint_minutes, **own)
