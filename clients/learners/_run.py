@@ -6,10 +6,10 @@ algorithm owns the loop, the run offers the rest).
 
 - the checkpoint to resume (:meth:`Run.resume`: loaded, its algorithm checked) and the
   log directory (:meth:`Run.prepare`: checked writable, ``progress.jsonl`` trimmed to the
-  checkpoint, the recorder opened);
-- the fragment source (:meth:`Run.open_source`: in process, local ``simkit serve``
-  processes, ``--connect`` endpoints, Ray actors or the device loop) and its rollout
-  state on resume;
+  checkpoint);
+- the recorder and the fragment source (:meth:`Run.open_source`: in process, local
+  ``simkit serve`` processes, ``--connect`` endpoints, Ray actors or the device loop) and
+  its rollout state on resume;
 - the session around the loop (:meth:`Run.session`): SIGINT/SIGTERM, TensorBoard,
   Prometheus metrics, the live progress line, a checkpoint when the last server is
   lost and at the end; fragments pulled (:meth:`Run.pull`), the stop rule
@@ -144,7 +144,7 @@ class TrainResult:
 
 @dataclass
 class Report:
-    """What an algorithm reports after a round (:meth:`Algorithm.report`)."""
+    """What an algorithm reports after a round (:meth:`Run.log` writes it)."""
 
     sps: float
     """Env steps per second, for the progress line."""
@@ -335,6 +335,8 @@ class Run:
         self._save: Callable[[], dict[str, Any]] | None = None
         self._policy: Callable[[], tuple[dict[str, Any], dict[str, Any]]] | None = None
         self._learner: Learner | None = None
+        self._policy_version: int | None = None
+        """The version whose policy snapshot is on disk."""
         self._stream: Iterator[Fragment | DeviceFragment | None] | None = None
         self.wait = 0.0
         """Seconds the last :meth:`pull` waited for the source."""
@@ -642,10 +644,15 @@ class Run:
             self.line.show(step, report.sps, self.tally.mean_return(), extra)
 
     def save_policy(self) -> None:
-        """Writes the policy snapshot (``policy.safetensors``)."""
+        """Writes the policy snapshot (``policy.safetensors``), once per version (a round
+        that checkpoints and reports writes it once)."""
         assert self._policy is not None
+        assert self._learner is not None
+        if self._policy_version == self._learner.version:
+            return
         tensors, meta = self._policy()
         save_policy(self.policy_path, tensors, meta)
+        self._policy_version = self._learner.version
 
     def checkpoint(self) -> Path:
         """Writes a checkpoint now (it must be at a fragment boundary), with the tally and
