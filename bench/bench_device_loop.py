@@ -8,7 +8,7 @@ Two measurements, markdown on stdout:
    - "in process, host": ``LocalSource`` (the numpy BatchCartPole, the numpy ``LeanMLP``
      acting, numpy fragments) and ``PPO.update``, what a CPU run of ``simkit train
      simkit/BatchCartPole-v0 --servers 0`` does;
-   - "device loop": ``DeviceSource`` (the torch BatchCartPole with device-resident steps,
+   - "device loop": ``LocalSource(device_loop=True)`` (the torch BatchCartPole with device-resident steps,
      keyed noise and the policy on the device, ``[T, N]`` tensor fragments) and
      ``PPO.update`` of those tensors, on the CPU and, where there is one, on CUDA.
 
@@ -49,7 +49,6 @@ ENV_ID = "simkit/BatchCartPole-v0"
 
 def _loop(path: str, n: int, t: int, updates: int, hyper: dict[str, Any]) -> dict[str, float]:
     """Times ``updates`` updates of one path after a warm-up update."""
-    from simkit.clients.learners._device_source import DeviceSource
     from simkit.clients.learners._local_source import LocalSource
     from simkit.clients.learners.ppo import PPO, PPOArgs, build_model
 
@@ -63,11 +62,16 @@ def _loop(path: str, n: int, t: int, updates: int, hyper: dict[str, Any]) -> dic
         **hyper,
     )
     model = build_model(args)
-    source: Any
-    if path.startswith("device"):
-        source = DeviceSource(ENV_ID, model, num_envs=n, num_steps=t, seed=1, device=device)
-    else:
-        source = LocalSource(ENV_ID, model, num_envs=n, num_steps=t, seed=1)
+    on_device = path.startswith("device")
+    source = LocalSource(
+        ENV_ID,
+        model,
+        num_envs=n,
+        num_steps=t,
+        seed=1,
+        device=device if on_device else None,
+        device_loop=on_device,
+    )
     learner = PPO(args, model, n)
     source.push_weights(model, version=0)
     fragments = iter(source.fragments())

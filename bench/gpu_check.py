@@ -50,7 +50,7 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
    and the default numpy BatchEnv.
 5. PPO's whole loop on ``simkit/BatchCartPole-v0``, env steps/s at N = 1k, 4k and 64k
    envs (the CPU rows at 1k only) x 16 steps per update (8 minibatches x 4 epochs): the
-   device loop (``--device-loop on``: ``DeviceSource`` + ``PPO.update`` of its tensors, the env, noise,
+   device loop (``--device-loop on``: ``LocalSource(device_loop=True)`` + ``PPO.update`` of its tensors, the env, noise,
    policy, fragments and update on the device) on each device, and the in-process host
    rollout (``LocalSource`` + ``PPO.update``) on the CPU for reference; one call is one
    fragment, its update and the weight push.
@@ -813,7 +813,7 @@ def batch_env_cases(devices: list[torch.device], sizes: list[int]) -> list[Case]
 
 LOOP_STEPS = 16
 LOOP_HOST = "in process, host (LocalSource + PPO.update)"
-LOOP_DEVICE = "device loop (DeviceSource + PPO.update)"
+LOOP_DEVICE = "device loop (LocalSource device_loop + PPO.update)"
 
 
 def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], None]:
@@ -821,7 +821,6 @@ def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], Non
     ``n`` envs x :data:`LOOP_STEPS` steps, the update, the weight push) without the
     run's logging: the device loop on ``dev``, or the host rollout with the update on
     ``dev``."""
-    from simkit.clients.learners._device_source import DeviceSource
     from simkit.clients.learners._local_source import LocalSource
     from simkit.clients.learners.ppo import build_model as build_run_model
 
@@ -836,10 +835,14 @@ def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], Non
         update_epochs=4,
     )
     model = build_run_model(args)
-    source: Any = (
-        DeviceSource(ENV_ID, model, num_envs=n, num_steps=LOOP_STEPS, seed=SEED, device=dev)
-        if device_loop
-        else LocalSource(ENV_ID, model, num_envs=n, num_steps=LOOP_STEPS, seed=SEED)
+    source = LocalSource(
+        ENV_ID,
+        model,
+        num_envs=n,
+        num_steps=LOOP_STEPS,
+        seed=SEED,
+        device=dev if device_loop else None,
+        device_loop=device_loop,
     )
     learner = PPO(args, model, n)
     source.push_weights(model, version=0)

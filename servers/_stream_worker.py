@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import zmq
 
+from simkit._types import Fragment
 from simkit._version import __version__
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ActorCritic, ModelSpec, PolicyWeights, build_model
@@ -236,6 +237,7 @@ class StreamWorker(threading.Thread):
         fragment = loop.step()
         if fragment is None:
             return
+        assert isinstance(fragment, Fragment)  # a session's rows are on the host
         frames = self.session.fragment_frames(fragment)
         self._send(frames, TAG_FRAGMENT)
         times = loop.take_times()

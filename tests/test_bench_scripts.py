@@ -164,7 +164,7 @@ def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
     assert "# simkit device check (cpu mode)" in report
     assert "test_torch_noise_on_cuda_has_the_numpy_bits" in report
     assert "| PPO.update | cpu | 2,048 |" in report
-    assert "| device loop (DeviceSource + PPO.update) | cpu | 4,096 |" in report
+    assert "| device loop (LocalSource device_loop + PPO.update) | cpu | 4,096 |" in report
     assert "| 1 | " in report  # the main job's seed row (it reached the dry run's target)
     rows = [line for line in report.splitlines() if line.startswith("| ") and "| cpu |" in line]
     assert [r.split(" | ")[0] for r in rows[3:]] == [

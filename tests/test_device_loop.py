@@ -1,6 +1,7 @@
-"""The whole loop on one device (clients/learners/_device_source.py, PPO.update): a torch
-BatchEnv, keyed noise, the policy, fragment storage, GAE, reward scaling and the update
-on the learner's device, run here on ``device="cpu"`` (the same code as on CUDA)."""
+"""The whole loop on one device (the rollout loop over torch: ``LocalSource(device_loop=
+True)``, PPO.update): a torch BatchEnv, keyed noise, the policy, fragment storage, GAE,
+reward scaling and the update on the learner's device, run here on ``device="cpu"`` (the
+same code as on CUDA)."""
 
 from __future__ import annotations
 
@@ -17,21 +18,23 @@ from device_helpers import no_host_reads
 import simkit
 from simkit._noise import SlotNoise
 from simkit._types import Fragment
-from simkit.clients.learners._device_source import (
-    DeviceFragment,
-    DeviceSource,
+from simkit.clients.learners._local_source import (
+    LocalSource,
     device_loop_support,
     use_device_loop,
 )
 from simkit.clients.learners.ppo import PPO, PPOArgs, RewardScaler, build_model
+from simkit.rollout._loop import DeviceFragment
 
 CPU = torch.device("cpu")
 
 
-def _source(env_id: str, n: int, t: int, seed: int = 3, **kw: Any) -> tuple[DeviceSource, Any]:
+def _source(env_id: str, n: int, t: int, seed: int = 3, **kw: Any) -> tuple[LocalSource, Any]:
     args = PPOArgs(env_id=env_id, num_envs=n, num_steps=t, seed=seed, **kw)
     model = build_model(args)
-    source = DeviceSource(env_id, model, num_envs=n, num_steps=t, seed=seed, device=CPU)
+    source = LocalSource(
+        env_id, model, num_envs=n, num_steps=t, seed=seed, device=CPU, device_loop=True
+    )
     source.push_weights(model, version=0)
     return source, model
 
@@ -68,7 +71,7 @@ def _on_device(f: Fragment) -> DeviceFragment:
         last_values=torch.from_numpy(f.last_values.copy()),
         policy_version=f.policy_version.copy(),
         episode_returns=f.episode_returns.copy(),
-        episode_lengths=f.episode_lengths.astype(np.float64),
+        episode_lengths=f.episode_lengths.copy(),
         episode_rows=f.episode_rows.copy(),
     )
 
@@ -124,8 +127,10 @@ def test_only_batch_envs_with_device_steps_run_the_device_loop() -> None:
 def test_a_device_fragment_is_the_keyed_noise_acting_on_the_batch_env() -> None:
     n, t, seed = 6, 30, 4
     source, model = _source("simkit/BatchCartPole-v0", n, t, seed)
-    f0 = source.rollout().to_host()  # a copy: the next fragment reuses the storage
-    f1 = source.rollout().to_host()
+    d0, d1 = source.rollout(), source.rollout()
+    assert isinstance(d0, DeviceFragment)
+    assert isinstance(d1, DeviceFragment)
+    f0, f1 = d0.to_host(), d1.to_host()
     # Stepping a numpy BatchCartPole with the fragments' actions gives their steps (the
     # torch batch on the CPU has the numpy bits), and each action is the policy's
     # sample from the run's keyed noise of (seed, slot, step).
@@ -147,51 +152,68 @@ def test_a_device_fragment_is_the_keyed_noise_acting_on_the_batch_env() -> None:
     ended = int((f0.terminated | f0.truncated).sum() + (f1.terminated | f1.truncated).sum())
     assert ended > 0  # episodes ended, and each counted once
     assert len(f0.episode_returns) + len(f1.episode_returns) == ended
-    for frag in (f0, f1):  # each slot's episodes, named by slot
-        ends = (frag.terminated | frag.truncated).sum(0)
-        assert np.array_equal(np.bincount(frag.episode_rows, minlength=n), ends)
+    # Each episode's own return and length, by slot then step, as a host rollout lists
+    # them: CartPole's reward is 1 a step, and the first episodes started at the reset.
+    ret, length = np.zeros(n), np.zeros(n, np.int64)
+    for frag in (f0, f1):
+        want_ret, want_len, want_rows = [], [], []
+        steps = []
+        for s in range(t):
+            ret += frag.rewards[s]
+            length += 1
+            ends = frag.terminated[s] | frag.truncated[s]
+            steps += [(int(r), s, ret[r], length[r]) for r in np.flatnonzero(ends)]
+            ret[ends], length[ends] = 0.0, 0
+        for row, _, r, k in sorted(steps):
+            want_rows.append(row)
+            want_ret.append(r)
+            want_len.append(k)
+        assert frag.episode_rows.tolist() == want_rows
+        assert frag.episode_returns.tolist() == want_ret
+        assert frag.episode_lengths.dtype == np.int64
+        assert frag.episode_lengths.tolist() == want_len
 
 
 def test_truncated_steps_bootstrap_from_the_final_observation() -> None:
     # BatchPendulum truncates every episode at 200 steps: a 210-step fragment holds them.
     n, t = 3, 210
     source, model = _source("simkit/BatchPendulum-v0", n, t)
-    f = source.rollout()
+    loop = source.loop
+    for _ in range(t - 1):
+        assert loop.step() is None
+    assert loop._buf is not None
+    final_obs = loop._buf.final_obs[199].clone()
+    f = loop.step()
+    assert isinstance(f, DeviceFragment)
     assert bool(f.truncated[199].all())
     assert not bool(f.terminated.any())
-    assert source._buf is not None
-    final_obs = source._buf["final_obs"][199]
     want = model.value(final_obs).detach()  # batched over all T x N rows there: float32 rounding
-    torch.testing.assert_close(f.final_values[199], want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(f.final_values[199], want.reshape(-1), rtol=1e-5, atol=1e-6)
     assert bool((f.final_values[199] != 0).all())
     assert bool((f.final_values[:199] == 0).all())
-    assert np.array_equal(f.episode_lengths, np.full(n, 200.0))
+    assert np.array_equal(f.episode_lengths, np.full(n, 200))
 
 
 def test_a_rollout_never_reads_a_tensor_back_between_its_host_points() -> None:
     n, t = 16, 24
     for env_id in ("simkit/BatchCartPole-v0", "simkit/BatchPendulum-v0"):
         source, _ = _source(env_id, n, t)
-        env = source.env
+        loop, env = source.loop, source.envs.env
         env.prepare_device_steps(t)  # the fragment's one host read of the counters
-        real_stats = env.read_episode_stats
-        empty = {
-            "episodes": np.zeros(n, np.int64),
-            "return_sum": np.zeros(n),
-            "length_sum": np.zeros(n, np.int64),
-        }
         env.prepare_device_steps = lambda steps: True
-        env.read_episode_stats = lambda empty=empty: empty  # read after the fragment, below
         with no_host_reads(torch):
-            frag = source.rollout()
+            for _ in range(t - 1):
+                assert loop.step() is None
+        frag = loop.step()  # the fragment's end reads its episodes back, once
+        assert isinstance(frag, DeviceFragment)
         assert frag.rewards.shape == (t, n)
-        assert int(real_stats()["episodes"].sum()) >= 0
 
 
 def test_the_device_update_is_the_numpy_update_of_its_host_copy() -> None:
     kw: dict[str, Any] = {"num_minibatches": 4, "update_epochs": 2, "normalize_reward": False}
     source, _ = _source("simkit/BatchCartPole-v0", 16, 20, **kw)
     frag = source.rollout()
+    assert isinstance(frag, DeviceFragment)
     host = frag.to_host()
     args = PPOArgs(env_id="simkit/BatchCartPole-v0", num_envs=16, num_steps=20, seed=3, **kw)
     a, b = PPO(args, build_model(args), 16), PPO(args, build_model(args), 16)
@@ -268,7 +290,7 @@ def test_a_device_loop_run_resumes_exactly(tmp_path: Path) -> None:
     part = _run(tmp_path, "part", 2)
     state = load_checkpoint(part.checkpoint).state
     assert state["source_kind"] == "device"
-    assert state["source"]["envs"] is not None  # the envs resume mid-episode
+    assert state["source"]["loop"]["envs"] is not None  # the envs resume mid-episode
     rest = simkit.train(
         PPOArgs(**DL),
         logdir=tmp_path / "part",
@@ -339,27 +361,25 @@ def test_a_device_loop_on_cuda_never_syncs_in_its_steps_and_trains() -> None:
         args = PPOArgs(env_id=env_id, num_envs=512, num_steps=32, num_minibatches=4,
                        update_epochs=2, device="cuda")  # fmt: skip
         model = build_model(args)
-        source = DeviceSource(env_id, model, num_envs=512, num_steps=32, seed=1, device=cuda)
+        source = LocalSource(
+            env_id, model, num_envs=512, num_steps=32, seed=1, device=cuda, device_loop=True
+        )
         learner = PPO(args, model, 512)
         source.push_weights(learner.model, version=0)
         learner.update([source.rollout()])  # warm: constants and tables uploaded once
         source.push_weights(learner.model, version=learner.version)
-        env = source.env
+        loop, env = source.loop, source.envs.env
         env.prepare_device_steps(32)
-        stats = env.read_episode_stats
         env.prepare_device_steps = lambda steps: True
-        env.read_episode_stats = lambda: {
-            "episodes": np.zeros(512, np.int64),
-            "return_sum": np.zeros(512),
-            "length_sum": np.zeros(512, np.int64),
-        }
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            fragment = source.rollout()
+            for _ in range(31):
+                assert loop.step() is None
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        stats()
+        fragment = loop.step()  # the fragment's end reads its episodes back, once
+        assert isinstance(fragment, DeviceFragment)
         assert fragment.obs.device.type == "cuda"
         update = learner.update([fragment])
         assert update.version == 2
@@ -395,3 +415,18 @@ def test_auto_keeps_the_host_rollout_where_a_mujoco_batch_would_compute_on_the_h
     assert use_device_loop(
         env_id="simkit/BatchCartPole-v0", choice="auto", device=cuda, env_kwargs={}, **kw
     )
+
+
+def test_a_device_loop_state_of_the_older_format_is_refused_clearly() -> None:
+    # Before the device loop was the rollout loop over torch, its checkpoints held the
+    # env's snapshot, the observations, the returns and the sequence at the top level.
+    source, _ = _source("simkit/BatchCartPole-v0", 4, 8)
+    old = {"envs": None, "obs": np.zeros((4, 4), np.float32), "episode_returns": np.zeros(4)}
+    with pytest.raises(ValueError, match=r"must hold 'loop' and 'sequence'.*got \['envs'"):
+        source.set_state({**old, "sequence": 3})
+    assert source.sequence == 0  # unchanged
+    state = source.get_state()
+    source.rollout()
+    source.set_state(state)
+    assert source.sequence == 0
+    source.close()

@@ -304,39 +304,38 @@ def test_a_loop_on_the_static_path_streams_the_eager_loops_fragments(
         assert_same_fragment(a, b)
 
 
-def test_final_values_on_the_static_path_are_written_after_the_next_act(
+def test_final_values_on_the_static_path_wait_once_per_fragment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The value forward of a step's truncations is queued and read back after the next
-    act, whose synchronisation covers it: a step waits for the device once."""
+    """The value forward of the truncations is not run step by step: the loop computes
+    the final values of every step since the last weight change in one batch, at the
+    fragment's end (or before a weight change), so a step waits for the device once
+    (its act) and a fragment once more."""
     loop = _loop("simkit/CartPole-v0", 4, halves=False, capture=eager_capture)
     policy = loop.policy
     events: list[str] = []
-    act, value_later = policy.act, policy.value_later
+    act, static = policy.act, policy._value_static
 
     def logged_act(*args: Any, **kw: Any) -> Any:
         events.append("act")
         return act(*args, **kw)
 
-    def logged_value_later(*args: Any, **kw: Any) -> Any:
-        events.append("queue")
-        result = value_later(*args, **kw)
-
-        def read() -> Any:
-            events.append("read")
-            return result()
-
-        return read
+    def logged_static(obs: Any, rows: Any) -> Any:
+        events.append(f"values of {int(rows.sum())} rows")
+        return static(obs, rows)
 
     monkeypatch.setattr(policy, "act", logged_act)
-    monkeypatch.setattr(policy, "value_later", logged_value_later)
+    monkeypatch.setattr(policy, "_value_static", logged_static)
     policy.set_weights(weights_version(policy.model, 0))
     loop.reset(1, 0)
     for _ in range(5):  # every episode is truncated at step 5
-        loop.step()
-    assert events == ["act"] * 5 + ["queue"]
-    assert loop.step() is not None  # the sixth step ends the fragment: its last values
-    assert events[5:] == ["queue", "act", "read", "queue", "read"]
+        assert loop.step() is None
+    assert events == ["act"] * 5
+    fragment = loop.step()  # the sixth step ends the fragment
+    assert fragment is not None
+    # One batch of the truncated rows, then the last values (every row).
+    assert events[5:] == ["act", "values of 4 rows", "values of 4 rows"]
+    assert fragment.final_values[4].all()
     loop.envs.close()
 
 
@@ -517,14 +516,14 @@ def test_the_in_process_source_on_cuda_gives_the_eager_cuda_fragments(
 def test_an_act_on_cuda_waits_for_the_device_once(kind: str) -> None:
     """After the first act of a batch shape (its capture), an act makes no synchronising
     call besides its one event wait (which torch's sync debug mode may or may not
-    count), and a queued final-value forward adds none."""
+    count)."""
     import warnings
 
     policy = _policy(SPACES[kind], torch.device("cuda"))
     obs = _obs()
     rows = np.arange(40) % 3 == 0
     policy.act(obs, 0)
-    policy.value_later(obs, rows)()
+    policy.final_values(obs[None], rows[None])
     torch.cuda.synchronize()
     counts = []
     for step in range(1, 4):
@@ -532,10 +531,8 @@ def test_an_act_on_cuda_waits_for_the_device_once(kind: str) -> None:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                later = policy.value_later(obs, rows)
                 policy.act(obs, step)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        later()
         counts.append(sum("synchroniz" in str(w.message) for w in seen))
     assert max(counts) <= 1, counts

@@ -6,7 +6,7 @@ before it learns), ``_replay`` (the replay buffer), ``_checkpoint`` (checkpoints
 resume), ``_run`` (the run's toolbox: source, checkpoints, signals, outputs) and
 ``_logdir`` (one writer per log directory, ``progress.jsonl``, TensorBoard), ``_train`` (the one entry point's plan and execution:
 :func:`simkit.train`), the fragment sources (``_sources``: in process ``_local_source``,
-servers ``_server_source``, the device loop ``_device_source``), ``_args`` (settings,
+on the host or in the device loop, servers ``_server_source``), ``_args`` (settings,
 torch-free), ``_train_cli`` (the ``simkit train`` / ``eval`` command lines), ``_evaluate``,
 ``_progress`` and ``_learner_metrics``.
 """

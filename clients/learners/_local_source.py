@@ -9,7 +9,17 @@ the envs as policy rows (:func:`simkit.rollout._rows.make_env_rows`: a
 (:class:`simkit.rollout._loop.RolloutLoop`). So a run in process and a run
 through any number of servers give the same fragments, bit for bit, for the same seed.
 It is a :class:`~simkit.clients.learners._sources.FragmentSource`, the interface a run uses,
-as the rollout servers' stream and the device loop are.
+as the rollout servers' stream is.
+
+With ``device_loop`` it runs the same loop with every array on one torch device (the
+device loop): a batch env with device-resident steps built there
+(:class:`~simkit.rollout._rows.DeviceRows`), the policy acting on its tensors with the
+keyed noise computed there, and :class:`~simkit.rollout._loop.DeviceFragment` s of
+tensors that :meth:`simkit.clients.learners.ppo.PPO.update` consumes where they are. Per
+fragment the host reads the env's episode counters once and the fragment's episode ends
+once; no step reads a tensor back. Its fragments are not bit-identical to the host
+rollout's (the forward pass is torch's on a batch, not ``LeanMLP``'s); a sync run is
+deterministic (same seed, same device) and resumes exactly.
 
 Sync mode rolls out a fragment when the learner asks for one, with the weights it last
 pushed (exactly on-policy, deterministic). Async mode rolls out on a thread with the
@@ -20,6 +30,7 @@ overlaps the next rollout.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import queue
 import sys
 import threading
@@ -28,17 +39,20 @@ from typing import Any, TypedDict
 
 import torch
 
+from simkit._batch import BatchEnv
 from simkit._types import Fragment
 from simkit.models import ActorCritic
 from simkit.registry import GYM_PREFIX, EnvKind, spec
-from simkit.rollout._loop import RolloutLoop
+from simkit.rollout._loop import DeviceFragment, RolloutLoop
 from simkit.rollout._policy import RowPolicy
-from simkit.rollout._rows import make_env_rows
+from simkit.rollout._rows import EnvRows, make_device_rows, make_env_rows
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = [
     "LocalSource",
     "GYM_PREFIX",
+    "device_loop_support",
+    "use_device_loop",
     "is_multi_agent",
     "make_vector",
     "no_snapshots_line",
@@ -69,8 +83,7 @@ def no_snapshots_line(not_exact: str, *, supervised: bool) -> str:
 
 class SourceKeywords(TypedDict):
     """The keywords every fragment source's constructor takes beside its own
-    (:class:`LocalSource`, :class:`~simkit.clients.learners._device_source.DeviceSource`,
-    :class:`~simkit.clients.learners._server_source.ServerSource`): what a run asks of
+    (:class:`LocalSource`, :class:`~simkit.clients.learners._server_source.ServerSource`): what a run asks of
     its rollout, whichever kind (``RolloutPlan.source_keywords()``)."""
 
     num_envs: int
@@ -105,6 +118,89 @@ def make_vector(
     return VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs)
 
 
+def device_loop_support(
+    env_id: str, env_kwargs: Mapping[str, Any] | None = None, device: Any = None
+) -> str | None:
+    """Why ``env_id`` cannot run the device loop, or ``None`` where it can: a batch env
+    whose class has the masked reset hook (:meth:`simkit.BatchEnv.reset_masked`) or
+    declares :attr:`~simkit.BatchEnv.time_limit_only` (resets scheduled on the host),
+    so its whole-batch steps stay on the device. A MuJoCo batch (built with
+    ``env_kwargs`` on ``device``; None: the class alone is judged) computes on the device
+    only on MuJoCo Warp, which needs the ``gpu`` extra."""
+    if env_id.startswith("gym:"):
+        return f"{env_id} is a Gymnasium env (the device loop needs a simkit batch env)"
+    env_spec = spec(env_id)
+    if env_spec.kind is not EnvKind.BATCH:
+        return f"{env_id} is a {env_spec.kind.value} env (the device loop needs a batch env)"
+    factory = env_spec.load()
+    hook = getattr(factory, "reset_masked", None)
+    if not isinstance(factory, type) or (
+        (hook is BatchEnv.reset_masked or hook is None)
+        and not getattr(factory, "time_limit_only", False)
+    ):
+        return (
+            f"{env_id} has no device-resident steps (its class does not implement "
+            "BatchEnv.reset_masked)"
+        )
+    if device is not None and _is_mujoco_batch(factory):
+        from simkit._batch_mujoco import resolve_backend
+
+        backend = resolve_backend((env_kwargs or {}).get("backend", "auto"), device)
+        if backend != "mjwarp":
+            return (
+                f"{env_id} computes on the host on backend {backend!r} (the device loop "
+                "needs --env-kwarg backend=mjwarp, or a CUDA --device)"
+            )
+        if importlib.util.find_spec("mujoco_warp") is None:
+            return f"{env_id} on the device needs MuJoCo Warp (pip install 'simkit[gpu]')"
+    return None
+
+
+def _is_mujoco_batch(factory: type) -> bool:
+    """Whether ``factory`` is a :class:`simkit.BatchMujocoEnv` (importing MuJoCo only
+    where the env's own module did)."""
+    module = sys.modules.get("simkit._batch_mujoco")
+    return module is not None and issubclass(factory, module.BatchMujocoEnv)
+
+
+def use_device_loop(
+    *,
+    env_id: str,
+    choice: str,
+    device: torch.device,
+    mode: str,
+    servers: int,
+    connect: bool,
+    ray: bool,
+    record: bool,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> bool:
+    """Whether a PPO run rolls out in the device loop (``--device-loop``, ``choice``):
+    ``on`` where the run can (else a ``ValueError`` saying why), ``off`` never, ``auto``
+    where it can and ``device`` is not the CPU (a CPU run keeps the host rollout, and its
+    bits, unless it asks).
+
+    Raises:
+        ValueError: ``choice`` is ``on`` and the run cannot (one line, naming why).
+    """
+    if choice == "off":
+        return False
+    why: str | None
+    if servers or connect or ray:
+        why = "it rolls out in the learner's process (--servers 0, no --connect or --ray)"
+    elif mode != "sync":
+        why = f"it runs in sync mode only, got --mode {mode}"
+    elif record:
+        why = "--record records host fragments (the device loop's never leave the device)"
+    else:
+        why = device_loop_support(env_id, env_kwargs, device)
+    if choice == "on":
+        if why is not None:
+            raise ValueError(f"--device-loop on: {why}")
+        return True
+    return why is None and device.type != "cpu"
+
+
 class LocalSource:
     """Rolls out ``model`` over local envs and yields :class:`Fragment` s.
 
@@ -125,6 +221,11 @@ class LocalSource:
             synchronisation per step, the forward as a CUDA graph; docs/server.md), and
             gives that session's fragments.
         env_kwargs: more constructor arguments of the envs.
+        device_loop: roll out with every array on ``device`` (sync mode; a batch env
+            with device-resident steps: :func:`device_loop_support`).
+
+    Raises:
+        ValueError: a bad mode or ``num_steps``; the device loop cannot run the env.
     """
 
     def __init__(
@@ -141,16 +242,29 @@ class LocalSource:
         lean: bool = True,
         device: torch.device | str | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
+        device_loop: bool = False,
     ) -> None:
-        if mode not in ("sync", "async"):
-            raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+        if mode not in ("sync", "async") or (device_loop and mode != "sync"):
+            want = "'sync' (the device loop)" if device_loop else "'sync' or 'async'"
+            raise ValueError(f"mode must be {want}, got {mode!r}")
         if num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         self.env_id = env_id
         self.mode = mode
         self.num_steps = num_steps
-        self.name = f"local:{env_id}"
-        self.envs = make_env_rows(env_id, num_envs, env_kwargs=env_kwargs, num_threads=num_threads)
+        self.device_loop = device_loop
+        dev = torch.device("cpu" if device is None else device)
+        self.name = f"{'device' if device_loop else 'local'}:{env_id}"
+        self.envs: EnvRows
+        if device_loop:
+            why = device_loop_support(env_id)
+            if why is not None:
+                raise ValueError(f"the device loop cannot run {env_id}: {why}")
+            self.envs = make_device_rows(env_id, num_envs, num_steps, dev, env_kwargs=env_kwargs)
+        else:
+            self.envs = make_env_rows(
+                env_id, num_envs, env_kwargs=env_kwargs, num_threads=num_threads
+            )
         self.multi_agent = self.envs.kind == "multi_agent"
         self.observation_space = self.envs.observation_space
         self.action_space = self.envs.action_space
@@ -158,20 +272,28 @@ class LocalSource:
         self.num_rows = self.envs.num_rows
         self.policy = RowPolicy(
             copy.deepcopy(model),
-            torch.device("cpu" if device is None else device),
+            dev,
             seed=seed,
             first_slot=0,
             num_slots=num_envs,
             rows_per_slot=self.envs.agents_per_env,
             action_space=self.action_space,
             lean=lean,
+            resident=device_loop,
+            ahead=num_steps if device_loop else 1,
         )
         self.loop = RolloutLoop(self.envs, self.policy, fragment_length=num_steps, source=self.name)
-        self.loop.reset(seed, 0)
+        try:
+            self.loop.reset(seed, 0)
+        except BaseException:
+            self.envs.close()
+            raise
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
         self._lock = threading.Lock()
         self._times = {"env": 0.0, "inference": 0.0}
-        self._queue: queue.Queue[Fragment | BaseException] = queue.Queue(maxsize=max(1, prefetch))
+        self._queue: queue.Queue[Fragment | DeviceFragment | BaseException] = queue.Queue(
+            maxsize=max(1, prefetch)
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.not_exact: str | None = None
@@ -209,7 +331,7 @@ class LocalSource:
 
     # ------------------------------------------------------------------ rollout
 
-    def rollout(self) -> Fragment:
+    def rollout(self) -> Fragment | DeviceFragment:
         """Steps ``T`` times with the current weights and returns the fragment."""
         loop = self.loop
         fragment = None
@@ -235,7 +357,7 @@ class LocalSource:
         except BaseException as exc:  # handed to the learner, which re-raises it
             self._queue.put(exc)
 
-    def fragments(self) -> Iterator[Fragment]:
+    def fragments(self) -> Iterator[Fragment | DeviceFragment]:
         """Fragments forever: rolled out on demand (sync) or by the rollout thread (async)."""
         if self.mode == "sync":
             while True:
@@ -289,9 +411,14 @@ class LocalSource:
         """Restores :meth:`get_state` (the loop's boundary state only where one was taken).
 
         Raises:
-            KeyError: not a :meth:`get_state` of this version (a checkpoint from before
-                keyed sampling noise).
+            ValueError: not a :meth:`get_state` of this version (a checkpoint from before
+                keyed sampling noise, or a device loop's from before it was this loop).
         """
+        if set(state) != {"loop", "sequence"}:
+            raise ValueError(
+                "the rollout state must hold 'loop' and 'sequence' (a checkpoint of this "
+                f"simkit version), got {sorted(state)}"
+            )
         if state["loop"] is not None:
             self.loop.restore_boundary(dict(state["loop"]))
         else:

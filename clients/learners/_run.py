@@ -47,7 +47,6 @@ from simkit.clients.learners._checkpoint import (
     save_policy,
 )
 from simkit.clients.learners._device_pick import DevicePick
-from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
 from simkit.clients.learners._learner_metrics import LearnerMetrics
 from simkit.clients.learners._local_source import LocalSource
 from simkit.clients.learners._logdir import (
@@ -71,6 +70,7 @@ from simkit.errors import InvalidCheckpoint, ServersLost
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
+from simkit.rollout._loop import DeviceFragment
 
 __all__ = ["ALGORITHMS", "Report", "Run", "TrainResult", "learner_of"]
 
@@ -608,7 +608,7 @@ class Run:
     def timings(self) -> dict[str, float] | None:
         """In process, the env and inference seconds since the last call (None: servers)."""
         source = self.source
-        return source.timings() if isinstance(source, LocalSource | DeviceSource) else None
+        return source.timings() if isinstance(source, LocalSource) else None
 
     @property
     def num_servers(self) -> int:

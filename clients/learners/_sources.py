@@ -14,10 +14,10 @@ import torch
 from simkit._kernels import pinned_vars
 from simkit._types import Fragment
 from simkit.clients.learners._args import RunOptions, Settings
-from simkit.clients.learners._device_source import DeviceFragment, DeviceSource
 from simkit.clients.learners._local_source import LocalSource, SourceKeywords
 from simkit.clients.learners._server_source import ServerSource, spawn_servers, stop_servers
 from simkit.models import ActorCritic, ModelSpec
+from simkit.rollout._loop import DeviceFragment
 
 __all__ = [
     "FragmentSource",
@@ -31,8 +31,8 @@ __all__ = [
 
 
 class FragmentSource(Protocol):
-    """What a run uses of its fragment source (:class:`LocalSource`, :class:`ServerSource`,
-    :class:`DeviceSource`): its policy rows, the fragments (``None``: the source changed,
+    """What a run uses of its fragment source (:class:`LocalSource`, on the host or in the
+    device loop, :class:`ServerSource`): its policy rows, the fragments (``None``: the source changed,
     e.g. lost a server), weight pushes, whether a fragment waits, its state for
     checkpoints and why a continuation from them would not be exact."""
 
@@ -58,24 +58,26 @@ class FragmentSource(Protocol):
 def source_kind(source: FragmentSource) -> str:
     """What a checkpoint calls the kind of rollout ``source`` runs: ``"device"`` (the
     device loop), ``"local"`` (in process on the host) or ``"servers"``."""
-    if isinstance(source, DeviceSource):
-        return "device"
-    return "local" if isinstance(source, LocalSource) else "servers"
+    if isinstance(source, LocalSource):
+        return "device" if source.device_loop else "local"
+    return "servers"
 
 
 def describe_source(source: FragmentSource) -> str:
     """Where ``source`` rolls out, for the run's summary: ``"device loop on cuda:0"``,
     ``"in process (host)"`` or ``"rollout servers"``."""
-    if isinstance(source, DeviceSource):
-        return f"device loop on {source.device}"
-    return "in process (host)" if isinstance(source, LocalSource) else "rollout servers"
+    if isinstance(source, LocalSource):
+        return (
+            f"device loop on {source.policy.device}" if source.device_loop else "in process (host)"
+        )
+    return "rollout servers"
 
 
 @dataclass
 class Rollout:
     """An open fragment source and what runs it (server processes, a Ray launch)."""
 
-    source: LocalSource | ServerSource | DeviceSource
+    source: LocalSource | ServerSource
     procs: list[Any] = field(default_factory=list)
     launched: Any = None
 
@@ -110,9 +112,9 @@ class RolloutPlan:
 
     Attributes:
         servers: local servers to start (the run's choice: options, checkpoint, default).
-        device_loop: roll out in process on that device
-            (:class:`~simkit.clients.learners._device_source.DeviceSource`; the run checked it
-            can, :func:`~simkit.clients.learners._device_source.use_device_loop`); None: not.
+        device_loop: roll out in process with every array on that device
+            (:class:`LocalSource` with ``device_loop``; the run checked it can,
+            :func:`~simkit.clients.learners._local_source.use_device_loop`); None: not.
     """
 
     settings: Settings
@@ -139,17 +141,8 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
         ValueError: ``ray`` without ``servers`` or with ``connect``.
     """
     p, s = plan, plan.settings
-    if p.device_loop is not None:
-        return Rollout(
-            DeviceSource(
-                s.env_id,
-                model,
-                device=p.device_loop,
-                env_kwargs=s.env_kwargs,
-                **p.source_keywords(),
-            )
-        )
-    if p.options.ray is None and not p.servers and not p.options.connect:
+    in_process = p.options.ray is None and not p.servers and not p.options.connect
+    if p.device_loop is not None or in_process:
         return Rollout(
             LocalSource(
                 s.env_id,
@@ -157,6 +150,8 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
                 mode=s.mode,
                 num_threads=s.env_threads,
                 env_kwargs=s.env_kwargs,
+                device=p.device_loop,
+                device_loop=p.device_loop is not None,
                 **p.source_keywords(),
             )
         )

@@ -50,14 +50,14 @@ from simkit.clients.learners._device_pick import (
     median_seconds,
     pick_device,
 )
-from simkit.clients.learners._device_source import DeviceFragment, use_device_loop
 from simkit.clients.learners._graphed import PPOStep, use_cuda_graph
-from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent
+from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent, use_device_loop
 from simkit.clients.learners._run import Report, Run, TrainResult
 from simkit.clients.learners._sources import FragmentSource
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
+from simkit.rollout._loop import DeviceFragment
 from simkit.rollout._rows import make_env_rows
 
 __all__ = [

@@ -43,7 +43,6 @@ from simkit.clients.learners._checkpoint import (
     checkpoint_args,
 )
 from simkit.clients.learners._device_pick import PROBE_SEED, Probe, median_seconds, pick_device
-from simkit.clients.learners._device_source import DeviceFragment
 from simkit.clients.learners._graphed import SACStep, use_cuda_graph
 from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
 from simkit.clients.learners._run import Report, Run, TrainResult
@@ -59,6 +58,7 @@ from simkit.clients.learners._train_sac import (
 )
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, SquashedGaussianHead
+from simkit.rollout._loop import DeviceFragment
 
 __all__ = ["SAC", "SACArgs", "SACStats", "TwinQ", "learn", "sac_probe"]
 

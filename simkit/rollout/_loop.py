@@ -1,9 +1,17 @@
-"""The inference loop of a stream session: act, step, accumulate ``T``-step fragments.
+"""The rollout loop: act, step, store, autoreset, over env rows on the host or on a device.
 
-No sockets: :class:`RolloutLoop` owns the session's :class:`EnvRows` and
-:class:`RowPolicy` and turns them into :class:`simkit.Fragment` objects, one
-:meth:`~RolloutLoop.step` at a time, so a worker can check for new weights and
-credit between any two steps.
+No sockets: :class:`RolloutLoop` owns a rollout's :class:`EnvRows` and :class:`RowPolicy`
+and turns them into fragments, one :meth:`~RolloutLoop.step` at a time, so a worker can
+check for new weights and credit between any two steps.
+
+The loop is written once over an array namespace (:class:`Arrays`): numpy, where the rows
+are on the host (a stream session's, the learner's in-process rollout: fragments are
+:class:`simkit.Fragment`), or torch on one device, where the rows stay on that device
+(:class:`~simkit.rollout._rows.DeviceRows`, the device loop: fragments are
+:class:`DeviceFragment` of tensors there). No step reads the rows back: the episodes'
+returns and ends go into the fragment's storage, read once at the fragment's end, and the
+final values of truncated episodes are computed in one batch before the weights change
+or the fragment ends.
 
 Where the envs were split in two parts (:meth:`EnvRows.split`, double-buffered
 sampling), a step is pipelined: the physics of one part runs on the env's background
@@ -15,18 +23,87 @@ and is recorded exactly as in the one-part loop, so the fragments are the same b
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+import torch
 
-from simkit._types import Fragment
+from simkit._types import Fragment, FragmentShape
 from simkit.models import PolicyWeights
 from simkit.rollout._policy import RowPolicy
-from simkit.rollout._rows import EnvRows
+from simkit.rollout._rows import EnvRows, host_arrays
 
-__all__ = ["RolloutLoop", "LoopTimes"]
+__all__ = ["Arrays", "DeviceFragment", "RolloutLoop", "LoopTimes"]
+
+Array: TypeAlias = Any
+"""A numpy array, or a tensor on the loop's device (:class:`Arrays` says which)."""
+
+
+@dataclass
+class DeviceFragment(FragmentShape):
+    """``T`` steps of ``N`` env slots held as tensors on the rollout's device: the
+    fields of :class:`simkit.Fragment` a PPO update reads, single-agent (every row acts).
+
+    Attributes:
+        obs, actions, log_probs, values, rewards, terminated, truncated, final_values:
+            ``(T, N, ...)`` tensors, as :class:`simkit.Fragment` describes them.
+        last_obs, last_values: ``(N, ...)`` the observation after the last step and its
+            value.
+        policy_version: ``(T,)`` int64 (host) version of the weights of each step.
+        episode_returns, episode_lengths: ``(E,)`` float64 and int64 (host): the
+            episodes that ended in the fragment, by slot, then by step.
+        episode_rows: ``(E,)`` int64 (host): the slot of each.
+        sequence: the source's running fragment number, from 0.
+        source: who produced it.
+    """
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    values: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    final_values: torch.Tensor
+    last_obs: torch.Tensor
+    last_values: torch.Tensor
+    policy_version: np.ndarray
+    episode_returns: np.ndarray
+    episode_lengths: np.ndarray
+    episode_rows: np.ndarray
+    sequence: int = 0
+    source: str = ""
+
+    def to_host(self) -> Fragment:
+        """A numpy :class:`simkit.Fragment` of the same steps (a copy; tests and tools,
+        never the device loop itself)."""
+        t, n = self.num_steps, self.num_rows
+
+        def host(x: torch.Tensor) -> np.ndarray:
+            out: np.ndarray = x.detach().cpu().numpy().copy()
+            return out
+
+        return Fragment(
+            obs=host(self.obs),
+            actions=host(self.actions),
+            log_probs=host(self.log_probs),
+            values=host(self.values),
+            rewards=host(self.rewards),
+            terminated=host(self.terminated),
+            truncated=host(self.truncated),
+            final_values=host(self.final_values),
+            agent_mask=np.ones((t, n), dtype=np.bool_),
+            policy_version=self.policy_version.copy(),
+            last_obs=host(self.last_obs),
+            last_values=host(self.last_values),
+            env_ids=np.arange(n, dtype=np.int64),
+            episode_returns=self.episode_returns.copy(),
+            episode_lengths=self.episode_lengths.copy(),
+            episode_rows=self.episode_rows.copy(),
+            source=self.source,
+            sequence=self.sequence,
+        )
 
 
 @dataclass
@@ -50,28 +127,68 @@ class LoopTimes:
     env_calls: list[float] = field(default_factory=list)
 
 
+class Arrays:
+    """The array namespace of a rollout: numpy on the host (``device`` None), or torch
+    on one device, where the loop's rows, storage and fragments stay."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Array:
+        """Zeros of ``dtype`` (a numpy dtype, or the dtype of an array of this namespace)."""
+        if self.device is None:
+            return np.zeros(shape, dtype=dtype)
+        if not isinstance(dtype, torch.dtype):
+            dtype = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def where(self, cond: Array, x: Array, other: float) -> Array:
+        """``x`` where ``cond``, else ``other``."""
+        if self.device is None:
+            return np.where(cond, x, other)
+        return torch.where(cond, x, other)
+
+    def join(self, parts: list[Array]) -> Array:
+        """The rows of ``parts`` as one new array."""
+        if self.device is None:
+            return np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+    def host(self, x: Array) -> np.ndarray:
+        """``x`` on the host (a copy: a read back from a device)."""
+        out: np.ndarray = np.array(host_arrays(x))
+        return out
+
+    def from_host(self, x: np.ndarray) -> Array:
+        """``x`` in this namespace (a copy)."""
+        if self.device is None:
+            return np.array(x)
+        return torch.from_numpy(np.array(x)).to(self.device)
+
+
 class _Buffer:
     """Arrays of one fragment being collected (fresh per fragment: the previous one may
-    still be on its way to the learner, zero-copy)."""
+    still be on its way to the learner, zero-copy, or in its update). Beside the
+    fragment's fields: every row's final observation and, at each step, the return and
+    length its episode had (read where the episode ended)."""
 
     def __init__(
-        self, t: int, r: int, obs: np.ndarray, action_shape: tuple[int, ...], action_dtype: Any
+        self, xp: Arrays, t: int, r: int, obs: Array, action_shape: tuple[int, ...], actions: Any
     ) -> None:
-        self.obs = np.empty((t, *obs.shape), dtype=obs.dtype)
-        self.actions = np.empty((t, r, *action_shape), dtype=action_dtype)
-        self.log_probs = np.zeros((t, r), dtype=np.float32)
-        self.values = np.zeros((t, r), dtype=np.float32)
-        self.rewards = np.zeros((t, r), dtype=np.float64)
-        self.terminated = np.zeros((t, r), dtype=np.bool_)
-        self.truncated = np.zeros((t, r), dtype=np.bool_)
-        self.final_values = np.zeros((t, r), dtype=np.float32)
-        self.agent_mask = np.zeros((t, r), dtype=np.bool_)
+        rows = (t, r)
+        self.obs = xp.zeros((t, r, *obs.shape[1:]), obs.dtype)
+        self.final_obs = xp.zeros((t, r, *obs.shape[1:]), obs.dtype)
+        self.actions = xp.zeros((t, r, *action_shape), actions)
+        self.log_probs = xp.zeros(rows, np.float32)
+        self.values = xp.zeros(rows, np.float32)
+        self.rewards = xp.zeros(rows, np.float64)
+        self.terminated = xp.zeros(rows, np.bool_)
+        self.truncated = xp.zeros(rows, np.bool_)
+        self.final_values = xp.zeros(rows, np.float32)
+        self.agent_mask = xp.zeros(rows, np.bool_)
+        self.ep_returns = xp.zeros(rows, np.float64)
+        self.ep_lengths = xp.zeros(rows, np.int64)
         self.policy_version = np.zeros(t, dtype=np.int64)
-        self.ep_returns: list[float] = []
-        self.ep_lengths: list[int] = []
-        self.ep_rows: list[int] = []
-        self.final_obs: list[np.ndarray] = []
-        self.final_index: list[np.ndarray] = []
 
 
 class RolloutLoop:
@@ -79,18 +196,19 @@ class RolloutLoop:
 
     Step ``t`` stores the observation acted on, the sampled action, its log-prob and
     value, the reward and flags; where an episode was truncated (and not terminated),
-    ``final_values`` holds the value of the final observation under the same policy
-    version, computed right after the env step for the rows that need it. At the
-    end, ``last_obs``/``last_values`` bootstrap the rest.
+    ``final_values`` holds the value of the final observation under the policy version
+    that acted, computed for the steps since the last weight change in one batch. At
+    the end, ``last_obs``/``last_values`` bootstrap the rest.
 
-    With ``envs`` split in two parts, the parts are acted
-    on and stepped one after the other through ``send``/``recv``, so one part's physics
-    overlaps the other's forward pass. Weights must not change while a step is in
-    flight: load them with :meth:`set_weights`, which settles first.
+    With ``envs`` split in two parts, the parts are acted on and stepped one after the
+    other through ``send``/``recv``, so one part's physics overlaps the other's forward
+    pass. Weights must not change while a step is in flight: load them with
+    :meth:`set_weights`, which settles first.
 
     Args:
-        envs: the session's envs.
-        policy: the session's policy.
+        envs: the rollout's envs (:class:`~simkit.rollout._rows.DeviceRows`: on their
+            device, the loop's arrays there too).
+        policy: the rollout's policy (acting where the rows are).
         fragment_length: ``T``.
         env_offset: global index of env slot 0 (fragments' ``env_ids``).
         with_states: attach the envs' snapshot at step 0 to each fragment.
@@ -112,6 +230,7 @@ class RolloutLoop:
         self.fragment_length = fragment_length
         self.with_states = with_states
         self.source = source
+        self.xp = Arrays(envs.device)
         self.parts = list(envs.parts)
         # The one-part loop acts on every row at once (the policy's whole-batch path).
         self._act_parts: list[slice | None] = [*self.parts] if len(self.parts) > 1 else [None]
@@ -120,17 +239,17 @@ class RolloutLoop:
         self.action_shape = tuple(envs.action_space.shape or ())
         self.sequence = 0
         self.times = LoopTimes()
-        self._obs: list[np.ndarray] = []
-        self._mask: list[np.ndarray] = []
+        self._obs: list[Array] = []
+        self._mask: list[Array] = []
         self._sent = [0.0] * len(self.parts)
         self._in_flight = False
         self._buf: _Buffer | None = None
         self._start_state: dict[str, Any] | None = None
         self._t = 0
-        self._ret = np.zeros(envs.num_rows, dtype=np.float64)
-        self._len = np.zeros(envs.num_rows, dtype=np.int64)
-        self._final: list[tuple[int, slice, np.ndarray, Callable[[], np.ndarray]]] = []
-        """Final values asked for and not yet written: (step, part, rows, result)."""
+        self._valued = 0
+        """Steps whose final values are written (the rest wait for a batch)."""
+        self._ret: Array = self.xp.zeros((envs.num_rows,), np.float64)
+        self._len: Array = self.xp.zeros((envs.num_rows,), np.int64)
 
     @property
     def double_buffered(self) -> bool:
@@ -144,13 +263,12 @@ class RolloutLoop:
         self._obs = [obs[part] for part in self.parts]
         self._mask = [mask[part] for part in self.parts]
         self._buf = None
-        self._final.clear()
         self._t = 0
         self._ret[:] = 0.0
         self._len[:] = 0
 
     def boundary_state(self) -> dict[str, Any]:
-        """What the loop keeps between fragments, as copies: the envs' snapshot
+        """What the loop keeps between fragments, as host copies: the envs' snapshot
         (:meth:`EnvRows.get_state`), the observations and mask the next step acts on,
         the running episode returns and lengths and the next sequence number (which
         also fixes the step count the sampling noise is keyed by).
@@ -163,12 +281,13 @@ class RolloutLoop:
             raise RuntimeError("the loop is inside a fragment; its state exists only between two")
         if not self._obs:
             raise RuntimeError("reset() the loop first")
+        xp = self.xp
         return {
             "envs": self.envs.get_state(),
-            "obs": np.concatenate(self._obs) if len(self._obs) > 1 else self._obs[0].copy(),
-            "agent_mask": np.concatenate(self._mask),
-            "episode_returns": self._ret.copy(),
-            "episode_lengths": self._len.copy(),
+            "obs": xp.host(xp.join(self._obs)),
+            "agent_mask": xp.host(xp.join(self._mask)),
+            "episode_returns": xp.host(self._ret),
+            "episode_lengths": xp.host(self._len),
             "sequence": self.sequence,
         }
 
@@ -185,8 +304,8 @@ class RolloutLoop:
             raise RuntimeError("the loop is inside a fragment; restore it between two")
         if not self._obs:
             raise RuntimeError("reset() the loop first")
-        r = self.envs.num_rows
-        current = np.concatenate(self._obs)
+        xp, r = self.xp, self.envs.num_rows
+        current = xp.host(xp.join(self._obs))
         want: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {
             "obs": (current.shape, current.dtype),
             "agent_mask": ((r,), np.dtype(np.bool_)),
@@ -198,12 +317,12 @@ class RolloutLoop:
             if arr.shape != shape or arr.dtype != dtype:
                 raise ValueError(f"{name} must be {dtype} {shape}, got {arr.dtype} {arr.shape}")
         self.envs.set_state(state["envs"])
-        obs = np.array(state["obs"])
-        mask = np.array(state["agent_mask"], dtype=np.bool_)
+        obs = xp.from_host(state["obs"])
+        mask = xp.from_host(state["agent_mask"])
         self._obs = [obs[part] for part in self.parts]
         self._mask = [mask[part] for part in self.parts]
-        self._ret[:] = state["episode_returns"]
-        self._len[:] = state["episode_lengths"]
+        self._ret = xp.from_host(state["episode_returns"])
+        self._len = xp.from_host(state["episode_lengths"])
         self.sequence = int(state["sequence"])
         self._buf = None
         self._t = 0
@@ -218,7 +337,7 @@ class RolloutLoop:
         times, self.times = self.times, LoopTimes()
         return times
 
-    def step(self) -> Fragment | None:
+    def step(self) -> Fragment | DeviceFragment | None:
         """One act + env step over every row; the finished fragment after its ``T``-th.
 
         Double-buffered, the step's env results are collected by the next call (or
@@ -231,17 +350,20 @@ class RolloutLoop:
             raise RuntimeError("the policy has no weights yet")
         t = self._t
         if t == 0:
+            self.envs.begin()
             self._start_state = self.envs.get_state() if self.with_states else None
+            self._valued = 0
             self._buf = _Buffer(
+                self.xp,
                 self.fragment_length,
                 self.envs.num_rows,
-                np.concatenate(self._obs) if len(self._obs) > 1 else self._obs[0],
+                self._obs[0],
                 self.action_shape,
                 policy.action_dtype,
             )
         buf = self._buf
         assert buf is not None
-        times = self.times
+        times, where = self.times, self.xp.where
         for k, part in enumerate(self.parts):
             if self._in_flight:
                 self._collect(k, t - 1)
@@ -251,13 +373,12 @@ class RolloutLoop:
             self.envs.send(k, out.actions)
             buf.obs[t, part] = obs
             buf.actions[t, part] = out.actions
-            buf.log_probs[t, part] = np.where(mask, out.log_probs, 0.0)
-            buf.values[t, part] = np.where(mask, out.values, 0.0)
+            buf.log_probs[t, part] = where(mask, out.log_probs, 0.0)
+            buf.values[t, part] = where(mask, out.values, 0.0)
             buf.agent_mask[t, part] = mask
             times.inference += out.seconds
             times.rows += int(obs.shape[0])
             times.inference_calls.append((int(obs.shape[0]), out.seconds))
-        self._write_final_values()
         buf.policy_version[t] = policy.version
         self._in_flight = True
         self._t = t + 1
@@ -283,95 +404,85 @@ class RolloutLoop:
             self._in_flight = False
 
     def _collect(self, k: int, t: int) -> None:
-        """Receives part ``k``'s env step ``t`` and records it."""
+        """Receives part ``k``'s env step ``t`` and records it: the step, and each row's
+        episode return and length so far (kept where its episode ended, then zeroed)."""
         step = self.envs.recv(k)
         env_s = time.perf_counter() - self._sent[k]
         part = self.parts[k]
         buf = self._buf
         assert buf is not None
-        mask = self._mask[k]
+        where, mask = self.xp.where, self._mask[k]
         buf.rewards[t, part] = step.reward
         buf.terminated[t, part] = step.terminated
         buf.truncated[t, part] = step.truncated
-        cut = step.truncated & ~step.terminated & mask
-        times = self.times
-        if cut.any():  # resolved after the next act (one synchronisation per step on CUDA)
-            v0 = time.perf_counter()
-            self._final.append((t, part, cut, self.policy.value_later(step.final_obs, cut, part)))
-            times.inference += time.perf_counter() - v0
+        buf.final_obs[t, part] = step.final_obs
         ret, length = self._ret[part], self._len[part]  # views
-        ret += np.where(mask, step.reward, 0.0)
+        ret += where(mask, step.reward, 0.0)
         length += mask
-        ended = np.flatnonzero((step.terminated | step.truncated) & mask)
-        first = part.start or 0
-        if len(ended):
-            buf.final_obs.append(np.asarray(step.final_obs)[ended])
-            buf.final_index.append(t * self.envs.num_rows + first + ended)
-        for row in ended.tolist():
-            buf.ep_returns.append(float(ret[row]))
-            buf.ep_lengths.append(int(length[row]))
-            buf.ep_rows.append(first + row)
-        ret[ended] = 0.0
-        length[ended] = 0
+        buf.ep_returns[t, part] = ret
+        buf.ep_lengths[t, part] = length
+        ended = (step.terminated | step.truncated) & mask
+        ret[...] = where(ended, 0.0, ret)
+        length[...] = where(ended, 0, length)
         self._obs[k], self._mask[k] = step.obs, step.mask
-        times.env += env_s
-        times.env_calls.append(env_s)
+        self.times.env += env_s
+        self.times.env_calls.append(env_s)
 
     def _write_final_values(self) -> None:
-        """Writes the final values asked for since the last call into the fragment."""
-        if not self._final:
+        """Writes the final values of the truncations collected since the last call, in
+        one batch, under the weights that acted."""
+        buf, first, end = self._buf, self._valued, self._t
+        if buf is None or end <= first:
             return
         v0 = time.perf_counter()
-        buf = self._buf
-        assert buf is not None
-        for t, part, cut, result in self._final:
-            buf.final_values[t, part] = np.where(cut, result(), 0.0)
-        self._final.clear()
+        cut = buf.truncated[first:end] & ~buf.terminated[first:end] & buf.agent_mask[first:end]
+        buf.final_values[first:end] = self.policy.final_values(buf.final_obs[first:end], cut)
+        self._valued = end
         self.times.inference += time.perf_counter() - v0
 
-    def _finish(self) -> Fragment:
+    def _finish(self) -> Fragment | DeviceFragment:
         self._write_final_values()
         buf = self._buf
         assert buf is not None
-        obs = np.concatenate(self._obs) if len(self._obs) > 1 else self._obs[0].copy()
-        mask = np.concatenate(self._mask) if len(self._mask) > 1 else self._mask[0]
+        xp = self.xp
+        obs, mask = xp.join(self._obs), xp.join(self._mask)
         v0 = time.perf_counter()
-        last_values = np.where(mask, self.policy.value(obs), 0.0).astype(np.float32)
+        last_values = xp.where(mask, self.policy.value(obs), 0.0)
         self.times.inference += time.perf_counter() - v0
-        order = np.argsort(
-            np.asarray(buf.ep_rows, dtype=np.int64), kind="stable"
-        )  # by row, then time
-        if buf.final_index:
-            final_index = np.concatenate(buf.final_index).astype(np.int64, copy=False)
-            in_order = np.argsort(final_index, kind="stable")
-            final_index = final_index[in_order]
-            final_obs = np.concatenate(buf.final_obs)[in_order]
+        ended = xp.host((buf.terminated | buf.truncated) & buf.agent_mask)
+        rows, steps = np.nonzero(ended.T)  # by row, then step
+        returns, lengths = xp.host(buf.ep_returns), xp.host(buf.ep_lengths)
+        common: dict[str, Any] = {
+            "obs": buf.obs,
+            "actions": buf.actions,
+            "log_probs": buf.log_probs,
+            "values": buf.values,
+            "rewards": buf.rewards,
+            "terminated": buf.terminated,
+            "truncated": buf.truncated,
+            "final_values": buf.final_values,
+            "policy_version": buf.policy_version,
+            "last_obs": obs,
+            "episode_returns": returns[steps, rows],
+            "episode_lengths": lengths[steps, rows],
+            "episode_rows": rows.astype(np.int64),
+            "sequence": self.sequence,
+            "source": self.source,
+        }
+        fragment: Fragment | DeviceFragment
+        if xp.device is not None:
+            fragment = DeviceFragment(last_values=last_values, **common)
         else:
-            final_index = np.zeros(0, dtype=np.int64)
-            final_obs = np.zeros((0, *obs.shape[1:]), dtype=obs.dtype)
-        fragment = Fragment(
-            obs=buf.obs,
-            actions=buf.actions,
-            log_probs=buf.log_probs,
-            values=buf.values,
-            rewards=buf.rewards,
-            terminated=buf.terminated,
-            truncated=buf.truncated,
-            final_values=buf.final_values,
-            agent_mask=buf.agent_mask,
-            policy_version=buf.policy_version,
-            last_obs=obs,
-            last_values=last_values,
-            env_ids=self.env_ids,
-            episode_returns=np.asarray(buf.ep_returns, dtype=np.float64)[order],
-            episode_lengths=np.asarray(buf.ep_lengths, dtype=np.int64)[order],
-            episode_rows=np.asarray(buf.ep_rows, dtype=np.int64)[order],
-            source=self.source,
-            sequence=self.sequence,
-            start_state=self._start_state,
-            final_obs=final_obs,
-            final_index=final_index,
-        )
+            at_step, at_row = np.nonzero(ended)  # by step, then row: the flat index order
+            fragment = Fragment(
+                last_values=last_values.astype(np.float32),
+                agent_mask=buf.agent_mask,
+                env_ids=self.env_ids,
+                start_state=self._start_state,
+                final_obs=buf.final_obs[at_step, at_row],
+                final_index=(at_step * ended.shape[1] + at_row).astype(np.int64),
+                **common,
+            )
         self.sequence += 1
         self._t = 0
         self._buf = None

@@ -13,16 +13,19 @@ is computed there (:class:`simkit._noise.TorchSlotNoise`, the same bits), so no 
 crosses from the host; normal noise is drawn on the host and copied. On a CUDA device
 the act runs through :class:`simkit.rollout._static_act.StaticActs`: pinned host
 buffers, non-blocking copies, one synchronisation per act and the forward pass as a
-CUDA graph per batch shape; values go through pinned copies too, and the final values
-of a step's truncations are queued (:meth:`RowPolicy.value_later`) and read after the
-next act, so a step waits for the device once.
+CUDA graph per batch shape; values go through pinned copies too (the final values of
+truncations in one batch per fragment or weight change: :meth:`RowPolicy.final_values`).
+
+A *resident* policy acts on rows that stay on its device (the device loop,
+:class:`~simkit.rollout._rows.DeviceRows`): ``model.act`` on the tensors, the noise of a
+whole fragment computed there (uniform) or drawn on the host and copied once (normal),
+and its outputs are tensors there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,18 +86,19 @@ def host_output(out: ActOutput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @dataclass
 class PolicyOutput:
-    """One batched act over every row.
+    """One batched act over every row (numpy; tensors on the device for a resident
+    policy).
 
     Attributes:
-        actions: ``(R, *action_shape)`` sampled actions (numpy).
+        actions: ``(R, *action_shape)`` sampled actions.
         log_probs: ``(R,)`` float32.
         values: ``(R,)`` float32.
         seconds: time spent in forward passes and sampling.
     """
 
-    actions: np.ndarray
-    log_probs: np.ndarray
-    values: np.ndarray
+    actions: Any
+    log_probs: Any
+    values: Any
     seconds: float
 
 
@@ -117,6 +121,8 @@ class RowPolicy:
         capture: act through static buffers on any device, each batch shape's forward
             made by this :data:`~simkit.rollout._static_act.Capture` (tests run the
             structure on the CPU with ``eager_capture``); None: as ``graphs`` says.
+        resident: act on rows that stay on ``device`` (tensors in, tensors out).
+        ahead: steps of noise drawn at once (a resident policy's fragment length).
     """
 
     def __init__(
@@ -132,8 +138,12 @@ class RowPolicy:
         lean: bool = True,
         graphs: bool = True,
         capture: Capture | None = None,
+        resident: bool = False,
+        ahead: int = 1,
     ) -> None:
         self.model = model.to(device)
+        self.resident = resident
+        self.ahead = ahead
         self.model.eval()
         self.device = device
         self.num_rows = num_slots * rows_per_slot
@@ -155,16 +165,18 @@ class RowPolicy:
         self.version: int | None = None
         self._own: tuple[list[str], list[torch.Tensor]] | None = None
         self._drawn: tuple[int, np.ndarray] | None = None
-        self.lean = LeanMLP.of(self.model) if lean and device.type == "cpu" else None
+        self.lean = (
+            LeanMLP.of(self.model) if lean and device.type == "cpu" and not resident else None
+        )
         """The numpy act path, None on other devices and for other models."""
         self.device_noise = (
             TorchSlotNoise(self.noise, device)
-            if device.type != "cpu" and kind == "uniform"
+            if (device.type != "cpu" or resident) and kind == "uniform"
             else None
         )
         """The noise computed on ``device`` (uniform noise off the CPU), else None."""
         self._drawn_on_device: tuple[int, torch.Tensor] | None = None
-        if capture is None and graphs and device.type == "cuda":
+        if capture is None and graphs and device.type == "cuda" and not resident:
             capture = cuda_graph_capture
         self.static = (
             StaticActs(self.model, device, head.noise_width, pack_output, capture)
@@ -225,6 +237,10 @@ class RowPolicy:
         from its own noise, so acting part by part gives the same actions.
         """
         start = time.perf_counter()
+        if self.resident:
+            out = self.model.act(obs, noise=self._device_noise(step, part))
+            seconds = time.perf_counter() - start
+            return PolicyOutput(out.actions, out.log_probs, out.values, seconds)
         if self.static is not None:
             return self._act_static(obs, step, part, start)
         if self.device_noise is not None:
@@ -254,12 +270,22 @@ class RowPolicy:
         return drawn[1] if part is None else drawn[1][part]
 
     def _device_noise(self, step: int, part: slice | None) -> torch.Tensor:
-        """:meth:`_host_noise` computed on the policy's device."""
-        assert self.device_noise is not None
+        """:meth:`_host_noise` on the policy's device: computed there (uniform), or drawn
+        on the host and copied (normal, a resident policy's), ``ahead`` steps at once."""
         drawn = self._drawn_on_device
-        if drawn is None or drawn[0] != step:
-            drawn = self._drawn_on_device = (step, self.device_noise.draw(step))
-        return drawn[1] if part is None else drawn[1][part]
+        if drawn is None or not 0 <= step - drawn[0] < len(drawn[1]):
+            if self.device_noise is not None:
+                block = self.device_noise.draw_steps(step, self.ahead)
+            else:
+                host = torch.from_numpy(
+                    np.stack([self.noise.draw(step + k) for k in range(self.ahead)])
+                )
+                if self.device.type == "cuda":
+                    host = host.pin_memory()  # a pageable copy would wait for the device
+                block = host.to(self.device, non_blocking=True)
+            drawn = self._drawn_on_device = (step, block)
+        noise = drawn[1][step - drawn[0]]
+        return noise if part is None else noise[part]
 
     def _act_static(
         self, obs: np.ndarray, step: int, part: slice | None, start: float
@@ -306,17 +332,17 @@ class RowPolicy:
         return self._output(self.model.act(self._tensor(obs), noise=noise), start)
 
     @torch.inference_mode()
-    def value(
-        self, obs: np.ndarray, rows: np.ndarray | None = None, part: slice | None = None
-    ) -> np.ndarray:
-        """float32 values of ``obs`` ``(B, ...)``; with ``rows`` (bool ``(B,)``), only the
+    def value(self, obs: Any, rows: Any = None, part: slice | None = None) -> Any:
+        """float32 values of ``obs`` ``(B, ...)`` (numpy; tensors for a resident policy); with ``rows`` (bool ``(B,)``), only the
         selected rows are evaluated (0 elsewhere). ``obs`` holds every row, or with
         ``part`` only the rows ``part`` (as :meth:`act`): a row's value has the same bits
-        either way. On the static act path (CUDA) through :meth:`value_later`: pinned
-        copies and one wait."""
+        either way. On the static act path (CUDA) through pinned copies and one wait; a
+        resident policy's are tensors on its device (every row evaluated)."""
+        if self.resident:
+            v = self.model.value(obs).float().reshape(-1)
+            return v if rows is None else torch.where(torch.as_tensor(rows), v, 0.0)
         if self.static is not None:
-            every = np.ones(len(obs), dtype=np.bool_) if rows is None else rows
-            return self.value_later(obs, every, part)()
+            return self._value_static(obs, np.ones(len(obs), np.bool_) if rows is None else rows)
         lean = self.lean
         first = self._first_row(part)
         if rows is None:
@@ -333,24 +359,31 @@ class RowPolicy:
         return out
 
     @torch.inference_mode()
-    def value_later(
-        self, obs: np.ndarray, rows: np.ndarray, part: slice | None = None
-    ) -> Callable[[], np.ndarray]:
-        """:meth:`value` of the ``rows`` of ``obs``, returned by the function this gives.
+    def final_values(self, obs: Any, rows: Any) -> Any:
+        """``(K, R)`` float32 values of the final observations ``obs`` ``(K, R, ...)`` of
+        ``K`` steps where ``rows`` (bool ``(K, R)``), 0 elsewhere: on the CPU step by
+        step (:meth:`value`'s bits), on the static act path in one forward pass over the
+        selected rows of every step (one wait), resident in one forward pass over every
+        row (no wait)."""
+        k, r = rows.shape
+        if self.resident:
+            v = self.model.value(obs.reshape(k * r, *obs.shape[2:])).float().reshape(k, r)
+            return torch.where(rows, v, 0.0)
+        if self.static is not None:
+            flat = np.asarray(obs).reshape(k * r, *obs.shape[2:])
+            return self._value_static(flat, rows.reshape(-1)).reshape(k, r)
+        out = np.zeros(rows.shape, dtype=np.float32)
+        for k in np.flatnonzero(rows.any(axis=1)):
+            out[k] = self.value(obs[k], rows[k])
+        return out
 
-        On the static act path (CUDA) the forward is queued on the device and its result
-        copied back without blocking; calling the function waits for it, which costs
-        nothing after the next :meth:`act` (that act's one synchronisation waits for the
-        queue behind it). So a step with truncations synchronises once, as any step.
-        Elsewhere the values are computed now. The bits are :meth:`value`'s.
-        """
-        if self.static is None:
-            values = self.value(obs, rows, part)
-            return lambda: values
+    def _value_static(self, obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """:meth:`value` of the ``rows`` of ``obs`` on the static act path: the forward
+        queued on the device, its result copied back through pinned memory, one wait."""
         out = np.zeros(len(obs), dtype=np.float32)
         picked = np.flatnonzero(rows)
         if not len(picked):
-            return lambda: out
+            return out
         cuda = self.device.type == "cuda"
         x = torch.from_numpy(np.ascontiguousarray(np.asarray(obs)[picked]))
         if x.is_floating_point() and x.dtype != torch.float32:
@@ -361,14 +394,7 @@ class RowPolicy:
             v = self.model.value(x.to(self.device, non_blocking=True)).float().reshape(-1)
             host = torch.empty(v.shape, dtype=torch.float32, pin_memory=cuda)
             host.copy_(v, non_blocking=True)
-            done = torch.cuda.Event() if cuda else None
-            if done is not None:
-                done.record()
-
-        def result() -> np.ndarray:
-            if done is not None:
-                done.synchronize()
-            out[picked] = host.numpy()
-            return out
-
-        return result
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+        out[picked] = host.numpy()
+        return out

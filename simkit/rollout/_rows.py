@@ -1,4 +1,4 @@
-"""The envs of a stream session as policy rows, through the local execution core.
+"""The envs of a rollout as policy rows, through the local execution core.
 
 :class:`EnvRows` steps a :class:`simkit.vector.VectorEnv`, a :class:`simkit.BatchEnv` or
 a :class:`simkit.vector.MultiAgentVectorEnv` through their public ``reset`` /
@@ -11,6 +11,9 @@ slots) through its EnvPool-style ``send``/``recv``: the physics of one part runs
 env's background thread while the caller evaluates the policy for the other
 (:class:`simkit.rollout._loop.RolloutLoop` with ``double_buffer``). Each
 instance's trajectory is the one a whole-batch step gives it (the BatchEnv contract).
+
+:class:`DeviceRows` presents a torch BatchEnv with device-resident steps the same way,
+its rows staying on the device as tensors: the device loop's envs.
 """
 
 from __future__ import annotations
@@ -26,14 +29,23 @@ from gymnasium import spaces
 from simkit.registry import EnvKind, spec
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
-__all__ = ["host_arrays", "EnvRows", "RowStep", "make_env_rows", "ENV_KINDS"]
+__all__ = [
+    "host_arrays",
+    "DeviceRows",
+    "EnvRows",
+    "RowStep",
+    "make_device_rows",
+    "make_env_rows",
+    "ENV_KINDS",
+]
 
 ENV_KINDS = ("single", "batch", "multi_agent")
 
 
 @dataclass(frozen=True)
 class RowStep:
-    """One step of every row.
+    """One step of every row (numpy arrays; tensors on the device for
+    :class:`DeviceRows`).
 
     Attributes:
         obs: ``(R, ...)`` observations to act on next.
@@ -44,12 +56,12 @@ class RowStep:
         final_obs: ``(R, ...)`` observations the actions led to.
     """
 
-    obs: np.ndarray
-    mask: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    final_obs: np.ndarray
+    obs: Any
+    mask: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    final_obs: Any
 
 
 class EnvRows:
@@ -79,6 +91,11 @@ class EnvRows:
         """Row ranges stepped apart (:meth:`send`/:meth:`recv`); one unless split."""
         self._part_ids: list[np.ndarray] = []
         self._pending: RowStep | None = None
+        self.device: Any = None
+        """The torch device the rows stay on (:class:`DeviceRows`); None: the host."""
+
+    def begin(self) -> None:
+        """Called before the first step of each fragment (nothing to do on the host)."""
 
     @property
     def can_split(self) -> bool:
@@ -206,6 +223,75 @@ class EnvRows:
             self.env.close()
 
 
+class DeviceRows(EnvRows):
+    """A torch :class:`simkit.BatchEnv`'s slots as rows that stay on its device: the
+    device loop's envs. Its steps' tensors pass as they are (no host copy, no host
+    read); ``Box`` actions are clamped there (the env is built without action
+    validation, which reads them on the host); each fragment begins with
+    :meth:`~simkit.BatchEnv.prepare_device_steps` (one host read of the episode
+    counters).
+
+    Args:
+        env: a torch batch env with device-resident steps (owned).
+        steps: steps per fragment.
+        name: what errors call the env (its id).
+    """
+
+    def __init__(self, env: Any, steps: int, name: str = "") -> None:
+        import torch
+
+        super().__init__(env, "batch")
+        self.device = torch.device(env.device)
+        self.steps = steps
+        self.name = name or type(env).__name__
+        self._live = torch.ones(self.num_rows, dtype=torch.bool, device=self.device)
+        space = self.action_space
+        self._bounds = (
+            (
+                torch.as_tensor(space.low, device=self.device),
+                torch.as_tensor(space.high, device=self.device),
+            )
+            if isinstance(space, spaces.Box)
+            else None
+        )
+
+    def begin(self) -> None:
+        """Prepares the env for a fragment of device-resident steps.
+
+        Raises:
+            ValueError: the env's steps fall back to the host path.
+        """
+        if not self.env.prepare_device_steps(self.steps):
+            raise ValueError(
+                f"the device loop cannot run {self.name}: its steps fall back "
+                "to the host path (per-instance randomization overrides or non-scalar "
+                "parameters, or resets on the host on a backend that computes there)"
+            )
+
+    def reset(self, seed: int, env_offset: int) -> tuple[Any, Any]:
+        """:meth:`EnvRows.reset` on the device (and checks the steps stay there)."""
+        self.env.seeds.env_offset = env_offset
+        obs, _ = self.env.reset(seed=seed)
+        self.begin()
+        return obs, self._live.clone()
+
+    def step(self, actions: Any) -> RowStep:
+        """Steps every env with one action tensor per row, on the device."""
+        import torch
+
+        if self._bounds is not None:
+            actions = torch.clamp(actions, *self._bounds)
+        step = self.env.step_batch(actions)
+        return RowStep(
+            obs=step.obs,
+            mask=self._live,
+            reward=step.reward.to(torch.float64),
+            terminated=step.terminated,
+            truncated=step.truncated,
+            final_obs=step.final_obs,
+        )
+
+
 def host_arrays(value: Any) -> Any:
     """``value`` (a torch batch's rows: a tensor, or a dict/tuple of them) as numpy
     arrays on the host; numpy rows unchanged."""
@@ -261,3 +347,23 @@ def _takes(factory: Any, name: str) -> bool:
     except (TypeError, ValueError):  # no signature to read: do not guess
         return False
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def make_device_rows(
+    env_id: str,
+    num_envs: int,
+    steps: int,
+    device: Any,
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> DeviceRows:
+    """Builds ``num_envs`` slots of the batch env ``env_id`` on ``device`` as
+    :class:`DeviceRows` (fragments of ``steps``), without action validation.
+
+    Raises:
+        simkit.errors.UnknownEnv: the id is not registered.
+        ValueError: the env's steps fall back to the host path (checked at its reset).
+    """
+    built = {"num_envs": num_envs, "device": device, "validate_actions": False}
+    env = spec(env_id).make(**{**dict(env_kwargs or {}), **built})
+    return DeviceRows(env, steps, env_id)
