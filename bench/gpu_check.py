@@ -17,9 +17,9 @@ What it measures (Cheetah-sized spaces: 17 float32 observations, 6 float32 actio
      numpy observations, keyed noise drawn per step, actions back as numpy: host <->
      device copies included. On the CPU it runs the numpy ``LeanMLP``; on CUDA
      its default path, ``model.act`` with the noise as a CUDA graph over pinned buffers
-     (normal noise drawn on the host and copied);
+     (the keyed normal noise computed on the device, ``simkit._noise.TorchSlotNoise``);
    - the same with a categorical head of 6 actions, whose uniform noise is computed on
-     the device off the CPU (``simkit._noise.TorchSlotNoise``).
+     the device off the CPU too.
 1b. ``RowPolicy.act``'s paths (``--only rowpolicy``), rows/s at B = 4k and 64k, with a
    Gaussian and a categorical head: on CUDA the default path (pinned host buffers,
    non-blocking copies, one event wait, the forward as a CUDA graph per batch shape:

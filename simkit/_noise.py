@@ -11,41 +11,110 @@ The rule. Slots are cut into blocks of :data:`NOISE_BLOCK`. The noise of block `
 step ``t`` is a table of ``NOISE_BLOCK * rows_per_slot`` rows of ``width`` values drawn
 from a PCG64 stream, seeded by ``SeedSequence(seed, spawn_key=(0x706F6C,))`` and
 advanced by ``(t << 64) | (b << 32)`` draws (disjoint windows: one table draws far
-fewer than 2**32 numbers): ``Generator.standard_normal`` or ``Generator.random``, in
-float32, row after row. Slot ``i`` owns rows ``(i % NOISE_BLOCK) * rows_per_slot`` on of
+fewer than 2**32 numbers): ``Generator.random`` in float32, row after row, each value
+``k * 2**-24`` for a 24-bit ``k``. A normal value is :func:`keyed_normal` of that ``k``:
+the standard normal's inverse CDF at ``(k + 1/2) / 2**24``, through a committed table and
+exact integer and float32 operations only. Slot ``i`` owns rows ``(i % NOISE_BLOCK) * rows_per_slot`` on of
 its block's table. A generator fills a table sequentially, so a draw of the table's
 first ``n`` rows equals the first ``n`` rows of the whole table: a session draws each
 block only up to the last row it owns.
 
-On a torch device, :class:`TorchSlotNoise` computes the same uniform noise where it is
-used: the PCG64 stream is an integer recurrence, evaluated in int64 tensors by
-:func:`simkit._seeding.pcg64_outputs_torch`, so the bits are the numpy ones on any
-device. Normal noise (numpy's ziggurat, whose rejections make a value's position in
-the stream depend on the values before it) is drawn on the host and copied.
+On a torch device, :class:`TorchSlotNoise` computes the same noise where it is used: the
+PCG64 stream is an integer recurrence, evaluated in int64 tensors by
+:func:`simkit._seeding.pcg64_outputs_torch`, and the normal's table lookup and linear
+interpolation are correctly rounded float32 operations, so the bits are the numpy ones
+on any device (no libm function, whose last bit may differ between machines).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from simkit._seeding import _PCG_MULT
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
-
     import torch
 
-__all__ = ["NOISE_BLOCK", "NoiseKind", "SlotNoise", "TorchSlotNoise"]
+__all__ = [
+    "NOISE_BLOCK",
+    "NORMAL_NOISE_VERSION",
+    "NoiseKind",
+    "SlotNoise",
+    "TorchSlotNoise",
+    "keyed_normal",
+]
 
 NOISE_BLOCK = 1024
 """Env slots per noise table."""
 
 NoiseKind = Literal["normal", "uniform"]
 
+NORMAL_NOISE_VERSION = 2
+"""The normal noise's definition, as checkpoints record it: 2 is :func:`keyed_normal` of
+the uniform draws; 1 (checkpoints without the entry) was numpy's ziggurat
+(``Generator.standard_normal``), whose values a rollout resumed today would not draw."""
+
 _NOISE_KEY = 0x706F6C  # "pol": keeps the policy's stream apart from episode seeds
 _MAX_TABLE = 2**31  # values one table may draw (its window holds 2**32 draws)
+
+NORMAL_TABLE = Path(__file__).with_name("_normal_table.npy")
+"""``Phi^-1(1 - (h - 1/2) / 2**24)``, float32, at 128 evenly spaced knots ``h`` per octave
+``[2**e, 2**(e + 1))`` for ``e = 0 .. 22``, then at ``h = 2**23`` and ``2**23 + 2**16``:
+2,946 values, computed once with mpmath at 40 digits (``tests/test_noise.py`` recomputes
+them)."""
+_TABLE_SIZE = 23 * 128 + 2
+_OCTAVE_ZERO = 127 << 7  # float32 bits >> 16 of 1.0: the table's first knot
+
+
+@cache
+def normal_table() -> np.ndarray:
+    """:data:`NORMAL_TABLE`'s values (read once)."""
+    table: np.ndarray = np.load(NORMAL_TABLE, allow_pickle=False)
+    if table.shape != (_TABLE_SIZE,) or table.dtype != np.float32:
+        raise ValueError(
+            f"{NORMAL_TABLE}: expected float32 ({_TABLE_SIZE},), got {table.dtype} {table.shape}"
+        )
+    return table
+
+
+def keyed_normal(k: Any, table: Any = None) -> Any:
+    """float32 standard normals of 24-bit integers ``k`` (int64, numpy or torch): the
+    inverse CDF at ``(k + 1/2) / 2**24``, so ``k`` uniform gives normals (cut at
+    +-5.42), symmetric (``2**24 - 1 - k`` gives the negation).
+
+    With ``h = min(k, 2**24 - 1 - k) + 1``, the bits of ``float32(h)`` (exact) name its
+    octave ``[2**e, 2**(e + 1))`` and, in their top 7 mantissa bits, the interval between
+    two of the octave's 128 knots; the low 16 mantissa bits are where ``h`` lies in it
+    (``f``, exact). The value is ``t0 + (t1 - t0) * f`` in float32: exact at every knot
+    (every ``h`` below 256 is one), within 4e-6 of the exact inverse CDF elsewhere.
+    Integer operations and single correctly rounded float32 operations only: numpy and
+    torch, on any CPU or GPU, give the same bits (no fused multiply-add: each operation
+    is a kernel of its own).
+
+    Args:
+        k: int64 integers in ``[0, 2**24)``.
+        table: :func:`normal_table` as a tensor on ``k``'s device (torch), or None (numpy).
+    """
+    upper = k >= 2**23
+    if table is None:
+        table = normal_table()
+        h = np.where(upper, 2**24 - k, k + 1).astype(np.float32).view(np.int32)
+        frac = (h & 0xFFFF).astype(np.float32)
+        where: Any = np.where
+    else:
+        import torch
+
+        h = torch.where(upper, 2**24 - k, k + 1).to(torch.float32).view(torch.int32)
+        frac = (h & 0xFFFF).to(torch.float32)
+        where = torch.where
+    at = (h >> 16) - _OCTAVE_ZERO
+    t0 = table[at]
+    mag = t0 + (table[at + 1] - t0) * (frac * 2.0**-16)
+    return where(upper, mag, -mag)
 
 
 class SlotNoise:
@@ -92,8 +161,6 @@ class SlotNoise:
         self._bits = np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(_NOISE_KEY,)))
         self._start = self._bits.state
         self._gen = np.random.Generator(self._bits)
-        self._block_gens: list[tuple[np.random.PCG64, np.random.Generator]] | None = None
-        """One generator per block for parallel draws (made on first use)."""
         last = first_slot + num_slots - 1
         self._blocks: list[tuple[int, int, int]] = []
         """(block, first row used, rows to draw) per block the slots touch."""
@@ -102,57 +169,25 @@ class SlotNoise:
             hi = min(last + 1, (block + 1) * NOISE_BLOCK) - block * NOISE_BLOCK
             self._blocks.append((block, lo * rows_per_slot, hi * rows_per_slot))
 
-    def draw(self, step: int, pool: Executor | None = None) -> np.ndarray:
-        """``(num_rows, width)`` float32: the noise of every row at ``step`` (>= 0).
-
-        With ``pool`` (a thread pool) and more than one block, the blocks are drawn in
-        parallel, each by a generator of its own (numpy fills arrays without holding the
-        GIL): the same bits."""
-        if pool is not None and len(self._blocks) > 1:
-            return self._draw_blocks(step, pool)
+    def draw(self, step: int) -> np.ndarray:
+        """``(num_rows, width)`` float32: the noise of every row at ``step`` (>= 0)."""
         bits, gen = self._bits, self._gen
         parts = []
         for block, lo, hi in self._blocks:
             bits.state = self._start
             bits.advance((step << 64) | (block << 32))
-            if self.kind == "normal":
-                table = gen.standard_normal((hi, self.width), dtype=np.float32)
-            else:
-                table = gen.random((hi, self.width), dtype=np.float32)
+            table = self._table(gen, hi)
             parts.append(table[lo:] if lo else table)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _draw_blocks(self, step: int, pool: Executor) -> np.ndarray:
-        """:meth:`draw` with each block drawn on ``pool`` into its rows of the result."""
-        if self._block_gens is None:
-            bit_gens = [np.random.PCG64(0) for _ in self._blocks]
-            self._block_gens = [(bits, np.random.Generator(bits)) for bits in bit_gens]
-        out = np.empty((self.num_rows, self.width), dtype=np.float32)
-        starts = np.cumsum([0] + [hi - lo for _, lo, hi in self._blocks]).tolist()
-        gens = self._block_gens
-
-        def fill(k: int) -> None:
-            block, lo, hi = self._blocks[k]
-            bits, gen = gens[k]
-            bits.state = self._start
-            bits.advance((step << 64) | (block << 32))
-            dest = out[starts[k] : starts[k + 1]]
-            if lo:  # the first block may start inside its table: draw its head too
-                dest[...] = self._table(gen, hi)[lo:]
-            elif self.kind == "normal":
-                gen.standard_normal(dtype=np.float32, out=dest)
-            else:
-                gen.random(dtype=np.float32, out=dest)
-
-        for done in [pool.submit(fill, k) for k in range(len(self._blocks))]:
-            done.result()
-        return out
-
     def _table(self, gen: np.random.Generator, rows: int) -> np.ndarray:
-        """The first ``rows`` rows of a block's table from ``gen`` (placed at its start)."""
+        """The first ``rows`` rows of a block's table from ``gen`` (placed at its start):
+        its uniforms, or their :func:`keyed_normal` (each uniform is ``k * 2**-24``)."""
+        table = gen.random((rows, self.width), dtype=np.float32)
         if self.kind == "normal":
-            return gen.standard_normal((rows, self.width), dtype=np.float32)
-        return gen.random((rows, self.width), dtype=np.float32)
+            out: np.ndarray = keyed_normal((table * 2.0**24).astype(np.int64))
+            return out
+        return table
 
 
 _MASK128 = (1 << 128) - 1
@@ -182,28 +217,24 @@ def _int64_rows(states: list[int], inc: int) -> np.ndarray:
 
 
 class TorchSlotNoise:
-    """:class:`SlotNoise`'s uniform noise computed by torch on ``device``: the same bits.
+    """:class:`SlotNoise`'s noise computed by torch on ``device``: the same bits.
 
     Per draw, the advanced state of each block (a few integers) goes to the device;
     every block's PCG64 outputs are computed there at once by
     :func:`simkit._seeding.pcg64_outputs_torch` (the stream as an integer recurrence:
     the same bits as numpy's on any device), split into numpy's 32-bit draws (the low
     half of each 64-bit output first) and turned into numpy's ``float32`` uniforms,
-    ``(u32 >> 8) * 2**-24``, exact in float32. Nothing comes back to the host.
+    ``(u32 >> 8) * 2**-24``, exact in float32, or their :func:`keyed_normal`. Nothing
+    comes back to the host.
 
     Args:
-        noise: the host noise whose draws this one reproduces (kind ``"uniform"``).
+        noise: the host noise whose draws this one reproduces.
         device: torch device computing the noise.
-
-    Raises:
-        ValueError: ``noise`` is not of kind ``"uniform"``.
     """
 
     def __init__(self, noise: SlotNoise, device: torch.device) -> None:
         import torch
 
-        if noise.kind != "uniform":
-            raise ValueError(f"TorchSlotNoise draws uniform noise only, got kind {noise.kind!r}")
         self.noise = noise
         self.device = device
         self.width = noise.width
@@ -221,6 +252,10 @@ class TorchSlotNoise:
         ]
         self._pick = torch.from_numpy(np.concatenate(pick)).to(device)
         """Where each of this noise's values lies in the blocks' draws, flattened."""
+        self._normal = (
+            torch.from_numpy(normal_table()).to(device) if noise.kind == "normal" else None
+        )
+        """:func:`normal_table` on the device (normal noise), else None."""
 
     def _states(self, step: int) -> list[int]:
         """The advanced state of each block at ``step`` (host integers): numpy advances
@@ -262,5 +297,10 @@ class TorchSlotNoise:
         )
         # numpy's 32-bit draws: the low half of each 64-bit output, then the high half.
         u32 = torch.stack([out & 0xFFFFFFFF, (out >> 32) & 0xFFFFFFFF], 2)
-        u = u32.reshape(count, -1).index_select(1, self._pick)
-        return ((u >> 8).to(torch.float32) * (2.0**-24)).reshape(count, self.num_rows, self.width)
+        k = (u32.reshape(count, -1).index_select(1, self._pick) >> 8).reshape(
+            count, self.num_rows, self.width
+        )
+        if self._normal is not None:
+            normals: torch.Tensor = keyed_normal(k, self._normal)
+            return normals
+        return k.to(torch.float32) * (2.0**-24)

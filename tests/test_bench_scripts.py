@@ -174,3 +174,23 @@ def test_the_device_check_dry_runs_on_the_cpu(tmp_path: Path) -> None:
     assert "| PPO minibatch step, 64x64 | 64 | " in report  # --device auto's probe sweep
     assert report.count("`: exit ") == 5  # the CUDA tests, the main job, the probe, two trainings
     assert report.count("`: exit 0, ") == 5
+
+
+def test_the_noise_draw_bench_times_the_draw_it_replaced_on_the_same_stream(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from simkit._noise import SlotNoise
+
+    bench = load_script("bench_noise_draw")
+    noise = SlotNoise(3, first_slot=100, num_slots=40, rows_per_slot=1, width=2, kind="normal")
+    old = bench._ziggurat(noise)(5)
+    gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(3, spawn_key=(0x706F6C,))))
+    gen.bit_generator.advance(5 << 64)
+    want = gen.standard_normal((140, 2), dtype=np.float32)[100:]
+    assert old.tobytes() == want.tobytes()  # numpy's normals of the keyed stream positions
+    monkeypatch.setattr(sys, "argv", ["bench_noise_draw.py", "--rounds", "1"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert re.search(r"\| 4,096 x 6 \| [\d.]+ \| [\d.]+ \| [\d.]+x \| [\d.]+ \|", out), out

@@ -548,6 +548,7 @@ def test_a_resigned_state_without_args_is_refused_in_one_line(
         ("ppo", "generator", -5, r"cannot restore the learner: .*out of bounds"),
         ("ppo", "global_step", -5, r"global_step must be an integer >= 0, got -5"),
         ("ppo", "source_kind", "x", r"source_kind must be 'local', 'device' or 'servers', got 'x'"),
+        ("ppo", "normal_noise", "x", r"normal_noise must be an integer >= 1, got 'x'"),
         ("ppo", "args", [], r"bad args: a map of settings expected, got list"),
     ],
 )

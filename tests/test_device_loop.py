@@ -324,7 +324,7 @@ def test_a_cpu_run_keeps_the_host_rollout_unless_it_asks(tmp_path: Path) -> None
 
 
 def test_a_continuous_control_batch_trains_in_the_device_loop(tmp_path: Path) -> None:
-    # BatchPendulum: a Gaussian head (normal noise drawn on the host once per fragment),
+    # BatchPendulum: a Gaussian head (the keyed normal noise computed on the device),
     # Box actions clamped on the device.
     run = _run(tmp_path, "pendulum", 2, env_id="simkit/BatchPendulum-v0", num_steps=16)
     assert run.rollout == "device loop on cpu"

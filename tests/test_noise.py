@@ -11,7 +11,7 @@ from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simkit._noise import NOISE_BLOCK, SlotNoise, TorchSlotNoise
+from simkit._noise import NOISE_BLOCK, SlotNoise, TorchSlotNoise, keyed_normal, normal_table
 from simkit.models import ModelSpec, build_model
 from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
@@ -151,11 +151,12 @@ def test_row_policy_acts_alike_in_one_part_or_two() -> None:
     step=st.integers(0, 2**40),
     rows=st.integers(1, 3),
     width=st.integers(1, 5),
+    kind=st.sampled_from(["normal", "uniform"]),
 )
 def test_torch_noise_has_the_numpy_bits(
-    seed: int, first: int, n: int, step: int, rows: int, width: int
+    seed: int, first: int, n: int, step: int, rows: int, width: int, kind: str
 ) -> None:
-    host = _noise(seed, first, n, "uniform", rows, width)
+    host = _noise(seed, first, n, kind, rows, width)
     torch_noise = TorchSlotNoise(host, torch.device("cpu"))
     for s in (step, step + 1):
         got = torch_noise.draw(s)
@@ -170,11 +171,12 @@ def test_torch_noise_has_the_numpy_bits(
     step=st.integers(0, 2**40),
     count=st.integers(1, 4),
     width=st.integers(1, 3),
+    kind=st.sampled_from(["normal", "uniform"]),
 )
 def test_torch_noise_of_several_steps_is_each_steps_draw(
-    seed: int, first: int, n: int, step: int, count: int, width: int
+    seed: int, first: int, n: int, step: int, count: int, width: int, kind: str
 ) -> None:
-    host = _noise(seed, first, n, "uniform", 1, width)
+    host = _noise(seed, first, n, kind, 1, width)
     got = TorchSlotNoise(host, torch.device("cpu")).draw_steps(step, count)
     assert got.shape == (count, n, width)
     for k in range(count):
@@ -187,9 +189,96 @@ def test_torch_noise_of_no_steps_is_refused() -> None:
         noise.draw_steps(0, 0)
 
 
-def test_torch_noise_refuses_normal_noise() -> None:
-    with pytest.raises(ValueError, match="uniform noise only, got kind 'normal'"):
-        TorchSlotNoise(_noise(0, 0, 1), torch.device("cpu"))
+def test_the_normal_table_is_the_inverse_cdf_rounded_to_float32() -> None:
+    # The committed table, recomputed: Phi^-1(1 - (h - 1/2) / 2**24) at 40 digits.
+    import mpmath
+
+    mpmath.mp.dps = 40
+    two = mpmath.mpf(2)
+    knots = [two**e + j * two ** (e - 7) for e in range(23) for j in range(128)]
+    knots += [two**23, two**23 + 2**16]
+    want = np.array(
+        [float(mpmath.sqrt(2) * mpmath.erfinv(1 - (2 * h - 1) / two**24)) for h in knots]
+    ).astype(np.float32)
+    assert normal_table().tobytes() == want.tobytes()
+
+
+def test_keyed_normals_are_standard_normals_with_the_same_bits_in_numpy_and_torch() -> None:
+    # Every one of the 2**24 inputs: numpy and torch (on the CPU) agree bit for bit.
+    k = np.arange(2**24, dtype=np.int64)
+    z = keyed_normal(k)
+    assert z.dtype == np.float32
+    on_torch = keyed_normal(torch.from_numpy(k), torch.from_numpy(normal_table()))
+    assert on_torch.dtype == torch.float32
+    assert on_torch.numpy().tobytes() == z.tobytes()
+    assert np.array_equal(z, -z[::-1])  # symmetric: k and 2**24 - 1 - k
+    assert np.all(np.diff(z) >= 0)  # monotone
+    assert abs(float(z.astype(np.float64).mean())) < 1e-9
+    assert abs(float(z.astype(np.float64).var()) - 1.0) < 1e-5
+    assert float(z.max()) == pytest.approx(5.42, abs=0.01)
+    # Within 4e-6 of the exact inverse CDF at (k + 1/2) / 2**24, tails included.
+    from statistics import NormalDist
+
+    inv = NormalDist().inv_cdf
+    picked = np.concatenate([np.arange(600), np.random.default_rng(0).integers(0, 2**24, 20_000)])
+    exact = np.array([inv((int(i) + 0.5) / 2**24) for i in picked])
+    assert np.abs(z[picked] - exact).max() < 4e-6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_keyed_normals_on_cuda_have_the_cpu_bits() -> None:
+    k = np.arange(2**24, dtype=np.int64)
+    cuda = torch.device("cuda")
+    got = keyed_normal(torch.from_numpy(k).to(cuda), torch.from_numpy(normal_table()).to(cuda))
+    assert got.cpu().numpy().tobytes() == keyed_normal(k).tobytes()
+
+
+def test_a_checkpoint_of_the_earlier_normal_noise_restarts_the_envs_with_a_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Gaussian-head run checkpointed before the keyed normals (no ``normal_noise``
+    entry) would resume its rollout with other noise: the learner resumes exactly, the
+    rollout state is not restored, and a line says why. A run of today's noise resumes
+    its rollout."""
+    import hashlib
+    import json
+
+    import simkit
+    from simkit import snapshot
+    from simkit.clients.learners._checkpoint import load_checkpoint
+
+    kw: dict[str, Any] = {
+        "num_envs": 2, "num_steps": 16, "num_minibatches": 2, "update_epochs": 1,
+        "servers": 0, "tensorboard": False,
+    }  # fmt: skip
+    run = simkit.train("simkit/Pendulum-v0", logdir=tmp_path / "old", max_rounds=1, **kw)
+    ckpt = load_checkpoint(run.checkpoint)
+    assert ckpt.state["normal_noise"] == 2
+    capsys.readouterr()
+    simkit.train(
+        "simkit/Pendulum-v0", logdir=tmp_path / "old", resume=tmp_path / "old", max_rounds=1, **kw
+    )
+    assert "normal noise version" not in capsys.readouterr().err
+    path = load_checkpoint(tmp_path / "old").path
+    state = snapshot.loads((path / "state.msgpack").read_bytes())
+    del state["normal_noise"]  # as simkit wrote it before
+    data = snapshot.dumps(state)
+    (path / "state.msgpack").write_bytes(data)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["state.msgpack"] = {
+        "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()
+    }  # fmt: skip
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    rest = simkit.train(
+        "simkit/Pendulum-v0", logdir=tmp_path / "old", resume=tmp_path / "old", max_rounds=1, **kw
+    )
+    err = capsys.readouterr().err
+    assert (
+        "sampled its Gaussian actions from normal noise version 1 and this simkit draws "
+        "version 2" in err
+    )
+    assert "the learner resumes exactly, the envs start afresh" in err
+    assert rest.updates == 3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -200,10 +289,11 @@ def test_torch_noise_on_cuda_has_the_numpy_bits() -> None:
         (9, 1000, 3000, 2, 3),
         (2**62, 5, 70, 1, 4),
     ]:
-        host = _noise(seed, first, n, "uniform", rows, width)
-        on_cuda = TorchSlotNoise(host, cuda)
-        for step in (0, 1, 77, 2**40):
-            assert np.array_equal(on_cuda.draw(step).cpu().numpy(), host.draw(step))
+        for kind in ("uniform", "normal"):
+            host = _noise(seed, first, n, kind, rows, width)
+            on_cuda = TorchSlotNoise(host, cuda)
+            for step in (0, 1, 77, 2**40):
+                assert np.array_equal(on_cuda.draw(step).cpu().numpy(), host.draw(step))
 
 
 def _discrete_policy(device: torch.device, first: int, n: int) -> RowPolicy:
@@ -329,26 +419,3 @@ def test_device_noise_advances_numpy_once_per_step() -> None:
     host._bits = Counting(host._bits)  # type: ignore[assignment]
     assert on_cpu._states(5) == want
     assert len(calls) <= 1
-
-
-@settings(max_examples=25, deadline=None)
-@given(
-    seed=st.integers(0, 2**63 - 1),
-    first=st.integers(0, 3 * NOISE_BLOCK),
-    n=st.integers(1, 4 * NOISE_BLOCK),
-    step=st.one_of(st.integers(0, 50), st.integers(0, 2**62)),
-    kind=st.sampled_from(["normal", "uniform"]),
-    rows=st.integers(1, 2),
-)
-def test_blocks_drawn_on_a_pool_are_the_serial_draw(
-    seed: int, first: int, n: int, step: int, kind: str, rows: int
-) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
-    noise = _noise(seed, first, n, kind, rows, width=3)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        got = noise.draw(step, pool)
-        again = noise.draw(step + 1, pool)
-    assert got.dtype == np.float32
-    assert got.tobytes() == noise.draw(step).tobytes()
-    assert again.tobytes() == noise.draw(step + 1).tobytes()

@@ -89,18 +89,6 @@ def test_the_static_path_acts_as_the_eager_path_whole_and_by_parts(kind: str) ->
     assert capture.calls == 2  # 40 rows and 20 rows: one capture per batch shape
 
 
-def test_host_noise_of_many_blocks_is_drawn_on_the_pool_with_the_same_bits() -> None:
-    cpu = torch.device("cpu")
-    n = 2 * 1024 + 50  # three noise blocks from slot 3
-    static = _policy(SPACES["box"], cpu, n, capture=eager_capture)
-    eager = _policy(SPACES["box"], cpu, n)
-    assert static._pool is not None
-    assert eager._pool is None
-    obs = _obs(n)
-    for step in (0, 4):
-        _same(static.act(obs, step), eager.act(obs, step))
-
-
 def test_one_plan_per_batch_shape_with_its_buffers_kept_across_steps() -> None:
     cpu = torch.device("cpu")
     capture = Counting()

@@ -579,7 +579,8 @@ def check_resumed_state(
     so that a crafted (re-signed) one is refused in one line instead of failing on it
     later: the counters ``counts`` (of ``state[within]``, or of the state itself) must
     be integers >= 0, ``servers`` (where present) too, ``source_kind`` ``"local"``,
-    ``"device"`` or ``"servers"``, and ``tally`` a :meth:`RunTally.to_state` map. Returns the counters.
+    ``"device"`` or ``"servers"``, ``normal_noise`` an integer >= 1 and ``tally`` a
+    :meth:`RunTally.to_state` map. Returns the counters.
 
     Raises:
         InvalidCheckpoint: naming ``state.msgpack`` and the entry.
@@ -601,6 +602,11 @@ def check_resumed_state(
     if kind not in ("local", "device", "servers"):
         raise InvalidCheckpoint(
             f"{file}: source_kind must be 'local', 'device' or 'servers', got {reprlib.repr(kind)}"
+        )
+    noise = state.get("normal_noise", 1)
+    if isinstance(noise, bool) or not isinstance(noise, int) or noise < 1:
+        raise InvalidCheckpoint(
+            f"{file}: normal_noise must be an integer >= 1, got {reprlib.repr(noise)}"
         )
     tally = state.get("tally")
     if tally is not None:

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from simkit._kernels import is_pinned, kernel_mode
+from simkit._noise import NORMAL_NOISE_VERSION
 from simkit._types import Fragment
 from simkit.clients.learners._args import RunOptions, Settings
 from simkit.clients.learners._checkpoint import (
@@ -325,6 +326,8 @@ class Run:
         self.rollout: Rollout | None = None
         self.kind = "local"
         """:func:`~simkit.clients.learners._sources.source_kind` of the source."""
+        self.noise_kind = "uniform"
+        """The policy head's noise kind (``"normal"``: Gaussian actions)."""
         self.device = ""
         """:attr:`TrainResult.device`: the learner's device and why."""
         self.tally = RunTally()
@@ -443,6 +446,7 @@ class Run:
             self._close()
             raise
         self.kind = source_kind(self.rollout.source)
+        self.noise_kind = model.head.noise_kind
         return self.rollout.source
 
     @property
@@ -463,6 +467,16 @@ class Run:
             InvalidCheckpoint: the state does not fit.
         """
         if self.ckpt is None:
+            return
+        noise = int(self.ckpt.state.get("normal_noise", 1))
+        if self.noise_kind == "normal" and noise != NORMAL_NOISE_VERSION:
+            print(
+                f"simkit train: the checkpoint's rollout sampled its Gaussian actions from "
+                f"normal noise version {noise} and this simkit draws version "
+                f"{NORMAL_NOISE_VERSION} (simkit._noise.keyed_normal): the learner resumes "
+                "exactly, the envs start afresh",
+                file=sys.stderr,
+            )
             return
         try:
             restore_rollout(self.source, self.ckpt.state, self.kind)
@@ -664,6 +678,7 @@ class Run:
             **saved["state"],
             "tally": self.tally.to_state(),
             "kernels": kernel_mode(),
+            "normal_noise": NORMAL_NOISE_VERSION,
         }
         self.last_checkpoint = save_checkpoint(self.logdir / "checkpoints", **saved)
         self.save_policy()

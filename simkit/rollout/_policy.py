@@ -8,9 +8,9 @@ other slots) changes nothing. On the CPU, the built-in MLP acts through
 :class:`~simkit.models._lean.LeanMLP`, whose forward pass computes each row alone, so
 the rollout's fragments are bit-identical for any split of the slots; other models and
 devices act through ``model.act`` (the same noise; the forward's last bits may depend
-on the batch shape). On a device other than the CPU, uniform noise (categorical heads)
-is computed there (:class:`simkit._noise.TorchSlotNoise`, the same bits), so no noise
-crosses from the host; normal noise is drawn on the host and copied. On a CUDA device
+on the batch shape). On a device other than the CPU, the noise is computed there
+(:class:`simkit._noise.TorchSlotNoise`, the same bits, uniform or normal), so no noise
+crosses from the host. On a CUDA device
 the act runs through :class:`simkit.rollout._static_act.StaticActs`: pinned host
 buffers, non-blocking copies, one synchronisation per act and the forward pass as a
 CUDA graph per batch shape; values go through pinned copies too (the final values of
@@ -18,8 +18,7 @@ truncations in one batch per fragment or weight change: :meth:`RowPolicy.final_v
 
 A *resident* policy acts on rows that stay on its device (the device loop,
 :class:`~simkit.rollout._rows.DeviceRows`): ``model.act`` on the tensors, the noise of a
-whole fragment computed there (uniform) or drawn on the host and copied once (normal),
-and its outputs are tensors there.
+whole fragment computed there at once, and its outputs are tensors there.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from simkit._noise import NoiseKind, SlotNoise, TorchSlotNoise
 from simkit.models import ActorCritic, PolicyWeights, set_weights
 from simkit.models._actor_critic import ActOutput
 from simkit.models._lean import LeanMLP
-from simkit.rollout._static_act import Capture, StaticActs, cuda_graph_capture, noise_pool
+from simkit.rollout._static_act import Capture, StaticActs, cuda_graph_capture
 
 __all__ = ["RowPolicy", "PolicyOutput", "host_output", "pack_output", "unpack_output"]
 
@@ -170,11 +169,9 @@ class RowPolicy:
         )
         """The numpy act path, None on other devices and for other models."""
         self.device_noise = (
-            TorchSlotNoise(self.noise, device)
-            if (device.type != "cpu" or resident) and kind == "uniform"
-            else None
+            TorchSlotNoise(self.noise, device) if device.type != "cpu" or resident else None
         )
-        """The noise computed on ``device`` (uniform noise off the CPU), else None."""
+        """The noise computed on ``device`` (off the CPU, or resident), else None."""
         self._drawn_on_device: tuple[int, torch.Tensor] | None = None
         if capture is None and graphs and device.type == "cuda" and not resident:
             capture = cuda_graph_capture
@@ -184,12 +181,6 @@ class RowPolicy:
             else None
         )
         """The static-buffer act path (CUDA graphs on a CUDA device), else None."""
-        self._pool = (
-            noise_pool()
-            if self.static is not None and kind == "normal" and len(self.noise._blocks) > 1
-            else None
-        )
-        """Host noise of many blocks drawn in parallel on the static path (same bits)."""
 
     def set_weights(self, weights: PolicyWeights) -> None:
         """Loads ``weights`` (validated by the model; unchanged on error)."""
@@ -266,24 +257,16 @@ class RowPolicy:
         (the parts of one step share one draw)."""
         drawn = self._drawn
         if drawn is None or drawn[0] != step:
-            drawn = self._drawn = (step, self.noise.draw(step, self._pool))
+            drawn = self._drawn = (step, self.noise.draw(step))
         return drawn[1] if part is None else drawn[1][part]
 
     def _device_noise(self, step: int, part: slice | None) -> torch.Tensor:
-        """:meth:`_host_noise` on the policy's device: computed there (uniform), or drawn
-        on the host and copied (normal, a resident policy's), ``ahead`` steps at once."""
+        """:meth:`_host_noise` computed on the policy's device, ``ahead`` steps at once."""
+        assert self.device_noise is not None
         drawn = self._drawn_on_device
         if drawn is None or not 0 <= step - drawn[0] < len(drawn[1]):
-            if self.device_noise is not None:
-                block = self.device_noise.draw_steps(step, self.ahead)
-            else:
-                host = torch.from_numpy(
-                    np.stack([self.noise.draw(step + k) for k in range(self.ahead)])
-                )
-                if self.device.type == "cuda":
-                    host = host.pin_memory()  # a pageable copy would wait for the device
-                block = host.to(self.device, non_blocking=True)
-            drawn = self._drawn_on_device = (step, block)
+            drawn = (step, self.device_noise.draw_steps(step, self.ahead))
+            self._drawn_on_device = drawn
         noise = drawn[1][step - drawn[0]]
         return noise if part is None else noise[part]
 

@@ -2,8 +2,8 @@
 
 :class:`StaticActs` runs :class:`~simkit.rollout._policy.RowPolicy`'s batched act
 without host stalls. Per batch shape (rows, observation dtype) it keeps one
-:class:`StaticAct`: page-locked (pinned) host buffers for the observations, host-drawn
-noise and the packed outputs, device buffers for the same, and the forward pass (act,
+:class:`StaticAct`: page-locked (pinned) host buffers for the observations, the noise
+(where the caller draws it on the host) and the packed outputs, device buffers for the same, and the forward pass (act,
 then the outputs packed into one float64 tensor as
 :func:`~simkit.rollout._policy.pack_output` packs them) captured once as a CUDA
 graph on those buffers. A step is: the observations copied into the pinned buffer,
@@ -33,10 +33,8 @@ CPU wheel cannot pin memory).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +50,6 @@ __all__ = [
     "StaticActs",
     "cuda_graph_capture",
     "eager_capture",
-    "noise_pool",
 ]
 
 Capture = Callable[[Callable[[], None], torch.device], Callable[[], None]]
@@ -65,26 +62,6 @@ initialisation and cuBLAS workspaces happen outside the graph)."""
 
 _CAPTURE_LOCK = threading.Lock()
 """One capture at a time in this process (stream sessions capture from their threads)."""
-
-NOISE_THREADS = 8
-"""Most threads drawing host noise blocks in parallel (:func:`noise_pool`)."""
-
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def noise_pool() -> ThreadPoolExecutor:
-    """The process's thread pool for host noise on the static path: normal noise is drawn
-    on the host (numpy's ziggurat has no device twin with its bits), one block of slots
-    per task, so a large batch's draw spreads over
-    up to :data:`NOISE_THREADS` cores while the GPU waits for it (one pool for every
-    session: threads are made once)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            workers = max(1, min(NOISE_THREADS, os.cpu_count() or 1))
-            _POOL = ThreadPoolExecutor(workers, thread_name_prefix="simkit-noise")
-        return _POOL
 
 
 def eager_capture(fill: Callable[[], None], device: torch.device) -> Callable[[], None]:
