@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import zmq
 
+from simkit._noise import NORMAL_NOISE_VERSION
 from simkit._types import Fragment
 from simkit._version import __version__
 from simkit.errors import InvalidState, InvalidWeights, UnknownModel
@@ -473,6 +474,7 @@ class StreamWorker(threading.Thread):
             server=s.server or f"simkit {__version__}",
             double_buffered=loop.double_buffered,
             max_credit=s.max_credit,
+            normal_noise=NORMAL_NOISE_VERSION,
         )
 
     def _make_envs(self, env_id: str, env_kwargs: Any, num_envs: int) -> EnvRows:
@@ -515,6 +517,14 @@ class StreamWorker(threading.Thread):
                     f"model {spec.name!r} has {params:,} parameters",
                     expected=f"<= {s.max_model_params:,}",
                     got=params,
+                )
+            if model.head.noise_kind == "normal" and config.normal_noise != NORMAL_NOISE_VERSION:
+                raise InvalidField(
+                    f"the learner samples Gaussian actions from normal noise version "
+                    f"{config.normal_noise} and this server (simkit {__version__}) draws "
+                    f"version {NORMAL_NOISE_VERSION}: run one simkit version on both sides",
+                    expected=f"normal_noise {NORMAL_NOISE_VERSION}",
+                    got=config.normal_noise,
                 )
             self._model_bytes = sum(t.nbytes for t in model.state_dict().values())
             self._held.add(

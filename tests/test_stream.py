@@ -746,3 +746,48 @@ def test_stream_requests_without_a_session_get_session_state(serve: Servers) -> 
     finally:
         sock.close(0)
         ctx.term()
+
+
+def test_learner_and_server_of_other_normal_noise_refuse_a_gaussian_session(
+    serve: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older learner (its stream_open has no normal_noise) or an older server (its
+    reply has none) would sample a Gaussian policy from other noise: the session is
+    refused in one line naming both versions. A categorical policy's noise never changed:
+    its session opens."""
+    import dataclasses
+
+    from simkit.protocol import StreamInfo
+
+    pendulum = serve("simkit/Pendulum-v0", num_envs=2)
+    cartpole = serve(CARTPOLE, num_envs=2)
+
+    def without(cls: Any) -> Callable[[Any], dict[str, Any]]:
+        def plain(self: Any) -> dict[str, Any]:
+            fields = dataclasses.asdict(self) if cls is StreamConfig else dict(self.__dict__)
+            fields.pop("normal_noise")
+            return fields
+
+        return plain
+
+    assert StreamConfig.from_plain({"model": SPEC.to_plain()}).normal_noise == 1
+    with monkeypatch.context() as m:
+        m.setattr(StreamConfig, "to_plain", without(StreamConfig))  # an older learner
+        with pytest.raises(RemoteError, match=r"learner samples Gaussian actions from normal "
+                           r"noise version 1 and this server .* draws version 2") as old:  # fmt: skip
+            PolicyStream(pendulum.endpoint, SPEC, num_envs=2, timeout=20)
+        assert old.value.remote_code == "invalid_field"
+        with PolicyStream(cartpole.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+            stream.push_weights(_model())
+            assert stream.next_fragment().num_rows == 2
+    with monkeypatch.context() as m:
+        m.setattr(StreamInfo, "to_plain", without(StreamInfo))  # an older server
+        with pytest.raises(RemoteError, match=rf"server {pendulum.endpoint} .* samples "
+                           r"Gaussian actions from normal noise version 1 and this learner "
+                           r"expects version 2"):  # fmt: skip
+            PolicyStream(pendulum.endpoint, SPEC, num_envs=2, timeout=20)
+        with PolicyStream(cartpole.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+            stream.push_weights(_model())
+            assert stream.next_fragment().num_rows == 2
+    with PolicyStream(pendulum.endpoint, SPEC, num_envs=2, timeout=20) as stream:  # same
+        assert stream.num_rows == 2

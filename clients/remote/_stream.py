@@ -20,6 +20,7 @@ import torch
 import zmq
 from gymnasium import spaces
 
+from simkit._noise import NORMAL_NOISE_VERSION
 from simkit._types import ROW_FIELDS, Fragment, stack_fragments
 from simkit.clients.remote._connection import Connection, CurveKeys, ServerUnavailable, _Keepalive
 from simkit.models import ModelSpec, PolicyWeights, get_weights
@@ -246,6 +247,18 @@ class PolicyStream:
         and, where the server drops silent sessions, a keepalive."""
         srv.info = srv.session.info
         assert srv.info is not None
+        if (
+            srv.info.normal_noise != NORMAL_NOISE_VERSION
+            and srv.info.action_space.get("type") == "Box"
+        ):
+            raise RemoteError(
+                "invalid_field",
+                f"server {srv.conn.endpoint} ({srv.info.server or 'simkit'}) samples Gaussian "
+                f"actions from normal noise version {srv.info.normal_noise} and this learner "
+                f"expects version {NORMAL_NOISE_VERSION}: run one simkit version on both sides",
+                expected=f"normal_noise {NORMAL_NOISE_VERSION}",
+                got=srv.info.normal_noise,
+            )
         srv.opened_at = time.monotonic()
         if srv.info.heartbeat_timeout:
             srv.keepalive = _Keepalive(srv.conn, srv.info.session, srv.info.heartbeat_timeout / 4)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from simkit import snapshot
+from simkit._noise import NORMAL_NOISE_VERSION
 from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import Fragment
 from simkit.protocol._codec import Message, check_type
@@ -131,6 +132,10 @@ class StreamConfig:
         device: torch device for the policy (None = the server's ``--device``).
         with_states: attach each fragment's start state (plain-data snapshot).
         client: a name for logs.
+        normal_noise: the definition of the normal noise the learner expects a Gaussian
+            policy to sample from (``simkit._noise.NORMAL_NOISE_VERSION``; a body without
+            it is an older learner's, version 1): a server of another version refuses
+            the session rather than sample from other noise.
     """
 
     model: dict[str, Any]
@@ -144,6 +149,7 @@ class StreamConfig:
     device: str | None = None
     with_states: bool = False
     client: str = ""
+    normal_noise: int = NORMAL_NOISE_VERSION
 
     def to_plain(self) -> dict[str, Any]:
         """The ``stream_open`` body: every field, in declaration order."""
@@ -193,6 +199,7 @@ class StreamConfig:
             device=check_type(body, "device", str, optional=True),
             with_states=bool(with_states),
             client=check_type(body, "client", str, optional=True) or "",
+            normal_noise=_int_field(body, "normal_noise", low=1, high=2**31, default=1),
         )
 
 
@@ -219,6 +226,8 @@ class StreamInfo:
             the same either way).
         max_credit: the most credit the learner may have outstanding (None: the
             server announced no cap).
+        normal_noise: the normal noise the server's Gaussian policies sample from (a
+            reply without it is an older server's, version 1).
     """
 
     session: str
@@ -236,6 +245,7 @@ class StreamInfo:
     server: str
     double_buffered: bool = False
     max_credit: int | None = None
+    normal_noise: int = 1
 
     def to_plain(self) -> dict[str, Any]:
         """The reply body."""
@@ -265,6 +275,7 @@ class StreamInfo:
             server=check_type(body, "server", str, optional=True) or "",
             double_buffered=bool(check_type(body, "double_buffered", bool, optional=True)),
             max_credit=check_type(body, "max_credit", int, optional=True),
+            normal_noise=check_type(body, "normal_noise", int, optional=True) or 1,
         )
 
 
