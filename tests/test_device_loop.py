@@ -430,3 +430,26 @@ def test_a_device_loop_state_of_the_older_format_is_refused_clearly() -> None:
     source.set_state(state)
     assert source.sequence == 0
     source.close()
+
+
+def test_a_device_loop_checkpoint_resumed_on_the_host_restarts_the_envs_with_a_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import simkit
+
+    _run(tmp_path, "run", 1)
+    capsys.readouterr()
+    rest = simkit.train(
+        PPOArgs(**{**DL, "device_loop": "off"}),
+        logdir=tmp_path / "run",
+        resume=tmp_path / "run",
+        max_rounds=1,
+        tensorboard=False,
+        servers=0,
+    )
+    err = capsys.readouterr().err
+    assert (
+        "the checkpoint's rollout state is from 'device' and this run rolls out through "
+        "'local': the learner resumes exactly, the envs start afresh"
+    ) in err
+    assert rest.updates == 2

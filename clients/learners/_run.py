@@ -248,19 +248,30 @@ def open_recorder(record: str | Path | None, env_id: str, seed: int) -> Any:
     return FragmentRecorder(record, env_id, root_seed=seed)
 
 
-def restore_rollout(source: FragmentSource, state: dict[str, Any], kind: str) -> None:
+def restore_rollout(
+    source: FragmentSource, state: dict[str, Any], kind: str, noise_kind: str
+) -> None:
     """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``,
-    ``"device"`` or ``"servers"``), or says on stderr that the envs start afresh when the
-    checkpoint's rollout ran the other way (the learner still resumes exactly)."""
+    ``"device"`` or ``"servers"``; its policy's noise of ``noise_kind``), or says on stderr
+    why the envs start afresh: the checkpoint's rollout ran the other way, or sampled
+    Gaussian actions from other normal noise (the learner still resumes exactly)."""
     saved = state.get("source_kind", "local")
-    if saved == kind and state.get("source") is not None:
-        source.set_state(state["source"])
-    else:
-        print(
-            f"simkit train: the checkpoint's rollout state is from {saved!r} and this run "
-            f"rolls out through {kind!r}: the learner resumes exactly, the envs start afresh",
-            file=sys.stderr,
+    noise = int(state.get("normal_noise", 1))
+    if noise_kind == "normal" and noise != NORMAL_NOISE_VERSION:
+        why = (
+            f"sampled its Gaussian actions from normal noise version {noise} and this "
+            f"simkit draws version {NORMAL_NOISE_VERSION} (simkit._noise.keyed_normal)"
         )
+    elif saved != kind or state.get("source") is None:
+        why = f"state is from {saved!r} and this run rolls out through {kind!r}"
+    else:
+        source.set_state(state["source"])
+        return
+    print(
+        f"simkit train: the checkpoint's rollout {why}: the learner resumes exactly, the "
+        "envs start afresh",
+        file=sys.stderr,
+    )
 
 
 @contextlib.contextmanager
@@ -468,18 +479,8 @@ class Run:
         """
         if self.ckpt is None:
             return
-        noise = int(self.ckpt.state.get("normal_noise", 1))
-        if self.noise_kind == "normal" and noise != NORMAL_NOISE_VERSION:
-            print(
-                f"simkit train: the checkpoint's rollout sampled its Gaussian actions from "
-                f"normal noise version {noise} and this simkit draws version "
-                f"{NORMAL_NOISE_VERSION} (simkit._noise.keyed_normal): the learner resumes "
-                "exactly, the envs start afresh",
-                file=sys.stderr,
-            )
-            return
         try:
-            restore_rollout(self.source, self.ckpt.state, self.kind)
+            restore_rollout(self.source, self.ckpt.state, self.kind, self.noise_kind)
         except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
             raise InvalidCheckpoint(f"{self.ckpt.path}: cannot restore the rollout: {exc}") from exc
 

@@ -241,6 +241,7 @@ class DeviceRows(EnvRows):
         import torch
 
         super().__init__(env, "batch")
+        self._torch = torch
         self.device = torch.device(env.device)
         self.steps = steps
         self.name = name or type(env).__name__
@@ -277,8 +278,7 @@ class DeviceRows(EnvRows):
 
     def step(self, actions: Any) -> RowStep:
         """Steps every env with one action tensor per row, on the device."""
-        import torch
-
+        torch = self._torch
         if self._bounds is not None:
             actions = torch.clamp(actions, *self._bounds)
         step = self.env.step_batch(actions)
