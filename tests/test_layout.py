@@ -14,6 +14,7 @@ import ast
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -200,3 +201,46 @@ def test_the_clients_public_names_resolve_and_each_sub_package_says_what_lives_t
     for sub in ("remote", "learners", "launcher"):
         doc = importlib.import_module(f"simkit.clients.{sub}").__doc__
         assert len((doc or "").split()) > 10, sub
+
+
+def test_the_env_step_is_at_most_five_calls_below_the_rollout_loop() -> None:
+    """From ``RolloutLoop.step`` down to the author's env, a reader follows at most five
+    calls: the rows, the vector's step, the core's dispatch, its per-env step, the env."""
+    import traceback
+
+    import simkit
+    from simkit.clients.learners._local_source import LocalSource
+    from simkit.models import ModelSpec, build_model
+
+    stacks: list[list[tuple[str, str]]] = []
+    base_step = simkit.Env.step
+
+    def recording_step(self: Any, action: Any) -> Any:
+        if not stacks:
+            stacks.append([(f.filename, f.name) for f in traceback.extract_stack()[:-1]])
+        return base_step(self, action)
+
+    env_id = "simkit/CartPole-v0"
+    space = simkit.make(env_id)
+    model = build_model(ModelSpec("mlp", {"hidden_sizes": [8]}), *_spaces(space))
+    source = LocalSource(env_id, model, num_envs=2, num_steps=2, seed=0)
+    source.push_weights(model)
+    simkit.Env.step = recording_step  # type: ignore[method-assign]
+    try:
+        source.rollout()
+    finally:
+        simkit.Env.step = base_step  # type: ignore[method-assign]
+        source.close()
+    frames = stacks[0]
+    loop = max(
+        i for i, (path, name) in enumerate(frames) if path.endswith("_loop.py") and name == "step"
+    )
+    below = [name for _, name in frames[loop + 1 :]] + ["Env.step"]
+    assert len(below) <= 5, below
+
+
+def _spaces(env: Any) -> tuple[Any, Any]:
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()

@@ -165,7 +165,9 @@ class EnvRows:
         With one part this is :meth:`step` (its result waits for :meth:`recv`); with
         two, the BatchEnv's ``send`` (its physics runs in the background).
         """
-        if len(self.parts) == 1:
+        if len(self.parts) == 1 and self.kind != "multi_agent":
+            self._pending = self._rows(self.env.step_batch(actions), self._all_rows)
+        elif len(self.parts) == 1:
             self._pending = self.step(actions)
         else:
             self.env.send(actions, self._part_ids[part])
@@ -275,6 +277,12 @@ class DeviceRows(EnvRows):
         obs, _ = self.env.reset(seed=seed)
         self.begin()
         return obs, self._live.clone()
+
+    def send(self, part: int, actions: Any) -> None:
+        """Steps every row on the device (the device loop runs one part); :meth:`recv`
+        returns it."""
+        del part
+        self._pending = self.step(actions)
 
     def step(self, actions: Any) -> RowStep:
         """Steps every env with one action tensor per row, on the device."""

@@ -9,8 +9,9 @@ or next-step autoreset, the thread pool, subset steps and array-form resets, see
 through :class:`~simkit._seeding.EpisodeSeeds`, and whole and per-env snapshots.
 
 A face (``VectorEnv``, ``MultiAgentVectorEnv``) supplies how one env maps onto its rows
-(``_step_rows``, ``_reset_rows``, ``_drop_rows``), how a batch of actions is checked
-(``_action_rows``), the extra fields of its snapshots, and its public API.
+(``_write_rows``, ``_reset_rows``, ``_drop_rows``), how a batch of actions is checked and
+shaped into each env's ``step`` argument (``_action_rows``), the extra fields of its
+snapshots, and its public API.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ class VectorCore(abc.ABC):
     # ------------------------------------------------------------- the face's part
 
     @abc.abstractmethod
-    def _step_rows(self, i: int, action: Any) -> bool:
-        """Steps env ``i`` with its actions and writes its rows; True if its episode ended."""
+    def _write_rows(self, i: int, result: tuple[Any, ...]) -> bool:
+        """Writes env ``i``'s ``step`` result into its rows; True if its episode ended."""
 
     @abc.abstractmethod
     def _reset_rows(
@@ -137,7 +138,7 @@ class VectorCore(abc.ABC):
 
     @abc.abstractmethod
     def _action_rows(self, actions: Any, ids: np.ndarray) -> list[Any]:
-        """The checked actions of ``ids``, one entry per env (its agent rows for many)."""
+        """The checked actions of ``ids``, one per env, as its ``step`` takes them."""
 
     # --------------------------------------------------------------------- stepping
 
@@ -151,7 +152,7 @@ class VectorCore(abc.ABC):
             self._end_rows(i, truncate=True)
             return
         try:
-            ended = self._step_rows(i, action)
+            ended = self._write_rows(i, self.envs[i].step(action))
         except Exception as exc:
             if not self.isolate_faults:
                 raise

@@ -115,11 +115,10 @@ class MultiAgentVectorEnv(VectorCore):
 
     # ----------------------------------------------------- one env, one row per agent
 
-    def _step_rows(self, i: int, action: Any) -> bool:
+    def _write_rows(self, i: int, result: tuple[Any, ...]) -> bool:
         env, base = self.envs[i], i * self.num_agents
         self._end_rows(i, truncate=False)
-        acts = {agent: action[self._slot[agent]] for agent in env.agents}
-        observations, rewards, terms, truncs, step_infos = env.step(acts)
+        observations, rewards, terms, truncs, step_infos = result
         for agent, obs in observations.items():
             r = base + self._slot[agent]
             self._final_rows[r] = self._obs_rows[r] = obs
@@ -175,7 +174,11 @@ class MultiAgentVectorEnv(VectorCore):
                     bounds=self._bounds,
                     name=f"action for env {row // a} agent {agent!r} (row {row})",
                 )
-        return [rows[k * a : (k + 1) * a] for k in range(ids.size)]
+        slot = self._slot
+        return [
+            {agent: rows[k * a + slot[agent]] for agent in self.envs[i].agents}
+            for k, i in enumerate(ids.tolist())
+        ]
 
     # ---------------------------------------------------------------- reset and step
 

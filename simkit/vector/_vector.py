@@ -145,8 +145,8 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
 
     # -------------------------------------------------------- one env, one agent row
 
-    def _step_rows(self, i: int, action: Any) -> bool:
-        obs, reward, terminated, truncated, info = self.envs[i].step(action)
+    def _write_rows(self, i: int, result: tuple[Any, ...]) -> bool:
+        obs, reward, terminated, truncated, info = result
         self._final_rows[i] = self._obs_rows[i] = obs
         self._reward[i] = reward
         self._term[i] = terminated
@@ -228,13 +228,13 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
 
     # ------------------------------------------------------------------------- step
 
-    def _dispatch_all(self, actions: Any, mode: AutoresetMode) -> None:
-        """Steps every env synchronously, one task per chunk."""
+    def _every_env(self, actions: Any) -> tuple[np.ndarray, list[Any]]:
+        """Every env's id and checked action, for a synchronous step of them all."""
         if not self._has_reset:
             raise ResetNeeded("step() called before reset(); call reset() first")
         self._require_idle("step()")
         ids = np.arange(self.num_envs, dtype=np.int64)
-        self._dispatch(ids, self._action_rows(actions, ids), mode)
+        return ids, self._action_rows(actions, ids)
 
     def step_batch(self, actions: Any) -> BatchStep:
         """Steps every env; ended envs autoreset in the same step, nothing is lost.
@@ -250,8 +250,9 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
                 or ``DISABLED`` reset from :meth:`step`.
             InvalidAction: the batch does not fit ``action_space`` (names the envs).
         """
-        self._dispatch_all(actions, _SAME)
-        return self._batch_step(np.arange(self.num_envs, dtype=np.int64))
+        ids, rows = self._every_env(actions)
+        self._dispatch(ids, rows, _SAME)
+        return self._batch_step(ids)
 
     def step_envs(
         self, env_ids: Any, actions: Any, *, check_ids: bool = True
@@ -291,7 +292,7 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         (reward 0, flags False, the reset info). ``DISABLED``: no autoreset; stepping
         an ended env raises :class:`~simkit.errors.ResetNeeded`.
         """
-        self._dispatch_all(actions, self.autoreset_mode)
+        self._dispatch(*self._every_env(actions), self.autoreset_mode)
         return self._gym_step()
 
     def _gym_step(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
