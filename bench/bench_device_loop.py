@@ -49,7 +49,7 @@ ENV_ID = "simkit/BatchCartPole-v0"
 
 def _loop(path: str, n: int, t: int, updates: int, hyper: dict[str, Any]) -> dict[str, float]:
     """Times ``updates`` updates of one path after a warm-up update."""
-    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._sources import LocalSource
     from simkit.clients.learners.ppo import PPO, PPOArgs, build_model
 
     device = torch.device("cuda" if path.endswith("cuda") else "cpu")

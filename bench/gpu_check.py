@@ -821,7 +821,7 @@ def _ppo_cycle(n: int, dev: torch.device, device_loop: bool) -> Callable[[], Non
     ``n`` envs x :data:`LOOP_STEPS` steps, the update, the weight push) without the
     run's logging: the device loop on ``dev``, or the host rollout with the update on
     ``dev``."""
-    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._sources import LocalSource
     from simkit.clients.learners.ppo import build_model as build_run_model
 
     args = PPOArgs(

@@ -18,11 +18,8 @@ from device_helpers import no_host_reads
 import simkit
 from simkit._noise import SlotNoise
 from simkit._types import Fragment
-from simkit.clients.learners._local_source import (
-    LocalSource,
-    device_loop_support,
-    use_device_loop,
-)
+from simkit.clients.learners._device_pick import device_loop_support, use_device_loop
+from simkit.clients.learners._sources import LocalSource
 from simkit.clients.learners.ppo import PPO, PPOArgs, RewardScaler, build_model
 from simkit.rollout._loop import DeviceFragment
 

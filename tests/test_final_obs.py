@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simkit._types import stack_fragments
-from simkit.clients.learners._local_source import LocalSource
+from simkit.clients.learners._sources import LocalSource
 from simkit.models import ModelSpec, build_model
 from simkit.protocol._codec import decode, encode
 from simkit.protocol._errors import InvalidField

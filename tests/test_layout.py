@@ -209,7 +209,7 @@ def test_the_env_step_is_at_most_five_calls_below_the_rollout_loop() -> None:
     import traceback
 
     import simkit
-    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._sources import LocalSource
     from simkit.models import ModelSpec, build_model
 
     stacks: list[list[tuple[str, str]]] = []

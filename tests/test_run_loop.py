@@ -140,7 +140,7 @@ def test_a_learner_that_cannot_restore_closes_the_open_source(
     otherwise keep running and a recorder keep its lock."""
     import simkit
     from simkit.clients.learners import ppo
-    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._sources import LocalSource
     from simkit.errors import InvalidCheckpoint
 
     tiny = {"num_envs": 2, "num_steps": 16, "num_minibatches": 2, "update_epochs": 1}

@@ -135,7 +135,7 @@ def test_resume_over_servers_is_exact(tmp_path: Path) -> None:
 
 def test_the_server_explores_uniformly_until_learning_starts(tmp_path: Path) -> None:
     import simkit
-    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._sources import LocalSource
     from simkit.clients.learners._train_sac import build_actor
 
     model = build_actor(SMALL)

@@ -444,7 +444,7 @@ def test_a_sac_actor_on_cuda_is_graphed_and_follows_its_explore_flag() -> None:
 
 def _local_fragments(device: str | None, **kw: Any) -> list[Any]:
     """Two sync fragments (a weight push between) of an in-process CartPole source."""
-    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._sources import LocalSource
 
     torch.manual_seed(0)
     spec = ModelSpec("mlp", {"hidden_sizes": [16, 16]})
@@ -469,7 +469,7 @@ def _local_fragments(device: str | None, **kw: Any) -> list[Any]:
 def test_the_in_process_source_takes_the_policys_device() -> None:
     """``LocalSource(device=...)`` puts the rollout's policy there; the CPU keeps its
     LeanMLP path and its fragments."""
-    from simkit.clients.learners._local_source import LocalSource
+    from simkit.clients.learners._sources import LocalSource
 
     model = build_model(ModelSpec("mlp", {"hidden_sizes": [8]}), OBS, SPACES["box"])
     source = LocalSource(
@@ -487,7 +487,7 @@ def test_the_in_process_source_on_cuda_gives_the_eager_cuda_fragments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     got = _local_fragments("cuda")
-    import simkit.clients.learners._local_source as local
+    import simkit.clients.learners._sources as local
 
     class Eager(RowPolicy):
         def __init__(self, *args: Any, **kw: Any) -> None:

@@ -260,7 +260,7 @@ class PPOArgs(_Plain):
     keeps its own device, except in the device loop (``device_loop``)."""
     device_loop: str = "auto"
     """The whole loop on ``device`` (env, noise, policy, fragments, GAE, update:
-    :class:`~simkit.clients.learners._local_source.LocalSource` with ``device_loop``): ``on`` (a batch env with
+    :class:`~simkit.clients.learners._sources.LocalSource` with ``device_loop``): ``on`` (a batch env with
     device-resident steps, in process, sync; refused otherwise), ``off``, or ``auto``
     (on where ``device`` is not the CPU and the run can; a CPU run keeps the host
     rollout and its bits)."""

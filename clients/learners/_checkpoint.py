@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = [
+    "NO_ENV_STATES_LINE",
+    "no_snapshots_line",
     "check_resumed_state",
     "resumed_settings",
     "CHECKPOINT_FORMAT",
@@ -623,3 +625,24 @@ def check_resumed_state(
                 f">= 0}}, got {reprlib.repr(tally)}"
             )
     return out
+
+
+NO_ENV_STATES_LINE = (
+    "simkit train: the checkpoint holds no env states (envs without snapshots, or async "
+    "mode): the envs restart afresh, so this run does not continue exactly where the "
+    "checkpointed one stopped (the learner does)"
+)
+"""What a source says when it resumes from a checkpoint without env states."""
+
+
+def no_snapshots_line(not_exact: str, *, supervised: bool) -> str:
+    """What a source says, once, when its envs turn out to have no snapshots
+    (``not_exact``: the reason, as :attr:`TrainResult.not_exact` keeps it)."""
+    if supervised:
+        what = (
+            "a lost server's session reopens with fresh envs and a resume from a "
+            "checkpoint restarts them afresh: neither continues exactly"
+        )
+    else:
+        what = "a resume from a checkpoint restarts them afresh: it does not continue exactly"
+    return f"simkit train: {not_exact}: {what}"

@@ -1,5 +1,7 @@
-"""``--device auto``: the learner's own update step timed on each candidate device (the
-CPU, and CUDA where there is one), the faster one kept.
+"""Where a run computes: the learner's device (``--device auto``: the learner's own update
+step timed on each candidate device, the CPU and CUDA where there is one, the faster one
+kept), and whether the rollout runs there too (``--device-loop``:
+:func:`use_device_loop`, :func:`device_loop_support`).
 
 The GPU pays for an update only from some batch and model size on: below it, kernel
 launches and transfers cost more than the arithmetic they save, and a small model's
@@ -16,16 +18,23 @@ probe. The pick and its figures are one stderr line and the run summary's ``devi
 from __future__ import annotations
 
 import gc
+import importlib.util
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from simkit._batch import BatchEnv
 from simkit.clients.learners._args import resolve_device
+from simkit.registry import EnvKind, spec
 
 __all__ = [
+    "device_loop_support",
+    "use_device_loop",
     "DevicePick",
     "candidates",
     "pick_device",
@@ -151,3 +160,86 @@ def median_seconds(call: Callable[[], object], device: torch.device, per_call: i
         times.append(time.perf_counter() - start)
         spent += times[-1]
     return statistics.median(times) / per_call
+
+
+def device_loop_support(
+    env_id: str, env_kwargs: Mapping[str, Any] | None = None, device: Any = None
+) -> str | None:
+    """Why ``env_id`` cannot run the device loop, or ``None`` where it can: a batch env
+    whose class has the masked reset hook (:meth:`simkit.BatchEnv.reset_masked`) or
+    declares :attr:`~simkit.BatchEnv.time_limit_only` (resets scheduled on the host),
+    so its whole-batch steps stay on the device. A MuJoCo batch (built with
+    ``env_kwargs`` on ``device``; None: the class alone is judged) computes on the device
+    only on MuJoCo Warp, which needs the ``gpu`` extra."""
+    if env_id.startswith("gym:"):
+        return f"{env_id} is a Gymnasium env (the device loop needs a simkit batch env)"
+    env_spec = spec(env_id)
+    if env_spec.kind is not EnvKind.BATCH:
+        return f"{env_id} is a {env_spec.kind.value} env (the device loop needs a batch env)"
+    factory = env_spec.load()
+    hook = getattr(factory, "reset_masked", None)
+    if not isinstance(factory, type) or (
+        (hook is BatchEnv.reset_masked or hook is None)
+        and not getattr(factory, "time_limit_only", False)
+    ):
+        return (
+            f"{env_id} has no device-resident steps (its class does not implement "
+            "BatchEnv.reset_masked)"
+        )
+    if device is not None and _is_mujoco_batch(factory):
+        from simkit._batch_mujoco import resolve_backend
+
+        backend = resolve_backend((env_kwargs or {}).get("backend", "auto"), device)
+        if backend != "mjwarp":
+            return (
+                f"{env_id} computes on the host on backend {backend!r} (the device loop "
+                "needs --env-kwarg backend=mjwarp, or a CUDA --device)"
+            )
+        if importlib.util.find_spec("mujoco_warp") is None:
+            return f"{env_id} on the device needs MuJoCo Warp (pip install 'simkit[gpu]')"
+    return None
+
+
+def _is_mujoco_batch(factory: type) -> bool:
+    """Whether ``factory`` is a :class:`simkit.BatchMujocoEnv` (importing MuJoCo only
+    where the env's own module did)."""
+    module = sys.modules.get("simkit._batch_mujoco")
+    return module is not None and issubclass(factory, module.BatchMujocoEnv)
+
+
+def use_device_loop(
+    *,
+    env_id: str,
+    choice: str,
+    device: torch.device,
+    mode: str,
+    servers: int,
+    connect: bool,
+    ray: bool,
+    record: bool,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> bool:
+    """Whether a PPO run rolls out in the device loop (``--device-loop``, ``choice``):
+    ``on`` where the run can (else a ``ValueError`` saying why), ``off`` never, ``auto``
+    where it can and ``device`` is not the CPU (a CPU run keeps the host rollout, and its
+    bits, unless it asks).
+
+    Raises:
+        ValueError: ``choice`` is ``on`` and the run cannot (one line, naming why).
+    """
+    if choice == "off":
+        return False
+    why: str | None
+    if servers or connect or ray:
+        why = "it rolls out in the learner's process (--servers 0, no --connect or --ray)"
+    elif mode != "sync":
+        why = f"it runs in sync mode only, got --mode {mode}"
+    elif record:
+        why = "--record records host fragments (the device loop's never leave the device)"
+    else:
+        why = device_loop_support(env_id, env_kwargs, device)
+    if choice == "on":
+        if why is not None:
+            raise ValueError(f"--device-loop on: {why}")
+        return True
+    return why is None and device.type != "cpu"

@@ -12,15 +12,14 @@ import numpy as np
 
 from simkit._contract import EnvKind
 from simkit.clients.learners._checkpoint import check_tensors, load_policy, resolve_checkpoint
-from simkit.clients.learners._local_source import is_multi_agent, make_vector
 from simkit.clients.learners.ppo import spaces_of
 from simkit.errors import InvalidCheckpoint, MissingDependency
 from simkit.models import ActorCritic, ModelSpec, numpy_actions
 from simkit.models import build_model as build_from_spec
 from simkit.registry import check_trusted, make, spec
-from simkit.vector import MultiAgentVectorEnv
+from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
-__all__ = ["EvalKeywords", "evaluate_model", "evaluate_policy", "load_model"]
+__all__ = ["EvalKeywords", "evaluate_model", "evaluate_policy", "load_model", "make_vector"]
 
 
 class EvalKeywords(TypedDict, total=False):
@@ -106,7 +105,7 @@ def _video_writer(env_id: str) -> Any:
     from simkit._optional import require
 
     imageio = require("imageio", extra="bench", purpose="simkit eval --render")
-    if is_multi_agent(env_id):
+    if spec(env_id).kind is EnvKind.MULTI_AGENT:
         raise ValueError(f"--render supports single-agent envs, got the multi-agent env {env_id!r}")
     metadata = getattr(spec(env_id).load(), "metadata", None)
     modes = metadata.get("render_modes") if isinstance(metadata, dict) else None
@@ -211,3 +210,21 @@ def _write_video(imageio: Any, path: str | Path, frames: list[np.ndarray], fps: 
             f"{path}: imageio cannot write this video format ({first}); for .mp4 "
             "install the ffmpeg plugin: pip install 'simkit[bench]' (imageio[ffmpeg])"
         ) from exc
+
+
+def make_vector(
+    env_id: str, num_envs: int, num_threads: int = 1, *, render_mode: str | None = None
+) -> VectorEnv | MultiAgentVectorEnv:
+    """The local vector of ``env_id`` (``gym:<id>`` builds the installed Gymnasium env).
+
+    ``render_mode`` (e.g. ``"rgb_array"``) is passed to every env's constructor.
+    """
+    kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
+    if spec(env_id).kind is EnvKind.MULTI_AGENT:
+        return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)
+    if spec(env_id).kind is EnvKind.BATCH:
+        raise ValueError(
+            f"{env_id!r} is a batch env: a vector of single envs cannot hold it (it steps "
+            f"as one: simkit.make({env_id!r}, num_envs=N))"
+        )
+    return VectorEnv(env_id, num_envs, num_threads=num_threads, env_kwargs=kwargs)

@@ -49,7 +49,6 @@ from simkit.clients.learners._checkpoint import (
 )
 from simkit.clients.learners._device_pick import DevicePick
 from simkit.clients.learners._learner_metrics import LearnerMetrics
-from simkit.clients.learners._local_source import LocalSource
 from simkit.clients.learners._logdir import (
     TensorBoard,
     append_progress,
@@ -60,6 +59,7 @@ from simkit.clients.learners._progress import ProgressLine
 from simkit.clients.learners._server_source import ServerSource
 from simkit.clients.learners._sources import (
     FragmentSource,
+    LocalSource,
     Rollout,
     RolloutPlan,
     describe_source,

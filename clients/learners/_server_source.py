@@ -23,10 +23,7 @@ import torch
 
 from simkit._argtypes import env_kwarg_flags
 from simkit._types import Fragment
-from simkit.clients.learners._local_source import (
-    NO_ENV_STATES_LINE,
-    no_snapshots_line,
-)
+from simkit.clients.learners._checkpoint import NO_ENV_STATES_LINE, no_snapshots_line
 from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
 from simkit.clients.remote._stream import PolicyStream
 from simkit.errors import ServerStartFailed

@@ -16,11 +16,12 @@ from gymnasium import spaces
 
 from simkit.clients.learners._args import SACArgs
 from simkit.clients.learners._checkpoint import Checkpoint, resumed_settings
-from simkit.clients.learners._local_source import is_multi_agent, make_vector
+from simkit.clients.learners._evaluate import make_vector
 from simkit.clients.learners._replay import ReplayBuffer
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
+from simkit.registry import EnvKind, spec
 
 __all__ = [
     "SAC_RESUME_FREE",
@@ -60,7 +61,7 @@ def check_env(env_id: str) -> tuple[spaces.Box, spaces.Box]:
         ValueError: multi-agent, or a discrete / unbounded action space (one line,
             naming ``--algo ppo`` where PPO can).
     """
-    if is_multi_agent(env_id):
+    if spec(env_id).kind is EnvKind.MULTI_AGENT:
         raise ValueError(f"--algo sac learns single-agent envs; {env_id!r} is multi-agent")
     obs_space, act_space = _spaces(env_id)
     if not isinstance(act_space, spaces.Box) or not np.issubdtype(act_space.dtype, np.floating):

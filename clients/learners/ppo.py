@@ -1,7 +1,7 @@
 """PPO, the reference learner of simkit, readable top to bottom (after CleanRL).
 
 The learner never steps an env: it consumes :class:`simkit.Fragment` s (``T`` steps of
-``R`` policy rows) from a :class:`~simkit.clients.learners._local_source.FragmentSource`, computes
+``R`` policy rows) from a :class:`~simkit.clients.learners._sources.FragmentSource`, computes
 GAE (bootstrapping from ``final_values`` where an episode was truncated and from
 ``last_values`` at the fragment's end), runs the clipped-objective update and pushes new
 weights, observation-normalisation statistics included, back to the source.
@@ -49,14 +49,15 @@ from simkit.clients.learners._device_pick import (
     Probe,
     median_seconds,
     pick_device,
+    use_device_loop,
 )
 from simkit.clients.learners._graphed import PPOStep, use_cuda_graph
-from simkit.clients.learners._local_source import GYM_PREFIX, is_multi_agent, use_device_loop
 from simkit.clients.learners._run import Report, Run, TrainResult
 from simkit.clients.learners._sources import FragmentSource
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
+from simkit.registry import GYM_PREFIX, EnvKind, spec
 from simkit.rollout._loop import DeviceFragment
 from simkit.rollout._rows import make_env_rows
 
@@ -627,7 +628,7 @@ def spaces_of(env_id: str) -> tuple[Any, Any]:
 
 def policy_rows(args: PPOArgs) -> int:
     """Policy rows of ``args``'s env slots: one per (env, agent) for a multi-agent env."""
-    if not is_multi_agent(args.env_id):
+    if spec(args.env_id).kind is not EnvKind.MULTI_AGENT:
         return args.num_envs
     rows = make_env_rows(args.env_id, 1)
     try:
@@ -776,7 +777,9 @@ class _Cadence:
 def _check_record(run: Run, args: PPOArgs) -> None:
     """``record`` needs a single-agent simkit env (replay re-simulates it)."""
     env_id = args.env_id
-    if run.options.record is not None and (env_id.startswith(GYM_PREFIX) or is_multi_agent(env_id)):
+    if run.options.record is not None and (
+        env_id.startswith(GYM_PREFIX) or spec(env_id).kind is EnvKind.MULTI_AGENT
+    ):
         raise ValueError(
             "--record needs a single-agent simkit env (replay re-simulates it with "
             f"simkit.make), got {env_id!r}"

@@ -1,7 +1,7 @@
 """The act path of the built-in ``"mlp"`` and ``"sac_mlp"`` policies in numpy, for
 rollouts on the CPU.
 
-Both rollouts use it: the learner's in-process one (:mod:`simkit.clients.learners._local_source`)
+Both rollouts use it: the learner's in-process one (:mod:`simkit.clients.learners._sources`)
 and a rollout server's stream sessions on a CPU device
 (:mod:`simkit.rollout._policy`).
 
