@@ -122,7 +122,6 @@ class StreamWorker(threading.Thread):
         """Trackers of fragments handed to ZeroMQ and not yet released by it."""
         self._network_wait = _NETWORK_WAIT_S / 2
         self._loop: RolloutLoop | None = None
-        self._policy: RowPolicy | None = None
         self._deferred: list[WeightsCommand] = []
         self.stalled_s = 0.0
 
@@ -153,13 +152,12 @@ class StreamWorker(threading.Thread):
         except Exception:  # a bug: log it, tell the learner, free everything
             log.exception("stream session %s failed", self.session_name)
             err = InternalError("internal error in the stream session (a bug; see the server log)")
-            frames = self.session.error(err)
-            self._send(frames)
+            self._send(self.session.error(err))
         finally:
             self.done.set()
             if self._loop is not None:
                 self._loop.envs.close()
-            self._loop = self._policy = None
+            self._loop = None
             self._deferred.clear()
             self._held.release()
             self.envs_closed.set()
@@ -223,8 +221,6 @@ class StreamWorker(threading.Thread):
                     self._metrics.waiting_weights(spent)
                 if item is not None:
                     self._handle(item)
-                elif self._stopping.is_set():
-                    return
                 continue
             self._network_wait = _NETWORK_WAIT_S / 2
             self._step(loop)
@@ -272,12 +268,20 @@ class StreamWorker(threading.Thread):
         try:
             cmd = self.session.receive(frames)
         except ProtocolError as exc:
-            self._metrics.error(exc.code)
-            self._send(self.session.error(exc))
+            self._refuse(exc)
             return
         finally:
             self.inbox_out += message_bytes(frames)
         self._command(cmd)
+
+    def _refuse(self, exc: ProtocolError, request_id: int | None = None, kind: str = "") -> None:
+        """Sends the error reply of ``exc`` and counts it; with ``request_id``, as the
+        answer to that request of ``kind``."""
+        if request_id is not None:
+            exc.request_id = request_id  # type: ignore[attr-defined]
+            exc.request_kind = kind  # type: ignore[attr-defined]
+        self._metrics.error(exc.code)
+        self._send(self.session.error(exc))
 
     def _command(self, cmd: StreamCommand) -> None:
         if isinstance(cmd, PingCommand):
@@ -292,35 +296,28 @@ class StreamWorker(threading.Thread):
             self._session_state(cmd)
         elif isinstance(cmd, WeightsCommand):
             loop = self._loop
-            if self.session.mode == "sync" and loop is not None and loop.in_fragment:
-                size = sum(t.nbytes for t in cmd.tensors.values())
-                if size > self._model_bytes:
-                    exc: ProtocolError = InvalidWeightsError(
-                        f"weights of {size:,} bytes for a model of {self._model_bytes:,}; "
-                        f"the session keeps version {self.session.version}",
-                        expected=f"<= {self._model_bytes:,} bytes",
-                        got=size,
-                    )
-                    exc.request_id = cmd.id  # type: ignore[attr-defined]
-                    exc.request_kind = "weights"  # type: ignore[attr-defined]
-                    self._metrics.error(exc.code)
-                    self._send(self.session.error(exc))
-                    return
-                if len(self._deferred) >= MAX_DEFERRED_WEIGHTS:
-                    exc = SessionStateError(
-                        "too many weights wait for this sync fragment's end; push the next "
-                        "version after its fragment arrived",
-                        expected=f"<= {MAX_DEFERRED_WEIGHTS} waiting",
-                        got=len(self._deferred) + 1,
-                    )
-                    exc.request_id = cmd.id  # type: ignore[attr-defined]
-                    exc.request_kind = "weights"  # type: ignore[attr-defined]
-                    self._metrics.error(exc.code)
-                    self._send(self.session.error(exc))
-                    return
-                self._deferred.append(cmd)
-            else:
+            if self.session.mode != "sync" or loop is None or not loop.in_fragment:
                 self._apply(cmd)
+                return
+            size = sum(t.nbytes for t in cmd.tensors.values())
+            if size > self._model_bytes:
+                exc: ProtocolError = InvalidWeightsError(
+                    f"weights of {size:,} bytes for a model of {self._model_bytes:,}; "
+                    f"the session keeps version {self.session.version}",
+                    expected=f"<= {self._model_bytes:,} bytes",
+                    got=size,
+                )
+            elif len(self._deferred) >= MAX_DEFERRED_WEIGHTS:
+                exc = SessionStateError(
+                    "too many weights wait for this sync fragment's end; push the next "
+                    "version after its fragment arrived",
+                    expected=f"<= {MAX_DEFERRED_WEIGHTS} waiting",
+                    got=len(self._deferred) + 1,
+                )
+            else:
+                self._deferred.append(cmd)
+                return
+            self._refuse(exc, cmd.id, "weights")
 
     def _session_state(self, cmd: StateCommand | RestoreCommand) -> None:
         """Answers ``stream_state`` with the session's snapshot, or applies
@@ -328,19 +325,13 @@ class StreamWorker(threading.Thread):
         session), else an error reply and nothing changes."""
         kind = "stream_state" if isinstance(cmd, StateCommand) else "stream_restore"
         try:
-            frames = self._state_reply(cmd)
+            self._send(self._state_reply(cmd, kind))
         except ProtocolError as exc:
-            exc.request_id = cmd.id  # type: ignore[attr-defined]
-            exc.request_kind = kind  # type: ignore[attr-defined]
-            self._metrics.error(exc.code)
-            self._send(self.session.error(exc))
-            return
-        self._send(frames)
+            self._refuse(exc, cmd.id, kind)
 
-    def _state_reply(self, cmd: StateCommand | RestoreCommand) -> list[Any]:
+    def _state_reply(self, cmd: StateCommand | RestoreCommand, kind: str) -> list[Any]:
         loop = self._loop
         assert loop is not None
-        kind = "stream_state" if isinstance(cmd, StateCommand) else "stream_restore"
         if loop.in_fragment or self._deferred:
             raise SessionStateError(
                 f"{kind} is only allowed between two fragments; this session is inside one",
@@ -372,14 +363,8 @@ class StreamWorker(threading.Thread):
                 expected={k: layout[k] for k in bad},
                 got={k: got[k] for k in bad},
             )
-        state = {
-            "envs": snap.envs,
-            "obs": snap.obs,
-            "agent_mask": snap.agent_mask,
-            "episode_returns": snap.episode_returns,
-            "episode_lengths": snap.episode_lengths,
-            "sequence": snap.sequence,
-        }
+        keys = ("envs", "obs", "agent_mask", "episode_returns", "episode_lengths", "sequence")
+        state = {k: getattr(snap, k) for k in keys}
         try:
             loop.restore_boundary(state)
         except (InvalidState, ValueError) as exc:
@@ -406,8 +391,13 @@ class StreamWorker(threading.Thread):
     def _apply(self, cmd: WeightsCommand) -> None:
         loop = self._loop
         assert loop is not None
-        if self.session.version is not None and cmd.version <= self.session.version:
-            exc: ProtocolError = _stale(self.session.version, cmd.version)
+        current = self.session.version
+        if current is not None and cmd.version <= current:
+            exc: ProtocolError = StaleVersion(
+                f"policy versions must increase; the session keeps version {current}",
+                expected=f"version > {current}",
+                got=cmd.version,
+            )
         else:
             try:
                 loop.set_weights(PolicyWeights(version=cmd.version, tensors=cmd.tensors))
@@ -422,19 +412,13 @@ class StreamWorker(threading.Thread):
                 self._metrics.set_version(cmd.version)
                 self._send(self.session.reply("weights", cmd.id, {"version": cmd.version}))
                 return
-        exc.request_id = cmd.id  # type: ignore[attr-defined]
-        exc.request_kind = "weights"  # type: ignore[attr-defined]
-        self._metrics.error(exc.code)
-        self._send(self.session.error(exc))
+        self._refuse(exc, cmd.id, "weights")
 
     def _open(self, cmd: OpenCommand) -> None:
         try:
             info = self._build(cmd.config)
         except ProtocolError as exc:
-            exc.request_id = cmd.id  # type: ignore[attr-defined]
-            exc.request_kind = "stream_open"  # type: ignore[attr-defined]
-            self._metrics.error(exc.code)
-            self._send(self.session.error(exc))
+            self._refuse(exc, cmd.id, "stream_open")
             self._stopping.set()  # nothing was built; the slot is freed
             return
         self._send(self.session.reply("stream_open", cmd.id, info.to_plain()))
@@ -564,7 +548,7 @@ class StreamWorker(threading.Thread):
         """The session's policy over its rows and the loop that steps them, reset to
         ``config``'s seed (an env that fails to reset closes the envs)."""
         per_env = envs.agents_per_env
-        self._policy = RowPolicy(
+        policy = RowPolicy(
             model,
             device,
             seed=config.seed,
@@ -575,7 +559,7 @@ class StreamWorker(threading.Thread):
         )
         self._loop = loop = RolloutLoop(
             envs,
-            self._policy,
+            policy,
             fragment_length=length,
             env_offset=config.env_offset,
             with_states=config.with_states,
@@ -702,11 +686,3 @@ def _device(name: str) -> torch.device:
                 got=name,
             )
     return device
-
-
-def _stale(current: int, got: int) -> ProtocolError:
-    return StaleVersion(
-        f"policy versions must increase; the session keeps version {current}",
-        expected=f"version > {current}",
-        got=got,
-    )
