@@ -11,6 +11,7 @@ import numpy as np
 __all__ = [
     "BatchStep",
     "MultiAgentBatchStep",
+    "RowStep",
     "Fragment",
     "StepFault",
     "stack_fragments",
@@ -55,6 +56,29 @@ class BatchStep:
         if isinstance(self.terminated, np.ndarray):
             return np.logical_or(self.terminated, self.truncated)
         return self.terminated | self.truncated
+
+
+@dataclass(frozen=True)
+class RowStep:
+    """One step of every policy row, as a rollout reads it: the row face of
+    :meth:`simkit.vector.VectorEnv.step_rows` and the other vectors' (fresh numpy arrays,
+    no infos; tensors on the device for the device loop's rows).
+
+    Attributes:
+        obs: ``(R, ...)`` observations to act on next.
+        mask: ``(R,)`` rows live next step (they act).
+        reward: ``(R,)`` float64.
+        terminated: ``(R,)`` bool.
+        truncated: ``(R,)`` bool.
+        final_obs: ``(R, ...)`` observations the actions led to.
+    """
+
+    obs: Any
+    mask: Any
+    reward: Any
+    terminated: Any
+    truncated: Any
+    final_obs: Any
 
 
 @dataclass(frozen=True)

@@ -480,3 +480,45 @@ def test_exiting_with_steps_in_flight_does_not_crash(tmp_path: Path) -> None:
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
         )
         assert (done.returncode, done.stdout.strip()) == (0, "done"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("env_id", ["simkit/CartPole-v0", "simkit/GoalNav-v0"])
+def test_the_row_face_is_the_step_without_infos(env_id: str) -> None:
+    """``step_rows``/``reset_rows`` give the rows ``step_batch`` (``step`` for many
+    agents) gives, as fresh arrays, for either vector; episodes end on the way."""
+
+    def vector() -> Any:
+        if env_id.endswith("GoalNav-v0"):
+            return MultiAgentVectorEnv(env_id, 3)
+        return VectorEnv(env_id, 3)
+
+    rows, typed = vector(), vector()
+    obs, mask = rows.reset_rows(7)
+    if isinstance(typed, MultiAgentVectorEnv):
+        want_obs, want_mask, _ = typed.reset(seed=7)
+    else:
+        (want_obs, _), want_mask = typed.reset(seed=7), np.ones(3, dtype=np.bool_)
+    assert np.array_equal(obs, want_obs) and np.array_equal(mask, want_mask)
+    space = rows.single_action_space
+    space.seed(0)
+    ended = 0
+    for _ in range(210):
+        n = obs.shape[0]
+        actions = np.stack([space.sample() for _ in range(n)]) if n else None
+        got = rows.step_rows(actions)
+        if isinstance(typed, MultiAgentVectorEnv):
+            want = typed.step(actions)
+            want_mask = want.agent_mask
+        else:
+            want = typed.step_batch(actions)
+            want_mask = np.ones(3, dtype=np.bool_)
+        for name in ("obs", "reward", "terminated", "truncated", "final_obs"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        assert np.array_equal(got.mask, want_mask)
+        assert got.reward.dtype == np.float64
+        ended += int((got.terminated | got.truncated).sum())
+        got.obs[...] = 0  # fresh arrays: the next step is not disturbed
+        obs = got.obs
+    assert ended > 0
+    rows.close()
+    typed.close()

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from simkit._types import RowStep
 from simkit.registry import EnvKind, spec
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
@@ -40,28 +40,6 @@ __all__ = [
 ]
 
 ENV_KINDS = ("single", "batch", "multi_agent")
-
-
-@dataclass(frozen=True)
-class RowStep:
-    """One step of every row (numpy arrays; tensors on the device for
-    :class:`DeviceRows`).
-
-    Attributes:
-        obs: ``(R, ...)`` observations to act on next.
-        mask: ``(R,)`` rows live next step (they act).
-        reward: ``(R,)`` float64.
-        terminated: ``(R,)`` bool.
-        truncated: ``(R,)`` bool.
-        final_obs: ``(R, ...)`` observations the actions led to.
-    """
-
-    obs: Any
-    mask: Any
-    reward: Any
-    terminated: Any
-    truncated: Any
-    final_obs: Any
 
 
 class EnvRows:
@@ -139,25 +117,19 @@ class EnvRows:
             ``(obs, mask)`` of every row.
         """
         self.env.seeds.env_offset = env_offset
-        if self.kind == "multi_agent":
-            obs, mask, _ = self.env.reset(seed=seed)
-            return np.asarray(obs), np.asarray(mask, dtype=np.bool_)
-        obs, _ = self.env.reset(seed=seed)
-        return np.array(host_arrays(obs)), self._all_rows.copy()
+        if self.kind == "batch":
+            obs, _ = self.env.reset(seed=seed)
+            return np.array(host_arrays(obs)), self._all_rows.copy()
+        reset: tuple[np.ndarray, np.ndarray] = self.env.reset_rows(seed)
+        return reset
 
     def step(self, actions: np.ndarray) -> RowStep:
-        """Steps every env with one action per row (rows not live are ignored)."""
-        if self.kind == "multi_agent":
-            ma = self.env.step(actions)
-            return RowStep(
-                obs=np.asarray(ma.obs),
-                mask=np.asarray(ma.agent_mask, dtype=np.bool_),
-                reward=np.asarray(ma.reward, dtype=np.float64),
-                terminated=np.asarray(ma.terminated, dtype=np.bool_),
-                truncated=np.asarray(ma.truncated, dtype=np.bool_),
-                final_obs=np.asarray(ma.final_obs),
-            )
-        return self._rows(self.env.step_batch(actions), self._all_rows)
+        """Steps every env with one action per row (rows not live are ignored): the
+        env's row face (``step_rows``)."""
+        if self.kind == "batch":
+            return self._rows(self.env.step_batch(actions), self._all_rows)
+        step: RowStep = self.env.step_rows(actions)
+        return step
 
     def send(self, part: int, actions: np.ndarray) -> None:
         """Starts stepping part ``part`` with one action per row of it; :meth:`recv` it.
@@ -165,8 +137,8 @@ class EnvRows:
         With one part this is :meth:`step` (its result waits for :meth:`recv`); with
         two, the BatchEnv's ``send`` (its physics runs in the background).
         """
-        if len(self.parts) == 1 and self.kind != "multi_agent":
-            self._pending = self._rows(self.env.step_batch(actions), self._all_rows)
+        if len(self.parts) == 1 and self.kind != "batch":
+            self._pending = self.env.step_rows(actions)
         elif len(self.parts) == 1:
             self._pending = self.step(actions)
         else:

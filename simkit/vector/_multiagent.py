@@ -17,7 +17,7 @@ from gymnasium.vector.utils import batch_space, iterate
 from pettingzoo import ParallelEnv
 
 from simkit._multiagent import MultiAgentEnv
-from simkit._types import MultiAgentBatchStep, StepFault
+from simkit._types import MultiAgentBatchStep, RowStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.vector._actions import split_rows
@@ -213,6 +213,24 @@ class MultiAgentVectorEnv(VectorCore):
             raise ResetNeeded("step() called before reset(); call reset() first")
         step, _ = self.step_envs(np.arange(self.num_envs, dtype=np.int64), actions)
         return step
+
+    def step_rows(self, actions: Any) -> RowStep:
+        """:meth:`step` as a rollout reads it (:class:`~simkit._types.RowStep`: every
+        row's arrays, the rows live next step as its mask, no infos)."""
+        step = self.step(actions)
+        return RowStep(
+            obs=np.asarray(step.obs),
+            mask=np.asarray(step.agent_mask, dtype=np.bool_),
+            reward=np.asarray(step.reward, dtype=np.float64),
+            terminated=np.asarray(step.terminated, dtype=np.bool_),
+            truncated=np.asarray(step.truncated, dtype=np.bool_),
+            final_obs=np.asarray(step.final_obs),
+        )
+
+    def reset_rows(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`reset` as a rollout reads it: ``(obs, mask)`` of every row."""
+        obs, mask, _ = self.reset(seed=seed)
+        return np.asarray(obs), np.asarray(mask, dtype=np.bool_)
 
     def step_envs(
         self, env_ids: Any, actions: Any, *, check_ids: bool = True

@@ -19,7 +19,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from simkit._types import BatchStep, StepFault
+from simkit._types import BatchStep, RowStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import ResetNeeded
 from simkit.vector._actions import check_batch, split_rows
@@ -253,6 +253,26 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         ids, rows = self._every_env(actions)
         self._dispatch(ids, rows, _SAME)
         return self._batch_step(ids)
+
+    def step_rows(self, actions: Any) -> RowStep:
+        """Steps every env as :meth:`step_batch` does; the rows as a rollout reads them
+        (:class:`~simkit._types.RowStep`: fresh arrays, every row live, no infos)."""
+        ids, rows = self._every_env(actions)
+        self._dispatch(ids, rows, _SAME)
+        return RowStep(
+            obs=np.asarray(self._gather(self._obs_rows, ids)),
+            mask=np.ones(self.num_envs, dtype=np.bool_),
+            reward=self._reward.copy(),
+            terminated=self._term.copy(),
+            truncated=self._trunc.copy(),
+            final_obs=np.asarray(self._gather(self._final_rows, ids)),
+        )
+
+    def reset_rows(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`reset` of every env as a rollout reads it: ``(obs, mask)`` of every
+        row (fresh arrays; every row live)."""
+        obs, _ = self.reset(seed=seed)
+        return np.array(obs), np.ones(self.num_envs, dtype=np.bool_)
 
     def step_envs(
         self, env_ids: Any, actions: Any, *, check_ids: bool = True
