@@ -124,9 +124,7 @@ class BatchEnvHost:
         if any(per):
             opts["params"] = per
         if not everyone:
-            mask = np.zeros(n, dtype=np.bool_)
-            mask[env_ids] = True
-            opts["reset_mask"] = mask
+            opts["reset_mask"] = _mask(n, env_ids)
         obs, vector_info = self.env.reset(seed=seed, options=opts or None)
         obs = self._obs = host_arrays(obs)
         if everyone:
@@ -196,11 +194,10 @@ class BatchEnvHost:
         step, faults = self._failed(env_ids, error_code_of(exc), f"{type(exc).__name__}: {exc}")
         options = None
         if env_ids.size < self.num_envs:  # a subset step failed: restart only its instances
-            mask = np.zeros(self.num_envs, dtype=np.bool_)
-            mask[env_ids] = True
-            options = {"reset_mask": mask}
+            options = {"reset_mask": _mask(self.num_envs, env_ids)}
         try:
-            obs, vector_info = _host_reset(self.env, options)
+            obs, vector_info = self.env.reset(options=options)
+            obs = host_arrays(obs)
         except Exception as again:
             self._broken = True
             msg = f"reset failed: {type(again).__name__}: {again}"
@@ -282,10 +279,11 @@ def _writable(actions: Any) -> Any:
     return actions
 
 
-def _host_reset(env: BatchEnv, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
-    """``env.reset(options=options)`` with the observations on the host."""
-    obs, vector_info = env.reset(options=options)
-    return host_arrays(obs), vector_info
+def _mask(n: int, env_ids: np.ndarray) -> np.ndarray:
+    """The ``reset_mask`` of ``env_ids`` among ``n`` instances."""
+    mask = np.zeros(n, dtype=np.bool_)
+    mask[env_ids] = True
+    return mask
 
 
 def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:

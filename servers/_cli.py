@@ -322,14 +322,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"simkit serve: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.policy:
-        if args.torch_threads < 1:
-            print(
-                f"simkit serve: --torch-threads must be >= 1, got {args.torch_threads}",
-                file=sys.stderr,
-            )
-            return 2
-        # Only a policy-serving server needs torch.
+    if args.policy:  # only a policy-serving server needs torch
         from simkit.models._threads import set_compute_threads
 
         set_compute_threads(args.torch_threads)

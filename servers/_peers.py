@@ -56,17 +56,17 @@ class Peer:
     def of(cls, frame: zmq.Frame) -> Peer:
         """The peer of a received message (any of its frames)."""
         fd = _prop(frame, zmq.SRCFD)
+        fd = int(fd) if fd is not None else -1
         key = _prop(frame, "User-Id")
         if key:
-            name = f"curve:{key}"
-            return cls(int(fd) if fd is not None else -1, name, name)
+            return cls(fd, f"curve:{key}", f"curve:{key}")
         address = _prop(frame, "Peer-Address") or ""
         try:
             loopback = ipaddress.ip_address(str(address)).is_loopback
         except ValueError:  # ipc credentials, inproc
-            return cls(int(fd) if fd is not None else -1, f"local:{address}", None)
+            return cls(fd, f"local:{address}", None)
         name = f"tcp:{address}"
-        return cls(int(fd) if fd is not None else -1, name, None if loopback else name)
+        return cls(fd, name, None if loopback else name)
 
 
 def quota_used(peer: Peer, held: Iterable[Peer]) -> int:

@@ -144,9 +144,6 @@ class _RecordedHost:
             out.append((derived[k] if explicit is None else explicit[k], origin))
         return out
 
-    def _next_origins(self, ids: list[int]) -> list[tuple[int | None, dict[str, Any]]]:
-        return self._origins(ids)  # autoresets: the host already advanced the seeding
-
     def _failed(self, what: str, env_ids: np.ndarray) -> None:
         """A recorder error: logged and counted, the envs' episodes in flight dropped."""
         self.recorder.errors += 1
@@ -182,18 +179,15 @@ class _RecordedHost:
         result, faults = self.host.step(env_ids, actions)
         try:
             faulted = [f.env_id for f in faults]
+            # Autoresets' origins: the host already advanced the seeding.
             if isinstance(result, MultiAgentBatchStep):
-                self.tracker.log_step(
-                    result, env_ids, actions, -1, self._next_origins, faulted=faulted
-                )
+                self.tracker.log_step(result, env_ids, actions, -1, self._origins, faulted=faulted)
             else:
                 if not np.array_equal(result.env_ids, env_ids):
                     where = {i: k for k, i in enumerate(env_ids.tolist())}
                     rows = np.array([where[i] for i in result.env_ids.tolist()])
                     actions = row_of(actions, rows)
-                self.tracker.log_batch_step(
-                    result, actions, -1, self._next_origins, faulted=faulted
-                )
+                self.tracker.log_batch_step(result, actions, -1, self._origins, faulted=faulted)
         except Exception:
             self._failed("a step", env_ids)
         return result, faults

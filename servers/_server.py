@@ -109,24 +109,23 @@ def _within_budget(limits: Limits, max_memory: int) -> Limits:
     )
 
 
+def _check_positive(name: str, value: object) -> None:
+    """Refuses ``value`` for the argument ``name`` unless it is a positive int (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def _check_counts(
     num_envs: int, num_threads: int, busy_poll_us: int | None, fragment_length: int
 ) -> None:
     """Refuses counts a server cannot use, before it makes anything."""
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-        raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
+    _check_positive("num_threads", num_threads)
     if busy_poll_us is not None and (
         isinstance(busy_poll_us, bool) or not isinstance(busy_poll_us, int) or busy_poll_us < 0
     ):
         raise ValueError(f"busy_poll_us must be an int >= 0 or None, got {busy_poll_us!r}")
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
-    if (
-        isinstance(fragment_length, bool)
-        or not isinstance(fragment_length, int)
-        or fragment_length < 1
-    ):
-        raise ValueError(f"fragment_length must be a positive int, got {fragment_length!r}")
+    _check_positive("num_envs", num_envs)
+    _check_positive("fragment_length", fragment_length)
 
 
 def _check_exposure(
@@ -158,14 +157,7 @@ def _peer_quota(max_sessions_per_peer: int | None, max_sessions: int) -> int:
     """The sessions one peer may hold: as given, else half of ``max_sessions`` (at least 1)."""
     if max_sessions_per_peer is None:
         max_sessions_per_peer = max(1, max_sessions // 2)
-    if (
-        isinstance(max_sessions_per_peer, bool)
-        or not isinstance(max_sessions_per_peer, int)
-        or max_sessions_per_peer < 1
-    ):
-        raise ValueError(
-            f"max_sessions_per_peer must be a positive int, got {max_sessions_per_peer!r}"
-        )
+    _check_positive("max_sessions_per_peer", max_sessions_per_peer)
     return max_sessions_per_peer
 
 
@@ -366,7 +358,7 @@ class RolloutServer:
         env_id = self.env_id
         self._env_kwargs = dict(env_kwargs or {})
         self._ma_factory = (
-            make_parallel_env_factory(env_id, **dict(env_kwargs or {}))
+            make_parallel_env_factory(env_id, **self._env_kwargs)
             if is_multi_agent_id(env_id)
             else None
         )
@@ -477,11 +469,11 @@ class RolloutServer:
         assert self._factory is not None
         return EnvListHost([self._factory() for _ in range(n)], num_threads=self.num_threads)
 
-    def _recorded(self, host: _AnyHost, session: str) -> _AnyHost:
+    def _recorded(
+        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost, session: str
+    ) -> _AnyHost:
         """``host`` wrapped in the server's recorder when recording (else as is)."""
-        if self.recorder is None or isinstance(host, RecordingHost | MultiAgentRecordingHost):
-            return host
-        return self.recorder.wrap(host, session)
+        return host if self.recorder is None else self.recorder.wrap(host, session)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -638,9 +630,7 @@ class RolloutServer:
             log.exception("internal error")
             reply = error_reply(exc, request_id=0)
             reply.body["code"] = "internal"
-        steps = 0
-        if reply.kind == "step":
-            steps = int(reply.arrays["env_ids"].size)
+        steps = int(reply.arrays["env_ids"].size) if reply.kind == "step" else 0
         if slot.session.state is SessionState.CLOSED:
             self._free(identity)  # before the reply, so the client sees its slots freed
         self._reply(identity, reply, start, steps=steps)

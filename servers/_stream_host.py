@@ -144,46 +144,46 @@ class StreamHost:
         """Starts a session for a ``stream_open`` from ``peer`` (its worker answers); or
         the error reply when the server runs no policy or has no free slot (for
         ``peer``)."""
-        if self.settings is None:
+        settings = self.settings
+        held = quota_used(peer, self.peers.values())
+        if settings is None:
             exc: Exception = Unsupported(
                 "this server runs no policy (start it with --policy)",
                 expected="a server started with --policy",
                 got="stream_open",
             )
-            return error_reply(exc, request_id=request.id, request_kind=request.kind)
-        if len(self.workers) >= self.max_sessions:
+        elif len(self.workers) >= self.max_sessions:
             exc = Busy(
                 "the server has no free stream session slots",
                 expected=f"<= {self.max_sessions} stream sessions",
                 got=f"{len(self.workers)} open",
             )
-            return error_reply(exc, request_id=request.id, request_kind=request.kind)
-        held = quota_used(peer, self.peers.values())
-        if held >= self.max_sessions_per_peer:
+        elif held >= self.max_sessions_per_peer:
             exc = Busy(
                 f"this peer ({peer.name}) holds its share of the stream session slots",
                 expected=f"<= {self.max_sessions_per_peer} stream sessions per peer",
                 got=f"{held} held",
             )
-            return error_reply(exc, request_id=request.id, request_kind=request.kind)
-        from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
+        else:
+            from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
 
-        reservation = Reservation(self.budget, peer.quota_key, self.peer_share)
-        worker = StreamWorker(
-            identity,
-            frames,
-            self.settings,
-            self._context,
-            self.address,
-            self.metrics,
-            reservation,
-            self.slot_costs,
-        )
-        self.workers[identity] = worker
-        self.peers[identity] = peer
-        self.metrics.sessions.set(len(self.workers))
-        worker.start()
-        return None
+            reservation = Reservation(self.budget, peer.quota_key, self.peer_share)
+            worker = StreamWorker(
+                identity,
+                frames,
+                settings,
+                self._context,
+                self.address,
+                self.metrics,
+                reservation,
+                self.slot_costs,
+            )
+            self.workers[identity] = worker
+            self.peers[identity] = peer
+            self.metrics.sessions.set(len(self.workers))
+            worker.start()
+            return None
+        return error_reply(exc, request_id=request.id, request_kind=request.kind)
 
     def touch(self, token: str, peer: Peer) -> bool:
         """Refreshes the heartbeat of the session named ``token``; whether it exists,
