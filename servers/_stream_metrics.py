@@ -2,7 +2,7 @@
 
 One :class:`StreamMetrics` per server, a :class:`~simkit._metrics.MetricSet` in the
 server's own registry (beside the step path's :class:`~simkit.servers._prometheus.Metrics`).
-Every method is thread-safe: workers call them.
+Every method and metric is thread-safe: workers call them.
 """
 
 from __future__ import annotations
@@ -108,10 +108,8 @@ class StreamMetrics(MetricSet):
         for rows, seconds in inference:
             self.inference_batch.observe(rows)
             self.inference_latency.observe(seconds)
-        lo, avg, hi = lag
-        self.policy_lag.labels("min").set(lo)
-        self.policy_lag.labels("avg").set(avg)
-        self.policy_lag.labels("max").set(hi)
+        for stat, value in zip(("min", "avg", "max"), lag, strict=True):
+            self.policy_lag.labels(stat).set(value)
         self.credit.set(credit)
         now = time.monotonic()
         with self._lock:
@@ -120,23 +118,3 @@ class StreamMetrics(MetricSet):
                 self._recent.popleft()
             span = max(now - self._recent[0], 1e-3) if len(self._recent) > 1 else self.window_s
             self.fragments_per_second.set(len(self._recent) / span)
-
-    def stalled(self, seconds: float) -> None:
-        """Counts time a session paused without credit."""
-        self.stalled_seconds.inc(seconds)
-
-    def waiting_weights(self, seconds: float) -> None:
-        """Counts time a session waited for weights."""
-        self.waiting_weights_seconds.inc(seconds)
-
-    def set_credit(self, credit: int) -> None:
-        """Sets the credit gauge."""
-        self.credit.set(credit)
-
-    def set_version(self, version: int) -> None:
-        """A session applied ``version``."""
-        self.policy_version.set(version)
-
-    def error(self, code: str) -> None:
-        """Counts an error reply."""
-        self.errors.labels(code).inc()

@@ -216,9 +216,9 @@ class StreamWorker(threading.Thread):
                 spent = time.perf_counter() - waited
                 if why in ("credit", "network"):
                     self.stalled_s += spent
-                    self._metrics.stalled(spent)
+                    self._metrics.stalled_seconds.inc(spent)
                 else:
-                    self._metrics.waiting_weights(spent)
+                    self._metrics.waiting_weights_seconds.inc(spent)
                 if item is not None:
                     self._handle(item)
                 continue
@@ -280,14 +280,14 @@ class StreamWorker(threading.Thread):
         if request_id is not None:
             exc.request_id = request_id  # type: ignore[attr-defined]
             exc.request_kind = kind  # type: ignore[attr-defined]
-        self._metrics.error(exc.code)
+        self._metrics.errors.labels(exc.code).inc()
         self._send(self.session.error(exc))
 
     def _command(self, cmd: StreamCommand) -> None:
         if isinstance(cmd, PingCommand):
             self._send(self.session.reply("ping", cmd.id))
         elif isinstance(cmd, CreditCommand):
-            self._metrics.set_credit(self.session.credit)
+            self._metrics.credit.set(self.session.credit)
         elif isinstance(cmd, CloseCommand):
             self._send(self.session.reply("close", cmd.id))
         elif isinstance(cmd, OpenCommand):
@@ -409,7 +409,7 @@ class StreamWorker(threading.Thread):
                 )
             else:
                 self.session.weights_applied(cmd.version)
-                self._metrics.set_version(cmd.version)
+                self._metrics.policy_version.set(cmd.version)
                 self._send(self.session.reply("weights", cmd.id, {"version": cmd.version}))
                 return
         self._refuse(exc, cmd.id, "weights")
