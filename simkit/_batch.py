@@ -1081,7 +1081,9 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         s = self._simkit
         loop, sampler, seeds = self.__loop(), s.device_sampler, s.seeds
         assert sampler is not None
-        episode = loop.pull_counters() if loop.ahead else seeds.episode
+        # Read back when the device is ahead (a host synchronisation): a copy, on a CPU
+        # device not a view.
+        episode = loop.episode.cpu().numpy().copy() if loop.ahead else seeds.episode
         m = len(sampler.names)
         draws = max(s.streams.prefetch, m)
         scale = sampler if m else None

@@ -249,11 +249,6 @@ class DeviceLoop:
         self.steps_left = cover
         self.param_draws = param_draws
 
-    def pull_counters(self) -> np.ndarray:
-        """The episode counters, read back (a host synchronisation)."""
-        out: np.ndarray = self.episode.cpu().numpy().copy()  # on a CPU device, not a view
-        return out
-
     def step(
         self, reward: Any, terminated: Any, max_steps: int | None
     ) -> tuple[Any, Any, Any, DeviceDraws, Any]:

@@ -60,12 +60,6 @@ STATE_FIELDS = (
 for the model): what ``mj_step`` reads before it writes, as in ``mjSTATE_INTEGRATION``."""
 
 
-def _import_warp() -> tuple[Any, Any]:
-    wp = require("warp", extra="gpu", purpose="BatchMujocoEnv backend='mjwarp'")
-    mjw = require("mujoco_warp", extra="gpu", purpose="BatchMujocoEnv backend='mjwarp'")
-    return wp, mjw
-
-
 def _resolve_warp(model: Any, attribute: str) -> tuple[Any, str]:
     """The object holding ``attribute`` (``"body_mass"``, ``"opt.gravity"``) and its name."""
     *path, name = attribute.split(".")
@@ -103,7 +97,8 @@ class MjWarpPhysics(Physics):
     ) -> None:
         import torch
 
-        wp, mjw = _import_warp()
+        wp = require("warp", extra="gpu", purpose="BatchMujocoEnv backend='mjwarp'")
+        mjw = require("mujoco_warp", extra="gpu", purpose="BatchMujocoEnv backend='mjwarp'")
         self.wp, self.mjw, self.torch = wp, mjw, torch
         self.n = num_worlds
         self.device = torch.device(device)

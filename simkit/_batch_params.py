@@ -105,14 +105,7 @@ class Sampler:
             for j, rng in enumerate(rngs):
                 rng.random(out=values[j])
             values = self._scale(values)
-        names = self.names
-        if self._plain:
-            return [dict(zip(names, row, strict=True)) for row in values.tolist()], values
-        out = []
-        for row in values.tolist():
-            drawn = {**self._fixed, **dict(zip(names, row, strict=True))}
-            out.append({name: drawn[name] for name in self._order})
-        return out, values
+        return [self.row(row) for row in values.tolist()], values
 
 
 class ParamRows(LazyRows[Params]):

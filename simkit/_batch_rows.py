@@ -53,14 +53,15 @@ def scatter(full: Any, ids: np.ndarray, rows: Any) -> Any:
 def take_step(step: BatchStep, index: np.ndarray | slice) -> BatchStep:
     """Rows ``index`` (a slice or an index array) of ``step``, in that order."""
     rows = range(len(step.env_ids))[index] if isinstance(index, slice) else index.tolist()
-    obs, final_obs = take_rows(step.obs, index), take_rows(step.final_obs, index)
-    reward, terminated, truncated = (
+    return BatchStep(
+        take_rows(step.obs, index),
         step.reward[index],
         step.terminated[index],
         step.truncated[index],
+        take_rows(step.final_obs, index),
+        step.env_ids[index],
+        [step.infos[k] for k in rows],
     )
-    infos = [step.infos[k] for k in rows]
-    return BatchStep(obs, reward, terminated, truncated, final_obs, step.env_ids[index], infos)
 
 
 def concat_steps(parts: list[BatchStep], xp: Any) -> BatchStep:
@@ -70,14 +71,9 @@ def concat_steps(parts: list[BatchStep], xp: Any) -> BatchStep:
         join = xp.cat if xp is not np and name in ("obs", "final_obs") else np.concatenate
         return join([getattr(p, name) for p in parts])
 
-    obs, reward, terminated, truncated = (
-        cat("obs"),
-        cat("reward"),
-        cat("terminated"),
-        cat("truncated"),
-    )
+    fields = ("obs", "reward", "terminated", "truncated", "final_obs", "env_ids")
     infos = [info for p in parts for info in p.infos]
-    return BatchStep(obs, reward, terminated, truncated, cat("final_obs"), cat("env_ids"), infos)
+    return BatchStep(**{name: cat(name) for name in fields}, infos=infos)
 
 
 class LazyRows(Sequence[_Row]):
