@@ -83,12 +83,7 @@ class BatchEnvHost:
     def reset(self, request: ResetRequest) -> tuple[Any, list[dict[str, Any]]]:
         """Resets ``request.env_ids`` through ``BatchEnv.reset`` (``reset_mask`` for a
         subset)."""
-        env_ids, seed, options, params = (
-            request.env_ids,
-            request.seed,
-            request.options,
-            request.params,
-        )
+        env_ids, seed, params = request.env_ids, request.seed, request.params
         n = self.num_envs
         everyone = env_ids.size == n
         if request.seeds is not None:
@@ -111,7 +106,7 @@ class BatchEnvHost:
             )
         if self._obs is None and not everyone:
             raise ResetNeeded(f"the first reset must reset all {n} envs, got {env_ids.size}")
-        opts = dict(options or {})
+        opts = dict(request.options or {})
         shared = _option_params(opts.pop("params", None), env_ids.size)
         per: list[dict[str, Any]] = [{} for _ in range(n)]
         for k, i in enumerate(env_ids.tolist()):

@@ -151,13 +151,13 @@ class SlotCosts:
     """What one env slot of a session costs the server, measured once per env id and
     kwargs: the growth of the resident set while ``PROBE`` slots are built (after one
     slot built and closed first, so that imports and one-time caches do not count),
-    at least ``floor`` bytes. A session reserves ``num_envs`` times that from the
+    at least ``FLOOR`` bytes. A session reserves ``num_envs`` times that from the
     budget before its envs are built, so the budget bounds envs as well as fragments."""
 
     PROBE = 16
+    FLOOR = 4096
 
-    def __init__(self, floor: int = 4096) -> None:
-        self.floor = floor
+    def __init__(self) -> None:
         self._known: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -175,7 +175,7 @@ class SlotCosts:
             grown = resident_bytes() - before
             probe.close()
             give_back_memory()
-            cost = max(self.floor, grown // self.PROBE)
+            cost = max(self.FLOOR, grown // self.PROBE)
             self._known[key] = cost
             return cost
 

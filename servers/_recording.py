@@ -40,22 +40,17 @@ class ServerRecorder:
     Args:
         directory: the recording directory (refused if another writer holds it).
         env_id: the served env id; ``env_kwargs`` its constructor arguments.
-        writer_kwargs: passed to :class:`RecordingWriter`.
     """
 
     def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        env_id: str,
-        env_kwargs: Mapping[str, Any],
-        **writer_kwargs: Any,
+        self, directory: str | os.PathLike[str], env_id: str, env_kwargs: Mapping[str, Any]
     ) -> None:
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs)
         self.versions = environment_versions(env_id)
         self.errors = 0
         """Recorder failures (logged; the sessions were served regardless)."""
-        self.writer = RecordingWriter(directory, on_error=self._write_failed, **writer_kwargs)
+        self.writer = RecordingWriter(directory, on_error=self._write_failed)
 
     def _write_failed(self, exc: BaseException) -> None:
         """An episode failed to encode or write (on the writer thread): log, count, go on."""

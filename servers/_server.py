@@ -669,11 +669,10 @@ class RolloutServer:
             target = self._slots.get(bytes.fromhex(token))
         except ValueError:
             target = None
-        if target is not None and (target.gone_at is not None or target.peer.name != peer.name):
-            target = None
-        if target is None and self._streams.touch(token, peer):
-            reply = Message(kind="ping", id=request.id)
-        elif target is None:
+        reply = Message(kind="ping", id=request.id)
+        if target is not None and target.gone_at is None and target.peer.name == peer.name:
+            target.last_seen = time.monotonic()
+        elif not self._streams.touch(token, peer):
             exc = SessionStateError(
                 "no live session has this token (dropped, closed, its connection gone, "
                 "opened by another peer, or never opened)",
@@ -681,9 +680,6 @@ class RolloutServer:
                 got=token[:64],
             )
             reply = error_reply(exc, request_id=request.id, request_kind="ping")
-        else:
-            target.last_seen = time.monotonic()
-            reply = Message(kind="ping", id=request.id)
         self._reply(identity, reply, start)
 
     def _reply(self, identity: bytes, reply: Message, start: float, *, steps: int = 0) -> None:

@@ -547,14 +547,13 @@ class StreamWorker(threading.Thread):
     ) -> RolloutLoop:
         """The session's policy over its rows and the loop that steps them, reset to
         ``config``'s seed (an env that fails to reset closes the envs)."""
-        per_env = envs.agents_per_env
         policy = RowPolicy(
             model,
             device,
             seed=config.seed,
             first_slot=config.env_offset,
             num_slots=num_envs,
-            rows_per_slot=per_env,
+            rows_per_slot=envs.agents_per_env,
             action_space=envs.action_space,
         )
         self._loop = loop = RolloutLoop(
