@@ -134,12 +134,10 @@ class MjWarpPhysics(Physics):
                         f"and {view[0].numel()} per world in MuJoCo Warp"
                     )
                 self._fields[field.attribute] = view.view(num_worlds, *base.shape)
-            self.views: dict[str, Any] = {}
-            for name in STATE_FIELDS:
-                arr = getattr(self.d, name, None)
-                if arr is None or arr.size == 0:
-                    continue
-                self.views[name] = wp.to_torch(arr)
+            present = [(name, getattr(self.d, name, None)) for name in STATE_FIELDS]
+            self.views: dict[str, Any] = {
+                name: wp.to_torch(arr) for name, arr in present if arr is not None and arr.size
+            }
         self._mask = torch.zeros(num_worlds, dtype=torch.bool, device=self.device)
         self._mask_wp = wp.from_torch(self._mask, dtype=wp.bool)
         self.batch = {name: self.view(name) for name in batch_fields}
