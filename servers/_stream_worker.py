@@ -435,13 +435,13 @@ class StreamWorker(threading.Thread):
         device = _device(config.device or s.device)
         envs = self._make_envs(env_id, env_kwargs, num_envs)
         length = config.fragment_length or s.fragment_length
-        try:
+        try:  # a refusal after the envs are built closes them
             fragment_bytes = _check_sizes(s, envs, length, config.model)
+            model, obs_plain, act_plain = self._admit_model(config, envs, fragment_bytes)
+            loop = self._start_loop(config, envs, model, device, env_id, num_envs, length)
         except ProtocolError:
             envs.close()
             raise
-        model, obs_plain, act_plain = self._admit_model(config, envs, fragment_bytes)
-        loop = self._start_loop(config, envs, model, device, env_id, num_envs, length)
         return StreamInfo(
             session=self.session_name,
             env_id=env_id,
@@ -490,7 +490,7 @@ class StreamWorker(threading.Thread):
     ) -> tuple[ActorCritic, Any, Any]:
         """The learner's model built for ``envs``' spaces, within the server's parameter
         cap, with the session's memory reserved; and the spaces as the reply carries
-        them. Any refusal closes ``envs`` and names what was wrong."""
+        them. Any refusal names what was wrong."""
         s = self.settings
         try:
             spec = ModelSpec.from_plain(config.model)
@@ -517,17 +517,14 @@ class StreamWorker(threading.Thread):
             obs_plain = space_to_plain(envs.observation_space)
             act_plain = space_to_plain(envs.action_space)
         except UnknownModel as exc:
-            envs.close()
             raise UnknownModelError(
                 str(exc),
                 expected="a model registered in the simkit.models entry-point group",
                 got=config.model.get("name"),
             ) from exc
         except ProtocolError:
-            envs.close()
             raise
         except (KeyError, ValueError, TypeError) as exc:
-            envs.close()
             raise InvalidField(
                 f"model {config.model.get('name')!r} rejected its spec: {exc}",
                 expected="kwargs the model accepts",
@@ -546,7 +543,7 @@ class StreamWorker(threading.Thread):
         length: int,
     ) -> RolloutLoop:
         """The session's policy over its rows and the loop that steps them, reset to
-        ``config``'s seed (an env that fails to reset closes the envs)."""
+        ``config``'s seed."""
         policy = RowPolicy(
             model,
             device,
@@ -569,7 +566,6 @@ class StreamWorker(threading.Thread):
         try:
             loop.reset(config.seed, config.env_offset)
         except Exception as exc:
-            envs.close()
             self._loop = None
             raise InvalidField(f"env {env_id!r} failed to reset: {exc}") from exc
         return loop
