@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -108,16 +109,9 @@ def resident_bytes() -> int:
     """This process's resident set size in bytes (0 where ``/proc`` has none)."""
     try:
         with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * _page_size()
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-@cache
-def _page_size() -> int:
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE")
 
 
 @cache
