@@ -1081,8 +1081,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         s = self._simkit
         loop, sampler, seeds = self.__loop(), s.device_sampler, s.seeds
         assert sampler is not None
-        # Read back when the device is ahead (a host synchronisation): a copy, on a CPU
-        # device not a view.
+        # Read back when the device is ahead (a host sync; a copy: not a view on a CPU device).
         episode = loop.episode.cpu().numpy().copy() if loop.ahead else seeds.episode
         m = len(sampler.names)
         draws = max(s.streams.prefetch, m)
