@@ -17,6 +17,7 @@ import numpy as np
 from gymnasium import spaces
 
 from simkit._batch import BatchEnv
+from simkit._batch_rows import host_arrays
 from simkit._types import BatchStep
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.protocol import (
@@ -29,7 +30,6 @@ from simkit.protocol import (
 )
 from simkit.protocol import take_rows as _take
 from simkit.randomization import resolve_overrides
-from simkit.rollout._rows import host_arrays
 
 __all__ = ["BatchEnvHost", "BATCH_HOST_STATE"]
 

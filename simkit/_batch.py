@@ -41,7 +41,16 @@ from simkit._batch_device import (
 )
 from simkit._batch_names import check_author_names, reserved_names
 from simkit._batch_params import ParamRows, Sampler, copy_params
-from simkit._batch_rows import RowInfos, concat_steps, scatter, take_rows, take_step, to_numpy
+from simkit._batch_rows import (
+    RowInfos,
+    concat_steps,
+    host_arrays,
+    host_rows,
+    scatter,
+    take_rows,
+    take_step,
+    to_numpy,
+)
 from simkit._contract import (
     EnvKind,
     action_bounds_of,
@@ -50,7 +59,7 @@ from simkit._contract import (
 )
 from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
 from simkit._state import check_state_attributes
-from simkit._types import BatchStep
+from simkit._types import BatchStep, RowStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
 from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
@@ -674,6 +683,18 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if order is not None:
             step = take_step(step, np.argsort(order))
         return step if self.xp is np else self.__on_device(step)
+
+    def step_rows(self, actions: Any) -> RowStep:
+        """Steps every instance as :meth:`step_batch` does; the rows as a rollout on the
+        host reads them (:class:`~simkit._types.RowStep`: numpy copies, every row live,
+        no infos)."""
+        return host_rows(self.step_batch(actions), np.ones(self.num_envs, dtype=np.bool_))
+
+    def reset_rows(self, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`reset` of every instance as a rollout on the host reads it: ``(obs,
+        mask)`` of every row (numpy copies; every row live)."""
+        obs, _ = self.reset(seed=seed)
+        return np.array(host_arrays(obs)), np.ones(self.num_envs, dtype=np.bool_)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Gymnasium's 5-tuple under ``metadata["autoreset_mode"]``.

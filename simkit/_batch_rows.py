@@ -3,16 +3,25 @@ helpers that take, replace and join rows of numpy arrays or torch tensors."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from simkit._types import BatchStep
+from simkit._types import BatchStep, RowStep
 
 _Row = TypeVar("_Row")
 
-__all__ = ["LazyRows", "RefusedRows", "RowInfos", "concat_steps", "scatter", "take_rows"]
+__all__ = [
+    "LazyRows",
+    "RefusedRows",
+    "RowInfos",
+    "concat_steps",
+    "host_arrays",
+    "host_rows",
+    "scatter",
+    "take_rows",
+]
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -22,6 +31,31 @@ def to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):
         return np.asarray(x.detach().cpu().numpy())
     return np.asarray(x)
+
+
+def host_arrays(value: Any) -> Any:
+    """``value`` (a torch batch's rows: a tensor, or a dict/tuple of them) as numpy
+    arrays on the host; numpy rows unchanged."""
+    if isinstance(value, Mapping):
+        return {k: host_arrays(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(host_arrays(v) for v in value)
+    if isinstance(value, np.ndarray) or not hasattr(value, "cpu"):
+        return value
+    return value.detach().cpu().numpy()
+
+
+def host_rows(step: BatchStep, mask: np.ndarray) -> RowStep:
+    """A batch step's rows as a rollout on the host reads them: numpy copies (a BatchEnv
+    reuses its buffers; a torch batch's tensors come to the host), rows ``mask`` live."""
+    return RowStep(
+        obs=np.array(host_arrays(step.obs)),
+        mask=mask,
+        reward=np.asarray(host_arrays(step.reward), dtype=np.float64),
+        terminated=np.asarray(host_arrays(step.terminated), dtype=np.bool_),
+        truncated=np.asarray(host_arrays(step.truncated), dtype=np.bool_),
+        final_obs=np.asarray(host_arrays(step.final_obs)),
+    )
 
 
 def take_rows(x: Any, ids: np.ndarray | slice) -> Any:

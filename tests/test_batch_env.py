@@ -1092,3 +1092,34 @@ def test_device_steps_never_synchronise_on_cuda(env_id: str) -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert res.reward.device.type == "cuda"
     assert int(env.read_episode_stats()["episodes"].sum()) >= 1024 * 7
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_the_row_face_is_the_batch_step_on_the_host(backend: str) -> None:
+    """``step_rows``/``reset_rows`` give ``step_batch``'s rows as numpy copies (a torch
+    batch's tensors come to the host), every row live, episodes ending on the way."""
+    import torch
+
+    kwargs = {} if backend == "numpy" else {"device": "cpu"}
+    rows = simkit.make("simkit/BatchCartPole-v0", num_envs=4, **kwargs)
+    typed = simkit.make("simkit/BatchCartPole-v0", num_envs=4, **kwargs)
+    obs, mask = rows.reset_rows(5)
+    want, _ = typed.reset(seed=5)
+    assert isinstance(obs, np.ndarray)
+    assert np.array_equal(obs, np.asarray(want))
+    assert mask.dtype == np.bool_
+    assert mask.all()
+    ended = 0
+    for k in range(40):
+        actions = np.full(4, k % 2, dtype=np.int64)
+        got = rows.step_rows(actions)
+        step = typed.step_batch(actions if backend == "numpy" else torch.as_tensor(actions))
+        for name in ("obs", "reward", "terminated", "truncated", "final_obs"):
+            value = getattr(got, name)
+            assert isinstance(value, np.ndarray), name
+            assert np.array_equal(value, np.asarray(getattr(step, name))), name
+        assert got.reward.dtype == np.float64
+        assert got.mask.all()
+        ended += int((got.terminated | got.truncated).sum())
+        got.obs[...] = np.nan  # a copy: the env's buffers are not touched
+    assert ended > 0

@@ -498,7 +498,8 @@ def test_the_row_face_is_the_step_without_infos(env_id: str) -> None:
         want_obs, want_mask, _ = typed.reset(seed=7)
     else:
         (want_obs, _), want_mask = typed.reset(seed=7), np.ones(3, dtype=np.bool_)
-    assert np.array_equal(obs, want_obs) and np.array_equal(mask, want_mask)
+    assert np.array_equal(obs, want_obs)
+    assert np.array_equal(mask, want_mask)
     space = rows.single_action_space
     space.seed(0)
     ended = 0

@@ -29,10 +29,11 @@ from typing import Any, TypeAlias
 import numpy as np
 import torch
 
+from simkit._batch_rows import host_arrays
 from simkit._types import Fragment, FragmentShape
 from simkit.models import PolicyWeights
 from simkit.rollout._policy import RowPolicy
-from simkit.rollout._rows import EnvRows, host_arrays
+from simkit.rollout._rows import EnvRows
 
 __all__ = ["Arrays", "DeviceFragment", "RolloutLoop", "LoopTimes"]
 

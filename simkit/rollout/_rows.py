@@ -1,10 +1,9 @@
 """The envs of a rollout as policy rows, through the local execution core.
 
 :class:`EnvRows` steps a :class:`simkit.vector.VectorEnv`, a :class:`simkit.BatchEnv` or
-a :class:`simkit.vector.MultiAgentVectorEnv` through their public ``reset`` /
-``step_batch`` / ``step`` / ``get_state`` and presents every one as ``R`` rows (env slots,
-or (env slot, agent) pairs) with an agent mask, the layout of
-:class:`simkit.Fragment`.
+a :class:`simkit.vector.MultiAgentVectorEnv` alike, through the row face each offers
+(``reset_rows`` / ``step_rows``: ``R`` rows, env slots or (env slot, agent) pairs, with
+an agent mask, the layout of :class:`simkit.Fragment`) and ``get_state``.
 
 A BatchEnv that steps subsets can also be driven in two *parts* (halves of the env
 slots) through its EnvPool-style ``send``/``recv``: the physics of one part runs on the
@@ -25,12 +24,12 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from simkit._batch_rows import host_rows
 from simkit._types import RowStep
 from simkit.registry import EnvKind, spec
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 __all__ = [
-    "host_arrays",
     "DeviceRows",
     "EnvRows",
     "RowStep",
@@ -117,17 +116,12 @@ class EnvRows:
             ``(obs, mask)`` of every row.
         """
         self.env.seeds.env_offset = env_offset
-        if self.kind == "batch":
-            obs, _ = self.env.reset(seed=seed)
-            return np.array(host_arrays(obs)), self._all_rows.copy()
         reset: tuple[np.ndarray, np.ndarray] = self.env.reset_rows(seed)
         return reset
 
     def step(self, actions: np.ndarray) -> RowStep:
         """Steps every env with one action per row (rows not live are ignored): the
         env's row face (``step_rows``)."""
-        if self.kind == "batch":
-            return self._rows(self.env.step_batch(actions), self._all_rows)
         step: RowStep = self.env.step_rows(actions)
         return step
 
@@ -137,10 +131,8 @@ class EnvRows:
         With one part this is :meth:`step` (its result waits for :meth:`recv`); with
         two, the BatchEnv's ``send`` (its physics runs in the background).
         """
-        if len(self.parts) == 1 and self.kind != "batch":
+        if len(self.parts) == 1:
             self._pending = self.env.step_rows(actions)
-        elif len(self.parts) == 1:
-            self._pending = self.step(actions)
         else:
             self.env.send(actions, self._part_ids[part])
 
@@ -163,19 +155,7 @@ class EnvRows:
                 f"recv() returned envs {batch.env_ids.tolist()}, expected part {part}'s "
                 f"{ids.tolist()} (parts are received in the order they were sent)"
             )
-        return self._rows(batch, self._all_rows[self.parts[part]])
-
-    @staticmethod
-    def _rows(step: Any, mask: np.ndarray) -> RowStep:
-        """A BatchEnv's step as host rows (a torch batch's tensors copied to the host)."""
-        return RowStep(
-            obs=np.array(host_arrays(step.obs)),  # a copy: a BatchEnv reuses its buffers
-            mask=mask,
-            reward=np.asarray(host_arrays(step.reward), dtype=np.float64),
-            terminated=np.asarray(host_arrays(step.terminated), dtype=np.bool_),
-            truncated=np.asarray(host_arrays(step.truncated), dtype=np.bool_),
-            final_obs=np.asarray(host_arrays(step.final_obs)),
-        )
+        return host_rows(batch, self._all_rows[self.parts[part]])
 
     def get_state(self) -> dict[str, Any]:
         """The vector's snapshot (its ``get_state()``: plain data)."""
@@ -270,18 +250,6 @@ class DeviceRows(EnvRows):
             truncated=step.truncated,
             final_obs=step.final_obs,
         )
-
-
-def host_arrays(value: Any) -> Any:
-    """``value`` (a torch batch's rows: a tensor, or a dict/tuple of them) as numpy
-    arrays on the host; numpy rows unchanged."""
-    if isinstance(value, Mapping):
-        return {k: host_arrays(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(host_arrays(v) for v in value)
-    if isinstance(value, np.ndarray) or not hasattr(value, "cpu"):
-        return value
-    return value.detach().cpu().numpy()
 
 
 def make_env_rows(
