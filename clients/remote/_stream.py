@@ -35,6 +35,11 @@ from simkit.protocol._stream_session import StreamClientSession
 
 __all__ = ["PolicyStream", "ServerStats", "stack_fragments", "fragment_to_torch"]
 
+_ALL_TAKEN = (
+    "sync mode: every fragment of the pushed versions was taken; push new weights "
+    "(push_weights) before asking for more"
+)
+
 
 @dataclass
 class ServerStats:
@@ -70,20 +75,19 @@ class ServerStats:
 class _Server:
     conn: Connection
     session: StreamClientSession
+    config: StreamConfig
+    """The ``stream_open`` config: the server's env slots (kept to reopen the session on
+    a restarted server)."""
+    stats: ServerStats
     info: StreamInfo | None = None
-    env_offset: int = 0
-    num_envs: int = 0
     queue: deque[Fragment] = field(default_factory=deque)
     acked: int = -1
     """The id of the last weights request the server applied."""
     keepalive: _Keepalive | None = None
-    stats: ServerStats | None = None
     lags: deque[tuple[int, float, int]] = field(default_factory=lambda: deque(maxlen=100))
     last_heard: float = 0.0
     delivered: int = 0
     opened_at: float = 0.0
-    config: StreamConfig | None = None
-    """The ``stream_open`` config (kept to reopen the session on a restarted server)."""
     snapshot: SessionSnapshot | None = None
     """The last ``stream_state`` reply, until :meth:`PolicyStream.session_states` takes it."""
     state_error: RemoteError | None = None
@@ -226,6 +230,13 @@ class PolicyStream:
         """The servers still in the stream."""
         return [s.conn.endpoint for s in self._servers]
 
+    def _server(self, endpoint: str) -> _Server:
+        """The server of the stream at ``endpoint`` (ValueError if none is)."""
+        for srv in self._servers:
+            if srv.conn.endpoint == endpoint:
+                return srv
+        raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
+
     def _connect(self, endpoint: str, config: StreamConfig) -> _Server:
         """A server of ``config``'s env slots on a new connection to ``endpoint``, polled
         from now on (not yet in the stream: the caller adds it when it belongs there)."""
@@ -233,11 +244,9 @@ class PolicyStream:
         srv = _Server(
             conn,
             StreamClientSession(endpoint),
-            env_offset=config.env_offset,
-            num_envs=config.num_envs,
-            config=config,
+            config,
+            ServerStats(endpoint, first_slot=config.env_offset),
         )
-        srv.stats = ServerStats(endpoint, first_slot=config.env_offset)
         self._by_socket[conn.socket] = srv
         self._poller.register(conn.socket, zmq.POLLIN)
         return srv
@@ -264,9 +273,11 @@ class PolicyStream:
             srv.keepalive = _Keepalive(srv.conn, srv.info.session, srv.info.heartbeat_timeout / 4)
         return srv.info
 
-    def _send(self, srv: _Server, frames: list[Any]) -> None:
+    def _send(self, srv: _Server, frames: list[Any]) -> int:
+        """Sends a request built by ``srv.session``; returns its id (for the reply's wait)."""
         srv.conn.socket.send_multipart(frames, copy=len(frames) == 1)
         srv.conn.last_activity = time.monotonic()
+        return srv.session.last_id
 
     def _pump(self, timeout_s: float) -> bool:
         """Receives every message ready within ``timeout_s``; whether any arrived."""
@@ -301,10 +312,8 @@ class PolicyStream:
                 return
             raise named from None
         if isinstance(item, Fragment):
-            stats = srv.stats
-            assert stats is not None
-            stats.fragments += 1
-            stats.env_steps += item.num_steps * srv.num_envs
+            srv.stats.fragments += 1
+            srv.stats.env_steps += item.num_steps * srv.config.num_envs
             srv.queue.append(item)
         elif isinstance(item, SessionSnapshot):
             srv.snapshot = item
@@ -319,7 +328,6 @@ class PolicyStream:
         while not ready(srv):
             self._pump(0.05)
             if not ready(srv) and time.monotonic() - srv.last_heard > self.timeout:
-                assert srv.stats is not None
                 srv.stats.alive = False
                 raise ServerUnavailable(srv.conn.endpoint, self.timeout, what)
 
@@ -360,10 +368,10 @@ class PolicyStream:
             name: arr if arr.flags.c_contiguous else np.array(arr, order="C")
             for name, arr in pw.tensors.items()
         }
-        request_ids = []
-        for srv in self._servers:
+        request_ids = [
             self._send(srv, srv.session.request_weights(pw.version, tensors))
-            request_ids.append(srv.session.last_id)
+            for srv in self._servers
+        ]
         if wait:
             for srv, rid in zip(self._servers, request_ids, strict=True):
                 self._await(srv, lambda s, rid=rid: s.acked >= rid, "'weights'")  # type: ignore[misc]
@@ -410,7 +418,6 @@ class PolicyStream:
             if srv.state_error is not None:
                 raise srv.state_error
             assert srv.snapshot is not None
-            assert srv.config is not None
             out.append((srv.config, srv.snapshot))
             srv.snapshot = None
         return out
@@ -433,16 +440,16 @@ class PolicyStream:
                 f"need one snapshot per server ({len(self._servers)}), got {len(snapshots)}"
             )
         for srv, snap in zip(self._servers, snapshots, strict=True):
-            want = (srv.env_offset, srv.num_envs)
+            want = (srv.config.env_offset, srv.config.num_envs)
             if (snap.env_offset, snap.num_envs) != want:
                 raise ValueError(
                     f"server {srv.conn.endpoint} runs env slots [{want[0]}, {sum(want)}), "
                     f"the snapshot holds [{snap.env_offset}, {snap.env_offset + snap.num_envs})"
                 )
-        request_ids = []
-        for srv, snap in zip(self._servers, snapshots, strict=True):
+        request_ids = [
             self._send(srv, srv.session.request_restore(snap))
-            request_ids.append(srv.session.last_id)
+            for srv, snap in zip(self._servers, snapshots, strict=True)
+        ]
         for srv, rid in zip(self._servers, request_ids, strict=True):
             self._await(srv, lambda s, rid=rid: s.restored >= rid, "'stream_restore'")  # type: ignore[misc]
 
@@ -451,10 +458,7 @@ class PolicyStream:
     def _take(self, srv: _Server) -> Fragment:
         """The next fragment of ``srv`` (waits); grants one credit back."""
         if self.mode == "sync" and not srv.queue and srv.delivered >= self._versions_pushed:
-            raise RuntimeError(
-                "sync mode: every fragment of the pushed versions was taken; push new "
-                "weights (push_weights) before asking for more"
-            )
+            raise RuntimeError(_ALL_TAKEN)
         while True:
             self._await(srv, lambda s: bool(s.queue), "a fragment")
             fragment = srv.queue.popleft()
@@ -464,12 +468,10 @@ class PolicyStream:
                 return fragment
 
     def _fresh(self, srv: _Server, fragment: Fragment) -> bool:
-        stats = srv.stats
-        assert stats is not None
         newest = self.version if self.version is not None else 0
         lag = newest - fragment.policy_version
         if self.mode == "async" and int(lag.max()) > self.max_lag:
-            stats.dropped += 1
+            srv.stats.dropped += 1
             return False
         srv.lags.append((int(lag.min()), float(lag.mean()), int(lag.max())))
         return True
@@ -491,14 +493,10 @@ class PolicyStream:
                 if self.mode == "sync" and all(
                     s.delivered >= self._versions_pushed for s in self._servers
                 ):
-                    raise RuntimeError(
-                        "sync mode: every fragment of the pushed versions was taken; push "
-                        "new weights (push_weights) before asking for more"
-                    )
+                    raise RuntimeError(_ALL_TAKEN)
                 self._pump(0.05)
                 if time.monotonic() > deadline:
                     silent = min(self._servers, key=lambda s: s.last_heard)
-                    assert silent.stats is not None
                     silent.stats.alive = False
                     raise ServerUnavailable(silent.conn.endpoint, self.timeout, "a fragment")
 
@@ -520,10 +518,7 @@ class PolicyStream:
             ValueError: ``endpoint`` is not in the stream.
             ServerUnavailable: it did not send one in time.
         """
-        for srv in self._servers:
-            if srv.conn.endpoint == endpoint:
-                return self._take(srv)
-        raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
+        return self._take(self._server(endpoint))
 
     def received(self) -> list[Fragment]:
         """Fragments received and not yet taken (kept when a server fails), in order."""
@@ -538,10 +533,7 @@ class PolicyStream:
         Raises:
             ValueError: ``endpoint`` is not in the stream.
         """
-        found = [s for s in self._servers if s.conn.endpoint == endpoint]
-        if not found:
-            raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
-        srv = found[0]
+        srv = self._server(endpoint)
         self._servers.remove(srv)
         kept = list(srv.queue)
         self._retire(srv, polite=False)
@@ -553,10 +545,7 @@ class PolicyStream:
         Raises:
             ValueError: ``endpoint`` is not in the stream.
         """
-        for srv in self._servers:
-            if srv.conn.endpoint == endpoint and srv.config is not None:
-                return srv.config
-        raise ValueError(f"{endpoint!r} is not one of the stream's servers {self.endpoints}")
+        return self._server(endpoint).config
 
     def add_server(
         self,
@@ -585,8 +574,7 @@ class PolicyStream:
             self._send(srv, srv.session.request_open(config))
             self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
             if restore is not None:
-                self._send(srv, srv.session.request_restore(restore))
-                rid = srv.session.last_id
+                rid = self._send(srv, srv.session.request_restore(restore))
                 self._await(srv, lambda s: s.restored >= rid, "'stream_restore'")
         except BaseException:
             self._retire(srv, polite=False)
@@ -609,7 +597,6 @@ class PolicyStream:
         now = time.monotonic()
         for srv in self._servers:
             stats = srv.stats
-            assert stats is not None
             stats.steps_per_second = stats.env_steps / max(now - srv.opened_at, 1e-9)
             if srv.lags:
                 stats.lag_min = float(min(lo for lo, _, _ in srv.lags))
