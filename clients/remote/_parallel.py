@@ -62,26 +62,33 @@ def _own_rows(space: spaces.Space[Any], batch: Any, n: int) -> list[Any]:
     return [copy.deepcopy(row) for row in _rows(space, batch, n)]
 
 
-class _Remote:
-    """A connection plus the request helpers both remote classes share."""
+class _Session:
+    """What both remote classes share: their connection's reset and step requests, and
+    closing it (politely on :meth:`close`, at once when dropped unclosed)."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    _conn: Connection
+    closed: bool
 
-    @property
-    def info(self) -> ServerInfo:
-        return self.conn.info
+    def _request_reset(self, env_ids: Any = None, **kwargs: Any) -> MultiAgentReset:
+        self._conn.send("reset", self._conn.session.request_reset(env_ids=env_ids, **kwargs))
+        return parse_multi_agent_reset(self._conn.session, self._conn.recv())
 
-    def reset(self, env_ids: Any = None, **kwargs: Any) -> MultiAgentReset:
-        self.conn.send("reset", self.conn.session.request_reset(env_ids=env_ids, **kwargs))
-        return parse_multi_agent_reset(self.conn.session, self.conn.recv())
+    def _request_step(self, actions: Any, env_ids: Any = None) -> MultiAgentStep:
+        self._conn.send("step", self._conn.session.request_step(actions, env_ids=env_ids))
+        return parse_multi_agent_step(self._conn.session, self._conn.recv())
 
-    def step(self, actions: Any, env_ids: Any = None) -> MultiAgentStep:
-        self.conn.send("step", self.conn.session.request_step(actions, env_ids=env_ids))
-        return parse_multi_agent_step(self.conn.session, self.conn.recv())
+    def close(self) -> None:
+        """Ends the session (the server frees the envs) and closes the socket."""
+        if not self.closed:
+            self.closed = True
+            self._conn.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self._conn.close(polite=False)
 
 
-class RemoteMultiAgentVectorEnv:
+class RemoteMultiAgentVectorEnv(_Session):
     """The envs of one multi-agent rollout server as (env, agent) rows.
 
     The same interface and data as :class:`simkit.vector.MultiAgentVectorEnv`: row
@@ -114,8 +121,8 @@ class RemoteMultiAgentVectorEnv:
         client: str = "simkit-remote-multi-agent",
         **connect: Unpack[ConnectOptions],
     ) -> None:
-        self._remote = _Remote(_open(endpoint, client, connect))
-        info = self._remote.info
+        self._conn = _open(endpoint, client, connect)
+        info = self._conn.info
         assert info.agents is not None
         self.endpoint = endpoint
         self.env_id = info.env_id
@@ -140,7 +147,7 @@ class RemoteMultiAgentVectorEnv:
     @property
     def server_info(self) -> ServerInfo:
         """The server's handshake."""
-        return self._remote.info
+        return self._conn.info
 
     def row(self, env_index: int, agent: str) -> int:
         """The row of ``agent`` in env ``env_index``."""
@@ -169,7 +176,7 @@ class RemoteMultiAgentVectorEnv:
         n = self.num_envs
         if seed is None or isinstance(seed, int | np.integer):
             kw: dict[str, Any] = {} if seed is None else {"seed": check_seed(seed, "seed")}
-            result = self._remote.reset(options=options, **kw)
+            result = self._request_reset(options=options, **kw)
             obs, mask, infos = result.obs, result.agent_mask, result.infos
         elif isinstance(seed, Sequence) and not isinstance(seed, str) and len(seed) == n:
             explicit = [i for i, s in enumerate(seed) if s is not None]
@@ -177,9 +184,11 @@ class RemoteMultiAgentVectorEnv:
             parts: list[tuple[list[int], MultiAgentReset]] = []
             if explicit:
                 seeds = [check_seed(seed[i], f"seed[{i}]") for i in explicit]
-                parts.append((explicit, self._remote.reset(explicit, seeds=seeds, options=options)))
+                parts.append(
+                    (explicit, self._request_reset(explicit, seeds=seeds, options=options))
+                )
             if rest:
-                parts.append((rest, self._remote.reset(rest, options=options)))
+                parts.append((rest, self._request_reset(rest, options=options)))
             obs, mask, infos = self._merge(parts)
         else:
             raise ValueError(
@@ -215,33 +224,25 @@ class RemoteMultiAgentVectorEnv:
         """
         if not self._has_reset:
             raise ResetNeeded("step() called before reset(); call reset() first")
-        result = self._remote.step(actions)
+        result = self._request_step(actions)
         self.faults = result.faults
         self._mask = np.array(result.step.agent_mask, dtype=np.bool_)
         return result.step
 
     def get_state(self) -> list[dict[str, Any]]:
         """One opaque snapshot per env (capability ``state``); send back with :meth:`set_state`."""
-        conn = self._remote.conn
-        conn.send("get_state", conn.session.request_get_state())
-        return conn.session.parse_get_state(conn.recv())
+        self._conn.send("get_state", self._conn.session.request_get_state())
+        return self._conn.session.parse_get_state(self._conn.recv())
 
     def set_state(self, states: Sequence[Mapping[str, Any]]) -> None:
         """Restores snapshots from :meth:`get_state`; the continuation is bit-identical."""
-        conn = self._remote.conn
-        conn.send("set_state", conn.session.request_set_state(states))
-        conn.session.parse_set_state(conn.recv())
+        self._conn.send("set_state", self._conn.session.request_set_state(states))
+        self._conn.session.parse_set_state(self._conn.recv())
         A = self.num_agents
         self._mask = np.concatenate(
             [np.asarray(s["agent_mask"], dtype=np.bool_).reshape(A) for s in states]
         )
         self._has_reset = True
-
-    def close(self) -> None:
-        """Ends the session (the server frees the envs) and closes the socket."""
-        if not self.closed:
-            self.closed = True
-            self._remote.conn.close()
 
     def __enter__(self) -> RemoteMultiAgentVectorEnv:
         return self
@@ -249,12 +250,8 @@ class RemoteMultiAgentVectorEnv:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        if not getattr(self, "closed", True):
-            self._remote.conn.close(polite=False)
 
-
-class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
+class RemoteParallelEnv(_Session, ParallelEnv[str, Any, Any]):
     """One remote multi-agent env behind the PettingZoo Parallel API.
 
     ``reset``/``step`` take and return agent dicts; ``agents`` holds the live agents.
@@ -290,7 +287,7 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         if isinstance(env_index, bool) or not 0 <= env_index < info.num_envs:
             conn.close()
             raise ValueError(f"env_index must be in [0, {info.num_envs}), got {env_index!r}")
-        self._remote = _Remote(conn)
+        self._conn = conn
         assert info.agents is not None
         self.endpoint = endpoint
         self.env_index = int(env_index)
@@ -327,13 +324,13 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """Starts an episode; returns observations and infos of the live agents."""
         if seed is not None:
-            result = self._remote.reset(
+            result = self._request_reset(
                 self._ids, seeds=[check_seed(seed, "seed")], options=options
             )
         elif self._pending is not None and options is None:
             result = self._pending
         else:
-            result = self._remote.reset(self._ids, options=options)
+            result = self._request_reset(self._ids, options=options)
         self._pending = None
         self.agents = self._live(result.agent_mask)
         rows = _own_rows(self._obs_space, result.obs, self.num_agents)
@@ -366,7 +363,7 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         items = [actions.get(a, self._zero_action) for a in self.possible_agents]
         out: Any = create_empty_array(self._space, len(items))
         batch: Any = concatenate(self._space, items, out)
-        result = self._remote.step(batch, self._ids)
+        result = self._request_step(batch, self._ids)
         step, self.faults = result.step, result.faults
         final = _own_rows(self._obs_space, step.final_obs, self.num_agents)
         obs: dict[str, Any] = {}
@@ -393,13 +390,3 @@ class RemoteParallelEnv(ParallelEnv[str, Any, Any]):
         else:
             self.agents = self._live(step.agent_mask)
         return obs, rewards, terms, truncs, infos
-
-    def close(self) -> None:
-        """Ends the session and closes the socket."""
-        if not self.closed:
-            self.closed = True
-            self._remote.conn.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "closed", True):
-            self._remote.conn.close(polite=False)
