@@ -284,9 +284,7 @@ class PolicyStream:
         events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
         got = False
         for sock in events:
-            srv = self._by_socket.get(sock)
-            if srv is None:
-                continue
+            srv = self._by_socket[sock]
             while True:
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -522,10 +520,7 @@ class PolicyStream:
 
     def received(self) -> list[Fragment]:
         """Fragments received and not yet taken (kept when a server fails), in order."""
-        out: list[Fragment] = []
-        for srv in self._servers:
-            out.extend(srv.queue)
-        return out
+        return [fragment for srv in self._servers for fragment in srv.queue]
 
     def remove_server(self, endpoint: str) -> list[Fragment]:
         """Drops a (failed) server from the stream; returns its untaken fragments.

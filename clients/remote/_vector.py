@@ -42,18 +42,16 @@ def _concat(space: spaces.Space[Any], parts: Sequence[Any]) -> Any:
     return np.concatenate([np.asarray(p) for p in parts], axis=0)
 
 
-def _put(space: spaces.Space[Any], out: Any, index: Any, value: Any) -> Any:
-    """Writes rows ``index`` of a batched value in place (returns ``out``)."""
+def _put(space: spaces.Space[Any], out: Any, index: Any, value: Any) -> None:
+    """Writes rows ``index`` of a batched value in place."""
     if isinstance(space, spaces.Dict):
         for k, s in space.spaces.items():
             _put(s, out[k], index, value[k])
-        return out
-    if isinstance(space, spaces.Tuple):
+    elif isinstance(space, spaces.Tuple):
         for i, s in enumerate(space.spaces):
             _put(s, out[i], index, value[i])
-        return out
-    out[index] = value
-    return out
+    else:
+        out[index] = value
 
 
 def _same_ids(got: np.ndarray, want: np.ndarray) -> bool:
@@ -67,8 +65,9 @@ def _same_ids(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 class _LossGuard:
-    """:meth:`RemoteVectorEnv._guard`: a plain class, as a ``contextlib`` generator costs
-    a few microseconds per request."""
+    """Marks a :class:`RemoteVectorEnv` broken when a request inside loses its connection
+    or session: a plain class, as a ``contextlib`` generator costs a few microseconds per
+    request."""
 
     def __init__(self, vector: RemoteVectorEnv) -> None:
         self._vector = vector
@@ -185,7 +184,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     # -- connection management -------------------------------------------------------
 
     def _handshake(self) -> None:
-        with self._guard():
+        with _LossGuard(self):
             infos = [c.hello(self._client) for c in self._conns]
         first = infos[0]
         for conn, info in zip(self._conns[1:], infos[1:], strict=True):
@@ -209,10 +208,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._offsets = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
         self._all_ids = np.arange(sum(self._sizes), dtype=np.int64)
         self._all_ids.flags.writeable = False
-
-    def _guard(self) -> _LossGuard:
-        """Marks this vector broken when a request inside loses its connection or session."""
-        return _LossGuard(self)
 
     @property
     def server_infos(self) -> list[ServerInfo]:
@@ -343,7 +338,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         parts: list[Any] = []
         infos: dict[str, Any] = {}
         for s, conn in enumerate(self._conns):
-            with self._guard():
+            with _LossGuard(self):
                 result = conn.session.parse_reset(conn.recv())
             parts.append(result.obs)
             for k, info in enumerate(result.infos):
@@ -409,7 +404,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _recv_from(self, s: int) -> BatchStep:
         conn = self._conns[s]
         ids = self._inflight[s].pop(0)
-        with self._guard():
+        with _LossGuard(self):
             step, faults = conn.session.parse_step(conn.recv())
         offset = int(self._offsets[s])
         if faults:
@@ -499,14 +494,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         truncated = np.zeros(n, dtype=bool)
         infos: dict[str, Any] = {}
         for g in np.flatnonzero(self._autoreset_envs).tolist():
-            obs = _put(space, obs, g, self._reset_obs[g])
+            _put(space, obs, g, self._reset_obs[g])
             infos = self._add_info(infos, self._reset_infos[g], g)
             self._reset_obs[g] = None
         self._autoreset_envs[:] = False
         for p in parts:
             done = p.done
             ids = p.env_ids
-            obs = _put(space, obs, ids, p.final_obs)
+            _put(space, obs, ids, p.final_obs)
             reward[ids], terminated[ids], truncated[ids] = p.reward, p.terminated, p.truncated
             for k, g in enumerate(ids.tolist()):
                 info = p.infos[k] if p.infos else {}
@@ -560,7 +555,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             conn.send("get_state", conn.session.request_get_state(local))
         for s, rows, _local in split:
             conn = self._conns[s]
-            with self._guard():
+            with _LossGuard(self):
                 states = conn.session.parse_get_state(conn.recv())
             for r, st in zip(rows.tolist(), states, strict=True):
                 out[r] = st
@@ -578,7 +573,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             conn.send("set_state", conn.session.request_set_state([states[r] for r in rows], local))
         for s, _rows, _local in split:
             conn = self._conns[s]
-            with self._guard():
+            with _LossGuard(self):
                 conn.session.parse_set_state(conn.recv())
 
     def ping(self) -> None:
@@ -587,7 +582,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if conn.pending:
                 continue
             conn.send("ping", conn.session.request_ping())
-            with self._guard():
+            with _LossGuard(self):
                 conn.session.parse_ping(conn.recv())
 
     def __del__(self) -> None:
