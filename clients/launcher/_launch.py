@@ -65,7 +65,6 @@ class _ServerActor:
 
         set_compute_threads(int(settings["torch_threads"]))
         host = ray.util.get_node_ip_address()
-        self.index = index
         self.server = RolloutServer(
             settings["env_id"],
             int(settings["num_envs"]),
@@ -93,9 +92,6 @@ class _ServerActor:
 
     def describe(self) -> ServerInfo:
         return self.info
-
-    def stop(self) -> None:
-        self.server.stop()
 
 
 class RayServers:
