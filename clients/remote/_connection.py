@@ -260,10 +260,9 @@ class Connection:
         self.pending.append(kind)
         self.last_activity = time.monotonic()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Whether a reply is ready within ``timeout`` seconds (default: the connection's)."""
-        t = self.timeout if timeout is None else timeout
-        return bool(self.socket.poll(int(t * 1000), zmq.POLLIN))
+    def wait(self, timeout: float) -> bool:
+        """Whether a reply is ready within ``timeout`` seconds."""
+        return bool(self.socket.poll(int(timeout * 1000), zmq.POLLIN))
 
     def recv(self) -> list[Any]:
         """The reply frames of the oldest pending request.
