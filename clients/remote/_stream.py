@@ -201,25 +201,23 @@ class PolicyStream:
                 self._servers.append(srv)
                 self._send(srv, srv.session.request_open(config))
                 offset += share
-            row = 0
             for srv in self._servers:
                 self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
                 _check_credit(srv, credit)
-                row += self._opened(srv).num_rows
+                self._opened(srv)
                 self._send(srv, srv.session.request_credit(credit))
         except BaseException:
             self.close(polite=False)
             raise
-        first = self._servers[0].info
-        assert first is not None
         self.infos: list[StreamInfo] = [s.info for s in self._servers if s.info is not None]
+        first = self.infos[0]
         self.observation_space: spaces.Space[Any] = space_from_plain(first.observation_space)
         """The per-row observation space."""
         self.action_space: spaces.Space[Any] = space_from_plain(first.action_space)
         """The per-row action space."""
         self.agents = first.agents
         self.num_envs = num_envs
-        self.num_rows = row
+        self.num_rows = sum(info.num_rows for info in self.infos)
         """Rows of a stacked batch (env slots x agents, over every server)."""
         self.fragment_length = first.fragment_length
 
@@ -251,7 +249,7 @@ class PolicyStream:
         self._poller.register(conn.socket, zmq.POLLIN)
         return srv
 
-    def _opened(self, srv: _Server) -> StreamInfo:
+    def _opened(self, srv: _Server) -> None:
         """Takes ``srv``'s answer to the open: its info, when it opened (for its steps/s)
         and, where the server drops silent sessions, a keepalive."""
         srv.info = srv.session.info
@@ -271,7 +269,6 @@ class PolicyStream:
         srv.opened_at = time.monotonic()
         if srv.info.heartbeat_timeout:
             srv.keepalive = _Keepalive(srv.conn, srv.info.session, srv.info.heartbeat_timeout / 4)
-        return srv.info
 
     def _send(self, srv: _Server, frames: list[Any]) -> int:
         """Sends a request built by ``srv.session``; returns its id (for the reply's wait)."""

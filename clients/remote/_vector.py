@@ -260,8 +260,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
 
     def _split_ids(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(server, rows of env_ids, local ids)`` for each server that owns some ids."""
-        if len(self._conns) == 1:
-            return [(0, np.arange(env_ids.size), env_ids)]
         server = np.searchsorted(self._offsets, env_ids, side="right") - 1
         out = []
         for s in range(len(self._conns)):
