@@ -291,3 +291,38 @@ def test_sac_on_ray_servers_trains_the_bits_of_local_servers(cluster: Any, tmp_p
     assert on_ray.global_step == local.global_step == 240
     assert on_ray.updates == local.updates > 0
     _same(_params(local.checkpoint), _params(on_ray.checkpoint))
+
+
+@pytest.mark.parametrize("fails", ["_place", "_start_servers"])
+def test_a_launch_that_fails_shuts_down_the_ray_it_started(
+    fails: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Placement or the servers' start failing: the local Ray instance ``launch`` started
+    for itself is shut down (nothing of the run is left); one it joined stays."""
+
+    class FakeRay:
+        def __init__(self, initialized: bool) -> None:
+            self.initialized = initialized
+            self.shut_down = False
+
+        def is_initialized(self) -> bool:
+            return self.initialized
+
+        def init(self, **kwargs: Any) -> None:
+            self.initialized = True
+
+        def shutdown(self) -> None:
+            self.shut_down = True
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError(f"{fails} failed")
+
+    monkeypatch.setattr(launch_module, "_place", lambda *a, **k: object())
+    monkeypatch.setattr(launch_module, "_start_servers", lambda *a, **k: object())
+    monkeypatch.setattr(launch_module, fails, fail)
+    for initialized, owned in ((False, True), (True, False)):
+        fake = FakeRay(initialized)
+        monkeypatch.setattr(launch_module, "require", lambda *a, fake=fake, **k: fake)
+        with pytest.raises(ValueError, match=f"{fails} failed"):
+            launch_module.launch("simkit/CartPole-v0", 1, num_envs=1)
+        assert fake.shut_down is owned

@@ -294,16 +294,16 @@ def launch(
         "heartbeat_timeout": heartbeat_timeout,
     }
     bundle = {"CPU": server_cpus, **({"GPU": server_gpus} if server_gpus else {})}
-    try:
+    curve = CurveKeys(server_public, client_public, client_secret)
+    try:  # a failure leaves nothing of the run, nor the Ray instance it started
         placement = _place(ray, servers, bundle, placement_timeout)
+        launched = _start_servers(
+            ray, placement, settings, curve, owns_ray, servers, bundle, max_restarts, env_vars
+        )
     except BaseException:
         if owns_ray:
             ray.shutdown()
         raise
-    curve = CurveKeys(server_public, client_public, client_secret)
-    launched = _start_servers(
-        ray, placement, settings, curve, owns_ray, servers, bundle, max_restarts, env_vars
-    )
     launched.started_s = time.perf_counter() - start
     return launched
 
