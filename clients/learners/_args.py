@@ -27,6 +27,7 @@ __all__ = [
     "capped_total_steps",
     "capped",
     "DEFAULT_SERVERS",
+    "flag",
 ]
 
 
@@ -117,15 +118,20 @@ def capped(args: PPOArgs | SACArgs) -> PPOArgs | SACArgs:
     return replace(args, total_steps=total, num_steps=steps)
 
 
+def flag(name: str) -> str:
+    """The command-line flag of a setting or run option: ``num_envs`` is ``--num-envs``."""
+    return "--" + name.replace("_", "-")
+
+
 def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
     """Raises for the first ``(flag, value, ok, must be)`` rule that does not hold.
 
     Raises:
         ValueError: ``"<flag> must be <must be>, got <value>"``.
     """
-    for flag, value, ok, want in rules:
+    for name, value, ok, want in rules:
         if not ok:
-            raise ValueError(f"{flag} must be {want}, got {value}")
+            raise ValueError(f"{name} must be {want}, got {value}")
 
 
 _FLOAT32_MAX = 3.4028234663852886e38
@@ -188,13 +194,12 @@ class _Plain:
                 for name in names:
                     value = getattr(self, name)
                     shown = list(value) if name == "hidden" else value
-                    rules.append((f"--{name.replace('_', '-')}", shown, _MUST[must](value), must))
+                    rules.append((flag(name), shown, _MUST[must](value), must))
         refuse_unless(rules)
         for name, value in vars(self).items():  # tensors hold them: float32's range
             if isinstance(value, float) and not abs(value) <= _FLOAT32_MAX:
-                flag = f"--{name.replace('_', '-')}"
                 raise ValueError(
-                    f"{flag} must be at most {_FLOAT32_MAX:.4g} (a float32), got {value}"
+                    f"{flag(name)} must be at most {_FLOAT32_MAX:.4g} (a float32), got {value}"
                 )
 
     def to_plain(self) -> dict[str, Any]:

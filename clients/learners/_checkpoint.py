@@ -42,6 +42,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from simkit import snapshot
+from simkit.clients.learners._args import flag
 from simkit.errors import InvalidCheckpoint, InvalidState, WriteFailed
 from simkit.models._weights import canonical_safetensors
 
@@ -562,11 +563,11 @@ def resumed_settings(
         and getattr(asked, f.name) != getattr(saved, f.name)
     ]
     if differ:
-        may = ", ".join("--" + k.replace("_", "-") for k in free)
+        may = ", ".join(flag(k) for k in free)
         raise ValueError(
             "--resume continues the checkpoint's settings; "
             + ", ".join(
-                f"--{k.replace('_', '-')} {getattr(asked, k)} differs from its {getattr(saved, k)}"
+                f"{flag(k)} {getattr(asked, k)} differs from its {getattr(saved, k)}"
                 for k in differ
             )
             + (f" (a resumed run may change {may})" if name_free else "")

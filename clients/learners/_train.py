@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from simkit._kernels import why_bits_may_differ
-from simkit.clients.learners._args import PPOArgs, RunOptions, SACArgs, capped, refuse_unless
+from simkit.clients.learners._args import (
+    PPOArgs,
+    RunOptions,
+    SACArgs,
+    capped,
+    flag,
+    refuse_unless,
+)
 from simkit.clients.learners._checkpoint import (
     Checkpoint,
     checkpoint_algo,
@@ -79,10 +86,6 @@ class Plan:
         return None if self.checkpoint is None else self.checkpoint.state.get("kernels")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 _COUNTS = {
     f.name
     for cls in (PPOArgs, SACArgs, RunOptions)
@@ -101,7 +104,7 @@ def _whole(name: str, value: Any) -> Any:
     if name not in _COUNTS or not isinstance(value, float):
         return value
     if not value.is_integer():
-        raise ValueError(f"{_flag(name)} must be a whole number, got {value}")
+        raise ValueError(f"{flag(name)} must be a whole number, got {value}")
     return int(value)
 
 
@@ -122,9 +125,9 @@ def _split(keywords: dict[str, Any], cls: type[PPOArgs] | type[SACArgs]) -> dict
                 f"unknown setting {name!r} for --algo {algo}{hint} (expected one of {expected})"
             )
     other = _PPO_ONLY if cls is SACArgs else _SAC_ONLY
-    wrong = [_flag(n) for n in other if keywords.get(n) is not None]
+    wrong = [flag(n) for n in other if keywords.get(n) is not None]
     if cls is PPOArgs:
-        wrong += [_flag(n) for n in ("buffer_from", "metrics_port") if keywords.get(n) is not None]
+        wrong += [flag(n) for n in ("buffer_from", "metrics_port") if keywords.get(n) is not None]
     if wrong:
         other_algo = "ppo" if cls is SACArgs else "sac"
         raise ValueError(

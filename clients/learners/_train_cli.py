@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from simkit._argtypes import ENV_ID_FORMS, integer
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs
+from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs, flag
 from simkit.clients.learners._logdir import LogdirLock, died_before_first_checkpoint, resumed_logdir
 from simkit.errors import (
     InvalidCheckpoint,
@@ -76,10 +76,6 @@ _SAC_ONLY = [f.name for f in dataclasses.fields(SACArgs) if not hasattr(PPOArgs(
 _PPO_ONLY = [f.name for f in dataclasses.fields(PPOArgs) if not hasattr(SACArgs(), f.name)]
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """``simkit train`` options: every :class:`PPOArgs` field, then the run's settings."""
     parser.add_argument(
@@ -118,18 +114,18 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         help_ += ")"
         if isinstance(default, bool):
             group.add_argument(
-                _flag(f.name),
+                flag(f.name),
                 action=argparse.BooleanOptionalAction,
                 default=None,
                 help=help_,
             )
         elif isinstance(default, tuple):
-            group.add_argument(_flag(f.name), type=integer, nargs="+", default=None, help=help_)
+            group.add_argument(flag(f.name), type=integer, nargs="+", default=None, help=help_)
         elif f.name == "mode":
-            group.add_argument(_flag(f.name), choices=("sync", "async"), default=None, help=help_)
+            group.add_argument(flag(f.name), choices=("sync", "async"), default=None, help=help_)
         elif f.name == "device_loop":
             group.add_argument(
-                _flag(f.name), choices=("auto", "on", "off"), default=None, help=help_
+                flag(f.name), choices=("auto", "on", "off"), default=None, help=help_
             )
         elif f.name == "env_kwargs":  # simkit serve's flag, parsed by its parser
             group.add_argument(
@@ -142,7 +138,7 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
             )
         else:  # counts take 1_000_000 and 1e6 too
             kind = integer if isinstance(default, int) else type(default)
-            group.add_argument(_flag(f.name), type=kind, default=None, help=help_)
+            group.add_argument(flag(f.name), type=kind, default=None, help=help_)
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -549,9 +545,9 @@ def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
     from simkit.clients.learners._evaluate import evaluate_policy
 
-    for flag, value in (("--episodes", ns.episodes), ("--fps", ns.fps)):
+    for name, value in (("--episodes", ns.episodes), ("--fps", ns.fps)):
         if value < 1:
-            print(f"simkit eval: {flag} must be >= 1, got {value}", file=sys.stderr)
+            print(f"simkit eval: {name} must be >= 1, got {value}", file=sys.stderr)
             return 2
     if not 0 <= ns.seed < 2**63:
         print(f"simkit eval: --seed must be in [0, 2**63), got {ns.seed}", file=sys.stderr)
