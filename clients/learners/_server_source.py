@@ -186,12 +186,7 @@ class ServerSource:
             except (RuntimeError, KeyError) as gone:
                 self.report(f"simkit train: {gone}")
                 return False
-            if exact:
-                send_weights = True
-            elif self.mode == "sync":
-                send_weights = kept == 0 and not used
-            else:
-                send_weights = True
+            send_weights = exact or self.mode != "sync" or (kept == 0 and not used)
             try:
                 self.stream.add_server(
                     endpoint, config, send_weights=send_weights, restore=snap if exact else None

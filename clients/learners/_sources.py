@@ -343,11 +343,10 @@ class Rollout:
     procs: list[Any] = field(default_factory=list)
     launched: Any = None
 
-    def close(self, *, source: bool = True) -> None:
-        """Closes the source (unless ``source=False``), stops the servers it started."""
+    def close(self) -> None:
+        """Closes the source, stops the servers it started."""
         try:
-            if source:
-                self.source.close()
+            self.source.close()
         finally:
             stop_servers(self.procs)
             if self.launched is not None:

@@ -73,7 +73,6 @@ _HELP: dict[str, str] = {
 }
 
 _SAC_ONLY = [f.name for f in dataclasses.fields(SACArgs) if not hasattr(PPOArgs(), f.name)]
-_PPO_ONLY = [f.name for f in dataclasses.fields(PPOArgs) if not hasattr(SACArgs(), f.name)]
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,8 +107,7 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         group = sac if f.name in _SAC_ONLY else ppo
         default = getattr(sac_d if f.name in _SAC_ONLY else d, f.name)
         help_ = f"{_HELP.get(f.name, 'hyperparameter')} (default: {default}"
-        shared = f.name not in _SAC_ONLY and f.name not in _PPO_ONLY
-        if shared and getattr(sac_d, f.name) != default:
+        if f.name not in _SAC_ONLY and getattr(sac_d, f.name, default) != default:
             help_ += f"; SAC: {getattr(sac_d, f.name)}"
         help_ += ")"
         if isinstance(default, bool):
@@ -374,11 +372,8 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     except (InvalidCheckpoint, ValueError, MissingDependency, FileNotFoundError) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
         return 2
-    except (ServersLost, ServerStartFailed, WriteFailed) as exc:
-        print(f"simkit train: {exc}", file=sys.stderr)
-        return 1
-    except RecordingLocked as exc:  # --record DIR: another writer holds it
-        print(f"simkit train: {exc}", file=sys.stderr)
+    except (ServersLost, ServerStartFailed, WriteFailed, RecordingLocked) as exc:
+        print(f"simkit train: {exc}", file=sys.stderr)  # RecordingLocked: --record DIR is held
         return 1
     except ServerUnavailable as exc:  # at start-up: once training runs, ServersLost
         print(f"simkit train: {_unanswered(exc, ns, run.settings.env_id)}", file=sys.stderr)
