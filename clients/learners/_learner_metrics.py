@@ -179,8 +179,7 @@ class LearnerMetrics(MetricSet):
             (self.env_steps_per_s, env_steps_per_s),
             (self.servers_alive, servers_alive),
             (self.servers_lost, servers_lost),
+            (self.sample_age, sample_age),
         ):
             if value is not None and not math.isnan(value):
                 metric.set(value)
-        if sample_age is not None and not math.isnan(sample_age):
-            self.sample_age.set(sample_age)

@@ -236,18 +236,6 @@ class RunTally:
         return {"returns": list(self.returns), "elapsed_s": self.elapsed_s()}
 
 
-def open_recorder(record: str | Path | None, env_id: str, seed: int) -> Any:
-    """The run's :class:`~simkit.recording.FragmentRecorder` (``record``: its folder), or
-    None. A run opens it before anything else starts, so that a folder it cannot write,
-    or another writer's lock, ends the run with nothing to undo (no server, no signal
-    handler)."""
-    if record is None:
-        return None
-    from simkit.recording import FragmentRecorder
-
-    return FragmentRecorder(record, env_id, root_seed=seed)
-
-
 def restore_rollout(
     source: FragmentSource, state: dict[str, Any], kind: str, noise_kind: str
 ) -> None:
@@ -439,8 +427,16 @@ class Run:
     ) -> FragmentSource:
         """Opens the recorder (``record``) and the run's fragment source (in process,
         ``servers`` local servers, ``connect`` or Ray; ``device_loop``: the device the
-        whole loop runs on). On failure nothing is left open or running."""
-        self.recorder = open_recorder(self.options.record, settings.env_id, settings.seed)
+        whole loop runs on). On failure nothing is left open or running: the recorder
+        (:class:`~simkit.recording.FragmentRecorder`) opens first, so that a folder it
+        cannot write, or another writer's lock, ends the run with nothing to undo (no
+        server, no signal handler)."""
+        if self.options.record is not None:
+            from simkit.recording import FragmentRecorder
+
+            self.recorder = FragmentRecorder(
+                self.options.record, settings.env_id, root_seed=settings.seed
+            )
         plan = RolloutPlan(
             settings,
             self.options,

@@ -547,16 +547,9 @@ def run_eval(ns: argparse.Namespace) -> int:
     if not 0 <= ns.seed < 2**63:
         print(f"simkit eval: --seed must be in [0, 2**63), got {ns.seed}", file=sys.stderr)
         return 2
-    path = Path(ns.checkpoint)
-    if (
-        path.is_dir()
-        and (path / "policy.safetensors").is_file()
-        and not (path / "manifest.json").exists()
-    ):
-        path = path / "policy.safetensors"
     try:
         returns = evaluate_policy(
-            path,
+            ns.checkpoint,  # a log directory: its policy.safetensors (load_model)
             episodes=ns.episodes,
             seed=ns.seed,
             render=ns.render,

@@ -129,8 +129,7 @@ class SAC:
         self.args = args
         self.device = device
         self.model = model.to(device)
-        head = model.head
-        self.head = head
+        self.head = head = model.head
         obs_dim = int(np.prod(model.obs_shape))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(args.seed + 1)
@@ -139,17 +138,15 @@ class SAC:
         self.target_entropy = -float(head.dim)
         self.log_alpha = nn.Parameter(torch.tensor([math.log(args.alpha)], device=device))
         self.alpha = args.alpha
-        actor_params = [p for n, p in model.named_parameters()]
         self.optimizer = torch.optim.Adam(
             [
-                {"params": actor_params, "lr": args.policy_lr},
+                {"params": list(model.parameters()), "lr": args.policy_lr},
                 {"params": list(self.qf.parameters()), "lr": args.q_lr},
                 {"params": [self.log_alpha], "lr": args.q_lr},
             ],
             fused=True,
         )
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(args.seed)
+        self.generator = torch.Generator(device=device).manual_seed(args.seed)
         self.sampler = np.random.default_rng([args.seed, 0x5AC])
         self.updates = 0
         """Gradient steps done."""
