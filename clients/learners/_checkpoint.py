@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -72,8 +72,8 @@ CHECKPOINT_FORMAT = "simkit.ppo.checkpoint/2"
 POLICY_FORMAT = "simkit.ppo.policy/1"
 _FILES = ("model.safetensors", "optimizer.safetensors", "state.msgpack")
 EXTRA_FILES = ("replay.safetensors.zst",)
-_T = TypeVar("_T")
 """Files a checkpoint may hold beyond :data:`_FILES`, written by their owners."""
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -508,8 +508,6 @@ def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     """
     p = Path(path)
     if p.is_file():
-        from safetensors import safe_open
-
         data = p.read_bytes()
         tensors = _load_tensors(p, data)
         try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from simkit._kernels import why_bits_may_differ
+from simkit._limits import Range, check_memory, check_ranges, max_threads
 from simkit.clients.learners._args import (
     PPOArgs,
     RunOptions,
@@ -223,8 +224,6 @@ def check_run_options(options: RunOptions, num_envs: int) -> None:
     Raises:
         ValueError: a value out of range, naming the flag, what it must be and what came.
     """
-    from simkit._limits import Range, check_memory, check_ranges, max_threads
-
     o = options
     local_servers = MAX_RAY_SERVERS if o.ray is not None else max_threads()
     check_ranges(

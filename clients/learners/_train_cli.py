@@ -18,13 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from simkit._argtypes import ENV_ID_FORMS, integer
+from simkit._argtypes import ENV_ID_FORMS, integer, parse_env_kwargs
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, SACArgs, flag
+from simkit.clients.learners._args import DEFAULT_SERVERS, PPOArgs, RunOptions, SACArgs, flag
 from simkit.clients.learners._logdir import LogdirLock, died_before_first_checkpoint, resumed_logdir
 from simkit.errors import (
     InvalidCheckpoint,
     MissingDependency,
+    RecordingLocked,
     RenderUnavailable,
     ServersLost,
     ServerStartFailed,
@@ -299,8 +300,6 @@ def _start_again(ns: argparse.Namespace, exc: Exception) -> str:
 def train_keywords(ns: argparse.Namespace) -> dict[str, Any]:
     """The parsed ``simkit train`` flags as :func:`simkit.train`'s keywords of the same
     names; a setting flag not given is left out (on ``--resume`` the checkpoint's holds)."""
-    from simkit.clients.learners._args import RunOptions
-
     keywords: dict[str, Any] = {
         f.name: getattr(ns, f.name) for f in dataclasses.fields(RunOptions) if hasattr(ns, f.name)
     }
@@ -310,8 +309,6 @@ def train_keywords(ns: argparse.Namespace) -> dict[str, Any]:
         if f.name == "env_id" or value is None:
             continue
         if f.name == "env_kwargs":
-            from simkit._argtypes import parse_env_kwargs
-
             value = parse_env_kwargs(value)
         keywords[f.name] = tuple(value) if isinstance(value, list) else value
     return keywords
@@ -321,7 +318,6 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     """:func:`run_train`, holding its log directory's lock in ``locks``."""
     from simkit.clients.learners._logdir import claim_logdir
     from simkit.clients.learners._train import execute, plan
-    from simkit.errors import RecordingLocked
     from simkit.recording._format import DirectoryLock
 
     try:
