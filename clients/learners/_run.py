@@ -447,11 +447,8 @@ class Run:
             logdir=self.logdir,
             device_loop=device_loop,
         )
-        try:
+        with self.attaching():  # a source that fails to open closes the recorder
             self.rollout = open_rollout(plan, model)
-        except BaseException:
-            self._close()
-            raise
         self.kind = source_kind(self.rollout.source)
         self.noise_kind = model.head.noise_kind
         return self.rollout.source

@@ -74,6 +74,7 @@ _HELP: dict[str, str] = {
 }
 
 _SAC_ONLY = [f.name for f in dataclasses.fields(SACArgs) if not hasattr(PPOArgs(), f.name)]
+_CHOICES = {"mode": ("sync", "async"), "device_loop": ("auto", "on", "off")}
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,12 +121,8 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
             )
         elif isinstance(default, tuple):
             group.add_argument(flag(f.name), type=integer, nargs="+", default=None, help=help_)
-        elif f.name == "mode":
-            group.add_argument(flag(f.name), choices=("sync", "async"), default=None, help=help_)
-        elif f.name == "device_loop":
-            group.add_argument(
-                flag(f.name), choices=("auto", "on", "off"), default=None, help=help_
-            )
+        elif f.name in _CHOICES:
+            group.add_argument(flag(f.name), choices=_CHOICES[f.name], default=None, help=help_)
         elif f.name == "env_kwargs":  # simkit serve's flag, parsed by its parser
             group.add_argument(
                 "--env-kwarg",
