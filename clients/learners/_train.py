@@ -175,7 +175,8 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
             raise ValueError(
                 f"--algo {options.algo} trains {cls.__name__}, got {type(env).__name__}"
             )
-        base = env
+        base = env  # every field given (a resumed run compares them all), keywords over them
+        given = {**{f.name: getattr(env, f.name) for f in dataclasses.fields(env)}, **given}
     else:
         base = cls(env_id=env)
         slots = (options.servers or 0) + len(options.connect)  # a slot per server at least
@@ -189,7 +190,7 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
             raise ValueError(
                 f"--resume: the checkpoint trains {saved.env_id!r}, this run names {base.env_id!r}"
             )
-        settings = dataclasses.replace(saved, **{**_fields(base, env), **given})
+        settings = dataclasses.replace(saved, **given)
     else:
         settings = dataclasses.replace(base, **given)
     if isinstance(settings, SACArgs) and isinstance(env, str) and options.buffer_from is None:
@@ -201,21 +202,8 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
         from simkit.clients.learners._train_sac import check_env
 
         check_env(settings.env_id)
-    names = list(given) if isinstance(env, str) else None
     options.logdir = _logdir(options, settings)
-    return Plan(
-        settings,
-        options,
-        given=names if names is not None else [f.name for f in dataclasses.fields(settings)],
-        checkpoint=ckpt,
-    )
-
-
-def _fields(base: PPOArgs | SACArgs, env: str | PPOArgs | SACArgs) -> dict[str, Any]:
-    """Settings given as an object: every field (a resumed run compares them all)."""
-    if isinstance(env, str):
-        return {}
-    return {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return Plan(settings, options, given=list(given), checkpoint=ckpt)
 
 
 def check_run_options(options: RunOptions, num_envs: int) -> None:

@@ -155,12 +155,11 @@ def fill_from_recording(
             )
         if t == 0:
             continue
+        keep = np.ones(t, dtype=np.bool_)
         if obs.shape[0] == t + 1:
             next_obs = obs[1:]
-            keep = np.ones(t, dtype=np.bool_)
         else:
             next_obs = np.concatenate([obs[1:], np.zeros_like(obs[:1])])
-            keep = np.ones(t, dtype=np.bool_)
             keep[-1] = bool(np.asarray(ep.terminated)[-1])
         n = int(keep.sum())
         buffer.add(
