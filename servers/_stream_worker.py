@@ -123,7 +123,6 @@ class StreamWorker(threading.Thread):
         self._network_wait = _NETWORK_WAIT_S / 2
         self._loop: RolloutLoop | None = None
         self._deferred: list[WeightsCommand] = []
-        self.stalled_s = 0.0
 
     @property
     def session_name(self) -> str:
@@ -215,7 +214,6 @@ class StreamWorker(threading.Thread):
                         return
                 spent = time.perf_counter() - waited
                 if why in ("credit", "network"):
-                    self.stalled_s += spent
                     self._metrics.stalled_seconds.inc(spent)
                 else:
                     self._metrics.waiting_weights_seconds.inc(spent)

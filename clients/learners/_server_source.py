@@ -358,10 +358,6 @@ class ServerSource:
             )
         self.stream.restore_sessions(snaps)
 
-    def stats(self) -> list[Any]:
-        """Per-server throughput and lag (:meth:`PolicyStream.stats`)."""
-        return self.stream.stats()
-
     def close(self) -> None:
         """Closes the stream (the servers keep running)."""
         self.stream.close(polite=not self.lost)
