@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -451,12 +452,14 @@ def only_for(command: str, flag: str) -> str | None:
     """The ``--algo`` a ``train`` flag belongs to alone (``"ppo"``/``"sac"``), or None."""
     if command != "train":
         return None
-    from simkit.clients.learners._train_cli import _PPO_ONLY, _SAC_ONLY
+    from simkit.clients.learners._args import PPOArgs, SACArgs
+    from simkit.clients.learners._train_cli import _SAC_ONLY
 
+    ppo_only = {f.name for f in dataclasses.fields(PPOArgs) if not hasattr(SACArgs(), f.name)}
     name = flag.removeprefix("--no-").removeprefix("--").replace("-", "_")
     if name in _SAC_ONLY or flag in ("--buffer-from", "--metrics-port", "--checkpoint-steps"):
         return "sac"
-    if name in _PPO_ONLY:
+    if name in ppo_only:
         return "ppo"
     return None
 
