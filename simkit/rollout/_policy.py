@@ -168,13 +168,16 @@ class RowPolicy:
             LeanMLP.of(self.model) if lean and device.type == "cpu" and not resident else None
         )
         """The numpy act path, None on other devices and for other models."""
-        self.device_noise = (
-            TorchSlotNoise(self.noise, device) if device.type != "cpu" or resident else None
-        )
-        """The noise computed on ``device`` (off the CPU, or resident), else None."""
-        self._drawn_on_device: tuple[int, torch.Tensor] | None = None
         if capture is None and graphs and device.type == "cuda" and not resident:
             capture = cuda_graph_capture
+        self.device_noise = (
+            TorchSlotNoise(self.noise, device)
+            if device.type != "cpu" or resident or capture is not None
+            else None
+        )
+        """The noise computed by torch on ``device`` (off the CPU, resident, or for the
+        static buffers), else None."""
+        self._drawn_on_device: tuple[int, torch.Tensor] | None = None
         self.static = (
             StaticActs(self.model, device, head.noise_width, pack_output, capture)
             if capture is not None
@@ -275,14 +278,9 @@ class RowPolicy:
     ) -> PolicyOutput:
         """:meth:`act` through the static buffers of ``obs``'s batch shape."""
         assert self.static is not None
-        noise: np.ndarray | torch.Tensor = (
-            self._device_noise(step, part)
-            if self.device_noise is not None
-            else self._host_noise(step, part)
-        )
         plan = self.static.plan(obs)
         actions, log_probs, values = unpack_output(
-            plan.run(obs, noise), plan.actions_shape, plan.actions_dtype
+            plan.run(obs, self._device_noise(step, part)), plan.actions_shape, plan.actions_dtype
         )
         return PolicyOutput(
             actions=actions.astype(self.action_dtype, copy=False),

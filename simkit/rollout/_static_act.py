@@ -2,8 +2,8 @@
 
 :class:`StaticActs` runs :class:`~simkit.rollout._policy.RowPolicy`'s batched act
 without host stalls. Per batch shape (rows, observation dtype) it keeps one
-:class:`StaticAct`: page-locked (pinned) host buffers for the observations, the noise
-(where the caller draws it on the host) and the packed outputs, device buffers for the same, and the forward pass (act,
+:class:`StaticAct`: page-locked (pinned) host buffers for the observations and the
+packed outputs, device buffers for them and the noise, and the forward pass (act,
 then the outputs packed into one float64 tensor as
 :func:`~simkit.rollout._policy.pack_output` packs them) captured once as a CUDA
 graph on those buffers. A step is: the observations copied into the pinned buffer,
@@ -126,7 +126,6 @@ class StaticAct:
         self.rows = rows
         self.host_obs = torch.zeros(shape, dtype=obs_dtype, pin_memory=pin)
         self.obs = torch.zeros(shape, dtype=obs_dtype, device=device)
-        self.host_noise = torch.zeros((rows, noise_width), dtype=torch.float32, pin_memory=pin)
         self.noise = torch.zeros((rows, noise_width), dtype=torch.float32, device=device)
         probe = model.act(self.obs, noise=self.noise)
         self.actions_shape = tuple(probe.actions.shape[1:])
@@ -135,7 +134,6 @@ class StaticAct:
         self.host_out = torch.zeros(self.out.shape, dtype=self.out.dtype, pin_memory=pin)
         self.done = torch.cuda.Event() if device.type == "cuda" else None
         self._host_obs = self.host_obs.numpy()
-        self._host_noise = self.host_noise.numpy()
         self._host_out = self.host_out.numpy()
         rms = model.obs_rms
 
@@ -153,13 +151,11 @@ class StaticAct:
         if rms is not None:
             rms.drop_cache()  # the eager forwards' cache is not the graph's memory
 
-    def run(self, obs: np.ndarray, noise: np.ndarray | torch.Tensor) -> np.ndarray:
-        """The packed outputs of acting on ``obs`` with ``noise`` (host numpy, or a
-        tensor on the device): a view of the pinned host buffer, valid until the next
-        run (copy what is kept)."""
+    def run(self, obs: np.ndarray, noise: torch.Tensor) -> np.ndarray:
+        """The packed outputs of acting on ``obs`` with ``noise`` (a tensor on the
+        device): a view of the pinned host buffer, valid until the next run (copy what
+        is kept)."""
         np.copyto(self._host_obs, obs, casting="same_kind")
-        if isinstance(noise, np.ndarray):
-            np.copyto(self._host_noise, noise)
         if self.done is None:
             self._launch(noise)
         else:
@@ -169,13 +165,10 @@ class StaticAct:
                 self.done.synchronize()  # the step's one wait for the device
         return self._host_out
 
-    def _launch(self, noise: np.ndarray | torch.Tensor) -> None:
+    def _launch(self, noise: torch.Tensor) -> None:
         """Queues the step on the current stream: inputs in, replay, outputs out."""
         self.obs.copy_(self.host_obs, non_blocking=True)
-        if isinstance(noise, np.ndarray):
-            self.noise.copy_(self.host_noise, non_blocking=True)
-        else:
-            self.noise.copy_(noise)
+        self.noise.copy_(noise)
         self.replay()
         self.host_out.copy_(self.out, non_blocking=True)
 
