@@ -40,9 +40,7 @@ def host_arrays(value: Any) -> Any:
         return {k: host_arrays(v) for k, v in value.items()}
     if isinstance(value, tuple):
         return tuple(host_arrays(v) for v in value)
-    if isinstance(value, np.ndarray) or not hasattr(value, "cpu"):
-        return value
-    return value.detach().cpu().numpy()
+    return to_numpy(value) if hasattr(value, "detach") else value
 
 
 def host_rows(step: BatchStep, mask: np.ndarray) -> RowStep:
