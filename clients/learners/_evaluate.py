@@ -220,9 +220,10 @@ def make_vector(
     ``render_mode`` (e.g. ``"rgb_array"``) is passed to every env's constructor.
     """
     kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
-    if spec(env_id).kind is EnvKind.MULTI_AGENT:
+    kind = spec(env_id).kind
+    if kind is EnvKind.MULTI_AGENT:
         return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)
-    if spec(env_id).kind is EnvKind.BATCH:
+    if kind is EnvKind.BATCH:
         raise ValueError(
             f"{env_id!r} is a batch env: a vector of single envs cannot hold it (it steps "
             f"as one: simkit.make({env_id!r}, num_envs=N))"

@@ -119,17 +119,12 @@ class EnvRows:
         reset: tuple[np.ndarray, np.ndarray] = self.env.reset_rows(seed)
         return reset
 
-    def step(self, actions: np.ndarray) -> RowStep:
-        """Steps every env with one action per row (rows not live are ignored): the
-        env's row face (``step_rows``)."""
-        step: RowStep = self.env.step_rows(actions)
-        return step
-
     def send(self, part: int, actions: np.ndarray) -> None:
         """Starts stepping part ``part`` with one action per row of it; :meth:`recv` it.
 
-        With one part this is :meth:`step` (its result waits for :meth:`recv`); with
-        two, the BatchEnv's ``send`` (its physics runs in the background).
+        With one part this is the env's row face, ``step_rows`` (its result waits for
+        :meth:`recv`); with two, the BatchEnv's ``send`` (its physics runs in the
+        background).
         """
         if len(self.parts) == 1:
             self._pending = self.env.step_rows(actions)
@@ -231,18 +226,14 @@ class DeviceRows(EnvRows):
         return obs, self._live.clone()
 
     def send(self, part: int, actions: Any) -> None:
-        """Steps every row on the device (the device loop runs one part); :meth:`recv`
-        returns it."""
+        """Steps every env with one action tensor per row, on the device (the device
+        loop runs one part); :meth:`recv` returns it."""
         del part
-        self._pending = self.step(actions)
-
-    def step(self, actions: Any) -> RowStep:
-        """Steps every env with one action tensor per row, on the device."""
         torch = self._torch
         if self._bounds is not None:
             actions = torch.clamp(actions, *self._bounds)
         step = self.env.step_batch(actions)
-        return RowStep(
+        self._pending = RowStep(
             obs=step.obs,
             mask=self._live,
             reward=step.reward.to(torch.float64),
