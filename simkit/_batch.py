@@ -1329,8 +1329,6 @@ def _per_env_list(state: Mapping[str, Any], key: str, n: int) -> list[Any]:
 
 
 def _plain_copy(x: Any) -> Any:
-    if x is None:
-        return None
     if hasattr(x, "detach"):
         return np.array(x.detach().cpu().numpy(), copy=True)
     return copy.deepcopy(x)

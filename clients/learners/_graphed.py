@@ -161,7 +161,7 @@ class _Graphs:
         self,
         key: Any,
         step: Callable[[], None],
-        reset: Callable[[], None],
+        reset: Callable[[], object],
         tensors: Sequence[torch.Tensor],
         generators: Sequence[torch.Generator] = (),
     ) -> torch.cuda.CUDAGraph:
@@ -272,9 +272,6 @@ class PPOStep:
         self.stats.index_copy_(0, self.k, stats.unsqueeze(0))
         self.k.add_(1)
 
-    def _rewind(self) -> None:
-        self.k.zero_()
-
     def _build(
         self, key: tuple[Any, ...], batch: Sequence[torch.Tensor], order: torch.Tensor
     ) -> None:
@@ -302,7 +299,7 @@ class PPOStep:
         if self.capture:
             self.graphs.check()
             params = list(learner.model.parameters())
-            step = self.graphs.get("step", self._step, self._rewind, params).replay
+            step = self.graphs.get("step", self._step, self.k.zero_, params).replay
         self.k.zero_()
         for _ in range(len(order)):
             step()

@@ -285,7 +285,6 @@ class LocalSource:
             try:
                 loop_state = self.loop.boundary_state()
             except TypeError:
-                loop_state = None
                 if self.not_exact is None:
                     self.not_exact = f"the envs of {self.env_id} have no snapshots"
                     print(no_snapshots_line(self.not_exact, supervised=False), file=sys.stderr)

@@ -298,11 +298,8 @@ class RewardScaler:
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`get_state` (as numpy and floats: the next rows scaled move it)."""
-        self.mean, self.var, self.count = (
-            float(state["mean"]),
-            float(state["var"]),
-            float(state["count"]),
-        )
+        self.mean, self.var = float(state["mean"]), float(state["var"])
+        self.count = float(state["count"])
         returns = np.asarray(state["returns"])
         if returns.dtype != np.float64 or returns.ndim != 1:
             raise ValueError(
@@ -448,10 +445,6 @@ class PPO:
             stats = torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac])
         return loss, stats.detach()
 
-    def clip_grads(self) -> None:
-        """Clips the gradients' global norm to ``args.max_grad_norm``."""
-        clip_grad_norm(self._params, self.args.max_grad_norm)
-
     def weights(self) -> dict[str, torch.Tensor]:
         """The tensors a source needs to act as this learner's policy (parameters and
         stats), on the CPU."""
@@ -516,7 +509,7 @@ class PPO:
         loss, stats = self._loss(*(t.index_select(0, rows) for t in batch))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        self.clip_grads()
+        clip_grad_norm(self._params, self.args.max_grad_norm)
         self.optimizer.step()
         return stats
 

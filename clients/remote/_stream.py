@@ -353,12 +353,9 @@ class PolicyStream:
         if isinstance(weights, PolicyWeights):
             pw = weights
         else:
-            v = (
-                version
-                if version is not None
-                else (0 if self.version is None else self.version + 1)
-            )
-            pw = get_weights(weights, v)
+            if version is None:
+                version = 0 if self.version is None else self.version + 1
+            pw = get_weights(weights, version)
         tensors = {
             name: arr if arr.flags.c_contiguous else np.array(arr, order="C")
             for name, arr in pw.tensors.items()
