@@ -12,6 +12,7 @@ checked where they are built (``simkit.models``).
 from __future__ import annotations
 
 import math
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -74,10 +75,8 @@ def probe_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Any, Any, int]:
         if len(shown) > 200:
             shown = shown[:200] + "..."
         raise ValueError(f"--env-kwarg {shown}: {env_id} cannot be made with it: {exc}") from exc
-    try:
+    with closing(rows):
         return rows.observation_space, rows.action_space, rows.num_rows
-    finally:
-        rows.close()
 
 
 def check_run_memory(args: Any, *, in_process: bool) -> None:

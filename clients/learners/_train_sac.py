@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,8 @@ def sac_spec(args: SACArgs) -> ModelSpec:
 
 
 def _spaces(env_id: str) -> tuple[spaces.Space[Any], spaces.Space[Any]]:
-    vector = make_vector(env_id, 1)
-    try:
+    with closing(make_vector(env_id, 1)) as vector:
         return vector.single_observation_space, vector.single_action_space
-    finally:
-        vector.close()
 
 
 def check_env(env_id: str) -> tuple[spaces.Box, spaces.Box]:

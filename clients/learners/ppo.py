@@ -27,6 +27,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -612,22 +613,16 @@ def resume_args(saved: PPOArgs, asked: PPOArgs) -> PPOArgs:
 def spaces_of(env_id: str) -> tuple[Any, Any]:
     """One policy row's observation and action spaces (any kind of env: a batch env too,
     which a local vector cannot hold)."""
-    rows = make_env_rows(env_id, 1)
-    try:
+    with closing(make_env_rows(env_id, 1)) as rows:
         return rows.observation_space, rows.action_space
-    finally:
-        rows.close()
 
 
 def policy_rows(args: PPOArgs) -> int:
     """Policy rows of ``args``'s env slots: one per (env, agent) for a multi-agent env."""
     if spec(args.env_id).kind is not EnvKind.MULTI_AGENT:
         return args.num_envs
-    rows = make_env_rows(args.env_id, 1)
-    try:
+    with closing(make_env_rows(args.env_id, 1)) as rows:
         return args.num_envs * rows.num_rows
-    finally:
-        rows.close()
 
 
 def model_spec(args: PPOArgs) -> ModelSpec:
