@@ -180,35 +180,34 @@ def _decompress(path: Path, expect: dict[str, Any]) -> bytes:
     exactly as many bytes as declared: a frame that inflates further (a zstd bomb),
     ends early or has bytes after it is refused.
     """
-    with open(path, "rb") as fh:
-        reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=False)
-        try:
-            size = int.from_bytes(_read_exactly(reader, 8, "the header length"), "little")
-            if size > _HEADER_LIMIT:
-                raise ValueError(
-                    f"a safetensors header of {size:,} bytes (a replay file's is at most "
-                    f"{_HEADER_LIMIT:,})"
-                )
-            text = _read_exactly(reader, size, "the safetensors header")
-            meta, body = _header(text)
-            spec = _spec(meta)
-            for key, want in expect.items():
-                if spec[key] != want:
-                    raise ValueError(f"{key} {spec[key]}, expected {want}")
-            most = ReplayBuffer.bytes_needed(**spec) + 3 * 8  # every record, the counters
-            if body > most:
-                raise ValueError(
-                    f"its header declares {body:,} bytes of arrays; a buffer of capacity "
-                    f"{spec['capacity']:,} of these shapes holds at most {most:,}"
-                )
-            data = _read_exactly(reader, body, "the arrays")
-            if reader.read(1):
-                raise ValueError(
-                    f"the zstd frame holds more data than the {body:,} bytes of arrays its "
-                    "header declares"
-                )
-        finally:
-            reader.close()
+    with (
+        open(path, "rb") as fh,
+        zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=False) as reader,
+    ):
+        size = int.from_bytes(_read_exactly(reader, 8, "the header length"), "little")
+        if size > _HEADER_LIMIT:
+            raise ValueError(
+                f"a safetensors header of {size:,} bytes (a replay file's is at most "
+                f"{_HEADER_LIMIT:,})"
+            )
+        text = _read_exactly(reader, size, "the safetensors header")
+        meta, body = _header(text)
+        spec = _spec(meta)
+        for key, want in expect.items():
+            if spec[key] != want:
+                raise ValueError(f"{key} {spec[key]}, expected {want}")
+        most = ReplayBuffer.bytes_needed(**spec) + 3 * 8  # every record, the counters
+        if body > most:
+            raise ValueError(
+                f"its header declares {body:,} bytes of arrays; a buffer of capacity "
+                f"{spec['capacity']:,} of these shapes holds at most {most:,}"
+            )
+        data = _read_exactly(reader, body, "the arrays")
+        if reader.read(1):
+            raise ValueError(
+                f"the zstd frame holds more data than the {body:,} bytes of arrays its "
+                "header declares"
+            )
     return size.to_bytes(8, "little") + text + data
 
 
@@ -611,13 +610,6 @@ class ReplayBuffer:
         expect = {k: v for k, v in given.items() if v is not None}
         try:
             blob = _decompress(path, expect)
-        except (OSError, zstandard.ZstdError) as exc:
-            raise InvalidCheckpoint(f"{path}: not a zstd-compressed replay buffer: {exc}") from exc
-        except _LOAD_ERRORS as exc:
-            raise InvalidCheckpoint(
-                f"{path}: not a replay buffer ({REPLAY_FORMAT}): {exc}"
-            ) from exc
-        try:
             arrays = st_load(blob)  # checks the header: then it is a dict of str -> str
             header = json.loads(blob[8 : 8 + int.from_bytes(blob[:8], "little")])
             meta = header.get("__metadata__") or {}
@@ -628,6 +620,8 @@ class ReplayBuffer:
                 )
             buf = cls(**_spec(meta))
             buf.load_state_dict(arrays)
+        except (OSError, zstandard.ZstdError) as exc:
+            raise InvalidCheckpoint(f"{path}: not a zstd-compressed replay buffer: {exc}") from exc
         except _LOAD_ERRORS as exc:
             raise InvalidCheckpoint(
                 f"{path}: not a replay buffer ({REPLAY_FORMAT}): {exc}"
