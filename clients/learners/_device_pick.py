@@ -141,23 +141,20 @@ def median_seconds(call: Callable[[], object], device: torch.device, per_call: i
     timed ones, fewer once they took :data:`BUDGET_S`; a warm-up longer than that is
     taken as the figure (so a device costs at most about two budgets and a call)."""
 
-    def done() -> None:
+    def timed() -> float:
+        start = time.perf_counter()
+        call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        return time.perf_counter() - start
 
-    start = time.perf_counter()
-    call()
-    done()
-    warm = time.perf_counter() - start
+    warm = timed()
     if warm > BUDGET_S:
         return warm / per_call
     times: list[float] = []
     spent = 0.0
     while len(times) < 5 and (not times or spent < BUDGET_S):
-        start = time.perf_counter()
-        call()
-        done()
-        times.append(time.perf_counter() - start)
+        times.append(timed())
         spent += times[-1]
     return statistics.median(times) / per_call
 

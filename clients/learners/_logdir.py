@@ -109,11 +109,8 @@ def died_before_first_checkpoint(logdir: Path) -> bool:
 
     if not logdir.is_dir() or not any((logdir / name).exists() for name in _RUN_OUTPUTS):
         return False
-    try:
+    with contextlib.suppress(InvalidCheckpoint):
         resolve_checkpoint(logdir)
-    except InvalidCheckpoint:
-        pass
-    else:
         return False  # a checkpoint (or its latest pointer) is there
     folder = logdir / "checkpoints"
     return not (
