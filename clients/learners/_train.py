@@ -30,7 +30,6 @@ from simkit.clients.learners._args import (
     SACArgs,
     capped,
     flag,
-    refuse_unless,
 )
 from simkit.clients.learners._checkpoint import (
     Checkpoint,
@@ -182,7 +181,6 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
         slots = (options.servers or 0) + len(options.connect)  # a slot per server at least
         if ckpt is None and "num_envs" not in given and slots > base.num_envs:
             given["num_envs"] = slots
-    settings: PPOArgs | SACArgs
     if ckpt is not None:
         parse: Callable[[Any], PPOArgs | SACArgs] = cls.from_plain
         saved = checkpoint_args(ckpt, parse)
@@ -190,9 +188,8 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
             raise ValueError(
                 f"--resume: the checkpoint trains {saved.env_id!r}, this run names {base.env_id!r}"
             )
-        settings = dataclasses.replace(saved, **given)
-    else:
-        settings = dataclasses.replace(base, **given)
+        base = saved
+    settings = dataclasses.replace(base, **given)
     if isinstance(settings, SACArgs) and isinstance(env, str) and options.buffer_from is None:
         settings.check_learning_starts()  # as asked: the cap shortens runs for the docs' tests
     settings = capped(settings)  # $SIMKIT_MAX_TOTAL_STEPS, where set
@@ -231,16 +228,8 @@ def check_run_options(options: RunOptions, num_envs: int) -> None:
             ),
         ]
     )
-    refuse_unless(
-        [
-            (
-                "--metrics-port",
-                o.metrics_port,
-                o.metrics_port is None or 0 <= o.metrics_port < 65536,
-                "a port in [0, 65535]",
-            ),
-        ]
-    )
+    if o.metrics_port is not None and not 0 <= o.metrics_port < 65536:
+        raise ValueError(f"--metrics-port must be a port in [0, 65535], got {o.metrics_port}")
     if o.servers and o.ray is None:
         check_memory(
             o.servers * SERVER_BYTES,
