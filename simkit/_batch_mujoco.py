@@ -290,8 +290,7 @@ class MujocoPhysics(Physics):
         }
         self.state_size = mujoco.mj_stateSize(model, PHYSICS_STATE)
         self.slices = _state_slices(model)
-        workers = 1 if backend == "loop" else min(nthread or os.cpu_count() or 1, n)
-        self.workers = workers
+        self.workers = workers = 1 if backend == "loop" else min(nthread or os.cpu_count() or 1, n)
         self.rows = backend in ("native", "pooled")  # the state rows hold the physics
         self.native: Any = None
         self.outputs: dict[str, np.ndarray] = {}

@@ -397,15 +397,10 @@ class SACStep:
         if self.done == self.CHUNK:
             raise RuntimeError(f"SACStep holds {self.CHUNK} steps' figures: flush() first")
         if self.capture:
-            k = self.k
-
-            def reset() -> None:
-                k.fill_(self.done)
-
             graph = self.graphs.get(
                 (actor, target),
                 lambda: self._step(actor=actor, target=target),
-                reset,
+                lambda: self.k.fill_(self.done),
                 self._learned,
                 [self.learner.generator],
             )

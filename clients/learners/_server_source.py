@@ -111,9 +111,7 @@ class ServerSource:
         self.report = report
         self.give_up = give_up
         self.mode = mode
-        self.locate = (
-            locate if locate is not None else ((lambda ep: ep) if wait_for_servers else None)
-        )
+        self.locate = locate or ((lambda ep: ep) if wait_for_servers else None)
         self.lost: list[str] = []
         self.restored: list[str] = []
         self.dropped = 0
@@ -136,9 +134,8 @@ class ServerSource:
     @property
     def num_rows(self) -> int:
         """Policy rows of the servers still in the stream."""
-        return int(
-            sum(srv.info.num_rows for srv in self.stream._servers if srv.info is not None)
-        )  # PolicyStream exposes no per-server row count
+        # PolicyStream exposes no per-server row count
+        return sum(srv.info.num_rows for srv in self.stream._servers if srv.info is not None)
 
     def _lose(self, exc: ServerUnavailable, *, used: bool = False) -> None:
         """Replaces (supervised) or drops the server lost at ``exc.endpoint``. ``used``:
