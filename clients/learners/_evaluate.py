@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -141,7 +142,7 @@ def evaluate_model(
         if render is None:
             raise
         raise ValueError(f"env {env_id!r} cannot render RGB frames: {exc}") from exc
-    try:
+    with closing(vector):
         multi = isinstance(vector, MultiAgentVectorEnv)
         if isinstance(vector, MultiAgentVectorEnv):
             obs, mask, _ = vector.reset(seed=seed)
@@ -187,8 +188,6 @@ def evaluate_model(
                 grab()
             elif render is not None and on_frame is not None:
                 on_frame(len(frames), len(out))  # the last episode's end
-    finally:
-        vector.close()
     if render is not None:
         _write_video(imageio, render, frames, fps)
     return np.asarray(out[:episodes])

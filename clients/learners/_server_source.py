@@ -281,16 +281,15 @@ class ServerSource:
         without snapshots (Gymnasium's): such a run resumes with fresh envs.
         """
         count = {"servers": self.num_servers}
-        if not include_envs or self.mode != "sync" or not self.stream.endpoints:
-            return {"sessions": None, **count}
-        try:
-            states = self._capture()
-        except ServerUnavailable as exc:  # the fragment path reports and handles the loss
-            self.report(
-                f"simkit train: server {exc.endpoint} did not send its session state "
-                f"({exc}); this checkpoint's envs will restart afresh"
-            )
-            return {"sessions": None, **count}
+        states = None
+        if include_envs and self.mode == "sync" and self.stream.endpoints:
+            try:
+                states = self._capture()
+            except ServerUnavailable as exc:  # the fragment path reports and handles the loss
+                self.report(
+                    f"simkit train: server {exc.endpoint} did not send its session state "
+                    f"({exc}); this checkpoint's envs will restart afresh"
+                )
         if states is None:
             return {"sessions": None, **count}
         return {
