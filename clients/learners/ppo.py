@@ -395,8 +395,7 @@ class PPO:
         self.version = 0
         self.global_step = 0
         self.dropped = 0
-        batch = args.num_steps * rows_per_update
-        self.num_updates = updates_for(args.total_steps, batch)
+        self.num_updates = updates_for(args.total_steps, args.num_steps * rows_per_update)
         self._loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] = (
             torch.compile(self.minibatch_loss, dynamic=False)
             if args.compile
