@@ -596,6 +596,17 @@ class RolloutServer:
         start = time.perf_counter()
         if message_bytes(frames) > LARGE_REQUEST_BYTES:
             self._freed += 1  # its memory is given back at the next sweep
+        try:
+            self._route(identity, frames, first, start)
+        except Exception as exc:  # nothing below raises; this guards against bugs
+            log.exception("internal error")
+            reply = error_reply(exc, request_id=0)
+            reply.body["code"] = "internal"
+            self._reply(identity, reply, start)
+
+    def _route(self, identity: bytes, frames: list[Any], first: zmq.Frame, start: float) -> None:
+        """Answers one request: a stream session's goes to its worker, a new connection's
+        opens a session (or is answered without one), a session's goes to it."""
         slot = self._slots.get(identity)
         request: Message | None = None
         if slot is None:
@@ -621,15 +632,10 @@ class RolloutServer:
         elif slot.gone_at is not None and first.get(zmq.SRCFD) != slot.peer.fd:
             slot.peer, slot.gone_at = Peer.of(first), None  # its identity reconnected
         slot.last_seen = time.monotonic()
-        try:
-            if request is not None:  # a hello, decoded above
-                reply = slot.session.dispatch(request)
-            else:
-                reply = slot.session.handle_message(frames)
-        except Exception as exc:  # the session never raises; this guards against bugs
-            log.exception("internal error")
-            reply = error_reply(exc, request_id=0)
-            reply.body["code"] = "internal"
+        if request is not None:  # a hello, decoded above
+            reply = slot.session.dispatch(request)
+        else:
+            reply = slot.session.handle_message(frames)
         steps = int(reply.arrays["env_ids"].size) if reply.kind == "step" else 0
         if slot.session.state is SessionState.CLOSED:
             self._free(identity)  # before the reply, so the client sees its slots freed

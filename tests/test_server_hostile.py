@@ -18,8 +18,10 @@ from prometheus_client import CollectorRegistry
 from simkit.clients import PolicyStream
 from simkit.models import ModelSpec, build_model
 from simkit.protocol import (
+    PROTOCOL_VERSION,
     ClientSession,
     InvalidField,
+    InvalidShape,
     Limits,
     RemoteError,
     StreamClientSession,
@@ -385,3 +387,64 @@ def test_unknown_request_kinds_share_one_metrics_label(server: RolloutServer) ->
     requests = server.metrics.requests
     assert not [kind for kind in requests if kind.startswith("made-up")], requests
     assert requests["unknown"] >= 50
+
+
+def _raw_ping(shape: list[int]) -> list[bytes]:
+    """A ping carrying one zero-byte uint8 array of ``shape``, packed by hand (the
+    encoder never writes such a descriptor)."""
+    import msgpack
+
+    desc = {"name": "a", "dtype": "uint8", "shape": shape, "data": b""}
+    header = {"v": list(PROTOCOL_VERSION), "id": 7, "kind": "ping", "arrays": [desc]}
+    return [msgpack.packb(header, use_bin_type=True)]
+
+
+def test_an_empty_array_of_an_impossible_shape_is_refused_and_the_server_serves_on(
+    server: RolloutServer, peers: Peers
+) -> None:
+    """Every dimension under the per-dimension bound, one of them 0 (so no bytes), the
+    others multiplying past what numpy can shape: refused as ``invalid_shape``, before
+    and inside a session, and the server goes on serving (before, the decoder's numpy
+    error escaped and ended the serving thread)."""
+    from simkit.protocol import decode
+
+    with pytest.raises(InvalidShape, match="shape"):
+        decode(_raw_ping([0] + [2**39] * 4))
+    assert decode(_raw_ping([0, 2**39])).arrays["a"].shape == (0, 2**39)
+    peer = peers()
+    peer.endpoint = server.endpoint
+    sessionless = peer.connect()
+    sessionless.send_multipart(_raw_ping([0] + [2**39] * 4))
+    reply = decode(sessionless.recv_multipart())
+    assert (reply.kind, reply.body["code"]) == ("error", "invalid_shape")
+    info = peer.hello()
+    assert info.num_envs == 2
+    session_sock = peer.socks[-1]
+    session_sock.send_multipart(_raw_ping([0] + [2**39] * 4))
+    assert decode(session_sock.recv_multipart()).body["code"] == "invalid_shape"
+    assert server._thread is not None
+    assert server._thread.is_alive()
+
+
+def test_an_unexpected_error_while_routing_a_request_is_answered_and_serving_goes_on(
+    server: RolloutServer, peers: Peers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last guard of the serving loop: a bug met while routing any request (here
+    the sessionless path raises) is logged and answered ``internal``; the serving
+    thread and every other connection go on."""
+    from simkit.protocol import Message, decode, encode
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(server, "_serve_sessionless", broken)
+    peer = peers()
+    peer.endpoint = server.endpoint
+    sock = peer.connect()
+    sock.send_multipart(encode(Message(kind="ping", id=3)))
+    reply = decode(sock.recv_multipart())
+    assert (reply.kind, reply.body["code"]) == ("error", "internal")
+    monkeypatch.undo()
+    assert server._thread is not None
+    assert server._thread.is_alive()
+    assert peer.hello().num_envs == 2

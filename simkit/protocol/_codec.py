@@ -320,8 +320,8 @@ def _decode_array(
     count = _element_count(shape, lim.max_ndim)
     if count < 0:
         raise InvalidShape(
-            f"array {name!r} shape must be a list of non-negative ints",
-            expected=f"<= {lim.max_ndim} dims",
+            f"array {name!r} shape must be a list of non-negative ints an array can have",
+            expected=f"<= {lim.max_ndim} dims, non-zero ones multiplying to < 2**40",
             got=repr(shape),
         )
     frame_index: int | None = None
@@ -373,14 +373,19 @@ _MAX_DIM = 2**40
 
 
 def _element_count(shape: Any, max_ndim: int) -> int:
-    """Elements of a wire ``shape`` (a list of ints in ``[0, 2**40)``), or -1 if invalid."""
+    """Elements of a wire ``shape``, or -1 if invalid: a list of ints in ``[0, 2**40)``
+    whose non-zero ones multiply to less than ``2**40`` too, so numpy can shape it with
+    any dtype even where a 0 leaves no elements (``[0, 2**39, 2**39]`` is no array)."""
     if type(shape) is not list or len(shape) > max_ndim:
         return -1
-    count = 1
+    count = extent = 1
     for s in shape:
         if type(s) is not int or not 0 <= s < _MAX_DIM:
             return -1
         count *= s
+        extent *= s or 1
+        if extent >= _MAX_DIM:
+            return -1
     return count
 
 
