@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import simkit
 from simkit._limits import ENV_BYTES, Range, check_env_id, check_memory, check_ranges
+from simkit._seeding import MAX_ROOT_SEED
 from simkit.recording import _cli as recording_cli
 from simkit.registry import EnvKind
 
@@ -108,16 +109,21 @@ _ROW_STEP_BYTES = 256
 flags and their containers), times the trajectories it compares."""
 
 
-def _check_sizes(args: argparse.Namespace, num_envs: int = 1) -> None:
-    """``check``'s (and ``demo``'s) step counts in range, and the kit's trajectories of
-    ``num_envs`` rows within the memory available.
+def _check_sizes(args: argparse.Namespace, num_envs: int = 1, *, batch: bool = False) -> None:
+    """``check``'s (and ``demo``'s) seed and step counts in range (a batch env's kit
+    compares at least two steps), and the kit's trajectories of ``num_envs`` rows within
+    the memory available.
 
     Raises:
         ValueError: one line naming the flag.
     """
     steps: int = args.steps if args.command == "check" else args.check_steps
     flag = "--steps" if args.command == "check" else "--check-steps"
-    rules = [(Range(flag, 1, MAX_CHECK_STEPS), steps)]
+    least = 2 if batch and not getattr(args, "deep", False) else 1
+    rules = [
+        (Range("--seed", 0, MAX_ROOT_SEED), args.seed),
+        (Range(flag, least, MAX_CHECK_STEPS), steps),
+    ]
     if args.command == "demo":
         rules += [
             (Range("--steps", 1, MAX_DEMO_STEPS), args.steps),
@@ -139,7 +145,11 @@ def _check_run(args: argparse.Namespace) -> int:
 
     try:
         batch = simkit.spec(args.env_id).kind is EnvKind.BATCH
-        _check_sizes(args, args.num_envs if batch and args.num_envs >= 1 else 1)
+        _check_sizes(args, args.num_envs if batch and args.num_envs >= 1 else 1, batch=batch)
+        if batch and args.device is not None:
+            from simkit.clients.learners._args import resolve_device
+
+            args.device = str(resolve_device(args.device))
     except ValueError as exc:
         print(f"simkit check: {exc}", file=sys.stderr)
         return 2

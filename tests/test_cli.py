@@ -85,6 +85,28 @@ def test_check_runs_the_batch_kit_on_a_batch_env(capsys: pytest.CaptureFixture[s
     assert "--num-envs and --device apply to batch envs" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simkit/CartPole-v0", "--seed", "-1"], "--seed must be in [0, "),
+        (["simkit/BatchCartPole-v0", "--steps", "1"], "--steps must be in [2, "),
+        (
+            ["simkit/BatchCartPole-v0", "--device", "bogus"],
+            "--device must be cpu, cuda[:k] or auto",
+        ),
+    ],
+)
+def test_check_refuses_bad_flags_in_one_line_without_blaming_the_env(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flag the kit cannot run with is a usage error (exit 2, one line naming it),
+    not a conformance failure of every check blamed on the env (before: exit 1)."""
+    assert cli.main(["check", *argv]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "FAIL" not in captured.out
+
+
 def test_demo_table_covers_non_batch_envs(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
