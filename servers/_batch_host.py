@@ -234,7 +234,13 @@ class BatchEnvHost:
         ]
 
     def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """Restores a :meth:`get_state` result (all N entries, any order)."""
+        """Restores a :meth:`get_state` result (all N entries, any order), all or
+        nothing: the host's own fields are checked first, then ``BatchEnv.set_state``
+        checks the batch's snapshot before it changes anything.
+
+        Raises:
+            InvalidState: not this host's snapshot, or a field the batch refuses.
+        """
         self._check_all(env_ids, "snapshot")
         batch: Any = None
         for i, state in zip(env_ids.tolist(), states, strict=True):
@@ -254,8 +260,11 @@ class BatchEnvHost:
                 batch = state["batch"]
         if not isinstance(batch, Mapping) or {"env", "broken"} - set(batch):
             raise InvalidState("the snapshot lacks the batch's state (env and broken)")
-        self.env.set_state(batch["env"])
-        self._broken = bool(batch["broken"])
+        broken = batch["broken"]
+        if not isinstance(broken, bool | np.bool_):
+            raise InvalidState(f"the batch's state 'broken' must be a bool, got {broken!r:.80}")
+        self.env.set_state(batch["env"])  # checks every field (obs too) before any change
+        self._broken = bool(broken)
         self._obs = host_arrays(copy.deepcopy(batch["env"]["obs"]))
 
     def close(self) -> None:

@@ -58,11 +58,17 @@ from simkit._contract import (
     declared_state_attributes,
 )
 from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
-from simkit._state import check_state_attributes
+from simkit._state import check_observation, check_state_attributes, describe_value
 from simkit._types import BatchStep, RowStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
-from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
+from simkit.randomization import (
+    Distribution,
+    Params,
+    check_params,
+    resolve_overrides,
+    sample_params,
+)
 from simkit.vector._actions import check_batch_array
 
 __all__ = ["BATCH_STATE_FORMAT", "BatchEnv", "PendingStep", "Physics"]
@@ -1179,8 +1185,18 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Restores a snapshot from :meth:`get_state`, all or nothing: a snapshot the
         author's :meth:`set_env_state` rejects leaves the batch as it was.
 
+        Every field is checked before anything changes, against what the batch could
+        have produced itself: the seeding fields against their ranges
+        (:meth:`EpisodeSeeds.parse_state`), each instance's ``params`` against the
+        declared randomization (the check a reset's overrides get), the counters
+        (``elapsed_steps >= 0``, a positive ``max_episode_steps``), ``pending_reset`` as
+        ``(N,)`` bools and ``obs`` as N observations of the observation space, so a
+        snapshot that passes cannot break a later step.
+
         Raises:
-            InvalidState: malformed, from another class, or of another batch size.
+            InvalidState: malformed, from another class, of another batch size, or a
+                field out of its range; the message names the field, what it must be
+                and what came.
         """
         if not isinstance(state, Mapping):
             raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
@@ -1199,30 +1215,41 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if state["env"] != expected:
             raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
         s, n = self._simkit, self.num_envs
-        if state["num_envs"] != n or len(state["rngs"]) != n:
-            raise InvalidState(f"state holds {state['num_envs']} instances, this batch has {n}")
-        params = {
-            i: copy.deepcopy(dict(p)) for i, p in enumerate(_per_env_list(state, "params", n))
-        }
-        streams = StreamTable.parse_plain(state["rngs"], n)
+        if state["num_envs"] != n:
+            raise InvalidState(f"state holds {state['num_envs']!r} instances, this batch has {n}")
+        rngs = _per_env_list(state, "rngs", n)
+        params = {}
+        for i, p in enumerate(_per_env_list(state, "params", n)):
+            check_params(self.randomization, p, f"state['params'][{i}]")
+            params[i] = copy.deepcopy(dict(p))
+        streams = StreamTable.parse_plain(rngs, n)
+        elapsed = _per_env_array(state, "elapsed_steps", "iu", n)
+        if elapsed.size and elapsed.min() < 0:
+            raise InvalidState(
+                f"state['elapsed_steps'] must be ints >= 0, got {elapsed.min()} "
+                f"(instance {int(np.argmin(elapsed))})"
+            )
+        limit = state.get("max_episode_steps", self.max_episode_steps)
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit <= 0
+        ):
+            raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
         core = (
             params,
-            _per_env_array(state, "elapsed_steps", np.int64, n),
-            state.get("max_episode_steps", self.max_episode_steps),
-            _per_env_array(state, "pending_reset", np.bool_, n),
+            elapsed.astype(np.int64),
+            None if limit is None else int(limit),
+            _per_env_array(state, "pending_reset", "b", n),
             True,
         )
-        root = state["root_seed"]
-        if root is not None and (isinstance(root, bool) or not isinstance(root, int | np.integer)):
-            raise InvalidState(f"state['root_seed'] must be an int or None, got {root!r}")
         seeds = EpisodeSeeds.parse_state(
             {
-                "root_seeds": [None if root is None else int(root)] * n,
-                "episode_index": _per_env_array(state, "episode_index", np.int64, n),
+                "root_seeds": [state["root_seed"]] * n,
+                "episode_index": state["episode_index"],
                 "env_offset": state.get("env_offset", 0),
             },
             n,
         )
+        check_observation(self.single_observation_space, state["obs"], "state['obs']", rows=n)
         obs = _restore_like(self.xp, self.device, s.obs, state["obs"])
         saved = (s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset)
         saved_streams = (s.streams.states, s.streams.pos, s.streams.live)
@@ -1313,10 +1340,23 @@ def _restore_like(xp: Any, device: Any, current: Any, value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _per_env_array(state: Mapping[str, Any], key: str, dtype: Any, n: int) -> np.ndarray:
-    value = np.array(state[key], dtype=dtype)
-    if value.shape != (n,):
-        raise InvalidState(f"state[{key!r}] must have shape ({n},), got {value.shape}")
+def _per_env_array(state: Mapping[str, Any], key: str, kinds: str, n: int) -> np.ndarray:
+    """``state[key]`` as a new ``(n,)`` array whose dtype is of one of the numpy
+    ``kinds`` (``"b"`` bool, ``"iu"`` integers): values are never converted, so a float
+    or an int beyond 64 bits is refused rather than rounded or overflowed.
+
+    Raises:
+        InvalidState: anything else, naming the field, what it must be and what came.
+    """
+    got = state[key]
+    try:
+        value = np.array(got) if isinstance(got, np.ndarray | list | tuple) else None
+    except (ValueError, OverflowError):  # a ragged list
+        value = None
+    if value is None or value.dtype.kind not in kinds or value.shape != (n,):
+        what = "a bool" if kinds == "b" else "an int"
+        shown = describe_value(got if value is None else value)
+        raise InvalidState(f"state[{key!r}] must be {what} array of shape ({n},), got {shown}")
     return value
 
 

@@ -23,7 +23,13 @@ from gymnasium.utils import seeding
 from simkit._state import check_state_attributes
 from simkit._validation import ActionBounds
 from simkit.errors import InvalidState, ResetNeeded
-from simkit.randomization import Distribution, Params, resolve_overrides, sample_params
+from simkit.randomization import (
+    Distribution,
+    Params,
+    check_params,
+    resolve_overrides,
+    sample_params,
+)
 from simkit.snapshot import rng_from_plain, rng_to_plain
 
 __all__ = [
@@ -251,12 +257,14 @@ class ContractCore:
         rng = rng_from_plain(state["rng"])
         params, elapsed = state["params"], state["elapsed_steps"]
         limit = state.get("max_episode_steps", self.max_episode_steps)
-        if not isinstance(params, Mapping):
-            raise InvalidState(f"state['params'] must be a dict, got {type(params).__name__}")
+        check_params(self.randomization, params, "state['params']")
         if not _is_int(elapsed) or elapsed < 0:
             raise InvalidState(f"state['elapsed_steps'] must be an int >= 0, got {elapsed!r}")
         if limit is not None and (not _is_int(limit) or limit <= 0):
             raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
+        active = state["episode_active"]
+        if not isinstance(active, bool | np.bool_):
+            raise InvalidState(f"state['episode_active'] must be a bool, got {active!r}")
         # Core fields are committed before set_env_state (simulators read the params
         # there); if the author's state is rejected, everything is rolled back.
         saved = self.capture_state()
@@ -265,7 +273,7 @@ class ContractCore:
         self._params = copy.deepcopy(dict(params))
         self._elapsed_steps = int(elapsed)
         self.max_episode_steps = None if limit is None else int(limit)
-        self._episode_active = bool(state["episode_active"])
+        self._episode_active = bool(active)
         self._has_reset = True
         try:
             self._restore_extra_state(state)

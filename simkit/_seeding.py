@@ -598,6 +598,51 @@ def _is_int(value: Any, low: int) -> bool:
     return ok and value >= low
 
 
+MAX_EPISODE_INDEX = MAX_ROOT_SEED - 1
+"""The largest episode index a snapshot may hold: the env's next episode still has an
+int64 index (``-1`` marks an env never reset)."""
+_EPISODE_RANGE = "an int in [-1, 2**63 - 2]"
+_ROOT_RANGE = "None or an int in [0, 2**63)"
+
+
+def _out_of_range(where: str, expected: str, got: Any) -> Exception:
+    """The :class:`~simkit.errors.InvalidState` of a seeding field outside its range."""
+    from simkit.errors import InvalidState
+
+    return InvalidState(f"{where} must be {expected}, got {_describe(got)}")
+
+
+def _describe(value: Any) -> str:
+    """``value`` for a message: an array by dtype and shape, anything else by a short repr."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _check_root_field(value: Any, where: str) -> int | None:
+    """A snapshot's root seed: ``None`` or an int in ``[0, MAX_ROOT_SEED]``.
+
+    Raises:
+        simkit.errors.InvalidState: anything else (the message names ``where``).
+    """
+    if value is None:
+        return None
+    if not _is_int(value, 0) or value > MAX_ROOT_SEED:
+        raise _out_of_range(where, _ROOT_RANGE, value)
+    return int(value)
+
+
+def _int_array(value: Any) -> np.ndarray | None:
+    """``value`` as a numpy integer array (a list of ints too), or ``None`` where it is
+    not one: bools, floats and ints beyond 64 bits are refused, never rounded."""
+    try:
+        arr = np.asarray(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return arr if arr.dtype.kind in "iu" else None
+
+
 def random_root() -> int:
     """A fresh root seed from OS entropy, for a first reset without a seed."""
     return int(np.random.SeedSequence().entropy) % (MAX_ROOT_SEED + 1)  # type: ignore[arg-type]
@@ -1044,20 +1089,19 @@ class EpisodeSeeds:
     def parse_env_state(state: Mapping[str, Any]) -> tuple[int | None, int]:
         """Checks an :meth:`env_state` part, changing nothing: ``(root, episode)``.
 
-        Raises:
-            simkit.errors.InvalidState: the root is not an int or None, or the episode
-                not an int >= -1.
-        """
-        from simkit.errors import InvalidState
+        The ranges are those the derivation and the int64 counters take, so a part that
+        passes here can be restored and stepped on; one that does not changes nothing.
 
-        root: Any = state.get("root_seed")
+        Raises:
+            simkit.errors.InvalidState: the root is not None or an int in
+                ``[0, MAX_ROOT_SEED]``, or the episode not an int in
+                ``[-1, MAX_EPISODE_INDEX]``.
+        """
+        root = _check_root_field(state.get("root_seed"), "state['root_seed']")
         episode: Any = state.get("episode_index")
-        if (root is not None and not _is_int(root, 0)) or not _is_int(episode, -1):
-            raise InvalidState(
-                f"root_seed must be an int or None and episode_index an int >= -1, "
-                f"got {root!r} and {episode!r}"
-            )
-        return None if root is None else int(root), int(episode)
+        if not _is_int(episode, -1) or episode > MAX_EPISODE_INDEX:
+            raise _out_of_range("state['episode_index']", _EPISODE_RANGE, episode)
+        return root, int(episode)
 
     def set_env_state(self, i: int, parsed: tuple[int | None, int]) -> None:
         """Restores what :meth:`parse_env_state` returned for env ``i``."""
@@ -1076,29 +1120,44 @@ class EpisodeSeeds:
     def parse_state(state: Mapping[str, Any], num_envs: int) -> dict[str, Any]:
         """Checks and converts what :meth:`get_state` returned, changing nothing.
 
+        The one check of the seeding fields of a whole snapshot (vectors and
+        :class:`simkit.BatchEnv` alike): each root ``None`` or in
+        ``[0, MAX_ROOT_SEED]``, each episode index in ``[-1, MAX_EPISODE_INDEX]`` (so
+        its next episode still has an int64 index) and ``env_offset`` such that every
+        env's index ``env_offset + i`` fits int64, as the derivation needs.
+
         Raises:
-            simkit.errors.InvalidState: wrong lengths or types.
+            simkit.errors.InvalidState: wrong lengths, types or a value out of range; the
+                message names the field, the range expected and the value that came.
         """
         from simkit.errors import InvalidState
 
         roots, episode = state.get("root_seeds"), state.get("episode_index")
         if not isinstance(roots, list | tuple) or len(roots) != num_envs:
-            raise InvalidState(f"state['root_seeds'] must be a list of {num_envs} int | None")
-        for r in roots:
-            if r is not None and (isinstance(r, bool) or not isinstance(r, int | np.integer)):
-                raise InvalidState(f"state['root_seeds'] entries must be int | None, got {r!r}")
-        arr = np.asarray(episode, dtype=np.int64) if episode is not None else None
-        if arr is None or arr.shape != (num_envs,):
+            got = f"{len(roots)} entries" if isinstance(roots, list | tuple) else _describe(roots)
             raise InvalidState(
-                f"state['episode_index'] must have shape ({num_envs},), got "
-                f"{None if arr is None else arr.shape}"
+                f"state['root_seeds'] must be a list of {num_envs} int | None, got {got}"
             )
+        parsed_roots = [
+            _check_root_field(r, f"state['root_seeds'][{i}]") for i, r in enumerate(roots)
+        ]
+        arr = _int_array(episode)
+        if arr is None or arr.shape != (num_envs,):
+            got = _describe(episode) if arr is None else f"shape {arr.shape}"
+            raise InvalidState(
+                f"state['episode_index'] must be an int array of shape ({num_envs},), got {got}"
+            )
+        if arr.size and (arr.min() < -1 or arr.max() > MAX_EPISODE_INDEX):
+            k = int(np.flatnonzero((arr < -1) | (arr > MAX_EPISODE_INDEX))[0])
+            raise _out_of_range(f"state['episode_index'][{k}]", _EPISODE_RANGE, int(arr[k]))
         offset = state.get("env_offset", 0)
-        if isinstance(offset, bool) or not isinstance(offset, int | np.integer) or offset < 0:
-            raise InvalidState(f"state['env_offset'] must be an int >= 0, got {offset!r}")
+        top = MAX_ROOT_SEED + 1 - max(num_envs, 1)
+        if not _is_int(offset, 0) or offset > top:
+            expected = f"an int in [0, {top}] (every env index must fit int64)"
+            raise _out_of_range("state['env_offset']", expected, offset)
         return {
-            "roots": [None if r is None else int(r) for r in roots],
-            "episode": arr.copy(),
+            "roots": parsed_roots,
+            "episode": arr.astype(np.int64),
             "env_offset": int(offset),
         }
 

@@ -13,10 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from simkit.errors import InvalidState
 
-__all__ = ["check_state_attributes", "describe_value", "restore_all"]
+__all__ = ["check_observation", "check_state_attributes", "describe_value", "restore_all"]
 
 
 def describe_value(value: Any) -> str:
@@ -87,6 +88,82 @@ def _expectation(live: Any, value: Any) -> str | None:
         if isinstance(live, kind):
             return None if isinstance(value, kind) else f"a {kind.__name__}"
     return None
+
+
+def check_observation(
+    space: spaces.Space[Any], value: Any, what: str, rows: int | None = None
+) -> None:
+    """Checks that a snapshot's observation ``value`` is one of ``space`` (``rows``
+    stacked ones, for a batch), so a restored row cannot break a later step.
+
+    By the space, as :func:`check_state_attributes` compares arrays: a ``Box``,
+    ``MultiDiscrete`` or ``MultiBinary`` value is a numpy array of the space's dtype and
+    shape (``(rows, *shape)`` for a batch); a ``Discrete`` one an int in the space (for
+    a batch, an integer array of shape ``(rows,)``); a ``Dict`` a mapping of its keys and
+    a ``Tuple`` a list or tuple of its length, each entry checked the same way. One
+    observation of any other space must be in it (``space.contains``); a batch of them
+    is taken as it is.
+
+    Args:
+        space: the (single-row) observation space.
+        value: what the snapshot holds.
+        what: names the value, opening the message (``"state['obs']"``).
+        rows: the batch size of a batched value; ``None`` for one observation.
+
+    Raises:
+        InvalidState: ``value`` does not fit; the message says what was expected and
+            what came.
+    """
+    if isinstance(space, spaces.Dict):
+        keys = list(space.spaces)
+        if not isinstance(value, Mapping) or set(value) != set(keys):
+            got = sorted(value) if isinstance(value, Mapping) else describe_value(value)
+            raise InvalidState(f"{what} must be a dict of keys {sorted(keys)}, got {got}")
+        for key, sub in space.spaces.items():
+            check_observation(sub, value[key], f"{what}[{key!r}]", rows)
+        return
+    if isinstance(space, spaces.Tuple):
+        n = len(space.spaces)
+        if not isinstance(value, list | tuple) or len(value) != n:
+            count = f"{len(value)} entries" if isinstance(value, list | tuple) else None
+            raise InvalidState(
+                f"{what} must be a tuple of {n} entries, got {count or describe_value(value)}"
+            )
+        for k, sub in enumerate(space.spaces):
+            check_observation(sub, value[k], f"{what}[{k}]", rows)
+        return
+    batch = () if rows is None else (rows,)
+    if isinstance(space, spaces.Discrete):
+        if rows is None:
+            ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+            if not (ok and space.contains(value)):
+                low, high = int(space.start), int(space.start + space.n)
+                raise InvalidState(f"{what} must be an int in [{low}, {high}), got {_short(value)}")
+            return
+        if not (isinstance(value, np.ndarray) and value.dtype.kind in "iu"):
+            raise InvalidState(
+                f"{what} must be an integer array of shape {batch}, got {describe_value(value)}"
+            )
+        if value.shape != batch:
+            raise InvalidState(f"{what} must have shape {batch}, got {value.shape}")
+        return
+    if isinstance(space, spaces.Box | spaces.MultiDiscrete | spaces.MultiBinary):
+        dtype, shape = np.dtype(space.dtype), (*batch, *space.shape)
+        if not (isinstance(value, np.ndarray) and value.dtype == dtype and value.shape == shape):
+            raise InvalidState(
+                f"{what} must be a {dtype} array of shape {shape}, got {describe_value(value)}"
+            )
+        return
+    if rows is None and not space.contains(value):
+        raise InvalidState(f"{what} must be an observation of {space}, got {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    """A short repr of ``value`` for a message (an array by dtype and shape)."""
+    if isinstance(value, np.ndarray) or _is_tensor(value):
+        return describe_value(value)
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _is_tensor(value: Any) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from simkit.errors import InvalidParameter
+from simkit.errors import InvalidParameter, InvalidState
 
 __all__ = [
     "Distribution",
@@ -29,6 +29,7 @@ __all__ = [
     "Choice",
     "Params",
     "resolve_overrides",
+    "check_params",
     "sample_params",
     "params_equal",
     "uniform_rows",
@@ -313,6 +314,40 @@ def resolve_overrides(
                 np.array(value, dtype=np.float64) if dist.shape != () else _scalar(value, dist)
             )
     return resolved
+
+
+def check_params(declared: Mapping[str, Distribution], params: Any, what: str) -> None:
+    """Checks a snapshot's sampled parameters against the declared randomization.
+
+    What :func:`sample_params` gives an episode: a value for exactly the declared
+    names, each in its declared domain. The domains are checked by
+    :func:`resolve_overrides`, the check a ``reset`` applies to its overrides, so a
+    snapshot is refused for the values a reset would refuse.
+
+    Args:
+        declared: the env's declared parameters.
+        params: what the snapshot holds.
+        what: names the value, opening the message (``"state['params']"``).
+
+    Raises:
+        InvalidState: not a mapping of exactly the declared names, a value that is not a
+            plain value (a :class:`Distribution`), or one outside its domain (a snapshot
+            error, so the message of :class:`InvalidParameter` under ``what``).
+    """
+    if not isinstance(params, Mapping) or set(params) != set(declared):
+        got = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+        raise InvalidState(
+            f"{what} must hold a value for each declared parameter {sorted(declared)}, got {got}"
+        )
+    for name, value in params.items():
+        if isinstance(value, Distribution):
+            raise InvalidState(
+                f"{what}[{name!r}] must be a sampled value, got the distribution {value!r}"
+            )
+    try:
+        resolve_overrides(declared, params)
+    except InvalidParameter as exc:
+        raise InvalidState(f"{what}: {exc}") from exc
 
 
 def _scalar(value: Any, dist: Distribution) -> Any:

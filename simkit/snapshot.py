@@ -143,7 +143,12 @@ def rng_to_plain(rng: np.random.Generator) -> dict[str, Any]:
 
 
 def rng_from_plain(state: Mapping[str, Any]) -> np.random.Generator:
-    """A new generator restored from :func:`rng_to_plain` output."""
+    """A new generator restored from :func:`rng_to_plain` output.
+
+    Raises:
+        InvalidState: not a bit generator's state (an unknown generator, a missing
+            field, a word wider than the generator takes), with numpy's reason.
+    """
     try:
         restored = _hex_to_ints(dict(state))
         name = restored["bit_generator"]
@@ -152,7 +157,7 @@ def rng_from_plain(state: Mapping[str, Any]) -> np.random.Generator:
             raise ValueError(f"bit_generator must name a numpy BitGenerator, got {name!r}")
         bit_gen = bit_gen_cls()
         bit_gen.state = restored
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise InvalidState(f"malformed rng state in snapshot: {exc!r}") from exc
     return np.random.Generator(bit_gen)
 

@@ -1123,3 +1123,74 @@ def test_the_row_face_is_the_batch_step_on_the_host(backend: str) -> None:
         ended += int((got.terminated | got.truncated).sum())
         got.obs[...] = np.nan  # a copy: the env's buffers are not touched
     assert ended > 0
+
+
+def _arr(values: Any) -> np.ndarray:
+    return np.array(values)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda s: s.update(obs="x"), r"state\['obs'\] must be a float32 array of shape \(2, 4\)"),
+        (
+            lambda s: s.update(obs=np.zeros((2, 3), np.float32)),
+            r"must be a float32 array of shape \(2, 4\), got float32 array of shape \(2, 3\)",
+        ),
+        (
+            lambda s: s.update(params=[{}, {}]),
+            r"state\['params'\]\[0\] must hold a value for each declared parameter",
+        ),
+        (
+            lambda s: s["params"][1].update(gravity=-1e300),
+            r"state\['params'\]\[1\]: value for 'gravity' must lie in its declared domain",
+        ),
+        (
+            lambda s: s.update(root_seed=2**64 - 1),
+            r"state\['root_seeds'\]\[0\] must be None or an int in \[0, 2\*\*63\)",
+        ),
+        (
+            lambda s: s.update(env_offset=2**64 - 1),
+            r"state\['env_offset'\] must be an int in \[0, 9223372036854775806\]",
+        ),
+        (
+            lambda s: s.update(episode_index=_arr([2**62, -5])),
+            r"state\['episode_index'\]\[1\] must be an int in \[-1, 2\*\*63 - 2\], got -5",
+        ),
+        (
+            lambda s: s.update(episode_index=_arr([2**63 - 1, 0])),
+            r"state\['episode_index'\]\[0\] must be an int in \[-1, 2\*\*63 - 2\]",
+        ),
+        (
+            lambda s: s.update(elapsed_steps=_arr([-5, -5])),
+            r"state\['elapsed_steps'\] must be ints >= 0, got -5",
+        ),
+        (
+            lambda s: s.update(elapsed_steps=_arr([1.5, 0.0])),
+            r"state\['elapsed_steps'\] must be an int array of shape \(2,\), got float64",
+        ),
+        (
+            lambda s: s.update(max_episode_steps=0),
+            r"state\['max_episode_steps'\] must be a positive int, got 0",
+        ),
+        (
+            lambda s: s.update(pending_reset=_arr([True])),
+            r"state\['pending_reset'\] must be a bool array of shape \(2,\)",
+        ),
+        (
+            lambda s: s.update(rngs=s["rngs"][:1]),
+            r"state\['rngs'\] must be a list of 2 entries, got 1",
+        ),
+    ],
+)
+def test_a_refused_batch_snapshot_changes_nothing(change: Any, match: str) -> None:
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=2)
+    env.reset(seed=0)
+    env.step_batch(np.ones(2, np.int64))
+    before = dumps(env.get_state())
+    bad = loads(before)
+    change(bad)
+    with pytest.raises(InvalidState, match=match):
+        env.set_state(bad)
+    assert dumps(env.get_state()) == before
+    env.step_batch(np.ones(2, np.int64))

@@ -349,7 +349,35 @@ def test_state_shares_no_memory() -> None:
             lambda s: s.update(max_episode_steps=0),
             r"state\['max_episode_steps'\] must be a positive int, got 0",
         ),
-        (lambda s: s.update(params=[1]), r"state\['params'\] must be a dict, got list"),
+        (
+            lambda s: s.update(params=[1]),
+            r"state\['params'\] must hold a value for each declared parameter \[.*\], got list",
+        ),
+        (
+            lambda s: s.update(params={}),
+            r"state\['params'\] must hold a value for each declared parameter "
+            r"\['gain', 'mode', 'noise'\], got \[\]",
+        ),
+        (
+            lambda s: s["params"].update(gain=-1e300),
+            r"state\['params'\]: value for 'gain' must lie in its declared domain \[0.5, 2.0\]",
+        ),
+        (
+            lambda s: s["params"].update(mode="storm"),
+            r"value for 'mode' must lie in its declared domain one of \['calm', 'windy'\]",
+        ),
+        (
+            lambda s: s["params"].update(gain=simkit.Uniform(0.6, 0.7)),
+            r"state\['params'\]\['gain'\] must be a sampled value, got the distribution",
+        ),
+        (
+            lambda s: s["rng"]["state"].update(state={"__int__": "0x" + "f" * 200}),
+            r"malformed rng state in snapshot: OverflowError",
+        ),
+        (
+            lambda s: s.update(episode_active=np.array([True, False])),
+            r"state\['episode_active'\] must be a bool, got array",
+        ),
         (
             lambda s: s.update(data={"pos": np.zeros(1)}),
             r"Drift state must hold \['history', 'pos'\], got \['pos'\]",

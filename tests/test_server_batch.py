@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from simkit.envs.batch_cartpole import BatchCartPole
 from simkit.envs.batch_cheetah import BatchCheetah
 from simkit.protocol import ClientSession, RemoteError, ResetRequest, ServerInfo, ServerSession
 from simkit.servers import BatchEnvHost, EnvListHost, RolloutServer
+from simkit.snapshot import dumps
 
 
 @pytest.fixture(scope="module")
@@ -350,3 +352,62 @@ def test_num_threads_is_checked() -> None:
         RolloutServer("simkit/CartPole-v0", 1, "inproc://x", num_threads=0)
     with pytest.raises(ValueError, match="num_threads must be a positive int, got 0"):
         EnvListHost([simkit.make("simkit/CartPole-v0")], num_threads=0)
+
+
+def _stateful_session(host: Any) -> tuple[ServerSession, ClientSession]:
+    """A session on ``host`` announcing its capabilities (``state`` among them)."""
+    info = ServerInfo(
+        "test", host.num_envs, host.observation_space, host.action_space, host.capabilities
+    )
+    server, client = ServerSession(host, info), ClientSession()
+    client.parse_hello(server.handle(client.request_hello()))
+    return server, client
+
+
+def _refused(server: ServerSession, client: ClientSession, states: list[Any]) -> RemoteError:
+    """The error reply to a ``set_state`` of ``states``."""
+    with pytest.raises(RemoteError) as info:
+        client.parse_set_state(server.handle(client.request_set_state(states)))
+    return info.value
+
+
+def test_a_refused_set_state_changes_no_env_of_an_env_list() -> None:
+    server, client = _stateful_session(
+        EnvListHost([simkit.make("simkit/CartPole-v0") for _ in range(2)])
+    )
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    old = client.parse_get_state(server.handle(client.request_get_state()))
+    for _ in range(3):
+        client.parse_step(server.handle(client.request_step(np.ones(2, np.int64))))
+    now = dumps(client.parse_get_state(server.handle(client.request_get_state())))
+    old[1]["episode_index"] = 2**64 - 1  # env 1's seeding part is out of range
+    error = _refused(server, client, old)
+    assert error.remote_code == "invalid_state"
+    assert "state['episode_index'] must be an int in [-1, 2**63 - 2]" in str(error)
+    assert dumps(client.parse_get_state(server.handle(client.request_get_state()))) == now
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda b: b.update(broken=np.array([True, False])),
+            "the batch's state 'broken' must be a bool",
+        ),
+        (lambda b: b["env"].update(obs="x"), r"state\['obs'\] must be a float32 array"),
+        (lambda b: b["env"].update(params=[{}, {}]), r"state\['params'\]\[0\] must hold a value"),
+        (lambda b: b["env"].update(root_seed=2**64 - 1), r"state\['root_seeds'\]\[0\] must be"),
+    ],
+)
+def test_a_refused_batch_host_set_state_changes_nothing(change: Any, match: str) -> None:
+    server, client = _stateful_session(BatchEnvHost(BatchCartPole(num_envs=2)))
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    client.parse_step(server.handle(client.request_step(np.ones(2, np.int64))))
+    states = client.parse_get_state(server.handle(client.request_get_state()))
+    before = dumps(states)
+    change(states[0]["batch"])
+    error = _refused(server, client, states)
+    assert error.remote_code == "invalid_state"
+    assert re.search(match, str(error))
+    assert dumps(client.parse_get_state(server.handle(client.request_get_state()))) == before
+    client.parse_step(server.handle(client.request_step(np.ones(2, np.int64))))

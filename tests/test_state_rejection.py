@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simkit
+from simkit._state import check_observation
 from simkit.errors import InvalidState
 from simkit.snapshot import states_equal
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
@@ -278,3 +279,53 @@ def _plain(x: Any) -> Any:
     if isinstance(x, np.generic):
         return x.item()
     return x
+
+
+_OBS_SPACE = spaces.Dict(
+    {
+        "pos": spaces.Box(-1, 1, shape=(2,), dtype=np.float32),
+        "pair": spaces.Tuple((spaces.Discrete(3, start=1), spaces.MultiBinary(2))),
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "rows", "match"),
+    [
+        ({"pos": np.zeros(2, np.float32)}, None, r"obs must be a dict of keys \['pair', 'pos'\]"),
+        (
+            {"pos": np.zeros(2, np.float64), "pair": (1, np.zeros(2, np.int8))},
+            None,
+            r"obs\['pos'\] must be a float32 array of shape \(2,\), got float64",
+        ),
+        (
+            {"pos": np.zeros(2, np.float32), "pair": [1]},
+            None,
+            r"obs\['pair'\] must be a tuple of 2 entries, got 1 entries",
+        ),
+        (
+            {"pos": np.zeros(2, np.float32), "pair": (0, np.zeros(2, np.int8))},
+            None,
+            r"obs\['pair'\]\[0\] must be an int in \[1, 4\), got 0",
+        ),
+        (
+            {"pos": np.zeros((3, 2), np.float32), "pair": (np.ones(3, np.int64), "x")},
+            3,
+            r"obs\['pair'\]\[1\] must be a int8 array of shape \(3, 2\), got str",
+        ),
+    ],
+)
+def test_a_snapshot_observation_must_fit_the_space(value: Any, rows: Any, match: str) -> None:
+    with pytest.raises(InvalidState, match=match):
+        check_observation(_OBS_SPACE, value, "obs", rows)
+
+
+def test_snapshot_observations_that_fit_pass() -> None:
+    check_observation(
+        _OBS_SPACE, {"pos": np.zeros(2, np.float32), "pair": [2, np.ones(2, np.int8)]}, "obs"
+    )
+    batch = {
+        "pos": np.zeros((3, 2), np.float32),
+        "pair": (np.ones(3, np.int64), np.ones((3, 2), np.int8)),
+    }
+    check_observation(_OBS_SPACE, batch, "obs", rows=3)

@@ -169,6 +169,28 @@ def test_bad_snapshots_are_refused_and_the_session_is_unchanged(
         ({"env_offset": 2}, "invalid_state", r"differs in \['env_offset'\]"),
         ({"envs": {**snap.envs, "num_envs": 3}}, "invalid_state", "snapshot rejected"),
     ]
+    envs = snap.envs
+    plain_rng = envs["envs"][0]["rng"]
+    wide_rng = {
+        **plain_rng,
+        "state": {**plain_rng["state"], "state": {"__int__": "0x" + "f" * 200}},
+    }
+    refused_envs = [
+        ({"root_seeds": [2**64 - 1, 1, 1, 1]}, r"root_seeds'\]\[0\] must be None or an int"),
+        ({"episode_index": np.array([-7, 0, 0, 0])}, r"episode_index'\]\[0\] must be an int"),
+        ({"pending_reset": np.array([True])}, r"pending_reset'\] must be a bool array of shape"),
+        (
+            {"envs": [{**envs["envs"][0], "params": {}}, *envs["envs"][1:]]},
+            r"params'\] must hold a value for each declared parameter",
+        ),
+        (
+            {"envs": [{**envs["envs"][0], "rng": wide_rng}, *envs["envs"][1:]]},
+            "malformed rng state in snapshot: OverflowError",
+        ),
+    ]
+    bad_cases += [
+        ({"envs": {**envs, **change}}, "invalid_state", match) for change, match in refused_envs
+    ]
     with _stream([eps[1]], "simkit/CartPole-v0", 4) as stream:
         for change, code, match in bad_cases:
             bad = SessionSnapshot.from_plain({**fields, **change})

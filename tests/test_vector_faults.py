@@ -15,6 +15,7 @@ from simkit._seeding import episode_seed
 from simkit._types import StepFault
 from simkit.envs.goal_nav import GoalNav
 from simkit.errors import InvalidState
+from simkit.snapshot import dumps, loads
 from simkit.vector import MultiAgentVectorEnv, VectorEnv
 
 
@@ -195,3 +196,100 @@ def test_multi_agent_snapshots_need_simkit_envs() -> None:
         vec.get_state()
     with pytest.raises(TypeError, match="snapshots need simkit envs"):
         vec.get_env_states([0])
+
+
+def _cartpoles() -> VectorEnv:
+    vec = VectorEnv("simkit/CartPole-v0", 2)
+    vec.reset(seed=0)
+    vec.step(np.ones(2, np.int64))
+    return vec
+
+
+def _set_bad_env_state(vec: VectorEnv, change: Any) -> None:
+    states = vec.get_env_states(np.arange(2))
+    change(states)
+    vec.set_env_states(np.arange(2), states)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda s: s[1].update(episode_index=2**64 - 1),
+            r"state\['episode_index'\] must be an int in \[-1, 2\*\*63 - 2\], got 18446744073709551615",
+        ),
+        (
+            lambda s: s[1].update(root_seed=2**63),
+            r"state\['root_seed'\] must be None or an int in \[0, 2\*\*63\), got 9223372036854775808",
+        ),
+        (lambda s: s[1].update(episode_index=-2), r"episode_index'\] must be an int in \[-1"),
+        (
+            lambda s: s[0].update(obs="not an observation"),
+            r"state\['obs'\] must be a float32 array of shape \(4,\), got str",
+        ),
+        (
+            lambda s: s[0].update(obs=np.zeros(3, np.float32)),
+            r"state\['obs'\] must be a float32 array of shape \(4,\), got float32 array of shape",
+        ),
+        (
+            lambda s: s[0]["env"].update(params={}),
+            r"state\['params'\] must hold a value for each declared parameter \['cart_mass'",
+        ),
+        (
+            lambda s: s[1]["env"]["params"].update(gravity=-1e300),
+            r"value for 'gravity' must lie in its declared domain",
+        ),
+    ],
+)
+def test_a_refused_per_env_snapshot_changes_no_env(change: Any, match: str) -> None:
+    vec = _cartpoles()
+    before = dumps(vec.get_state())
+    with pytest.raises(InvalidState, match=match):
+        _set_bad_env_state(vec, change)
+    assert dumps(vec.get_state()) == before
+    vec.step(np.ones(2, np.int64))  # still steps
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda s: s.update(root_seeds=[2**64 - 1, 1]),
+            r"state\['root_seeds'\]\[0\] must be None or an int in \[0, 2\*\*63\)",
+        ),
+        (
+            lambda s: s.update(episode_index=np.array([-7, 0])),
+            r"state\['episode_index'\]\[0\] must be an int in \[-1, 2\*\*63 - 2\], got -7",
+        ),
+        (
+            lambda s: s.update(env_offset=2**63 - 1),
+            r"state\['env_offset'\] must be an int in \[0, 9223372036854775806\]",
+        ),
+        (
+            lambda s: s.update(pending_reset=np.array([True])),
+            r"state\['pending_reset'\] must be a bool array of shape \(2,\), got bool array of "
+            r"shape \(1,\)",
+        ),
+        (
+            lambda s: s["envs"][0].update(params={}),
+            r"state\['params'\] must hold a value for each declared parameter",
+        ),
+        (
+            lambda s: s["envs"][1]["rng"]["state"].update(state={"__int__": "0x" + "f" * 200}),
+            r"malformed rng state in snapshot: OverflowError",
+        ),
+        (
+            lambda s: s.update(envs=s["envs"][:1]),
+            r"state\['envs'\] holds 1 env states, this vector has 2",
+        ),
+    ],
+)
+def test_a_refused_vector_snapshot_changes_nothing(change: Any, match: str) -> None:
+    vec = _cartpoles()
+    before = dumps(vec.get_state())
+    bad = loads(before)
+    change(bad)
+    with pytest.raises(InvalidState, match=match):
+        vec.set_state(bad)
+    assert dumps(vec.get_state()) == before
+    vec.step(np.ones(2, np.int64))

@@ -327,7 +327,7 @@ class VectorCore(abc.ABC):
         self._require_idle("reset()")
         ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
         plan = plan_env_resets(
-            self.seeds, ids, seed=seed, seeds=seeds, options=options, params=params
+            self.seeds, ids, seed=seed, seeds=seeds, options=options, params=params, envs=self.envs
         )
         infos: list[dict[str, Any]] = []
         for i, env_seed, opts in plan:
@@ -404,9 +404,15 @@ class VectorCore(abc.ABC):
             raise InvalidState(
                 f"state format must be {VECTOR_STATE_FORMAT}, got {state['format']!r}"
             )
-        n = self.num_envs
-        if state["num_envs"] != n or len(state["envs"]) != n:
-            raise InvalidState(f"state holds {state['num_envs']} envs, this vector has {n}")
+        n, envs = self.num_envs, state["envs"]
+        if not isinstance(envs, list | tuple):
+            raise InvalidState(
+                f"state['envs'] must be a list of {n} env states, got {type(envs).__name__}"
+            )
+        if state["num_envs"] != n:
+            raise InvalidState(f"state holds {state['num_envs']!r} envs, this vector has {n}")
+        if len(envs) != n:
+            raise InvalidState(f"state['envs'] holds {len(envs)} env states, this vector has {n}")
         self._require_idle("set_state()")
         seeds = EpisodeSeeds.parse_state(state, n)
         apply_rows = self._restore_rows(state)
