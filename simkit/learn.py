@@ -14,6 +14,7 @@ The names are also attributes of ``simkit`` itself (``simkit.train``), imported 
 
 from __future__ import annotations
 
+import numbers
 import re
 import sys
 from collections.abc import Collection
@@ -109,7 +110,11 @@ def python_words(text: str) -> str:
     ``algo='sac'``."""
     text = re.sub(r"(?<![\w-])--algo (ppo|sac)\b", r"algo='\1'", text)
     text = _FLAG_NUMBER.sub(lambda m: f"{m.group(1).replace('-', '_')}={m.group(2)}", text)
-    return _FLAG.sub(lambda m: m.group(1).replace("-", "_"), text)
+    return _FLAG.sub(lambda m: _KEYWORDS.get(m.group(1), m.group(1).replace("-", "_")), text)
+
+
+_KEYWORDS = {"env-kwarg": "env_kwargs", "no-progress": "progress=False"}
+"""The flags whose keyword is not their name in Python's spelling."""
 
 
 def _train(env: str | PPOArgs | SACArgs, keywords: dict[str, Any]) -> TrainResult:
@@ -217,12 +222,15 @@ def evaluate(
     ``render`` also writes a video of them (``.mp4``, ``.gif``).
 
     Raises:
+        TypeError: ``episodes`` or ``fps`` not an int (a float, a str, a bool).
         ValueError: ``episodes`` or ``fps`` below 1; ``render`` of an env without frames.
         simkit.errors.InvalidCheckpoint: a path that holds no valid policy.
     """
     for name, value in (("episodes", episodes), ("fps", fps)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+        whole = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+        if not whole or value < 1:
+            error = ValueError if whole else TypeError
+            raise error(f"{name} must be a whole number >= 1, got {value!r}")
     loaded = policy if isinstance(policy, Policy) else load_policy(policy, trust=trust)
     return evaluate_model(
         loaded.model, loaded.env_id, episodes=episodes, seed=seed, render=render, fps=fps

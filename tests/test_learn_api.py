@@ -4,6 +4,7 @@ SIMKIT_MAX_TOTAL_STEPS, the cap on every run's total steps that the docs' test t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -190,3 +191,102 @@ def test_every_train_flag_is_a_keyword_of_simkit_train() -> None:
     python_only = {"tensorboard", "max_rounds", "handle_signals"}
     assert flags - keywords == set()
     assert keywords - flags - python_only == set()
+
+
+def test_the_record_dir_is_checked_in_the_shared_path(tmp_path: Path) -> None:
+    """``record`` is refused before anything starts from Python as on the command line:
+    the run's own logdir (the run's lock collided with itself: RecordingLocked naming this
+    very process), a file, or another run's recording (a new run appended to it)."""
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"^record .*run must not be the logdir \(use e\.g\. "):
+        simkit.train("simkit/CartPole-v0", total_steps=256, logdir=run, record=run, servers=0)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ValueError, match=r"^record .*afile: a file, not a folder$"):
+        simkit.train("simkit/CartPole-v0", logdir=tmp_path / "r2", record=afile, servers=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    from simkit.recording import RecordingReader
+
+    rec = tmp_path / "rec"
+    simkit.train("simkit/CartPole-v0", total_steps=256, logdir=run, record=rec, servers=0, **TINY)
+    episodes = len(RecordingReader(rec))
+    with pytest.raises(ValueError, match=rf"^record {rec} already holds a recording \({episodes} "):
+        simkit.train(
+            "simkit/CartPole-v0", total_steps=256, logdir=tmp_path / "o", record=rec, servers=0
+        )
+    assert len(RecordingReader(rec)) == episodes
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_memory_and_env_kwargs_checks_run_from_python_too(tmp_path: Path) -> None:
+    """What the command line refused in one line (settings that do not fit this machine,
+    constructor arguments the env refuses) was a MemoryError and a raw TypeError of the
+    env's constructor from :func:`simkit.train`: both are checked in :func:`plan`."""
+    with pytest.raises(ValueError, match=r"^num_envs=1,000,000,000 x num_steps=2 \(.* needs "):
+        simkit.train(
+            "simkit/CartPole-v0", num_envs=10**9, num_steps=2, servers=0, logdir=tmp_path / "a"
+        )
+    with pytest.raises(
+        ValueError, match=r"^env_kwargs bogus=1: simkit/CartPole-v0 cannot be made with it: "
+    ):
+        simkit.train("simkit/CartPole-v0", env_kwargs={"bogus": 1}, servers=0, logdir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_keywords_of_the_wrong_type_are_one_clear_type_error(tmp_path: Path) -> None:
+    """Every keyword's type is checked in :func:`plan`, from the settings' own field types:
+    an int is not a bool nor a str, a float takes an int, a sequence is not a scalar;
+    ``connect`` takes one endpoint as it takes a list of them."""
+    from simkit.clients.learners._train import plan
+
+    bad: dict[str, Any] = {
+        "hidden": (64, r"hidden must be a sequence of ints, got 64 \(int\)"),
+        "num_envs": ("2", r"num_envs must be an int, got '2' \(str\)"),
+        "seed": (True, r"seed must be an int, got True \(bool\)"),
+        "env_kwargs": ("x=1", r"env_kwargs must be a dict with str keys, got 'x=1' \(str\)"),
+        "logdir": (5, r"logdir must be a str, an os.PathLike or None, got 5 \(int\)"),
+        "learning_rate": ("0.1", r"learning_rate must be a number, got '0.1' \(str\)"),
+        "progress": ("yes", r"progress must be True or False, got 'yes' \(str\)"),
+        "connect": ([5], r"connect must be a str or a sequence of strs, got 5 \(int\) in \[5\]"),
+        "servers": (1.5, r"servers must be a whole number, got 1\.5"),
+    }
+    for name, (value, message) in bad.items():
+        with pytest.raises(TypeError if name != "servers" else ValueError, match=f"^{message}$"):
+            simkit.train("simkit/CartPole-v0", **{"logdir": tmp_path / "x", name: value})
+    with pytest.raises(TypeError, match=r"^env must be an env id \(str\) or PPOArgs or SACArgs"):
+        simkit.train(5)  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())
+    planned = plan("simkit/CartPole-v0", connect="tcp://127.0.0.1:5999", hidden=[8, 8])
+    assert planned.options.connect == ["tcp://127.0.0.1:5999"]  # one endpoint, not 20
+    assert planned.settings.num_envs == 1
+    assert planned.settings.hidden == (8, 8)
+    planned = plan("simkit/CartPole-v0", learning_rate=1, num_envs=np.int64(4), servers=0)
+    assert planned.settings.learning_rate == 1.0
+    assert type(planned.settings.num_envs) is int
+
+
+def test_every_setting_type_is_one_the_type_check_knows() -> None:
+    """A field of a type :func:`plan`'s type check does not know would go unchecked."""
+    import dataclasses
+
+    from simkit.clients.learners._args import PPOArgs, RunOptions, SACArgs
+    from simkit.clients.learners._train import KINDS
+
+    for cls in (PPOArgs, SACArgs, RunOptions):
+        for f in dataclasses.fields(cls):
+            assert all(kind.strip() in KINDS for kind in str(f.type).split("|")), f
+
+
+def test_evaluate_takes_whole_episodes_only(tmp_path: Path) -> None:
+    """``episodes=2.5`` played episodes and then failed on a slice index; ``"3"`` failed
+    on a comparison: refused up front, before the policy is even read."""
+    missing = tmp_path / "none"
+    for value in (2.5, "3", True):
+        with pytest.raises(
+            TypeError, match=rf"^episodes must be a whole number >= 1, got {value!r}$"
+        ):
+            simkit.evaluate(missing, episodes=value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^episodes must be a whole number >= 1, got 0$"):
+        simkit.evaluate(missing, episodes=0)
+    with pytest.raises(TypeError, match=r"^fps must be a whole number >= 1, got 2\.5$"):
+        simkit.evaluate(missing, fps=2.5)  # type: ignore[arg-type]

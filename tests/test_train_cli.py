@@ -307,11 +307,17 @@ def test_env_kwargs_reach_an_in_process_rollout_and_its_checkpoint(tmp_path: Pat
     of an in-process rollout and of the servers the run starts, is kept in the
     checkpoint and comes back on --resume (a --connect server must have been started
     with the same kwargs: tests/test_trust.py)."""
+    from simkit.cli import build_parser
+    from simkit.clients.learners._train_cli import train_keywords
+
     flags = ["--env-kwarg", "max_episode_steps=3", "--env-kwarg", "name=x"]
-    assert _settings_of("simkit/CartPole-v0", *flags).env_kwargs == {
-        "max_episode_steps": 3,
-        "name": "x",
-    }
+    ns = build_parser().parse_args(["train", "simkit/CartPole-v0", *flags])
+    assert train_keywords(ns)["env_kwargs"] == {"max_episode_steps": 3, "name": "x"}
+    with pytest.raises(  # the run makes one env with them before anything starts
+        ValueError, match=r"^--env-kwarg max_episode_steps=3, name='x': simkit/CartPole-v0 can"
+    ):
+        _settings_of("simkit/CartPole-v0", *flags)
+    assert _settings_of("simkit/CartPole-v0", *flags[:2]).env_kwargs == {"max_episode_steps": 3}
     with pytest.raises(ValueError, match="--env-kwarg takes KEY=VALUE, got 'oops'"):
         _settings_of("simkit/CartPole-v0", "--env-kwarg", "oops")
     run = ["train", "simkit/CartPole-v0", "--num-envs", "2", "--num-steps", "8"]
@@ -663,3 +669,24 @@ def test_recording_into_a_folder_another_writer_holds_is_one_line(
     assert len(err) == 1
     assert err[0].startswith(f"simkit train: recording directory '{rec}' is already being")
     assert not (tmp_path / "run" / "progress.jsonl").exists()  # refused before training
+
+
+def test_record_into_the_logdir_or_a_file_is_refused_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--record DIR`` equal to ``--logdir DIR`` collided with the run's own lock
+    ("already being written by pid <this pid>", exit 1); a ``--record`` that is a file was
+    an errno (exit 1) where ``--logdir`` of a file is one line, exit 2: both are refused
+    as bad input."""
+    run = tmp_path / "run"
+    assert _train(run, "--total-steps", "256", "--record", str(run)) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"simkit train: --record {run} must not be the --logdir (use e.g. {run / 'rec'})"
+    ]
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert _train(run, "--total-steps", "256", "--record", str(afile)) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"simkit train: --record {afile}: a file, not a folder"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from simkit._kernels import why_bits_may_differ
 from simkit._limits import Range, check_memory, check_ranges, max_threads
@@ -40,7 +44,7 @@ from simkit.clients.learners._checkpoint import (
 from simkit.clients.learners._logdir import resumed_logdir
 from simkit.clients.learners._run import Run, TrainResult, learner_of
 
-__all__ = ["Plan", "execute", "plan", "resumed_kernels"]
+__all__ = ["KINDS", "Plan", "execute", "plan", "resumed_kernels"]
 
 SERVER_BYTES = 256 << 20
 """About what one local ``simkit serve --policy`` process takes (~230 MiB resident with
@@ -86,26 +90,118 @@ class Plan:
         return None if self.checkpoint is None else self.checkpoint.state.get("kernels")
 
 
-_COUNTS = {
-    f.name
-    for cls in (PPOArgs, SACArgs, RunOptions)
-    for f in dataclasses.fields(cls)
-    if f.type in ("int", "int | None")
-}
-"""The integer keywords: a float that is a whole number (``1e6``) is taken as that integer."""
-
-
-def _whole(name: str, value: Any) -> Any:
-    """``value`` of keyword ``name``: a whole float of an integer keyword as an ``int``.
+def _an_int(value: Any) -> Any:
+    """``value`` as an ``int`` (a whole float too: ``1e6`` is how people write a million);
+    :data:`_WRONG` where it is no integer (a bool neither).
 
     Raises:
-        ValueError: a float that is not a whole number for an integer keyword.
+        ValueError: a float that is not a whole number.
     """
-    if name not in _COUNTS or not isinstance(value, float):
-        return value
-    if not value.is_integer():
-        raise ValueError(f"{flag(name)} must be a whole number, got {value}")
-    return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        if not float(value).is_integer():
+            raise ValueError(f"must be a whole number, got {value}")
+        return int(value)
+    return _WRONG
+
+
+def _a_float(value: Any) -> Any:
+    """``value`` as a ``float`` (an int too, not a bool); :data:`_WRONG` otherwise."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    return _WRONG
+
+
+def _ints(value: Any) -> Any:
+    """``value`` (a list or tuple of ints) as a tuple of ints; :data:`_WRONG` otherwise."""
+    if not isinstance(value, (list, tuple)):
+        return _WRONG
+    items = [_an_int(v) for v in value]
+    bad = next((v for v, item in zip(value, items, strict=True) if item is _WRONG), _WRONG)
+    return tuple(items) if bad is _WRONG else _Item(bad)
+
+
+def _strs(value: Any) -> Any:
+    """``value`` (one str, or a list or tuple of them) as a list of strs; :data:`_WRONG`
+    otherwise."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        return _WRONG
+    bad = next((v for v in value if not isinstance(v, str)), _WRONG)
+    return list(value) if bad is _WRONG else _Item(bad)
+
+
+def _str_keys(value: Any) -> Any:
+    """``value`` (a mapping with str keys) as a dict; :data:`_WRONG` otherwise."""
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return dict(value)
+    return _WRONG
+
+
+class _Item:
+    """A sequence of the wrong items: the first wrong one."""
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+_WRONG: Any = object()
+"""What a value of the wrong type is taken as (:data:`KINDS`)."""
+
+KINDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "int": ("an int", _an_int),
+    "float": ("a number", _a_float),
+    "bool": ("True or False", lambda v: bool(v) if isinstance(v, (bool, np.bool_)) else _WRONG),
+    "str": ("a str", lambda v: v if isinstance(v, str) else _WRONG),
+    "Path": ("an os.PathLike", lambda v: v if isinstance(v, os.PathLike) else _WRONG),
+    "None": ("None", lambda v: v if v is None else _WRONG),
+    "tuple[int, ...]": ("a sequence of ints", _ints),
+    "Sequence[str]": ("a str or a sequence of strs", _strs),
+    "dict[str, Any]": ("a dict with str keys", _str_keys),
+}
+"""Each type a field of :class:`PPOArgs`, :class:`SACArgs` or :class:`RunOptions` is
+annotated with (``int | None``: either), in the words of its refusal, and what takes a
+value as it (normalised: ``1e6`` an ``int``, ``[64, 64]`` a tuple, one endpoint a list),
+or :data:`_WRONG`."""
+
+
+def _check_types(obj: PPOArgs | SACArgs | RunOptions) -> None:
+    """Checks every field of ``obj`` against its annotated type (:data:`KINDS`), in
+    place, normalising it: ints are no bools nor strs, floats take ints, a sequence is
+    no scalar, ``connect`` takes one endpoint as a list of one.
+
+    Raises:
+        TypeError: ``"--<field> must be <kinds>, got <value> (<type>)"``.
+        ValueError: a float that is not a whole number for an integer field.
+    """
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        kinds = [k.strip() for k in str(f.type).split("|")]
+        taken: Any = _WRONG
+        try:
+            for kind in kinds:
+                taken = KINDS[kind][1](value)
+                if taken is not _WRONG and not isinstance(taken, _Item):
+                    break
+        except ValueError as exc:
+            raise ValueError(f"{flag(f.name)} {exc}") from None
+        if taken is not _WRONG and not isinstance(taken, _Item):
+            setattr(obj, f.name, taken)
+            continue
+        words = [KINDS[k][0] for k in kinds]
+        want = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+        came = f"{_shown(value)} ({type(value).__name__})"
+        if isinstance(taken, _Item):
+            came = f"{_shown(taken.item)} ({type(taken.item).__name__}) in {_shown(value)}"
+        raise TypeError(f"{flag(f.name)} must be {want}, got {came}")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, at most 100 characters."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
 
 
 def _split(keywords: dict[str, Any], cls: type[PPOArgs] | type[SACArgs]) -> dict[str, Any]:
@@ -142,14 +238,21 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
     Reads a ``resume`` checkpoint; starts nothing.
 
     Raises:
-        TypeError: an unknown keyword (the nearest named).
+        TypeError: an unknown keyword (the nearest named), a value of the wrong type
+            (the field's annotated type, :data:`KINDS`).
         ValueError: a value out of range, options of the other algorithm, a checkpoint
-            of another env or algorithm.
+            of another env or algorithm, a ``record`` folder that is the log directory, a
+            file or another run's recording, settings whose arrays do not fit the memory
+            available, ``env_kwargs`` the env refuses.
         InvalidCheckpoint: ``resume`` holds no valid checkpoint.
     """
-    keywords = {k: _whole(k, v) for k, v in keywords.items()}
+    if not isinstance(env, (str, PPOArgs, SACArgs)):
+        raise TypeError(
+            f"env must be an env id (str) or PPOArgs or SACArgs, got {_shown(env)} "
+            f"({type(env).__name__})"
+        )
     options = RunOptions(**{k: v for k, v in keywords.items() if k in _OPTIONS})
-    options.connect = list(options.connect)
+    _check_types(options)
     ckpt = None
     if options.resume is not None:  # the algorithm defaults to the checkpoint's
         ckpt = load_checkpoint(options.resume)
@@ -167,8 +270,6 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
         raise ValueError(f"--algo must be 'ppo' or 'sac', got {options.algo!r}")
     cls: type[PPOArgs] | type[SACArgs] = SACArgs if options.algo == "sac" else PPOArgs
     given = _split(keywords, cls)
-    if "hidden" in given:
-        given["hidden"] = tuple(given["hidden"])
     if not isinstance(env, str):
         if not isinstance(env, cls):
             raise ValueError(
@@ -190,6 +291,7 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
             )
         base = saved
     settings = dataclasses.replace(base, **given)
+    _check_types(settings)
     if isinstance(settings, SACArgs) and isinstance(env, str) and options.buffer_from is None:
         settings.check_learning_starts()  # as asked: the cap shortens runs for the docs' tests
     settings = capped(settings)  # $SIMKIT_MAX_TOTAL_STEPS, where set
@@ -200,6 +302,12 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
 
         check_env(settings.env_id)
     options.logdir = _logdir(options, settings)
+    _check_record(options)
+    from simkit.clients.learners._sizes import check_run_memory
+
+    # one env made with the run's kwargs, and what the run allocates against free memory
+    in_process = not options.connect and options.ray is None and not options.servers
+    check_run_memory(settings, in_process=in_process)
     return Plan(settings, options, given=list(given), checkpoint=ckpt)
 
 
@@ -241,6 +349,31 @@ def check_run_options(options: RunOptions, num_envs: int) -> None:
             f"{count} server(s) need at least one env slot each: --num-envs must be >= "
             f"{count}, got {num_envs}"
         )
+
+
+def _check_record(options: RunOptions) -> None:
+    """``record``: a folder (or none yet) apart from the log directory, holding no
+    recording unless the run is resumed (its episodes go on there).
+
+    Raises:
+        ValueError: naming the flag and what is wrong with the folder.
+    """
+    if options.record is None:
+        return
+    record, logdir = Path(options.record), Path(options.logdir or ".")
+    if record.resolve() == logdir.resolve():  # the run's lock would hold it: use DIR/rec
+        raise ValueError(f"--record {record} must not be the --logdir (use e.g. {logdir / 'rec'})")
+    if record.exists() and not record.is_dir():
+        raise ValueError(f"--record {record}: a file, not a folder")
+    if not options.resume:  # a resumed run's episodes go on in its recording
+        from simkit.recording._cli import existing_recording
+
+        held = existing_recording(record)
+        if held is not None:
+            raise ValueError(
+                f"--record {record} already holds a recording ({held}); choose another "
+                "DIR, or --resume the run that wrote it (its episodes go on there)"
+            )
 
 
 def _logdir(options: RunOptions, settings: PPOArgs | SACArgs) -> Path:

@@ -318,29 +318,11 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     from simkit.recording._format import DirectoryLock
 
     try:
-        run = plan(ns.env_id, **train_keywords(ns))
-        from simkit.clients.learners._sizes import check_run_memory
-
-        # one env made with the run's kwargs, and what the run allocates against free memory
-        check_run_memory(
-            run.settings, in_process=not ns.connect and ns.ray is None and not ns.servers
-        )
+        run = plan(ns.env_id, **train_keywords(ns))  # its memory and --record too
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
         print(f"simkit train: {exc}{_start_again(ns, exc)}", file=sys.stderr)
         return 2
     _pin_kernels(run)
-    if ns.record is not None and not ns.resume:
-        from simkit.recording._cli import existing_recording
-
-        held = existing_recording(Path(ns.record))
-        if held is not None:
-            print(
-                f"simkit train: --record {ns.record} already holds a recording ({held}); "
-                "choose another DIR, or --resume the run that wrote it (its episodes go on "
-                "there)",
-                file=sys.stderr,
-            )
-            return 2
     logdir = run.logdir
     try:
         locks.append(claim_logdir(logdir, ns.resume))
