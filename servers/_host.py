@@ -21,6 +21,7 @@ from pettingzoo import ParallelEnv
 
 from simkit._contract import ContractCore
 from simkit._multiagent import MultiAgentEnv
+from simkit._seeding import EpisodeSeeds
 from simkit._types import BatchStep, MultiAgentBatchStep, StepFault
 from simkit.errors import UnknownEnv
 from simkit.protocol import EnvFault, ResetRequest, Unsupported, error_code_of
@@ -168,15 +169,28 @@ class VectorHost(Generic[StepT]):
         several servers into one vector). ``seed`` (root), ``seeds`` (``seeds[k]`` for
         ``env_ids[k]`` exactly) or neither (each env's next episode).
 
+        A refused request keeps the seeding as it was (``env_offset``, roots, episode
+        counters): overrides are refused before any env moves, and if an env raises in
+        its reset the bookkeeping is put back.
+
         Returns:
             The observation rows and per-row infos of ``env_ids``.
         """
         r = request
         require_params_capability(self.capabilities, r.options, r.params)
-        self.vector.seeds.env_offset = r.env_offset
-        out: tuple[Any, list[dict[str, Any]]] = self.vector.reset_envs(
-            r.env_ids, seed=r.seed, seeds=r.seeds, options=r.options, params=r.params
-        )
+        seeding = self.vector.seeds
+        kept = seeding.get_state()
+        seeding.env_offset = r.env_offset
+        try:
+            out: tuple[Any, list[dict[str, Any]]] = self.vector.reset_envs(
+                r.env_ids, seed=r.seed, seeds=r.seeds, options=r.options, params=r.params
+            )
+        except BaseException:
+            # Overrides are checked before anything moves (the vector's plan); what is
+            # left is an env raising in its reset. The offset and the counters go back,
+            # so the same request again gets the same seeds.
+            seeding.set_state(EpisodeSeeds.parse_state(kept, self.num_envs))
+            raise
         return out
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[StepT, list[EnvFault]]:

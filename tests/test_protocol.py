@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgpack
@@ -448,6 +449,77 @@ def test_per_env_seeds_and_params() -> None:
     assert reset.infos[0]["params"]["gravity"] == 9.5
     with pytest.raises(RemoteError, match=r"\[invalid_parameter\].*unknown randomization"):
         client.parse_reset(server.handle(client.request_reset(params=[{"wind": 1.0}, {}])))
+
+
+def _seeding_and_envs(server: ServerSession) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What a reset may change: the host's seeding bookkeeping and every env's snapshot."""
+    host = server.host
+    return host.vector.seeds.get_state(), host.get_state(np.arange(host.num_envs))
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "match"),
+    [
+        ({"seed": 9, "params": [{}, {"bogus": 1.0}]}, "invalid_parameter", "unknown .*'bogus'"),
+        ({"params": [{}, {"gravity": -1.0}]}, "invalid_parameter", "declared domain"),
+        ({"options": {"params": [{"gravity": 9.8}]}}, "invalid_parameter", "got list"),
+        ({"options": {"params": "gravity"}}, "invalid_parameter", "got str"),
+        ({"seed": 9, "env_offset": 2**63 - 1}, "invalid_field", r"\[0, 9223372036854775806\]"),
+        ({"env_offset": 2**64 - 1}, "invalid_field", "must fit int64"),
+    ],
+)
+def test_a_refused_reset_changes_no_env_and_no_seeding(
+    body: dict[str, Any], code: str, match: str
+) -> None:
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(2)])
+    client.parse_reset(server.handle(client.request_reset(seed=0, env_offset=3)))
+    client.parse_step(server.handle(client.request_step(np.array([0, 1]))))
+    seeding, envs = _seeding_and_envs(server)
+    reply = server.handle_message(encode(Message(kind="reset", id=7, body=body)))
+    assert reply.kind == "error"
+    assert reply.body["code"] == code
+    assert re.search(match, reply.body["message"]), reply.body["message"]
+    seeding_after, envs_after = _seeding_and_envs(server)
+    assert simkit.snapshot.states_equal(seeding, seeding_after)
+    assert all(simkit.snapshot.states_equal(a, b) for a, b in zip(envs, envs_after, strict=True))
+
+
+def test_the_largest_env_offset_is_served() -> None:
+    server, client = _ready([simkit.make("simkit/CartPole-v0") for _ in range(2)])
+    top = 2**63 - 2
+    reset = client.parse_reset(server.handle(client.request_reset(seed=4, env_offset=top)))
+    local = simkit.make("simkit/CartPole-v0")
+    assert reset.obs[1].tobytes() == local.reset(seed=episode_seed(4, top + 1, 0))[0].tobytes()
+
+
+class FailingReset(Flaky):
+    """:class:`Flaky` whose reset raises while ``fail`` is set."""
+
+    fail = False
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Any, options: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        if self.fail:
+            raise RuntimeError("reset failed")
+        return super().reset_episode(rng, params, options)
+
+
+def test_an_env_raising_in_reset_leaves_the_seeding_so_a_retry_gets_the_same_seeds() -> None:
+    def run(fail_once: bool) -> np.ndarray:
+        envs = [FailingReset(), FailingReset()]
+        server, client = _ready(envs)
+        client.parse_reset(server.handle(client.request_reset(seed=1)))
+        if fail_once:
+            envs[1].fail = True
+            seeding, _ = _seeding_and_envs(server)
+            with pytest.raises(RemoteError, match=r"\[env_error\].*reset failed"):
+                client.parse_reset(server.handle(client.request_reset(env_offset=6)))
+            assert simkit.snapshot.states_equal(seeding, _seeding_and_envs(server)[0])
+            envs[1].fail = False
+        return client.parse_reset(server.handle(client.request_reset(env_offset=6))).obs
+
+    assert run(fail_once=True).tobytes() == run(fail_once=False).tobytes()
 
 
 def test_an_env_that_raises_ends_only_its_own_episode() -> None:

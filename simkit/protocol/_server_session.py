@@ -50,6 +50,10 @@ __all__ = [
     "request_env_ids",
 ]
 
+MAX_ENV_INDEX = 2**63 - 1
+"""The largest env index the seeding derives episode seeds from: ``env_offset + i`` is
+an int64 index in :func:`simkit._seeding.episode_seeds`."""
+
 _STREAM_ONLY = frozenset(STREAM_KINDS) - set(REQUEST_KINDS) - {"stream_open"}
 """Requests of a stream session that reach a connection without one."""
 
@@ -278,9 +282,13 @@ class ServerSession(Generic[_H]):
                     got=repr(params)[:200],
                 )
         offset = body.get("env_offset", 0)
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        top = MAX_ENV_INDEX - (self.host.num_envs - 1)
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= top:
             raise InvalidField(
-                "'env_offset' must be an int >= 0", expected="int >= 0", got=repr(offset)
+                f"'env_offset' must be an int in [0, {top}]: the seeding indexes env i as "
+                f"env_offset + i, which must fit int64 for all {self.host.num_envs} envs",
+                expected=f"int in [0, {top}]",
+                got=repr(offset),
             )
         obs, infos = self.host.reset(
             ResetRequest(

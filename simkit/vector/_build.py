@@ -11,6 +11,8 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from simkit._seeding import EpisodeSeeds
+from simkit.errors import InvalidParameter
+from simkit.randomization import resolve_overrides
 from simkit.registry import make
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "gather_rows",
     "zero_row",
     "with_params",
+    "check_overrides",
     "plan_env_resets",
     "check_mask",
     "homogeneous_agent_spaces",
@@ -127,12 +130,41 @@ def zero_row(space: Any) -> Any:
 def with_params(
     options: Mapping[str, Any] | None, params: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
-    """Reset options with one env's randomization overrides merged over ``options["params"]``."""
+    """Reset options with one env's randomization overrides merged over ``options["params"]``.
+
+    Raises:
+        InvalidParameter: ``options["params"]`` is given but not a mapping (overrides are
+            merged by name, so a list or a str has no meaning here).
+    """
+    shared = None if options is None else options.get("params")
+    if shared is not None and not isinstance(shared, Mapping):
+        raise InvalidParameter(
+            "options['params'] must be a mapping of parameter name to value (per-env "
+            f"overrides go in params), got {type(shared).__name__} {shared!r:.80}"
+        )
     if not params:
         return None if options is None else dict(options)
     opts = dict(options or {})
-    opts["params"] = {**dict(opts.get("params") or {}), **dict(params)}
+    opts["params"] = {**dict(shared or {}), **dict(params)}
     return opts
+
+
+def check_overrides(env: Any, options: Mapping[str, Any] | None) -> None:
+    """Checks the randomization overrides of one env's reset ``options`` against the
+    parameters the env declares, changing nothing.
+
+    The check is :func:`simkit.randomization.resolve_overrides`, the one the env's own
+    reset applies, run before any env of a request moves or any seed is planned, so a
+    refused override leaves every env and the seeding as they were. Envs that declare
+    no ``randomization`` mapping (Gymnasium's) are left to their own reset.
+
+    Raises:
+        InvalidParameter: an unknown parameter, or a value outside its declared domain.
+    """
+    overrides = None if options is None else options.get("params")
+    declared = getattr(getattr(env, "unwrapped", env), "randomization", None)
+    if overrides and isinstance(declared, Mapping):
+        resolve_overrides(declared, overrides)
 
 
 def plan_env_resets(
@@ -143,18 +175,25 @@ def plan_env_resets(
     seeds: Sequence[int] | None,
     options: Mapping[str, Any] | None,
     params: Sequence[Mapping[str, Any] | None] | None,
+    envs: Sequence[Any],
 ) -> list[tuple[int, int | None, dict[str, Any] | None]]:
     """What a ``reset_envs`` call does to each env, in order: ``(env, seed, options)``.
 
-    The seeds come from ``seeding`` (which advances its counters): a root ``seed``,
-    explicit ``seeds`` or neither (:meth:`EpisodeSeeds.plan_reset`); the options are
-    ``options`` with ``params[k]`` merged over ``options["params"]`` (:func:`with_params`).
+    The options are ``options`` with ``params[k]`` merged over ``options["params"]``
+    (:func:`with_params`), each env's checked against what it declares
+    (:func:`check_overrides`) before anything is planned; then the seeds come from
+    ``seeding`` (which advances its counters): a root ``seed``, explicit ``seeds`` or
+    neither (:meth:`EpisodeSeeds.plan_reset`).
+
+    Raises:
+        InvalidParameter: an override of some env does not fit it; nothing changed.
     """
+    ids = env_ids.tolist()
+    opts = [with_params(options, None if params is None else params[k]) for k in range(len(ids))]
+    for i, env_opts in zip(ids, opts, strict=True):
+        check_overrides(envs[i], env_opts)
     planned = seeding.plan_reset(env_ids, seed=seed, seeds=seeds)
-    return [
-        (i, planned[k], with_params(options, None if params is None else params[k]))
-        for k, i in enumerate(env_ids.tolist())
-    ]
+    return list(zip(ids, planned, opts, strict=True))
 
 
 def check_mask(mask: Any, n: int) -> np.ndarray:
