@@ -10,6 +10,7 @@ blocks: a worker does all the stepping.
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,11 @@ from prometheus_client import CollectorRegistry
 from simkit.protocol import (
     Busy,
     Message,
+    ProtocolError,
+    SessionStateError,
     Unsupported,
+    decode,
+    encode,
     error_reply,
     message_bytes,
 )
@@ -209,7 +214,7 @@ class StreamHost:
                 return count
             identity, tag = parts[0].bytes, parts[1].bytes
             if tag == TAG_DONE:
-                self._drop(identity)
+                count += self._drop(identity, router)
                 continue
             if tag == TAG_FRAGMENT:
                 self.metrics.queue_depth.dec()
@@ -220,11 +225,51 @@ class StreamHost:
             count += 1
         return count
 
-    def _drop(self, identity: bytes) -> None:
+    def _drop(self, identity: bytes, router: zmq.Socket[Any]) -> int:
+        """Forgets a session whose worker ended; answers the requests it left in its
+        inbox; returns how many.
+
+        The worker reads no more once it ended, and until this runs the connection's
+        messages still went to its inbox (a worker can end any moment: closed, failed,
+        its policy broken). Both run in this thread, so once the session is forgotten
+        nothing new reaches the inbox and every request left there gets a
+        ``session_state`` reply: a learner hears back about each request it sent.
+        """
         worker = self.workers.get(identity)
-        if worker is not None and worker.done.is_set():
-            self._forget(identity)
-            self.metrics.sessions.set(len(self.workers))
+        if worker is None or not worker.done.is_set():
+            return 0
+        self._forget(identity)
+        self.metrics.sessions.set(len(self.workers))
+        limits = self.settings.limits if self.settings else None
+        answered = 0
+        while True:
+            try:
+                frames = worker.inbox.get_nowait()
+            except queue.Empty:
+                return answered
+            if frames is None:  # stop()'s wake-up
+                continue
+            try:
+                msg = decode(frames, limits=limits)
+            except ProtocolError as exc:
+                reply = error_reply(
+                    exc,
+                    request_id=getattr(exc, "request_id", 0),
+                    request_kind=getattr(exc, "request_kind", None),
+                )
+            else:
+                ended = SessionStateError(
+                    "this stream session has ended (closed, failed or expired) before "
+                    "handling the request; open a new one with stream_open",
+                    expected="an open stream session",
+                    got=msg.kind,
+                )
+                reply = error_reply(ended, request_id=msg.id, request_kind=msg.kind)
+            try:
+                router.send_multipart([identity, *encode(reply)], flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # the learner vanished or its queue is full
+                log.warning("dropping stream message to %s: %s", identity.hex(), exc)
+            answered += 1
 
     def _forget(self, identity: bytes) -> None:
         self.ended += 1

@@ -23,7 +23,7 @@ import zmq
 from simkit._noise import NORMAL_NOISE_VERSION
 from simkit._types import Fragment
 from simkit._version import __version__
-from simkit.errors import InvalidState, InvalidWeights, UnknownModel
+from simkit.errors import InvalidAction, InvalidState, InvalidWeights, UnknownModel
 from simkit.models import ActorCritic, ModelSpec, PolicyWeights, build_model
 from simkit.protocol import (
     InternalError,
@@ -148,6 +148,10 @@ class StreamWorker(threading.Thread):
         self._push = push
         try:
             self._serve()
+        except ProtocolError as exc:  # the session cannot go on: say why, free everything
+            log.warning("stream session %s ended: %s", self.session_name, exc)
+            self._metrics.errors.labels(exc.code).inc()
+            self._send(self.session.error(exc))
         except Exception:  # a bug: log it, tell the learner, free everything
             log.exception("stream session %s failed", self.session_name)
             err = InternalError("internal error in the stream session (a bug; see the server log)")
@@ -157,6 +161,13 @@ class StreamWorker(threading.Thread):
             if self._loop is not None:
                 self._loop.envs.close()
             self._loop = None
+            for cmd in self._deferred:  # every request is answered, these too
+                ended = SessionStateError(
+                    "the stream session ended before these weights could be applied",
+                    expected="an open stream session",
+                    got=f"weights version {cmd.version}",
+                )
+                self._refuse(ended, cmd.id, "weights")
             self._deferred.clear()
             self._held.release()
             self.envs_closed.set()
@@ -229,10 +240,23 @@ class StreamWorker(threading.Thread):
         return len(self._leaving)
 
     def _step(self, loop: RolloutLoop) -> None:
-        fragment = loop.step()
+        """One step of the session's loop; a finished fragment goes to the learner.
+
+        Raises:
+            InvalidWeightsError: the policy's outputs are not finite (weights that pass
+                every check can still overflow float32); the fragment cannot be
+                finished, so the session ends with this error.
+        """
+        try:
+            fragment = loop.step()
+        except InvalidAction as exc:  # the envs refused the policy's actions
+            raise _policy_failed(loop, f"actions the envs refuse ({exc})") from exc
         if fragment is None:
             return
         assert isinstance(fragment, Fragment)  # a session's rows are on the host
+        bad = [name for name in _POLICY_OUTPUTS if not np.isfinite(getattr(fragment, name)).all()]
+        if bad:
+            raise _policy_failed(loop, f"non-finite {', '.join(bad)} (NaN/inf)")
         frames = self.session.fragment_frames(fragment)
         self._send(frames, TAG_FRAGMENT)
         times = loop.take_times()
@@ -570,6 +594,22 @@ class StreamWorker(threading.Thread):
 
     _envs_per_step = 0
     _info_env_id = ""
+
+
+_POLICY_OUTPUTS = ("log_probs", "values", "final_values", "last_values")
+"""The fragment arrays the policy computes (its actions are checked by the envs)."""
+
+
+def _policy_failed(loop: RolloutLoop, what: str) -> InvalidWeightsError:
+    """The error that ends a session whose policy produced ``what``."""
+    version = loop.policy.version
+    return InvalidWeightsError(
+        f"policy version {version} produced {what}: its weights cannot act (values that "
+        "overflow float32, say), and the fragment cannot be finished, so the session "
+        "ended; open a new session and send weights whose outputs stay finite",
+        expected="finite policy outputs",
+        got=f"version {version}: {what}"[:200],
+    )
 
 
 MAX_DEFERRED_WEIGHTS = 2

@@ -497,6 +497,16 @@ def _broken(weights: PolicyWeights, name: str, value: np.ndarray | None) -> Poli
             ("actor.0.bias", np.array([np.inf] + [0.0] * 63, np.float32)),
             r"tensor 'actor.0.bias' has 1 non-finite",
         ),
+        (
+            ("obs_rms.var", np.array([-1.0] + [1.0] * 16)),
+            r"tensor 'obs_rms.var' holds 1 variance\(s\) < 0 \(the smallest -1.0\): "
+            r"expected every value >= 0",
+        ),
+        (
+            ("obs_rms.count", np.array(0.0)),
+            r"tensor 'obs_rms.count' must count observations: expected > 0, got 0.0",
+        ),
+        (("obs_rms.count", np.array(-3.0)), r"expected > 0, got -3.0"),
     ],
 )
 def test_set_weights_refuses_bad_tensors_and_changes_nothing(
@@ -510,6 +520,14 @@ def test_set_weights_refuses_bad_tensors_and_changes_nothing(
     with pytest.raises(InvalidWeights, match=match):
         set_weights(target, _broken(weights, *change))
     assert _same_state(before, _state(target))
+
+
+def test_a_zero_variance_is_possible_observation_statistics() -> None:
+    source = _mlp()
+    weights = get_weights(source, 1)
+    target = _mlp()
+    set_weights(target, _broken(weights, "obs_rms.var", np.zeros(17)))
+    assert float(target.obs_rms.var.abs().sum()) == 0.0
 
 
 def test_policy_weights_validate_the_version() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import subprocess
 import sys
 import time
@@ -791,3 +792,77 @@ def test_learner_and_server_of_other_normal_noise_refuse_a_gaussian_session(
             assert stream.next_fragment().num_rows == 2
     with PolicyStream(pendulum.endpoint, SPEC, num_envs=2, timeout=20) as stream:  # same
         assert stream.num_rows == 2
+
+
+def test_impossible_observation_statistics_are_invalid_weights_and_the_last_good_policy_stays(
+    serve: Servers,
+) -> None:
+    """Finite statistics with a variance < 0 or a count <= 0 would make every action NaN:
+    refused by name like any other weights that do not fit, and the session goes on."""
+    srv = serve("simkit/Pendulum-v0", num_envs=2)
+    model = _model("simkit/Pendulum-v0")
+    with PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=20) as stream:
+        good = weights_version(model, 1)
+        stream.push_weights(good)
+        for name, value, match in (
+            ("obs_rms.var", -1.0, r"'obs_rms.var' holds 3 variance\(s\) < 0"),
+            ("obs_rms.count", 0.0, r"'obs_rms.count' must count observations: expected > 0"),
+        ):
+            bad = {**good.tensors, name: np.full_like(good.tensors[name], value)}
+            with pytest.raises(RemoteError, match=match) as info:
+                stream.push_weights(PolicyWeights(2, bad))
+            assert info.value.remote_code == "invalid_weights"
+            assert "the session keeps version 1" in str(info.value)
+        fragment = stream.next_fragment()
+        assert fragment.policy_version.tolist() == [1] * 8
+        assert np.isfinite(fragment.actions).all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("env_id", ["simkit/Pendulum-v0", CARTPOLE])
+def test_a_policy_whose_outputs_overflow_ends_its_session_by_name_and_answers_every_request(
+    serve: Servers, env_id: str
+) -> None:
+    """Weights that pass every check can still overflow float32 (NaN actions for a
+    Gaussian policy, NaN log-probs for a categorical one): the session ends with
+    ``invalid_weights`` naming the version, and the requests queued for it when it ended
+    are each answered (here pings, sent while it dies)."""
+    from simkit.models import get_weights
+    from simkit.protocol import decode
+
+    srv = serve(env_id, num_envs=2)
+    tensors = get_weights(_model(env_id), 0).tensors
+    huge = {k: np.full_like(v, 3e38) if v.dtype == np.float32 else v for k, v in tensors.items()}
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(srv.endpoint)
+    client = StreamClientSession(srv.endpoint)
+    try:
+        sock.send_multipart(client.request_open(StreamConfig(model=SPEC.to_plain(), num_envs=2)))
+        assert sock.poll(20000)
+        client.parse(sock.recv_multipart())
+        sock.send_multipart(client.request_weights(0, huge))
+        sock.send_multipart(client.request_credit(1))
+        pings = set()
+        for _ in range(40):
+            request = client.request_ping()
+            pings.add(decode(request).id)
+            sock.send_multipart(request)
+            time.sleep(0.002)
+        answered: set[int] = set()
+        ended: list[dict[str, Any]] = []
+        while not (pings <= answered and ended) and sock.poll(10000):
+            reply = decode(sock.recv_multipart())
+            if reply.kind == "ping" or reply.body.get("request_kind") == "ping":
+                answered.add(reply.id)
+            elif reply.kind == "error":
+                ended.append(reply.body)
+        assert pings <= answered, f"unanswered pings {sorted(pings - answered)}"
+        assert [e["code"] for e in ended] == ["invalid_weights"], ended
+        assert re.search(r"policy version 0 produced .*session ended", ended[0]["message"])
+    finally:
+        sock.close(0)
+        ctx.term()
+    assert _wait_for(lambda: srv.stream_sessions == 0, 5)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from simkit.errors import InvalidWeights
 
 __all__ = ["RunningMeanStd"]
 
@@ -39,6 +42,34 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(float(epsilon), dtype=torch.float64))
         self._key: tuple[int, ...] = ()
         self._cache: tuple[torch.Tensor, torch.Tensor] = (self.mean, self.var)
+
+    @staticmethod
+    def check_statistics(tensors: Mapping[str, np.ndarray], prefix: str) -> None:
+        """Checks statistics about to be loaded into a ``RunningMeanStd`` (the state-dict
+        entries ``prefix + "var"`` and ``prefix + "count"``), changing nothing.
+
+        Finite statistics can still be impossible: a variance below 0 makes the scale
+        ``1 / sqrt(var + 1e-8)`` NaN and a count of 0 or less is no count of
+        observations; either would turn every observation into NaN and the policy's
+        actions with it. dtypes, shapes and finiteness are checked before this
+        (:func:`simkit.models.check_weights`).
+
+        Raises:
+            InvalidWeights: a variance < 0 or a count <= 0, naming the tensor, the
+                expected range and what came.
+        """
+        var, count = tensors[prefix + "var"], tensors[prefix + "count"]
+        if var.size and float(var.min()) < 0:
+            bad = int((var < 0).sum())
+            raise InvalidWeights(
+                f"tensor {prefix + 'var'!r} holds {bad} variance(s) < 0 (the smallest "
+                f"{float(var.min())!r}): expected every value >= 0"
+            )
+        if not float(count) > 0:
+            raise InvalidWeights(
+                f"tensor {prefix + 'count'!r} must count observations: expected > 0, "
+                f"got {float(count)!r}"
+            )
 
     @torch.no_grad()
     def update(self, x: Any) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from simkit.errors import InvalidWeights
+from simkit.models._normalize import RunningMeanStd
 from simkit.models._spec import ModelSpec
 from simkit.protocol._spaces import DTYPES
 
@@ -99,9 +100,15 @@ def get_weights(model: nn.Module, version: int) -> PolicyWeights:
 def check_weights(model: nn.Module, weights: PolicyWeights) -> None:
     """Validates ``weights`` against ``model`` without changing it.
 
+    Beyond each tensor's dtype, shape and finiteness, the observation statistics of
+    every :class:`RunningMeanStd` in the model must be possible ones
+    (:meth:`RunningMeanStd.check_statistics`): finite but impossible statistics make
+    every normalised observation, and so every action, NaN.
+
     Raises:
-        InvalidWeights: names missing or unexpected, or a tensor with the wrong dtype
-            or shape or with NaN/inf; the message names the tensor, expected and actual.
+        InvalidWeights: names missing or unexpected, a tensor with the wrong dtype or
+            shape or with NaN/inf, or observation statistics with a variance < 0 or a
+            count <= 0; the message names the tensor, expected and actual.
     """
     if not isinstance(weights, PolicyWeights):
         raise InvalidWeights(f"weights must be PolicyWeights, got {type(weights).__name__}")
@@ -130,6 +137,9 @@ def check_weights(model: nn.Module, weights: PolicyWeights) -> None:
             raise InvalidWeights(
                 f"tensor {name!r} has {bad} non-finite value(s) (NaN/inf): expected finite"
             )
+    for prefix, module in model.named_modules():
+        if isinstance(module, RunningMeanStd):
+            module.check_statistics(weights.tensors, f"{prefix}." if prefix else "")
 
 
 def set_weights(model: nn.Module, weights: PolicyWeights) -> None:
