@@ -69,6 +69,14 @@ _REFILL_ROWS = 2048
 """Rows read from those held ahead after which the next read tops every env up (under
 a shared root): refills of about this many rows, a few steps apart."""
 
+
+def max_env_offset(num_envs: int) -> int:
+    """The largest ``env_offset`` of ``num_envs`` envs: every env's index
+    ``env_offset + i`` must fit int64, as the seeds' derivation needs (one bound for a
+    reset's offset and a snapshot's)."""
+    return MAX_ROOT_SEED + 1 - max(num_envs, 1)
+
+
 _M32 = 0xFFFFFFFF
 _INIT_A = 0x43B0D7E5
 _MULT_A = 0x931E8875
@@ -1151,7 +1159,7 @@ class EpisodeSeeds:
             k = int(np.flatnonzero((arr < -1) | (arr > MAX_EPISODE_INDEX))[0])
             raise _out_of_range(f"state['episode_index'][{k}]", _EPISODE_RANGE, int(arr[k]))
         offset = state.get("env_offset", 0)
-        top = MAX_ROOT_SEED + 1 - max(num_envs, 1)
+        top = max_env_offset(num_envs)
         if not _is_int(offset, 0) or offset > top:
             expected = f"an int in [0, {top}] (every env index must fit int64)"
             raise _out_of_range("state['env_offset']", expected, offset)

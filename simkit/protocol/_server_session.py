@@ -13,6 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from gymnasium import spaces
 
+from simkit._seeding import max_env_offset
 from simkit._types import BatchStep
 from simkit._validation import checked_env_ids
 from simkit.protocol._codec import (
@@ -49,10 +50,6 @@ __all__ = [
     "is_keepalive",
     "request_env_ids",
 ]
-
-MAX_ENV_INDEX = 2**63 - 1
-"""The largest env index the seeding derives episode seeds from: ``env_offset + i`` is
-an int64 index in :func:`simkit._seeding.episode_seeds`."""
 
 _STREAM_ONLY = frozenset(STREAM_KINDS) - set(REQUEST_KINDS) - {"stream_open"}
 """Requests of a stream session that reach a connection without one."""
@@ -282,7 +279,7 @@ class ServerSession(Generic[_H]):
                     got=repr(params)[:200],
                 )
         offset = body.get("env_offset", 0)
-        top = MAX_ENV_INDEX - (self.host.num_envs - 1)
+        top = max_env_offset(self.host.num_envs)
         if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset <= top:
             raise InvalidField(
                 f"'env_offset' must be an int in [0, {top}]: the seeding indexes env i as "
