@@ -523,3 +523,24 @@ def test_the_row_face_is_the_step_without_infos(env_id: str) -> None:
     assert ended > 0
     rows.close()
     typed.close()
+
+
+@pytest.mark.parametrize("multi_agent", [False, True])
+def test_a_reset_refused_for_an_override_advances_no_episode_counter(multi_agent: bool) -> None:
+    """Gymnasium-style ``reset(options={"params": ...})`` of every env: an override no
+    env declares is refused before any seed is planned, so the next reset draws what it
+    would have drawn (before, every env's episode counter advanced first)."""
+    from simkit.errors import InvalidParameter
+
+    def make() -> Any:
+        if multi_agent:
+            return MultiAgentVectorEnv("simkit/GoalNav-v0", 2)
+        return simkit.vector.make_vec("simkit/CartPole-v0", 2)
+
+    refused, plain = make(), make()
+    for vec in (refused, plain):
+        vec.reset(seed=3)
+    with pytest.raises(InvalidParameter, match="bogus"):
+        refused.reset(options={"params": {"bogus": 1}})
+    assert refused.episode_index.tolist() == [0, 0]
+    np.testing.assert_array_equal(refused.reset()[0], plain.reset()[0])

@@ -29,7 +29,7 @@ from simkit._state import restore_all
 from simkit._types import StepFault
 from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import InvalidState, ResetNeeded
-from simkit.vector._build import gather_rows, plan_env_resets
+from simkit.vector._build import check_overrides, gather_rows, plan_env_resets
 from simkit.vector._pool import WorkerPool
 
 __all__ = ["VectorCore", "VECTOR_STATE_FORMAT"]
@@ -280,6 +280,14 @@ class VectorCore(abc.ABC):
             self._info_rows[base + s] = info
             self._reset_info_rows[base + s] = None
         return infos
+
+    def _reset_every(self, ids: np.ndarray, seed: Any, options: dict[str, Any] | None) -> None:
+        """A Gymnasium-style reset of ``ids`` with one ``options`` for all: every env's
+        overrides are checked (:func:`check_overrides`) before the seeds are planned, so
+        a refused reset advances no episode counter."""
+        for i in ids.tolist():
+            check_overrides(self.envs[i], options)
+        self._reset_many(ids, self.seeds.plan(ids, seed), options)
 
     def _reset_many(
         self, ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None

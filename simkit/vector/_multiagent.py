@@ -194,7 +194,7 @@ class MultiAgentVectorEnv(VectorCore):
             ``(obs, agent_mask, infos)`` over all rows.
         """
         ids = np.arange(self.num_envs)
-        self._reset_many(ids, self.seeds.plan(ids, seed), options)
+        self._reset_every(ids, seed, options)
         infos = [self._info_rows[r] for r in range(self.num_rows)]
         return self._gather(self._obs_rows, np.arange(self.num_rows)), self._mask.copy(), infos
 

@@ -231,7 +231,7 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
             if not self._has_reset and not mask.all():
                 raise ResetNeeded("the first reset() must reset every env")
         ids = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
-        self._reset_many(ids, self.seeds.plan(ids, seed), opts)
+        self._reset_every(ids, seed, opts)
         infos: dict[str, Any] = {}
         for i in ids:
             infos = self._add_info(infos, self._info_rows[i], int(i))
