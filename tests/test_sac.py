@@ -285,6 +285,41 @@ def test_record_keeps_verifiable_episodes_and_the_summary_names_the_recording(
     np.testing.assert_array_equal(buf.next_obs[np.flatnonzero(buf.truncated)], finals)
 
 
+def test_a_resumed_recording_holds_the_uninterrupted_runs_episodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SAC's run records through the same recorder state in its checkpoints as PPO's:
+    the episodes in flight at the cut (Pendulum's are 200 steps: 150 steps into the
+    first) are written whole, seeded, and the resume without --record records on."""
+    from simkit.cli import main
+    from simkit.recording import RecordingReader
+
+    def train(logdir: Path, total: int) -> None:
+        code = main(
+            [
+                "train", ENV, "--algo", "sac", "--servers", "0", "--total-steps", str(total),
+                "--num-envs", "2", "--learning-starts", "50", "--batch-size", "16",
+                "--hidden", "16", "16", "--buffer-size", "500", "--logdir", str(logdir),
+                "--no-progress", "--record", str(logdir / "rec"),
+            ]
+        )  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+
+    train(tmp_path / "whole", 600)
+    train(tmp_path / "cut", 300)
+    resume = ["train", ENV, "--resume", str(tmp_path / "cut"), "--total-steps", "600"]
+    assert main([*resume, "--no-progress"]) == 0, capsys.readouterr().err
+    whole, cut = (list(RecordingReader(tmp_path / d / "rec")) for d in ("whole", "cut"))
+    assert len(cut) == len(whole) == 2
+    for x, y in zip(whole, cut, strict=True):
+        assert x.seed is not None
+        assert (x.seed, x.origin) == (y.seed, y.origin)
+        np.testing.assert_array_equal(x.obs, y.obs)
+        np.testing.assert_array_equal(x.actions, y.actions)
+        np.testing.assert_array_equal(x.policy_version, y.policy_version)
+    assert main(["replay", str(tmp_path / "cut" / "rec"), "--verify"]) == 0
+
+
 def test_progress_ends_with_the_runs_last_round(tmp_path: Path) -> None:
     import json
 

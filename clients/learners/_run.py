@@ -23,6 +23,7 @@ algorithm owns the loop, the run offers the rest).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import signal
 import sys
@@ -238,11 +239,15 @@ class RunTally:
 
 def restore_rollout(
     source: FragmentSource, state: dict[str, Any], kind: str, noise_kind: str
-) -> None:
+) -> bool:
     """Restores a checkpoint's rollout state into ``source`` (of ``kind``, ``"local"``,
     ``"device"`` or ``"servers"``; its policy's noise of ``noise_kind``), or says on stderr
     why the envs start afresh: the checkpoint's rollout ran the other way, or sampled
-    Gaussian actions from other normal noise (the learner still resumes exactly)."""
+    Gaussian actions from other normal noise (the learner still resumes exactly).
+
+    Returns:
+        Whether the envs go on exactly where the checkpoint's stopped (their snapshots
+        were restored; not for envs without snapshots or an async checkpoint's)."""
     saved = state.get("source_kind", "local")
     noise = int(state.get("normal_noise", 1))
     if noise_kind == "normal" and noise != NORMAL_NOISE_VERSION:
@@ -253,13 +258,22 @@ def restore_rollout(
     elif saved != kind or state.get("source") is None:
         why = f"state is from {saved!r} and this run rolls out through {kind!r}"
     else:
-        source.set_state(state["source"])
-        return
+        restored = state["source"]
+        source.set_state(restored)
+        return restored.get("sessions" if kind == "servers" else "loop") is not None
     print(
         f"simkit train: the checkpoint's rollout {why}: the learner resumes exactly, the "
         "envs start afresh",
         file=sys.stderr,
     )
+    return False
+
+
+def _in_flight(recorder_state: dict[str, Any]) -> int:
+    """Episodes a checkpoint's recorder state holds in flight (with a step so far)."""
+    slots = recorder_state.get("slots") or []
+    steps = [s.get("steps") for s in slots if isinstance(s, dict)]
+    return sum(1 for x in steps if isinstance(x, dict) and x.get("length"))
 
 
 @contextlib.contextmanager
@@ -386,6 +400,7 @@ class Run:
         Raises:
             ValueError: ``record`` of a ``gym:`` env (replay re-simulates with simkit.make).
         """
+        self._keep_recording()
         if self.options.record is not None and settings.env_id.startswith("gym:"):
             raise ValueError(
                 "--record needs a simkit env (replay re-simulates it with simkit.make), "
@@ -395,6 +410,22 @@ class Run:
         if self.ckpt is not None:
             trim_progress(self.logdir / "progress.jsonl", done)
         set_compute_threads(settings.torch_threads)
+
+    def _keep_recording(self) -> None:
+        """A resumed run whose checkpoint recorded (``record``) and that names no
+        ``record`` records on into the checkpoint's directory, saying so on stderr."""
+        saved = None if self.ckpt is None else self.ckpt.state.get("recorder")
+        if self.options.record is not None or not isinstance(saved, dict):
+            return
+        directory = saved.get("directory")
+        if not isinstance(directory, str) or not directory:
+            return
+        self.options = dataclasses.replace(self.options, record=directory)
+        print(
+            f"simkit train: --resume: the checkpoint's run recorded into {directory}: its "
+            "episodes go on there (as if --record were given)",
+            file=sys.stderr,
+        )
 
     def use_device(self, pick: DevicePick) -> Any:
         """The learner's device of ``pick``, kept for the result; for ``--device auto``,
@@ -473,9 +504,53 @@ class Run:
         if self.ckpt is None:
             return
         try:
-            restore_rollout(self.source, self.ckpt.state, self.kind, self.noise_kind)
+            exact = restore_rollout(self.source, self.ckpt.state, self.kind, self.noise_kind)
         except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
             raise InvalidCheckpoint(f"{self.ckpt.path}: cannot restore the rollout: {exc}") from exc
+        if self.recorder is not None:
+            self._restore_recorder(exact)
+
+    def _restore_recorder(self, exact: bool) -> None:
+        """On resume, the checkpoint's recorder state (its episode counters and the steps
+        of its open episodes) into the recorder, where the envs go on ``exact`` ly; else
+        one stderr line saying what the recording loses.
+
+        Raises:
+            InvalidCheckpoint: the state does not fit.
+        """
+        assert self.ckpt is not None
+        saved = self.ckpt.state.get("recorder")
+        if not isinstance(saved, dict):
+            print(
+                "simkit train: --record: the checkpoint holds no recorder state (written "
+                "before it was kept, or by a run without --record): the episodes in flight "
+                "are not recorded, and each env records from its next episode on, unseeded "
+                "(replay --verify cannot re-simulate those)",
+                file=sys.stderr,
+            )
+            return
+        if not exact:
+            print(
+                f"simkit train: --record: the envs start afresh: the {_in_flight(saved)} "
+                "episode(s) the checkpoint's recording had in flight are dropped, and each "
+                "env records from its next episode on (unseeded where the stream goes on "
+                "mid-run, as after async mode: replay --verify cannot re-simulate those)",
+                file=sys.stderr,
+            )
+            return
+        try:
+            self.recorder.set_state(saved)
+        except ValueError as exc:
+            raise InvalidCheckpoint(
+                f"{self.ckpt.path}: cannot restore the recording: {exc}"
+            ) from exc
+        if self.recorder.already_there:
+            print(
+                f"simkit train: --record: {self.options.record} holds "
+                f"{self.recorder.already_there} episode(s) the interrupted run wrote after "
+                "its checkpoint: the resumed run does not write them again",
+                file=sys.stderr,
+            )
 
     @contextlib.contextmanager
     def attaching(self) -> Iterator[None]:
@@ -674,6 +749,8 @@ class Run:
             "kernels": kernel_mode(),
             "normal_noise": NORMAL_NOISE_VERSION,
         }
+        if self.recorder is not None:  # at the source's boundary too: resumed together
+            saved["state"]["recorder"] = self.recorder.get_state()
         self.last_checkpoint = save_checkpoint(self.logdir / "checkpoints", **saved)
         self.save_policy()
         return self.last_checkpoint
