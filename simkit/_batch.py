@@ -58,7 +58,7 @@ from simkit._contract import (
     declared_state_attributes,
 )
 from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
-from simkit._state import check_observation, check_state_attributes, describe_value
+from simkit._state import check_observation, check_state_attributes, state_array
 from simkit._types import BatchStep, RowStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
@@ -1223,7 +1223,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             check_params(self.randomization, p, f"state['params'][{i}]")
             params[i] = copy.deepcopy(dict(p))
         streams = StreamTable.parse_plain(rngs, n)
-        elapsed = _per_env_array(state, "elapsed_steps", "iu", n)
+        elapsed = state_array(state["elapsed_steps"], "state['elapsed_steps']", "iu", n)
         if elapsed.size and elapsed.min() < 0:
             raise InvalidState(
                 f"state['elapsed_steps'] must be ints >= 0, got {elapsed.min()} "
@@ -1238,7 +1238,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             params,
             elapsed.astype(np.int64),
             None if limit is None else int(limit),
-            _per_env_array(state, "pending_reset", "b", n),
+            state_array(state["pending_reset"], "state['pending_reset']", "b", n),
             True,
         )
         seeds = EpisodeSeeds.parse_state(
@@ -1338,26 +1338,6 @@ def _restore_like(xp: Any, device: Any, current: Any, value: Any) -> Any:
     if xp is not np and isinstance(value, np.ndarray):
         return xp.as_tensor(value.copy(), device=device)
     return copy.deepcopy(value)
-
-
-def _per_env_array(state: Mapping[str, Any], key: str, kinds: str, n: int) -> np.ndarray:
-    """``state[key]`` as a new ``(n,)`` array whose dtype is of one of the numpy
-    ``kinds`` (``"b"`` bool, ``"iu"`` integers): values are never converted, so a float
-    or an int beyond 64 bits is refused rather than rounded or overflowed.
-
-    Raises:
-        InvalidState: anything else, naming the field, what it must be and what came.
-    """
-    got = state[key]
-    try:
-        value = np.array(got) if isinstance(got, np.ndarray | list | tuple) else None
-    except (ValueError, OverflowError):  # a ragged list
-        value = None
-    if value is None or value.dtype.kind not in kinds or value.shape != (n,):
-        what = "a bool" if kinds == "b" else "an int"
-        shown = describe_value(got if value is None else value)
-        raise InvalidState(f"state[{key!r}] must be {what} array of shape ({n},), got {shown}")
-    return value
 
 
 def _per_env_list(state: Mapping[str, Any], key: str, n: int) -> list[Any]:

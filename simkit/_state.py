@@ -29,6 +29,27 @@ def describe_value(value: Any) -> str:
     return type(value).__name__
 
 
+def state_array(value: Any, what: str, kinds: str, n: int) -> np.ndarray:
+    """A snapshot's per-row field ``value`` as a new ``(n,)`` array whose dtype is of one
+    of the numpy ``kinds`` (``"b"`` bool, ``"iu"`` integers): values are never
+    converted, so a float or an int beyond 64 bits is refused rather than rounded or
+    overflowed, and a wrong shape before anything is restored.
+
+    Raises:
+        InvalidState: anything else, naming the field (``what``), what it must be and
+            what came.
+    """
+    try:
+        array = np.array(value) if isinstance(value, np.ndarray | list | tuple) else None
+    except (ValueError, OverflowError):  # a ragged list
+        array = None
+    if array is None or array.dtype.kind not in kinds or array.shape != (n,):
+        kind = "a bool" if kinds == "b" else "an int"
+        shown = describe_value(value if array is None else array)
+        raise InvalidState(f"{what} must be {kind} array of shape ({n},), got {shown}")
+    return array
+
+
 def check_state_attributes(
     owner: str,
     names: Sequence[str],

@@ -293,3 +293,33 @@ def test_a_refused_vector_snapshot_changes_nothing(change: Any, match: str) -> N
         vec.set_state(bad)
     assert dumps(vec.get_state()) == before
     vec.step(np.ones(2, np.int64))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda s: s.update(obs_rows=s["obs_rows"][:2]), r"state\['obs_rows'\]"),
+        (lambda s: s.update(obs_rows="not observations"), r"state\['obs_rows'\]"),
+        (lambda s: s.update(obs_rows=s["obs_rows"].astype(np.float64)), r"state\['obs_rows'\]"),
+        (lambda s: s.update(agent_mask=s["agent_mask"][:2]), r"state\['agent_mask'\]"),
+        (lambda s: s.update(agent_mask=[1.5] * 6), r"state\['agent_mask'\]"),
+    ],
+)
+def test_a_refused_multi_agent_snapshot_changes_nothing(change: Any, match: str) -> None:
+    """The multi-agent rows (observations and live agents) are checked as a single
+    agent vector's are: a bad one is refused and nothing changes (before, a short
+    ``obs_rows`` raised IndexError and a float mask was taken as live agents)."""
+    vec = MultiAgentVectorEnv("simkit/GoalNav-v0", 2)
+    vec.reset(seed=0)
+    before = dumps(vec.get_state())
+    bad = loads(before)
+    change(bad)
+    with pytest.raises(InvalidState, match=match):
+        vec.set_state(bad)
+    assert dumps(vec.get_state()) == before
+    one = loads(dumps(vec.get_env_states([0])[0]))
+    change(one)
+    with pytest.raises(InvalidState, match=match):
+        vec.set_env_states([0], [one])
+    assert dumps(vec.get_state()) == before
+    vec.step(np.zeros(vec.action_space.shape, np.float32))

@@ -17,9 +17,10 @@ from gymnasium.vector.utils import batch_space, iterate
 from pettingzoo import ParallelEnv
 
 from simkit._multiagent import MultiAgentEnv
+from simkit._state import check_observation, state_array
 from simkit._types import MultiAgentBatchStep, RowStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids, validate_action
-from simkit.errors import InvalidState, ResetNeeded
+from simkit.errors import ResetNeeded
 from simkit.vector._actions import split_rows
 from simkit.vector._build import build_envs, gather_rows, homogeneous_agent_spaces, zero_row
 from simkit.vector._core import VectorCore
@@ -281,9 +282,11 @@ class MultiAgentVectorEnv(VectorCore):
         }
 
     def _restore_rows(self, state: Mapping[str, Any]) -> Callable[[], None]:
-        mask = np.asarray(state["agent_mask"], dtype=np.bool_).copy()
+        mask = state_array(state["agent_mask"], "state['agent_mask']", "b", self.num_rows)
         obs = state["obs_rows"]
-        obs_rows = [np.array(obs[r], copy=True) for r in range(self.num_rows)]
+        space = self.single_observation_space
+        check_observation(space, obs, "state['obs_rows']", rows=self.num_rows)
+        obs_rows = copy.deepcopy(list(iterate(batch_space(space, self.num_rows), obs)))
 
         def apply() -> None:
             self._mask, self._obs_rows = mask, obs_rows
@@ -301,11 +304,10 @@ class MultiAgentVectorEnv(VectorCore):
 
     def _restore_env_rows(self, state: Mapping[str, Any]) -> Callable[[int], None]:
         a = self.num_agents
-        mask = np.asarray(state["agent_mask"], dtype=np.bool_)
-        if mask.shape != (a,):
-            raise InvalidState(f"agent_mask must have shape ({a},), got {mask.shape}")
-        rows = list(iterate(batch_space(self.single_observation_space, a), state["obs_rows"]))
-        rows = copy.deepcopy(rows)
+        mask = state_array(state["agent_mask"], "state['agent_mask']", "b", a)
+        space = self.single_observation_space
+        check_observation(space, state["obs_rows"], "state['obs_rows']", rows=a)
+        rows = copy.deepcopy(list(iterate(batch_space(space, a), state["obs_rows"])))
 
         def apply(i: int) -> None:
             self._obs_rows[i * a : (i + 1) * a] = rows

@@ -19,10 +19,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from simkit._state import check_observation, describe_value
+from simkit._state import check_observation, state_array
 from simkit._types import BatchStep, RowStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids
-from simkit.errors import InvalidState, ResetNeeded
+from simkit.errors import ResetNeeded
 from simkit.vector._actions import check_batch, split_rows
 from simkit.vector._build import build_envs, check_mask, gather_rows, positive_int
 from simkit.vector._core import VECTOR_STATE_FORMAT, VectorCore
@@ -175,16 +175,7 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         return {"pending_reset": self._pending.copy()}
 
     def _restore_rows(self, state: Mapping[str, Any]) -> Callable[[], None]:
-        n, got = self.num_envs, state["pending_reset"]
-        try:
-            pending = np.array(got) if isinstance(got, np.ndarray | list | tuple) else None
-        except ValueError:  # a ragged list
-            pending = None
-        if pending is None or pending.dtype != np.bool_ or pending.shape != (n,):
-            shown = describe_value(got if pending is None else pending)
-            raise InvalidState(
-                f"state['pending_reset'] must be a bool array of shape ({n},), got {shown}"
-            )
+        pending = state_array(state["pending_reset"], "state['pending_reset']", "b", self.num_envs)
 
         def apply() -> None:
             self._pending = pending
