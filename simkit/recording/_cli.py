@@ -122,7 +122,7 @@ def _record_run(args: argparse.Namespace) -> int:
             return np.stack([np.asarray(space.sample()) for _ in range(rows)])
     else:
         try:  # before the recording directory exists: nothing is left behind
-            policy = _checkpoint_policy(args.policy, vec, args.seed)
+            policy = _checkpoint_policy(args.policy, args.env_id, vec, args.seed)
         except (SimkitError, KeyError, ValueError) as exc:
             vec.close()
             print(f"simkit record: --policy {args.policy}: {exc}", file=sys.stderr)
@@ -202,18 +202,26 @@ def _write_error(out: str, exc: BaseException) -> str:
     return str(exc)
 
 
-def _checkpoint_policy(path: str, vec: Any, seed: int) -> Any:
-    """Sampled actions of the PPO policy at ``path`` (a checkpoint or ``policy.safetensors``)."""
+def _checkpoint_policy(path: str, env_id: str, vec: Any, seed: int) -> Any:
+    """Sampled actions of the PPO policy at ``path`` (a checkpoint or ``policy.safetensors``)
+    for ``vec`` of ``env_id``; another env's policy that does not fit is named as such."""
     import torch
 
     from simkit.clients.learners._checkpoint import check_tensors, load_policy
+    from simkit.errors import SimkitError
     from simkit.models import ModelSpec, build_model, numpy_actions
 
     tensors, meta = load_policy(path)
     model = build_model(
         ModelSpec.from_plain(meta["model"]), vec.single_observation_space, vec.single_action_space
     )
-    check_tensors(Path(path), tensors, model.state_dict())  # another env's policy: one line
+    try:
+        check_tensors(Path(path), tensors, model.state_dict())
+    except SimkitError as exc:
+        trained = meta.get("env_id")
+        if isinstance(trained, str) and trained != env_id:
+            raise type(exc)(f"a policy of {trained}, which does not fit {env_id}: {exc}") from exc
+        raise
     model.load_state_dict(tensors)
     generator = torch.Generator().manual_seed(seed)
 
