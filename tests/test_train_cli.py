@@ -87,6 +87,26 @@ def test_bad_input_is_refused_before_anything_starts(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        ("gym:FrozenLake-v1", r"--algo ppo cannot learn 'gym:FrozenLake-v1': .*Box observation"),
+        ("gym:Blackjack-v1", r"--algo ppo cannot learn 'gym:Blackjack-v1': .*Tuple"),
+    ],
+)
+def test_an_env_the_policy_cannot_act_in_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], env_id: str, message: str
+) -> None:
+    """Observations the model cannot take are refused as the other bad input is (before:
+    a traceback from building the model, after the log directory was planned)."""
+    rc = main(["train", env_id, "--servers", "0", "--logdir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1
+    assert re.search(message, err[0]), err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_without_a_terminal_the_summary_is_whole_and_progress_is_plain_lines(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

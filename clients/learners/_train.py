@@ -243,7 +243,8 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
         ValueError: a value out of range, options of the other algorithm, a checkpoint
             of another env or algorithm, a ``record`` folder that is the log directory, a
             file or another run's recording, settings whose arrays do not fit the memory
-            available, ``env_kwargs`` the env refuses.
+            available, ``env_kwargs`` the env refuses, an env whose spaces the policy
+            cannot take (a model or head refusing them).
         InvalidCheckpoint: ``resume`` holds no valid checkpoint.
     """
     if not isinstance(env, (str, PPOArgs, SACArgs)):
@@ -301,6 +302,10 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
         from simkit.clients.learners._train_sac import check_env
 
         check_env(settings.env_id)
+    else:
+        from simkit.clients.learners.ppo import check_env as check_ppo_env
+
+        check_ppo_env(settings)
     options.logdir = _logdir(options, settings)
     _check_record(options)
     from simkit.clients.learners._sizes import check_run_memory

@@ -71,6 +71,7 @@ __all__ = [
     "clip_grad_norm",
     "learn",
     "build_model",
+    "check_env",
     "model_spec",
     "policy_meta",
     "ppo_probe",
@@ -614,6 +615,23 @@ def spaces_of(env_id: str) -> tuple[Any, Any]:
     which a local vector cannot hold)."""
     with closing(make_env_rows(env_id, 1)) as rows:
         return rows.observation_space, rows.action_space
+
+
+def check_env(args: PPOArgs) -> None:
+    """That the policy of ``args`` can act in its env, before anything starts: the model
+    built for the env's spaces on torch's meta device (no weights allocated, no random
+    draw), so observations the model cannot take or actions no head samples are one
+    line rather than a failure once the run has started.
+
+    Raises:
+        ValueError: the model's refusal, naming the env.
+    """
+    obs_space, act_space = spaces_of(args.env_id)
+    try:
+        with torch.device("meta"), torch.random.fork_rng(devices=[]):
+            build_from_spec(model_spec(args), obs_space, act_space)
+    except TypeError as exc:
+        raise ValueError(f"--algo ppo cannot learn {args.env_id!r}: {exc}") from None
 
 
 def policy_rows(args: PPOArgs) -> int:
