@@ -9,7 +9,7 @@ ext types or pickle are ever used. :func:`loads` is its exact inverse.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -22,6 +22,9 @@ __all__ = [
     "to_plain",
     "from_plain",
     "states_equal",
+    "first_difference",
+    "StateDifference",
+    "describe",
     "rng_to_plain",
     "rng_from_plain",
 ]
@@ -124,17 +127,117 @@ def _reject_ext(code: int, data: bytes) -> Any:
 
 def states_equal(a: Any, b: Any) -> bool:
     """Bit-exact equality of two snapshot trees (arrays by dtype, shape and bytes)."""
+    return first_difference(a, b) is None
+
+
+class StateDifference(NamedTuple):
+    """Where two snapshot trees first differ (:func:`first_difference`)."""
+
+    path: str
+    """Subscripts from the root to the differing value: ``"['data']['s']"``, ``"[2]"``;
+    ``""`` when the roots themselves differ."""
+    a: Any
+    """The first tree's value there."""
+    b: Any
+    """The second tree's value there."""
+    reason: str
+    """How they differ: ``"numpy int64 7 vs int 7"``, ``"dtype float32 vs float64"``,
+    ``"keys: only in the first ['x']"``, ``"values differ first at [1, 0]: 0.5 vs 0.25"``."""
+
+
+def first_difference(a: Any, b: Any) -> StateDifference | None:
+    """The first place where two snapshot trees differ, by the rule of
+    :func:`states_equal` (which is ``first_difference(a, b) is None``), walking mappings
+    in ``a``'s key order and sequences in order; ``None`` when they are equal.
+
+    Arrays are compared by dtype, shape and bytes, floats by their bits, mappings by
+    their keys and values, lists and tuples (alike) by length and items, and anything
+    else by type and ``==``.
+    """
+    found = _difference(a, b)
+    if found is None:
+        return None
+    keys, x, y, reason = found
+    return StateDifference("".join(reversed(keys)), x, y, reason)
+
+
+_Found = tuple[list[str], Any, Any, str]
+
+
+def _difference(a: Any, b: Any) -> _Found | None:
+    # keys are appended on the way back up (reversed by first_difference), so an
+    # equal walk builds no path strings.
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
-            return False
-        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+            return [], a, b, f"{describe(a)} vs {describe(b)}"
+        if a.dtype != b.dtype:
+            return [], a, b, f"dtype {a.dtype} vs {b.dtype}"
+        if a.shape != b.shape:
+            return [], a, b, f"shape {a.shape} vs {b.shape}"
+        if a.tobytes() != b.tobytes():
+            return [], a, b, _array_values_differ(a, b)
+        return None
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
+        if a.keys() != b.keys():
+            only_a = [k for k in a if k not in b]
+            only_b = [k for k in b if k not in a]
+            parts = [f"only in the first {only_a!r}"] * bool(only_a)
+            parts += [f"only in the second {only_b!r}"] * bool(only_b)
+            return [], a, b, f"keys: {', '.join(parts) or 'differ'}"
+        for key in a:
+            found = _difference(a[key], b[key])
+            if found is not None:
+                found[0].append(f"[{key!r}]")
+                return found
+        return None
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b, strict=True))
+        if len(a) != len(b):
+            return [], a, b, f"length {len(a)} vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            found = _difference(x, y)
+            if found is not None:
+                found[0].append(f"[{i}]")
+                return found
+        return None
     if isinstance(a, float) and isinstance(b, float):
-        return np.float64(a).tobytes() == np.float64(b).tobytes()
-    return type(a) is type(b) and a == b
+        if np.float64(a).tobytes() != np.float64(b).tobytes():
+            return [], a, b, f"{a!r} vs {b!r} (their bits differ)"
+        return None
+    if type(a) is not type(b):
+        return [], a, b, f"{describe(a)} {_short(a)} vs {describe(b)} {_short(b)}"
+    if a != b:
+        return [], a, b, f"{_short(a)} vs {_short(b)}"
+    return None
+
+
+def describe(value: Any) -> str:
+    """What kind of snapshot value ``value`` is, for a message: ``"float32 array of
+    shape (3,)"``, ``"numpy int64"``, ``"int"``, ``"dict"``."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} array of shape {value.shape}"
+    if isinstance(value, np.generic):
+        return f"numpy {value.dtype}"
+    return type(value).__name__
+
+
+def _short(value: Any) -> str:
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _array_values_differ(a: np.ndarray, b: np.ndarray) -> str:
+    if a.size == 0:
+        return "bytes differ"
+    flat_a = np.ascontiguousarray(a).reshape(-1)
+    flat_b = np.ascontiguousarray(b).reshape(-1)
+    bytes_a = flat_a.view(np.uint8).reshape(a.size, -1)
+    bytes_b = flat_b.view(np.uint8).reshape(b.size, -1)
+    flat = int(np.flatnonzero((bytes_a != bytes_b).any(axis=1))[0])
+    shown = f"{_short(flat_a[flat])} vs {_short(flat_b[flat])}"
+    if a.ndim == 0:
+        return f"values differ: {shown}"
+    index = ", ".join(str(int(k)) for k in np.unravel_index(flat, a.shape))
+    return f"values differ first at [{index}]: {shown}"
 
 
 def rng_to_plain(rng: np.random.Generator) -> dict[str, Any]:

@@ -3,6 +3,7 @@ env with each of five planted bugs fails it with the right first message."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import Phase, settings
 
 import simkit
 from simkit import cli, testing
-from simkit.errors import ConformanceError
+from simkit.errors import ConformanceError, InvalidState
 from simkit.randomization import Params
 
 
@@ -143,6 +144,36 @@ class SubsetBugPoint(SubsetPoint):
         return np.concatenate([pos, vel], axis=1), -distance, distance > 2.0, None
 
 
+class Float32Point(BatchPoint):
+    """Planted bug: float32 observations for a float64 space (Space.contains accepts
+    them; the batch then refuses its own snapshot)."""
+
+    def reset_instances(self, ids: Any, rngs: Any, params: Any, options: Any) -> Any:
+        obs, infos = super().reset_instances(ids, rngs, params, options)
+        return obs.astype(np.float32), infos
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        obs, *rest = super().step_instances(actions, rngs)
+        return (obs.astype(np.float32), *rest)
+
+
+class NumpyScalarPoint(BatchPoint):
+    """Planted bug: a numpy scalar in the state (it comes back a Python int)."""
+
+    steps_taken: Any = 0
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        self.steps_taken = np.int64(self.steps_taken + 1)
+        return super().step_instances(actions, rngs)
+
+    def get_env_state(self) -> dict[str, Any]:
+        return {**super().get_env_state(), "steps_taken": self.steps_taken}
+
+    def set_env_state(self, state: Any) -> None:
+        super().set_env_state({k: v for k, v in state.items() if k != "steps_taken"})
+        self.steps_taken = state["steps_taken"]
+
+
 def first_failure(env: Any, **kwargs: Any) -> testing.CheckResult:
     results = testing.run_checks(testing.BATCH_CHECKS, env, seed=3, steps=60, **kwargs)
     return next(r for r in results if r.status == "FAIL")
@@ -173,6 +204,17 @@ def test_a_correct_author_batch_passes_and_says_what_it_skipped() -> None:
         (SnapshotPoint, "check_batch_snapshot", "the snapshot is incomplete"),
         (LeakyPoint, "check_batch_reset_reuse", "leaves state of the previous episode"),
         (SubsetBugPoint, "check_batch_subsets", "self.param_arrays[name][ids]"),
+        (
+            Float32Point,
+            "check_batch_spaces",
+            "spaces: observations at reset must be a float64 array of shape (4, 4), got "
+            "float32 array of shape (4, 4); return observations of exactly the space's dtype",
+        ),
+        (
+            NumpyScalarPoint,
+            "check_batch_snapshot",
+            "snapshot: get_state()['data']['steps_taken']: numpy int64 ",
+        ),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else None,
 )
@@ -181,6 +223,24 @@ def test_each_planted_bug_fails_first_with_its_message(env: type, check: str, wo
     assert failure.name == check
     assert words in failure.message
     assert "[probably follows" not in failure.message
+
+
+def test_the_batch_refuses_its_own_snapshot_of_float32_observations() -> None:
+    # What check_batch_spaces guards: the rule the batch's restore applies.
+    batch = Float32Point(num_envs=2)
+    batch.reset(seed=0)
+    with pytest.raises(InvalidState, match=r"state\['obs'\] must be a float64 array"):
+        batch.set_state(batch.get_state())
+    with pytest.raises(ConformanceError, match=r"at step #\d+ final_obs must be a float64"):
+        testing.check_batch_spaces(FinalFloat32Point, seed=3, steps=60)
+
+
+class FinalFloat32Point(BatchPoint):
+    """Planted bug: float64 observations but float32 final observations."""
+
+    def step_batch(self, actions: Any, env_ids: Any = None) -> Any:
+        res = super().step_batch(actions, env_ids)
+        return dataclasses.replace(res, final_obs=res.final_obs.astype(np.float32))
 
 
 def test_the_singles_message_names_instance_step_element_and_both_values() -> None:

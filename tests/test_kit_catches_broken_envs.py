@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,9 @@ from hypothesis import Phase, settings
 
 import simkit
 from simkit import testing
-from simkit.errors import ConformanceError
+from simkit.errors import ConformanceError, InvalidState
 from simkit.randomization import Params
+from simkit.vector import VectorEnv
 
 
 class Walker(simkit.Env[np.ndarray, np.ndarray]):
@@ -201,6 +203,68 @@ def test_checks_are_listed_and_accept_registered_ids() -> None:
     testing.check_determinism("simkit/CartPole-v0", steps=20)
     with pytest.raises(TypeError, match="env_fn must be an env id or a zero-argument callable"):
         testing.check_env(42, steps=5)  # type: ignore[arg-type]
+
+
+class Float32Walker(Walker):
+    """Returns float32 observations for its float64 space: Space.contains accepts them."""
+
+    def obs(self) -> np.ndarray:
+        return np.array([self.pos, self.vel], dtype=np.float32)
+
+
+class Float32Swarm(Swarm):
+    def step_episode(self, actions: dict[str, Any], rng: np.random.Generator) -> Any:
+        obs, *rest = super().step_episode(actions, rng)
+        return ({a: o.astype(np.float32) for a, o in obs.items()}, *rest)
+
+
+def test_observations_of_another_dtype_than_the_space_are_caught() -> None:
+    # The rule a vector's snapshot is restored by: a VectorEnv refuses its own snapshot.
+    vec = VectorEnv([Float32Walker] * 2)
+    vec.reset(seed=0)
+    with pytest.raises(InvalidState, match="must be a float64 array"):
+        vec.set_env_states([0], vec.get_env_states([0]))
+    vec.close()
+    with pytest.raises(
+        ConformanceError,
+        match=r"^spaces: observation at reset #0 must be a float64 array of shape \(2,\), "
+        r"got float32 array of shape \(2,\); return observations of exactly the space's dtype",
+    ):
+        testing.check_spaces(Float32Walker, steps=30)
+    with pytest.raises(ConformanceError, match=r"^spaces: observation at reset #0 must be"):
+        testing.check_env(Float32Walker, steps=30)
+    with pytest.raises(
+        ConformanceError,
+        match=r"^spaces: observation of 'a0' at step #1 must be a float64 array of shape "
+        r"\(1,\), got float32",
+    ):
+        testing.check_spaces(Float32Swarm, steps=30)
+
+
+class NumpyScalarWalker(Walker):
+    """Keeps a numpy int64 (rng.integers) in its state: a snapshot restores a Python int."""
+
+    state_attributes = ("pos", "vel", "kicks")
+
+    def reset_episode(
+        self, rng: np.random.Generator, params: Params, options: dict[str, Any]
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        self.kicks = rng.integers(1, 10)  # the bug under test
+        return super().reset_episode(rng, params, options)
+
+
+def test_a_numpy_scalar_in_the_state_is_named_with_its_fix() -> None:
+    with pytest.raises(ConformanceError) as caught:
+        testing.check_snapshot(NumpyScalarWalker, seed=1, steps=40)
+    message = str(caught.value)
+    assert re.match(
+        r"snapshot: get_state\(\)\['data'\]\['kicks'\]: numpy int64 (\d) becomes int \1 "
+        r"through simkit.snapshot",
+        message,
+    ), message
+    assert "store plain Python numbers (int(...), float(...), bool(...)) or numpy arrays" in (
+        message
+    )
 
 
 test_walker_properties = testing.property_test(Walker)

@@ -79,6 +79,55 @@ def test_states_equal_is_bitwise() -> None:
     assert snapshot.states_equal((1, 2), [1, 2])
 
 
+def test_first_difference_names_the_path_both_values_and_how() -> None:
+    state = {"rng": {"s": 1}, "data": {"x": np.zeros((2, 3)), "n": np.int64(7), "l": [1.0, 2]}}
+    assert snapshot.first_difference(state, snapshot.loads(snapshot.dumps(state))) == (
+        snapshot.StateDifference("['data']['n']", np.int64(7), 7, "numpy int64 7 vs int 7")
+    )
+    other = {"rng": {"s": 1}, "data": {"x": np.eye(2, 3), "n": np.int64(7), "l": [1.0, 2]}}
+    found = snapshot.first_difference(state, other)
+    assert found is not None
+    assert (found.path, found.reason) == (
+        "['data']['x']",
+        "values differ first at [0, 0]: 0.0 vs 1.0",
+    )
+    cases = [
+        ([0.0], [-0.0], "[0]", "0.0 vs -0.0 (their bits differ)"),
+        ({"a": 1}, {"b": 1}, "", "keys: only in the first ['a'], only in the second ['b']"),
+        (np.zeros(2, np.float32), np.zeros(2), "", "dtype float32 vs float64"),
+        (np.zeros(2), [0.0, 0.0], "", "float64 array of shape (2,) vs list"),
+        ((1, [2]), [1, [2, 3]], "[1]", "length 1 vs 2"),
+        ({"s": "a"}, {"s": "b"}, "['s']", "'a' vs 'b'"),
+    ]
+    for a, b, path, reason in cases:
+        found = snapshot.first_difference(a, b)
+        assert found is not None
+        assert (found.path, found.reason) == (path, reason)
+    assert snapshot.first_difference((1, [np.ones(2)]), [1, (np.ones(2),)]) is None
+
+
+def _equal_before(a: Any, b: Any) -> bool:
+    """states_equal as it was before it became ``first_difference(a, b) is None``."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal_before(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_equal_before(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return np.float64(a).tobytes() == np.float64(b).tobytes()
+    return type(a) is type(b) and a == b
+
+
+@given(trees, trees)
+def test_states_equal_keeps_its_rule(a: Any, b: Any) -> None:
+    for x, y in [(a, b), (a, a), (a, snapshot.loads(snapshot.dumps(a)))]:
+        assert snapshot.states_equal(x, y) == _equal_before(x, y)
+        assert (snapshot.first_difference(x, y) is None) == _equal_before(x, y)
+
+
 @pytest.mark.parametrize("bit_generator", ["PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64"])
 def test_rng_round_trip_continues_identically(bit_generator: str) -> None:
     rng = np.random.Generator(getattr(np.random, bit_generator)(42))

@@ -40,7 +40,7 @@ from simkit.testing._batch_driver import (
     stack,
     step_event,
 )
-from simkit.testing._checks import _seed_globals
+from simkit.testing._checks import _check_observation, _check_round_trip, _seed_globals
 
 __all__ = [
     "BATCH_CHECKS",
@@ -166,6 +166,7 @@ def check_batch_spaces(
 
 
 def _rows_in_space(space: Any, obs: Any, n: int, where: str) -> None:
+    _check_observation(space, obs, f"observations at {where}", rows=n)
     for i, row in enumerate(rows_of(obs, n)):
         if not space.contains(row):
             raise ConformanceError(
@@ -265,11 +266,7 @@ def check_batch_snapshot(
     run_script(env, script.head(k), seed)
     state = env.get_state()
     frozen = snapshot.dumps(state)
-    if not snapshot.states_equal(state, snapshot.loads(frozen)):
-        raise ConformanceError(
-            "snapshot: get_state() does not round-trip through simkit.snapshot; keep the "
-            "state plain data (numpy arrays, numbers, strings, lists, dicts)"
-        )
+    _check_round_trip(state, snapshot.loads(frozen))
     rest = script.tail(k)
     original = run_script(env, rest, None)
     if snapshot.dumps(state) != frozen:

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from simkit import snapshot
-from simkit.errors import ConformanceError, InvalidParameter
+from simkit._state import check_observation
+from simkit.errors import ConformanceError, InvalidParameter, InvalidState
 from simkit.randomization import Choice, Distribution, Normal, Uniform, _Interval
 from simkit.testing._driver import Driver, EnvFactory, Step, as_factory
 
@@ -68,6 +69,8 @@ def check_spaces(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -
     for i, step in enumerate(driver.run(steps, seed=seed)):
         if driver.multi:
             for agent, obs in step.obs.items():
+                where = f"observation of {agent!r} at {step.kind} #{i}"
+                _check_observation(env.observation_space(agent), obs, where)
                 if not env.observation_space(agent).contains(obs):
                     raise ConformanceError(
                         f"spaces: observation of {agent!r} at {step.kind} #{i} is outside "
@@ -76,6 +79,7 @@ def check_spaces(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -
             values = list((step.reward or {}).values())
             flags = list((step.terminated or {}).values()) + list((step.truncated or {}).values())
         else:
+            _check_observation(env.observation_space, step.obs, f"observation at {step.kind} #{i}")
             if not env.observation_space.contains(step.obs):
                 raise ConformanceError(
                     f"spaces: observation at {step.kind} #{i} is outside observation_space "
@@ -95,6 +99,20 @@ def check_spaces(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -
         if not all(isinstance(info, dict) for info in infos):
             raise ConformanceError(f"spaces: info at {step.kind} #{i} must be a dict")
     env.close()
+
+
+def _check_observation(space: Any, obs: Any, what: str, rows: int | None = None) -> None:
+    """Raises ConformanceError unless ``obs`` is exactly of ``space`` by the rule a
+    snapshot's observation is checked on restore (``simkit._state.check_observation``):
+    the space's dtype and shape, not merely castable to it as ``Space.contains`` allows."""
+    try:
+        check_observation(space, obs, what, rows)
+    except InvalidState as exc:
+        raise ConformanceError(
+            f"spaces: {exc}; return observations of exactly the space's dtype and shape "
+            "(Space.contains accepts a castable dtype, but a VectorEnv or BatchEnv refuses "
+            "to restore its own snapshot holding such an observation)"
+        ) from None
 
 
 def check_determinism(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
@@ -136,9 +154,7 @@ def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100)
         driver.reset()  # the snapshot is taken mid-episode, never after an episode's end
     state = env.get_state()
     frozen = snapshot.dumps(state)
-    restored = snapshot.loads(frozen)
-    if not snapshot.states_equal(state, restored):
-        raise ConformanceError("snapshot: get_state() does not round-trip through simkit.snapshot")
+    _check_round_trip(state, snapshot.loads(frozen))
     action_seed = seed + 7
     driver._rng = np.random.default_rng(action_seed)
     original = driver.continue_for(steps)
@@ -162,6 +178,43 @@ def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100)
         "snapshot (set_state on a fresh instance)",
         cause,
     )
+
+
+def _check_round_trip(state: Any, restored: Any) -> None:
+    """Raises ConformanceError naming the first value of ``state`` (``get_state()``)
+    that ``restored`` (``simkit.snapshot.loads(dumps(state))``) does not equal, both
+    values and what to store instead."""
+    diff = snapshot.first_difference(state, restored)
+    if diff is None:
+        return
+    where = f"snapshot: get_state(){diff.path}"
+    if type(diff.a) is not type(diff.b) and not isinstance(diff.a, np.ndarray | Mapping):
+        was, now = snapshot.describe(diff.a), snapshot.describe(diff.b)
+        if isinstance(diff.a, np.generic):
+            fix = (
+                "store plain Python numbers (int(...), float(...), bool(...)) or numpy "
+                "arrays, not numpy scalars (rng.integers(...), x[0] and np.sum(...) return them)"
+            )
+        else:
+            fix = _PLAIN_STATE
+        raise ConformanceError(
+            f"{where}: {was} {_shown(diff.a)} becomes {now} {_shown(diff.b)} through simkit.snapshot "
+            f"(dumps/loads), so a restored env would hold another type; {fix}"
+        )
+    raise ConformanceError(
+        f"{where} does not round-trip through simkit.snapshot (dumps/loads): {diff.reason}; "
+        f"{_PLAIN_STATE}"
+    )
+
+
+def _shown(value: Any) -> str:
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+_PLAIN_STATE = (
+    "keep the state plain data: numpy arrays, Python int/float/bool, str, bytes, None, "
+    "lists and dicts with str keys"
+)
 
 
 def _narrowed(dist: Distribution, rng: np.random.Generator) -> tuple[Any, Distribution]:
