@@ -171,23 +171,39 @@ class SlotNoise:
 
     def draw(self, step: int) -> np.ndarray:
         """``(num_rows, width)`` float32: the noise of every row at ``step`` (>= 0)."""
+        return self.draw_steps(step, 1)[0]
+
+    def draw_steps(self, first: int, count: int) -> np.ndarray:
+        """``(count, num_rows, width)`` float32: the noise of the steps ``first .. first +
+        count - 1`` (row ``k`` is :meth:`draw` of ``first + k``). Each step's uniforms are
+        drawn from its own window, the normals of all of them computed at once
+        (:func:`keyed_normal` is elementwise: the same bits as step by step, without its
+        per-call cost per step: a rollout of few rows draws many steps ahead).
+
+        Raises:
+            ValueError: ``first`` < 0 or ``count`` < 1.
+        """
+        if first < 0 or count < 1:
+            raise ValueError(f"first must be >= 0 and count >= 1, got {first} and {count}")
+        uniforms = [self._uniforms(step) for step in range(first, first + count)]
+        table = uniforms[0][None] if count == 1 else np.stack(uniforms)
+        if self.kind == "normal":
+            # Each uniform is k * 2**-24 (exact in float32).
+            out: np.ndarray = keyed_normal((table * 2.0**24).astype(np.int64))
+            return out
+        return table
+
+    def _uniforms(self, step: int) -> np.ndarray:
+        """``(num_rows, width)`` float32: the uniforms of every row at ``step``, each
+        block's first rows from its window of the stream (the rows this noise owns)."""
         bits, gen = self._bits, self._gen
         parts = []
         for block, lo, hi in self._blocks:
             bits.state = self._start
             bits.advance((step << 64) | (block << 32))
-            table = self._table(gen, hi)
+            table = gen.random((hi, self.width), dtype=np.float32)
             parts.append(table[lo:] if lo else table)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def _table(self, gen: np.random.Generator, rows: int) -> np.ndarray:
-        """The first ``rows`` rows of a block's table from ``gen`` (placed at its start):
-        its uniforms, or their :func:`keyed_normal` (each uniform is ``k * 2**-24``)."""
-        table = gen.random((rows, self.width), dtype=np.float32)
-        if self.kind == "normal":
-            out: np.ndarray = keyed_normal((table * 2.0**24).astype(np.int64))
-            return out
-        return table
 
 
 _MASK128 = (1 << 128) - 1

@@ -189,6 +189,68 @@ def test_torch_noise_of_no_steps_is_refused() -> None:
         noise.draw_steps(0, 0)
 
 
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    first=st.integers(0, 2 * NOISE_BLOCK),
+    n=st.integers(1, NOISE_BLOCK + 40),
+    step=st.integers(0, 2**40),
+    count=st.integers(1, 5),
+    width=st.integers(1, 3),
+    kind=st.sampled_from(["normal", "uniform"]),
+)
+def test_host_noise_of_several_steps_is_each_steps_draw(
+    seed: int, first: int, n: int, step: int, count: int, width: int, kind: str
+) -> None:
+    """The steps drawn at once have each step's bits (and torch's, computed apart)."""
+    host = _noise(seed, first, n, kind, 1, width)
+    got = host.draw_steps(step, count)
+    assert got.shape == (count, n, width)
+    assert got.dtype == np.float32
+    on_torch = TorchSlotNoise(host, torch.device("cpu")).draw_steps(step, count).numpy()
+    assert np.array_equal(got, on_torch)
+    for k in range(count):
+        assert np.array_equal(got[k], host.draw(step + k))
+
+
+def test_host_noise_of_no_steps_is_refused() -> None:
+    with pytest.raises(ValueError, match="count >= 1, got 0 and 0"):
+        _noise(0, 0, 2, "uniform").draw_steps(0, 0)
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "model-act"])
+def test_row_policy_drawing_noise_ahead_acts_as_step_by_step(lean: bool) -> None:
+    """A host policy draws many steps of noise at once (few rows): it acts as one that
+    draws each step alone, for steps in any order (a restored loop goes back)."""
+    obs_space = spaces.Box(-5.0, 5.0, (4,), np.float32)
+    act_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    obs = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+
+    def policy() -> RowPolicy:
+        torch.manual_seed(0)
+        model = build_model(ModelSpec("mlp", {"hidden_sizes": [16]}), obs_space, act_space)
+        return RowPolicy(
+            model,
+            torch.device("cpu"),
+            seed=5,
+            first_slot=1,
+            num_slots=2,
+            rows_per_slot=1,
+            action_space=act_space,
+            lean=lean,
+        )
+
+    ahead, alone = policy(), policy()
+    alone.host_ahead = 1
+    assert ahead.host_ahead > 100
+    for step in [0, 1, 2, 7, 3, 683, 682, 5000, 0]:
+        got, want = ahead.act(obs, step), alone.act(obs, step)
+        for a, b in [(got.actions, want.actions), (got.log_probs, want.log_probs)]:
+            assert np.array_equal(a, b)
+        part = slice(1, 2)
+        got, want = ahead.act(obs[part], step, part), alone.act(obs[part], step, part)
+        assert np.array_equal(got.actions, want.actions)
+
+
 def test_the_normal_table_is_the_inverse_cdf_rounded_to_float32() -> None:
     # The committed table, recomputed: Phi^-1(1 - (h - 1/2) / 2**24) at 40 digits.
     import mpmath

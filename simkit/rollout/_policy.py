@@ -40,6 +40,11 @@ from simkit.rollout._static_act import Capture, StaticActs, cuda_graph_capture
 
 __all__ = ["RowPolicy", "PolicyOutput", "host_output", "pack_output", "unpack_output"]
 
+HOST_NOISE_VALUES = 4096
+"""Noise values a host policy draws at once: steps ahead for few rows (one env: 4096 /
+width steps), where the per-call cost of computing a step's few normals would exceed
+the computation (:meth:`simkit._noise.SlotNoise.draw_steps`: the same bits)."""
+
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
     """The numpy dtype of a torch dtype (int64, float32, float64, ...)."""
@@ -164,6 +169,8 @@ class RowPolicy:
         self.version: int | None = None
         self._own: tuple[list[str], list[torch.Tensor]] | None = None
         self._drawn: tuple[int, np.ndarray] | None = None
+        self.host_ahead = max(1, HOST_NOISE_VALUES // (self.num_rows * head.noise_width))
+        """Steps of host noise drawn at once (:data:`HOST_NOISE_VALUES` values)."""
         self.lean = (
             LeanMLP.of(self.model) if lean and device.type == "cpu" and not resident else None
         )
@@ -257,11 +264,12 @@ class RowPolicy:
 
     def _host_noise(self, step: int, part: slice | None) -> np.ndarray:
         """The noise of ``part``'s rows (every row: None) at ``step``, drawn on the host
-        (the parts of one step share one draw)."""
+        (the parts of one step share one draw), :attr:`host_ahead` steps at once."""
         drawn = self._drawn
-        if drawn is None or drawn[0] != step:
-            drawn = self._drawn = (step, self.noise.draw(step))
-        return drawn[1] if part is None else drawn[1][part]
+        if drawn is None or not 0 <= step - drawn[0] < len(drawn[1]):
+            drawn = self._drawn = (step, self.noise.draw_steps(step, self.host_ahead))
+        noise = drawn[1][step - drawn[0]]
+        return noise if part is None else noise[part]
 
     def _device_noise(self, step: int, part: slice | None) -> torch.Tensor:
         """:meth:`_host_noise` computed on the policy's device, ``ahead`` steps at once."""
