@@ -261,7 +261,12 @@ def test_what_the_fuzzers_deep_runs_found_is_one_line(
     argv = ["record", "simkit/Pendulum-v0", "--episodes", "1", "--out", str(out)]
     capsys.readouterr()
     assert main([*argv, "--policy", str(policy)]) == 2
-    _one_line(capsys, f"simkit record: --policy {policy}: {policy}: tensor names differ")
+    _one_line(
+        capsys,
+        f"simkit record: --policy {policy}: a policy of simkit/CartPole-v0, which does not "
+        "fit simkit/Pendulum-v0: ",
+        "tensor names differ",
+    )
     assert main(["eval", str(policy), "--episodes", "1", "--render", str(tmp_path / "v.gif")]) == 1
     _one_line(capsys, "simkit eval: env 'simkit/CartPole-v0' cannot render RGB frames")
     if importlib.util.find_spec("pygame") is None:
