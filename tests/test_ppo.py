@@ -26,6 +26,7 @@ from simkit.clients.learners._evaluate import evaluate_policy
 from simkit.clients.learners.ppo import (
     PPOArgs,
     RewardScaler,
+    _gae_recursion,
     build_model,
     clip_grad_norm,
     compute_gae,
@@ -125,6 +126,21 @@ def test_gae_has_the_bits_of_numpys_operations(
     for w, g in zip(want, got, strict=True):
         assert g.dtype == torch.float32
         assert np.array_equal(g.numpy(), w)
+
+
+@pytest.mark.parametrize("delta_dtype", [np.float64, np.float32])
+def test_gae_recursion_over_numpy_has_the_bits_of_torch(delta_dtype: type) -> None:
+    """compute_gae runs its recursion in numpy on the CPU, over tensors elsewhere: the
+    same code, the same bits (here both on the CPU)."""
+    rng = np.random.default_rng(4)
+    delta = rng.normal(size=(50, 3)).astype(delta_dtype)
+    carry = np.where(rng.random((50, 3)) < 0.1, 0.0, 0.99 * 0.95)
+    start = rng.normal(size=3)
+    on_numpy = np.empty((50, 3))
+    _gae_recursion(delta, carry, on_numpy, start)
+    on_torch = torch.empty((50, 3), dtype=torch.float64)
+    _gae_recursion(*map(torch.from_numpy, (delta, carry)), on_torch, torch.from_numpy(start))
+    assert np.array_equal(on_numpy, on_torch.numpy())
 
 
 def _fragment(rng: np.random.Generator, T: int, R: int) -> Fragment:
