@@ -189,6 +189,14 @@ class ContractCore:
     def _extra_state(self) -> dict[str, Any]:
         return {}
 
+    def _check_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Checks the face's fields of a snapshot before anything is applied.
+
+        Raises:
+            InvalidState: a field the face refuses.
+        """
+        del state
+
     def _restore_extra_state(self, state: Mapping[str, Any]) -> None:
         del state
 
@@ -265,6 +273,7 @@ class ContractCore:
         active = state["episode_active"]
         if not isinstance(active, bool | np.bool_):
             raise InvalidState(f"state['episode_active'] must be a bool, got {active!r}")
+        self._check_extra_state(state)
         # Core fields are committed before set_env_state (simulators read the params
         # there); if the author's state is rejected, everything is rolled back.
         saved = self.capture_state()

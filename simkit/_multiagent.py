@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Generic, SupportsFloat, TypeAlias, TypeVar, Unpack
 
 import numpy as np
@@ -11,10 +11,10 @@ from pettingzoo import ParallelEnv
 
 from simkit._contract import ContractCore, ContractOptions, EnvKind
 from simkit._validation import validate_action
-from simkit.errors import InvalidAction
+from simkit.errors import InvalidAction, InvalidState
 from simkit.randomization import Params
 
-__all__ = ["MultiAgentEnv", "ParallelStepResult"]
+__all__ = ["MultiAgentEnv", "ParallelStepResult", "check_agents"]
 
 AgentID = TypeVar("AgentID")
 ObsType = TypeVar("ObsType")
@@ -154,5 +154,40 @@ class MultiAgentEnv(
     def _extra_state(self) -> dict[str, Any]:
         return {"agents": list(self.agents)}
 
+    def _check_extra_state(self, state: Mapping[str, Any]) -> None:
+        if "agents" not in state:
+            raise InvalidState("state is missing field 'agents'; was it made by get_state()?")
+        check_agents(self.possible_agents, state["agents"], "state['agents']")
+
     def _restore_extra_state(self, state: Mapping[str, Any]) -> None:
-        self.agents = list(state.get("agents", []))
+        self.agents = list(state["agents"])
+
+
+def check_agents(possible_agents: Sequence[Any], agents: Any, where: str) -> list[Any]:
+    """The live agents of a snapshot: a list of distinct agents of ``possible_agents``.
+
+    Raises:
+        InvalidState: not a list or tuple, an agent that is not a possible agent (a
+            string is not taken as its letters), or an agent listed twice.
+    """
+    if not isinstance(agents, list | tuple):
+        raise InvalidState(
+            f"{where} must be a list of live agents drawn from {list(possible_agents)}, "
+            f"got {type(agents).__name__}"
+        )
+    unknown = [a for a in agents if not _is_possible(a, possible_agents)]
+    if unknown:
+        raise InvalidState(
+            f"{where} names {unknown!r:.200}, not agents of this env "
+            f"(possible agents: {list(possible_agents)})"
+        )
+    repeated = [a for k, a in enumerate(agents) if a in agents[:k]]
+    if repeated:
+        raise InvalidState(f"{where} lists {repeated!r} more than once, got {list(agents)!r}")
+    return list(agents)
+
+
+def _is_possible(agent: Any, possible_agents: Sequence[Any]) -> bool:
+    """``agent in possible_agents`` of the same type (``1 == True`` and ``1.0 == 1`` do
+    not make a bool or a float an agent named by an int)."""
+    return any(type(agent) is type(p) and agent == p for p in possible_agents)

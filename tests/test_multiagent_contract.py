@@ -159,6 +159,51 @@ def test_state_from_other_env_rejected() -> None:
         Race().set_state(other.get_state())
 
 
+@pytest.mark.parametrize(
+    ("agents", "match"),
+    [
+        (["nobody"], r"state\['agents'\] names \['nobody'\], not agents of this env"),
+        ([5], r"names \[5\], not agents"),
+        ("r0", r"state\['agents'\] must be a list of live agents .* got str"),
+        (None, r"must be a list of live agents .* got NoneType"),
+        (["r1", "r1"], r"state\['agents'\] lists \['r1'\] more than once"),
+        ([["r0"]], r"names \[\['r0'\]\], not agents"),
+        ("missing", r"state is missing field 'agents'"),
+    ],
+)
+def test_a_snapshot_whose_agents_are_not_possible_agents_changes_nothing(
+    agents: Any, match: str
+) -> None:
+    """``agents`` is checked with the other fields, before anything is applied: a
+    snapshot naming an unknown agent (or a string, taken as its letters) was accepted
+    and every later step raised KeyError; ``None`` raised TypeError."""
+    env = Race(max_episode_steps=100)
+    env.reset(seed=4)
+    _play(env, 2)
+    before = snapshot.dumps(env.get_state())
+    bad = snapshot.loads(before)
+    if agents == "missing":
+        del bad["agents"]
+    else:
+        bad["agents"] = agents
+    bad["elapsed_steps"] = 7
+    with pytest.raises(InvalidState, match=match):
+        env.set_state(bad)
+    assert snapshot.dumps(env.get_state()) == before
+    assert env.agents == ["r1", "r2"]
+    env.step({"r1": 1, "r2": 1})
+
+
+def test_a_snapshot_may_list_agents_in_any_order() -> None:
+    env = Race(max_episode_steps=100)
+    env.reset(seed=4)
+    state = env.get_state()
+    state["agents"] = ["r2", "r0"]
+    env.set_state(state)
+    assert env.agents == ["r2", "r0"]
+    env.step({"r0": 1, "r2": 1})
+
+
 def test_np_random_created_lazily_like_gymnasium() -> None:
     env = Race()
     assert isinstance(env.np_random, np.random.Generator)

@@ -19,6 +19,7 @@ from pettingzoo import ParallelEnv
 from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 import simkit
+from simkit import snapshot
 from simkit.clients import RemoteMultiAgentVectorEnv, RemoteParallelEnv, RemoteVectorEnv
 from simkit.protocol import (
     ClientSession,
@@ -218,6 +219,50 @@ def test_get_state_set_state_continues_bit_identically(serve: Any) -> None:
         remote.set_state(snap)
         for step, act in zip(first, acts[3:], strict=True):
             _assert_step_equal(step, remote.step(act))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda s: s["agent_mask"].__setitem__(0, False),
+            r"\[invalid_state\] InvalidState: state\['agent_mask'\] must mark the live agents",
+        ),
+        (
+            lambda s: s["env"].update(agents=["agent_1"]),
+            r"\[invalid_state\] InvalidState: state\['agent_mask'\] must mark the live agents",
+        ),
+        (
+            lambda s: s["env"].update(agents=["nobody"]),
+            r"\[invalid_state\] InvalidState: state\['env'\]\['agents'\] names \['nobody'\]",
+        ),
+        (
+            lambda s: s["env"].update(agents=None),
+            r"\[invalid_state\] InvalidState: state\['env'\]\['agents'\] must be a list",
+        ),
+    ],
+)
+def test_a_snapshot_whose_mask_is_not_the_envs_agents_is_invalid_state(
+    serve: Any, change: Any, match: str
+) -> None:
+    """The server refuses a snapshot whose ``agent_mask`` disagrees with the env's own
+    ``agents`` (or whose ``agents`` are not the env's agents) and changes nothing, in
+    any env of the request. Before, it was taken: a row the mask called dead still
+    acted, and ``agents=["nobody"]`` broke every later step with ``env_error``."""
+    with RemoteMultiAgentVectorEnv(serve(GOALNAV, 2, **GOALNAV_KW), timeout=10) as remote:
+        remote.reset(seed=5)
+        old = remote.get_state()
+        act = np.full((remote.num_rows, 2), 0.5, np.float32)
+        remote.step(act)
+        now = snapshot.dumps(remote.get_state())
+        bad = snapshot.loads(snapshot.dumps(old))
+        change(bad[0])
+        with pytest.raises(RemoteError, match=match):
+            remote.set_state(bad)
+        assert snapshot.dumps(remote.get_state()) == now
+        step = remote.step(act)
+        remote.set_state(snapshot.loads(now))
+        _assert_step_equal(step, remote.step(act))
 
 
 def test_parallel_api_test_passes_remotely(serve: Any) -> None:

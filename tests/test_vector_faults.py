@@ -295,6 +295,12 @@ def test_a_refused_vector_snapshot_changes_nothing(change: Any, match: str) -> N
     vec.step(np.ones(2, np.int64))
 
 
+def _env0(state: dict[str, Any]) -> dict[str, Any]:
+    """Env 0's own snapshot in a whole vector snapshot or a per-env one."""
+    env: dict[str, Any] = state["envs"][0] if "envs" in state else state["env"]
+    return env
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -303,6 +309,30 @@ def test_a_refused_vector_snapshot_changes_nothing(change: Any, match: str) -> N
         (lambda s: s.update(obs_rows=s["obs_rows"].astype(np.float64)), r"state\['obs_rows'\]"),
         (lambda s: s.update(agent_mask=s["agent_mask"][:2]), r"state\['agent_mask'\]"),
         (lambda s: s.update(agent_mask=[1.5] * 6), r"state\['agent_mask'\]"),
+        # The mask must be the env's own live agents (before, a row marked dead whose
+        # agent the env still had acted unseen, and a row marked live whose agent the
+        # env did not have was reported as acting).
+        (
+            lambda s: s["agent_mask"].__setitem__(0, False),
+            r"state\['agent_mask'\](\[0:3\] \(env 0\))? must mark the live agents of "
+            r"state\['envs?'\](\[0\])?\['agents'\] \['agent_0', 'agent_1', 'agent_2'\] "
+            r"\(\[True, True, True\] for \['agent_0', 'agent_1', 'agent_2'\]\), "
+            r"got \[False, True, True\]",
+        ),
+        (
+            lambda s: _env0(s).update(agents=["agent_1"]),
+            r"must mark the live agents of .*\['agent_1'\] .* got \[True, True, True\]",
+        ),
+        # ... and real agents of the env (before, an unknown one was accepted and every
+        # later step raised KeyError).
+        (lambda s: _env0(s).update(agents=["nobody"]), r"\['agents'\] names \['nobody'\]"),
+        (lambda s: _env0(s).update(agents=[5]), r"\['agents'\] names \[5\]"),
+        (lambda s: _env0(s).update(agents="agent_0"), r"\['agents'\] must be a list .* got str"),
+        (lambda s: _env0(s).update(agents=None), r"\['agents'\] must be a list"),
+        (
+            lambda s: _env0(s).update(agents=["agent_0", "agent_0", "agent_1"]),
+            r"\['agents'\] lists \['agent_0'\] more than once",
+        ),
     ],
 )
 def test_a_refused_multi_agent_snapshot_changes_nothing(change: Any, match: str) -> None:

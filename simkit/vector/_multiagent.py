@@ -16,11 +16,11 @@ import numpy as np
 from gymnasium.vector.utils import batch_space, iterate
 from pettingzoo import ParallelEnv
 
-from simkit._multiagent import MultiAgentEnv
+from simkit._multiagent import MultiAgentEnv, check_agents
 from simkit._state import check_observation, state_array
 from simkit._types import MultiAgentBatchStep, RowStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids, validate_action
-from simkit.errors import ResetNeeded
+from simkit.errors import InvalidState, ResetNeeded
 from simkit.vector._actions import split_rows
 from simkit.vector._build import build_envs, gather_rows, homogeneous_agent_spaces, zero_row
 from simkit.vector._core import VectorCore
@@ -283,6 +283,10 @@ class MultiAgentVectorEnv(VectorCore):
 
     def _restore_rows(self, state: Mapping[str, Any]) -> Callable[[], None]:
         mask = state_array(state["agent_mask"], "state['agent_mask']", "b", self.num_rows)
+        a = self.num_agents
+        for i, env_state in enumerate(state["envs"]):
+            where = f"state['agent_mask'][{i * a}:{(i + 1) * a}] (env {i})"
+            self._check_live(mask[i * a : (i + 1) * a], env_state, where, f"state['envs'][{i}]")
         obs = state["obs_rows"]
         space = self.single_observation_space
         check_observation(space, obs, "state['obs_rows']", rows=self.num_rows)
@@ -292,6 +296,26 @@ class MultiAgentVectorEnv(VectorCore):
             self._mask, self._obs_rows = mask, obs_rows
 
         return apply
+
+    def _check_live(self, mask: np.ndarray, env_state: Any, where: str, env_where: str) -> None:
+        """One env's rows of ``agent_mask`` must be the live agents of its own snapshot.
+
+        Checked with the rows, before any env is restored, so a refusal changes nothing:
+        a row marked dead whose agent the env still steps would act unseen, and a row
+        marked live whose agent the env does not step would be reported as acting.
+
+        Raises:
+            InvalidState: the env snapshot's ``agents`` are malformed or disagree.
+        """
+        if not isinstance(env_state, Mapping) or "agents" not in env_state:
+            return  # not a snapshot of a multi-agent env: the env's set_state refuses it
+        agents = check_agents(self.possible_agents, env_state["agents"], f"{env_where}['agents']")
+        live = np.array([agent in agents for agent in self.possible_agents], dtype=np.bool_)
+        if not np.array_equal(mask, live):
+            raise InvalidState(
+                f"{where} must mark the live agents of {env_where}['agents'] {agents!r} "
+                f"({live.tolist()} for {self.possible_agents}), got {mask.tolist()}"
+            )
 
     def _env_rows_state(self, i: int) -> dict[str, Any]:
         a = self.num_agents
@@ -305,6 +329,7 @@ class MultiAgentVectorEnv(VectorCore):
     def _restore_env_rows(self, state: Mapping[str, Any]) -> Callable[[int], None]:
         a = self.num_agents
         mask = state_array(state["agent_mask"], "state['agent_mask']", "b", a)
+        self._check_live(mask, state["env"], "state['agent_mask']", "state['env']")
         space = self.single_observation_space
         check_observation(space, state["obs_rows"], "state['obs_rows']", rows=a)
         rows = copy.deepcopy(list(iterate(batch_space(space, a), state["obs_rows"])))
