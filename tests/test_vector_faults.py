@@ -286,13 +286,20 @@ def test_a_refused_per_env_snapshot_changes_no_env(change: Any, match: str) -> N
 )
 def test_a_refused_vector_snapshot_changes_nothing(change: Any, match: str) -> None:
     vec = _cartpoles()
+    _refused_whole(vec, change, match)
+    vec.step(np.ones(2, np.int64))
+
+
+def _refused_whole(vec: Any, change: Any, match: str) -> str:
+    """``vec.set_state`` of its own snapshot after ``change`` is refused naming ``match``,
+    and ``vec`` holds what it held; returns that snapshot's bytes."""
     before = dumps(vec.get_state())
     bad = loads(before)
     change(bad)
     with pytest.raises(InvalidState, match=match):
         vec.set_state(bad)
     assert dumps(vec.get_state()) == before
-    vec.step(np.ones(2, np.int64))
+    return before
 
 
 def _env0(state: dict[str, Any]) -> dict[str, Any]:
@@ -341,12 +348,7 @@ def test_a_refused_multi_agent_snapshot_changes_nothing(change: Any, match: str)
     ``obs_rows`` raised IndexError and a float mask was taken as live agents)."""
     vec = MultiAgentVectorEnv("simkit/GoalNav-v0", 2)
     vec.reset(seed=0)
-    before = dumps(vec.get_state())
-    bad = loads(before)
-    change(bad)
-    with pytest.raises(InvalidState, match=match):
-        vec.set_state(bad)
-    assert dumps(vec.get_state()) == before
+    before = _refused_whole(vec, change, match)
     one = loads(dumps(vec.get_env_states([0])[0]))
     change(one)
     with pytest.raises(InvalidState, match=match):
