@@ -302,6 +302,42 @@ def test_every_shipped_batch_env_passes_the_property_test(env_id: str) -> None:
     testing.batch_property_test(env_id, max_actions=30, max_envs=3)()
 
 
+class AliasingPoint(BatchPoint):
+    """Planted bug: the snapshot holds a live array that steps rewrite in place."""
+
+    def __init__(self, num_envs: int = 4, **kwargs: Any) -> None:
+        super().__init__(num_envs, **kwargs)
+        self.steps_seen = np.zeros(num_envs)
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        self.steps_seen += 1.0
+        return super().step_instances(actions, rngs)
+
+    def get_env_state(self) -> dict[str, Any]:
+        return {**super().get_env_state(), "steps_seen": self.steps_seen}
+
+    def set_env_state(self, state: Any) -> None:
+        super().set_env_state({k: v for k, v in state.items() if k != "steps_seen"})
+        self.steps_seen = np.array(state["steps_seen"])
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        (NumpyScalarPoint, r"snapshot: get_state\(\)\['data'\]\['steps_taken'\]: numpy int64"),
+        (AliasingPoint, r"stepping changed a snapshot taken earlier; get_env_state\(\) must"),
+    ],
+)
+def test_the_property_test_applies_the_snapshot_checks_rules(env: type, words: str) -> None:
+    """batch_property_test's snapshots pass check_batch_snapshot's rules, with its message."""
+    with pytest.raises(ConformanceError, match=words):
+        testing.check_batch_snapshot(env, seed=1, steps=30)
+    with pytest.raises(ConformanceError, match=words):
+        settings(phases=[Phase.explicit, Phase.generate])(
+            testing.batch_property_test(env, max_actions=30)
+        )()
+
+
 def test_the_property_test_catches_a_leak() -> None:
     with pytest.raises(ConformanceError, match="reset reuse"):
         settings(phases=[Phase.explicit, Phase.generate])(

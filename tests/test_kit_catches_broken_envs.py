@@ -271,6 +271,28 @@ test_walker_properties = testing.property_test(Walker)
 test_swarm_properties = testing.property_test(Swarm)
 
 
+class AliasingWalker(Walker):
+    """Its snapshot holds the env's live array: stepping on rewrites an earlier snapshot."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.trail = np.zeros(3)
+
+    def get_env_state(self) -> dict[str, Any]:
+        return {"pos": self.pos, "vel": self.vel, "trail": self.trail}  # the bug under test
+
+    def set_env_state(self, state: dict[str, Any]) -> None:
+        self.pos, self.vel = state["pos"], state["vel"]
+        self.trail = np.array(state["trail"])
+
+    def step_episode(
+        self, action: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        self.trail[:] = np.roll(self.trail, 1)
+        self.trail[0] = self.pos
+        return super().step_episode(action, rng)
+
+
 @pytest.mark.parametrize(
     ("env_cls", "match"),
     [
@@ -283,4 +305,20 @@ test_swarm_properties = testing.property_test(Swarm)
 def test_property_test_catches_broken_envs(env_cls: type, match: str) -> None:
     with pytest.raises(ConformanceError, match=match):
         # Shrinking a failure is slow and proves nothing here.
+        settings(phases=[Phase.explicit, Phase.generate])(testing.property_test(env_cls))()
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "match"),
+    [
+        (NumpyScalarWalker, r"snapshot: get_state\(\)\['data'\]\['kicks'\]: numpy int64"),
+        (AliasingWalker, r"stepping changed a snapshot taken earlier; get_state\(\) must return"),
+    ],
+)
+def test_property_test_applies_check_snapshots_rules(env_cls: type, match: str) -> None:
+    """The property test's snapshots pass the rules check_snapshot applies: a round trip
+    that keeps every type, and no live arrays, each with check_snapshot's message."""
+    with pytest.raises(ConformanceError, match=match):
+        testing.check_snapshot(env_cls, seed=1, steps=40)
+    with pytest.raises(ConformanceError, match=match):
         settings(phases=[Phase.explicit, Phase.generate])(testing.property_test(env_cls))()

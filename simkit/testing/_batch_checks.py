@@ -40,7 +40,7 @@ from simkit.testing._batch_driver import (
     stack,
     step_event,
 )
-from simkit.testing._checks import _check_observation, _check_round_trip, _seed_globals
+from simkit.testing._checks import _check_observation, _seed_globals, check_unchanged, freeze
 
 __all__ = [
     "BATCH_CHECKS",
@@ -86,6 +86,7 @@ INCOMPLETE = (
     "the snapshot is incomplete: some per-instance state the hooks use is not in "
     "state_attributes (or get_env_state()), or set_env_state() does not restore it"
 )
+LIVE_ARRAYS = "get_env_state() must return copies, not the live arrays of the batch"
 DEPENDENT = (
     "instance rows depend on the other instances or on which instances reset "
     "together: a reduction over the whole batch (np.sum(x), np.linalg.norm(x) without "
@@ -264,16 +265,10 @@ def check_batch_snapshot(
     script = _script(env, steps, seed)
     k = max(1, len(script) // 3)
     run_script(env, script.head(k), seed)
-    state = env.get_state()
-    frozen = snapshot.dumps(state)
-    _check_round_trip(state, snapshot.loads(frozen))
+    state, frozen = freeze(env)
     rest = script.tail(k)
     original = run_script(env, rest, None)
-    if snapshot.dumps(state) != frozen:
-        raise ConformanceError(
-            "snapshot: stepping changed a snapshot taken earlier; get_env_state() must "
-            "return copies, not the live arrays of the batch"
-        )
+    check_unchanged(state, frozen, LIVE_ARRAYS)
     env.set_state(snapshot.loads(frozen))
     compare(
         original,

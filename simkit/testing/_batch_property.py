@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simkit import snapshot
-from simkit.testing._batch_checks import DEPENDENT, INCOMPLETE, LEAK, NONDETERMINISM
+from simkit.testing._batch_checks import (
+    DEPENDENT,
+    INCOMPLETE,
+    LEAK,
+    LIVE_ARRAYS,
+    NONDETERMINISM,
+)
 from simkit.testing._batch_driver import (
     BatchFactory,
     BatchSetup,
@@ -18,6 +24,7 @@ from simkit.testing._batch_driver import (
     instance_view,
     run_script,
 )
+from simkit.testing._checks import check_unchanged, freeze
 from simkit.testing.strategies import batch_scripts, seeds
 
 __all__ = ["batch_property_test"]
@@ -34,9 +41,10 @@ def batch_property_test(
     resets (:func:`simkit.testing.strategies.batch_scripts`).
 
     Each example checks, bit for bit: two fresh batches agree (determinism); a used
-    batch reset with the seed agrees with a fresh one (reuse); ``set_state`` of a
-    mid-script snapshot (after a msgpack round trip) on a fresh batch continues
-    identically (snapshot); and one instance agrees with a batch of one seeded as it
+    batch reset with the seed agrees with a fresh one (reuse); a mid-script snapshot
+    passes :func:`check_batch_snapshot`'s rules (it round-trips through msgpack with
+    every type kept, later steps do not change it) and ``set_state`` of it on a fresh
+    batch continues identically (snapshot); and one instance agrees with a batch of one seeded as it
     (independence). Usage, in a test module::
 
         test_my_batch = simkit.testing.batch_property_test(MyBatchEnv)
@@ -77,8 +85,9 @@ def batch_property_test(
         )
         env = setup.build()
         run_script(env, script.head(k), seed)
-        frozen = snapshot.dumps(env.get_state())
+        state, frozen = freeze(env)
         tail = run_script(env, script.tail(k), None)
+        check_unchanged(state, frozen, LIVE_ARRAYS)
         fresh = setup.build()
         fresh.set_state(snapshot.loads(frozen))
         compare(

@@ -152,17 +152,11 @@ def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100)
     warm_up = driver.run(max(1, steps // 3), seed=seed)
     if warm_up[-1].ended or (driver.multi and not env.agents):
         driver.reset()  # the snapshot is taken mid-episode, never after an episode's end
-    state = env.get_state()
-    frozen = snapshot.dumps(state)
-    _check_round_trip(state, snapshot.loads(frozen))
+    state, frozen = freeze(env)
     action_seed = seed + 7
     driver._rng = np.random.default_rng(action_seed)
     original = driver.continue_for(steps)
-    if snapshot.dumps(state) != frozen:
-        raise ConformanceError(
-            "snapshot: stepping changed a snapshot taken earlier; get_state() must return "
-            "copies, not live arrays of the env"
-        )
+    check_unchanged(state, frozen, "get_state() must return copies, not live arrays of the env")
     cause = (
         "the snapshot is incomplete: some state the env uses is not in get_env_state() "
         "(or state_attributes), or set_env_state() does not restore it"
@@ -178,6 +172,22 @@ def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100)
         "snapshot (set_state on a fresh instance)",
         cause,
     )
+
+
+def freeze(env: Any) -> tuple[Any, bytes]:
+    """``env.get_state()`` and its :func:`simkit.snapshot.dumps` form, after checking
+    that the state round-trips through ``dumps``/``loads`` with every type kept."""
+    state = env.get_state()
+    frozen = snapshot.dumps(state)
+    _check_round_trip(state, snapshot.loads(frozen))
+    return state, frozen
+
+
+def check_unchanged(state: Any, frozen: bytes, fix: str) -> None:
+    """Raises ConformanceError if ``state`` (a snapshot :func:`freeze` took) changed since:
+    it holds live arrays of the env, which later steps rewrote."""
+    if snapshot.dumps(state) != frozen:
+        raise ConformanceError(f"snapshot: stepping changed a snapshot taken earlier; {fix}")
 
 
 def _check_round_trip(state: Any, restored: Any) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simkit import snapshot
-from simkit.testing._checks import _compare
+from simkit.testing._checks import _compare, check_unchanged, freeze
 from simkit.testing._driver import Driver, EnvFactory, Step, as_factory
 from simkit.testing.strategies import action_sequences, reset_options, seeds
 
@@ -35,9 +35,10 @@ def property_test(env_fn: EnvFactory | str, *, max_actions: int = 60) -> Callabl
     """A hypothesis test over seeds, randomization overrides and action sequences.
 
     Each example checks: two fresh instances agree bit for bit (determinism); a used
-    instance reset with the seed agrees with a fresh one (reuse); and ``set_state`` of a
-    mid-trajectory snapshot (after a msgpack round trip) on a fresh instance continues
-    identically (snapshot). Usage, in a test module::
+    instance reset with the seed agrees with a fresh one (reuse); and a mid-trajectory
+    snapshot passes :func:`check_snapshot`'s rules (it round-trips through msgpack with
+    every type kept, later steps do not change it) and ``set_state`` of it on a fresh
+    instance continues identically (snapshot). Usage, in a test module::
 
         test_my_env = simkit.testing.property_test(MyEnv)
 
@@ -76,8 +77,9 @@ def property_test(env_fn: EnvFactory | str, *, max_actions: int = 60) -> Callabl
         k = 1 + split % (len(actions) - 1)  # snapshot after >= 1 action, then continue
         env = factory()
         head = _replay(Driver(env, 0), actions[:k], seed, options)
-        frozen = snapshot.dumps(env.get_state())
+        state, frozen = freeze(env)
         tail = _replay(Driver(env, 0), actions[k:], None, None) if not head[-1].ended else []
+        check_unchanged(state, frozen, "get_state() must return copies, not live arrays of the env")
         fresh = factory()
         fresh.set_state(snapshot.loads(frozen))
         again = _replay(Driver(fresh, 0), actions[k:], None, None) if not head[-1].ended else []
