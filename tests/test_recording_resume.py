@@ -124,3 +124,33 @@ def test_open_episodes_of_dict_and_tuple_spaces_round_trip_through_a_snapshot() 
     assert isinstance(back.obs[0]["b"], tuple)
     assert _rows_from(snapshot.loads(snapshot.dumps(_rows_state(_Rows())))) is not None
     assert _rows_state(None) is None
+
+
+@pytest.mark.parametrize("gone", ["removed", "not a recording"])
+def test_a_resume_records_on_only_into_a_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gone: str
+) -> None:
+    """Without ``--record``, a resumed run recorded on into whatever directory its
+    checkpoint named, creating it or writing beside other files. It records on only into
+    a recording (a writer's lock or chunks are there); otherwise it says so and records
+    nothing."""
+    import shutil
+
+    cut = tmp_path / "cut"
+    rec = cut / "rec"
+    assert _train(cut, "--total-steps", "256", "--record", str(rec)) == 0
+    shutil.rmtree(rec)
+    if gone == "not a recording":
+        rec.mkdir()
+        (rec / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    resume = ["train", "simkit/CartPole-v0", "--resume", str(cut), "--total-steps", "512"]
+    assert main([*resume, "--no-progress"]) == 0
+    assert (
+        f"simkit train: --resume: the checkpoint's run recorded into {rec}, which holds no "
+        "recording now: the resumed run records nothing (give --record DIR to record)\n"
+    ) in capsys.readouterr().err
+    if gone == "removed":
+        assert not rec.exists()
+    else:
+        assert [p.name for p in rec.iterdir()] == ["notes.txt"]

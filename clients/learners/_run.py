@@ -269,6 +269,14 @@ def restore_rollout(
     return False
 
 
+def _is_recording(directory: Path) -> bool:
+    """Whether ``directory`` is a recording's (a writer's lock or chunks are there): the
+    one place a resumed run writes to unasked, so never a folder a checkpoint merely names."""
+    from simkit.recording._format import chunk_paths
+
+    return directory.is_dir() and ((directory / "LOCK").is_file() or bool(chunk_paths(directory)))
+
+
 def _in_flight(recorder_state: dict[str, Any]) -> int:
     """Episodes a checkpoint's recorder state holds in flight (with a step so far)."""
     slots = recorder_state.get("slots") or []
@@ -419,6 +427,14 @@ class Run:
             return
         directory = saved.get("directory")
         if not isinstance(directory, str) or not directory:
+            return
+        if not _is_recording(Path(directory)):
+            print(
+                f"simkit train: --resume: the checkpoint's run recorded into {directory}, "
+                "which holds no recording now: the resumed run records nothing (give "
+                "--record DIR to record)",
+                file=sys.stderr,
+            )
             return
         self.options = dataclasses.replace(self.options, record=directory)
         print(
