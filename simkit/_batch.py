@@ -55,6 +55,7 @@ from simkit._contract import (
     EnvKind,
     action_bounds_of,
     check_max_episode_steps,
+    check_state_limit,
     declared_state_attributes,
 )
 from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
@@ -1229,15 +1230,11 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 f"state['elapsed_steps'] must be ints >= 0, got {elapsed.min()} "
                 f"(instance {int(np.argmin(elapsed))})"
             )
-        limit = state.get("max_episode_steps", self.max_episode_steps)
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit <= 0
-        ):
-            raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
+        limit = check_state_limit(state, self.max_episode_steps)
         core = (
             params,
             elapsed.astype(np.int64),
-            None if limit is None else int(limit),
+            limit,
             state_array(state["pending_reset"], "state['pending_reset']", "b", n),
             True,
         )

@@ -33,6 +33,7 @@ from simkit.randomization import (
 from simkit.snapshot import rng_from_plain, rng_to_plain
 
 __all__ = [
+    "MAX_EPISODE_STEPS",
     "STATE_FORMAT",
     "CapturedState",
     "ContractCore",
@@ -40,6 +41,7 @@ __all__ = [
     "EnvKind",
     "action_bounds_of",
     "check_max_episode_steps",
+    "check_state_limit",
     "declared_state_attributes",
 ]
 
@@ -264,12 +266,10 @@ class ContractCore:
             raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
         rng = rng_from_plain(state["rng"])
         params, elapsed = state["params"], state["elapsed_steps"]
-        limit = state.get("max_episode_steps", self.max_episode_steps)
+        limit = check_state_limit(state, self.max_episode_steps)
         check_params(self.randomization, params, "state['params']")
         if not _is_int(elapsed) or elapsed < 0:
             raise InvalidState(f"state['elapsed_steps'] must be an int >= 0, got {elapsed!r}")
-        if limit is not None and (not _is_int(limit) or limit <= 0):
-            raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
         active = state["episode_active"]
         if not isinstance(active, bool | np.bool_):
             raise InvalidState(f"state['episode_active'] must be a bool, got {active!r}")
@@ -281,7 +281,7 @@ class ContractCore:
         self._np_random_seed = -1  # as Gymnasium marks a generator set from outside
         self._params = copy.deepcopy(dict(params))
         self._elapsed_steps = int(elapsed)
-        self.max_episode_steps = None if limit is None else int(limit)
+        self.max_episode_steps = limit
         self._episode_active = bool(active)
         self._has_reset = True
         try:
@@ -334,18 +334,42 @@ _CORE_STATE = (
 """What ``set_state`` commits before the author's state and rolls back if it is rejected."""
 
 
-def check_max_episode_steps(value: Any) -> int:
-    """A time limit given to a constructor: a positive int.
+MAX_EPISODE_STEPS = 2**63 - 1
+"""The longest time limit: every env kind counts steps in int64 (a torch batch too)."""
+
+
+def check_max_episode_steps(value: Any, what: str = "max_episode_steps") -> int:
+    """A time limit (a constructor's, or ``what`` of a snapshot): a positive int that
+    the int64 step counters hold.
 
     Raises:
         TypeError: not an int.
-        ValueError: not positive.
+        ValueError: not positive, or over :data:`MAX_EPISODE_STEPS`.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_episode_steps must be an int or None, got {type(value).__name__}")
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{what} must be an int or None, got {type(value).__name__}")
     if value <= 0:
-        raise ValueError(f"max_episode_steps must be positive, got {value}")
-    return value
+        raise ValueError(f"{what} must be positive, got {value}")
+    if value > MAX_EPISODE_STEPS:
+        raise ValueError(f"{what} must be at most 2**63 - 1 (step counters are int64), got {value}")
+    return int(value)
+
+
+def check_state_limit(state: Mapping[str, Any], default: int | None) -> int | None:
+    """A snapshot's ``max_episode_steps`` (``default`` where it has none), checked.
+
+    Raises:
+        InvalidState: not ``None`` or a time limit :func:`check_max_episode_steps` takes.
+    """
+    limit = state.get("max_episode_steps", default)
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit <= 0:
+        raise InvalidState(f"state['max_episode_steps'] must be a positive int, got {limit!r}")
+    try:
+        return check_max_episode_steps(limit, "state['max_episode_steps']")
+    except ValueError as exc:
+        raise InvalidState(str(exc)) from None
 
 
 def action_bounds_of(metadata: Mapping[str, Any]) -> ActionBounds:

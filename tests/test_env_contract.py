@@ -251,11 +251,31 @@ def test_raise_policy_from_metadata() -> None:
         (-3, ValueError, r"max_episode_steps must be positive, got -3"),
         (2.5, TypeError, r"max_episode_steps must be an int or None, got float"),
         (True, TypeError, r"max_episode_steps must be an int or None, got bool"),
+        (
+            2**63,
+            ValueError,
+            r"max_episode_steps must be at most 2\*\*63 - 1 \(step counters are int64\), "
+            r"got 9223372036854775808",
+        ),
     ],
 )
 def test_max_episode_steps_validation(value: Any, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         Drift(max_episode_steps=value)
+    with pytest.raises(error, match=match):
+        simkit.make("simkit/BatchCartPole-v0", num_envs=2, max_episode_steps=value)
+
+
+@pytest.mark.parametrize("kind", ["env", "batch"])
+def test_a_snapshot_over_the_longest_time_limit_is_refused_whole(kind: str) -> None:
+    """A limit past int64 wrapped in a torch batch's counters (every step truncated);
+    a snapshot carrying one is refused, as a constructor argument is."""
+    env: Any = simkit.make("simkit/CartPole-v0" if kind == "env" else "simkit/BatchCartPole-v0")
+    env.reset(seed=0)
+    state = env.get_state()
+    state["max_episode_steps"] = 2**63
+    with pytest.raises(InvalidState, match=r"state\['max_episode_steps'\] must be at most 2"):
+        env.set_state(state)
 
 
 def test_an_unsupported_render_mode_warns_as_gymnasium_does() -> None:
