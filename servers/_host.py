@@ -183,7 +183,12 @@ class VectorHost(Generic[StepT]):
         seeding.env_offset = r.env_offset
         try:
             out: tuple[Any, list[dict[str, Any]]] = self.vector.reset_envs(
-                r.env_ids, seed=r.seed, seeds=r.seeds, options=r.options, params=r.params
+                r.env_ids,
+                seed=r.seed,
+                seeds=r.seeds,
+                options=r.options,
+                params=r.params,
+                replace_autoreset=r.replace_autoreset,
             )
         except BaseException:
             # Overrides are checked before anything moves (the vector's plan); what is

@@ -302,6 +302,74 @@ def test_remote_parallel_env_equals_local_env(serve: Any) -> None:
         env.close()
 
 
+def test_an_options_reset_after_an_episode_end_equals_a_local_env(serve: Any) -> None:
+    """``reset(options=...)`` without a seed after an episode ended used to discard the
+    server's autoreset episode and draw another, leaving the remote generator ahead of a
+    local env's for good. The reset now replaces the autoreset (its draws undone on the
+    server): every episode equals a local env's, before and after."""
+    env = RemoteParallelEnv(serve(GOALNAV, 2, **GOALNAV_KW), env_index=1, timeout=10)
+    local = simkit.make(GOALNAV, **GOALNAV_KW)
+    rng = np.random.default_rng(2)
+    heavy = {"params": {"mass": 1.5}}
+    try:
+        for seed, options in ((4, None), (None, heavy), (None, None), (None, {}), (None, heavy)):
+            lo, li = local.reset(seed=seed, options=options)
+            ro, ri = env.reset(seed=seed, options=options)
+            np.testing.assert_equal(ro, lo)
+            assert ri == li
+            while local.agents:
+                acts = {a: rng.uniform(-1, 1, 2).astype(np.float32) for a in local.agents}
+                for x, y in zip(local.step(acts), env.step(acts), strict=True):
+                    np.testing.assert_equal(y, x)
+    finally:
+        env.close()
+
+
+def test_reset_envs_replace_autoreset_undoes_the_autoresets_draws() -> None:
+    """The vector's part of it: ``reset_envs(..., replace_autoreset=True)`` of an env its
+    last step autoreset draws what the env reset after its episode's end draws; refused
+    (a bad override), it changes nothing; after a step there is nothing to replace."""
+    local = simkit.make(GOALNAV, **GOALNAV_KW)
+    vector = MultiAgentVectorEnv(GOALNAV, 1, env_kwargs=GOALNAV_KW)
+    local.reset(seed=3)
+    vector.reset_envs([0], seeds=[3])
+    rng = np.random.default_rng(0)
+    while local.agents:
+        acts = {a: rng.uniform(-1, 1, 2).astype(np.float32) for a in local.agents}
+        local.step(acts)
+        step = vector.step(np.stack([acts[a] for a in vector.possible_agents]))
+    assert step.env_reset[0]
+    counters, drawn = vector.episode_index, vector.envs[0].np_random.bit_generator.state
+    with pytest.raises(simkit.errors.InvalidParameter):
+        vector.reset_envs([0], options={"params": {"mass": 99.0}}, replace_autoreset=True)
+    assert (vector.episode_index == counters).all()
+    assert vector.envs[0].np_random.bit_generator.state == drawn
+    heavy = {"params": {"mass": 1.5}}
+    obs, _ = vector.reset_envs([0], options=heavy, replace_autoreset=True)
+    lo, _ = local.reset(options=heavy)
+    np.testing.assert_equal(obs, np.stack([lo[a] for a in vector.possible_agents]))
+    assert vector.envs[0].params == local.params
+    vector.step(np.zeros((3, 2), np.float32))
+    again, _ = vector.reset_envs([0], replace_autoreset=True)  # a plain reset now
+    lo, _ = local.reset()
+    np.testing.assert_equal(again, np.stack([lo[a] for a in vector.possible_agents]))
+    vector.close()
+
+
+def test_replace_autoreset_must_be_a_bool(serve: Any) -> None:
+    raw = _Raw(serve(GOALNAV, 2, **GOALNAV_KW))
+    try:
+        frames = raw.cs.request_reset(seed=1)
+        msg = decode(frames)
+        msg.body["replace_autoreset"] = "yes"
+        reply = decode(raw.call(encode(msg)))
+        assert reply.kind == "error"
+        assert reply.body["code"] == "invalid_field"
+        assert "'replace_autoreset' must be a bool" in reply.body["message"]
+    finally:
+        raw.close()
+
+
 class _Raw:
     """A DEALER socket with a ClientSession; every receive has a timeout."""
 

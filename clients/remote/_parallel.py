@@ -258,8 +258,10 @@ class RemoteParallelEnv(_Session, ParallelEnv[str, Any, Any]):
     The server resets an env in the same step as its last agent finishes: the step
     still returns the finished agents' last observations, ``agents`` becomes empty, and
     the next ``reset()`` (no seed, no options) takes the episode the server already
-    started, so seeding matches a local env reset with the same seeds. ``reset(seed=s)``
-    resets the env with exactly ``s`` (as ``env.reset(seed=s)`` does locally).
+    started, so seeding matches a local env reset with the same seeds; ``reset(options=...)``
+    then replaces that episode (``replace_autoreset``: the server undoes the autoreset's
+    draws), as a local env's would start. ``reset(seed=s)`` resets the env with exactly
+    ``s`` (as ``env.reset(seed=s)`` does locally).
 
     Args:
         endpoint: the server's ZeroMQ endpoint (it must serve a multi-agent env).
@@ -329,8 +331,9 @@ class RemoteParallelEnv(_Session, ParallelEnv[str, Any, Any]):
             )
         elif self._pending is not None and options is None:
             result = self._pending
-        else:
-            result = self._request_reset(self._ids, options=options)
+        else:  # with options after the episode's end: it replaces the server's autoreset
+            replace = self._pending is not None
+            result = self._request_reset(self._ids, options=options, replace_autoreset=replace)
         self._pending = None
         self.agents = self._live(result.agent_mask)
         rows = _own_rows(self._obs_space, result.obs, self.num_agents)

@@ -157,13 +157,17 @@ class ClientSession:
         options: dict[str, Any] | None = None,
         params: Sequence[dict[str, Any]] | None = None,
         env_offset: int | None = None,
+        replace_autoreset: bool = False,
     ) -> list[Any]:
         """Frames of a ``reset`` request (see docs/protocol.md for seeding).
 
         ``env_offset``: the global index of this server's env 0 when a client joins
         several servers into one vector, so seeds match a local vector of the total size.
+        ``replace_autoreset``: the reset replaces each env's autoreset of its last step.
         """
         body: dict[str, Any] = {}
+        if replace_autoreset:
+            body["replace_autoreset"] = True
         if env_offset is not None:
             body["env_offset"] = int(env_offset)
         if seed is not None:

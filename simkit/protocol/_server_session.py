@@ -67,6 +67,8 @@ class ResetRequest:
         params: per-env parameter overrides (one map per id), or None.
         env_offset: the global index of env 0 in the client's vector: seeds derive from
             ``episode_seed(root, env_offset + i, k)`` until the next reset.
+        replace_autoreset: the reset replaces each env's autoreset of its last step
+            (``VectorEnv.reset_envs``): what a single env reset after its episode's end draws.
     """
 
     env_ids: np.ndarray
@@ -75,6 +77,7 @@ class ResetRequest:
     options: dict[str, Any] | None = None
     params: list[dict[str, Any]] | None = None
     env_offset: int = 0
+    replace_autoreset: bool = False
 
 
 class EnvHost(Protocol):
@@ -287,9 +290,20 @@ class ServerSession(Generic[_H]):
                 expected=f"int in [0, {top}]",
                 got=repr(offset),
             )
+        replace = body.get("replace_autoreset", False)
+        if not isinstance(replace, bool):
+            raise InvalidField(
+                "'replace_autoreset' must be a bool", expected="bool", got=repr(replace)[:200]
+            )
         obs, infos = self.host.reset(
             ResetRequest(
-                env_ids, seed=seed, seeds=seeds, options=options, params=params, env_offset=offset
+                env_ids,
+                seed=seed,
+                seeds=seeds,
+                options=options,
+                params=params,
+                env_offset=offset,
+                replace_autoreset=replace,
             )
         )
         arrays = flatten_batch(self.host.observation_space, obs, "obs")

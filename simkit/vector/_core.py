@@ -61,6 +61,10 @@ class VectorCore(abc.ABC):
     """The face's fields of a whole snapshot, beside the core's."""
     _env_state_fields: frozenset[str] = frozenset()
     """The face's fields of a per-env snapshot, beside ``env`` and the seeding."""
+    _undoes_autoresets = False
+    """Whether :meth:`reset_envs` can replace an autoreset: the face clears
+    ``_env_reset`` of the envs each step steps, so it says whether an env's last step
+    autoreset it."""
 
     def _init_core(
         self,
@@ -91,6 +95,9 @@ class VectorCore(abc.ABC):
         self._broken = np.zeros(n, dtype=np.bool_)
         self._env_reset = np.zeros(n, dtype=np.bool_)
         self._in_flight = np.zeros(n, dtype=np.bool_)
+        self._undo: dict[int, tuple[int, Mapping[str, Any] | None]] = {}
+        """Per env an autoreset started the episode of: its episode counter and generator
+        state before that autoreset (:meth:`reset_envs` ``replace_autoreset``)."""
         self._faults: list[StepFault] = []
         # Per-row slots, written by whichever thread steps the row's env.
         self._obs_rows: list[Any] = [first_obs() if first_obs else None for _ in range(rows)]
@@ -166,6 +173,10 @@ class VectorCore(abc.ABC):
             self._pending[i] = True
             return
         self._env_reset[i] = True
+        if self._undoes_autoresets:
+            rng = self._generator(i)
+            state = None if rng is None else rng.bit_generator.state
+            self._undo[i] = (int(self.seeds.episode[i]), state)
         try:
             infos = self._reset_rows(i, self.seeds.next_one(i), None)
         except Exception as exc:
@@ -177,6 +188,11 @@ class VectorCore(abc.ABC):
         base = i * self.agents_per_env
         for s, info in enumerate(infos):
             self._reset_info_rows[base + s] = info
+
+    def _generator(self, i: int) -> np.random.Generator | None:
+        """Env ``i``'s own generator (a simkit or Gymnasium env's), if it has one."""
+        rng = getattr(self.envs[i].unwrapped, "_np_random", None)
+        return rng if isinstance(rng, np.random.Generator) else None
 
     def _reset_pending(self, i: int, mode: AutoresetMode) -> None:
         """An env that ended under ``NEXT_STEP``: its reset replaces this step."""
@@ -273,6 +289,7 @@ class VectorCore(abc.ABC):
         self, i: int, seed: int | None, options: dict[str, Any] | None
     ) -> list[dict[str, Any]]:
         """Resets env ``i`` outside a step: its rows start over, nothing pending."""
+        self._undo.pop(i, None)
         infos = self._reset_rows(i, seed, options)
         base = i * self.agents_per_env
         for s, info in enumerate(infos):
@@ -318,6 +335,7 @@ class VectorCore(abc.ABC):
         seeds: Sequence[int] | None = None,
         options: Mapping[str, Any] | None = None,
         params: Sequence[Mapping[str, Any] | None] | None = None,
+        replace_autoreset: bool = False,
     ) -> tuple[Any, list[dict[str, Any]]]:
         """Resets only ``env_ids`` (in that order): the array form of ``reset``.
 
@@ -328,21 +346,52 @@ class VectorCore(abc.ABC):
             options: reset options for every env.
             params: ``k`` randomization overrides (or ``None``), merged over
                 ``options["params"]`` for each env.
+            replace_autoreset: for each env whose last step autoreset it, this reset
+                replaces that autoreset: its episode counter and generator go back to
+                where they were before it, so the reset draws what a single env reset
+                after its episode's end would (a remote PettingZoo env's
+                ``reset(options=...)`` after its agents finished).
 
         Returns:
             The observation rows of those envs and their reset infos (one per row).
         """
         self._require_idle("reset()")
         ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
-        plan = plan_env_resets(
-            self.seeds, ids, seed=seed, seeds=seeds, options=options, params=params, envs=self.envs
-        )
+        undo = self._take_undo(ids) if replace_autoreset else {}
+        now = {i: int(self.seeds.episode[i]) for i in undo}
+        for i, (episode, _) in undo.items():
+            self.seeds.episode[i] = episode
+        try:
+            plan = plan_env_resets(
+                self.seeds,
+                ids,
+                seed=seed,
+                seeds=seeds,
+                options=options,
+                params=params,
+                envs=self.envs,
+            )
+        except BaseException:  # a refused reset changes nothing
+            for i, episode in now.items():
+                self.seeds.episode[i] = episode
+            self._undo.update(undo)
+            raise
+        for i, (_, state) in undo.items():
+            rng = self._generator(i)
+            if rng is not None and state is not None:
+                rng.bit_generator.state = state
         infos: list[dict[str, Any]] = []
         for i, env_seed, opts in plan:
             infos.extend(self._reset_env(i, env_seed, opts))
             self._pending[i] = self._broken[i] = False
         self._has_reset = bool((self.seeds.episode >= 0).all())
         return self._gather(self._obs_rows, self._global_rows(ids)), infos
+
+    def _take_undo(self, ids: np.ndarray) -> dict[int, tuple[int, Mapping[str, Any] | None]]:
+        """The undo records of the envs of ``ids`` whose last step autoreset them."""
+        return {
+            i: self._undo.pop(i) for i in ids.tolist() if i in self._undo and self._env_reset[i]
+        }
 
     def _require_idle(self, what: str) -> None:
         if self._in_flight.any():
@@ -425,6 +474,7 @@ class VectorCore(abc.ABC):
         seeds = EpisodeSeeds.parse_state(state, n)
         apply_rows = self._restore_rows(state)
         restore_all([env.unwrapped for env in self.envs], state["envs"])
+        self._undo.clear()
         self.seeds.set_state(seeds)
         apply_rows()
         self._has_reset = True
@@ -472,6 +522,7 @@ class VectorCore(abc.ABC):
         restore_all([self.envs[i].unwrapped for i in ids], [s["env"] for s in states])
         for i, (seeding, apply_rows) in zip(ids, parsed, strict=True):
             self.seeds.set_env_state(i, seeding)
+            self._undo.pop(i, None)
             apply_rows(i)
             self._pending[i] = self._broken[i] = False
         self._has_reset = bool((self.seeds.episode >= 0).all())

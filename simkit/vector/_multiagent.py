@@ -60,6 +60,7 @@ class MultiAgentVectorEnv(VectorCore):
 
     _state_fields = frozenset({"obs_rows", "agent_mask"})
     _env_state_fields = frozenset({"obs_rows", "agent_mask"})
+    _undoes_autoresets = True
 
     def __init__(
         self,
