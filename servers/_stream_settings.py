@@ -89,9 +89,10 @@ class StreamSettings:
         elif env_id in self.allowed_envs:
             allowed = {}
         else:
+            named = " or ".join([self.env_id, *self.allowed_envs])
             raise EnvNotAllowed(
-                "this server builds only the envs its operator named",
-                expected=" or ".join([self.env_id, *self.allowed_envs]),
+                f"this server builds only the envs its operator named: {named}, not {env_id[:200]}",
+                expected=named,
                 got=env_id[:200],
             )
         if dict(env_kwargs) != allowed:

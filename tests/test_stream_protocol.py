@@ -185,3 +185,18 @@ def test_parse_fragment_refuses_inconsistent_shapes() -> None:
     full["last_values"] = np.zeros(5, np.float32)
     with pytest.raises(InvalidShape, match="'last_values' has the wrong leading shape"):
         parse_fragment(Message(kind="fragment", id=0, body={"sequence": 0}, arrays=full))
+
+
+def test_a_remote_error_names_what_was_expected_and_what_came() -> None:
+    """A learner prints ``str`` of a refusal: it held only the server's sentence
+    ("too many env slots for one session"), the limit and the value asked for were
+    attributes nobody printed. They are in the message now, once."""
+    err = RemoteError("invalid_field", "too many env slots", expected="<= 4096", got=5000)
+    assert str(err) == "[invalid_field] too many env slots (expected <= 4096, got 5000)"
+    named = RemoteError(
+        err.remote_code, f"server x: {err.message.split('] ', 1)[-1]}", expected="<= 4096", got=5000
+    )
+    assert str(named) == "[invalid_field] server x: too many env slots (expected <= 4096, got 5000)"
+    said = RemoteError("env_not_allowed", "builds only a or b, not c", expected="a or b", got="c")
+    assert str(said) == "[env_not_allowed] builds only a or b, not c"
+    assert str(RemoteError("busy", "server busy")) == "[busy] server busy"

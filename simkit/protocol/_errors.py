@@ -146,7 +146,9 @@ class UnsupportedSpace(ProtocolError, TypeError):
 
 
 class RemoteError(ProtocolError):
-    """An error reply from the peer, raised on the client side.
+    """An error reply from the peer, raised on the client side. Its message is the
+    peer's, after ``[remote_code]``, and ends with what was expected and what came where
+    the peer's sentence does not already say them (a learner prints only the message).
 
     Attributes:
         remote_code: the code the server sent (any string, also future ones).
@@ -157,7 +159,13 @@ class RemoteError(ProtocolError):
     def __init__(
         self, remote_code: str, message: str, *, expected: Any = None, got: Any = None
     ) -> None:
-        super().__init__(f"[{remote_code}] {message}", expected=expected, got=got)
+        said = [
+            f"{name} {value}"
+            for name, value in (("expected", expected), ("got", got))
+            if value is not None and str(value) not in message
+        ]
+        detail = f" ({', '.join(said)})" if said else ""
+        super().__init__(f"[{remote_code}] {message}{detail}", expected=expected, got=got)
         self.remote_code = remote_code
 
 
