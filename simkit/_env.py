@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 
 from simkit._contract import ContractCore, ContractOptions, EnvKind
-from simkit._validation import validate_action
+from simkit._validation import reward_of, validate_action
 from simkit.randomization import Params
 
 __all__ = ["Env"]
@@ -96,8 +96,9 @@ class Env(ContractCore, gym.Env[ObsType, ActType], Generic[ObsType, ActType]):
             action = validate_action(self.action_space, action, bounds=self.action_bounds)
         assert self._np_random is not None
         obs, reward, terminated, info = self.step_episode(action, self._np_random)
+        reward = reward_of(reward)
         truncated = self._count_step()
         terminated = bool(terminated)
         if terminated or truncated:
             self._episode_active = False
-        return obs, float(reward), terminated, truncated, info
+        return obs, reward, terminated, truncated, info

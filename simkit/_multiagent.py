@@ -10,7 +10,7 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 from simkit._contract import ContractCore, ContractOptions, EnvKind
-from simkit._validation import validate_action
+from simkit._validation import reward_of, validate_action
 from simkit.errors import InvalidAction, InvalidState
 from simkit.randomization import Params
 
@@ -119,7 +119,7 @@ class MultiAgentEnv(
         assert self._np_random is not None
         observations, rewards, terminations, infos = self.step_episode(actions, self._np_random)
         truncate = self._count_step()
-        rewards_out = {agent: float(rewards[agent]) for agent in observations}
+        rewards_out = {agent: reward_of(rewards[agent], agent) for agent in observations}
         terms_out = {agent: bool(terminations[agent]) for agent in observations}
         truncs_out = {agent: truncate for agent in observations}
         infos_out = {agent: infos.get(agent, {}) for agent in observations}

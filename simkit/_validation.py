@@ -12,7 +12,14 @@ from gymnasium import spaces
 from simkit._seeding import MAX_ROOT_SEED
 from simkit.errors import InvalidAction
 
-__all__ = ["ActionBounds", "validate_action", "check_seed", "check_send_ids", "checked_env_ids"]
+__all__ = [
+    "ActionBounds",
+    "validate_action",
+    "check_seed",
+    "check_send_ids",
+    "checked_env_ids",
+    "reward_of",
+]
 
 
 class ActionBounds(enum.Enum):
@@ -237,3 +244,26 @@ def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray | None) ->
     if busy.size:
         raise ValueError(f"envs {busy.tolist()} are already in flight; recv() them first")
     return ids
+
+
+def reward_of(value: Any, agent: object = None) -> float:
+    """``value``, a reward ``step_episode`` returned (``agent``'s, in a multi-agent env),
+    as a float: a real number (a Python or numpy scalar, or a 0-d array).
+
+    Raises:
+        TypeError: anything else, named (an array of shape (1,), a str, None, a complex).
+    """
+    if type(value) is float:
+        return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, int | float | np.integer | np.floating | np.bool_):
+        return float(value)
+    got = (
+        f"ndarray of shape {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+    )
+    what = "the reward" if agent is None else f"the reward of agent {agent!r}"
+    raise TypeError(
+        f"step_episode must return {what} as a real number (a float, int or numpy scalar), "
+        f"got {got}"
+    )

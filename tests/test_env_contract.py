@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import gymnasium
@@ -475,3 +476,30 @@ def test_gymnasium_make_adds_no_time_limit() -> None:
         assert not term
         steps += 1
     assert steps == 500
+
+
+@pytest.mark.parametrize(
+    ("reward", "got"),
+    [(np.array([1.0]), "ndarray of shape (1,)"), ("1", "str"), (None, "NoneType"), (1j, "complex")],
+)
+def test_a_reward_that_is_not_a_real_number_is_named(reward: Any, got: str) -> None:
+    """``float(reward)`` raised numpy's "only 0-dimensional arrays can be converted"
+    (or accepted the string "1"): the error now says what the hook must return."""
+
+    class BadReward(Drift):
+        def step_episode(self, action: Any, rng: np.random.Generator) -> Any:
+            obs, _, terminated, info = super().step_episode(action, rng)
+            return obs, reward, terminated, info
+
+    env = BadReward()
+    env.reset(seed=0)
+    with pytest.raises(
+        TypeError,
+        match=rf"^step_episode must return the reward as a real number "
+        rf"\(a float, int or numpy scalar\), got {re.escape(got)}$",
+    ):
+        env.step(np.zeros(1))
+    for fine in (np.float32(0.5), np.array(2.0), 3, True):
+        BadReward.step_episode = lambda self, a, rng, r=fine: (self.pos.copy(), r, False, {})  # type: ignore[method-assign]
+        env.reset(seed=0)
+        assert env.step(np.zeros(1))[1] == float(fine)

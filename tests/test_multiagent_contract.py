@@ -211,3 +211,19 @@ def test_np_random_created_lazily_like_gymnasium() -> None:
     assert env.np_random_seed == 1
     env.np_random = np.random.default_rng(2)
     assert env.np_random_seed == -1
+
+
+def test_a_reward_that_is_not_a_real_number_names_the_agent() -> None:
+    class BadReward(Race):
+        def step_episode(self, actions: dict[str, int], rng: np.random.Generator) -> Any:
+            obs, rewards, done, infos = super().step_episode(actions, rng)
+            return obs, {**rewards, "r1": np.array([1.0, 2.0])}, done, infos
+
+    env = BadReward()
+    env.reset(seed=0)
+    with pytest.raises(
+        TypeError,
+        match=r"^step_episode must return the reward of agent 'r1' as a real number \(a float, "
+        r"int or numpy scalar\), got ndarray of shape \(2,\)$",
+    ):
+        env.step(dict.fromkeys(env.agents, 1))
