@@ -321,9 +321,21 @@ class AliasingPoint(BatchPoint):
         self.steps_seen = np.array(state["steps_seen"])
 
 
+class KeepingPoint(AliasingPoint):
+    """Planted bug: the restore keeps the snapshot's array, which steps rewrite in place."""
+
+    def get_env_state(self) -> dict[str, Any]:
+        return {**super().get_env_state(), "steps_seen": self.steps_seen.copy()}
+
+    def set_env_state(self, state: Any) -> None:
+        super().set_env_state(state)
+        self.steps_seen = state["steps_seen"]
+
+
 @pytest.mark.parametrize(
     ("env", "words"),
     [
+        (KeepingPoint, r"stepping changed a snapshot given to set_state\(\); set_env_state\(\)"),
         (NumpyScalarPoint, r"snapshot: get_state\(\)\['data'\]\['steps_taken'\]: numpy int64"),
         (AliasingPoint, r"stepping changed a snapshot taken earlier; get_env_state\(\) must"),
     ],

@@ -308,10 +308,22 @@ def test_property_test_catches_broken_envs(env_cls: type, match: str) -> None:
         settings(phases=[Phase.explicit, Phase.generate])(testing.property_test(env_cls))()
 
 
+class KeepingWalker(AliasingWalker):
+    """Its restore keeps the snapshot's array: steps then rewrite the caller's snapshot,
+    so restoring it again gives another state."""
+
+    def get_env_state(self) -> dict[str, Any]:
+        return {"pos": self.pos, "vel": self.vel, "trail": self.trail.copy()}
+
+    def set_env_state(self, state: dict[str, Any]) -> None:
+        self.pos, self.vel, self.trail = state["pos"], state["vel"], state["trail"]  # the bug
+
+
 @pytest.mark.parametrize(
     ("env_cls", "match"),
     [
         (NumpyScalarWalker, r"snapshot: get_state\(\)\['data'\]\['kicks'\]: numpy int64"),
+        (KeepingWalker, r"stepping changed a snapshot given to set_state\(\); set_env_state\(\) "),
         (AliasingWalker, r"stepping changed a snapshot taken earlier; get_state\(\) must return"),
     ],
 )

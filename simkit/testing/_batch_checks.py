@@ -40,7 +40,13 @@ from simkit.testing._batch_driver import (
     stack,
     step_event,
 )
-from simkit.testing._checks import _check_observation, _seed_globals, check_unchanged, freeze
+from simkit.testing._checks import (
+    KEPT_STATE,
+    _check_observation,
+    _seed_globals,
+    check_unchanged,
+    freeze,
+)
 
 __all__ = [
     "BATCH_CHECKS",
@@ -86,7 +92,10 @@ INCOMPLETE = (
     "the snapshot is incomplete: some per-instance state the hooks use is not in "
     "state_attributes (or get_env_state()), or set_env_state() does not restore it"
 )
-LIVE_ARRAYS = "get_env_state() must return copies, not the live arrays of the batch"
+LIVE_ARRAYS = (
+    "stepping changed a snapshot taken earlier; get_env_state() must return copies, not "
+    "the live arrays of the batch"
+)
 DEPENDENT = (
     "instance rows depend on the other instances or on which instances reset "
     "together: a reduction over the whole batch (np.sum(x), np.linalg.norm(x) without "
@@ -269,7 +278,8 @@ def check_batch_snapshot(
     rest = script.tail(k)
     original = run_script(env, rest, None)
     check_unchanged(state, frozen, LIVE_ARRAYS)
-    env.set_state(snapshot.loads(frozen))
+    given = snapshot.loads(frozen)
+    env.set_state(given)
     compare(
         original,
         run_script(env, rest, None),
@@ -277,6 +287,7 @@ def check_batch_snapshot(
         INCOMPLETE,
         names=("original", "restored"),
     )
+    check_unchanged(given, frozen, KEPT_STATE)
     fresh = setup.build()
     fresh.set_state(snapshot.loads(frozen))
     compare(

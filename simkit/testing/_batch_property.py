@@ -24,7 +24,7 @@ from simkit.testing._batch_driver import (
     instance_view,
     run_script,
 )
-from simkit.testing._checks import check_unchanged, freeze
+from simkit.testing._checks import KEPT_STATE, check_unchanged, freeze
 from simkit.testing.strategies import batch_scripts, seeds
 
 __all__ = ["batch_property_test"]
@@ -88,8 +88,8 @@ def batch_property_test(
         state, frozen = freeze(env)
         tail = run_script(env, script.tail(k), None)
         check_unchanged(state, frozen, LIVE_ARRAYS)
-        fresh = setup.build()
-        fresh.set_state(snapshot.loads(frozen))
+        fresh, given = setup.build(), snapshot.loads(frozen)
+        fresh.set_state(given)
         compare(
             tail,
             run_script(fresh, script.tail(k), None),
@@ -97,6 +97,7 @@ def batch_property_test(
             INCOMPLETE,
             names=("original", "restored"),
         )
+        check_unchanged(given, frozen, KEPT_STATE)
         alone = run_script(setup.build(1, offset=i), script.project(i), seed)
         compare(
             instance_view(first, i),

@@ -156,14 +156,16 @@ def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100)
     action_seed = seed + 7
     driver._rng = np.random.default_rng(action_seed)
     original = driver.continue_for(steps)
-    check_unchanged(state, frozen, "get_state() must return copies, not live arrays of the env")
+    check_unchanged(state, frozen, LIVE_STATE)
     cause = (
         "the snapshot is incomplete: some state the env uses is not in get_env_state() "
         "(or state_attributes), or set_env_state() does not restore it"
     )
-    env.set_state(snapshot.loads(frozen))
+    given = snapshot.loads(frozen)
+    env.set_state(given)
     again = Driver(env, action_seed).continue_for(steps)
     _compare(original, again, "snapshot (set_state on the same instance)", cause)
+    check_unchanged(given, frozen, KEPT_STATE)
     fresh = factory()
     fresh.set_state(snapshot.loads(frozen))
     _compare(
@@ -172,6 +174,17 @@ def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100)
         "snapshot (set_state on a fresh instance)",
         cause,
     )
+
+
+LIVE_STATE = (
+    "stepping changed a snapshot taken earlier; get_state() must return copies, not live "
+    "arrays of the env"
+)
+KEPT_STATE = (
+    "stepping changed a snapshot given to set_state(); set_env_state() must copy what it "
+    "keeps (np.array(state['x']), not state['x']) and not write into the snapshot, or a "
+    "snapshot restored twice gives two states"
+)
 
 
 def freeze(env: Any) -> tuple[Any, bytes]:
@@ -183,11 +196,12 @@ def freeze(env: Any) -> tuple[Any, bytes]:
     return state, frozen
 
 
-def check_unchanged(state: Any, frozen: bytes, fix: str) -> None:
-    """Raises ConformanceError if ``state`` (a snapshot :func:`freeze` took) changed since:
-    it holds live arrays of the env, which later steps rewrote."""
+def check_unchanged(state: Any, frozen: bytes, why: str) -> None:
+    """Raises ConformanceError (``why``) if ``state``, a snapshot whose
+    :func:`simkit.snapshot.dumps` form is ``frozen``, changed since: the env holds arrays
+    of it that later steps rewrote (:data:`LIVE_STATE`, :data:`KEPT_STATE`)."""
     if snapshot.dumps(state) != frozen:
-        raise ConformanceError(f"snapshot: stepping changed a snapshot taken earlier; {fix}")
+        raise ConformanceError(f"snapshot: {why}")
 
 
 def _check_round_trip(state: Any, restored: Any) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simkit import snapshot
-from simkit.testing._checks import _compare, check_unchanged, freeze
+from simkit.testing._checks import KEPT_STATE, LIVE_STATE, _compare, check_unchanged, freeze
 from simkit.testing._driver import Driver, EnvFactory, Step, as_factory
 from simkit.testing.strategies import action_sequences, reset_options, seeds
 
@@ -79,9 +79,9 @@ def property_test(env_fn: EnvFactory | str, *, max_actions: int = 60) -> Callabl
         head = _replay(Driver(env, 0), actions[:k], seed, options)
         state, frozen = freeze(env)
         tail = _replay(Driver(env, 0), actions[k:], None, None) if not head[-1].ended else []
-        check_unchanged(state, frozen, "get_state() must return copies, not live arrays of the env")
-        fresh = factory()
-        fresh.set_state(snapshot.loads(frozen))
+        check_unchanged(state, frozen, LIVE_STATE)
+        fresh, given = factory(), snapshot.loads(frozen)
+        fresh.set_state(given)
         again = _replay(Driver(fresh, 0), actions[k:], None, None) if not head[-1].ended else []
         _compare(
             tail,
@@ -90,6 +90,7 @@ def property_test(env_fn: EnvFactory | str, *, max_actions: int = 60) -> Callabl
             "the snapshot is incomplete: some state the env uses is not in get_env_state() "
             "(or state_attributes), or set_env_state() does not restore it",
         )
+        check_unchanged(given, frozen, KEPT_STATE)
 
     test.__name__ = f"test_conformance_properties_{getattr(env_fn, '__name__', 'env')}"
     return test
