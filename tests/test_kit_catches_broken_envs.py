@@ -334,3 +334,26 @@ def test_property_test_applies_check_snapshots_rules(env_cls: type, match: str) 
         testing.check_snapshot(env_cls, seed=1, steps=40)
     with pytest.raises(ConformanceError, match=match):
         settings(phases=[Phase.explicit, Phase.generate])(testing.property_test(env_cls))()
+
+
+class ArrayRewardWalker(Walker):
+    """Returns its reward as an array of shape (1,): every check that steps it raises."""
+
+    def step_episode(
+        self, action: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, Any, bool, dict[str, Any]]:
+        obs, reward, terminated, info = super().step_episode(action, rng)
+        return obs, np.array([reward]), terminated, info
+
+
+def test_checks_failing_with_one_error_name_it_once_not_a_cause() -> None:
+    """A later check failing with the very error an earlier one raised was told it
+    "probably follows from check_determinism" (two runs that differ); it is the same
+    error, and the report says so."""
+    results = testing.run_checks(testing.CHECKS, ArrayRewardWalker, steps=20)
+    failed = [r for r in results if r.status == "FAIL"]
+    assert failed[0].name == "check_spaces"
+    assert "step_episode must return the reward as a real number" in failed[0].message
+    for r in failed[1:]:
+        assert r.message.endswith(" [the same error as check_spaces]"), r.line()
+        assert "probably follows" not in r.message

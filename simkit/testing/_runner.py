@@ -63,12 +63,13 @@ def run_checks(
 ) -> list[CheckResult]:
     """Runs every check on ``env_fn`` with ``kwargs``, each whatever the others did.
 
-    A failure of a check that relies on an earlier failed one says so: "probably
+    A failure with the very message of an earlier one says so: "the same error as
+    check_x"; else one of a check that relies on an earlier failed one: "probably
     follows from check_x, which failed first: why". An env that raises inside a check
     fails it with the exception named.
     """
     results: list[CheckResult] = []
-    failed: list[str] = []
+    failed: dict[str, str] = {}
     for check in checks:
         name = check.__name__
         try:
@@ -83,9 +84,12 @@ def run_checks(
         else:
             results.append(CheckResult(name, "PASS"))
             continue
+        same = next((f for f, said in failed.items() if said == message), None)
         cause = next((f for f in failed if f in RELIES.get(name, ())), None)
-        if cause is not None:
+        failed[name] = message
+        if same is not None:
+            message += f" [the same error as {same}]"
+        elif cause is not None:
             message += f" [probably follows from {cause}, which failed first: {WHY[cause]}]"
-        failed.append(name)
         results.append(CheckResult(name, "FAIL", message))
     return results
