@@ -173,9 +173,22 @@ class Policy:
         """The action for ``obs``: one observation gives one action, a batch ``(B, ...)``
         gives ``B`` actions. ``deterministic`` (the default) takes the mean action (the
         most likely one for discrete actions); else it samples from the policy's own
-        seeded generator."""
+        seeded generator.
+
+        Raises:
+            ValueError: ``obs`` is neither one observation nor a batch of them, or not
+                numbers.
+        """
         batch = np.asarray(obs)
-        single = batch.shape == self.observation_space.shape
+        shape = tuple(self.observation_space.shape or ())
+        single = batch.shape == shape
+        if (not single and batch.shape[1:] != shape) or batch.dtype.kind not in "biuf":
+            batched = ", ".join(["B", *map(str, shape)])
+            got = f"shape {batch.shape}" if batch.dtype.kind in "biuf" else f"dtype {batch.dtype}"
+            raise ValueError(
+                f"Policy.act takes one observation of shape {shape} or a batch of shape "
+                f"({batched}) of numbers, got {got}"
+            )
         if single:
             batch = batch[None]
         out = self.model.act(batch, generator=self._generator, deterministic=deterministic)

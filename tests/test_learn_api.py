@@ -290,3 +290,26 @@ def test_evaluate_takes_whole_episodes_only(tmp_path: Path) -> None:
         simkit.evaluate(missing, episodes=0)
     with pytest.raises(TypeError, match=r"^fps must be a whole number >= 1, got 2\.5$"):
         simkit.evaluate(missing, fps=2.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("obs", "message"),
+    [
+        (np.zeros(3), "got shape (3,)"),
+        (np.zeros((2, 5)), "got shape (2, 5)"),
+        (np.array(["a"] * 4), "got dtype <U1"),
+    ],
+)
+def test_policy_act_names_the_observation_it_takes(obs: Any, message: str) -> None:
+    """``act`` said "observations must have shape (B, *(4,))" for one bad observation,
+    and passed torch's conversion error through for strings."""
+    from simkit.clients.learners.ppo import PPOArgs, build_model
+    from simkit.learn import Policy
+
+    policy = Policy(build_model(PPOArgs(env_id="simkit/CartPole-v0")), "simkit/CartPole-v0")
+    with pytest.raises(ValueError, match=r"^Policy.act takes one observation") as caught:
+        policy.act(obs)
+    assert str(caught.value) == (
+        "Policy.act takes one observation of shape (4,) or a batch of shape (B, 4) of "
+        f"numbers, {message}"
+    )
