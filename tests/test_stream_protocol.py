@@ -200,3 +200,14 @@ def test_a_remote_error_names_what_was_expected_and_what_came() -> None:
     said = RemoteError("env_not_allowed", "builds only a or b, not c", expected="a or b", got="c")
     assert str(said) == "[env_not_allowed] builds only a or b, not c"
     assert str(RemoteError("busy", "server busy")) == "[busy] server busy"
+
+
+def test_a_local_protocol_error_names_what_was_expected_and_what_came() -> None:
+    """The same for an error raised on this side (an action the space's dtype cannot
+    take said only "actions cannot be cast to the space dtype"); an error reply still
+    carries the sentence alone, with ``expected`` and ``got`` in their own fields."""
+    from simkit.protocol import InvalidDtype
+
+    err = InvalidDtype("actions cannot be cast to the space dtype", expected="int64", got="<U3")
+    assert str(err) == "actions cannot be cast to the space dtype (expected int64, got <U3)"
+    assert err.message == "actions cannot be cast to the space dtype"

@@ -32,8 +32,13 @@ __all__ = [
 class ProtocolError(SimkitError, ValueError):
     """A message broke the wire protocol; carries a stable error ``code``.
 
+    ``str()`` of it is ``message``, ending with what was expected and what came where
+    ``message`` does not already say them (a caller prints only the message);
+    :attr:`message` is the sentence alone, what an error reply carries.
+
     Attributes:
         code: machine-readable error code (see :data:`ERROR_CODES`).
+        message: the sentence, without ``expected`` and ``got``.
         expected: what the receiver expected, in words (or None).
         got: what it received, in words (or None).
     """
@@ -41,10 +46,15 @@ class ProtocolError(SimkitError, ValueError):
     code: ClassVar[str] = "protocol_error"
 
     def __init__(self, message: str, *, expected: Any = None, got: Any = None) -> None:
-        super().__init__(message)
         self.message = message
         self.expected = None if expected is None else str(expected)
         self.got = None if got is None else str(got)
+        said = [
+            f"{name} {value}"
+            for name, value in (("expected", self.expected), ("got", self.got))
+            if value is not None and value not in message
+        ]
+        super().__init__(f"{message} ({', '.join(said)})" if said else message)
 
 
 class MalformedMessage(ProtocolError):
@@ -146,9 +156,8 @@ class UnsupportedSpace(ProtocolError, TypeError):
 
 
 class RemoteError(ProtocolError):
-    """An error reply from the peer, raised on the client side. Its message is the
-    peer's, after ``[remote_code]``, and ends with what was expected and what came where
-    the peer's sentence does not already say them (a learner prints only the message).
+    """An error reply from the peer, raised on the client side; its message is the
+    peer's, after ``[remote_code]``.
 
     Attributes:
         remote_code: the code the server sent (any string, also future ones).
@@ -159,13 +168,7 @@ class RemoteError(ProtocolError):
     def __init__(
         self, remote_code: str, message: str, *, expected: Any = None, got: Any = None
     ) -> None:
-        said = [
-            f"{name} {value}"
-            for name, value in (("expected", expected), ("got", got))
-            if value is not None and str(value) not in message
-        ]
-        detail = f" ({', '.join(said)})" if said else ""
-        super().__init__(f"[{remote_code}] {message}{detail}", expected=expected, got=got)
+        super().__init__(f"[{remote_code}] {message}", expected=expected, got=got)
         self.remote_code = remote_code
 
 
