@@ -747,9 +747,11 @@ class RolloutServer:
                 slot.gone_at = now
         self._streams.disconnected(closed, now)
 
-    def _drain(self, grace_s: float = 0.2) -> None:
-        """Refuses every request already queued or arriving within ``grace_s`` of quiet."""
-        while self._sock.poll(int(grace_s * 1000), zmq.POLLIN):
+    def _drain(self, grace_s: float = 0.2, limit_s: float = 2.0) -> None:
+        """Refuses every request already queued or arriving within ``grace_s`` of quiet,
+        for at most ``limit_s``: a peer that never goes quiet cannot hold the shutdown."""
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end and self._sock.poll(int(grace_s * 1000), zmq.POLLIN):
             parts = self._sock.recv_multipart()
             exc = _ShuttingDown(
                 "the server is shutting down", expected="a running server", got="shutdown"

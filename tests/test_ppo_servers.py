@@ -573,3 +573,46 @@ def test_a_recording_the_run_cannot_open_stops_it_before_anything_starts(
         stop_servers(started)
     assert started == []
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["dropped", "replaced"])
+def test_a_server_restarted_between_updates_is_a_lost_server(tmp_path: Path, wait: bool) -> None:
+    """A server restarted on its endpoint while the learner updated answered the next
+    weights with "this connection has no stream session" (the socket reconnects by
+    itself), which ended the run, with or without wait_for_servers. It is a lost
+    server now: dropped (its rows gone), or with wait_for_servers its session reopened."""
+    from simkit.clients.learners._server_source import ServerSource
+    from simkit.models import ModelSpec, build_model
+    from simkit.servers import RolloutServer
+
+    cartpole = "simkit/CartPole-v0"
+    binds = [f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"]
+    servers = [RolloutServer(cartpole, 2, e, policy=True, device="cpu").start() for e in binds]
+    lines: list[str] = []
+    spec = ModelSpec("mlp", {"hidden_sizes": [16]})
+    src = ServerSource(
+        binds, spec, env_id=cartpole, num_envs=2, num_steps=16, seed=0, timeout=5.0,
+        wait_for_servers=wait, report=lines.append,
+    )  # fmt: skip
+    try:
+        model = build_model(spec, src.observation_space, src.action_space)
+        fragments = src.fragments()
+        src.push_weights(model, version=0)
+        assert [next(fragments) is not None for _ in range(2)] == [True, True]
+        servers[1].stop()
+        servers.append(RolloutServer(cartpole, 2, binds[1], policy=True, device="cpu").start())
+        src.push_weights(model, version=1)
+        fresh, lost = [], False  # a dropped server's loss is a None among the fragments
+        while len(fresh) < (2 if wait else 1) or not (wait or lost):
+            f = next(fragments)
+            lost = lost or f is None
+            if f is not None and f.policy_version.max() == 1:
+                fresh.append(f)
+        said = "\n".join(lines)
+        assert f"server {binds[1]} restarted: it answers, but its stream session is gone" in said
+        assert (f"server {binds[1]} is back" in said) is wait
+        assert src.stream.endpoints == (binds if wait else binds[:1])
+    finally:
+        src.close()
+        for s in servers:
+            s.stop()

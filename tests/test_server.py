@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -450,6 +451,33 @@ def test_stop_answers_or_refuses_every_queued_request(tmp_path: Path, connect: C
     replies = [decode(client.sock.recv_multipart()) for _ in range(30)]
     kinds = {r.kind if r.kind == "step" else r.body["code"] for r in replies}
     assert kinds <= {"step", "shutting_down"}
+
+
+def test_a_peer_that_never_goes_quiet_cannot_hold_the_shutdown(
+    tmp_path: Path, connect: Clients
+) -> None:
+    """The drain refused requests until 200 ms of quiet: a peer sending one every 50 ms
+    kept a stopped server (SIGTERM included) running for as long as it sent."""
+    srv = RolloutServer("simkit/CartPole-v0", 1, f"ipc://{tmp_path}/loud.sock").start()
+    client = connect(srv.endpoint)
+    client.hello()
+    loud = threading.Event()
+
+    def chatter() -> None:
+        while not loud.is_set():
+            client.sock.send_multipart(client.session.request_reset(seed=0))
+            time.sleep(0.05)
+
+    talker = threading.Thread(target=chatter, daemon=True)
+    talker.start()
+    try:
+        time.sleep(0.3)
+        srv.stop(timeout=6.0)  # the drain's own limit is 2 s
+        assert srv._thread is not None
+        assert not srv._thread.is_alive()
+    finally:
+        loud.set()
+        talker.join()
 
 
 def test_busy_polling_spins_for_its_window_then_sleeps(tmp_path: Path, connect: Clients) -> None:

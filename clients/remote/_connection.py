@@ -45,6 +45,20 @@ class ServerUnavailable(SimkitError, ConnectionError):
         self.timeout = timeout
 
 
+class ServerRestarted(ServerUnavailable):
+    """The server at an endpoint answered a stream request with "this connection has no
+    stream session": its process restarted there (the socket reconnected by itself),
+    and the session is gone as if the server were lost."""
+
+    def __init__(self, endpoint: str) -> None:
+        ConnectionError.__init__(
+            self,
+            f"server {endpoint} restarted: it answers, but its stream session is gone",
+        )
+        self.endpoint = endpoint
+        self.timeout = 0.0
+
+
 @dataclass(frozen=True)
 class CurveKeys:
     """The CURVE keys a client needs for a server bound beyond loopback (docs/server.md).

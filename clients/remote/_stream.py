@@ -22,7 +22,13 @@ from gymnasium import spaces
 
 from simkit._noise import NORMAL_NOISE_VERSION
 from simkit._types import ROW_FIELDS, Fragment, stack_fragments
-from simkit.clients.remote._connection import Connection, CurveKeys, ServerUnavailable, _Keepalive
+from simkit.clients.remote._connection import (
+    Connection,
+    CurveKeys,
+    ServerRestarted,
+    ServerUnavailable,
+    _Keepalive,
+)
 from simkit.models import ModelSpec, PolicyWeights, get_weights
 from simkit.protocol import Message, ProtocolError, RemoteError, space_from_plain
 from simkit.protocol._stream_messages import (
@@ -296,6 +302,8 @@ class PolicyStream:
         try:
             item = srv.session.parse(frames)
         except RemoteError as exc:
+            if exc.remote_code == "session_state" and exc.expected == "stream_open first":
+                raise ServerRestarted(srv.conn.endpoint) from None
             named = RemoteError(
                 exc.remote_code,
                 f"server {srv.conn.endpoint}: {exc.message.split('] ', 1)[-1]}",
