@@ -70,6 +70,26 @@ def test_a_failing_env_ends_its_episode_and_restarts_while_the_others_go_on() ->
     assert step.obs[1] == expected
 
 
+def test_a_whole_restore_mends_an_env_whose_restart_failed() -> None:
+    """``set_state`` of a snapshot taken while every env was healthy left a broken env
+    broken (``set_env_states`` mended it): it never stepped again. It continues as the
+    vector the snapshot was taken from did."""
+    vec = flaky_vector(2, isolate_faults=True)
+    vec.reset(seed=1)
+    healthy = vec.get_state()
+    action = np.zeros((2, 1), dtype=np.float32)
+    expected, _ = vec.step_envs(np.arange(2), action)
+    vec.set_state(healthy)
+    vec.envs[0].unwrapped.fail_reset = True  # type: ignore[attr-defined]
+    _, faults = vec.step_envs(np.arange(2), np.array([[1.0], [0.0]], dtype=np.float32))
+    assert [(f.env_id, f.during) for f in faults] == [(0, "step"), (0, "reset")]
+    vec.envs[0].unwrapped.fail_reset = False  # type: ignore[attr-defined]
+    vec.set_state(healthy)
+    step, faults = vec.step_envs(np.arange(2), action)
+    assert faults == []
+    np.testing.assert_array_equal(step.obs, expected.obs)
+
+
 def test_without_isolation_the_error_propagates() -> None:
     vec = flaky_vector(2)
     vec.reset(seed=0)

@@ -475,6 +475,7 @@ class VectorCore(abc.ABC):
         apply_rows = self._restore_rows(state)
         restore_all([env.unwrapped for env in self.envs], state["envs"])
         self._undo.clear()
+        self._broken[:] = False  # every env holds a restored state: none is broken
         self.seeds.set_state(seeds)
         apply_rows()
         self._has_reset = True
