@@ -832,19 +832,22 @@ class EpisodeSeeds:
         if isinstance(seed, Sequence) and not isinstance(seed, str | bytes):
             if len(seed) != n:
                 raise ValueError(f"a list of seeds must hold num_envs={n} entries, got {len(seed)}")
+            for i in ids.tolist():  # every entry checked before any counter moves
+                s = seed[i]
+                if s is not None and not (
+                    isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0
+                ):
+                    raise ValueError(f"seed[{i}] must be a non-negative int or None, got {s!r}")
             out: list[int | None] = [None] * len(ids)
             self._shared_root = None
             follow = []
             for k, i in enumerate(ids.tolist()):
-                s = seed[i]
-                if s is None:
+                if seed[i] is None:
                     follow.append(k)
-                elif isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0:
+                else:
                     self.roots[i] = None
                     self.episode[i] = 0
-                    out[k] = int(s)
-                else:
-                    raise ValueError(f"seed[{i}] must be a non-negative int or None, got {s!r}")
+                    out[k] = int(seed[i])
             if follow:
                 for k, s in zip(follow, self.next(ids[follow]), strict=True):
                     out[k] = s

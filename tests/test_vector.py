@@ -544,3 +544,24 @@ def test_a_reset_refused_for_an_override_advances_no_episode_counter(multi_agent
         refused.reset(options={"params": {"bogus": 1}})
     assert refused.episode_index.tolist() == [0, 0]
     np.testing.assert_array_equal(refused.reset()[0], plain.reset()[0])
+
+
+@pytest.mark.parametrize("multi_agent", [False, True])
+def test_a_list_of_seeds_refused_for_a_bad_entry_changes_no_seeding(multi_agent: bool) -> None:
+    """``reset(seed=[5, -1])`` was refused only at the bad entry, after env 0 had been
+    given seed 5's episode counter and lost its root: the next plain reset differed."""
+
+    def make() -> Any:
+        if multi_agent:
+            return MultiAgentVectorEnv("simkit/GoalNav-v0", 2)
+        return simkit.vector.make_vec("simkit/CartPole-v0", 2)
+
+    refused, plain = make(), make()
+    for vec in (refused, plain):
+        vec.reset(seed=0)
+    with pytest.raises(ValueError, match=r"seed\[1\] must be a non-negative int or None"):
+        refused.reset(seed=[5, -1])
+    with pytest.raises(ValueError, match=r"seed\[1\] must be a non-negative int or None"):
+        refused.reset_envs([0, 1], seeds=[7, "x"])
+    assert dumps(refused.seeds.get_state()) == dumps(plain.seeds.get_state())
+    np.testing.assert_array_equal(refused.reset()[0], plain.reset()[0])
