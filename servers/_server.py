@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -58,7 +58,8 @@ from simkit.servers._stream_host import StreamHost, StreamSettings, default_devi
 __all__ = ["RolloutServer", "is_loopback", "BUSY_POLL_US"]
 
 #: A step session's host: plain, or wrapped by the server's recorder.
-_AnyHost = EnvListHost | BatchEnvHost | ParallelEnvHost | RecordingHost | MultiAgentRecordingHost
+_PlainHost = EnvListHost | BatchEnvHost | ParallelEnvHost
+_AnyHost = _PlainHost | RecordingHost | MultiAgentRecordingHost
 
 BUSY_POLL_US = 250
 """Default microseconds a server polls for the next request before blocking
@@ -356,20 +357,20 @@ class RolloutServer:
         list of single envs), and what it announces: the ``hello`` reply's info, from a
         one-env probe (an env or space the protocol cannot carry fails here, at start)."""
         env_id = self.env_id
-        self._env_kwargs = dict(env_kwargs or {})
-        self._ma_factory = (
-            make_parallel_env_factory(env_id, **self._env_kwargs)
-            if is_multi_agent_id(env_id)
-            else None
-        )
+        kwargs = self._env_kwargs = dict(env_kwargs or {})
+        self._new_host: Callable[[int], _PlainHost]
+        """A host of ``n`` envs: PettingZoo parallel envs, one BatchEnv, or a list of envs."""
+        if is_multi_agent_id(env_id):
+            parallel = make_parallel_env_factory(env_id, **kwargs)
+            self._new_host = lambda n: ParallelEnvHost([parallel() for _ in range(n)])
+        elif (batch := batch_spec_of(env_id)) is not None:
+            self._new_host = lambda n: BatchEnvHost(batch.make(num_envs=n, **kwargs))
+        else:
+            make = make_env_factory(env_id, **kwargs)
+            threads = self.num_threads
+            self._new_host = lambda n: EnvListHost([make() for _ in range(n)], num_threads=threads)
         if record is not None and policy:
             log.warning("--record records step sessions; record stream sessions on the learner")
-        self._batch_spec = None if self._ma_factory else batch_spec_of(env_id)
-        self._factory = (
-            make_env_factory(env_id, **self._env_kwargs)
-            if self._batch_spec is None and not self._ma_factory
-            else None
-        )
         probe = self._new_host(1)
         self._info = ServerInfo(
             env_id=env_id,
@@ -461,17 +462,7 @@ class RolloutServer:
             budget=self.budget,
         )
 
-    def _new_host(self, n: int) -> EnvListHost | BatchEnvHost | ParallelEnvHost:
-        if self._ma_factory is not None:
-            return ParallelEnvHost([self._ma_factory() for _ in range(n)])
-        if self._batch_spec is not None:
-            return BatchEnvHost(self._batch_spec.make(num_envs=n, **self._env_kwargs))
-        assert self._factory is not None
-        return EnvListHost([self._factory() for _ in range(n)], num_threads=self.num_threads)
-
-    def _recorded(
-        self, host: EnvListHost | BatchEnvHost | ParallelEnvHost, session: str
-    ) -> _AnyHost:
+    def _recorded(self, host: _PlainHost, session: str) -> _AnyHost:
         """``host`` wrapped in the server's recorder when recording (else as is)."""
         return host if self.recorder is None else self.recorder.wrap(host, session)
 
