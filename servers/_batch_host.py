@@ -124,7 +124,7 @@ class BatchEnvHost:
         obs = self._obs = host_arrays(obs)
         if everyone:
             self._broken = False
-        infos = _info_rows(vector_info, env_ids)
+        infos = [_info_row(vector_info, i) for i in env_ids.tolist()]
         return _take(self.observation_space, obs, env_ids), infos
 
     # ------------------------------------------------------------------------- step
@@ -199,11 +199,10 @@ class BatchEnvHost:
             faults += [EnvFault(int(i), error_code_of(again), msg) for i in env_ids.tolist()]
             return step, faults
         self._obs = obs
-        rows = _info_rows(vector_info, env_ids)
         step = dataclasses.replace(
             step,
             obs=_take(self.observation_space, obs, env_ids),
-            infos=[{"reset_info": r} for r in rows],
+            infos=[{"reset_info": _info_row(vector_info, i)} for i in env_ids.tolist()],
         )
         return step, faults
 
@@ -309,12 +308,8 @@ def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:
     )
 
 
-def _info_rows(vector_info: Mapping[str, Any], rows: np.ndarray) -> list[dict[str, Any]]:
-    """Per-row infos back out of a Gymnasium vector info (``key``/``_key`` masks)."""
-    return [_info_row(vector_info, int(i)) for i in rows]
-
-
 def _info_row(vector_info: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Row ``i``'s info back out of a Gymnasium vector info (``key``/``_key`` masks)."""
     out: dict[str, Any] = {}
     for key, value in vector_info.items():
         mask = vector_info.get(f"_{key}")

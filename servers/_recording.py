@@ -206,11 +206,6 @@ class _RecordedHost:
 class RecordingHost(_RecordedHost):
     """A recorded single-agent host (:class:`EnvListHost`, :class:`BatchEnvHost`)."""
 
-    def __init__(
-        self, host: EnvListHost | BatchEnvHost, recorder: ServerRecorder, session: str
-    ) -> None:
-        super().__init__(host, recorder, session)
-
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
         """The host's step, recorded (an ended row writes its episode)."""
         return self._recorded_step(env_ids, actions)

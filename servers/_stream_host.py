@@ -31,24 +31,12 @@ from simkit.protocol import (
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, Reservation, SlotCosts
 from simkit.servers._peers import Peer, quota_used, readable
 from simkit.servers._stream_metrics import StreamMetrics
-from simkit.servers._stream_settings import (
-    TAG_DONE,
-    TAG_FRAGMENT,
-    TAG_REPLY,
-    StreamSettings,
-)
+from simkit.servers._stream_settings import TAG_DONE, TAG_FRAGMENT, StreamSettings
 
 if TYPE_CHECKING:
     from simkit.servers._stream_worker import StreamWorker
 
-__all__ = [
-    "StreamHost",
-    "StreamSettings",
-    "default_device",
-    "TAG_FRAGMENT",
-    "TAG_REPLY",
-    "TAG_DONE",
-]
+__all__ = ["StreamHost", "StreamSettings", "default_device"]
 
 log = logging.getLogger("simkit.servers")
 
