@@ -261,32 +261,20 @@ def check_serve_arguments(args: argparse.Namespace) -> None:
 
     check_env_id(args.env_id)
     threads = max_threads()
-    check_ranges(
-        [
-            (Range("--num-envs", 1, 1 << 40), args.num_envs),
-            (Range("--num-threads", 1, threads), args.num_threads),
-            (Range("--busy-poll-us", 0, MAX_BUSY_POLL_US, optional=True), args.busy_poll_us),
-            (
-                Range("--heartbeat-timeout", 0, MAX_HEARTBEAT_TIMEOUT, low_open=True),
-                args.heartbeat_timeout,
-            ),
-            (Range("--max-sessions", 1, MAX_SESSIONS), args.max_sessions),
-            (
-                Range("--max-sessions-per-peer", 1, MAX_SESSIONS, optional=True),
-                args.max_sessions_per_peer,
-            ),
-            (
-                Range("--max-memory", MIN_MAX_MEMORY, 1 << 50, what="in [16M, 1024T]"),
-                args.max_memory,
-            ),
-            (
-                Range("--metrics-port", 0, MAX_PORT, optional=True, what="a port in [0, 65535]"),
-                args.metrics_port,
-            ),
-            (Range("--torch-threads", 1, threads), args.torch_threads),
-            (Range("--fragment-length", 1, MAX_FRAGMENT_LENGTH), args.fragment_length),
-        ]
-    )
+    ranges = [
+        Range("--num-envs", 1, 1 << 40),
+        Range("--num-threads", 1, threads),
+        Range("--busy-poll-us", 0, MAX_BUSY_POLL_US, optional=True),
+        Range("--heartbeat-timeout", 0, MAX_HEARTBEAT_TIMEOUT, low_open=True),
+        Range("--max-sessions", 1, MAX_SESSIONS),
+        Range("--max-sessions-per-peer", 1, MAX_SESSIONS, optional=True),
+        Range("--max-memory", MIN_MAX_MEMORY, 1 << 50, what="in [16M, 1024T]"),
+        Range("--metrics-port", 0, MAX_PORT, optional=True, what="a port in [0, 65535]"),
+        Range("--torch-threads", 1, threads),
+        Range("--fragment-length", 1, MAX_FRAGMENT_LENGTH),
+    ]
+    # Each flag's value is its argparse dest: --num-envs is args.num_envs.
+    check_ranges((r, getattr(args, r.flag[2:].replace("-", "_"))) for r in ranges)
     check_memory(
         args.num_envs * ENV_BYTES,
         f"--num-envs {args.num_envs:,} (envs of every session, at least "
