@@ -9,8 +9,8 @@ per instance), so a remote BatchEnv equals a local one bit for bit.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -154,13 +154,8 @@ class BatchEnvHost:
         except Exception as exc:  # the stepped instances fail; the others did not move
             return self._fault_all(env_ids, exc)
         if self.env.device is not None:
-            result = dataclasses.replace(
-                result,
-                **{
-                    name: host_arrays(getattr(result, name))
-                    for name in ("obs", "reward", "terminated", "truncated", "final_obs")
-                },
-            )
+            rows = ("obs", "reward", "terminated", "truncated", "final_obs")
+            result = replace(result, **{f: host_arrays(getattr(result, f)) for f in rows})
         self._obs = (
             result.obs
             if in_order
@@ -199,12 +194,8 @@ class BatchEnvHost:
             faults += [EnvFault(int(i), error_code_of(again), msg) for i in env_ids.tolist()]
             return step, faults
         self._obs = obs
-        step = dataclasses.replace(
-            step,
-            obs=_take(self.observation_space, obs, env_ids),
-            infos=[{"reset_info": _info_row(vector_info, i)} for i in env_ids.tolist()],
-        )
-        return step, faults
+        infos = [{"reset_info": _info_row(vector_info, i)} for i in env_ids.tolist()]
+        return replace(step, obs=_take(self.observation_space, obs, env_ids), infos=infos), faults
 
     # -------------------------------------------------------------------- snapshots
 

@@ -145,11 +145,15 @@ class VectorHost(Generic[StepT]):
     vector: Any
     capabilities: frozenset[str]
 
-    def _serve(self, vector: Any, *, simkit_envs: bool, randomized: bool) -> None:
-        """Takes ``vector`` as the host's core: its envs, size and per-row spaces, and the
-        capabilities (simkit envs: ``state`` and ``params``, plus ``randomization`` when
-        they declare parameters; plain Gymnasium/PettingZoo envs: none)."""
-        self.vector = vector
+    def _serve(
+        self, kind: Any, envs: Sequence[Any], simkit_envs: bool, randomized: bool, **kwargs: Any
+    ) -> None:
+        """Builds the host's core, a ``kind`` vector of ``envs`` (fault-isolated, more
+        ``kwargs``): its envs, size and per-row spaces, and the capabilities (simkit envs:
+        ``state`` and ``params``, plus ``randomization`` when they declare parameters;
+        plain Gymnasium/PettingZoo envs: none)."""
+        factories = [lambda e=e: e for e in envs]  # type: ignore[has-type]
+        self.vector = vector = kind(factories, isolate_faults=True, **kwargs)
         self.envs = vector.envs
         self.num_envs: int = vector.num_envs
         self.observation_space: spaces.Space[Any] = vector.single_observation_space
@@ -255,17 +259,13 @@ class EnvListHost(VectorHost[BatchStep]):
                 or env.action_space != first.action_space
             ):
                 raise ValueError("every env of a host must have the same spaces")
-        simkit_envs = all(isinstance(e.unwrapped, ContractCore) for e in envs)
+        is_simkit = all(isinstance(e.unwrapped, ContractCore) for e in envs)
         # simkit envs: one batch check here instead of one per env in env.step.
-        check = simkit_envs and all(getattr(e.unwrapped, "validate_actions", False) for e in envs)
-        vector = VectorEnv(
-            [lambda e=e: e for e in envs],  # type: ignore[misc]
-            num_threads=num_threads,
-            validate_actions=check,
-            isolate_faults=True,
-        )
+        check = is_simkit and all(getattr(e.unwrapped, "validate_actions", False) for e in envs)
         randomized = bool(getattr(first.unwrapped, "randomization", None))
-        self._serve(vector, simkit_envs=simkit_envs, randomized=randomized)
+        self._serve(
+            VectorEnv, envs, is_simkit, randomized, num_threads=num_threads, validate_actions=check
+        )
         self.num_threads = min(num_threads, self.num_envs)
 
 
@@ -303,17 +303,11 @@ class ParallelEnvHost(VectorHost[MultiAgentBatchStep]):
                 f"got possible_agents {agents!r}"
             )
         homogeneous_agent_spaces(envs, "served multi-agent envs need")
-        vector = MultiAgentVectorEnv(
-            [lambda e=e: e for e in envs],  # type: ignore[misc]
-            validate_actions=False,
-            isolate_faults=True,
-        )
         simkit_envs = all(isinstance(e, MultiAgentEnv) for e in envs)
-        self._serve(
-            vector, simkit_envs=simkit_envs, randomized=bool(getattr(first, "randomization", None))
-        )
+        randomized = bool(getattr(first, "randomization", None))
+        self._serve(MultiAgentVectorEnv, envs, simkit_envs, randomized, validate_actions=False)
         self.possible_agents: list[str] = agents
-        self.num_agents: int = vector.num_agents
+        self.num_agents: int = self.vector.num_agents
 
     def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
         """Live rows of ``env_ids`` (a copy), in ``env_ids`` order."""
