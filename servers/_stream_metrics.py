@@ -45,9 +45,7 @@ class StreamMetrics(MetricSet):
         lambda m: f"Fragments sent per second over the last {m.window_s:g} s.",
     )
     inference_batch = histogram(
-        "simkit_stream_inference_batch_size",
-        "Rows per batched forward pass (act).",
-        BATCH_BUCKETS,
+        "simkit_stream_inference_batch_size", "Rows per batched forward pass (act).", BATCH_BUCKETS
     )
     inference_latency = histogram(
         "simkit_stream_inference_latency_seconds",

@@ -32,13 +32,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from simkit._batch_actions import check_torch_actions
-from simkit._batch_device import (
-    DEFAULT_WINDOW,
-    DeviceDraws,
-    DeviceLoop,
-    NoStepDraws,
-    device_infos,
-)
+from simkit._batch_device import DEFAULT_WINDOW, DeviceDraws, DeviceLoop, NoStepDraws, device_infos
 from simkit._batch_names import check_author_names, reserved_names
 from simkit._batch_params import ParamRows, Sampler, copy_params
 from simkit._batch_rows import (
@@ -71,6 +65,7 @@ from simkit.randomization import (
     sample_params,
 )
 from simkit.vector._actions import check_batch_array
+from simkit.vector._build import positive_int
 
 __all__ = ["BATCH_STATE_FORMAT", "BatchEnv", "PendingStep", "Physics"]
 
@@ -123,10 +118,7 @@ class BatchState:
     physics. One object, under the one attribute name the base class reserves."""
 
     def __init__(
-        self,
-        n: int,
-        overrides: list[Mapping[str, Any]],
-        randomization: Mapping[str, Distribution],
+        self, n: int, overrides: list[Mapping[str, Any]], randomization: Mapping[str, Distribution]
     ) -> None:
         compiled: dict[int, Sampler] = {}  # one sampler per distinct overrides object
         for o in overrides:
@@ -242,16 +234,12 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         device: Any = None,
         batch_size: int | None = None,
     ) -> None:
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer):
-            raise TypeError(f"num_envs must be an int, got {type(num_envs).__name__}")
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.num_envs = positive_int(num_envs, "num_envs")
         if max_episode_steps is not None:
             self.max_episode_steps = check_max_episode_steps(max_episode_steps)
         mode = AutoresetMode(autoreset_mode)
         if mode not in _MODES:
             raise ValueError(f"autoreset_mode must be SAME_STEP or NEXT_STEP, got {mode}")
-        self.num_envs = int(num_envs)
         if batch_size is None:
             batch_size = self.num_envs
         if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
@@ -724,9 +712,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if done[i]:
                 step_info = {k: v for k, v in info.items() if k != "reset_info"}
                 vector_info = self._add_info(
-                    vector_info,
-                    {"final_obs": result.final_obs[i], "final_info": step_info},
-                    i,
+                    vector_info, {"final_obs": result.final_obs[i], "final_info": step_info}, i
                 )
                 vector_info = self._add_info(vector_info, info["reset_info"], i)
             elif info:
