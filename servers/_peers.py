@@ -20,7 +20,9 @@ from typing import Any, cast
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-__all__ = ["Peer", "PeerWatch", "quota_used", "readable"]
+from simkit.protocol import Busy
+
+__all__ = ["Peer", "PeerWatch", "check_slots", "quota_used", "readable"]
 
 _POLLIN = int(zmq.POLLIN)
 
@@ -75,6 +77,32 @@ def quota_used(peer: Peer, held: Iterable[Peer]) -> int:
     if peer.quota_key is None:
         return 0
     return sum(1 for other in held if other.quota_key == peer.quota_key)
+
+
+def check_slots(
+    kind: str, peer: Peer, held: list[Peer], limits: tuple[int, int], state: str
+) -> None:
+    """Refuses ``peer`` a new ``kind`` (``"session"``, ``"stream session"``) when the
+    server's sessions of that kind (``held``, the peers that opened them, ``state``
+    words them) reach the limit, or ``peer``'s reach its share: ``limits`` is both.
+
+    Raises:
+        Busy: naming the limit and what is held.
+    """
+    limit, per_peer = limits
+    if len(held) >= limit:
+        raise Busy(
+            f"the server has no free {kind} slots",
+            expected=f"<= {limit} {kind}s",
+            got=f"{len(held)} {state}",
+        )
+    used = quota_used(peer, held)
+    if used >= per_peer:
+        raise Busy(
+            f"this peer ({peer.name}) holds its share of the {kind} slots",
+            expected=f"<= {per_peer} {kind}s per peer",
+            got=f"{used} held",
+        )
 
 
 def _prop(frame: zmq.Frame, prop: Any) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, cast
 
 import numpy as np
 from gymnasium import spaces
@@ -27,7 +27,7 @@ from simkit.recording._io import RecordingWriter
 from simkit.recording._tracker import EpisodeTracker, row_of, seeds_of
 from simkit.recording._wrapper import environment_versions
 from simkit.servers._batch_host import BatchEnvHost
-from simkit.servers._host import EnvListHost, ParallelEnvHost
+from simkit.servers._host import EnvListHost, ParallelEnvHost, StepT
 
 __all__ = ["ServerRecorder", "RecordingHost", "MultiAgentRecordingHost"]
 
@@ -75,7 +75,7 @@ class ServerRecorder:
             log.exception("closing the recording %s failed", self.writer.directory)
 
 
-class _RecordedHost:
+class _RecordedHost(Generic[StepT]):
     """A host whose resets and steps are recorded (the host interface it wraps).
 
     One recorder for every kind of host: the host answers first and the recorder only
@@ -169,7 +169,7 @@ class _RecordedHost:
             self._failed("a reset", env_ids)
         return obs, infos
 
-    def _recorded_step(self, env_ids: np.ndarray, actions: Any) -> tuple[Any, list[EnvFault]]:
+    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[StepT, list[EnvFault]]:
         """The host's step, recorded (an ended env writes its episode)."""
         result, faults = self.host.step(env_ids, actions)
         try:
@@ -185,7 +185,7 @@ class _RecordedHost:
                 self.tracker.log_batch_step(result, actions, -1, self._origins, faulted=faulted)
         except Exception:
             self._failed("a step", env_ids)
-        return result, faults
+        return cast(StepT, result), faults
 
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
         """The host's snapshots (recording is unaffected)."""
@@ -203,15 +203,11 @@ class _RecordedHost:
         self.host.close()
 
 
-class RecordingHost(_RecordedHost):
+class RecordingHost(_RecordedHost[BatchStep]):
     """A recorded single-agent host (:class:`EnvListHost`, :class:`BatchEnvHost`)."""
 
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[BatchStep, list[EnvFault]]:
-        """The host's step, recorded (an ended row writes its episode)."""
-        return self._recorded_step(env_ids, actions)
 
-
-class MultiAgentRecordingHost(_RecordedHost):
+class MultiAgentRecordingHost(_RecordedHost[MultiAgentBatchStep]):
     """A recorded :class:`ParallelEnvHost` (the multi-agent host interface): each env's
     episode is one multi-agent record."""
 
@@ -224,10 +220,6 @@ class MultiAgentRecordingHost(_RecordedHost):
     def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
         """The host's live rows of ``env_ids``."""
         return self.multi_agent_host.agent_mask(env_ids)
-
-    def step(self, env_ids: np.ndarray, actions: Any) -> tuple[MultiAgentBatchStep, list[EnvFault]]:
-        """The host's step, recorded (an ended env writes its episode)."""
-        return self._recorded_step(env_ids, actions)
 
 
 def _episode_options(

@@ -24,7 +24,6 @@ from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
     ENV_KIND_SINGLE,
     INLINE_THRESHOLD,
-    Busy,
     Limits,
     Message,
     MultiAgentServerSession,
@@ -50,7 +49,7 @@ from simkit.servers._host import (
     make_parallel_env_factory,
 )
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, give_back_memory
-from simkit.servers._peers import Peer, PeerWatch, quota_used, readable
+from simkit.servers._peers import Peer, PeerWatch, check_slots, readable
 from simkit.servers._prometheus import Metrics
 from simkit.servers._recording import MultiAgentRecordingHost, RecordingHost, ServerRecorder
 from simkit.servers._stream_host import StreamHost, StreamSettings, default_device
@@ -543,19 +542,9 @@ class RolloutServer:
         slot = self._slots.get(identity)
         if slot is not None:
             return slot
-        if len(self._slots) >= self.max_sessions:
-            raise Busy(
-                "the server has no free session slots",
-                expected=f"<= {self.max_sessions} sessions",
-                got=f"{len(self._slots)} connected",
-            )
-        held = quota_used(peer, (s.peer for s in self._slots.values()))
-        if held >= self.max_sessions_per_peer:
-            raise Busy(
-                f"this peer ({peer.name}) holds its share of the session slots",
-                expected=f"<= {self.max_sessions_per_peer} sessions per peer",
-                got=f"{held} held",
-            )
+        held = [s.peer for s in self._slots.values()]
+        limits = (self.max_sessions, self.max_sessions_per_peer)
+        check_slots("session", peer, held, limits, "connected")
         host = self._shared_host
         if host is None:
             host = self._recorded(self._new_host(self.num_envs), identity.hex())

@@ -29,7 +29,7 @@ from simkit.protocol import (
     message_bytes,
 )
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, MemoryBudget, Reservation, SlotCosts
-from simkit.servers._peers import Peer, quota_used, readable
+from simkit.servers._peers import Peer, check_slots, readable
 from simkit.servers._stream_metrics import StreamMetrics
 from simkit.servers._stream_settings import TAG_DONE, TAG_FRAGMENT, StreamSettings
 
@@ -138,45 +138,35 @@ class StreamHost:
         the error reply when the server runs no policy or has no free slot (for
         ``peer``)."""
         settings = self.settings
-        held = quota_used(peer, self.peers.values())
-        if settings is None:
-            exc: Exception = Unsupported(
-                "this server runs no policy (start it with --policy)",
-                expected="a server started with --policy",
-                got="stream_open",
-            )
-        elif len(self.workers) >= self.max_sessions:
-            exc = Busy(
-                "the server has no free stream session slots",
-                expected=f"<= {self.max_sessions} stream sessions",
-                got=f"{len(self.workers)} open",
-            )
-        elif held >= self.max_sessions_per_peer:
-            exc = Busy(
-                f"this peer ({peer.name}) holds its share of the stream session slots",
-                expected=f"<= {self.max_sessions_per_peer} stream sessions per peer",
-                got=f"{held} held",
-            )
-        else:
-            from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
+        try:
+            if settings is None:
+                raise Unsupported(
+                    "this server runs no policy (start it with --policy)",
+                    expected="a server started with --policy",
+                    got="stream_open",
+                )
+            limits = (self.max_sessions, self.max_sessions_per_peer)
+            check_slots("stream session", peer, list(self.peers.values()), limits, "open")
+        except ProtocolError as exc:
+            return error_reply(exc, request_id=request.id, request_kind=request.kind)
+        from simkit.servers._stream_worker import StreamWorker  # torch, only with --policy
 
-            reservation = Reservation(self.budget, peer.quota_key, self.peer_share)
-            worker = StreamWorker(
-                identity,
-                frames,
-                settings,
-                self._context,
-                self.address,
-                self.metrics,
-                reservation,
-                self.slot_costs,
-            )
-            self.workers[identity] = worker
-            self.peers[identity] = peer
-            self.metrics.sessions.set(len(self.workers))
-            worker.start()
-            return None
-        return error_reply(exc, request_id=request.id, request_kind=request.kind)
+        reservation = Reservation(self.budget, peer.quota_key, self.peer_share)
+        worker = StreamWorker(
+            identity,
+            frames,
+            settings,
+            self._context,
+            self.address,
+            self.metrics,
+            reservation,
+            self.slot_costs,
+        )
+        self.workers[identity] = worker
+        self.peers[identity] = peer
+        self.metrics.sessions.set(len(self.workers))
+        worker.start()
+        return None
 
     def touch(self, token: str, peer: Peer) -> bool:
         """Refreshes the heartbeat of the session named ``token``; whether it exists,
