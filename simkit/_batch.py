@@ -240,8 +240,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         mode = AutoresetMode(autoreset_mode)
         if mode not in _MODES:
             raise ValueError(f"autoreset_mode must be SAME_STEP or NEXT_STEP, got {mode}")
-        if batch_size is None:
-            batch_size = self.num_envs
+        batch_size = self.num_envs if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
             raise TypeError(f"batch_size must be an int or None, got {type(batch_size).__name__}")
         if not 1 <= batch_size <= self.num_envs:
@@ -1217,40 +1216,27 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 f"(instance {int(np.argmin(elapsed))})"
             )
         limit = check_state_limit(state, self.max_episode_steps)
-        core = (
-            params,
-            elapsed.astype(np.int64),
-            limit,
-            state_array(state["pending_reset"], "state['pending_reset']", "b", n),
-            True,
-        )
-        seeds = EpisodeSeeds.parse_state(
-            {
-                "root_seeds": [state["root_seed"]] * n,
-                "episode_index": state["episode_index"],
-                "env_offset": state.get("env_offset", 0),
-            },
-            n,
-        )
+        pending = state_array(state["pending_reset"], "state['pending_reset']", "b", n)
+        seeding = {"root_seeds": [state["root_seed"]] * n, "episode_index": state["episode_index"]}
+        seeds = EpisodeSeeds.parse_state({**seeding, "env_offset": state.get("env_offset", 0)}, n)
         check_observation(self.single_observation_space, state["obs"], "state['obs']", rows=n)
         obs = _restore_like(self.xp, self.device, s.obs, state["obs"])
-        saved = (s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset)
+        core = (params, elapsed.astype(np.int64), limit, pending, True, obs)
+        saved = (s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset, s.obs)
         saved_streams = (s.streams.states, s.streams.pos, s.streams.live)
         saved_values = {name: arr.copy() for name, arr in self.param_arrays.items()}
         saved_seeds = EpisodeSeeds.parse_state(s.seeds.get_state(), n)
-        saved_obs, saved_data = s.obs, self.get_env_state()
+        saved_data = self.get_env_state()
         try:
-            s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset = core
+            s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset, s.obs = core
             s.seeds.set_state(seeds)
             s.streams.restore(streams)
-            s.obs = obs
             self.__update_param_arrays(np.arange(n, dtype=np.int64))
             self.set_env_state(state["data"])
         except Exception:
-            s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset = saved
+            s.params, s.elapsed, self.max_episode_steps, s.pending_reset, s.has_reset, s.obs = saved
             s.seeds.set_state(saved_seeds)
             s.streams.states, s.streams.pos, s.streams.live = saved_streams
-            s.obs = saved_obs
             for name, arr in saved_values.items():
                 self.param_arrays[name][...] = arr
             self.set_env_state(saved_data)
