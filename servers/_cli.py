@@ -203,13 +203,9 @@ def _size(text: str) -> int:
 
 
 def _client_keys(paths: Sequence[Path]) -> list[bytes]:
-    keys: list[bytes] = []
-    for path in paths:
-        files = sorted(path.glob("*.key")) if path.is_dir() else [path]
-        for file in files:
-            public, _ = zmq.auth.load_certificate(file)
-            keys.append(public)
-    return keys
+    """The public keys of ``--curve-allow``: key files, or directories of ``*.key``."""
+    files = [f for p in paths for f in (sorted(p.glob("*.key")) if p.is_dir() else [p])]
+    return [zmq.auth.load_certificate(f)[0] for f in files]
 
 
 PARENT_ENV = "SIMKIT_PARENT_PID"

@@ -234,13 +234,8 @@ class VectorHost(Generic[StepT]):
 
 
 class EnvListHost(VectorHost[BatchStep]):
-    """N single-agent envs behind the host interface: a thin adapter over ``VectorEnv``.
-
-    Stepping, resets, seeding, autoreset, threads and snapshots are
-    :class:`simkit.vector.VectorEnv`'s (with ``isolate_faults``), so remote data equals
-    local data by construction. What the adapter adds is the protocol's view: per-env
-    capabilities, randomization overrides refused for envs that take none, and faults
-    as :class:`simkit.protocol.EnvFault` with wire error codes.
+    """N single-agent envs behind the host interface: a thin adapter over
+    :class:`simkit.vector.VectorEnv` (what it adds: :class:`VectorHost`).
 
     Args:
         envs: the env instances (all with equal spaces).

@@ -228,8 +228,7 @@ class StreamWorker(threading.Thread):
                     self._metrics.stalled_seconds.inc(spent)
                 else:
                     self._metrics.waiting_weights_seconds.inc(spent)
-                if item is not None:
-                    self._handle(item)
+                self._handle(item)  # None: nothing came
                 continue
             self._network_wait = _NETWORK_WAIT_S / 2
             self._step(loop)

@@ -26,6 +26,7 @@ docs/batch_device.md states the measured divergence over 1,000 Cheetah steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -63,10 +64,7 @@ for the model): what ``mj_step`` reads before it writes, as in ``mjSTATE_INTEGRA
 def _resolve_warp(model: Any, attribute: str) -> tuple[Any, str]:
     """The object holding ``attribute`` (``"body_mass"``, ``"opt.gravity"``) and its name."""
     *path, name = attribute.split(".")
-    owner = model
-    for part in path:
-        owner = getattr(owner, part)
-    return owner, name
+    return functools.reduce(getattr, path, model), name
 
 
 class MjWarpPhysics(Physics):
