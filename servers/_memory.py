@@ -117,10 +117,8 @@ def resident_bytes() -> int:
 @cache
 def _libc() -> Any:
     name = ctypes.util.find_library("c")
-    if name is None:
-        return None
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(name) if name is not None else None
     except OSError:
         return None
     return libc if hasattr(libc, "malloc_trim") else None
