@@ -103,13 +103,7 @@ class RayServers:
             server answered.
     """
 
-    def __init__(
-        self,
-        actors: list[Any],
-        placement: Any,
-        curve: CurveKeys,
-        owns_ray: bool,
-    ) -> None:
+    def __init__(self, actors: list[Any], placement: Any, curve: CurveKeys, owns_ray: bool) -> None:
         self._actors = actors
         self._placement = placement
         self.curve = curve

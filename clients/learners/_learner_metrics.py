@@ -68,8 +68,7 @@ class LearnerMetrics(MetricSet):
         "Mean age, in policy versions, of the last sampled batch.",
     )
     last_fragment = gauge(
-        "simkit_learner_last_fragment_timestamp_seconds",
-        "Unix time of the last fragment received.",
+        "simkit_learner_last_fragment_timestamp_seconds", "Unix time of the last fragment received."
     )
     servers_alive = gauge("simkit_learner_servers_alive", "Rollout servers streaming.")
     servers_lost = gauge("simkit_learner_servers_lost", "Rollout servers lost and not replaced.")

@@ -286,11 +286,7 @@ def _in_flight(recorder_state: dict[str, Any]) -> int:
 
 @contextlib.contextmanager
 def checkpoint_if_servers_lost(
-    checkpoint: Callable[[], Path],
-    stop: StopRequest,
-    *,
-    env_steps: Callable[[], int],
-    resume: str,
+    checkpoint: Callable[[], Path], stop: StopRequest, *, env_steps: Callable[[], int], resume: str
 ) -> Iterator[None]:
     """Around a learner's loop: when the last server is lost (``ServerUnavailable``),
     keeps what the learner has (``checkpoint()``) and raises :class:`ServersLost` naming

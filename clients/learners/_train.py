@@ -28,13 +28,7 @@ import numpy as np
 
 from simkit._kernels import why_bits_may_differ
 from simkit._limits import Range, check_memory, check_ranges, max_threads
-from simkit.clients.learners._args import (
-    PPOArgs,
-    RunOptions,
-    SACArgs,
-    capped,
-    flag,
-)
+from simkit.clients.learners._args import PPOArgs, RunOptions, SACArgs, capped, flag
 from simkit.clients.learners._checkpoint import (
     Checkpoint,
     checkpoint_algo,

@@ -114,10 +114,7 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         help_ += ")"
         if isinstance(default, bool):
             group.add_argument(
-                flag(f.name),
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=help_,
+                flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_
             )
         elif isinstance(default, tuple):
             group.add_argument(flag(f.name), type=integer, nargs="+", default=None, help=help_)

@@ -52,8 +52,7 @@ class ServerRestarted(ServerUnavailable):
 
     def __init__(self, endpoint: str) -> None:
         ConnectionError.__init__(
-            self,
-            f"server {endpoint} restarted: it answers, but its stream session is gone",
+            self, f"server {endpoint} restarted: it answers, but its stream session is gone"
         )
         self.endpoint = endpoint
         self.timeout = 0.0

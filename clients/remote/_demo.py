@@ -88,9 +88,7 @@ def remote_demo(
     endpoint = f"ipc://{tmp}/demo.sock"
     cmd = [sys.executable, "-m", "simkit.servers", env_id, "--num-envs", str(num_envs)]
     proc = subprocess.Popen(
-        [*cmd, "--bind", endpoint],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [*cmd, "--bind", endpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         remote = RemoteVectorEnv(endpoint, timeout=60)

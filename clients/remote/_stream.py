@@ -31,12 +31,7 @@ from simkit.clients.remote._connection import (
 )
 from simkit.models import ModelSpec, PolicyWeights, get_weights
 from simkit.protocol import Message, ProtocolError, RemoteError, space_from_plain
-from simkit.protocol._stream_messages import (
-    STREAM_MODES,
-    SessionSnapshot,
-    StreamConfig,
-    StreamInfo,
-)
+from simkit.protocol._stream_messages import STREAM_MODES, SessionSnapshot, StreamConfig, StreamInfo
 from simkit.protocol._stream_session import StreamClientSession
 
 __all__ = ["PolicyStream", "ServerStats", "stack_fragments", "fragment_to_torch"]
@@ -410,9 +405,7 @@ class PolicyStream:
         out = []
         for srv in self._servers:  # every answer is taken, refusals included
             self._await(
-                srv,
-                lambda s: s.snapshot is not None or s.state_error is not None,
-                "'stream_state'",
+                srv, lambda s: s.snapshot is not None or s.state_error is not None, "'stream_state'"
             )
         for srv in self._servers:
             if srv.state_error is not None:

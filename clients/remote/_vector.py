@@ -286,10 +286,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     # -- reset -----------------------------------------------------------------------
 
     def reset(
-        self,
-        *,
-        seed: int | Sequence[int] | None = None,
-        options: dict[str, Any] | None = None,
+        self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Resets every env (reconnecting first if a server was lost).
 
