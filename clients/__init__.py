@@ -34,31 +34,19 @@ if TYPE_CHECKING:
     )
     from simkit.clients.remote._vector import RemoteVectorEnv
 
-_WHERE = {
-    "CurveKeys": "remote._connection",
-    "ServerUnavailable": "remote._connection",
-    "DemoFigures": "remote._demo",
-    "remote_demo": "remote._demo",
-    "RayServers": "launcher._launch",
-    "ServerInfo": "launcher._launch",
-    "launch": "launcher._launch",
-    "RemoteMultiAgentVectorEnv": "remote._parallel",
-    "RemoteParallelEnv": "remote._parallel",
-    "PolicyStream": "remote._stream",
-    "ServerStats": "remote._stream",
-    "fragment_to_torch": "remote._stream",
-    "stack_fragments": "remote._stream",
-    "RemoteVectorEnv": "remote._vector",
-    "PPO": "learners.ppo",
-    "PPOArgs": "learners.ppo",
-    "UpdateStats": "learners.ppo",
-    "ReplayBuffer": "learners._replay",
-    "ReplayBatch": "learners._replay",
-    "SAC": "learners.sac",
-    "SACArgs": "learners.sac",
-    "TwinQ": "learners.sac",
-    "LearnerMetrics": "learners._learner_metrics",
+_MODULES = {
+    "remote._vector": ("RemoteVectorEnv",),
+    "remote._parallel": ("RemoteMultiAgentVectorEnv", "RemoteParallelEnv"),
+    "remote._connection": ("ServerUnavailable", "CurveKeys"),
+    "remote._demo": ("remote_demo", "DemoFigures"),
+    "remote._stream": ("PolicyStream", "ServerStats", "stack_fragments", "fragment_to_torch"),
+    "launcher._launch": ("launch", "RayServers", "ServerInfo"),
+    "learners.ppo": ("PPO", "PPOArgs", "UpdateStats"),
+    "learners._replay": ("ReplayBuffer", "ReplayBatch"),
+    "learners.sac": ("SAC", "SACArgs", "TwinQ"),
+    "learners._learner_metrics": ("LearnerMetrics",),
 }
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 """Where each public name lives: imported on first use, so a submodule (the command
 line's) can be imported without loading torch."""
 

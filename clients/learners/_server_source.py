@@ -382,20 +382,10 @@ def spawn_servers(
     endpoints: list[str] = []
     try:
         for k in range(count):
+            bind = "tcp://127.0.0.1:*" if binds is None else binds[k]
+            cmd = [sys.executable, "-m", "simkit", "serve", env_id, "--policy", "--bind", bind]
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "simkit",
-                    "serve",
-                    env_id,
-                    "--policy",
-                    "--bind",
-                    "tcp://127.0.0.1:*" if binds is None else binds[k],
-                    "--num-threads",
-                    str(num_threads),
-                    *env_kwarg_flags(env_kwargs or {}),
-                ],
+                [*cmd, "--num-threads", str(num_threads), *env_kwarg_flags(env_kwargs or {})],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

@@ -325,12 +325,9 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
         locks.append(claim_logdir(logdir, ns.resume))
         if ns.record is not None and Path(ns.record).is_dir():  # another writer: now, not
             DirectoryLock(Path(ns.record)).release()  # once the servers run
-    except (ValueError, WriteFailed) as exc:
+    except (ValueError, WriteFailed, RecordingLocked) as exc:
         print(f"simkit train: {exc}", file=sys.stderr)
-        return 2
-    except RecordingLocked as exc:
-        print(f"simkit train: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, RecordingLocked) else 2
     if locks[-1].reused:
         print(
             f"simkit train: --logdir {logdir} held a run that stopped before its first "
@@ -529,12 +526,9 @@ def run_eval(ns: argparse.Namespace) -> int:
             on_frame=None if ns.render is None else _render_progress(ns.episodes),
             trust=ns.trust,
         )
-    except (InvalidCheckpoint, UnknownEnv) as exc:
+    except (InvalidCheckpoint, UnknownEnv, MissingDependency, RenderUnavailable, ValueError) as exc:
         print(f"simkit eval: {exc}", file=sys.stderr)
-        return 2
-    except (MissingDependency, RenderUnavailable, ValueError) as exc:
-        print(f"simkit eval: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, InvalidCheckpoint | UnknownEnv) else 1
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f}")
     if ns.render is not None:
         print(f"video: {ns.render}")

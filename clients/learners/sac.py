@@ -656,6 +656,10 @@ def _checkpoint(run: Run, learner: SAC, buffer: ReplayBuffer) -> dict[str, Any]:
     }
 
 
+_RECENT = ("qf_loss", "actor_loss", "alpha", "alpha_loss", "q_mean", "sample_age")
+"""The :class:`SACStats` figures a report keeps from the last round that had updates."""
+
+
 class _Report:
     """What SAC reports: every :data:`WRITE_EVERY_S` (and at the end) a line, a policy
     snapshot, scalars and metrics; else the progress line when due. Keeps the rates'
@@ -689,14 +693,7 @@ class _Report:
         now = time.perf_counter()
         self.window.append((now, learner.global_step, learner.updates))
         if stats.updates:
-            recent.update(
-                qf_loss=stats.qf_loss,
-                actor_loss=stats.actor_loss,
-                alpha=stats.alpha,
-                alpha_loss=stats.alpha_loss,
-                q_mean=stats.q_mean,
-                sample_age=stats.sample_age,
-            )
+            recent.update({k: getattr(stats, k) for k in _RECENT})
         write = last or now - self.last_write >= WRITE_EVERY_S
         if not write and not run.line.due():
             return None

@@ -99,15 +99,9 @@ class RemoteMultiAgentVectorEnv(_Session):
 
     Args:
         endpoint: the server's ZeroMQ endpoint (it must serve a multi-agent env).
-        timeout: seconds to wait for every reply before :class:`ServerUnavailable`
-            (default 10).
         client: a name the server logs for this client.
-        context: a ZeroMQ context (default: the process-wide instance).
-        curve: CURVE keys for a server bound beyond loopback.
-        keepalive: keep the session alive from a background thread while the learner
-            is silent (see :class:`simkit.clients.RemoteVectorEnv`).
-        busy_poll_us: poll this long for each reply before sleeping (see
-            :class:`simkit.clients.RemoteVectorEnv`); off by default.
+        timeout, context, curve, keepalive, busy_poll_us: the connection, as for
+            :class:`simkit.clients.RemoteVectorEnv` (one server here).
 
     Raises:
         ServerUnavailable: the server did not answer the handshake in time.
@@ -337,11 +331,8 @@ class RemoteParallelEnv(_Session, ParallelEnv[str, Any, Any]):
         self._pending = None
         self.agents = self._live(result.agent_mask)
         rows = _own_rows(self._obs_space, result.obs, self.num_agents)
-        obs = {a: rows[k] for k, a in enumerate(self.possible_agents) if result.agent_mask[k]}
-        infos = {
-            a: result.infos[k] for k, a in enumerate(self.possible_agents) if result.agent_mask[k]
-        }
-        return obs, infos
+        live = [(k, a) for k, a in enumerate(self.possible_agents) if result.agent_mask[k]]
+        return {a: rows[k] for k, a in live}, {a: result.infos[k] for k, a in live}
 
     def step(self, actions: Mapping[str, Any]) -> ParallelStepResult[str, Any]:
         """Steps every live agent; returns dicts keyed by the agents that acted.
@@ -369,19 +360,12 @@ class RemoteParallelEnv(_Session, ParallelEnv[str, Any, Any]):
         result = self._request_step(batch, self._ids)
         step, self.faults = result.step, result.faults
         final = _own_rows(self._obs_space, step.final_obs, self.num_agents)
-        obs: dict[str, Any] = {}
-        rewards: dict[str, float] = {}
-        terms: dict[str, bool] = {}
-        truncs: dict[str, bool] = {}
-        infos: dict[str, dict[str, Any]] = {}
-        for k, agent in enumerate(self.possible_agents):
-            if not step.acted[k]:
-                continue
-            obs[agent] = final[k]
-            rewards[agent] = float(step.reward[k])
-            terms[agent] = bool(step.terminated[k])
-            truncs[agent] = bool(step.truncated[k])
-            infos[agent] = {key: v for key, v in step.infos[k].items() if key != "reset_info"}
+        acted = [(k, a) for k, a in enumerate(self.possible_agents) if step.acted[k]]
+        obs = {a: final[k] for k, a in acted}
+        rewards = {a: float(step.reward[k]) for k, a in acted}
+        terms = {a: bool(step.terminated[k]) for k, a in acted}
+        truncs = {a: bool(step.truncated[k]) for k, a in acted}
+        infos = {a: {x: v for x, v in step.infos[k].items() if x != "reset_info"} for k, a in acted}
         if step.env_reset[0]:
             self.agents = []
             self._pending = MultiAgentReset(
