@@ -539,8 +539,10 @@ def test_sac_training_on_cuda_resumes_exactly_and_the_graph_gives_the_eager_run(
 
 
 def test_a_resume_may_switch_the_cuda_graph() -> None:
-    from simkit.clients.learners._train_sac import resume_sac_args
+    from simkit.clients.learners._checkpoint import resumed_settings
+    from simkit.clients.learners._train_sac import SAC_RESUME_FREE
     from simkit.clients.learners.ppo import resume_args
 
     assert resume_args(PPOArgs(), PPOArgs(cuda_graph=False)).cuda_graph is False
-    assert resume_sac_args(SACArgs(), SACArgs(cuda_graph=False), ["cuda_graph"]).cuda_graph is False
+    sac = resumed_settings(SACArgs(), SACArgs(cuda_graph=False), SAC_RESUME_FREE, ["cuda_graph"])
+    assert sac.cuda_graph is False

@@ -6,7 +6,6 @@ allocated; from a checkpoint, checked, or filled from recordings)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import torch
 from gymnasium import spaces
 
 from simkit.clients.learners._args import SACArgs
-from simkit.clients.learners._checkpoint import Checkpoint, resumed_settings
+from simkit.clients.learners._checkpoint import Checkpoint
 from simkit.clients.learners._evaluate import make_vector
 from simkit.clients.learners._replay import ReplayBuffer
 from simkit.errors import InvalidCheckpoint
@@ -79,15 +78,6 @@ def build_actor(args: SACArgs) -> ActorCritic:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         return build_from_spec(sac_spec(args), obs_space, act_space)
-
-
-def resume_sac_args(saved: SACArgs, asked: SACArgs, given: Sequence[str] | None) -> SACArgs:
-    """The checkpoint's settings with :data:`SAC_RESUME_FREE` from ``asked``.
-
-    Raises:
-        ValueError: a field outside :data:`SAC_RESUME_FREE` differs (names every one).
-    """
-    return resumed_settings(saved, asked, SAC_RESUME_FREE, given, name_free=False)
 
 
 def check_buffer_actions(file: Path, buffer: ReplayBuffer, act_space: spaces.Box) -> None:

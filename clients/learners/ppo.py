@@ -500,13 +500,9 @@ class PPO:
             rows = t.reshape(n_rows, *t.shape[2:])
             return (rows if keep is None else rows[keep]).to(self.device)
 
+        rows = [batch(x) for x in (f.obs, f.actions, f.log_probs, adv, ret, f.values)]
         return self._optimize(
-            batch(f.obs),
-            batch(f.actions),
-            batch(f.log_probs),
-            batch(adv),
-            batch(ret),
-            batch(f.values),
+            *rows,
             n_rows=n_rows,
             lag=self.version - versions,
             episodes=(f.episode_returns, f.episode_lengths),

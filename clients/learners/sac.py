@@ -41,6 +41,7 @@ from simkit.clients.learners._checkpoint import (
     check_optimizer,
     check_resumed_state,
     checkpoint_args,
+    resumed_settings,
 )
 from simkit.clients.learners._device_pick import PROBE_SEED, Probe, median_seconds, pick_device
 from simkit.clients.learners._graphed import SACStep, use_cuda_graph
@@ -50,10 +51,10 @@ from simkit.clients.learners._sources import FragmentSource
 from simkit.clients.learners._train_sac import (
     REPLAY_FILE,
     SAC_DEFAULT_SERVERS,
+    SAC_RESUME_FREE,
     build_actor,
     check_env,
     open_buffer,
-    resume_sac_args,
     sac_spec,
 )
 from simkit.errors import InvalidCheckpoint
@@ -543,7 +544,8 @@ def learn(
                 "--buffer-from fills the buffer of a new run; a resumed run's buffer comes "
                 f"from its checkpoint ({ckpt.path})"
             )
-        args = resume_sac_args(checkpoint_args(ckpt, SACArgs.from_plain), args, given)
+        saved = checkpoint_args(ckpt, SACArgs.from_plain)
+        args = resumed_settings(saved, args, SAC_RESUME_FREE, given, name_free=False)
         counts = check_resumed_state(ckpt, ("global_step", "updates", "version"), within="counters")
         done = counts["global_step"]
         if args.total_steps and done >= args.total_steps:
@@ -678,11 +680,8 @@ class _Report:
         learner = self.learner
         t0, s0, u0 = self.window[0]
         span = max(now - t0, 1e-9)
-        learned = (
-            learner.global_step - learner.learning_step + 1
-            if learner.learning_step is not None
-            else 0
-        )
+        start = learner.learning_step
+        learned = 0 if start is None else learner.global_step - start + 1
         utd = learner.updates / learned if learned else 0.0
         return (learner.global_step - s0) / span, (learner.updates - u0) / span, utd
 

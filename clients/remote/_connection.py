@@ -195,14 +195,9 @@ class Connection:
 
     Args:
         endpoint: a ZeroMQ endpoint (``tcp://127.0.0.1:5555``, ``ipc:///tmp/sim.sock``).
-        timeout: seconds to wait for any reply (default 10).
-        context: the ZeroMQ context to create the socket in (default: the process-wide
-            instance).
-        curve: CURVE keys, for a server that requires them.
-        keepalive: after :meth:`hello`, keep the session alive from a background thread
-            while this connection is silent (when the server announces a heartbeat).
-        busy_poll_us: poll this many microseconds for a reply before sleeping in the
-            kernel (see :class:`simkit.clients.RemoteVectorEnv`); 0 never spins.
+        timeout, context, curve, keepalive, busy_poll_us: as
+            :class:`simkit.clients.RemoteVectorEnv` documents them (:class:`ConnectOptions`);
+            the keepalive starts at :meth:`hello`, where the server announces a heartbeat.
     """
 
     def __init__(
