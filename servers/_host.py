@@ -11,7 +11,7 @@ and check their envs. Remote data equals local data bit for bit.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
@@ -38,7 +38,6 @@ __all__ = [
     "make_parallel_env_factory",
     "is_multi_agent_id",
     "batch_spec_of",
-    "require_params_capability",
     "GYM_PREFIX",
     "PZ_PREFIX",
 ]
@@ -111,20 +110,6 @@ def batch_spec_of(env_id: str) -> EnvSpec | None:
     return env_spec if env_spec.kind is EnvKind.BATCH else None
 
 
-def require_params_capability(
-    capabilities: frozenset[str], options: Mapping[str, Any] | None, params: Any
-) -> None:
-    """Refuses randomization overrides (``params``) for a host that cannot take them.
-
-    Raises:
-        Unsupported: overrides were given and ``params`` is not a capability.
-    """
-    if ((options and "params" in options) or params) and "params" not in capabilities:
-        raise Unsupported(
-            "this env takes no randomization overrides", expected="no params", got="params"
-        )
-
-
 StepT = TypeVar("StepT", BatchStep, MultiAgentBatchStep)
 
 
@@ -181,12 +166,15 @@ class VectorHost(Generic[StepT]):
             The observation rows and per-row infos of ``env_ids``.
         """
         r = request
-        require_params_capability(self.capabilities, r.options, r.params)
+        if "params" not in self.capabilities and (r.params or "params" in (r.options or {})):
+            raise Unsupported(
+                "this env takes no randomization overrides", expected="no params", got="params"
+            )
         seeding = self.vector.seeds
         kept = seeding.get_state()
         seeding.env_offset = r.env_offset
         try:
-            out: tuple[Any, list[dict[str, Any]]] = self.vector.reset_envs(
+            return self.vector.reset_envs(
                 r.env_ids,
                 seed=r.seed,
                 seeds=r.seeds,
@@ -200,7 +188,6 @@ class VectorHost(Generic[StepT]):
             # so the same request again gets the same seeds.
             seeding.set_state(EpisodeSeeds.parse_state(kept, self.num_envs))
             raise
-        return out
 
     def step(self, env_ids: np.ndarray, actions: Any) -> tuple[StepT, list[EnvFault]]:
         """Steps ``env_ids``; an env that raises ends its episode (truncated) and resets.
@@ -216,8 +203,7 @@ class VectorHost(Generic[StepT]):
     def get_state(self, env_ids: np.ndarray) -> list[dict[str, Any]]:
         """Snapshots of ``env_ids``: the env's own plus its seeding bookkeeping and rows."""
         self._require_state()
-        states: list[dict[str, Any]] = self.vector.get_env_states(env_ids)
-        return states
+        return self.vector.get_env_states(env_ids)
 
     def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
         """Restores snapshots from :meth:`get_state`, all or nothing."""

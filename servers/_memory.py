@@ -66,14 +66,10 @@ class MemoryBudget:
         if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
             raise ValueError(f"max_memory must be a positive int of bytes, got {total!r}")
         self.total = total
-        self._used = 0
+        self.used = 0
+        """Bytes reserved now."""
         self._by_peer: dict[str, int] = {}
         self._lock = threading.Lock()
-
-    @property
-    def used(self) -> int:
-        """Bytes reserved now."""
-        return self._used
 
     def held_by(self, peer: str | None) -> int:
         """Bytes ``peer`` holds now (0 for None: this machine's own processes)."""
@@ -83,12 +79,12 @@ class MemoryBudget:
         """Reserves ``nbytes`` for ``peer`` if they fit in the total and, for a peer
         with a ``share``, in what it may hold; whether they did."""
         with self._lock:
-            if self._used + nbytes > self.total:
+            if self.used + nbytes > self.total:
                 return False
             held = self.held_by(peer)
             if peer is not None and share is not None and held + nbytes > share:
                 return False
-            self._used += nbytes
+            self.used += nbytes
             if peer is not None:
                 self._by_peer[peer] = held + nbytes
             return True
@@ -96,7 +92,7 @@ class MemoryBudget:
     def release(self, nbytes: int, peer: str | None = None) -> None:
         """Gives back ``nbytes`` reserved earlier (for ``peer``)."""
         with self._lock:
-            self._used = max(0, self._used - nbytes)
+            self.used = max(0, self.used - nbytes)
             if peer is not None:
                 left = self.held_by(peer) - nbytes
                 if left > 0:

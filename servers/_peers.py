@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,7 +21,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from simkit.protocol import Busy
 
-__all__ = ["Peer", "PeerWatch", "check_slots", "quota_used", "readable"]
+__all__ = ["Peer", "PeerWatch", "check_slots", "readable"]
 
 _POLLIN = int(zmq.POLLIN)
 
@@ -71,14 +70,6 @@ class Peer:
         return cls(fd, name, None if loopback else name)
 
 
-def quota_used(peer: Peer, held: Iterable[Peer]) -> int:
-    """How many of the sessions of ``held`` count against ``peer``'s quota (0 for a
-    peer without one)."""
-    if peer.quota_key is None:
-        return 0
-    return sum(1 for other in held if other.quota_key == peer.quota_key)
-
-
 def check_slots(
     kind: str, peer: Peer, held: list[Peer], limits: tuple[int, int], state: str
 ) -> None:
@@ -96,7 +87,8 @@ def check_slots(
             expected=f"<= {limit} {kind}s",
             got=f"{len(held)} {state}",
         )
-    used = quota_used(peer, held)
+    key = peer.quota_key  # None: not limited
+    used = 0 if key is None else sum(1 for other in held if other.quota_key == key)
     if used >= per_peer:
         raise Busy(
             f"this peer ({peer.name}) holds its share of the {kind} slots",
