@@ -349,15 +349,12 @@ def run_serve(args: argparse.Namespace) -> int:
     parent = os.environ.get(PARENT_ENV)
     if parent:
         _stop_when_orphaned(server, int(parent))
-    metrics = (
-        f", metrics on http://{args.metrics_host}:{server.metrics_port}/metrics"
-        if server.metrics_port
-        else ""
-    )
     serving = f", policy serving on {server.device}" if server.device else ""
     serving += f", recording into {args.record}" if args.record else ""
+    if server.metrics_port:
+        serving += f", metrics on http://{args.metrics_host}:{server.metrics_port}/metrics"
     print(
-        f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{serving}{metrics}",
+        f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{serving}",
         flush=True,
     )
     server.serve_forever()

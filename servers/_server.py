@@ -155,10 +155,9 @@ def _check_exposure(
 
 def _peer_quota(max_sessions_per_peer: int | None, max_sessions: int) -> int:
     """The sessions one peer may hold: as given, else half of ``max_sessions`` (at least 1)."""
-    if max_sessions_per_peer is None:
-        max_sessions_per_peer = max(1, max_sessions // 2)
-    _check_positive("max_sessions_per_peer", max_sessions_per_peer)
-    return max_sessions_per_peer
+    quota = max(1, max_sessions // 2) if max_sessions_per_peer is None else max_sessions_per_peer
+    _check_positive("max_sessions_per_peer", quota)
+    return quota
 
 
 def _metrics_server(
@@ -371,15 +370,14 @@ class RolloutServer:
         if record is not None and policy:
             log.warning("--record records step sessions; record stream sessions on the learner")
         probe = self._new_host(1)
+        multi_agent = isinstance(probe, ParallelEnvHost)
         self._info = ServerInfo(
             env_id=env_id,
             num_envs=self.num_envs,
             observation_space=probe.observation_space,
             action_space=probe.action_space,
             capabilities=probe.capabilities,
-            env_kind=ENV_KIND_MULTI_AGENT
-            if isinstance(probe, ParallelEnvHost)
-            else ENV_KIND_SINGLE,
+            env_kind=ENV_KIND_MULTI_AGENT if multi_agent else ENV_KIND_SINGLE,
             agents=list(probe.possible_agents) if isinstance(probe, ParallelEnvHost) else None,
             server=f"simkit {__version__}",
             max_message_bytes=self.limits.max_message_bytes,
@@ -433,8 +431,9 @@ class RolloutServer:
     def _stream_host(self, policy: bool, fragment_length: int, double_buffer: bool) -> StreamHost:
         """The stream sessions' host: with ``policy``, the settings every stream session
         starts from; without, it refuses every ``stream_open``."""
-        settings = (
-            StreamSettings(
+        settings: StreamSettings | None = None
+        if policy:
+            settings = StreamSettings(
                 env_id=self.env_id,
                 env_kwargs=self._env_kwargs,
                 num_envs=self.num_envs,
@@ -448,9 +447,6 @@ class RolloutServer:
                 double_buffer=double_buffer,
                 allowed_envs=self.allow_envs,
             )
-            if policy
-            else None
-        )
         return StreamHost(
             self._ctx,
             settings,
