@@ -862,12 +862,8 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """A host-path step of a torch batch with its rewards and flags as device
         tensors, like a device-resident step's."""
         xp, device = self.xp, self.device
-        return replace(
-            step,
-            reward=xp.as_tensor(step.reward, device=device),
-            terminated=xp.as_tensor(step.terminated, device=device),
-            truncated=xp.as_tensor(step.truncated, device=device),
-        )
+        flags = ("reward", "terminated", "truncated")
+        return replace(step, **{f: xp.as_tensor(getattr(step, f), device=device) for f in flags})
 
     # ------------------------------------------------------------------ send / recv
 

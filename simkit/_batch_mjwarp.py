@@ -233,10 +233,8 @@ class MjWarpPhysics(Physics):
         }
         for name, field in self.model_fields.items():
             target = rows_of[field.attribute]
-            index = (
-                slice(None),
-                *(field.index if isinstance(field.index, tuple) else (field.index,)),
-            )
+            sub = field.index if isinstance(field.index, tuple) else (field.index,)
+            index = (slice(None), *sub)
             base = np.asarray(nominal[field.attribute])[index[1:]]
             value = np.array([row[name] for row in rows], dtype=np.float64)
             value = _broadcast_rows(value, np.shape(base))
