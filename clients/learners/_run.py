@@ -72,6 +72,7 @@ from simkit.errors import InvalidCheckpoint, ServersLost
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models._threads import set_compute_threads
 from simkit.protocol import RemoteError
+from simkit.registry import GYM_PREFIX, EnvKind, spec
 from simkit.rollout._loop import DeviceFragment
 
 __all__ = ["ALGORITHMS", "Report", "Run", "TrainResult", "learner_of"]
@@ -402,13 +403,17 @@ class Run:
         checkpoint's ``done`` env steps) and the torch threads set.
 
         Raises:
-            ValueError: ``record`` of a ``gym:`` env (replay re-simulates with simkit.make).
+            ValueError: ``record`` of a ``gym:`` or multi-agent env (replay re-simulates
+                a single-agent one with simkit.make).
         """
         self._keep_recording()
-        if self.options.record is not None and settings.env_id.startswith("gym:"):
+        env_id = settings.env_id
+        if self.options.record is not None and (
+            env_id.startswith(GYM_PREFIX) or spec(env_id).kind is EnvKind.MULTI_AGENT
+        ):
             raise ValueError(
-                "--record needs a simkit env (replay re-simulates it with simkit.make), "
-                f"got {settings.env_id!r}"
+                "--record needs a single-agent simkit env (replay re-simulates it with "
+                f"simkit.make), got {env_id!r}"
             )
         prepare_logdir(self.logdir)
         if self.ckpt is not None:

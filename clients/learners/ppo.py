@@ -58,7 +58,7 @@ from simkit.clients.learners._sources import FragmentSource
 from simkit.errors import InvalidCheckpoint
 from simkit.models import ActorCritic, ModelSpec
 from simkit.models import build_model as build_from_spec
-from simkit.registry import GYM_PREFIX, EnvKind, spec
+from simkit.registry import EnvKind, spec
 from simkit.rollout._loop import DeviceFragment
 from simkit.rollout._rows import make_env_rows
 
@@ -692,7 +692,6 @@ def learn(
         version, dropped = int(ckpt.state.get("version", 0)), int(ckpt.state.get("dropped", 0))
         if version >= updates_for(args.total_steps, args.num_steps * policy_rows(args)) > 0:
             return run.complete(done, updates=version, dropped=dropped)
-    _check_record(run, args)
     args.check()
     run.prepare(args, done)
     model = build_model(args)
@@ -785,18 +784,6 @@ class _Cadence:
         if due:
             self.last = now
         return due
-
-
-def _check_record(run: Run, args: PPOArgs) -> None:
-    """``record`` needs a single-agent simkit env (replay re-simulates it)."""
-    env_id = args.env_id
-    if run.options.record is not None and (
-        env_id.startswith(GYM_PREFIX) or spec(env_id).kind is EnvKind.MULTI_AGENT
-    ):
-        raise ValueError(
-            "--record needs a single-agent simkit env (replay re-simulates it with "
-            f"simkit.make), got {env_id!r}"
-        )
 
 
 def _device_loop(
