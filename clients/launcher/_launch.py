@@ -63,22 +63,11 @@ class _ServerActor:
         from simkit.models._threads import set_compute_threads
         from simkit.servers import RolloutServer
 
-        set_compute_threads(int(settings["torch_threads"]))
+        server = dict(settings)  # RolloutServer's keywords, and the torch threads
+        set_compute_threads(server.pop("torch_threads"))
         host = ray.util.get_node_ip_address()
         self.server = RolloutServer(
-            settings["env_id"],
-            int(settings["num_envs"]),
-            f"tcp://{host}:*",
-            env_kwargs=settings["env_kwargs"],
-            curve_secret_key=settings["server_secret"],
-            curve_allowed_clients=[settings["client_public"]],
-            metrics_port=0,
-            metrics_host=host,
-            num_threads=int(settings["num_threads"]),
-            policy=True,
-            device=settings["device"],
-            fragment_length=int(settings["fragment_length"]),
-            heartbeat_timeout=float(settings["heartbeat_timeout"]),
+            bind=f"tcp://{host}:*", metrics_port=0, metrics_host=host, policy=True, **server
         ).start()
         context = ray.get_runtime_context()
         self.info = ServerInfo(
@@ -277,15 +266,15 @@ def launch(
     client_public, client_secret = zmq.curve_keypair()
     settings = {
         "env_id": env_id,
-        "num_envs": num_envs,
+        "num_envs": int(num_envs),
         "env_kwargs": dict(env_kwargs or {}),
-        "server_secret": server_secret,
-        "client_public": client_public,
-        "num_threads": num_threads,
+        "curve_secret_key": server_secret,
+        "curve_allowed_clients": [client_public],
+        "num_threads": int(num_threads),
         "torch_threads": max(1, int(server_cpus)),
         "device": device or ("cuda" if server_gpus > 0 else "cpu"),
-        "fragment_length": fragment_length,
-        "heartbeat_timeout": heartbeat_timeout,
+        "fragment_length": int(fragment_length),
+        "heartbeat_timeout": float(heartbeat_timeout),
     }
     bundle = {"CPU": server_cpus, **({"GPU": server_gpus} if server_gpus else {})}
     curve = CurveKeys(server_public, client_public, client_secret)

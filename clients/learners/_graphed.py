@@ -112,11 +112,9 @@ class _Restore:
         for p, s in self.optimizer.state.items():
             before = self.state.get(p, {})
             for k, v in s.items():
-                if not isinstance(v, torch.Tensor):
-                    continue
-                if k in before:
+                if isinstance(v, torch.Tensor) and k in before:
                     v.copy_(before[k])
-                else:  # made by the warm-up: Adam starts it at zeros
+                elif isinstance(v, torch.Tensor):  # made by the warm-up: Adam starts it at zeros
                     v.zero_()
         for g, state in self.generators:
             g.set_state(state)

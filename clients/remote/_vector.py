@@ -146,9 +146,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 "autoreset_mode must be SAME_STEP or NEXT_STEP (servers always autoreset), "
                 "got DISABLED"
             )
-        if isinstance(endpoints, str):
-            endpoints = [endpoints]
-        endpoints = list(endpoints)
+        endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not endpoints:
             raise ValueError("RemoteVectorEnv needs at least one endpoint, got none")
         self._client = client
@@ -269,11 +267,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return out
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
-        return (
-            self._all_ids
-            if env_ids is None
-            else checked_env_ids(env_ids, self.num_envs, allow_empty=False)
-        )
+        if env_ids is None:
+            return self._all_ids
+        return checked_env_ids(env_ids, self.num_envs, allow_empty=False)
 
     def _ready(self) -> None:
         if self.closed:
