@@ -597,8 +597,17 @@ class RolloutServer:
                 if refusal is not None:
                     self._send(identity, refusal)
                 return
+            if request is not None and is_keepalive(request):
+                self._keepalive(identity, request, start, Peer.of(first))
+                return
             if request is None or request.kind != "hello":
-                self._serve_sessionless(identity, frames, request, start, first)
+                # What a new session answers (a ping reply, session_state "send hello
+                # first", or the decode error with its id); no envs, no session kept.
+                if request is None:
+                    reply = self._sessionless.handle_message(frames)
+                else:
+                    reply = self._sessionless.dispatch(request)
+                self._reply(identity, reply, start)
                 return
             try:
                 slot = self._slot(identity, Peer.of(first))
@@ -616,30 +625,6 @@ class RolloutServer:
         if slot.session.state is SessionState.CLOSED:
             self._free(identity)  # before the reply, so the client sees its slots freed
         self._reply(identity, reply, start, steps=steps)
-
-    def _serve_sessionless(
-        self,
-        identity: bytes,
-        frames: list[Any],
-        request: Message | None,
-        start: float,
-        first: zmq.Frame,
-    ) -> None:
-        """Answers a connection that has no session and did not send ``hello``.
-
-        ``request`` is the decoded ``frames`` (``None`` if they do not decode). A keepalive
-        refreshes the session it names; anything else gets what a new session answers (a
-        ping reply, ``session_state`` "send hello first", or the decode error). No envs
-        are created and no session is kept.
-        """
-        if request is not None and is_keepalive(request):
-            self._keepalive(identity, request, start, Peer.of(first))
-            return
-        if request is None:
-            reply = self._sessionless.handle_message(frames)  # the decode error, with its id
-        else:
-            reply = self._sessionless.dispatch(request)
-        self._reply(identity, reply, start)
 
     def _keepalive(self, identity: bytes, request: Message, start: float, peer: Peer) -> None:
         """Refreshes the session a keepalive names; answers without opening a session.

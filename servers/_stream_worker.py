@@ -262,7 +262,7 @@ class StreamWorker(threading.Thread):
         newest = self.session.version or 0
         lag = newest - fragment.policy_version
         self._metrics.fragment(
-            steps=times.steps * self._envs_per_step,
+            steps=times.steps * loop.envs.num_envs,
             env_calls=times.env_calls,
             inference=times.inference_calls,
             lag=(int(lag.min()), float(lag.mean()), int(lag.max())),
@@ -363,7 +363,7 @@ class StreamWorker(threading.Thread):
         assert config is not None
         layout = {
             "env_id": self._info_env_id,
-            "num_envs": self._envs_per_step,
+            "num_envs": loop.envs.num_envs,
             "num_rows": loop.envs.num_rows,
             "env_offset": config.env_offset,
             "fragment_length": loop.fragment_length,
@@ -447,6 +447,7 @@ class StreamWorker(threading.Thread):
     def _build(self, config: StreamConfig) -> StreamInfo:
         s = self.settings
         env_id, env_kwargs = s.admit_env(config.env_id, config.env_kwargs)
+        self._info_env_id = env_id
         num_envs = config.num_envs or s.num_envs
         if num_envs > s.max_envs:
             raise InvalidField(
@@ -459,7 +460,7 @@ class StreamWorker(threading.Thread):
         try:  # a refusal after the envs are built closes them
             fragment_bytes = _check_sizes(s, envs, length, config.model)
             model, obs_plain, act_plain = self._admit_model(config, envs, fragment_bytes)
-            loop = self._start_loop(config, envs, model, device, env_id, num_envs, length)
+            loop = self._start_loop(config, envs, model, device, length)
         except ProtocolError:
             envs.close()
             raise
@@ -559,8 +560,6 @@ class StreamWorker(threading.Thread):
         envs: EnvRows,
         model: ActorCritic,
         device: torch.device,
-        env_id: str,
-        num_envs: int,
         length: int,
     ) -> RolloutLoop:
         """The session's policy over its rows and the loop that steps them, reset to
@@ -570,7 +569,7 @@ class StreamWorker(threading.Thread):
             device,
             seed=config.seed,
             first_slot=config.env_offset,
-            num_slots=num_envs,
+            num_slots=envs.num_envs,
             rows_per_slot=envs.agents_per_env,
             action_space=envs.action_space,
         )
@@ -582,16 +581,13 @@ class StreamWorker(threading.Thread):
             with_states=config.with_states,
             source=self.session_name,
         )
-        self._envs_per_step = num_envs
-        self._info_env_id = env_id
         try:
             loop.reset(config.seed, config.env_offset)
         except Exception as exc:
             self._loop = None
-            raise InvalidField(f"env {env_id!r} failed to reset: {exc}") from exc
+            raise InvalidField(f"env {self._info_env_id!r} failed to reset: {exc}") from exc
         return loop
 
-    _envs_per_step = 0
     _info_env_id = ""
 
 
