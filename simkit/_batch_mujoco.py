@@ -307,11 +307,9 @@ class MujocoPhysics(Physics):
         self.scratch = [mujoco.MjData(model) for _ in range(workers)] if backend == "pooled" else []
         # Fields the pool copies out of an MjData per instance (the rest come from rows).
         self.row_fields = [f for f in batch_fields if not (self.rows and f in self.slices)]
-        self.pool = (
-            ThreadPoolExecutor(workers - 1, thread_name_prefix="simkit-physics")
-            if workers > 1 and self.native is None
-            else None
-        )
+        self.pool: ThreadPoolExecutor | None = None
+        if workers > 1 and self.native is None:
+            self.pool = ThreadPoolExecutor(workers - 1, thread_name_prefix="simkit-physics")
         self.stepper: ThreadPoolExecutor | None = None  # native send(): one FIFO thread
 
     def prepare(self, env: BatchEnv, ids: np.ndarray, params: Sequence[Params]) -> None:
@@ -502,17 +500,10 @@ def _native_step(
 
 
 def _state_slices(model: mujoco.MjModel) -> dict[str, slice]:
-    """Where ``qpos``, ``qvel`` and ``ctrl`` sit in an ``mjSTATE_INTEGRATION`` vector."""
-    spec = int(PHYSICS_STATE)
-    offset = 0
+    """Where ``qpos``, ``qvel`` and ``ctrl`` sit in an ``mjSTATE_INTEGRATION`` vector:
+    after the fields of every lower bit of the spec."""
     out: dict[str, slice] = {}
-    names = {2: "qpos", 4: "qvel", 64: "ctrl"}
-    bit = 1
-    while bit <= spec:
-        if spec & bit:
-            size = mujoco.mj_stateSize(model, bit)
-            if bit in names:
-                out[names[bit]] = slice(offset, offset + size)
-            offset += size
-        bit <<= 1
+    for bit, name in ((2, "qpos"), (4, "qvel"), (64, "ctrl")):
+        start = mujoco.mj_stateSize(model, int(PHYSICS_STATE) & (bit - 1))
+        out[name] = slice(start, start + mujoco.mj_stateSize(model, bit))
     return out
