@@ -26,6 +26,7 @@ overlaps the next rollout.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import queue
 import sys
@@ -233,11 +234,9 @@ class LocalSource:
                 self._swap()
                 fragment = self.rollout()
                 while not self._stop.is_set():
-                    try:
+                    with contextlib.suppress(queue.Full):
                         self._queue.put(fragment, timeout=0.05)
                         break
-                    except queue.Full:
-                        continue
         except BaseException as exc:  # handed to the learner, which re-raises it
             self._queue.put(exc)
 

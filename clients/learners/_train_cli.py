@@ -96,8 +96,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
     """Every :class:`PPOArgs` field (shared with SAC unless PPO's alone), then SAC's own."""
-    d = PPOArgs()
-    sac_d = SACArgs()
+    d, sac_d = PPOArgs(), SACArgs()
     ppo = parser.add_argument_group(
         "PPO, and shared with SAC (a flag not given keeps the checkpoint's on --resume)"
     )
