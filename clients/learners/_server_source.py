@@ -56,20 +56,18 @@ class ServerSource:
     Args:
         endpoints: the servers.
         spec: the policy's model spec (the servers build it).
-        env_id, env_kwargs, mode, max_lag: as :class:`PolicyStream` (a server refuses
-            an env id or kwargs its operator did not give it).
-        timeout: seconds a server may stay silent before it counts as dead.
+        env_id, env_kwargs, mode, max_lag, timeout, curve: as :class:`PolicyStream` (a
+            server refuses an env id or kwargs its operator did not give it; a server
+            silent for ``timeout`` seconds counts as dead).
         report: called with a line for a person when a server is lost.
         wait_for_servers: supervise: wait until a lost server is back on the same
             endpoint (retrying every ``timeout`` seconds) and reopen its session.
         give_up: while waiting, checked between retries; when it turns true the lost
             server is dropped as without supervision (e.g. on SIGINT).
-        curve: CURVE keys for servers that require them.
         locate: supervise: ``locate(endpoint)`` waits until the server lost at
             ``endpoint`` runs again and returns where (raises if it never will).
-        num_envs: env slots in total, split over the servers.
-        num_steps: ``T``, steps per fragment.
-        seed: root seed of the envs and of the sampling noise.
+        num_envs, num_steps, seed: as :class:`~simkit.clients.learners._sources.LocalSource`
+            (the env slots split over the servers).
     """
 
     def __init__(
