@@ -119,7 +119,7 @@ class BatchEnvHost:
         if any(per):
             opts["params"] = per
         if not everyone:
-            opts["reset_mask"] = _mask(n, env_ids)
+            opts["reset_mask"] = np.isin(np.arange(n), env_ids)
         obs, vector_info = self.env.reset(seed=seed, options=opts or None)
         obs = self._obs = host_arrays(obs)
         if everyone:
@@ -184,7 +184,7 @@ class BatchEnvHost:
         step, faults = self._failed(env_ids, error_code_of(exc), f"{type(exc).__name__}: {exc}")
         options = None
         if env_ids.size < self.num_envs:  # a subset step failed: restart only its instances
-            options = {"reset_mask": _mask(self.num_envs, env_ids)}
+            options = {"reset_mask": np.isin(np.arange(self.num_envs), env_ids)}
         try:
             obs, vector_info = self.env.reset(options=options)
             obs = host_arrays(obs)
@@ -273,13 +273,6 @@ def _writable(actions: Any) -> Any:
     return actions
 
 
-def _mask(n: int, env_ids: np.ndarray) -> np.ndarray:
-    """The ``reset_mask`` of ``env_ids`` among ``n`` instances."""
-    mask = np.zeros(n, dtype=np.bool_)
-    mask[env_ids] = True
-    return mask
-
-
 def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:
     """``options["params"]``: one map for every listed env, or one map per listed env."""
     if value is None:
@@ -301,10 +294,8 @@ def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:
 
 def _info_row(vector_info: Mapping[str, Any], i: int) -> dict[str, Any]:
     """Row ``i``'s info back out of a Gymnasium vector info (``key``/``_key`` masks)."""
-    out: dict[str, Any] = {}
-    for key, value in vector_info.items():
-        mask = vector_info.get(f"_{key}")
-        if mask is None or not bool(mask[i]):
-            continue
-        out[key] = _info_row(value, i) if isinstance(value, Mapping) else value[i]
-    return out
+    return {
+        key: _info_row(value, i) if isinstance(value, Mapping) else value[i]
+        for key, value in vector_info.items()
+        if (mask := vector_info.get(f"_{key}")) is not None and bool(mask[i])
+    }

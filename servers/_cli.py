@@ -353,10 +353,7 @@ def run_serve(args: argparse.Namespace) -> int:
     serving += f", recording into {args.record}" if args.record else ""
     if server.metrics_port:
         serving += f", metrics on http://{args.metrics_host}:{server.metrics_port}/metrics"
-    print(
-        f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{serving}",
-        flush=True,
-    )
+    print(f"simkit serve: {args.env_id} x{args.num_envs} on {server.endpoint}{serving}", flush=True)
     server.serve_forever()
     print("simkit serve: stopped", flush=True)
     return 0

@@ -154,10 +154,8 @@ class _RecordedHost(Generic[StepT]):
             ids = env_ids.tolist()
             seeds, params, options = request.seeds, request.params, request.options
             explicit = None if seeds is None else [int(x) for x in seeds]
-            A = self.tracker.num_agents
-            for k, (i, (s, origin)) in enumerate(
-                zip(ids, self._origins(ids, explicit), strict=True)
-            ):
+            A, origins = self.tracker.num_agents, self._origins(ids, explicit)
+            for k, (i, (s, origin)) in enumerate(zip(ids, origins, strict=True)):
                 opts = _episode_options(options, k, None if params is None else params[k])
                 mask = None
                 if isinstance(self.host, ParallelEnvHost):
@@ -213,13 +211,10 @@ class MultiAgentRecordingHost(_RecordedHost[MultiAgentBatchStep]):
 
     def __init__(self, host: ParallelEnvHost, recorder: ServerRecorder, session: str) -> None:
         super().__init__(host, recorder, session)
-        self.multi_agent_host = host
         self.possible_agents: list[str] = host.possible_agents
         self.num_agents: int = host.num_agents
-
-    def agent_mask(self, env_ids: np.ndarray) -> np.ndarray:
+        self.agent_mask = host.agent_mask
         """The host's live rows of ``env_ids``."""
-        return self.multi_agent_host.agent_mask(env_ids)
 
 
 def _episode_options(

@@ -535,9 +535,7 @@ class RolloutServer:
     # -------------------------------------------------------------------- serving
 
     def _slot(self, identity: bytes, peer: Peer) -> _Slot:
-        slot = self._slots.get(identity)
-        if slot is not None:
-            return slot
+        """Opens a session for ``identity`` (which has none), if the slots allow it."""
         held = [s.peer for s in self._slots.values()]
         limits = (self.max_sessions, self.max_sessions_per_peer)
         check_slots("session", peer, held, limits, "connected")

@@ -213,12 +213,11 @@ class StreamWorker(threading.Thread):
                 why = "network"
             if why is not None:
                 waited = time.perf_counter()
+                wait = _IDLE_WAIT_S
                 if why == "network":  # look again soon, then less often while it lasts
-                    self._network_wait = min(_IDLE_WAIT_S, 2 * self._network_wait)
+                    wait = self._network_wait = min(_IDLE_WAIT_S, 2 * self._network_wait)
                 try:
-                    item = self.inbox.get(
-                        timeout=self._network_wait if why == "network" else _IDLE_WAIT_S
-                    )
+                    item = self.inbox.get(timeout=wait)
                 except queue.Empty:
                     item = None
                     if self._stopping.is_set():
