@@ -120,10 +120,8 @@ class BatchState:
     def __init__(
         self, n: int, overrides: list[Mapping[str, Any]], randomization: Mapping[str, Distribution]
     ) -> None:
-        compiled: dict[int, Sampler] = {}  # one sampler per distinct overrides object
-        for o in overrides:
-            if id(o) not in compiled:
-                compiled[id(o)] = Sampler(resolve_overrides(randomization, o))
+        distinct = {id(o): o for o in overrides}  # one sampler per distinct overrides object
+        compiled = {k: Sampler(resolve_overrides(randomization, o)) for k, o in distinct.items()}
         self.env_overrides = overrides
         self.samplers = [compiled[id(o)] for o in overrides]
         self.groups = list(compiled.values())
