@@ -669,8 +669,8 @@ def fragment_to_torch(
 ) -> dict[str, torch.Tensor]:
     """Every array of ``fragment`` as a torch tensor on ``device`` (copied: received
     arrays are read-only views of network buffers)."""
-    names = (*ROW_FIELDS, "policy_version", "last_obs", "last_values", "env_ids")
-    names += ("episode_returns", "episode_lengths", "episode_rows")
+    names: tuple[str, ...] = (*ROW_FIELDS, "policy_version", "last_obs", "last_values")
+    names += ("env_ids", "episode_returns", "episode_lengths", "episode_rows")
     return {
         name: torch.tensor(np.asarray(getattr(fragment, name)), device=device) for name in names
     }
