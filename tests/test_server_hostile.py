@@ -437,7 +437,7 @@ def test_an_unexpected_error_while_routing_a_request_is_answered_and_serving_goe
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(server, "_serve_sessionless", broken)
+    monkeypatch.setattr(server._sessionless, "dispatch", broken)
     peer = peers()
     peer.endpoint = server.endpoint
     sock = peer.connect()
