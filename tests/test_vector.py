@@ -565,3 +565,84 @@ def test_a_list_of_seeds_refused_for_a_bad_entry_changes_no_seeding(multi_agent:
         refused.reset_envs([0, 1], seeds=[7, "x"])
     assert dumps(refused.seeds.get_state()) == dumps(plain.seeds.get_state())
     np.testing.assert_array_equal(refused.reset()[0], plain.reset()[0])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"params": {"x": 1}}, r"params must be a sequence of 2 entries, one per env id, got dict"),
+        ({"params": [None]}, r"params must be a sequence of 2 entries, one per env id, got 1"),
+        ({"params": [None] * 3}, r"params must be a sequence of 2 entries, one per env id, got 3"),
+        ({"params": [None, 5]}, r"params\[1\] must be a mapping .* or None, got int"),
+        ({"seeds": [1]}, r"seeds must be a sequence of 2 entries, one per env id, got 1"),
+        ({"seeds": 7}, r"seeds must be a sequence of 2 entries, one per env id, got int"),
+        ({"seed": 1, "seeds": [1, 2]}, r"seed .* or seeds .*, not both"),
+    ],
+)
+def test_reset_envs_refuses_malformed_arguments_and_changes_nothing(
+    kwargs: dict[str, Any], match: str
+) -> None:
+    """``reset_envs``'s per-env arguments must hold one entry per id: a params mapping
+    raised a bare KeyError, short params an IndexError, short seeds zip's message, extra
+    entries were ignored, and ``seed`` with ``seeds`` silently dropped ``seeds``."""
+    refused, plain = (simkit.vector.make_vec(CARTPOLE, 3) for _ in range(2))
+    for vec in (refused, plain):
+        vec.reset(seed=0)
+    with pytest.raises(ValueError, match=match):
+        refused.reset_envs([0, 2], **kwargs)
+    assert dumps(refused.seeds.get_state()) == dumps(plain.seeds.get_state())
+    np.testing.assert_array_equal(refused.reset()[0], plain.reset()[0])
+
+
+@pytest.mark.parametrize(
+    ("ids", "match"),
+    [([-1], r"must lie in \[0, 3\)"), ([3], r"must lie in \[0, 3\)"), ([1, 1], "must not repeat")],
+)
+def test_env_state_ids_are_checked(ids: list[int], match: str) -> None:
+    """``get_env_states([-1])`` read the last env and ``set_env_states([-1], ...)`` wrote
+    it (numpy's negative index); a repeated id restored one env twice."""
+    vec = simkit.vector.make_vec(CARTPOLE, 3)
+    vec.reset(seed=0)
+    before = dumps(vec.get_state())
+    with pytest.raises(ValueError, match=match):
+        vec.get_env_states(ids)
+    good = vec.get_env_states(list(range(len(ids))))
+    with pytest.raises(ValueError, match=match):
+        vec.set_env_states(ids, good)
+    assert dumps(vec.get_state()) == before
+
+
+def test_set_env_states_needs_one_state_per_id() -> None:
+    """A short list of states restored the envs it covered, then failed in zip."""
+    vec = simkit.vector.make_vec(CARTPOLE, 3)
+    vec.reset(seed=0)
+    states = vec.get_env_states([0, 1])
+    vec.step(np.ones(3, dtype=np.int64))
+    before = dumps(vec.get_state())
+    with pytest.raises(ValueError, match=r"one state per env id: 2 ids, got 1 states"):
+        vec.set_env_states([0, 1], states[:1])
+    assert dumps(vec.get_state()) == before
+
+
+def test_multi_agent_reset_mask_resets_only_the_masked_envs() -> None:
+    """``MultiAgentVectorEnv.reset(options={"reset_mask": m})`` passed the mask on to
+    every env's own reset and reset them all; now it resets the masked envs, as
+    ``VectorEnv`` does, and leaves the others' rows as they were."""
+    vec, ref = (MultiAgentVectorEnv("simkit/GoalNav-v0", 3) for _ in range(2))
+    for v in (vec, ref):
+        v.reset(seed=4)
+    a = vec.num_agents
+    actions = np.stack([vec.single_action_space.sample() for _ in range(3 * a)])
+    for v in (vec, ref):
+        v.step(actions)
+    before = vec.get_env_states([0, 2])
+    mask = np.array([False, True, False])
+    obs, _, infos = vec.reset(options={"reset_mask": mask})
+    assert len(infos) == 3 * a
+    assert all(info == {} for info in infos[:a] + infos[2 * a :])
+    assert dumps(vec.get_env_states([0, 2])) == dumps(before)
+    assert vec.episode_index.tolist() == [0, 1, 0]
+    ref_obs, _ = ref.reset_envs([1])
+    np.testing.assert_array_equal(obs[a : 2 * a], ref_obs)
+    with pytest.raises(ValueError, match=r"reset_mask'\] must be a bool array of shape \(3,\)"):
+        vec.reset(options={"reset_mask": [True]})

@@ -186,9 +186,31 @@ def plan_env_resets(
     neither (:meth:`EpisodeSeeds.plan_reset`).
 
     Raises:
+        ValueError: ``seed`` with ``seeds``, or ``seeds``/``params`` not one entry per id;
+            nothing changed.
         InvalidParameter: an override of some env does not fit it; nothing changed.
     """
     ids = env_ids.tolist()
+    if seed is not None and seeds is not None:
+        raise ValueError(
+            "pass seed (a root for these envs) or seeds (one per env id), not both; "
+            f"got seed={seed!r} and seeds"
+        )
+    for name, given in (("seeds", seeds), ("params", params)):
+        if given is None:
+            continue
+        sized = isinstance(given, Sequence | np.ndarray) and not isinstance(given, str | bytes)
+        if not sized or len(given) != len(ids):
+            got = len(given) if sized else type(given).__name__
+            raise ValueError(
+                f"{name} must be a sequence of {len(ids)} entries, one per env id, got {got}"
+            )
+    for k, entry in enumerate(params or ()):
+        if entry is not None and not isinstance(entry, Mapping):
+            raise ValueError(
+                f"params[{k}] must be a mapping of parameter name to value, or None, "
+                f"got {type(entry).__name__}"
+            )
     opts = [with_params(options, None if params is None else params[k]) for k in range(len(ids))]
     for i, env_opts in zip(ids, opts, strict=True):
         check_overrides(envs[i], env_opts)

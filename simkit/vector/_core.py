@@ -27,9 +27,9 @@ from gymnasium.vector import AutoresetMode
 from simkit._seeding import EpisodeSeeds
 from simkit._state import restore_all
 from simkit._types import StepFault
-from simkit._validation import ActionBounds, check_send_ids
+from simkit._validation import ActionBounds, check_send_ids, checked_env_ids
 from simkit.errors import InvalidState, ResetNeeded
-from simkit.vector._build import check_overrides, gather_rows, plan_env_resets
+from simkit.vector._build import check_mask, check_overrides, gather_rows, plan_env_resets
 from simkit.vector._pool import WorkerPool
 
 __all__ = ["VectorCore", "VECTOR_STATE_FORMAT"]
@@ -298,13 +298,22 @@ class VectorCore(abc.ABC):
             self._reset_info_rows[base + s] = None
         return infos
 
-    def _reset_every(self, ids: np.ndarray, seed: Any, options: dict[str, Any] | None) -> None:
-        """A Gymnasium-style reset of ``ids`` with one ``options`` for all: every env's
-        overrides are checked (:func:`check_overrides`) before the seeds are planned, so
-        a refused reset advances no episode counter."""
+    def _reset_every(self, seed: Any, options: Mapping[str, Any] | None) -> np.ndarray:
+        """A Gymnasium-style reset of every env, or of ``options["reset_mask"]``'s, with
+        the other options for all; returns the ids reset. Every env's overrides are
+        checked (:func:`check_overrides`) before the seeds are planned, so a refused
+        reset advances no episode counter."""
+        opts = dict(options) if options is not None else None
+        ids = np.arange(self.num_envs)
+        if opts is not None and "reset_mask" in opts:
+            mask = check_mask(opts.pop("reset_mask"), self.num_envs)
+            if not self._has_reset and not mask.all():
+                raise ResetNeeded("the first reset() must reset every env")
+            ids = np.flatnonzero(mask)
         for i in ids.tolist():
-            check_overrides(self.envs[i], options)
-        self._reset_many(ids, self.seeds.plan(ids, seed), options)
+            check_overrides(self.envs[i], opts)
+        self._reset_many(ids, self.seeds.plan(ids, seed), opts)
+        return ids
 
     def _reset_many(
         self, ids: np.ndarray, seeds: list[int | None], options: dict[str, Any] | None
@@ -492,11 +501,12 @@ class VectorCore(abc.ABC):
         """Per-env snapshots: ``env``, ``root_seed``, ``episode_index`` and the rows.
 
         Raises:
+            ValueError: ``env_ids`` are not distinct ids in ``[0, num_envs)``.
             ResetNeeded: an env was never reset.
             TypeError: an env is not a simkit env.
         """
         out = []
-        for i in np.asarray(env_ids, dtype=np.int64).tolist():
+        for i in checked_env_ids(env_ids, self.num_envs).tolist():
             if self.seeds.episode[i] < 0:
                 raise ResetNeeded(f"env {i}: get_state before reset; reset first")
             getter = getattr(self.envs[i].unwrapped, "get_state", None)
@@ -509,9 +519,16 @@ class VectorCore(abc.ABC):
         """Restores :meth:`get_env_states` snapshots, all or nothing.
 
         Raises:
+            ValueError: ``env_ids`` are not distinct ids in ``[0, num_envs)``, or not one
+                per state (nothing changes).
             InvalidState: a malformed snapshot, or one an env rejects (nothing changes).
         """
-        ids = np.asarray(env_ids, dtype=np.int64).tolist()
+        ids = checked_env_ids(env_ids, self.num_envs).tolist()
+        if len(states) != len(ids):
+            raise ValueError(
+                f"set_env_states needs one state per env id: {len(ids)} ids, "
+                f"got {len(states)} states"
+            )
         need = {"env", "root_seed", "episode_index"} | self._env_state_fields
         parsed = []
         for state in states:

@@ -190,14 +190,17 @@ class MultiAgentVectorEnv(VectorCore):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
-        """Resets every env; seeds as :meth:`simkit.vector.VectorEnv.reset`.
+        """Resets every env, or ``options["reset_mask"]``'s; seeds and options as
+        :meth:`simkit.vector.VectorEnv.reset`.
 
         Returns:
-            ``(obs, agent_mask, infos)`` over all rows.
+            ``(obs, agent_mask, infos)`` over all rows; the rows of envs not reset keep
+            their observation and mask, and have empty infos.
         """
-        ids = np.arange(self.num_envs)
-        self._reset_every(ids, seed, options)
-        infos = [self._info_rows[r] for r in range(self.num_rows)]
+        reset = np.zeros(self.num_envs, dtype=np.bool_)
+        reset[self._reset_every(seed, options)] = True
+        a = self.num_agents
+        infos = [self._info_rows[r] if reset[r // a] else {} for r in range(self.num_rows)]
         return self._gather(self._obs_rows, np.arange(self.num_rows)), self._mask.copy(), infos
 
     def step(self, actions: Any) -> MultiAgentBatchStep:

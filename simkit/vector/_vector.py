@@ -24,7 +24,7 @@ from simkit._types import BatchStep, RowStep, StepFault
 from simkit._validation import ActionBounds, check_send_ids
 from simkit.errors import ResetNeeded
 from simkit.vector._actions import check_batch, split_rows
-from simkit.vector._build import build_envs, check_mask, gather_rows, positive_int
+from simkit.vector._build import build_envs, gather_rows, positive_int
 from simkit.vector._core import VECTOR_STATE_FORMAT, VectorCore
 
 __all__ = ["VectorEnv", "make_vec", "VECTOR_STATE_FORMAT", "gather_rows"]
@@ -215,14 +215,7 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
                 resets only some envs, as in Gymnasium.
         """
         self._require_idle("reset()")
-        opts = dict(options) if options is not None else None
-        mask = None
-        if opts is not None and "reset_mask" in opts:
-            mask = check_mask(opts.pop("reset_mask"), self.num_envs)
-            if not self._has_reset and not mask.all():
-                raise ResetNeeded("the first reset() must reset every env")
-        ids = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
-        self._reset_every(ids, seed, opts)
+        ids = self._reset_every(seed, options)
         infos: dict[str, Any] = {}
         for i in ids:
             infos = self._add_info(infos, self._info_rows[i], int(i))
