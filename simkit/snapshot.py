@@ -24,6 +24,7 @@ __all__ = [
     "states_equal",
     "first_difference",
     "StateDifference",
+    "MAX_DEPTH",
     "describe",
     "rng_to_plain",
     "rng_from_plain",
@@ -31,18 +32,35 @@ __all__ = [
 
 _ARRAY_KEY = "__ndarray__"
 
+MAX_DEPTH = 100
+"""How deeply a snapshot may nest dicts and lists: deeper trees are refused with
+:class:`~simkit.errors.InvalidState` instead of exhausting Python's recursion limit (a
+tampered recording or a hostile peer can send msgpack nested a thousand deep)."""
 
-def to_plain(obj: Any, path: str = "state") -> Any:
-    """Converts a snapshot tree into msgpack-native types (arrays become tagged maps)."""
+
+def _too_deep(path: str) -> InvalidState:
+    return InvalidState(
+        f"{path}: snapshots nest dicts and lists at most {MAX_DEPTH} deep, got deeper"
+    )
+
+
+def to_plain(obj: Any, path: str = "state", _depth: int = 0) -> Any:
+    """Converts a snapshot tree into msgpack-native types (arrays become tagged maps).
+
+    Raises:
+        InvalidState: a value that is not plain data, or nesting beyond :data:`MAX_DEPTH`.
+    """
     kind = type(obj)
     if kind is str or kind is float or kind is bool or obj is None:
         return obj
+    if _depth >= MAX_DEPTH and isinstance(obj, Mapping | list | tuple):
+        raise _too_deep(path)
     if kind is dict or isinstance(obj, Mapping):
         out = {}
         for key, value in obj.items():
             if not isinstance(key, str):
                 raise InvalidState(f"{path}: snapshot keys must be str, got {type(key).__name__}")
-            out[key] = to_plain(value, f"{path}.{key}")
+            out[key] = to_plain(value, f"{path}.{key}", _depth + 1)
         return out
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biufc":
@@ -62,7 +80,7 @@ def to_plain(obj: Any, path: str = "state") -> Any:
             )
         return obj.item()
     if isinstance(obj, list | tuple):
-        return [to_plain(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return [to_plain(v, f"{path}[{i}]", _depth + 1) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, bool | int | float | str | bytes):
         if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
             raise InvalidState(f"{path}: integer {obj} does not fit 64 bits; store it as str")
@@ -76,12 +94,15 @@ def to_plain(obj: Any, path: str = "state") -> Any:
 _PLAIN_LEAVES = frozenset({type(None), bool, int, float, str, bytes})
 
 
-def from_plain(obj: Any, path: str = "state") -> Any:
+def from_plain(obj: Any, path: str = "state", _depth: int = 0) -> Any:
     """Inverse of :func:`to_plain`: tagged maps become numpy arrays again.
 
     Raises:
-        InvalidState: the tree holds anything but plain msgpack types (e.g. an ext type).
+        InvalidState: the tree holds anything but plain msgpack types (e.g. an ext type),
+            or nests beyond :data:`MAX_DEPTH`.
     """
+    if _depth >= MAX_DEPTH and isinstance(obj, dict | list):
+        raise _too_deep(path)
     if isinstance(obj, dict):
         if obj.get(_ARRAY_KEY) is True:
             try:
@@ -97,9 +118,9 @@ def from_plain(obj: Any, path: str = "state") -> Any:
         for key in obj:
             if not isinstance(key, str):
                 raise InvalidState(f"{path}: snapshot keys must be str, got {type(key).__name__}")
-        return {k: from_plain(v, f"{path}.{k}") for k, v in obj.items()}
+        return {k: from_plain(v, f"{path}.{k}", _depth + 1) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [from_plain(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return [from_plain(v, f"{path}[{i}]", _depth + 1) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, bool | int | float | str | bytes):
         return obj
     raise InvalidState(f"{path}: snapshots hold only plain msgpack types, got {type(obj).__name__}")

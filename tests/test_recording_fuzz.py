@@ -99,6 +99,16 @@ def _set_header(frame: bytearray, field: int, value: int) -> bytearray:
     return frame
 
 
+def _nested(depth: int) -> Any:
+    value: Any = None
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+DEEP = _nested(900)
+"""Lists nested 900 deep: msgpack decodes them, a recursive walk exhausts Python's stack."""
+
 HOSTILE_VALUES = st.sampled_from(
     [
         None,
@@ -118,11 +128,13 @@ HOSTILE_VALUES = st.sampled_from(
         1e308,
         float("nan"),
         b"\x00" * 16,
+        DEEP,
     ]
 )
 
 META_KEYS = ["arrays", "length", "format", "obs_tree", "action_tree", "env_id", "seed"]
 META_KEYS += ["policy_version", "return", "origin", "agents", "env_kwargs", "terminated"]
+META_KEYS += ["params"]
 
 
 @st.composite
@@ -287,6 +299,21 @@ def _read_everything(directory: Path, recover: bool) -> None:
 
 
 _counter = [0]
+
+
+@pytest.mark.parametrize("key", ["origin", "params", "env_kwargs"])
+def test_a_deeply_nested_meta_is_a_corrupt_record(
+    base: dict[str, bytes], scratch: Path, key: str
+) -> None:
+    """A meta value nested 900 deep raised RecursionError out of ``load`` (and out of
+    iterating with ``recover=True``): it is a ``CorruptRecording`` like any other."""
+    chunk = sorted(n for n in base if n.endswith(".skr"))[0]
+    directory = scratch / "deep"
+    _apply(directory, base, [("meta", chunk, 0, key, DEEP)])
+    reader = RecordingReader(directory)
+    with pytest.raises(CorruptRecording, match="nest dicts and lists at most 100 deep"):
+        reader.load(0)
+    _read_everything(directory, recover=True)
 
 
 @settings(

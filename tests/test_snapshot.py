@@ -225,3 +225,23 @@ def test_malformed_bytes_raise_invalid_state(data: Any, match: str) -> None:
 def test_malformed_rng_state(plain: Any, match: str) -> None:
     with pytest.raises(InvalidState, match=match):
         snapshot.rng_from_plain(plain)
+
+
+def _nested(depth: int, leaf: Any = 0) -> Any:
+    value = leaf
+    for k in range(depth):
+        value = [value] if k % 2 else {"k": value}
+    return value
+
+
+def test_nesting_beyond_max_depth_is_invalid_state_not_recursion_error() -> None:
+    """msgpack decodes lists and maps nested up to 1024 deep; ``loads`` then recursed past
+    Python's limit (a RecursionError out of a recording's reader or a server's
+    ``set_state``). Both walks now stop at ``MAX_DEPTH`` with ``InvalidState``."""
+    deep = msgpack.packb(_nested(900), use_bin_type=True)
+    with pytest.raises(InvalidState, match=r"nest dicts and lists at most 100 deep, got deeper"):
+        snapshot.loads(deep)
+    with pytest.raises(InvalidState, match="at most 100 deep"):
+        snapshot.dumps(_nested(900))
+    ok = _nested(snapshot.MAX_DEPTH - 1, np.arange(3))
+    assert snapshot.states_equal(snapshot.loads(snapshot.dumps(ok)), ok)
