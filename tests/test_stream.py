@@ -332,6 +332,33 @@ def test_a_dead_server_is_named_within_the_timeout_and_nothing_received_is_lost(
         stream.close()
 
 
+def test_in_sync_mode_the_timeout_names_the_server_that_owes_a_fragment(
+    serve: Servers,
+) -> None:
+    """Sync mode: ``a`` delivered its fragment of the version and waits, silent, for the
+    next weights; ``b`` acked the weights after that and then died. The timeout named
+    the server heard from least recently (``a``, alive) instead of the one still owing a
+    fragment (``b``)."""
+    model = _model()
+    a, b = serve(num_envs=2), serve(num_envs=2)
+    stream = PolicyStream([a.endpoint, b.endpoint], SPEC, num_envs=4, timeout=1.0)
+    try:
+        stream.push_weights(model)
+        stream.next_batch()
+        b.stop()
+        stream.push_weights(model, wait=False)
+        assert stream.next_fragment().source == a.endpoint
+        owing = next(s for s in stream._servers if s.conn.endpoint == b.endpoint)
+        owing.last_heard = time.monotonic()  # its weights ack came after a's fragment
+        with pytest.raises(ServerUnavailable) as info:
+            stream.next_fragment()
+        assert info.value.endpoint == b.endpoint
+        stats = {s.endpoint: s.alive for s in stream.stats()}
+        assert stats == {a.endpoint: True, b.endpoint: False}
+    finally:
+        stream.close(polite=False)
+
+
 def test_a_killed_server_process_is_named_and_every_fragment_it_sent_is_delivered(
     tmp_path: Path,
 ) -> None:

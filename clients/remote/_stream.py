@@ -481,15 +481,15 @@ class PolicyStream:
             for srv in self._servers:
                 if srv.queue:
                     return self._take(srv)
-            deadline = time.monotonic() + self.timeout
+            deadline, pushed = time.monotonic() + self.timeout, self._versions_pushed
             while not any(s.queue for s in self._servers):
-                if self.mode == "sync" and all(
-                    s.delivered >= self._versions_pushed for s in self._servers
-                ):
+                if self.mode == "sync" and all(s.delivered >= pushed for s in self._servers):
                     raise RuntimeError(_ALL_TAKEN)
                 self._pump(0.05)
                 if time.monotonic() > deadline:
-                    silent = min(self._servers, key=lambda s: s.last_heard)
+                    sync = self.mode == "sync"  # in sync mode only servers owing a fragment
+                    owing = [s for s in self._servers if not sync or s.delivered < pushed]
+                    silent = min(owing, key=lambda s: s.last_heard)
                     silent.stats.alive = False
                     raise ServerUnavailable(silent.conn.endpoint, self.timeout, "a fragment")
 
