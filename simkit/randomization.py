@@ -41,8 +41,11 @@ Params: TypeAlias = dict[str, Any]
 _Bound: TypeAlias = float | tuple[float, ...]
 
 
-def _as_bound(value: Any, name: str) -> _Bound:
-    arr = np.asarray(value, dtype=np.float64)
+def _as_bound(value: Any, name: str, owner: str) -> _Bound:
+    raw = np.asarray(value)
+    if raw.dtype.kind not in "iuf":
+        raise TypeError(f"{owner} {name} must be real numbers (int or float), got {value!r:.80}")
+    arr = raw.astype(np.float64)
     if arr.ndim == 0:
         return float(arr)
     if arr.ndim != 1:
@@ -96,8 +99,8 @@ class _Interval(Distribution):
     shape: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        low = _as_bound(self.low, "low")
-        high = _as_bound(self.high, "high")
+        low = _as_bound(self.low, "low", type(self).__name__)
+        high = _as_bound(self.high, "high", type(self).__name__)
         object.__setattr__(self, "low", low)
         object.__setattr__(self, "high", high)
         object.__setattr__(self, "shape", _shape_of(low, high))
@@ -180,12 +183,14 @@ class Normal(Distribution):
 
     def __post_init__(self) -> None:
         for name in ("mean", "std", "low", "high"):
-            object.__setattr__(self, name, _as_bound(getattr(self, name), name))
+            object.__setattr__(self, name, _as_bound(getattr(self, name), name, "Normal"))
         object.__setattr__(self, "shape", _shape_of(self.mean, self.std, self.low, self.high))
         std = np.broadcast_to(np.asarray(self.std), self.shape)
         mean = np.broadcast_to(np.asarray(self.mean), self.shape)
         if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
             raise ValueError(f"Normal mean and std must be finite, got {self.mean}, {self.std}")
+        if not np.all(np.isfinite(np.asarray(self.low))) or not np.all(np.isfinite(self.high)):
+            raise ValueError(f"Normal bounds must be finite, got {self.low}, {self.high}")
         if np.any(np.asarray(self.low) > np.asarray(self.high)):
             raise ValueError(f"Normal needs low <= high, got low={self.low}, high={self.high}")
         object.__setattr__(self, "_iv", Uniform(self.low, self.high))
@@ -233,7 +238,13 @@ class Choice(Distribution):
     shape: tuple[int, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
-        options = tuple(self.options)
+        if isinstance(self.options, str | bytes):
+            raise ValueError(
+                f"Choice options must be a tuple or list of options, got str {self.options!r:.40}"
+            )
+        # numpy scalars become Python values: a snapshot's msgpack round trip does that to
+        # a sampled option, and contains() compares types.
+        options = tuple(o.item() if isinstance(o, np.generic) else o for o in self.options)
         if not options:
             raise ValueError("Choice needs at least one option, got none")
         for opt in options:
@@ -241,13 +252,19 @@ class Choice(Distribution):
                 raise TypeError(
                     f"Choice options must be int, float, str or bool, got {type(opt).__name__}"
                 )
+            if isinstance(opt, float) and math.isnan(opt):
+                raise ValueError("Choice options must not be NaN (NaN never equals itself)")
         object.__setattr__(self, "options", options)
         if self.weights is not None:
             weights = tuple(float(w) for w in self.weights)
-            if len(weights) != len(options) or any(w < 0 for w in weights) or sum(weights) <= 0:
+            if (
+                len(weights) != len(options)
+                or not all(math.isfinite(w) and w >= 0 for w in weights)
+                or sum(weights) <= 0
+            ):
                 raise ValueError(
-                    f"Choice weights must be {len(options)} non-negative numbers with a "
-                    f"positive sum, got {self.weights}"
+                    f"Choice weights must be {len(options)} finite non-negative numbers with "
+                    f"a positive sum, got {self.weights}"
                 )
             object.__setattr__(self, "weights", weights)
 

@@ -137,13 +137,50 @@ def test_value_objects_equal_and_hash() -> None:
         (lambda: Normal(0, 1, 1, -1), r"Normal needs low <= high"),
         (lambda: Normal(float("nan"), 1, -1, 1), r"Normal mean and std must be finite"),
         (lambda: Choice(()), r"Choice needs at least one option"),
-        (lambda: Choice((1, 2), weights=(1,)), r"Choice weights must be 2 non-negative"),
+        (lambda: Choice((1, 2), weights=(1,)), r"Choice weights must be 2 finite non-negative"),
         (lambda: Choice((1, 2), weights=(0, 0)), r"positive sum"),
+        (lambda: Choice((1, 2), weights=(float("nan"), 1)), r"finite non-negative numbers"),
+        (lambda: Choice((1, 2), weights=(float("inf"), 1)), r"finite non-negative numbers"),
+        (lambda: Choice((float("nan"), 1.0)), r"Choice options must not be NaN"),
+        (lambda: Choice("abc"), r"Choice options must be a tuple or list of options, got str"),
+        (lambda: Normal(0, 1, -np.inf, 1), r"Normal bounds must be finite, got -inf, 1.0"),
     ],
 )
 def test_constructor_validation(make: Any, match: str) -> None:
+    """Among them, what was accepted and failed later: NaN or infinite weights (numpy's
+    "Probabilities contain NaN" at the first reset), a NaN option (never equal to
+    itself, so the env's own snapshot was refused), a str's characters as options, and
+    a Normal's infinite bound named as "Uniform bounds"."""
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Uniform("0", "1"),
+        lambda: Uniform(False, True),
+        lambda: Uniform((0, "1"), (1, 2)),
+        lambda: LogUniform("1", 2),
+        lambda: Normal(0, 1, "-1", 1),
+    ],
+)
+def test_bounds_must_be_real_numbers(make: Any) -> None:
+    """``Uniform("0", "1")`` and ``Uniform(False, True)`` were read as ``[0, 1]``."""
+    with pytest.raises(TypeError, match=r"must be real numbers \(int or float\), got"):
+        make()
+
+
+def test_choice_keeps_numpy_scalar_options_as_python_values() -> None:
+    """A numpy-float option passed every check but its own snapshot: after a msgpack
+    round trip the sampled 1.5 came back a Python float, which ``contains`` refused
+    (it compares types), so ``check_snapshot`` failed on a correct env."""
+    dist = Choice((np.float64(0.5), np.int64(2), np.str_("a"), np.bool_(True)))
+    assert dist.options == (0.5, 2, "a", True)
+    assert [type(o) for o in dist.options] == [float, int, str, bool]
+    assert dist.contains(0.5)
+    assert dist.contains(2)
+    assert dist == Choice((0.5, 2, "a", True))
 
 
 def test_choice_rejects_non_plain_options() -> None:
