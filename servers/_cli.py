@@ -18,6 +18,7 @@ import zmq.auth
 
 from simkit._argtypes import ENV_ID_FORMS, env_kwarg_flags, parse_env_kwargs
 from simkit._kernels import is_pinned, reexec_pinned
+from simkit._validation import check_curve_key
 from simkit.errors import SimkitError
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes
 from simkit.servers._server import BUSY_POLL_US, RolloutServer
@@ -202,10 +203,26 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def _client_keys(paths: Sequence[Path]) -> list[bytes]:
-    """The public keys of ``--curve-allow``: key files, or directories of ``*.key``."""
+def _client_keys(paths: Sequence[Path], secret: bytes | None) -> list[bytes]:
+    """The public keys of ``--curve-allow``: key files, or directories of ``*.key``.
+
+    Raises:
+        ValueError: one line naming the flag and file: no ``--curve-secret-key`` beside
+            it, a file that cannot be read, or one whose key is malformed.
+    """
+    if paths and secret is None:
+        raise ValueError(
+            "--curve-allow needs --curve-secret-key: without it the server has no CURVE "
+            "and admits every client"
+        )
     files = [f for p in paths for f in (sorted(p.glob("*.key")) if p.is_dir() else [p])]
-    return [zmq.auth.load_certificate(f)[0] for f in files]
+    keys = []
+    for f in files:
+        try:
+            keys.append(check_curve_key(zmq.auth.load_certificate(f)[0], "the public key"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--curve-allow {f}: {exc}") from exc
+    return keys
 
 
 PARENT_ENV = "SIMKIT_PARENT_PID"
@@ -288,11 +305,11 @@ def _secret_key(path: Path | None) -> bytes | None:
         return None
     try:
         _, secret = zmq.auth.load_certificate(path)
+        if secret is None:
+            raise ValueError("holds no secret key (expected a '.key_secret' file)")
+        return check_curve_key(secret, "the secret key")
     except (OSError, ValueError) as exc:
         raise ValueError(f"--curve-secret-key {path}: {exc}") from exc
-    if secret is None:
-        raise ValueError(f"{path} holds no secret key")
-    return secret
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -302,6 +319,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         check_serve_arguments(args)
         secret = _secret_key(args.curve_secret_key)
+        client_keys = _client_keys(args.curve_allow, secret)
     except ValueError as exc:
         print(f"simkit serve: {exc}", file=sys.stderr)
         return 2
@@ -324,7 +342,7 @@ def run_serve(args: argparse.Namespace) -> int:
             max_sessions_per_peer=args.max_sessions_per_peer,
             max_memory=args.max_memory,
             curve_secret_key=secret,
-            curve_allowed_clients=_client_keys(args.curve_allow),
+            curve_allowed_clients=client_keys,
             insecure=args.insecure,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,

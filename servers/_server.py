@@ -19,6 +19,7 @@ import zmq.auth.thread
 from prometheus_client import CollectorRegistry
 
 from simkit._metrics import MetricsHTTPServer
+from simkit._validation import check_curve_key
 from simkit._version import __version__
 from simkit.protocol import (
     ENV_KIND_MULTI_AGENT,
@@ -133,9 +134,10 @@ def _check_exposure(
     curve_secret_key: bytes | None,
     curve_allowed_clients: Iterable[bytes] | None,
     insecure: bool,
-) -> None:
+) -> list[bytes]:
     """Refuses a bind that is no ZeroMQ endpoint, one that reaches beyond this machine
-    without CURVE keys or ``insecure``, and CURVE without an allow-list."""
+    without CURVE keys or ``insecure``, CURVE without an allow-list, an allow-list
+    without CURVE and malformed keys; returns the allowed client keys as bytes."""
     if not bind.startswith(("tcp://", "ipc://", "inproc://")):
         raise ValueError(
             f"bind address {bind!r} is not a ZeroMQ endpoint: expected tcp://HOST:PORT "
@@ -149,8 +151,18 @@ def _check_exposure(
             "curve_allowed_clients) or allow it without encryption (--insecure / "
             "insecure=True)"
         )
-    if curve_secret_key is not None and not curve_allowed_clients:
+    allowed = list(curve_allowed_clients or ())
+    if curve_secret_key is None:
+        if allowed:
+            raise ValueError(
+                "curve_allowed_clients need curve_secret_key: without it the server has no "
+                "CURVE and admits every client, got an allow-list and no secret key"
+            )
+        return []
+    check_curve_key(curve_secret_key, "curve_secret_key")
+    if not allowed:
         raise ValueError("CURVE needs an allow-list of client public keys, got none")
+    return [check_curve_key(key, f"curve_allowed_clients[{k}]") for k, key in enumerate(allowed)]
 
 
 def _peer_quota(max_sessions_per_peer: int | None, max_sessions: int) -> int:
@@ -297,7 +309,7 @@ class RolloutServer:
         allow_envs: Iterable[str] = (),
     ) -> None:
         _check_counts(num_envs, num_threads, busy_poll_us, fragment_length)
-        _check_exposure(bind, curve_secret_key, curve_allowed_clients, insecure)
+        client_keys = _check_exposure(bind, curve_secret_key, curve_allowed_clients, insecure)
         self.env_id = env_id
         self.num_envs = num_envs
         self.bind = bind
@@ -330,7 +342,7 @@ class RolloutServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
-        self._init_socket(bind, curve_secret_key, curve_allowed_clients)
+        self._init_socket(bind, curve_secret_key, client_keys)
         self.device: str | None = (device or default_device()) if policy else None
         """The stream sessions' default torch device (None without ``policy``)."""
         self._streams = self._stream_host(policy, fragment_length, double_buffer)
@@ -394,7 +406,7 @@ class RolloutServer:
         self,
         bind: str,
         curve_secret_key: bytes | None,
-        curve_allowed_clients: Iterable[bytes] | None,
+        curve_allowed_clients: list[bytes],
     ) -> None:
         """The ZeroMQ context and the ROUTER socket bound to ``bind`` (CURVE where a
         secret key is given, with its authenticator thread), and the watch on its
@@ -412,7 +424,7 @@ class RolloutServer:
         if curve_secret_key is not None:
             self._auth = zmq.auth.thread.ThreadAuthenticator(self._ctx)
             self._auth.start()
-            self._auth.configure_curve_callback("*", _AllowList(curve_allowed_clients or ()))
+            self._auth.configure_curve_callback("*", _AllowList(curve_allowed_clients))
             self._sock.curve_secretkey = curve_secret_key
             self._sock.curve_publickey = zmq.curve_public(curve_secret_key)
             self._sock.curve_server = True

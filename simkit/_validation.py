@@ -267,3 +267,29 @@ def reward_of(value: Any, agent: object = None) -> float:
         f"step_episode must return {what} as a real number (a float, int or numpy scalar), "
         f"got {got}"
     )
+
+
+_Z85 = frozenset(
+    b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+)
+
+
+def check_curve_key(key: Any, what: str) -> bytes:
+    """``key``, a CURVE key as ``zmq.curve_keypair()`` writes it (40 z85 characters, bytes
+    or str), as bytes; ``what`` names it in the error (``"curve_secret_key"``).
+
+    Raises:
+        ValueError: anything else, naming what came (libzmq's own refusal is a bare
+            ``Invalid argument``, and a malformed allowed key would match no client).
+    """
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    need = f"{what} must be a 40-character z85 key (as zmq.curve_keypair() makes)"
+    if not isinstance(key, bytes):
+        raise ValueError(f"{need}, got {type(key).__name__}")
+    if len(key) != 40:
+        raise ValueError(f"{need}, got {len(key)} characters")
+    bad = next((chr(c) for c in key if c not in _Z85), None)
+    if bad is not None:
+        raise ValueError(f"{need}, got a character outside z85: {bad!r}")
+    return key

@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+import zmq.auth
 from gymnasium import spaces
 
 import simkit
@@ -30,6 +31,7 @@ from simkit.protocol import (
     encode,
 )
 from simkit.servers import RolloutServer, is_loopback
+from simkit.servers._cli import main as serve_main
 
 TIMEOUT_MS = 5000
 
@@ -391,6 +393,62 @@ def test_non_loopback_bind_needs_curve_or_insecure() -> None:
         RolloutServer(
             "simkit/CartPole-v0", 1, "tcp://0.0.0.0:0", curve_secret_key=zmq.curve_keypair()[1]
         )
+
+
+@pytest.mark.parametrize(
+    ("secret", "allowed", "match"),
+    [
+        (
+            b"alsoshort",
+            [b"x" * 40],
+            r"curve_secret_key must be a 40-character z85 key .*, got 9 characters",
+        ),
+        (b"~" * 40, [b"x" * 40], r"curve_secret_key must be a 40-character z85 key.*'~'"),
+        (None, [b"x" * 40], r"curve_allowed_clients need curve_secret_key"),
+        (b"x" * 40, [b"x" * 40, b"short"], r"curve_allowed_clients\[1\] must be a 40-char"),
+        (
+            b"x" * 40,
+            [1234],
+            r"curve_allowed_clients\[0\] must be a 40-character z85 key .*, got int",
+        ),
+    ],
+)
+def test_malformed_curve_keys_are_refused_before_anything_starts(
+    secret: bytes | None, allowed: list[Any], match: str
+) -> None:
+    """A malformed secret key raised a bare ``ZMQError: Invalid argument`` and left the
+    ZAP authenticator thread running; a malformed allowed key was accepted (no client
+    could ever match it); an allow-list without a secret key was ignored on loopback,
+    so a server its operator meant to restrict admitted any client unencrypted."""
+    before = set(threading.enumerate())
+    with pytest.raises(ValueError, match=match):
+        RolloutServer(
+            "simkit/CartPole-v0",
+            1,
+            "tcp://127.0.0.1:0",
+            curve_secret_key=secret,
+            curve_allowed_clients=allowed,
+        )
+    assert set(threading.enumerate()) <= before
+
+
+def test_serve_names_the_curve_flag_whose_key_is_malformed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zmq.auth.create_certificates(tmp_path, "server")
+    bad = tmp_path / "bad.key"
+    bad.write_text('metadata\ncurve\n    public-key = "short"\n')
+    base = ["simkit/CartPole-v0", "--bind", "tcp://127.0.0.1:0"]
+    secret = ["--curve-secret-key", str(tmp_path / "server.key_secret")]
+    assert serve_main([*base, *secret, "--curve-allow", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"simkit serve: --curve-allow {bad}: ")
+    assert ", got 5 characters" in err
+    assert serve_main([*base, "--curve-allow", str(tmp_path / "server.key")]) == 2
+    assert "--curve-allow needs --curve-secret-key" in capsys.readouterr().err
+    bad.write_text('metadata\ncurve\n    public-key = "short"\n    secret-key = "short"\n')
+    assert serve_main([*base, "--curve-secret-key", str(bad)]) == 2
+    assert f"--curve-secret-key {bad}: " in capsys.readouterr().err
 
 
 def test_unknown_env_and_unsupported_space_fail_at_start() -> None:

@@ -20,6 +20,7 @@ from typing import Any, TypedDict, cast
 import zmq
 import zmq.auth
 
+from simkit._validation import check_curve_key
 from simkit.errors import SimkitError
 from simkit.protocol import ClientSession, ProtocolError, ServerInfo
 
@@ -76,13 +77,9 @@ class CurveKeys:
 
     def __post_init__(self) -> None:
         for name in ("server_public", "public", "secret"):
-            key = getattr(self, name)
-            if isinstance(key, str):
-                key = key.encode("ascii")
-                object.__setattr__(self, name, key)
-            if not isinstance(key, bytes) or len(key) != 40:
-                got = f"{len(key)} bytes" if isinstance(key, bytes) else type(key).__name__
-                raise ValueError(f"CurveKeys.{name} must be a 40-byte z85 key, got {got}")
+            object.__setattr__(
+                self, name, check_curve_key(getattr(self, name), f"CurveKeys.{name}")
+            )
 
     @classmethod
     def from_files(
