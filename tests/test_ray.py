@@ -28,6 +28,7 @@ ray = pytest.importorskip("ray", reason="Ray is the optional extra simkit[ray]")
 import simkit  # noqa: E402
 import simkit.clients.launcher._launch as launch_module  # noqa: E402
 from simkit.clients.learners.ppo import PPOArgs  # noqa: E402
+from simkit.errors import ServerStartFailed  # noqa: E402
 
 ARGS = {
     "env_id": "simkit/CartPole-v0",
@@ -133,6 +134,24 @@ def test_servers_the_cluster_cannot_hold_fail_at_once_saying_what_is_needed_and_
             launch_module.launch("simkit/CartPole-v0", 1, num_envs=1, placement_timeout=1.0)
     finally:
         ray.util.remove_placement_group(held)
+
+
+def test_a_server_actor_that_dies_starting_is_one_line_naming_its_error(cluster: Any) -> None:
+    """An env the server's node cannot build: Ray's ``ActorDiedError`` (an 87-line
+    traceback out of ``simkit train``) is a ``ServerStartFailed`` with the actor's own
+    last line, and nothing of the launch is left."""
+    before = {p["placement_group_id"] for p in _live_groups()}
+    with pytest.raises(ServerStartFailed) as info:
+        launch_module.launch("simkit/CartPole-v0", 1, num_envs=1, env_kwargs={"bogus": 1})
+    message = str(info.value)
+    assert message.startswith("rollout server 0 did not start on Ray: ")
+    assert "bogus" in message
+    assert "\n" not in message
+    assert {p["placement_group_id"] for p in _live_groups()} <= before
+
+
+def _live_groups() -> list[dict[str, Any]]:
+    return [p for p in ray.util.placement_group_table().values() if p["state"] != "REMOVED"]
 
 
 def _kill_during_second_update(monkeypatch: pytest.MonkeyPatch, kill: Any) -> None:

@@ -28,6 +28,7 @@ import zmq
 
 from simkit._optional import require
 from simkit.clients.remote._connection import CurveKeys
+from simkit.errors import ServerStartFailed
 
 __all__ = ["RayServers", "ServerInfo", "launch"]
 
@@ -98,9 +99,26 @@ class RayServers:
         self.curve = curve
         self.started_s = 0.0
         self._owns_ray = owns_ray
-        self._infos = [self._describe(k) for k in range(len(actors))]
+        self._infos = [self._started(k) for k in range(len(actors))]
         self.restarts = [0] * len(actors)
         """Restarts seen per server (counted by :meth:`locate`)."""
+
+    def _started(self, k: int) -> ServerInfo:
+        """Server ``k``'s :class:`ServerInfo` once it serves.
+
+        Raises:
+            ServerStartFailed: its actor died starting (an env that cannot be built on
+                that node, a bad keyword): the actor's own last line, not Ray's traceback.
+        """
+        from ray.exceptions import RayActorError
+
+        try:
+            return self._describe(k)
+        except RayActorError as exc:
+            said = [line for line in str(exc).splitlines() if line.strip()]
+            raise ServerStartFailed(
+                f"rollout server {k} did not start on Ray: {said[-1] if said else exc!r}"
+            ) from None
 
     def _describe(self, k: int, timeout: float | None = 120.0) -> ServerInfo:
         import ray
