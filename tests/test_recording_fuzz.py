@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -363,3 +364,77 @@ def test_replay_of_a_corrupted_recording_is_one_line(
     assert rc in (0, 1), (rc, edits)
     assert "Traceback" not in out + err, edits
     assert len(err.strip().splitlines()) <= 1, err
+
+
+def _retyped(ep: Any, change: Any) -> tuple[dict[str, Any], bytes]:
+    """``ep``'s record with its arrays changed by ``change`` and packed again (the
+    checksums a forger would re-sign are the frame's, not these)."""
+    from simkit import snapshot
+    from simkit.recording._episode import encode_episode, pack_record, unpack_record
+    from simkit.recording._multiagent import encode_multi_agent
+
+    meta, blob = (encode_multi_agent if hasattr(ep, "agents") else encode_episode)(ep)
+    body, arrays = unpack_record(meta, blob)
+    arrays = dict(arrays)
+    meta = change(meta, arrays) or meta
+    descriptors, blob = pack_record(snapshot.to_plain(body), list(arrays.items()))
+    return {**meta, "arrays": descriptors}, blob
+
+
+def _put(name: str, fn: Any) -> Any:
+    def change(meta: dict[str, Any], arrays: dict[str, Any]) -> None:
+        arrays[name] = fn(arrays[name])
+
+    return change
+
+
+TAMPERED = {
+    "rewards as int64": ("rewards", lambda a: a.view(np.int64)),
+    "rewards as float32, 2T rows": ("rewards", lambda a: a.view(np.float32)),
+    "rewards complex": ("rewards", lambda a: np.zeros(len(a) // 2 + 1, np.complex128)),
+    "terminated as uint8": ("terminated", lambda a: a.view(np.uint8)),
+    "truncated T-1 rows": ("truncated", lambda a: a[:-1]),
+    "policy_version as float64": ("policy_version", lambda a: a.view(np.float64)),
+    "actions T-1 rows": ("actions/0", lambda a: a[:-1]),
+    "obs T+2 rows": ("obs/0", lambda a: np.concatenate([a, a[:1]])),
+}
+"""A field of a record and how a forger changes it."""
+
+
+@pytest.mark.parametrize("what", [*sorted(TAMPERED), "meta length lies"])
+def test_a_record_whose_arrays_break_the_writers_rules_does_not_decode(
+    base: dict[str, bytes], scratch: Path, what: str
+) -> None:
+    """A record re-packed with rewards of another dtype or length, flags as uint8, a
+    row short or a meta length that lies loaded (and ``verify`` then failed with a bare
+    IndexError, or passed): the reader applies the writer's rules, so it is corrupt."""
+    from simkit.recording._episode import decode_episode
+
+    directory = scratch / "rec"
+    _apply(directory, base, [])
+    episode = next(iter(RecordingReader(directory)))
+    change = (
+        (lambda meta, arrays: {**meta, "length": 10**6})
+        if what == "meta length lies"
+        else _put(*TAMPERED[what])
+    )
+    meta, blob = _retyped(episode, change)
+    with pytest.raises(CorruptRecording, match="does not decode"):
+        decode_episode(meta, blob, "chunk", 0)
+    decode_episode(*_retyped(episode, lambda meta, arrays: None), "chunk", 0)
+
+
+@pytest.mark.parametrize("what", ["rewards as int64", "actions T-1 rows", "obs T+2 rows"])
+def test_a_multi_agent_record_whose_arrays_break_the_writers_rules_does_not_decode(
+    base: dict[str, bytes], scratch: Path, what: str
+) -> None:
+    from simkit.recording._multiagent import decode_multi_agent
+
+    directory = scratch / "rec"
+    _apply(directory, base, [])
+    episode = next(e for e in RecordingReader(directory) if hasattr(e, "agents"))
+    name, fn = TAMPERED[what]
+    meta, blob = _retyped(episode, _put(f"agents/0/{name}", fn))
+    with pytest.raises(CorruptRecording, match="does not decode"):
+        decode_multi_agent(meta, blob, "chunk", 0)
+    decode_multi_agent(*_retyped(episode, lambda meta, arrays: None), "chunk", 0)

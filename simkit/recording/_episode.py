@@ -25,6 +25,7 @@ __all__ = [
     "DECODE_ERRORS",
     "encode_trajectory",
     "decode_trajectory",
+    "checked_infos",
     "plain_infos",
     "plain_body",
     "pack_record",
@@ -345,18 +346,45 @@ def encode_trajectory(
 
 
 def decode_trajectory(
-    arrays: dict[str, np.ndarray], prefix: str, obs_tree: Any, action_tree: Any
+    arrays: dict[str, np.ndarray],
+    prefix: str,
+    obs_tree: Any,
+    action_tree: Any,
+    *,
+    length: int,
+    final_obs: bool = True,
 ) -> dict[str, Any]:
     """The array fields of a trajectory (``obs``, ``actions``, ``rewards``, the flags,
     ``policy_version``: ``None`` where no step's version is known), inverse of
-    :func:`encode_trajectory`."""
+    :func:`encode_trajectory`, held to the writer's rules (:func:`trajectory_arrays`:
+    dtypes, ``T`` rows, ``T + 1`` observations with ``final_obs``) and to ``length``
+    steps, so a record re-packed with other arrays is refused, not misread.
+
+    Raises:
+        ValueError, TypeError, IndexError: the arrays break those rules.
+    """
     version = arrays[prefix + "policy_version"]
+    if version.dtype != np.int64:  # the writer casts any numbers; a reader must not
+        raise ValueError(f"recorded policy_version must be int64, got {version.dtype}")
+    columns = {name: arrays[prefix + name] for name in ("rewards", "terminated", "truncated")}
+    obs = _unflatten(obs_tree, leaves_of(arrays, prefix + "obs"))
+    actions = _unflatten(action_tree, leaves_of(arrays, prefix + "actions"))
+    trajectory_arrays(
+        prefix,
+        "recorded ",
+        obs,
+        actions,
+        {**columns, "policy_version": version},
+        length + final_obs,
+    )
+    if len(columns["rewards"]) != length:
+        raise ValueError(
+            f"the record says {length} steps, its rewards hold {len(columns['rewards'])}"
+        )
     return {
-        "obs": _unflatten(obs_tree, leaves_of(arrays, prefix + "obs")),
-        "actions": _unflatten(action_tree, leaves_of(arrays, prefix + "actions")),
-        "rewards": arrays[prefix + "rewards"],
-        "terminated": arrays[prefix + "terminated"],
-        "truncated": arrays[prefix + "truncated"],
+        "obs": obs,
+        "actions": actions,
+        **columns,
         "policy_version": None if bool(np.all(version < 0)) else version,
     }
 
@@ -449,15 +477,38 @@ def decode_episode(meta: dict[str, Any], blob: bytes, path: str, offset: int) ->
     """Inverse of :func:`encode_episode` (the blob already checked and decompressed)."""
     try:
         body, arrays = unpack_record(meta, blob)
+        origin = decode_origin(meta, body)
+        fields = decode_trajectory(
+            arrays,
+            "",
+            meta["obs_tree"],
+            meta["action_tree"],
+            length=int(meta["length"]),
+            final_obs=origin["origin"].get("final_obs") is not False,
+        )
         return Episode(
             env_id=str(meta["env_id"]),
-            **decode_trajectory(arrays, "", meta["obs_tree"], meta["action_tree"]),
-            infos=list(body["infos"]),
+            **fields,
+            infos=checked_infos(body["infos"], int(meta["length"])),
             reset_info=body["reset_info"],
-            **decode_origin(meta, body),
+            **origin,
         )
     except DECODE_ERRORS as exc:
         raise undecodable(path, offset, exc) from exc
+
+
+def checked_infos(infos: Any, length: int) -> list[dict[str, Any]]:
+    """A record's ``T`` step infos, as the writer stores them (one map per step).
+
+    Raises:
+        ValueError: another count, or an entry that is no map.
+    """
+    if not isinstance(infos, list) or len(infos) != length:
+        got = len(infos) if isinstance(infos, list) else type(infos).__name__
+        raise ValueError(f"a record holds {length} step infos, got {got}")
+    if not all(isinstance(info, dict) for info in infos):
+        raise ValueError("a record's step infos must be maps")
+    return infos
 
 
 def leaves_of(arrays: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:

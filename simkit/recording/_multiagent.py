@@ -17,6 +17,7 @@ import numpy as np
 from simkit.recording._episode import (
     DECODE_ERRORS,
     Trajectory,
+    checked_infos,
     decode_origin,
     decode_trajectory,
     encode_trajectory,
@@ -188,10 +189,16 @@ def decode_multi_agent(
         body, arrays = unpack_record(meta, blob)
         agents: dict[Any, AgentEpisode] = {}
         for j, (m, b) in enumerate(zip(meta["agents"], body["agents"], strict=True)):
+            t = len(arrays[f"agents/{j}/rewards"])
+            start = int(m["start"])
+            if start < 0 or start + t > int(meta["length"]):
+                raise ValueError(f"agent {j}'s steps {start}..{start + t} leave the episode")
             agents[m["id"]] = AgentEpisode(
-                start=int(m["start"]),
-                **decode_trajectory(arrays, f"agents/{j}/", m["obs_tree"], m["action_tree"]),
-                infos=list(b["infos"]),
+                start=start,
+                **decode_trajectory(
+                    arrays, f"agents/{j}/", m["obs_tree"], m["action_tree"], length=t
+                ),
+                infos=checked_infos(b["infos"], t),
                 reset_info=b["reset_info"],
             )
         return MultiAgentEpisode(
