@@ -357,3 +357,61 @@ def test_checks_failing_with_one_error_name_it_once_not_a_cause() -> None:
     for r in failed[1:]:
         assert r.message.endswith(" [the same error as check_spaces]"), r.line()
         assert "probably follows" not in r.message
+
+
+class InfoWalker(Walker):
+    """Steps with the info ``Walker.bad_info`` (class-level, set per test)."""
+
+    bad_info: Any = None
+
+    def step_episode(
+        self, action: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, float, bool, dict[str, Any]]:
+        obs, reward, terminated, _ = super().step_episode(action, rng)
+        return obs, reward, terminated, dict(self.bad_info)
+
+
+class InfoSwarm(Swarm):
+    bad_info: Any = None
+
+    def step_episode(self, actions: dict[str, Any], rng: np.random.Generator) -> Any:
+        obs, rewards, terminated, _ = super().step_episode(actions, rng)
+        return obs, rewards, terminated, {a: dict(self.bad_info) for a in actions}
+
+
+@pytest.mark.parametrize(
+    ("info", "match"),
+    [
+        ({"s": {1, 2}}, r"info\.s: snapshots hold .* got set"),
+        ({1: "a"}, r"info: snapshot keys must be str, got int"),
+        ({"o": object()}, r"info\.o: .* got object"),
+    ],
+)
+@pytest.mark.parametrize("base", [InfoWalker, InfoSwarm])
+def test_infos_that_are_not_plain_data_are_caught(
+    base: type, info: dict[Any, Any], match: str
+) -> None:
+    """An info holding a set, an int key or an object passed the whole kit, then broke
+    the recorder (a TypeError, or an AttributeError for the int key) and the server's
+    infos: check_spaces holds every info to the recorder's rule."""
+    env_cls = type(base.__name__, (base,), {"bad_info": info})
+    with pytest.raises(ConformanceError, match=r"spaces: info at step #\d+ is not plain data"):
+        testing.check_spaces(env_cls, steps=10)
+    with pytest.raises(ConformanceError, match=match):
+        testing.check_spaces(env_cls, steps=10)
+
+
+def test_the_recorder_names_an_info_key_that_is_not_a_str(tmp_path: Any) -> None:
+    """It raised AttributeError: 'int' object has no attribute 'startswith'."""
+    from simkit.recording import RecordEpisodes
+
+    env_cls = type("IntKeyWalker", (InfoWalker,), {"bad_info": {1: "a"}})
+    env = RecordEpisodes(
+        VectorEnv([env_cls]), tmp_path / "rec", env_id="x:IntKeyWalker", background=False
+    )
+    env.reset(seed=0)
+    for _ in range(InfoWalker.max_episode_steps - 1):
+        env.step(np.zeros((1, 1), dtype=np.float32))
+    with pytest.raises(TypeError, match=r"snapshot keys must be str, got int"):
+        env.step(np.zeros((1, 1), dtype=np.float32))  # the episode ends and is written
+    env.close()

@@ -56,9 +56,9 @@ def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
     """Env ``i``'s info out of a Gymnasium vector info (values with their ``_key`` masks)."""
     out: dict[str, Any] = {}
     for key, value in info.items():
-        if key.startswith("_"):
-            continue
-        mask = info.get("_" + key)
+        if isinstance(key, str) and key.startswith("_"):
+            continue  # a mask; a key that is no str is refused with the info it is in
+        mask = info.get(f"_{key}")
         if mask is None or not bool(mask[i]):
             continue
         out[key] = env_info(value, i) if isinstance(value, Mapping) else value[i]

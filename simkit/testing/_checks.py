@@ -98,6 +98,15 @@ def check_spaces(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -
         infos = step.info.values() if driver.multi else [step.info]
         if not all(isinstance(info, dict) for info in infos):
             raise ConformanceError(f"spaces: info at {step.kind} #{i} must be a dict")
+        for info in infos:
+            try:
+                snapshot.to_plain(info, "info")
+            except InvalidState as exc:
+                raise ConformanceError(
+                    f"spaces: info at {step.kind} #{i} is not plain data ({exc}); a recorder "
+                    "and a server's clients take infos of str keys and dicts, lists, numbers, "
+                    "str, bytes and numeric arrays"
+                ) from None
     env.close()
 
 
