@@ -345,3 +345,25 @@ def test_a_launch_that_fails_shuts_down_the_ray_it_started(
         with pytest.raises(ValueError, match=f"{fails} failed"):
             launch_module.launch("simkit/CartPole-v0", 1, num_envs=1)
         assert fake.shut_down is owned
+
+
+@pytest.mark.timeout(30, method="thread")
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1"])
+def test_a_ray_address_with_nothing_listening_fails_at_once(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--ray HOST:PORT`` with no cluster there waited minutes in ``ray.init`` (its GCS
+    retries) before failing with Ray's log lines: one line, before Ray is asked."""
+
+    class NoInit:
+        def is_initialized(self) -> bool:
+            return False
+
+        def init(self, **kwargs: Any) -> None:
+            raise AssertionError("ray.init was called")
+
+    monkeypatch.setattr(launch_module, "require", lambda *a, **k: NoInit())
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"^no Ray cluster answers at 127\.0\.0\.1:1 \(--ray "):
+        launch_module.launch("simkit/CartPole-v0", 1, num_envs=1, address=address)
+    assert time.monotonic() - started < 10

@@ -20,6 +20,7 @@ Nothing here supervises or restarts anything itself.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -271,7 +272,8 @@ def launch(
     Raises:
         simkit.errors.MissingDependency: Ray is not installed (``pip install
             'simkit[ray]'``).
-        ValueError: a count or resource out of range; the cluster's live nodes cannot
+        ValueError: a count or resource out of range; nothing listens at ``address``
+            (``HOST:PORT``, checked before Ray is asked); the cluster's live nodes cannot
             hold ``servers`` bundles (checked before anything is asked of Ray), or they
             were not placed within ``placement_timeout``: one line naming what is
             needed and what the cluster has.
@@ -327,6 +329,8 @@ def _init_ray(ray: Any, address: str | None) -> bool:
     instance it owns (and :meth:`RayServers.close` shuts down)."""
     if ray.is_initialized():
         return False
+    if address not in (None, "auto", "local"):
+        _check_listening(address)
     ray.init(
         address=address or "local",  # never join a cluster by accident
         include_dashboard=False,
@@ -335,6 +339,22 @@ def _init_ray(ray: Any, address: str | None) -> bool:
         configure_logging=False,
     )
     return address is None
+
+
+def _check_listening(address: str, timeout: float = 5.0) -> None:
+    """Refuses a ``HOST:PORT`` (or ``ray://HOST:PORT``) ``address`` where nothing accepts
+    a connection within ``timeout`` s: ``ray.init`` would retry its GCS for minutes."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # Ray's own parsing names what is wrong with it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ValueError(
+            f"no Ray cluster answers at {host}:{port} (--ray {address}): "
+            f"{exc.strerror or 'timed out'}; start one there with `ray start --head`, or "
+            "give its address as `ray start` printed it"
+        ) from None
 
 
 def _start_servers(
