@@ -359,6 +359,29 @@ def test_in_sync_mode_the_timeout_names_the_server_that_owes_a_fragment(
         stream.close(polite=False)
 
 
+@pytest.mark.parametrize(
+    ("second", "field"),
+    [
+        ({"env_id": "simkit/Pendulum-v0"}, "env_id"),
+        ({"fragment_length": 16}, "fragment_length"),
+    ],
+)
+def test_servers_of_one_stream_must_serve_the_same_env_and_fragments(
+    serve: Servers, second: dict[str, Any], field: str
+) -> None:
+    """Servers of different envs, or different default fragment lengths, opened as one
+    stream: their rows could not be stacked (or were stacked as one env's), and the
+    stream took the first server's spaces for all. The open is refused, naming both."""
+    a, b = serve(num_envs=2), serve(num_envs=2, **second)
+    with pytest.raises(
+        ValueError, match=rf"^the servers of one stream must agree: .*{field}"
+    ) as info:
+        PolicyStream([a.endpoint, b.endpoint], SPEC, num_envs=4, timeout=10)
+    assert a.endpoint in str(info.value)
+    assert b.endpoint in str(info.value)
+    assert _wait_for(lambda: a.stream_sessions == b.stream_sessions == 0, 10)
+
+
 def test_a_killed_server_process_is_named_and_every_fragment_it_sent_is_delivered(
     tmp_path: Path,
 ) -> None:

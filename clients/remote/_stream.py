@@ -205,6 +205,7 @@ class PolicyStream:
             for srv in self._servers:
                 self._await(srv, lambda s: s.session.info is not None, "'stream_open'")
                 _check_credit(srv, credit)
+                _check_same(self._servers[0], srv)
                 self._opened(srv)
                 self._send(srv, srv.session.request_credit(credit))
         except BaseException:
@@ -650,6 +651,24 @@ def _check_stream_args(eps: list[str], mode: str, num_envs: int, credit: int, ma
         raise ValueError(f"credit must be an int >= 1, got {credit!r}")
     if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
         raise ValueError(f"max_lag must be an int >= 0, got {max_lag!r}")
+
+
+_SAME = ("env_id", "env_kind", "agents", "observation_space", "action_space", "fragment_length")
+"""What every server of one stream must agree on: its rows are stacked as one env's."""
+
+
+def _check_same(first: _Server, srv: _Server) -> None:
+    """Refuses an opened server ``srv`` whose env or fragments differ from ``first``'s."""
+    assert first.session.info is not None
+    assert srv.session.info is not None
+    for name in _SAME:
+        want, got = getattr(first.session.info, name), getattr(srv.session.info, name)
+        if got != want:
+            raise ValueError(
+                f"the servers of one stream must agree: {srv.conn.endpoint} has {name} "
+                f"{got!r:.200}, {first.conn.endpoint} has {want!r:.200} (pass env_id and "
+                "fragment_length, or start the servers alike)"
+            )
 
 
 def _check_credit(srv: _Server, credit: int) -> None:
