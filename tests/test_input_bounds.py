@@ -86,6 +86,7 @@ TRAIN = ["train", "simkit/CartPole-v0", "--servers", "0", "--no-progress"]
         (["--learning-rate", "inf"], "--learning-rate must be > 0, got inf"),
         (["--server-timeout", "inf"], "--server-timeout must be in (0, 604800], got inf"),
         (["--print-every", "nan"], "--print-every must be in (0, "),
+        (["--ray", "--servers", "1", "--server-cpus", "0"], "--server-cpus and --server-gpus"),
         (["--algo", "sac", "--buffer-size", str(10**12)], "--buffer-size 1,000,000,000,000 ("),
         (["--algo", "sac", "--batch-size", str(10**12)], "--batch-size 1,000,000,000,000 and"),
     ],

@@ -345,6 +345,8 @@ def check_run_options(options: RunOptions, num_envs: int) -> None:
             ),
         ]
     )
+    if o.ray is not None and o.server_cpus == o.server_gpus == 0:
+        raise ValueError("--server-cpus and --server-gpus must not both be 0, got 0 and 0")
     if o.metrics_port is not None and not 0 <= o.metrics_port < 65536:
         raise ValueError(f"--metrics-port must be a port in [0, 65535], got {o.metrics_port}")
     if o.servers and o.ray is None:
