@@ -300,3 +300,72 @@ def test_buffer_from_a_recording_of_another_env_imports_nothing(tmp_path: Path, 
     assert "was recorded on 'evilmod:Evil'" in out.stderr
     assert "Traceback" not in out.stderr
     assert not evil.exists()
+
+
+@pytest.mark.slow
+def test_train_connects_to_a_curve_server_with_its_key_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server bound with CURVE admitted no ``simkit train --connect``: the learner had
+    no flags for keys. With ``--curve-server-key`` and ``--curve-secret-key`` it trains
+    the bits of an in-process run; without them it is refused."""
+    import zmq.auth
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    server_public, server_secret = zmq.auth.create_certificates(keys, "server")
+    client_public, client_secret = zmq.auth.create_certificates(keys, "learner")
+    srv = RolloutServer(
+        CARTPOLE,
+        4,
+        "tcp://127.0.0.1:0",
+        policy=True,
+        device="cpu",
+        curve_secret_key=zmq.auth.load_certificate(server_secret)[1],
+        curve_allowed_clients=[zmq.auth.load_certificate(client_public)[0]],
+    ).start()
+    curve = ["--curve-server-key", server_public, "--curve-secret-key", client_secret]
+    try:
+        local = _train(tmp_path / "local", "--servers", "0")
+        assert _train(tmp_path / "curve", "--connect", srv.endpoint, *curve) == local
+        argv = ["train", CARTPOLE, "--connect", srv.endpoint, "--server-timeout", "1"]
+        argv += ["--logdir", str(tmp_path / "plain"), "--no-progress"]
+        capsys.readouterr()
+        assert simkit_main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"no rollout server answered at {srv.endpoint}" in err
+        assert "a server with CURVE answers only learners holding its keys" in err
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--connect", "tcp://127.0.0.1:1", "--curve-server-key", "k"],
+        ["--connect", "tcp://127.0.0.1:1", "--curve-secret-key", "k"],
+        ["--servers", "1", "--curve-server-key", "k", "--curve-secret-key", "k"],
+    ],
+)
+def test_curve_key_flags_go_together_with_connect(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", CARTPOLE, *flags, "--logdir", str(tmp_path / "run"), "--no-progress"]
+    assert simkit_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("simkit train: --curve-server-key and --curve-secret-key go together")
+    assert not (tmp_path / "run").exists()
+
+
+def test_curve_key_files_that_hold_no_keys_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.key"
+    bad.write_text("not a certificate\n")
+    argv = ["train", CARTPOLE, "--connect", "tcp://127.0.0.1:1", "--no-progress"]
+    argv += ["--curve-server-key", str(bad), "--curve-secret-key", str(bad)]
+    argv += ["--logdir", str(tmp_path / "run")]
+    assert simkit_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"simkit train: --curve-server-key {bad} / --curve-secret-key {bad}: ")

@@ -50,6 +50,10 @@ class RunOptions:
     progress: bool = False
     print_every: float = 10.0
     connect: Sequence[str] = ()
+    curve_server_key: str | Path | None = None
+    """``connect``: the servers' CURVE public key file; with ``curve_secret_key``."""
+    curve_secret_key: str | Path | None = None
+    """``connect``: this learner's CURVE secret key file (``.key_secret``)."""
     servers: int | None = None
     wait_for_servers: bool = False
     record: str | Path | None = None

@@ -44,6 +44,7 @@ from simkit.clients.learners._args import RunOptions, Settings
 from simkit.clients.learners._checkpoint import NO_ENV_STATES_LINE, no_snapshots_line
 from simkit.clients.learners._device_pick import device_loop_support
 from simkit.clients.learners._server_source import ServerSource, spawn_servers, stop_servers
+from simkit.clients.remote._connection import CurveKeys
 from simkit.models import ActorCritic, ModelSpec
 from simkit.rollout._loop import DeviceFragment, RolloutLoop
 from simkit.rollout._policy import RowPolicy
@@ -512,7 +513,7 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
             report=lambda line: print(line, file=sys.stderr, flush=True),
             wait_for_servers=o.wait_for_servers,
             give_up=p.give_up,
-            curve=None if launched is None else launched.curve,
+            curve=launched.curve if launched is not None else _curve_keys(o),
             locate=None if launched is None else _relocator(launched, p.logdir),
             num_envs=s.num_envs,
             num_steps=s.num_steps,
@@ -524,6 +525,23 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
             launched.close()
         raise
     return Rollout(source, procs, launched)
+
+
+def _curve_keys(o: RunOptions) -> CurveKeys | None:
+    """The CURVE keys of ``--curve-server-key`` and ``--curve-secret-key`` (None without).
+
+    Raises:
+        ValueError: a file that cannot be read or holds no valid key, naming the flag.
+    """
+    if o.curve_server_key is None or o.curve_secret_key is None:
+        return None
+    try:
+        return CurveKeys.from_files(o.curve_server_key, o.curve_secret_key)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"--curve-server-key {o.curve_server_key} / --curve-secret-key "
+            f"{o.curve_secret_key}: {exc}"
+        ) from None
 
 
 def _launch_on_ray(p: RolloutPlan, ray: str, env_id: str, env_kwargs: dict[str, Any]) -> Any:

@@ -345,6 +345,16 @@ def check_run_options(options: RunOptions, num_envs: int) -> None:
             ),
         ]
     )
+    if (o.curve_server_key is None) != (o.curve_secret_key is None) or (
+        o.curve_server_key is not None and not o.connect
+    ):
+        raise ValueError(
+            "--curve-server-key and --curve-secret-key go together, with --connect (--ray "
+            "makes its own keys), got "
+            f"{'--curve-server-key' if o.curve_server_key else 'no --curve-server-key'}, "
+            f"{'--curve-secret-key' if o.curve_secret_key else 'no --curve-secret-key'} and "
+            f"{len(o.connect)} --connect"
+        )
     if o.ray is not None and o.server_cpus == o.server_gpus == 0:
         raise ValueError("--server-cpus and --server-gpus must not both be 0, got 0 and 0")
     if o.metrics_port is not None and not 0 <= o.metrics_port < 65536:

@@ -209,6 +209,20 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         help="stream from a running `simkit serve ENV --policy` (repeatable)",
     )
     servers.add_argument(
+        "--curve-server-key",
+        default=None,
+        metavar="FILE",
+        help="--connect: the servers' CURVE public key file (zmq.auth.create_certificates), "
+        "for servers bound beyond loopback; with --curve-secret-key",
+    )
+    servers.add_argument(
+        "--curve-secret-key",
+        default=None,
+        metavar="FILE",
+        help="--connect: this learner's CURVE secret key file (.key_secret; its public key "
+        "on the servers' --curve-allow list)",
+    )
+    servers.add_argument(
         "--servers",
         type=integer,
         default=None,
@@ -384,10 +398,17 @@ def _unanswered(exc: Any, ns: argparse.Namespace, env_id: str) -> str:
     """What to do about a rollout server that did not answer at start-up
     (``ServerUnavailable``; its own text ends in a Python API hint)."""
     if exc.endpoint in ns.connect:
+        keys = (
+            "; a server with CURVE answers only learners holding its keys (--curve-server-key,"
+            " --curve-secret-key)"
+            if ns.curve_server_key is None
+            else " (or its CURVE keys are not these: is this learner's public key on its "
+            "--curve-allow list?)"
+        )
         return (
             f"no rollout server answered at {exc.endpoint} within {exc.timeout:g} s: start "
             f"one there (simkit serve {env_id} --policy --bind {exc.endpoint}) or wait "
-            "longer (--server-timeout)"
+            f"longer (--server-timeout){keys}"
         )
     return (
         f"the rollout server at {exc.endpoint} did not answer within {exc.timeout:g} s "
