@@ -820,6 +820,8 @@ class EpisodeSeeds:
         n = self.num_envs
         if seed is None:
             return self.next(ids)
+        if isinstance(seed, np.ndarray) and seed.ndim == 1:
+            seed = seed.tolist()  # seed=np.arange(n): its entries, checked as a list's
         if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
             seed = int(seed)
             if not 0 <= seed <= MAX_ROOT_SEED:
@@ -852,9 +854,12 @@ class EpisodeSeeds:
                 for k, s in zip(follow, self.next(ids[follow]), strict=True):
                     out[k] = s
             return out
-        raise TypeError(
-            f"seed must be an int, a list of int | None, or None, got {type(seed).__name__}"
+        got = (
+            f"ndarray of shape {seed.shape}"
+            if isinstance(seed, np.ndarray)
+            else type(seed).__name__
         )
+        raise TypeError(f"seed must be an int, a list of int | None, or None, got {got}")
 
     def plan_reset(
         self, ids: np.ndarray, *, seed: int | None = None, seeds: Sequence[int] | None = None

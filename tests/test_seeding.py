@@ -11,6 +11,7 @@ from device_helpers import no_host_reads
 from hypothesis import given
 from hypothesis import strategies as st
 
+from simkit import snapshot
 from simkit._seeding import (
     MAX_ROOT_SEED,
     EpisodeSeeds,
@@ -124,6 +125,18 @@ def test_list_of_seeds_is_validated() -> None:
         seeds.plan(np.arange(2), -1)
     with pytest.raises(TypeError, match="got str"):
         seeds.plan(np.arange(2), "7")
+
+
+def test_an_array_of_seeds_is_a_list_of_seeds() -> None:
+    """``reset(seed=np.arange(n))`` (how seeds are often made) was a TypeError; a 1-D
+    integer array is the list of its entries, and other arrays are refused by name."""
+    a, b = EpisodeSeeds(3), EpisodeSeeds(3)
+    assert a.plan(np.arange(3), np.array([4, 5, 6])) == b.plan(np.arange(3), [4, 5, 6])
+    assert snapshot.dumps(a.get_state()) == snapshot.dumps(b.get_state())
+    with pytest.raises(ValueError, match=r"seed\[0\] must be a non-negative int or None, got 1.5"):
+        a.plan(np.arange(3), np.array([1.5, 2.0, 3.0]))
+    with pytest.raises(TypeError, match=r"got ndarray of shape \(1, 3\)"):
+        a.plan(np.arange(3), np.array([[1, 2, 3]]))
 
 
 def test_first_reset_without_seed_draws_one_root_for_all() -> None:
