@@ -209,8 +209,10 @@ class StreamWorker(threading.Thread):
                 self._apply(self._deferred.pop(0))
                 continue
             why = self.session.waiting_for() if not loop.in_fragment else None
-            if why is None and not loop.in_fragment and self._still_leaving() > 1:
-                why = "network"
+            if why is None and not loop.in_fragment:  # fragments still on their way out
+                self._leaving = [t for t in self._leaving if not t.done]
+                if len(self._leaving) > 1:
+                    why = "network"
             if why is not None:
                 waited = time.perf_counter()
                 wait = _IDLE_WAIT_S
@@ -231,11 +233,6 @@ class StreamWorker(threading.Thread):
                 continue
             self._network_wait = _NETWORK_WAIT_S / 2
             self._step(loop)
-
-    def _still_leaving(self) -> int:
-        """Fragments handed to ZeroMQ and still in this process (on their way out)."""
-        self._leaving = [t for t in self._leaving if not t.done]
-        return len(self._leaving)
 
     def _step(self, loop: RolloutLoop) -> None:
         """One step of the session's loop; a finished fragment goes to the learner.
@@ -313,7 +310,11 @@ class StreamWorker(threading.Thread):
         elif isinstance(cmd, OpenCommand):
             self._open(cmd)
         elif isinstance(cmd, StateCommand | RestoreCommand):
-            self._session_state(cmd)
+            kind = "stream_state" if isinstance(cmd, StateCommand) else "stream_restore"
+            try:
+                self._send(self._state_reply(cmd, kind))
+            except ProtocolError as err:
+                self._refuse(err, cmd.id, kind)
         elif isinstance(cmd, WeightsCommand):
             loop = self._loop
             if self.session.mode != "sync" or loop is None or not loop.in_fragment:
@@ -339,17 +340,10 @@ class StreamWorker(threading.Thread):
                 return
             self._refuse(exc, cmd.id, "weights")
 
-    def _session_state(self, cmd: StateCommand | RestoreCommand) -> None:
-        """Answers ``stream_state`` with the session's snapshot, or applies
-        ``stream_restore``; both only between two fragments (sync mode, checked by the
-        session), else an error reply and nothing changes."""
-        kind = "stream_state" if isinstance(cmd, StateCommand) else "stream_restore"
-        try:
-            self._send(self._state_reply(cmd, kind))
-        except ProtocolError as exc:
-            self._refuse(exc, cmd.id, kind)
-
     def _state_reply(self, cmd: StateCommand | RestoreCommand, kind: str) -> list[Any]:
+        """The reply to ``stream_state`` (the session's snapshot) or ``stream_restore``
+        (applied); both only between two fragments, else a :class:`ProtocolError` and
+        nothing changes."""
         loop = self._loop
         assert loop is not None
         if loop.in_fragment or self._deferred:

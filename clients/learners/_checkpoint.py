@@ -215,7 +215,14 @@ def save_checkpoint(
     for file_name in extra or {}:
         if file_name not in EXTRA_FILES:
             raise ValueError(f"extra checkpoint files must be in {EXTRA_FILES}, got {file_name!r}")
-    blobs = _checkpoint_blobs(model, optimizer, state)
+    # The core files' bytes, all encoded before anything is written (an encoding error
+    # leaves the directory untouched).
+    opt_tensors, groups = flatten_optimizer(optimizer)
+    blobs = {
+        "model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in model.items()}),
+        "optimizer.safetensors": st_save(opt_tensors),
+        "state.msgpack": snapshot.dumps({**state, "optimizer_param_groups": groups}),
+    }
     files: dict[str, Any] = {n: {"bytes": len(b), "sha256": _sha256(b)} for n, b in blobs.items()}
     manifest = {"format": CHECKPOINT_FORMAT, "files": files}
     final = directory / name
@@ -256,30 +263,12 @@ def save_checkpoint(
             raise WriteFailed(writing, exc, _previous(directory)) from exc
         raise
     shutil.rmtree(aside, ignore_errors=True)
-    _prune(directory, final, keep)
-    return final
-
-
-def _checkpoint_blobs(
-    model: dict[str, torch.Tensor], optimizer: dict[str, Any], state: dict[str, Any]
-) -> dict[str, bytes]:
-    """The three core files' bytes, all encoded before anything is written (an encoding
-    error leaves the directory untouched)."""
-    opt_tensors, groups = flatten_optimizer(optimizer)
-    return {
-        "model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in model.items()}),
-        "optimizer.safetensors": st_save(opt_tensors),
-        "state.msgpack": snapshot.dumps({**state, "optimizer_param_groups": groups}),
-    }
-
-
-def _prune(directory: Path, final: Path, keep: int) -> None:
-    """Removes all but the last ``keep`` checkpoints in name order (a run's
-    ``step-NNNNNNNNNN`` names sort by step), never ``final``; ``keep <= 0`` keeps them all."""
+    # All but the last ``keep`` checkpoints in name order (a run's names sort by step) go.
     existing = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
     for old in existing[:-keep] if keep > 0 else []:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

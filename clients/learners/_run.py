@@ -270,14 +270,6 @@ def restore_rollout(
     return False
 
 
-def _is_recording(directory: Path) -> bool:
-    """Whether ``directory`` is a recording's (a writer's lock or chunks are there): the
-    one place a resumed run writes to unasked, so never a folder a checkpoint merely names."""
-    from simkit.recording._format import chunk_paths
-
-    return directory.is_dir() and ((directory / "LOCK").is_file() or bool(chunk_paths(directory)))
-
-
 def _in_flight(recorder_state: dict[str, Any]) -> int:
     """Episodes a checkpoint's recorder state holds in flight (with a step so far)."""
     slots = recorder_state.get("slots") or []
@@ -429,7 +421,12 @@ class Run:
         directory = saved.get("directory")
         if not isinstance(directory, str) or not directory:
             return
-        if not _is_recording(Path(directory)):
+        from simkit.recording._format import chunk_paths
+
+        # Only into a recording's folder (a writer's lock or chunks there), the one place
+        # a resumed run writes to unasked: never a folder a checkpoint merely names.
+        path = Path(directory)
+        if not (path.is_dir() and ((path / "LOCK").is_file() or bool(chunk_paths(path)))):
             print(
                 f"simkit train: --resume: the checkpoint's run recorded into {directory}, "
                 "which holds no recording now: the resumed run records nothing (give "

@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -46,11 +45,6 @@ def sac_spec(args: SACArgs) -> ModelSpec:
     return ModelSpec("sac_mlp", {"hidden_sizes": list(args.hidden)})
 
 
-def _spaces(env_id: str) -> tuple[spaces.Space[Any], spaces.Space[Any]]:
-    with closing(make_vector(env_id, 1)) as vector:
-        return vector.single_observation_space, vector.single_action_space
-
-
 def check_env(env_id: str) -> tuple[spaces.Box, spaces.Box]:
     """The env's spaces, if SAC can learn it.
 
@@ -60,7 +54,8 @@ def check_env(env_id: str) -> tuple[spaces.Box, spaces.Box]:
     """
     if spec(env_id).kind is EnvKind.MULTI_AGENT:
         raise ValueError(f"--algo sac learns single-agent envs; {env_id!r} is multi-agent")
-    obs_space, act_space = _spaces(env_id)
+    with closing(make_vector(env_id, 1)) as vector:
+        obs_space, act_space = vector.single_observation_space, vector.single_action_space
     if not isinstance(act_space, spaces.Box) or not np.issubdtype(act_space.dtype, np.floating):
         raise ValueError(
             f"--algo sac needs continuous (Box) actions; {env_id!r} has {act_space}: use --algo ppo"
