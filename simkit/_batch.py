@@ -819,29 +819,19 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 s.device_loop.record(ids, reward, done, s.elapsed[ids])
         obs: Any = final_obs
         infos = RowInfos(n, base)
-        if done.any():
-            obs, infos = self.__autoreset(ids, final_obs, np.flatnonzero(done), base)
+        if done.any():  # same-step autoreset: each ended row's first obs and reset_info
+            rows = np.flatnonzero(done)  # with all N ids, the rows are the instances
+            resets, reset_infos = self.__reset_ids(
+                rows if n == self.num_envs else ids[rows], None, {}
+            )
+
+            def reset_info(k: int) -> dict[str, Any] | None:
+                j = int(np.searchsorted(rows, k))
+                return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
+
+            obs, infos = scatter(final_obs, rows, resets), RowInfos(n, base, reset_info)
         s.obs = obs if n == self.num_envs else scatter(s.obs, ids, obs)
         return BatchStep(obs, reward, terminated, truncated, final_obs, ids, infos)
-
-    def __autoreset(
-        self,
-        ids: np.ndarray,
-        final_obs: Any,
-        rows: np.ndarray,
-        base: Sequence[dict[str, Any]] | None,
-    ) -> tuple[Any, RowInfos]:
-        """Same-step autoreset of the ended ``rows`` of a step of instances ``ids``
-        (sorted): the step's ``obs`` (``final_obs`` with those rows' first observations)
-        and its infos (``base`` with each reset row's ``reset_info``)."""
-        whole = len(ids) == self.num_envs  # ids is arange(N): rows are the instances
-        reset_rows, reset_infos = self.__reset_ids(rows if whole else ids[rows], None, {})
-
-        def reset_info(k: int) -> dict[str, Any] | None:
-            j = int(np.searchsorted(rows, k))
-            return {"reset_info": reset_infos[j]} if j < len(rows) and rows[j] == k else None
-
-        return scatter(final_obs, rows, reset_rows), RowInfos(len(ids), base, reset_info)
 
     def __truncated(self, ids: np.ndarray | None = None) -> np.ndarray:
         """Counts a step of ``ids`` (all if ``None``); which of them hit the time limit."""

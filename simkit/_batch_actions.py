@@ -38,7 +38,10 @@ def check_torch_actions(
             )
         if actions.dtype.is_complex or actions.dtype == torch.bool:
             raise InvalidAction(f"actions must be numeric, got dtype {actions.dtype}")
-        arr = actions.to(device=device, dtype=_torch_dtype(torch, space.dtype))
+        dtype = {np.float32: torch.float32, np.float64: torch.float64}.get(
+            np.dtype(space.dtype).type, torch.float32
+        )
+        arr = actions.to(device=device, dtype=dtype)
         if not bool(torch.isfinite(arr).all()):
             raise InvalidAction("actions must be finite (no NaN or inf)")
         low = torch.as_tensor(space.low, device=device, dtype=arr.dtype)
@@ -62,10 +65,4 @@ def check_torch_actions(
         return actions.to(device=device, dtype=torch.int64)
     raise TypeError(
         f"torch BatchEnvs support Box and Discrete action spaces, got {type(space).__name__}"
-    )
-
-
-def _torch_dtype(torch: Any, dtype: Any) -> Any:
-    return {np.float32: torch.float32, np.float64: torch.float64}.get(
-        np.dtype(dtype).type, torch.float32
     )

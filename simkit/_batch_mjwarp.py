@@ -61,12 +61,6 @@ STATE_FIELDS = (
 for the model): what ``mj_step`` reads before it writes, as in ``mjSTATE_INTEGRATION``."""
 
 
-def _resolve_warp(model: Any, attribute: str) -> tuple[Any, str]:
-    """The object holding ``attribute`` (``"body_mass"``, ``"opt.gravity"``) and its name."""
-    *path, name = attribute.split(".")
-    return functools.reduce(getattr, path, model), name
-
-
 class MjWarpPhysics(Physics):
     """N worlds of one ``MjModel`` in MuJoCo Warp on a torch device: the ``"mjwarp"``
     backend of :class:`simkit.BatchMujocoEnv`, which steps every world at once.
@@ -118,7 +112,8 @@ class MjWarpPhysics(Physics):
             for field in model_fields.values():
                 if field.attribute in self._fields:
                     continue
-                owner, name = _resolve_warp(self.m, field.attribute)
+                *path, name = field.attribute.split(".")  # "body_mass", "opt.gravity"
+                owner = functools.reduce(getattr, path, self.m)
                 arr = getattr(owner, name)
                 base = np.asarray(nominal[field.attribute])
                 rows = np.repeat(arr.numpy()[:1], num_worlds, axis=0)
@@ -237,7 +232,9 @@ class MjWarpPhysics(Physics):
             index = (slice(None), *sub)
             base = np.asarray(nominal[field.attribute])[index[1:]]
             value = np.array([row[name] for row in rows], dtype=np.float64)
-            value = _broadcast_rows(value, np.shape(base))
+            extra = np.ndim(base) - (value.ndim - 1)  # broadcast against (rows, *shape)
+            if extra > 0:
+                value = value.reshape(value.shape[0], *value.shape[1:], *([1] * extra))
             if field.op == "scale":
                 target[index] = base * value
             elif field.op == "add":
@@ -305,10 +302,3 @@ class _NoDatas(RefusedRows[mujoco.MjData]):
         "backend='mjwarp' keeps the worlds in MuJoCo Warp, not in per-instance MjData: "
         "set the start state with set_qpos_qvel(ids, qpos, qvel) and read self.batch"
     )
-
-
-def _broadcast_rows(value: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """``value`` (one row per world, each a scalar or an array of the field's shape)
-    shaped to broadcast against ``(rows, *shape)``."""
-    extra = len(shape) - (value.ndim - 1)
-    return value.reshape(value.shape[0], *value.shape[1:], *([1] * extra)) if extra > 0 else value

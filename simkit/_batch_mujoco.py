@@ -289,7 +289,10 @@ class MujocoPhysics(Physics):
             for name in batch_fields
         }
         self.state_size = mujoco.mj_stateSize(model, PHYSICS_STATE)
-        self.slices = _state_slices(model)
+        self.slices: dict[str, slice] = {}  # qpos, qvel, ctrl in an mjSTATE_INTEGRATION vector
+        for bit, name in ((2, "qpos"), (4, "qvel"), (64, "ctrl")):  # after every lower bit's
+            start = mujoco.mj_stateSize(model, int(PHYSICS_STATE) & (bit - 1))
+            self.slices[name] = slice(start, start + mujoco.mj_stateSize(model, bit))
         self.workers = workers = 1 if backend == "loop" else min(nthread or os.cpu_count() or 1, n)
         self.rows = backend in ("native", "pooled")  # the state rows hold the physics
         self.native: Any = None
@@ -497,13 +500,3 @@ def _native_step(
     if models is not None:
         batch.set_models(models)
     batch.step(ids, nstep)
-
-
-def _state_slices(model: mujoco.MjModel) -> dict[str, slice]:
-    """Where ``qpos``, ``qvel`` and ``ctrl`` sit in an ``mjSTATE_INTEGRATION`` vector:
-    after the fields of every lower bit of the spec."""
-    out: dict[str, slice] = {}
-    for bit, name in ((2, "qpos"), (4, "qvel"), (64, "ctrl")):
-        start = mujoco.mj_stateSize(model, int(PHYSICS_STATE) & (bit - 1))
-        out[name] = slice(start, start + mujoco.mj_stateSize(model, bit))
-    return out

@@ -183,7 +183,8 @@ def device_loop_support(
             f"{env_id} has no device-resident steps (its class does not implement "
             "BatchEnv.reset_masked)"
         )
-    if device is not None and _is_mujoco_batch(factory):
+    mujoco = sys.modules.get("simkit._batch_mujoco")  # imported only if the env's module did
+    if device is not None and mujoco is not None and issubclass(factory, mujoco.BatchMujocoEnv):
         from simkit._batch_mujoco import resolve_backend
 
         backend = resolve_backend((env_kwargs or {}).get("backend", "auto"), device)
@@ -195,13 +196,6 @@ def device_loop_support(
         if importlib.util.find_spec("mujoco_warp") is None:
             return f"{env_id} on the device needs MuJoCo Warp (pip install 'simkit[gpu]')"
     return None
-
-
-def _is_mujoco_batch(factory: type) -> bool:
-    """Whether ``factory`` is a :class:`simkit.BatchMujocoEnv` (importing MuJoCo only
-    where the env's own module did)."""
-    module = sys.modules.get("simkit._batch_mujoco")
-    return module is not None and issubclass(factory, module.BatchMujocoEnv)
 
 
 def use_device_loop(

@@ -120,15 +120,6 @@ class _Restore:
             g.set_state(state)
 
 
-def _state_ptrs(optimizer: torch.optim.Optimizer) -> dict[int, tuple[int, ...]]:
-    """The addresses of each parameter's optimiser state (by the parameter's index)."""
-    index = {id(p): i for i, p in enumerate(_params(optimizer))}
-    return {
-        index[id(p)]: tuple(v.data_ptr() for v in s.values() if isinstance(v, torch.Tensor))
-        for p, s in optimizer.state.items()
-    }
-
-
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
@@ -147,7 +138,11 @@ class _Graphs:
     def check(self) -> None:
         """Drops every graph if a tensor it may use moved."""
         params = tuple(p.data_ptr() for p in _params(self.optimizer))
-        state = _state_ptrs(self.optimizer)
+        index = {id(p): i for i, p in enumerate(_params(self.optimizer))}
+        state = {  # the addresses of each parameter's optimiser state, by its index
+            index[id(p)]: tuple(v.data_ptr() for v in s.values() if isinstance(v, torch.Tensor))
+            for p, s in self.optimizer.state.items()
+        }
         moved = params != self._params or any(
             state.get(i) != ptrs for i, ptrs in self._state.items()
         )
@@ -270,15 +265,6 @@ class PPOStep:
         self.stats.index_copy_(0, self.k, stats.unsqueeze(0))
         self.k.add_(1)
 
-    def _build(
-        self, key: tuple[Any, ...], batch: Sequence[torch.Tensor], order: torch.Tensor
-    ) -> None:
-        self.inputs = [torch.empty_like(t) for t in batch]
-        self.order = torch.empty_like(order, device=self.device)
-        self.stats = torch.zeros((len(order), 5), device=self.device)
-        self.graphs.graphs.clear()
-        self._key = key
-
     def run(self, batch: Sequence[torch.Tensor], order: torch.Tensor) -> torch.Tensor:
         """One step per row of ``order`` (``(steps, mb)`` row indices, on the CPU) over
         ``batch`` (:meth:`PPO.minibatch_step`'s tensors, on the device), at the
@@ -286,7 +272,11 @@ class PPOStep:
         learner = self.learner
         key = (tuple(order.shape), *((t.dtype, tuple(t.shape)) for t in batch))
         if key != self._key:
-            self._build(key, batch, order)
+            self.inputs = [torch.empty_like(t) for t in batch]
+            self.order = torch.empty_like(order, device=self.device)
+            self.stats = torch.zeros((len(order), 5), device=self.device)
+            self.graphs.graphs.clear()
+            self._key = key
         for buffer, t in zip(self.inputs, batch, strict=True):
             buffer.copy_(t)
         self.order.copy_(order)

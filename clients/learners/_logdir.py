@@ -92,16 +92,6 @@ class LogdirLock:
                 (self.logdir / "LOCK").unlink()
 
 
-def _first_missing(path: Path) -> Path | None:
-    """The topmost folder of ``path`` that does not exist yet (what ``mkdir -p`` makes)."""
-    missing = None
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            break
-        missing = candidate
-    return missing
-
-
 def died_before_first_checkpoint(logdir: Path) -> bool:
     """Whether ``logdir`` holds the outputs of a run that was killed before it wrote a
     complete checkpoint: nothing to resume, so a run may start over there."""
@@ -117,16 +107,6 @@ def died_before_first_checkpoint(logdir: Path) -> bool:
         folder.is_dir()
         and any((d / "manifest.json").is_file() for d in folder.iterdir() if d.is_dir())
     )
-
-
-def _clear_leftovers(logdir: Path) -> None:
-    """Removes what a run that died before its first checkpoint wrote in ``logdir``."""
-    for name in _LEFTOVERS:
-        path = logdir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
 
 
 def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = False) -> LogdirLock:
@@ -147,7 +127,11 @@ def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = Fals
     from simkit.recording._format import DirectoryLock
 
     try:
-        made = _first_missing(logdir)
+        made = None  # the topmost folder of logdir not there yet (what mkdir -p makes)
+        for candidate in (logdir, *logdir.parents):
+            if candidate.exists():
+                break
+            made = candidate
         had_lock = (logdir / "LOCK").exists()
     except OSError as exc:  # a name too long for the file system
         raise ValueError(f"--logdir {str(logdir)[:200]}: {WriteFailed.reason(exc)}") from exc
@@ -168,8 +152,12 @@ def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = Fals
     resumes = resume is not None and resumed_logdir(resume).resolve() == logdir.resolve()
     if not resumes and ((logdir / "checkpoints").is_dir() or (logdir / "progress.jsonl").exists()):
         if died_before_first_checkpoint(logdir):
-            try:
-                _clear_leftovers(logdir)
+            try:  # what the run that died there wrote
+                for path in (logdir / name for name in _LEFTOVERS):
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    elif path.exists() or path.is_symlink():
+                        path.unlink()
             except OSError as exc:
                 lock.release()
                 raise ValueError(

@@ -233,7 +233,9 @@ class ServerSource:
                 if exc.remote_code != "unsupported":
                     raise
                 self._boundary = None
-                self._no_snapshots()
+                if self.not_exact is None:  # said once, with what it costs
+                    self.not_exact = f"the envs of {self.env_id} have no snapshots"
+                    self.report(no_snapshots_line(self.not_exact, supervised=self.supervised))
                 return None
             except ServerUnavailable as exc:
                 if not self.supervised:
@@ -244,14 +246,6 @@ class ServerSource:
                 self._boundary = {config.env_offset: snap for config, snap in states}
                 self._boundary_version = self.stream.version
             return states
-
-    def _no_snapshots(self) -> None:
-        """Says once that this run's envs have no snapshots and what that costs: a lost
-        server's session (supervised) and a resumed checkpoint restart them afresh."""
-        if self.not_exact is not None:
-            return
-        self.not_exact = f"the envs of {self.env_id} have no snapshots"
-        self.report(no_snapshots_line(self.not_exact, supervised=self.supervised))
 
     def push_weights(self, weights: torch.nn.Module, *, version: int | None = None) -> int:
         """Sends new weights to every live server without waiting for the acks.

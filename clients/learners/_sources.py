@@ -209,12 +209,6 @@ class LocalSource:
             self._pending = (v, copied)
         return v
 
-    def _swap(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            self.policy.load_state_dict(pending[1], pending[0])
-
     # ------------------------------------------------------------------ rollout
 
     def rollout(self) -> Fragment | DeviceFragment:
@@ -232,7 +226,10 @@ class LocalSource:
     def _produce(self) -> None:
         try:
             while not self._stop.is_set():
-                self._swap()
+                with self._lock:  # the newest weights pushed, if any
+                    pending, self._pending = self._pending, None
+                if pending is not None:
+                    self.policy.load_state_dict(pending[1], pending[0])
                 fragment = self.rollout()
                 while not self._stop.is_set():
                     with contextlib.suppress(queue.Full):

@@ -702,7 +702,19 @@ def learn(
         pick_device(args.device, lambda: ppo_probe(args, model, policy_rows(args)))
     )
     servers = run.servers(DEFAULT_SERVERS)
-    loop_on = _device_loop(run, args, device, servers)
+    o = run.options
+    in_loop = use_device_loop(
+        env_id=args.env_id,
+        choice=args.device_loop,
+        device=device,
+        mode=args.mode,
+        servers=servers,
+        connect=bool(o.connect),
+        ray=o.ray is not None,
+        record=o.record is not None,
+        env_kwargs=args.env_kwargs,
+    )
+    loop_on = device if in_loop else None  # roll out in the device loop on ``device``
     source = run.open_source(
         args, model_spec(args), model, max_lag=args.max_lag, servers=servers, device_loop=loop_on
     )
@@ -786,30 +798,6 @@ class _Cadence:
         return due
 
 
-def _device_loop(
-    run: Run, args: PPOArgs, device: torch.device, servers: int
-) -> torch.device | None:
-    """``device`` where the run rolls out in the device loop (:func:`use_device_loop`),
-    else None.
-
-    Raises:
-        ValueError: ``--device-loop on`` and the run cannot (one line, why).
-    """
-    o = run.options
-    use = use_device_loop(
-        env_id=args.env_id,
-        choice=args.device_loop,
-        device=device,
-        mode=args.mode,
-        servers=servers,
-        connect=bool(o.connect),
-        ray=o.ray is not None,
-        record=o.record is not None,
-        env_kwargs=args.env_kwargs,
-    )
-    return device if use else None
-
-
 def _say_where_it_stops(learner: PPO, rows: int) -> None:
     """One stderr line where ``total_steps`` is not whole updates."""
     args, n = learner.args, learner.num_updates
@@ -889,16 +877,6 @@ class _Times:
         return split
 
 
-def _server_scalars(view: dict[str, Any]) -> list[tuple[str, float]]:
-    """TensorBoard scalars of the servers' view: counts, then per server share (named
-    by its first env slot) its env steps/s and mean policy lag."""
-    out = [(f"servers/{k}", float(view[k])) for k in ("alive", "restarted", "lost", "dropped")]
-    for srv in view["servers"]:
-        name = f"servers/slot_{srv['first_slot']}"
-        out += [(f"{name}/steps_per_s", srv["steps_per_s"]), (f"{name}/lag_mean", srv["lag_mean"])]
-    return out
-
-
 def _report(run: Run, learner: PPO, stats: UpdateStats, times: _Times) -> Report:
     """Every update: a ``progress.jsonl`` line, TensorBoard's losses, the time split."""
     split = times.add(run, stats, learner.args.mode)
@@ -934,8 +912,17 @@ def _report(run: Run, learner: PPO, stats: UpdateStats, times: _Times) -> Report
         ("policy/dropped_fragments", float(learner.dropped)),
         ("time/update_s", stats.update_s),
         *((f"time/{k}_s", v) for k, v in split.items()),
-        *(() if view is None else _server_scalars(view)),
     ]
+    if view is not None:  # the servers' counts, then per server (by its first env slot)
+        scalars += [
+            (f"servers/{k}", float(view[k])) for k in ("alive", "restarted", "lost", "dropped")
+        ]
+        for srv in view["servers"]:
+            name = f"servers/slot_{srv['first_slot']}"
+            scalars += [
+                (f"{name}/steps_per_s", srv["steps_per_s"]),
+                (f"{name}/lag_mean", srv["lag_mean"]),
+            ]
     total_t = sum(times.total.values()) or 1.0
     split_txt = " ".join(f"{k} {100 * v / total_t:.0f}%" for k, v in times.total.items())
     return Report(sps=sps, row=row, scalars=scalars, extra=[f"lag {stats.lag[1]:.1f}", split_txt])
