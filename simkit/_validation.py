@@ -111,6 +111,15 @@ def _box(space: spaces.Box, action: Any, bounds: ActionBounds, name: str) -> np.
         )
     if arr.shape != space.shape:
         raise InvalidAction(f"{name} must have shape {space.shape}, got shape {arr.shape}")
+    if arr.dtype.kind in "iu":  # bounded before the cast, which would wrap them
+        if bounds is ActionBounds.CLIP:
+            return np.clip(arr, space.low, space.high).astype(space.dtype)
+        if np.any(arr < space.low) or np.any(arr > space.high):
+            raise InvalidAction(
+                f"{name} must lie in [{space.low.tolist()}, {space.high.tolist()}], "
+                f"got {arr.tolist()}"
+            )
+        return arr.astype(space.dtype, copy=True)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported just below
         cast = arr.astype(space.dtype, copy=True)
     if not (np.all(np.isfinite(arr)) and np.all(np.isfinite(cast))):

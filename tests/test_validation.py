@@ -152,3 +152,35 @@ def test_other_spaces_fall_back_to_contains() -> None:
 def test_name_appears_in_messages() -> None:
     with pytest.raises(InvalidAction, match=r"action for 'agent_0' must be in \[0, 2\), got 7"):
         validate_action(spaces.Discrete(2), 7, name="action for 'agent_0'")
+
+
+@pytest.mark.parametrize(
+    ("space", "action", "clipped"),
+    [
+        (spaces.Box(0, 200, (1,), np.uint8), np.array([300]), [200]),
+        (spaces.Box(0, 200, (1,), np.uint8), np.array([-1]), [0]),
+        (spaces.Box(0, 10, (1,), np.int64), np.array([2**64 - 1], np.uint64), [10]),
+        (spaces.Box(-1.5, 1.5, (1,), np.float32), np.array([-7]), [-1.5]),
+    ],
+)
+def test_integer_actions_are_bounded_before_the_cast_that_would_wrap_them(
+    space: spaces.Box, action: np.ndarray, clipped: list[Any]
+) -> None:
+    """300 for a uint8 Box became 44 (cast first, then clipped or checked), with CLIP
+    and with RAISE alike; so did the batch path every vector and BatchEnv uses."""
+    from simkit.vector._actions import check_batch_array
+
+    out = validate_action(space, action, bounds=ActionBounds.CLIP)
+    assert out.dtype == space.dtype
+    assert out.tolist() == clipped
+    with pytest.raises(InvalidAction, match="must lie in"):
+        validate_action(space, action, bounds=ActionBounds.RAISE)
+    ids = np.arange(2)
+    rows = np.stack([action, action])
+    batch = check_batch_array(space, rows, ids, ActionBounds.CLIP)
+    assert batch is not None
+    assert batch.dtype == space.dtype
+    assert batch.tolist() == [clipped, clipped]
+    assert batch is not rows
+    with pytest.raises(InvalidAction, match=r"env \[0, 1\] do not"):
+        check_batch_array(space, rows, ids, ActionBounds.RAISE)

@@ -68,13 +68,15 @@ def check_batch_array(
             raise InvalidAction(
                 f"actions must be a numeric array of shape {(n, *space.shape)}, got dtype {arr.dtype}"
             )
-        arr = arr.astype(space.dtype, copy=True)
-        finite = np.isfinite(arr).reshape(n, -1).all(axis=1)
-        if not finite.all():
-            bad = env_ids[~finite].tolist()
-            raise InvalidAction(f"actions must be finite (no NaN or inf); {what} {bad} are not")
+        ints = arr.dtype.kind in "iu"  # bounded before the cast, which would wrap them
+        if not ints:
+            arr = arr.astype(space.dtype, copy=True)
+            finite = np.isfinite(arr).reshape(n, -1).all(axis=1)
+            if not finite.all():
+                bad = env_ids[~finite].tolist()
+                raise InvalidAction(f"actions must be finite (no NaN or inf); {what} {bad} are not")
         if bounds is ActionBounds.CLIP:
-            np.clip(arr, space.low, space.high, out=arr)
+            arr = np.clip(arr, space.low, space.high, out=None if ints else arr)
         else:
             out = ((arr < space.low) | (arr > space.high)).reshape(n, -1).any(axis=1)
             if out.any():
@@ -82,7 +84,7 @@ def check_batch_array(
                     f"actions must lie in [{space.low.tolist()}, {space.high.tolist()}]; "
                     f"{what} {env_ids[out].tolist()} do not"
                 )
-        return arr
+        return arr.astype(space.dtype, copy=True) if ints else arr
     if isinstance(space, spaces.Discrete):
         arr = _as_array(actions, (n,))
         if arr.dtype.kind not in "iu":
