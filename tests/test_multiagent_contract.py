@@ -227,3 +227,55 @@ def test_a_reward_that_is_not_a_real_number_names_the_agent() -> None:
         r"int or numpy scalar\), got ndarray of shape \(2,\)$",
     ):
         env.step(dict.fromkeys(env.agents, 1))
+
+
+class DropsR1(Race):
+    """Leaves runner r1 out of every result: it vanished with no flag set."""
+
+    def step_episode(self, actions: dict[str, int], rng: np.random.Generator) -> Any:
+        obs, rewards, done, infos = super().step_episode(actions, rng)
+        return (
+            *({a: v for a, v in part.items() if a != "r1"} for part in (obs, rewards, done)),
+            infos,
+        )
+
+
+class RevivesR0(Race):
+    """Returns an observation for r0 after r0 terminated: it came back."""
+
+    def step_episode(self, actions: dict[str, int], rng: np.random.Generator) -> Any:
+        obs, rewards, done, infos = super().step_episode(actions, rng)
+        if "r0" not in self.agents:
+            obs, rewards, done = {**obs, "r0": self._obs("r0")}, {**rewards, "r0": 0.0}, {
+                **done,
+                "r0": False,
+            }
+        return obs, rewards, done, infos
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "match"),
+    [
+        (DropsR1, r"missing \['r1'\], not live \[\]"),
+        (RevivesR0, r"missing \[\], not live \['r0'\]"),
+    ],
+)
+def test_step_results_must_cover_exactly_the_live_agents(env_cls: type, match: str) -> None:
+    """The live agents came from the keys of the hook's observations: an agent left out
+    vanished without a termination or truncation, and a finished one came back. The
+    kit passed both (PettingZoo's parallel_api_test did not)."""
+    from simkit import testing
+    from simkit.errors import ConformanceError
+
+    env = env_cls()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"^step_episode must return observations, rewards and "):
+        for _ in range(5):
+            env.step(dict.fromkeys(env.agents, 1))
+    with pytest.raises(ValueError, match=match):
+        env = env_cls()
+        env.reset(seed=0)
+        for _ in range(5):
+            env.step(dict.fromkeys(env.agents, 1))
+    with pytest.raises(ConformanceError, match="step_episode must return observations"):
+        testing.check_spaces(env_cls, steps=20)

@@ -160,19 +160,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _remove_leftovers(directory: Path) -> None:
-    """Removes what a writer killed mid-checkpoint left (``.NAME.tmp-PID``,
-    ``.NAME.old-PID``): only where that process is gone."""
-    for entry in directory.iterdir():
-        m = _LEFTOVER.match(entry.name)
-        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    entry.unlink()
-
-
 def _previous(directory: Path) -> str:
     """What a failed write leaves intact: the checkpoint ``latest`` names, if any."""
     try:
@@ -232,7 +219,14 @@ def save_checkpoint(
     placed = False
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        _remove_leftovers(directory)
+        for entry in directory.iterdir():  # what a writer killed mid-checkpoint left
+            m = _LEFTOVER.match(entry.name)  # (.NAME.tmp-PID, .NAME.old-PID), once it is gone
+            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        entry.unlink()
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()

@@ -106,19 +106,6 @@ class ProgressLine:
             self._live = Live(self._line, console=console, refresh_per_second=4)
             self._live.start()
 
-    def _fields(
-        self, steps: int, steps_per_s: float, mean_return: float, extra: Sequence[str]
-    ) -> list[str]:
-        fields = [
-            self.env_id,
-            self._steps(steps),
-            f"{steps_per_s:,.0f} steps/s",
-            f"return {mean_return:.1f}",
-        ]
-        if self.total and steps_per_s > 0:
-            fields.append(f"ETA {format_duration((self.total - steps) / steps_per_s)}")
-        return [*fields, *extra, f"elapsed {format_duration(time.perf_counter() - self._start)}"]
-
     def _steps(self, steps: int) -> str:
         return f"{steps:,}/{self.total:,} steps" if self.total else f"{steps:,} steps"
 
@@ -134,7 +121,15 @@ class ProgressLine:
         """Updates the line (call when :meth:`due`): the run's env steps, its recent
         steps/s (the ETA's rate) and mean return, then ``extra`` fields, most important
         first (the first left out where the terminal is narrow)."""
-        fields = self._fields(steps, steps_per_s, mean_return, extra)
+        fields = [
+            self.env_id,
+            self._steps(steps),
+            f"{steps_per_s:,.0f} steps/s",
+            f"return {mean_return:.1f}",
+        ]
+        if self.total and steps_per_s > 0:
+            fields.append(f"ETA {format_duration((self.total - steps) / steps_per_s)}")
+        fields += [*extra, f"elapsed {format_duration(time.perf_counter() - self._start)}"]
         if self._live is not None:
             self._line.fields = fields
             self._line.fraction = steps / self.total if self.total else None

@@ -300,17 +300,6 @@ def checkpoint_if_servers_lost(
 _END: Any = object()
 
 
-def _saved_servers(state: dict[str, Any]) -> int:
-    """How many server sessions a checkpoint streamed from (0: in process)."""
-    if "servers" in state:
-        return int(state["servers"])
-    if state.get("source_kind", "local") != "servers":
-        return 0
-    source = state.get("source") or {}
-    sessions = source.get("sessions")
-    return len(sessions) if isinstance(sessions, list) else int(source.get("servers", 0))
-
-
 class Run:
     """One training run's log directory, source, outputs and stop rule, for the
     algorithm ``algo`` (whose rounds are called ``round_name``: "update", "round");
@@ -456,9 +445,16 @@ class Run:
             return self.options.servers
         if self.options.connect:
             return 0
-        if self.ckpt is not None:
-            return _saved_servers(self.ckpt.state)
-        return default
+        if self.ckpt is None:
+            return default
+        state = self.ckpt.state  # the server sessions it streamed from (0: in process)
+        if "servers" in state:
+            return int(state["servers"])
+        if state.get("source_kind", "local") != "servers":
+            return 0
+        source = state.get("source") or {}
+        sessions = source.get("sessions")
+        return len(sessions) if isinstance(sessions, list) else int(source.get("servers", 0))
 
     def open_source(
         self,
@@ -510,7 +506,8 @@ class Run:
         return self.kind != "servers"
 
     def restore_source(self) -> None:
-        """On resume, the checkpoint's rollout state into the source.
+        """On resume, the checkpoint's rollout state into the source, and its recorder's
+        into the recorder.
 
         Raises:
             InvalidCheckpoint: the state does not fit.
@@ -521,18 +518,10 @@ class Run:
             exact = restore_rollout(self.source, self.ckpt.state, self.kind, self.noise_kind)
         except (KeyError, ValueError, TypeError, RuntimeError, RemoteError) as exc:
             raise InvalidCheckpoint(f"{self.ckpt.path}: cannot restore the rollout: {exc}") from exc
-        if self.recorder is not None:
-            self._restore_recorder(exact)
-
-    def _restore_recorder(self, exact: bool) -> None:
-        """On resume, the checkpoint's recorder state (its episode counters and the steps
-        of its open episodes) into the recorder, where the envs go on ``exact`` ly; else
-        one stderr line saying what the recording loses.
-
-        Raises:
-            InvalidCheckpoint: the state does not fit.
-        """
-        assert self.ckpt is not None
+        if self.recorder is None:
+            return
+        # The recorder's state (episode counters, steps of its open episodes), where the
+        # envs go on exactly; else one stderr line saying what the recording loses.
         saved = self.ckpt.state.get("recorder")
         if not isinstance(saved, dict):
             print(

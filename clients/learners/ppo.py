@@ -462,12 +462,6 @@ class PPO:
         stats), on the CPU."""
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
-    def _learning_rate(self) -> float:
-        if not self.args.anneal_lr or self.num_updates == 0:
-            return self.args.learning_rate
-        frac = 1.0 - min(self.version, self.num_updates - 1) / self.num_updates
-        return frac * self.args.learning_rate
-
     def update(self, fragments: Sequence[Fragment | DeviceFragment]) -> UpdateStats:
         """One PPO update on ``fragments`` (the rows of one batch); bumps the version.
 
@@ -558,7 +552,9 @@ class PPO:
         observation statistics and counters; its figures are read back once. ``lag``:
         each step's policy lag, in versions, before this update."""
         args, model = self.args, self.model
-        lr = self._learning_rate()
+        lr = args.learning_rate
+        if args.anneal_lr and self.num_updates != 0:
+            lr *= 1.0 - min(self.version, self.num_updates - 1) / self.num_updates
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         # The statistics do not change during the update: normalise the batch once.

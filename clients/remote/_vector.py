@@ -54,16 +54,6 @@ def _put(space: spaces.Space[Any], out: Any, index: Any, value: Any) -> None:
         out[index] = value
 
 
-def _same_ids(got: np.ndarray, want: np.ndarray) -> bool:
-    """Whether two id arrays are equal; a few ids compare as lists (cheaper than numpy's
-    elementwise compare and reduction, once per reply)."""
-    if got.shape != want.shape:
-        return False
-    if got.size <= 64:
-        return bool(got.tolist() == want.tolist())
-    return bool((got == want).all())
-
-
 class _LossGuard:
     """Marks a :class:`RemoteVectorEnv` broken when a request inside loses its connection
     or session: a plain class, as a ``contextlib`` generator costs a few microseconds per
@@ -403,7 +393,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         global_ids = np.asarray(step.env_ids, dtype=np.int64)
         if offset:
             global_ids = global_ids + offset
-        if not _same_ids(global_ids, ids):
+        # A few ids compare as lists (cheaper than numpy's compare and reduction).
+        if global_ids.shape != ids.shape or not (
+            global_ids.tolist() == ids.tolist() if ids.size <= 64 else (global_ids == ids).all()
+        ):
             raise RuntimeError(
                 f"server {conn.endpoint} answered for envs {global_ids.tolist()}, "
                 f"expected {ids.tolist()}"
