@@ -117,7 +117,9 @@ class MultiAgentEnv(
         if self.validate_actions:
             actions = self._validate_actions(actions)
         assert self._np_random is not None
+        live = list(self.agents)
         observations, rewards, terminations, infos = self.step_episode(actions, self._np_random)
+        _check_results(live, observations, rewards, terminations)
         truncate = self._count_step()
         rewards_out = {agent: reward_of(rewards[agent], agent) for agent in observations}
         terms_out = {agent: bool(terminations[agent]) for agent in observations}
@@ -161,6 +163,30 @@ class MultiAgentEnv(
 
     def _restore_extra_state(self, state: Mapping[str, Any]) -> None:
         self.agents = list(state["agents"])
+
+
+def _check_results(
+    live: list[Any],
+    observations: Mapping[Any, Any],
+    rewards: Mapping[Any, Any],
+    terminations: Mapping[Any, Any],
+) -> None:
+    """Refuses ``step_episode`` results that leave out an agent live at the start of the
+    step (it would vanish with no flag set) or an agent they observe (one may join).
+
+    Raises:
+        ValueError: naming the part and the agents it misses.
+    """
+    need = [*live, *(agent for agent in observations if agent not in live)]
+    parts = {"observations": observations, "rewards": rewards, "terminations": terminations}
+    for what, part in parts.items():
+        missing = [agent for agent in need if agent not in part]
+        if missing:
+            raise ValueError(
+                "step_episode must return an observation, a reward and a termination for "
+                f"every agent live at the start of the step {live} and every agent it "
+                f"observes; its {what} miss {missing}"
+            )
 
 
 def check_agents(possible_agents: Sequence[Any], agents: Any, where: str) -> list[Any]:

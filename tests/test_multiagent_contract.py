@@ -227,3 +227,44 @@ def test_a_reward_that_is_not_a_real_number_names_the_agent() -> None:
         r"int or numpy scalar\), got ndarray of shape \(2,\)$",
     ):
         env.step(dict.fromkeys(env.agents, 1))
+
+
+class DropsR1(Race):
+    """Leaves runner r1 out of every result: it vanished with no flag set."""
+
+    def step_episode(self, actions: dict[str, int], rng: np.random.Generator) -> Any:
+        obs, rewards, done, infos = super().step_episode(actions, rng)
+        return (
+            *({a: v for a, v in part.items() if a != "r1"} for part in (obs, rewards, done)),
+            infos,
+        )
+
+
+class NoRewardForR1(Race):
+    """Observes r1 but gives it no reward (a KeyError out of the base class before)."""
+
+    def step_episode(self, actions: dict[str, int], rng: np.random.Generator) -> Any:
+        obs, rewards, done, infos = super().step_episode(actions, rng)
+        return obs, {a: r for a, r in rewards.items() if a != "r1"}, done, infos
+
+
+@pytest.mark.parametrize(
+    ("env_cls", "match"),
+    [
+        (DropsR1, r"its observations miss \['r1'\]$"),
+        (NoRewardForR1, r"its rewards miss \['r1'\]$"),
+    ],
+)
+def test_step_results_must_cover_exactly_the_live_agents(env_cls: type, match: str) -> None:
+    """The live agents came from the keys of the hook's observations: an agent left out
+    vanished without a termination or truncation, and the kit passed it (PettingZoo's
+    parallel_api_test did not). Agents may join (they are observed), not vanish."""
+    from simkit import testing
+
+    env = env_cls()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"^step_episode must return an observation, .*" + match):
+        env.step(dict.fromkeys(env.agents, 1))
+    [result] = testing.run_checks([testing.check_spaces], env_cls, steps=20)
+    assert result.status == "FAIL"
+    assert "step_episode must return an observation" in result.message
