@@ -415,3 +415,38 @@ def test_the_recorder_names_an_info_key_that_is_not_a_str(tmp_path: Any) -> None
     with pytest.raises(TypeError, match=r"snapshot keys must be str, got int"):
         env.step(np.zeros((1, 1), dtype=np.float32))  # the episode ends and is written
     env.close()
+
+
+def _with_randomization(declared: dict[str, Any], **kwargs: Any) -> Any:
+    cls = type("RandomizedWalker", (Walker,), {"randomization": declared})
+    return lambda: cls(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        _with_randomization({"mode": simkit.Choice(("a", "b"), weights=(1.0, 0.0))}),
+        _with_randomization({"mode": simkit.Choice(("a", "b"), weights=(0.05, 0.95))}),
+        _with_randomization(dict(Walker.randomization), params={"drift": 0.5}),
+    ],
+    ids=["zero-weight", "lopsided", "fixed-per-env"],
+)
+def test_check_randomization_passes_params_that_cannot_or_rarely_vary(make: Any) -> None:
+    """A Choice whose other options weigh 0, a lopsided one (0.05/0.95: all 20 draws
+    alike more than a third of the time) and a parameter the env instance fixes
+    (``params={"drift": 0.5}``, the docs' own example) failed "randomization probably
+    ignores the seed" for a correct env."""
+    for seed in range(5):
+        testing.check_randomization(make, seed=seed)
+
+
+def test_check_randomization_still_catches_a_lopsided_choice_that_ignores_the_seed() -> None:
+    class Stuck(Walker):
+        randomization = {"mode": simkit.Choice(("a", "b"), weights=(0.05, 0.95))}
+
+        def reset_episode(self, rng: Any, params: Params, options: Any) -> Any:
+            self._params = {"mode": "b"}
+            return super().reset_episode(rng, params, options)
+
+    with pytest.raises(ConformanceError, match="'mode' took the same value 'b'"):
+        testing.check_randomization(Stuck)

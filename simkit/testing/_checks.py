@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -11,7 +12,14 @@ import numpy as np
 from simkit import snapshot
 from simkit._state import check_observation
 from simkit.errors import ConformanceError, InvalidParameter, InvalidState
-from simkit.randomization import Choice, Distribution, Normal, Uniform, _Interval
+from simkit.randomization import (
+    Choice,
+    Distribution,
+    Normal,
+    Uniform,
+    _Interval,
+    resolve_overrides,
+)
 from simkit.testing._driver import Driver, EnvFactory, Step, as_factory
 
 __all__ = [
@@ -287,7 +295,12 @@ def check_randomization(
             f"randomization: two fresh instances reset with seed {seed} sampled different "
             "parameters; randomization probably ignores the seed (draws from its own or a global RNG)"
         )
-    samples = [params_of(env, seed + k) for k in range(seeds)]
+    # What each parameter is drawn from in this instance (its per-env overrides applied),
+    # and how many draws make "all alike" a one-in-a-billion event for it.
+    fixed = getattr(getattr(env, "unwrapped", env), "_env_overrides", None)
+    drawn = resolve_overrides(declared, fixed or None)
+    draws = {name: _draws_to_vary(d, seeds) for name, d in drawn.items()}
+    samples = [params_of(env, seed + k) for k in range(max(draws.values(), default=seeds))]
     for name, dist in declared.items():
         values = [s[name] for s in samples]
         bad = [v for v in values if not dist.contains(v)]
@@ -295,12 +308,11 @@ def check_randomization(
             raise ConformanceError(
                 f"randomization: {name!r} left its declared domain {dist.describe()}: {bad[0]!r}"
             )
-        if _can_vary(dist) and all(
-            snapshot.states_equal(_plain(v), _plain(values[0])) for v in values
-        ):
+        some = values[: draws[name]]
+        if some and all(snapshot.states_equal(_plain(v), _plain(some[0])) for v in some):
             raise ConformanceError(
-                f"randomization: {name!r} took the same value {values[0]!r} for {seeds} different "
-                "seeds; randomization probably ignores the seed"
+                f"randomization: {name!r} took the same value {some[0]!r} for {len(some)} "
+                "different seeds; randomization probably ignores the seed"
             )
     rng = np.random.default_rng(seed)
     for name, dist in declared.items():
@@ -325,16 +337,30 @@ def check_randomization(
     env.close()
 
 
-def _can_vary(dist: Distribution) -> bool:
+_MAX_DRAWS = 2000
+"""The most resets check_randomization spends on seeing one parameter vary."""
+
+
+def _draws_to_vary(dist: Any, seeds: int) -> int:
+    """Resets after which a parameter drawn from ``dist`` that never varied means the
+    seed is ignored: ``seeds`` for continuous ones, enough that a correct Choice draws
+    one option every time with probability below 1e-9; 0 where it cannot vary (a value
+    fixed per env, zero-weight options, an empty range) or would need more than
+    :data:`_MAX_DRAWS`."""
     if isinstance(dist, Choice):
-        return len(set(map(repr, dist.options))) > 1
+        weights = dist.weights or (1.0,) * len(dist.options)
+        p = [w / sum(weights) for w in weights if w > 0]
+        if len(p) < 2:
+            return 0
+        need = max(seeds, 1 + math.ceil(math.log(1e-9) / math.log(max(p))))
+        return need if need <= _MAX_DRAWS else 0
     if isinstance(dist, Normal):
         lo, hi = dist._interval()._bounds()
-        return bool(np.any(np.asarray(dist.std) > 0) and np.any(hi > lo))
+        return seeds if np.any(np.asarray(dist.std) > 0) and np.any(hi > lo) else 0
     if isinstance(dist, _Interval):
         lo, hi = dist._bounds()
-        return bool(np.any(hi > lo))
-    return True
+        return seeds if np.any(hi > lo) else 0
+    return seeds if isinstance(dist, Distribution) else 0
 
 
 def check_no_global_rng(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
