@@ -376,3 +376,28 @@ def test_simkit_check_runs_the_batch_kit_on_an_author_class(
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("FAIL  check_batch_determinism: determinism (two fresh batches")
     assert "[probably follows from check_batch_determinism" in out[2]
+
+
+class SetInfoPoint(BatchPoint):
+    """Step infos that hold a set: no recorder or server client can take them."""
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        obs, reward, terminated, _ = super().step_instances(actions, rngs)
+        return obs, reward, terminated, [{"s": {1, 2}} for _ in range(self.num_envs)]
+
+
+class ObjectResetInfoPoint(BatchPoint):
+    def reset_instances(self, ids: Any, rngs: Any, params: Any, options: Any) -> Any:
+        obs, _ = super().reset_instances(ids, rngs, params, options)
+        return obs, [{"bad": object()} for _ in ids]
+
+
+@pytest.mark.parametrize(
+    ("env", "where"),
+    [(SetInfoPoint, r"step #\d+, instance 0"), (ObjectResetInfoPoint, r"reset, instance 0")],
+)
+def test_batch_infos_that_are_not_plain_data_are_caught(env: type, where: str) -> None:
+    """check_spaces held single envs' infos to the recorder's rule; check_batch_spaces
+    did not, and an object() in reset infos surfaced as a determinism failure."""
+    with pytest.raises(ConformanceError, match=rf"spaces: info at {where} is not plain data"):
+        testing.check_batch_spaces(env, steps=10)

@@ -44,6 +44,7 @@ from simkit.testing._checks import (
     KEPT_STATE,
     _check_observation,
     _seed_globals,
+    check_plain_info,
     check_unchanged,
     freeze,
 )
@@ -147,12 +148,14 @@ def check_batch_spaces(
     env = setup.build()
     n = env.num_envs
     space = env.single_observation_space
-    obs, _ = env.reset(seed=seed)
+    obs, info = env.reset(seed=seed)
     _rows_in_space(space, host(obs), n, "reset")
+    _plain_rows(info, range(n), "reset")
     for t, (kind, payload) in enumerate(_script(env, steps, seed).events):
         if kind == "reset":
-            obs, _ = env.reset(options={"reset_mask": payload})
+            obs, info = env.reset(options={"reset_mask": payload})
             _rows_in_space(space, host(obs), n, f"reset #{t}")
+            _plain_rows(info, np.flatnonzero(payload).tolist(), f"reset #{t}")
             continue
         res = env.step_batch(stack(payload))
         _rows_in_space(space, host(res.obs), n, f"step #{t} obs")
@@ -172,7 +175,17 @@ def check_batch_spaces(
                 )
         if len(res.infos) != n or not all(isinstance(i, dict) for i in res.infos):
             raise ConformanceError(f"spaces: step #{t} must give one info dict per instance")
+        for i, row in enumerate(res.infos):
+            check_plain_info(row, f"step #{t}, instance {i}")
     env.close()
+
+
+def _plain_rows(info: Any, ids: Any, where: str) -> None:
+    """Checks the rows ``ids`` of a Gymnasium vector ``info`` (a reset's) as plain data."""
+    from simkit.recording._wrapper import env_info
+
+    for i in ids:
+        check_plain_info(env_info(info, i), f"{where}, instance {i}")
 
 
 def _rows_in_space(space: Any, obs: Any, n: int, where: str) -> None:

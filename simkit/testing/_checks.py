@@ -107,15 +107,21 @@ def check_spaces(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -
         if not all(isinstance(info, dict) for info in infos):
             raise ConformanceError(f"spaces: info at {step.kind} #{i} must be a dict")
         for info in infos:
-            try:
-                snapshot.to_plain(info, "info")
-            except InvalidState as exc:
-                raise ConformanceError(
-                    f"spaces: info at {step.kind} #{i} is not plain data ({exc}); a recorder "
-                    "and a server's clients take infos of str keys and dicts, lists, numbers, "
-                    "str, bytes and numeric arrays"
-                ) from None
+            check_plain_info(info, f"{step.kind} #{i}")
     env.close()
+
+
+def check_plain_info(info: Any, where: str) -> None:
+    """Raises ConformanceError unless ``info`` is plain data by the rule a recorder
+    stores infos with (:func:`simkit.snapshot.to_plain`)."""
+    try:
+        snapshot.to_plain(info, "info")
+    except InvalidState as exc:
+        raise ConformanceError(
+            f"spaces: info at {where} is not plain data ({exc}); a recorder and a server's "
+            "clients take infos of str keys and dicts, lists, numbers, str, bytes and "
+            "numeric arrays"
+        ) from None
 
 
 def _check_observation(space: Any, obs: Any, what: str, rows: int | None = None) -> None:
