@@ -212,7 +212,10 @@ class ContractCore:
         names = declared_state_attributes(self, "set_env_state")
         check_state_attributes(type(self).__name__, names, state, self._live_attribute)
         for name in names:
-            setattr(self, name, copy.deepcopy(state[name]))
+            value = copy.deepcopy(state[name])
+            if isinstance(self._live_attribute(name), tuple):
+                value = tuple(value)  # a snapshot's list of it, once through msgpack
+            setattr(self, name, value)
 
     def _live_attribute(self, name: str) -> Any:
         return getattr(self, name, None)

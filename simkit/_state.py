@@ -61,8 +61,8 @@ def check_state_attributes(
     Rules, by the current value: an array (numpy, or a torch tensor of a torch
     ``BatchEnv``) takes a numpy array of the same dtype and shape; a ``bool`` a bool; an
     ``int`` an integer (numpy integers too, never a bool); a ``float`` a float (numpy
-    floats too); ``str``/``bytes`` the same type; a ``dict`` any mapping; a list or
-    tuple the same container type. ``None`` (an attribute not yet set) takes anything.
+    floats too); ``str``/``bytes`` the same type; a ``dict`` any mapping; a list a list,
+    a tuple a tuple or a list (a snapshot's form of it). ``None`` (an attribute not yet set) takes anything.
 
     Args:
         owner: who is restored, opening the message (``"CartPole"``).
@@ -105,7 +105,13 @@ def _expectation(live: Any, value: Any) -> str | None:
         return None if isinstance(value, float | np.floating) else "a float"
     if isinstance(live, Mapping):
         return None if isinstance(value, Mapping) else "a dict"
-    for kind in (str, bytes, list, tuple):
+    if isinstance(live, tuple):  # msgpack has no tuple: a snapshot holds it as a list
+        return (
+            None
+            if isinstance(value, tuple | list)
+            else "a tuple (or the list a snapshot makes of it)"
+        )
+    for kind in (str, bytes, list):
         if isinstance(live, kind):
             return None if isinstance(value, kind) else f"a {kind.__name__}"
     return None
