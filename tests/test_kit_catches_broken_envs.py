@@ -450,3 +450,20 @@ def test_check_randomization_still_catches_a_lopsided_choice_that_ignores_the_se
 
     with pytest.raises(ConformanceError, match="'mode' took the same value 'b'"):
         testing.check_randomization(Stuck)
+
+
+def test_the_kit_draws_actions_from_a_full_range_float64_box() -> None:
+    """``rng.uniform(-max, max)`` overflows; five checks blamed the env for the kit's own
+    "OverflowError: Range exceeds valid bounds"."""
+    from simkit.testing._driver import sample
+
+    big = np.finfo(np.float64).max
+    space = spaces.Box(-big, big, (3,), np.float64)
+    rng = np.random.default_rng(0)
+    drawn = [sample(space, rng) for _ in range(50)]
+    assert all(space.contains(a) for a in drawn)
+    assert len({float(a[0]) for a in drawn}) == 50
+    small = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    assert sample(small, np.random.default_rng(3)).tolist() == (
+        np.random.default_rng(3).uniform(-1.0, 1.0, size=(2,)).astype(np.float32).tolist()
+    )

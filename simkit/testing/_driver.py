@@ -100,7 +100,13 @@ def sample(space: spaces.Space[Any], rng: np.random.Generator) -> Any:
         high = np.where(np.isfinite(space.high), space.high, 1.0)
         if space.dtype.kind in "iu":
             return rng.integers(low, high, endpoint=True, size=space.shape).astype(space.dtype)
-        return rng.uniform(low, high, size=space.shape).astype(space.dtype)
+        low, high = low.astype(np.float64), high.astype(np.float64)
+        with np.errstate(over="ignore"):
+            finite_span = bool(np.isfinite(high - low).all())
+        if finite_span:
+            return rng.uniform(low, high, size=space.shape).astype(space.dtype)
+        u = rng.random(size=space.shape)  # a span past float64's range: never form it
+        return (low * (1.0 - u) + high * u).astype(space.dtype)
     if isinstance(space, spaces.Discrete):
         return int(space.start + rng.integers(space.n))
     if isinstance(space, spaces.MultiDiscrete):
