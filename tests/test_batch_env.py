@@ -1194,3 +1194,41 @@ def test_a_refused_batch_snapshot_changes_nothing(change: Any, match: str) -> No
         env.set_state(bad)
     assert dumps(env.get_state()) == before
     env.step_batch(np.ones(2, np.int64))
+
+
+class _MultiDiscreteBatch(simkit.BatchEnv):
+    """Counts up by ``action - 1`` per element (a correct env that does array math)."""
+
+    state_attributes = ("x",)
+    max_episode_steps = 10
+
+    def __init__(self, num_envs: int = 3, **kwargs: Any) -> None:
+        super().__init__(
+            num_envs,
+            single_observation_space=gym.spaces.Box(-100, 100, (2,), np.float64),
+            single_action_space=gym.spaces.MultiDiscrete([3, 3]),
+            **kwargs,
+        )
+        self.x = np.zeros((num_envs, 2))
+
+    def reset_instances(self, ids: Any, rngs: Any, params: Any, options: Any) -> Any:
+        self.x[ids] = 0.0
+        return self.x[ids].copy(), None
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        assert isinstance(actions, np.ndarray), type(actions)
+        self.x = self.x + (actions - 1)
+        return self.x.copy(), np.zeros(self.num_envs), np.zeros(self.num_envs, bool), None
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_multi_discrete_batch_gets_its_actions_as_one_array(validate: bool) -> None:
+    """With validation on, the hooks got a list of N row arrays (validated row by row),
+    with it off an array: a correct env doing ``actions - 1`` failed every batch check."""
+    env = _MultiDiscreteBatch(validate_actions=validate)
+    env.reset(seed=0)
+    step = env.step_batch(np.array([[0, 2], [1, 1], [2, 0]]))
+    assert step.obs.tolist() == [[-1.0, 1.0], [0.0, 0.0], [1.0, -1.0]]
+    if validate:
+        with pytest.raises(InvalidAction, match=r"nvec=\[3, 3\]; rows \[1\] are not"):
+            env.step_batch(np.array([[0, 2], [3, 1], [2, 0]]))

@@ -25,9 +25,10 @@ def check_batch(
 ) -> list[Any]:
     """Checks ``actions`` (one row per entry of ``env_ids``) and returns canonical rows.
 
-    ``Box`` and ``Discrete`` are checked with array operations; other spaces row by
-    row with :func:`simkit.validate_action`. Rows are independent copies, so the
-    caller may reuse its array at once.
+    ``Box``, ``Discrete``, ``MultiDiscrete`` and ``MultiBinary`` are checked with array
+    operations (:func:`check_batch_array`); other spaces row by row with
+    :func:`simkit.validate_action`. Rows are independent of the caller's array, so it
+    may reuse it at once.
 
     Raises:
         InvalidAction: wrong shape or dtype, NaN/inf, or out of range; the message
@@ -36,7 +37,7 @@ def check_batch(
     n = len(env_ids)
     arr = check_batch_array(space, actions, env_ids, bounds, what)
     if arr is not None:
-        return list(arr) if isinstance(space, spaces.Box) else arr.tolist()
+        return arr.tolist() if isinstance(space, spaces.Discrete) else list(arr)
     rows = split_rows(space, actions, n)
     return [
         validate_action(space, row, bounds=bounds, name=f"action for {what} {int(i)}")
@@ -51,11 +52,12 @@ def check_batch_array(
     bounds: ActionBounds,
     what: str = "env",
 ) -> np.ndarray | None:
-    """The vectorised check of a ``Box`` or ``Discrete`` batch; ``None`` for other spaces.
+    """The vectorised check of a ``Box``, ``Discrete``, ``MultiDiscrete`` or
+    ``MultiBinary`` batch; ``None`` for other spaces.
 
     Returns:
         ``Box``: a new array of the space's dtype (clipped under ``CLIP``);
-        ``Discrete``: an int64 array.
+        ``Discrete`` and ``MultiDiscrete``: an int64 array; ``MultiBinary``: int8.
 
     Raises:
         InvalidAction: wrong shape or dtype, NaN/inf, or out of range; the message
@@ -104,6 +106,22 @@ def check_batch_array(
                 f"{arr[bad].tolist()}"
             )
         return arr.astype(np.int64)
+    if isinstance(space, spaces.MultiDiscrete | spaces.MultiBinary):
+        shape = (n, *space.shape)
+        arr = _as_array(actions, shape)
+        if arr.dtype.kind not in "iub":
+            raise InvalidAction(
+                f"actions must be an integer array of shape {shape}, got dtype {arr.dtype}"
+            )
+        multi = isinstance(space, spaces.MultiDiscrete)
+        lo, hi = (space.start, space.start + space.nvec) if multi else (0, 2)
+        bad = ((arr < lo) | (arr >= hi)).reshape(n, -1).any(axis=1)
+        if bad.any():
+            rule = (
+                f"start <= a < start + nvec with nvec={space.nvec.tolist()}" if multi else "0 or 1"
+            )
+            raise InvalidAction(f"actions must be {rule}; {what} {env_ids[bad].tolist()} are not")
+        return arr.astype(np.int64 if multi else np.int8)
     return None
 
 
