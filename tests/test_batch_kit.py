@@ -401,3 +401,32 @@ def test_batch_infos_that_are_not_plain_data_are_caught(env: type, where: str) -
     did not, and an object() in reset infos surfaced as a determinism failure."""
     with pytest.raises(ConformanceError, match=rf"spaces: info at {where} is not plain data"):
         testing.check_batch_spaces(env, steps=10)
+
+
+class AliasingPoint(BatchPoint):
+    """Returns its live state array as the observation; reset writes it in place."""
+
+    state_attributes = ("obs_state",)
+
+    def __init__(self, num_envs: int = 4, **kwargs: Any) -> None:
+        super().__init__(num_envs, **kwargs)
+        self.obs_state = np.zeros((num_envs, 4))
+
+    def reset_instances(self, ids: Any, rngs: Any, params: Any, options: Any) -> Any:
+        obs, info = super().reset_instances(ids, rngs, params, options)
+        self.obs_state[ids] = obs
+        return obs, info
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        obs, reward, terminated, info = super().step_instances(actions, rngs)
+        self.obs_state[:] = obs
+        return self.obs_state, reward, terminated, info
+
+
+def test_a_batch_returning_its_state_array_as_observations_is_caught() -> None:
+    """Its final_obs showed the next episode's first observation; the kit's first
+    failure was check_batch_independence, blaming a whole-batch reduction."""
+    with pytest.raises(
+        ConformanceError, match=r"step #\d+'s obs shares memory with state attribute 'obs_state'"
+    ):
+        testing.check_batch_spaces(AliasingPoint, steps=10)

@@ -158,6 +158,7 @@ def check_batch_spaces(
             _plain_rows(info, np.flatnonzero(payload).tolist(), f"reset #{t}")
             continue
         res = env.step_batch(stack(payload))
+        _no_shared_state(env, res, t)
         _rows_in_space(space, host(res.obs), n, f"step #{t} obs")
         _rows_in_space(space, host(res.final_obs), n, f"step #{t} final_obs")
         reward = np.asarray(host(res.reward))
@@ -178,6 +179,24 @@ def check_batch_spaces(
         for i, row in enumerate(res.infos):
             check_plain_info(row, f"step #{t}, instance {i}")
     env.close()
+
+
+def _no_shared_state(env: Any, res: Any, t: int) -> None:
+    """Raises ConformanceError where a step's observations are a numpy state attribute's
+    memory: a reset writing that attribute in place rewrites observations handed out
+    (an ended row's ``final_obs`` then shows the next episode's first observation)."""
+    for name in getattr(env, "state_attributes", None) or ():
+        live = getattr(env, name, None)
+        if not isinstance(live, np.ndarray):
+            continue
+        for field in ("obs", "final_obs"):
+            value = getattr(res, field)
+            if isinstance(value, np.ndarray) and np.shares_memory(value, live):
+                raise ConformanceError(
+                    f"spaces: step #{t}'s {field} shares memory with state attribute "
+                    f"{name!r}; return a copy (self.{name}.copy()), or a reset writing "
+                    f"self.{name} in place rewrites observations already handed out"
+                )
 
 
 def _plain_rows(info: Any, ids: Any, where: str) -> None:
