@@ -272,11 +272,10 @@ def launch(
     Raises:
         simkit.errors.MissingDependency: Ray is not installed (``pip install
             'simkit[ray]'``).
-        ValueError: a count or resource out of range; nothing listens at ``address``
-            (``HOST:PORT``, checked before Ray is asked); the cluster's live nodes cannot
-            hold ``servers`` bundles (checked before anything is asked of Ray), or they
-            were not placed within ``placement_timeout``: one line naming what is
-            needed and what the cluster has.
+        ValueError: before anything is asked of Ray, a count or resource out of range,
+            nothing listening at ``address`` (``HOST:PORT``), or live nodes that cannot
+            hold ``servers`` bundles; or bundles not placed within ``placement_timeout``:
+            one line naming what is needed and what the cluster has.
     """
     _check_launch(servers, server_cpus, server_gpus, max_restarts)
     ray = require("ray", extra="ray", purpose="launching rollout servers on Ray")
