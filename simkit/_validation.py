@@ -232,21 +232,25 @@ def checked_env_ids(
     return ids
 
 
-def check_send_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray | None) -> np.ndarray:
+def check_send_ids(
+    env_ids: Any, num_envs: int, in_flight: np.ndarray | None, *, allow_empty: bool = True
+) -> np.ndarray:
     """The env ids of an EnvPool-style ``send`` as int64 (``None``: all, in order).
 
     Args:
         env_ids: a 1-D integer array-like (numpy; callers convert tensors), or ``None``.
         num_envs: N; ids must lie in ``[0, N)``.
         in_flight: ``(N,)`` bool, the envs sent but not yet received (``None``: none).
+        allow_empty: whether ``[]`` is allowed.
 
     Raises:
-        ValueError: not 1-D integers, out of range, repeated, or already in flight.
+        ValueError: not 1-D integers, empty (unless allowed), out of range, repeated, or
+            already in flight.
     """
     if env_ids is None:
         ids = np.arange(num_envs, dtype=np.int64)
     else:
-        ids = checked_env_ids(env_ids, num_envs)
+        ids = checked_env_ids(env_ids, num_envs, allow_empty=allow_empty)
     if in_flight is None:
         return ids
     busy = ids[in_flight[ids]]

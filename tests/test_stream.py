@@ -341,7 +341,7 @@ def test_in_sync_mode_the_timeout_names_the_server_that_owes_a_fragment(
     fragment (``b``)."""
     model = _model()
     a, b = serve(num_envs=2), serve(num_envs=2)
-    stream = PolicyStream([a.endpoint, b.endpoint], SPEC, num_envs=4, timeout=1.0)
+    stream = PolicyStream([a.endpoint, b.endpoint], SPEC, num_envs=4, timeout=5.0)
     try:
         stream.push_weights(model)
         stream.next_batch()

@@ -646,3 +646,37 @@ def test_multi_agent_reset_mask_resets_only_the_masked_envs() -> None:
     np.testing.assert_array_equal(obs[a : 2 * a], ref_obs)
     with pytest.raises(ValueError, match=r"reset_mask'\] must be a bool array of shape \(3,\)"):
         vec.reset(options={"reset_mask": [True]})
+
+
+@pytest.mark.parametrize(
+    ("env_id", "hint"),
+    [
+        ("simkit/BatchCartPole-v0", "a vector itself"),
+        ("simkit/GoalNav-v0", "simkit.vector.MultiAgentVectorEnv steps those"),
+    ],
+)
+def test_a_vector_of_batch_or_multi_agent_envs_is_refused_by_kind(env_id: str, hint: str) -> None:
+    """make_vec of a batch id built a VectorEnv of BatchEnvs that failed at reset with a
+    seed out of range; of a multi-agent id, "every env must share one observation space;
+    env 0 has <bound method ...>"."""
+    with pytest.raises(TypeError, match=rf"^env 0 must be a gymnasium\.Env, got \w+, .*{hint}"):
+        simkit.vector.make_vec(env_id, 2)
+
+
+def test_empty_env_ids_are_refused_in_one_line() -> None:
+    """``step_envs([])``, ``reset_envs([])`` and ``send([])`` failed in numpy ("need at
+    least one array to stack"); a remote vector already said "env_ids must not be empty"."""
+    vec = simkit.vector.make_vec(CARTPOLE, 2)
+    multi = MultiAgentVectorEnv("simkit/GoalNav-v0", 2)
+    vec.reset(seed=0)
+    multi.reset(seed=0)
+    empty = np.zeros(0, dtype=np.int64)
+    for call in (
+        lambda: vec.step_envs(empty, np.zeros(0, dtype=np.int64)),
+        lambda: vec.reset_envs(empty),
+        lambda: vec.send(np.zeros(0, dtype=np.int64), empty),
+        lambda: multi.step_envs(empty, np.zeros((0, 2), dtype=np.float32)),
+    ):
+        with pytest.raises(ValueError, match=r"^env_ids must not be empty$"):
+            call()
+    vec.step(np.zeros(2, dtype=np.int64))  # nothing moved, nothing in flight

@@ -113,15 +113,16 @@ def check_batch_array(
             raise InvalidAction(
                 f"actions must be an integer array of shape {shape}, got dtype {arr.dtype}"
             )
-        multi = isinstance(space, spaces.MultiDiscrete)
-        lo, hi = (space.start, space.start + space.nvec) if multi else (0, 2)
-        bad = ((arr < lo) | (arr >= hi)).reshape(n, -1).any(axis=1)
+        low: Any = 0
+        high: Any = 2
+        rule = "0 or 1"
+        if isinstance(space, spaces.MultiDiscrete):
+            low, high = space.start, space.start + space.nvec
+            rule = f"start <= a < start + nvec with nvec={space.nvec.tolist()}"
+        bad = ((arr < low) | (arr >= high)).reshape(n, -1).any(axis=1)
         if bad.any():
-            rule = (
-                f"start <= a < start + nvec with nvec={space.nvec.tolist()}" if multi else "0 or 1"
-            )
             raise InvalidAction(f"actions must be {rule}; {what} {env_ids[bad].tolist()} are not")
-        return arr.astype(np.int64 if multi else np.int8)
+        return arr.astype(np.int64 if isinstance(space, spaces.MultiDiscrete) else np.int8)
     return None
 
 

@@ -264,7 +264,11 @@ class VectorCore(abc.ABC):
 
     def _step_ids(self, env_ids: Any, actions: Any, check_ids: bool) -> np.ndarray:
         """Checks ``env_ids`` and their actions, then steps them with same-step autoreset."""
-        ids = check_send_ids(env_ids, self.num_envs, self._in_flight) if check_ids else env_ids
+        ids = (
+            check_send_ids(env_ids, self.num_envs, self._in_flight, allow_empty=False)
+            if check_ids
+            else env_ids
+        )
         if not self._has_reset:  # every env has started an episode: nothing to scan
             never = ids[self.seeds.episode[ids] < 0]
             if never.size:
@@ -365,7 +369,7 @@ class VectorCore(abc.ABC):
             The observation rows of those envs and their reset infos (one per row).
         """
         self._require_idle("reset()")
-        ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
+        ids = check_send_ids(env_ids, self.num_envs, self._in_flight, allow_empty=False)
         undo = self._take_undo(ids) if replace_autoreset else {}
         now = {i: int(self.seeds.episode[i]) for i in undo}
         for i, (episode, _) in undo.items():

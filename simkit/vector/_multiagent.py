@@ -259,7 +259,11 @@ class MultiAgentVectorEnv(VectorCore):
             ValueError: a bad or repeated env id.
             InvalidAction: a live row's action does not fit.
         """
-        ids = check_send_ids(env_ids, self.num_envs, None) if check_ids else env_ids
+        ids = (
+            check_send_ids(env_ids, self.num_envs, None, allow_empty=False)
+            if check_ids
+            else env_ids
+        )
         grows = self._global_rows(ids)
         acted = self._mask[grows].copy()
         self._env_reset[ids] = False

@@ -96,12 +96,11 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         self.isolate_faults = isolate_faults
         self._pool = None
         envs: list[gym.Env[Any, Any]] = build_envs(env_fns, num_envs, params, env_kwargs)
-        if not isinstance(env_fns, str):
-            for i, env in enumerate(envs):
-                if not isinstance(env, gym.Env):
-                    raise TypeError(
-                        f"env_fns[{i}] must return a gymnasium.Env, got {type(env).__name__}"
-                    )
+        for i, env in enumerate(envs):
+            if not isinstance(env, gym.Env):
+                for other in envs:
+                    getattr(other, "close", lambda: None)()
+                raise TypeError(f"env {i} must be a gymnasium.Env, got {_kind_of(env)}")
         n = len(envs)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         first = envs[0]
@@ -358,7 +357,7 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
     def _send(self, actions: Any, env_ids: Any, mode: AutoresetMode) -> None:
         if not self._has_reset:
             raise ResetNeeded("send() called before reset(); call reset() or async_reset() first")
-        ids = check_send_ids(env_ids, self.num_envs, self._in_flight)
+        ids = check_send_ids(env_ids, self.num_envs, self._in_flight, allow_empty=False)
         rows = self._action_rows(actions, ids)
         self._in_flight[ids] = True
         work = [(int(i), rows[k], mode) for k, i in enumerate(ids)]
@@ -490,3 +489,13 @@ def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
     ``autoreset_mode``, ``params``, ``env_kwargs``, ...).
     """
     return VectorEnv(env_id, num_envs, **kwargs)
+
+
+def _kind_of(env: Any) -> str:
+    """What ``env`` is, and where it belongs instead of a VectorEnv."""
+    name = type(env).__name__
+    if isinstance(env, gym.vector.VectorEnv):
+        return f"{name}, a vector itself (a batch env: use it as it is, not in a VectorEnv)"
+    if hasattr(env, "possible_agents"):
+        return f"{name}, a multi-agent env (simkit.vector.MultiAgentVectorEnv steps those)"
+    return name
