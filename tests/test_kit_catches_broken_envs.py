@@ -467,3 +467,12 @@ def test_the_kit_draws_actions_from_a_full_range_float64_box() -> None:
     assert sample(small, np.random.default_rng(3)).tolist() == (
         np.random.default_rng(3).uniform(-1.0, 1.0, size=(2,)).astype(np.float32).tolist()
     )
+
+
+def test_check_snapshot_skips_an_env_without_snapshots() -> None:
+    """``simkit check gym:Pendulum-v1`` failed check_snapshot with "'TimeLimit' object has
+    no attribute 'get_state'": Gymnasium envs have no snapshots, so it does not apply."""
+    results = testing.run_checks(testing.CHECKS, "gym:Pendulum-v1", steps=10)
+    status = {r.name: r.status for r in results}
+    assert status.pop("check_snapshot") == "SKIP"
+    assert set(status.values()) == {"PASS"}

@@ -16,7 +16,6 @@ resets (drawn from ``seed``) on batches whose time limit the kit shortens to
 from __future__ import annotations
 
 import random
-import unittest
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +41,7 @@ from simkit.testing._batch_driver import (
 )
 from simkit.testing._checks import (
     KEPT_STATE,
+    CheckNotApplicable,
     _check_observation,
     _seed_globals,
     check_plain_info,
@@ -63,10 +63,6 @@ __all__ = [
     "check_batch_spaces",
     "check_batch_subsets",
 ]
-
-
-class CheckNotApplicable(unittest.SkipTest):
-    """A check that does not apply to this env (pytest reports it as skipped)."""
 
 
 NONDETERMINISM = (
