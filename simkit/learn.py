@@ -191,6 +191,8 @@ class Policy:
             )
         if single:
             batch = batch[None]
+        elif not len(batch):  # no rows: no forward pass (torch cannot reshape them)
+            return np.zeros((0, *(self.action_space.shape or ())), self.action_space.dtype)
         out = self.model.act(batch, generator=self._generator, deterministic=deterministic)
         actions = numpy_actions(out.actions)
         if not single:

@@ -313,3 +313,16 @@ def test_policy_act_names_the_observation_it_takes(obs: Any, message: str) -> No
         "Policy.act takes one observation of shape (4,) or a batch of shape (B, 4) of "
         f"numbers, {message}"
     )
+
+
+def test_policy_act_on_an_empty_batch_gives_no_actions() -> None:
+    """``act(np.zeros((0, 4)))`` failed inside torch ("cannot reshape tensor of 0
+    elements"); a batch of no observations has no actions, of the action space's dtype."""
+    from simkit.clients.learners.ppo import PPOArgs, build_model
+    from simkit.learn import Policy
+
+    policy = Policy(build_model(PPOArgs(env_id="simkit/CartPole-v0")), "simkit/CartPole-v0")
+    actions = policy.act(np.zeros((0, 4)))
+    assert actions.shape == (0,)
+    assert actions.dtype == policy.action_space.dtype
+    assert policy.act(np.zeros((2, 4))).dtype == actions.dtype
