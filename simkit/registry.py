@@ -319,6 +319,12 @@ def spec(id: str) -> EnvSpec:
         raise UnknownEnv(f"env id must be at most {MAX_ENV_ID_LENGTH} characters, got {len(id)}")
     if id.startswith(GYM_PREFIX):
         return _gym_spec(id)
+    if id.startswith("pz:"):
+        raise UnknownEnv(
+            f"{id!r} names a plain PettingZoo env, which only a rollout server hosts "
+            f"(simkit serve {id}; RemoteParallelEnv steps it); here, pass the env itself "
+            "(MultiAgentVectorEnv([factory, ...]))"
+        )
     _load_plugins()
     if ":" in id and id not in _REGISTRY:
         return _class_spec(id)

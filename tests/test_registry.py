@@ -167,3 +167,13 @@ def test_an_unregistered_class_id_speaks_the_contract_its_base_class_declares() 
     }
     for env_id, kind in kinds.items():
         assert simkit.spec(env_id).kind is kind, env_id
+
+
+def test_a_pz_id_outside_a_server_says_where_it_belongs() -> None:
+    """``simkit.make("pz:mod:factory")`` (and check, record, train) said "cannot import
+    'pz' ... run from the folder that holds it": wrong advice for a server-only form."""
+    with pytest.raises(
+        UnknownEnv,
+        match=r"^'pz:mod:make_env' names a plain PettingZoo env, which only a rollout server hosts",
+    ):
+        simkit.make("pz:mod:make_env")
