@@ -680,3 +680,16 @@ def test_empty_env_ids_are_refused_in_one_line() -> None:
         with pytest.raises(ValueError, match=r"^env_ids must not be empty$"):
             call()
     vec.step(np.zeros(2, dtype=np.int64))  # nothing moved, nothing in flight
+
+
+def test_set_attr_sets_each_envs_attribute_as_gymnasium_does() -> None:
+    """``SyncVectorEnv.set_attr`` worked; simkit's vector had none (AttributeError)."""
+    vec = simkit.vector.make_vec(CARTPOLE, 3)
+    ref = SyncVectorEnv([lambda: simkit.make(CARTPOLE) for _ in range(3)])
+    for v in (vec, ref):
+        v.set_attr("tag", [1, 2, 3])
+        assert v.get_attr("tag") == (1, 2, 3)
+        v.set_attr("tag", "all")
+        assert v.get_attr("tag") == ("all",) * 3
+    with pytest.raises(ValueError, match=r"3 values, got 2$"):
+        vec.set_attr("tag", [1, 2])

@@ -465,6 +465,24 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         """Attribute ``name`` of every env."""
         return tuple(env.get_wrapper_attr(name) for env in self.envs)
 
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Sets attribute ``name`` of every env, as Gymnasium's vectors do: ``values[i]``
+        for env ``i``, or one value (not a list or tuple) for all.
+
+        Raises:
+            ValueError: a list or tuple of another length than ``num_envs``.
+        """
+        self._require_idle("set_attr()")
+        if not isinstance(values, list | tuple):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(
+                f"set_attr needs one value per env or one for all: {self.num_envs} values, "
+                f"got {len(values)}"
+            )
+        for env, value in zip(self.envs, values, strict=True):
+            env.set_wrapper_attr(name, value)
+
     def render(self) -> tuple[Any, ...]:
         """Every env's ``render()``."""
         return tuple(env.render() for env in self.envs)
