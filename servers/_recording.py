@@ -156,7 +156,15 @@ class _RecordedHost(Generic[StepT]):
             explicit = None if seeds is None else [int(x) for x in seeds]
             A, origins = self.tracker.num_agents, self._origins(ids, explicit)
             for k, (i, (s, origin)) in enumerate(zip(ids, origins, strict=True)):
-                opts = _episode_options(options, k, None if params is None else params[k])
+                # Row k's reset options as the env saw them: options["params"] (one map or
+                # one per listed env) with the request's per-env params merged over it.
+                row = dict(options or {})
+                shared = row.pop("params", None)
+                merged = dict(shared[k] if isinstance(shared, list) else shared or {})
+                merged.update(params[k] if params is not None and params[k] else {})
+                if merged:
+                    row["params"] = merged
+                opts = row or None
                 mask = None
                 if isinstance(self.host, ParallelEnvHost):
                     mask = self.host.agent_mask(np.array([i], np.int64))
@@ -215,17 +223,3 @@ class MultiAgentRecordingHost(_RecordedHost[MultiAgentBatchStep]):
         self.num_agents: int = host.num_agents
         self.agent_mask = host.agent_mask
         """The host's live rows of ``env_ids``."""
-
-
-def _episode_options(
-    options: Mapping[str, Any] | None, k: int, params: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """Row ``k``'s reset options as the env saw them: ``options["params"]`` (one map or
-    one per listed env) with the request's per-env ``params`` merged over it."""
-    opts = dict(options or {})
-    shared = opts.pop("params", None)
-    merged = dict(shared[k] if isinstance(shared, list) else shared or {})
-    merged.update(params or {})
-    if merged:
-        opts["params"] = merged
-    return opts or None

@@ -48,7 +48,6 @@ from simkit.protocol._stream_session import (
     PingCommand,
     RestoreCommand,
     StateCommand,
-    StreamCommand,
     StreamServerSession,
     WeightsCommand,
 )
@@ -77,8 +76,8 @@ class StreamWorker(threading.Thread):
         address: the inproc endpoint the socket thread pulls from.
         metrics: the server's stream metrics.
         held: what the session holds of the server's memory budget: it reserves its
-            envs (``costs``) before building them and then what it may hold
-            (:func:`session_bytes`), and gives it all back when it ends.
+            envs (``costs``) before building them and then what it may hold (its
+            fragments and model), and gives it all back when it ends.
         costs: what one env slot costs, measured once per env.
     """
 
@@ -289,18 +288,6 @@ class StreamWorker(threading.Thread):
             return
         finally:
             self.inbox_out += message_bytes(frames)
-        self._command(cmd)
-
-    def _refuse(self, exc: ProtocolError, request_id: int | None = None, kind: str = "") -> None:
-        """Sends the error reply of ``exc`` and counts it; with ``request_id``, as the
-        answer to that request of ``kind``."""
-        if request_id is not None:
-            exc.request_id = request_id  # type: ignore[attr-defined]
-            exc.request_kind = kind  # type: ignore[attr-defined]
-        self._metrics.errors.labels(exc.code).inc()
-        self._send(self.session.error(exc))
-
-    def _command(self, cmd: StreamCommand) -> None:
         if isinstance(cmd, PingCommand):
             self._send(self.session.reply("ping", cmd.id))
         elif isinstance(cmd, CreditCommand):
@@ -322,14 +309,14 @@ class StreamWorker(threading.Thread):
                 return
             size = sum(t.nbytes for t in cmd.tensors.values())
             if size > self._model_bytes:
-                exc: ProtocolError = InvalidWeightsError(
+                refusal: ProtocolError = InvalidWeightsError(
                     f"weights of {size:,} bytes for a model of {self._model_bytes:,}; "
                     f"the session keeps version {self.session.version}",
                     expected=f"<= {self._model_bytes:,} bytes",
                     got=size,
                 )
             elif len(self._deferred) >= MAX_DEFERRED_WEIGHTS:
-                exc = SessionStateError(
+                refusal = SessionStateError(
                     "too many weights wait for this sync fragment's end; push the next "
                     "version after its fragment arrived",
                     expected=f"<= {MAX_DEFERRED_WEIGHTS} waiting",
@@ -338,7 +325,16 @@ class StreamWorker(threading.Thread):
             else:
                 self._deferred.append(cmd)
                 return
-            self._refuse(exc, cmd.id, "weights")
+            self._refuse(refusal, cmd.id, "weights")
+
+    def _refuse(self, exc: ProtocolError, request_id: int | None = None, kind: str = "") -> None:
+        """Sends the error reply of ``exc`` and counts it; with ``request_id``, as the
+        answer to that request of ``kind``."""
+        if request_id is not None:
+            exc.request_id = request_id  # type: ignore[attr-defined]
+            exc.request_kind = kind  # type: ignore[attr-defined]
+        self._metrics.errors.labels(exc.code).inc()
+        self._send(self.session.error(exc))
 
     def _state_reply(self, cmd: StateCommand | RestoreCommand, kind: str) -> list[Any]:
         """The reply to ``stream_state`` (the session's snapshot) or ``stream_restore``
@@ -446,14 +442,43 @@ class StreamWorker(threading.Thread):
             raise InvalidField(
                 "too many env slots for one session", expected=f"<= {s.max_envs}", got=num_envs
             )
-        _check_layers(s, config.model)
+        # Before anything is built: a deep model costs memory and time even when narrow.
+        hidden = (config.model.get("kwargs") or {}).get("hidden_sizes")
+        if isinstance(hidden, list) and len(hidden) > s.max_model_layers:
+            raise InvalidField(
+                f"model {config.model.get('name')!r} asks for {len(hidden):,} hidden layers",
+                expected=f"<= {s.max_model_layers} layers",
+                got=len(hidden),
+            )
         device = _device(config.device or s.device)
         envs = self._make_envs(env_id, env_kwargs, num_envs)
         length = config.fragment_length or s.fragment_length
         try:  # a refusal after the envs are built closes them
             fragment_bytes = _check_sizes(s, envs, length, config.model)
             model, obs_plain, act_plain = self._admit_model(config, envs, fragment_bytes)
-            loop = self._start_loop(config, envs, model, device, length)
+            # the policy over the session's rows, and the loop, reset to config's seed
+            policy = RowPolicy(
+                model,
+                device,
+                seed=config.seed,
+                first_slot=config.env_offset,
+                num_slots=envs.num_envs,
+                rows_per_slot=envs.agents_per_env,
+                action_space=envs.action_space,
+            )
+            self._loop = loop = RolloutLoop(
+                envs,
+                policy,
+                fragment_length=length,
+                env_offset=config.env_offset,
+                with_states=config.with_states,
+                source=self.session_name,
+            )
+            try:
+                loop.reset(config.seed, config.env_offset)
+            except Exception as exc:
+                self._loop = None
+                raise InvalidField(f"env {self._info_env_id!r} failed to reset: {exc}") from exc
         except ProtocolError:
             envs.close()
             raise
@@ -525,10 +550,13 @@ class StreamWorker(threading.Thread):
                     expected=f"normal_noise {NORMAL_NOISE_VERSION}",
                     got=config.normal_noise,
                 )
-            self._model_bytes = sum(t.nbytes for t in model.state_dict().values())
-            self._held.add(
-                session_bytes(fragment_bytes, self._model_bytes), "its fragments and model"
-            )
+            # What the session may hold: two fragments (one on its way out, one being
+            # filled: a session does not start a third while an older one is still in the
+            # process) and its model four times (the model, its CPU act copy and the
+            # weights that may wait for a sync fragment's end).
+            self._model_bytes = model_bytes = sum(t.nbytes for t in model.state_dict().values())
+            held = 2 * fragment_bytes + (2 + MAX_DEFERRED_WEIGHTS) * model_bytes
+            self._held.add(held, "its fragments and model")
             obs_plain = space_to_plain(envs.observation_space)
             act_plain = space_to_plain(envs.action_space)
         except UnknownModel as exc:
@@ -546,40 +574,6 @@ class StreamWorker(threading.Thread):
                 got=config.model.get("kwargs"),
             ) from exc
         return model, obs_plain, act_plain
-
-    def _start_loop(
-        self,
-        config: StreamConfig,
-        envs: EnvRows,
-        model: ActorCritic,
-        device: torch.device,
-        length: int,
-    ) -> RolloutLoop:
-        """The session's policy over its rows and the loop that steps them, reset to
-        ``config``'s seed."""
-        policy = RowPolicy(
-            model,
-            device,
-            seed=config.seed,
-            first_slot=config.env_offset,
-            num_slots=envs.num_envs,
-            rows_per_slot=envs.agents_per_env,
-            action_space=envs.action_space,
-        )
-        self._loop = loop = RolloutLoop(
-            envs,
-            policy,
-            fragment_length=length,
-            env_offset=config.env_offset,
-            with_states=config.with_states,
-            source=self.session_name,
-        )
-        try:
-            loop.reset(config.seed, config.env_offset)
-        except Exception as exc:
-            self._loop = None
-            raise InvalidField(f"env {self._info_env_id!r} failed to reset: {exc}") from exc
-        return loop
 
     _info_env_id = ""
 
@@ -607,14 +601,6 @@ version per fragment; more are refused, not queued without bound)."""
 _NETWORK_WAIT_S = 0.002
 """How soon a session stalled on its learner's connection first looks again (then
 twice as long each time, up to the idle wait)."""
-
-
-def session_bytes(fragment_bytes: int, model_bytes: int) -> int:
-    """What a stream session may hold, reserved from the server's budget at open: two
-    fragments (one on its way out, one being filled: a session does not start a third
-    while an older one is still in the process) and its model four times (the model,
-    its CPU act copy and the weights that may wait for a sync fragment's end)."""
-    return 2 * fragment_bytes + (2 + MAX_DEFERRED_WEIGHTS) * model_bytes
 
 
 def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any]) -> int:
@@ -661,22 +647,6 @@ def _check_sizes(s: StreamSettings, envs: Any, length: int, model: dict[str, Any
 _TRUNKS: dict[str, tuple[int, list[int]]] = {"mlp": (2, [64, 64]), "sac_mlp": (1, [256, 256])}
 """Built-in models whose size is estimated from the spec: trunks (actor and critic, or
 the actor alone) and the default ``hidden_sizes``."""
-
-
-def _check_layers(s: StreamSettings, model: dict[str, Any]) -> None:
-    """Refuses a spec with more ``hidden_sizes`` layers than the server allows, before
-    anything is built (a deep model costs memory and time even with narrow layers).
-
-    Raises:
-        InvalidField: naming the limit and the layers asked for.
-    """
-    hidden = (model.get("kwargs") or {}).get("hidden_sizes")
-    if isinstance(hidden, list) and len(hidden) > s.max_model_layers:
-        raise InvalidField(
-            f"model {model.get('name')!r} asks for {len(hidden):,} hidden layers",
-            expected=f"<= {s.max_model_layers} layers",
-            got=len(hidden),
-        )
 
 
 def _device(name: str) -> torch.device:

@@ -697,10 +697,33 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         ``SyncVectorEnv`` does. ``NEXT_STEP``: an ended instance ignores its next
         action and is reset instead (reward 0, flags False).
         """
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-            return self.__step_next(actions)
-        result = self.step_batch(actions)
         vector_info: dict[str, Any] = {}
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            s, n = self.__ready("step()"), self.num_envs
+            self.__host_sync()
+            if self.validate_actions:
+                actions = self.check_actions(actions)
+            pending = s.pending_reset.copy()
+            step = self.step_instances(actions, s.all_streams)
+            obs, reward, terminated, base = self.__checked(step, n, "step_instances")
+            infos = RowInfos(n, base)
+            truncated = self.__truncated()
+            if pending.any():  # the instances that ended last step reset now
+                ids = np.flatnonzero(pending).astype(np.int64)
+                rows, reset_infos = self.__reset_ids(ids, None, {})
+                obs = scatter(obs, ids, rows)
+                reward[ids] = 0.0
+                terminated[ids] = False
+                truncated[ids] = False
+                for k, j in enumerate(ids.tolist()):
+                    infos[j] = reset_infos[k]
+            s.pending_reset = terminated | truncated
+            s.obs = obs
+            for i, info in enumerate(infos):
+                if info:
+                    vector_info = self._add_info(vector_info, info, i)
+            return obs, reward, terminated, truncated, vector_info
+        result = self.step_batch(actions)
         reward, terminated, truncated = (
             to_numpy(x) for x in (result.reward, result.terminated, result.truncated)
         )
@@ -715,36 +738,6 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             elif info:
                 vector_info = self._add_info(vector_info, info, i)
         return result.obs, reward, terminated, truncated, vector_info
-
-    def __step_next(
-        self, actions: Any
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Gymnasium's ``NEXT_STEP`` step: the instances that ended last step reset now."""
-        s, n = self.__ready("step()"), self.num_envs
-        self.__host_sync()
-        if self.validate_actions:
-            actions = self.check_actions(actions)
-        pending = s.pending_reset.copy()
-        result = self.step_instances(actions, s.all_streams)
-        obs, reward, terminated, base = self.__checked(result, n, "step_instances")
-        infos = RowInfos(n, base)
-        truncated = self.__truncated()
-        if pending.any():
-            ids = np.flatnonzero(pending).astype(np.int64)
-            rows, reset_infos = self.__reset_ids(ids, None, {})
-            obs = scatter(obs, ids, rows)
-            reward[ids] = 0.0
-            terminated[ids] = False
-            truncated[ids] = False
-            for k, j in enumerate(ids.tolist()):
-                infos[j] = reset_infos[k]
-        s.pending_reset = terminated | truncated
-        s.obs = obs
-        vector_info: dict[str, Any] = {}
-        for i, info in enumerate(infos):
-            if info:
-                vector_info = self._add_info(vector_info, info, i)
-        return obs, reward, terminated, truncated, vector_info
 
     def __start(
         self, env_ids: Any, actions: Any, what: str

@@ -160,6 +160,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _remove_leftovers(directory: Path) -> None:
+    """Removes what a writer killed mid-checkpoint left (``.NAME.tmp-PID``,
+    ``.NAME.old-PID``): only where that process is gone."""
+    for entry in directory.iterdir():
+        m = _LEFTOVER.match(entry.name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
 def _previous(directory: Path) -> str:
     """What a failed write leaves intact: the checkpoint ``latest`` names, if any."""
     try:
@@ -202,14 +215,7 @@ def save_checkpoint(
     for file_name in extra or {}:
         if file_name not in EXTRA_FILES:
             raise ValueError(f"extra checkpoint files must be in {EXTRA_FILES}, got {file_name!r}")
-    # The core files' bytes, all encoded before anything is written (an encoding error
-    # leaves the directory untouched).
-    opt_tensors, groups = flatten_optimizer(optimizer)
-    blobs = {
-        "model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in model.items()}),
-        "optimizer.safetensors": st_save(opt_tensors),
-        "state.msgpack": snapshot.dumps({**state, "optimizer_param_groups": groups}),
-    }
+    blobs = _checkpoint_blobs(model, optimizer, state)
     files: dict[str, Any] = {n: {"bytes": len(b), "sha256": _sha256(b)} for n, b in blobs.items()}
     manifest = {"format": CHECKPOINT_FORMAT, "files": files}
     final = directory / name
@@ -219,14 +225,7 @@ def save_checkpoint(
     placed = False
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        for entry in directory.iterdir():  # what a writer killed mid-checkpoint left
-            m = _LEFTOVER.match(entry.name)  # (.NAME.tmp-PID, .NAME.old-PID), once it is gone
-            if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    with contextlib.suppress(OSError):
-                        entry.unlink()
+        _remove_leftovers(directory)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
@@ -263,6 +262,19 @@ def save_checkpoint(
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _checkpoint_blobs(
+    model: dict[str, torch.Tensor], optimizer: dict[str, Any], state: dict[str, Any]
+) -> dict[str, bytes]:
+    """The three core files' bytes, all encoded before anything is written (an encoding
+    error leaves the directory untouched)."""
+    opt_tensors, groups = flatten_optimizer(optimizer)
+    return {
+        "model.safetensors": st_save({k: v.detach().cpu().contiguous() for k, v in model.items()}),
+        "optimizer.safetensors": st_save(opt_tensors),
+        "state.msgpack": snapshot.dumps({**state, "optimizer_param_groups": groups}),
+    }
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -188,18 +188,27 @@ def evaluate_model(
                 grab()
             elif render is not None and on_frame is not None:
                 on_frame(len(frames), len(out))  # the last episode's end
-    if render is not None and imageio is not None:
-        try:
-            from simkit.recording._cli import video_options
-
-            imageio.mimwrite(str(render), frames, **video_options(render, fps))
-        except ValueError as exc:  # imageio: no plugin writes this format
-            first = str(exc).splitlines()[0]
-            raise MissingDependency(
-                f"{render}: imageio cannot write this video format ({first}); for .mp4 "
-                "install the ffmpeg plugin: pip install 'simkit[bench]' (imageio[ffmpeg])"
-            ) from exc
+    if render is not None:
+        _write_video(imageio, render, frames, fps)
     return np.asarray(out[:episodes])
+
+
+def _write_video(imageio: Any, path: str | Path, frames: list[np.ndarray], fps: int) -> None:
+    """Writes ``frames`` as the video ``path``.
+
+    Raises:
+        MissingDependency: imageio has no plugin for the format (for .mp4: ffmpeg).
+    """
+    try:
+        from simkit.recording._cli import video_options
+
+        imageio.mimwrite(str(path), frames, **video_options(path, fps))
+    except ValueError as exc:  # imageio: no plugin writes this format
+        first = str(exc).splitlines()[0]
+        raise MissingDependency(
+            f"{path}: imageio cannot write this video format ({first}); for .mp4 "
+            "install the ffmpeg plugin: pip install 'simkit[bench]' (imageio[ffmpeg])"
+        ) from exc
 
 
 def make_vector(

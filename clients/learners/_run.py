@@ -270,13 +270,6 @@ def restore_rollout(
     return False
 
 
-def _in_flight(recorder_state: dict[str, Any]) -> int:
-    """Episodes a checkpoint's recorder state holds in flight (with a step so far)."""
-    slots = recorder_state.get("slots") or []
-    steps = [s.get("steps") for s in slots if isinstance(s, dict)]
-    return sum(1 for x in steps if isinstance(x, dict) and x.get("length"))
-
-
 @contextlib.contextmanager
 def checkpoint_if_servers_lost(
     checkpoint: Callable[[], Path], stop: StopRequest, *, env_steps: Callable[[], int], resume: str
@@ -533,8 +526,10 @@ class Run:
             )
             return
         if not exact:
+            steps = [s.get("steps") for s in saved.get("slots") or [] if isinstance(s, dict)]
+            held = sum(1 for x in steps if isinstance(x, dict) and x.get("length"))  # in flight
             print(
-                f"simkit train: --record: the envs start afresh: the {_in_flight(saved)} "
+                f"simkit train: --record: the envs start afresh: the {held} "
                 "episode(s) the checkpoint's recording had in flight are dropped, and each "
                 "env records from its next episode on (unseeded where the stream goes on "
                 "mid-run, as after async mode: replay --verify cannot re-simulate those)",

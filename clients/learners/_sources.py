@@ -387,13 +387,17 @@ class RolloutPlan:
 def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
     """Opens the fragment source ``plan`` asks for; on error nothing is left running.
     With ``plan.device_loop``: in process on that device; else, without servers,
-    endpoints or Ray: in process on the host (:class:`LocalSource`); else over servers.
+    endpoints or Ray: in process on the host (:class:`LocalSource`); else the
+    ``connect`` endpoints, then servers launched on Ray or started as local processes,
+    under one :class:`ServerSource` (servers this run starts get the env the way a new
+    process can build it, :func:`served_env`; ``connect`` servers serve what their
+    operators chose).
 
     Raises:
         ValueError: ``ray`` without ``servers`` or with ``connect``.
     """
-    p, s = plan, plan.settings
-    in_process = p.options.ray is None and not p.servers and not p.options.connect
+    p, s, o = plan, plan.settings, plan.options
+    in_process = o.ray is None and not p.servers and not o.connect
     if p.device_loop is not None or in_process:
         return Rollout(
             LocalSource(
@@ -409,81 +413,6 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
                 seed=s.seed,
             )
         )
-    return _server_rollout(p)
-
-
-def served_env(env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The env id and kwargs a rollout server this process starts is given, so that it
-    builds the envs ``env_id`` builds here.
-
-    A new process knows simkit's own ids, the installed plugins' and ``gym:`` and
-    ``package.module:Class`` ids (:func:`simkit.registry.registered_everywhere`); those
-    pass unchanged. An id this process's code registered (``simkit.register`` in a
-    script or notebook) does not exist there: its server is given the registered class
-    as ``package.module:Class`` (on its own command line, as its operator names it)
-    and the registered kwargs under ``env_kwargs``.
-
-    Raises:
-        ValueError: the registered entry point is no class a new process can import (a
-            class of ``__main__`` or a function's, a factory function): one line saying
-            to roll out in process or to name an importable class.
-    """
-    from simkit.registry import GYM_PREFIX, registered_everywhere, spec
-
-    if env_id.startswith(GYM_PREFIX) or ":" in env_id or registered_everywhere(env_id):
-        return env_id, dict(env_kwargs)
-    registered = spec(env_id)
-    path = _importable_class(registered.entry_point)
-    if path is None:
-        raise ValueError(
-            f"{env_id!r} is registered in this process only ({_described(registered)}), "
-            "and the rollout servers this run starts are new processes that cannot build "
-            "it: roll out in this process (--servers 0), or define the class in a module "
-            "and register it (or train on its package.module:Class id)"
-        )
-    return path, {**registered.kwargs, **env_kwargs}
-
-
-def _importable_class(entry_point: Any) -> str | None:
-    """``package.module:Class`` of an entry point that names an env class a new process
-    can import, else None."""
-    import importlib
-
-    if isinstance(entry_point, str):
-        module_name, _, attr = entry_point.partition(":")
-    else:
-        module_name = getattr(entry_point, "__module__", "") or ""
-        attr = getattr(entry_point, "__qualname__", "") or ""
-    if module_name in ("", "__main__") or not attr.isidentifier():
-        return None  # a script's or notebook's class, a local class, a lambda
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError):
-        return None
-    if not isinstance(found, type) or (
-        not isinstance(entry_point, str) and found is not entry_point
-    ):
-        return None  # a factory function, or another object under that name
-    return f"{module_name}:{attr}"
-
-
-def _described(registered: Any) -> str:
-    """Where a registration's entry point lives, in words."""
-    entry = registered.entry_point
-    if isinstance(entry, str):
-        return f"entry point {entry}"
-    module = getattr(entry, "__module__", "?")
-    name = getattr(entry, "__qualname__", type(entry).__name__)
-    return f"entry point {name} of {module}"
-
-
-def _server_rollout(p: RolloutPlan) -> Rollout:
-    """Rollout servers: the ``connect`` endpoints, then those launched on Ray or started
-    as local processes, under one :class:`ServerSource`; if the source cannot open, the
-    servers started here are stopped. Servers this run starts get the env the way a new
-    process can build it (:func:`served_env`); ``connect`` servers serve what their
-    operators chose."""
-    o, s = p.options, p.settings
     procs: list[Any] = []
     endpoints = list(o.connect)
     launched: Any = None
@@ -522,6 +451,65 @@ def _server_rollout(p: RolloutPlan) -> Rollout:
             launched.close()
         raise
     return Rollout(source, procs, launched)
+
+
+def served_env(env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The env id and kwargs a rollout server this process starts is given, so that it
+    builds the envs ``env_id`` builds here.
+
+    A new process knows simkit's own ids, the installed plugins' and ``gym:`` and
+    ``package.module:Class`` ids (:func:`simkit.registry.registered_everywhere`); those
+    pass unchanged. An id this process's code registered (``simkit.register`` in a
+    script or notebook) does not exist there: its server is given the registered class
+    as ``package.module:Class`` (on its own command line, as its operator names it)
+    and the registered kwargs under ``env_kwargs``.
+
+    Raises:
+        ValueError: the registered entry point is no class a new process can import (a
+            class of ``__main__`` or a function's, a factory function): one line saying
+            to roll out in process or to name an importable class.
+    """
+    from simkit.registry import GYM_PREFIX, registered_everywhere, spec
+
+    if env_id.startswith(GYM_PREFIX) or ":" in env_id or registered_everywhere(env_id):
+        return env_id, dict(env_kwargs)
+    registered = spec(env_id)
+    path = _importable_class(registered.entry_point)
+    if path is None:
+        entry = registered.entry_point
+        if not isinstance(entry, str):
+            name = getattr(entry, "__qualname__", type(entry).__name__)
+            entry = f"{name} of {getattr(entry, '__module__', '?')}"
+        raise ValueError(
+            f"{env_id!r} is registered in this process only (entry point {entry}), "
+            "and the rollout servers this run starts are new processes that cannot build "
+            "it: roll out in this process (--servers 0), or define the class in a module "
+            "and register it (or train on its package.module:Class id)"
+        )
+    return path, {**registered.kwargs, **env_kwargs}
+
+
+def _importable_class(entry_point: Any) -> str | None:
+    """``package.module:Class`` of an entry point that names an env class a new process
+    can import, else None."""
+    import importlib
+
+    if isinstance(entry_point, str):
+        module_name, _, attr = entry_point.partition(":")
+    else:
+        module_name = getattr(entry_point, "__module__", "") or ""
+        attr = getattr(entry_point, "__qualname__", "") or ""
+    if module_name in ("", "__main__") or not attr.isidentifier():
+        return None  # a script's or notebook's class, a local class, a lambda
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError):
+        return None
+    if not isinstance(found, type) or (
+        not isinstance(entry_point, str) and found is not entry_point
+    ):
+        return None  # a factory function, or another object under that name
+    return f"{module_name}:{attr}"
 
 
 def _curve_keys(o: RunOptions) -> CurveKeys | None:

@@ -292,14 +292,7 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
     settings = capped(settings)  # $SIMKIT_MAX_TOTAL_STEPS, where set
     settings.check()
     check_run_options(options, settings.num_envs)
-    if isinstance(settings, SACArgs):  # the algorithm's policy can act in the env
-        from simkit.clients.learners._train_sac import check_env
-
-        check_env(settings.env_id)
-    else:
-        from simkit.clients.learners.ppo import check_env as check_ppo_env
-
-        check_ppo_env(settings)
+    _check_env(settings)
     options.logdir = _logdir(options, settings)
     _check_record(options)
     from simkit.clients.learners._sizes import check_run_memory
@@ -308,6 +301,23 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
     in_process = not options.connect and options.ray is None and not options.servers
     check_run_memory(settings, in_process=in_process)
     return Plan(settings, options, given=list(given), checkpoint=ckpt)
+
+
+def _check_env(settings: PPOArgs | SACArgs) -> None:
+    """That the algorithm's policy can act in the env (its own rules for the env's
+    spaces), before anything starts.
+
+    Raises:
+        ValueError: one line naming the env and what the algorithm cannot take.
+    """
+    if isinstance(settings, SACArgs):
+        from simkit.clients.learners._train_sac import check_env
+
+        check_env(settings.env_id)
+    else:
+        from simkit.clients.learners.ppo import check_env as check_ppo_env
+
+        check_ppo_env(settings)
 
 
 def check_run_options(options: RunOptions, num_envs: int) -> None:

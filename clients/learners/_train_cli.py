@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,6 @@ from simkit.registry import add_trust_argument
 
 if TYPE_CHECKING:
     from simkit.clients.learners._run import TrainResult
-    from simkit.clients.learners._train import Plan
 
 __all__ = ["add_train_arguments", "run_train", "add_eval_arguments", "run_eval"]
 
@@ -288,22 +286,6 @@ def run_train(ns: argparse.Namespace) -> int:
             lock.release()
 
 
-def _start_again(ns: argparse.Namespace, exc: Exception) -> str:
-    """What to do about a ``--resume`` of a run that died before its first checkpoint:
-    start it again without ``--resume`` (its log directory is reused); else ``""``.
-    (Not from scratch under ``--resume``: its settings died with it, and the resume
-    command's defaults would train another run.)"""
-    if not isinstance(exc, InvalidCheckpoint) or ns.resume is None:
-        return ""
-    logdir = resumed_logdir(ns.resume)
-    if not died_before_first_checkpoint(logdir):
-        return ""
-    return (
-        "; nothing to resume: start the run again (its command without --resume, with "
-        f"--logdir {logdir}: the folder is reused)"
-    )
-
-
 def train_keywords(ns: argparse.Namespace) -> dict[str, Any]:
     """The parsed ``simkit train`` flags as :func:`simkit.train`'s keywords of the same
     names; a setting flag not given is left out (on ``--resume`` the checkpoint's holds)."""
@@ -330,9 +312,35 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
     try:
         run = plan(ns.env_id, **train_keywords(ns))  # its memory and --record too
     except (InvalidCheckpoint, ValueError, TypeError) as exc:
-        print(f"simkit train: {exc}{_start_again(ns, exc)}", file=sys.stderr)
+        # A --resume of a run that died before its first checkpoint: start it again
+        # without --resume (not from scratch under --resume: its settings died with it,
+        # and the resume command's defaults would train another run).
+        again = ""
+        if isinstance(exc, InvalidCheckpoint) and ns.resume is not None:
+            logdir = resumed_logdir(ns.resume)
+            if died_before_first_checkpoint(logdir):
+                again = (
+                    "; nothing to resume: start the run again (its command without --resume, "
+                    f"with --logdir {logdir}: the folder is reused)"
+                )
+        print(f"simkit train: {exc}{again}", file=sys.stderr)
         return 2
-    _pin_kernels(run)
+    # --reproducible (given, or kept by --resume): this process re-executed pinned if it
+    # is not yet (numpy and torch choose their kernels when they load), then said so.
+    from simkit.clients.learners._train import resumed_kernels
+
+    keep, said = resumed_kernels(run)
+    if keep and not is_pinned():
+        reexec_pinned()
+    if keep:
+        print(
+            "simkit train: --reproducible: numeric kernels pinned to their AVX2 paths in the "
+            "learner and the servers it starts (the same seed gives the same parameters on "
+            "any x86-64 CPU)",
+            file=sys.stderr,
+        )
+    if said:
+        print(f"simkit train: --resume: {said}", file=sys.stderr)
     logdir = run.logdir
     try:
         locks.append(claim_logdir(logdir, ns.resume))
@@ -372,26 +380,6 @@ def _run_train(ns: argparse.Namespace, locks: list[LogdirLock]) -> int:
         return 0
     _print_summary(run.settings.env_id, result, run.algo)
     return 0
-
-
-def _pin_kernels(run: Plan) -> None:
-    """With ``--reproducible`` (given, or kept by ``--resume``): re-executes this process
-    pinned if it is not yet (the kernels are chosen when numpy and torch load), then
-    says so, and what ``--resume`` found of the checkpoint's kernels."""
-    from simkit.clients.learners._train import resumed_kernels
-
-    keep, said = resumed_kernels(run)
-    if keep and not is_pinned():
-        reexec_pinned()
-    if keep:
-        print(
-            "simkit train: --reproducible: numeric kernels pinned to their AVX2 paths in the "
-            "learner and the servers it starts (the same seed gives the same parameters on "
-            "any x86-64 CPU)",
-            file=sys.stderr,
-        )
-    if said:
-        print(f"simkit train: --resume: {said}", file=sys.stderr)
 
 
 def _unanswered(exc: Any, ns: argparse.Namespace, env_id: str) -> str:
@@ -508,23 +496,6 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     add_trust_argument(parser)
 
 
-def _render_progress(episodes: int) -> Callable[[int, int], None]:
-    """``simkit eval --render``'s progress on stderr: a line every 100 frames and at every
-    episode's end (software OpenGL takes minutes for a 1000-step episode)."""
-    last = [0]
-
-    def report(frames: int, done: int) -> None:
-        if frames % 100 == 0 or done > last[0]:
-            last[0] = done
-            print(
-                f"simkit eval: rendered {frames} frames, {done}/{episodes} episodes",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    return report
-
-
 def run_eval(ns: argparse.Namespace) -> int:
     """Runs ``simkit eval``: mean and std of deterministic episode returns."""
     from simkit.clients.learners._evaluate import evaluate_policy
@@ -536,6 +507,19 @@ def run_eval(ns: argparse.Namespace) -> int:
     if not 0 <= ns.seed < 2**63:
         print(f"simkit eval: --seed must be in [0, 2**63), got {ns.seed}", file=sys.stderr)
         return 2
+    last = [0]
+
+    def report(frames: int, done: int) -> None:
+        """--render's progress on stderr: a line every 100 frames and at every episode's
+        end (software OpenGL takes minutes for a 1000-step episode)."""
+        if frames % 100 == 0 or done > last[0]:
+            last[0] = done
+            print(
+                f"simkit eval: rendered {frames} frames, {done}/{ns.episodes} episodes",
+                file=sys.stderr,
+                flush=True,
+            )
+
     try:
         returns = evaluate_policy(
             ns.checkpoint,  # a log directory: its policy.safetensors (load_model)
@@ -543,7 +527,7 @@ def run_eval(ns: argparse.Namespace) -> int:
             seed=ns.seed,
             render=ns.render,
             fps=ns.fps,
-            on_frame=None if ns.render is None else _render_progress(ns.episodes),
+            on_frame=None if ns.render is None else report,
             trust=ns.trust,
         )
     except (InvalidCheckpoint, UnknownEnv, MissingDependency, RenderUnavailable, ValueError) as exc:

@@ -219,20 +219,8 @@ class RewardScaler:
         else:
             rows, need, live = slice(0, fragment.num_rows), fragment.num_rows, None
         rewards, terminated = fragment.rewards, fragment.terminated
-        self._hold(rewards, need)
-        ret = self.returns[rows]
-        out: Rows
-        if live is None and fragment.num_rows == 1 and isinstance(fragment, Fragment):
-            column = fragment.rewards[:, 0], fragment.terminated[:, 0]
-            out, ret = self._scale_one_row(*column, float(ret[0]))
-        else:
-            out, ret = self._scale_rows(rewards, terminated, live, ret)
-        self.returns[rows] = ret
-        return out
-
-    def _hold(self, rewards: Rows, rows: int) -> None:
-        """The state where ``rewards`` are (numpy and floats, or tensors on their
-        device), with a return for at least ``rows`` rows (new rows start at 0)."""
+        # The state where the rewards are (numpy and floats, or tensors on their device),
+        # with a return for every row (new rows start at 0).
         host = isinstance(rewards, np.ndarray)
         if host != isinstance(self.returns, np.ndarray) or (
             not host and self.returns.device != rewards.device
@@ -243,12 +231,21 @@ class RewardScaler:
                 self.mean = torch.tensor(self.mean, dtype=torch.float64, device=dev)
                 self.var = torch.tensor(self.var, dtype=torch.float64, device=dev)
                 self.returns = torch.from_numpy(self.returns).to(rewards.device)
-        if len(self.returns) < rows:
-            extra = rows - len(self.returns)
+        if len(self.returns) < need:
+            extra = need - len(self.returns)
             if host:
                 self.returns = np.concatenate([self.returns, np.zeros(extra)])
             else:
                 self.returns = torch.cat([self.returns, self.returns.new_zeros(extra)])
+        ret = self.returns[rows]
+        out: Rows
+        if live is None and fragment.num_rows == 1 and isinstance(fragment, Fragment):
+            column = fragment.rewards[:, 0], fragment.terminated[:, 0]
+            out, ret = self._scale_one_row(*column, float(ret[0]))
+        else:
+            out, ret = self._scale_rows(rewards, terminated, live, ret)
+        self.returns[rows] = ret
+        return out
 
     def _scale_rows(
         self, rewards: Rows, terminated: Rows, live: np.ndarray | None, ret: Rows
@@ -353,17 +350,6 @@ class UpdateStats:
     episode_lengths: np.ndarray
     lag: tuple[int, float, int]
     """(min, mean, max) policy lag, in versions, of the steps this update used."""
-
-
-def _join(fragments: Sequence[Fragment | DeviceFragment]) -> Fragment | DeviceFragment:
-    """One update's fragments as one: host fragments stacked in env slot order, a
-    device fragment alone as it is."""
-    if len(fragments) == 1 and isinstance(fragments[0], DeviceFragment):
-        return fragments[0]
-    host = [f for f in fragments if isinstance(f, Fragment)]
-    if len(host) != len(fragments):
-        raise TypeError("update() takes Fragments, or one DeviceFragment alone")
-    return stack_in_slot_order(host)
 
 
 def _tensor(x: Any) -> torch.Tensor:
@@ -480,7 +466,14 @@ class PPO:
         """
         args = self.args
         t_start = time.perf_counter()
-        f = _join(fragments)
+        f: Fragment | DeviceFragment
+        if len(fragments) == 1 and isinstance(fragments[0], DeviceFragment):
+            f = fragments[0]
+        else:
+            host = [x for x in fragments if isinstance(x, Fragment)]
+            if len(host) != len(fragments):
+                raise TypeError("update() takes Fragments, or one DeviceFragment alone")
+            f = stack_in_slot_order(host)
         versions = np.concatenate([x.policy_version for x in fragments])
         rewards = self.scaler.scale(f) if args.normalize_reward else f.rewards
         steps = (rewards, f.values, f.terminated, f.truncated, f.final_values, f.last_values)

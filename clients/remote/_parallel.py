@@ -183,7 +183,19 @@ class RemoteMultiAgentVectorEnv(_Session):
                 )
             if rest:
                 parts.append((rest, self._request_reset(rest, options=options)))
-            obs, mask, infos = self._merge(parts)
+            A, space, R = self.num_agents, self.single_observation_space, self.num_rows
+            rows: list[Any] = [None] * R
+            mask = np.zeros(R, dtype=np.bool_)
+            infos = [{} for _ in range(R)]
+            for env_list, part in parts:
+                got = _rows(space, part.obs, len(env_list) * A)
+                for k, i in enumerate(env_list):
+                    for s in range(A):
+                        rows[i * A + s] = got[k * A + s]
+                        infos[i * A + s] = part.infos[k * A + s]
+                    mask[i * A : (i + 1) * A] = part.agent_mask[k * A : (k + 1) * A]
+            out: Any = create_empty_array(space, R, np.zeros)
+            obs = concatenate(space, rows, out)
         else:
             raise ValueError(
                 f"seed must be an int, a list of {n} int | None, or None, got {seed!r}"
@@ -191,23 +203,6 @@ class RemoteMultiAgentVectorEnv(_Session):
         self._mask = np.array(mask, dtype=np.bool_)
         self._has_reset = True
         return obs, self._mask.copy(), infos
-
-    def _merge(
-        self, parts: list[tuple[list[int], MultiAgentReset]]
-    ) -> tuple[Any, np.ndarray, list[dict[str, Any]]]:
-        A, space = self.num_agents, self.single_observation_space
-        rows: list[Any] = [None] * self.num_rows
-        mask = np.zeros(self.num_rows, dtype=np.bool_)
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_rows)]
-        for env_list, result in parts:
-            got = _rows(space, result.obs, len(env_list) * A)
-            for k, i in enumerate(env_list):
-                for s in range(A):
-                    rows[i * A + s] = got[k * A + s]
-                    infos[i * A + s] = result.infos[k * A + s]
-                mask[i * A : (i + 1) * A] = result.agent_mask[k * A : (k + 1) * A]
-        out: Any = create_empty_array(space, self.num_rows, np.zeros)
-        return concatenate(space, rows, out), mask, infos
 
     def step(self, actions: Any) -> MultiAgentBatchStep:
         """Steps every env with the live rows of ``actions`` (``(rows, *action_shape)``).

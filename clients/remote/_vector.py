@@ -463,20 +463,34 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             raise RuntimeError("step_wait() without step_async(); call step_async() first")
         self._pending_step = None
         parts = [self._recv_from(s) for s, q in enumerate(self._inflight) if q]
-        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-            return self._to_gym_next_step(parts)
-        return self._to_gym(parts)
-
-    def _to_gym_next_step(
-        self, parts: list[BatchStep]
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         space = self.single_observation_space
+        infos: dict[str, Any] = {}
+        if self.autoreset_mode is not AutoresetMode.NEXT_STEP:
+            for p in parts:
+                done = p.done
+                for k, g in enumerate(p.env_ids.tolist()):
+                    info = p.infos[k] if p.infos else {}
+                    if done[k]:
+                        final_info = {key: v for key, v in info.items() if key != "reset_info"}
+                        final = {
+                            "final_obs": _take(space, p.final_obs, k),
+                            "final_info": final_info,
+                        }
+                        infos = self._add_info(infos, final, g)
+                        info = info.get("reset_info", {})
+                    infos = self._add_info(infos, info, g)
+            return (
+                _concat(space, [p.obs for p in parts]),
+                np.concatenate([p.reward for p in parts]),
+                np.concatenate([p.terminated for p in parts]),
+                np.concatenate([p.truncated for p in parts]),
+                infos,
+            )
         n = self.num_envs
         obs = create_empty_array(space, n, np.zeros)
         reward = np.zeros(n, dtype=np.float64)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
-        infos: dict[str, Any] = {}
         for g in np.flatnonzero(self._autoreset_envs).tolist():
             _put(space, obs, g, self._reset_obs[g])
             infos = self._add_info(infos, self._reset_infos[g], g)
@@ -501,30 +515,6 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         """Steps every env (Gymnasium ``VectorEnv.step``, same-step autoreset)."""
         self.step_async(actions)
         return self.step_wait()
-
-    def _to_gym(
-        self, parts: list[BatchStep]
-    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        space = self.single_observation_space
-        obs = _concat(space, [p.obs for p in parts])
-        infos: dict[str, Any] = {}
-        for p in parts:
-            done = p.done
-            for k, g in enumerate(p.env_ids.tolist()):
-                info = p.infos[k] if p.infos else {}
-                if done[k]:
-                    final_info = {key: v for key, v in info.items() if key != "reset_info"}
-                    final = _take(space, p.final_obs, k)
-                    infos = self._add_info(infos, {"final_obs": final, "final_info": final_info}, g)
-                    info = info.get("reset_info", {})
-                infos = self._add_info(infos, info, g)
-        return (
-            obs,
-            np.concatenate([p.reward for p in parts]),
-            np.concatenate([p.terminated for p in parts]),
-            np.concatenate([p.truncated for p in parts]),
-            infos,
-        )
 
     # -- snapshots -------------------------------------------------------------------
 
