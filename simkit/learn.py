@@ -17,7 +17,7 @@ from __future__ import annotations
 import numbers
 import re
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,13 +158,22 @@ class Policy:
 
     Attributes:
         env_id: the env it was trained on.
+        env_kwargs: that env's constructor arguments in the run (``{}``: none).
         model: the :class:`simkit.models.ActorCritic` (a ``torch.nn.Module``).
         observation_space, action_space: the spaces of one env (one agent, multi-agent).
     """
 
-    def __init__(self, model: ActorCritic, env_id: str, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: ActorCritic,
+        env_id: str,
+        *,
+        seed: int = 0,
+        env_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
         self.observation_space = model.obs_space
         self.action_space = model.action_space
         self._generator = torch.Generator().manual_seed(seed)
@@ -219,8 +228,8 @@ def load_policy(path: str | Path, *, seed: int = 0, trust: Collection[str] = ())
     Raises:
         simkit.errors.InvalidCheckpoint: ``path`` holds no valid policy.
     """
-    model, env_id = load_model(path, trust=trust)
-    return Policy(model, env_id, seed=seed)
+    model, env_id, env_kwargs = load_model(path, trust=trust)
+    return Policy(model, env_id, seed=seed, env_kwargs=env_kwargs)
 
 
 def evaluate(
@@ -248,5 +257,11 @@ def evaluate(
             raise error(f"{name} must be a whole number >= 1, got {value!r}")
     loaded = policy if isinstance(policy, Policy) else load_policy(policy, trust=trust)
     return evaluate_model(
-        loaded.model, loaded.env_id, episodes=episodes, seed=seed, render=render, fps=fps
+        loaded.model,
+        loaded.env_id,
+        episodes=episodes,
+        seed=seed,
+        render=render,
+        fps=fps,
+        env_kwargs=loaded.env_kwargs,
     )

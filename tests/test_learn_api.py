@@ -326,3 +326,25 @@ def test_policy_act_on_an_empty_batch_gives_no_actions() -> None:
     assert actions.shape == (0,)
     assert actions.dtype == policy.action_space.dtype
     assert policy.act(np.zeros((2, 4))).dtype == actions.dtype
+
+
+@pytest.mark.slow
+def test_env_kwargs_reach_the_model_the_saved_policy_and_its_evaluation(tmp_path: Path) -> None:
+    """The model was built for the env's default spaces: a kwarg that changes them
+    (GoalNav's n_agents) failed the run in numpy; a kwarg that does not (the time limit)
+    trained one env and evaluated another (returns of 500 for a 20-step CartPole)."""
+    common = {"total_steps": 256, "num_envs": 2, "num_steps": 64, "servers": 0}
+    common |= {"progress": False, "tensorboard": False}
+    simkit.train("simkit/GoalNav-v0", env_kwargs={"n_agents": 2}, logdir=tmp_path / "gn", **common)
+    policy = simkit.load_policy(tmp_path / "gn")
+    assert policy.env_kwargs == {"n_agents": 2}
+    assert len(simkit.evaluate(policy, episodes=2)) == 2
+    simkit.train(
+        "simkit/CartPole-v0", env_kwargs={"max_episode_steps": 20}, logdir=tmp_path / "cp", **common
+    )
+    returns = simkit.evaluate(tmp_path / "cp", episodes=3)
+    assert (returns <= 20).all()
+    plain = simkit.train("simkit/CartPole-v0", logdir=tmp_path / "plain", **common)
+    meta = simkit.load_policy(tmp_path / "plain")
+    assert meta.env_kwargs == {}
+    del plain

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from contextlib import closing
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -58,15 +58,18 @@ def evaluate_policy(
         from simkit._optional import require
 
         require("imageio", extra="bench", purpose="simkit eval --render")
-    model, env_id = load_model(path, trust=trust)
-    return evaluate_model(model, env_id, **options)
+    model, env_id, env_kwargs = load_model(path, trust=trust)
+    return evaluate_model(model, env_id, env_kwargs=env_kwargs, **options)
 
 
-def load_model(path: str | Path, *, trust: Collection[str] = ()) -> tuple[ActorCritic, str]:
+def load_model(
+    path: str | Path, *, trust: Collection[str] = ()
+) -> tuple[ActorCritic, str, dict[str, Any]]:
     """The model saved at ``path`` (a policy snapshot, a checkpoint, or a run's log directory:
-    its ``policy.safetensors``) and the id of the env it acts in. That id is data read
-    from the file: one naming code to import (``package.module:Class``) is refused
-    unless ``trust`` names it (:func:`simkit.registry.check_trusted`).
+    its ``policy.safetensors``), the id of the env it acts in and that env's constructor
+    arguments (the run's ``env_kwargs``). That id is data read from the file: one naming
+    code to import (``package.module:Class``) is refused unless ``trust`` names it
+    (:func:`simkit.registry.check_trusted`).
 
     Raises:
         InvalidCheckpoint: ``path`` holds no valid policy.
@@ -80,7 +83,10 @@ def load_model(path: str | Path, *, trust: Collection[str] = ()) -> tuple[ActorC
     if not isinstance(env_id, str):
         raise InvalidCheckpoint(f"{path}: the policy metadata names no env_id")
     check_trusted(env_id, trust, source=str(path))
-    obs_space, act_space = spaces_of(env_id)
+    env_kwargs = meta.get("env_kwargs", {})
+    if not isinstance(env_kwargs, dict) or not all(isinstance(k, str) for k in env_kwargs):
+        raise InvalidCheckpoint(f"{path}: the policy metadata's env_kwargs is no str-keyed map")
+    obs_space, act_space = spaces_of(env_id, env_kwargs)
     try:
         spec = ModelSpec.from_plain(meta["model"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -92,7 +98,7 @@ def load_model(path: str | Path, *, trust: Collection[str] = ()) -> tuple[ActorC
     tensors_file = path if path.is_file() else resolve_checkpoint(path) / "model.safetensors"
     check_tensors(tensors_file, tensors, model.state_dict())
     model.load_state_dict(tensors)
-    return model, env_id
+    return model, env_id, env_kwargs
 
 
 def _video_writer(env_id: str) -> Any:
@@ -127,16 +133,23 @@ def evaluate_model(
     render: str | Path | None = None,
     fps: int = 30,
     on_frame: Callable[[int, int], None] | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> np.ndarray:
-    """:func:`evaluate_policy` of a model in memory that acts in ``env_id``; with ``render``,
+    """:func:`evaluate_policy` of a model in memory that acts in ``env_id`` (built with
+    ``env_kwargs``, the run's); with ``render``,
     ``on_frame(frames, episodes_done)`` after every rendered frame (a progress report:
     software OpenGL renders a 1000-step episode in minutes)."""
     imageio = None if render is None else _video_writer(env_id)
     try:
         vector: Any = (
-            make(env_id, num_envs=1)  # a BatchEnv steps as a vector does
+            make(env_id, num_envs=1, **dict(env_kwargs or {}))  # steps as a vector does
             if render is None and spec(env_id).kind is EnvKind.BATCH
-            else make_vector(env_id, 1, render_mode=None if render is None else "rgb_array")
+            else make_vector(
+                env_id,
+                1,
+                render_mode=None if render is None else "rgb_array",
+                env_kwargs=env_kwargs,
+            )
         )
     except ValueError as exc:
         if render is None:
@@ -212,13 +225,20 @@ def _write_video(imageio: Any, path: str | Path, frames: list[np.ndarray], fps: 
 
 
 def make_vector(
-    env_id: str, num_envs: int, num_threads: int = 1, *, render_mode: str | None = None
+    env_id: str,
+    num_envs: int,
+    num_threads: int = 1,
+    *,
+    render_mode: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> VectorEnv | MultiAgentVectorEnv:
     """The local vector of ``env_id`` (``gym:<id>`` builds the installed Gymnasium env).
 
-    ``render_mode`` (e.g. ``"rgb_array"``) is passed to every env's constructor.
+    ``env_kwargs`` and ``render_mode`` (e.g. ``"rgb_array"``) are passed to every env's
+    constructor.
     """
-    kwargs: dict[str, Any] = {} if render_mode is None else {"render_mode": render_mode}
+    kwargs: dict[str, Any] = dict(env_kwargs or {})
+    kwargs |= {} if render_mode is None else {"render_mode": render_mode}
     kind = spec(env_id).kind
     if kind is EnvKind.MULTI_AGENT:
         return MultiAgentVectorEnv(env_id, num_envs, env_kwargs=kwargs)

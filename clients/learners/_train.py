@@ -292,14 +292,14 @@ def plan(env: str | PPOArgs | SACArgs, /, **keywords: Any) -> Plan:
     settings = capped(settings)  # $SIMKIT_MAX_TOTAL_STEPS, where set
     settings.check()
     check_run_options(options, settings.num_envs)
-    _check_env(settings)
-    options.logdir = _logdir(options, settings)
-    _check_record(options)
     from simkit.clients.learners._sizes import check_run_memory
 
     # one env made with the run's kwargs, and what the run allocates against free memory
     in_process = not options.connect and options.ray is None and not options.servers
     check_run_memory(settings, in_process=in_process)
+    _check_env(settings)
+    options.logdir = _logdir(options, settings)
+    _check_record(options)
     return Plan(settings, options, given=list(given), checkpoint=ckpt)
 
 

@@ -607,10 +607,10 @@ def resume_args(saved: PPOArgs, asked: PPOArgs) -> PPOArgs:
     return resumed_settings(saved, asked, RESUME_FREE)
 
 
-def spaces_of(env_id: str) -> tuple[Any, Any]:
-    """One policy row's observation and action spaces (any kind of env: a batch env too,
-    which a local vector cannot hold)."""
-    with closing(make_env_rows(env_id, 1)) as rows:
+def spaces_of(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
+    """One policy row's observation and action spaces of ``env_id`` built with
+    ``env_kwargs`` (any kind of env: a batch env too, which a local vector cannot hold)."""
+    with closing(make_env_rows(env_id, 1, env_kwargs=env_kwargs)) as rows:
         return rows.observation_space, rows.action_space
 
 
@@ -623,7 +623,7 @@ def check_env(args: PPOArgs) -> None:
     Raises:
         ValueError: the model's refusal, naming the env.
     """
-    obs_space, act_space = spaces_of(args.env_id)
+    obs_space, act_space = spaces_of(args.env_id, args.env_kwargs)
     try:
         with torch.device("meta"), torch.random.fork_rng(devices=[]):
             build_from_spec(model_spec(args), obs_space, act_space)
@@ -635,7 +635,7 @@ def policy_rows(args: PPOArgs) -> int:
     """Policy rows of ``args``'s env slots: one per (env, agent) for a multi-agent env."""
     if spec(args.env_id).kind is not EnvKind.MULTI_AGENT:
         return args.num_envs
-    with closing(make_env_rows(args.env_id, 1)) as rows:
+    with closing(make_env_rows(args.env_id, 1, env_kwargs=args.env_kwargs)) as rows:
         return args.num_envs * rows.num_rows
 
 
@@ -648,15 +648,17 @@ def model_spec(args: PPOArgs) -> ModelSpec:
 
 def build_model(args: PPOArgs) -> ActorCritic:
     """The initial policy of ``args``, initialised from ``args.seed`` (global RNG untouched)."""
-    obs_space, act_space = spaces_of(args.env_id)
+    obs_space, act_space = spaces_of(args.env_id, args.env_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         return build_from_spec(model_spec(args), obs_space, act_space)
 
 
 def policy_meta(args: PPOArgs, version: int) -> dict[str, Any]:
-    """The policy snapshot's metadata: the env, the model spec, the version."""
-    return {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
+    """The policy snapshot's metadata: the env (and its kwargs, where any), the model
+    spec, the version."""
+    meta = {"env_id": args.env_id, "model": model_spec(args).to_plain(), "version": version}
+    return meta | ({"env_kwargs": dict(args.env_kwargs)} if args.env_kwargs else {})
 
 
 def learn(

@@ -634,7 +634,8 @@ def _restore(learner: SAC, ckpt: Checkpoint) -> None:
 
 def _meta(learner: SAC) -> dict[str, Any]:
     args = learner.args
-    return {"env_id": args.env_id, "model": sac_spec(args).to_plain(), "version": learner.version}
+    meta = {"env_id": args.env_id, "model": sac_spec(args).to_plain(), "version": learner.version}
+    return meta | ({"env_kwargs": dict(args.env_kwargs)} if args.env_kwargs else {})
 
 
 def _checkpoint(run: Run, learner: SAC, buffer: ReplayBuffer) -> dict[str, Any]:
