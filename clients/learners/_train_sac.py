@@ -75,25 +75,6 @@ def build_actor(args: SACArgs) -> ActorCritic:
         return build_from_spec(sac_spec(args), obs_space, act_space)
 
 
-def check_buffer_actions(file: Path, buffer: ReplayBuffer, act_space: spaces.Box) -> None:
-    """Raises :class:`InvalidCheckpoint` (naming ``file``) when a stored action lies
-    outside the env's action box (beyond float32 rounding): no actor of this env chose
-    it, so the buffer was made for another env or crafted."""
-    actions = buffer.actions[: len(buffer)]
-    low = np.asarray(act_space.low, np.float32)
-    high = np.asarray(act_space.high, np.float32)
-    slack = 1e-5 * (1.0 + np.maximum(np.abs(low), np.abs(high)))
-    outside = np.any(
-        (actions < low - slack) | (actions > high + slack), axis=tuple(range(1, actions.ndim))
-    )
-    if outside.any():
-        raise InvalidCheckpoint(
-            f"{file}: {int(outside.sum())} stored action(s) outside the env's action box "
-            f"[{act_space.low.tolist()}, {act_space.high.tolist()}] (the first at row "
-            f"{int(np.flatnonzero(outside)[0])}); not a buffer of this env"
-        )
-
-
 def fill_from_recording(
     buffer: ReplayBuffer,
     directory: str | Path,
@@ -179,7 +160,21 @@ def open_buffer(
             obs_dtype=np.float32,
             action_dtype=np.float32,
         )
-        check_buffer_actions(ckpt.extra[REPLAY_FILE], buffer, act_space)
+        # A stored action outside the env's box (beyond float32 rounding): no actor of
+        # this env chose it, so the buffer was made for another env or crafted.
+        actions = buffer.actions[: len(buffer)]
+        low = np.asarray(act_space.low, np.float32)
+        high = np.asarray(act_space.high, np.float32)
+        slack = 1e-5 * (1.0 + np.maximum(np.abs(low), np.abs(high)))
+        outside = np.any(
+            (actions < low - slack) | (actions > high + slack), axis=tuple(range(1, actions.ndim))
+        )
+        if outside.any():
+            raise InvalidCheckpoint(
+                f"{ckpt.extra[REPLAY_FILE]}: {int(outside.sum())} stored action(s) outside the "
+                f"env's action box [{act_space.low.tolist()}, {act_space.high.tolist()}] (the "
+                f"first at row {int(np.flatnonzero(outside)[0])}); not a buffer of this env"
+            )
         return buffer
     buffer = ReplayBuffer(args.buffer_size, obs_shape=obs_space.shape, action_shape=act_space.shape)
     if ckpt is None and buffer_from is not None:

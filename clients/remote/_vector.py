@@ -249,12 +249,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     def _split_ids(self, env_ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(server, rows of env_ids, local ids)`` for each server that owns some ids."""
         server = np.searchsorted(self._offsets, env_ids, side="right") - 1
-        out = []
-        for s in range(len(self._conns)):
-            rows = np.flatnonzero(server == s)
-            if rows.size:
-                out.append((s, rows, env_ids[rows] - self._offsets[s]))
-        return out
+        split = [(s, np.flatnonzero(server == s)) for s in range(len(self._conns))]
+        return [(s, rows, env_ids[rows] - self._offsets[s]) for s, rows in split if rows.size]
 
     def _check_ids(self, env_ids: Any) -> np.ndarray:
         if env_ids is None:
