@@ -710,3 +710,38 @@ def test_record_into_the_logdir_or_a_file_is_refused_up_front(
         f"simkit train: --record {afile}: a file, not a folder"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_the_summary_quotes_paths_so_its_commands_paste(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--logdir "q run"`` printed ``simkit eval q run/policy.safetensors``, which a
+    shell runs as two arguments; the held-logdir refusal said the same."""
+    import shlex
+
+    from simkit.clients.learners._run import TrainResult
+    from simkit.clients.learners._train_cli import _print_summary
+
+    logdir = tmp_path / "q run"
+    result = TrainResult(
+        logdir=logdir,
+        checkpoint=logdir / "checkpoints" / "update-00000001",
+        policy=logdir / "policy.safetensors",
+        global_step=64,
+        updates=1,
+        elapsed_s=1.0,
+        steps_per_s=64.0,
+        mean_return=1.0,
+        dropped=0,
+        stopped=False,
+        times={"env": 1.0},
+    )
+    capsys.readouterr()
+    _print_summary("simkit/CartPole-v0", result)
+    out = capsys.readouterr().out
+    lines = {
+        line.split(": ", 1)[0].strip(): line.split(": ", 1)[1] for line in out.splitlines()[1:]
+    }
+    assert shlex.split(lines["evaluate"])[-1] == str(logdir / "policy.safetensors")
+    assert shlex.split(lines["resume"])[-1] == str(logdir)
+    assert shlex.split(lines["TensorBoard"])[-1] == str(logdir / "tb")

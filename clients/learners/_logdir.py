@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -173,8 +174,8 @@ def claim_logdir(logdir: Path, resume: str | None = None, *, python: bool = Fals
                 f"with simkit.train(..., resume={str(logdir)!r}), or choose another logdir"
             )
         raise ValueError(
-            f"--logdir {logdir} holds a run already ({_run_in(logdir)}): continue it with "
-            f"--resume {logdir}, or choose another --logdir"
+            f"--logdir {shlex.quote(str(logdir))} holds a run already ({_run_in(logdir)}): "
+            f"continue it with --resume {shlex.quote(str(logdir))}, or choose another --logdir"
         )
     return claim
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -440,19 +441,20 @@ def _print_summary(env_id: str, r: TrainResult, algo: str = "ppo", *, console: A
             ("dropped fragments", str(r.dropped)),
         ]
     algo_flag = " --algo sac" if sac else ""
+    q = shlex.quote  # the commands paste into a shell as printed, spaces in paths too
     where = [
         ("checkpoint", str(r.checkpoint)),
         ("policy snapshot", str(r.policy)),
-        ("TensorBoard", f"{tensorboard} --logdir {r.logdir / 'tb'}"),
-        ("evaluate", f"{simkit} eval {r.policy}"),
+        ("TensorBoard", f"{q(tensorboard)} --logdir {q(str(r.logdir / 'tb'))}"),
+        ("evaluate", f"{q(simkit)} eval {q(str(r.policy))}"),
         (
             "resume",
-            f"{simkit} train {env_id}{algo_flag} --resume {r.logdir}"
+            f"{q(simkit)} train {q(env_id)}{algo_flag} --resume {q(str(r.logdir))}"
             + (" --reproducible" if r.reproducible else ""),
         ),
     ]
     if r.record is not None:
-        where.append(("recording", f"{simkit} replay {r.record} --verify"))
+        where.append(("recording", f"{q(simkit)} replay {q(str(r.record))} --verify"))
     if r.not_exact is not None:
         rows.append(("continuation", f"not exact after a server loss or resume: {r.not_exact}"))
     title = f"simkit train {env_id}" + (" (stopped)" if r.stopped else "")
