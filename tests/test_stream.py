@@ -382,6 +382,30 @@ def test_servers_of_one_stream_must_serve_the_same_env_and_fragments(
     assert _wait_for(lambda: a.stream_sessions == b.stream_sessions == 0, 10)
 
 
+def test_a_server_shutting_down_is_a_lost_server_not_a_refusal(serve: Servers) -> None:
+    """A server stopping (SIGTERM) answers what it still reads with ``shutting_down``;
+    the stream raised that as a plain RemoteError, which ended a learner's run instead
+    of dropping (or, with --wait-for-servers, waiting for) the server."""
+    from simkit.protocol import ProtocolError, encode, error_reply
+
+    class Stopping(ProtocolError):
+        code = "shutting_down"
+
+    srv = serve(num_envs=2)
+    stream = PolicyStream(srv.endpoint, SPEC, num_envs=2, timeout=5.0)
+    try:
+        stream.push_weights(_model())
+        stream.next_batch()
+        [inner] = stream._servers
+        reply = error_reply(Stopping("the server is stopping"), request_id=7, request_kind="credit")
+        with pytest.raises(ServerUnavailable, match="is shutting down") as info:
+            stream._dispatch(inner, encode(reply))
+        assert info.value.endpoint == srv.endpoint
+        assert not stream.stats()[0].alive
+    finally:
+        stream.close(polite=False)
+
+
 def test_a_killed_server_process_is_named_and_every_fragment_it_sent_is_delivered(
     tmp_path: Path,
 ) -> None:

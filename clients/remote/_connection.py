@@ -59,6 +59,16 @@ class ServerRestarted(ServerUnavailable):
         self.timeout = 0.0
 
 
+class ServerStopping(ServerUnavailable):
+    """The server at an endpoint answered ``shutting_down``: it is stopping (SIGTERM, or
+    its operator's stop) and refuses new work, so it is lost as if it had gone silent."""
+
+    def __init__(self, endpoint: str) -> None:
+        ConnectionError.__init__(self, f"server {endpoint} is shutting down")
+        self.endpoint = endpoint
+        self.timeout = 0.0
+
+
 @dataclass(frozen=True)
 class CurveKeys:
     """The CURVE keys a client needs for a server bound beyond loopback (docs/server.md).

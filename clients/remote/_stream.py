@@ -26,6 +26,7 @@ from simkit.clients.remote._connection import (
     Connection,
     CurveKeys,
     ServerRestarted,
+    ServerStopping,
     ServerUnavailable,
     _Keepalive,
 )
@@ -300,6 +301,9 @@ class PolicyStream:
         except RemoteError as exc:
             if exc.remote_code == "session_state" and exc.expected == "stream_open first":
                 raise ServerRestarted(srv.conn.endpoint) from None
+            if exc.remote_code == "shutting_down":
+                srv.stats.alive = False
+                raise ServerStopping(srv.conn.endpoint) from None
             named = RemoteError(
                 exc.remote_code,
                 f"server {srv.conn.endpoint}: {exc.message.split('] ', 1)[-1]}",
