@@ -348,3 +348,26 @@ def test_env_kwargs_reach_the_model_the_saved_policy_and_its_evaluation(tmp_path
     meta = simkit.load_policy(tmp_path / "plain")
     assert meta.env_kwargs == {}
     del plain
+
+
+@pytest.mark.slow
+def test_sac_builds_its_model_for_the_spaces_its_env_kwargs_give(tmp_path: Path) -> None:
+    """SAC took the env's default spaces: ``exclude_current_positions_from_observation``
+    (18 observations, not 17) failed with "fragment.obs must be (1, 1, 17)"."""
+    pytest.importorskip("mujoco")
+    kwargs = {"exclude_current_positions_from_observation": False}
+    simkit.train(
+        "gym:HalfCheetah-v5",
+        algo="sac",
+        env_kwargs=kwargs,
+        total_steps=64,
+        learning_starts=32,
+        batch_size=16,
+        num_envs=1,
+        logdir=tmp_path / "sac",
+        progress=False,
+        tensorboard=False,
+    )
+    policy = simkit.load_policy(tmp_path / "sac")
+    assert policy.observation_space.shape == (18,)
+    assert policy.env_kwargs == kwargs

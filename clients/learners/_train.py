@@ -313,7 +313,7 @@ def _check_env(settings: PPOArgs | SACArgs) -> None:
     if isinstance(settings, SACArgs):
         from simkit.clients.learners._train_sac import check_env
 
-        check_env(settings.env_id)
+        check_env(settings.env_id, settings.env_kwargs)
     else:
         from simkit.clients.learners.ppo import check_env as check_ppo_env
 

@@ -6,8 +6,10 @@ allocated; from a checkpoint, checked, or filled from recordings)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,8 +47,10 @@ def sac_spec(args: SACArgs) -> ModelSpec:
     return ModelSpec("sac_mlp", {"hidden_sizes": list(args.hidden)})
 
 
-def check_env(env_id: str) -> tuple[spaces.Box, spaces.Box]:
-    """The env's spaces, if SAC can learn it.
+def check_env(
+    env_id: str, env_kwargs: Mapping[str, Any] | None = None
+) -> tuple[spaces.Box, spaces.Box]:
+    """The spaces of the env (built with ``env_kwargs``, the run's), if SAC can learn it.
 
     Raises:
         ValueError: multi-agent, or a discrete / unbounded action space (one line,
@@ -54,7 +58,7 @@ def check_env(env_id: str) -> tuple[spaces.Box, spaces.Box]:
     """
     if spec(env_id).kind is EnvKind.MULTI_AGENT:
         raise ValueError(f"--algo sac learns single-agent envs; {env_id!r} is multi-agent")
-    with closing(make_vector(env_id, 1)) as vector:
+    with closing(make_vector(env_id, 1, env_kwargs=env_kwargs)) as vector:
         obs_space, act_space = vector.single_observation_space, vector.single_action_space
     if not isinstance(act_space, spaces.Box) or not np.issubdtype(act_space.dtype, np.floating):
         raise ValueError(
@@ -69,7 +73,7 @@ def check_env(env_id: str) -> tuple[spaces.Box, spaces.Box]:
 
 def build_actor(args: SACArgs) -> ActorCritic:
     """The initial actor, from ``args.seed`` (global RNG untouched)."""
-    obs_space, act_space = check_env(args.env_id)
+    obs_space, act_space = check_env(args.env_id, args.env_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
         return build_from_spec(sac_spec(args), obs_space, act_space)

@@ -551,7 +551,7 @@ def learn(
         if args.total_steps and done >= args.total_steps:
             return run.complete(done, updates=counts["updates"], dropped=0)
     args.check()
-    obs_space, act_space = check_env(args.env_id)
+    obs_space, act_space = check_env(args.env_id, args.env_kwargs)
     run.prepare(args, done)
     model = build_actor(args)
     device = run.use_device(pick_device(args.device, lambda: sac_probe(args, model)))
