@@ -618,16 +618,11 @@ def test_the_live_line_fits_the_terminal_with_the_key_fields_first() -> None:
     assert "ETA 2:01" in screen.file.getvalue()  # type: ignore[attr-defined]
 
 
-def test_the_summary_never_breaks_a_path_at_80_columns(tmp_path: Path) -> None:
-    import io
-
-    from rich.console import Console
-
+def _result(logdir: Path) -> Any:
+    """A finished four-update run's TrainResult in ``logdir``."""
     from simkit.clients.learners._run import TrainResult
-    from simkit.clients.learners._train_cli import _print_summary
 
-    logdir = tmp_path / ("a-rather-long-directory-name-" * 3) / "run"
-    result = TrainResult(
+    return TrainResult(
         logdir=logdir,
         checkpoint=logdir / "checkpoints" / "update-00000004",
         policy=logdir / "policy.safetensors",
@@ -640,6 +635,17 @@ def test_the_summary_never_breaks_a_path_at_80_columns(tmp_path: Path) -> None:
         stopped=False,
         times={"env": 1.0, "update": 0.5},
     )
+
+
+def test_the_summary_never_breaks_a_path_at_80_columns(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from simkit.clients.learners._train_cli import _print_summary
+
+    logdir = tmp_path / ("a-rather-long-directory-name-" * 3) / "run"
+    result = _result(logdir)
     screen = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
     _print_summary("simkit/CartPole-v0", result, console=screen)
     out = screen.file.getvalue()  # type: ignore[attr-defined]
@@ -719,23 +725,10 @@ def test_the_summary_quotes_paths_so_its_commands_paste(
     shell runs as two arguments; the held-logdir refusal said the same."""
     import shlex
 
-    from simkit.clients.learners._run import TrainResult
     from simkit.clients.learners._train_cli import _print_summary
 
     logdir = tmp_path / "q run"
-    result = TrainResult(
-        logdir=logdir,
-        checkpoint=logdir / "checkpoints" / "update-00000001",
-        policy=logdir / "policy.safetensors",
-        global_step=64,
-        updates=1,
-        elapsed_s=1.0,
-        steps_per_s=64.0,
-        mean_return=1.0,
-        dropped=0,
-        stopped=False,
-        times={"env": 1.0},
-    )
+    result = _result(logdir)
     capsys.readouterr()
     _print_summary("simkit/CartPole-v0", result)
     out = capsys.readouterr().out
