@@ -293,7 +293,9 @@ class RecordingWriter:
                 elif self._error is None:
                     self._error = exc
             finally:
-                self._queue.task_done()
+                # A signal inside the caller's put can queue an item it never counted.
+                with contextlib.suppress(ValueError):
+                    self._queue.task_done()
 
     def _open_chunk(self) -> None:
         self._path = chunk_path(self.directory, self._number)
