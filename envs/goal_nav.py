@@ -13,6 +13,29 @@ from simkit.randomization import Params
 __all__ = ["GoalNav"]
 
 
+SPACE_COPIES = 4
+"""Float32 arrays of one agent's observation size that exist per agent: its space's low
+and high, its observation, and the parts that observation is built from."""
+
+
+def _check_size(n_agents: int) -> None:
+    """Refuses ``n_agents`` whose spaces and observations (``n_agents`` of ``6 + 3 (N - 1)``
+    floats each, :data:`SPACE_COPIES` times) do not fit the memory free, before any is
+    built: the size may come from a file's or a command line's ``env_kwargs``.
+
+    Raises:
+        ValueError: naming ``n_agents``, the bytes needed and those free.
+    """
+    from simkit._limits import check_memory
+
+    check_memory(
+        n_agents * (6 + 3 * (n_agents - 1)) * 4 * SPACE_COPIES,
+        f"GoalNav with n_agents={n_agents:,} ({n_agents:,} observation spaces of "
+        f"{6 + 3 * (n_agents - 1):,} floats)",
+        "fewer agents",
+    )
+
+
 class GoalNav(simkit.MultiAgentEnv[str, np.ndarray, np.ndarray]):
     """N point masses in a square arena, each steering to its own goal (PettingZoo Parallel).
 
@@ -64,6 +87,7 @@ class GoalNav(simkit.MultiAgentEnv[str, np.ndarray, np.ndarray]):
             raise TypeError(f"n_agents must be an int, got {type(n_agents).__name__}")
         if n_agents < 1:
             raise ValueError(f"n_agents must be at least 1, got {n_agents}")
+        _check_size(n_agents)
         super().__init__(**kwargs)
         self.n_agents = n_agents
         self.possible_agents = [f"agent_{i}" for i in range(n_agents)]

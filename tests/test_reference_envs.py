@@ -384,3 +384,11 @@ def test_goal_nav_snapshot_continuation_is_bit_identical() -> None:
     assert snapshot.states_equal(run(fresh, saved_obs), reference)
     env.set_state(state)
     assert snapshot.states_equal(run(env, saved_obs), reference)
+
+
+def test_goal_nav_refuses_more_agents_than_memory_holds_before_allocating() -> None:
+    """``n_agents=10**9`` built a billion names, then a billion spaces of 3e9 floats
+    each, until the machine ran out of memory; it is one ValueError, at once."""
+    with pytest.raises(ValueError, match=r"n_agents=1,000,000,000.*memory"):
+        GoalNav(n_agents=10**9)
+    assert GoalNav(n_agents=64).n_agents == 64

@@ -369,3 +369,40 @@ def test_curve_key_files_that_hold_no_keys_are_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith(f"simkit train: --curve-server-key {bad} / --curve-secret-key {bad}: ")
+
+
+def _policy_with_env(tmp_path: Path, env_id: str, env_kwargs: dict[str, Any]) -> Path:
+    """A valid CartPole policy file whose metadata names ``env_id`` and ``env_kwargs``."""
+    from simkit.clients.learners._checkpoint import load_policy, save_policy
+
+    logdir = tmp_path / "run"
+    _train(logdir, "--servers", "0")
+    tensors, meta = load_policy(logdir / "policy.safetensors")
+    path = tmp_path / "p.safetensors"
+    save_policy(path, tensors, {**meta, "env_id": env_id, "env_kwargs": env_kwargs})
+    return path
+
+
+@pytest.mark.parametrize(
+    ("env_id", "env_kwargs", "named"),
+    [
+        ("simkit/GoalNav-v0", {"n_agents": 10**9}, "n_agents"),
+        (CARTPOLE, {"no_such_argument": 1}, "no_such_argument"),
+    ],
+)
+def test_env_kwargs_a_policy_file_holds_that_its_env_refuses_are_one_line(
+    tmp_path: Path, env_id: str, env_kwargs: dict[str, Any], named: str
+) -> None:
+    """A file's env_kwargs size and configure the env it names: GoalNav's
+    ``n_agents=10**9`` built a billion agent names and spaces (the machine out of memory),
+    a kwarg the env does not take was a bare TypeError. Both are InvalidCheckpoint,
+    naming the file's env_kwargs, before anything large is allocated."""
+    from simkit.errors import InvalidCheckpoint
+
+    path = _policy_with_env(tmp_path, env_id, env_kwargs)
+    with pytest.raises(InvalidCheckpoint, match=rf"env_kwargs.*{named}"):
+        simkit.load_policy(path)
+    out = _cli("eval", str(path), "--episodes", "1", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert named in out.stderr

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Collection, Mapping
 from contextlib import closing
 from pathlib import Path
@@ -69,10 +70,11 @@ def load_model(
     its ``policy.safetensors``), the id of the env it acts in and that env's constructor
     arguments (the run's ``env_kwargs``). That id is data read from the file: one naming
     code to import (``package.module:Class``) is refused unless ``trust`` names it
-    (:func:`simkit.registry.check_trusted`).
+    (:func:`simkit.registry.check_trusted`). The kwargs are data too: the env checks them
+    as it would a command line's (sizes against the memory free).
 
     Raises:
-        InvalidCheckpoint: ``path`` holds no valid policy.
+        InvalidCheckpoint: ``path`` holds no valid policy, or env_kwargs its env refuses.
     """
     path = Path(path)
     is_logdir = (path / "policy.safetensors").is_file() and not (path / "manifest.json").exists()
@@ -86,7 +88,15 @@ def load_model(
     env_kwargs = meta.get("env_kwargs", {})
     if not isinstance(env_kwargs, dict) or not all(isinstance(k, str) for k in env_kwargs):
         raise InvalidCheckpoint(f"{path}: the policy metadata's env_kwargs is no str-keyed map")
-    obs_space, act_space = spaces_of(env_id, env_kwargs)
+    try:
+        obs_space, act_space = spaces_of(env_id, env_kwargs)
+    except (TypeError, ValueError, MemoryError) as exc:
+        if not env_kwargs:
+            raise
+        shown = reprlib.repr(env_kwargs)
+        raise InvalidCheckpoint(
+            f"{path}: {env_id} cannot be made with the policy metadata's env_kwargs {shown}: {exc}"
+        ) from exc
     try:
         spec = ModelSpec.from_plain(meta["model"])
     except (KeyError, TypeError, ValueError) as exc:
