@@ -601,6 +601,27 @@ def pcg64_generators(
     ]
 
 
+def _checked_seed(value: Any, what: str, alternative: str = "") -> int:
+    """A seed of a reset, either form (a root or a list entry): an int (numpy ints too,
+    not bool) in ``[0, 2**63)``, one range for both, as snapshots, recordings and the
+    wire carry every seed as an int64. Gymnasium takes any int >= 0; the message says so.
+
+    Raises:
+        ValueError: anything else, naming ``what``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{what} must be an int{alternative}, got {_describe(value)}")
+    if not 0 <= value <= MAX_ROOT_SEED:
+        why = (
+            " (simkit's seeds are 63-bit, as snapshots, recordings and the wire carry "
+            "them, where Gymnasium takes larger ones: reduce it, e.g. seed % 2**63)"
+        )
+        raise ValueError(
+            f"{what} must be an int in [0, 2**63){alternative}, got {value}{why if value > 0 else ''}"
+        )
+    return int(value)
+
+
 def _is_int(value: Any, low: int) -> bool:
     ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
     return ok and value >= low
@@ -823,9 +844,7 @@ class EpisodeSeeds:
         if isinstance(seed, np.ndarray) and seed.ndim == 1:
             seed = seed.tolist()  # seed=np.arange(n): its entries, checked as a list's
         if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            seed = int(seed)
-            if not 0 <= seed <= MAX_ROOT_SEED:
-                raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+            seed = _checked_seed(seed, "seed")
             for i in ids.tolist():
                 self.roots[i] = seed
             self._shared_root = None
@@ -835,11 +854,8 @@ class EpisodeSeeds:
             if len(seed) != n:
                 raise ValueError(f"a list of seeds must hold num_envs={n} entries, got {len(seed)}")
             for i in ids.tolist():  # every entry checked before any counter moves
-                s = seed[i]
-                if s is not None and not (
-                    isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 0
-                ):
-                    raise ValueError(f"seed[{i}] must be a non-negative int or None, got {s!r}")
+                if seed[i] is not None:
+                    _checked_seed(seed[i], f"seed[{i}]", " or None")
             out: list[int | None] = [None] * len(ids)
             self._shared_root = None
             follow = []
@@ -875,8 +891,7 @@ class EpisodeSeeds:
 
     def restart(self, root: int) -> None:
         """Puts every env under ``root`` before its first episode (a ``BatchEnv`` root seed)."""
-        if not 0 <= root <= MAX_ROOT_SEED:
-            raise ValueError(f"seed must be in [0, 2**63), got {root}")
+        root = _checked_seed(root, "seed")
         self.roots = [root] * self.num_envs
         self._shared_root = root
         self.episode[:] = -1
