@@ -100,14 +100,12 @@ LARGE_REQUEST_BYTES = 1 << 20
 
 
 def _within_budget(limits: Limits, max_memory: int) -> Limits:
-    """``limits`` with the largest message at most an eighth of ``max_memory``: ZeroMQ
-    takes messages up to twice that before the size check, and receiving copies them."""
-    cap = max(1 << 20, max_memory // 8)
-    if limits.max_message_bytes <= cap:
-        return limits
-    return dataclasses.replace(
-        limits, max_message_bytes=cap, max_header_bytes=min(limits.max_header_bytes, cap)
-    )
+    """``limits`` with the largest message at most an eighth of ``max_memory`` (ZeroMQ
+    takes messages up to twice that before the size check, and receiving copies them)
+    and a header's msgpack objects at most ``max_memory / 1024`` (~70 bytes each)."""
+    cap, objects = max(1 << 20, max_memory // 8), max(1 << 16, max_memory // 1024)
+    bounds = {"max_message_bytes": cap, "max_header_bytes": cap, "max_objects": objects}
+    return dataclasses.replace(limits, **{k: min(getattr(limits, k), v) for k, v in bounds.items()})
 
 
 def _check_positive(name: str, value: object) -> None:

@@ -63,6 +63,10 @@ class Limits:
         max_str_len: bytes of any msgpack string.
         max_container_len: entries of any msgpack list or map.
         max_ndim: dimensions of any array.
+        max_objects: msgpack objects in the header (each map or list, and each of
+            their entries, keys included), so a header of tiny containers cannot
+            unpack to ~70 times its bytes in Python objects; checked only for headers
+            of more bytes than this, since every object takes at least one byte.
     """
 
     max_message_bytes: int = 256 * 2**20
@@ -72,6 +76,7 @@ class Limits:
     max_str_len: int = 2**20
     max_container_len: int = 2**20
     max_ndim: int = 32
+    max_objects: int = 2**21
 
 
 @dataclass
@@ -195,8 +200,11 @@ def decode(frames: Sequence[Any], *, limits: Limits | None = None) -> Message:
             expected=f"<= {lim.max_header_bytes} bytes",
             got=f"{header_bytes} bytes",
         )
+    options = _unpack_options(lim)
+    if header_bytes > lim.max_objects:
+        options = {**options, **_object_counter(lim.max_objects)}
     try:
-        header = msgpack.unpackb(frames[0], **_unpack_options(lim))
+        header = msgpack.unpackb(frames[0], **options)
     except ProtocolError:
         raise
     except Exception as exc:  # msgpack raises many types on garbage
@@ -236,6 +244,26 @@ def _unpack_options(lim: Limits) -> dict[str, Any]:
             "max_ext_len": lim.max_header_bytes,
         }
     return options
+
+
+def _object_counter(max_objects: int) -> dict[str, Any]:
+    """``list_hook``/``object_hook`` options that count every container and entry as
+    msgpack builds them and stop the unpacking past ``max_objects``: what a header
+    holds is then bounded by the objects allowed, not 70 bytes per byte sent."""
+    left = max_objects
+
+    def count(container: Any) -> Any:
+        nonlocal left
+        left -= 1 + (2 * len(container) if type(container) is dict else len(container))
+        if left < 0:
+            raise MessageTooLarge(
+                "header holds too many msgpack objects",
+                expected=f"<= {max_objects} objects (maps, lists and their entries)",
+                got=f"more than {max_objects}",
+            )
+        return container
+
+    return {"list_hook": count, "object_hook": count}
 
 
 def _is_id(value: Any) -> bool:
