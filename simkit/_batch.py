@@ -52,7 +52,7 @@ from simkit._contract import (
     check_state_limit,
     declared_state_attributes,
 )
-from simkit._seeding import EpisodeSeeds, KeyedStreams, StreamTable
+from simkit._seeding import EpisodeSeeds, KeyedStreams, ResetSeed, StreamTable
 from simkit._state import check_observation, check_state_attributes, state_array
 from simkit._types import BatchStep, RowStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
@@ -416,14 +416,16 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     # ------------------------------------------------------------------------ reset
 
     def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+        self, *, seed: ResetSeed = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Resets instances (all, or ``options["reset_mask"]``); Gymnasium-style infos.
 
         Args:
             seed: the root seed: instance ``i`` starts episode 0 with
-                ``episode_seed(seed, i, 0)``. ``None`` continues: each reset instance
-                starts its next episode.
+                ``episode_seed(seed, i, 0)``. Gymnasium's list of N ``int | None`` (or
+                a 1-D int array): instance ``i`` starts with exactly ``seed[i]`` and
+                later continues its own stream, as a VectorEnv's env. ``None``
+                continues: each reset instance starts its next episode.
             options: ``{"params": overrides}`` (one mapping or N mappings) for this
                 reset, ``{"reset_mask": (N,) bool}`` to reset only some instances;
                 other keys are passed to :meth:`reset_instances`.
@@ -434,9 +436,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             vector_info = self._add_info(vector_info, infos[k], int(i))
         return self._simkit.obs, vector_info
 
-    def async_reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> None:
+    def async_reset(self, *, seed: ResetSeed = None, options: dict[str, Any] | None = None) -> None:
         """Resets (as :meth:`reset`) and queues the reset instances as ready for :meth:`recv`."""
         s = self._simkit
         ids, infos = self.__reset(seed, options)
@@ -448,7 +448,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         s.in_flight[ids] = True
 
     def __reset(
-        self, seed: int | None, options: dict[str, Any] | None
+        self, seed: ResetSeed, options: dict[str, Any] | None
     ) -> tuple[np.ndarray, RowInfos]:
         s, n = self._simkit, self.num_envs
         self.__require_idle("reset()")
@@ -469,16 +469,15 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if not s.has_reset and not mask_arr.all():
                 raise ResetNeeded("the first reset() must reset every instance")
             ids = np.flatnonzero(mask_arr).astype(np.int64)
-        if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-                raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
             s.seeds.restart(int(seed))
             self._np_random, self._np_random_seed = seeding.np_random(int(seed))
+            seed = None
         reset_params = opts.pop("params", None)
         per_reset = (
             None if reset_params is None else _per_instance(reset_params, n, "options['params']")
         )
-        obs_rows, infos = self.__reset_ids(ids, per_reset, opts)
+        obs_rows, infos = self.__reset_ids(ids, per_reset, opts, seed)
         # every instance holds its next episodes' keys, as the coming autoresets read them
         s.seeds.prepare(s.streams.prefetch, self.__reset_scale(None))
         if s.device_loop is not None:
@@ -489,15 +488,17 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return ids, infos
 
     def __reset_ids(
-        self, ids: np.ndarray, per_reset: list[Mapping[str, Any]] | None, options: dict[str, Any]
+        self,
+        ids: np.ndarray,
+        per_reset: list[Mapping[str, Any]] | None,
+        options: dict[str, Any],
+        seed: ResetSeed = None,
     ) -> tuple[Any, RowInfos]:
         """Starts the next episode of ``ids``: keyed streams, parameters, the physics and
         the author's hook; returns the first observations and the rows' reset infos."""
         s = self._simkit
         scale = self.__reset_scale(per_reset)
-        states, ahead, scaled = s.seeds.next_states(ids, s.streams.prefetch, scale)
-        s.streams.start(ids, states)
-        rngs = s.streams.rows(ids, ahead, scaled)
+        rngs = s.seeds.start_streams(s.streams, ids, seed, s.streams.prefetch, scale)
         params = self.__sample(ids, rngs, per_reset)
         s.elapsed[ids] = 0
         s.physics.prepare(self, ids, params)
@@ -1132,7 +1133,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             "format": BATCH_STATE_FORMAT,
             "env": f"{type(self).__module__}:{type(self).__qualname__}",
             "num_envs": self.num_envs,
-            "root_seed": s.seeds.roots[0],
+            "root_seed": s.seeds.batch_root(),
             "env_offset": s.seeds.env_offset,
             "episode_index": s.seeds.episode.copy(),
             "rngs": s.streams.to_plain(),
@@ -1194,8 +1195,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             )
         limit = check_state_limit(state, self.max_episode_steps)
         pending = state_array(state["pending_reset"], "state['pending_reset']", "b", n)
-        seeding = {"root_seeds": [state["root_seed"]] * n, "episode_index": state["episode_index"]}
-        seeds = EpisodeSeeds.parse_state({**seeding, "env_offset": state.get("env_offset", 0)}, n)
+        seeds = EpisodeSeeds.parse_batch_state(state, n)
         check_observation(self.single_observation_space, state["obs"], "state['obs']", rows=n)
         obs = _restore_like(self.xp, self.device, s.obs, state["obs"])
         core = (params, elapsed.astype(np.int64), limit, pending, True, obs)

@@ -35,7 +35,7 @@ episode started whatever the spread of the envs' episode counters.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -57,6 +57,9 @@ __all__ = [
 ]
 
 MAX_ROOT_SEED = 2**63 - 1
+ResetSeed: TypeAlias = int | Sequence[int | None] | np.ndarray | None
+"""What a vector's ``reset(seed=...)`` takes: a root, Gymnasium's list (or a 1-D int
+array), or ``None``."""
 _CHUNK = 4096
 _AHEAD = 32
 """Episodes of each env whose rows are held ahead (a refill tops an env up to this many)."""
@@ -877,6 +880,40 @@ class EpisodeSeeds:
         )
         raise TypeError(f"seed must be an int, a list of int | None, or None, got {got}")
 
+    def start_streams(
+        self,
+        table: StreamTable,
+        ids: np.ndarray,
+        seed: Any = None,
+        draws: int = 0,
+        scale: Any = None,
+    ) -> KeyedStreams:
+        """Starts the episodes of instances ``ids`` of a :class:`simkit.BatchEnv` in
+        ``table``; returns their streams (row ``k`` for ``ids[k]``).
+
+        ``seed`` is ``None`` (each instance's next episode) or Gymnasium's list form
+        (:meth:`plan`; a root seed is :meth:`restart`'s): an instance given an int
+        starts ``Generator(PCG64(seed))``'s stream, and one without a root (reset with
+        an explicit seed before) continues its own stream, so instance ``i`` is the
+        single env reset with the same seeds. Instances under roots read their keys
+        (and first ``draws``, :meth:`next_states`) from the rows held ahead.
+        """
+        roots = self.roots
+        if seed is None and (
+            self._shared_root is not None
+            or all(roots[i] is not None or self.episode[i] < 0 for i in ids.tolist())
+        ):
+            states, ahead, scaled = self.next_states(ids, draws, scale)
+            table.start(ids, states)
+            return table.rows(ids, ahead, scaled)
+        planned = self.next(ids) if seed is None else self.plan(ids, seed)
+        exact = np.array([s is not None for s in planned], dtype=np.bool_)
+        if exact.any():
+            seeds = np.array([s for s in planned if s is not None], dtype=np.uint64)
+            table.start(ids[exact], _pcg64_states(seeds))
+        table.follow(ids[~exact])
+        return table.rows(ids)
+
     def plan_reset(
         self, ids: np.ndarray, *, seed: int | None = None, seeds: Sequence[int] | None = None
     ) -> list[int | None]:
@@ -1192,6 +1229,23 @@ class EpisodeSeeds:
             "env_offset": int(offset),
         }
 
+    def batch_root(self) -> int | list[int | None] | None:
+        """A :class:`simkit.BatchEnv` snapshot's ``root_seed``: the one root of every
+        instance, or each instance's after Gymnasium's list form gave them their own."""
+        roots = self.roots
+        return roots[0] if roots.count(roots[0]) == len(roots) else list(roots)
+
+    @staticmethod
+    def parse_batch_state(state: Mapping[str, Any], num_envs: int) -> dict[str, Any]:
+        """:meth:`parse_state` of a :class:`simkit.BatchEnv` snapshot's seeding fields
+        (``root_seed``: one root, or a list of N as :meth:`batch_root` writes)."""
+        root = state["root_seed"]
+        roots = root if isinstance(root, list) else [root] * num_envs
+        seeding = {"root_seeds": roots, "episode_index": state["episode_index"]}
+        return EpisodeSeeds.parse_state(
+            {**seeding, "env_offset": state.get("env_offset", 0)}, num_envs
+        )
+
     def set_state(self, parsed: Mapping[str, Any]) -> None:
         """Restores what :meth:`parse_state` returned."""
         self.roots = list(parsed["roots"])
@@ -1233,6 +1287,15 @@ class StreamTable:
         if self.live:
             for i in np.asarray(ids).tolist():
                 self.live.pop(i, None)
+
+    def follow(self, ids: np.ndarray) -> None:
+        """Instances ``ids`` start their next episode where their streams are, as a
+        single env's ``reset()`` without a seed continues its generator: a keyed stream
+        is re-keyed at its current draw, a generator is kept."""
+        keyed = np.array([i for i in np.asarray(ids).tolist() if i not in self.live], np.int64)
+        if len(keyed):
+            self.states[keyed] = pcg64_at(self.states[keyed], self.pos[keyed])
+            self.pos[keyed] = 0
 
     def rows(
         self, ids: np.ndarray, ahead: np.ndarray | None = None, scaled_by: Any = None
