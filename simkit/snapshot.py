@@ -106,8 +106,12 @@ def from_plain(obj: Any, path: str = "state", _depth: int = 0) -> Any:
     if isinstance(obj, dict):
         if obj.get(_ARRAY_KEY) is True:
             try:
-                dtype = np.dtype(obj["dtype"])
-                shape = tuple(int(s) for s in obj["shape"])
+                dtype, shape = obj["dtype"], obj["shape"]
+                if type(dtype) is not str:
+                    raise ValueError(f"dtype must be a str, got {type(dtype).__name__}")
+                if type(shape) is not list or any(type(s) is not int or s < 0 for s in shape):
+                    raise ValueError(f"shape must be a list of ints >= 0, got {_short(shape)}")
+                dtype = np.dtype(dtype)
                 if dtype.kind not in "biufc":
                     raise ValueError(f"dtype {dtype} is not numeric")
                 return np.frombuffer(obj["data"], dtype=dtype).reshape(shape).copy()
@@ -281,7 +285,7 @@ def rng_from_plain(state: Mapping[str, Any]) -> np.random.Generator:
             raise ValueError(f"bit_generator must name a numpy BitGenerator, got {name!r}")
         bit_gen = bit_gen_cls()
         bit_gen.state = restored
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise InvalidState(f"malformed rng state in snapshot: {exc!r}") from exc
     return np.random.Generator(bit_gen)
 

@@ -245,3 +245,43 @@ def test_nesting_beyond_max_depth_is_invalid_state_not_recursion_error() -> None
         snapshot.dumps(_nested(900))
     ok = _nested(snapshot.MAX_DEPTH - 1, np.arange(3))
     assert snapshot.states_equal(snapshot.loads(snapshot.dumps(ok)), ok)
+
+
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [
+        ([float("-inf")], b""),
+        ([float("nan")], b""),
+        ([2.0], b"\0" * 16),
+        ([-1], b"\0" * 8),
+        (["2"], b"\0" * 16),
+        ([True], b"\0" * 8),
+        ([[2]], b"\0" * 16),
+        ("ab", b"\0" * 16),
+    ],
+)
+def test_an_array_shape_must_be_a_list_of_ints_at_least_zero(shape: Any, data: bytes) -> None:
+    """An array's shape is what ``to_plain`` writes: ints >= 0. ``int()`` of each entry
+    took floats (an infinite one escaped as OverflowError, a server's ``env_error``),
+    str and bool, and -1 let numpy infer a dimension the snapshot never had."""
+    plain = {"__ndarray__": True, "dtype": "<f8", "shape": shape, "data": data}
+    with pytest.raises(InvalidState, match="malformed array in snapshot: shape must be"):
+        snapshot.from_plain({"x": plain})
+
+
+@pytest.mark.parametrize("dtype", [["<f8"], {"names": ["a"], "formats": ["<f8"]}, 5, None])
+def test_an_array_dtype_must_be_a_str(dtype: Any) -> None:
+    """``np.dtype`` builds structured dtypes from lists and maps; a snapshot names its
+    dtype by ``dtype.str``."""
+    plain = {"__ndarray__": True, "dtype": dtype, "shape": [1], "data": b"\0" * 8}
+    with pytest.raises(InvalidState, match="malformed array in snapshot: dtype must be"):
+        snapshot.from_plain(plain)
+
+
+def test_an_rng_state_holding_an_array_where_a_map_goes_is_invalid_state() -> None:
+    """numpy indexes the inner ``state`` with str keys: an array there raised IndexError,
+    which a server answered ``env_error`` rather than ``invalid_state``."""
+    plain = snapshot.rng_to_plain(np.random.default_rng(0))
+    plain["state"] = np.zeros(1)
+    with pytest.raises(InvalidState, match="malformed rng state in snapshot: IndexError"):
+        snapshot.rng_from_plain(plain)
