@@ -54,6 +54,8 @@ __all__ = [
     "pcg64_outputs",
     "pcg64_outputs_torch",
     "random_root",
+    "reset_seed",
+    "wire_seed",
 ]
 
 MAX_ROOT_SEED = 2**63 - 1
@@ -625,6 +627,60 @@ def _checked_seed(value: Any, what: str, alternative: str = "") -> int:
     return int(value)
 
 
+def reset_seed(seed: Any, num_envs: int, *, wire: bool = False) -> int | list[int | None] | None:
+    """A reset's ``seed`` in Gymnasium's forms, checked before anything moves: a root
+    (an int), a list of ``num_envs`` entries ``int | None`` (a 1-D integer array, e.g.
+    ``np.arange(n)``, is its entries), or ``None``; every int in ``[0, 2**63)``.
+
+    ``wire``: the list is a wire's ``seeds`` (a remote vector's reset), which carries an
+    int for every env: Gymnasium's ``None`` entry ("this env continues") has no form there.
+
+    Raises:
+        ValueError: a list of another length, an entry or root out of range, or (``wire``)
+            a ``None`` entry.
+        TypeError: ``seed`` of another type.
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, np.ndarray) and seed.ndim == 1:
+        seed = seed.tolist()
+    if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+        return _checked_seed(seed, "seed")
+    if isinstance(seed, Sequence) and not isinstance(seed, str | bytes):
+        if len(seed) != num_envs:
+            if wire:  # its wording since remote vectors took lists
+                raise ValueError(
+                    f"seed must be an int, None or a list of {num_envs} ints, "
+                    f"got a list of {len(seed)}"
+                )
+            raise ValueError(
+                f"a list of seeds must hold num_envs={num_envs} entries, got {len(seed)}"
+            )
+        if wire and None in seed:
+            raise ValueError(
+                f"seed[{list(seed).index(None)}] must be an int: a remote vector's list of "
+                "seeds needs one for every env (the wire carries no None entry, Gymnasium's "
+                "'this env continues'); give every env a seed, or reset(seed=None) to "
+                "continue them all"
+            )
+        alternative = "" if wire else " or None"
+        return [
+            None if s is None else _checked_seed(s, f"seed[{i}]", alternative)
+            for i, s in enumerate(seed)
+        ]
+    got = f"ndarray of shape {seed.shape}" if isinstance(seed, np.ndarray) else type(seed).__name__
+    raise TypeError(f"seed must be an int, a list of int | None, or None, got {got}")
+
+
+def wire_seed(seed: Any, num_envs: int) -> tuple[int | None, list[int] | None]:
+    """:func:`reset_seed` for a wire's ``reset``: ``(seed, seeds)``, the root or one
+    int per env, checked before any server is asked."""
+    form = reset_seed(seed, num_envs, wire=True)
+    if isinstance(form, list):
+        return None, [int(s) for s in form if s is not None]
+    return form, None
+
+
 def _is_int(value: Any, low: int) -> bool:
     ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
     return ok and value >= low
@@ -841,44 +897,29 @@ class EpisodeSeeds:
             TypeError: ``seed`` of another type.
         """
         ids = np.asarray(ids, dtype=np.int64)
-        n = self.num_envs
+        seed = reset_seed(seed, self.num_envs)
         if seed is None:
             return self.next(ids)
-        if isinstance(seed, np.ndarray) and seed.ndim == 1:
-            seed = seed.tolist()  # seed=np.arange(n): its entries, checked as a list's
-        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            seed = _checked_seed(seed, "seed")
+        if isinstance(seed, int):
             for i in ids.tolist():
                 self.roots[i] = seed
             self._shared_root = None
             self.episode[ids] = -1
             return self.next(ids)
-        if isinstance(seed, Sequence) and not isinstance(seed, str | bytes):
-            if len(seed) != n:
-                raise ValueError(f"a list of seeds must hold num_envs={n} entries, got {len(seed)}")
-            for i in ids.tolist():  # every entry checked before any counter moves
-                if seed[i] is not None:
-                    _checked_seed(seed[i], f"seed[{i}]", " or None")
-            out: list[int | None] = [None] * len(ids)
-            self._shared_root = None
-            follow = []
-            for k, i in enumerate(ids.tolist()):
-                if seed[i] is None:
-                    follow.append(k)
-                else:
-                    self.roots[i] = None
-                    self.episode[i] = 0
-                    out[k] = int(seed[i])
-            if follow:
-                for k, s in zip(follow, self.next(ids[follow]), strict=True):
-                    out[k] = s
-            return out
-        got = (
-            f"ndarray of shape {seed.shape}"
-            if isinstance(seed, np.ndarray)
-            else type(seed).__name__
-        )
-        raise TypeError(f"seed must be an int, a list of int | None, or None, got {got}")
+        out: list[int | None] = [None] * len(ids)
+        self._shared_root = None
+        follow = []
+        for k, i in enumerate(ids.tolist()):
+            if seed[i] is None:
+                follow.append(k)
+            else:
+                self.roots[i] = None
+                self.episode[i] = 0
+                out[k] = seed[i]
+        if follow:
+            for k, s in zip(follow, self.next(ids[follow]), strict=True):
+                out[k] = s
+        return out
 
     def start_streams(
         self,

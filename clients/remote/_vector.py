@@ -19,8 +19,9 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, create_empty_array
 
+from simkit._seeding import ResetSeed, wire_seed
 from simkit._types import BatchStep
-from simkit._validation import check_seed, checked_env_ids
+from simkit._validation import checked_env_ids
 from simkit.clients.remote._connection import Connection, ConnectOptions, ServerUnavailable
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
@@ -268,15 +269,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     # -- reset -----------------------------------------------------------------------
 
     def reset(
-        self, *, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+        self, *, seed: ResetSeed = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         """Resets every env (reconnecting first if a server was lost).
 
         Args:
             seed: a root seed (env ``g`` gets ``episode_seed(seed, g, k)``), a list of
-                one root seed per env (each env restarts its episode count under its own
-                root, as :class:`simkit.BatchEnv`), or ``None`` to continue each env's
-                seed sequence.
+                one int per env (or a 1-D int array: env ``g`` reset with exactly
+                ``seed[g]``, later continuing its own generator, as a local vector; no
+                ``None`` entry, the wire has no form for it), or ``None`` to continue
+                each env's seed sequence. Every seed in ``[0, 2**63)``, checked before
+                any server is asked.
             options: reset options passed to every env (e.g. ``{"params": {...}}``).
 
         Returns:
@@ -289,24 +292,14 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 "RemoteVectorEnv resets every env: expected options without 'reset_mask', "
                 "got reset_mask (servers autoreset ended envs themselves)"
             )
+        root, seeds = wire_seed(seed, self.num_envs)  # checked before any server moves
         if self._broken:
             self.reconnect()
         self._drain()
-        seeds: list[int] | None = None
-        if seed is not None and not isinstance(seed, int | np.integer):
-            seeds = [int(s) for s in seed]
-            if len(seeds) != self.num_envs:
-                raise ValueError(
-                    f"seed must be an int, None or a list of {self.num_envs} ints, "
-                    f"got a list of {len(seeds)}"
-                )
-            seed = None
-        if seed is not None:
-            seed = check_seed(seed)
         for s, conn in enumerate(self._conns):
             lo, hi = int(self._offsets[s]), int(self._offsets[s + 1])
             frames = conn.session.request_reset(
-                seed=seed,
+                seed=root,
                 seeds=None if seeds is None else seeds[lo:hi],
                 options=options,
                 env_offset=lo if len(self._conns) > 1 else None,
