@@ -346,7 +346,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         )
     try:
         manifest = json.loads(manifest_file.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidCheckpoint(f"{manifest_file}: not valid JSON: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
@@ -439,11 +439,11 @@ def check_tensors(
     missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
     if missing or extra:
         raise InvalidCheckpoint(
-            f"{file}: tensor names differ from the model: missing {missing}, unexpected {extra}"
+            f"{file}: tensor names differ from the model: missing {len(missing)} "
+            f"{reprlib.repr(missing)}, unexpected {len(extra)} {reprlib.repr(extra)}"
         )
     for name, want in expected.items():
-        have = got[name]
-        if have.shape != want.shape or have.dtype != want.dtype:
+        if (have := got[name]).shape != want.shape or have.dtype != want.dtype:
             raise InvalidCheckpoint(
                 f"{file}: tensor {name!r} is {have.dtype} {tuple(have.shape)}, "
                 f"the model expects {want.dtype} {tuple(want.shape)}"
@@ -516,7 +516,7 @@ def load_policy(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, An
             )
         try:
             return tensors, json.loads(meta["meta"])
-        except (KeyError, json.JSONDecodeError) as exc:
+        except (KeyError, json.JSONDecodeError, RecursionError) as exc:
             raise InvalidCheckpoint(f"{p}: malformed policy metadata: {exc}") from exc
     ckpt = load_checkpoint(p)
     policy = ckpt.state.get("policy") if isinstance(ckpt.state, dict) else None
