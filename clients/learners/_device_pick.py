@@ -51,7 +51,7 @@ warm-up call longer than this is the figure itself (no repeat)."""
 
 LARGE_MINIBATCH = 4096
 """PPO's probe times one minibatch step per call above this size (else up to four), so
-that a large model's CPU step (near a second at 32,768 samples of 256x256) stays bounded."""
+that a large model's CPU step stays bounded."""
 
 Probe = Callable[[torch.device], float]
 """Seconds per update step on a device (:func:`ppo_probe`, :func:`sac_probe`)."""

@@ -45,8 +45,7 @@ def evaluate_policy(
     (``.mp4``, ``.gif``: whatever ``imageio`` writes) of those episodes, rendered with
     ``render_mode="rgb_array"``, at ``fps`` frames per second; the returns are the same
     as without it (same envs, same seeds). ``options`` are :func:`evaluate_model`'s
-    (:class:`EvalKeywords`; defaults ``episodes=10``, ``seed=0``, ``render=None``,
-    ``fps=30``, ``on_frame=None``).
+    (:class:`EvalKeywords`).
 
     Raises:
         InvalidCheckpoint: ``path`` holds no valid policy.

@@ -236,10 +236,6 @@ class PPOStep:
     and replayed per minibatch; without, the same step runs as it is (the CPU, and
     CUDA without ``cuda_graph``).
 
-    Args:
-        learner: the PPO learner (its model, optimiser and minibatch step).
-        capture: replay the step as a CUDA graph (CUDA only); else run it eagerly.
-
     Raises:
         ValueError: ``capture`` on a device that is not CUDA.
     """
@@ -310,10 +306,6 @@ class SACStep:
     step runs as it is (the CPU, and CUDA without ``cuda_graph``). The noise comes from
     the learner's generator, registered with each graph, so replays draw what eager
     steps draw.
-
-    Args:
-        learner: the SAC learner (its optimiser, generator, tensors and gradient step).
-        capture: replay the steps as CUDA graphs (CUDA only); else run them eagerly.
 
     Raises:
         ValueError: ``capture`` on a device that is not CUDA.

@@ -4,19 +4,8 @@ The metric names are the contract of the shipped alert rules (``docs/alerts.yml`
 by ``tests/test_alerts.py`` with ``promtool``) and of the docs. :class:`LearnerMetrics` is
 a :class:`~simkit._metrics.MetricSet` in the learner's own registry, so two learners in one
 process (tests) keep their figures apart; :meth:`LearnerMetrics.start` serves it with
-:class:`~simkit._metrics.MetricsHTTPServer`.
-
-Exported (``prometheus_client`` appends ``_total`` to counters):
-
-* ``simkit_learner_env_steps_total``, ``simkit_learner_updates_total`` (counters),
-  ``simkit_learner_utd_target``, ``simkit_learner_utd_achieved``,
-  ``simkit_learner_policy_version``, ``simkit_learner_updates_per_second``,
-  ``simkit_learner_env_steps_per_second``;
-* ``simkit_replay_size``, ``simkit_replay_capacity``, ``simkit_replay_inserts_total``
-  (counter: the fill rate is its ``rate()``), ``simkit_replay_newest_age_versions``,
-  ``simkit_replay_sample_age_versions``;
-* ``simkit_learner_last_fragment_timestamp_seconds``, ``simkit_learner_servers_alive``,
-  ``simkit_learner_servers_lost``.
+:class:`~simkit._metrics.MetricsHTTPServer`. The metrics are declared in the class body
+(``prometheus_client`` appends ``_total`` to counters) and listed in docs/offpolicy.md.
 """
 
 from __future__ import annotations
@@ -129,28 +118,12 @@ class LearnerMetrics(MetricSet):
         servers_alive: int | None = None,
         servers_lost: int | None = None,
     ) -> None:
-        """Sets the metrics from the learner's current figures; None leaves one unchanged.
-
-        Args:
-            env_steps: env steps received so far (running total; the counter advances by
-                the difference to the last total seen, never backwards).
-            updates: gradient steps done so far (running total).
-            utd_target: the target update-to-data ratio.
-            utd_achieved: gradient steps per env step since learning started.
-            version: the version of the learner's newest weights.
-            replay_size: transitions stored.
-            replay_capacity: the buffer's capacity.
-            replay_inserted: transitions ever inserted (running total).
-            newest_version: the policy version of the newest stored transition; with
-                ``version`` (this call's or the last one) it sets
-                ``simkit_replay_newest_age_versions``. Negative: the buffer is empty,
-                the age is left unchanged.
-            sample_age: mean age (versions) of the last sampled batch; NaN: none sampled
-                yet, left unchanged.
-            updates_per_s: recent gradient steps per second.
-            env_steps_per_s: recent env steps per second.
-            servers_alive: rollout servers streaming.
-            servers_lost: rollout servers lost and not replaced.
+        """Sets each metric of the same name (the class body's) from the learner's current
+        figures; None leaves one unchanged. ``env_steps``, ``updates`` and
+        ``replay_inserted`` are running totals: their counters advance by the difference
+        to the last total seen, never backwards. ``newest_version``, with ``version``
+        (this call's or the last one), sets the newest transition's age; negative (an
+        empty buffer) leaves it unchanged, as a NaN ``sample_age`` (none sampled yet) does.
         """
         with self._lock:
             for name, counter, total in (

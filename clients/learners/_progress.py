@@ -69,16 +69,10 @@ class _Line:
 
 class ProgressLine:
     """A live line on a terminal, fitted to its width; plain lines every ``print_every``
-    seconds without one; nothing without ``progress``.
-
-    Args:
-        progress: show anything at all.
-        print_every: seconds between plain lines (no terminal).
-        env_id: the env, the line's first field.
-        total: env steps the run stops at (None or 0: until stopped: no ETA, no bar).
-        done: env steps already done (a resumed run).
-        console: a ``rich`` console to draw on (default: stdout's, where it is a
-            terminal).
+    seconds without one; nothing without ``progress``. ``env_id`` is the line's first
+    field; ``total`` the env steps the run stops at (None or 0: until stopped: no ETA, no
+    bar), ``done`` those already done (a resumed run); ``console`` a ``rich`` console to
+    draw on (default: stdout's, where it is a terminal).
     """
 
     def __init__(

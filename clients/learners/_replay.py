@@ -306,7 +306,7 @@ class ReplayBuffer:
         action_dtype: Any = np.float32,
     ) -> str:
         """:meth:`describe` of the buffer these arguments would make, before allocating it."""
-        per = _record(obs_shape, obs_dtype, action_shape, action_dtype).itemsize
+        per = ReplayBuffer.bytes_needed(1, obs_shape, action_shape, obs_dtype, action_dtype)
         n = _count("capacity", capacity, 1)
         return f"{n:,} transitions x {per:,} B = {_human(n * per)}"
 

@@ -1,6 +1,5 @@
 """What a run's settings will allocate, checked against the memory this machine has free
-before anything is built (``simkit train --num-envs 10**12`` was a ``MemoryError``,
-``--num-steps 10**12`` asked numpy for 14.6 TiB).
+before anything is built (one line instead of a ``MemoryError`` once the run started).
 
 :func:`check_run_memory` makes one env of the run (with its ``env_kwargs``: a constructor
 argument the env refuses is one line here, before any server starts), reads its

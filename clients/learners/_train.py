@@ -41,8 +41,8 @@ from simkit.clients.learners._run import Run, TrainResult, learner_of
 __all__ = ["KINDS", "Plan", "execute", "plan", "resumed_kernels"]
 
 SERVER_BYTES = 256 << 20
-"""About what one local ``simkit serve --policy`` process takes (~230 MiB resident with
-torch loaded): ``servers=N`` needs N times it free."""
+"""About what one local ``simkit serve --policy`` process takes (torch loaded):
+``servers=N`` needs N times it free."""
 MAX_RAY_SERVERS = 4096
 """The most ``servers`` on Ray (or ``connect`` endpoints): a cluster's, not this
 machine's, memory holds them."""

@@ -383,8 +383,8 @@ class CheckpointCadence:
     """When an off-policy run checkpoints, so a crash never loses much of it.
 
     A checkpoint holds the replay buffer, so it is not cheap, and a run's speed is not
-    known up front (20 env steps/s on one machine, 2,000 on another): a cadence in env
-    steps alone loses whole runs when they are slow. So, besides every ``steps`` env
+    known up front (it differs a hundredfold between machines): a cadence in env steps
+    alone loses whole runs when they are slow. So, besides every ``steps`` env
     steps (0: never by steps):
 
     - the first checkpoint comes as soon as learning starts (unless the run resumed
@@ -396,12 +396,8 @@ class CheckpointCadence:
       checkpoints costs at most 5% of the time); never later than ``minutes`` (0: not
       by time at all).
 
-    Args:
-        steps: env steps between checkpoints (0: not by steps).
-        minutes: the longest time between checkpoints (0: not by time).
-        now: the session's start (a monotonic clock, seconds).
-        step: the env steps done at the start.
-        learning: whether the run had started learning at its start (a resumed one).
+    ``now``, ``step`` and ``learning``: the session's start (a monotonic clock, seconds),
+    the env steps done then and whether the run had started learning then (a resumed one).
     """
 
     MIN_INTERVAL_S = 30.0
