@@ -22,7 +22,6 @@ __all__ = [
     "Settings",
     "SACArgs",
     "resolve_device",
-    "refuse_unless",
     "MAX_TOTAL_STEPS_VAR",
     "capped_total_steps",
     "capped",
@@ -127,24 +126,12 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def refuse_unless(rules: list[tuple[str, Any, bool, str]]) -> None:
-    """Raises for the first ``(flag, value, ok, must be)`` rule that does not hold.
-
-    Raises:
-        ValueError: ``"<flag> must be <must be>, got <value>"``.
-    """
-    for name, value, ok, want in rules:
-        if not ok:
-            raise ValueError(f"{name} must be {want}, got {value}")
-
-
 _FLOAT32_MAX = 3.4028234663852886e38
-"""The largest float32: a hyperparameter becomes a float32 tensor (``--clip-coef 1e308``
-overflowed in torch)."""
+"""The largest float32: a hyperparameter becomes a float32 tensor (a larger one overflows)."""
 
 _THREADS = f"in [1, {max_threads()}]"
-"""Thread counts: at least one, at most :func:`~simkit._limits.max_threads` (a million
-torch threads exhausted the host's threads and crashed the process)."""
+"""Thread counts: at least one, at most :func:`~simkit._limits.max_threads` (more would
+exhaust the host's threads)."""
 
 _MUST: dict[str, Callable[[Any], bool]] = {
     "in [0, 2**63)": lambda v: 0 <= v < 2**63,
@@ -192,14 +179,13 @@ class _Plain:
         Raises:
             ValueError: ``"--<field> must be <must be>, got <value>"`` (``hidden`` as a list).
         """
-        rules = []
         for table in (_SHARED_CHECKS, checks):
             for must, names in table.items():
                 for name in names:
                     value = getattr(self, name)
-                    shown = list(value) if name == "hidden" else value
-                    rules.append((flag(name), shown, _MUST[must](value), must))
-        refuse_unless(rules)
+                    if not _MUST[must](value):
+                        shown = list(value) if name == "hidden" else value
+                        raise ValueError(f"{flag(name)} must be {must}, got {shown}")
         for name, value in vars(self).items():  # tensors hold them: float32's range
             if isinstance(value, float) and not abs(value) <= _FLOAT32_MAX:
                 raise ValueError(
