@@ -65,7 +65,7 @@ from simkit.randomization import (
     sample_params,
 )
 from simkit.vector._actions import check_batch_array
-from simkit.vector._build import positive_int
+from simkit.vector._build import no_sub_env_methods, positive_int
 
 __all__ = ["BATCH_STATE_FORMAT", "BatchEnv", "PendingStep", "Physics"]
 
@@ -205,6 +205,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
     state_attributes: ClassVar[tuple[str, ...] | None] = None
     time_limit_only: ClassVar[bool] = False
     single_env: ClassVar[Any] = None
+    call, get_attr, set_attr = no_sub_env_methods("batch")  # one env, not N sub-envs
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Refuses a subclass that reuses a reserved name (:meth:`reserved_names`), at

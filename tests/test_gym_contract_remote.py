@@ -54,3 +54,19 @@ def test_a_refused_list_of_seeds_moves_no_server(endpoints: list[str]) -> None:
     finally:
         remote.close()
         local.close()
+
+
+def test_sub_env_methods_are_absent_and_say_why(endpoints: list[str]) -> None:
+    """``remote.call(...)``/``get_attr``/``set_attr`` were Python's bare "object has no
+    attribute": they are absent on purpose (a client must not choose code for a server
+    to run), and reading one now says so; ``hasattr`` stays False for duck typing."""
+    remote = RemoteVectorEnv(endpoints, timeout=10)
+    try:
+        for name in ("call", "get_attr", "set_attr"):
+            assert not hasattr(remote, name)
+            with pytest.raises(AttributeError, match=rf"RemoteVectorEnv has no {name}\(\): .* "):
+                getattr(remote, name)("reset")
+        with pytest.raises(AttributeError, match="must not choose code for a server to run"):
+            remote.call("reset")
+    finally:
+        remote.close()

@@ -26,6 +26,7 @@ from simkit.clients.remote._connection import Connection, ConnectOptions, Server
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
 from simkit.protocol import take_rows as _take
+from simkit.vector._build import no_sub_env_methods
 
 __all__ = ["RemoteVectorEnv"]
 
@@ -122,6 +123,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         ServerUnavailable: a server did not answer the handshake in time.
         ValueError: servers disagree on env id, spaces or autoreset mode.
     """
+
+    call, get_attr, set_attr = no_sub_env_methods("remote")  # docs/clients.md says why
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ __all__ = [
     "plan_env_resets",
     "check_mask",
     "homogeneous_agent_spaces",
+    "no_sub_env_methods",
 ]
 
 
@@ -256,3 +257,27 @@ def homogeneous_agent_spaces(envs: Sequence[Any], who: str) -> tuple[Any, Any]:
                     f"has {obs} and {act}"
                 )
     return obs_space, act_space
+
+
+_NO_SUB_ENVS = {
+    "remote": "its envs live in rollout servers, and a client must not choose code for a "
+    "server to run (a server runs only its env's reset, step and snapshots); read values "
+    "from infos, or use a local simkit.vector.VectorEnv",
+    "batch": "a BatchEnv is one env over N instances, not N sub-envs (as Gymnasium's own "
+    "batched vector envs, e.g. CartPoleVectorEnv): read or set the attribute on it",
+}
+
+
+def no_sub_env_methods(kind: str) -> tuple[Any, Any, Any]:
+    """``call``, ``get_attr`` and ``set_attr`` of a vector (``kind``: ``"remote"`` or
+    ``"batch"``) that lacks ``SyncVectorEnv``'s methods on purpose: reading one raises
+    ``AttributeError`` naming the class and saying why, so ``hasattr`` stays False as
+    for any vector without them."""
+
+    def refuse(name: str) -> Any:
+        def get(self: Any) -> Any:
+            raise AttributeError(f"{type(self).__name__} has no {name}(): {_NO_SUB_ENVS[kind]}")
+
+        return property(get)
+
+    return refuse("call"), refuse("get_attr"), refuse("set_attr")

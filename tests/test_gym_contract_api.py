@@ -1,0 +1,22 @@
+"""Gymnasium's VectorEnv API beyond reset/step on simkit's local vectors: what a
+``SyncVectorEnv`` user reaches for, and the clear refusals where a kind differs."""
+
+from __future__ import annotations
+
+import pytest
+
+import simkit
+
+
+def test_a_batch_env_has_no_sub_env_methods_and_says_why() -> None:
+    """A BatchEnv is one env over N instances, as Gymnasium's own batched vector envs
+    (``CartPoleVectorEnv``): it has no ``call``/``get_attr``/``set_attr``, and reading
+    one said only "object has no attribute"; now it says why and where to look."""
+    batch = simkit.make("simkit/BatchCartPole-v0", num_envs=2)
+    for name in ("call", "get_attr", "set_attr"):
+        assert not hasattr(batch, name)
+        with pytest.raises(
+            AttributeError, match=rf"BatchCartPole has no {name}\(\): .*not N sub-envs"
+        ):
+            getattr(batch, name)("max_episode_steps")
+    assert batch.max_episode_steps == 500  # the attribute, on the batch itself
