@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from gymnasium.utils import seeding
 
 import simkit
 
@@ -20,3 +23,23 @@ def test_a_batch_env_has_no_sub_env_methods_and_says_why() -> None:
         ):
             getattr(batch, name)("max_episode_steps")
     assert batch.max_episode_steps == 500  # the attribute, on the batch itself
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: simkit.make_vec("simkit/CartPole-v0", 2),
+        lambda: simkit.make("simkit/BatchCartPole-v0", num_envs=2),
+    ],
+    ids=["vector", "batch"],
+)
+def test_a_root_seed_seeds_the_vectors_own_np_random(make: Any) -> None:
+    """Gymnasium's ``VectorEnv.reset(seed=s)`` seeds ``envs.np_random`` (``np_random_seed
+    == s``), and a BatchEnv did; a VectorEnv kept an unrelated random generator."""
+    envs = make()
+    envs.reset(seed=5)
+    assert envs.np_random_seed == 5
+    assert envs.np_random.random() == seeding.np_random(5)[0].random()
+    with pytest.raises(ValueError, match="must be an int in"):
+        envs.reset(seed=-1)
+    assert envs.np_random_seed == 5

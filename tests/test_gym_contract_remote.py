@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gymnasium.utils import seeding
 
 from simkit.clients import RemoteVectorEnv
 from simkit.servers import RolloutServer
@@ -68,5 +69,16 @@ def test_sub_env_methods_are_absent_and_say_why(endpoints: list[str]) -> None:
                 getattr(remote, name)("reset")
         with pytest.raises(AttributeError, match="must not choose code for a server to run"):
             remote.call("reset")
+    finally:
+        remote.close()
+
+
+def test_a_root_seed_seeds_the_vectors_own_np_random(endpoints: list[str]) -> None:
+    """As Gymnasium's ``VectorEnv.reset(seed=s)`` and a local vector do."""
+    remote = RemoteVectorEnv(endpoints, timeout=10)
+    try:
+        remote.reset(seed=5)
+        assert remote.np_random_seed == 5
+        assert remote.np_random.random() == seeding.np_random(5)[0].random()
     finally:
         remote.close()

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import zmq
 from gymnasium import spaces
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space, create_empty_array
 
@@ -319,6 +320,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         self._reset_done = True
         self._autoreset_envs[:] = False
         self._reset_obs = [None] * self.num_envs
+        if root is not None:  # Gymnasium's VectorEnv.reset seeds the vector's np_random
+            self._np_random, self._np_random_seed = seeding.np_random(root)
         return _concat(self.single_observation_space, parts), infos
 
     # -- stepping --------------------------------------------------------------------

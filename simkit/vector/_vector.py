@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
@@ -212,9 +213,15 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
                 episode (a fresh random root on the very first reset).
             options: passed to every env's ``reset``; ``{"reset_mask": (N,) bool}``
                 resets only some envs, as in Gymnasium.
+
+        A root seed also seeds the vector's own ``np_random`` (``np_random_seed`` is
+        it), as Gymnasium's ``VectorEnv.reset`` does.
         """
         self._require_idle("reset()")
         ids = self._reset_every(seed, options)
+        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
+            # Gymnasium's VectorEnv.reset seeds the vector's own np_random (as BatchEnv)
+            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         infos: dict[str, Any] = {}
         for i in ids:
             infos = self._add_info(infos, self._info_rows[i], int(i))
