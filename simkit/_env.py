@@ -68,6 +68,16 @@ class Env(ContractCore, gym.Env[ObsType, ActType], Generic[ObsType, ActType]):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement step_episode()")
 
+    def render(self) -> Any:
+        """Gymnasium's ``render``; this base draws nothing (``metadata["render_modes"]``
+        is empty), so it says so instead of Gymnasium's bare ``NotImplementedError``,
+        which a vector's ``render()`` passed on with no word of which env or why."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not render: its metadata['render_modes'] is "
+            f"{self.metadata.get('render_modes', [])!r} (an env that draws overrides "
+            "render(), as simkit.MujocoEnv does)"
+        )
+
     def _prepare_episode(self, params: Params) -> None:
         """Runs before ``reset_episode``; simulator bases reset physics here."""
         del params

@@ -43,3 +43,13 @@ def test_a_root_seed_seeds_the_vectors_own_np_random(make: Any) -> None:
     with pytest.raises(ValueError, match="must be an int in"):
         envs.reset(seed=-1)
     assert envs.np_random_seed == 5
+
+
+def test_render_of_envs_that_draw_nothing_says_which_and_why() -> None:
+    """``envs.render()`` over simkit's CartPole raised a bare ``NotImplementedError()``
+    (Gymnasium's ``Env.render``): now the env names itself and its render modes."""
+    envs = simkit.make_vec("simkit/CartPole-v0", 2)
+    with pytest.raises(
+        NotImplementedError, match=r"CartPole does not render: .*render_modes'\] is \[\]"
+    ):
+        envs.render()
