@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import pytest
 from gymnasium.utils import seeding
 
 import simkit
+from simkit.snapshot import dumps, loads
+from simkit.vector import VectorEnv
 
 
 def test_a_batch_env_has_no_sub_env_methods_and_says_why() -> None:
@@ -53,3 +57,62 @@ def test_render_of_envs_that_draw_nothing_says_which_and_why() -> None:
         NotImplementedError, match=r"CartPole does not render: .*render_modes'\] is \[\]"
     ):
         envs.render()
+
+
+def test_a_vector_of_gymnasium_made_envs_restores_into_a_fresh_vector() -> None:
+    """``VectorEnv([lambda: gym.make("simkit/CartPole-v0")] * n)`` (SyncVectorEnv's
+    usual env_fns) restored a snapshot into a fresh vector whose first step then raised
+    ``OrderEnforcing``'s "Cannot call env.step() before calling env.reset()"."""
+
+    def make() -> VectorEnv:
+        return VectorEnv([lambda: gym.make("simkit/CartPole-v0") for _ in range(2)])
+
+    ours = make()
+    ours.reset(seed=4)
+    actions = np.array([1, 0])
+    for _ in range(5):
+        ours.step(actions)
+    for restore in ("set_state", "set_env_states"):
+        fresh = make()
+        if restore == "set_state":
+            fresh.set_state(loads(dumps(ours.get_state())))
+        else:
+            fresh.set_env_states([0, 1], loads(dumps(ours.get_env_states([0, 1]))))
+        for _ in range(30):
+            a, b = ours.step(actions), fresh.step(actions)
+            np.testing.assert_array_equal(a[0], b[0], strict=True)
+        ours.set_state(fresh.get_state())
+
+
+@pytest.mark.parametrize(
+    ("wrap", "name"),
+    [
+        (
+            lambda: gym.wrappers.NormalizeObservation(simkit.make("simkit/Pendulum-v0")),
+            "NormalizeObservation",
+        ),
+        (lambda: gym.make("simkit/Pendulum-v0", max_episode_steps=10), "TimeLimit"),
+        (
+            lambda: gym.wrappers.RecordEpisodeStatistics(simkit.make("simkit/Pendulum-v0")),
+            "RecordEpisodeStatistics",
+        ),
+    ],
+)
+def test_a_snapshot_of_envs_under_stateful_wrappers_is_refused_by_name(
+    wrap: Any, name: str
+) -> None:
+    """CleanRL's make_env wraps each env (NormalizeObservation, a TimeLimit, ...): their
+    state was silently left out of the vector's snapshot, and a restored vector went on
+    with other observations. It is now refused, naming the wrapper and the fix."""
+    vec = VectorEnv([wrap for _ in range(2)])
+    vec.reset(seed=0)
+    for snapshot in (vec.get_state, lambda: vec.get_env_states([1])):
+        with pytest.raises(
+            TypeError,
+            match=rf"env 0 is wrapped in {name}, whose own state|env 1 is wrapped in {name}",
+        ):
+            snapshot()
+    plain = VectorEnv([lambda: simkit.make("simkit/Pendulum-v0") for _ in range(2)])
+    plain.reset(seed=0)
+    with pytest.raises(TypeError, match=rf"wrapped in {name}"):
+        vec.set_state(plain.get_state())

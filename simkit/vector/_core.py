@@ -21,8 +21,10 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
 from simkit._seeding import EpisodeSeeds
 from simkit._state import restore_all
@@ -40,6 +42,30 @@ VECTOR_STATE_FORMAT = 1
 _SAME, _NEXT = AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP
 
 _Work = list[tuple[int, Any, AutoresetMode]]
+
+
+def snapshot_env(env: Any, i: int) -> Any:
+    """The env that a snapshot of env ``i`` reads and restores: the env under
+    ``gymnasium.make``'s checks (``OrderEnforcing``, ``PassiveEnvChecker``: no state of
+    the episode), a PettingZoo env's ``unwrapped``.
+
+    Raises:
+        TypeError: another Gymnasium wrapper, which keeps state of its own (running
+            statistics, step counts, ...) that no snapshot holds: a restored vector would
+            not continue bit for bit, so it is refused, naming the wrapper and the fix.
+    """
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if not isinstance(inner, OrderEnforcing | PassiveEnvChecker):
+            raise TypeError(
+                f"env {i} is wrapped in {type(inner).__name__}, whose own state (running "
+                "statistics, step counts, ...) a snapshot does not hold, so a restored "
+                "vector would not continue bit for bit: snapshot vectors of unwrapped "
+                "envs and wrap the vector instead (gymnasium.wrappers.vector), and give "
+                "a time limit as the env's max_episode_steps"
+            )
+        inner = inner.env
+    return inner.unwrapped
 
 
 class VectorCore(abc.ABC):
@@ -416,13 +442,30 @@ class VectorCore(abc.ABC):
     # -------------------------------------------------------------------- snapshots
 
     def _env_snapshot(self, i: int) -> Any:
-        getter = getattr(self.envs[i].unwrapped, "get_state", None)
+        inner = snapshot_env(self.envs[i], i)
+        getter = getattr(inner, "get_state", None)
         if getter is None:
             raise TypeError(
-                f"env {i} ({type(self.envs[i].unwrapped).__name__}) has no get_state(); "
+                f"env {i} ({type(inner).__name__}) has no get_state(); "
                 "vector snapshots need simkit envs"
             )
         return getter()
+
+    def _restore_envs(self, ids: Sequence[int], states: Sequence[Any]) -> None:
+        """``set_state`` of envs ``ids``, all or nothing; ``gymnasium.make``'s wrappers
+        then count them as reset and checked, as the envs of the vector the snapshot came
+        from were (a fresh vector's were never reset through them, and its order check
+        refused the first step, its checker failed on it)."""
+        restore_all([snapshot_env(self.envs[i], i) for i in ids], states)
+        for i in ids:
+            wrapper = self.envs[i]
+            while isinstance(wrapper, gym.Wrapper):
+                if isinstance(wrapper, OrderEnforcing):
+                    wrapper._has_reset = True
+                elif isinstance(wrapper, PassiveEnvChecker):
+                    wrapper.checked_reset = wrapper.checked_step = True
+                    wrapper.checked_data_reuse = True
+                wrapper = wrapper.env
 
     def _rows_state(self) -> dict[str, Any]:
         """The face's fields of a whole snapshot."""
@@ -486,7 +529,7 @@ class VectorCore(abc.ABC):
         self._require_idle("set_state()")
         seeds = EpisodeSeeds.parse_state(state, n)
         apply_rows = self._restore_rows(state)
-        restore_all([env.unwrapped for env in self.envs], state["envs"])
+        self._restore_envs(range(n), state["envs"])
         self._undo.clear()
         self._broken[:] = False  # every env holds a restored state: none is broken
         self.seeds.set_state(seeds)
@@ -513,10 +556,8 @@ class VectorCore(abc.ABC):
         for i in checked_env_ids(env_ids, self.num_envs).tolist():
             if self.seeds.episode[i] < 0:
                 raise ResetNeeded(f"env {i}: get_state before reset; reset first")
-            getter = getattr(self.envs[i].unwrapped, "get_state", None)
-            if getter is None:
-                raise TypeError(f"env {i} has no get_state(); snapshots need simkit envs")
-            out.append({"env": getter(), **self.seeds.env_state(i), **self._env_rows_state(i)})
+            env = self._env_snapshot(i)
+            out.append({"env": env, **self.seeds.env_state(i), **self._env_rows_state(i)})
         return out
 
     def set_env_states(self, env_ids: Any, states: Sequence[Mapping[str, Any]]) -> None:
@@ -541,7 +582,7 @@ class VectorCore(abc.ABC):
                 raise InvalidState(f"a host snapshot holds {sorted(need)}, got {got}")
             apply_rows = self._restore_env_rows(state)
             parsed.append((EpisodeSeeds.parse_env_state(state), apply_rows))
-        restore_all([self.envs[i].unwrapped for i in ids], [s["env"] for s in states])
+        self._restore_envs(ids, [s["env"] for s in states])
         for i, (seeding, apply_rows) in zip(ids, parsed, strict=True):
             self.seeds.set_env_state(i, seeding)
             self._undo.pop(i, None)
