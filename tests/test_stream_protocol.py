@@ -8,6 +8,7 @@ import pytest
 from simkit._types import Fragment
 from simkit.protocol import (
     FRAGMENT_ARRAYS,
+    InvalidDtype,
     InvalidField,
     InvalidShape,
     Message,
@@ -18,9 +19,10 @@ from simkit.protocol import (
     StreamConfig,
     StreamServerSession,
     StreamState,
+    decode,
     encode,
 )
-from simkit.protocol._stream_messages import parse_fragment
+from simkit.protocol._stream_messages import fragment_message, parse_fragment
 from simkit.protocol._stream_session import (
     CloseCommand,
     CreditCommand,
@@ -211,3 +213,88 @@ def test_a_local_protocol_error_names_what_was_expected_and_what_came() -> None:
     err = InvalidDtype("actions cannot be cast to the space dtype", expected="int64", got="<U3")
     assert str(err) == "actions cannot be cast to the space dtype (expected int64, got <U3)"
     assert err.message == "actions cannot be cast to the space dtype"
+
+
+def _opened_client(env_offset: int, num_envs: int = 2, steps: int = 3) -> StreamClientSession:
+    """A learner's session that asked for slots ``env_offset ..`` and was answered with
+    a CartPole-like session of ``num_envs`` slots and ``steps``-step fragments."""
+    from gymnasium import spaces
+
+    from simkit.protocol import StreamInfo, space_to_plain
+
+    client = StreamClientSession("tcp://example:1")
+    client.request_open(StreamConfig(model=MODEL, num_envs=num_envs, env_offset=env_offset))
+    info = StreamInfo(
+        session="s",
+        env_id="simkit/CartPole-v0",
+        env_kind="single",
+        agents=None,
+        observation_space=space_to_plain(spaces.Box(-np.inf, np.inf, (4,), np.float32)),
+        action_space=space_to_plain(spaces.Discrete(2)),
+        num_envs=num_envs,
+        num_rows=num_envs,
+        fragment_length=steps,
+        mode="sync",
+        device="cpu",
+        heartbeat_timeout=None,
+        server="simkit",
+    )
+    assert client.parse(encode(Message(kind="stream_open", id=1, body=info.to_plain())))
+    return client
+
+
+def _sent(fragment: Fragment) -> list[object]:
+    server = StreamServerSession()
+    _open(server)
+    server.weights_applied(4)
+    server.receive(StreamClientSession().request_credit(1))
+    return server.fragment_frames(fragment)
+
+
+def test_a_fragment_that_does_not_fit_the_session_is_refused() -> None:
+    """A learner took any fragment whose arrays agreed among themselves: env ids of
+    2**40 (which size the learner's per-row statistics), other steps or rows than the
+    session's, observations of another dtype or shape all reached it."""
+    good = _fragment()
+    good_here = Fragment(**{**good.__dict__, "env_ids": np.array([4, 5], np.int64)})
+    assert isinstance(_opened_client(4).parse(_sent(good_here)), Fragment)
+    cases: list[tuple[Fragment, type[Exception], str]] = [
+        (
+            Fragment(**{**good.__dict__, "env_ids": np.array([4, 2**40], np.int64)}),
+            InvalidField,
+            "env_ids are not the session's env slots",
+        ),
+        (good, InvalidField, "env_ids are not the session's env slots"),  # slots 0, 1
+        (
+            Fragment(**{**_fragment(t=5).__dict__, "env_ids": np.array([4, 5], np.int64)}),
+            InvalidShape,
+            "steps and rows differ",
+        ),
+        (
+            Fragment(**{**good_here.__dict__, "obs": good.obs.astype(np.float64)}),
+            InvalidDtype,
+            "'obs'",
+        ),
+        (
+            Fragment(**{**good_here.__dict__, "last_obs": np.zeros((2, 5), np.float32)}),
+            InvalidShape,
+            "'last_obs' per row",
+        ),
+        (
+            Fragment(**{**good_here.__dict__, "actions": good.actions[..., None]}),
+            InvalidShape,
+            "'actions' per row",
+        ),
+    ]
+    for fragment, error, match in cases:
+        with pytest.raises(error, match=match):
+            _opened_client(4).parse(_sent(fragment))
+
+
+def test_a_fragment_whose_episode_returns_are_a_scalar_is_invalid_shape() -> None:
+    """``episode_returns.shape[0]`` of a 0-d array raised IndexError out of the parser."""
+    arrays = dict(fragment_message(_fragment()).arrays)
+    arrays["episode_returns"] = np.array(1.5)
+    msg = decode(encode(Message(kind="fragment", id=0, body={"sequence": 0}, arrays=arrays)))
+    with pytest.raises(InvalidShape, match="episode_returns"):
+        parse_fragment(msg)

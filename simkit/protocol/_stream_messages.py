@@ -400,10 +400,10 @@ def parse_fragment(msg: Message, *, source: str | None = None) -> Fragment:
                 expected=lead,
                 got=arr.shape,
             )
-    e = arrays["episode_returns"].shape[0]
-    for name in ("episode_lengths", "episode_rows"):
-        if arrays[name].shape != (e,):
-            raise InvalidShape(f"fragment array {name!r}", expected=(e,), got=arrays[name].shape)
+    e = arrays["episode_returns"].shape[:1] or ("E",)  # a 0-d one fits no (E,)
+    for name in ("episode_returns", "episode_lengths", "episode_rows"):
+        if arrays[name].shape != e:
+            raise InvalidShape(f"fragment array {name!r}", expected=e, got=arrays[name].shape)
     final_index = arrays["final_index"]
     d = final_index.shape[0] if final_index.ndim == 1 else -1
     if final_index.ndim != 1 or arrays["final_obs"].shape[:1] != (d,):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +21,16 @@ from simkit._types import Fragment
 from simkit.protocol._codec import INLINE_THRESHOLD, Limits, Message, decode, encode
 from simkit.protocol._error_reply import error_reply
 from simkit.protocol._errors import (
+    InvalidDtype,
     InvalidField,
+    InvalidShape,
     MalformedMessage,
     ProtocolError,
     RemoteError,
     SessionStateError,
     UnknownKind,
 )
+from simkit.protocol._spaces import _LEAF, _leaf_shape, _structure, batch_dtype, space_from_plain
 from simkit.protocol._stream_messages import (
     SessionSnapshot,
     StaleVersion,
@@ -326,6 +330,8 @@ class StreamClientSession:
         self.source = source
         self.limits = limits or Limits()
         self.info: StreamInfo | None = None
+        self._env_offset = 0
+        self._layout: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
         self.last_id = 0
         """The id of the last request built."""
         self._ids = itertools.count(1)
@@ -336,6 +342,7 @@ class StreamClientSession:
 
     def request_open(self, config: StreamConfig) -> list[Any]:
         """``stream_open`` frames."""
+        self._env_offset = config.env_offset
         return self._frames(Message(kind="stream_open", id=next(self._ids), body=config.to_plain()))
 
     def request_weights(self, version: int, tensors: Mapping[str, np.ndarray]) -> list[Any]:
@@ -384,9 +391,13 @@ class StreamClientSession:
             err.request_id = msg.id  # type: ignore[attr-defined]
             raise err
         if msg.kind == "fragment":
-            return parse_fragment(msg, source=self.source)
+            fragment = parse_fragment(msg, source=self.source)
+            if self.info is not None:
+                _check_fits(fragment, self.info, self._env_offset, self._layout)
+            return fragment
         if msg.kind == "stream_open":
             self.info = StreamInfo.from_plain(msg.body)
+            self._layout = _leaf_layout(self.info)
             return self.info
         if msg.kind == "stream_state":
             return parse_session_state(msg)
@@ -398,3 +409,54 @@ class StreamClientSession:
             "close or error",
             got=msg.kind,
         )
+
+
+def _leaf_layout(info: StreamInfo) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+    """Fragment array name -> (dtype, per-row shape) its session's spaces give it (only
+    for leaf spaces: Box, Discrete, MultiDiscrete, MultiBinary)."""
+    layout = {}
+    for names, plain in (
+        (("obs", "last_obs", "final_obs"), info.observation_space),
+        (("actions",), info.action_space),
+    ):
+        space = space_from_plain(plain)
+        if _structure(space) == _LEAF:
+            layout.update(dict.fromkeys(names, (batch_dtype(space), _leaf_shape(space))))
+    return layout
+
+
+def _check_fits(
+    fragment: Fragment,
+    info: StreamInfo,
+    env_offset: int,
+    layout: Mapping[str, tuple[np.dtype[Any], tuple[int, ...]]],
+) -> None:
+    """Raises unless ``fragment`` is one of the session ``info`` describes: ``T`` steps of
+    its ``R`` rows, rows of the env slots it opened (``env_offset`` on), observations and
+    actions of its spaces. A careless or hostile server's fragment otherwise reached the
+    learner, whose buffers its env ids size (ids of 2**40 grew the reward scaler to
+    8 TB) and whose model its shapes fail inside torch.
+
+    Raises:
+        InvalidShape / InvalidField / InvalidDtype: naming the array, expected and got.
+    """
+    steps, rows = info.fragment_length, info.num_rows
+    if fragment.log_probs.shape != (steps, rows):
+        raise InvalidShape(
+            "fragment steps and rows differ from the session's",
+            expected=(steps, rows),
+            got=fragment.log_probs.shape,
+        )
+    slots = env_offset + np.arange(rows, dtype=np.int64) // max(1, rows // max(1, info.num_envs))
+    if not np.array_equal(fragment.env_ids, slots):
+        raise InvalidField(
+            "fragment env_ids are not the session's env slots",
+            expected=reprlib.repr(slots.tolist()),
+            got=reprlib.repr(fragment.env_ids.tolist()),
+        )
+    for name, (dtype, shape) in layout.items():
+        arr = getattr(fragment, name)
+        if arr.dtype != dtype:
+            raise InvalidDtype(f"fragment array {name!r}", expected=dtype.name, got=arr.dtype.name)
+        if arr.shape[1 if name in ("last_obs", "final_obs") else 2 :] != shape:
+            raise InvalidShape(f"fragment array {name!r} per row", expected=shape, got=arr.shape)
