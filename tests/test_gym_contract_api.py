@@ -116,3 +116,12 @@ def test_a_snapshot_of_envs_under_stateful_wrappers_is_refused_by_name(
     plain.reset(seed=0)
     with pytest.raises(TypeError, match=rf"wrapped in {name}"):
         vec.set_state(plain.get_state())
+
+
+def test_a_snapshot_of_gymnasium_envs_says_they_are_no_simkit_envs() -> None:
+    """A Gymnasium env under ``TimeLimit`` has no snapshot at all: the refusal names
+    that, not the wrapper (which would send its user to unwrap in vain)."""
+    vec = VectorEnv("gym:Pendulum-v1", 2)
+    vec.reset(seed=0)
+    with pytest.raises(TypeError, match=r"env 0 \(PendulumEnv\) has no get_state\(\)"):
+        vec.get_state()

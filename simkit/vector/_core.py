@@ -54,18 +54,20 @@ def snapshot_env(env: Any, i: int) -> Any:
             statistics, step counts, ...) that no snapshot holds: a restored vector would
             not continue bit for bit, so it is refused, naming the wrapper and the fix.
     """
-    inner = env
-    while isinstance(inner, gym.Wrapper):
-        if not isinstance(inner, OrderEnforcing | PassiveEnvChecker):
+    inner, wrapper = env.unwrapped, env
+    if not hasattr(inner, "get_state"):
+        return inner  # no simkit env: the caller says so, whatever wraps it
+    while isinstance(wrapper, gym.Wrapper):
+        if not isinstance(wrapper, OrderEnforcing | PassiveEnvChecker):
             raise TypeError(
-                f"env {i} is wrapped in {type(inner).__name__}, whose own state (running "
+                f"env {i} is wrapped in {type(wrapper).__name__}, whose own state (running "
                 "statistics, step counts, ...) a snapshot does not hold, so a restored "
                 "vector would not continue bit for bit: snapshot vectors of unwrapped "
                 "envs and wrap the vector instead (gymnasium.wrappers.vector), and give "
                 "a time limit as the env's max_episode_steps"
             )
-        inner = inner.env
-    return inner.unwrapped
+        wrapper = wrapper.env
+    return inner
 
 
 class VectorCore(abc.ABC):
