@@ -65,7 +65,7 @@ from simkit.randomization import (
     sample_params,
 )
 from simkit.vector._actions import check_batch_array
-from simkit.vector._build import no_sub_env_methods, positive_int
+from simkit.vector._build import check_mask, no_sub_env_methods, positive_int
 
 __all__ = ["BATCH_STATE_FORMAT", "BatchEnv", "PendingStep", "Physics"]
 
@@ -461,12 +461,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         if mask is None:
             ids = np.arange(n, dtype=np.int64)
         else:
-            mask_arr = to_numpy(mask)
-            if mask_arr.dtype != np.bool_ or mask_arr.shape != (n,):
-                raise ValueError(
-                    f"reset_mask must be a bool array of shape ({n},), "
-                    f"got dtype {mask_arr.dtype} and shape {mask_arr.shape}"
-                )
+            mask_arr = check_mask(to_numpy(mask), n)  # a vector's check: some env, as Gymnasium
             if not s.has_reset and not mask_arr.all():
                 raise ResetNeeded("the first reset() must reset every instance")
             ids = np.flatnonzero(mask_arr).astype(np.int64)

@@ -263,8 +263,10 @@ def test_reset_mask_resets_only_masked_instances() -> None:
     assert env.episode_index.tolist() == [0, 1, 0]
     np.testing.assert_array_equal(obs2[[0, 2]], stepped[[0, 2]].astype(np.float32))
     assert info["_params"].tolist() == [False, True, False]
-    with pytest.raises(ValueError, match=r"reset_mask must be a bool array of shape \(3,\)"):
+    with pytest.raises(ValueError, match=r"reset_mask'\] must be a bool array of shape \(3,\)"):
         env.reset(options={"reset_mask": [1, 0, 1]})
+    with pytest.raises(ValueError, match=r"reset_mask'\] must select at least one env"):
+        env.reset(options={"reset_mask": np.zeros(3, dtype=np.bool_)})  # Gymnasium's rule
 
 
 def test_action_validation_and_misuse_errors() -> None:
