@@ -238,7 +238,10 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             self.max_episode_steps = check_max_episode_steps(max_episode_steps)
         mode = AutoresetMode(autoreset_mode)
         if mode not in _MODES:
-            raise ValueError(f"autoreset_mode must be SAME_STEP or NEXT_STEP, got {mode}")
+            raise ValueError(
+                f"autoreset_mode must be SAME_STEP or NEXT_STEP, got {mode}: a BatchEnv steps "
+                "every instance, so an ended one cannot wait for its reset (a VectorEnv can)"
+            )
         batch_size = self.num_envs if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
             raise TypeError(f"batch_size must be an int or None, got {type(batch_size).__name__}")

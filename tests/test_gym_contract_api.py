@@ -125,3 +125,9 @@ def test_a_snapshot_of_gymnasium_envs_says_they_are_no_simkit_envs() -> None:
     vec.reset(seed=0)
     with pytest.raises(TypeError, match=r"env 0 \(PendulumEnv\) has no get_state\(\)"):
         vec.get_state()
+
+
+def test_a_batch_refuses_disabled_autoreset_saying_why() -> None:
+    """Gymnasium's third mode, ``DISABLED``, was refused naming the two others only."""
+    with pytest.raises(ValueError, match=r"got AutoresetMode.DISABLED: a BatchEnv steps every"):
+        simkit.make("simkit/BatchCartPole-v0", num_envs=2, autoreset_mode="Disabled")
