@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers import vector as vw
 
 import simkit
+import simkit.vector
 
 N, LIMIT, SEEDS = 4, 9, [10, 11, 12, 13]
 SINGLE = "simkit/Pendulum-v0"
@@ -102,3 +104,40 @@ def test_observation_wrappers_need_next_step_as_on_sync_vector_env(name: str, ki
         vec.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP
         with pytest.raises(ValueError, match="autoreset_mode to be NEXT_STEP or DISABLED"):
             NEXT_STEP_ONLY[name](vec)
+
+
+def _cleanrl_make_env(env_id: str) -> Callable[[], Any]:
+    """CleanRL's ``make_env`` (ppo_continuous_action.py): wrappers on each single env."""
+
+    def thunk() -> Any:
+        env = gym.make(env_id, max_episode_steps=LIMIT)
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(
+            env, lambda obs: np.clip(obs, -10, 10), env.observation_space
+        )
+        env = gym.wrappers.NormalizeReward(env, gamma=0.99)
+        return gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+
+    return thunk
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Gymnasium's own, on both sides
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_cleanrl_env_fns_make_the_vector_sync_vector_env_makes(
+    mode: AutoresetMode, num_threads: int
+) -> None:
+    """A CleanRL script's ``SyncVectorEnv([make_env(...) ...])`` becomes
+    ``simkit.vector.VectorEnv([make_env(...) ...])`` and steps the same bits, per-env
+    wrappers (statistics, normalization, clipping) and episode infos included."""
+    fns = [_cleanrl_make_env(SINGLE) for _ in range(N)]
+    ours = simkit.vector.VectorEnv(fns, num_threads=num_threads, autoreset_mode=mode)
+    theirs = SyncVectorEnv([_cleanrl_make_env(SINGLE) for _ in range(N)], autoreset_mode=mode)
+    _tree_equal(ours.reset(seed=SEEDS), theirs.reset(seed=SEEDS), "reset")
+    rng = np.random.default_rng(5)
+    for t in range(3 * LIMIT):
+        actions = rng.uniform(-3.0, 3.0, (N, 1)).astype(np.float32)
+        _tree_equal(ours.step(actions), theirs.step(actions), f"step {t}")
