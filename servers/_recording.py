@@ -116,6 +116,12 @@ class _RecordedHost(Generic[StepT]):
             recorder.versions,
             possible_agents=agents,
         )
+        self._limit, self._unreplayable = self._time_limit(0), set[int]()
+
+    def _time_limit(self, i: int) -> object:
+        """Env ``i``'s time limit now (a BatchEnv's is its batch's)."""
+        env = self.host.env if isinstance(self.host, BatchEnvHost) else self.host.vector.envs[i]
+        return getattr(env, "max_episode_steps", None)
 
     def _origins(
         self, ids: list[int], explicit: list[int] | None = None
@@ -171,6 +177,8 @@ class _RecordedHost(Generic[StepT]):
                 self.tracker.start_at(
                     i, obs, k, infos[k * A : (k + 1) * A], mask, seed=s, options=opts, origin=origin
                 )
+            for i in self._unreplayable.intersection(ids) if self._unreplayable else ():
+                self.tracker.drop(i)  # see set_state
         except Exception:  # the reset happened: the client gets its reply regardless
             self._failed("a reset", env_ids)
         return obs, infos
@@ -189,6 +197,10 @@ class _RecordedHost(Generic[StepT]):
                     rows = np.array([where[i] for i in result.env_ids.tolist()])
                     actions = row_of(actions, rows)
                 self.tracker.log_batch_step(result, actions, -1, self._origins, faulted=faulted)
+            for i in self._unreplayable.intersection(
+                env_ids.tolist() if self._unreplayable else ()
+            ):
+                self.tracker.drop(i)  # see set_state
         except Exception:
             self._failed("a step", env_ids)
         return cast(StepT, result), faults
@@ -198,10 +210,14 @@ class _RecordedHost(Generic[StepT]):
         return self.host.get_state(env_ids)
 
     def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """The host's restore; the restored envs' episodes in flight are not recorded."""
+        """The host's restore; the restored envs' episodes in flight are not recorded, nor
+        (kept in memory, at most a step) any episode of an env the snapshot gave another
+        time limit than its own until one gives it back: no replay re-simulates them."""
         self.host.set_state(env_ids, states)
         for i in env_ids.tolist():
             self.tracker.drop(i)
+            keep = self._time_limit(i) == self._limit
+            (self._unreplayable.discard if keep else self._unreplayable.add)(i)
 
     def close(self) -> None:
         """Closes the host; unfinished episodes are dropped (the writer is the server's)."""

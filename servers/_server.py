@@ -72,17 +72,13 @@ def is_loopback(bind: str) -> bool:
     """Whether a ZeroMQ endpoint is reachable only from this machine (loopback/ipc/inproc)."""
     if bind.startswith(("ipc://", "inproc://")):
         return True
-    if not bind.startswith("tcp://"):
-        return False
-    return _is_loopback_host(urlsplit(bind).hostname or "")
+    return bind.startswith("tcp://") and _is_loopback_host(urlsplit(bind).hostname or "")
 
 
 def _is_loopback_host(host: str) -> bool:
     """Whether an interface name or address is reachable only from this machine."""
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # "*", "", interface names, hostnames
 
@@ -611,10 +607,8 @@ class RolloutServer:
             if request is None or request.kind != "hello":
                 # What a new session answers (a ping reply, session_state "send hello
                 # first", or the decode error with its id); no envs, no session kept.
-                if request is None:
-                    reply = self._sessionless.handle_message(frames)
-                else:
-                    reply = self._sessionless.dispatch(request)
+                new = self._sessionless
+                reply = new.handle_message(frames) if request is None else new.dispatch(request)
                 self._reply(identity, reply, start)
                 return
             try:
@@ -625,10 +619,8 @@ class RolloutServer:
         elif slot.gone_at is not None and first.get(zmq.SRCFD) != slot.peer.fd:
             slot.peer, slot.gone_at = Peer.of(first), None  # its identity reconnected
         slot.last_seen = time.monotonic()
-        if request is not None:  # a hello, decoded above
-            reply = slot.session.dispatch(request)
-        else:
-            reply = slot.session.handle_message(frames)
+        session = slot.session  # dispatches a hello, decoded above
+        reply = session.handle_message(frames) if request is None else session.dispatch(request)
         steps = int(reply.arrays["env_ids"].size) if reply.kind == "step" else 0
         if slot.session.state is SessionState.CLOSED:
             self._free(identity)  # before the reply, so the client sees its slots freed
