@@ -72,6 +72,49 @@ _HELP: dict[str, str] = {
     "autotune": "tune the entropy coefficient towards entropy -dim(A)",
 }
 
+_RUN_HELP: dict[str, str] = {
+    "checkpoint_every": "checkpoint every K updates; 0: only by time and at the end (default: 10)",
+    "checkpoint_steps": "--algo sac: also checkpoint (with the replay buffer) every N env steps; "
+    "0: not by steps. SAC also checkpoints once learning starts, then by time so that a crash "
+    "loses at most about half the run (docs/offpolicy.md) (default: 100000)",
+    "buffer_from": "--algo sac: fill the replay buffer with the episodes recorded in DIR "
+    "(`simkit record` / --record) before the first update",
+    "metrics_port": "--algo sac: serve the learner's Prometheus metrics on this port (0: any "
+    "free one; rules: docs/alerts.yml)",
+    "checkpoint_minutes": "also checkpoint when this many minutes passed since the last one "
+    "(--algo sac: at most this many apart, sooner early in a run); 0: never by time (default: 5)",
+    "resume": "continue the run of this checkpoint, its checkpoints/ folder or its log "
+    "directory (in that directory unless --logdir says otherwise)",
+    "logdir": "default: runs/<env>-<seed>-<time>",
+    "reproducible": "pin the numeric kernels (OpenBLAS, numpy SIMD, MKL, oneDNN, PyTorch) of "
+    "the learner and of every server it starts to their AVX2 paths, so the same seed gives "
+    "the same parameters on any x86-64 CPU (docs/training.md)",
+    "no_progress": "no live progress bar (without a terminal: plain lines, see --print-every)",
+    "print_every": "seconds between plain progress lines when stdout is not a terminal "
+    "(default: 10)",
+    "connect": "stream from a running `simkit serve ENV --policy` (repeatable)",
+    "curve_server_key": "--connect: the servers' CURVE public key file "
+    "(zmq.auth.create_certificates), for servers bound beyond loopback; with --curve-secret-key",
+    "curve_secret_key": "--connect: this learner's CURVE secret key file (.key_secret; its "
+    "public key on the servers' --curve-allow list)",
+    "servers": "start this many local `simkit serve` processes and stream from them; 0 "
+    f"rolls out in process (default: {DEFAULT_SERVERS}, --algo sac: 0; with --resume as "
+    "many as the checkpoint streamed from)",
+    "wait_for_servers": "when a server stops answering, wait for it to come back on its "
+    "endpoint (instead of going on with the others)",
+    "record": "record every episode of the fragment stream, with the policy version of "
+    "every step, into DIR (replay with `simkit replay DIR --verify`)",
+    "server_timeout": "seconds before a silent server is dropped (default: 30)",
+    "ray": "launch the --servers as Ray actors (pip install 'simkit[ray]') on the cluster "
+    "at ADDRESS (none: a local Ray instance); Ray restarts a dead server and the run "
+    "continues with it (exactly, in sync mode)",
+    "server_cpus": "--ray: CPUs reserved per server (1)",
+    "server_gpus": "--ray: GPUs reserved per server, fractional allowed (1: one server per GPU) "
+    "(0)",
+    "max_restarts": "--ray: times Ray restarts a dead server; -1: always (default: 3)",
+}
+"""The help of each flag of the run (not a setting's: :data:`_HELP`), in ``--help`` order."""
+
 _SAC_ONLY = [f.name for f in dataclasses.fields(SACArgs) if not hasattr(PPOArgs(), f.name)]
 _CHOICES = {"mode": ("sync", "async"), "device_loop": ("auto", "on", "off")}
 
@@ -84,7 +127,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algo",
         choices=("ppo", "sac"),
-        default=None,
         help="ppo (on-policy) or sac (off-policy, replay buffer; continuous actions) "
         "(default: ppo; with --resume the checkpoint's)",
     )
@@ -135,144 +177,37 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     """Checkpoints, resume, log directory, progress and metrics."""
     run = parser.add_argument_group("run")
-    run.add_argument(
-        "--checkpoint-every",
-        type=integer,
-        default=10,
-        help="checkpoint every K updates; 0: only by time and at the end (default: 10)",
-    )
-    run.add_argument(
-        "--checkpoint-steps",
-        type=integer,
-        default=100_000,
-        help="--algo sac: also checkpoint (with the replay buffer) every N env steps; 0: not "
-        "by steps. SAC also checkpoints once learning starts, then by time so that a crash "
-        "loses at most about half the run (docs/offpolicy.md) (default: 100000)",
-    )
-    run.add_argument(
-        "--buffer-from",
-        default=None,
-        metavar="DIR",
-        help="--algo sac: fill the replay buffer with the episodes recorded in DIR "
-        "(`simkit record` / --record) before the first update",
-    )
-    run.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="--algo sac: serve the learner's Prometheus metrics on this port (0: any free "
-        "one; rules: docs/alerts.yml)",
-    )
-    run.add_argument(
-        "--checkpoint-minutes",
-        type=float,
-        default=5.0,
-        help="also checkpoint when this many minutes passed since the last one (--algo "
-        "sac: at most this many apart, sooner early in a run); 0: never by time (default: 5)",
-    )
-    run.add_argument(
-        "--resume",
-        default=None,
-        help="continue the run of this checkpoint, its checkpoints/ folder or its log "
-        "directory (in that directory unless --logdir says otherwise)",
-    )
-    run.add_argument("--logdir", default=None, help="default: runs/<env>-<seed>-<time>")
-    run.add_argument(
-        "--reproducible",
-        action="store_true",
-        help="pin the numeric kernels (OpenBLAS, numpy SIMD, MKL, oneDNN, PyTorch) of the "
-        "learner and of every server it starts to their AVX2 paths, so the same seed gives "
-        "the same parameters on any x86-64 CPU (docs/training.md)",
-    )
-    run.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no live progress bar (without a terminal: plain lines, see --print-every)",
-    )
-    run.add_argument(
-        "--print-every",
-        type=float,
-        default=10.0,
-        help="seconds between plain progress lines when stdout is not a terminal (default: 10)",
-    )
+    _option(run, "checkpoint_every", type=integer, default=10)
+    _option(run, "checkpoint_steps", type=integer, default=100_000)
+    _option(run, "buffer_from", metavar="DIR")
+    _option(run, "metrics_port", type=int)
+    _option(run, "checkpoint_minutes", type=float, default=5.0)
+    _option(run, "resume")
+    _option(run, "logdir")
+    _option(run, "reproducible", action="store_true")
+    _option(run, "no_progress", action="store_true")
+    _option(run, "print_every", type=float, default=10.0)
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
     """Where the fragments come from: local servers, running ones, Ray; the recorder."""
     servers = parser.add_argument_group("rollout servers")
-    servers.add_argument(
-        "--connect",
-        action="append",
-        default=[],
-        metavar="ENDPOINT",
-        help="stream from a running `simkit serve ENV --policy` (repeatable)",
-    )
-    servers.add_argument(
-        "--curve-server-key",
-        default=None,
-        metavar="FILE",
-        help="--connect: the servers' CURVE public key file (zmq.auth.create_certificates), "
-        "for servers bound beyond loopback; with --curve-secret-key",
-    )
-    servers.add_argument(
-        "--curve-secret-key",
-        default=None,
-        metavar="FILE",
-        help="--connect: this learner's CURVE secret key file (.key_secret; its public key "
-        "on the servers' --curve-allow list)",
-    )
-    servers.add_argument(
-        "--servers",
-        type=integer,
-        default=None,
-        help="start this many local `simkit serve` processes and stream from them; 0 "
-        f"rolls out in process (default: {DEFAULT_SERVERS}, --algo sac: 0; with --resume as "
-        "many as the checkpoint streamed from)",
-    )
-    servers.add_argument(
-        "--wait-for-servers",
-        action="store_true",
-        help="when a server stops answering, wait for it to come back on its endpoint "
-        "(instead of going on with the others)",
-    )
-    servers.add_argument(
-        "--record",
-        default=None,
-        metavar="DIR",
-        help="record every episode of the fragment stream, with the policy version of "
-        "every step, into DIR (replay with `simkit replay DIR --verify`)",
-    )
-    servers.add_argument(
-        "--server-timeout",
-        type=float,
-        default=30.0,
-        help="seconds before a silent server is dropped (default: 30)",
-    )
-    servers.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="launch the --servers as Ray actors (pip install 'simkit[ray]') on the cluster "
-        "at ADDRESS (none: a local Ray instance); Ray restarts a dead server and the run "
-        "continues with it (exactly, in sync mode)",
-    )
-    servers.add_argument(
-        "--server-cpus", type=float, default=1.0, help="--ray: CPUs reserved per server (1)"
-    )
-    servers.add_argument(
-        "--server-gpus",
-        type=float,
-        default=0.0,
-        help="--ray: GPUs reserved per server, fractional allowed (1: one server per GPU) (0)",
-    )
-    servers.add_argument(
-        "--max-restarts",
-        type=int,
-        default=3,
-        help="--ray: times Ray restarts a dead server; -1: always (default: 3)",
-    )
+    _option(servers, "connect", action="append", default=[], metavar="ENDPOINT")
+    _option(servers, "curve_server_key", metavar="FILE")
+    _option(servers, "curve_secret_key", metavar="FILE")
+    _option(servers, "servers", type=integer)
+    _option(servers, "wait_for_servers", action="store_true")
+    _option(servers, "record", metavar="DIR")
+    _option(servers, "server_timeout", type=float, default=30.0)
+    _option(servers, "ray", nargs="?", const="", metavar="ADDRESS")
+    _option(servers, "server_cpus", type=float, default=1.0)
+    _option(servers, "server_gpus", type=float, default=0.0)
+    _option(servers, "max_restarts", type=int, default=3)
+
+
+def _option(group: Any, name: str, **kwargs: Any) -> None:
+    """The flag of ``name`` (:func:`flag`) in ``group``, its help from :data:`_RUN_HELP`."""
+    group.add_argument(flag(name), help=_RUN_HELP[name], **kwargs)
 
 
 def run_train(ns: argparse.Namespace) -> int:
