@@ -7,10 +7,11 @@ import tracemalloc
 from collections.abc import Iterator
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 
-from simkit.protocol import ClientSession, Limits, MessageTooLarge, decode
+from simkit.protocol import ClientSession, InvalidField, Limits, MessageTooLarge, decode
 from simkit.servers import RolloutServer
 
 
@@ -68,3 +69,45 @@ def test_a_server_bounds_a_headers_objects_by_its_memory_budget(
         assert client.parse_hello(sock.recv_multipart()).num_envs == 1
     finally:
         sock.close()
+
+
+def _hello_reply(client: ClientSession, **changes: object) -> list[object]:
+    """A CartPole server's ``hello`` reply to ``client``'s pending hello, edited."""
+    from gymnasium import spaces
+
+    from simkit.protocol import Message, ServerInfo, encode
+
+    info = ServerInfo(
+        env_id="simkit/CartPole-v0",
+        num_envs=2,
+        observation_space=spaces.Box(-1, 1, (4,), np.float32),
+        action_space=spaces.Discrete(2),
+        capabilities=frozenset(),
+        server="simkit",
+    )
+    return encode(
+        Message(kind="hello", id=client._next_id - 1, body={**info.to_plain(), **changes})
+    )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"num_envs": 2**40},
+        {"observation_space": {"type": "MultiBinary", "shape": [2**30, 2**30]}},
+        {"action_space": {"type": "MultiBinary", "shape": [2**20, 2**10]}},
+        {"env_kind": "multi_agent", "agents": [str(i) for i in range(2**20)], "num_envs": 2**10},
+    ],
+)
+def test_a_handshake_whose_batches_fit_no_message_is_refused(changes: dict[str, object]) -> None:
+    """A server's ``hello`` sized what the client then allocates: 2**40 envs made
+    RemoteVectorEnv ask for 8 TiB, a MultiBinary of 2**30 x 2**30 for 2 EiB (and
+    smaller lies for what the machine has). A batch of every env's observations or
+    actions must fit a message the client accepts, else its replies never could."""
+    client = ClientSession()
+    client.request_hello()
+    with pytest.raises(InvalidField, match="fit no message this client accepts"):
+        client.parse_hello(_hello_reply(client, **changes))
+    ok = ClientSession()
+    ok.request_hello()
+    assert ok.parse_hello(_hello_reply(ok)).num_envs == 2

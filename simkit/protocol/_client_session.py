@@ -36,6 +36,7 @@ from simkit.protocol._spaces import (
     batch_dtype,
     check_batch,
     flatten_batch,
+    row_bytes,
     unflatten_batch,
 )
 from simkit.protocol._step_reply import SINGLE_AGENT_STEP, EnvFault, decode_step_reply
@@ -144,9 +145,25 @@ class ClientSession:
         return self._request("hello", {"client": client})
 
     def parse_hello(self, frames: Sequence[Any]) -> ServerInfo:
-        """Parses the handshake; remembers it for later requests."""
-        self.info = ServerInfo.from_plain(self.parse(frames, "hello").body)
-        return self.info
+        """Parses the handshake; remembers it for later requests.
+
+        Raises:
+            InvalidField: besides a malformed reply, one announcing envs whose batch of
+                observations or actions (every env, every agent row) fits no message
+                this client accepts: its replies never could, and a client sizes its
+                buffers by it (2**40 envs asked for 8 TiB).
+        """
+        info = ServerInfo.from_plain(self.parse(frames, "hello").body)
+        rows = info.num_envs * len(info.agents or [None])
+        need = rows * max(row_bytes(info.observation_space), row_bytes(info.action_space))
+        if need > self.limits.max_message_bytes:
+            raise InvalidField(
+                "the server's envs fit no message this client accepts",
+                expected=f"a batch of observations or actions <= {self.limits.max_message_bytes} bytes",
+                got=f"{need} bytes ({rows} rows)",
+            )
+        self.info = info
+        return info
 
     def request_reset(
         self,

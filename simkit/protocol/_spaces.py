@@ -8,6 +8,7 @@ space, ``"obs/key"`` for Dict entries and ``"obs/0"`` for Tuple entries, recursi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -244,6 +245,16 @@ def batch_dtype(space: spaces.Space[Any]) -> np.dtype[Any]:
 
 def _leaf_shape(space: spaces.Space[Any]) -> tuple[int, ...]:
     return () if isinstance(space, spaces.Discrete) else tuple(space.shape or ())
+
+
+def row_bytes(space: spaces.Space[Any]) -> int:
+    """Bytes of one env's value of ``space`` on the wire (every leaf in its batch dtype),
+    as a Python int: no overflow whatever shape a peer announced."""
+    kind = _structure(space)
+    if kind != _LEAF:
+        subs = space.spaces.values() if kind == _DICT else space.spaces  # type: ignore[attr-defined]
+        return sum(row_bytes(sub) for sub in subs)
+    return math.prod(_leaf_shape(space)) * batch_dtype(space).itemsize
 
 
 def flatten_batch(space: spaces.Space[Any], value: Any, name: str) -> dict[str, np.ndarray]:
