@@ -131,3 +131,16 @@ def test_a_batch_refuses_disabled_autoreset_saying_why() -> None:
     """Gymnasium's third mode, ``DISABLED``, was refused naming the two others only."""
     with pytest.raises(ValueError, match=r"got AutoresetMode.DISABLED: a BatchEnv steps every"):
         simkit.make("simkit/BatchCartPole-v0", num_envs=2, autoreset_mode="Disabled")
+
+
+def test_a_vector_made_from_an_id_has_gymnasiums_spec() -> None:
+    """``gym.make_vec(id, n).spec`` is the env's spec; ``simkit.make_vec``'s was None, so
+    ``envs.spec.id`` (a run name, a video folder) failed."""
+    envs = simkit.make_vec("simkit/CartPole-v0", 2, env_kwargs={"max_episode_steps": 7})
+    theirs = gym.make_vec("simkit/CartPole-v0", 2, max_episode_steps=7)
+    assert envs.spec is not None
+    assert theirs.spec is not None
+    assert (envs.spec.id, envs.spec.entry_point) == (theirs.spec.id, theirs.spec.entry_point)
+    assert envs.spec.kwargs == {"max_episode_steps": 7, "num_envs": 2}
+    assert simkit.make_vec("gym:Pendulum-v1", 2).spec.id == "Pendulum-v1"
+    assert VectorEnv([lambda: simkit.make("simkit/CartPole-v0")]).spec is None  # as Sync's
