@@ -468,15 +468,17 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             if not s.has_reset and not mask_arr.all():
                 raise ResetNeeded("the first reset() must reset every instance")
             ids = np.flatnonzero(mask_arr).astype(np.int64)
-        if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-            s.seeds.restart(int(seed))
-            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
-            seed = None
+        root = seed if isinstance(seed, int | np.integer) and not isinstance(seed, bool) else None
+        if root is not None and len(ids) == n:  # all restart, reading the rows held ahead
+            s.seeds.restart(int(root))
+            seed = None  # (a masked root reset re-roots only the masked, as a VectorEnv)
         reset_params = opts.pop("params", None)
         per_reset = (
             None if reset_params is None else _per_instance(reset_params, n, "options['params']")
         )
         obs_rows, infos = self.__reset_ids(ids, per_reset, opts, seed)
+        if root is not None:  # Gymnasium's VectorEnv.reset seeds the vector's np_random
+            self._np_random, self._np_random_seed = seeding.np_random(int(root))
         # every instance holds its next episodes' keys, as the coming autoresets read them
         s.seeds.prepare(s.streams.prefetch, self.__reset_scale(None))
         if s.device_loop is not None:

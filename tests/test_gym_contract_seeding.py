@@ -55,17 +55,17 @@ PAIRS = [
 ]
 
 
-def _actions(space: Any, rng: np.random.Generator) -> np.ndarray:
+def _actions(space: Any, rng: np.random.Generator, n: int) -> np.ndarray:
     if isinstance(space, gym.spaces.Discrete):
-        return rng.integers(0, int(space.n), size=N)
-    return rng.uniform(-1.0, 1.0, size=(N, *space.shape)).astype(space.dtype)
+        return rng.integers(0, int(space.n), size=n)
+    return rng.uniform(-1.0, 1.0, size=(n, *space.shape)).astype(space.dtype)
 
 
 def _assert_same_steps(batch: Any, vec: Any, steps: int, rng: np.random.Generator) -> int:
     """Steps both with the same actions; every field bit for bit; returns the episode ends."""
     ends = 0
     for _ in range(steps):
-        a = _actions(vec.single_action_space, rng)
+        a = _actions(vec.single_action_space, rng, vec.num_envs)
         got, want = batch.step_batch(a), vec.step_batch(a)
         for field in ("obs", "final_obs", "reward", "terminated", "truncated"):
             np.testing.assert_array_equal(getattr(got, field), getattr(want, field), strict=True)
@@ -119,6 +119,27 @@ def test_a_batch_refuses_a_bad_list_of_seeds_as_a_vector_does() -> None:
         batch.reset(seed=[1, 2])
     with pytest.raises(ValueError, match=r"seed\[1\] must be an int in \[0, 2\*\*63\) or None"):
         batch.reset(seed=[1, 2**63, 3])
-    with pytest.raises(TypeError, match=r"seed must be an int, a list of int \| None, or None, got str"):
+    with pytest.raises(
+        TypeError, match=r"seed must be an int, a list of int \| None, or None, got str"
+    ):
         batch.reset(seed="7")
     assert dumps(batch.get_state()) == before
+
+
+def test_a_masked_root_reset_of_a_batch_leaves_the_other_instances_alone() -> None:
+    """``reset(seed=r, options={"reset_mask": m})`` put every instance of a BatchEnv
+    under ``r`` at episode -1, the unmasked ones too, whose next autoresets then left
+    their own seeds (a VectorEnv, and Gymnasium, leave unmasked envs alone)."""
+    batch = simkit.make("simkit/BatchCartPole-v0", num_envs=4, max_episode_steps=4)
+    vec = simkit.make_vec("simkit/CartPole-v0", 4, env_kwargs={"max_episode_steps": 4})
+    rng = np.random.default_rng(1)
+    for env in (batch, vec):
+        env.reset(seed=1)
+    _assert_same_steps(batch, vec, 2, rng)
+    mask = np.array([True, False, True, False])
+    got, _ = batch.reset(seed=5, options={"reset_mask": mask})
+    want, _ = vec.reset(seed=5, options={"reset_mask": mask})
+    np.testing.assert_array_equal(got, want, strict=True)
+    assert _assert_same_steps(batch, vec, 12, rng) >= 8
+    assert batch.get_state()["root_seed"] == [5, 1, 5, 1]
+    assert batch.np_random_seed == 5
