@@ -1,23 +1,10 @@
 """The training run as a toolbox: what every algorithm's ``learn(run, ...)`` uses around
 its own loop (the shape of Stable-Baselines3's ``learn()`` or Brax's ``train()``: the
-algorithm owns the loop, the run offers the rest).
-
-:class:`Run` offers, once for every algorithm:
-
-- the checkpoint to resume (:meth:`Run.resume`: loaded, its algorithm checked) and the
-  log directory (:meth:`Run.prepare`: checked writable, ``progress.jsonl`` trimmed to the
-  checkpoint);
-- the recorder and the fragment source (:meth:`Run.open_source`: in process, local
-  ``simkit serve`` processes, ``--connect`` endpoints, Ray actors or the device loop) and
-  its rollout state on resume;
-- the session around the loop (:meth:`Run.session`): SIGINT/SIGTERM, TensorBoard,
-  Prometheus metrics, the live progress line, a checkpoint when the last server is
-  lost and at the end; fragments pulled (:meth:`Run.pull`), the stop rule
-  (:meth:`Run.stopping`), the round boundary (:meth:`Run.boundary`: a checkpoint if due,
-  the new weights out) and what a round reports (:meth:`Run.log`);
-- checkpoint and policy files, and the :class:`TrainResult`.
-
-:data:`ALGORITHMS` names each algorithm's ``learn``.
+algorithm owns the loop, the run offers the rest), in the order a ``learn`` calls it:
+:class:`Run`'s checkpoint to resume, log directory, fragment source, the session around
+the loop (signals, TensorBoard, metrics, the progress line, the checkpoints), fragments
+pulled, the stop rule, the round boundary, the report and the :class:`TrainResult`
+(docs/architecture.md, "The training run"). :data:`ALGORITHMS` names each ``learn``.
 """
 
 from __future__ import annotations
@@ -62,7 +49,6 @@ from simkit.clients.learners._sources import (
     FragmentSource,
     LocalSource,
     Rollout,
-    RolloutPlan,
     describe_source,
     open_rollout,
     source_kind,
@@ -270,26 +256,6 @@ def restore_rollout(
     return False
 
 
-@contextlib.contextmanager
-def checkpoint_if_servers_lost(
-    checkpoint: Callable[[], Path], stop: StopRequest, *, env_steps: Callable[[], int], resume: str
-) -> Iterator[None]:
-    """Around a learner's loop: when the last server is lost (``ServerUnavailable``),
-    keeps what the learner has (``checkpoint()``) and raises :class:`ServersLost` naming
-    that checkpoint and the ``resume`` command; after a stop request (the loop gave up
-    waiting for a server on purpose) it only checkpoints."""
-    try:
-        yield
-    except ServerUnavailable as exc:
-        kept_at = checkpoint()
-        if not stop.requested:
-            raise ServersLost(
-                f"every rollout server was lost (last: {exc}); the learner's progress "
-                f"({env_steps():,} env steps) is checkpointed at {kept_at}; continue "
-                f"with: {resume}"
-            ) from exc
-
-
 _END: Any = object()
 
 
@@ -471,18 +437,18 @@ class Run:
             self.recorder = FragmentRecorder(
                 self.options.record, settings.env_id, root_seed=settings.seed
             )
-        plan = RolloutPlan(
-            settings,
-            self.options,
-            spec,
-            max_lag=max_lag,
-            servers=servers,
-            give_up=self.stop,
-            logdir=self.logdir,
-            device_loop=device_loop,
-        )
         with self.attaching():  # a source that fails to open closes the recorder
-            self.rollout = open_rollout(plan, model)
+            self.rollout = open_rollout(
+                settings,
+                self.options,
+                spec,
+                model,
+                max_lag=max_lag,
+                servers=servers,
+                give_up=self.stop,
+                logdir=self.logdir,
+                device_loop=device_loop,
+            )
         self.kind = source_kind(self.rollout.source)
         self.noise_kind = model.head.noise_kind
         return self.rollout.source
@@ -615,16 +581,18 @@ class Run:
                         f"simkit train: learner metrics on http://127.0.0.1:{port}/metrics",
                         file=sys.stderr,
                     )
-                algo = "" if self.algo == "ppo" else f" --algo {self.algo}"
-                pinned = " --reproducible" if is_pinned() else ""
-                with checkpoint_if_servers_lost(
-                    self.checkpoint,
-                    self.stop,
-                    env_steps=lambda: learner.global_step,
-                    resume=f"simkit train {env_id}{algo} --resume {self.logdir}{pinned}",
-                ):
-                    yield
-                    self.checkpoint()  # the last round's weights were not pushed: a boundary
+                yield
+                self.checkpoint()  # the last round's weights were not pushed: a boundary
+            except ServerUnavailable as exc:  # the last server lost: keep what the learner has
+                kept_at = self.checkpoint()
+                if not self.stop.requested:  # (a stop request gave up waiting on purpose)
+                    algo = "" if self.algo == "ppo" else f" --algo {self.algo}"
+                    pinned = " --reproducible" if is_pinned() else ""
+                    raise ServersLost(
+                        f"every rollout server was lost (last: {exc}); the learner's progress "
+                        f"({learner.global_step:,} env steps) is checkpointed at {kept_at}; "
+                        f"continue with: simkit train {env_id}{algo} --resume {self.logdir}{pinned}"
+                    ) from exc
             finally:
                 self.line.stop()
                 if self.writer is not None:

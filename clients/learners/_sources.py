@@ -54,7 +54,6 @@ __all__ = [
     "FragmentSource",
     "LocalSource",
     "Rollout",
-    "RolloutPlan",
     "describe_source",
     "open_rollout",
     "served_env",
@@ -93,11 +92,10 @@ class LocalSource:
     Args:
         env_id: a simkit id (single-agent, multi-agent or batch) or ``gym:<id>``.
         model: the policy; the source keeps its own copy and only reads pushed weights.
-        num_envs: env slots.
-        num_steps: ``T``, steps per fragment.
+        num_envs, num_steps: env slots, and ``T``, steps per fragment.
         seed: root seed of the envs and of the sampling noise.
-        mode: ``"sync"`` or ``"async"``.
-        prefetch: async only, fragments rolled out ahead of the learner.
+        mode, prefetch: ``"sync"`` or ``"async"``; async only, fragments rolled out
+            ahead of the learner.
         num_threads: env stepping threads (MuJoCo releases the GIL).
         lean: act through :class:`~simkit.models._lean.LeanMLP` (numpy) where the
             model is a plain MLP; else ``model.act`` (torch).
@@ -361,44 +359,32 @@ def _relocator(launched: Any, logdir: Path) -> Callable[[str], str]:
     return locate
 
 
-@dataclass(frozen=True)
-class RolloutPlan:
-    """What a run asks of its fragment source: the algorithm's ``settings`` (env, slots,
-    fragment length, seed, mode, threads, env kwargs), the run's ``options`` (servers,
-    endpoints, Ray, timeouts), the policy's ``spec``, read by each kind of source.
-
-    Attributes:
-        servers: local servers to start (the run's choice: options, checkpoint, default).
-        device_loop: roll out in process with every array on that device
-            (:class:`LocalSource` with ``device_loop``; the run checked it can,
-            :func:`~simkit.clients.learners._device_pick.use_device_loop`); None: not.
-    """
-
-    settings: Settings
-    options: RunOptions
-    spec: ModelSpec
-    max_lag: int
-    servers: int
-    give_up: Callable[[], bool]
-    logdir: Path
-    device_loop: torch.device | None = None
-
-
-def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
-    """Opens the fragment source ``plan`` asks for; on error nothing is left running.
-    With ``plan.device_loop``: in process on that device; else, without servers,
-    endpoints or Ray: in process on the host (:class:`LocalSource`); else the
-    ``connect`` endpoints, then servers launched on Ray or started as local processes,
-    under one :class:`ServerSource` (servers this run starts get the env the way a new
-    process can build it, :func:`served_env`; ``connect`` servers serve what their
-    operators chose).
+def open_rollout(
+    s: Settings,
+    o: RunOptions,
+    spec: ModelSpec,
+    model: ActorCritic,
+    *,
+    max_lag: int,
+    servers: int,
+    give_up: Callable[[], bool],
+    logdir: Path,
+    device_loop: torch.device | None = None,
+) -> Rollout:
+    """Opens the fragment source the algorithm's settings ``s`` and the run's options
+    ``o`` ask for, acting with ``model`` of ``spec``; on error nothing is left running.
+    With ``device_loop``: in process on that device (the run checked it can,
+    :func:`~simkit.clients.learners._device_pick.use_device_loop`); else, without
+    ``servers`` (local ones to start: the run's choice), endpoints or Ray: in process on
+    the host (:class:`LocalSource`); else the ``connect`` endpoints, then servers
+    launched on Ray or started as local processes, under one :class:`ServerSource`
+    (servers this run starts get the env the way a new process can build it,
+    :func:`served_env`; ``connect`` servers serve what their operators chose).
 
     Raises:
         ValueError: ``ray`` without ``servers`` or with ``connect``.
     """
-    p, s, o = plan, plan.settings, plan.options
-    in_process = o.ray is None and not p.servers and not o.connect
-    if p.device_loop is not None or in_process:
+    if device_loop is not None or (o.ray is None and not servers and not o.connect):
         return Rollout(
             LocalSource(
                 s.env_id,
@@ -406,8 +392,8 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
                 mode=s.mode,
                 num_threads=s.env_threads,
                 env_kwargs=s.env_kwargs,
-                device=p.device_loop,
-                device_loop=p.device_loop is not None,
+                device=device_loop,
+                device_loop=device_loop is not None,
                 num_envs=s.num_envs,
                 num_steps=s.num_steps,
                 seed=s.seed,
@@ -420,27 +406,27 @@ def open_rollout(plan: RolloutPlan, model: ActorCritic) -> Rollout:
     if not o.connect:
         env_id, env_kwargs = served_env(s.env_id, s.env_kwargs)
     if o.ray is not None:
-        launched = _launch_on_ray(p, o.ray, env_id, env_kwargs)
+        launched = _launch_on_ray(s, o, servers, logdir, env_id, env_kwargs)
         endpoints += launched.endpoints
-    elif p.servers:
+    elif servers:
         procs, spawned = spawn_servers(
-            env_id, p.servers, num_threads=s.env_threads, env_kwargs=env_kwargs
+            env_id, servers, num_threads=s.env_threads, env_kwargs=env_kwargs
         )
         endpoints += spawned
     try:
         source = ServerSource(
             endpoints,
-            p.spec,
+            spec,
             env_id=env_id,
             env_kwargs=env_kwargs,
             mode=s.mode,
-            max_lag=p.max_lag,
+            max_lag=max_lag,
             timeout=o.server_timeout,
             report=lambda line: print(line, file=sys.stderr, flush=True),
             wait_for_servers=o.wait_for_servers,
-            give_up=p.give_up,
+            give_up=give_up,
             curve=launched.curve if launched is not None else _curve_keys(o),
-            locate=None if launched is None else _relocator(launched, p.logdir),
+            locate=None if launched is None else _relocator(launched, logdir),
             num_envs=s.num_envs,
             num_steps=s.num_steps,
             seed=s.seed,
@@ -529,17 +515,17 @@ def _curve_keys(o: RunOptions) -> CurveKeys | None:
         ) from None
 
 
-def _launch_on_ray(p: RolloutPlan, ray: str, env_id: str, env_kwargs: dict[str, Any]) -> Any:
-    """``p.servers`` rollout servers of ``env_id`` (with ``env_kwargs``:
-    :func:`served_env`) launched on the Ray cluster at ``ray`` ("": a local Ray
-    instance), the env slots split evenly; their Prometheus targets written into
-    ``p.logdir``.
+def _launch_on_ray(
+    s: Settings, o: RunOptions, servers: int, logdir: Path, env_id: str, env_kwargs: dict[str, Any]
+) -> Any:
+    """``servers`` rollout servers of ``env_id`` (with ``env_kwargs``: :func:`served_env`)
+    launched on the Ray cluster at ``o.ray`` ("": a local Ray instance), the env slots
+    split evenly; their Prometheus targets written into ``logdir``.
 
     Raises:
         ValueError: no ``servers`` or some ``connect`` endpoints (Ray launches them all).
     """
-    o, s = p.options, p.settings
-    servers, connect = p.servers, o.connect
+    connect = o.connect
     if connect or not servers:
         raise ValueError(
             f"--ray launches the servers itself: it needs --servers >= 1 and no --connect, "
@@ -551,7 +537,7 @@ def _launch_on_ray(p: RolloutPlan, ray: str, env_id: str, env_kwargs: dict[str, 
         env_id,
         servers,
         num_envs=max(1, s.num_envs // servers),
-        address=ray or None,
+        address=o.ray or None,
         server_cpus=o.server_cpus,
         server_gpus=o.server_gpus,
         max_restarts=o.max_restarts,
@@ -561,6 +547,6 @@ def _launch_on_ray(p: RolloutPlan, ray: str, env_id: str, env_kwargs: dict[str, 
         env_vars=pinned_vars(),
         env_kwargs=env_kwargs,
     )
-    p.logdir.mkdir(parents=True, exist_ok=True)
-    launched.write_prometheus_targets(p.logdir / "prometheus_targets.json")
+    logdir.mkdir(parents=True, exist_ok=True)
+    launched.write_prometheus_targets(logdir / "prometheus_targets.json")
     return launched
