@@ -489,7 +489,7 @@ class PPO:
 
         rows = [batch(x) for x in (f.obs, f.actions, f.log_probs, adv, ret, f.values)]
         return self._optimize(
-            *rows,
+            rows,
             n_rows=n_rows,
             lag=self.version - versions,
             episodes=(f.episode_returns, f.episode_lengths),
@@ -529,22 +529,19 @@ class PPO:
 
     def _optimize(
         self,
-        b_obs: torch.Tensor,
-        b_actions: torch.Tensor,
-        b_logp: torch.Tensor,
-        b_adv: torch.Tensor,
-        b_ret: torch.Tensor,
-        b_val: torch.Tensor,
+        batch: Sequence[torch.Tensor],
         *,
         n_rows: int,
         lag: np.ndarray,
         episodes: tuple[np.ndarray, np.ndarray],
         t_start: float,
     ) -> UpdateStats:
-        """The clipped-objective epochs over one batch on the learner's device, then the
-        observation statistics and counters; its figures are read back once. ``lag``:
+        """The clipped-objective epochs over one batch (observations, actions, old
+        log-probabilities, advantages, returns, old values) on the learner's device, then
+        the observation statistics and counters; its figures are read back once. ``lag``:
         each step's policy lag, in versions, before this update."""
         args, model = self.args, self.model
+        b_obs, b_actions, b_logp, b_adv, b_ret, b_val = batch
         lr = args.learning_rate
         if args.anneal_lr and self.num_updates != 0:
             lr *= 1.0 - min(self.version, self.num_updates - 1) / self.num_updates
@@ -552,8 +549,7 @@ class PPO:
             group["lr"] = lr
         # The statistics do not change during the update: normalise the batch once.
         b_x = model.preprocess(b_obs).detach()
-        batch = (b_x, b_actions, b_logp, b_adv, b_ret, b_val)
-        last, means = self._epochs(batch)
+        last, means = self._epochs((b_x, b_actions, b_logp, b_adv, b_ret, b_val))
 
         # Statistics change only after the update, so the update saw exactly what the
         # acting policy saw; the new ones travel with the next weights.
@@ -950,7 +946,7 @@ def ppo_probe(args: PPOArgs, model: ActorCritic, rows_per_update: int) -> tuple[
 
         def call() -> None:
             learner._optimize(
-                *batch,
+                batch,
                 n_rows=n,
                 lag=np.zeros(1, dtype=np.int64),
                 episodes=(np.zeros(0), np.zeros(0)),
