@@ -932,12 +932,14 @@ class EpisodeSeeds:
         """Starts the episodes of instances ``ids`` of a :class:`simkit.BatchEnv` in
         ``table``; returns their streams (row ``k`` for ``ids[k]``).
 
-        ``seed`` is ``None`` (each instance's next episode) or Gymnasium's list form
-        (:meth:`plan`; a root seed is :meth:`restart`'s): an instance given an int
-        starts ``Generator(PCG64(seed))``'s stream, and one without a root (reset with
-        an explicit seed before) continues its own stream, so instance ``i`` is the
-        single env reset with the same seeds. Instances under roots read their keys
-        (and first ``draws``, :meth:`next_states`) from the rows held ahead.
+        ``seed`` is what :meth:`plan` takes: ``None`` (each instance's next episode), a
+        root for ``ids`` only (a masked reset; the whole batch's root is
+        :meth:`restart`'s, which keeps the fast path) or Gymnasium's list: an instance
+        given an int starts ``Generator(PCG64(seed))``'s stream, and one without a
+        root (reset with an explicit seed before) continues its own stream, so
+        instance ``i`` is the single env reset with the same seeds. Without a seed,
+        instances under roots read their keys (and first ``draws``,
+        :meth:`next_states`) from the rows held ahead.
         """
         roots = self.roots
         if seed is None and (
