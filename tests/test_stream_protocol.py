@@ -298,3 +298,49 @@ def test_a_fragment_whose_episode_returns_are_a_scalar_is_invalid_shape() -> Non
     msg = decode(encode(Message(kind="fragment", id=0, body={"sequence": 0}, arrays=arrays)))
     with pytest.raises(InvalidShape, match="episode_returns"):
         parse_fragment(msg)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"num_envs": 2**40, "num_rows": 2**40}, "another session than asked"),
+        ({"fragment_length": 2**40}, "another session than asked"),
+        ({"num_rows": 3}, "num_rows"),
+        ({"max_credit": 0}, "max_credit"),
+        ({"heartbeat_timeout": -1.0}, "heartbeat_timeout"),
+        ({"heartbeat_timeout": float("inf")}, "heartbeat_timeout"),
+    ],
+)
+def test_a_stream_open_reply_of_another_session_than_asked_is_refused(
+    changes: dict[str, object], match: str
+) -> None:
+    """A server's reply sized the learner's run (its rows count the steps of an update)
+    and its keepalive (a negative timeout pinged without pause): a reply of other slots
+    or fragment length than asked, rows that are not slots times agents, no credit or a
+    timeout that is not a positive finite number is refused."""
+    client = _opened_client(4)
+    assert client.info is not None
+    client.request_open(StreamConfig(model=MODEL, num_envs=2, fragment_length=3, env_offset=4))
+    body = {**client.info.to_plain(), **changes}
+    with pytest.raises(InvalidField, match=match):
+        client.parse(encode(Message(kind="stream_open", id=1, body=body)))
+
+
+def test_a_handshake_timeout_that_is_not_finite_is_refused() -> None:
+    """``threading.Event.wait`` of an infinite keepalive interval raised OverflowError in
+    the client's keepalive thread."""
+    from gymnasium import spaces
+
+    from simkit.protocol import ServerInfo
+
+    info = ServerInfo(
+        env_id="e",
+        num_envs=1,
+        observation_space=spaces.Discrete(2),
+        action_space=spaces.Discrete(2),
+        capabilities=frozenset(),
+        heartbeat_timeout=60.0,
+    )
+    assert ServerInfo.from_plain(info.to_plain()).heartbeat_timeout == 60.0
+    with pytest.raises(InvalidField, match="heartbeat_timeout"):
+        ServerInfo.from_plain({**info.to_plain(), "heartbeat_timeout": float("inf")})

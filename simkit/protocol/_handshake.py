@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
     "AUTORESET_SAME_STEP",
     "ServerInfo",
     "SessionState",
+    "heartbeat_field",
     "seed_field",
 ]
 
@@ -79,11 +81,7 @@ class ServerInfo:
         num_envs = check_type(body, "num_envs", int)
         if num_envs < 1:
             raise InvalidField("'num_envs' must be >= 1", got=num_envs)
-        heartbeat = check_type(body, "heartbeat_timeout", (int, float), optional=True)
-        if heartbeat is not None and not heartbeat > 0:
-            raise InvalidField(
-                "'heartbeat_timeout' must be > 0 seconds or nil", expected="> 0", got=heartbeat
-            )
+        heartbeat = heartbeat_field(body)
         return cls(
             env_id=check_type(body, "env_id", str),
             num_envs=num_envs,
@@ -98,7 +96,7 @@ class ServerInfo:
             max_message_bytes=check_type(body, "max_message_bytes", int),
             session=check_type(body, "session", str),
             shared=check_type(body, "shared", bool),
-            heartbeat_timeout=None if heartbeat is None else float(heartbeat),
+            heartbeat_timeout=heartbeat,
         )
 
 
@@ -108,6 +106,21 @@ class SessionState(enum.Enum):
     NEW = "new"
     READY = "ready"
     CLOSED = "closed"
+
+
+def heartbeat_field(body: Mapping[str, Any]) -> float | None:
+    """A handshake's ``heartbeat_timeout``: nil, or a finite number of seconds > 0 (a
+    client waits a quarter of it between keepalives: an infinite wait overflows).
+
+    Raises:
+        InvalidField: anything else.
+    """
+    value = check_type(body, "heartbeat_timeout", (int, float), optional=True)
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise InvalidField(
+            "'heartbeat_timeout' must be > 0 seconds, finite, or nil", expected="> 0", got=value
+        )
+    return None if value is None else float(value)
 
 
 def seed_field(value: Any, what: str) -> int:

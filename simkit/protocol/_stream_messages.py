@@ -21,6 +21,7 @@ from simkit._seeding import MAX_ROOT_SEED
 from simkit._types import Fragment
 from simkit.protocol._codec import Message, check_type
 from simkit.protocol._errors import InvalidDtype, InvalidField, InvalidShape, ProtocolError
+from simkit.protocol._handshake import heartbeat_field
 
 __all__ = [
     "STREAM_KINDS",
@@ -259,6 +260,17 @@ class StreamInfo:
             InvalidField: a field is missing or mistyped.
         """
         agents = check_type(body, "agents", list, optional=True)
+        num_envs = _required_int(body, "num_envs", high=2**40)
+        num_rows = _required_int(body, "num_rows", high=2**40)
+        if num_rows != num_envs * len(agents or [None]):
+            raise InvalidField(
+                "'num_rows' must be num_envs times the agents",
+                expected=num_envs * len(agents or [None]),
+                got=num_rows,
+            )
+        max_credit = check_type(body, "max_credit", int, optional=True)
+        if max_credit is not None and max_credit < 1:
+            raise InvalidField("'max_credit' must be >= 1 or nil", expected=">= 1", got=max_credit)
         return cls(
             session=check_type(body, "session", str),
             env_id=check_type(body, "env_id", str),
@@ -266,15 +278,15 @@ class StreamInfo:
             agents=None if agents is None else [str(a) for a in agents],
             observation_space=check_type(body, "observation_space", dict),
             action_space=check_type(body, "action_space", dict),
-            num_envs=check_type(body, "num_envs", int),
-            num_rows=check_type(body, "num_rows", int),
-            fragment_length=check_type(body, "fragment_length", int),
+            num_envs=num_envs,
+            num_rows=num_rows,
+            fragment_length=_required_int(body, "fragment_length", high=2**40),
             mode=check_type(body, "mode", str),
             device=check_type(body, "device", str),
-            heartbeat_timeout=check_type(body, "heartbeat_timeout", (int, float), optional=True),
+            heartbeat_timeout=heartbeat_field(body),
             server=check_type(body, "server", str, optional=True) or "",
             double_buffered=bool(check_type(body, "double_buffered", bool, optional=True)),
-            max_credit=check_type(body, "max_credit", int, optional=True),
+            max_credit=max_credit,
             normal_noise=check_type(body, "normal_noise", int, optional=True) or 1,
         )
 

@@ -330,7 +330,7 @@ class StreamClientSession:
         self.source = source
         self.limits = limits or Limits()
         self.info: StreamInfo | None = None
-        self._env_offset = 0
+        self._asked: StreamConfig | None = None
         self._layout: dict[str, tuple[np.dtype[Any], tuple[int, ...]]] = {}
         self.last_id = 0
         """The id of the last request built."""
@@ -342,7 +342,7 @@ class StreamClientSession:
 
     def request_open(self, config: StreamConfig) -> list[Any]:
         """``stream_open`` frames."""
-        self._env_offset = config.env_offset
+        self._asked = config
         return self._frames(Message(kind="stream_open", id=next(self._ids), body=config.to_plain()))
 
     def request_weights(self, version: int, tensors: Mapping[str, np.ndarray]) -> list[Any]:
@@ -393,12 +393,14 @@ class StreamClientSession:
         if msg.kind == "fragment":
             fragment = parse_fragment(msg, source=self.source)
             if self.info is not None:
-                _check_fits(fragment, self.info, self._env_offset, self._layout)
+                offset = self._asked.env_offset if self._asked is not None else 0
+                _check_fits(fragment, self.info, offset, self._layout)
             return fragment
         if msg.kind == "stream_open":
-            self.info = StreamInfo.from_plain(msg.body)
-            self._layout = _leaf_layout(self.info)
-            return self.info
+            info = StreamInfo.from_plain(msg.body)
+            _check_asked(info, self._asked)
+            self.info, self._layout = info, _leaf_layout(info)
+            return info
         if msg.kind == "stream_state":
             return parse_session_state(msg)
         if msg.kind in ("weights", "stream_restore", "ping", "close"):
@@ -409,6 +411,26 @@ class StreamClientSession:
             "close or error",
             got=msg.kind,
         )
+
+
+def _check_asked(info: StreamInfo, asked: StreamConfig | None) -> None:
+    """Raises unless ``info`` is the session ``asked`` for: its env slots and fragment
+    length where the learner named them (0 leaves them to the server). A learner sizes
+    its run by them (the rows of an update, the steps of a fragment).
+
+    Raises:
+        InvalidField: naming both.
+    """
+    if asked is None:
+        return
+    for name in ("num_envs", "fragment_length"):
+        want, got = getattr(asked, name), getattr(info, name)
+        if want and got != want:
+            raise InvalidField(
+                f"the server answered another session than asked: {name} {got}",
+                expected=want,
+                got=got,
+            )
 
 
 def _leaf_layout(info: StreamInfo) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
