@@ -82,3 +82,13 @@ def test_a_root_seed_seeds_the_vectors_own_np_random(endpoints: list[str]) -> No
         assert remote.np_random.random() == seeding.np_random(5)[0].random()
     finally:
         remote.close()
+
+
+def test_render_says_the_wire_carries_no_frames(endpoints: list[str]) -> None:
+    """``remote.render()`` was Gymnasium's "render function is not implemented"."""
+    remote = RemoteVectorEnv(endpoints, timeout=10)
+    try:
+        with pytest.raises(NotImplementedError, match="the wire carries no frames.*replay"):
+            remote.render()
+    finally:
+        remote.close()

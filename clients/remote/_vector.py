@@ -27,7 +27,7 @@ from simkit.clients.remote._connection import Connection, ConnectOptions, Server
 from simkit.errors import ResetNeeded
 from simkit.protocol import AUTORESET_SAME_STEP, EnvFault, RemoteError, ServerInfo
 from simkit.protocol import take_rows as _take
-from simkit.vector._build import no_sub_env_methods
+from simkit.vector._build import no_frames, no_sub_env_methods
 
 __all__ = ["RemoteVectorEnv"]
 
@@ -126,6 +126,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
     """
 
     call, get_attr, set_attr = no_sub_env_methods("remote")  # docs/clients.md says why
+    render = no_frames
 
     def __init__(
         self,
@@ -280,10 +281,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
         Args:
             seed: a root seed (env ``g`` gets ``episode_seed(seed, g, k)``), a list of
                 one int per env (or a 1-D int array: env ``g`` reset with exactly
-                ``seed[g]``, later continuing its own generator, as a local vector; no
-                ``None`` entry, the wire has no form for it), or ``None`` to continue
-                each env's seed sequence. Every seed in ``[0, 2**63)``, checked before
-                any server is asked.
+                ``seed[g]``, then its own generator, as a local vector; no ``None``: the
+                wire has no form for it), or ``None`` to continue each env's seeds;
+                every seed in ``[0, 2**63)``, checked before any server is asked.
             options: reset options passed to every env (e.g. ``{"params": {...}}``).
 
         Returns:

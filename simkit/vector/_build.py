@@ -26,6 +26,7 @@ __all__ = [
     "plan_env_resets",
     "check_mask",
     "homogeneous_agent_spaces",
+    "no_frames",
     "no_sub_env_methods",
 ]
 
@@ -281,3 +282,13 @@ def no_sub_env_methods(kind: str) -> tuple[Any, Any, Any]:
         return property(get)
 
     return refuse("call"), refuse("get_attr"), refuse("set_attr")
+
+
+def no_frames(self: Any) -> Any:
+    """``render`` of a :class:`~simkit.clients.RemoteVectorEnv`: the wire carries no
+    frames, so it says where to get them instead of Gymnasium's bare refusal."""
+    raise NotImplementedError(
+        f"{type(self).__name__} does not render: the wire carries no frames; record on the "
+        "server (simkit serve --record) and render an episode with simkit replay --render, "
+        "or render a local simkit.vector.VectorEnv"
+    )
