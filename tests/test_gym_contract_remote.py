@@ -88,7 +88,7 @@ def test_render_says_the_wire_carries_no_frames(endpoints: list[str]) -> None:
     """``remote.render()`` was Gymnasium's "render function is not implemented"."""
     remote = RemoteVectorEnv(endpoints, timeout=10)
     try:
-        with pytest.raises(NotImplementedError, match="the wire carries no frames.*replay"):
+        with pytest.raises(NotImplementedError, match=r"the wire carries no frames.*replay"):
             remote.render()
     finally:
         remote.close()
