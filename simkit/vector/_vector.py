@@ -519,11 +519,12 @@ def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
 def _vector_spec(env_id: Any, num_envs: int, env_kwargs: Mapping[str, Any] | None) -> Any:
     """``envs.spec`` as ``gymnasium.make_vec`` sets it: Gymnasium's spec of the id, its
     kwargs with the env's and ``num_envs``; ``None`` for env functions (as a
-    ``SyncVectorEnv`` of them has) or an id Gymnasium does not know."""
-    name = env_id.removeprefix("gym:") if isinstance(env_id, str) else None
-    if name is None or name not in gym.registry:
+    ``SyncVectorEnv`` of them has) or an id Gymnasium does not know by that name (a
+    ``gym:`` id: its spec's id would not name the env to simkit, which a recording
+    takes from ``spec.id``)."""
+    if not isinstance(env_id, str) or env_id not in gym.registry:
         return None
-    spec = copy.deepcopy(gym.spec(name))
+    spec = copy.deepcopy(gym.spec(env_id))
     spec.kwargs = {**spec.kwargs, **dict(env_kwargs or {}), "num_envs": num_envs}
     return spec
 
