@@ -200,3 +200,30 @@ def test_an_index_repeating_its_records_is_refused(recording: Path) -> None:
     assert idx.stat().st_size > 3 * chunk.stat().st_size
     assert len(RecordingReader(recording)) == 6
     shutil.rmtree(recording)
+
+
+def test_a_meta_of_tiny_containers_is_refused_before_it_outgrows_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record's meta (up to 1 GiB) of one-byte empty maps unpacked to ~70 bytes of
+    dict per byte: 4 MiB of them were ~300 MB, more than this machine (made to have
+    256 MiB free) holds. The reader counts the objects as msgpack builds them and stops
+    where they would outgrow the memory available."""
+    import simkit._limits
+
+    n = 4 * 2**20
+    meta = b"\x81" + msgpack.packb("pad") + b"\xdd" + n.to_bytes(4, "big") + b"\x80" * n
+    head = HEADER.pack(MAGIC, 0, 1, 0, len(meta), 0, 0, zlib.crc32(b"", zlib.crc32(meta)), 0)
+    chunk = tmp_path / _CHUNK
+    chunk.write_bytes(head[:-4] + struct.pack("<I", zlib.crc32(head[:-4])) + meta)
+    monkeypatch.setattr(simkit._limits, "available_memory", lambda: 256 * 2**20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            CorruptRecording, match=r"record meta at offset 0: .*too many msgpack objects"
+        ):
+            scan_chunk(str(chunk))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 2**20, f"reading allocated {peak / 2**20:.0f} MiB"

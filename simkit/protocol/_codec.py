@@ -246,7 +246,7 @@ def _unpack_options(lim: Limits) -> dict[str, Any]:
     return options
 
 
-def _object_counter(max_objects: int) -> dict[str, Any]:
+def _object_counter(max_objects: int, what: str = "header") -> dict[str, Any]:
     """``list_hook``/``object_hook`` options that count every container and entry as
     msgpack builds them and stop the unpacking past ``max_objects``: what a header
     holds is then bounded by the objects allowed, not 70 bytes per byte sent."""
@@ -257,7 +257,7 @@ def _object_counter(max_objects: int) -> dict[str, Any]:
         left -= 1 + (2 * len(container) if type(container) is dict else len(container))
         if left < 0:
             raise MessageTooLarge(
-                "header holds too many msgpack objects",
+                f"{what} holds too many msgpack objects",
                 expected=f"<= {max_objects} objects (maps, lists and their entries)",
                 got=f"more than {max_objects}",
             )

@@ -42,6 +42,8 @@ except ImportError:  # pragma: no cover - zlib-ng is a dependency; zlib is the f
     from zlib import crc32
 
 from simkit.errors import CorruptRecording, RecordingLocked, WriteFailed
+from simkit.protocol._codec import _object_counter
+from simkit.protocol._errors import MessageTooLarge
 
 zstandard: Any
 try:
@@ -81,6 +83,7 @@ _CHUNK_RE = re.compile(r"^chunk-(\d{6})\.skr$")
 INDEX_FORMAT = 1
 _MAX_META = 1 << 30
 _MAX_BLOB = 1 << 40
+_COUNTED_MAP = 1 << 20
 """The largest blob a record may hold, stored or decompressed (1 TiB): a header claiming
 more is corrupt, whatever its checksums say."""
 _SEARCH_BLOCK = 1 << 20
@@ -231,9 +234,22 @@ def _check_room(raw_len: int, path: str, offset: int) -> None:
 
 
 def unpack_map(data: bytes, what: str, path: str, offset: int) -> dict[str, Any]:
-    """msgpack map with str keys and no ext types, or :class:`CorruptRecording`."""
+    """msgpack map with str keys and no ext types, or :class:`CorruptRecording`.
+
+    Over a MiB, the maps and lists msgpack builds are counted and it stops where they
+    would outgrow the memory available (~70 bytes an object, half of what is free): a
+    byte of empty map unpacks to a 64-byte dict, so 1 GiB of them would be ~70 GB."""
+    options: dict[str, Any] = {"raw": False, "strict_map_key": True, "ext_hook": _reject_ext}
+    if len(data) > _COUNTED_MAP:
+        from simkit._limits import available_memory
+
+        options.update(_object_counter(available_memory() // 144, what))
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+        obj = msgpack.unpackb(data, **options)
+    except MessageTooLarge as exc:
+        raise CorruptRecording(
+            f"{path}: {what} at offset {offset}: {exc}", path=path, offset=offset
+        ) from exc
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise CorruptRecording(
             f"{path}: {what} at offset {offset} is not valid msgpack: {exc}",
