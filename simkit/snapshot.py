@@ -136,11 +136,21 @@ def dumps(state: Any) -> bytes:
 
 
 def loads(data: bytes) -> Any:
-    """Decodes bytes from :func:`dumps` back into a snapshot."""
+    """Decodes bytes from :func:`dumps` back into a snapshot.
+
+    Over a MiB, the maps and lists msgpack builds are counted and it stops where they
+    would outgrow the memory available (~70 bytes an object, half of what is free): a
+    byte of empty map unpacks to a 64-byte dict."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidState(f"snapshot data must be bytes from dumps(), got {type(data).__name__}")
+    options: dict[str, Any] = {"raw": False, "strict_map_key": True, "ext_hook": _reject_ext}
+    if len(data) > 1 << 20:
+        from simkit._limits import available_memory
+        from simkit.protocol._codec import _object_counter
+
+        options.update(_object_counter(available_memory() // 144, "snapshot"))
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_reject_ext)
+        obj = msgpack.unpackb(data, **options)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise InvalidState(f"snapshot bytes are not valid msgpack: {exc}") from exc
     return from_plain(obj)

@@ -285,3 +285,26 @@ def test_an_rng_state_holding_an_array_where_a_map_goes_is_invalid_state() -> No
     plain["state"] = np.zeros(1)
     with pytest.raises(InvalidState, match="malformed rng state in snapshot: IndexError"):
         snapshot.rng_from_plain(plain)
+
+
+def test_bytes_of_tiny_containers_are_refused_before_they_outgrow_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """4 MiB of one-byte empty maps (a checkpoint's ``state.msgpack`` edited by hand)
+    unpacked to ~300 MB of dicts, more than this machine (made to have 256 MiB free)
+    holds; ``loads`` counts them as msgpack builds them and stops in time."""
+    import tracemalloc
+
+    import simkit._limits
+
+    n = 4 * 2**20
+    data = b"\x81" + msgpack.packb("pad") + b"\xdd" + n.to_bytes(4, "big") + b"\x80" * n
+    monkeypatch.setattr(simkit._limits, "available_memory", lambda: 256 * 2**20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidState, match="too many msgpack objects"):
+            snapshot.loads(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 2**20, f"loads allocated {peak / 2**20:.0f} MiB"
