@@ -606,34 +606,48 @@ def pcg64_generators(
     ]
 
 
-def _checked_seed(value: Any, what: str, alternative: str = "") -> int:
-    """A seed of a reset, either form (a root or a list entry): an int (numpy ints too,
-    not bool) in ``[0, 2**63)``, one range for both, as snapshots, recordings and the
-    wire carry every seed as an int64. Gymnasium takes any int >= 0; the message says so.
+_SEED_RANGES = {
+    "root": (
+        MAX_ROOT_SEED,
+        "2**63",
+        "a root seed, which the wire, snapshots and recordings carry as an int64",
+    ),
+    "exact": (2**64 - 1, "2**64", "an exact seed, a uint64 as episode_seed() gives them"),
+    "wire": (MAX_ROOT_SEED, "2**63", "an exact seed, which the wire carries as an int64"),
+}
+"""Each kind of reset seed: its largest value, that bound's name, and why."""
+
+
+def _checked_seed(value: Any, what: str, kind: str, alternative: str = "") -> int:
+    """A seed of a reset: an int (numpy ints too, not bool) in the range of its
+    ``kind`` (:data:`_SEED_RANGES`): a root in ``[0, 2**63)``, an exact seed (a list
+    entry) in ``[0, 2**64)``, one sent over the wire in ``[0, 2**63)``. Gymnasium takes
+    any int >= 0; the message says why simkit does not, and what to do.
 
     Raises:
         ValueError: anything else, naming ``what``.
     """
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise ValueError(f"{what} must be an int{alternative}, got {_describe(value)}")
-    if not 0 <= value <= MAX_ROOT_SEED:
-        why = (
-            " (simkit's seeds are 63-bit, as snapshots, recordings and the wire carry "
-            "them, where Gymnasium takes larger ones: reduce it, e.g. seed % 2**63)"
-        )
+    top, bound, why = _SEED_RANGES[kind]
+    if not 0 <= value <= top:
+        hint = f" ({why}; Gymnasium takes larger ones: reduce it, e.g. seed % {bound})"
         raise ValueError(
-            f"{what} must be an int in [0, 2**63){alternative}, got {value}{why if value > 0 else ''}"
+            f"{what} must be an int in [0, {bound}){alternative}, got {value}"
+            + (hint if value > 0 else "")
         )
     return int(value)
 
 
 def reset_seed(seed: Any, num_envs: int, *, wire: bool = False) -> int | list[int | None] | None:
     """A reset's ``seed`` in Gymnasium's forms, checked before anything moves: a root
-    (an int), a list of ``num_envs`` entries ``int | None`` (a 1-D integer array, e.g.
-    ``np.arange(n)``, is its entries), or ``None``; every int in ``[0, 2**63)``.
+    (an int in ``[0, 2**63)``), a list of ``num_envs`` exact seeds ``int | None`` (each
+    in ``[0, 2**64)``, as :func:`episode_seed` gives them; a 1-D integer array, e.g.
+    ``np.arange(n)``, is its entries), or ``None``.
 
     ``wire``: the list is a wire's ``seeds`` (a remote vector's reset), which carries an
-    int for every env: Gymnasium's ``None`` entry ("this env continues") has no form there.
+    int64 for every env: Gymnasium's ``None`` entry ("this env continues") has no form
+    there, and each entry is in ``[0, 2**63)``.
 
     Raises:
         ValueError: a list of another length, an entry or root out of range, or (``wire``)
@@ -645,7 +659,7 @@ def reset_seed(seed: Any, num_envs: int, *, wire: bool = False) -> int | list[in
     if isinstance(seed, np.ndarray) and seed.ndim == 1:
         seed = seed.tolist()
     if isinstance(seed, int | np.integer) and not isinstance(seed, bool):
-        return _checked_seed(seed, "seed")
+        return _checked_seed(seed, "seed", "root")
     if isinstance(seed, Sequence) and not isinstance(seed, str | bytes):
         if len(seed) != num_envs:
             if wire:  # its wording since remote vectors took lists
@@ -663,9 +677,9 @@ def reset_seed(seed: Any, num_envs: int, *, wire: bool = False) -> int | list[in
                 "'this env continues'); give every env a seed, or reset(seed=None) to "
                 "continue them all"
             )
-        alternative = "" if wire else " or None"
+        kind, alternative = ("wire", "") if wire else ("exact", " or None")
         return [
-            None if s is None else _checked_seed(s, f"seed[{i}]", alternative)
+            None if s is None else _checked_seed(s, f"seed[{i}]", kind, alternative)
             for i, s in enumerate(seed)
         ]
     got = f"ndarray of shape {seed.shape}" if isinstance(seed, np.ndarray) else type(seed).__name__
@@ -971,7 +985,7 @@ class EpisodeSeeds:
 
     def restart(self, root: int) -> None:
         """Puts every env under ``root`` before its first episode (a ``BatchEnv`` root seed)."""
-        root = _checked_seed(root, "seed")
+        root = _checked_seed(root, "seed", "root")
         self.roots = [root] * self.num_envs
         self._shared_root = root
         self.episode[:] = -1

@@ -1,5 +1,5 @@
 """Gymnasium's ``VectorEnv.reset(seed=...)`` contract, as a Gymnasium user meets it on
-every simkit vector: ``int | list[int | None] | None``, one range for both forms."""
+every simkit vector: ``int | list[int | None] | None``, each form's range checked."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import simkit
+from simkit._seeding import episode_seed
 from simkit.snapshot import dumps, loads
 from simkit.vector import MultiAgentVectorEnv
 
@@ -23,28 +24,28 @@ MAKERS: dict[str, Callable[[], Any]] = {
 
 
 @pytest.mark.parametrize("kind", sorted(MAKERS))
-def test_a_seed_has_one_range_in_both_forms(kind: str) -> None:
-    """``reset(seed=2**63)`` was refused while ``reset(seed=[2**63] * N)`` was taken (and
-    then could not travel to a server, a snapshot's root or a recording): both forms now
-    take ``[0, 2**63)`` and refuse the rest with one message naming the range."""
+def test_each_seed_form_takes_its_range_and_says_why(kind: str) -> None:
+    """A root (``reset(seed=r)``) is an int64, as the wire, snapshots and recordings
+    carry it; an exact seed (a list entry) is a uint64, as ``episode_seed`` gives them
+    (a list of episode seeds reproduces a batch's episodes). Both forms refuse the rest
+    with the range and the reason; a list entry was unchecked (``[2**100] * N`` was
+    taken, then broke a BatchEnv's key derivation and a recording's encoding)."""
     env = MAKERS[kind]()
-    top = 2**63 - 1
-    env.reset(seed=top)
-    env.reset(seed=[top] * N)
-    env.reset(seed=np.full(N, top, dtype=np.uint64))
-    for seed, what in (
-        (2**63, "seed"),
-        ([0, 2**63, None], r"seed\[1\]"),
-        (np.full(N, 2**63, dtype=np.uint64), r"seed\[0\]"),
-        (2**64 + 5, "seed"),
-        ([2**100] * N, r"seed\[0\]"),
+    env.reset(seed=2**63 - 1)
+    env.reset(seed=[2**64 - 1, episode_seed(3, 1, 0), 0])
+    env.reset(seed=np.full(N, 2**64 - 1, dtype=np.uint64))
+    for seed, what, bound in (
+        (2**63, "seed", "63"),
+        (np.uint64(2**63), "seed", "63"),
+        ([0, 2**64, None], r"seed\[1\]", "64"),
+        ([2**100] * N, r"seed\[0\]", "64"),
     ):
         with pytest.raises(
-            ValueError, match=rf"{what} must be an int in \[0, 2\*\*63\).*Gymnasium"
+            ValueError, match=rf"{what} must be an int in \[0, 2\*\*{bound}\).*Gymnasium"
         ):
             env.reset(seed=seed)
     for seed, what in ((-1, "seed"), ([0, -1, 0], r"seed\[1\]")):
-        with pytest.raises(ValueError, match=rf"{what} must be an int in \[0, 2\*\*63\).*got -1$"):
+        with pytest.raises(ValueError, match=rf"{what} must be an int in \[0, 2\*\*6\d\).*got -1$"):
             env.reset(seed=seed)
     env.close()
 
@@ -117,8 +118,8 @@ def test_a_batch_refuses_a_bad_list_of_seeds_as_a_vector_does() -> None:
     before = dumps(batch.get_state())
     with pytest.raises(ValueError, match=f"must hold num_envs={N} entries, got 2"):
         batch.reset(seed=[1, 2])
-    with pytest.raises(ValueError, match=r"seed\[1\] must be an int in \[0, 2\*\*63\) or None"):
-        batch.reset(seed=[1, 2**63, 3])
+    with pytest.raises(ValueError, match=r"seed\[1\] must be an int in \[0, 2\*\*64\) or None"):
+        batch.reset(seed=[1, 2**64, 3])
     with pytest.raises(
         TypeError, match=r"seed must be an int, a list of int \| None, or None, got str"
     ):

@@ -120,7 +120,7 @@ def test_list_of_seeds_is_validated() -> None:
     with pytest.raises(ValueError, match="must hold num_envs=2 entries, got 3"):
         seeds.plan(np.arange(2), [1, 2, 3])
     with pytest.raises(
-        ValueError, match=r"seed\[1\] must be an int in \[0, 2\*\*63\) or None, got -4"
+        ValueError, match=r"seed\[1\] must be an int in \[0, 2\*\*64\) or None, got -4"
     ):
         seeds.plan(np.arange(2), [1, -4])
     with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*63\), got -1"):

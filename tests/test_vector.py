@@ -559,9 +559,9 @@ def test_a_list_of_seeds_refused_for_a_bad_entry_changes_no_seeding(multi_agent:
     refused, plain = make(), make()
     for vec in (refused, plain):
         vec.reset(seed=0)
-    with pytest.raises(ValueError, match=r"seed\[1\] must be an int (in \[0, 2\*\*63\) )?or None"):
+    with pytest.raises(ValueError, match=r"seed\[1\] must be an int (in \[0, 2\*\*64\) )?or None"):
         refused.reset(seed=[5, -1])
-    with pytest.raises(ValueError, match=r"seed\[1\] must be an int (in \[0, 2\*\*63\) )?or None"):
+    with pytest.raises(ValueError, match=r"seed\[1\] must be an int (in \[0, 2\*\*64\) )?or None"):
         refused.reset_envs([0, 1], seeds=[7, "x"])
     assert dumps(refused.seeds.get_state()) == dumps(plain.seeds.get_state())
     np.testing.assert_array_equal(refused.reset()[0], plain.reset()[0])
