@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-import zmq.auth
-
 from simkit._argtypes import ENV_ID_FORMS, env_kwarg_flags, parse_env_kwargs
 from simkit._kernels import is_pinned, reexec_pinned
-from simkit._validation import check_curve_key
+from simkit._validation import check_curve_key, load_key_file
 from simkit.errors import SimkitError
 from simkit.servers._memory import DEFAULT_MAX_MEMORY, parse_bytes
 from simkit.servers._server import BUSY_POLL_US, RolloutServer
@@ -219,7 +217,7 @@ def _client_keys(paths: Sequence[Path], secret: bytes | None) -> list[bytes]:
     keys = []
     for f in files:
         try:
-            keys.append(check_curve_key(zmq.auth.load_certificate(f)[0], "the public key"))
+            keys.append(check_curve_key(load_key_file(f)[0], "the public key"))
         except (OSError, ValueError) as exc:
             raise ValueError(f"--curve-allow {f}: {exc}") from exc
     return keys
@@ -304,7 +302,7 @@ def _secret_key(path: Path | None) -> bytes | None:
     if path is None:
         return None
     try:
-        _, secret = zmq.auth.load_certificate(path)
+        _, secret = load_key_file(path)
         if secret is None:
             raise ValueError("holds no secret key (expected a '.key_secret' file)")
         return check_curve_key(secret, "the secret key")

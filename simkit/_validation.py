@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import os
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,8 @@ __all__ = [
     "check_send_ids",
     "checked_env_ids",
     "reward_of",
+    "load_key_file",
+    "MAX_KEY_FILE_BYTES",
 ]
 
 
@@ -306,3 +310,27 @@ def check_curve_key(key: Any, what: str) -> bytes:
     if bad is not None:
         raise ValueError(f"{need}, got a character outside z85: {bad!r}")
     return key
+
+
+MAX_KEY_FILE_BYTES = 1 << 16
+"""The largest CURVE key file read (``zmq.auth.create_certificates`` writes ~300 bytes)."""
+
+
+def load_key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
+    """``zmq.auth.load_certificate(path)`` (public key, secret key or None), once ``path``
+    is known to be a regular file of at most :data:`MAX_KEY_FILE_BYTES`: it reads lines,
+    so a FIFO blocked the reader forever and ``/dev/zero``'s one endless line grew
+    without bound (a key folder clients drop their keys into could stop a server).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: not a regular file, too large, or holding no public key.
+    """
+    import zmq.auth
+
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("not a regular file (a key file is one)")
+    if info.st_size > MAX_KEY_FILE_BYTES:
+        raise ValueError(f"{info.st_size:,} bytes, more than a key file's {MAX_KEY_FILE_BYTES:,}")
+    return zmq.auth.load_certificate(path)

@@ -53,3 +53,43 @@ def test_tensor_names_that_differ_are_named_in_a_bounded_line() -> None:
     assert len(str(info.value)) < 400, str(info.value)
     assert "actor.0.weight" in str(info.value)
     assert "unexpected 1 ['w']" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge", "folder"])
+def test_a_key_directory_holding_something_no_key_file_is_makes_serve_one_line(
+    tmp_path: Path, kind: str
+) -> None:
+    """``--curve-allow DIR`` reads every ``*.key`` in DIR, a folder clients may drop their
+    public keys into: a FIFO named ``x.key`` blocked the server's start forever, and
+    ``zmq.auth.load_certificate`` reads lines, so one endless line (``/dev/zero``) grew
+    without bound. A key file is now a regular file of at most 64 KiB, or one line."""
+    import os
+    import subprocess
+    import sys
+
+    import zmq.auth
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    _, secret = zmq.auth.create_certificates(str(tmp_path), "server")
+    zmq.auth.create_certificates(str(keys), "client")
+    evil = keys / "evil.key"
+    if kind == "fifo":
+        os.mkfifo(evil)
+    elif kind == "huge":
+        evil.symlink_to("/dev/zero")
+    else:
+        evil.mkdir()
+    argv = [sys.executable, "-m", "simkit", "serve", "simkit/CartPole-v0", "--bind"]
+    argv += ["tcp://127.0.0.1:0", "--curve-secret-key", secret, "--curve-allow", str(keys)]
+
+    def cap_memory() -> None:  # before, /dev/zero grew until this cap (a MemoryError)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, preexec_fn=cap_memory)
+    assert done.returncode == 2, done.stderr[-2000:]
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"--curve-allow {evil}: " in err[0]
