@@ -11,6 +11,7 @@ import pytest
 from gymnasium.utils import seeding
 
 import simkit
+from simkit.recording import RecordEpisodes
 from simkit.snapshot import dumps, loads
 from simkit.vector import VectorEnv
 
@@ -133,14 +134,11 @@ def test_a_batch_refuses_disabled_autoreset_saying_why() -> None:
         simkit.make("simkit/BatchCartPole-v0", num_envs=2, autoreset_mode="Disabled")
 
 
-def test_a_vector_made_from_an_id_has_gymnasiums_spec() -> None:
-    """``gym.make_vec(id, n).spec`` is the env's spec; ``simkit.make_vec``'s was None, so
-    ``envs.spec.id`` (a run name, a video folder) failed."""
+def test_a_vector_has_no_spec_that_would_record_unreplayable_episodes(tmp_path: Any) -> None:
+    """``gymnasium.make_vec`` sets ``envs.spec``; a simkit vector keeps ``None``, since
+    ``RecordEpisodes`` takes the env id from ``spec.id`` without the env's kwargs: with a
+    spec, a vector of 7-step CartPoles recorded episodes that replay as 500-step ones."""
     envs = simkit.make_vec("simkit/CartPole-v0", 2, env_kwargs={"max_episode_steps": 7})
-    theirs = gym.make_vec("simkit/CartPole-v0", 2, max_episode_steps=7)
-    assert envs.spec is not None
-    assert theirs.spec is not None
-    assert (envs.spec.id, envs.spec.entry_point) == (theirs.spec.id, theirs.spec.entry_point)
-    assert envs.spec.kwargs == {"max_episode_steps": 7, "num_envs": 2}
-    assert simkit.make_vec("gym:Pendulum-v1", 2).spec is None  # "Pendulum-v1" names no simkit id
-    assert VectorEnv([lambda: simkit.make("simkit/CartPole-v0")]).spec is None  # as Sync's
+    assert envs.spec is None
+    with pytest.raises(ValueError, match="needs the env id to make episodes replayable"):
+        RecordEpisodes(envs, tmp_path / "rec")

@@ -107,7 +107,7 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         first = envs[0]
         self.metadata = {**first.metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = first.render_mode
-        self.spec = _vector_spec(env_fns, n, env_kwargs)
+        self.spec = None  # RecordEpisodes takes spec.id without its kwargs: see docs/vector.md
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         for i, env in enumerate(envs):
@@ -514,19 +514,6 @@ def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
     ``autoreset_mode``, ``params``, ``env_kwargs``, ...).
     """
     return VectorEnv(env_id, num_envs, **kwargs)
-
-
-def _vector_spec(env_id: Any, num_envs: int, env_kwargs: Mapping[str, Any] | None) -> Any:
-    """``envs.spec`` as ``gymnasium.make_vec`` sets it: Gymnasium's spec of the id, its
-    kwargs with the env's and ``num_envs``; ``None`` for env functions (as a
-    ``SyncVectorEnv`` of them has) or an id Gymnasium does not know by that name (a
-    ``gym:`` id: its spec's id would not name the env to simkit, which a recording
-    takes from ``spec.id``)."""
-    if not isinstance(env_id, str) or env_id not in gym.registry:
-        return None
-    spec = copy.deepcopy(gym.spec(env_id))
-    spec.kwargs = {**spec.kwargs, **dict(env_kwargs or {}), "num_envs": num_envs}
-    return spec
 
 
 def _kind_of(env: Any) -> str:
