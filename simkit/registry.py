@@ -10,7 +10,7 @@ zero-argument function that calls :func:`register` itself.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "env_ids",
     "names_code",
     "registered_everywhere",
+    "portable_env",
     "check_trusted",
     "trusted_make",
     "add_trust_argument",
@@ -95,6 +96,60 @@ def registered_everywhere(id: str) -> bool:
     _load_plugins()
     found = _REGISTRY.get(id)
     return found is not None and _STARTUP.get(id) is found
+
+
+def portable_env(env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The env id and kwargs a new Python process (a rollout server, a replay worker,
+    the conformance kit's other-process check) builds ``env_id`` from, as this one builds
+    it with ``env_kwargs``.
+
+    A new process knows simkit's own ids, the installed plugins' and ``gym:`` and
+    ``package.module:Class`` ids (:func:`registered_everywhere`); those pass unchanged.
+    An id this process's code registered (``simkit.register`` in a script or notebook)
+    does not exist there: it becomes the registered class as ``package.module:Class``,
+    with the registered kwargs under ``env_kwargs``.
+
+    Raises:
+        ValueError: the registered entry point is no class a new process can import (a
+            class of ``__main__`` or a function's, a factory function): one line saying
+            to name an importable class.
+    """
+    if env_id.startswith(GYM_PREFIX) or ":" in env_id or registered_everywhere(env_id):
+        return env_id, dict(env_kwargs)
+    registered = spec(env_id)
+    path = importable_class(registered.entry_point)
+    if path is None:
+        entry = registered.entry_point
+        if not isinstance(entry, str):
+            name = getattr(entry, "__qualname__", type(entry).__name__)
+            entry = f"{name} of {getattr(entry, '__module__', '?')}"
+        raise ValueError(
+            f"{env_id!r} is registered in this process only (entry point {entry}), and a "
+            "new process cannot build it: define the class in a module and register it "
+            "(or use its package.module:Class id)"
+        )
+    return path, {**registered.kwargs, **env_kwargs}
+
+
+def importable_class(entry_point: Any) -> str | None:
+    """``package.module:Class`` of an entry point (a class or such a str) that names an
+    env class a new process can import, else None."""
+    if isinstance(entry_point, str):
+        module_name, _, attr = entry_point.partition(":")
+    else:
+        module_name = getattr(entry_point, "__module__", "") or ""
+        attr = getattr(entry_point, "__qualname__", "") or ""
+    if module_name in ("", "__main__") or not attr.isidentifier():
+        return None  # a script's or notebook's class, a local class, a lambda
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError):
+        return None
+    if not isinstance(found, type) or (
+        not isinstance(entry_point, str) and found is not entry_point
+    ):
+        return None  # a factory function, or another object under that name
+    return f"{module_name}:{attr}"
 
 
 def register(

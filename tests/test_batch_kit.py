@@ -106,6 +106,17 @@ class NormPoint(BatchPoint):
         return np.linalg.norm(self.pos, axis=1)
 
 
+class HashSeedPoint(BatchPoint):
+    """Planted bug: a pull from a generator seeded with ``hash`` of a str, which follows
+    the process's hash seed (the same in one process, so only another one shows it)."""
+
+    single_env = None
+
+    def step_instances(self, actions: Any, rngs: Any) -> Any:
+        pull = np.random.default_rng(abs(hash("pull"))).normal(0.0, 1e-3)
+        return super().step_instances(actions + pull, rngs)
+
+
 class SnapshotPoint(BatchPoint):
     """Planted bug: the velocity is not in the snapshot."""
 
@@ -187,7 +198,7 @@ TORCH = ["simkit/BatchCartPole-v0", "simkit/BatchPendulum-v0"]
 
 def test_a_correct_author_batch_passes_and_says_what_it_skipped() -> None:
     results = testing.run_checks(testing.BATCH_CHECKS, SubsetPoint, seed=1, steps=60)
-    assert [r.status for r in results] == ["PASS"] * 7 + ["SKIP", "PASS"]
+    assert [r.status for r in results] == ["PASS"] * 7 + ["SKIP", "PASS", "PASS"]
     assert results[7].name == "check_batch_device"
     skipped = testing.run_checks([testing.check_batch_subsets], BatchPoint)[0]
     assert skipped.status == "SKIP"
@@ -202,6 +213,7 @@ def test_a_correct_author_batch_passes_and_says_what_it_skipped() -> None:
         (ClockPoint, "check_batch_determinism", "so the cause is not the global RNG: the clock"),
         (NormPoint, "check_batch_singles", "np.linalg.norm(d) vs np.linalg.norm(d, axis=1)"),
         (SnapshotPoint, "check_batch_snapshot", "the snapshot is incomplete"),
+        (HashSeedPoint, "check_batch_other_process", "PYTHONHASHSEED=1"),
         (LeakyPoint, "check_batch_reset_reuse", "leaves state of the previous episode"),
         (SubsetBugPoint, "check_batch_subsets", "self.param_arrays[name][ids]"),
         (
@@ -371,7 +383,7 @@ def test_simkit_check_runs_the_batch_kit_on_an_author_class(
     assert [ln.split(":")[0] for ln in out[:6]] == [
         f"PASS  {c.__name__}" for c in testing.BATCH_CHECKS[:5]
     ] + ["SKIP  check_batch_subsets"]
-    assert out[-1] == "1 of 9 checks failed; fix check_batch_singles first"
+    assert out[-1] == "1 of 10 checks failed; fix check_batch_singles first"
     assert cli.main(["check", "test_batch_kit:GlobalRngPoint", "--steps", "30"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("FAIL  check_batch_determinism: determinism (two fresh batches")

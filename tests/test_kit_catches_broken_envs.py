@@ -73,6 +73,35 @@ class LeakyWalker(Walker):
         return self.obs(), {}
 
 
+class SetOrderWalker(Walker):
+    """Sums its thrusters' noise over a set of their names: a set of str iterates in an
+    order that follows the hash seed, so each process pairs draws and gains differently."""
+
+    GAINS = {"left": 1.0, "right": 0.5, "up": 0.25, "down": 0.125}
+
+    def noise(self, rng: np.random.Generator) -> float:
+        total = 0.0
+        for name in set(self.GAINS):
+            total += self.GAINS[name] * float(rng.normal(0.0, 0.1))
+        return total
+
+
+class HashSeededWalker(Walker):
+    """Seeds a wind generator from ``hash`` of a str, which follows the hash seed."""
+
+    def noise(self, rng: np.random.Generator) -> float:
+        wind = np.random.default_rng(abs(hash("wind")))
+        return float(rng.normal(0.0, 0.1)) + float(wind.normal(0.0, 0.01))
+
+
+class ChattyWalker(Walker):
+    """A correct env that prints at every step (a reply on stdout would be corrupted)."""
+
+    def noise(self, rng: np.random.Generator) -> float:
+        print("step")
+        return super().noise(rng)
+
+
 class IncompleteSnapshotWalker(Walker):
     state_attributes = ("pos",)
 
@@ -199,6 +228,7 @@ def test_checks_are_listed_and_accept_registered_ids() -> None:
         testing.check_snapshot,
         testing.check_randomization,
         testing.check_no_global_rng,
+        testing.check_other_process,
     ] == testing.CHECKS
     testing.check_determinism("simkit/CartPole-v0", steps=20)
     with pytest.raises(TypeError, match="env_fn must be an env id or a zero-argument callable"):
@@ -476,3 +506,39 @@ def test_check_snapshot_skips_an_env_without_snapshots() -> None:
     status = {r.name: r.status for r in results}
     assert status.pop("check_snapshot") == "SKIP"
     assert set(status.values()) == {"PASS"}
+
+
+@pytest.mark.parametrize("env_cls", [SetOrderWalker, HashSeededWalker])
+def test_an_env_that_depends_on_its_process_is_caught(env_cls: type) -> None:
+    """Within one process these envs repeat themselves bit for bit, so every other check
+    passed them; a rollout server, a replay worker or a Ray actor (another process, another
+    hash seed) computed other bits from the same seed and actions."""
+    testing.check_determinism(env_cls, steps=40)
+    testing.check_no_global_rng(env_cls, steps=40)
+    testing.check_snapshot(env_cls, steps=40)
+    with pytest.raises(ConformanceError, match=r"other process.*PYTHONHASHSEED.*iterates a set"):
+        testing.check_other_process(env_cls, steps=40)
+
+
+def test_the_other_process_check_runs_what_a_new_process_can_build_and_skips_the_rest() -> None:
+    import functools
+
+    testing.check_other_process(ChattyWalker, steps=30)
+    testing.check_other_process(functools.partial(Walker, max_episode_steps=7), steps=30)
+    testing.check_other_process("simkit/GoalNav-v0", steps=30)
+    results = testing.run_checks([testing.check_other_process], lambda: Walker(), steps=5)
+    assert [r.status for r in results] == ["SKIP"]
+    assert "cannot be rebuilt in a new process" in results[0].message
+
+
+def test_check_env_skips_the_checks_that_do_not_apply_and_runs_the_rest() -> None:
+    """check_env raised the SkipTest of a check that did not apply (gym:Pendulum-v1's
+    snapshot): a pytest test of the env was reported skipped, and the later checks never
+    ran; so was every env of a lambda factory, at the other-process check."""
+    import unittest
+
+    for env_fn in ("gym:Pendulum-v1", lambda: Walker()):
+        try:
+            testing.check_env(env_fn, steps=10)
+        except unittest.SkipTest as exc:
+            pytest.fail(f"check_env({env_fn!r}) raised SkipTest: {exc}")

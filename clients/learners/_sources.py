@@ -441,61 +441,18 @@ def open_rollout(
 
 def served_env(env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """The env id and kwargs a rollout server this process starts is given, so that it
-    builds the envs ``env_id`` builds here.
-
-    A new process knows simkit's own ids, the installed plugins' and ``gym:`` and
-    ``package.module:Class`` ids (:func:`simkit.registry.registered_everywhere`); those
-    pass unchanged. An id this process's code registered (``simkit.register`` in a
-    script or notebook) does not exist there: its server is given the registered class
-    as ``package.module:Class`` (on its own command line, as its operator names it)
-    and the registered kwargs under ``env_kwargs``.
+    builds the envs ``env_id`` builds here (:func:`simkit.registry.portable_env`).
 
     Raises:
-        ValueError: the registered entry point is no class a new process can import (a
-            class of ``__main__`` or a function's, a factory function): one line saying
-            to roll out in process or to name an importable class.
+        ValueError: no new process can build it: one line saying to roll out in process
+            or to name an importable class.
     """
-    from simkit.registry import GYM_PREFIX, registered_everywhere, spec
+    from simkit.registry import portable_env
 
-    if env_id.startswith(GYM_PREFIX) or ":" in env_id or registered_everywhere(env_id):
-        return env_id, dict(env_kwargs)
-    registered = spec(env_id)
-    path = _importable_class(registered.entry_point)
-    if path is None:
-        entry = registered.entry_point
-        if not isinstance(entry, str):
-            name = getattr(entry, "__qualname__", type(entry).__name__)
-            entry = f"{name} of {getattr(entry, '__module__', '?')}"
-        raise ValueError(
-            f"{env_id!r} is registered in this process only (entry point {entry}), "
-            "and the rollout servers this run starts are new processes that cannot build "
-            "it: roll out in this process (--servers 0), or define the class in a module "
-            "and register it (or train on its package.module:Class id)"
-        )
-    return path, {**registered.kwargs, **env_kwargs}
-
-
-def _importable_class(entry_point: Any) -> str | None:
-    """``package.module:Class`` of an entry point that names an env class a new process
-    can import, else None."""
-    import importlib
-
-    if isinstance(entry_point, str):
-        module_name, _, attr = entry_point.partition(":")
-    else:
-        module_name = getattr(entry_point, "__module__", "") or ""
-        attr = getattr(entry_point, "__qualname__", "") or ""
-    if module_name in ("", "__main__") or not attr.isidentifier():
-        return None  # a script's or notebook's class, a local class, a lambda
     try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError):
-        return None
-    if not isinstance(found, type) or (
-        not isinstance(entry_point, str) and found is not entry_point
-    ):
-        return None  # a factory function, or another object under that name
-    return f"{module_name}:{attr}"
+        return portable_env(env_id, env_kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or roll out in this process (--servers 0)") from None
 
 
 def _curve_keys(o: RunOptions) -> CurveKeys | None:

@@ -29,6 +29,7 @@ from simkit.testing._batch_driver import (
     BatchSetup,
     Event,
     Script,
+    as_batch_factory,
     compare,
     draw_script,
     host,
@@ -41,13 +42,13 @@ from simkit.testing._batch_driver import (
 )
 from simkit.testing._checks import (
     KEPT_STATE,
-    CheckNotApplicable,
     _check_observation,
     _seed_globals,
     check_plain_info,
     check_unchanged,
     freeze,
 )
+from simkit.testing._driver import CheckNotApplicable
 
 __all__ = [
     "BATCH_CHECKS",
@@ -57,6 +58,7 @@ __all__ = [
     "check_batch_env",
     "check_batch_independence",
     "check_batch_no_global_rng",
+    "check_batch_other_process",
     "check_batch_reset_reuse",
     "check_batch_singles",
     "check_batch_snapshot",
@@ -581,6 +583,44 @@ def check_batch_no_global_rng(
         np.random.set_state(state[1])  # noqa: NPY002
 
 
+def check_batch_other_process(
+    env_fn: BatchFactory | str,
+    *,
+    seed: int = 0,
+    steps: int = 100,
+    num_envs: int = 4,
+    device: Any = None,
+) -> None:
+    """A new Python process (as a rollout server or a Ray actor runs the batch), with
+    another hash seed, gives the bits this process gives: same seed, actions and masked
+    resets. It applies where a new process can build the batch: a registered id, an
+    importable ``BatchEnv`` class, or a ``functools.partial`` of one (else it is skipped).
+    """
+    from simkit.testing._elsewhere import (
+        HASH_SEEDS,
+        batch_trace,
+        events_of,
+        portable,
+        roundtrip,
+        trace_elsewhere,
+    )
+
+    env_id, kwargs = portable(env_fn)
+    options: dict[str, Any] = {"seed": seed, "steps": steps, "num_envs": num_envs}
+    options["device"] = None if device is None else str(device)
+    here = events_of(roundtrip(batch_trace(as_batch_factory(env_fn), **options)))
+    for hash_seed in HASH_SEEDS:
+        compare(
+            here,
+            events_of(trace_elsewhere("batch", env_id, kwargs, hash_seed, **options)),
+            f"other process (a new Python process with PYTHONHASHSEED={hash_seed}, seed {seed})",
+            "the batch depends on its process: it iterates a set (or a dict keyed by "
+            "objects) whose order follows the hash seed, uses hash(), id() or addresses, or "
+            "reads module state that earlier code in this process changed",
+            names=("this process", "the new one"),
+        )
+
+
 BATCH_CHECKS: list[Callable[..., None]] = [
     check_batch_spaces,
     check_batch_determinism,
@@ -591,6 +631,7 @@ BATCH_CHECKS: list[Callable[..., None]] = [
     check_batch_singles,
     check_batch_device,
     check_batch_no_global_rng,
+    check_batch_other_process,
 ]
 """Every batch check, in the order :func:`check_batch_env` and ``simkit check`` run
 them (the later ones rely on what the earlier ones check)."""

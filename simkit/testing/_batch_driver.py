@@ -20,8 +20,7 @@ from gymnasium import spaces
 from simkit import registry, snapshot
 from simkit._batch_rows import to_numpy
 from simkit.errors import ConformanceError
-from simkit.testing._checks import _plain
-from simkit.testing._driver import sample
+from simkit.testing._driver import plain, sample
 
 __all__ = [
     "BatchFactory",
@@ -217,7 +216,7 @@ def step_event(res: Any, index: int, *, infos: bool = True) -> Event:
         params[k] = res.infos[k].get("reset_info", {}).get("params")
     fields["params"] = params
     if infos:
-        fields["info"] = [_plain(dict(res.infos[k])) for k in range(n)]
+        fields["info"] = [plain(dict(res.infos[k])) for k in range(n)]
     return Event("step", index, ids, fields)
 
 
@@ -305,7 +304,7 @@ def _element(a: Any, b: Any) -> tuple[str, Any, Any] | None:
             )[0]
             at = np.unravel_index(int(flat), x.shape)
             return f"{path}[{', '.join(str(int(j)) for j in at)}]", x[at], y[at]
-        if not snapshot.states_equal(_plain(x), _plain(y)):
+        if not snapshot.states_equal(plain(x), plain(y)):
             return path, x, y
     if len(_leaves(a, "")) != len(_leaves(b, "")):
         return "", a, b

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import unittest
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,7 +20,14 @@ from simkit.randomization import (
     _Interval,
     resolve_overrides,
 )
-from simkit.testing._driver import Driver, EnvFactory, Step, as_factory
+from simkit.testing._driver import (
+    CheckNotApplicable,
+    Driver,
+    EnvFactory,
+    Step,
+    as_factory,
+    plain,
+)
 
 __all__ = [
     "check_spaces",
@@ -30,6 +36,7 @@ __all__ = [
     "check_snapshot",
     "check_randomization",
     "check_no_global_rng",
+    "check_other_process",
     "CHECKS",
     "Check",
     "check_env",
@@ -40,21 +47,9 @@ Check = Callable[..., None]
 
 def _diff(a: Step, b: Step) -> str | None:
     for name in ("kind", "obs", "reward", "terminated", "truncated", "info"):
-        if not snapshot.states_equal(_plain(getattr(a, name)), _plain(getattr(b, name))):
+        if not snapshot.states_equal(plain(getattr(a, name)), plain(getattr(b, name))):
             return name
     return None
-
-
-def _plain(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_plain(v) for v in x]
-    if isinstance(x, np.generic):
-        return np.asarray(x)
-    if isinstance(x, bool | int) and not isinstance(x, np.ndarray):
-        return x
-    return x
 
 
 def _compare(a: list[Step], b: list[Step], what: str, cause: str) -> None:
@@ -166,10 +161,6 @@ def check_reset_reuse(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 1
         "reset_episode probably leaves some state from the previous episode "
         "(a counter, a position, a cached value) instead of setting it anew",
     )
-
-
-class CheckNotApplicable(unittest.SkipTest):
-    """A check that does not apply to this env (pytest reports it as skipped)."""
 
 
 def check_snapshot(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
@@ -330,7 +321,7 @@ def check_randomization(
                 f"randomization: {name!r} left its declared domain {dist.describe()}: {bad[0]!r}"
             )
         some = values[: draws[name]]
-        if some and all(snapshot.states_equal(_plain(v), _plain(some[0])) for v in some):
+        if some and all(snapshot.states_equal(plain(v), plain(some[0])) for v in some):
             raise ConformanceError(
                 f"randomization: {name!r} took the same value {some[0]!r} for {len(some)} "
                 "different seeds; randomization probably ignores the seed"
@@ -339,7 +330,7 @@ def check_randomization(
     for name, dist in declared.items():
         fixed, narrow = _narrowed(dist, rng)
         got = params_of(env, seed, {"params": {name: fixed}})[name]
-        if not snapshot.states_equal(_plain(np.asarray(got)), _plain(np.asarray(fixed))):
+        if not snapshot.states_equal(plain(np.asarray(got)), plain(np.asarray(fixed))):
             raise ConformanceError(
                 f"randomization: override {name}={fixed!r} was not honoured (got {got!r})"
             )
@@ -424,6 +415,35 @@ def _seed_globals(value: int) -> None:
     torch.manual_seed(value)
 
 
+def check_other_process(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
+    """A new Python process (as a rollout server, a replay worker or a Ray actor runs
+    the env), with another hash seed, gives the bits this process gives: same seed, same
+    actions. It applies where a new process can build the env: a registered id, an
+    importable env class, or a ``functools.partial`` of one (else it is skipped).
+    """
+    from simkit.testing._elsewhere import (
+        HASH_SEEDS,
+        portable,
+        roundtrip,
+        single_trace,
+        steps_of,
+        trace_elsewhere,
+    )
+
+    env_id, kwargs = portable(env_fn)
+    here = steps_of(roundtrip(single_trace(as_factory(env_fn), seed=seed, steps=steps)))
+    for hash_seed in HASH_SEEDS:
+        there = trace_elsewhere("single", env_id, kwargs, hash_seed, seed=seed, steps=steps)
+        _compare(
+            here,
+            steps_of(there),
+            f"other process (a new Python process with PYTHONHASHSEED={hash_seed}, seed {seed})",
+            "the env depends on its process: it iterates a set (or a dict keyed by "
+            "objects) whose order follows the hash seed, uses hash(), id() or addresses, or "
+            "reads module state that earlier code in this process changed",
+        )
+
+
 CHECKS: list[Check] = [
     check_spaces,
     check_determinism,
@@ -431,14 +451,19 @@ CHECKS: list[Check] = [
     check_snapshot,
     check_randomization,
     check_no_global_rng,
+    check_other_process,
 ]
 
 
 def check_env(env_fn: EnvFactory | str, *, seed: int = 0, steps: int = 100) -> None:
-    """Runs every check on ``env_fn`` (a registered id or zero-argument env factory).
+    """Runs every check on ``env_fn`` (a registered id or zero-argument env factory);
+    those that do not apply (:class:`CheckNotApplicable`) are skipped.
 
     Raises:
         ConformanceError: on the first check that fails, naming the likely cause.
     """
     for check in CHECKS:
-        check(env_fn, seed=seed, steps=steps)
+        try:
+            check(env_fn, seed=seed, steps=steps)
+        except CheckNotApplicable:
+            continue

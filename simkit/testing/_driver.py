@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import unittest
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,9 +14,25 @@ from simkit import registry
 from simkit._multiagent import MultiAgentEnv
 from simkit.errors import ConformanceError
 
-__all__ = ["EnvFactory", "Step", "Driver", "as_factory"]
+__all__ = ["CheckNotApplicable", "EnvFactory", "Step", "Driver", "as_factory", "plain"]
 
 EnvFactory = Callable[[], Any]
+
+
+class CheckNotApplicable(unittest.SkipTest):
+    """A check that does not apply to this env (pytest reports it as skipped)."""
+
+
+def plain(x: Any) -> Any:
+    """``x`` with maps keyed by str, tuples as lists and numpy scalars as 0-d arrays: the
+    form in which two runs' values are compared bit for bit."""
+    if isinstance(x, Mapping):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [plain(v) for v in x]
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    return x
 
 
 def as_factory(env_fn: EnvFactory | str) -> EnvFactory:

@@ -17,6 +17,7 @@ RELIES: dict[str, tuple[str, ...]] = {
     "check_snapshot": ("check_determinism",),
     "check_randomization": ("check_determinism",),
     "check_no_global_rng": ("check_determinism",),
+    "check_other_process": ("check_determinism",),
     "check_batch_reset_reuse": ("check_batch_determinism",),
     "check_batch_snapshot": ("check_batch_determinism",),
     "check_batch_independence": ("check_batch_determinism", "check_batch_reset_reuse"),
@@ -28,6 +29,7 @@ RELIES: dict[str, tuple[str, ...]] = {
     ),
     "check_batch_device": ("check_batch_determinism",),
     "check_batch_no_global_rng": ("check_batch_determinism",),
+    "check_batch_other_process": ("check_batch_determinism",),
 }
 """For each check, the earlier checks whose failure makes it fail too."""
 
