@@ -127,8 +127,11 @@ def test_sb3_seed_is_used_once_and_replays(make_vector: Factory) -> None:
         assert not np.array_equal(first, second)
         venv.seed(11)
         np.testing.assert_array_equal(venv.reset(), first)
-        with pytest.raises(ValueError, match="seed must be a non-negative int or None, got -1"):
+        with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*63\), got -1"):
             venv.seed(-1)
+        with pytest.raises(ValueError, match=r"got 9223372036854775808"):
+            venv.seed(2**63)  # was accepted, and failed at the next reset
+        venv.reset()  # the refused seeds changed nothing
         with pytest.raises(ValueError, match="same dict for every env"):
             venv.set_options([{"a": i} for i in range(N)])
     finally:

@@ -32,6 +32,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (  # noqa: E402
 )
 
 from simkit._seeding import episode_seed, random_root  # noqa: E402
+from simkit._validation import check_seed  # noqa: E402
 
 __all__ = ["SB3VecEnv"]
 
@@ -126,11 +127,7 @@ class SB3VecEnv(VecEnv):
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         """Makes the next :meth:`reset` reset the vector with root seed ``seed``
         (a random root when ``None``, as SB3 draws one); returns each env's first episode seed."""
-        if seed is None:
-            seed = random_root()
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        self._root_seed = int(seed)
+        self._root_seed = random_root() if seed is None else check_seed(seed)
         self._seeds = [episode_seed(self._root_seed, i, 0) for i in range(self.num_envs)]
         return self._seeds
 
