@@ -81,7 +81,10 @@ def test_check_runs_the_batch_kit_on_a_batch_env(capsys: pytest.CaptureFixture[s
         f"{'SKIP' if c is simkit.testing.check_batch_device else 'PASS'}  {c.__name__}"
         for c in simkit.testing.BATCH_CHECKS
     ]
-    assert "give a device" in lines[simkit.testing.BATCH_CHECKS.index(simkit.testing.check_batch_device)]
+    assert (
+        "give a device"
+        in lines[simkit.testing.BATCH_CHECKS.index(simkit.testing.check_batch_device)]
+    )
     assert cli.main(["check", "simkit/CartPole-v0", "--device", "cpu"]) == 2
     assert "--num-envs and --device apply to batch envs" in capsys.readouterr().err
 
