@@ -177,7 +177,7 @@ class _RecordedHost(Generic[StepT]):
                 self.tracker.start_at(
                     i, obs, k, infos[k * A : (k + 1) * A], mask, seed=s, options=opts, origin=origin
                 )
-            for i in self._unreplayable.intersection(ids) if self._unreplayable else ():
+            for i in self._unreplayable.intersection(ids):
                 self.tracker.drop(i)  # see set_state
         except Exception:  # the reset happened: the client gets its reply regardless
             self._failed("a reset", env_ids)
@@ -197,9 +197,7 @@ class _RecordedHost(Generic[StepT]):
                     rows = np.array([where[i] for i in result.env_ids.tolist()])
                     actions = row_of(actions, rows)
                 self.tracker.log_batch_step(result, actions, -1, self._origins, faulted=faulted)
-            for i in self._unreplayable.intersection(
-                env_ids.tolist() if self._unreplayable else ()
-            ):
+            for i in self._unreplayable and self._unreplayable.intersection(env_ids.tolist()):
                 self.tracker.drop(i)  # see set_state
         except Exception:
             self._failed("a step", env_ids)
@@ -210,9 +208,8 @@ class _RecordedHost(Generic[StepT]):
         return self.host.get_state(env_ids)
 
     def set_state(self, env_ids: np.ndarray, states: list[dict[str, Any]]) -> None:
-        """The host's restore; the restored envs' episodes in flight are not recorded, nor
-        (kept in memory, at most a step) any episode of an env the snapshot gave another
-        time limit than its own until one gives it back: no replay re-simulates them."""
+        """The host's restore; the envs' episodes in flight are not recorded, nor any (not
+        even buffered) of an env given another time limit than its own: none replays."""
         self.host.set_state(env_ids, states)
         for i in env_ids.tolist():
             self.tracker.drop(i)
