@@ -63,3 +63,43 @@ def test_an_env_whose_snapshot_lifts_its_time_limit_is_not_recorded(
     assert srv.recorder is not None
     srv.recorder.writer.flush()
     assert srv.recorder.writer.episodes_written == 1
+
+
+def _served_episode(tmp_path: Path, env_id: str, actions: np.ndarray) -> Any:
+    """The first episode a server of ``env_id`` recorded (two envs, fixed actions)."""
+    from simkit.recording import RecordingReader
+
+    srv = RolloutServer(env_id, 2, "tcp://127.0.0.1:0", record=tmp_path)
+    host = srv._recorded(srv._new_host(2), "peer")
+    session = srv._session_for(host, srv._info)
+    session.dispatch(Message(kind="hello", id=1))
+    _ok(session, "reset", body={"seed": 5})
+    while srv.recorder is not None and srv.recorder.writer.episodes_written == 0:
+        _ok(session, "step", arrays={"actions": actions})
+        srv.recorder.writer.flush()
+    host.close()
+    srv.stop()
+    return RecordingReader(tmp_path).load(0)
+
+
+@pytest.mark.parametrize("kind", ["single", "batch", "multi"])
+def test_a_record_whose_params_were_edited_fails_verify(tmp_path: Path, kind: str) -> None:
+    """``--verify`` compared observations, rewards and flags, not the episode's
+    randomization parameters: a record saying gravity was 12.5 replayed its trajectory
+    bit for bit and passed. Its params must now be those the replayed reset reports."""
+    import dataclasses
+
+    from simkit.errors import ReplayDivergence
+    from simkit.recording import RecordingReader, verify_episode
+
+    if kind == "single":
+        episode = RecordingReader(Path(__file__).parent / "data" / "recording-single").load(0)
+    elif kind == "batch":
+        episode = _served_episode(tmp_path, "simkit/BatchCartPole-v0", np.zeros(2, np.int64))
+    else:
+        episode = _served_episode(tmp_path, "simkit/GoalNav-v0", np.zeros((6, 2), np.float32))
+    verify_episode(episode)
+    name = next(iter(episode.params))
+    edited = {**episode.params, name: episode.params[name] + 1.0}
+    with pytest.raises(ReplayDivergence, match=f"field params\\['{name}'\\] differs"):
+        verify_episode(dataclasses.replace(episode, params=edited))

@@ -93,10 +93,12 @@ class _BatchReplayer:
             kwargs["params"] = [params[self.i]]
         self.env = trusted_make(episode.env_id, trust, source="the recording", **kwargs)
         self.env.seeds.env_offset = int(self.i)
-        obs, _ = self.env.reset(seed=int(root), options=episode.options if k == 0 else None)
+        obs, info = self.env.reset(seed=int(root), options=episode.options if k == 0 else None)
         for j in range(int(k)):
-            obs, _ = self.env.reset(options=episode.options if j == int(k) - 1 else None)
+            obs, info = self.env.reset(options=episode.options if j == int(k) - 1 else None)
         self.first_obs = _row(obs, 0)
+        params = info.get("params", {})  # row 0's, by the vector info's "_key" masks
+        self.params = {n: v[0] for n, v in params.items() if bool(params.get(f"_{n}", [0])[0])}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool]:
         res = self.env.step_batch(_expand(action))
@@ -109,6 +111,18 @@ def _expand(tree: Any) -> Any:
     if isinstance(tree, tuple):
         return tuple(_expand(v) for v in tree)
     return np.asarray(tree)[None]
+
+
+def _check_params(recorded: Any, replayed: Any, where: str) -> None:
+    """The episode's ``params``, where it has some (a record made from fragments has
+    none: they carry no reset infos), must be those its replayed reset reports, as plain
+    data (numpy scalars are numbers in a record): a record whose parameters were edited
+    replayed its trajectory bit for bit and passed, reporting parameters it never had."""
+    a, b = snapshot.to_plain(dict(recorded)), snapshot.to_plain(dict(replayed))
+    if a and (found := snapshot.first_difference(a, b)) is not None:
+        raise ReplayDivergence(
+            f"{where} step 0 (reset): field params{found.path} differs: {found.reason}"
+        )
 
 
 def _check_step(label: str, reward: Any, flags: tuple[Any, Any], rec: tuple[Any, ...]) -> None:
@@ -148,18 +162,20 @@ def verify_episode(
     actions = episode.actions
     if episode.origin.get("kind") == "batch":
         replayer = _BatchReplayer(episode, trust)
-        first = replayer.first_obs
+        first, params = replayer.first_obs, replayer.params
         step = replayer.step
         env = None
     else:
         env = trusted_make(episode.env_id, trust, source="the recording", **episode.env_kwargs)
-        first, _ = env.reset(seed=episode.seed, options=episode.options)
+        first, info = env.reset(seed=episode.seed, options=episode.options)
+        params = info.get("params", {})
 
         def step(action: Any) -> tuple[Any, float, bool, bool]:
             o, r, te, tr, _ = env.step(action)
             return o, r, te, tr
 
     _check_obs("obs", _row(episode.obs, 0), first, f"{where} step 0 (reset)")
+    _check_params(episode.params, params, where)
     n_obs = episode.length + (0 if episode.origin.get("final_obs") is False else 1)
     for t in range(episode.length):
         if (
@@ -195,7 +211,9 @@ def verify_multi_agent_episode(
         raise ReplayDivergence(f"{where}: no seed was recorded; the episode is not replayable")
     env = trusted_make(episode.env_id, trust, source="the recording", **episode.env_kwargs)
     try:
-        first, _ = env.reset(seed=episode.seed, options=episode.options)
+        first, infos = env.reset(seed=episode.seed, options=episode.options)
+        live = [infos.get(agent, {}) for agent in env.agents]
+        _check_params(episode.params, live[0].get("params", {}) if live else {}, where)
         agents = episode.agents
         for agent, a in agents.items():
             if a.start == 0:
