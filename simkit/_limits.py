@@ -22,6 +22,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_PORT",
     "ENV_BYTES",
+    "MAX_ENV_ID_LENGTH",
     "Range",
     "TooDeep",
     "available_memory",
@@ -225,15 +226,18 @@ def check_network(widths: Iterable[int], copies: int = 1) -> None:
     )
 
 
+MAX_ENV_ID_LENGTH = 256
+"""The longest env id accepted (registered, ``gym:`` or ``package.module:Class``);
+``simkit.registry`` applies it to ids from files and peers."""
+
+
 def check_env_id(env_id: str, flag: str = "ENV_ID") -> None:
-    """Refuses an env id longer than :data:`simkit.registry.MAX_ENV_ID_LENGTH` (the one
-    bound, which the registry also applies to ids from files and peers).
+    """Refuses an env id longer than :data:`MAX_ENV_ID_LENGTH` (the one bound, which the
+    registry also applies to ids from files and peers).
 
     Raises:
         ValueError: one line with its length (not the id itself).
     """
-    from simkit.registry import MAX_ENV_ID_LENGTH
-
     if len(env_id) > MAX_ENV_ID_LENGTH:
         raise ValueError(
             f"{flag} must be at most {MAX_ENV_ID_LENGTH} characters, got {len(env_id):,}"

@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium
 
 from simkit._contract import EnvKind
+from simkit._limits import MAX_ENV_ID_LENGTH
 from simkit.errors import UnknownEnv, UntrustedEnv
 
 __all__ = [
@@ -295,10 +296,6 @@ def _class_spec(id: str) -> EnvSpec:
         kind=_kind_of(constructor),
         description=f"{id} (unregistered)",
     )
-
-
-MAX_ENV_ID_LENGTH = 256
-"""The longest env id accepted (registered, ``gym:`` or ``package.module:Class``)."""
 
 
 def names_code(id: str) -> bool:
