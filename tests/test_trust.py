@@ -406,3 +406,31 @@ def test_env_kwargs_a_policy_file_holds_that_its_env_refuses_are_one_line(
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert named in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("model", "named"),
+    [
+        ({"name": "no_such_model", "kwargs": {}}, "no_such_model"),
+        ({"name": "mlp", "kwargs": {"no_such_argument": 1}}, "no_such_argument"),
+        ({"name": "mlp", "kwargs": {"hidden_sizes": [10**9, 10**9]}}, "memory"),
+    ],
+)
+def test_a_model_spec_a_policy_file_holds_that_cannot_be_built_is_one_line(
+    tmp_path: Path, model: dict[str, Any], named: str
+) -> None:
+    """An unknown model name or kwargs the model does not take ended ``simkit eval`` with
+    an UnknownModel/TypeError traceback; they are InvalidCheckpoint, naming the spec."""
+    from simkit.clients.learners._checkpoint import load_policy, save_policy
+    from simkit.errors import InvalidCheckpoint
+
+    logdir = tmp_path / "run"
+    _train(logdir, "--servers", "0")
+    tensors, meta = load_policy(logdir / "policy.safetensors")
+    path = tmp_path / "p.safetensors"
+    save_policy(path, tensors, {**meta, "model": model})
+    with pytest.raises(InvalidCheckpoint, match=named):
+        simkit.load_policy(path)
+    out = _cli("eval", str(path), "--episodes", "1", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr

@@ -97,12 +97,9 @@ def load_model(
             f"{path}: {env_id} cannot be made with the policy metadata's env_kwargs {shown}: {exc}"
         ) from exc
     try:
-        spec = ModelSpec.from_plain(meta["model"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidCheckpoint(
-            f"{path}: no valid model spec in the policy metadata: {exc}"
-        ) from exc
-    model = build_from_spec(spec, obs_space, act_space)
+        model = build_from_spec(ModelSpec.from_plain(meta["model"]), obs_space, act_space)
+    except (KeyError, TypeError, ValueError) as exc:  # UnknownModel is a KeyError
+        raise InvalidCheckpoint(f"{path}: the policy metadata's model spec: {exc}") from exc
     # a checkpoint's tensors are its model.safetensors: name that file, not the folder given
     tensors_file = path if path.is_file() else resolve_checkpoint(path) / "model.safetensors"
     check_tensors(tensors_file, tensors, model.state_dict())
