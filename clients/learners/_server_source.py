@@ -1,8 +1,8 @@
 """Rollout servers as the learner's fragment source: ``simkit train --connect`` / ``--servers``.
 
 :class:`ServerSource` wraps :class:`simkit.clients.PolicyStream` with the learner's
-failure policy: a server that stops answering is reported by name, removed from the
-stream, and every fragment already received from it is still handed to the learner;
+failure policy: a server that stops answering, or sends what the learner refuses, is
+reported by name, removed from the stream, and every fragment already received from it is still handed to the learner;
 the run goes on with the remaining servers (it fails only when none is left).
 :func:`spawn_servers` starts local ``simkit serve --policy`` subprocesses on free
 loopback ports and :func:`stop_servers` shuts them down.
@@ -24,7 +24,7 @@ import torch
 from simkit._argtypes import env_kwarg_flags
 from simkit._types import Fragment
 from simkit.clients.learners._checkpoint import NO_ENV_STATES_LINE, no_snapshots_line
-from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
+from simkit.clients.remote._connection import CurveKeys, ServerRefused, ServerUnavailable
 from simkit.clients.remote._stream import PolicyStream
 from simkit.errors import ServerStartFailed
 from simkit.models import ModelSpec
@@ -115,6 +115,7 @@ class ServerSource:
         self.dropped = 0
         """Fragments lost with a server and not produced again (async mode)."""
         self._kept: list[Fragment] = []
+        self._failed: ServerUnavailable | None = None
         self._boundary: dict[int, SessionSnapshot] | None = {} if self.supervised else None
         """Sync, supervised: every session's snapshot at the current version's start, by
         env offset (None once the envs turned out to have no snapshots)."""
@@ -140,17 +141,18 @@ class ServerSource:
         its fragment of the current version already reached the learner."""
         config = self.stream.server_config(exc.endpoint)
         kept = self.stream.remove_server(exc.endpoint)
+        replace = self.supervised and not isinstance(exc, ServerRefused)  # no second chance
         snap = None if self._boundary is None else self._boundary.get(config.env_offset)
-        exact = self.mode == "sync" and snap is not None
-        if exact:
+        if replace and self.mode == "sync" and snap is not None:
             kept = []  # the replacement produces them again, bit for bit
         self._kept.extend(kept)
-        if self.supervised and self._replace(exc, config, snap, used=used, kept=len(kept)):
+        if replace and self._replace(exc, config, snap, used=used, kept=len(kept)):
             return
         self.lost.append(exc.endpoint)
         left = self.stream.endpoints
+        how = "was dropped" if isinstance(exc, ServerRefused) else "stopped answering"
         self.report(
-            f"simkit train: server {exc.endpoint} stopped answering ({exc}); kept its "
+            f"simkit train: server {exc.endpoint} {how} ({exc}); kept its "
             f"{len(kept)} received fragment(s), going on with {len(left)} server(s): {left}"
         )
         if not left:
@@ -207,8 +209,11 @@ class ServerSource:
         ``None`` (the learner re-checks its batch against the smaller row count)."""
         while True:
             try:
+                if self._failed is not None:  # seen by pending(): its message is consumed
+                    raise self._failed
                 fragment = self.stream.next_fragment()
             except ServerUnavailable as exc:
+                self._failed = None
                 self._lose(exc)
                 while self._kept:
                     yield self._kept.pop(0)
@@ -219,9 +224,10 @@ class ServerSource:
     def pending(self) -> bool:
         """Whether a fragment is ready without waiting (a lost server's kept ones count)."""
         try:
-            return bool(self._kept) or self.stream.pending()
-        except ServerUnavailable:
-            return True  # fragments() reports it
+            return bool(self._kept) or self._failed is not None or self.stream.pending()
+        except ServerUnavailable as exc:
+            self._failed = exc  # fragments() reports it
+            return True
 
     def _capture(self) -> list[tuple[Any, SessionSnapshot]] | None:
         """Every session's snapshot at this boundary (sync mode), replacing a server

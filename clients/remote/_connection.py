@@ -46,27 +46,21 @@ class ServerUnavailable(SimkitError, ConnectionError):
         self.timeout = timeout
 
 
-class ServerRestarted(ServerUnavailable):
-    """The server at an endpoint answered a stream request with "this connection has no
-    stream session": its process restarted there (the socket reconnected by itself),
-    and the session is gone as if the server were lost."""
+class ServerLost(ServerUnavailable):
+    """A server answered in a way that ends its stream session at once: it restarted on
+    its endpoint (it answers "this connection has no stream session") or it is stopping
+    (``shutting_down``). It is lost as if it had gone silent."""
 
-    def __init__(self, endpoint: str) -> None:
-        ConnectionError.__init__(
-            self, f"server {endpoint} restarted: it answers, but its stream session is gone"
-        )
+    def __init__(self, endpoint: str, why: str) -> None:
+        ConnectionError.__init__(self, f"server {endpoint} {why}")
         self.endpoint = endpoint
         self.timeout = 0.0
 
 
-class ServerStopping(ServerUnavailable):
-    """The server at an endpoint answered ``shutting_down``: it is stopping (SIGTERM, or
-    its operator's stop) and refuses new work, so it is lost as if it had gone silent."""
-
-    def __init__(self, endpoint: str) -> None:
-        ConnectionError.__init__(self, f"server {endpoint} is shutting down")
-        self.endpoint = endpoint
-        self.timeout = 0.0
+class ServerRefused(ServerLost):
+    """A server sent what the learner refuses (a fragment that is not of its session, a
+    malformed message): a broken or hostile peer, dropped (never waited for) so that it
+    cannot end the run of the others."""
 
 
 @dataclass(frozen=True)

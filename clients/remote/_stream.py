@@ -25,8 +25,8 @@ from simkit._types import ROW_FIELDS, Fragment, stack_fragments
 from simkit.clients.remote._connection import (
     Connection,
     CurveKeys,
-    ServerRestarted,
-    ServerStopping,
+    ServerLost,
+    ServerRefused,
     ServerUnavailable,
     _Keepalive,
 )
@@ -300,10 +300,12 @@ class PolicyStream:
             item = srv.session.parse(frames)
         except RemoteError as exc:
             if exc.remote_code == "session_state" and exc.expected == "stream_open first":
-                raise ServerRestarted(srv.conn.endpoint) from None
+                raise ServerLost(
+                    srv.conn.endpoint, "restarted: it answers, but its stream session is gone"
+                ) from None
             if exc.remote_code == "shutting_down":
                 srv.stats.alive = False
-                raise ServerStopping(srv.conn.endpoint) from None
+                raise ServerLost(srv.conn.endpoint, "is shutting down") from None
             named = RemoteError(
                 exc.remote_code,
                 f"server {srv.conn.endpoint}: {exc.message.split('] ', 1)[-1]}",
@@ -314,6 +316,11 @@ class PolicyStream:
                 srv.state_error = named
                 return
             raise named from None
+        except ProtocolError as exc:  # a broken or hostile peer ends its session, not the run
+            srv.stats.alive = False
+            raise ServerRefused(
+                srv.conn.endpoint, f"sent what the learner refuses: {exc}"
+            ) from None
         if isinstance(item, Fragment):
             srv.stats.fragments += 1
             srv.stats.env_steps += item.num_steps * srv.config.num_envs
