@@ -18,6 +18,7 @@ from gymnasium import spaces
 
 from simkit._batch import BatchEnv
 from simkit._batch_rows import host_arrays
+from simkit._seeding import ResetSeed
 from simkit._types import BatchStep
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.protocol import (
@@ -42,9 +43,9 @@ class BatchEnvHost:
 
     - ``reset``: root ``seed`` for every env, or no seed for any subset (each listed
       instance starts its next episode); per-env ``params`` and ``options["params"]``
-      become the BatchEnv's per-instance overrides. ``seeds`` (explicit per-env seeds),
-      a root seed for a subset and ``env_offset != 0`` get ``unsupported``: a BatchEnv
-      derives every instance's seeds from its one root.
+      become the BatchEnv's per-instance overrides. ``seeds`` (exact per-env seeds, any
+      subset) is ``BatchEnv.reset``'s list of seeds. A root seed for a subset and
+      ``env_offset != 0`` get ``unsupported``: a root restarts the whole batch, by index.
     - ``step``: all N envs in one request (any order); a subset gets ``unsupported``.
       Actions are checked with :meth:`BatchEnv.check_actions` before the batch moves.
     - Faults: if the batch raises while stepping, every row ends (truncated, reward 0,
@@ -83,22 +84,19 @@ class BatchEnvHost:
     def reset(self, request: ResetRequest) -> tuple[Any, list[dict[str, Any]]]:
         """Resets ``request.env_ids`` through ``BatchEnv.reset`` (``reset_mask`` for a
         subset)."""
-        env_ids, seed, params = request.env_ids, request.seed, request.params
-        n = self.num_envs
+        env_ids, params, n = request.env_ids, request.params, self.num_envs
         everyone = env_ids.size == n
-        if request.seeds is not None:
-            raise Unsupported(
-                "a BatchEnv derives every instance's seed from one root seed",
-                expected="'seed' (root) or no seed",
-                got="'seeds'",
-            )
+        seed: ResetSeed = request.seed
+        if request.seeds is not None:  # Gymnasium's list: None for an instance not listed
+            listed = dict(zip(env_ids.tolist(), request.seeds, strict=True))
+            seed = [listed.get(i) for i in range(n)]
         if request.env_offset:
             raise Unsupported(
                 "a BatchEnv seeds its instances by their own index",
                 expected="env_offset 0",
                 got=request.env_offset,
             )
-        if seed is not None and not everyone:
+        if request.seed is not None and not everyone:
             raise Unsupported(
                 "a root seed restarts the whole BatchEnv",
                 expected=f"all {n} env ids with 'seed'",

@@ -114,10 +114,34 @@ def test_batch_params_subset_reset_and_permuted_step(serve: Any) -> None:
         remote.close()
 
 
+def test_remote_batch_env_takes_a_list_of_seeds_as_the_local_one(serve: Any) -> None:
+    """``reset(seed=[...])`` (all envs, the wire's ``seeds``) and ``seeds`` for a subset
+    equal the local BatchEnv's list of seeds (``None`` for an instance not reset)."""
+    env_id = "simkit/BatchCartPole-v0"
+    local = simkit.make(env_id, num_envs=3)
+    remote = RemoteVectorEnv(serve(env_id, 3), timeout=10)
+    conn = remote._conns[0]
+    try:
+        seeds = [7, 2**63 - 1, 0]
+        lo, li = local.reset(seed=seeds)
+        ro, ri = remote.reset(seed=seeds)
+        _tree_equal(lo, ro)
+        _tree_equal(li, ri)
+        for act in _actions(local.action_space, 40):  # autoresets continue each stream
+            lb, rb = local.step_batch(act), remote.step_batch(act)
+            for name in ("obs", "reward", "terminated", "truncated", "final_obs"):
+                _tree_equal(getattr(lb, name), getattr(rb, name))
+        lo, _ = local.reset(seed=[None, None, 9], options={"reset_mask": [False, False, True]})
+        conn.send("reset", conn.session.request_reset(env_ids=[2], seeds=[9]))
+        np.testing.assert_array_equal(conn.session.parse_reset(conn.recv()).obs, lo[[2]])
+    finally:
+        local.close()
+        remote.close()
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda s: s.request_reset(seeds=[1, 2, 3]), "one root seed"),
         (lambda s: s.request_reset(seed=1, env_ids=[0]), "restarts the whole BatchEnv"),
         (lambda s: s.request_reset(env_offset=3), "by their own index"),
         (lambda s: s.request_get_state([1]), "covers all its instances"),
