@@ -556,6 +556,44 @@ def test_curve_keys_connect_remote_clients(tmp_path: Path) -> None:
         RemoteVectorEnv("ipc:///nowhere", curve={"key": 1})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("kind", "which"), [("fifo", 0), ("zero", 1), ("folder", 0), ("large", 1)])
+def test_curve_key_files_that_are_no_regular_files_are_refused_naming_them(
+    tmp_path: Path, kind: str, which: int
+) -> None:
+    """``CurveKeys.from_files`` read with ``zmq.auth.load_certificate``: a FIFO named as
+    a key file hung the learner forever and a link to ``/dev/zero`` (one endless line)
+    read until memory ran out. It checks them as the server does (a regular file of at
+    most 64 KiB) and names the file."""
+    import zmq.auth
+
+    files = [zmq.auth.create_certificates(tmp_path, "server")[0]]
+    files.append(zmq.auth.create_certificates(tmp_path, "client")[1])
+    evil = tmp_path / "evil.key"
+    if kind == "fifo":
+        os.mkfifo(evil)
+    elif kind == "zero":
+        evil.symlink_to("/dev/zero")
+    elif kind == "folder":
+        evil.mkdir()
+    else:
+        with open(evil, "wb") as f:
+            f.truncate(1 << 20)
+    files[which] = str(evil)
+    code = "import sys; from simkit.clients import CurveKeys; CurveKeys.from_files(*sys.argv[1:])"
+
+    def cap_memory() -> None:  # before, /dev/zero grew until this cap (a MemoryError)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    run = [sys.executable, "-c", code, *files]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=60, preexec_fn=cap_memory)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ValueError: key file {evil}: "), done.stderr[-2000:]
+    assert ("not a regular file" in last) is (kind != "large"), last
+    assert ("more than a key file's 65,536" in last) is (kind == "large"), last
+
+
 def test_remote_demo_reports_figures() -> None:
     """The remote part of ``simkit demo``: a served env, measured next to local."""
     figures = remote_demo("simkit/CartPole-v0", num_envs=4, steps=40)

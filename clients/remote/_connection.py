@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
 import zmq
-import zmq.auth
 
-from simkit._validation import check_curve_key
+from simkit._validation import check_curve_key, load_key_file
 from simkit.errors import SimkitError
 from simkit.protocol import ClientSession, ProtocolError, ServerInfo
 
@@ -96,11 +95,14 @@ class CurveKeys:
             client_secret_file: this client's ``.key_secret`` file.
 
         Raises:
-            ValueError: ``client_secret_file`` holds no secret key.
+            ValueError: a file is not a regular file of at most 64 KiB (a FIFO, a link to
+                ``/dev/zero``: ``load_key_file``), or ``client_secret_file`` holds no
+                secret key; the message names the file.
             OSError: a file cannot be read.
         """
-        server_public, _ = zmq.auth.load_certificate(server_public_file)
-        public, secret = zmq.auth.load_certificate(client_secret_file)
+        (server_public, _), (public, secret) = map(
+            _key_file, (server_public_file, client_secret_file)
+        )
         if secret is None:
             raise ValueError(
                 f"{client_secret_file} holds no secret key: expected the client's "
@@ -329,6 +331,14 @@ class Connection:
             except zmq.ZMQError:
                 pass
         self.socket.close(linger=0)
+
+
+def _key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
+    """:func:`~simkit._validation.load_key_file` (the server's check) naming ``path``."""
+    try:
+        return load_key_file(path)
+    except ValueError as exc:
+        raise ValueError(f"key file {os.fspath(path)}: {exc}") from exc
 
 
 def _millis(seconds: float) -> int:
