@@ -514,6 +514,41 @@ def test_keepalive_holds_an_idle_session_past_the_heartbeat(tmp_path: Path) -> N
         assert server.sessions == 0
 
 
+def test_a_near_zero_heartbeat_timeout_does_not_make_the_keepalive_spin() -> None:
+    """A server may announce ``heartbeat_timeout=1e-9``: the keepalive thread pinged
+    every quarter of it, in a tight loop. Its interval has a floor of 10 ms now."""
+    from simkit.clients.remote._connection import KEEPALIVE_FLOOR_S, _Keepalive
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    class Silent:  # the Connection surface the thread reads: a learner that sent nothing
+        endpoint = f"tcp://127.0.0.1:{port}"
+        last_activity = 0.0
+        timeout = 5.0
+
+        def new_socket(self) -> zmq.Socket[Any]:
+            sock = ctx.socket(zmq.DEALER)
+            sock.connect(self.endpoint)
+            return sock
+
+    conn = Silent()
+    keepalive = _Keepalive(conn, "token", 1e-9 / 4)  # type: ignore[arg-type]  # a fake
+    pings, seconds = 0, 0.5
+    try:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            if router.poll(10):
+                router.recv_multipart()
+                pings += 1
+    finally:
+        keepalive.stop()
+        router.close(0)
+        ctx.term()
+    assert 0 < pings <= 2 * seconds / KEEPALIVE_FLOOR_S, pings
+
+
 def test_curve_keys_connect_remote_clients(tmp_path: Path) -> None:
     """RemoteVectorEnv reaches a CURVE server with keys from zmq.auth certificate files."""
     import zmq.auth

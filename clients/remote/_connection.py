@@ -129,18 +129,27 @@ class ConnectOptions(TypedDict, total=False):
     busy_poll_us: int
 
 
+KEEPALIVE_FLOOR_S = 0.01
+"""The shortest keepalive interval: a heartbeat timeout near 0 (which a server may
+announce) made the thread ping in a tight loop. libzmq's own heartbeats take whole
+milliseconds (``ZMQ_HEARTBEAT_IVL``; their TTL tenths of a second); 10 ms is 100 pings
+a second at most."""
+
+
 class _Keepalive:
     """Pings one session from a socket of its own while the learner is silent.
 
     A server drops a session silent for its heartbeat timeout; a learner that pauses
     longer (a long update) would lose its envs. This thread sends a keepalive (a ``ping``
-    naming the session) whenever the connection sent nothing for ``interval`` seconds.
+    naming the session) whenever the connection sent nothing for ``interval`` seconds
+    (at least :data:`KEEPALIVE_FLOOR_S`).
     A keepalive that gets no reply is not an error here: the learner's next request
     finds out.
     """
 
     def __init__(self, conn: Connection, token: str, interval: float) -> None:
         self._stop = threading.Event()
+        interval = max(interval, KEEPALIVE_FLOOR_S)
         # A weak reference: a client dropped without close() must not be kept alive here.
         self._thread = threading.Thread(
             target=self._run,
