@@ -135,9 +135,9 @@ def test_a_batch_refuses_disabled_autoreset_saying_why() -> None:
 
 
 def test_a_vector_has_no_spec_that_would_record_unreplayable_episodes(tmp_path: Any) -> None:
-    """``gymnasium.make_vec`` sets ``envs.spec``; a simkit vector keeps ``None``, since
-    ``RecordEpisodes`` takes the env id from ``spec.id`` without the env's kwargs: with a
-    spec, a vector of 7-step CartPoles recorded episodes that replay as 500-step ones."""
+    """``gymnasium.make_vec`` sets ``envs.spec``; a simkit vector keeps ``None`` (a spec
+    taken without the env's kwargs once recorded 7-step CartPoles that replay as 500-step
+    ones), so ``RecordEpisodes`` asks for the env id."""
     envs = simkit.make_vec("simkit/CartPole-v0", 2, env_kwargs={"max_episode_steps": 7})
     assert envs.spec is None
     with pytest.raises(ValueError, match="needs the env id to make episodes replayable"):

@@ -282,6 +282,31 @@ def test_a_seed_list_with_none_entries_keeps_those_envs_under_their_root(tmp_pat
     assert all("no seed was recorded" in err for err in errors if err is not None)
 
 
+@pytest.mark.parametrize(("limit", "recorded"), [(7, 7), (1000, 500)])
+def test_a_gymnasium_make_vec_vector_records_its_kwargs_and_seeds(
+    tmp_path: Path, limit: int, recorded: int
+) -> None:
+    """``gymnasium.make_vec(id, n, max_episode_steps=k)``: the id and the env's kwargs
+    come from ``spec`` (its TimeLimit as the env's own limit, the smaller one; none of
+    make_vec's keys), and a root seed ``s`` is Gymnasium's ``s + i``, so the first
+    episodes replay bit for bit; they once replayed as 500-step episodes of other seeds."""
+    vec = gym.make_vec("simkit/CartPole-v0", 2, max_episode_steps=limit)
+    env = RecordEpisodes(vec, tmp_path)
+    assert (env.env_id, env.env_kwargs) == ("simkit/CartPole-v0", {"max_episode_steps": recorded})
+    env.reset(seed=3)
+    while env.writer.episodes_written < 2:
+        env.step(np.ones(2, np.int64) if limit == 7 else np.zeros(2, np.int64))
+    env.close()
+    reader = RecordingReader(tmp_path)
+    assert sorted(e.seed for e in reader) == [3, 4]
+    assert [r.error for r in verify_recording(reader)] == [None, None]
+    with pytest.raises(ValueError, match="built with wrappers= replayably"):
+        RecordEpisodes(
+            gym.make_vec("simkit/CartPole-v0", 2, wrappers=[gym.wrappers.RecordEpisodeStatistics]),
+            tmp_path / "w",
+        )
+
+
 def test_batch_env_recording_replays(tmp_path: Path) -> None:
     batch = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
     env = RecordEpisodes(batch, tmp_path, env_id="simkit/BatchCartPole-v0")

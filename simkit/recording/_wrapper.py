@@ -87,6 +87,9 @@ class SeedBook:
         self._mirror = EpisodeSeeds(num_envs)
         self._current: list[int | None] = [None] * num_envs
         self._ever_reset = False
+        self.root_plus_index = False
+        """Gymnasium's ``SyncVectorEnv``/``AsyncVectorEnv`` seeding: a root ``s`` resets
+        env ``i`` with exactly ``s + i`` (its list form), not ``episode_seed``."""
 
     def plan(
         self, seed: int | Sequence[int | None] | None, ids: Sequence[int]
@@ -94,7 +97,10 @@ class SeedBook:
         """Books a reset of envs ``ids`` with ``seed``; returns the seed to pass down."""
         if seed is None and not self._ever_reset:
             seed = random_root()
-        self._book(ids, self._mirror.plan(np.asarray(ids, dtype=np.int64), seed))
+        booked = seed
+        if self.root_plus_index and isinstance(seed, int | np.integer):
+            booked = [int(seed) + i for i in range(len(self._current))]
+        self._book(ids, self._mirror.plan(np.asarray(ids, dtype=np.int64), booked))
         self._ever_reset = True
         return seed
 
@@ -214,6 +220,38 @@ def _env_id_of(wrapper: str, resolved: Any) -> str:
     return resolved
 
 
+_MAKE_VEC_KEYS = ("num_envs", "vectorization_mode", "vector_kwargs", "disable_env_checker")
+"""The keys ``gymnasium.make_vec`` puts in a vector's ``spec.kwargs`` beside the env's
+constructor arguments: its own, and ``gymnasium.make``'s env checker switch."""
+
+
+def _spec_env_kwargs(env_spec: Any, vector: Any) -> dict[str, Any]:
+    """The env constructor arguments a replay builds the envs of a vector that
+    ``gymnasium.make_vec`` made with: ``spec.kwargs`` less :data:`_MAKE_VEC_KEYS`.
+
+    Gymnasium's own ``max_episode_steps`` (a ``TimeLimit`` around each env, under the
+    ``sync``/``async`` modes) becomes the env's own limit, the smaller of the two, which
+    ends episodes on the same step.
+
+    Raises:
+        ValueError: ``make_vec`` put ``wrappers`` around each env: code a replay cannot
+            rebuild from the recording.
+    """
+    kwargs = {k: v for k, v in env_spec.kwargs.items() if k not in _MAKE_VEC_KEYS}
+    if kwargs.pop("wrappers", None):
+        raise ValueError(
+            "RecordEpisodes cannot record a vector gymnasium.make_vec built with wrappers= "
+            "replayably (a replay builds the env from its id and kwargs alone); record one "
+            "without wrappers, or simkit.make_vec(env_id, n, env_kwargs=...)"
+        )
+    limit = kwargs.get("max_episode_steps")
+    if limit is not None and env_spec.kwargs.get("vectorization_mode") in ("sync", "async"):
+        with contextlib.suppress(AttributeError):  # a TimeLimit over the env's own limit
+            own = vector.get_attr("max_episode_steps")[0]
+            kwargs["max_episode_steps"] = limit if own is None else min(limit, own)
+    return kwargs
+
+
 class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
     """Records every episode of a single-agent vector into a recording directory.
 
@@ -228,7 +266,8 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
     Args:
         env: the vector.
         directory: the recording directory (one writer per directory).
-        env_id: the registered id; default ``env.spec.id`` or ``env.env_id``.
+        env_id: the registered id; default ``env.spec.id`` (with the env's kwargs of
+            ``spec.kwargs``, a ``gymnasium.make_vec`` vector) or ``env.env_id``.
         env_kwargs: the envs' constructor arguments (recorded for replay).
         snapshot_every: record ``get_state()`` of env ``i`` every K steps (0: never;
             needs a vector of simkit envs, ``env.envs``).
@@ -253,15 +292,20 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
                 f"{type(env).__name__} with RecordMultiAgentEpisodes"
             )
         super().__init__(env)
-        spec_id = getattr(getattr(env, "spec", None), "id", None)
+        env_spec = getattr(env, "spec", None)
+        if env_id is None and env_spec is not None:  # the id and kwargs make_vec recorded
+            env_id = env_spec.id
+            options.setdefault("env_kwargs", _spec_env_kwargs(env_spec, env))
         self._record_into(
             env.unwrapped,
             directory,
-            env_id=_env_id_of("RecordEpisodes", env_id or spec_id or getattr(env, "env_id", None)),
+            env_id=_env_id_of("RecordEpisodes", env_id or getattr(env, "env_id", None)),
             kind="batch" if isinstance(env.unwrapped, BatchEnv) else "env",
             possible_agents=None,
             **options,
         )
+        gym_vectors = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)
+        self.seeds.root_plus_index = isinstance(env.unwrapped, gym_vectors)
         self._pending = np.zeros(self.num_envs, bool)
 
     # ------------------------------------------------------------------ episodes
