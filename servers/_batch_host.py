@@ -19,6 +19,7 @@ from gymnasium import spaces
 from simkit._batch import BatchEnv
 from simkit._batch_rows import host_arrays
 from simkit._seeding import ResetSeed
+from simkit._state import is_tag
 from simkit._types import BatchStep
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.protocol import (
@@ -234,9 +235,9 @@ class BatchEnvHost:
         for i, state in zip(env_ids.tolist(), states, strict=True):
             if (
                 not isinstance(state, Mapping)
-                or state.get("format") != BATCH_HOST_STATE
-                or state.get("instance") != i
-                or state.get("num_envs") != self.num_envs
+                or not is_tag(state.get("format"), BATCH_HOST_STATE)
+                or not is_tag(state.get("instance"), i)
+                or not is_tag(state.get("num_envs"), self.num_envs)
             ):
                 raise InvalidState(
                     f"a BatchEnv host snapshot is its get_state entry for this env: format "

@@ -53,7 +53,7 @@ from simkit._contract import (
     declared_state_attributes,
 )
 from simkit._seeding import EpisodeSeeds, KeyedStreams, ResetSeed, StreamTable
-from simkit._state import check_observation, check_state_attributes, state_array
+from simkit._state import check_observation, check_state_attributes, is_tag, state_array
 from simkit._types import BatchStep, RowStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
@@ -1172,15 +1172,15 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             raise InvalidState(
                 f"state is missing fields {sorted(missing)}; was it made by get_state()?"
             )
-        if state["format"] != BATCH_STATE_FORMAT:
+        if not is_tag(state["format"], BATCH_STATE_FORMAT):
             raise InvalidState(
                 f"state format must be {BATCH_STATE_FORMAT}, got {state['format']!r}"
             )
         expected = f"{type(self).__module__}:{type(self).__qualname__}"
-        if state["env"] != expected:
+        if not is_tag(state["env"], expected):
             raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
         s, n = self._simkit, self.num_envs
-        if state["num_envs"] != n:
+        if not is_tag(state["num_envs"], n):
             raise InvalidState(f"state holds {state['num_envs']!r} instances, this batch has {n}")
         rngs = _per_env_list(state, "rngs", n)
         params = {}

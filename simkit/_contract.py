@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import logger as gym_logger
 from gymnasium.utils import seeding
 
-from simkit._state import check_state_attributes
+from simkit._state import check_state_attributes, is_tag
 from simkit._validation import ActionBounds
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.randomization import (
@@ -262,10 +262,10 @@ class ContractCore:
             raise InvalidState(
                 f"state is missing fields {sorted(missing)}; was it made by get_state()?"
             )
-        if state["format"] != STATE_FORMAT:
+        if not is_tag(state["format"], STATE_FORMAT):
             raise InvalidState(f"state format must be {STATE_FORMAT}, got {state['format']!r}")
         expected = _qualified_name(type(self))
-        if state["env"] != expected:
+        if not is_tag(state["env"], expected):
             raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")
         rng = rng_from_plain(state["rng"])
         params, elapsed = state["params"], state["elapsed_steps"]

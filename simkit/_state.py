@@ -17,7 +17,13 @@ from gymnasium import spaces
 
 from simkit.errors import InvalidState
 
-__all__ = ["check_observation", "check_state_attributes", "describe_value", "restore_all"]
+__all__ = [
+    "check_observation",
+    "check_state_attributes",
+    "describe_value",
+    "is_tag",
+    "restore_all",
+]
 
 
 def describe_value(value: Any) -> str:
@@ -27,6 +33,15 @@ def describe_value(value: Any) -> str:
     if _is_tensor(value):
         return f"{_tensor_dtype(value)} tensor of shape {tuple(value.shape)}"
     return type(value).__name__
+
+
+def is_tag(value: Any, expected: str | int) -> bool:
+    """Whether a snapshot's tag field (``format``, ``env``, ``num_envs``) holds
+    ``expected``: compared only when it is a str or an int (a numpy integer too), so an
+    array there (a peer's snapshot, a file) is refused as a malformed snapshot instead of
+    raising numpy's "truth value of an array is ambiguous"."""
+    plain = isinstance(value, str | int | np.integer) and not isinstance(value, bool)
+    return plain and bool(value == expected)
 
 
 def state_array(value: Any, what: str, kinds: str, n: int) -> np.ndarray:

@@ -411,6 +411,31 @@ def test_a_refused_set_state_changes_no_env_of_an_env_list() -> None:
     assert dumps(client.parse_get_state(server.handle(client.request_get_state()))) == now
 
 
+@pytest.mark.parametrize("key", ["format", "instance", "num_envs"])
+def test_an_array_in_a_batch_host_snapshot_is_invalid_state(key: str) -> None:
+    """An array as the host entry's tag (a peer's snapshot) is ``invalid_state``, not
+    ``env_error`` "The truth value of an array ... is ambiguous"."""
+    server, client = _stateful_session(BatchEnvHost(BatchCartPole(num_envs=2)))
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    states = client.parse_get_state(server.handle(client.request_get_state()))
+    states[0][key] = np.array([0, 1])
+    error = _refused(server, client, states)
+    assert error.remote_code == "invalid_state"
+    assert "a BatchEnv host snapshot is" in str(error)
+
+
+def test_an_array_as_an_env_snapshots_format_is_invalid_state_on_the_wire() -> None:
+    server, client = _stateful_session(
+        EnvListHost([simkit.make("simkit/CartPole-v0") for _ in range(2)])
+    )
+    client.parse_reset(server.handle(client.request_reset(seed=0)))
+    states = client.parse_get_state(server.handle(client.request_get_state()))
+    states[1]["env"]["format"] = np.array([1, 1])
+    error = _refused(server, client, states)
+    assert error.remote_code == "invalid_state"
+    assert "state format must be 1" in str(error)
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [
@@ -421,6 +446,9 @@ def test_a_refused_set_state_changes_no_env_of_an_env_list() -> None:
         (lambda b: b["env"].update(obs="x"), r"state\['obs'\] must be a float32 array"),
         (lambda b: b["env"].update(params=[{}, {}]), r"state\['params'\]\[0\] must hold a value"),
         (lambda b: b["env"].update(root_seed=2**64 - 1), r"state\['root_seeds'\]\[0\] must be"),
+        (lambda b: b["env"].update(format=np.array([1, 1])), "state format must be 1"),
+        (lambda b: b["env"].update(env=np.array([1, 2])), "state belongs to env"),
+        (lambda b: b["env"].update(num_envs=np.array([2, 2])), "state holds array"),
     ],
 )
 def test_a_refused_batch_host_set_state_changes_nothing(change: Any, match: str) -> None:

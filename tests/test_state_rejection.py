@@ -370,3 +370,43 @@ def test_snapshot_observations_that_fit_pass() -> None:
         "pair": (np.ones(3, np.int64), np.ones((3, 2), np.int8)),
     }
     check_observation(_OBS_SPACE, batch, "obs", rows=3)
+
+
+def _vector_of_cartpoles() -> Any:
+    envs = VectorEnv(CARTPOLE, 2)
+    envs.reset(seed=0)
+    return envs
+
+
+def _batch_of_cartpoles() -> Any:
+    batch = simkit.make("simkit/BatchCartPole-v0", num_envs=2)
+    batch.reset(seed=0)
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("make", "key", "match"),
+    [
+        (lambda: _cartpole_after(2), "format", "state format must be 1"),
+        (lambda: _cartpole_after(2), "env", "state belongs to env"),
+        (_batch_of_cartpoles, "format", "state format must be 1"),
+        (_batch_of_cartpoles, "env", "state belongs to env"),
+        (_batch_of_cartpoles, "num_envs", "state holds array"),
+        (_vector_of_cartpoles, "format", "state format must be 1"),
+        (_vector_of_cartpoles, "num_envs", "state holds array"),
+    ],
+)
+@pytest.mark.parametrize("value", [np.array([1, 1]), np.array(["a", "b"]), np.array([])])
+def test_an_array_as_a_snapshots_tag_is_invalid_state(
+    make: Callable[[], Any], key: str, match: str, value: np.ndarray
+) -> None:
+    """A snapshot (a peer's, a file's) whose ``format``, ``env`` or ``num_envs`` is an
+    array is ``InvalidState`` naming the field, not numpy's "truth value of an array
+    with more than one element is ambiguous" (an empty array passed as the tag)."""
+    env = make()
+    state = env.get_state()
+    before = copy.deepcopy(state)
+    state[key] = value
+    with pytest.raises(InvalidState, match=match):
+        env.set_state(state)
+    assert states_equal(env.get_state(), before)

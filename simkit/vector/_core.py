@@ -27,7 +27,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
 from simkit._seeding import EpisodeSeeds
-from simkit._state import restore_all
+from simkit._state import is_tag, restore_all
 from simkit._types import StepFault
 from simkit._validation import ActionBounds, check_send_ids, checked_env_ids
 from simkit.errors import InvalidState, ResetNeeded
@@ -515,7 +515,7 @@ class VectorCore(abc.ABC):
             raise InvalidState(
                 f"state is missing fields {sorted(missing)}; was it made by get_state()?"
             )
-        if state["format"] != VECTOR_STATE_FORMAT:
+        if not is_tag(state["format"], VECTOR_STATE_FORMAT):
             raise InvalidState(
                 f"state format must be {VECTOR_STATE_FORMAT}, got {state['format']!r}"
             )
@@ -524,7 +524,7 @@ class VectorCore(abc.ABC):
             raise InvalidState(
                 f"state['envs'] must be a list of {n} env states, got {type(envs).__name__}"
             )
-        if state["num_envs"] != n:
+        if not is_tag(state["num_envs"], n):
             raise InvalidState(f"state holds {state['num_envs']!r} envs, this vector has {n}")
         if len(envs) != n:
             raise InvalidState(f"state['envs'] holds {len(envs)} env states, this vector has {n}")
