@@ -32,6 +32,7 @@ from simkit.protocol import (
 )
 from simkit.protocol import take_rows as _take
 from simkit.randomization import resolve_overrides
+from simkit.vector._vector import info_row
 
 __all__ = ["BatchEnvHost", "BATCH_HOST_STATE"]
 
@@ -123,7 +124,7 @@ class BatchEnvHost:
         obs = self._obs = host_arrays(obs)
         if everyone:
             self._broken = False
-        infos = [_info_row(vector_info, i) for i in env_ids.tolist()]
+        infos = [info_row(vector_info, i) for i in env_ids.tolist()]
         return _take(self.observation_space, obs, env_ids), infos
 
     # ------------------------------------------------------------------------- step
@@ -193,7 +194,7 @@ class BatchEnvHost:
             faults += [EnvFault(int(i), error_code_of(again), msg) for i in env_ids.tolist()]
             return step, faults
         self._obs = obs
-        infos = [{"reset_info": _info_row(vector_info, i)} for i in env_ids.tolist()]
+        infos = [{"reset_info": info_row(vector_info, i)} for i in env_ids.tolist()]
         return replace(step, obs=_take(self.observation_space, obs, env_ids), infos=infos), faults
 
     # -------------------------------------------------------------------- snapshots
@@ -289,12 +290,3 @@ def _option_params(value: Any, rows: int) -> list[dict[str, Any]]:
         expected=f"a map or {rows} maps",
         got=repr(value)[:200],
     )
-
-
-def _info_row(vector_info: Mapping[str, Any], i: int) -> dict[str, Any]:
-    """Row ``i``'s info back out of a Gymnasium vector info (``key``/``_key`` masks)."""
-    return {
-        key: _info_row(value, i) if isinstance(value, Mapping) else value[i]
-        for key, value in vector_info.items()
-        if (mask := vector_info.get(f"_{key}")) is not None and bool(mask[i])
-    }

@@ -693,3 +693,28 @@ def test_set_attr_sets_each_envs_attribute_as_gymnasium_does() -> None:
         assert v.get_attr("tag") == ("all",) * 3
     with pytest.raises(ValueError, match=r"3 values, got 2$"):
         vec.set_attr("tag", [1, 2])
+
+
+def test_info_row_inverts_gymnasiums_vector_info_for_every_reader() -> None:
+    """``info_row`` gives back each env's info from what ``_add_info`` built (nested
+    maps, rows without a key), leaves out masks and keys without one; the recorder, the
+    BatchEnv server, the SB3 adapter and the kit read vector infos with this one
+    function (three copies once disagreed on keys without a mask)."""
+    import importlib
+    import importlib.util
+
+    from simkit.vector._vector import info_row
+
+    rows = [{"a": 1, "p": {"g": 9.8}}, {}, {"a": 3, "p": {"g": 9.4, "l": 0.5}}]
+    sync = SyncVectorEnv([lambda: simkit.make("simkit/CartPole-v0")] * 3)
+    info: dict[str, Any] = {}
+    for i, row in enumerate(rows):
+        info = sync._add_info(info, row, i)
+    sync.close()
+    assert [info_row(info, i) for i in range(3)] == rows
+    info["unmasked"] = np.arange(3)
+    assert [info_row(info, i) for i in range(3)] == rows
+    readers = ["simkit.servers._batch_host", "simkit.recording._wrapper"]
+    if importlib.util.find_spec("stable_baselines3") is not None:  # the sb3 extra
+        readers.append("simkit.integrations.sb3")
+    assert all(importlib.import_module(name).info_row is info_row for name in readers)

@@ -13,7 +13,7 @@ stepped twice and nothing is lost.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (  # noqa: E402
 
 from simkit._seeding import episode_seed, random_root  # noqa: E402
 from simkit._validation import check_seed  # noqa: E402
+from simkit.vector._vector import info_row  # noqa: E402
 
 __all__ = ["SB3VecEnv"]
 
@@ -154,7 +155,7 @@ class SB3VecEnv(VecEnv):
         self._root_seed = None
         self._reset_seeds()
         self._reset_options()
-        self.reset_infos = [self._env_info(infos, i) for i in range(self.num_envs)]
+        self.reset_infos = [info_row(infos, i) for i in range(self.num_envs)]
         self._actions = None
         return _obs(self.observation_space, obs)
 
@@ -275,22 +276,3 @@ class SB3VecEnv(VecEnv):
             if not 0 <= i < self.num_envs:
                 raise ValueError(f"env indices must lie in [0, {self.num_envs}), got {i}")
         return ids
-
-    # -------------------------------------------------------------------- helpers
-
-    def _env_info(self, infos: Mapping[str, Any], i: int) -> dict[str, Any]:
-        """Env ``i``'s dict out of Gymnasium's vector info (arrays with ``_key`` masks)."""
-        out: dict[str, Any] = {}
-        for key, value in infos.items():
-            if key.startswith("_"):
-                continue
-            mask = infos.get(f"_{key}")
-            if mask is not None and not bool(np.asarray(mask)[i]):
-                continue
-            if isinstance(value, Mapping):
-                out[key] = self._env_info(value, i)
-            elif isinstance(value, Iterable) and not isinstance(value, str | bytes):
-                out[key] = value[i]  # type: ignore[index]
-            else:
-                out[key] = value
-        return out

@@ -21,6 +21,7 @@ from simkit.recording._buffer import StepRows
 from simkit.recording._io import RecordingWriter, WriterOptions
 from simkit.recording._tracker import EpisodeTracker, row_of
 from simkit.registry import spec
+from simkit.vector._vector import info_row
 
 __all__ = [
     "RecordEpisodes",
@@ -28,7 +29,6 @@ __all__ = [
     "RecordOptions",
     "SeedBook",
     "environment_versions",
-    "env_info",
 ]
 
 
@@ -49,19 +49,6 @@ def environment_versions(env_id: str) -> dict[str, str]:
         )
     except Exception:  # an env outside the registry or without a version: record what we know
         pass
-    return out
-
-
-def env_info(info: Mapping[str, Any], i: int) -> dict[str, Any]:
-    """Env ``i``'s info out of a Gymnasium vector info (values with their ``_key`` masks)."""
-    out: dict[str, Any] = {}
-    for key, value in info.items():
-        if isinstance(key, str) and key.startswith("_"):
-            continue  # a mask; a key that is no str is refused with the info it is in
-        mask = info.get(f"_{key}")
-        if mask is None or not bool(mask[i]):
-            continue
-        out[key] = env_info(value, i) if isinstance(value, Mapping) else value[i]
     return out
 
 
@@ -330,7 +317,7 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
         obs, info = self.env.reset(seed=seed, options=options)
         for r in ids.tolist():
             self._pending[r] = False
-            self._start(r, row_of(obs, r), env_info(info, r), options)
+            self._start(r, row_of(obs, r), info_row(info, r), options)
         return obs, info
 
     # ---------------------------------------------------------------------- step
@@ -366,11 +353,11 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
         infos = []
         for i in range(n):
             if same_step and i in done:
-                infos.append(env_info(final_info, i))
+                infos.append(info_row(final_info, i))
             elif self._pending[i]:
                 infos.append({})
             else:
-                infos.append(env_info(info, i))
+                infos.append(info_row(info, i))
         tracker = self.tracker
         step = StepRows(obs, actions, reward, terminated, truncated, infos, self.policy_version)
         tracker.log(stepped, stepped, step)
@@ -379,7 +366,7 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
                 tracker.set_last_obs(i, row_of(info["final_obs"], i))
         for i in pending.tolist():
             self._pending[i] = False
-            self._autoreset(i, row_of(obs, i), env_info(info, i))
+            self._autoreset(i, row_of(obs, i), info_row(info, i))
         bad = self._faulted() if done.size else set()
         for i in done.tolist():
             if i in bad:
@@ -388,7 +375,7 @@ class RecordEpisodes(_RecordingFace, gym.vector.VectorWrapper):
                 tracker.finish(i)
             if same_step:
                 merged = {k: v for k, v in info.items() if "final_" not in k}
-                self._autoreset(i, row_of(obs, i), env_info(merged, i))
+                self._autoreset(i, row_of(obs, i), info_row(merged, i))
             elif mode == AutoresetMode.NEXT_STEP:
                 self._pending[i] = True
         tracker.snapshots(i for i in stepped.tolist() if i not in set(done.tolist()))

@@ -199,10 +199,10 @@ def _no_shared_state(env: Any, res: Any, t: int) -> None:
 
 def _plain_rows(info: Any, ids: Any, where: str) -> None:
     """Checks the rows ``ids`` of a Gymnasium vector ``info`` (a reset's) as plain data."""
-    from simkit.recording._wrapper import env_info
+    from simkit.vector._vector import info_row
 
     for i in ids:
-        check_plain_info(env_info(info, i), f"{where}, instance {i}")
+        check_plain_info(info_row(info, i), f"{where}, instance {i}")
 
 
 def _rows_in_space(space: Any, obs: Any, n: int, where: str) -> None:

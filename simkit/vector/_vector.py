@@ -28,7 +28,7 @@ from simkit.vector._actions import check_batch, split_rows
 from simkit.vector._build import build_envs, gather_rows, positive_int
 from simkit.vector._core import VECTOR_STATE_FORMAT, VectorCore
 
-__all__ = ["VectorEnv", "make_vec", "VECTOR_STATE_FORMAT", "gather_rows"]
+__all__ = ["VectorEnv", "make_vec", "VECTOR_STATE_FORMAT", "gather_rows", "info_row"]
 
 _SAME = AutoresetMode.SAME_STEP
 
@@ -505,6 +505,23 @@ class VectorEnv(VectorCore, gym.vector.VectorEnv[Any, Any, Any]):
         if self._pool is not None:
             self._abort_async()
         self._close_core()
+
+
+def info_row(info: Mapping[str, Any], i: int) -> dict[str, Any]:
+    """Row ``i``'s info out of a Gymnasium vector info, the inverse of ``_add_info``:
+    each key whose ``_key`` mask marks row ``i`` (maps by the same rule, inside). The
+    masks, and a key without one (Gymnasium's vectors write none), are left out.
+
+    One function for every reader of a vector info: the recorder, the BatchEnv server's
+    rows, the SB3 adapter's reset infos and the conformance kit.
+    """
+    return {
+        key: info_row(value, i) if isinstance(value, Mapping) else value[i]
+        for key, value in info.items()
+        if not (isinstance(key, str) and key.startswith("_"))
+        and (mask := info.get(f"_{key}")) is not None
+        and bool(mask[i])
+    }
 
 
 def make_vec(env_id: str, num_envs: int, **kwargs: Any) -> VectorEnv:
