@@ -95,14 +95,17 @@ class CurveKeys:
             client_secret_file: this client's ``.key_secret`` file.
 
         Raises:
-            ValueError: a file is not a regular file of at most 64 KiB (a FIFO, a link to
-                ``/dev/zero``: ``load_key_file``), or ``client_secret_file`` holds no
-                secret key; the message names the file.
+            ValueError: a file is no regular file of at most 64 KiB, or
+                ``client_secret_file`` holds no secret key (naming the file).
             OSError: a file cannot be read.
         """
-        (server_public, _), (public, secret) = map(
-            _key_file, (server_public_file, client_secret_file)
-        )
+        keys = []
+        for path in (server_public_file, client_secret_file):
+            try:  # the server's check: a FIFO or /dev/zero is no key file
+                keys.append(load_key_file(path))
+            except ValueError as exc:
+                raise ValueError(f"key file {os.fspath(path)}: {exc}") from exc
+        (server_public, _), (public, secret) = keys
         if secret is None:
             raise ValueError(
                 f"{client_secret_file} holds no secret key: expected the client's "
@@ -130,10 +133,8 @@ class ConnectOptions(TypedDict, total=False):
 
 
 KEEPALIVE_FLOOR_S = 0.01
-"""The shortest keepalive interval: a heartbeat timeout near 0 (which a server may
-announce) made the thread ping in a tight loop. libzmq's own heartbeats take whole
-milliseconds (``ZMQ_HEARTBEAT_IVL``; their TTL tenths of a second); 10 ms is 100 pings
-a second at most."""
+"""The shortest keepalive interval (100 pings a second at most; libzmq's own heartbeat
+interval is whole ms): a heartbeat timeout near 0 made the thread ping in a tight loop."""
 
 
 class _Keepalive:
@@ -340,14 +341,6 @@ class Connection:
             except zmq.ZMQError:
                 pass
         self.socket.close(linger=0)
-
-
-def _key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes | None]:
-    """:func:`~simkit._validation.load_key_file` (the server's check) naming ``path``."""
-    try:
-        return load_key_file(path)
-    except ValueError as exc:
-        raise ValueError(f"key file {os.fspath(path)}: {exc}") from exc
 
 
 def _millis(seconds: float) -> int:

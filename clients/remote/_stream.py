@@ -300,9 +300,8 @@ class PolicyStream:
             item = srv.session.parse(frames)
         except RemoteError as exc:
             if exc.remote_code == "session_state" and exc.expected == "stream_open first":
-                raise ServerLost(
-                    srv.conn.endpoint, "restarted: it answers, but its stream session is gone"
-                ) from None
+                why = "restarted: it answers, but its stream session is gone"
+                raise ServerLost(srv.conn.endpoint, why) from None
             if exc.remote_code == "shutting_down":
                 srv.stats.alive = False
                 raise ServerLost(srv.conn.endpoint, "is shutting down") from None
@@ -365,12 +364,9 @@ class PolicyStream:
                 it keeps its last good policy.
             ServerUnavailable: a server did not answer in time.
         """
-        if isinstance(weights, PolicyWeights):
-            pw = weights
-        else:
-            if version is None:
-                version = 0 if self.version is None else self.version + 1
-            pw = get_weights(weights, version)
+        if version is None:  # a PolicyWeights carries its own
+            version = 0 if self.version is None else self.version + 1
+        pw = weights if isinstance(weights, PolicyWeights) else get_weights(weights, version)
         tensors = {
             name: arr if arr.flags.c_contiguous else np.array(arr, order="C")
             for name, arr in pw.tensors.items()
@@ -411,8 +407,7 @@ class PolicyStream:
                 "before asking for session states"
             )
         for srv in self._servers:
-            srv.snapshot = None
-            srv.state_error = None
+            srv.snapshot = srv.state_error = None
             self._send(srv, srv.session.request_state())
         out = []
         for srv in self._servers:  # every answer is taken, refusals included
@@ -595,7 +590,6 @@ class PolicyStream:
 
     def stats(self) -> list[ServerStats]:
         """Per-server fragments, env steps, env steps/s, drops and policy lag."""
-        out = []
         now = time.monotonic()
         for srv in self._servers:
             stats = srv.stats
@@ -604,8 +598,7 @@ class PolicyStream:
                 stats.lag_min = float(min(lo for lo, _, _ in srv.lags))
                 stats.lag_avg = float(np.mean([avg for _, avg, _ in srv.lags]))
                 stats.lag_max = float(max(hi for _, _, hi in srv.lags))
-            out.append(stats)
-        return out
+        return [srv.stats for srv in self._servers]
 
     # ---------------------------------------------------------------------- close
 
@@ -658,10 +651,9 @@ def _check_stream_args(eps: list[str], mode: str, num_envs: int, credit: int, ma
         raise ValueError(
             f"num_envs must be an int >= the number of servers ({len(eps)}), got {num_envs!r}"
         )
-    if isinstance(credit, bool) or not isinstance(credit, int) or credit < 1:
-        raise ValueError(f"credit must be an int >= 1, got {credit!r}")
-    if isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 0:
-        raise ValueError(f"max_lag must be an int >= 0, got {max_lag!r}")
+    for name, value, least in (("credit", credit, 1), ("max_lag", max_lag, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
 
 
 _SAME = ("env_id", "env_kind", "agents", "observation_space", "action_space", "fragment_length")

@@ -396,9 +396,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                 f"server {conn.endpoint} answered for envs {global_ids.tolist()}, "
                 f"expected {ids.tolist()}"
             )
-        if global_ids is step.env_ids:
-            return step
-        return dataclasses.replace(step, env_ids=global_ids)
+        return step if global_ids is step.env_ids else dataclasses.replace(step, env_ids=global_ids)
 
     def _drain(self) -> None:
         for s, queue in enumerate(self._inflight):
