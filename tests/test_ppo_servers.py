@@ -359,6 +359,7 @@ def test_a_lost_servers_received_fragments_all_reach_the_learner() -> None:
     source.restored = []
     source.dropped = 0
     source._kept = []
+    source._failed = None
     source._boundary = None
     got = []
     for item in source.fragments():

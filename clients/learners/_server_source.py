@@ -2,10 +2,10 @@
 
 :class:`ServerSource` wraps :class:`simkit.clients.PolicyStream` with the learner's
 failure policy: a server that stops answering, or sends what the learner refuses, is
-reported by name, removed from the stream, and every fragment already received from it is still handed to the learner;
-the run goes on with the remaining servers (it fails only when none is left).
-:func:`spawn_servers` starts local ``simkit serve --policy`` subprocesses on free
-loopback ports and :func:`stop_servers` shuts them down.
+reported by name, removed from the stream, and every fragment already received from it
+is still handed to the learner; the run goes on with the remaining servers (it fails
+only when none is left). :func:`spawn_servers` starts local ``simkit serve --policy``
+subprocesses on free loopback ports and :func:`stop_servers` shuts them down.
 """
 
 from __future__ import annotations

@@ -46,9 +46,8 @@ class ServerUnavailable(SimkitError, ConnectionError):
 
 
 class ServerLost(ServerUnavailable):
-    """A server answered in a way that ends its stream session at once: it restarted on
-    its endpoint (it answers "this connection has no stream session") or it is stopping
-    (``shutting_down``). It is lost as if it had gone silent."""
+    """A server's answer ended its stream session: it restarted on its endpoint (it has
+    no stream session) or is stopping (``shutting_down``); lost as if it went silent."""
 
     def __init__(self, endpoint: str, why: str) -> None:
         ConnectionError.__init__(self, f"server {endpoint} {why}")
@@ -57,9 +56,8 @@ class ServerLost(ServerUnavailable):
 
 
 class ServerRefused(ServerLost):
-    """A server sent what the learner refuses (a fragment that is not of its session, a
-    malformed message): a broken or hostile peer, dropped (never waited for) so that it
-    cannot end the run of the others."""
+    """A server sent what the learner refuses (a fragment not of its session, a malformed
+    message): a broken or hostile peer, dropped (never waited for), not the run's end."""
 
 
 @dataclass(frozen=True)
@@ -143,9 +141,8 @@ class _Keepalive:
     A server drops a session silent for its heartbeat timeout; a learner that pauses
     longer (a long update) would lose its envs. This thread sends a keepalive (a ``ping``
     naming the session) whenever the connection sent nothing for ``interval`` seconds
-    (at least :data:`KEEPALIVE_FLOOR_S`).
-    A keepalive that gets no reply is not an error here: the learner's next request
-    finds out.
+    (at least :data:`KEEPALIVE_FLOOR_S`). A keepalive that gets no reply is not an error
+    here: the learner's next request finds out.
     """
 
     def __init__(self, conn: Connection, token: str, interval: float) -> None:

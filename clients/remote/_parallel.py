@@ -178,9 +178,8 @@ class RemoteMultiAgentVectorEnv(_Session):
             parts: list[tuple[list[int], MultiAgentReset]] = []
             if explicit:
                 seeds = [check_seed(seed[i], f"seed[{i}]") for i in explicit]
-                parts.append(
-                    (explicit, self._request_reset(explicit, seeds=seeds, options=options))
-                )
+                reply = self._request_reset(explicit, seeds=seeds, options=options)
+                parts.append((explicit, reply))
             if rest:
                 parts.append((rest, self._request_reset(rest, options=options)))
             A, space, R = self.num_agents, self.single_observation_space, self.num_rows

@@ -317,9 +317,8 @@ class PolicyStream:
             raise named from None
         except ProtocolError as exc:  # a broken or hostile peer ends its session, not the run
             srv.stats.alive = False
-            raise ServerRefused(
-                srv.conn.endpoint, f"sent what the learner refuses: {exc}"
-            ) from None
+            why = f"sent what the learner refuses: {exc}"
+            raise ServerRefused(srv.conn.endpoint, why) from None
         if isinstance(item, Fragment):
             srv.stats.fragments += 1
             srv.stats.env_steps += item.num_steps * srv.config.num_envs
@@ -468,8 +467,7 @@ class PolicyStream:
                 return fragment
 
     def _fresh(self, srv: _Server, fragment: Fragment) -> bool:
-        newest = self.version if self.version is not None else 0
-        lag = newest - fragment.policy_version
+        lag = (self.version or 0) - fragment.policy_version
         if self.mode == "async" and int(lag.max()) > self.max_lag:
             srv.stats.dropped += 1
             return False

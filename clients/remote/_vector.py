@@ -245,8 +245,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
             raise ValueError(
                 f"the reconnected servers serve another env layout: expected {old}, got {new}"
             )
-        self._broken = False
-        self._reset_done = False
+        self._broken = self._reset_done = False
         self._pending_step = None
         self._inflight = [[] for _ in self._conns]
 
@@ -465,10 +464,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv[Any, Any, Any]):
                     info = p.infos[k] if p.infos else {}
                     if done[k]:
                         final_info = {key: v for key, v in info.items() if key != "reset_info"}
-                        final = {
-                            "final_obs": _take(space, p.final_obs, k),
-                            "final_info": final_info,
-                        }
+                        final_obs = _take(space, p.final_obs, k)
+                        final = {"final_obs": final_obs, "final_info": final_info}
                         infos = self._add_info(infos, final, g)
                         info = info.get("reset_info", {})
                     infos = self._add_info(infos, info, g)
