@@ -23,7 +23,12 @@ if TYPE_CHECKING:
     from simkit.clients.learners._replay import ReplayBatch, ReplayBuffer
     from simkit.clients.learners.ppo import PPO, PPOArgs, UpdateStats
     from simkit.clients.learners.sac import SAC, SACArgs, TwinQ
-    from simkit.clients.remote._connection import CurveKeys, ServerUnavailable
+    from simkit.clients.remote._connection import (
+        CurveKeys,
+        ServerLost,
+        ServerRefused,
+        ServerUnavailable,
+    )
     from simkit.clients.remote._demo import DemoFigures, remote_demo
     from simkit.clients.remote._parallel import RemoteMultiAgentVectorEnv, RemoteParallelEnv
     from simkit.clients.remote._stream import (
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
 _MODULES = {
     "remote._vector": ("RemoteVectorEnv",),
     "remote._parallel": ("RemoteMultiAgentVectorEnv", "RemoteParallelEnv"),
-    "remote._connection": ("ServerUnavailable", "CurveKeys"),
+    "remote._connection": ("ServerUnavailable", "ServerLost", "ServerRefused", "CurveKeys"),
     "remote._demo": ("remote_demo", "DemoFigures"),
     "remote._stream": ("PolicyStream", "ServerStats", "stack_fragments", "fragment_to_torch"),
     "launcher._launch": ("launch", "RayServers", "ServerInfo"),
@@ -62,6 +67,8 @@ __all__ = [
     "RemoteMultiAgentVectorEnv",
     "RemoteParallelEnv",
     "ServerUnavailable",
+    "ServerLost",
+    "ServerRefused",
     "CurveKeys",
     "remote_demo",
     "DemoFigures",

@@ -639,3 +639,13 @@ def test_remote_demo_reports_figures() -> None:
     table = figures.table()
     assert "| remote (simkit serve, ipc) |" in table
     assert "bit for bit: yes" in table
+
+
+def test_the_lost_server_errors_are_public_and_server_unavailable() -> None:
+    """A learner catches a lost or refused server by name (docs/training.md names them),
+    and as a ServerUnavailable; they were reachable only from private modules."""
+    import simkit.clients as clients
+
+    assert issubclass(clients.ServerRefused, clients.ServerLost)
+    assert issubclass(clients.ServerLost, clients.ServerUnavailable)
+    assert {"ServerLost", "ServerRefused"} <= set(clients.__all__)
