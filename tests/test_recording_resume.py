@@ -154,3 +154,23 @@ def test_a_resume_records_on_only_into_a_recording(
         assert not rec.exists()
     else:
         assert [p.name for p in rec.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("format", np.array([1, 1])), ("root_seed", np.array([7, 7])), ("format", True)],
+)
+def test_a_recorder_state_whose_tags_are_arrays_is_refused_naming_them(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    """A checkpoint's recorder state holding an array as its format or root seed raised
+    numpy's "truth value of an array ... is ambiguous", naming nothing."""
+    from simkit.recording._fragments import FragmentRecorder
+
+    recorder = FragmentRecorder(tmp_path / "rec", "simkit/CartPole-v0", root_seed=7)
+    try:
+        state = {**recorder.get_state(), field: value}
+        with pytest.raises(ValueError, match=field.replace("_", " ")):
+            recorder.set_state(state)
+    finally:
+        recorder.close()

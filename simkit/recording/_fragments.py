@@ -10,6 +10,7 @@ import numpy as np
 
 from simkit._kernels import kernel_mode
 from simkit._seeding import EpisodeSeeds
+from simkit._state import is_tag
 from simkit._types import Fragment
 from simkit.recording._episode import Episode
 from simkit.recording._format import chunk_paths
@@ -211,11 +212,12 @@ class FragmentRecorder:
             ValueError: not a :meth:`get_state` of this version, another root seed, or
                 malformed (the message says which).
         """
-        if state.get("format") != STATE_FORMAT:
+        if not is_tag(state.get("format"), STATE_FORMAT):
             raise ValueError(
                 f"recorder state format must be {STATE_FORMAT}, got {state.get('format')!r}"
             )
-        if state.get("root_seed") != self.root_seed:
+        root = state.get("root_seed")
+        if not (root is None if self.root_seed is None else is_tag(root, self.root_seed)):
             raise ValueError(
                 f"the recorder state is of root seed {state.get('root_seed')!r}, this "
                 f"recorder's is {self.root_seed!r}"
