@@ -289,9 +289,11 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
         return self._simkit.seeds.episode.copy()
 
     @property
-    def root_seed(self) -> int | None:
-        """The root seed of the batch; instance seeds derive from it."""
-        return self._simkit.seeds.roots[0]
+    def root_seed(self) -> int | list[int | None] | None:
+        """The root seed instance seeds derive from: one int while every instance shares
+        it, else each instance's (a masked or list reset gave them their own; ``None``
+        for one reset with an exact seed), as the batch's snapshot writes it."""
+        return self._simkit.seeds.batch_root()
 
     @property
     def seeds(self) -> EpisodeSeeds:

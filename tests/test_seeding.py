@@ -405,3 +405,20 @@ def test_a_batch_reset_without_seed_shares_one_root_and_skips_per_env_grouping(
     for a in np.random.default_rng(0).integers(0, 2, (200, 16)):
         env.step_batch(a)
     assert int(env.episode_index.sum()) > 16
+
+
+def test_a_batch_root_seed_is_every_instance_root_once_they_differ() -> None:
+    """After a masked reset with another root, BatchEnv.root_seed said the first
+    instance's root as if it were the batch's; it is the list of roots then (as the
+    batch's snapshot writes it), and one int while they share one."""
+    import simkit
+
+    env = simkit.make("simkit/BatchCartPole-v0", num_envs=3)
+    env.reset(seed=5)
+    assert env.root_seed == 5
+    env.reset(seed=9, options={"reset_mask": np.array([False, True, False])})
+    assert env.root_seed == [5, 9, 5]
+    assert env.get_state()["root_seed"] == env.root_seed
+    env.reset(seed=9, options={"reset_mask": np.array([True, False, False])})
+    assert env.root_seed == [9, 9, 5]
+    env.close()
