@@ -43,11 +43,12 @@ BATCH_HOST_STATE = "simkit.batch_host/1"
 class BatchEnvHost:
     """Serves a :class:`simkit.BatchEnv` of N instances as N envs.
 
-    - ``reset``: root ``seed`` for every env, or no seed for any subset (each listed
-      instance starts its next episode); per-env ``params`` and ``options["params"]``
+    - ``reset``: a root ``seed`` or none (each listed instance starts its next episode),
+      for every env or any subset after the first reset; per-env ``params`` and ``options["params"]``
       become the BatchEnv's per-instance overrides. ``seeds`` (exact per-env seeds, any
-      subset) is ``BatchEnv.reset``'s list of seeds. A root seed for a subset and
-      ``env_offset != 0`` get ``unsupported``: a root restarts the whole batch, by index.
+      subset) is ``BatchEnv.reset``'s list of seeds; a root for a subset re-roots those
+      instances only (``reset_mask``), as a vector server does. ``env_offset != 0`` gets ``unsupported``: a
+      BatchEnv seeds its instances by their own index.
     - ``step``: all N envs in one request (any order); a subset gets ``unsupported``.
       Actions are checked with :meth:`BatchEnv.check_actions` before the batch moves.
     - Faults: if the batch raises while stepping, every row ends (truncated, reward 0,
@@ -97,12 +98,6 @@ class BatchEnvHost:
                 "a BatchEnv seeds its instances by their own index",
                 expected="env_offset 0",
                 got=request.env_offset,
-            )
-        if request.seed is not None and not everyone:
-            raise Unsupported(
-                "a root seed restarts the whole BatchEnv",
-                expected=f"all {n} env ids with 'seed'",
-                got=f"{env_ids.size} env ids",
             )
         if self._obs is None and not everyone:
             raise ResetNeeded(f"the first reset must reset all {n} envs, got {env_ids.size}")
