@@ -597,22 +597,21 @@ def check_batch_other_process(
     importable ``BatchEnv`` class, or a ``functools.partial`` of one (else it is skipped).
     """
     from simkit.testing._elsewhere import (
-        HASH_SEEDS,
         batch_trace,
         events_of,
         portable,
         roundtrip,
-        trace_elsewhere,
+        traces_elsewhere,
     )
 
     env_id, kwargs = portable(env_fn)
     options: dict[str, Any] = {"seed": seed, "steps": steps, "num_envs": num_envs}
     options["device"] = None if device is None else str(device)
     here = events_of(roundtrip(batch_trace(as_batch_factory(env_fn), **options)))
-    for hash_seed in HASH_SEEDS:
+    for hash_seed, there in traces_elsewhere("batch", env_id, kwargs, **options):
         compare(
             here,
-            events_of(trace_elsewhere("batch", env_id, kwargs, hash_seed, **options)),
+            events_of(there),
             f"other process (a new Python process with PYTHONHASHSEED={hash_seed}, seed {seed})",
             "the batch depends on its process: it iterates a set (or a dict keyed by "
             "objects) whose order follows the hash seed, uses hash(), id() or addresses, or "

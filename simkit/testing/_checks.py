@@ -422,18 +422,16 @@ def check_other_process(env_fn: EnvFactory | str, *, seed: int = 0, steps: int =
     importable env class, or a ``functools.partial`` of one (else it is skipped).
     """
     from simkit.testing._elsewhere import (
-        HASH_SEEDS,
         portable,
         roundtrip,
         single_trace,
         steps_of,
-        trace_elsewhere,
+        traces_elsewhere,
     )
 
     env_id, kwargs = portable(env_fn)
     here = steps_of(roundtrip(single_trace(as_factory(env_fn), seed=seed, steps=steps)))
-    for hash_seed in HASH_SEEDS:
-        there = trace_elsewhere("single", env_id, kwargs, hash_seed, seed=seed, steps=steps)
+    for hash_seed, there in traces_elsewhere("single", env_id, kwargs, seed=seed, steps=steps):
         _compare(
             here,
             steps_of(there),

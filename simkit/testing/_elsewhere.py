@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -23,7 +24,14 @@ from simkit.registry import importable_class, make, portable_env
 from simkit.testing._batch_driver import BatchSetup, Event, draw_script, run_script
 from simkit.testing._driver import CheckNotApplicable, Driver, EnvFactory, Step
 
-__all__ = ["HASH_SEEDS", "portable", "single_trace", "batch_trace", "trace_elsewhere"]
+__all__ = [
+    "HASH_SEEDS",
+    "portable",
+    "single_trace",
+    "batch_trace",
+    "trace_elsewhere",
+    "traces_elsewhere",
+]
 
 HASH_SEEDS = (1, 2)
 """The ``PYTHONHASHSEED`` of each other process: two, so that an order that follows the
@@ -143,6 +151,23 @@ def trace_elsewhere(
             f"{done.returncode}): {said[-1] if said else 'no error output'}"
         )
     return snapshot.loads(done.stdout)
+
+
+def traces_elsewhere(
+    trace: str, env_id: str, env_kwargs: dict[str, Any], **options: Any
+) -> list[tuple[int, Any]]:
+    """``(hash seed, trace)`` of :func:`trace_elsewhere` for each of :data:`HASH_SEEDS`,
+    the processes run side by side.
+
+    Raises:
+        ConformanceError: one of them failed.
+    """
+
+    def one(hash_seed: int) -> tuple[int, Any]:
+        return hash_seed, trace_elsewhere(trace, env_id, env_kwargs, hash_seed, **options)
+
+    with ThreadPoolExecutor(len(HASH_SEEDS)) as pool:
+        return list(pool.map(one, HASH_SEEDS))
 
 
 def roundtrip(data: Any) -> Any:
