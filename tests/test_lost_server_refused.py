@@ -22,17 +22,9 @@ from simkit._types import Fragment
 from simkit.clients.learners.ppo import PPOArgs
 from simkit.protocol._stream_session import StreamServerSession
 from simkit.servers import RolloutServer
+from tests.test_ppo_servers import ARGS
 
-CARTPOLE = "simkit/CartPole-v0"
-ARGS = {
-    "env_id": CARTPOLE,
-    "num_envs": 4,
-    "num_steps": 16,
-    "num_minibatches": 2,
-    "update_epochs": 1,
-    "total_steps": 0,
-    "seed": 5,
-}
+CARTPOLE = ARGS["env_id"]
 REASON = "env_ids are not the session's env slots"
 
 
