@@ -53,7 +53,13 @@ from simkit._contract import (
     declared_state_attributes,
 )
 from simkit._seeding import EpisodeSeeds, KeyedStreams, ResetSeed, StreamTable
-from simkit._state import check_observation, check_state_attributes, is_tag, state_array
+from simkit._state import (
+    check_envelope,
+    check_observation,
+    check_state_attributes,
+    is_tag,
+    state_array,
+)
 from simkit._types import BatchStep, RowStep
 from simkit._validation import ActionBounds, check_send_ids, validate_action
 from simkit.errors import InvalidAction, InvalidState, ResetNeeded
@@ -1169,15 +1175,7 @@ class BatchEnv(gym.vector.VectorEnv[Any, Any, Any]):
             raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
         self.__require_idle("set_state()")
         self.__host_sync()
-        missing = _STATE_KEYS - set(state)
-        if missing:
-            raise InvalidState(
-                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
-            )
-        if not is_tag(state["format"], BATCH_STATE_FORMAT):
-            raise InvalidState(
-                f"state format must be {BATCH_STATE_FORMAT}, got {state['format']!r}"
-            )
+        check_envelope(state, _STATE_KEYS, BATCH_STATE_FORMAT)
         expected = f"{type(self).__module__}:{type(self).__qualname__}"
         if not is_tag(state["env"], expected):
             raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")

@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import logger as gym_logger
 from gymnasium.utils import seeding
 
-from simkit._state import check_state_attributes, is_tag
+from simkit._state import check_envelope, check_state_attributes, is_tag
 from simkit._validation import ActionBounds
 from simkit.errors import InvalidState, ResetNeeded
 from simkit.randomization import (
@@ -247,23 +247,8 @@ class ContractCore:
         Raises:
             InvalidState: the snapshot is malformed or was taken from another env class.
         """
-        if not isinstance(state, Mapping):
-            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
-        missing = {
-            "format",
-            "env",
-            "rng",
-            "params",
-            "elapsed_steps",
-            "episode_active",
-            "data",
-        } - set(state)
-        if missing:
-            raise InvalidState(
-                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
-            )
-        if not is_tag(state["format"], STATE_FORMAT):
-            raise InvalidState(f"state format must be {STATE_FORMAT}, got {state['format']!r}")
+        fields = {"format", "env", "rng", "params", "elapsed_steps", "episode_active", "data"}
+        check_envelope(state, fields, STATE_FORMAT)
         expected = _qualified_name(type(self))
         if not is_tag(state["env"], expected):
             raise InvalidState(f"state belongs to env {state['env']!r}, expected {expected!r}")

@@ -22,6 +22,7 @@ __all__ = [
     "check_state_attributes",
     "describe_value",
     "is_tag",
+    "check_envelope",
     "restore_all",
 ]
 
@@ -42,6 +43,25 @@ def is_tag(value: Any, expected: str | int) -> bool:
     raising numpy's "truth value of an array is ambiguous"."""
     plain = isinstance(value, str | int | np.integer) and not isinstance(value, bool)
     return plain and bool(value == expected)
+
+
+def check_envelope(state: Any, fields: set[str], format: str | int) -> Mapping[str, Any]:
+    """``state`` as a snapshot's map from ``get_state()``: it holds every one of
+    ``fields`` and its ``format`` is ``format`` (:func:`is_tag`).
+
+    Raises:
+        InvalidState: not a map, a field missing, or another format; naming which.
+    """
+    if not isinstance(state, Mapping):
+        raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
+    missing = fields - set(state)
+    if missing:
+        raise InvalidState(
+            f"state is missing fields {sorted(missing)}; was it made by get_state()?"
+        )
+    if not is_tag(state["format"], format):
+        raise InvalidState(f"state format must be {format}, got {state['format']!r}")
+    return state
 
 
 def state_array(value: Any, what: str, kinds: str, n: int) -> np.ndarray:

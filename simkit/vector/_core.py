@@ -27,7 +27,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker
 
 from simkit._seeding import EpisodeSeeds
-from simkit._state import is_tag, restore_all
+from simkit._state import check_envelope, is_tag, restore_all
 from simkit._types import StepFault
 from simkit._validation import ActionBounds, check_send_ids, checked_env_ids
 from simkit.errors import InvalidState, ResetNeeded
@@ -507,18 +507,8 @@ class VectorCore(abc.ABC):
         Raises:
             InvalidState: malformed, or taken from a vector of another size.
         """
-        if not isinstance(state, Mapping):
-            raise InvalidState(f"state must be a dict from get_state(), got {type(state).__name__}")
-        missing = {"format", "num_envs", "root_seeds", "episode_index", "envs"}
-        missing = (missing | self._state_fields) - set(state)
-        if missing:
-            raise InvalidState(
-                f"state is missing fields {sorted(missing)}; was it made by get_state()?"
-            )
-        if not is_tag(state["format"], VECTOR_STATE_FORMAT):
-            raise InvalidState(
-                f"state format must be {VECTOR_STATE_FORMAT}, got {state['format']!r}"
-            )
+        fields = {"format", "num_envs", "root_seeds", "episode_index", "envs"}
+        check_envelope(state, fields | self._state_fields, VECTOR_STATE_FORMAT)
         n, envs = self.num_envs, state["envs"]
         if not isinstance(envs, list | tuple):
             raise InvalidState(
